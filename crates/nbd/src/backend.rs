@@ -1,0 +1,96 @@
+//! The interface between the protocol and the storage behind it. The daemon
+//! implements it for lamina volumes and snapshots; tests implement it in memory.
+
+use std::sync::Arc;
+
+/// Errors a backend reports; each maps to one NBD error code.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The medium failed, or a checksum did not match (NBD_EIO).
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// No space left to place the write (NBD_ENOSPC).
+    #[error("no space left")]
+    NoSpace,
+    /// The export is read-only (NBD_EPERM).
+    #[error("export is read-only")]
+    ReadOnly,
+    /// The request is outside the export or otherwise invalid (NBD_EINVAL).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The backend cannot do this quickly (NBD_ENOTSUP, used for FAST_ZERO).
+    #[error("not supported")]
+    NotSupported,
+    /// The export went away (deleted while connected) (NBD_ESHUTDOWN).
+    #[error("export is shutting down")]
+    Shutdown,
+}
+
+/// One run of a block-status answer: `length` bytes that are all holes (never
+/// written or trimmed, reading as zeros) or all allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u64,
+    /// NBD_STATE_HOLE: not allocated.
+    pub hole: bool,
+    /// NBD_STATE_ZERO: reads as zeros.
+    pub zero: bool,
+}
+
+/// What `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION` report about an export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportSummary {
+    pub name: String,
+    pub description: String,
+}
+
+/// One exported block device. Offsets and lengths are in bytes and arbitrary (not
+/// necessarily aligned); the protocol layer has already checked them against
+/// `size_bytes()` and the advertised maximum request size.
+#[async_trait::async_trait]
+pub trait Export: Send + Sync + 'static {
+    /// Current size in bytes (read at handshake time).
+    fn size_bytes(&self) -> u64;
+
+    /// Writes, trims and write-zeroes are refused with EPERM when true.
+    fn read_only(&self) -> bool;
+
+    /// Fills `buffer` with the bytes at `offset`.
+    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError>;
+
+    /// Allocation status of `length` bytes at `offset`: extents in order whose
+    /// lengths sum to at most `length` (at least one extent when `length > 0`).
+    async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError>;
+
+    /// Writes `data` at `offset`; with `fua` the write is durable when this returns.
+    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+
+    /// Makes every write completed before this call, on any connection, durable.
+    async fn flush(&self) -> Result<(), ExportError>;
+
+    /// Discards `length` bytes at `offset` (they then read as zeros).
+    async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError>;
+
+    /// Makes `length` bytes at `offset` read as zeros. `may_punch_hole` is false when
+    /// the client sent NBD_CMD_FLAG_NO_HOLE; `fast_only` is NBD_CMD_FLAG_FAST_ZERO.
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        may_punch_hole: bool,
+        fast_only: bool,
+    ) -> Result<(), ExportError>;
+
+    /// A hint to prefetch `length` bytes at `offset` (NBD_CMD_CACHE).
+    async fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError>;
+}
+
+/// The set of exports a server offers, looked up by name at handshake time.
+pub trait ExportCatalog: Send + Sync + 'static {
+    /// Every export, for NBD_OPT_LIST.
+    fn list(&self) -> Vec<ExportSummary>;
+
+    /// The export called `name`; the empty name means the default export.
+    fn open(&self, name: &str) -> Option<(ExportSummary, Arc<dyn Export>)>;
+}
