@@ -1,0 +1,513 @@
+//! Tests of the production file device: data written concurrently through io_uring
+//! (or the buffered fallback) reads back bit for bit, geometry errors are typed,
+//! flushed data survives a reopen, abandoned requests are harmless, and the backend
+//! is chosen the way the module documentation promises on each kind of filesystem.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use lamina_device::{
+    AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceErrorKind, FileDevice,
+    FileDeviceOptions, IoBackend,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+const BLOCK_BYTES: u64 = DEVICE_ALIGNMENT_BYTES;
+
+/// Concurrent requests in the round-trip tests: enough to fill a 256-entry ring.
+const CONCURRENT_REQUESTS: usize = 256;
+
+fn options_with_size(size_bytes: u64) -> FileDeviceOptions {
+    FileDeviceOptions {
+        create_size_bytes: Some(size_bytes),
+        ..FileDeviceOptions::default()
+    }
+}
+
+/// The filesystem type name of `path`, for test diagnostics.
+fn filesystem_name(path: &Path) -> String {
+    let mut best = (0, String::from("unknown"));
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for line in mounts.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() > 2 && path.starts_with(fields[1]) && fields[1].len() >= best.0 {
+            best = (fields[1].len(), fields[2].to_string());
+        }
+    }
+    best.1
+}
+
+/// Whether the filesystem of `directory` accepts O_DIRECT, probed independently of
+/// the device under test.
+fn accepts_direct(directory: &Path) -> bool {
+    let probe = directory.join("direct-probe");
+    let accepted = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    accepted
+}
+
+/// Writes random data of random aligned lengths at random, non-overlapping aligned
+/// offsets with `CONCURRENT_REQUESTS` requests in flight, then reads it all back
+/// concurrently and compares.
+async fn round_trip_concurrently(device: Arc<FileDevice>, seed: u64) {
+    let mut random = SmallRng::seed_from_u64(seed);
+    let slot_blocks = 16u64;
+    let slot_count = device.size_bytes() / (slot_blocks * BLOCK_BYTES);
+    assert!(
+        slot_count >= CONCURRENT_REQUESTS as u64,
+        "device too small for the test"
+    );
+    // Distinct slots keep the writes from overlapping, so every read has one answer.
+    let mut slots: Vec<u64> = (0..slot_count).collect();
+    for index in 0..CONCURRENT_REQUESTS {
+        let other = random.random_range(index..slots.len());
+        slots.swap(index, other);
+    }
+    let mut expected = Vec::new();
+    let mut writes = tokio::task::JoinSet::new();
+    for slot in &slots[..CONCURRENT_REQUESTS] {
+        let blocks = random.random_range(1..=slot_blocks);
+        let offset = slot * slot_blocks * BLOCK_BYTES
+            + random.random_range(0..=slot_blocks - blocks) * BLOCK_BYTES;
+        let mut data = AlignedBuffer::zeroed((blocks * BLOCK_BYTES) as usize);
+        random.fill_bytes(&mut data);
+        let data = Arc::new(data);
+        expected.push((offset, data.clone()));
+        let device = device.clone();
+        writes.spawn(async move { device.write(offset, data).await });
+    }
+    while let Some(result) = writes.join_next().await {
+        result.expect("write task").expect("write");
+    }
+    let mut reads = tokio::task::JoinSet::new();
+    for (offset, data) in expected {
+        let device = device.clone();
+        reads.spawn(async move {
+            let read = device.read(offset, data.len()).await.expect("read");
+            assert!(
+                read[..] == data[..],
+                "data at offset {offset} differs after a round trip"
+            );
+        });
+    }
+    while let Some(result) = reads.join_next().await {
+        result.expect("read task");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_round_trip_on_tmp_uses_io_uring_where_direct_is_accepted() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let filesystem = filesystem_name(directory.path());
+    let path = directory.path().join("device");
+    let device = FileDevice::open(&path, options_with_size(64 << 20)).expect("open");
+    assert_eq!(device.size_bytes(), 64 << 20);
+    let expected_backend = if accepts_direct(directory.path()) {
+        IoBackend::IoUringDirect
+    } else {
+        IoBackend::PositionalBuffered
+    };
+    eprintln!("/tmp is {filesystem}; backend {:?}", device.backend());
+    assert_eq!(device.backend(), expected_backend);
+    round_trip_concurrently(Arc::new(device), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_shm_file_uses_the_backend_its_filesystem_allows() {
+    // tmpfs refused O_DIRECT before Linux 6.6 and accepts it since, so the expected
+    // backend follows an independent probe rather than the kernel version.
+    let directory = tempfile::tempdir_in("/dev/shm").expect("temp dir on /dev/shm");
+    let path = directory.path().join("device");
+    let device = FileDevice::open(&path, options_with_size(32 << 20)).expect("open");
+    let expected_backend = if accepts_direct(directory.path()) {
+        IoBackend::IoUringDirect
+    } else {
+        IoBackend::PositionalBuffered
+    };
+    eprintln!(
+        "/dev/shm is {}; backend {:?}",
+        filesystem_name(directory.path()),
+        device.backend()
+    );
+    assert_eq!(device.backend(), expected_backend);
+    round_trip_concurrently(Arc::new(device), 2).await;
+}
+
+/// A ramfs mount in a temporary directory, unmounted when dropped.
+struct RamfsMount {
+    directory: tempfile::TempDir,
+}
+
+impl RamfsMount {
+    /// Mounts ramfs, which has never supported O_DIRECT; `None` without the privilege.
+    fn new() -> Option<Self> {
+        let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+        let target = CString::new(directory.path().as_os_str().as_bytes()).expect("path");
+        // SAFETY: all pointers are valid NUL-terminated strings that outlive the call;
+        // ramfs takes no mount data.
+        let result = unsafe {
+            libc::mount(
+                c"ramfs".as_ptr(),
+                target.as_ptr(),
+                c"ramfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if result != 0 {
+            eprintln!(
+                "skipping the ramfs test: mount failed: {}",
+                std::io::Error::last_os_error()
+            );
+            return None;
+        }
+        Some(Self { directory })
+    }
+
+    fn path(&self) -> &Path {
+        self.directory.path()
+    }
+}
+
+impl Drop for RamfsMount {
+    fn drop(&mut self) {
+        let target = CString::new(self.directory.path().as_os_str().as_bytes()).expect("path");
+        // SAFETY: `target` is a valid NUL-terminated path that outlives the call.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Collects formatted log output so that a test can check what was warned.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ramfs_refuses_direct_so_the_device_falls_back_and_warns_once() {
+    let Some(mount) = RamfsMount::new() else {
+        return;
+    };
+    assert!(!accepts_direct(mount.path()), "ramfs accepted O_DIRECT");
+    let path = mount.path().join("device");
+
+    let forced = FileDevice::open(
+        &path,
+        FileDeviceOptions {
+            create_size_bytes: Some(16 << 20),
+            backend: Some(IoBackend::IoUringDirect),
+            ..FileDeviceOptions::default()
+        },
+    );
+    let error = forced
+        .err()
+        .expect("forcing io_uring with O_DIRECT on ramfs must fail");
+    assert!(matches!(error.kind, DeviceErrorKind::Io(_)), "{error}");
+
+    let log = CapturedLog::default();
+    let writer_log = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer_log.clone())
+        .with_ansi(false)
+        .finish();
+    let device = tracing::subscriber::with_default(subscriber, || {
+        FileDevice::open(&path, options_with_size(16 << 20))
+    })
+    .expect("open with fallback");
+    assert_eq!(device.backend(), IoBackend::PositionalBuffered);
+    let log = String::from_utf8(log.0.lock().expect("log lock").clone()).expect("utf-8 log");
+    let warnings: Vec<&str> = log.lines().filter(|line| line.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "expected one warning, got: {log}");
+    assert!(warnings[0].contains(&path.display().to_string()), "{log}");
+    assert!(warnings[0].contains("O_DIRECT"), "{log}");
+    round_trip_concurrently(Arc::new(device), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_requests_are_typed_errors() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let size_bytes = 1 << 20;
+    for backend in [IoBackend::IoUringDirect, IoBackend::PositionalBuffered] {
+        let device = FileDevice::open(
+            &path,
+            FileDeviceOptions {
+                create_size_bytes: Some(size_bytes),
+                backend: Some(backend),
+                ..FileDeviceOptions::default()
+            },
+        )
+        .expect("open");
+        let block = BLOCK_BYTES as usize;
+        let cases = [
+            device.read(size_bytes, block).await.err(),
+            device.read(size_bytes - BLOCK_BYTES, 2 * block).await.err(),
+            device.read(u64::MAX - BLOCK_BYTES + 1, block).await.err(),
+            device
+                .write(size_bytes, Arc::new(AlignedBuffer::zeroed(block)))
+                .await
+                .err(),
+        ];
+        for error in cases {
+            let error = error.expect("out-of-range request succeeded");
+            assert!(
+                matches!(error.kind, DeviceErrorKind::OutOfRange { size_bytes: reported } if reported == size_bytes),
+                "{error}"
+            );
+            assert_eq!(error.device, path.display().to_string());
+        }
+        // The last block is still in range.
+        device
+            .write(
+                size_bytes - BLOCK_BYTES,
+                Arc::new(AlignedBuffer::zeroed(block)),
+            )
+            .await
+            .expect("write of the last block");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_data_is_seen_after_reopen() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let mut random = SmallRng::seed_from_u64(4);
+    let mut data = AlignedBuffer::zeroed(64 << 10);
+    random.fill_bytes(&mut data);
+    let data = Arc::new(data);
+    {
+        let device = FileDevice::open(&path, options_with_size(8 << 20)).expect("open");
+        device.write(3 << 20, data.clone()).await.expect("write");
+        device.flush().await.expect("flush");
+    }
+    let device = FileDevice::open(&path, FileDeviceOptions::default()).expect("reopen");
+    assert_eq!(device.size_bytes(), 8 << 20, "reopening must not resize");
+    let read = device.read(3 << 20, data.len()).await.expect("read");
+    assert!(read[..] == data[..]);
+    // The rest of the sparse file still reads as zeroes.
+    let hole = device.read(0, 1 << 20).await.expect("read hole");
+    assert!(hole.iter().all(|byte| *byte == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_requests_are_safe_and_the_device_keeps_working() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = Arc::new(FileDevice::open(&path, options_with_size(64 << 20)).expect("open"));
+    assert_eq!(device.backend(), IoBackend::IoUringDirect);
+    let mut random = SmallRng::seed_from_u64(5);
+    for round in 0..20 {
+        let mut tasks = Vec::new();
+        for index in 0..64u64 {
+            let device = device.clone();
+            let offset = (index * 256 + round) * BLOCK_BYTES;
+            if index % 2 == 0 {
+                let mut data = AlignedBuffer::zeroed(256 << 10);
+                random.fill_bytes(&mut data);
+                let data = Arc::new(data);
+                tasks.push(tokio::spawn(async move {
+                    let _ = device.write(offset, data).await;
+                }));
+            } else {
+                tasks.push(tokio::spawn(async move {
+                    let _ = device.read(offset, 256 << 10).await;
+                }));
+            }
+        }
+        // Abort at different points: before the request is queued, while it is in
+        // the ring, or after it completed.
+        if round % 2 == 1 {
+            tokio::task::yield_now().await;
+        }
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+    device.flush().await.expect("flush after aborted requests");
+    round_trip_concurrently(device.clone(), 6).await;
+    // Dropping the device with nothing in flight stops its thread.
+    drop(Arc::into_inner(device).expect("last reference"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_device_with_abandoned_requests_in_flight_is_clean() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = Arc::new(FileDevice::open(&path, options_with_size(64 << 20)).expect("open"));
+    let mut tasks = Vec::new();
+    for index in 0..128u64 {
+        let device = device.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = Arc::new(AlignedBuffer::zeroed(128 << 10));
+            let _ = device.write(index * (128 << 10), data).await;
+        }));
+    }
+    tokio::task::yield_now().await;
+    for task in &tasks {
+        task.abort();
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    // The aborted tasks released their references; the last drop joins the ring
+    // thread after the kernel has returned every buffer.
+    drop(Arc::into_inner(device).expect("last reference"));
+    let device = FileDevice::open(&path, FileDeviceOptions::default()).expect("reopen");
+    device.read(0, 4096).await.expect("read after reopen");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_positional_backend_round_trips() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = FileDevice::open(
+        &path,
+        FileDeviceOptions {
+            create_size_bytes: Some(64 << 20),
+            backend: Some(IoBackend::PositionalBuffered),
+            ..FileDeviceOptions::default()
+        },
+    )
+    .expect("open");
+    assert_eq!(device.backend(), IoBackend::PositionalBuffered);
+    assert_eq!(device.path(), path);
+    let device = Arc::new(device);
+    round_trip_concurrently(device.clone(), 7).await;
+    device.flush().await.expect("flush");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_ring_and_in_flight_limit_still_complete_every_request() {
+    // 256 concurrent requests through a 4-entry ring with at most 8 accepted: the
+    // queue, the pending list and the permit wait all get exercised.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = FileDevice::open(
+        &path,
+        FileDeviceOptions {
+            create_size_bytes: Some(64 << 20),
+            ring_entries: Some(4),
+            in_flight_requests_max: Some(8),
+            ..FileDeviceOptions::default()
+        },
+    )
+    .expect("open");
+    assert_eq!(device.backend(), IoBackend::IoUringDirect);
+    round_trip_concurrently(Arc::new(device), 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_requests_and_flushes_mixed_with_writes() {
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = Arc::new(FileDevice::open(&path, options_with_size(64 << 20)).expect("open"));
+    let mut random = SmallRng::seed_from_u64(9);
+    let mut data = AlignedBuffer::zeroed(16 << 20);
+    random.fill_bytes(&mut data);
+    let data = Arc::new(data);
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..3u64 {
+        let writer = device.clone();
+        let data = data.clone();
+        tasks.spawn(async move { writer.write(index * (16 << 20), data).await });
+        let flusher = device.clone();
+        tasks.spawn(async move { flusher.flush().await });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.expect("task").expect("write or flush");
+    }
+    device.flush().await.expect("final flush");
+    for index in 0..3u64 {
+        let read = device
+            .read(index * (16 << 20), 16 << 20)
+            .await
+            .expect("read");
+        assert!(read[..] == data[..], "16 MiB block {index} differs");
+    }
+}
+
+/// A loop device over a file in a temporary directory, detached when dropped.
+struct LoopDevice {
+    path: PathBuf,
+    _directory: tempfile::TempDir,
+}
+
+impl LoopDevice {
+    fn new(size_bytes: u64) -> Option<Self> {
+        let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+        let backing = directory.path().join("backing");
+        std::fs::File::create(&backing)
+            .and_then(|file| file.set_len(size_bytes))
+            .expect("backing file");
+        let output = std::process::Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&backing)
+            .output();
+        match output {
+            Ok(output) if output.status.success() => {
+                let path = String::from_utf8_lossy(&output.stdout).trim().to_string();
+                Some(Self {
+                    path: PathBuf::from(path),
+                    _directory: directory,
+                })
+            }
+            Ok(output) => {
+                eprintln!(
+                    "skipping the block device test: losetup failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                None
+            }
+            Err(error) => {
+                eprintln!("skipping the block device test: cannot run losetup: {error}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("--detach")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_device_size_comes_from_the_kernel_and_data_round_trips() {
+    let size_bytes = 48 << 20;
+    let Some(loop_device) = LoopDevice::new(size_bytes) else {
+        return;
+    };
+    let device = FileDevice::open(&loop_device.path, FileDeviceOptions::default()).expect("open");
+    assert_eq!(device.size_bytes(), size_bytes);
+    assert_eq!(device.backend(), IoBackend::IoUringDirect);
+    let device = Arc::new(device);
+    round_trip_concurrently(device.clone(), 10).await;
+    device.flush().await.expect("flush");
+}
