@@ -3,7 +3,80 @@
 //! replies, `base:allocation` block status, and transmission with many requests in
 //! flight per connection. It knows nothing of lamina's engine: anything that
 //! implements [`Export`] and [`ExportCatalog`] can be served.
+//!
+//! # Protocol notes
+//!
+//! **Handshake.** Fixed newstyle only: the server offers `NBD_FLAG_FIXED_NEWSTYLE`
+//! and `NBD_FLAG_NO_ZEROES`; a client flag the server did not offer closes the
+//! connection. Options implemented: `EXPORT_NAME`, `ABORT`, `LIST` (one
+//! `NBD_REP_SERVER` per export, with its description), `INFO` and `GO` (always
+//! `NBD_INFO_EXPORT` and `NBD_INFO_BLOCK_SIZE` = minimum 1, preferred 4096,
+//! maximum [`ServerConfig::max_request_bytes`]; `NBD_INFO_NAME` and
+//! `NBD_INFO_DESCRIPTION` when asked), `STRUCTURED_REPLY`, `LIST_META_CONTEXT`
+//! and `SET_META_CONTEXT` for `base:allocation` (context id 1). `STARTTLS`,
+//! extended headers and every unknown option get `NBD_REP_ERR_UNSUP`; malformed
+//! option data gets `NBD_REP_ERR_INVALID`; an unknown export gets
+//! `NBD_REP_ERR_UNKNOWN` (or a close, for `EXPORT_NAME`, which has no error
+//! reply). Option data over [`ServerConfig::option_bytes_max`] gets
+//! `NBD_REP_ERR_TOO_BIG` and a close; more than
+//! [`ServerConfig::handshake_options_max`] options get `NBD_REP_ERR_POLICY` and a
+//! close; a handshake longer than [`ServerConfig::handshake_timeout_ms`] is closed.
+//!
+//! **Transmission flags.** `HAS_FLAGS`, `SEND_FLUSH`, `SEND_FUA`, `SEND_CACHE`,
+//! `CAN_MULTI_CONN` (the backend's flush covers all connections), `SEND_DF` when
+//! structured replies were negotiated, and either `READ_ONLY` or `SEND_TRIM`,
+//! `SEND_WRITE_ZEROES`, `SEND_FAST_ZERO`.
+//!
+//! **Commands.** READ (structured: `OFFSET_DATA` chunks for data and
+//! `OFFSET_HOLE` chunks for runs of at least 4 KiB that the backend's `extents()`
+//! reports as holes or zeros; with `DF` exactly one data chunk), WRITE, FLUSH,
+//! TRIM, WRITE_ZEROES (`NO_HOLE` clears `may_punch_hole`, `FAST_ZERO` sets
+//! `fast_only`), CACHE, BLOCK_STATUS (`base:allocation`, `NBD_STATE_HOLE` = 1,
+//! `NBD_STATE_ZERO` = 2, merged runs, `REQ_ONE` honoured, at most
+//! [`ServerConfig::block_status_descriptors_max`] descriptors) and DISC (in-flight
+//! requests are answered first). FUA is passed to the backend. Without structured
+//! replies every reply is a simple reply; with them, errors are error chunks that
+//! carry a message, and payload-less successes are simple replies.
+//!
+//! **Concurrency and limits.** One reader per connection reads requests in
+//! order; each runs as its own task, at most
+//! [`ServerConfig::in_flight_requests_max`] at once and holding at most
+//! [`ServerConfig::in_flight_bytes_max`] of buffers; one writer task sends the
+//! replies in completion order. [`ServerConfig::connections_max`] connections
+//! are served at once; further ones are logged and closed before the greeting.
+//! Shutdown (a [`CancellationToken`]) stops accepting, stops reading requests,
+//! answers those in flight and closes, within
+//! [`ServerConfig::shutdown_timeout_ms`].
+//!
+//! **Errors.** Bad request magic or a connection that ends inside a request
+//! closes that connection only. Unknown commands and flags not valid for the
+//! command get `EINVAL`; a READ or WRITE longer than `max_request_bytes` gets
+//! `EINVAL` (`EOVERFLOW` for a READ with `DF`; a refused WRITE's payload is read
+//! and dropped so the connection stays usable); a range past the end of the
+//! export gets `EINVAL`, or `ENOSPC` for WRITE and WRITE_ZEROES; WRITE, TRIM and
+//! WRITE_ZEROES on a read-only export get `EPERM`; BLOCK_STATUS without a
+//! negotiated context gets `EINVAL`. Backend errors map as: `Io` → `EIO` (5),
+//! `NoSpace` → `ENOSPC` (28), `ReadOnly` → `EPERM` (1), `Invalid` → `EINVAL`
+//! (22), `NotSupported` → `ENOTSUP` (95), `Shutdown` → `ESHUTDOWN` (108); a
+//! panicking request handler answers `EIO`.
+//!
+//! **Parsers.** Everything that interprets client bytes is a pure function in
+//! [`wire`] (`parse_client_flags`, `parse_option_header`, `parse_option`,
+//! `parse_request_header`, `validate_request`), fuzzed by the targets in the
+//! repository's `fuzz/` directory and by a randomized unit test.
 
 mod backend;
+mod handshake;
+pub mod memory;
+mod server;
+mod transmission;
+pub mod wire;
 
 pub use backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
+pub use handshake::{PREFERRED_BLOCK_BYTES, transmission_flags};
+pub use server::{
+    ConfigError, ConnectionError, MAX_REQUEST_BYTES_LIMIT, NbdServer, ServerConfig,
+    serve_connection, serve_connection_until,
+};
+pub use tokio_util::sync::CancellationToken;
+pub use transmission::{block_status_descriptors, errno_for};

@@ -1,0 +1,387 @@
+//! The handshake phase: the fixed-newstyle greeting and option haggling that ends
+//! with an export chosen (by `NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`) or with the
+//! connection closed. Parsing is done by the pure functions in [`crate::wire`];
+//! this file only moves bytes and keeps the negotiation state.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::backend::{Export, ExportCatalog, ExportSummary};
+use crate::server::{ConnectionError, ServerConfig};
+use crate::wire::{self, InfoRequest, MetaContextRequest, OptionRequest, TransmissionContext};
+
+/// The preferred block size advertised with `NBD_INFO_BLOCK_SIZE`: lamina's block.
+pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
+
+/// What the handshake agreed on, enough to run the transmission phase.
+pub(crate) struct Negotiated {
+    pub export: Arc<dyn Export>,
+    pub summary: ExportSummary,
+    pub context: TransmissionContext,
+}
+
+/// How the handshake ended.
+pub(crate) enum HandshakeOutcome {
+    Transmission(Negotiated),
+    /// The client aborted (`NBD_OPT_ABORT`) or went away between options.
+    Closed,
+}
+
+/// The transmission flags for `export`, given whether structured replies were
+/// negotiated (`NBD_FLAG_SEND_DF` needs them).
+pub fn transmission_flags(export: &dyn Export, structured_replies: bool) -> u16 {
+    let mut flags = wire::TRANSMISSION_FLAG_HAS_FLAGS
+        | wire::TRANSMISSION_FLAG_SEND_FLUSH
+        | wire::TRANSMISSION_FLAG_SEND_FUA
+        | wire::TRANSMISSION_FLAG_SEND_CACHE
+        // The backend's flush covers writes made on every connection.
+        | wire::TRANSMISSION_FLAG_CAN_MULTI_CONN;
+    if export.read_only() {
+        flags |= wire::TRANSMISSION_FLAG_READ_ONLY;
+    } else {
+        flags |= wire::TRANSMISSION_FLAG_SEND_TRIM
+            | wire::TRANSMISSION_FLAG_SEND_WRITE_ZEROES
+            | wire::TRANSMISSION_FLAG_SEND_FAST_ZERO;
+    }
+    if structured_replies {
+        flags |= wire::TRANSMISSION_FLAG_SEND_DF;
+    }
+    flags
+}
+
+struct State {
+    no_zeroes: bool,
+    structured_replies: bool,
+    /// The canonical name of the export `base:allocation` was selected for.
+    base_allocation_export: Option<String>,
+}
+
+/// Runs the handshake to its end. Errors mean the connection must be closed.
+pub(crate) async fn run<S>(
+    stream: &mut S,
+    catalog: &dyn ExportCatalog,
+    config: &ServerConfig,
+) -> Result<HandshakeOutcome, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(&wire::encode_greeting()).await?;
+    stream.flush().await?;
+    let mut flag_bytes = [0u8; 4];
+    stream.read_exact(&mut flag_bytes).await?;
+    let client_flags = wire::parse_client_flags(&flag_bytes)?;
+    let mut state = State {
+        no_zeroes: client_flags.no_zeroes,
+        structured_replies: false,
+        base_allocation_export: None,
+    };
+    let mut option_count: u32 = 0;
+    loop {
+        let mut header_bytes = [0u8; wire::OPTION_HEADER_BYTES];
+        match stream.read_exact(&mut header_bytes).await {
+            Ok(_) => {}
+            // A client may simply hang up between options.
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Ok(HandshakeOutcome::Closed);
+            }
+            Err(error) => return Err(error.into()),
+        }
+        let header = wire::parse_option_header(&header_bytes)?;
+        option_count += 1;
+        if option_count > config.handshake_options_max {
+            send(
+                stream,
+                header.option,
+                wire::REP_ERR_POLICY,
+                b"too many options in one handshake",
+            )
+            .await?;
+            return Err(ConnectionError::TooManyOptions(
+                config.handshake_options_max,
+            ));
+        }
+        if header.data_bytes > config.option_bytes_max {
+            // Skipping the data would let a client make the server read gigabytes;
+            // say why and hang up instead.
+            let message = format!(
+                "option data of {} bytes is over the {}-byte limit",
+                header.data_bytes, config.option_bytes_max
+            );
+            send(
+                stream,
+                header.option,
+                wire::REP_ERR_TOO_BIG,
+                message.as_bytes(),
+            )
+            .await?;
+            return Err(ConnectionError::OptionTooBig {
+                option: header.option,
+                data_bytes: header.data_bytes,
+                limit_bytes: config.option_bytes_max,
+            });
+        }
+        let mut data = vec![0u8; header.data_bytes as usize];
+        stream.read_exact(&mut data).await?;
+        let request = match wire::parse_option(header.option, &data) {
+            Ok(request) => request,
+            Err(error) if header.option == wire::OPT_EXPORT_NAME => {
+                // NBD_OPT_EXPORT_NAME has no error reply; the only answer is to close.
+                return Err(ConnectionError::Wire(error));
+            }
+            Err(error) => {
+                tracing::debug!(option = header.option, %error, "malformed option");
+                send(
+                    stream,
+                    header.option,
+                    wire::REP_ERR_INVALID,
+                    error.to_string().as_bytes(),
+                )
+                .await?;
+                continue;
+            }
+        };
+        if let Some(outcome) =
+            handle(stream, catalog, config, &mut state, header.option, request).await?
+        {
+            return Ok(outcome);
+        }
+    }
+}
+
+async fn send<S>(
+    stream: &mut S,
+    option: u32,
+    reply_type: u32,
+    data: &[u8],
+) -> Result<(), ConnectionError>
+where
+    S: AsyncWrite + Unpin,
+{
+    stream
+        .write_all(&wire::encode_option_reply(option, reply_type, data))
+        .await?;
+    stream.flush().await?;
+    Ok(())
+}
+
+/// Handles one parsed option; `Some` ends the handshake.
+async fn handle<S>(
+    stream: &mut S,
+    catalog: &dyn ExportCatalog,
+    config: &ServerConfig,
+    state: &mut State,
+    option: u32,
+    request: OptionRequest<'_>,
+) -> Result<Option<HandshakeOutcome>, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match request {
+        OptionRequest::ExportName(name) => {
+            let Some((summary, export)) = catalog.open(name) else {
+                return Err(ConnectionError::UnknownExport(name.to_string()));
+            };
+            let negotiated = negotiated(state, config, summary, export);
+            let flags = transmission_flags(negotiated.export.as_ref(), state.structured_replies);
+            stream
+                .write_all(&wire::encode_export_name_reply(
+                    negotiated.context.export_size_bytes,
+                    flags,
+                    state.no_zeroes,
+                ))
+                .await?;
+            stream.flush().await?;
+            Ok(Some(HandshakeOutcome::Transmission(negotiated)))
+        }
+        OptionRequest::Abort => {
+            // The client may already have closed; a failed ACK changes nothing.
+            let _ = send(stream, option, wire::REP_ACK, &[]).await;
+            Ok(Some(HandshakeOutcome::Closed))
+        }
+        OptionRequest::List => {
+            let mut out = Vec::new();
+            for entry in catalog.list() {
+                out.extend_from_slice(&wire::encode_option_reply(
+                    option,
+                    wire::REP_SERVER,
+                    &wire::encode_server_entry(&entry.name, &entry.description),
+                ));
+            }
+            out.extend_from_slice(&wire::encode_option_reply(option, wire::REP_ACK, &[]));
+            stream.write_all(&out).await?;
+            stream.flush().await?;
+            Ok(None)
+        }
+        OptionRequest::StartTls => {
+            send(stream, option, wire::REP_ERR_UNSUP, b"TLS is not supported").await?;
+            Ok(None)
+        }
+        OptionRequest::StructuredReply => {
+            state.structured_replies = true;
+            send(stream, option, wire::REP_ACK, &[]).await?;
+            Ok(None)
+        }
+        OptionRequest::Info(info) => {
+            info_or_go(stream, catalog, config, state, option, info, false).await
+        }
+        OptionRequest::Go(info) => {
+            info_or_go(stream, catalog, config, state, option, info, true).await
+        }
+        OptionRequest::ListMetaContext(request) => {
+            meta_context(stream, catalog, state, option, request, false).await?;
+            Ok(None)
+        }
+        OptionRequest::SetMetaContext(request) => {
+            meta_context(stream, catalog, state, option, request, true).await?;
+            Ok(None)
+        }
+        OptionRequest::Unknown(unknown) => {
+            tracing::debug!(option = unknown, "unsupported option");
+            let message = format!("option {unknown} is not supported");
+            send(stream, option, wire::REP_ERR_UNSUP, message.as_bytes()).await?;
+            Ok(None)
+        }
+    }
+}
+
+fn negotiated(
+    state: &State,
+    config: &ServerConfig,
+    summary: ExportSummary,
+    export: Arc<dyn Export>,
+) -> Negotiated {
+    // Contexts selected for another export do not carry over (the spec ties them
+    // to the export named in NBD_OPT_SET_META_CONTEXT).
+    let base_allocation = state.structured_replies
+        && state.base_allocation_export.as_deref() == Some(summary.name.as_str());
+    let context = TransmissionContext {
+        export_size_bytes: export.size_bytes(),
+        read_only: export.read_only(),
+        structured_replies: state.structured_replies,
+        base_allocation,
+        max_request_bytes: config.max_request_bytes,
+    };
+    Negotiated {
+        export,
+        summary,
+        context,
+    }
+}
+
+async fn info_or_go<S>(
+    stream: &mut S,
+    catalog: &dyn ExportCatalog,
+    config: &ServerConfig,
+    state: &mut State,
+    option: u32,
+    info: InfoRequest<'_>,
+    go: bool,
+) -> Result<Option<HandshakeOutcome>, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some((summary, export)) = catalog.open(info.export_name) else {
+        let message = format!("no export named {:?}", info.export_name);
+        send(stream, option, wire::REP_ERR_UNKNOWN, message.as_bytes()).await?;
+        return Ok(None);
+    };
+    let negotiated = negotiated(state, config, summary, export);
+    let flags = transmission_flags(negotiated.export.as_ref(), state.structured_replies);
+    let mut out = wire::encode_option_reply(
+        option,
+        wire::REP_INFO,
+        &wire::encode_info_export(negotiated.context.export_size_bytes, flags),
+    );
+    if info.requested.contains(&wire::INFO_NAME) {
+        out.extend_from_slice(&wire::encode_option_reply(
+            option,
+            wire::REP_INFO,
+            &wire::encode_info_text(wire::INFO_NAME, &negotiated.summary.name),
+        ));
+    }
+    if info.requested.contains(&wire::INFO_DESCRIPTION)
+        && !negotiated.summary.description.is_empty()
+    {
+        out.extend_from_slice(&wire::encode_option_reply(
+            option,
+            wire::REP_INFO,
+            &wire::encode_info_text(wire::INFO_DESCRIPTION, &negotiated.summary.description),
+        ));
+    }
+    // Block sizes are always sent: any length from one byte up to the maximum is
+    // accepted, and 4 KiB is what the storage below prefers.
+    out.extend_from_slice(&wire::encode_option_reply(
+        option,
+        wire::REP_INFO,
+        &wire::encode_info_block_size(1, PREFERRED_BLOCK_BYTES, config.max_request_bytes),
+    ));
+    out.extend_from_slice(&wire::encode_option_reply(option, wire::REP_ACK, &[]));
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    if go {
+        Ok(Some(HandshakeOutcome::Transmission(negotiated)))
+    } else {
+        Ok(None)
+    }
+}
+
+async fn meta_context<S>(
+    stream: &mut S,
+    catalog: &dyn ExportCatalog,
+    state: &mut State,
+    option: u32,
+    request: MetaContextRequest<'_>,
+    set: bool,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if !state.structured_replies {
+        return send(
+            stream,
+            option,
+            wire::REP_ERR_INVALID,
+            b"negotiate structured replies first",
+        )
+        .await;
+    }
+    if let Some(query) = request.queries.iter().find(|query| !query.contains(':')) {
+        let message = format!("query {query:?} has no namespace");
+        return send(stream, option, wire::REP_ERR_INVALID, message.as_bytes()).await;
+    }
+    let Some((summary, _export)) = catalog.open(request.export_name) else {
+        let message = format!("no export named {:?}", request.export_name);
+        return send(stream, option, wire::REP_ERR_UNKNOWN, message.as_bytes()).await;
+    };
+    let selected = if set {
+        request.queries.contains(&wire::BASE_ALLOCATION)
+    } else {
+        // Listing with no query lists everything; `base:` lists the whole namespace.
+        request.queries.is_empty()
+            || request
+                .queries
+                .iter()
+                .any(|query| *query == "base:" || *query == wire::BASE_ALLOCATION)
+    };
+    let mut out = Vec::new();
+    if selected {
+        let context_id = if set {
+            wire::BASE_ALLOCATION_CONTEXT_ID
+        } else {
+            0
+        };
+        out.extend_from_slice(&wire::encode_option_reply(
+            option,
+            wire::REP_META_CONTEXT,
+            &wire::encode_meta_context(context_id, wire::BASE_ALLOCATION),
+        ));
+    }
+    if set {
+        state.base_allocation_export = selected.then(|| summary.name.clone());
+    }
+    out.extend_from_slice(&wire::encode_option_reply(option, wire::REP_ACK, &[]));
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    Ok(())
+}
