@@ -1,0 +1,623 @@
+//! The plan as a whole (`PlanReport`) and its two renderings: a readable report
+//! that walks through the reasoning step by step, and JSON for tools.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::analysis::{Analysis, AnalysisOptions};
+use crate::backend::{BackendSizing, DriveModel, ProposalCheck, Redundancy};
+use crate::flash::{FlashOptions, FlashSizing, WorkingSet};
+use crate::trace::{Trace, TraceFormat};
+
+/// What the trace was and what the parsers skipped.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceSummary {
+    pub path: String,
+    pub format: TraceFormat,
+    pub start_label: Option<String>,
+    pub sample_count: usize,
+    pub interval_seconds: f64,
+    pub duration_seconds: f64,
+    pub disk_count: Option<usize>,
+    pub skipped_row_count: usize,
+    pub skipped_column_count: usize,
+    pub address_access_count: Option<usize>,
+}
+
+impl TraceSummary {
+    pub fn of(path: &str, trace: &Trace, address_access_count: Option<usize>) -> TraceSummary {
+        TraceSummary {
+            path: path.to_string(),
+            format: trace.format,
+            start_label: trace.start_label.clone(),
+            sample_count: trace.samples.len(),
+            interval_seconds: trace.interval_seconds,
+            duration_seconds: trace.duration_seconds(),
+            disk_count: trace.disk_count,
+            skipped_row_count: trace.skipped_row_count,
+            skipped_column_count: trace.skipped_columns.len(),
+            address_access_count,
+        }
+    }
+}
+
+/// The complete plan: inputs, every intermediate figure, the answer and warnings.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    pub trace: TraceSummary,
+    pub analysis_options: AnalysisOptions,
+    pub flash_options: FlashOptions,
+    pub analysis: Analysis,
+    pub redundancy: Redundancy,
+    pub drive: DriveModel,
+    pub latency_target_ms: f64,
+    /// What one drive delivers at the latency target.
+    pub drive_iops_at_target: f64,
+    pub sizing: BackendSizing,
+    pub flash: FlashSizing,
+    pub proposal: Option<ProposalCheck>,
+    /// Every warning from parsing, analysis and sizing, in that order.
+    pub warnings: Vec<String>,
+}
+
+/// `1234567.8` as `1,234,568`.
+pub fn thousands(value: f64) -> String {
+    if !value.is_finite() {
+        return "∞".to_string();
+    }
+    let rounded = value.round() as i64;
+    let digits = rounded.unsigned_abs().to_string();
+    let mut grouped = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    if rounded < 0 {
+        format!("-{grouped}")
+    } else {
+        grouped
+    }
+}
+
+/// Bytes in the largest binary unit that keeps the number above one.
+pub fn bytes(value: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut scaled = value;
+    let mut unit = 0;
+    while scaled >= 1024.0 && unit + 1 < UNITS.len() {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{scaled:.0} B")
+    } else {
+        format!("{scaled:.1} {}", UNITS[unit])
+    }
+}
+
+/// Seconds as `+H:MM` since the first sample.
+fn offset(seconds: f64) -> String {
+    let minutes = (seconds / 60.0).round() as u64;
+    format!("+{}:{:02}", minutes / 60, minutes % 60)
+}
+
+/// Seconds as a short duration.
+fn duration(seconds: f64) -> String {
+    if seconds < 120.0 {
+        format!("{seconds:.0} s")
+    } else if seconds < 2.0 * 3600.0 {
+        format!("{:.0} min", seconds / 60.0)
+    } else {
+        format!("{:.1} h", seconds / 3600.0)
+    }
+}
+
+fn percent(fraction: f64) -> String {
+    format!("{:.1}%", fraction * 100.0)
+}
+
+/// Spikes listed in the text report; JSON has them all.
+const SHOWN_SPIKE_COUNT: usize = 15;
+
+/// The readable report. Writing to a `String` cannot fail, so results are ignored.
+pub fn render_text(report: &PlanReport) -> String {
+    let mut out = String::new();
+    let trace = &report.trace;
+    let analysis = &report.analysis;
+    let sizing = &report.sizing;
+    let _ = writeln!(out, "lamina plan: sizing a pool from {}", trace.path);
+    let _ = writeln!(
+        out,
+        "  {} trace, {} samples every {}, {}{}{}",
+        trace.format.name(),
+        trace.sample_count,
+        duration(trace.interval_seconds),
+        duration(trace.duration_seconds),
+        trace
+            .start_label
+            .as_ref()
+            .map(|label| format!(" from {label}"))
+            .unwrap_or_default(),
+        trace
+            .disk_count
+            .map(|count| format!(", {count} disk(s) summed"))
+            .unwrap_or_default(),
+    );
+    if !report.warnings.is_empty() {
+        let _ = writeln!(out, "\nWarnings");
+        for warning in &report.warnings {
+            let _ = writeln!(out, "  ! {warning}");
+        }
+    }
+
+    let _ = writeln!(out, "\n1. Load in the trace");
+    let _ = writeln!(out, "  {:<14} {:>10}  {}", "", "IOPS", "");
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>10}  at {}",
+        "peak",
+        thousands(analysis.peak_iops),
+        offset(analysis.peak_time_seconds)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>10}  over the whole trace, idle time included",
+        "mean",
+        thousands(analysis.mean_iops)
+    );
+    let busy_seconds: f64 = analysis
+        .busy_periods
+        .iter()
+        .map(|period| period.duration_seconds)
+        .sum();
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>10}  {:.0}th percentile of {} busy samples ({} in {} busy period(s))",
+        "steady state",
+        thousands(analysis.steady_state_iops),
+        analysis.steady_percentile,
+        analysis.busy_sample_count,
+        duration(busy_seconds),
+        analysis.busy_periods.len()
+    );
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>10}  busy = rolling {}-minute median at least {:.0}% of its maximum",
+        "busy from",
+        thousands(analysis.busy_threshold_iops),
+        (report.analysis_options.busy_window_seconds / 60.0).round(),
+        report.analysis_options.busy_fraction * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "  mix in busy periods: {} reads, {} writes",
+        percent(1.0 - analysis.write_fraction),
+        percent(analysis.write_fraction)
+    );
+    match analysis.mean_io_size_bytes {
+        Some(size) => {
+            let _ = writeln!(
+                out,
+                "  mean I/O size: {} (reads {}, writes {})",
+                bytes(size),
+                analysis.mean_read_size_bytes.map_or("-".to_string(), bytes),
+                analysis
+                    .mean_write_size_bytes
+                    .map_or("-".to_string(), bytes)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "  mean I/O size: not in the trace; assumed {}",
+                bytes(analysis.io_size_bytes_used)
+            );
+        }
+    }
+
+    let _ = writeln!(
+        out,
+        "\n2. Spikes (load above {} x steady state = {} IOPS)",
+        report.analysis_options.spike_factor,
+        thousands(analysis.spike_threshold_iops)
+    );
+    if analysis.spikes.is_empty() {
+        let _ = writeln!(out, "  none");
+    } else {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:>9} {:>10} {:>9} {:>12}  cache {} at {} IOPS",
+            "start",
+            "duration",
+            "peak IOPS",
+            "x steady",
+            "excess",
+            bytes(report.analysis_options.cache_size_bytes),
+            thousands(report.analysis_options.cache_iops)
+        );
+        let mut spikes: Vec<_> = analysis.spikes.iter().collect();
+        spikes.sort_by(|a, b| b.excess_operations.total_cmp(&a.excess_operations));
+        for spike in spikes.iter().take(SHOWN_SPIKE_COUNT) {
+            let _ = writeln!(
+                out,
+                "  {:<8} {:>9} {:>10} {:>9.1} {:>12}  {}",
+                offset(spike.start_seconds),
+                duration(spike.duration_seconds),
+                thousands(spike.peak_iops),
+                spike.magnitude,
+                bytes(spike.excess_bytes),
+                if spike.absorbed_by_cache {
+                    "absorbed"
+                } else {
+                    "NOT absorbed: size the drives for it or grow the cache"
+                }
+            );
+        }
+        if spikes.len() > SHOWN_SPIKE_COUNT {
+            let _ = writeln!(
+                out,
+                "  ... and {} smaller spikes",
+                spikes.len() - SHOWN_SPIKE_COUNT
+            );
+        }
+    }
+
+    let _ = writeln!(out, "\n3. Was the traced system saturated?");
+    let saturation = &analysis.saturation;
+    match saturation.busy_latency_p90_ms {
+        Some(latency) => {
+            let _ = writeln!(
+                out,
+                "  latency, 90th percentile in busy periods: {latency:.1} ms (target {:.0} ms)",
+                report.latency_target_ms
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  latency: not in the trace");
+        }
+    }
+    match (
+        saturation.busy_queue_per_disk_p90,
+        saturation.busy_queue_p90,
+    ) {
+        (Some(per_disk), _) => {
+            let _ = writeln!(
+                out,
+                "  queue per disk, 90th percentile in busy periods: {per_disk:.2} (limit {:.0})",
+                report.analysis_options.saturated_queue_per_disk
+            );
+        }
+        (None, Some(queue)) => {
+            let _ = writeln!(
+                out,
+                "  queue, all disks, 90th percentile in busy periods: {queue:.2} (disk count unknown)"
+            );
+        }
+        (None, None) => {
+            let _ = writeln!(out, "  queue length: not in the trace");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  verdict: {}",
+        if saturation.saturated {
+            "SATURATED: the trace understates the real demand; size with margin or trace a faster system"
+        } else if saturation.busy_latency_p90_ms.is_none()
+            && saturation.busy_queue_per_disk_p90.is_none()
+        {
+            "cannot tell (no latency or per-disk queue in the trace)"
+        } else {
+            "not saturated: the traced load is what users asked for"
+        }
+    );
+
+    let _ = writeln!(
+        out,
+        "\n4. Back-end load and drives ({}, {})",
+        report.redundancy, report.drive.name
+    );
+    write_steps(&mut out, report, sizing);
+
+    write_flash(&mut out, report);
+
+    if let Some(proposal) = &report.proposal {
+        let _ = writeln!(
+            out,
+            "\n6. Proposal: {} working drives",
+            proposal.proposed_working_drives
+        );
+        if proposal.under_sized {
+            let _ = writeln!(
+                out,
+                "  UNDER-SIZED: the steady state needs {} working drives; {} is {} short.",
+                proposal.needed_working_drives,
+                proposal.proposed_working_drives,
+                proposal.needed_working_drives - proposal.proposed_working_drives
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  enough: the steady state needs {} working drives.",
+                proposal.needed_working_drives
+            );
+        }
+        let latency = proposal.predicted_latency_ms.map_or(
+            "beyond saturation: queues grow without bound".to_string(),
+            |latency| format!("about {latency:.0} ms mean response time"),
+        );
+        let _ = writeln!(
+            out,
+            "  each drive would carry {} back-end IOPS: {latency};",
+            thousands(proposal.iops_per_drive)
+        );
+        let _ = writeln!(
+            out,
+            "  within {:.0} ms they carry about {} front-end IOPS against a steady state of {}.",
+            report.latency_target_ms,
+            thousands(proposal.supported_front_end_iops),
+            thousands(analysis.steady_state_iops)
+        );
+        if let Some(enough) = proposal.enough_with_flash {
+            let _ = writeln!(
+                out,
+                "  with {} of flash in front ({} read hits): {}",
+                bytes(report.flash.flash_bytes),
+                percent(report.flash.read_hit_ratio),
+                if enough {
+                    "enough"
+                } else {
+                    "still under-sized"
+                }
+            );
+        }
+    }
+
+    let _ = writeln!(out, "\nAssumptions");
+    let _ = writeln!(
+        out,
+        "  - {} is rated {} IOPS at {} ms; other latencies follow an M/M/1 model through that point (service time {:.2} ms).",
+        report.drive.name,
+        thousands(report.drive.rated_iops),
+        report.drive.rated_latency_ms,
+        report.drive.service_time_ms()
+    );
+    let _ = writeln!(
+        out,
+        "  - Every front-end operation is small and random; sequential streams would need fewer drives."
+    );
+    let _ = writeln!(
+        out,
+        "  - Spikes up to {} x steady state are left to the cache, not to the drives.",
+        report.analysis_options.spike_factor
+    );
+    let _ = writeln!(
+        out,
+        "  - Flash serves reads only; every write still reaches the drives with the scheme's penalty."
+    );
+    out
+}
+
+fn write_steps(out: &mut String, report: &PlanReport, sizing: &BackendSizing) {
+    let analysis = &report.analysis;
+    let step = |out: &mut String, number: usize, what: &str, result: String| {
+        let _ = writeln!(out, "  step {number}  {what:<34} {result}");
+    };
+    step(
+        out,
+        1,
+        "steady front-end load",
+        format!(
+            "{} IOPS = {} reads + {} writes",
+            thousands(sizing.front_end_iops),
+            thousands(sizing.front_end_read_iops),
+            thousands(sizing.front_end_write_iops)
+        ),
+    );
+    let penalty = sizing.write_penalty;
+    let penalty_text = if penalty.fract() == 0.0 {
+        format!("{penalty:.0}")
+    } else {
+        format!("{penalty:.3}")
+    };
+    step(
+        out,
+        2,
+        &format!(
+            "{} write penalty {penalty_text}",
+            short_name(report.redundancy)
+        ),
+        format!(
+            "back-end = {} + {penalty_text} x {} = {} IOPS ({:+.0}%)",
+            thousands(sizing.backend_read_iops),
+            thousands(sizing.front_end_write_iops),
+            thousands(sizing.backend_iops),
+            sizing.backend_increase_percent
+        ),
+    );
+    step(
+        out,
+        3,
+        &format!(
+            "{} at {:.0} ms",
+            report.drive.name, report.latency_target_ms
+        ),
+        format!("{} IOPS per drive", thousands(sizing.drive_iops)),
+    );
+    step(
+        out,
+        4,
+        "drives before redundancy",
+        format!(
+            "{} / {} = {:.1} -> {}",
+            thousands(sizing.front_end_iops),
+            thousands(sizing.drive_iops),
+            sizing.drives_before_redundancy_exact,
+            sizing.drives_before_redundancy
+        ),
+    );
+    step(
+        out,
+        5,
+        "drives after redundancy",
+        format!(
+            "{} / {} = {:.1} -> {}",
+            thousands(sizing.backend_iops),
+            thousands(sizing.drive_iops),
+            sizing.drives_after_redundancy_exact,
+            sizing.drives_after_redundancy
+        ),
+    );
+    let layout_note = if sizing.working_drives == sizing.drives_after_redundancy {
+        "(no change for the layout)".to_string()
+    } else {
+        format!(
+            "(at least {}{})",
+            report.redundancy.minimum_drive_count(),
+            if report.redundancy == Redundancy::Raid10 {
+                ", in pairs"
+            } else {
+                ""
+            }
+        )
+    };
+    step(
+        out,
+        6,
+        "working drives, layout rules",
+        format!("{} {layout_note}", sizing.working_drives),
+    );
+    step(
+        out,
+        7,
+        &format!("plus {} spare(s)", sizing.spare_drives),
+        format!(
+            "{} drives  (with 1 spare: {}, with 2: {})",
+            sizing.total_drives,
+            sizing.working_drives + 1,
+            sizing.working_drives + 2
+        ),
+    );
+    let _ = writeln!(
+        out,
+        "  (sizing at the mean, {} IOPS, would under-buy; at the peak, {} IOPS, would over-buy)",
+        thousands(analysis.mean_iops),
+        thousands(analysis.peak_iops)
+    );
+}
+
+fn short_name(redundancy: Redundancy) -> String {
+    match redundancy {
+        Redundancy::LaminaRaid6 { data_device_count } => {
+            format!("lamina-raid6:{data_device_count}")
+        }
+        other => other.to_string(),
+    }
+}
+
+fn write_flash(out: &mut String, report: &PlanReport) {
+    let flash = &report.flash;
+    let _ = writeln!(out, "\n5. Flash in front");
+    let source = match &flash.working_set {
+        WorkingSet::Measured {
+            hour_count,
+            access_count,
+        } => format!(
+            "measured: distinct 4 KiB blocks in the busiest of {hour_count} hour(s) of the address trace ({} accesses)",
+            thousands(*access_count as f64)
+        ),
+        WorkingSet::Stated => "stated with --working-set-gib".to_string(),
+        WorkingSet::Assumed {
+            bytes_per_hour,
+            unique_fraction,
+        } => format!(
+            "ASSUMED (no addresses in the trace): {:.0}% of the {} moved in a steady-state hour falls on distinct blocks",
+            unique_fraction * 100.0,
+            bytes(*bytes_per_hour)
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "  working set per hour: {} ({source})",
+        bytes(flash.working_set_bytes)
+    );
+    let _ = writeln!(out, "  hit-ratio model: {}", flash.model);
+    let _ = writeln!(
+        out,
+        "  flash for {} read hits: {}{}",
+        percent(flash.target_hit_ratio),
+        bytes(flash.flash_bytes),
+        if flash.read_hit_ratio < flash.target_hit_ratio {
+            format!(" (reaches only {})", percent(flash.read_hit_ratio))
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  with it: back-end = {} reads x {:.2} misses + {} writes x {:.3} = {} IOPS -> {} working drives (+{} spare) instead of {}",
+        thousands(flash.with_flash.front_end_read_iops),
+        1.0 - flash.read_hit_ratio,
+        thousands(flash.with_flash.front_end_write_iops),
+        flash.with_flash.write_penalty,
+        thousands(flash.with_flash.backend_iops),
+        flash.with_flash.working_drives,
+        flash.with_flash.spare_drives,
+        report.sizing.working_drives
+    );
+    let _ = writeln!(
+        out,
+        "  {:>10} {:>12} {:>15}",
+        "read hits", "flash", "working drives"
+    );
+    let _ = writeln!(
+        out,
+        "  {:>10} {:>12} {:>15}",
+        percent(0.0),
+        bytes(0.0),
+        report.sizing.working_drives
+    );
+    for point in &flash.table {
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>12} {:>15}",
+            percent(point.read_hit_ratio),
+            bytes(point.flash_bytes),
+            point.working_drives
+        );
+    }
+}
+
+/// The report as pretty-printed JSON.
+pub fn render_json(report: &PlanReport) -> String {
+    // Every field is a plain number, string, option or vector, so this cannot fail;
+    // infinite figures become null.
+    serde_json::to_string_pretty(report).expect("plan reports always serialise")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::GIB;
+
+    #[test]
+    fn numbers_are_grouped_and_bytes_scaled() {
+        assert_eq!(thousands(4500.0), "4,500");
+        assert_eq!(thousands(1234567.6), "1,234,568");
+        assert_eq!(thousands(-1500.0), "-1,500");
+        assert_eq!(thousands(12.0), "12");
+        assert_eq!(bytes(512.0), "512 B");
+        assert_eq!(bytes(8192.0), "8.0 KiB");
+        assert_eq!(bytes(3.5 * GIB), "3.5 GiB");
+    }
+
+    #[test]
+    fn offsets_and_durations_read_naturally() {
+        assert_eq!(offset(3.0 * 3600.0 + 5.0 * 60.0), "+3:05");
+        assert_eq!(duration(30.0), "30 s");
+        assert_eq!(duration(600.0), "10 min");
+        assert_eq!(duration(7.5 * 3600.0), "7.5 h");
+    }
+}
