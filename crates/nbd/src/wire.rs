@@ -45,8 +45,10 @@ pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
-pub const OPT_LIST_META_CONTEXT: u32 = 10;
-pub const OPT_SET_META_CONTEXT: u32 = 11;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
+/// Extended headers; not implemented, so answered with `NBD_REP_ERR_UNSUP`.
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 /// Option reply types.
 pub const REP_ACK: u32 = 1;
