@@ -511,3 +511,35 @@ async fn block_device_size_comes_from_the_kernel_and_data_round_trips() {
     round_trip_concurrently(device.clone(), 10).await;
     device.flush().await.expect("flush");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_at_a_time_always_wakes_the_ring_thread() {
+    // With one request in flight the ring thread goes to sleep between requests,
+    // so every request depends on the wake-up path; a lost wake-up hangs, which the
+    // timeout turns into a failure.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = FileDevice::open(&path, options_with_size(8 << 20)).expect("open");
+    assert_eq!(device.backend(), IoBackend::IoUringDirect);
+    let block_count = device.size_bytes() / BLOCK_BYTES;
+    let sequence = async {
+        for index in 0..2000u64 {
+            let offset = (index % block_count) * BLOCK_BYTES;
+            let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+            data[..8].copy_from_slice(&index.to_le_bytes());
+            device.write(offset, Arc::new(data)).await.expect("write");
+            let read = device
+                .read(offset, BLOCK_BYTES as usize)
+                .await
+                .expect("read");
+            assert_eq!(read[..8], index.to_le_bytes());
+            if index % 500 == 0 {
+                // Let the ring thread fall fully asleep now and then.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), sequence)
+        .await
+        .expect("a request was never answered: lost wake-up");
+}

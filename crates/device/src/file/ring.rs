@@ -148,7 +148,6 @@ impl Ring {
             limits.in_flight_requests_max >= 1,
             "in_flight_requests_max must be positive"
         );
-        let ring = IoUring::new(limits.ring_entries)?;
         // SAFETY: eventfd takes no pointers; the returned descriptor is checked below.
         let raw_event = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if raw_event < 0 {
@@ -156,9 +155,6 @@ impl Ring {
         }
         // SAFETY: `raw_event` is a freshly created descriptor that nothing else owns.
         let wake_event = unsafe { OwnedFd::from_raw_fd(raw_event) };
-        // Registering the files spares the kernel a descriptor lookup per request.
-        ring.submitter()
-            .register_files(&[file.as_raw_fd(), wake_event.as_raw_fd()])?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 requests: VecDeque::with_capacity(limits.in_flight_requests_max),
@@ -168,22 +164,45 @@ impl Ring {
             }),
             wake_event,
         });
-        let request_slots_max = limits.ring_entries as usize - 1;
-        let worker = RingThread {
-            ring,
-            _file: file,
-            shared: shared.clone(),
-            in_flight: Slab::with_capacity(request_slots_max),
-            pending: VecDeque::with_capacity(limits.in_flight_requests_max),
-            request_slots_max,
-            wake_buffer: Box::new(0),
-            wake_read_armed: false,
-            completions: Vec::with_capacity(limits.ring_entries as usize * 2),
-            device_name: device_name.to_string(),
-        };
+        // The ring is created on its own thread because a single-issuer ring only
+        // accepts submissions from the thread that created it; the setup result
+        // comes back here so that the caller can still fall back.
+        let (setup_sender, setup_result) = std::sync::mpsc::sync_channel(1);
+        let thread_shared = shared.clone();
+        let device_name = device_name.to_string();
         let thread = std::thread::Builder::new()
             .name("lamina-uring".to_string())
-            .spawn(move || worker.run())?;
+            .spawn(move || {
+                let ring = match setup_ring(limits.ring_entries, &file, &thread_shared.wake_event) {
+                    Ok(ring) => ring,
+                    Err(error) => {
+                        let _ = setup_sender.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = setup_sender.send(Ok(()));
+                let request_slots_max = limits.ring_entries as usize - 1;
+                RingThread {
+                    ring,
+                    _file: file,
+                    shared: thread_shared,
+                    in_flight: Slab::with_capacity(request_slots_max),
+                    pending: VecDeque::with_capacity(limits.in_flight_requests_max),
+                    request_slots_max,
+                    wake_buffer: Box::new(0),
+                    wake_read_armed: false,
+                    completions: Vec::with_capacity(limits.ring_entries as usize * 2),
+                    device_name,
+                }
+                .run();
+            })?;
+        let setup = setup_result
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("io_uring ring thread died during setup")));
+        if let Err(error) = setup {
+            let _ = thread.join();
+            return Err(error);
+        }
         Ok(Self {
             shared,
             permits: Arc::new(Semaphore::new(limits.in_flight_requests_max)),
@@ -238,6 +257,26 @@ impl Drop for Ring {
             }
         }
     }
+}
+
+/// Creates the ring with the flags that cut per-request kernel work where the
+/// kernel has them (completion work deferred to the one thread that waits, 6.1+),
+/// and without them on older kernels; then registers the device and wake files.
+fn setup_ring(ring_entries: u32, file: &File, wake_event: &OwnedFd) -> io::Result<IoUring> {
+    let ring = match IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_coop_taskrun()
+        .build(ring_entries)
+    {
+        Ok(ring) => ring,
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => IoUring::new(ring_entries)?,
+        Err(error) => return Err(error),
+    };
+    // Registering the files spares the kernel a descriptor lookup per request.
+    ring.submitter()
+        .register_files(&[file.as_raw_fd(), wake_event.as_raw_fd()])?;
+    Ok(ring)
 }
 
 /// The ring thread's state. Only this thread touches the ring.
