@@ -1,13 +1,627 @@
-//! `lamina bench`: latency-versus-load benchmarks (placeholder until built).
+//! `lamina bench`: latency-versus-load benchmarks of NBD servers, lamina and its peers
+//! side by side, with fio as the load generator and plots of the curves.
+//!
+//! Three commands: `run` measures one URI with a profile; `compare` prepares the same
+//! data for every selected server, starts each in turn, runs the identical workload and
+//! prints one table of figures with ratios to lamina (plus a plot with one curve per
+//! server); `fs` builds a filesystem on each server's export and runs postmark. See
+//! docs/bench.md for the method and its limits.
+
+pub mod fio;
+pub mod fs;
+pub mod plot;
+pub mod process;
+pub mod report;
+pub mod servers;
+pub mod workload;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::process::{check_interrupted, find_program, install_interrupt_handler};
+use crate::report::{Report, ServerResult, Skipped, compute_figures, format_number};
+use crate::servers::{ServerKind, ServerOptions};
+use crate::workload::{Mix, Profile, Settings};
 
 /// Command-line arguments of `lamina bench`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// What to run.
-    pub action: String,
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// The `lamina bench` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Measure one NBD URI with a profile.
+    Run(RunArgs),
+    /// Measure lamina and peer servers on the same data, side by side.
+    Compare(CompareArgs),
+    /// Build a filesystem on each server's export and run postmark on it (needs root).
+    Fs(FsArgs),
+}
+
+/// How each fio step runs (shared by `run` and `compare`).
+#[derive(Debug, Clone, Args)]
+pub struct StepOptions {
+    /// The workload profile.
+    #[arg(long, value_enum)]
+    pub profile: Profile,
+    /// Seconds measured per step.
+    #[arg(long, default_value_t = 10)]
+    pub runtime: u64,
+    /// Seconds run before measuring, per step.
+    #[arg(long, default_value_t = 1)]
+    pub ramp: u64,
+    /// Queue depth per job of the closed-loop profiles.
+    #[arg(long, default_value_t = 32)]
+    pub iodepth: u32,
+    /// Jobs (NBD connections) of the closed-loop profiles.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: u32,
+    /// Largest job count of qd-sweep.
+    #[arg(long, default_value_t = 4)]
+    pub max_jobs: u32,
+    /// The 4 KiB mix of qd-sweep and rate-sweep.
+    #[arg(long, value_enum, default_value_t = Mix::Oltp)]
+    pub mix: Mix,
+    /// Poisson streams (jobs, one connection each) of rate-sweep.
+    #[arg(long, default_value_t = 4)]
+    pub rate_jobs: u32,
+    /// Queue depth per stream of rate-sweep: deep, so arrivals rarely wait for a slot.
+    #[arg(long, default_value_t = 64)]
+    pub rate_iodepth: u32,
+    /// Explicit rate-sweep targets in IOPS (comma-separated) instead of fractions of
+    /// the calibrated closed-loop peak.
+    #[arg(long, value_delimiter = ',')]
+    pub rate_targets: Option<Vec<u64>>,
+    /// The p99 latency objective of the headline figure, in microseconds.
+    #[arg(long, default_value_t = 1000.0)]
+    pub slo_us: f64,
+    /// The fio program.
+    #[arg(long, default_value = "fio")]
+    pub fio: String,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw the curves to this file (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+impl StepOptions {
+    fn settings(&self, region_bytes: u64) -> Settings {
+        Settings {
+            runtime_seconds: self.runtime,
+            ramp_seconds: self.ramp,
+            region_bytes,
+            iodepth: self.iodepth,
+            jobs: self.jobs,
+            max_jobs: self.max_jobs,
+            mix: self.mix,
+            rate_jobs: self.rate_jobs,
+            rate_iodepth: self.rate_iodepth,
+            rate_targets: self.rate_targets.clone(),
+            slo_us: self.slo_us,
+        }
+    }
+}
+
+/// Arguments of `lamina bench run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The NBD URI, e.g. nbd+unix:///default?socket=/var/lib/lamina/nbd.sock
+    #[arg(long)]
+    pub uri: String,
+    /// Bytes of the export the I/O covers (default: the whole export, from nbdinfo).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    #[command(flatten)]
+    pub step: StepOptions,
+}
+
+/// Arguments of `lamina bench compare`.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Servers to measure, in order; missing ones are skipped with a note.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = ServerKind::all())]
+    pub servers: Vec<ServerKind>,
+    /// Size of the data every server gets (e.g. 1G, 64M).
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    pub size: u64,
+    /// The lamina binary (default: this program).
+    #[arg(long, env = "LAMINA_BIN")]
+    pub lamina_bin: Option<PathBuf>,
+    /// Directory for the data copies (default: the system temporary directory).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub step: StepOptions,
+}
+
+/// Arguments of `lamina bench fs`.
+#[derive(Debug, Args)]
+pub struct FsArgs {
+    /// The filesystem to build.
+    #[arg(long = "fs", value_enum, default_value_t = fs::Filesystem::Ext4)]
+    pub filesystem: fs::Filesystem,
+    /// The workload.
+    #[arg(long, value_enum, default_value_t = fs::FsWorkload::Postmark)]
+    pub workload: fs::FsWorkload,
+    /// Servers to measure, in order; missing ones are skipped with a note.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = ServerKind::all())]
+    pub servers: Vec<ServerKind>,
+    /// Size of the export (e.g. 1G).
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    pub size: u64,
+    /// postmark: number of files.
+    #[arg(long, default_value_t = 5_000)]
+    pub files: u32,
+    /// postmark: number of transactions.
+    #[arg(long, default_value_t = 50_000)]
+    pub transactions: u32,
+    /// The lamina binary (default: this program).
+    #[arg(long, env = "LAMINA_BIN")]
+    pub lamina_bin: Option<PathBuf>,
+    /// Directory for the data copies (default: the system temporary directory).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs `lamina bench`.
 pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("lamina bench is not built yet ({})", arguments.action)
+    install_interrupt_handler();
+    match arguments.command {
+        BenchCommand::Run(arguments) => run_uri(&arguments),
+        BenchCommand::Compare(arguments) => {
+            let report = compare(&arguments)?;
+            emit(&report, &arguments.step)
+        }
+        BenchCommand::Fs(arguments) => run_fs(&arguments),
+    }
+}
+
+/// Parses sizes such as `4096`, `64M`, `1G`, `1GiB` (binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|character: char| !character.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        other => return Err(format!("unknown size unit `{other}` (use K, M, G or T)")),
+    };
+    number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+fn emit(report: &Report, step: &StepOptions) -> anyhow::Result<()> {
+    if let Some(path) = &step.plot {
+        plot::draw(report, path)?;
+    }
+    if step.json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{}", report.table());
+        if let Some(path) = &step.plot {
+            println!("plot: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn fio_version(fio_program: &str) -> anyhow::Result<String> {
+    let mut command = std::process::Command::new(fio_program);
+    command.arg("--version");
+    let output = process::run_helper(command)
+        .map_err(|error| anyhow::anyhow!("fio is needed as the load generator: {error}"))?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+fn progress_bar(total_steps: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total_steps);
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
+    let version = fio_version(&arguments.step.fio)?;
+    let region_bytes = match arguments.size {
+        Some(size) => size,
+        None => export_size(&arguments.uri)?,
+    };
+    let settings = arguments.step.settings(region_bytes);
+    let profile = arguments.step.profile;
+    let bar = progress_bar(workload::planned_step_count(profile, &settings));
+    let points = workload::execute(
+        &arguments.step.fio,
+        profile,
+        &settings,
+        &arguments.uri,
+        &mut |label| {
+            bar.set_message(label.to_owned());
+            bar.inc(1);
+        },
+    );
+    bar.finish_and_clear();
+    let points = points?;
+    let headline = profile
+        .is_sweep()
+        .then(|| workload::headline(&points, settings.slo_us));
+    let mut servers = vec![ServerResult {
+        server: "target".into(),
+        uri: arguments.uri.clone(),
+        notes: vec![],
+        points,
+        headline,
+        figures: vec![],
+    }];
+    let reference = compute_figures(profile, &mut servers);
+    let report = Report {
+        profile,
+        settings,
+        fio_version: version,
+        reference,
+        servers,
+        skipped: vec![],
+    };
+    emit(&report, &arguments.step)
+}
+
+fn export_size(uri: &str) -> anyhow::Result<u64> {
+    let mut command = std::process::Command::new("nbdinfo");
+    command.arg("--size").arg(uri);
+    let output = process::run_helper(command)
+        .map_err(|error| anyhow::anyhow!("cannot read the export size (give --size): {error}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("nbdinfo printed {text:?}, not a size"))
+}
+
+fn lamina_program(configured: Option<&PathBuf>) -> PathBuf {
+    configured
+        .cloned()
+        .or_else(|| std::env::current_exe().ok())
+        .unwrap_or_else(|| PathBuf::from("lamina"))
+}
+
+/// A private work directory, removed when dropped.
+fn work_directory(configured: Option<&PathBuf>) -> anyhow::Result<tempfile::TempDir> {
+    // Unix socket paths are limited to 108 bytes, so the directory name stays short.
+    let builder = {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("lbench");
+        builder
+    };
+    Ok(match configured {
+        Some(directory) => builder.tempdir_in(directory)?,
+        None => builder.tempdir()?,
+    })
+}
+
+/// Runs `compare` and returns the report (the CLI prints it; tests inspect it).
+pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
+    install_interrupt_handler();
+    process::become_subreaper();
+    let step = &arguments.step;
+    let version = fio_version(&step.fio)?;
+    let settings = step.settings(arguments.size);
+    let lamina = lamina_program(arguments.lamina_bin.as_ref());
+    let work = work_directory(arguments.work_dir.as_ref())?;
+    let mut skipped = Vec::new();
+    let mut candidates = Vec::new();
+    for kind in &arguments.servers {
+        if candidates.contains(kind) {
+            continue;
+        }
+        match kind.missing_reason(&lamina) {
+            Some(reason) => skipped.push(Skipped {
+                server: kind.name().into(),
+                reason,
+            }),
+            None => candidates.push(*kind),
+        }
+    }
+    let data_file = work.path().join("data.raw");
+    if !candidates.is_empty() {
+        servers::write_random_data(&data_file, arguments.size)?;
+    }
+    let options = ServerOptions {
+        lamina_program: lamina,
+        data_file,
+        data_size_bytes: arguments.size,
+        max_connections: settings.max_connections(),
+    };
+    let per_server = workload::planned_step_count(step.profile, &settings);
+    let bar = progress_bar(per_server * candidates.len() as u64);
+    let mut results = Vec::new();
+    for kind in candidates {
+        check_interrupted()?;
+        bar.set_message(format!("{}: starting", kind.name()));
+        let server = match servers::start(kind, &options, work.path()) {
+            Ok(server) => server,
+            Err(error) => {
+                check_interrupted()?;
+                bar.inc(per_server);
+                skipped.push(Skipped {
+                    server: kind.name().into(),
+                    reason: format!("did not come up: {error:#}"),
+                });
+                continue;
+            }
+        };
+        let mut completed = 0;
+        let points = workload::execute(&step.fio, step.profile, &settings, &server.uri, &mut |label| {
+            bar.set_message(format!("{}: {label}", kind.name()));
+            bar.inc(1);
+            completed += 1;
+        });
+        bar.inc(per_server.saturating_sub(completed));
+        let uri = server.uri.clone();
+        let notes = server.notes.clone();
+        server.stop();
+        match points {
+            Ok(points) => {
+                let headline = step
+                    .profile
+                    .is_sweep()
+                    .then(|| workload::headline(&points, settings.slo_us));
+                results.push(ServerResult {
+                    server: kind.name().into(),
+                    uri,
+                    notes,
+                    points,
+                    headline,
+                    figures: vec![],
+                });
+            }
+            Err(error) => {
+                check_interrupted()?;
+                skipped.push(Skipped {
+                    server: kind.name().into(),
+                    reason: format!("benchmark failed: {error:#}"),
+                });
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let reference = compute_figures(step.profile, &mut results);
+    Ok(Report {
+        profile: step.profile,
+        settings,
+        fio_version: version,
+        reference,
+        servers: results,
+        skipped,
+    })
+}
+
+/// One server's postmark figures in `fs`.
+#[derive(Debug, Serialize)]
+struct FsServerResult {
+    server: String,
+    result: fs::PostmarkResult,
+}
+
+/// The report of `fs`.
+#[derive(Debug, Serialize)]
+struct FsReport {
+    filesystem: fs::Filesystem,
+    workload: fs::FsWorkload,
+    files: u32,
+    transactions: u32,
+    servers: Vec<FsServerResult>,
+    skipped: Vec<Skipped>,
+}
+
+fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
+    fs::check_preconditions(arguments.filesystem)?;
+    process::become_subreaper();
+    let lamina = lamina_program(arguments.lamina_bin.as_ref());
+    let work = work_directory(arguments.work_dir.as_ref())?;
+    let data_file = work.path().join("data.raw");
+    servers::write_random_data(&data_file, arguments.size)?;
+    let options = ServerOptions {
+        lamina_program: lamina.clone(),
+        data_file,
+        data_size_bytes: arguments.size,
+        max_connections: 4,
+    };
+    let mut report = FsReport {
+        filesystem: arguments.filesystem,
+        workload: arguments.workload,
+        files: arguments.files,
+        transactions: arguments.transactions,
+        servers: vec![],
+        skipped: vec![],
+    };
+    let bar = progress_bar(arguments.servers.len() as u64);
+    for kind in &arguments.servers {
+        check_interrupted()?;
+        bar.set_message(kind.name());
+        bar.inc(1);
+        if let Some(reason) = kind.missing_reason(&lamina) {
+            report.skipped.push(Skipped {
+                server: kind.name().into(),
+                reason,
+            });
+            continue;
+        }
+        let server = match servers::start(*kind, &options, work.path()) {
+            Ok(server) => server,
+            Err(error) => {
+                check_interrupted()?;
+                report.skipped.push(Skipped {
+                    server: kind.name().into(),
+                    reason: format!("did not come up: {error:#}"),
+                });
+                continue;
+            }
+        };
+        let directory = work.path().join(format!("fs-{}", kind.name()));
+        let result = fs::run_postmark_on(
+            &server.uri,
+            arguments.filesystem,
+            &directory,
+            arguments.files,
+            arguments.transactions,
+        );
+        server.stop();
+        match result {
+            Ok(result) => report.servers.push(FsServerResult {
+                server: kind.name().into(),
+                result,
+            }),
+            Err(error) => {
+                check_interrupted()?;
+                report.skipped.push(Skipped {
+                    server: kind.name().into(),
+                    reason: format!("postmark failed: {error:#}"),
+                });
+            }
+        }
+    }
+    bar.finish_and_clear();
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", fs_table(&report));
+    }
+    Ok(())
+}
+
+fn fs_table(report: &FsReport) -> String {
+    let reference = report
+        .servers
+        .iter()
+        .find(|server| server.server == "lamina")
+        .or(report.servers.first());
+    let figures = |result: &fs::PostmarkResult| {
+        [
+            result.transactions_per_second,
+            result.created_per_second,
+            result.read_per_second,
+            result.appended_per_second,
+            result.deleted_per_second,
+            result.read_megabytes_per_second,
+            result.write_megabytes_per_second,
+        ]
+    };
+    let mut rows = vec![
+        [
+            "server", "tx/s", "created/s", "read/s", "appended/s", "deleted/s", "read MB/s",
+            "write MB/s",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for server in &report.servers {
+        let values = figures(&server.result);
+        let reference_values = reference.map(|reference| figures(&reference.result));
+        let mut row = vec![server.server.clone()];
+        for (index, value) in values.iter().enumerate() {
+            let ratio = report::ratio(
+                Some(*value),
+                reference_values.map(|reference| reference[index]),
+            );
+            row.push(match ratio {
+                Some(ratio) => format!("{} ({ratio:.2}x)", format_number(*value)),
+                None => format_number(*value),
+            });
+        }
+        rows.push(row);
+    }
+    let mut out = format!(
+        "fs {:?} postmark ({} files, {} transactions); ratios are server / {}\n",
+        report.filesystem,
+        report.files,
+        report.transactions,
+        reference.map_or("-", |reference| reference.server.as_str())
+    );
+    out.push_str(&report::align(&rows));
+    for skipped in &report.skipped {
+        out.push_str(&format!("skipped: {}: {}\n", skipped.server, skipped.reason));
+    }
+    out
+}
+
+/// Whether the programs `compare` needs at minimum (fio and one peer) are installed.
+pub fn peers_available() -> bool {
+    find_program("fio").is_some() && find_program("nbdkit").is_some()
+}
+
+/// The lamina binary next to a workspace target directory, if built.
+pub fn built_lamina(workspace_root: &Path) -> Option<PathBuf> {
+    ["target/debug/lamina", "target/release/lamina"]
+        .iter()
+        .map(|relative| workspace_root.join(relative))
+        .find(|path| path.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("G").is_err());
+    }
+
+    #[test]
+    fn cli_parses_compare_with_a_server_list() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "lamina",
+            "compare",
+            "--profile",
+            "rate-sweep",
+            "--servers",
+            "lamina,nbdkit,qemu-nbd-qcow2",
+            "--rate-targets",
+            "100,200",
+            "--plot",
+            "out.svg",
+        ])
+        .expect("parses");
+        let BenchCommand::Compare(compare) = cli.bench.command else {
+            panic!("not compare");
+        };
+        assert_eq!(
+            compare.servers,
+            vec![ServerKind::Lamina, ServerKind::Nbdkit, ServerKind::QemuNbdQcow2]
+        );
+        assert_eq!(compare.step.profile, Profile::RateSweep);
+        assert_eq!(compare.step.rate_targets, Some(vec![100, 200]));
+        assert_eq!(compare.size, 1 << 30);
+    }
 }

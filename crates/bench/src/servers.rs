@@ -1,0 +1,404 @@
+//! The servers `lamina bench compare` measures side by side: lamina itself and the
+//! peers a user would otherwise pick (nbdkit, qemu-nbd on raw and qcow2, nbd-server).
+//!
+//! Each server gets its own copy of the same prepared data (random bytes, fully
+//! allocated, so reads hit data and not holes), listens on a Unix socket in a private
+//! directory (no TCP port conflicts), exports the name `default`, and is stopped by PID
+//! when its runs are over. Everything a server needs is written under its directory so
+//! that nothing is left behind when the directory is removed.
+
+use std::io::Write as _;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{RngCore, SeedableRng};
+use serde::Serialize;
+
+use crate::process::{ManagedChild, check_interrupted, find_program, run_helper};
+
+/// How long a server gets to accept connections after it was started.
+pub const READY_TIMEOUT_MS: u64 = 30_000;
+
+/// How often readiness is polled.
+const READY_POLL_INTERVAL_MS: u64 = 50;
+
+/// Bytes written per call while generating the data file.
+const DATA_CHUNK_BYTES: usize = 1 << 20;
+
+/// The export name every server uses, so that URIs differ only by socket.
+pub const EXPORT_NAME: &str = "default";
+
+/// The servers `compare` knows how to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerKind {
+    Lamina,
+    Nbdkit,
+    QemuNbd,
+    QemuNbdQcow2,
+    NbdServer,
+}
+
+impl ServerKind {
+    /// The name shown in tables and plots.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Lamina => "lamina",
+            ServerKind::Nbdkit => "nbdkit",
+            ServerKind::QemuNbd => "qemu-nbd",
+            ServerKind::QemuNbdQcow2 => "qemu-nbd-qcow2",
+            ServerKind::NbdServer => "nbd-server",
+        }
+    }
+
+    /// Every known server, lamina first.
+    pub fn all() -> Vec<ServerKind> {
+        vec![
+            ServerKind::Lamina,
+            ServerKind::Nbdkit,
+            ServerKind::QemuNbd,
+            ServerKind::QemuNbdQcow2,
+            ServerKind::NbdServer,
+        ]
+    }
+
+    /// Programs that must be installed for this peer (lamina is checked by path).
+    fn required_programs(self) -> &'static [&'static str] {
+        match self {
+            ServerKind::Lamina => &[],
+            ServerKind::Nbdkit => &["nbdkit"],
+            ServerKind::QemuNbd => &["qemu-nbd"],
+            ServerKind::QemuNbdQcow2 => &["qemu-nbd", "qemu-img"],
+            ServerKind::NbdServer => &["nbd-server"],
+        }
+    }
+
+    /// `None` when the server can be tried, or why it cannot.
+    pub fn missing_reason(self, lamina_program: &Path) -> Option<String> {
+        if self == ServerKind::Lamina {
+            return (!lamina_program.is_file())
+                .then(|| format!("lamina binary {} not found", lamina_program.display()));
+        }
+        self.required_programs()
+            .iter()
+            .find(|program| find_program(program).is_none())
+            .map(|program| format!("`{program}` is not installed"))
+    }
+}
+
+/// Writes `size_bytes` of seeded pseudo-random data to `path` (fully allocated).
+pub fn write_random_data(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
+    let file = std::fs::File::create(path)
+        .map_err(|error| anyhow::anyhow!("cannot create {}: {error}", path.display()))?;
+    let mut writer = std::io::BufWriter::with_capacity(DATA_CHUNK_BYTES, file);
+    let mut generator = rand::rngs::SmallRng::seed_from_u64(0x6c61_6d69_6e61);
+    let mut chunk = vec![0u8; DATA_CHUNK_BYTES];
+    let mut remaining = size_bytes;
+    while remaining > 0 {
+        check_interrupted()?;
+        let length = usize::try_from(remaining.min(DATA_CHUNK_BYTES as u64))
+            .expect("chunk fits in usize");
+        generator.fill_bytes(&mut chunk[..length]);
+        writer.write_all(&chunk[..length])?;
+        remaining -= length as u64;
+    }
+    writer.into_inner()?.sync_all()?;
+    Ok(())
+}
+
+/// Options shared by every server start.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub lamina_program: PathBuf,
+    /// The prepared random data every server starts from.
+    pub data_file: PathBuf,
+    pub data_size_bytes: u64,
+    /// Largest number of concurrent connections the workload opens.
+    pub max_connections: u32,
+}
+
+/// A running server: its process, its URI and the notes about how it was run.
+#[derive(Debug)]
+pub struct RunningServer {
+    pub kind: ServerKind,
+    pub uri: String,
+    /// How this server was configured (cache mode, aio, fallbacks).
+    pub notes: Vec<String>,
+    process: ServerProcess,
+    directory: PathBuf,
+}
+
+#[derive(Debug)]
+enum ServerProcess {
+    Child(ManagedChild),
+    /// nbd-server serves more than one connection only when it daemonizes; it is then
+    /// our grandchild, stopped by the PID it wrote to its PID file.
+    Daemon(crate::process::DaemonProcess),
+}
+
+impl RunningServer {
+    /// Stops the server (SIGTERM, then SIGKILL after a grace period) and removes its data.
+    pub fn stop(mut self) {
+        self.stop_process();
+    }
+
+    fn stop_process(&mut self) {
+        match &mut self.process {
+            ServerProcess::Child(child) => {
+                child.stop();
+            }
+            ServerProcess::Daemon(daemon) => daemon.stop(),
+        }
+        let _ = std::fs::remove_dir_all(&self.directory);
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.stop_process();
+    }
+}
+
+/// Prepares `kind`'s copy of the data under `work_directory` and starts it.
+pub fn start(
+    kind: ServerKind,
+    options: &ServerOptions,
+    work_directory: &Path,
+) -> anyhow::Result<RunningServer> {
+    let directory = work_directory.join(kind.name());
+    std::fs::create_dir_all(&directory)?;
+    let socket = directory.join("nbd.sock");
+    let uri = format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display());
+    let mut notes = Vec::new();
+    let raw_image = directory.join("image.raw");
+    let log = std::fs::File::create(directory.join("server.log"))?;
+    let process = match kind {
+        ServerKind::Lamina => {
+            let data = directory.join("data");
+            std::fs::create_dir_all(&data)?;
+            let config = directory.join("lamina.toml");
+            // The Unix socket is what we use; the TCP listener gets a free port so that
+            // it cannot collide with a running lamina or another benchmark.
+            let port = free_tcp_port()?;
+            std::fs::write(
+                &config,
+                format!("[server]\ntcp_address = \"127.0.0.1:{port}\"\n"),
+            )?;
+            let mut command = Command::new(&options.lamina_program);
+            command
+                .arg("serve")
+                .arg("--data")
+                .arg(&data)
+                .arg("--config")
+                .arg(&config);
+            let socket = data.join("nbd.sock");
+            let uri = format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display());
+            let child = spawn_logged(command, &log)?;
+            let mut server = RunningServer {
+                kind,
+                uri,
+                notes,
+                process: ServerProcess::Child(child),
+                directory,
+            };
+            wait_ready(&mut server, &socket)?;
+            // lamina starts empty, so the data is written through NBD like a client would.
+            prefill_over_nbd(&server.uri, &options.data_file)?;
+            server
+                .notes
+                .push("data written over NBD with nbdcopy".to_owned());
+            return Ok(server);
+        }
+        ServerKind::Nbdkit => {
+            copy_data(&options.data_file, &raw_image)?;
+            let mut command = Command::new("nbdkit");
+            command
+                .arg("--unix")
+                .arg(&socket)
+                .args(["--foreground", "--exit-with-parent", "file"])
+                .arg(&raw_image);
+            notes.push("file plugin, page cache".to_owned());
+            ServerProcess::Child(spawn_logged(command, &log)?)
+        }
+        ServerKind::QemuNbd | ServerKind::QemuNbdQcow2 => {
+            let (image, format) = if kind == ServerKind::QemuNbdQcow2 {
+                let image = directory.join("image.qcow2");
+                let mut convert = Command::new("qemu-img");
+                convert
+                    .args(["convert", "-f", "raw", "-O", "qcow2"])
+                    .arg(&options.data_file)
+                    .arg(&image);
+                run_helper(convert)?;
+                (image, "qcow2")
+            } else {
+                copy_data(&options.data_file, &raw_image)?;
+                (raw_image.clone(), "raw")
+            };
+            let direct = supports_direct_io(&image);
+            let (cache, aio) = if direct {
+                ("none", "io_uring")
+            } else {
+                notes.push("O_DIRECT refused by this filesystem: page cache".to_owned());
+                ("writeback", "threads")
+            };
+            let spawn_qemu = |aio: &str| -> anyhow::Result<ManagedChild> {
+                let mut command = Command::new("qemu-nbd");
+                command
+                    .arg(format!("--socket={}", socket.display()))
+                    .arg(format!("--format={format}"))
+                    .arg(format!("--cache={cache}"))
+                    .arg(format!("--aio={aio}"))
+                    .arg(format!("--shared={}", options.max_connections.max(1)))
+                    .arg("--persistent")
+                    .arg(format!("--export-name={EXPORT_NAME}"))
+                    .arg(&image);
+                spawn_logged(command, &log)
+            };
+            let mut child = spawn_qemu(aio)?;
+            std::thread::sleep(Duration::from_millis(200));
+            if aio == "io_uring" && child.try_wait()?.is_some() {
+                notes.push("io_uring refused: --aio=threads".to_owned());
+                child = spawn_qemu("threads")?;
+                notes.push(format!("--cache={cache} --aio=threads"));
+            } else {
+                notes.push(format!("--cache={cache} --aio={aio}"));
+            }
+            ServerProcess::Child(child)
+        }
+        ServerKind::NbdServer => {
+            copy_data(&options.data_file, &raw_image)?;
+            let config = directory.join("nbd-server.conf");
+            let pid_file = directory.join("nbd-server.pid");
+            std::fs::write(
+                &config,
+                format!(
+                    "[generic]\n    unixsock = {}\n[{EXPORT_NAME}]\n    exportname = {}\n",
+                    socket.display(),
+                    raw_image.display()
+                ),
+            )?;
+            let mut command = Command::new("nbd-server");
+            command.arg("-C").arg(&config).arg("-p").arg(&pid_file);
+            run_helper(command)?;
+            notes.push("daemon mode (one process per connection)".to_owned());
+            ServerProcess::Daemon(crate::process::DaemonProcess::from_pid_file(
+                &pid_file,
+                Duration::from_millis(READY_TIMEOUT_MS),
+            )?)
+        }
+    };
+    let mut server = RunningServer {
+        kind,
+        uri,
+        notes,
+        process,
+        directory,
+    };
+    wait_ready(&mut server, &socket)?;
+    Ok(server)
+}
+
+fn spawn_logged(mut command: Command, log: &std::fs::File) -> anyhow::Result<ManagedChild> {
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log.try_clone()?);
+    Ok(ManagedChild::spawn(command)?)
+}
+
+fn copy_data(source: &Path, destination: &Path) -> anyhow::Result<()> {
+    std::fs::copy(source, destination).map_err(|error| {
+        anyhow::anyhow!(
+            "cannot copy {} to {}: {error}",
+            source.display(),
+            destination.display()
+        )
+    })?;
+    Ok(())
+}
+
+/// Polls until the socket accepts a connection and an NBD handshake succeeds.
+fn wait_ready(server: &mut RunningServer, socket: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_millis(READY_TIMEOUT_MS);
+    let log = server.directory.join("server.log");
+    loop {
+        check_interrupted()?;
+        if let ServerProcess::Child(child) = &mut server.process
+            && let Some(status) = child.try_wait()?
+        {
+            let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+            anyhow::bail!(
+                "{} exited before serving ({status}): {}",
+                server.kind.name(),
+                log_text.trim()
+            );
+        }
+        if UnixStream::connect(socket).is_ok() && handshake_succeeds(&server.uri) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "{} did not accept NBD connections on {} within {READY_TIMEOUT_MS} ms",
+                server.kind.name(),
+                socket.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(READY_POLL_INTERVAL_MS));
+    }
+}
+
+/// True when `nbdinfo --size` completes a handshake; without nbdinfo, the socket
+/// connection alone is taken as readiness.
+fn handshake_succeeds(uri: &str) -> bool {
+    if find_program("nbdinfo").is_none() {
+        return true;
+    }
+    let mut command = Command::new("nbdinfo");
+    command.arg("--size").arg(uri);
+    run_helper(command).is_ok()
+}
+
+fn prefill_over_nbd(uri: &str, data_file: &Path) -> anyhow::Result<()> {
+    let mut command = Command::new("nbdcopy");
+    command.arg(data_file).arg(uri);
+    run_helper(command)?;
+    Ok(())
+}
+
+/// Whether the filesystem holding `path` accepts O_DIRECT opens.
+fn supports_direct_io(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .is_ok()
+}
+
+fn free_tcp_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_data_has_the_requested_size_and_is_not_zero() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("data");
+        write_random_data(&path, 3 * 1024 * 1024 + 17).expect("writes");
+        let bytes = std::fs::read(&path).expect("reads");
+        assert_eq!(bytes.len(), 3 * 1024 * 1024 + 17);
+        assert!(bytes.iter().filter(|byte| **byte == 0).count() < bytes.len() / 100);
+    }
+
+    #[test]
+    fn a_missing_lamina_binary_is_reported() {
+        let reason = ServerKind::Lamina.missing_reason(Path::new("/no/such/lamina"));
+        assert!(reason.expect("missing").contains("not found"));
+    }
+}
