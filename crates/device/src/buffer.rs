@@ -11,6 +11,8 @@ use crate::DEVICE_ALIGNMENT_BYTES;
 pub struct AlignedBuffer {
     pointer: NonNull<u8>,
     length: usize,
+    /// Bytes allocated; at least `length` (shrinking keeps the allocation).
+    capacity: usize,
 }
 
 // SAFETY: the buffer owns its allocation exclusively, like a Vec<u8>.
@@ -29,13 +31,25 @@ impl AlignedBuffer {
             return Self {
                 pointer: NonNull::dangling(),
                 length: 0,
+                capacity: 0,
             };
         }
         let layout = Self::layout(length);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let pointer = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self { pointer, length }
+        Self {
+            pointer,
+            length,
+            capacity: length,
+        }
+    }
+
+    /// Shortens the buffer to `length` bytes (an aligned length), keeping its
+    /// allocation, so that a partly filled buffer can be written without a copy.
+    pub fn truncate(&mut self, length: usize) {
+        assert!((length as u64).is_multiple_of(DEVICE_ALIGNMENT_BYTES) && length <= self.length);
+        self.length = length;
     }
 
     /// A buffer holding a copy of `data`, zero-padded up to the alignment.
@@ -62,9 +76,9 @@ impl AlignedBuffer {
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
-        if self.length != 0 {
+        if self.capacity != 0 {
             // SAFETY: allocated in `zeroed` with exactly this layout.
-            unsafe { dealloc(self.pointer.as_ptr(), Self::layout(self.length)) };
+            unsafe { dealloc(self.pointer.as_ptr(), Self::layout(self.capacity)) };
         }
     }
 }

@@ -1,1 +1,26 @@
-//! placeholder
+//! The lamina storage engine: thin volumes stored in a log-structured,
+//! write-anywhere layout on one device.
+//!
+//! Layers, each a module with one job:
+//! - [`log`]: the on-disk format: superblock, segments made of batches (a summary
+//!   block followed by data blocks), checkpoints in two alternating slots, and
+//!   recovery (last valid checkpoint plus replay of newer batches).
+//! - [`volume`]: thin volumes and their maps from logical 4 KiB blocks to physical
+//!   device blocks.
+//! - [`pool`]: the engine's front door. It owns the device, the in-memory state,
+//!   the write path (batching, flush, durability bookkeeping), background flushes
+//!   and checkpoints, and the volume operations that clients and the control plane
+//!   call.
+
+pub mod error;
+pub mod log;
+pub mod pool;
+pub mod volume;
+
+pub use error::EngineError;
+pub use pool::{Extent, Pool, PoolLimits, PoolOptions, PoolStatus};
+pub use volume::{VolumeInfo, validate_volume_name};
+
+/// Size in bytes of a logical and of a physical block: the unit of mapping,
+/// checksumming and allocation.
+pub const BLOCK_SIZE_BYTES: u64 = 4096;

@@ -1,0 +1,102 @@
+//! Typed engine errors. Each carries enough context (device, volume, offsets) to
+//! say what failed where; each maps to one NBD error code at the protocol edge.
+
+use lamina_device::DeviceError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("{device} is not a lamina pool (no lamina superblock at offset 0)")]
+    NotAPool { device: String },
+    #[error(
+        "{device} holds a lamina pool of format version {found}, newer than this lamina supports ({supported}); upgrade lamina"
+    )]
+    NewerFormat {
+        device: String,
+        found: u32,
+        supported: u32,
+    },
+    #[error(
+        "{device} is truncated: the pool was created on {expected_bytes} bytes but the device has {actual_bytes}"
+    )]
+    Truncated {
+        device: String,
+        expected_bytes: u64,
+        actual_bytes: u64,
+    },
+    #[error("{device}: corrupt {structure} at offset {offset}: {reason}")]
+    Corrupt {
+        device: String,
+        structure: &'static str,
+        offset: u64,
+        reason: String,
+    },
+    #[error(
+        "{device} already holds data (found non-zero bytes at offset {offset}); use --force to overwrite it"
+    )]
+    DeviceNotEmpty { device: String, offset: u64 },
+    #[error(
+        "{device} is too small for a pool: {size_bytes} bytes, at least {minimum_bytes} needed"
+    )]
+    DeviceTooSmall {
+        device: String,
+        size_bytes: u64,
+        minimum_bytes: u64,
+    },
+    #[error(
+        "checksum mismatch reading volume {volume} block {logical_block} (device block {physical_block}): data is corrupt and there is no redundancy to repair it"
+    )]
+    ChecksumMismatch {
+        volume: String,
+        logical_block: u64,
+        physical_block: u64,
+    },
+    #[error("no such volume: {0}")]
+    NoSuchVolume(String),
+    #[error("volume {0} already exists")]
+    VolumeExists(String),
+    #[error("invalid volume name {name:?}: {reason}")]
+    InvalidName { name: String, reason: String },
+    #[error("invalid size {size_bytes}: {reason}")]
+    InvalidSize { size_bytes: u64, reason: String },
+    #[error(
+        "shrinking volume {volume} from {from_bytes} to {to_bytes} bytes discards its tail; pass --force to do it"
+    )]
+    ShrinkNeedsForce {
+        volume: String,
+        from_bytes: u64,
+        to_bytes: u64,
+    },
+    #[error(
+        "request beyond the end of volume {volume}: offset {offset} length {length}, size {size_bytes}"
+    )]
+    OutOfRange {
+        volume: String,
+        offset: u64,
+        length: u64,
+        size_bytes: u64,
+    },
+    #[error(
+        "the pool is full: no free segment to place the write (free space by trimming or deleting data)"
+    )]
+    NoSpace,
+    #[error("the pool has failed after an earlier write error and refuses further writes: {0}")]
+    Failed(String),
+}
+
+impl EngineError {
+    pub fn corrupt(
+        device: &str,
+        structure: &'static str,
+        offset: u64,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::Corrupt {
+            device: device.to_string(),
+            structure,
+            offset,
+            reason: reason.into(),
+        }
+    }
+}

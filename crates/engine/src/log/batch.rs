@@ -1,0 +1,163 @@
+//! Batches: the unit the log appends. A batch is one summary block (a frame
+//! holding the batch's identity and its records) followed by the data blocks its
+//! `Data` records describe, in order. The summary travels with the data in the
+//! same device write, so no metadata is ever written separately per client write.
+
+use serde::{Deserialize, Serialize};
+
+use super::frame::{self, FRAME_HEADER_BYTES, FrameError};
+use crate::BLOCK_SIZE_BYTES;
+
+/// "LAMINALG" in ASCII, read as a little-endian u64.
+pub const BATCH_MAGIC: u64 = u64::from_le_bytes(*b"LAMINALG");
+
+/// Data blocks per batch at most: a batch is at most 1 + this many blocks.
+pub const BATCH_DATA_BLOCKS_MAX: usize = 128;
+
+/// Bytes of records a summary block can hold (the frame header takes the rest).
+pub const SUMMARY_RECORD_BYTES_MAX: usize = BLOCK_SIZE_BYTES as usize - FRAME_HEADER_BYTES - 64;
+
+/// One change to the pool, in log order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Record {
+    /// The next data block of the batch is `logical_block` of `volume_id`;
+    /// `checksum` is the crc32c of its 4096 bytes.
+    Data {
+        volume_id: u32,
+        logical_block: u64,
+        checksum: u32,
+    },
+    /// `block_count` blocks from `logical_block` are unmapped (they read as zeros).
+    Unmap {
+        volume_id: u32,
+        logical_block: u64,
+        block_count: u64,
+    },
+    VolumeCreate {
+        volume_id: u32,
+        name: String,
+        size_bytes: u64,
+        created_unix_seconds: u64,
+    },
+    /// Shrinking unmaps every block at or past the new size.
+    VolumeResize {
+        volume_id: u32,
+        size_bytes: u64,
+    },
+    VolumeRename {
+        volume_id: u32,
+        name: String,
+    },
+    VolumeDelete {
+        volume_id: u32,
+    },
+}
+
+impl Record {
+    /// An upper bound on the record's encoded size, so that a batch can be sealed
+    /// before its summary overflows one block.
+    pub fn encoded_bytes_max(&self) -> usize {
+        // Tag (1) + varint u32 (5) + varint u64 (10) per field, plus strings.
+        match self {
+            Record::Data { .. } => 1 + 5 + 10 + 5,
+            Record::Unmap { .. } => 1 + 5 + 10 + 10,
+            Record::VolumeCreate { name, .. } => 1 + 5 + 5 + name.len() + 10 + 10,
+            Record::VolumeResize { .. } => 1 + 5 + 10,
+            Record::VolumeRename { name, .. } => 1 + 5 + 5 + name.len(),
+            Record::VolumeDelete { .. } => 1 + 5,
+        }
+    }
+}
+
+/// The summary block's payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The incarnation of the segment this batch belongs to; a batch left from a
+    /// segment's earlier use carries an older one and ends the segment's scan.
+    pub segment_sequence: u64,
+    /// Position of the summary block within the segment, in blocks.
+    pub block_in_segment: u32,
+    /// Global, strictly increasing across all batches of the pool.
+    pub batch_sequence: u64,
+    /// Every batch with a sequence up to this one was durable (a completed device
+    /// flush covered it) when this batch was built.
+    pub flushed_through_sequence: u64,
+    pub records: Vec<Record>,
+}
+
+impl Summary {
+    pub fn data_block_count(&self) -> usize {
+        self.records
+            .iter()
+            .filter(|record| matches!(record, Record::Data { .. }))
+            .count()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let bytes = frame::encode(
+            BATCH_MAGIC,
+            super::FORMAT_VERSION,
+            self,
+            BLOCK_SIZE_BYTES as usize,
+        );
+        assert_eq!(
+            bytes.len(),
+            BLOCK_SIZE_BYTES as usize,
+            "summary overflowed its block"
+        );
+        bytes
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        let (_, summary): (u32, Summary) =
+            frame::decode(BATCH_MAGIC, super::FORMAT_VERSION, bytes)?;
+        if summary.data_block_count() > BATCH_DATA_BLOCKS_MAX {
+            return Err(FrameError::Decode(format!(
+                "{} data records, at most {BATCH_DATA_BLOCKS_MAX}",
+                summary.data_block_count()
+            )));
+        }
+        Ok(summary)
+    }
+}
+
+/// The checksum recorded for a data block.
+pub fn block_checksum(block: &[u8]) -> u32 {
+    debug_assert_eq!(block.len(), BLOCK_SIZE_BYTES as usize);
+    crc32c::crc32c(block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_summary_fits_one_block() {
+        let mut records: Vec<Record> = (0..BATCH_DATA_BLOCKS_MAX)
+            .map(|index| Record::Data {
+                volume_id: u32::MAX,
+                logical_block: u64::MAX - index as u64,
+                checksum: u32::MAX,
+            })
+            .collect();
+        let used: usize = records.iter().map(Record::encoded_bytes_max).sum();
+        let mut spare = SUMMARY_RECORD_BYTES_MAX - used;
+        while spare >= 26 {
+            records.push(Record::Unmap {
+                volume_id: u32::MAX,
+                logical_block: u64::MAX,
+                block_count: u64::MAX,
+            });
+            spare -= 26;
+        }
+        let summary = Summary {
+            segment_sequence: u64::MAX,
+            block_in_segment: u32::MAX,
+            batch_sequence: u64::MAX,
+            flushed_through_sequence: u64::MAX,
+            records,
+        };
+        let bytes = summary.encode();
+        assert_eq!(Summary::decode(&bytes).unwrap(), summary);
+    }
+}

@@ -1,0 +1,99 @@
+//! Checkpoints: the persisted maps. A checkpoint's body (every volume and its
+//! map, plus the log positions it covers) is written into ordinary segments; then
+//! a small slot record naming those segments, with the body's length and crc32c,
+//! is written into one of two fixed slots, alternating. Recovery takes the valid
+//! slot with the highest checkpoint sequence whose body also verifies, and falls
+//! back to the other slot otherwise.
+
+use serde::{Deserialize, Serialize};
+
+use super::frame::{self, FrameError};
+use crate::BLOCK_SIZE_BYTES;
+
+/// "LAMINACP" in ASCII, read as a little-endian u64.
+pub const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"LAMINACP");
+/// "LAMINACB" in ASCII, read as a little-endian u64.
+pub const BODY_MAGIC: u64 = u64::from_le_bytes(*b"LAMINACB");
+
+/// The record in a checkpoint slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    pub checkpoint_sequence: u64,
+    /// Every batch up to this sequence is reflected in the body.
+    pub covered_batch_sequence: u64,
+    /// Length of the framed body in bytes, and the segments holding it, in order.
+    pub body_bytes: u64,
+    pub body_checksum: u32,
+    pub body_segments: Vec<u32>,
+}
+
+impl Slot {
+    pub fn encode(&self) -> Vec<u8> {
+        frame::encode(
+            SLOT_MAGIC,
+            super::FORMAT_VERSION,
+            self,
+            BLOCK_SIZE_BYTES as usize,
+        )
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        frame::decode(SLOT_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, slot)| slot)
+    }
+}
+
+/// One 512-entry chunk of a volume map: 2 MiB of logical space.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkImage {
+    pub chunk_index: u64,
+    /// Physical block per entry; 0 means unmapped.
+    pub physical_blocks: Vec<u64>,
+    pub checksums: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeImage {
+    pub volume_id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_unix_seconds: u64,
+    pub chunks: Vec<ChunkImage>,
+}
+
+/// Where the log head was when the checkpoint was taken: replay continues there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeadImage {
+    pub segment_index: u32,
+    pub segment_sequence: u64,
+    pub next_block_in_segment: u32,
+}
+
+/// The checkpoint body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Body {
+    pub checkpoint_sequence: u64,
+    pub covered_batch_sequence: u64,
+    /// Segments opened after the checkpoint have a sequence at least this.
+    pub next_segment_sequence: u64,
+    pub next_volume_id: u32,
+    pub head: Option<HeadImage>,
+    pub volumes: Vec<VolumeImage>,
+    /// Per segment, the newest batch ever written into it (0 if none), so that
+    /// recovery knows which empty segments no replay can still need.
+    pub segment_last_batch_sequences: Vec<u64>,
+}
+
+impl Body {
+    pub fn encode(&self) -> Vec<u8> {
+        frame::encode(
+            BODY_MAGIC,
+            super::FORMAT_VERSION,
+            self,
+            BLOCK_SIZE_BYTES as usize,
+        )
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
+    }
+}

@@ -1,0 +1,806 @@
+//! The pool: the engine's front door. It owns the device and the in-memory state
+//! ([`state`]), turns client reads and writes of any byte range into block
+//! operations (read-modify-write inside the engine for partial blocks), batches
+//! writes into the log, makes them durable on flush, checkpoints the maps in the
+//! background, and performs the volume operations of the control plane.
+//!
+//! Durability: a write is acknowledged once it is in the open batch (memory). A
+//! flush seals the open batch, waits until every sealed batch has reached the
+//! device, then flushes the device: one round of device writes plus one device
+//! flush. Unflushed data is bounded by `dirty_bytes_max` and `flush_interval_ms`,
+//! enforced by a background task that flushes when either is exceeded.
+
+mod checkpoint;
+mod recovery;
+pub mod state;
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use lamina_device::{AlignedBuffer, BlockDevice};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::batch::{Record, block_checksum};
+use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry};
+use crate::volume::{VolumeInfo, validate_volume_name, validate_volume_size};
+use state::{InFlightBatch, State};
+
+/// Options fixed when a pool is created.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub segment_size_bytes: u64,
+    /// Overwrite a device that already holds data.
+    pub force: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
+            force: false,
+        }
+    }
+}
+
+/// Runtime limits; each bounds a queue, a buffer or an amount of unflushed data.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PoolLimits {
+    /// Sealed-but-unflushed bytes that trigger a background flush.
+    pub dirty_bytes_max: u64,
+    /// Oldest unflushed write's age that triggers a background flush.
+    pub flush_interval_ms: u64,
+    /// Batches (each at most 516 KiB) written to the device concurrently.
+    pub in_flight_batches_max: usize,
+    /// Log bytes appended between background checkpoints (bounds replay time).
+    pub checkpoint_interval_bytes: u64,
+    /// Time between background checkpoints when anything changed.
+    pub checkpoint_interval_ms: u64,
+    /// Blocks read from the device in one request at most.
+    pub read_run_blocks_max: u64,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        Self {
+            dirty_bytes_max: 64 << 20,
+            flush_interval_ms: 1000,
+            in_flight_batches_max: 32,
+            checkpoint_interval_bytes: 1 << 30,
+            checkpoint_interval_ms: 30_000,
+            read_run_blocks_max: 64,
+        }
+    }
+}
+
+/// One run of [`Pool::extents`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u64,
+    pub allocated: bool,
+}
+
+/// What `pool status` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolStatus {
+    pub device: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reserved_bytes: u64,
+    pub segment_size_bytes: u64,
+    pub segment_count: u64,
+    pub free_segment_count: u64,
+    pub volume_count: usize,
+    pub client_bytes_written: u64,
+    pub device_bytes_written: u64,
+    pub write_amplification: f64,
+    pub durable_batch_sequence: u64,
+    pub checkpoint_sequence: u64,
+    pub failed: Option<String>,
+}
+
+/// Number of striped locks serialising read-modify-write of partial blocks.
+const RMW_LOCK_COUNT: usize = 1024;
+
+pub(crate) struct Inner {
+    device: Arc<dyn BlockDevice>,
+    geometry: Geometry,
+    limits: PoolLimits,
+    state: Mutex<State>,
+    /// Woken whenever an in-flight batch completes.
+    progress: Notify,
+    /// One device flush at a time, so that concurrent flushes coalesce.
+    flush_lock: tokio::sync::Mutex<()>,
+    checkpoint_lock: tokio::sync::Mutex<()>,
+    rmw_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Set when the pool is closed or abandoned: background work stops.
+    shutdown: std::sync::atomic::AtomicBool,
+}
+
+/// A pool on one device. Cheap to clone; all clones share one engine.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+fn now_unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |duration| duration.as_secs())
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("pool state lock poisoned")
+    }
+}
+
+impl Pool {
+    fn from_inner(inner: Arc<Inner>) -> Self {
+        let pool = Self { inner };
+        pool.start_background();
+        pool
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.inner.device.name()
+    }
+
+    pub fn limits(&self) -> &PoolLimits {
+        &self.inner.limits
+    }
+
+    /// Writes sealed batches to the device in background tasks, so that a client
+    /// that goes away mid-request cannot leave a batch unwritten.
+    fn spawn_writes(&self, batches: Vec<Arc<InFlightBatch>>) {
+        for batch in batches {
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                let offset = batch.summary_block * BLOCK_SIZE_BYTES;
+                let result = inner.device.write(offset, batch.buffer.clone()).await;
+                {
+                    let mut state = inner.lock();
+                    if let Err(error) = result {
+                        tracing::error!(%error, "batch write failed; the pool refuses further writes");
+                        state.failed.get_or_insert(error.to_string());
+                    }
+                    state.in_flight.remove(&batch.summary_block);
+                    state.in_flight_sequences.remove(&batch.sequence);
+                }
+                inner.progress.notify_waiters();
+            });
+        }
+    }
+
+    /// Waits until `condition` holds, re-checking whenever a batch completes.
+    async fn wait_for(&self, condition: impl Fn(&State) -> bool) {
+        loop {
+            let notified = self.inner.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if condition(&self.inner.lock()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    // ----- volumes -----
+
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        self.inner
+            .lock()
+            .volumes
+            .iter()
+            .map(|volume| volume.info())
+            .collect()
+    }
+
+    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, EngineError> {
+        let state = self.inner.lock();
+        let volume_id = state.volumes.id_of(name)?;
+        Ok(state.volumes.get(volume_id).expect("id from name").info())
+    }
+
+    /// The identifier to pass to reads and writes.
+    pub fn volume_id(&self, name: &str) -> Result<u32, EngineError> {
+        self.inner.lock().volumes.id_of(name)
+    }
+
+    /// Size of a volume by identifier (None once deleted).
+    pub fn volume_size_bytes(&self, volume_id: u32) -> Option<u64> {
+        self.inner
+            .lock()
+            .volumes
+            .get(volume_id)
+            .map(|volume| volume.size_bytes)
+    }
+
+    /// Appends a control record, applies it, and makes it durable before returning.
+    async fn control(
+        &self,
+        build: impl FnOnce(&State) -> Result<Record, EngineError>,
+    ) -> Result<(), EngineError> {
+        let sealed = {
+            let mut state = self.inner.lock();
+            let record = build(&state)?;
+            state.append_record(record)?
+        };
+        self.spawn_writes(sealed);
+        self.flush().await
+    }
+
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<VolumeInfo, EngineError> {
+        validate_volume_name(name)?;
+        validate_volume_size(size_bytes)?;
+        self.control(|state| {
+            if state.volumes.id_of(name).is_ok() {
+                return Err(EngineError::VolumeExists(name.to_string()));
+            }
+            Ok(Record::VolumeCreate {
+                volume_id: state.volumes.next_volume_id,
+                name: name.to_string(),
+                size_bytes,
+                created_unix_seconds: now_unix_seconds(),
+            })
+        })
+        .await?;
+        self.volume_info(name)
+    }
+
+    /// Grows online; shrinking discards the tail and needs `force`.
+    pub async fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        force: bool,
+    ) -> Result<VolumeInfo, EngineError> {
+        validate_volume_size(size_bytes)?;
+        self.control(|state| {
+            let volume_id = state.volumes.id_of(name)?;
+            let current = state
+                .volumes
+                .get(volume_id)
+                .expect("id from name")
+                .size_bytes;
+            if size_bytes < current && !force {
+                return Err(EngineError::ShrinkNeedsForce {
+                    volume: name.to_string(),
+                    from_bytes: current,
+                    to_bytes: size_bytes,
+                });
+            }
+            Ok(Record::VolumeResize {
+                volume_id,
+                size_bytes,
+            })
+        })
+        .await?;
+        self.volume_info(name)
+    }
+
+    pub async fn rename_volume(
+        &self,
+        name: &str,
+        new_name: &str,
+    ) -> Result<VolumeInfo, EngineError> {
+        validate_volume_name(new_name)?;
+        self.control(|state| {
+            let volume_id = state.volumes.id_of(name)?;
+            if state.volumes.id_of(new_name).is_ok() {
+                return Err(EngineError::VolumeExists(new_name.to_string()));
+            }
+            Ok(Record::VolumeRename {
+                volume_id,
+                name: new_name.to_string(),
+            })
+        })
+        .await?;
+        self.volume_info(new_name)
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.control(|state| {
+            Ok(Record::VolumeDelete {
+                volume_id: state.volumes.id_of(name)?,
+            })
+        })
+        .await
+    }
+
+    // ----- data path -----
+
+    fn check_range(
+        &self,
+        state: &State,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), EngineError> {
+        let volume = state
+            .volumes
+            .get(volume_id)
+            .ok_or_else(|| EngineError::NoSuchVolume(format!("#{volume_id}")))?;
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > volume.size_bytes)
+        {
+            return Err(EngineError::OutOfRange {
+                volume: volume.name.clone(),
+                offset,
+                length,
+                size_bytes: volume.size_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads `buffer.len()` bytes at byte `offset` of a volume. Unwritten blocks
+    /// read as zeros; every block read from the device is checked against its
+    /// checksum and a mismatch is an error, never data.
+    pub async fn read(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        let block = BLOCK_SIZE_BYTES;
+        let first_block = offset / block;
+        let last_block = (offset + buffer.len() as u64 - 1) / block;
+        // Blocks that must come from the device: (logical, physical, checksum).
+        let mut from_device: Vec<(u64, u64, u32)> = Vec::new();
+        let volume_name;
+        {
+            let state = self.inner.lock();
+            self.check_range(&state, volume_id, offset, buffer.len() as u64)?;
+            let volume = state.volumes.get(volume_id).expect("checked");
+            volume_name = volume.name.clone();
+            let mut scratch = [0u8; BLOCK_SIZE_BYTES as usize];
+            for logical_block in first_block..=last_block {
+                let (within_block, within_buffer, length) =
+                    span(offset, buffer.len(), logical_block);
+                match volume.map.get(logical_block) {
+                    None => buffer[within_buffer..within_buffer + length].fill(0),
+                    Some(mapping) => {
+                        if state.copy_unwritten_block(mapping.physical_block, &mut scratch) {
+                            buffer[within_buffer..within_buffer + length]
+                                .copy_from_slice(&scratch[within_block..within_block + length]);
+                        } else {
+                            from_device.push((
+                                logical_block,
+                                mapping.physical_block,
+                                mapping.checksum,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        // Coalesce physically contiguous blocks into runs, read runs concurrently.
+        let mut runs: Vec<&[(u64, u64, u32)]> = Vec::new();
+        let mut start = 0;
+        for index in 1..=from_device.len() {
+            let breaks = index == from_device.len()
+                || from_device[index].1 != from_device[index - 1].1 + 1
+                || (index - start) as u64 >= self.inner.limits.read_run_blocks_max;
+            if breaks {
+                runs.push(&from_device[start..index]);
+                start = index;
+            }
+        }
+        let device = &self.inner.device;
+        let reads = runs
+            .iter()
+            .map(|run| device.read(run[0].1 * block, run.len() * block as usize));
+        let results = futures::future::join_all(reads).await;
+        for (run, result) in runs.iter().zip(results) {
+            let data = result?;
+            for (index, (logical_block, physical_block, checksum)) in run.iter().enumerate() {
+                let contents = &data[index * block as usize..(index + 1) * block as usize];
+                if block_checksum(contents) != *checksum {
+                    tracing::error!(volume = %volume_name, logical_block, physical_block, "checksum mismatch");
+                    return Err(EngineError::ChecksumMismatch {
+                        volume: volume_name.clone(),
+                        logical_block: *logical_block,
+                        physical_block: *physical_block,
+                    });
+                }
+                let (within_block, within_buffer, length) =
+                    span(offset, buffer.len(), *logical_block);
+                buffer[within_buffer..within_buffer + length]
+                    .copy_from_slice(&contents[within_block..within_block + length]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocation map of a byte range, as runs of allocated and unallocated bytes.
+    pub fn extents(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
+        let state = self.inner.lock();
+        self.check_range(&state, volume_id, offset, length)?;
+        let volume = state.volumes.get(volume_id).expect("checked");
+        let mut extents: Vec<Extent> = Vec::new();
+        let end = offset + length;
+        let mut position = offset;
+        while position < end {
+            let logical_block = position / BLOCK_SIZE_BYTES;
+            let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
+            let allocated = volume.map.get(logical_block).is_some();
+            match extents.last_mut() {
+                Some(last) if last.allocated == allocated => last.length += next - position,
+                _ => extents.push(Extent {
+                    length: next - position,
+                    allocated,
+                }),
+            }
+            position = next;
+        }
+        Ok(extents)
+    }
+
+    fn rmw_lock_index(volume_id: u32, logical_block: u64) -> usize {
+        let mixed =
+            (u64::from(volume_id) << 48) ^ logical_block.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (mixed % RMW_LOCK_COUNT as u64) as usize
+    }
+
+    /// Writes `data` at byte `offset`. Partial blocks at either end are merged
+    /// with their current contents under a per-block lock. With `fua`, the write
+    /// (and everything before it) is durable when this returns.
+    pub async fn write(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        if data.is_empty() {
+            return if fua { self.flush().await } else { Ok(()) };
+        }
+        {
+            let state = self.inner.lock();
+            self.check_range(&state, volume_id, offset, data.len() as u64)?;
+            state.check_failed()?;
+        }
+        let block = BLOCK_SIZE_BYTES;
+        let first_block = offset / block;
+        let last_block = (offset + data.len() as u64 - 1) / block;
+        let head_partial = !offset.is_multiple_of(block) || (data.len() as u64) < block;
+        let tail_partial = !(offset + data.len() as u64).is_multiple_of(block);
+        let mut partial_blocks: Vec<u64> = Vec::new();
+        if head_partial {
+            partial_blocks.push(first_block);
+        }
+        if tail_partial && !partial_blocks.contains(&last_block) {
+            partial_blocks.push(last_block);
+        }
+        let mut lock_indexes: Vec<usize> = partial_blocks
+            .iter()
+            .map(|logical_block| Self::rmw_lock_index(volume_id, *logical_block))
+            .collect();
+        lock_indexes.sort_unstable();
+        lock_indexes.dedup();
+        let mut guards = Vec::with_capacity(lock_indexes.len());
+        for index in lock_indexes {
+            guards.push(self.inner.rmw_locks[index].lock().await);
+        }
+        let mut merged: Vec<(u64, Vec<u8>)> = Vec::with_capacity(partial_blocks.len());
+        for logical_block in &partial_blocks {
+            let mut contents = vec![0u8; block as usize];
+            self.read(volume_id, logical_block * block, &mut contents)
+                .await?;
+            let (within_block, within_data, length) = span(offset, data.len(), *logical_block);
+            contents[within_block..within_block + length]
+                .copy_from_slice(&data[within_data..within_data + length]);
+            merged.push((*logical_block, contents));
+        }
+        let mut logical_block = first_block;
+        while logical_block <= last_block {
+            let in_flight_limit = self.inner.limits.in_flight_batches_max;
+            self.wait_for(|state| {
+                state.in_flight.len() < in_flight_limit || state.failed.is_some()
+            })
+            .await;
+            let mut sealed = Vec::new();
+            let result = {
+                let mut state = self.inner.lock();
+                let mut result = Ok(());
+                // Append up to one batch worth of blocks per lock hold.
+                let stop = (logical_block + 128).min(last_block + 1);
+                while logical_block < stop {
+                    let contents: &[u8] = match merged
+                        .iter()
+                        .find(|(block_index, _)| *block_index == logical_block)
+                    {
+                        Some((_, contents)) => contents,
+                        None => {
+                            let start = (logical_block * block - offset) as usize;
+                            &data[start..start + block as usize]
+                        }
+                    };
+                    if let Err(error) =
+                        state.append_data(volume_id, logical_block, contents, &mut sealed)
+                    {
+                        result = Err(error);
+                        break;
+                    }
+                    logical_block += 1;
+                }
+                result
+            };
+            self.spawn_writes(sealed);
+            if let Err(error) = result {
+                if matches!(error, EngineError::NoSpace) && self.reclaim().await? {
+                    continue;
+                }
+                return Err(error);
+            }
+        }
+        drop(guards);
+        self.maybe_flush_in_background();
+        if fua { self.flush().await } else { Ok(()) }
+    }
+
+    /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped
+    /// (their space becomes reclaimable) unless `punch_hole` is false, in which
+    /// case zero blocks are written; partial blocks at the edges are zeroed in place.
+    pub async fn write_zeroes(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        punch_hole: bool,
+    ) -> Result<(), EngineError> {
+        {
+            let state = self.inner.lock();
+            self.check_range(&state, volume_id, offset, length)?;
+        }
+        if length == 0 {
+            return if fua { self.flush().await } else { Ok(()) };
+        }
+        let block = BLOCK_SIZE_BYTES;
+        let end = offset + length;
+        let first_whole = offset.next_multiple_of(block);
+        let end_whole = end - end % block;
+        if first_whole >= end_whole {
+            let zeros = vec![0u8; length as usize];
+            return self.write(volume_id, offset, &zeros, fua).await;
+        }
+        if offset < first_whole {
+            let zeros = vec![0u8; (first_whole - offset) as usize];
+            self.write(volume_id, offset, &zeros, false).await?;
+        }
+        if end_whole < end {
+            let zeros = vec![0u8; (end - end_whole) as usize];
+            self.write(volume_id, end_whole, &zeros, false).await?;
+        }
+        if punch_hole {
+            let sealed = {
+                let mut state = self.inner.lock();
+                state.append_record(Record::Unmap {
+                    volume_id,
+                    logical_block: first_whole / block,
+                    block_count: (end_whole - first_whole) / block,
+                })?
+            };
+            self.spawn_writes(sealed);
+        } else {
+            let zeros = vec![0u8; (128 * block) as usize];
+            let mut position = first_whole;
+            while position < end_whole {
+                let step = (end_whole - position).min(128 * block);
+                self.write(volume_id, position, &zeros[..step as usize], false)
+                    .await?;
+                position += step;
+            }
+        }
+        if fua { self.flush().await } else { Ok(()) }
+    }
+
+    /// Discards a range: the same as punching zeros (reads return zeros after).
+    pub async fn trim(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        self.write_zeroes(volume_id, offset, length, fua, true)
+            .await
+    }
+
+    /// Makes every write acknowledged before this call durable.
+    pub async fn flush(&self) -> Result<(), EngineError> {
+        let target = {
+            let mut state = self.inner.lock();
+            state.check_failed()?;
+            let sealed = state.seal_open_batch();
+            let target = state.sealed_through;
+            drop(state);
+            self.spawn_writes(sealed.into_iter().collect());
+            target
+        };
+        self.flush_through(target).await
+    }
+
+    /// Makes every batch up to `target` durable.
+    async fn flush_through(&self, target: u64) -> Result<(), EngineError> {
+        if self.inner.lock().durable_through >= target {
+            return Ok(());
+        }
+        self.wait_for(|state| state.written_through() >= target || state.failed.is_some())
+            .await;
+        let _guard = self.inner.flush_lock.lock().await;
+        let (covered, sealed_bytes) = {
+            let state = self.inner.lock();
+            state.check_failed()?;
+            if state.durable_through >= target {
+                return Ok(());
+            }
+            (state.written_through(), state.sealed_bytes_total)
+        };
+        if let Err(error) = self.inner.device.flush().await {
+            let mut state = self.inner.lock();
+            state.failed.get_or_insert(error.to_string());
+            return Err(error.into());
+        }
+        let mut state = self.inner.lock();
+        state.durable_through = state.durable_through.max(covered);
+        state.flushed_bytes_total = state.flushed_bytes_total.max(sealed_bytes);
+        Ok(())
+    }
+
+    fn maybe_flush_in_background(&self) {
+        let over = {
+            let state = self.inner.lock();
+            state.sealed_bytes_total - state.flushed_bytes_total > self.inner.limits.dirty_bytes_max
+        };
+        if over && self.inner.flush_lock.try_lock().is_ok() {
+            let pool = self.clone();
+            tokio::spawn(async move {
+                if let Err(error) = pool.flush().await {
+                    tracing::error!(%error, "background flush failed");
+                }
+            });
+        }
+    }
+
+    /// Tries to free space for a blocked write by checkpointing, which releases
+    /// dead segments. Returns whether any segment became free.
+    async fn reclaim(&self) -> Result<bool, EngineError> {
+        let before = self.inner.lock().free_segments.len();
+        for _ in 0..2 {
+            self.checkpoint().await?;
+        }
+        let state = self.inner.lock();
+        Ok(state.free_segments.len() > before
+            && state.free_segments.len() > state.reserved_segment_count)
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let state = self.inner.lock();
+        let segment_bytes = self.inner.geometry.segment_size_bytes();
+        let free_segment_count = state.free_segments.len() as u64;
+        let reserved = state.reserved_segment_count as u64;
+        let device_bytes_written = state.sealed_bytes_total;
+        PoolStatus {
+            device: self.inner.device.name().to_string(),
+            capacity_bytes: self.inner.geometry.data_capacity_bytes(),
+            used_bytes: state.used_segment_count() as u64 * segment_bytes,
+            free_bytes: free_segment_count.saturating_sub(reserved) * segment_bytes,
+            reserved_bytes: reserved * segment_bytes,
+            segment_size_bytes: segment_bytes,
+            segment_count: self.inner.geometry.segment_count,
+            free_segment_count,
+            volume_count: state.volumes.iter().count(),
+            client_bytes_written: state.client_bytes_written,
+            device_bytes_written,
+            write_amplification: if state.client_bytes_written == 0 {
+                0.0
+            } else {
+                device_bytes_written as f64 / state.client_bytes_written as f64
+            },
+            durable_batch_sequence: state.durable_through,
+            checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
+            failed: state.failed.clone(),
+        }
+    }
+
+    /// Background work: flush when unflushed data gets too old, checkpoint when
+    /// enough log has accumulated or enough time has passed.
+    fn start_background(&self) {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let interval_ms = self.inner.limits.flush_interval_ms.max(1);
+        tokio::spawn(async move {
+            let mut last_checkpoint = tokio::time::Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.shutdown.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                let pool = Pool { inner };
+                let (dirty, log_bytes) = {
+                    let state = pool.inner.lock();
+                    if state.failed.is_some() {
+                        return;
+                    }
+                    let dirty = state
+                        .open_batch
+                        .as_ref()
+                        .is_some_and(|batch| !batch.records.is_empty())
+                        || state.sealed_through > state.durable_through;
+                    (
+                        dirty,
+                        state.sealed_bytes_total - state.bytes_at_last_checkpoint,
+                    )
+                };
+                if dirty && let Err(error) = pool.flush().await {
+                    tracing::error!(%error, "background flush failed");
+                }
+                let due_by_time = log_bytes > 0
+                    && last_checkpoint.elapsed()
+                        >= Duration::from_millis(pool.inner.limits.checkpoint_interval_ms);
+                if log_bytes >= pool.inner.limits.checkpoint_interval_bytes || due_by_time {
+                    last_checkpoint = tokio::time::Instant::now();
+                    if let Err(error) = pool.checkpoint().await {
+                        tracing::error!(%error, "background checkpoint failed");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Flushes, writes a final checkpoint (so the next open replays nothing) and
+    /// stops background work.
+    pub async fn close(&self) -> Result<(), EngineError> {
+        self.flush().await?;
+        self.checkpoint().await?;
+        self.inner
+            .shutdown
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Stops background work without flushing: what a crash leaves behind, for tests.
+    pub fn abandon(&self) {
+        self.inner
+            .shutdown
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// For a request of `length` bytes at byte `offset`, the part that falls in
+/// `logical_block`: (offset within the block, offset within the request, length).
+fn span(offset: u64, length: usize, logical_block: u64) -> (usize, usize, usize) {
+    let block_start = logical_block * BLOCK_SIZE_BYTES;
+    let start = offset.max(block_start);
+    let end = (offset + length as u64).min(block_start + BLOCK_SIZE_BYTES);
+    (
+        (start - block_start) as usize,
+        (start - offset) as usize,
+        (end - start) as usize,
+    )
+}
+
+/// An aligned copy of a byte slice, for writes of metadata.
+fn aligned(bytes: &[u8]) -> Arc<AlignedBuffer> {
+    Arc::new(AlignedBuffer::from_slice_padded(bytes))
+}

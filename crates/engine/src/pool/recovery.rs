@@ -1,0 +1,561 @@
+//! Creating and opening pools. Opening is recovery: validate the superblock,
+//! load the newest checkpoint whose slot and body both verify (falling back to
+//! the other slot), then replay every batch appended after it, in sequence order.
+//! Batches beyond what any surviving summary says was flushed are the unflushed
+//! tail: their data blocks are read and checked, and blocks that fail (torn by a
+//! power cut) are dropped, so that they can never be returned as data.
+//! Nothing is written to the device until the pool has been validated.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use lamina_device::BlockDevice;
+use tokio::sync::Notify;
+
+use super::state::{DurableCheckpoint, SegmentInfo, SegmentState, State};
+use super::{Inner, Pool, PoolLimits, PoolOptions, RMW_LOCK_COUNT};
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::FORMAT_VERSION;
+use crate::log::batch::{Record, Summary, block_checksum};
+use crate::log::checkpoint::{Body, Slot};
+use crate::log::frame::{FrameError, peek_header};
+use crate::log::geometry::{
+    CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry, SUPERBLOCK_BLOCK,
+};
+use crate::log::superblock::Superblock;
+use crate::volume::map::BlockMap;
+use crate::volume::{Volume, VolumeTable};
+
+/// Sequence numbers skipped after a recovery, so that new batches and segments
+/// can never share a sequence with a stale, unreachable one left by the crash.
+/// Far more than the batches or segments that can be unflushed at once.
+const RECOVERY_BATCH_SEQUENCE_GAP: u64 = 1 << 24;
+const RECOVERY_SEGMENT_SEQUENCE_GAP: u64 = 1 << 16;
+
+/// Segments whose first blocks are read concurrently while scanning.
+const SCAN_CONCURRENCY_MAX: usize = 64;
+
+/// Bytes of the device's start that must be zero before a pool is created on it
+/// without `--force`.
+const EMPTY_CHECK_BYTES: u64 = 1 << 20;
+
+fn reserved_segment_count(geometry: &Geometry) -> usize {
+    // Three checkpoint bodies can exist at once (two durable, one being written);
+    // a body needs about 12 bytes per block of capacity plus the segment table.
+    let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
+    let body_bytes_max = capacity_blocks * 12 + geometry.segment_count * 10 + (64 << 10);
+    let per_body = body_bytes_max.div_ceil(geometry.segment_size_bytes());
+    (3 * per_body + 1) as usize
+}
+
+fn new_inner(
+    device: Arc<dyn BlockDevice>,
+    geometry: Geometry,
+    limits: PoolLimits,
+    state: State,
+) -> Arc<Inner> {
+    Arc::new(Inner {
+        device,
+        geometry,
+        limits,
+        state: Mutex::new(state),
+        progress: Notify::new(),
+        flush_lock: tokio::sync::Mutex::new(()),
+        checkpoint_lock: tokio::sync::Mutex::new(()),
+        rmw_locks: (0..RMW_LOCK_COUNT)
+            .map(|_| tokio::sync::Mutex::new(()))
+            .collect(),
+        shutdown: std::sync::atomic::AtomicBool::new(false),
+    })
+}
+
+fn empty_state(geometry: Geometry) -> State {
+    State {
+        geometry,
+        volumes: VolumeTable::new(),
+        segments: vec![
+            SegmentInfo {
+                state: SegmentState::Free,
+                live_blocks: 0,
+                last_batch_sequence: 0,
+            };
+            geometry.segment_count as usize
+        ],
+        free_segments: (0..geometry.segment_count as u32).collect(),
+        reserved_segment_count: reserved_segment_count(&geometry),
+        head: None,
+        open_batch: None,
+        in_flight: BTreeMap::new(),
+        in_flight_sequences: Default::default(),
+        next_batch_sequence: 1,
+        next_segment_sequence: 1,
+        sealed_through: 0,
+        durable_through: 0,
+        failed: None,
+        durable_checkpoints: Vec::new(),
+        next_checkpoint_sequence: 1,
+        sealed_bytes_total: 0,
+        flushed_bytes_total: 0,
+        bytes_at_last_checkpoint: 0,
+        client_bytes_written: 0,
+    }
+}
+
+impl Pool {
+    /// Creates a pool on `device`. Refuses a device whose first MiB holds any
+    /// non-zero byte unless `options.force` is set.
+    pub async fn create(
+        device: Arc<dyn BlockDevice>,
+        options: PoolOptions,
+        limits: PoolLimits,
+    ) -> Result<Pool, EngineError> {
+        let size_bytes = device.size_bytes();
+        let geometry =
+            Geometry::for_device(size_bytes, options.segment_size_bytes).ok_or_else(|| {
+                EngineError::DeviceTooSmall {
+                    device: device.name().to_string(),
+                    size_bytes,
+                    minimum_bytes: Geometry::minimum_device_bytes(options.segment_size_bytes),
+                }
+            })?;
+        if !options.force {
+            let head = device
+                .read(0, EMPTY_CHECK_BYTES.min(size_bytes) as usize)
+                .await?;
+            if let Some(position) = head.iter().position(|byte| *byte != 0) {
+                return Err(EngineError::DeviceNotEmpty {
+                    device: device.name().to_string(),
+                    offset: position as u64,
+                });
+            }
+        }
+        let superblock = Superblock {
+            pool_identifier: rand::random(),
+            geometry,
+            created_unix_seconds: super::now_unix_seconds(),
+        };
+        device
+            .write(
+                SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES,
+                super::aligned(&superblock.encode()),
+            )
+            .await?;
+        // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
+        for slot_block in CHECKPOINT_SLOT_BLOCKS {
+            device
+                .write(
+                    slot_block * BLOCK_SIZE_BYTES,
+                    super::aligned(&[0u8; BLOCK_SIZE_BYTES as usize]),
+                )
+                .await?;
+        }
+        device.flush().await?;
+        let pool = Pool::from_inner(new_inner(device, geometry, limits, empty_state(geometry)));
+        // Both slots hold a checkpoint from the start, so that one can always fall back.
+        pool.checkpoint().await?;
+        pool.checkpoint().await?;
+        tracing::info!(
+            device = pool.device_name(),
+            segments = geometry.segment_count,
+            "pool created"
+        );
+        Ok(pool)
+    }
+
+    /// Opens (recovers) the pool on `device`.
+    pub async fn open(
+        device: Arc<dyn BlockDevice>,
+        limits: PoolLimits,
+    ) -> Result<Pool, EngineError> {
+        let name = device.name().to_string();
+        let superblock_bytes = device.read(0, BLOCK_SIZE_BYTES as usize).await?;
+        let superblock = match Superblock::decode(&superblock_bytes) {
+            Ok(superblock) => superblock,
+            Err(FrameError::WrongMagic) => return Err(EngineError::NotAPool { device: name }),
+            Err(FrameError::NewerVersion(found)) => {
+                return Err(EngineError::NewerFormat {
+                    device: name,
+                    found,
+                    supported: FORMAT_VERSION,
+                });
+            }
+            Err(error) => {
+                return Err(EngineError::corrupt(
+                    &name,
+                    "superblock",
+                    0,
+                    error.to_string(),
+                ));
+            }
+        };
+        let geometry = superblock.geometry;
+        if device.size_bytes() < geometry.device_size_bytes {
+            return Err(EngineError::Truncated {
+                device: name,
+                expected_bytes: geometry.device_size_bytes,
+                actual_bytes: device.size_bytes(),
+            });
+        }
+        let started = std::time::Instant::now();
+
+        // Both slots; the newest whose body verifies wins.
+        let mut slots: Vec<(usize, Slot)> = Vec::new();
+        for (slot_index, slot_block) in CHECKPOINT_SLOT_BLOCKS.iter().enumerate() {
+            let bytes = device
+                .read(
+                    slot_block * BLOCK_SIZE_BYTES,
+                    (CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES) as usize,
+                )
+                .await?;
+            match Slot::decode(&bytes) {
+                Ok(slot) => slots.push((slot_index, slot)),
+                Err(error) => {
+                    tracing::warn!(device = %name, slot_index, %error, "checkpoint slot is not valid")
+                }
+            }
+        }
+        slots.sort_by_key(|(_, slot)| std::cmp::Reverse(slot.checkpoint_sequence));
+        let mut chosen: Option<(usize, Slot, Body)> = None;
+        for (slot_index, slot) in &slots {
+            match read_body(&*device, &geometry, slot).await {
+                Ok(body) => {
+                    chosen = Some((*slot_index, slot.clone(), body));
+                    break;
+                }
+                Err(error) => tracing::error!(
+                    device = %name, slot_index, checkpoint = slot.checkpoint_sequence, %error,
+                    "checkpoint body is corrupt; falling back to the previous checkpoint"
+                ),
+            }
+        }
+        let Some((chosen_slot_index, chosen_slot, body)) = chosen else {
+            return Err(EngineError::corrupt(
+                &name,
+                "checkpoint",
+                CHECKPOINT_SLOT_BLOCKS[0] * BLOCK_SIZE_BYTES,
+                "neither checkpoint slot holds a valid checkpoint",
+            ));
+        };
+        let older_valid = slots
+            .iter()
+            .find(|(_, slot)| slot.checkpoint_sequence < chosen_slot.checkpoint_sequence)
+            .map(|(index, slot)| (*index, slot.clone()));
+
+        let mut state = empty_state(geometry);
+        let covered = body.covered_batch_sequence;
+        for image in &body.volumes {
+            let mut map = BlockMap::default();
+            for chunk in &image.chunks {
+                map.insert_chunk(chunk.chunk_index, &chunk.physical_blocks, &chunk.checksums);
+            }
+            state.volumes.insert(Volume {
+                volume_id: image.volume_id,
+                name: image.name.clone(),
+                size_bytes: image.size_bytes,
+                created_unix_seconds: image.created_unix_seconds,
+                map,
+            });
+        }
+        state.volumes.next_volume_id = state.volumes.next_volume_id.max(body.next_volume_id);
+        if body.segment_last_batch_sequences.len() == state.segments.len() {
+            for (segment, last) in state
+                .segments
+                .iter_mut()
+                .zip(&body.segment_last_batch_sequences)
+            {
+                segment.last_batch_sequence = *last;
+            }
+        }
+        let mut held: HashSet<u32> = chosen_slot.body_segments.iter().copied().collect();
+        if let Some((_, older)) = &older_valid {
+            held.extend(older.body_segments.iter().copied());
+        }
+
+        // Find every batch appended after the checkpoint.
+        let batches = scan_log(&*device, &geometry, &held, &body).await?;
+        let mut flushed_through = covered;
+        for (summary, _) in &batches {
+            flushed_through = flushed_through.max(summary.flushed_through_sequence);
+        }
+        let mut highest_sequence = covered;
+        let mut highest_segment_sequence = body.next_segment_sequence.saturating_sub(1);
+        let mut replayed = 0usize;
+        let mut dropped_blocks = 0usize;
+        for (summary, summary_block) in &batches {
+            if summary.batch_sequence <= covered {
+                continue;
+            }
+            if summary.batch_sequence <= flushed_through
+                && summary.batch_sequence != highest_sequence + 1
+            {
+                tracing::error!(
+                    device = %name,
+                    expected = highest_sequence + 1,
+                    found = summary.batch_sequence,
+                    "batches missing from the log although a flush covered them: data may be lost"
+                );
+            }
+            // The unflushed tail may be torn: check its data before trusting it.
+            let data_count = summary.data_block_count();
+            let verified: Option<lamina_device::AlignedBuffer> =
+                if summary.batch_sequence > flushed_through && data_count > 0 {
+                    Some(
+                        device
+                            .read(
+                                (summary_block + 1) * BLOCK_SIZE_BYTES,
+                                data_count * BLOCK_SIZE_BYTES as usize,
+                            )
+                            .await?,
+                    )
+                } else {
+                    None
+                };
+            let mut data_index = 0u64;
+            for record in &summary.records {
+                if let Record::Data { checksum, .. } = record {
+                    let physical_block = summary_block + 1 + data_index;
+                    let intact = verified.as_ref().is_none_or(|data| {
+                        let start = (data_index * BLOCK_SIZE_BYTES) as usize;
+                        block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == *checksum
+                    });
+                    data_index += 1;
+                    if !intact {
+                        dropped_blocks += 1;
+                        continue;
+                    }
+                    state
+                        .volumes
+                        .apply(record, Some(physical_block), &mut |_| {});
+                } else {
+                    state.volumes.apply(record, None, &mut |_| {});
+                }
+            }
+            let segment_index = geometry.segment_of(*summary_block) as usize;
+            state.segments[segment_index].last_batch_sequence = state.segments[segment_index]
+                .last_batch_sequence
+                .max(summary.batch_sequence);
+            highest_sequence = highest_sequence.max(summary.batch_sequence);
+            highest_segment_sequence = highest_segment_sequence.max(summary.segment_sequence);
+            replayed += 1;
+        }
+
+        // Segment usage from the recovered maps.
+        let mut live_counts = vec![0u32; state.segments.len()];
+        for volume in state.volumes.iter() {
+            volume.map.for_each_physical(&mut |block| {
+                live_counts[geometry.segment_of(block) as usize] += 1
+            });
+        }
+        let fallback_covered = older_valid.as_ref().map_or(covered, |(_, older)| {
+            older.covered_batch_sequence.min(covered)
+        });
+        state.free_segments = VecDeque::new();
+        for (index, segment) in state.segments.iter_mut().enumerate() {
+            segment.live_blocks = live_counts[index];
+            segment.state = if held.contains(&(index as u32)) {
+                SegmentState::Checkpoint {
+                    checkpoint_sequence: 0,
+                }
+            } else if segment.live_blocks > 0 {
+                SegmentState::Sealed
+            } else if segment.last_batch_sequence <= fallback_covered {
+                SegmentState::Free
+            } else {
+                SegmentState::Dead {
+                    died_at: highest_sequence,
+                }
+            };
+            if segment.state == SegmentState::Free {
+                state.free_segments.push_back(index as u32);
+            }
+        }
+        let next_checkpoint_sequence = slots
+            .iter()
+            .map(|(_, slot)| slot.checkpoint_sequence)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        state.next_checkpoint_sequence = next_checkpoint_sequence;
+        if let Some((older_index, older)) = &older_valid {
+            state.durable_checkpoints.push(DurableCheckpoint {
+                slot_index: *older_index,
+                checkpoint_sequence: older.checkpoint_sequence,
+                covered_batch_sequence: older.covered_batch_sequence,
+                body_segments: older.body_segments.clone(),
+            });
+        }
+        state.durable_checkpoints.push(DurableCheckpoint {
+            slot_index: chosen_slot_index,
+            checkpoint_sequence: chosen_slot.checkpoint_sequence,
+            covered_batch_sequence: covered,
+            body_segments: chosen_slot.body_segments.clone(),
+        });
+        state.next_batch_sequence = highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP;
+        state.next_segment_sequence = highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP;
+        // The skipped sequences count as sealed and durable, so that the log stays
+        // dense from the next checkpoint's point of view.
+        state.sealed_through = state.next_batch_sequence - 1;
+        // What was replayed may sit in a volatile cache after a process crash:
+        // make it durable before anything new is acknowledged on top of it.
+        device.flush().await?;
+        state.durable_through = state.sealed_through;
+
+        let pool = Pool::from_inner(new_inner(device, geometry, limits, state));
+        tracing::info!(
+            device = %name,
+            checkpoint = chosen_slot.checkpoint_sequence,
+            replayed_batches = replayed,
+            dropped_torn_blocks = dropped_blocks,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "pool recovered"
+        );
+        let both_slots_valid = slots.len() == 2 && older_valid.is_some();
+        if replayed > 0 || !both_slots_valid {
+            // Two checkpoints, so that both slots cover the replayed batches. The
+            // unflushed tail among them may hold torn blocks that this recovery
+            // dropped; later batches claim everything before them as flushed, so
+            // no future recovery may replay that tail again, even from the older slot.
+            // The same two checkpoints repair a slot found corrupt.
+            pool.checkpoint().await?;
+            pool.checkpoint().await?;
+        }
+        Ok(pool)
+    }
+}
+
+async fn read_body(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    slot: &Slot,
+) -> Result<Body, String> {
+    let segment_bytes = geometry.segment_size_bytes();
+    if slot.body_segments.is_empty()
+        || slot.body_segments.len() as u64 != slot.body_bytes.div_ceil(segment_bytes)
+        || slot
+            .body_segments
+            .iter()
+            .any(|segment| u64::from(*segment) >= geometry.segment_count)
+    {
+        return Err("slot names an impossible set of segments".to_string());
+    }
+    let mut bytes = Vec::with_capacity(slot.body_bytes as usize);
+    for segment_index in &slot.body_segments {
+        let remaining = slot.body_bytes - bytes.len() as u64;
+        let piece = remaining.min(segment_bytes);
+        let data = device
+            .read(
+                geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES,
+                piece.next_multiple_of(BLOCK_SIZE_BYTES) as usize,
+            )
+            .await
+            .map_err(|error| error.to_string())?;
+        bytes.extend_from_slice(&data[..piece as usize]);
+    }
+    if crc32c::crc32c(&bytes) != slot.body_checksum {
+        return Err("body checksum does not match the slot".to_string());
+    }
+    let body = Body::decode(&bytes).map_err(|error| error.to_string())?;
+    if body.checkpoint_sequence != slot.checkpoint_sequence
+        || body.covered_batch_sequence != slot.covered_batch_sequence
+    {
+        return Err("body belongs to another checkpoint".to_string());
+    }
+    Ok(body)
+}
+
+/// Every valid batch that may be newer than the checkpoint, sorted by sequence,
+/// with the device block of its summary.
+async fn scan_log(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    held: &HashSet<u32>,
+    body: &Body,
+) -> Result<Vec<(Summary, u64)>, EngineError> {
+    let mut starts: Vec<(u32, u32, Option<u64>)> = Vec::new();
+    if let Some(head) = body.head
+        && !held.contains(&head.segment_index)
+    {
+        starts.push((
+            head.segment_index,
+            head.next_block_in_segment,
+            Some(head.segment_sequence),
+        ));
+    }
+    let candidates: Vec<u32> = (0..geometry.segment_count as u32)
+        .filter(|index| {
+            !held.contains(index) && body.head.is_none_or(|head| head.segment_index != *index)
+        })
+        .collect();
+    for group in candidates.chunks(SCAN_CONCURRENCY_MAX) {
+        let reads = group.iter().map(|index| {
+            device.read(
+                geometry.segment_first_block(*index) * BLOCK_SIZE_BYTES,
+                BLOCK_SIZE_BYTES as usize,
+            )
+        });
+        for (index, result) in group.iter().zip(futures::future::join_all(reads).await) {
+            let block = result?;
+            if peek_header(crate::log::batch::BATCH_MAGIC, &block).is_err() {
+                continue;
+            }
+            if let Ok(summary) = Summary::decode(&block)
+                && summary.segment_sequence >= body.next_segment_sequence
+                && summary.block_in_segment == 0
+            {
+                starts.push((*index, 0, Some(summary.segment_sequence)));
+            }
+        }
+    }
+    let walks = starts
+        .iter()
+        .map(|(segment_index, first_block, segment_sequence)| {
+            walk_segment(
+                device,
+                geometry,
+                *segment_index,
+                *first_block,
+                *segment_sequence,
+            )
+        });
+    let mut batches: Vec<(Summary, u64)> = Vec::new();
+    for result in futures::future::join_all(walks).await {
+        batches.extend(result?);
+    }
+    batches.sort_by_key(|(summary, _)| summary.batch_sequence);
+    batches.dedup_by_key(|(summary, _)| summary.batch_sequence);
+    Ok(batches)
+}
+
+/// Follows the chain of batches in one segment from `first_block`, stopping at
+/// the first block that is not a valid batch of this segment incarnation.
+async fn walk_segment(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    segment_index: u32,
+    first_block: u32,
+    segment_sequence: Option<u64>,
+) -> Result<Vec<(Summary, u64)>, EngineError> {
+    let mut found = Vec::new();
+    let mut block_in_segment = first_block;
+    let segment_start = geometry.segment_first_block(segment_index);
+    while u64::from(block_in_segment) + 2 <= geometry.segment_size_blocks {
+        let summary_block = segment_start + u64::from(block_in_segment);
+        let bytes = device
+            .read(summary_block * BLOCK_SIZE_BYTES, BLOCK_SIZE_BYTES as usize)
+            .await?;
+        let Ok(summary) = Summary::decode(&bytes) else {
+            break;
+        };
+        let data_count = summary.data_block_count() as u64;
+        if Some(summary.segment_sequence) != segment_sequence
+            || summary.block_in_segment != block_in_segment
+            || u64::from(block_in_segment) + 1 + data_count > geometry.segment_size_blocks
+        {
+            break;
+        }
+        block_in_segment += 1 + data_count as u32;
+        found.push((summary, summary_block));
+    }
+    Ok(found)
+}

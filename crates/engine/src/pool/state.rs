@@ -1,0 +1,383 @@
+//! The pool's in-memory state and the synchronous half of the write path: the
+//! open batch being filled, batches in flight to the device, segment usage, and
+//! the sequences that say what is written and what is durable. Everything here
+//! runs under one mutex and never waits on I/O; the async half lives in `mod.rs`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use lamina_device::AlignedBuffer;
+
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::batch::{
+    BATCH_DATA_BLOCKS_MAX, Record, SUMMARY_RECORD_BYTES_MAX, Summary, block_checksum,
+};
+use crate::log::geometry::Geometry;
+use crate::volume::VolumeTable;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentState {
+    Free,
+    /// The log head: batches are being appended to it.
+    Open,
+    Sealed,
+    /// No live blocks since batch `died_at`; reusable once the older of the two
+    /// durable checkpoints covers that batch (so either checkpoint can be replayed).
+    Dead {
+        died_at: u64,
+    },
+    /// Holds the body of a checkpoint that one of the two slots may name.
+    Checkpoint {
+        checkpoint_sequence: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentInfo {
+    pub state: SegmentState,
+    pub live_blocks: u32,
+    /// The newest batch written into this segment (0 if none).
+    pub last_batch_sequence: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Head {
+    pub segment_index: u32,
+    pub segment_sequence: u64,
+    pub next_block_in_segment: u32,
+}
+
+pub struct OpenBatch {
+    pub sequence: u64,
+    pub segment_index: u32,
+    pub segment_sequence: u64,
+    pub block_in_segment: u32,
+    /// Device block of the summary; data block `k` is at `summary_block + 1 + k`.
+    pub summary_block: u64,
+    pub records: Vec<Record>,
+    pub record_bytes: usize,
+    /// Block 0 is reserved for the summary, then the data blocks.
+    pub buffer: AlignedBuffer,
+    pub data_count: usize,
+    pub data_capacity: usize,
+}
+
+/// A sealed batch on its way to the device; reads of its blocks are served from
+/// its buffer until the write completes.
+pub struct InFlightBatch {
+    pub sequence: u64,
+    pub summary_block: u64,
+    pub buffer: Arc<AlignedBuffer>,
+}
+
+impl InFlightBatch {
+    pub fn block_count(&self) -> u64 {
+        self.buffer.len() as u64 / BLOCK_SIZE_BYTES
+    }
+}
+
+/// A checkpoint known to be durable, with the segments its body occupies.
+#[derive(Clone, Debug)]
+pub struct DurableCheckpoint {
+    pub slot_index: usize,
+    pub checkpoint_sequence: u64,
+    pub covered_batch_sequence: u64,
+    pub body_segments: Vec<u32>,
+}
+
+pub struct State {
+    pub geometry: Geometry,
+    pub volumes: VolumeTable,
+    pub segments: Vec<SegmentInfo>,
+    pub free_segments: VecDeque<u32>,
+    /// Free segments that only checkpoints may take, so that space can always be
+    /// reclaimed even when clients have filled the pool.
+    pub reserved_segment_count: usize,
+    pub head: Option<Head>,
+    pub open_batch: Option<OpenBatch>,
+    pub in_flight: BTreeMap<u64, Arc<InFlightBatch>>,
+    pub in_flight_sequences: BTreeSet<u64>,
+    pub next_batch_sequence: u64,
+    pub next_segment_sequence: u64,
+    pub sealed_through: u64,
+    pub durable_through: u64,
+    pub failed: Option<String>,
+    /// Oldest first, at most two.
+    pub durable_checkpoints: Vec<DurableCheckpoint>,
+    pub next_checkpoint_sequence: u64,
+    pub sealed_bytes_total: u64,
+    pub flushed_bytes_total: u64,
+    pub bytes_at_last_checkpoint: u64,
+    pub client_bytes_written: u64,
+}
+
+impl State {
+    /// Batches up to this sequence have completed their device writes.
+    pub fn written_through(&self) -> u64 {
+        match self.in_flight_sequences.first() {
+            Some(oldest) => oldest - 1,
+            None => self.sealed_through,
+        }
+    }
+
+    pub fn check_failed(&self) -> Result<(), EngineError> {
+        match &self.failed {
+            Some(reason) => Err(EngineError::Failed(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The batch sequence the next appended record will belong to.
+    fn current_sequence(&self) -> u64 {
+        self.open_batch
+            .as_ref()
+            .map_or(self.next_batch_sequence, |batch| batch.sequence)
+    }
+
+    /// Accounts for a physical block that no map references any more.
+    pub fn release_block(&mut self, physical_block: u64) {
+        let died_at = self.current_sequence();
+        let segment = &mut self.segments[self.geometry.segment_of(physical_block) as usize];
+        assert!(
+            segment.live_blocks > 0,
+            "segment live count underflow at block {physical_block}"
+        );
+        segment.live_blocks -= 1;
+        if segment.live_blocks == 0 && segment.state == SegmentState::Sealed {
+            segment.state = SegmentState::Dead { died_at };
+        }
+    }
+
+    /// Takes a free segment; clients may not dip into the reserve.
+    pub fn take_free_segment(&mut self, may_use_reserve: bool) -> Option<u32> {
+        if !may_use_reserve && self.free_segments.len() <= self.reserved_segment_count {
+            return None;
+        }
+        let index = self.free_segments.pop_front()?;
+        assert_eq!(self.segments[index as usize].state, SegmentState::Free);
+        Some(index)
+    }
+
+    fn seal_head_segment(&mut self) {
+        if let Some(head) = self.head.take() {
+            let died_at = self.current_sequence();
+            let segment = &mut self.segments[head.segment_index as usize];
+            segment.state = if segment.live_blocks == 0 {
+                SegmentState::Dead { died_at }
+            } else {
+                SegmentState::Sealed
+            };
+        }
+    }
+
+    /// Makes sure the open batch can take a record of `record_bytes` (and a data
+    /// block when `with_data`), sealing the current batch and opening a new one (in
+    /// a new segment if needed). Sealed batches are pushed to `sealed`.
+    fn make_room(
+        &mut self,
+        record_bytes: usize,
+        with_data: bool,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        if let Some(batch) = &self.open_batch {
+            let fits_records = batch.record_bytes + record_bytes <= SUMMARY_RECORD_BYTES_MAX;
+            let fits_data = !with_data || batch.data_count < batch.data_capacity;
+            if fits_records && fits_data {
+                return Ok(());
+            }
+            sealed.extend(self.seal_open_batch());
+        }
+        let segment_size_blocks = self.geometry.segment_size_blocks as u32;
+        if self
+            .head
+            .is_some_and(|head| head.next_block_in_segment + 2 > segment_size_blocks)
+        {
+            self.seal_head_segment();
+        }
+        if self.head.is_none() {
+            let segment_index = self.take_free_segment(false).ok_or(EngineError::NoSpace)?;
+            let segment_sequence = self.next_segment_sequence;
+            self.next_segment_sequence += 1;
+            self.segments[segment_index as usize].state = SegmentState::Open;
+            self.head = Some(Head {
+                segment_index,
+                segment_sequence,
+                next_block_in_segment: 0,
+            });
+        }
+        let head = self.head.expect("head opened above");
+        let remaining = (segment_size_blocks - head.next_block_in_segment) as usize;
+        let data_capacity = BATCH_DATA_BLOCKS_MAX.min(remaining - 1);
+        let sequence = self.next_batch_sequence;
+        self.next_batch_sequence += 1;
+        self.open_batch = Some(OpenBatch {
+            sequence,
+            segment_index: head.segment_index,
+            segment_sequence: head.segment_sequence,
+            block_in_segment: head.next_block_in_segment,
+            summary_block: self.geometry.segment_first_block(head.segment_index)
+                + u64::from(head.next_block_in_segment),
+            records: Vec::new(),
+            record_bytes: 0,
+            buffer: AlignedBuffer::zeroed((1 + data_capacity) * BLOCK_SIZE_BYTES as usize),
+            data_count: 0,
+            data_capacity,
+        });
+        Ok(())
+    }
+
+    /// Appends a non-data record and applies it to the volumes.
+    pub fn append_record(
+        &mut self,
+        record: Record,
+    ) -> Result<Vec<Arc<InFlightBatch>>, EngineError> {
+        assert!(!matches!(record, Record::Data { .. }));
+        self.check_failed()?;
+        let mut sealed = Vec::new();
+        self.make_room(record.encoded_bytes_max(), false, &mut sealed)?;
+        let batch = self.open_batch.as_mut().expect("room made");
+        batch.record_bytes += record.encoded_bytes_max();
+        batch.records.push(record.clone());
+        let mut displaced = Vec::new();
+        self.volumes
+            .apply(&record, None, &mut |block| displaced.push(block));
+        for block in displaced {
+            self.release_block(block);
+        }
+        Ok(sealed)
+    }
+
+    /// Appends one 4 KiB data block for `logical_block` of `volume_id`.
+    pub fn append_data(
+        &mut self,
+        volume_id: u32,
+        logical_block: u64,
+        data: &[u8],
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
+        self.check_failed()?;
+        let record = Record::Data {
+            volume_id,
+            logical_block,
+            checksum: block_checksum(data),
+        };
+        self.make_room(record.encoded_bytes_max(), true, sealed)?;
+        let batch = self.open_batch.as_mut().expect("room made");
+        let start = (1 + batch.data_count) * BLOCK_SIZE_BYTES as usize;
+        batch.buffer[start..start + BLOCK_SIZE_BYTES as usize].copy_from_slice(data);
+        let physical_block = batch.summary_block + 1 + batch.data_count as u64;
+        batch.data_count += 1;
+        batch.record_bytes += record.encoded_bytes_max();
+        batch.records.push(record.clone());
+        self.segments[self.geometry.segment_of(physical_block) as usize].live_blocks += 1;
+        self.client_bytes_written += BLOCK_SIZE_BYTES;
+        let mut displaced = None;
+        self.volumes
+            .apply(&record, Some(physical_block), &mut |block| {
+                displaced = Some(block)
+            });
+        if let Some(block) = displaced {
+            self.release_block(block);
+        }
+        Ok(())
+    }
+
+    /// Closes the open batch: writes its summary into block 0 of its buffer and
+    /// moves it to the in-flight table. The caller must write it to the device.
+    pub fn seal_open_batch(&mut self) -> Option<Arc<InFlightBatch>> {
+        let mut batch = self.open_batch.take()?;
+        if batch.records.is_empty() {
+            // Nothing to write: give the sequence back so sequences stay dense.
+            assert_eq!(batch.sequence + 1, self.next_batch_sequence);
+            self.next_batch_sequence -= 1;
+            return None;
+        }
+        let summary = Summary {
+            segment_sequence: batch.segment_sequence,
+            block_in_segment: batch.block_in_segment,
+            batch_sequence: batch.sequence,
+            flushed_through_sequence: self.durable_through,
+            records: std::mem::take(&mut batch.records),
+        };
+        let encoded = summary.encode();
+        batch.buffer[..BLOCK_SIZE_BYTES as usize].copy_from_slice(&encoded);
+        let block_count = 1 + batch.data_count;
+        batch
+            .buffer
+            .truncate(block_count * BLOCK_SIZE_BYTES as usize);
+        let head = self.head.as_mut().expect("an open batch has a head");
+        assert_eq!(head.segment_index, batch.segment_index);
+        head.next_block_in_segment += block_count as u32;
+        self.segments[batch.segment_index as usize].last_batch_sequence = batch.sequence;
+        let in_flight = Arc::new(InFlightBatch {
+            sequence: batch.sequence,
+            summary_block: batch.summary_block,
+            buffer: Arc::new(batch.buffer),
+        });
+        self.in_flight
+            .insert(batch.summary_block, in_flight.clone());
+        self.in_flight_sequences.insert(batch.sequence);
+        self.sealed_through = batch.sequence;
+        self.sealed_bytes_total += block_count as u64 * BLOCK_SIZE_BYTES;
+        Some(in_flight)
+    }
+
+    /// Copies block `physical_block` from memory if it has not reached the device
+    /// yet (open batch or in flight). Returns false when it must be read from disk.
+    pub fn copy_unwritten_block(&self, physical_block: u64, destination: &mut [u8]) -> bool {
+        let block = BLOCK_SIZE_BYTES as usize;
+        if let Some(batch) = &self.open_batch
+            && physical_block > batch.summary_block
+            && physical_block <= batch.summary_block + batch.data_count as u64
+        {
+            let start = (physical_block - batch.summary_block) as usize * block;
+            destination.copy_from_slice(&batch.buffer[start..start + block]);
+            return true;
+        }
+        if let Some((_, batch)) = self.in_flight.range(..=physical_block).next_back()
+            && physical_block < batch.summary_block + batch.block_count()
+        {
+            let start = (physical_block - batch.summary_block) as usize * block;
+            destination.copy_from_slice(&batch.buffer[start..start + block]);
+            return true;
+        }
+        false
+    }
+
+    /// Records a durable checkpoint and frees what it makes reclaimable: the body
+    /// segments of the checkpoint it displaced, and dead segments that both kept
+    /// checkpoints cover.
+    pub fn checkpoint_became_durable(&mut self, checkpoint: DurableCheckpoint) {
+        self.durable_checkpoints.push(checkpoint);
+        while self.durable_checkpoints.len() > 2 {
+            let displaced = self.durable_checkpoints.remove(0);
+            for segment_index in displaced.body_segments {
+                self.free_segment(segment_index);
+            }
+        }
+        let covered_by_both = self.durable_checkpoints[0].covered_batch_sequence;
+        for index in 0..self.segments.len() {
+            if let SegmentState::Dead { died_at } = self.segments[index].state
+                && died_at <= covered_by_both
+            {
+                self.free_segment(index as u32);
+            }
+        }
+    }
+
+    pub fn free_segment(&mut self, segment_index: u32) {
+        let segment = &mut self.segments[segment_index as usize];
+        assert_eq!(
+            segment.live_blocks, 0,
+            "freeing segment {segment_index} with live blocks"
+        );
+        segment.state = SegmentState::Free;
+        self.free_segments.push_back(segment_index);
+    }
+
+    pub fn used_segment_count(&self) -> usize {
+        self.segments.len() - self.free_segments.len()
+    }
+}
