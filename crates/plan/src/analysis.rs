@@ -31,7 +31,7 @@ pub struct AnalysisOptions {
     pub latency_target_ms: f64,
     /// Average queue length per disk above which a disk counts as saturated.
     pub saturated_queue_per_disk: f64,
-    /// Disks behind the traced load, when the trace cannot say.
+    /// Drives (spindles) behind the traced load, to judge queue lengths per drive.
     pub current_drive_count: Option<usize>,
     /// I/O size assumed when the trace has no byte rates.
     pub assumed_io_size_bytes: f64,
@@ -74,8 +74,10 @@ pub struct Spike {
     pub magnitude: f64,
     /// Operations above the steady state during the spike, which the cache must take.
     pub excess_operations: f64,
-    pub excess_bytes: f64,
-    /// Whether the configured cache holds the excess and serves the rate above steady.
+    /// Write bytes above the steady state, which a write-back cache must hold until
+    /// the drives catch up (reads in a spike are served by the cache only if they hit).
+    pub excess_write_bytes: f64,
+    /// Whether the configured cache holds the excess writes and serves the rate above steady.
     pub absorbed_by_cache: bool,
 }
 
@@ -84,7 +86,7 @@ pub struct Spike {
 pub struct Saturation {
     /// 90th percentile of latency in busy periods, when the trace has latency.
     pub busy_latency_p90_ms: Option<f64>,
-    /// 90th percentile of queue length per disk in busy periods, when known.
+    /// 90th percentile of queue length per drive in busy periods, with `--current-drives`.
     pub busy_queue_per_disk_p90: Option<f64>,
     /// 90th percentile of the total queue length in busy periods.
     pub busy_queue_p90: Option<f64>,
@@ -268,7 +270,8 @@ pub fn analyse(trace: &Trace, options: &AnalysisOptions) -> Analysis {
         interval,
         steady_state_iops,
         spike_threshold_iops,
-        io_size_bytes_used,
+        write_fraction,
+        mean_write_size_bytes.unwrap_or(io_size_bytes_used),
         options,
     );
 
@@ -330,7 +333,8 @@ fn find_spikes(
     interval: f64,
     steady: f64,
     threshold: f64,
-    io_size_bytes: f64,
+    write_fraction: f64,
+    write_size_bytes: f64,
     options: &AnalysisOptions,
 ) -> Vec<Spike> {
     let mut spikes: Vec<Spike> = Vec::new();
@@ -353,7 +357,7 @@ fn find_spikes(
                     peak_iops: total,
                     magnitude: 0.0,
                     excess_operations: excess,
-                    excess_bytes: 0.0,
+                    excess_write_bytes: 0.0,
                     absorbed_by_cache: false,
                 }),
             }
@@ -364,8 +368,8 @@ fn find_spikes(
     }
     for spike in &mut spikes {
         spike.magnitude = spike.peak_iops / steady;
-        spike.excess_bytes = spike.excess_operations * io_size_bytes;
-        spike.absorbed_by_cache = spike.excess_bytes <= options.cache_size_bytes
+        spike.excess_write_bytes = spike.excess_operations * write_fraction * write_size_bytes;
+        spike.absorbed_by_cache = spike.excess_write_bytes <= options.cache_size_bytes
             && spike.peak_iops - steady <= options.cache_iops;
     }
     spikes
@@ -399,7 +403,9 @@ fn check_saturation(
     }
     let busy_queue_p90 =
         busy_values(|sample| sample.queue_depth).map(|values| percentile(&values, 90.0));
-    let drive_count = options.current_drive_count.or(trace.disk_count);
+    // Only the user knows how many spindles served the traced disks: a Windows LUN or
+    // a Linux disk may be a whole array, where a queue of 10 is healthy.
+    let drive_count = options.current_drive_count;
     let busy_queue_per_disk_p90 = match (busy_queue_p90, drive_count) {
         (Some(queue), Some(count)) if count > 0 => Some(queue / count as f64),
         _ => None,
@@ -413,9 +419,12 @@ fn check_saturation(
             options.saturated_queue_per_disk
         ));
     }
-    if busy_queue_p90.is_some() && busy_queue_per_disk_p90.is_none() {
+    if busy_queue_p90.is_some()
+        && busy_queue_per_disk_p90.is_none()
+        && busy_latency_p90_ms.is_none()
+    {
         warnings.push(
-            "the trace has queue lengths but not how many disks served them; pass --current-drives to check the queue for saturation".to_string(),
+            "the trace has queue lengths but not how many drives served them; pass --current-drives to judge the queue".to_string(),
         );
     }
     Saturation {

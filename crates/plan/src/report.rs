@@ -229,12 +229,12 @@ pub fn render_text(report: &PlanReport) -> String {
     } else {
         let _ = writeln!(
             out,
-            "  {:<8} {:>9} {:>10} {:>9} {:>12}  cache {} at {} IOPS",
+            "  {:<8} {:>9} {:>10} {:>9} {:>13}  cache {} at {} IOPS",
             "start",
             "duration",
             "peak IOPS",
             "x steady",
-            "excess",
+            "excess writes",
             bytes(report.analysis_options.cache_size_bytes),
             thousands(report.analysis_options.cache_iops)
         );
@@ -243,12 +243,12 @@ pub fn render_text(report: &PlanReport) -> String {
         for spike in spikes.iter().take(SHOWN_SPIKE_COUNT) {
             let _ = writeln!(
                 out,
-                "  {:<8} {:>9} {:>10} {:>9.1} {:>12}  {}",
+                "  {:<8} {:>9} {:>10} {:>9.1} {:>13}  {}",
                 offset(spike.start_seconds),
                 duration(spike.duration_seconds),
                 thousands(spike.peak_iops),
                 spike.magnitude,
-                bytes(spike.excess_bytes),
+                bytes(spike.excess_write_bytes),
                 if spike.absorbed_by_cache {
                     "absorbed"
                 } else {
@@ -494,7 +494,7 @@ fn write_steps(out: &mut String, report: &PlanReport, sizing: &BackendSizing) {
         7,
         &format!("plus {} spare(s)", sizing.spare_drives),
         format!(
-            "{} drives  (with 1 spare: {}, with 2: {})",
+            "{} drives  (1 spare: {}, 2 spares: {})",
             sizing.total_drives,
             sizing.working_drives + 1,
             sizing.working_drives + 2

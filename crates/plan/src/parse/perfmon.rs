@@ -156,6 +156,12 @@ pub fn parse(text: &str, options: &ParseOptions, path: &Path) -> Result<Trace, P
         if record.iter().all(|cell| cell.trim().is_empty()) {
             continue;
         }
+        // A row cut short (a log copied while perfmon wrote it) can run into the next
+        // one through an open quote; its cells would land under the wrong counters.
+        if record.len() != header.len() {
+            skipped_row_count += 1;
+            continue;
+        }
         let Some(time_seconds) = record.get(0).and_then(parse_timestamp) else {
             skipped_row_count += 1;
             continue;

@@ -42,6 +42,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Trace, PlanError> {
         .from_reader(text.as_bytes());
     let mut records = reader.records().peekable();
     let mut skipped_columns = Vec::new();
+    let mut field_count_range = 3..=7;
     let columns = match records.peek() {
         Some(Ok(first)) if first.get(0).and_then(parse_timestamp).is_none() => {
             let header = first.clone();
@@ -80,6 +81,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Trace, PlanError> {
                     ),
                 });
             }
+            field_count_range = 3..=header.len();
             columns
         }
         _ => POSITIONAL,
@@ -93,6 +95,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Trace, PlanError> {
             skipped_row_count += 1;
             continue;
         };
+        if !field_count_range.contains(&record.len()) {
+            skipped_row_count += 1;
+            continue;
+        }
         match sample_of_row(&record, &columns) {
             Some(sample) => {
                 if start_label.is_none() {
