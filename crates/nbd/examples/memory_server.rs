@@ -13,7 +13,9 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let mut arguments = std::env::args().skip(1);
-    let socket = arguments.next().expect("usage: memory_server SOCKET [NAME=SIZE_MIB ...]");
+    let socket = arguments
+        .next()
+        .expect("usage: memory_server SOCKET [NAME=SIZE_MIB ...]");
     let catalog = Arc::new(MemoryCatalog::new());
     let mut any = false;
     for argument in arguments {

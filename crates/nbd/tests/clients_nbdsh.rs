@@ -109,7 +109,10 @@ for structured in (True, False):
 async fn structured_read_uses_holes_and_honours_df() {
     let Some(shell) = nbdsh() else { return };
     let (catalog, exports) = catalog_with(&[("disk", 4 * MIB)]);
-    exports[0].write(65536, &[0x5a; 4096], false).await.expect("write");
+    exports[0]
+        .write(65536, &[0x5a; 4096], false)
+        .await
+        .expect("write");
     let server = TestServer::unix(catalog, ServerConfig::default()).await;
     shell
         .check(
@@ -184,7 +187,11 @@ for structured in (True, False):
 async fn read_only_export_refuses_writes_with_eperm() {
     let Some(shell) = nbdsh() else { return };
     let catalog = Arc::new(MemoryCatalog::new());
-    let snapshot = Arc::new(MemoryExport::new(MIB).with_contents(&[7u8; 8192]).with_read_only(true));
+    let snapshot = Arc::new(
+        MemoryExport::new(MIB)
+            .with_contents(&[7u8; 8192])
+            .with_read_only(true),
+    );
     catalog.insert("snapshot", "read-only", snapshot.clone());
     let server = TestServer::unix(catalog, ServerConfig::default()).await;
     shell
@@ -251,7 +258,10 @@ h.flush()
         .await;
     let counts = disk.operation_counts();
     assert_eq!(counts.fua_writes, 1, "FUA reached the backend: {counts:?}");
-    assert!(counts.flushes >= 1 && counts.caches == 1 && counts.trims == 1, "{counts:?}");
+    assert!(
+        counts.flushes >= 1 && counts.caches == 1 && counts.trims == 1,
+        "{counts:?}"
+    );
     assert_eq!(counts.write_zeroes, 3, "{counts:?}");
     shell
         .check(
@@ -328,7 +338,11 @@ for handle in handles:
         .await;
     let contents = exports[0].contents();
     for block in 0..256usize {
-        assert!(contents[block * 65536..(block + 1) * 65536].iter().all(|&byte| byte == block as u8));
+        assert!(
+            contents[block * 65536..(block + 1) * 65536]
+                .iter()
+                .all(|&byte| byte == block as u8)
+        );
     }
     server.stop().await;
 }

@@ -29,17 +29,36 @@ fn sha256(data: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_img_convert_compare_and_map() {
-    let Some(qemu_img) = tool("qemu-img") else { return };
+    let Some(qemu_img) = tool("qemu-img") else {
+        return;
+    };
     let (catalog, exports) = catalog_with(&[("disk", 16 * MIB)]);
     let server = TestServer::unix(catalog, ServerConfig::default()).await;
     let source = server.directory.path().join("source.img");
     let image = write_image(&source);
     let uri = server.uri("disk");
-    run_ok(Command::new(&qemu_img).args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&source).arg(&uri)).await;
+    run_ok(
+        Command::new(&qemu_img)
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&source)
+            .arg(&uri),
+    )
+    .await;
     assert_eq!(sha256(&exports[0].contents()), sha256(&image));
-    run_ok(Command::new(&qemu_img).args(["compare", "-f", "raw", "-F", "raw"]).arg(&source).arg(&uri)).await;
+    run_ok(
+        Command::new(&qemu_img)
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(&source)
+            .arg(&uri),
+    )
+    .await;
     // qemu-img skips zero runs, so the gap must still be a hole on the server.
-    let map = run_ok(Command::new(&qemu_img).args(["map", "--output=json", "-f", "raw"]).arg(&uri)).await;
+    let map = run_ok(
+        Command::new(&qemu_img)
+            .args(["map", "--output=json", "-f", "raw"])
+            .arg(&uri),
+    )
+    .await;
     let entries: serde_json::Value = serde_json::from_str(&map).expect("qemu-img map JSON");
     let gap = entries
         .as_array()
@@ -51,19 +70,36 @@ async fn qemu_img_convert_compare_and_map() {
     assert_eq!(gap["zero"], true, "{map}");
     // Back out to a file, bit for bit.
     let copy = server.directory.path().join("copy.img");
-    run_ok(Command::new(&qemu_img).args(["convert", "-f", "raw", "-O", "raw"]).arg(&uri).arg(&copy)).await;
-    assert_eq!(sha256(&std::fs::read(&copy).expect("read copy")), sha256(&image));
+    run_ok(
+        Command::new(&qemu_img)
+            .args(["convert", "-f", "raw", "-O", "raw"])
+            .arg(&uri)
+            .arg(&copy),
+    )
+    .await;
+    assert_eq!(
+        sha256(&std::fs::read(&copy).expect("read copy")),
+        sha256(&image)
+    );
     // A changed byte is noticed by compare.
     exports[0].set_failing(false);
-    lamina_nbd::Export::write(exports[0].as_ref(), 5 * MIB, b"!", false).await.expect("write");
-    let output = run(Command::new(&qemu_img).args(["compare", "-f", "raw", "-F", "raw"]).arg(&source).arg(&uri)).await;
+    lamina_nbd::Export::write(exports[0].as_ref(), 5 * MIB, b"!", false)
+        .await
+        .expect("write");
+    let output = run(Command::new(&qemu_img)
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&source)
+        .arg(&uri))
+    .await;
     assert_eq!(output.status.code(), Some(1), "compare sees the difference");
     server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_io_commands() {
-    let Some(qemu_io) = tool("qemu-io") else { return };
+    let Some(qemu_io) = tool("qemu-io") else {
+        return;
+    };
     let (catalog, exports) = catalog_with(&[("disk", 8 * MIB)]);
     let server = TestServer::unix(catalog, ServerConfig::default()).await;
     let commands = [
@@ -85,11 +121,17 @@ async fn qemu_io_commands() {
     }
     command.arg(server.uri("disk"));
     let output = run_ok(&mut command).await;
-    assert!(!output.contains("failed") && !output.contains("error"), "{output}");
+    assert!(
+        !output.contains("failed") && !output.contains("error"),
+        "{output}"
+    );
     assert_eq!(output.matches("read ").count(), 5, "{output}");
     let counts = exports[0].operation_counts();
     assert!(counts.fua_writes >= 1, "write -f used FUA: {counts:?}");
-    assert!(counts.trims >= 1 && counts.write_zeroes >= 1 && counts.flushes >= 1, "{counts:?}");
+    assert!(
+        counts.trims >= 1 && counts.write_zeroes >= 1 && counts.flushes >= 1,
+        "{counts:?}"
+    );
     let contents = exports[0].contents();
     assert!(contents[65536..524288].iter().all(|&byte| byte == 0xab));
     server.stop().await;
@@ -97,17 +139,34 @@ async fn qemu_io_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nbdcopy_round_trip() {
-    let Some(nbdcopy) = tool("nbdcopy") else { return };
+    let Some(nbdcopy) = tool("nbdcopy") else {
+        return;
+    };
     let (catalog, exports) = catalog_with(&[("disk", 16 * MIB)]);
     let server = TestServer::unix(catalog, ServerConfig::default()).await;
     let source = server.directory.path().join("source.img");
     let image = write_image(&source);
     let uri = server.uri("disk");
-    run_ok(Command::new(&nbdcopy).args(["--connections=4", "--requests=16"]).arg(&source).arg(&uri)).await;
+    run_ok(
+        Command::new(&nbdcopy)
+            .args(["--connections=4", "--requests=16"])
+            .arg(&source)
+            .arg(&uri),
+    )
+    .await;
     assert_eq!(sha256(&exports[0].contents()), sha256(&image));
     let copy = server.directory.path().join("copy.img");
-    run_ok(Command::new(&nbdcopy).args(["--connections=4", "--requests=16"]).arg(&uri).arg(&copy)).await;
-    assert_eq!(sha256(&std::fs::read(&copy).expect("read copy")), sha256(&image));
+    run_ok(
+        Command::new(&nbdcopy)
+            .args(["--connections=4", "--requests=16"])
+            .arg(&uri)
+            .arg(&copy),
+    )
+    .await;
+    assert_eq!(
+        sha256(&std::fs::read(&copy).expect("read copy")),
+        sha256(&image)
+    );
     // nbdcopy writes zeros as holes: the gap never became data.
     assert!(exports[0].allocated_block_count() < (5 * MIB / 4096) as usize);
     server.stop().await;

@@ -28,11 +28,25 @@ async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
 /// Reads the greeting and sends client flags.
 async fn greet<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, client_flags: u32) {
     let mut greeting = [0u8; 18];
-    within(stream.read_exact(&mut greeting)).await.expect("greeting");
-    assert_eq!(u64::from_be_bytes(greeting[0..8].try_into().unwrap()), NBD_MAGIC);
-    assert_eq!(u64::from_be_bytes(greeting[8..16].try_into().unwrap()), IHAVEOPT_MAGIC);
-    assert_eq!(u16::from_be_bytes([greeting[16], greeting[17]]), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
-    stream.write_all(&client_flags.to_be_bytes()).await.expect("send flags");
+    within(stream.read_exact(&mut greeting))
+        .await
+        .expect("greeting");
+    assert_eq!(
+        u64::from_be_bytes(greeting[0..8].try_into().unwrap()),
+        NBD_MAGIC
+    );
+    assert_eq!(
+        u64::from_be_bytes(greeting[8..16].try_into().unwrap()),
+        IHAVEOPT_MAGIC
+    );
+    assert_eq!(
+        u16::from_be_bytes([greeting[16], greeting[17]]),
+        FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES
+    );
+    stream
+        .write_all(&client_flags.to_be_bytes())
+        .await
+        .expect("send flags");
 }
 
 async fn send_option<S: AsyncWrite + Unpin>(stream: &mut S, option: u32, data: &[u8]) {
@@ -47,13 +61,20 @@ async fn send_option<S: AsyncWrite + Unpin>(stream: &mut S, option: u32, data: &
 /// Reads one option reply: (option, reply type, data).
 async fn option_reply<S: AsyncRead + Unpin>(stream: &mut S) -> (u32, u32, Vec<u8>) {
     let mut header = [0u8; 20];
-    within(stream.read_exact(&mut header)).await.expect("option reply");
-    assert_eq!(u64::from_be_bytes(header[0..8].try_into().unwrap()), OPTION_REPLY_MAGIC);
+    within(stream.read_exact(&mut header))
+        .await
+        .expect("option reply");
+    assert_eq!(
+        u64::from_be_bytes(header[0..8].try_into().unwrap()),
+        OPTION_REPLY_MAGIC
+    );
     let option = u32::from_be_bytes(header[8..12].try_into().unwrap());
     let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
     let length = u32::from_be_bytes(header[16..20].try_into().unwrap());
     let mut data = vec![0u8; length as usize];
-    within(stream.read_exact(&mut data)).await.expect("option reply data");
+    within(stream.read_exact(&mut data))
+        .await
+        .expect("option reply data");
     (option, reply_type, data)
 }
 
@@ -110,8 +131,13 @@ async fn send_request<S: AsyncWrite + Unpin>(
 /// Reads a simple reply header: (errno, cookie).
 async fn simple_reply<S: AsyncRead + Unpin>(stream: &mut S) -> (u32, u64) {
     let mut header = [0u8; 16];
-    within(stream.read_exact(&mut header)).await.expect("simple reply");
-    assert_eq!(u32::from_be_bytes(header[0..4].try_into().unwrap()), SIMPLE_REPLY_MAGIC);
+    within(stream.read_exact(&mut header))
+        .await
+        .expect("simple reply");
+    assert_eq!(
+        u32::from_be_bytes(header[0..4].try_into().unwrap()),
+        SIMPLE_REPLY_MAGIC
+    );
     (
         u32::from_be_bytes(header[4..8].try_into().unwrap()),
         u64::from_be_bytes(header[8..16].try_into().unwrap()),
@@ -136,7 +162,9 @@ async fn round_trip<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, cookie: u
     send_request(stream, 0, CMD_READ, cookie + 1, 4096, 512, &[]).await;
     assert_eq!(simple_reply(stream).await, (0, cookie + 1));
     let mut back = vec![0u8; 512];
-    within(stream.read_exact(&mut back)).await.expect("read data");
+    within(stream.read_exact(&mut back))
+        .await
+        .expect("read data");
     assert_eq!(back, data);
 }
 
@@ -206,7 +234,11 @@ async fn malformed_unknown_and_oversized_options() {
     for option in [999, OPT_STARTTLS, OPT_EXTENDED_HEADERS, 4] {
         send_option(&mut stream, option, &[]).await;
         let (echoed, reply_type, _) = option_reply(&mut stream).await;
-        assert_eq!((echoed, reply_type), (option, REP_ERR_UNSUP), "option {option}");
+        assert_eq!(
+            (echoed, reply_type),
+            (option, REP_ERR_UNSUP),
+            "option {option}"
+        );
     }
     // Unknown export.
     send_option(&mut stream, OPT_INFO, &go_data("missing")).await;
@@ -271,7 +303,11 @@ async fn client_flags_export_name_and_abort() {
     let flags = u16::from_be_bytes([reply[8], reply[9]]);
     assert_ne!(flags & TRANSMISSION_FLAG_HAS_FLAGS, 0);
     assert_ne!(flags & TRANSMISSION_FLAG_CAN_MULTI_CONN, 0);
-    assert_eq!(flags & TRANSMISSION_FLAG_SEND_DF, 0, "no DF without structured replies");
+    assert_eq!(
+        flags & TRANSMISSION_FLAG_SEND_DF,
+        0,
+        "no DF without structured replies"
+    );
     assert!(reply[10..].iter().all(|&byte| byte == 0));
     round_trip(&mut stream, 50).await;
     // ABORT is acknowledged, then the connection ends.
@@ -297,7 +333,16 @@ async fn unknown_commands_and_flags_get_einval() {
     send_request(&mut stream, 0, CMD_BLOCK_STATUS, 3, 0, 4096, &[]).await;
     assert_eq!(simple_reply(&mut stream).await, (EINVAL, 3));
     // A refused write's payload is skipped so the stream stays in step.
-    send_request(&mut stream, CMD_FLAG_DF, CMD_WRITE, 4, 0, 4096, &[0xab; 4096]).await;
+    send_request(
+        &mut stream,
+        CMD_FLAG_DF,
+        CMD_WRITE,
+        4,
+        0,
+        4096,
+        &[0xab; 4096],
+    )
+    .await;
     assert_eq!(simple_reply(&mut stream).await, (EINVAL, 4));
     round_trip(&mut stream, 60).await;
     server.stop().await;
@@ -389,7 +434,9 @@ impl Export for SlowExport {
         may_punch_hole: bool,
         fast_only: bool,
     ) -> Result<(), ExportError> {
-        self.inner.write_zeroes(offset, length, fua, may_punch_hole, fast_only).await
+        self.inner
+            .write_zeroes(offset, length, fua, may_punch_hole, fast_only)
+            .await
     }
     async fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError> {
         self.inner.cache(offset, length).await
@@ -414,7 +461,11 @@ async fn replies_come_back_out_of_order() {
     send_request(&mut stream, 0, CMD_READ, 1, 0, 512, &[]).await;
     send_request(&mut stream, 0, CMD_READ, 2, 4096, 512, &[]).await;
     let mut data = [0u8; 512];
-    assert_eq!(simple_reply(&mut stream).await, (0, 2), "the fast read overtakes");
+    assert_eq!(
+        simple_reply(&mut stream).await,
+        (0, 2),
+        "the fast read overtakes"
+    );
     stream.read_exact(&mut data).await.unwrap();
     assert_eq!(simple_reply(&mut stream).await, (0, 1));
     stream.read_exact(&mut data).await.unwrap();
@@ -454,7 +505,8 @@ async fn serve_connection_over_an_in_memory_stream() {
     let (catalog, exports) = catalog_with(&[("disk", MIB)]);
     let (mut client, server_side) = tokio::io::duplex(1 << 20);
     let config = ServerConfig::default();
-    let serving = tokio::spawn(async move { serve_connection(server_side, catalog, &config).await });
+    let serving =
+        tokio::spawn(async move { serve_connection(server_side, catalog, &config).await });
     let (size, flags) = go(&mut client, "disk").await;
     assert_eq!(size, MIB);
     assert_eq!(flags & TRANSMISSION_FLAG_READ_ONLY, 0);

@@ -167,7 +167,10 @@ pub fn command_with_python(program: &Path, python: &Path) -> tokio::process::Com
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut directories = vec![python_directory.to_path_buf()];
     directories.extend(std::env::split_paths(&path));
-    command.env("PATH", std::env::join_paths(directories).expect("joinable PATH"));
+    command.env(
+        "PATH",
+        std::env::join_paths(directories).expect("joinable PATH"),
+    );
     command
 }
 
