@@ -302,7 +302,12 @@ pub fn parse(text: &str, options: &ParseOptions, path: &Path) -> Result<Trace, P
             .iter()
             .filter(|row| chosen.contains(&row.name))
             .collect();
-        if rows.is_empty() {
+        // A report that lacks one of the chosen devices (a row cut short) would
+        // understate the load, so the whole report is left out.
+        let complete = chosen
+            .iter()
+            .all(|name| rows.iter().any(|row| &row.name == name));
+        if !complete {
             skipped_row_count += 1;
             continue;
         }

@@ -33,6 +33,13 @@ pub fn parse_file(
     // perfmon can write UTF-16 with a byte-order mark when saved from the GUI.
     let text = decode(&bytes);
     let format = format.unwrap_or_else(|| detect_format(&text));
+    if looks_binary(&text) {
+        return Err(PlanError::Format {
+            path: path.to_path_buf(),
+            format: format.name(),
+            reason: "the file is binary, not a text trace".to_string(),
+        });
+    }
     parse_text(&text, format, options, path)
 }
 
@@ -63,6 +70,19 @@ pub fn decode(bytes: &[u8]) -> String {
     }
     let bytes = bytes.strip_prefix(&[0xEF, 0xBB, 0xBF]).unwrap_or(bytes);
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// True when text holds NUL characters or more than 1% undecodable bytes.
+fn looks_binary(text: &str) -> bool {
+    let mut character_count = 0usize;
+    let mut bad_count = 0usize;
+    for character in text.chars() {
+        character_count += 1;
+        if character == '\0' || character == char::REPLACEMENT_CHARACTER {
+            bad_count += 1;
+        }
+    }
+    text.contains('\0') || bad_count * 100 > character_count
 }
 
 /// Guesses the format from the first lines: perfmon files name their PDH-CSV

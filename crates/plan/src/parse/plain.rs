@@ -75,10 +75,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Trace, PlanError> {
                 return Err(PlanError::Format {
                     path: path.to_path_buf(),
                     format: "csv",
-                    reason: format!(
-                        "the header {:?} lacks timestamp, read_iops or write_iops",
-                        header.iter().collect::<Vec<_>>()
-                    ),
+                    reason: {
+                        const SHOWN_HEADER_CHARACTERS: usize = 200;
+                        let shown: String = header
+                            .iter()
+                            .collect::<Vec<_>>()
+                            .join(",")
+                            .chars()
+                            .take(SHOWN_HEADER_CHARACTERS)
+                            .collect();
+                        format!(
+                            "the first row {shown:?} is neither a header with timestamp, read_iops and write_iops nor a data row"
+                        )
+                    },
                 });
             }
             field_count_range = 3..=header.len();
