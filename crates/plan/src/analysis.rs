@@ -270,8 +270,7 @@ pub fn analyse(trace: &Trace, options: &AnalysisOptions) -> Analysis {
         interval,
         steady_state_iops,
         spike_threshold_iops,
-        write_fraction,
-        mean_write_size_bytes.unwrap_or(io_size_bytes_used),
+        write_fraction * mean_write_size_bytes.unwrap_or(io_size_bytes_used),
         options,
     );
 
@@ -333,8 +332,7 @@ fn find_spikes(
     interval: f64,
     steady: f64,
     threshold: f64,
-    write_fraction: f64,
-    write_size_bytes: f64,
+    write_bytes_per_operation: f64,
     options: &AnalysisOptions,
 ) -> Vec<Spike> {
     let mut spikes: Vec<Spike> = Vec::new();
@@ -368,7 +366,7 @@ fn find_spikes(
     }
     for spike in &mut spikes {
         spike.magnitude = spike.peak_iops / steady;
-        spike.excess_write_bytes = spike.excess_operations * write_fraction * write_size_bytes;
+        spike.excess_write_bytes = spike.excess_operations * write_bytes_per_operation;
         spike.absorbed_by_cache = spike.excess_write_bytes <= options.cache_size_bytes
             && spike.peak_iops - steady <= options.cache_iops;
     }

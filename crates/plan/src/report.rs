@@ -70,7 +70,7 @@ pub fn thousands(value: f64) -> String {
     let digits = rounded.unsigned_abs().to_string();
     let mut grouped = String::new();
     for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(digit);
@@ -154,7 +154,7 @@ pub fn render_text(report: &PlanReport) -> String {
     }
 
     let _ = writeln!(out, "\n1. Load in the trace");
-    let _ = writeln!(out, "  {:<14} {:>10}  {}", "", "IOPS", "");
+    let _ = writeln!(out, "  {:<14} {:>10}", "", "IOPS");
     let _ = writeln!(
         out,
         "  {:<14} {:>10}  at {}",
