@@ -1,8 +1,24 @@
-//! The `lamina` command line: placeholder until the subcommands are wired.
-use clap::{Parser, Subcommand};
+//! The `lamina` command line. It only parses arguments and prints results; the
+//! work happens in the control crate (daemon, admin operations), the planner and
+//! the benchmark. Volume and pool commands talk to the running daemon over its
+//! admin socket, or open the pool directly when no daemon runs.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use lamina_control::admin::Operation;
+use lamina_control::client::run_operation;
+use lamina_control::config::Config;
+use lamina_control::size::{format_size, parse_size};
+use lamina_engine::{PoolLimits, PoolOptions};
 
 #[derive(Parser)]
-#[command(name = "lamina", version, about = "Flash-first virtual block storage")]
+#[command(
+    name = "lamina",
+    version,
+    about = "Flash-first virtual block storage: thin volumes served over NBD"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -10,15 +26,304 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: serve every volume over NBD (TCP and a Unix socket).
+    Serve(ServeArgs),
+    /// Create a pool or show its state.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Create, list, resize, rename and delete volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Size a pool from a workload trace.
     Plan(lamina_plan::PlanArgs),
     /// Latency-versus-load benchmarks against peer servers.
     Bench(lamina_bench::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+#[derive(Args)]
+struct DataArgs {
+    /// The data directory holding the pool description and the daemon's sockets.
+    #[arg(long = "data", default_value = "lamina-data", env = "LAMINA_DATA")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// The data directory (default ./lamina-data; overrides the config file's).
+    #[arg(long = "data", env = "LAMINA_DATA")]
+    data_dir: Option<PathBuf>,
+    /// A TOML configuration file (addresses, limits, pool location).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// TCP listen address (empty string disables TCP); overrides the config file.
+    #[arg(long)]
+    tcp_address: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum PoolCommand {
+    /// Create a pool on a flash device or file (PATH:SIZE creates a sparse file).
+    Create {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The flash device: PATH or PATH:SIZE (e.g. /dev/nvme0n1, ./pool.img:64G).
+        #[arg(long)]
+        flash: String,
+        /// Segment size: the unit of allocation and cleaning.
+        #[arg(long, default_value = "4M", value_parser = parse_size)]
+        segment_size: u64,
+        /// Overwrite a device that already holds data.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Capacity, used, free and reserved space, write amplification.
+    Status {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Create a thin volume.
+    Create {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List volumes.
+    List {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow a volume online; shrinking discards the tail and needs --force.
+    Resize {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rename a volume.
+    Rename {
+        name: String,
+        new_name: String,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a volume and everything in it.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn print_volumes(value: &serde_json::Value) {
+    let volumes: Vec<serde_json::Value> = match value {
+        serde_json::Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    };
+    println!("{:<32} {:>12} {:>12}", "NAME", "SIZE", "ALLOCATED");
+    for volume in volumes {
+        println!(
+            "{:<32} {:>12} {:>12}",
+            volume["name"].as_str().unwrap_or("?"),
+            format_size(volume["size_bytes"].as_u64().unwrap_or(0)),
+            format_size(volume["allocated_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
+}
+
+fn print_status(value: &serde_json::Value) {
+    let field = |name: &str| format_size(value[name].as_u64().unwrap_or(0));
+    println!(
+        "device               {}",
+        value["device"].as_str().unwrap_or("?")
+    );
+    println!("capacity             {}", field("capacity_bytes"));
+    println!("used                 {}", field("used_bytes"));
+    println!("free                 {}", field("free_bytes"));
+    println!("reserved             {}", field("reserved_bytes"));
+    println!("volumes              {}", value["volume_count"]);
+    println!(
+        "write amplification  {:.2}",
+        value["write_amplification"].as_f64().unwrap_or(0.0)
+    );
+    if let Some(reason) = value["failed"].as_str() {
+        println!("FAILED               {reason}");
+    }
+}
+
+async fn admin(
+    data: DataArgs,
+    operation: Operation,
+    json: bool,
+    print: fn(&serde_json::Value),
+) -> anyhow::Result<()> {
+    let value = run_operation(&data.data_dir, operation).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print(&value);
+    }
+    Ok(())
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(arguments) => {
+            let mut config = match &arguments.config {
+                Some(path) => Config::load(path)?,
+                None => Config::default(),
+            };
+            if let Some(data_dir) = arguments.data_dir {
+                config.data_dir = data_dir;
+            }
+            if let Some(address) = arguments.tcp_address {
+                config.server.tcp_address = address;
+            }
+            lamina_control::daemon::run(config).await
+        }
+        Command::Pool(PoolCommand::Create {
+            data,
+            flash,
+            segment_size,
+            force,
+            json,
+        }) => {
+            let _lock = lamina_control::store::lock_directory(&data.data_dir)?;
+            let (path, size) = lamina_control::store::parse_device_argument(&flash)?;
+            let options = PoolOptions {
+                segment_size_bytes: segment_size,
+                force,
+            };
+            let pool = lamina_control::store::create_pool(
+                &data.data_dir,
+                &path,
+                size,
+                options,
+                PoolLimits::default(),
+            )
+            .await
+            .with_context(|| format!("cannot create a pool on {}", path.display()))?;
+            let status = serde_json::to_value(pool.status())?;
+            pool.close().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                println!("created pool on {}", path.display());
+                print_status(&status);
+            }
+            Ok(())
+        }
+        Command::Pool(PoolCommand::Status { data, json }) => {
+            admin(data, Operation::PoolStatus, json, print_status).await
+        }
+        Command::Volume(VolumeCommand::Create {
+            name,
+            size,
+            data,
+            json,
+        }) => {
+            admin(
+                data,
+                Operation::VolumeCreate {
+                    name,
+                    size_bytes: size,
+                },
+                json,
+                print_volumes,
+            )
+            .await
+        }
+        Command::Volume(VolumeCommand::List { data, json }) => {
+            admin(data, Operation::VolumeList, json, print_volumes).await
+        }
+        Command::Volume(VolumeCommand::Resize {
+            name,
+            size,
+            force,
+            data,
+            json,
+        }) => {
+            admin(
+                data,
+                Operation::VolumeResize {
+                    name,
+                    size_bytes: size,
+                    force,
+                },
+                json,
+                print_volumes,
+            )
+            .await
+        }
+        Command::Volume(VolumeCommand::Rename {
+            name,
+            new_name,
+            data,
+            json,
+        }) => {
+            admin(
+                data,
+                Operation::VolumeRename { name, new_name },
+                json,
+                print_volumes,
+            )
+            .await
+        }
+        Command::Volume(VolumeCommand::Delete { name, data, json }) => {
+            admin(data, Operation::VolumeDelete { name }, json, |value| {
+                println!("deleted {}", value["deleted"].as_str().unwrap_or("?"));
+            })
+            .await
+        }
+        Command::Plan(_) | Command::Bench(_) => unreachable!("handled before the runtime starts"),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
         Command::Plan(arguments) => lamina_plan::run(arguments),
         Command::Bench(arguments) => lamina_bench::run(arguments),
+        command => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+            .block_on(run(command)),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("lamina: error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -1,1 +1,14 @@
-//! placeholder
+//! The control plane: the daemon (`lamina serve`), its configuration, the admin
+//! API on a Unix socket (HTTP + JSON) that `lamina volume ...` talks to while the
+//! daemon runs, the offline path used when it does not, and the adapter that
+//! exposes engine volumes as NBD exports.
+
+pub mod admin;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod export;
+pub mod size;
+pub mod store;
+
+pub use config::Config;

@@ -1,0 +1,113 @@
+//! The admin API: the operations of `lamina volume ...` and `lamina pool status`,
+//! executed against a pool, either by the daemon (HTTP + JSON on the Unix socket
+//! `DIR/admin.sock`, `POST /v1/operations` with one [`Operation`] as the body) or
+//! directly by the CLI when no daemon runs. One `execute` serves both, so the two
+//! paths cannot drift apart.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use lamina_engine::{EngineError, Pool};
+use serde::{Deserialize, Serialize};
+
+/// One administrative operation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "operation", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Operation {
+    VolumeList,
+    VolumeCreate {
+        name: String,
+        size_bytes: u64,
+    },
+    VolumeResize {
+        name: String,
+        size_bytes: u64,
+        force: bool,
+    },
+    VolumeRename {
+        name: String,
+        new_name: String,
+    },
+    VolumeDelete {
+        name: String,
+    },
+    PoolStatus,
+}
+
+/// A failed operation: an HTTP status and a message for the user.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OperationError {
+    pub status: u16,
+    pub error: String,
+}
+
+impl From<EngineError> for OperationError {
+    fn from(error: EngineError) -> Self {
+        let status = match &error {
+            EngineError::NoSuchVolume(_) => 404,
+            EngineError::VolumeExists(_) => 409,
+            EngineError::InvalidName { .. }
+            | EngineError::InvalidSize { .. }
+            | EngineError::ShrinkNeedsForce { .. } => 400,
+            EngineError::NoSpace => 507,
+            _ => 500,
+        };
+        Self {
+            status,
+            error: error.to_string(),
+        }
+    }
+}
+
+pub async fn execute(
+    pool: &Pool,
+    operation: Operation,
+) -> Result<serde_json::Value, OperationError> {
+    let value = match operation {
+        Operation::VolumeList => serde_json::to_value(pool.list_volumes()),
+        Operation::VolumeCreate { name, size_bytes } => {
+            serde_json::to_value(pool.create_volume(&name, size_bytes).await?)
+        }
+        Operation::VolumeResize {
+            name,
+            size_bytes,
+            force,
+        } => serde_json::to_value(pool.resize_volume(&name, size_bytes, force).await?),
+        Operation::VolumeRename { name, new_name } => {
+            serde_json::to_value(pool.rename_volume(&name, &new_name).await?)
+        }
+        Operation::VolumeDelete { name } => {
+            pool.delete_volume(&name).await?;
+            Ok(serde_json::json!({ "deleted": name }))
+        }
+        Operation::PoolStatus => serde_json::to_value(pool.status()),
+    };
+    Ok(value.expect("admin results serialise"))
+}
+
+async fn operations(
+    State(pool): State<Pool>,
+    Json(operation): Json<Operation>,
+) -> impl IntoResponse {
+    match execute(&pool, operation).await {
+        Ok(value) => (StatusCode::OK, Json(value)).into_response(),
+        Err(error) => (
+            StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            Json(error),
+        )
+            .into_response(),
+    }
+}
+
+async fn health() -> &'static str {
+    "ok\n"
+}
+
+pub fn router(pool: Pool) -> Router {
+    Router::new()
+        .route("/v1/operations", post(operations))
+        .route("/v1/health", get(health))
+        .with_state(pool)
+}

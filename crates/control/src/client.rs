@@ -1,0 +1,64 @@
+//! The CLI side of the admin API: sends one operation to the daemon over its
+//! Unix socket, or, when no daemon is listening, opens the pool itself (under the
+//! directory lock), executes the operation and closes the pool cleanly.
+
+use std::path::Path;
+
+use anyhow::Context;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+
+use crate::admin::{Operation, OperationError, execute};
+use crate::store::{ADMIN_SOCKET_FILE, lock_directory, open_pool};
+
+/// Runs `operation` against the pool in `data_dir`, through the daemon when one runs.
+pub async fn run_operation(
+    data_dir: &Path,
+    operation: Operation,
+) -> anyhow::Result<serde_json::Value> {
+    let socket = data_dir.join(ADMIN_SOCKET_FILE);
+    if let Ok(stream) = UnixStream::connect(&socket).await {
+        return send(stream, &operation).await;
+    }
+    let _lock = lock_directory(data_dir)?;
+    let pool = open_pool(data_dir, Default::default()).await?;
+    let result = execute(&pool, operation).await;
+    pool.close().await.context("closing the pool")?;
+    result.map_err(|error| anyhow::anyhow!(error.error))
+}
+
+async fn send(stream: UnixStream, operation: &Operation) -> anyhow::Result<serde_json::Value> {
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .context("admin socket handshake")?;
+    tokio::spawn(connection);
+    let body = serde_json::to_vec(operation).expect("operation serialises");
+    let request = Request::post("/v1/operations")
+        .header("host", "lamina")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid request");
+    let response = sender
+        .send_request(request)
+        .await
+        .context("admin request")?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .context("admin response")?
+        .to_bytes();
+    if status.is_success() {
+        Ok(serde_json::from_slice(&bytes).context("admin response is not JSON")?)
+    } else {
+        let error: OperationError = serde_json::from_slice(&bytes).unwrap_or(OperationError {
+            status: status.as_u16(),
+            error: String::from_utf8_lossy(&bytes).into_owned(),
+        });
+        anyhow::bail!(error.error)
+    }
+}
