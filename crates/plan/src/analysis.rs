@@ -186,12 +186,14 @@ pub fn analyse(trace: &Trace, options: &AnalysisOptions) -> Analysis {
     let totals: Vec<f64> = samples.iter().map(|sample| sample.total_iops()).collect();
     let mut warnings = Vec::new();
 
+    // The first sample at the peak, so the report points at where it began.
     let (peak_index, peak_iops) = totals
         .iter()
         .copied()
         .enumerate()
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .unwrap_or((0, 0.0));
+        .fold((0, f64::NEG_INFINITY), |best, (index, total)| {
+            if total > best.1 { (index, total) } else { best }
+        });
     let mean_iops = totals.iter().sum::<f64>() / totals.len() as f64;
 
     let window_count = ((options.busy_window_seconds / interval).round() as usize).max(1);

@@ -330,13 +330,26 @@ pub fn run(arguments: PlanArgs) -> anyhow::Result<()> {
     if let Some(path) = &arguments.plot {
         plot::write_svg(path, &trace, &report.analysis)?;
     }
-    if arguments.json {
-        println!("{}", render_json(&report));
+    let mut output = if arguments.json {
+        render_json(&report) + "\n"
     } else {
-        print!("{}", render_text(&report));
-        if let Some(path) = &arguments.plot {
-            println!("\nTimeline written to {}", path.display());
-        }
+        render_text(&report)
+    };
+    if let Some(path) = arguments.plot.as_ref().filter(|_| !arguments.json) {
+        output.push_str(&format!("\nTimeline written to {}\n", path.display()));
     }
-    Ok(())
+    write_stdout(&output)
+}
+
+/// Prints to standard output; a reader that went away (`| head`) is not an error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => Ok(result?),
+    }
 }
