@@ -187,16 +187,19 @@ pub fn analyse(trace: &Trace, options: &AnalysisOptions) -> Analysis {
     let mut warnings = Vec::new();
 
     // The first sample at the peak, so the report points at where it began.
-    let (peak_index, peak_iops) = totals
-        .iter()
-        .copied()
-        .enumerate()
-        .fold((0, f64::NEG_INFINITY), |best, (index, total)| {
-            if total > best.1 { (index, total) } else { best }
-        });
+    let (peak_index, peak_iops) =
+        totals
+            .iter()
+            .copied()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |best, (index, total)| {
+                if total > best.1 { (index, total) } else { best }
+            });
     let mean_iops = totals.iter().sum::<f64>() / totals.len() as f64;
 
-    let window_count = ((options.busy_window_seconds / interval).round() as usize).max(1);
+    // Clamped to the trace so that odd intervals (near zero) cannot overflow the count.
+    let window_count =
+        ((options.busy_window_seconds / interval).round() as usize).clamp(1, samples.len());
     if window_count * 2 > samples.len() {
         warnings.push(format!(
             "the trace ({} samples) is short for a {:.0}-minute busy window; busy periods are rough",

@@ -51,7 +51,7 @@ impl Redundancy {
     pub fn layout_drive_count(self, drive_count: u64) -> u64 {
         let count = drive_count.max(self.minimum_drive_count());
         match self {
-            Redundancy::Raid10 => count.div_ceil(2) * 2,
+            Redundancy::Raid10 => count.div_ceil(2).saturating_mul(2),
             _ => count,
         }
     }
@@ -261,7 +261,7 @@ pub fn size_backend(
         drives_after_redundancy,
         working_drives,
         spare_drives,
-        total_drives: working_drives + spare_drives,
+        total_drives: working_drives.saturating_add(spare_drives),
     }
 }
 

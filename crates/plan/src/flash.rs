@@ -151,7 +151,7 @@ pub fn stack_distances(trace: &AddressTrace) -> StackDistances {
             continue;
         }
         let first = access.offset_bytes / BLOCK_SIZE_BYTES;
-        let last = (access.offset_bytes + access.length_bytes - 1) / BLOCK_SIZE_BYTES;
+        let last = access.offset_bytes.saturating_add(access.length_bytes - 1) / BLOCK_SIZE_BYTES;
         for block in first..=last {
             blocks.push((block, access.is_read.unwrap_or(true)));
         }
@@ -210,7 +210,7 @@ pub fn busiest_hour_blocks(trace: &AddressTrace) -> (u64, usize) {
         }
         let hour = ((access.time_seconds - start) / HOUR_SECONDS).floor() as u64;
         let first = access.offset_bytes / BLOCK_SIZE_BYTES;
-        let last = (access.offset_bytes + access.length_bytes - 1) / BLOCK_SIZE_BYTES;
+        let last = access.offset_bytes.saturating_add(access.length_bytes - 1) / BLOCK_SIZE_BYTES;
         hours.entry(hour).or_default().extend(first..=last);
     }
     let busiest = hours

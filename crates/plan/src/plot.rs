@@ -87,7 +87,7 @@ fn draw<B: DrawingBackend>(
     const HOUR_SECONDS: f64 = 3600.0;
     area.fill(&WHITE)?;
     let end_hours = (analysis.duration_seconds / HOUR_SECONDS).max(1e-3);
-    let top_iops = (analysis.peak_iops * 1.1).max(1.0);
+    let top_iops = (analysis.peak_iops * 1.1).clamp(1.0, f64::MAX);
     let mut chart = ChartBuilder::on(&area)
         .caption("Front-end load over time", ("sans-serif", 22))
         .margin(15)

@@ -496,8 +496,8 @@ fn write_steps(out: &mut String, report: &PlanReport, sizing: &BackendSizing) {
         format!(
             "{} drives  (1 spare: {}, 2 spares: {})",
             sizing.total_drives,
-            sizing.working_drives + 1,
-            sizing.working_drives + 2
+            sizing.working_drives.saturating_add(1),
+            sizing.working_drives.saturating_add(2)
         ),
     );
     let _ = writeln!(

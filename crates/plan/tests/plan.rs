@@ -634,3 +634,128 @@ fn command_line_arguments_build_validated_settings() {
     let error = bad.plan.settings().unwrap_err();
     assert!(error.to_string().contains("--target-hit-ratio"));
 }
+
+#[test]
+fn report_walks_through_the_worked_example_step_by_step() {
+    // Eight busy hours at exactly 2,500 reads and 500 writes per second, idle otherwise.
+    let mut text =
+        String::from("timestamp,read_iops,write_iops,read_bytes_per_sec,write_bytes_per_sec\n");
+    for minute in 0..24 * 60 {
+        let (reads, writes) = if (9 * 60..17 * 60).contains(&minute) {
+            (2500, 500)
+        } else {
+            (40, 8)
+        };
+        text.push_str(&format!(
+            "{},{reads},{writes},{},{}\n",
+            minute * 60,
+            reads * 8192,
+            writes * 8192
+        ));
+    }
+    let trace = lamina_plan::parse::parse_text(
+        &text,
+        TraceFormat::Csv,
+        &ParseOptions::default(),
+        Path::new("example.csv"),
+    )
+    .unwrap();
+    let mut settings = settings("raid5", "hdd-15k");
+    settings.proposal_drives = Some(11);
+    let report = plan("example.csv", &trace, None, &settings);
+    assert_eq!(report.analysis.steady_state_iops, 3000.0);
+    let text = render_text(&report);
+    for expected in [
+        "3,000 IOPS = 2,500 reads + 500 writes",
+        "RAID5 write penalty 4",
+        "back-end = 2,500 + 4 x 500 = 4,500 IOPS (+50%)",
+        "hdd-15k at 20 ms",
+        "220 IOPS per drive",
+        "3,000 / 220 = 13.6 -> 14",
+        "4,500 / 220 = 20.5 -> 21",
+        "22 drives  (1 spare: 22, 2 spares: 23)",
+        "UNDER-SIZED: the steady state needs 21 working drives; 11 is 10 short.",
+        "each drive would carry 409 back-end IOPS",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+}
+
+/// A small deterministic generator, so the mutation test is the same on every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+#[test]
+fn mutated_traces_never_crash_the_parsers_or_the_planner() {
+    let mut random = Lcg(0x1a31a);
+    let fixtures = [
+        ("iostat-x-t.txt", TraceFormat::Iostat),
+        ("iostat-old-no-timestamps.txt", TraceFormat::Iostat),
+        ("plain-with-bad-rows.csv", TraceFormat::Csv),
+        ("plain-headerless.csv", TraceFormat::Csv),
+    ];
+    // The perfmon fixture is large; its first 40 lines keep the test fast.
+    let perfmon: String = std::fs::read_to_string(data("perfmon-worked-example.csv"))
+        .unwrap()
+        .split_inclusive('\n')
+        .take(40)
+        .collect();
+    let mut inputs: Vec<(Vec<u8>, TraceFormat)> = fixtures
+        .iter()
+        .map(|(name, format)| (std::fs::read(data(name)).unwrap(), *format))
+        .collect();
+    inputs.push((perfmon.into_bytes(), TraceFormat::Perfmon));
+    const MUTATIONS_PER_INPUT: usize = 150;
+    let mut parsed_count = 0;
+    for (original, format) in &inputs {
+        for _ in 0..MUTATIONS_PER_INPUT {
+            let mut bytes = original.clone();
+            match random.next() % 4 {
+                0 => bytes.truncate(random.next() as usize % bytes.len()),
+                1 => {
+                    for _ in 0..8 {
+                        let index = random.next() as usize % bytes.len();
+                        bytes[index] = b",\n\" 0.-9e:/\\"[random.next() as usize % 12];
+                    }
+                }
+                2 => {
+                    let index = random.next() as usize % bytes.len();
+                    let length = (random.next() as usize % 200).min(bytes.len() - index);
+                    bytes.drain(index..index + length);
+                }
+                _ => {
+                    let index = random.next() as usize % bytes.len();
+                    let text: &[u8] = match random.next() % 3 {
+                        0 => b"1e308,",
+                        1 => b"\n\n",
+                        _ => b"-0,NaN,inf",
+                    };
+                    bytes.splice(index..index, text.iter().copied());
+                }
+            }
+            let text = lamina_plan::parse::decode(&bytes);
+            let options = ParseOptions::default();
+            if let Ok(trace) =
+                lamina_plan::parse::parse_text(&text, *format, &options, Path::new("mutated"))
+            {
+                parsed_count += 1;
+                assert!(!trace.samples.is_empty());
+                let report = plan("mutated", &trace, None, &settings("raid6", "hdd-7k"));
+                assert!(report.analysis.steady_state_iops.is_finite());
+                let _ = render_text(&report);
+                let _ = render_json(&report);
+            }
+        }
+    }
+    // Most mutations leave a usable trace; the planner ran on them.
+    assert!(parsed_count > MUTATIONS_PER_INPUT, "{parsed_count}");
+}

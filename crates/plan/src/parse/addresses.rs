@@ -33,6 +33,21 @@ pub struct AddressTrace {
 /// Bytes per sector in blkparse output.
 const SECTOR_SIZE_BYTES: u64 = 512;
 
+/// Longest single request accepted; longer ones are taken as corrupt rows (Linux
+/// splits requests far below this), which also bounds the work per row.
+pub const MAX_ACCESS_LENGTH_BYTES: u64 = 64 * 1024 * 1024;
+
+impl Access {
+    /// Keeps only requests with a sane length whose end fits in 64 bits.
+    fn checked(self) -> Option<Access> {
+        let sane = self.length_bytes > 0
+            && self.length_bytes <= MAX_ACCESS_LENGTH_BYTES
+            && self.offset_bytes.checked_add(self.length_bytes).is_some()
+            && self.time_seconds.is_finite();
+        sane.then_some(self)
+    }
+}
+
 pub fn parse_file(path: &Path) -> Result<AddressTrace, PlanError> {
     let bytes = std::fs::read(path).map_err(|source| PlanError::Read {
         path: path.to_path_buf(),
@@ -92,7 +107,7 @@ fn parse_blkparse(text: &str) -> AddressTrace {
             continue;
         };
         let parsed = (|| {
-            Some(Access {
+            Access {
                 time_seconds: fields[3].parse::<f64>().ok()?,
                 offset_bytes: fields[7]
                     .parse::<u64>()
@@ -103,7 +118,8 @@ fn parse_blkparse(text: &str) -> AddressTrace {
                     .ok()?
                     .checked_mul(SECTOR_SIZE_BYTES)?,
                 is_read: Some(is_read),
-            })
+            }
+            .checked()
         })();
         match parsed {
             Some(access) => by_action[slot].push(access),
@@ -136,12 +152,13 @@ fn parse_csv(text: &str) -> AddressTrace {
                 Some("w" | "write") => Some(false),
                 Some(_) => return None,
             };
-            Some(Access {
+            Access {
                 time_seconds: parse_timestamp(record.get(0)?)?,
                 offset_bytes: record.get(1)?.parse().ok()?,
                 length_bytes: record.get(2)?.parse().ok()?,
                 is_read,
-            })
+            }
+            .checked()
         });
         match parsed {
             Some(access) => trace.accesses.push(access),
@@ -179,11 +196,13 @@ CPU3 (8,0):
 
     #[test]
     fn csv_address_traces_take_an_optional_header_and_operation() {
-        let text = "timestamp,offset_bytes,length_bytes,operation\n0,0,4096,R\n1.5,8192,8192,write\n2,x,4096,R\n3,4096,4096\n";
+        let text = "timestamp,offset_bytes,length_bytes,operation\n0,0,4096,R\n1.5,8192,8192,write\n2,x,4096,R\n3,4096,4096\n\
+                    4,0,0,R\n5,0,1099511627776,R\n6,18446744073709551615,4096,R\n";
         let trace = parse_text(text);
         assert_eq!(trace.accesses.len(), 3);
         assert_eq!(trace.accesses[1].is_read, Some(false));
         assert_eq!(trace.accesses[2].is_read, None);
-        assert_eq!(trace.skipped_row_count, 1);
+        // Non-numbers, empty and oversized requests and ones past 2^64 are skipped.
+        assert_eq!(trace.skipped_row_count, 4);
     }
 }
