@@ -43,7 +43,9 @@ pub enum Pattern {
     RandomRead,
     RandomWrite,
     /// Random reads and writes, with the read share in percent.
-    RandomMix { read_percent: u8 },
+    RandomMix {
+        read_percent: u8,
+    },
     SequentialRead,
     SequentialWrite,
 }
@@ -81,7 +83,10 @@ pub struct StepSpec {
 impl StepSpec {
     /// The fio arguments for this step against `uri`.
     pub fn fio_arguments(&self, uri: &str) -> Vec<String> {
-        assert!(self.iodepth > 0 && self.jobs > 0, "iodepth and jobs must be positive");
+        assert!(
+            self.iodepth > 0 && self.jobs > 0,
+            "iodepth and jobs must be positive"
+        );
         assert!(self.runtime_seconds > 0, "runtime must be positive");
         let mut arguments = vec![
             "--name=lamina-bench".to_owned(),
@@ -386,7 +391,11 @@ mod tests {
             ..step
         };
         let arguments = closed.fio_arguments("u");
-        assert!(!arguments.iter().any(|argument| argument.starts_with("--rate")));
+        assert!(
+            !arguments
+                .iter()
+                .any(|argument| argument.starts_with("--rate"))
+        );
         assert!(arguments.contains(&"--rw=randread".to_owned()));
     }
 
@@ -395,11 +404,10 @@ mod tests {
         assert_eq!(bucket_depth(">=64"), 64);
         assert_eq!(bucket_depth("16"), 16);
         let mut report = parse_output(RANDREAD).expect("parses");
-        report.jobs[0].iodepth_level =
-            [("1", 0.1), ("16", 2.0), ("32", 97.9), (">=64", 0.0)]
-                .into_iter()
-                .map(|(bucket, share)| (bucket.to_owned(), share))
-                .collect();
+        report.jobs[0].iodepth_level = [("1", 0.1), ("16", 2.0), ("32", 97.9), (">=64", 0.0)]
+            .into_iter()
+            .map(|(bucket, share)| (bucket.to_owned(), share))
+            .collect();
         let measurement = Measurement::from_report(&report, 32).expect("summarises");
         assert_eq!(measurement.full_queue_percent, 97.9);
         let measurement = Measurement::from_report(&report, 16).expect("summarises");

@@ -227,11 +227,7 @@ pub fn run_postmark_on(
     let mut postmark = ManagedChild::spawn(command)?;
     {
         use std::io::Write as _;
-        let mut stdin = postmark
-            .child_mut()
-            .stdin
-            .take()
-            .expect("stdin was piped");
+        let mut stdin = postmark.child_mut().stdin.take().expect("stdin was piped");
         stdin.write_all(script.as_bytes())?;
     }
     let output = postmark.wait()?;

@@ -371,11 +371,17 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
             }
         };
         let mut completed = 0;
-        let points = workload::execute(&step.fio, step.profile, &settings, &server.uri, &mut |label| {
-            bar.set_message(format!("{}: {label}", kind.name()));
-            bar.inc(1);
-            completed += 1;
-        });
+        let points = workload::execute(
+            &step.fio,
+            step.profile,
+            &settings,
+            &server.uri,
+            &mut |label| {
+                bar.set_message(format!("{}: {label}", kind.name()));
+                bar.inc(1);
+                completed += 1;
+            },
+        );
         bar.inc(per_server.saturating_sub(completed));
         let uri = server.uri.clone();
         let notes = server.notes.clone();
@@ -529,7 +535,13 @@ fn fs_table(report: &FsReport) -> String {
     };
     let mut rows = vec![
         [
-            "server", "tx/s", "created/s", "read/s", "appended/s", "deleted/s", "read MB/s",
+            "server",
+            "tx/s",
+            "created/s",
+            "read/s",
+            "appended/s",
+            "deleted/s",
+            "read MB/s",
             "write MB/s",
         ]
         .map(str::to_owned)
@@ -560,7 +572,10 @@ fn fs_table(report: &FsReport) -> String {
     );
     out.push_str(&report::align(&rows));
     for skipped in &report.skipped {
-        out.push_str(&format!("skipped: {}: {}\n", skipped.server, skipped.reason));
+        out.push_str(&format!(
+            "skipped: {}: {}\n",
+            skipped.server, skipped.reason
+        ));
     }
     out
 }
@@ -618,7 +633,11 @@ mod tests {
         };
         assert_eq!(
             compare.servers,
-            vec![ServerKind::Lamina, ServerKind::Nbdkit, ServerKind::QemuNbdQcow2]
+            vec![
+                ServerKind::Lamina,
+                ServerKind::Nbdkit,
+                ServerKind::QemuNbdQcow2
+            ]
         );
         assert_eq!(compare.step.profile, Profile::RateSweep);
         assert_eq!(compare.step.rate_targets, Some(vec![100, 200]));

@@ -90,12 +90,14 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), PlotError> {
         Some("svg") => {
             let root = SVGBackend::new(path, size).into_drawing_area();
             draw_on(report, &root).map_err(draw_error)?;
-            root.present().map_err(|error| draw_error(error.to_string()))
+            root.present()
+                .map_err(|error| draw_error(error.to_string()))
         }
         Some("png") => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
             draw_on(report, &root).map_err(draw_error)?;
-            root.present().map_err(|error| draw_error(error.to_string()))
+            root.present()
+                .map_err(|error| draw_error(error.to_string()))
         }
         _ => Err(PlotError::UnknownFormat(path.display().to_string())),
     }
@@ -125,7 +127,9 @@ fn draw_on<DB: DrawingBackend>(
                 let mut points: Vec<(f64, f64)> = server
                     .points
                     .iter()
-                    .filter(|point| point.target_iops.is_some() || report.profile == Profile::QdSweep)
+                    .filter(|point| {
+                        point.target_iops.is_some() || report.profile == Profile::QdSweep
+                    })
                     .map(|point| (point.measurement.total_iops, point.measurement.p99_us))
                     .filter(|(x, y)| x.is_finite() && y.is_finite() && *y > 0.0)
                     .collect();
@@ -166,7 +170,10 @@ fn draw_on<DB: DrawingBackend>(
             .collect();
         (series, "percentile", true)
     };
-    let all: Vec<(f64, f64)> = series.iter().flat_map(|(_, points)| points.clone()).collect();
+    let all: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|(_, points)| points.clone())
+        .collect();
     let slo = report.settings.slo_us;
     let x_max = all.iter().map(|(x, _)| *x).fold(0.0, f64::max);
     let mut y_min = all.iter().map(|(_, y)| *y).fold(f64::INFINITY, f64::min);
@@ -188,7 +195,11 @@ fn draw_on<DB: DrawingBackend>(
     let title = format!(
         "lamina bench {} — p99 latency{}",
         profile_name(report.profile),
-        if percentile_axis { " percentiles" } else { " vs load" }
+        if percentile_axis {
+            " percentiles"
+        } else {
+            " vs load"
+        }
     );
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 24))
@@ -224,9 +235,15 @@ fn draw_on<DB: DrawingBackend>(
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(|error| error.to_string())?
             .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
-            .draw_series(points.iter().map(|point| Circle::new(*point, 4, color.filled())))
+            .draw_series(
+                points
+                    .iter()
+                    .map(|point| Circle::new(*point, 4, color.filled())),
+            )
             .map_err(|error| error.to_string())?;
     }
     if report.profile.is_sweep() && x_max > 0.0 {
@@ -236,7 +253,10 @@ fn draw_on<DB: DrawingBackend>(
                 BLACK.mix(0.5).stroke_width(1),
             ))
             .map_err(|error| error.to_string())?
-            .label(format!("p99 objective {} µs", crate::report::format_number(slo)))
+            .label(format!(
+                "p99 objective {} µs",
+                crate::report::format_number(slo)
+            ))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
     }
     chart
@@ -268,7 +288,11 @@ mod tests {
                 uri: String::new(),
                 notes: vec![],
                 headline: Some(headline(&points, 1000.0)),
-                points: if profile.is_sweep() { points } else { points[..1].to_vec() },
+                points: if profile.is_sweep() {
+                    points
+                } else {
+                    points[..1].to_vec()
+                },
                 figures: vec![],
             }
         };
@@ -318,7 +342,11 @@ mod tests {
         assert!(bytes.starts_with(b"\x89PNG"));
         let svg_path = directory.path().join("oltp.svg");
         draw(&report(Profile::Oltp), &svg_path).expect("draws");
-        assert!(std::fs::read_to_string(&svg_path).expect("reads").contains("p99.9"));
+        assert!(
+            std::fs::read_to_string(&svg_path)
+                .expect("reads")
+                .contains("p99.9")
+        );
     }
 
     #[test]

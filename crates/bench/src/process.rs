@@ -85,7 +85,10 @@ fn send_signal(pid: u32, signal: libc::c_int) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;
     };
-    assert!(pid > 0, "refusing to signal a process group or every process");
+    assert!(
+        pid > 0,
+        "refusing to signal a process group or every process"
+    );
     // SAFETY: kill(2) has no memory-safety preconditions; the PID is one we spawned
     // and have not yet reaped, so it cannot have been recycled for another process.
     unsafe {
@@ -150,13 +153,11 @@ impl ManagedChild {
         let program = self.program.clone();
         let child = self.child_mut();
         let pid = child.id();
-        child
-            .try_wait()
-            .map_err(|source| ProcessError::Wait {
-                program,
-                pid,
-                source,
-            })
+        child.try_wait().map_err(|source| ProcessError::Wait {
+            program,
+            pid,
+            source,
+        })
     }
 
     /// Waits for the child to exit by itself and unregisters it.

@@ -75,9 +75,17 @@ pub fn summary_figures(
             let read = step("seq1m-read").map(|point| &point.measurement);
             let write = step("seq1m-write").map(|point| &point.measurement);
             vec![
-                ("read MB/s".into(), read.map(|m| m.read_megabytes_per_second), true),
+                (
+                    "read MB/s".into(),
+                    read.map(|m| m.read_megabytes_per_second),
+                    true,
+                ),
                 ("read p99 us".into(), read.map(|m| m.p99_us), false),
-                ("write MB/s".into(), write.map(|m| m.write_megabytes_per_second), true),
+                (
+                    "write MB/s".into(),
+                    write.map(|m| m.write_megabytes_per_second),
+                    true,
+                ),
                 ("write p99 us".into(), write.map(|m| m.p99_us), false),
             ]
         }
@@ -165,7 +173,11 @@ pub fn format_number(value: f64) -> String {
         }
         grouped.push(character);
     }
-    if value < 0.0 { format!("-{grouped}") } else { grouped }
+    if value < 0.0 {
+        format!("-{grouped}")
+    } else {
+        grouped
+    }
 }
 
 impl Report {
@@ -187,7 +199,12 @@ impl Report {
         } else {
             let mut rows: Vec<Vec<String>> = Vec::new();
             let mut header = vec!["server".to_owned()];
-            header.extend(self.servers[0].figures.iter().map(|figure| figure.name.clone()));
+            header.extend(
+                self.servers[0]
+                    .figures
+                    .iter()
+                    .map(|figure| figure.name.clone()),
+            );
             rows.push(header);
             for server in &self.servers {
                 let mut row = vec![server.server.clone()];
@@ -210,20 +227,35 @@ impl Report {
         }
         for server in &self.servers {
             if !server.notes.is_empty() {
-                out.push_str(&format!("note: {}: {}\n", server.server, server.notes.join("; ")));
+                out.push_str(&format!(
+                    "note: {}: {}\n",
+                    server.server,
+                    server.notes.join("; ")
+                ));
             }
         }
         for skipped in &self.skipped {
-            out.push_str(&format!("skipped: {}: {}\n", skipped.server, skipped.reason));
+            out.push_str(&format!(
+                "skipped: {}: {}\n",
+                skipped.server, skipped.reason
+            ));
         }
         out
     }
 
     fn curve_table(&self, server: &ServerResult) -> String {
         let mut rows = vec![
-            ["step", "target", "IOPS", "p50 us", "p99 us", "p99.9 us", "saturated"]
-                .map(str::to_owned)
-                .to_vec(),
+            [
+                "step",
+                "target",
+                "IOPS",
+                "p50 us",
+                "p99 us",
+                "p99.9 us",
+                "saturated",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         ];
         for point in &server.points {
             let measurement = &point.measurement;
@@ -320,7 +352,10 @@ mod tests {
 
     #[test]
     fn ratios_are_relative_to_lamina_wherever_it_is_listed() {
-        let mut servers = vec![result("nbdkit", 2000.0, 400.0), result("lamina", 1000.0, 200.0)];
+        let mut servers = vec![
+            result("nbdkit", 2000.0, 400.0),
+            result("lamina", 1000.0, 200.0),
+        ];
         let reference = compute_figures(Profile::Randread4k, &mut servers);
         assert_eq!(reference.as_deref(), Some("lamina"));
         let iops = &servers[0].figures[0];
@@ -339,7 +374,10 @@ mod tests {
 
     #[test]
     fn without_lamina_the_first_server_is_the_reference() {
-        let mut servers = vec![result("nbdkit", 2000.0, 400.0), result("qemu-nbd", 1000.0, 200.0)];
+        let mut servers = vec![
+            result("nbdkit", 2000.0, 400.0),
+            result("qemu-nbd", 1000.0, 200.0),
+        ];
         let reference = compute_figures(Profile::Oltp, &mut servers);
         assert_eq!(reference.as_deref(), Some("nbdkit"));
         assert_eq!(servers[1].figures[0].ratio_to_reference, Some(0.5));
@@ -349,7 +387,10 @@ mod tests {
 
     #[test]
     fn table_has_a_row_per_server_and_lists_skipped_ones() {
-        let mut servers = vec![result("lamina", 1000.0, 200.0), result("nbdkit", 1500.0, 300.0)];
+        let mut servers = vec![
+            result("lamina", 1000.0, 200.0),
+            result("nbdkit", 1500.0, 300.0),
+        ];
         let reference = compute_figures(Profile::Randread4k, &mut servers);
         let report = Report {
             profile: Profile::Randread4k,
@@ -398,7 +439,11 @@ mod tests {
         let table = report.table();
         assert!(table.contains("IOPS p99<=1,000"), "{table}");
         assert!(table.contains("lamina curve:"));
-        assert!(table.lines().any(|line| line.starts_with("rate3000") && line.ends_with("yes")));
+        assert!(
+            table
+                .lines()
+                .any(|line| line.starts_with("rate3000") && line.ends_with("yes"))
+        );
     }
 
     #[test]

@@ -98,8 +98,8 @@ pub fn write_random_data(path: &Path, size_bytes: u64) -> anyhow::Result<()> {
     let mut remaining = size_bytes;
     while remaining > 0 {
         check_interrupted()?;
-        let length = usize::try_from(remaining.min(DATA_CHUNK_BYTES as u64))
-            .expect("chunk fits in usize");
+        let length =
+            usize::try_from(remaining.min(DATA_CHUNK_BYTES as u64)).expect("chunk fits in usize");
         generator.fill_bytes(&mut chunk[..length]);
         writer.write_all(&chunk[..length])?;
         remaining -= length as u64;
@@ -329,10 +329,16 @@ fn wait_ready(server: &mut RunningServer, socket: &Path) -> anyhow::Result<()> {
             && let Some(status) = child.try_wait()?
         {
             let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+            let summary: Vec<&str> = log_text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .take(3)
+                .collect();
             anyhow::bail!(
                 "{} exited before serving ({status}): {}",
                 server.kind.name(),
-                log_text.trim()
+                summary.join(" / ")
             );
         }
         if UnixStream::connect(socket).is_ok() && handshake_succeeds(&server.uri) {

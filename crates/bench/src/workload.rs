@@ -114,12 +114,7 @@ impl Settings {
     fn rate_step(&self, target_iops: Option<u64>) -> StepSpec {
         StepSpec {
             target_iops,
-            ..self.step(
-                self.mix.pattern(),
-                4096,
-                self.rate_iodepth,
-                self.rate_jobs,
-            )
+            ..self.step(self.mix.pattern(), 4096, self.rate_iodepth, self.rate_jobs)
         }
     }
 }
@@ -187,7 +182,10 @@ pub struct RateSweepControl {
 impl RateSweepControl {
     /// Targets as [`RATE_FRACTIONS`] of a closed-loop `peak_iops`.
     pub fn from_peak(peak_iops: f64) -> Self {
-        assert!(peak_iops.is_finite() && peak_iops >= 0.0, "peak must be a finite rate");
+        assert!(
+            peak_iops.is_finite() && peak_iops >= 0.0,
+            "peak must be a finite rate"
+        );
         let mut targets: Vec<u64> = RATE_FRACTIONS
             .iter()
             .map(|fraction| ((peak_iops * fraction).round() as u64).max(1))
@@ -294,8 +292,14 @@ pub fn knee_index(curve: &[(f64, f64)]) -> Option<usize> {
     }
     order.sort_by(|left, right| curve[*left].0.total_cmp(&curve[*right].0));
     let (x_min, x_max) = (curve[order[0]].0, curve[order[order.len() - 1]].0);
-    let y_min = order.iter().map(|index| curve[*index].1).fold(f64::INFINITY, f64::min);
-    let y_max = order.iter().map(|index| curve[*index].1).fold(0.0, f64::max);
+    let y_min = order
+        .iter()
+        .map(|index| curve[*index].1)
+        .fold(f64::INFINITY, f64::min);
+    let y_max = order
+        .iter()
+        .map(|index| curve[*index].1)
+        .fold(0.0, f64::max);
     if x_max <= x_min || y_max <= y_min {
         return None;
     }
@@ -507,8 +511,16 @@ pub(crate) mod tests {
         assert_eq!(
             labels,
             vec![
-                "qd1-jobs1", "qd2-jobs1", "qd4-jobs1", "qd8-jobs1", "qd16-jobs1", "qd32-jobs1",
-                "qd64-jobs1", "qd128-jobs1", "qd32-jobs2", "qd32-jobs4"
+                "qd1-jobs1",
+                "qd2-jobs1",
+                "qd4-jobs1",
+                "qd8-jobs1",
+                "qd16-jobs1",
+                "qd32-jobs1",
+                "qd64-jobs1",
+                "qd128-jobs1",
+                "qd32-jobs2",
+                "qd32-jobs4"
             ]
         );
         assert!(steps.iter().all(|(_, step)| step.target_iops.is_none()));
