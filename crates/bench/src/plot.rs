@@ -124,7 +124,7 @@ fn draw_on<DB: DrawingBackend>(
             .servers
             .iter()
             .map(|server| {
-                let mut points: Vec<(f64, f64)> = server
+                let points: Vec<(f64, f64)> = server
                     .points
                     .iter()
                     .filter(|point| {
@@ -133,9 +133,8 @@ fn draw_on<DB: DrawingBackend>(
                     .map(|point| (point.measurement.total_iops, point.measurement.p99_us))
                     .filter(|(x, y)| x.is_finite() && y.is_finite() && *y > 0.0)
                     .collect();
-                if report.profile == Profile::QdSweep {
-                    points.sort_by(|left, right| left.0.total_cmp(&right.0));
-                }
+                // Points stay in the order measured (rising depth, then jobs), so the
+                // line shows the path the server took as the load grew.
                 (server.server.clone(), points)
             })
             .collect();
