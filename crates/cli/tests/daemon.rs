@@ -1,0 +1,348 @@
+//! The daemon end to end with real clients: `lamina serve` on a fresh data
+//! directory, `nbdinfo`, `qemu-img`, `nbdcopy`, `fio --ioengine=nbd` with
+//! verification, the volume commands against the running daemon (and their
+//! errors), clean shutdown on SIGTERM, and process crashes: `kill -9` at random
+//! moments while a client writes and flushes, then a check that every write
+//! acknowledged before a completed flush is intact.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LAMINA: &str = env!("CARGO_BIN_EXE_lamina");
+
+struct Daemon {
+    child: Child,
+    data_dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(data_dir: &Path) -> Daemon {
+        let config = data_dir.with_extension("toml");
+        std::fs::write(
+            &config,
+            "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = 2147483648\ndefault_volume_bytes = 268435456\n[limits]\nflush_interval_ms = 200\n",
+        )
+        .unwrap();
+        let child = Command::new(LAMINA)
+            .args(["serve", "--data"])
+            .arg(data_dir)
+            .arg("--config")
+            .arg(&config)
+            .env("LAMINA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start lamina serve");
+        let daemon = Daemon {
+            child,
+            data_dir: data_dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !Command::new("nbdinfo")
+            .arg("--size")
+            .arg(daemon.uri("default"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+        {
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        daemon
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!(
+            "nbd+unix:///{export}?socket={}",
+            self.data_dir.join("nbd.sock").display()
+        )
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on the PID of a child this test started and still owns.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+
+    fn kill_hard(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+fn run(command: &mut Command) -> String {
+    // nbdsh needs the system Python with libnbd's bindings, not another on PATH.
+    let path = format!(
+        "/usr/bin:/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = command.env("PATH", path).output().expect("run client");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
+    Command::new(LAMINA)
+        .args(arguments)
+        .arg("--data")
+        .arg(data_dir)
+        .env("LAMINA_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn daemon_serves_real_clients_and_volume_commands() {
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let daemon = Daemon::start(&data_dir);
+    let uri = daemon.uri("default");
+
+    let list = run(Command::new("nbdinfo").arg("--list").arg(&uri));
+    assert!(list.contains("export=\"default\""), "{list}");
+    let map = run(Command::new("nbdinfo").arg("--map").arg(&uri));
+    assert!(
+        map.contains("hole,zero") && !map.contains("data"),
+        "fresh volume is one hole: {map}"
+    );
+
+    // qemu-img convert and compare of 32 MiB of random data.
+    let source = directory.path().join("source.img");
+    let random: Vec<u8> = (0..32u32 << 20)
+        .map(|index| (index.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&source, &random).unwrap();
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&source)
+        .arg(&uri));
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&source)
+        .arg(&uri));
+    let map = run(Command::new("nbdinfo").arg("--map").arg(&uri));
+    assert!(map.contains("data"), "written range is allocated: {map}");
+    // qemu-io: an unaligned write and read back.
+    let io = run(Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xab 1000 5000",
+            "-c",
+            "read -P 0xab 1000 5000",
+        ])
+        .arg(&uri));
+    assert!(!io.contains("Pattern verification failed"), "{io}");
+
+    // nbdcopy round trip, checked by content.
+    let copy = directory.path().join("copy.img");
+    run(Command::new("nbdcopy").arg(&uri).arg(&copy));
+    let copied = std::fs::read(&copy).unwrap();
+    assert_eq!(copied.len(), 256 << 20);
+    let mut expected = random.clone();
+    expected[1000..6000].fill(0xab);
+    assert!(
+        copied[..32 << 20] == expected[..],
+        "nbdcopy read back what was written"
+    );
+    assert!(copied[32 << 20..].iter().all(|byte| *byte == 0));
+
+    // fio with verification on several connections at once, on its own volume.
+    let scratch = lamina(&data_dir, &["volume", "create", "scratch", "--size", "64M"]);
+    assert!(scratch.status.success(), "{scratch:?}");
+    let fio = run(Command::new("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={}", daemon.uri("scratch")),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=16M",
+        "--offset_increment=16M",
+        "--numjobs=4",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--do_verify=1",
+    ]));
+    assert!(!fio.contains("verify:") || !fio.contains("bad"), "{fio}");
+
+    // Volume commands against the running daemon.
+    let created = lamina(
+        &data_dir,
+        &["volume", "create", "db", "--size", "64M", "--json"],
+    );
+    assert!(created.status.success(), "{created:?}");
+    let duplicate = lamina(&data_dir, &["volume", "create", "db", "--size", "64M"]);
+    assert!(
+        !duplicate.status.success()
+            && String::from_utf8_lossy(&duplicate.stderr).contains("already exists")
+    );
+    let invalid = lamina(
+        &data_dir,
+        &["volume", "create", "bad/name", "--size", "64M"],
+    );
+    assert!(
+        !invalid.status.success()
+            && String::from_utf8_lossy(&invalid.stderr).contains("allowed characters")
+    );
+    let shrink = lamina(&data_dir, &["volume", "resize", "db", "--size", "32M"]);
+    assert!(
+        !shrink.status.success() && String::from_utf8_lossy(&shrink.stderr).contains("--force")
+    );
+    assert!(
+        lamina(&data_dir, &["volume", "resize", "db", "--size", "128M"])
+            .status
+            .success()
+    );
+    assert!(
+        lamina(&data_dir, &["volume", "rename", "db", "database"])
+            .status
+            .success()
+    );
+    let listed = lamina(&data_dir, &["volume", "list", "--json"]);
+    let volumes: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let names: Vec<&str> = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|volume| volume["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["default", "scratch", "database"]);
+    assert_eq!(volumes[2]["size_bytes"], 128 << 20);
+    let export_list = run(Command::new("nbdinfo").arg("--list").arg(&uri));
+    assert!(export_list.contains("export=\"database\""), "{export_list}");
+    assert!(
+        lamina(&data_dir, &["volume", "delete", "database"])
+            .status
+            .success()
+    );
+    let missing = lamina(&data_dir, &["volume", "delete", "database"]);
+    assert!(
+        !missing.status.success()
+            && String::from_utf8_lossy(&missing.stderr).contains("no such volume")
+    );
+
+    // Clean shutdown, then the data is still there after a restart.
+    let status = daemon.terminate();
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
+    assert!(!data_dir.join("nbd.sock").exists());
+    let daemon = Daemon::start(&data_dir);
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&copy)
+        .arg(daemon.uri("default")));
+    assert!(daemon.terminate().success());
+}
+
+/// The client half of the crash test, run by nbdsh: writes blocks in rounds,
+/// flushes after each round, and only then records the round as durable.
+const WRITER_SCRIPT: &str = r#"
+import os, sys, hashlib
+cycle = int(os.environ["CYCLE"]); journal = os.environ["JOURNAL"]
+region = cycle * 4 * 1024 * 1024
+with open(journal, "a") as log:
+    for round in range(1000):
+        offsets = []
+        for index in range(4):
+            slot = round * 4 + index
+            if slot >= 1024:
+                sys.exit(0)
+            offset = region + slot * 4096
+            data = hashlib.sha256(b"%d:%d" % (cycle, slot)).digest() * 128
+            h.pwrite(data, offset)
+            offsets.append(offset)
+        h.flush()
+        for offset in offsets:
+            log.write("%d %d %d\n" % (cycle, (offset - region) // 4096, offset))
+        log.flush(); os.fsync(log.fileno())
+"#;
+
+const CHECK_SCRIPT: &str = r#"
+import os, hashlib
+bad = 0; count = 0
+for line in open(os.environ["JOURNAL"]):
+    cycle, slot, offset = map(int, line.split())
+    expected = hashlib.sha256(b"%d:%d" % (cycle, slot)).digest() * 128
+    if h.pread(4096, offset) != expected:
+        bad += 1
+    count += 1
+print("checked", count, "bad", bad)
+assert bad == 0, "%d flushed writes lost" % bad
+"#;
+
+#[test]
+fn kill_minus_nine_never_loses_flushed_writes() {
+    let cycles: u64 = std::env::var("LAMINA_KILL_CYCLES")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(20);
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let journal = directory.path().join("journal");
+    std::fs::write(&journal, "").unwrap();
+    let writer = directory.path().join("writer.py");
+    std::fs::write(&writer, WRITER_SCRIPT).unwrap();
+    let checker = directory.path().join("check.py");
+    std::fs::write(&checker, CHECK_SCRIPT).unwrap();
+    let mut total_checked = 0;
+    for cycle in 0..cycles {
+        let daemon = Daemon::start(&data_dir);
+        let uri = daemon.uri("default");
+        let check = run(Command::new("nbdsh")
+            .args(["-u", &uri, "-c"])
+            .arg(format!("exec(open('{}').read())", checker.display()))
+            .env("JOURNAL", &journal));
+        total_checked = check
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<usize>()
+            .unwrap();
+        let mut client = Command::new("/usr/bin/nbdsh")
+            .env("PATH", "/usr/bin:/bin")
+            .args(["-u", &uri, "-c"])
+            .arg(format!("exec(open('{}').read())", writer.display()))
+            .env("CYCLE", cycle.to_string())
+            .env("JOURNAL", &journal)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // A pseudo-random moment between 50 and 650 ms into the writes.
+        std::thread::sleep(Duration::from_millis(50 + (cycle * 7919) % 600));
+        daemon.kill_hard();
+        let _ = client.wait();
+    }
+    let daemon = Daemon::start(&data_dir);
+    let check = run(Command::new("nbdsh")
+        .args(["-u", &daemon.uri("default"), "-c"])
+        .arg(format!("exec(open('{}').read())", checker.display()))
+        .env("JOURNAL", &journal));
+    let final_count: usize = check.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        final_count >= total_checked && final_count > 0,
+        "some flushed writes were recorded: {check}"
+    );
+    assert!(daemon.terminate().success());
+}
