@@ -105,7 +105,8 @@ mod tests {
         assert_eq!(bytes.len() % 64, 0);
         let (version, decoded): (u32, (u64, String, Vec<u32>)) = decode(0xABCD, 1, &bytes).unwrap();
         assert_eq!((version, &decoded), (1, &payload));
-        let used = FRAME_HEADER_BYTES + u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+        let used =
+            FRAME_HEADER_BYTES + u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
         for bit in 0..used * 8 {
             let mut flipped = bytes.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
