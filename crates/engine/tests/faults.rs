@@ -1,0 +1,656 @@
+//! Faults below the engine: silent bit flips in data blocks, a corrupt newest
+//! checkpoint body, failing device writes, reads and flushes. The promises under
+//! test are the durability contract's: a corrupt block is an error and never
+//! wrong data; losing the newest checkpoint loses nothing that was flushed; a
+//! write or flush the device did not complete is reported to the caller (never a
+//! silent success) and stops the pool from acknowledging more writes, while data
+//! that was already durable stays readable after reopening.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice};
+use lamina_engine::log::checkpoint::Slot;
+use lamina_engine::log::geometry::{CHECKPOINT_SLOT_BLOCKS, DATA_START_BLOCK};
+use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+const SEGMENT_BYTES: u64 = 64 << 10;
+const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
+const DATA_START_BYTES: u64 = DATA_START_BLOCK * BLOCK_SIZE_BYTES;
+
+/// Background flushes and checkpoints off: each test drives them itself.
+fn quiet_limits() -> PoolLimits {
+    PoolLimits {
+        flush_interval_ms: 3_600_000,
+        checkpoint_interval_ms: 3_600_000,
+        dirty_bytes_max: u64::MAX / 2,
+        checkpoint_interval_bytes: u64::MAX / 2,
+        ..PoolLimits::default()
+    }
+}
+
+struct Rig {
+    memory: Arc<MemoryDevice>,
+    faulty: Arc<FaultyDevice<MemoryDevice>>,
+    pool: Pool,
+}
+
+async fn rig(seed: u64, limits: PoolLimits) -> Rig {
+    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
+    let pool = Pool::create(
+        faulty.clone(),
+        PoolOptions {
+            segment_size_bytes: SEGMENT_BYTES,
+            force: false,
+        },
+        limits,
+    )
+    .await
+    .unwrap();
+    Rig {
+        memory,
+        faulty,
+        pool,
+    }
+}
+
+fn random_blocks(rng: &mut SmallRng, count: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; count * BLOCK];
+    rng.fill(&mut bytes[..]);
+    bytes
+}
+
+/// Where each logical block's contents sit on the device, found by content
+/// (every block written is random, so its contents are unique).
+fn locate_blocks(image: &[u8], contents: &[u8]) -> HashMap<u64, u64> {
+    let by_contents: HashMap<&[u8], u64> = contents
+        .chunks(BLOCK)
+        .enumerate()
+        .map(|(logical, block)| (block, logical as u64))
+        .collect();
+    let mut found = HashMap::new();
+    for (index, block) in image
+        .chunks(BLOCK)
+        .enumerate()
+        .skip(DATA_START_BLOCK as usize)
+    {
+        if let Some(logical) = by_contents.get(block) {
+            found.insert(*logical, index as u64);
+        }
+    }
+    found
+}
+
+async fn read_all(pool: &Pool, volume_id: u32, length: usize) -> Result<Vec<u8>, EngineError> {
+    let mut buffer = vec![0u8; length];
+    pool.read(volume_id, 0, &mut buffer).await?;
+    Ok(buffer)
+}
+
+#[tokio::test]
+async fn a_flipped_bit_in_a_data_block_is_a_checksum_error() {
+    let mut rng = SmallRng::seed_from_u64(1);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(1, quiet_limits()).await;
+    let block_count = 96;
+    let volume_id = pool
+        .create_volume("data", (block_count * BLOCK) as u64)
+        .await
+        .unwrap()
+        .volume_id;
+    let contents = random_blocks(&mut rng, block_count);
+    pool.write(volume_id, 0, &contents, false).await.unwrap();
+    pool.flush().await.unwrap();
+    let located = locate_blocks(&memory.snapshot(), &contents);
+    assert_eq!(located.len(), block_count, "every block is on the device");
+
+    let victim: u64 = 37;
+    let physical = located[&victim];
+    let byte = physical * BLOCK_SIZE_BYTES + rng.random_range(0..BLOCK_SIZE_BYTES);
+    faulty.flip_bit(byte, rng.random_range(0..8)).await.unwrap();
+    for (offset, length) in [
+        (victim * BLOCK_SIZE_BYTES, BLOCK),
+        (victim * BLOCK_SIZE_BYTES + 100, 512),
+        (0, block_count * BLOCK),
+        ((victim - 1) * BLOCK_SIZE_BYTES + 4000, 200),
+    ] {
+        let mut buffer = vec![0u8; length];
+        let error = pool.read(volume_id, offset, &mut buffer).await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                EngineError::ChecksumMismatch { volume, logical_block, physical_block }
+                    if volume == "data" && *logical_block == victim && *physical_block == physical
+            ),
+            "offset {offset} length {length}: {error:?}"
+        );
+        assert!(error.to_string().contains("checksum mismatch"), "{error}");
+    }
+    // Its neighbours are intact and read normally.
+    for neighbour in [victim - 1, victim + 1] {
+        let mut buffer = vec![0u8; BLOCK];
+        pool.read(volume_id, neighbour * BLOCK_SIZE_BYTES, &mut buffer)
+            .await
+            .unwrap();
+        let start = neighbour as usize * BLOCK;
+        assert!(buffer == contents[start..start + BLOCK]);
+    }
+    // A partial write into the corrupt block needs its old contents and must
+    // fail rather than merge garbage; a whole-block overwrite repairs it.
+    let error = pool
+        .write(volume_id, victim * BLOCK_SIZE_BYTES + 8, &[1u8; 16], false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, EngineError::ChecksumMismatch { .. }),
+        "{error:?}"
+    );
+    // Still detected after a clean close and reopen (the checksum is in the map).
+    pool.close().await.unwrap();
+    drop(pool);
+    let pool = Pool::open(memory.clone(), quiet_limits()).await.unwrap();
+    let error = read_all(&pool, volume_id, block_count * BLOCK)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, EngineError::ChecksumMismatch { logical_block, .. } if logical_block == victim),
+        "{error:?}"
+    );
+    let start = victim as usize * BLOCK;
+    pool.write(
+        volume_id,
+        victim * BLOCK_SIZE_BYTES,
+        &contents[start..start + BLOCK],
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(
+        read_all(&pool, volume_id, block_count * BLOCK)
+            .await
+            .unwrap()
+            == contents
+    );
+}
+
+/// Without locating anything: a bit flipped in every block of the segment
+/// region in turn, and each time every block of the volume either reads back
+/// exactly or fails. Wrong data is never returned.
+#[tokio::test]
+async fn bit_flips_anywhere_in_the_segments_never_return_wrong_data() {
+    let mut rng = SmallRng::seed_from_u64(2);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(2, quiet_limits()).await;
+    let block_count = 200;
+    let volume_id = pool
+        .create_volume("data", (block_count * BLOCK) as u64)
+        .await
+        .unwrap()
+        .volume_id;
+    let mut contents = random_blocks(&mut rng, block_count);
+    pool.write(volume_id, 0, &contents, false).await.unwrap();
+    // Overwrite some blocks so that stale copies exist on the device too.
+    for _ in 0..40 {
+        let logical = rng.random_range(0..block_count);
+        let fresh = random_blocks(&mut rng, 1);
+        pool.write(volume_id, (logical * BLOCK) as u64, &fresh, false)
+            .await
+            .unwrap();
+        contents[logical * BLOCK..(logical + 1) * BLOCK].copy_from_slice(&fresh);
+    }
+    pool.flush().await.unwrap();
+    let device_blocks = DEVICE_BYTES / BLOCK_SIZE_BYTES;
+    let mut detected = 0;
+    for physical in DATA_START_BLOCK..device_blocks {
+        let byte = physical * BLOCK_SIZE_BYTES + rng.random_range(0..BLOCK_SIZE_BYTES);
+        let bit = rng.random_range(0..8);
+        faulty.flip_bit(byte, bit).await.unwrap();
+        let mut failed_blocks = 0;
+        for logical in 0..block_count {
+            let mut buffer = vec![0u8; BLOCK];
+            match pool
+                .read(volume_id, (logical * BLOCK) as u64, &mut buffer)
+                .await
+            {
+                Ok(()) => assert!(
+                    buffer == contents[logical * BLOCK..(logical + 1) * BLOCK],
+                    "device block {physical}: logical block {logical} read wrong data"
+                ),
+                Err(EngineError::ChecksumMismatch { logical_block, .. }) => {
+                    assert_eq!(logical_block, logical as u64);
+                    failed_blocks += 1;
+                }
+                Err(error) => panic!("device block {physical}: unexpected {error:?}"),
+            }
+        }
+        assert!(
+            failed_blocks <= 1,
+            "one flipped bit broke {failed_blocks} blocks"
+        );
+        detected += failed_blocks;
+        faulty.flip_bit(byte, bit).await.unwrap();
+    }
+    assert_eq!(detected, block_count, "every live block was hit once");
+    assert!(
+        read_all(&pool, volume_id, block_count * BLOCK)
+            .await
+            .unwrap()
+            == contents
+    );
+    drop(memory);
+}
+
+/// The slot naming the newest checkpoint, read from a device image.
+fn newest_slot(image: &[u8]) -> (usize, Slot) {
+    CHECKPOINT_SLOT_BLOCKS
+        .iter()
+        .enumerate()
+        .filter_map(|(index, block)| {
+            let start = (*block * BLOCK_SIZE_BYTES) as usize;
+            Slot::decode(&image[start..start + BLOCK])
+                .ok()
+                .map(|slot| (index, slot))
+        })
+        .max_by_key(|(_, slot)| slot.checkpoint_sequence)
+        .expect("a valid slot")
+}
+
+fn body_offset(slot: &Slot) -> u64 {
+    DATA_START_BYTES + u64::from(slot.body_segments[0]) * SEGMENT_BYTES
+}
+
+#[tokio::test]
+async fn a_corrupt_newest_checkpoint_body_falls_back_without_losing_flushed_data() {
+    let mut rng = SmallRng::seed_from_u64(3);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(3, quiet_limits()).await;
+    let block_count = 64;
+    let first = pool
+        .create_volume("first", (block_count * BLOCK) as u64)
+        .await
+        .unwrap()
+        .volume_id;
+    let mut first_contents = random_blocks(&mut rng, block_count);
+    pool.write(first, 0, &first_contents, false).await.unwrap();
+    pool.checkpoint().await.unwrap();
+    // Between the two checkpoints: overwrites, a new volume, a rename, a trim.
+    let overwrite = random_blocks(&mut rng, 16);
+    pool.write(first, 8 * BLOCK_SIZE_BYTES, &overwrite, false)
+        .await
+        .unwrap();
+    first_contents[8 * BLOCK..24 * BLOCK].copy_from_slice(&overwrite);
+    pool.trim(first, 40 * BLOCK_SIZE_BYTES, 4 * BLOCK_SIZE_BYTES, false)
+        .await
+        .unwrap();
+    first_contents[40 * BLOCK..44 * BLOCK].fill(0);
+    let second = pool
+        .create_volume("second", 1 << 20)
+        .await
+        .unwrap()
+        .volume_id;
+    let second_contents = random_blocks(&mut rng, 8);
+    pool.write(second, 0, &second_contents, false)
+        .await
+        .unwrap();
+    pool.rename_volume("second", "renamed").await.unwrap();
+    pool.checkpoint().await.unwrap();
+    // After the newest checkpoint: flushed writes that only the log holds.
+    let late = random_blocks(&mut rng, 4);
+    pool.write(first, 60 * BLOCK_SIZE_BYTES, &late, false)
+        .await
+        .unwrap();
+    first_contents[60 * BLOCK..64 * BLOCK].copy_from_slice(&late);
+    pool.flush().await.unwrap();
+    pool.abandon();
+    drop(pool);
+    drop(faulty);
+
+    let image = memory.snapshot();
+    let (_, newest) = newest_slot(&image);
+    // Corrupt the body, not the slot: the slot still verifies.
+    let corrupt_at = body_offset(&newest) + 100;
+    let mut corrupted = image.clone();
+    corrupted[corrupt_at as usize] ^= 0x10;
+    let device = Arc::new(MemoryDevice::from_bytes(corrupted));
+    let pool = Pool::open(device.clone(), quiet_limits()).await.unwrap();
+    let check = |pool: Pool, expected_first: Vec<u8>, expected_second: Vec<u8>| async move {
+        let mut names: Vec<String> = pool
+            .list_volumes()
+            .into_iter()
+            .map(|volume| volume.name)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["first", "renamed"]);
+        let first = pool.volume_id("first").unwrap();
+        assert!(read_all(&pool, first, expected_first.len()).await.unwrap() == expected_first);
+        let renamed = pool.volume_id("renamed").unwrap();
+        let read = read_all(&pool, renamed, expected_second.len())
+            .await
+            .unwrap();
+        assert!(read == expected_second);
+        assert_eq!(pool.extents(first, 40 * 4096, 4 * 4096).unwrap().len(), 1);
+        assert!(!pool.extents(first, 40 * 4096, 4 * 4096).unwrap()[0].allocated);
+    };
+    check(
+        pool.clone(),
+        first_contents.clone(),
+        second_contents.clone(),
+    )
+    .await;
+    // The recovery repaired the checkpoints: a second reopen works on its own.
+    pool.close().await.unwrap();
+    drop(pool);
+    let (_, repaired) = newest_slot(&device.snapshot());
+    assert!(repaired.checkpoint_sequence > newest.checkpoint_sequence);
+    let pool = Pool::open(device, quiet_limits()).await.unwrap();
+    check(pool, first_contents, second_contents).await;
+}
+
+#[tokio::test]
+async fn both_checkpoint_bodies_corrupt_is_refused_without_writing() {
+    let Rig { memory, pool, .. } = rig(4, quiet_limits()).await;
+    pool.create_volume("data", 1 << 20).await.unwrap();
+    pool.close().await.unwrap();
+    drop(pool);
+    let mut image = memory.snapshot();
+    for block in CHECKPOINT_SLOT_BLOCKS {
+        let start = (block * BLOCK_SIZE_BYTES) as usize;
+        let slot = Slot::decode(&image[start..start + BLOCK]).unwrap();
+        image[body_offset(&slot) as usize + 30] ^= 1;
+    }
+    let device = Arc::new(MemoryDevice::from_bytes(image.clone()));
+    let error = match Pool::open(device.clone(), quiet_limits()).await {
+        Ok(_) => panic!("opened a pool with no valid checkpoint"),
+        Err(error) => error,
+    };
+    assert!(
+        matches!(
+            error,
+            EngineError::Corrupt {
+                structure: "checkpoint",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("checkpoint"), "{error}");
+    assert!(
+        device.snapshot() == image,
+        "a refused open wrote to the device"
+    );
+}
+
+/// Writes `contents` and makes them durable, returning the volume identifier.
+async fn durable_volume(pool: &Pool, contents: &[u8]) -> u32 {
+    let volume_id = pool
+        .create_volume("data", contents.len() as u64)
+        .await
+        .unwrap()
+        .volume_id;
+    pool.write(volume_id, 0, contents, false).await.unwrap();
+    pool.flush().await.unwrap();
+    volume_id
+}
+
+/// After a failure, every block of the volume reads as its durable contents, the
+/// newer contents, or fails; nothing else.
+async fn assert_old_new_or_error(pool: &Pool, volume_id: u32, durable: &[u8], newer: &[u8]) {
+    for logical in 0..durable.len() / BLOCK {
+        let range = logical * BLOCK..(logical + 1) * BLOCK;
+        let mut buffer = vec![0u8; BLOCK];
+        if pool
+            .read(volume_id, (logical * BLOCK) as u64, &mut buffer)
+            .await
+            .is_ok()
+        {
+            assert!(
+                buffer == durable[range.clone()] || buffer == newer[range],
+                "block {logical} holds data never written"
+            );
+        }
+    }
+}
+
+async fn assert_refuses_writes(pool: &Pool, volume_id: u32) {
+    let failed = |error: EngineError| {
+        assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+        assert!(error.to_string().contains("has failed"), "{error}");
+    };
+    failed(
+        pool.write(volume_id, 0, &[1u8; BLOCK], false)
+            .await
+            .unwrap_err(),
+    );
+    failed(
+        pool.write(volume_id, 10, &[1u8; 10], true)
+            .await
+            .unwrap_err(),
+    );
+    failed(pool.trim(volume_id, 0, 8192, false).await.unwrap_err());
+    failed(pool.flush().await.unwrap_err());
+    failed(pool.checkpoint().await.unwrap_err());
+    failed(pool.create_volume("another", 4096).await.unwrap_err());
+    assert!(pool.status().failed.is_some());
+}
+
+#[tokio::test]
+async fn a_failed_batch_write_fails_the_flush_and_the_pool() {
+    let mut rng = SmallRng::seed_from_u64(5);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(5, quiet_limits()).await;
+    let block_count = 32;
+    let durable = random_blocks(&mut rng, block_count);
+    let volume_id = durable_volume(&pool, &durable).await;
+    faulty.fail_writes_in(DATA_START_BYTES..DEVICE_BYTES).await;
+    let newer = random_blocks(&mut rng, block_count);
+    // The write itself is acknowledged (it is in memory); the flush must fail.
+    pool.write(volume_id, 0, &newer, false).await.unwrap();
+    let error = pool.flush().await.unwrap_err();
+    assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+    assert_refuses_writes(&pool, volume_id).await;
+    assert_old_new_or_error(&pool, volume_id, &durable, &newer).await;
+    pool.abandon();
+    drop(pool);
+
+    let pool = Pool::open(memory, quiet_limits()).await.unwrap();
+    assert!(read_all(&pool, volume_id, durable.len()).await.unwrap() == durable);
+    drop(faulty);
+}
+
+#[tokio::test]
+async fn random_write_errors_fail_the_pool_and_keep_durable_data() {
+    for seed in 0..6u64 {
+        let mut rng = SmallRng::seed_from_u64(100 + seed);
+        let Rig {
+            memory,
+            faulty,
+            pool,
+        } = rig(100 + seed, quiet_limits()).await;
+        let block_count = 48;
+        let durable = random_blocks(&mut rng, block_count);
+        let volume_id = durable_volume(&pool, &durable).await;
+        faulty.fail_at_rate(0.0, 0.3).await;
+        // Keep writing and flushing until an error surfaces; each acknowledged
+        // flush moves the durable image forward.
+        let mut durable_now = durable.clone();
+        let mut newer = durable.clone();
+        let mut surfaced = false;
+        for _ in 0..50 {
+            let logical = rng.random_range(0..block_count);
+            let fresh = random_blocks(&mut rng, 1);
+            let range = logical * BLOCK..(logical + 1) * BLOCK;
+            match pool
+                .write(volume_id, (logical * BLOCK) as u64, &fresh, false)
+                .await
+            {
+                Ok(()) => newer[range].copy_from_slice(&fresh),
+                Err(error) => {
+                    assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+                    surfaced = true;
+                    break;
+                }
+            }
+            match pool.flush().await {
+                Ok(()) => durable_now.clone_from(&newer),
+                Err(error) => {
+                    assert!(
+                        matches!(error, EngineError::Failed(_) | EngineError::Device(_)),
+                        "{error:?}"
+                    );
+                    surfaced = true;
+                    break;
+                }
+            }
+        }
+        assert!(
+            surfaced,
+            "seed {seed}: a 30% write failure rate never surfaced"
+        );
+        assert_refuses_writes(&pool, volume_id).await;
+        pool.abandon();
+        drop(pool);
+        faulty.heal().await;
+        let pool = Pool::open(memory, quiet_limits()).await.unwrap();
+        // Every flush that succeeded is kept; later writes may or may not be.
+        let recovered = read_all(&pool, volume_id, durable.len()).await.unwrap();
+        for logical in 0..block_count {
+            let range = logical * BLOCK..(logical + 1) * BLOCK;
+            assert!(
+                recovered[range.clone()] == durable_now[range.clone()]
+                    || recovered[range.clone()] == newer[range],
+                "seed {seed}: block {logical} lost durable data"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failing_device_flush_is_reported_never_silent() {
+    let mut rng = SmallRng::seed_from_u64(6);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(6, quiet_limits()).await;
+    let block_count = 16;
+    let durable = random_blocks(&mut rng, block_count);
+    let volume_id = durable_volume(&pool, &durable).await;
+    faulty.fail_flushes(true).await;
+    let newer = random_blocks(&mut rng, block_count);
+    pool.write(volume_id, 0, &newer, false).await.unwrap();
+    let error = pool.flush().await.unwrap_err();
+    assert!(
+        matches!(&error, EngineError::Device(_)),
+        "the first failing flush reports the device error: {error:?}"
+    );
+    // Every later flush, FUA write and checkpoint keeps failing; none succeeds
+    // silently, even after the device recovers, because what it holds is unknown.
+    faulty.fail_flushes(false).await;
+    assert!(pool.flush().await.is_err());
+    assert!(
+        pool.write(volume_id, 0, &newer[..BLOCK], true)
+            .await
+            .is_err()
+    );
+    assert_refuses_writes(&pool, volume_id).await;
+    assert!(pool.close().await.is_err());
+    drop(pool);
+    let pool = Pool::open(memory, quiet_limits()).await.unwrap();
+    assert_old_new_or_error(&pool, volume_id, &durable, &newer).await;
+    drop(faulty);
+}
+
+#[tokio::test]
+async fn a_fua_write_on_a_failing_flush_is_an_error() {
+    let Rig { faulty, pool, .. } = rig(7, quiet_limits()).await;
+    let volume_id = pool.create_volume("data", 1 << 20).await.unwrap().volume_id;
+    faulty.fail_flushes(true).await;
+    assert!(
+        pool.write(volume_id, 4096, &[3u8; 4096], true)
+            .await
+            .is_err()
+    );
+    assert!(
+        pool.write_zeroes(volume_id, 0, 8192, true, true)
+            .await
+            .is_err()
+    );
+}
+
+/// A flush that fails in the background (nobody is waiting) still fails the
+/// pool, so that the client's next flush cannot report success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_background_flush_is_reported_to_the_next_flush() {
+    let limits = PoolLimits {
+        flush_interval_ms: 20,
+        ..quiet_limits()
+    };
+    let Rig { faulty, pool, .. } = rig(8, limits).await;
+    let volume_id = pool.create_volume("data", 1 << 20).await.unwrap().volume_id;
+    faulty.fail_flushes(true).await;
+    pool.write(volume_id, 0, &[5u8; 8192], false).await.unwrap();
+    // Wait until the background flush has tried and failed.
+    for _ in 0..200 {
+        if pool.status().failed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        pool.status().failed.is_some(),
+        "the background flush never ran"
+    );
+    faulty.fail_flushes(false).await;
+    let error = pool.flush().await.unwrap_err();
+    assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+}
+
+#[tokio::test]
+async fn read_errors_are_errors_not_zeros() {
+    let mut rng = SmallRng::seed_from_u64(9);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(9, quiet_limits()).await;
+    let block_count = 16;
+    let contents = random_blocks(&mut rng, block_count);
+    let volume_id = durable_volume(&pool, &contents).await;
+    let located = locate_blocks(&memory.snapshot(), &contents);
+    let physical = located[&5];
+    faulty
+        .fail_reads_in(physical * BLOCK_SIZE_BYTES..(physical + 1) * BLOCK_SIZE_BYTES)
+        .await;
+    let error = read_all(&pool, volume_id, contents.len())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, EngineError::Device(_)), "{error:?}");
+    let mut buffer = vec![0u8; BLOCK];
+    pool.read(volume_id, 4 * BLOCK_SIZE_BYTES, &mut buffer)
+        .await
+        .unwrap();
+    assert!(buffer == contents[4 * BLOCK..5 * BLOCK]);
+    // A read error is not a write error: the pool keeps accepting writes.
+    pool.write(volume_id, 0, &contents[..BLOCK], true)
+        .await
+        .unwrap();
+    faulty.heal().await;
+    assert!(read_all(&pool, volume_id, contents.len()).await.unwrap() == contents);
+}
