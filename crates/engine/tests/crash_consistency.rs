@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 64 << 10;
-const DEVICE_BYTES: u64 = (4 << 20) + 96 * SEGMENT_BYTES;
+const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 const VOLUME_BLOCKS_MAX: usize = 48;
 
 /// The contents each block of a volume may hold after a crash.
@@ -189,6 +189,10 @@ async fn run_operations(
                 pool.checkpoint().await.expect("checkpoint");
                 shadows.iter_mut().for_each(ShadowVolume::flushed);
             }
+            88..=93 => {
+                // The cleaner relocates live blocks; contents must not change.
+                pool.clean(4).await.expect("clean");
+            }
             _ => {
                 // Let background batch writes make progress before the next step.
                 for _ in 0..rng.random_range(1..8) {
@@ -245,7 +249,7 @@ async fn crash_run(seed: u64) {
     }
     let mut pool = pool;
     for cycle in 0..2 {
-        let count = rng.random_range(5..60);
+        let count = rng.random_range(5..120);
         run_operations(&pool, &mut shadows, &mut rng, count).await;
         verify(&pool, &shadows, seed, "before the cut").await;
         faulty

@@ -76,7 +76,8 @@ pub struct Body {
     /// Segments opened after the checkpoint have a sequence at least this.
     pub next_segment_sequence: u64,
     pub next_volume_id: u32,
-    pub head: Option<HeadImage>,
+    /// The log heads (client and cleaner streams) open at checkpoint time.
+    pub heads: Vec<HeadImage>,
     pub volumes: Vec<VolumeImage>,
     /// Per segment, the newest batch ever written into it (0 if none), so that
     /// recovery knows which empty segments no replay can still need.

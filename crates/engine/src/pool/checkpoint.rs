@@ -10,7 +10,7 @@ use std::sync::Arc;
 use lamina_device::AlignedBuffer;
 
 use super::Pool;
-use super::state::{DurableCheckpoint, SegmentState};
+use super::state::{Allocation, DurableCheckpoint, SegmentState};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::checkpoint::{Body, ChunkImage, HeadImage, Slot, VolumeImage};
@@ -26,7 +26,7 @@ impl Pool {
             covered,
             next_segment_sequence,
             next_volume_id,
-            head,
+            heads,
             volumes,
             segment_last,
         ) = {
@@ -60,11 +60,16 @@ impl Pool {
                 state.sealed_through,
                 state.next_segment_sequence,
                 state.volumes.next_volume_id,
-                state.head.map(|head| HeadImage {
-                    segment_index: head.segment_index,
-                    segment_sequence: head.segment_sequence,
-                    next_block_in_segment: head.next_block_in_segment,
-                }),
+                state
+                    .heads
+                    .iter()
+                    .flatten()
+                    .map(|head| HeadImage {
+                        segment_index: head.segment_index,
+                        segment_sequence: head.segment_sequence,
+                        next_block_in_segment: head.next_block_in_segment,
+                    })
+                    .collect::<Vec<_>>(),
                 volumes,
                 state
                     .segments
@@ -80,7 +85,7 @@ impl Pool {
                 covered_batch_sequence: covered,
                 next_segment_sequence,
                 next_volume_id,
-                head,
+                heads,
                 volumes: volumes
                     .into_iter()
                     .map(
@@ -132,7 +137,7 @@ impl Pool {
             let mut state = self.inner.lock();
             let mut taken = Vec::with_capacity(needed);
             for _ in 0..needed {
-                match state.take_free_segment(true) {
+                match state.take_free_segment(Allocation::Checkpoint) {
                     Some(index) => taken.push(index),
                     None => {
                         for index in taken {

@@ -11,6 +11,7 @@
 //! enforced by a background task that flushes when either is exceeded.
 
 mod checkpoint;
+pub mod cleaner;
 mod recovery;
 pub mod state;
 
@@ -98,6 +99,10 @@ pub struct PoolStatus {
     pub client_bytes_written: u64,
     pub device_bytes_written: u64,
     pub write_amplification: f64,
+    /// Blocks the cleaner has moved out of victim segments.
+    pub cleaner_relocated_blocks: u64,
+    /// Segments with no live blocks, waiting for checkpoints to be freed.
+    pub dead_segment_count: u64,
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
@@ -116,6 +121,10 @@ pub(crate) struct Inner {
     /// One device flush at a time, so that concurrent flushes coalesce.
     flush_lock: tokio::sync::Mutex<()>,
     checkpoint_lock: tokio::sync::Mutex<()>,
+    /// One cleaning pass at a time.
+    cleaner_lock: tokio::sync::Mutex<()>,
+    /// One foreground reclaim at a time; other blocked writers wait for it.
+    reclaim_lock: tokio::sync::Mutex<()>,
     rmw_locks: Vec<tokio::sync::Mutex<()>>,
     /// Set when the pool is closed or abandoned: background work stops.
     shutdown: std::sync::atomic::AtomicBool,
@@ -682,24 +691,12 @@ impl Pool {
         }
     }
 
-    /// Tries to free space for a blocked write by checkpointing, which releases
-    /// dead segments. Returns whether any segment became free.
-    async fn reclaim(&self) -> Result<bool, EngineError> {
-        let before = self.inner.lock().free_segments.len();
-        for _ in 0..2 {
-            self.checkpoint().await?;
-        }
-        let state = self.inner.lock();
-        Ok(state.free_segments.len() > before
-            && state.free_segments.len() > state.reserved_segment_count)
-    }
-
     pub fn status(&self) -> PoolStatus {
         let state = self.inner.lock();
         let segment_bytes = self.inner.geometry.segment_size_bytes();
         let free_segment_count = state.free_segments.len() as u64;
-        let reserved = state.reserved_segment_count as u64;
-        let device_bytes_written = state.sealed_bytes_total;
+        let reserved = state.reserve_for(state::Allocation::Client) as u64;
+        let device_bytes_written = state.sealed_bytes_total + state.checkpoint_bytes_written;
         PoolStatus {
             device: self.inner.device.name().to_string(),
             capacity_bytes: self.inner.geometry.data_capacity_bytes(),
@@ -717,6 +714,12 @@ impl Pool {
             } else {
                 device_bytes_written as f64 / state.client_bytes_written as f64
             },
+            cleaner_relocated_blocks: state.relocated_blocks,
+            dead_segment_count: state
+                .segments
+                .iter()
+                .filter(|segment| matches!(segment.state, state::SegmentState::Dead { .. }))
+                .count() as u64,
             durable_batch_sequence: state.durable_through,
             checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
             failed: state.failed.clone(),
@@ -758,6 +761,9 @@ impl Pool {
                 let due_by_time = log_bytes > 0
                     && last_checkpoint.elapsed()
                         >= Duration::from_millis(pool.inner.limits.checkpoint_interval_ms);
+                if let Err(error) = pool.clean_in_background().await {
+                    tracing::error!(%error, "background cleaning failed");
+                }
                 if log_bytes >= pool.inner.limits.checkpoint_interval_bytes || due_by_time {
                     last_checkpoint = tokio::time::Instant::now();
                     if let Err(error) = pool.checkpoint().await {

@@ -40,7 +40,13 @@ const SCAN_CONCURRENCY_MAX: usize = 64;
 /// without `--force`.
 const EMPTY_CHECK_BYTES: u64 = 1 << 20;
 
-fn reserved_segment_count(geometry: &Geometry) -> usize {
+/// Segments the cleaner keeps for relocating a victim's live blocks: room for a
+/// few victims' worth of relocations, at least 2 and about 1% of the pool.
+fn cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
+    (geometry.segment_count / 100).clamp(2, 64) as usize
+}
+
+fn checkpoint_reserve_segment_count(geometry: &Geometry) -> usize {
     // Three checkpoint bodies can exist at once (two durable, one being written);
     // a body needs about 12 bytes per block of capacity plus the segment table.
     let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
@@ -63,6 +69,8 @@ fn new_inner(
         progress: Notify::new(),
         flush_lock: tokio::sync::Mutex::new(()),
         checkpoint_lock: tokio::sync::Mutex::new(()),
+        cleaner_lock: tokio::sync::Mutex::new(()),
+        reclaim_lock: tokio::sync::Mutex::new(()),
         rmw_locks: (0..RMW_LOCK_COUNT)
             .map(|_| tokio::sync::Mutex::new(()))
             .collect(),
@@ -83,8 +91,9 @@ fn empty_state(geometry: Geometry) -> State {
             geometry.segment_count as usize
         ],
         free_segments: (0..geometry.segment_count as u32).collect(),
-        reserved_segment_count: reserved_segment_count(&geometry),
-        head: None,
+        checkpoint_reserve_segment_count: checkpoint_reserve_segment_count(&geometry),
+        cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
+        heads: [None, None],
         open_batch: None,
         in_flight: BTreeMap::new(),
         in_flight_sequences: Default::default(),
@@ -99,6 +108,8 @@ fn empty_state(geometry: Geometry) -> State {
         flushed_bytes_total: 0,
         bytes_at_last_checkpoint: 0,
         client_bytes_written: 0,
+        checkpoint_bytes_written: 0,
+        relocated_blocks: 0,
     }
 }
 
@@ -472,20 +483,14 @@ async fn scan_log(
     held: &HashSet<u32>,
     body: &Body,
 ) -> Result<Vec<(Summary, u64)>, EngineError> {
+    // A segment whose block 0 holds a batch of an incarnation newer than the
+    // checkpoint is walked from block 0; otherwise, a head the checkpoint
+    // recorded is walked from where the checkpoint left it. (A recorded head may
+    // have been freed and reused since, when recovery falls back to an older
+    // checkpoint: its new incarnation wins.)
     let mut starts: Vec<(u32, u32, Option<u64>)> = Vec::new();
-    if let Some(head) = body.head
-        && !held.contains(&head.segment_index)
-    {
-        starts.push((
-            head.segment_index,
-            head.next_block_in_segment,
-            Some(head.segment_sequence),
-        ));
-    }
     let candidates: Vec<u32> = (0..geometry.segment_count as u32)
-        .filter(|index| {
-            !held.contains(index) && body.head.is_none_or(|head| head.segment_index != *index)
-        })
+        .filter(|index| !held.contains(index))
         .collect();
     for group in candidates.chunks(SCAN_CONCURRENCY_MAX) {
         let reads = group.iter().map(|index| {
@@ -496,14 +501,20 @@ async fn scan_log(
         });
         for (index, result) in group.iter().zip(futures::future::join_all(reads).await) {
             let block = result?;
-            if peek_header(crate::log::batch::BATCH_MAGIC, &block).is_err() {
-                continue;
-            }
-            if let Ok(summary) = Summary::decode(&block)
-                && summary.segment_sequence >= body.next_segment_sequence
-                && summary.block_in_segment == 0
-            {
+            let newer_incarnation = peek_header(crate::log::batch::BATCH_MAGIC, &block).is_ok()
+                && Summary::decode(&block).is_ok_and(|summary| {
+                    summary.segment_sequence >= body.next_segment_sequence
+                        && summary.block_in_segment == 0
+                });
+            if newer_incarnation {
+                let summary = Summary::decode(&block).expect("decoded above");
                 starts.push((*index, 0, Some(summary.segment_sequence)));
+            } else if let Some(head) = body.heads.iter().find(|head| head.segment_index == *index) {
+                starts.push((
+                    head.segment_index,
+                    head.next_block_in_segment,
+                    Some(head.segment_sequence),
+                ));
             }
         }
     }

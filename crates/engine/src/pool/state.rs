@@ -41,6 +41,27 @@ pub struct SegmentInfo {
     pub last_batch_sequence: u64,
 }
 
+/// The two log heads. Client writes and cleaner relocations go to different
+/// segments, so that data the cleaner found cold is not mixed with fresh, hot
+/// writes and stops being recleaned. Only one batch is open at a time, whichever
+/// stream it belongs to, so that append order and sequence order are the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Client = 0,
+    Cleaner = 1,
+}
+
+/// Free segments each kind of allocation must leave behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocation {
+    /// Clients leave the cleaner's and the checkpoints' reserves.
+    Client,
+    /// The cleaner leaves the checkpoints' reserve.
+    Cleaner,
+    /// Checkpoints may take the last free segment.
+    Checkpoint,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Head {
     pub segment_index: u32,
@@ -49,6 +70,7 @@ pub struct Head {
 }
 
 pub struct OpenBatch {
+    pub stream: Stream,
     pub sequence: u64,
     pub segment_index: u32,
     pub segment_sequence: u64,
@@ -93,8 +115,12 @@ pub struct State {
     pub free_segments: VecDeque<u32>,
     /// Free segments that only checkpoints may take, so that space can always be
     /// reclaimed even when clients have filled the pool.
-    pub reserved_segment_count: usize,
-    pub head: Option<Head>,
+    pub checkpoint_reserve_segment_count: usize,
+    /// Free segments that clients leave to the cleaner, so that it can always
+    /// relocate live blocks out of a victim before the victim is freed.
+    pub cleaner_reserve_segment_count: usize,
+    /// Log heads, indexed by [`Stream`].
+    pub heads: [Option<Head>; 2],
     pub open_batch: Option<OpenBatch>,
     pub in_flight: BTreeMap<u64, Arc<InFlightBatch>>,
     pub in_flight_sequences: BTreeSet<u64>,
@@ -110,6 +136,10 @@ pub struct State {
     pub flushed_bytes_total: u64,
     pub bytes_at_last_checkpoint: u64,
     pub client_bytes_written: u64,
+    /// Bytes of checkpoint bodies and slots written.
+    pub checkpoint_bytes_written: u64,
+    /// Blocks the cleaner has relocated.
+    pub relocated_blocks: u64,
 }
 
 impl State {
@@ -149,9 +179,20 @@ impl State {
         }
     }
 
-    /// Takes a free segment; clients may not dip into the reserve.
-    pub fn take_free_segment(&mut self, may_use_reserve: bool) -> Option<u32> {
-        if !may_use_reserve && self.free_segments.len() <= self.reserved_segment_count {
+    /// Free segments that `allocation` must leave untouched.
+    pub fn reserve_for(&self, allocation: Allocation) -> usize {
+        match allocation {
+            Allocation::Client => {
+                self.checkpoint_reserve_segment_count + self.cleaner_reserve_segment_count
+            }
+            Allocation::Cleaner => self.checkpoint_reserve_segment_count,
+            Allocation::Checkpoint => 0,
+        }
+    }
+
+    /// Takes a free segment, leaving the reserves that `allocation` may not touch.
+    pub fn take_free_segment(&mut self, allocation: Allocation) -> Option<u32> {
+        if self.free_segments.len() <= self.reserve_for(allocation) {
             return None;
         }
         let index = self.free_segments.pop_front()?;
@@ -159,8 +200,8 @@ impl State {
         Some(index)
     }
 
-    fn seal_head_segment(&mut self) {
-        if let Some(head) = self.head.take() {
+    fn seal_head_segment(&mut self, stream: Stream) {
+        if let Some(head) = self.heads[stream as usize].take() {
             let died_at = self.current_sequence();
             let segment = &mut self.segments[head.segment_index as usize];
             segment.state = if segment.live_blocks == 0 {
@@ -176,6 +217,7 @@ impl State {
     /// a new segment if needed). Sealed batches are pushed to `sealed`.
     fn make_room(
         &mut self,
+        stream: Stream,
         record_bytes: usize,
         with_data: bool,
         sealed: &mut Vec<Arc<InFlightBatch>>,
@@ -183,35 +225,44 @@ impl State {
         if let Some(batch) = &self.open_batch {
             let fits_records = batch.record_bytes + record_bytes <= SUMMARY_RECORD_BYTES_MAX;
             let fits_data = !with_data || batch.data_count < batch.data_capacity;
-            if fits_records && fits_data {
+            if batch.stream == stream && fits_records && fits_data {
                 return Ok(());
             }
             sealed.extend(self.seal_open_batch());
         }
         let segment_size_blocks = self.geometry.segment_size_blocks as u32;
-        if self
-            .head
+        if self.heads[stream as usize]
             .is_some_and(|head| head.next_block_in_segment + 2 > segment_size_blocks)
         {
-            self.seal_head_segment();
+            self.seal_head_segment(stream);
         }
-        if self.head.is_none() {
-            let segment_index = self.take_free_segment(false).ok_or(EngineError::NoSpace)?;
+        if self.heads[stream as usize].is_none() {
+            // Records without data (trims, deletes) may use the cleaner's reserve:
+            // they are tiny, and they are how a user frees a full pool.
+            let allocation = if stream == Stream::Client && with_data {
+                Allocation::Client
+            } else {
+                Allocation::Cleaner
+            };
+            let segment_index = self
+                .take_free_segment(allocation)
+                .ok_or(EngineError::NoSpace)?;
             let segment_sequence = self.next_segment_sequence;
             self.next_segment_sequence += 1;
             self.segments[segment_index as usize].state = SegmentState::Open;
-            self.head = Some(Head {
+            self.heads[stream as usize] = Some(Head {
                 segment_index,
                 segment_sequence,
                 next_block_in_segment: 0,
             });
         }
-        let head = self.head.expect("head opened above");
+        let head = self.heads[stream as usize].expect("head opened above");
         let remaining = (segment_size_blocks - head.next_block_in_segment) as usize;
         let data_capacity = BATCH_DATA_BLOCKS_MAX.min(remaining - 1);
         let sequence = self.next_batch_sequence;
         self.next_batch_sequence += 1;
         self.open_batch = Some(OpenBatch {
+            stream,
             sequence,
             segment_index: head.segment_index,
             segment_sequence: head.segment_sequence,
@@ -235,7 +286,12 @@ impl State {
         assert!(!matches!(record, Record::Data { .. }));
         self.check_failed()?;
         let mut sealed = Vec::new();
-        self.make_room(record.encoded_bytes_max(), false, &mut sealed)?;
+        self.make_room(
+            Stream::Client,
+            record.encoded_bytes_max(),
+            false,
+            &mut sealed,
+        )?;
         let batch = self.open_batch.as_mut().expect("room made");
         batch.record_bytes += record.encoded_bytes_max();
         batch.records.push(record.clone());
@@ -256,14 +312,67 @@ impl State {
         data: &[u8],
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<(), EngineError> {
-        assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
         self.check_failed()?;
+        self.append_block(
+            Stream::Client,
+            volume_id,
+            logical_block,
+            data,
+            block_checksum(data),
+            sealed,
+        )?;
+        self.client_bytes_written += BLOCK_SIZE_BYTES;
+        Ok(())
+    }
+
+    /// Moves a live block the cleaner read from `from_physical_block` to the
+    /// cleaner's head, if the map still points there. Returns whether it moved.
+    pub fn append_relocation(
+        &mut self,
+        volume_id: u32,
+        logical_block: u64,
+        from_physical_block: u64,
+        data: &[u8],
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<bool, EngineError> {
+        self.check_failed()?;
+        let still_live = self
+            .volumes
+            .get(volume_id)
+            .and_then(|volume| volume.map.get(logical_block))
+            .is_some_and(|mapping| mapping.physical_block == from_physical_block);
+        if !still_live {
+            return Ok(false);
+        }
+        self.append_block(
+            Stream::Cleaner,
+            volume_id,
+            logical_block,
+            data,
+            checksum,
+            sealed,
+        )?;
+        self.relocated_blocks += 1;
+        Ok(true)
+    }
+
+    fn append_block(
+        &mut self,
+        stream: Stream,
+        volume_id: u32,
+        logical_block: u64,
+        data: &[u8],
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
         let record = Record::Data {
             volume_id,
             logical_block,
-            checksum: block_checksum(data),
+            checksum,
         };
-        self.make_room(record.encoded_bytes_max(), true, sealed)?;
+        self.make_room(stream, record.encoded_bytes_max(), true, sealed)?;
         let batch = self.open_batch.as_mut().expect("room made");
         let start = (1 + batch.data_count) * BLOCK_SIZE_BYTES as usize;
         batch.buffer[start..start + BLOCK_SIZE_BYTES as usize].copy_from_slice(data);
@@ -272,7 +381,6 @@ impl State {
         batch.record_bytes += record.encoded_bytes_max();
         batch.records.push(record.clone());
         self.segments[self.geometry.segment_of(physical_block) as usize].live_blocks += 1;
-        self.client_bytes_written += BLOCK_SIZE_BYTES;
         let mut displaced = None;
         self.volumes
             .apply(&record, Some(physical_block), &mut |block| {
@@ -307,7 +415,9 @@ impl State {
         batch
             .buffer
             .truncate(block_count * BLOCK_SIZE_BYTES as usize);
-        let head = self.head.as_mut().expect("an open batch has a head");
+        let head = self.heads[batch.stream as usize]
+            .as_mut()
+            .expect("an open batch has a head");
         assert_eq!(head.segment_index, batch.segment_index);
         head.next_block_in_segment += block_count as u32;
         self.segments[batch.segment_index as usize].last_batch_sequence = batch.sequence;

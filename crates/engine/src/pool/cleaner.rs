@@ -1,0 +1,222 @@
+//! The segment cleaner: reclaims the space of overwritten, trimmed and deleted
+//! blocks. It picks victim segments by cost-benefit (free space gained, weighted
+//! by how long the segment's data has stayed unchanged, over the cost of reading
+//! and rewriting its live blocks), reads each victim in one device read, and moves
+//! every block that is still live to the cleaner's own log head, apart from fresh
+//! client writes, so that cold data gathers in segments that stay full. A victim
+//! whose live blocks are all moved is dead, and is freed by the checkpoints that
+//! follow (see `state::checkpoint_became_durable`).
+//!
+//! The cleaner runs in the background when free space falls below a watermark,
+//! and in the foreground, inside the write that found the pool full, so that a
+//! full pool slows writers down instead of failing them while space is reclaimable.
+
+use super::Pool;
+use super::state::{Allocation, SegmentState, State};
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::batch::{Record, Summary};
+
+/// Segments cleaned in one pass at most.
+pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
+
+/// Segments fuller than this fraction are never worth cleaning.
+const VICTIM_UTILIZATION_MAX: f64 = 0.97;
+
+/// Blocks relocated per hold of the state lock.
+const RELOCATION_CHUNK_BLOCKS: usize = 64;
+
+/// Sealed segments worth cleaning, best first: cost-benefit score
+/// `(1 - u) × age / (1 + u)`, with `u` the live fraction and `age` the number of
+/// batches appended since the segment was last written.
+pub fn pick_victims(state: &State, count: usize) -> Vec<u32> {
+    let segment_blocks = state.geometry.segment_size_blocks as f64;
+    let now = state.next_batch_sequence;
+    let mut scored: Vec<(f64, u32)> = state
+        .segments
+        .iter()
+        .enumerate()
+        .filter(|(_, segment)| segment.state == SegmentState::Sealed)
+        .filter_map(|(index, segment)| {
+            let utilization = f64::from(segment.live_blocks) / segment_blocks;
+            if utilization > VICTIM_UTILIZATION_MAX {
+                return None;
+            }
+            let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
+            Some((
+                (1.0 - utilization) * age / (1.0 + utilization),
+                index as u32,
+            ))
+        })
+        .collect();
+    scored.sort_by(|left, right| right.0.total_cmp(&left.0));
+    scored
+        .into_iter()
+        .take(count)
+        .map(|(_, index)| index)
+        .collect()
+}
+
+impl Pool {
+    /// One cleaning pass over at most `segment_count_max` victims. Returns how
+    /// many victims were emptied (they become free after the next checkpoints).
+    pub async fn clean(&self, segment_count_max: usize) -> Result<usize, EngineError> {
+        let _guard = self.inner.cleaner_lock.lock().await;
+        let victims = pick_victims(&self.inner.lock(), segment_count_max);
+        let mut emptied = 0;
+        for victim in victims {
+            if self.clean_segment(victim).await? {
+                emptied += 1;
+            }
+        }
+        Ok(emptied)
+    }
+
+    /// Moves the live blocks out of one segment. Returns whether it is now empty.
+    async fn clean_segment(&self, segment_index: u32) -> Result<bool, EngineError> {
+        let geometry = self.inner.geometry;
+        let last_batch = self.inner.lock().segments[segment_index as usize].last_batch_sequence;
+        self.wait_for(|state| state.written_through() >= last_batch || state.failed.is_some())
+            .await;
+        if self.inner.lock().segments[segment_index as usize].state != SegmentState::Sealed {
+            return Ok(false);
+        }
+        let first_block = geometry.segment_first_block(segment_index);
+        let contents = self
+            .inner
+            .device
+            .read(
+                first_block * BLOCK_SIZE_BYTES,
+                geometry.segment_size_bytes() as usize,
+            )
+            .await?;
+        // Every data block the segment's batch chain describes: (volume,
+        // logical block, physical block, offset of its data in `contents`).
+        let block = BLOCK_SIZE_BYTES as usize;
+        let mut candidates: Vec<(u32, u64, u64, usize)> = Vec::new();
+        let mut position = 0u64;
+        let mut incarnation = None;
+        while position + 2 <= geometry.segment_size_blocks {
+            let start = position as usize * block;
+            let Ok(summary) = Summary::decode(&contents[start..start + block]) else {
+                break;
+            };
+            if incarnation.is_some_and(|sequence| sequence != summary.segment_sequence)
+                || u64::from(summary.block_in_segment) != position
+            {
+                break;
+            }
+            incarnation = Some(summary.segment_sequence);
+            let mut data_index = 0u64;
+            for record in &summary.records {
+                if let Record::Data {
+                    volume_id,
+                    logical_block,
+                    ..
+                } = record
+                {
+                    let offset_blocks = position + 1 + data_index;
+                    candidates.push((
+                        *volume_id,
+                        *logical_block,
+                        first_block + offset_blocks,
+                        offset_blocks as usize * block,
+                    ));
+                    data_index += 1;
+                }
+            }
+            position += 1 + data_index;
+        }
+        for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
+            let in_flight_limit = self.inner.limits.in_flight_batches_max;
+            self.wait_for(|state| {
+                state.in_flight.len() < in_flight_limit || state.failed.is_some()
+            })
+            .await;
+            let mut sealed = Vec::new();
+            let result = {
+                let mut state = self.inner.lock();
+                let mut result = Ok(());
+                for (volume_id, logical_block, physical_block, data_offset) in chunk {
+                    let Some(mapping) = state
+                        .volumes
+                        .get(*volume_id)
+                        .and_then(|volume| volume.map.get(*logical_block))
+                    else {
+                        continue;
+                    };
+                    let data = &contents[*data_offset..*data_offset + block];
+                    if let Err(error) = state.append_relocation(
+                        *volume_id,
+                        *logical_block,
+                        *physical_block,
+                        data,
+                        mapping.checksum,
+                        &mut sealed,
+                    ) {
+                        result = Err(error);
+                        break;
+                    }
+                }
+                result
+            };
+            self.spawn_writes(sealed);
+            result?;
+        }
+        let segment = self.inner.lock().segments[segment_index as usize];
+        if segment.live_blocks > 0 {
+            tracing::warn!(
+                segment_index,
+                live_blocks = segment.live_blocks,
+                "cleaned segment still has live blocks its summaries do not describe"
+            );
+        }
+        Ok(segment.live_blocks == 0)
+    }
+
+    /// Frees space for a write that found no free segment: waits for anyone else
+    /// already doing it, then cleans and checkpoints. Returns whether a client
+    /// may now allocate a segment.
+    pub(crate) async fn reclaim(&self) -> Result<bool, EngineError> {
+        let _guard = self.inner.reclaim_lock.lock().await;
+        let has_room =
+            |state: &State| state.free_segments.len() > state.reserve_for(Allocation::Client);
+        if has_room(&self.inner.lock()) {
+            return Ok(true);
+        }
+        // Dead segments only need checkpoints; clean only if that is not enough.
+        for _ in 0..2 {
+            self.checkpoint().await?;
+        }
+        if has_room(&self.inner.lock()) {
+            return Ok(true);
+        }
+        let emptied = self.clean(CLEAN_PASS_SEGMENTS_MAX).await?;
+        if emptied > 0 {
+            for _ in 0..2 {
+                self.checkpoint().await?;
+            }
+        }
+        Ok(has_room(&self.inner.lock()))
+    }
+
+    /// Background cleaning: when free space is under the low watermark, one
+    /// pass, then the checkpoints that turn emptied victims into free segments.
+    pub(crate) async fn clean_in_background(&self) -> Result<(), EngineError> {
+        let below_watermark = {
+            let state = self.inner.lock();
+            let low_watermark = state.reserve_for(Allocation::Client)
+                + (state.segments.len() / 10).max(CLEAN_PASS_SEGMENTS_MAX);
+            state.free_segments.len() < low_watermark
+        };
+        if !below_watermark {
+            return Ok(());
+        }
+        if self.clean(CLEAN_PASS_SEGMENTS_MAX).await? > 0 {
+            for _ in 0..2 {
+                self.checkpoint().await?;
+            }
+        }
+        Ok(())
+    }
+}
