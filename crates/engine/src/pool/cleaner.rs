@@ -23,13 +23,26 @@ pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
 /// Segments fuller than this fraction are never worth cleaning.
 const VICTIM_UTILIZATION_MAX: f64 = 0.97;
 
+/// Clean-and-checkpoint rounds a blocked writer runs before giving up.
+const RECLAIM_ROUNDS_MAX: usize = 16;
+
 /// Blocks relocated per hold of the state lock.
 const RELOCATION_CHUNK_BLOCKS: usize = 64;
 
-/// Sealed segments worth cleaning, best first: cost-benefit score
-/// `(1 - u) × age / (1 + u)`, with `u` the live fraction and `age` the number of
-/// batches appended since the segment was last written.
-pub fn pick_victims(state: &State, count: usize) -> Vec<u32> {
+/// How victims are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VictimPolicy {
+    /// `(1 - u) × age / (1 + u)`: background cleaning, which can afford to let
+    /// young segments die further and prefers cold ones.
+    CostBenefit,
+    /// Emptiest first: a writer is waiting for space, so gain space now.
+    Greedy,
+}
+
+/// Sealed segments worth cleaning, best first by `policy`, with `u` the live
+/// fraction and `age` the number of batches appended since the segment was
+/// last written.
+pub fn pick_victims(state: &State, count: usize, policy: VictimPolicy) -> Vec<u32> {
     let segment_blocks = state.geometry.segment_size_blocks as f64;
     let now = state.next_batch_sequence;
     let mut scored: Vec<(f64, u32)> = state
@@ -58,15 +71,30 @@ pub fn pick_victims(state: &State, count: usize) -> Vec<u32> {
 }
 
 impl Pool {
-    /// One cleaning pass over at most `segment_count_max` victims. Returns how
-    /// many victims were emptied (they become free after the next checkpoints).
+    /// One cleaning pass over at most `segment_count_max` victims chosen by
+    /// cost-benefit. Returns how many victims were emptied (they become free
+    /// after the next checkpoints).
     pub async fn clean(&self, segment_count_max: usize) -> Result<usize, EngineError> {
+        self.clean_with(segment_count_max, VictimPolicy::CostBenefit)
+            .await
+    }
+
+    async fn clean_with(
+        &self,
+        segment_count_max: usize,
+        policy: VictimPolicy,
+    ) -> Result<usize, EngineError> {
         let _guard = self.inner.cleaner_lock.lock().await;
-        let victims = pick_victims(&self.inner.lock(), segment_count_max);
+        let victims = pick_victims(&self.inner.lock(), segment_count_max, policy);
         let mut emptied = 0;
         for victim in victims {
-            if self.clean_segment(victim).await? {
-                emptied += 1;
+            match self.clean_segment(victim).await {
+                Ok(true) => emptied += 1,
+                Ok(false) => {}
+                // The cleaner's reserve is used up: what was emptied so far must
+                // be checkpointed free before cleaning can go on.
+                Err(EngineError::NoSpace) => break,
+                Err(error) => return Err(error),
             }
         }
         Ok(emptied)
@@ -184,17 +212,21 @@ impl Pool {
         if has_room(&self.inner.lock()) {
             return Ok(true);
         }
-        // Dead segments only need checkpoints; clean only if that is not enough.
-        for _ in 0..2 {
-            self.checkpoint().await?;
-        }
-        if has_room(&self.inner.lock()) {
-            return Ok(true);
-        }
-        let emptied = self.clean(CLEAN_PASS_SEGMENTS_MAX).await?;
-        if emptied > 0 {
+        // Dead segments only need checkpoints; clean only if that is not enough,
+        // and repeat while cleaning makes progress.
+        for _ in 0..RECLAIM_ROUNDS_MAX {
             for _ in 0..2 {
                 self.checkpoint().await?;
+            }
+            if has_room(&self.inner.lock()) {
+                return Ok(true);
+            }
+            if self
+                .clean_with(CLEAN_PASS_SEGMENTS_MAX, VictimPolicy::Greedy)
+                .await?
+                == 0
+            {
+                break;
             }
         }
         Ok(has_room(&self.inner.lock()))

@@ -1,0 +1,137 @@
+//! Space management: a pool written far beyond its capacity by overwrites keeps
+//! working because the cleaner reclaims dead blocks; a pool filled with live data
+//! fails writes with NoSpace, keeps every earlier write, and accepts writes again
+//! once data is trimmed or a volume is deleted.
+
+use std::sync::Arc;
+
+use lamina_device::MemoryDevice;
+use lamina_engine::{EngineError, Pool, PoolLimits, PoolOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const BLOCK: usize = 4096;
+const SEGMENT_BYTES: u64 = 256 << 10;
+
+async fn small_pool(segment_count: u64) -> Pool {
+    let device = Arc::new(MemoryDevice::new((4 << 20) + segment_count * SEGMENT_BYTES));
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+    };
+    Pool::create(device, options, PoolLimits::default())
+        .await
+        .unwrap()
+}
+
+fn pattern(block: u64, generation: u32) -> Vec<u8> {
+    let mut data = vec![0u8; BLOCK];
+    data[..8].copy_from_slice(&block.to_le_bytes());
+    data[8..12].copy_from_slice(&generation.to_le_bytes());
+    data[12..].fill((block as u8) ^ (generation as u8));
+    data
+}
+
+#[tokio::test]
+async fn overwrites_far_beyond_capacity_are_reclaimed_by_the_cleaner() {
+    let pool = small_pool(64).await; // 16 MiB of segments
+    let volume_blocks: u64 = 1536; // 6 MiB live: under half the pool
+    pool.create_volume("hot", volume_blocks * BLOCK as u64)
+        .await
+        .unwrap();
+    let volume = pool.volume_id("hot").unwrap();
+    let mut generations = vec![0u32; volume_blocks as usize];
+    let mut rng = SmallRng::seed_from_u64(5);
+    // 20,000 random 4 KiB overwrites: 80 MiB through a 16 MiB pool.
+    for step in 0..20_000u32 {
+        let block = rng.random_range(0..volume_blocks);
+        generations[block as usize] = step + 1;
+        pool.write(
+            volume,
+            block * BLOCK as u64,
+            &pattern(block, step + 1),
+            false,
+        )
+        .await
+        .unwrap_or_else(|error| panic!("write {step} failed: {error}"));
+    }
+    pool.flush().await.unwrap();
+    for block in 0..volume_blocks {
+        let mut data = vec![0u8; BLOCK];
+        pool.read(volume, block * BLOCK as u64, &mut data)
+            .await
+            .unwrap();
+        let expected = if generations[block as usize] == 0 {
+            vec![0u8; BLOCK]
+        } else {
+            pattern(block, generations[block as usize])
+        };
+        assert!(data == expected, "block {block}");
+    }
+    let status = pool.status();
+    assert!(
+        status.cleaner_relocated_blocks > 0,
+        "the cleaner ran: {status:?}"
+    );
+    assert!(status.write_amplification >= 1.0);
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_full_pool_says_no_space_keeps_data_and_recovers_after_trim() {
+    let pool = small_pool(32).await; // 8 MiB of segments
+    pool.create_volume("big", 64 << 20).await.unwrap(); // thin over-commit
+    let volume = pool.volume_id("big").unwrap();
+    let mut written = 0u64;
+    let error = loop {
+        match pool
+            .write(volume, written * BLOCK as u64, &pattern(written, 1), false)
+            .await
+        {
+            Ok(()) => written += 1,
+            Err(error) => break error,
+        }
+        assert!(written < 16384, "the pool never filled");
+    };
+    assert!(matches!(error, EngineError::NoSpace), "{error}");
+    assert!(
+        written > 256,
+        "a useful amount fit before the pool filled: {written}"
+    );
+    pool.flush().await.unwrap();
+    for block in 0..written {
+        let mut data = vec![0u8; BLOCK];
+        pool.read(volume, block * BLOCK as u64, &mut data)
+            .await
+            .unwrap();
+        assert!(
+            data == pattern(block, 1),
+            "block {block} survived the full pool"
+        );
+    }
+    // Trim half, and writes succeed again.
+    pool.trim(volume, 0, (written / 2) * BLOCK as u64, false)
+        .await
+        .unwrap();
+    for block in 0..written / 4 {
+        pool.write(volume, block * BLOCK as u64, &pattern(block, 2), false)
+            .await
+            .unwrap_or_else(|error| panic!("write after trim failed: {error}"));
+    }
+    pool.flush().await.unwrap();
+    let mut data = vec![0u8; BLOCK];
+    pool.read(volume, (written - 1) * BLOCK as u64, &mut data)
+        .await
+        .unwrap();
+    assert!(data == pattern(written - 1, 1));
+    // Deleting the volume frees everything.
+    pool.delete_volume("big").await.unwrap();
+    pool.create_volume("again", 4 << 20).await.unwrap();
+    let again = pool.volume_id("again").unwrap();
+    for block in 0..1024u64 {
+        pool.write(again, block * BLOCK as u64, &pattern(block, 3), false)
+            .await
+            .unwrap();
+    }
+    pool.close().await.unwrap();
+}
