@@ -56,10 +56,11 @@ pub fn pick_victims(state: &State, count: usize, policy: VictimPolicy) -> Vec<u3
                 return None;
             }
             let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
-            Some((
-                (1.0 - utilization) * age / (1.0 + utilization),
-                index as u32,
-            ))
+            let score = match policy {
+                VictimPolicy::CostBenefit => (1.0 - utilization) * age / (1.0 + utilization),
+                VictimPolicy::Greedy => 1.0 - utilization,
+            };
+            Some((score, index as u32))
         })
         .collect();
     scored.sort_by(|left, right| right.0.total_cmp(&left.0));
