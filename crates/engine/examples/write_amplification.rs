@@ -80,7 +80,7 @@ async fn measure(pool_mib: u64, live_fraction: f64, zipf_theta: Option<f64>, pas
     let zipf = zipf_theta.map(|theta| Zipf::new(volume_blocks as usize, theta));
     // Scatter Zipf ranks over the volume so that hot blocks are not adjacent.
     let scatter = |rank: u64| (rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % volume_blocks;
-    let mut overwrite = |count: u64, rng: &mut SmallRng| {
+    let overwrite = |count: u64, rng: &mut SmallRng| {
         (0..count)
             .map(|_| match &zipf {
                 Some(zipf) => scatter(zipf.sample(rng) as u64),
