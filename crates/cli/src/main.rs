@@ -163,10 +163,22 @@ fn print_status(value: &serde_json::Value) {
     println!("used                 {}", field("used_bytes"));
     println!("free                 {}", field("free_bytes"));
     println!("reserved             {}", field("reserved_bytes"));
+    println!(
+        "used percent         {:.1}%",
+        value["used_percent"].as_f64().unwrap_or(0.0)
+    );
     println!("volumes              {}", value["volume_count"]);
     println!(
         "write amplification  {:.2}",
         value["write_amplification"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "cleaner relocated    {} blocks",
+        value["cleaner_relocated_blocks"]
+    );
+    println!(
+        "dead segments        {} (freed by the next checkpoints)",
+        value["dead_segment_count"]
     );
     if let Some(reason) = value["failed"].as_str() {
         println!("FAILED               {reason}");

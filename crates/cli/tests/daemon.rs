@@ -18,10 +18,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(data_dir: &Path) -> Daemon {
+        Self::start_with_pool(data_dir, 2 << 30, 256 << 20)
+    }
+
+    fn start_with_pool(data_dir: &Path, pool_bytes: u64, volume_bytes: u64) -> Daemon {
         let config = data_dir.with_extension("toml");
         std::fs::write(
             &config,
-            "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = 2147483648\ndefault_volume_bytes = 268435456\n[limits]\nflush_interval_ms = 200\n",
+            format!(
+                "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n"
+            ),
         )
         .unwrap();
         let child = Command::new(LAMINA)
@@ -345,4 +351,53 @@ fn kill_minus_nine_never_loses_flushed_writes() {
         "some flushed writes were recorded: {check}"
     );
     assert!(daemon.terminate().success());
+}
+
+/// Fills a thin, over-committed pool through a real client until the daemon
+/// answers ENOSPC, then checks that everything written before is intact, that
+/// trimming frees space, and that writes succeed again.
+const FILL_SCRIPT: &str = r#"
+import errno, hashlib, nbd
+chunk = 1024 * 1024
+def pattern(index):
+    return hashlib.sha256(b"%d" % index).digest() * (chunk // 32)
+written = 0
+try:
+    while written * chunk < h.get_size():
+        h.pwrite(pattern(written), written * chunk)
+        written += 1
+    raise AssertionError("the pool never filled")
+except nbd.Error as error:
+    assert error.errno == errno.ENOSPC or "ENOSPC" in str(error), "expected ENOSPC, got %s" % error
+h.flush()
+assert written > 16, written
+for index in range(written):
+    assert h.pread(chunk, index * chunk) == pattern(index), "chunk %d lost" % index
+h.trim((written // 2) * chunk, 0)
+h.flush()
+for index in range(written // 4):
+    h.pwrite(pattern(index + 1000), index * chunk)
+h.flush()
+for index in range(written // 4):
+    assert h.pread(chunk, index * chunk) == pattern(index + 1000)
+assert h.pread(chunk, (written - 1) * chunk) == pattern(written - 1)
+print("filled", written)
+"#;
+
+#[test]
+fn a_full_pool_answers_enospc_and_recovers_after_trim() {
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    // A 132 MiB pool behind a 512 MiB volume: thin over-commit.
+    let daemon = Daemon::start_with_pool(&data_dir, 132 << 20, 512 << 20);
+    let script = directory.path().join("fill.py");
+    std::fs::write(&script, FILL_SCRIPT).unwrap();
+    let output = run(Command::new("nbdsh")
+        .args(["-u", &daemon.uri("default"), "-c"])
+        .arg(format!("exec(open('{}').read())", script.display())));
+    assert!(output.contains("filled"), "{output}");
+    let status = lamina(&data_dir, &["pool", "status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(status["failed"].is_null(), "the pool did not fail: {status}");
+    assert!(daemon.terminate().success(), "the daemon stayed up and stops cleanly");
 }

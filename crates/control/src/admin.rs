@@ -105,9 +105,69 @@ async fn health() -> &'static str {
     "ok\n"
 }
 
+/// Pool and volume figures in the Prometheus text format.
+async fn metrics(State(pool): State<Pool>) -> impl IntoResponse {
+    let status = pool.status();
+    let mut text = String::new();
+    let mut gauge = |name: &str, help: &str, value: f64| {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+        ));
+    };
+    gauge(
+        "lamina_pool_capacity_bytes",
+        "Capacity of the pool's segments.",
+        status.capacity_bytes as f64,
+    );
+    gauge(
+        "lamina_pool_used_bytes",
+        "Bytes in segments that are not free.",
+        status.used_bytes as f64,
+    );
+    gauge(
+        "lamina_pool_free_bytes",
+        "Bytes clients can still allocate.",
+        status.free_bytes as f64,
+    );
+    gauge(
+        "lamina_pool_reserved_bytes",
+        "Bytes kept for the cleaner and checkpoints.",
+        status.reserved_bytes as f64,
+    );
+    gauge(
+        "lamina_pool_used_percent",
+        "Used share of the capacity.",
+        status.used_percent,
+    );
+    gauge(
+        "lamina_pool_write_amplification",
+        "Device bytes written per client byte.",
+        status.write_amplification,
+    );
+    gauge(
+        "lamina_cleaner_relocated_blocks",
+        "Blocks the cleaner has moved.",
+        status.cleaner_relocated_blocks as f64,
+    );
+    gauge(
+        "lamina_pool_failed",
+        "1 when the pool refuses writes after an I/O error.",
+        f64::from(u8::from(status.failed.is_some())),
+    );
+    text.push_str("# HELP lamina_volume_allocated_bytes Device space used by a volume's mapped blocks.\n# TYPE lamina_volume_allocated_bytes gauge\n");
+    for volume in pool.list_volumes() {
+        text.push_str(&format!(
+            "lamina_volume_allocated_bytes{{volume=\"{}\"}} {}\n",
+            volume.name, volume.allocated_bytes
+        ));
+    }
+    ([("content-type", "text/plain; version=0.0.4")], text)
+}
+
 pub fn router(pool: Pool) -> Router {
     Router::new()
         .route("/v1/operations", post(operations))
         .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
         .with_state(pool)
 }

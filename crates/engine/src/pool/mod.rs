@@ -62,6 +62,9 @@ pub struct PoolLimits {
     pub checkpoint_interval_ms: u64,
     /// Blocks read from the device in one request at most.
     pub read_run_blocks_max: u64,
+    /// Used-space percentages at which a warning is logged once per crossing
+    /// (thin pools may be over-committed, so users need a warning before ENOSPC).
+    pub usage_warning_percents: Vec<u8>,
 }
 
 impl Default for PoolLimits {
@@ -73,6 +76,7 @@ impl Default for PoolLimits {
             checkpoint_interval_bytes: 1 << 30,
             checkpoint_interval_ms: 30_000,
             read_run_blocks_max: 64,
+            usage_warning_percents: vec![80, 90],
         }
     }
 }
@@ -92,6 +96,8 @@ pub struct PoolStatus {
     pub used_bytes: u64,
     pub free_bytes: u64,
     pub reserved_bytes: u64,
+    /// Used share of the capacity, in percent.
+    pub used_percent: f64,
     pub segment_size_bytes: u64,
     pub segment_count: u64,
     pub free_segment_count: u64,
@@ -703,6 +709,8 @@ impl Pool {
             used_bytes: state.used_segment_count() as u64 * segment_bytes,
             free_bytes: free_segment_count.saturating_sub(reserved) * segment_bytes,
             reserved_bytes: reserved * segment_bytes,
+            used_percent: 100.0 * state.used_segment_count() as f64
+                / self.inner.geometry.segment_count as f64,
             segment_size_bytes: segment_bytes,
             segment_count: self.inner.geometry.segment_count,
             free_segment_count,
@@ -733,6 +741,7 @@ impl Pool {
         let interval_ms = self.inner.limits.flush_interval_ms.max(1);
         tokio::spawn(async move {
             let mut last_checkpoint = tokio::time::Instant::now();
+            let mut warned_percent = 0u8;
             loop {
                 tokio::time::sleep(Duration::from_millis(interval_ms)).await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -761,6 +770,7 @@ impl Pool {
                 let due_by_time = log_bytes > 0
                     && last_checkpoint.elapsed()
                         >= Duration::from_millis(pool.inner.limits.checkpoint_interval_ms);
+                pool.warn_about_usage(&mut warned_percent);
                 if let Err(error) = pool.clean_in_background().await {
                     tracing::error!(%error, "background cleaning failed");
                 }
@@ -772,6 +782,35 @@ impl Pool {
                 }
             }
         });
+    }
+
+    /// Logs a warning when used space crosses a configured threshold upward,
+    /// and a note when it falls back below.
+    fn warn_about_usage(&self, warned_percent: &mut u8) {
+        let status = self.status();
+        let crossed = self
+            .inner
+            .limits
+            .usage_warning_percents
+            .iter()
+            .copied()
+            .filter(|threshold| status.used_percent >= f64::from(*threshold))
+            .max()
+            .unwrap_or(0);
+        if crossed > *warned_percent {
+            tracing::warn!(
+                used_percent = format!("{:.1}", status.used_percent),
+                threshold_percent = crossed,
+                free_bytes = status.free_bytes,
+                "pool space is running low: trim or delete data, or add capacity"
+            );
+        } else if crossed < *warned_percent {
+            tracing::info!(
+                used_percent = format!("{:.1}", status.used_percent),
+                "pool space usage dropped"
+            );
+        }
+        *warned_percent = crossed;
     }
 
     /// Flushes, writes a final checkpoint (so the next open replays nothing) and
