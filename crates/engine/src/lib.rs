@@ -7,6 +7,7 @@
 //!   recovery (last valid checkpoint plus replay of newer batches).
 //! - [`volume`]: thin volumes and their maps from logical 4 KiB blocks to physical
 //!   device blocks.
+//! - [`tier`]: where blocks are served from: the memory cache today.
 //! - [`pool`]: the engine's front door. It owns the device, the in-memory state,
 //!   the write path (batching, flush, durability bookkeeping), background flushes
 //!   and checkpoints, and the volume operations that clients and the control plane
@@ -15,6 +16,7 @@
 pub mod error;
 pub mod log;
 pub mod pool;
+pub mod tier;
 pub mod volume;
 
 pub use error::EngineError;

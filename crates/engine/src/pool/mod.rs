@@ -62,6 +62,8 @@ pub struct PoolLimits {
     pub checkpoint_interval_ms: u64,
     /// Blocks read from the device in one request at most.
     pub read_run_blocks_max: u64,
+    /// Bytes of memory caching device blocks (0 disables the cache).
+    pub memory_cache_bytes: u64,
     /// Used-space percentages at which a warning is logged once per crossing
     /// (thin pools may be over-committed, so users need a warning before ENOSPC).
     pub usage_warning_percents: Vec<u8>,
@@ -77,6 +79,7 @@ impl Default for PoolLimits {
             checkpoint_interval_ms: 30_000,
             read_run_blocks_max: 64,
             usage_warning_percents: vec![80, 90],
+            memory_cache_bytes: 256 << 20,
         }
     }
 }
@@ -112,6 +115,7 @@ pub struct PoolStatus {
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
+    pub memory_cache: crate::tier::memory_cache::CacheStatistics,
 }
 
 /// Number of striped locks serialising read-modify-write of partial blocks.
@@ -132,6 +136,7 @@ pub(crate) struct Inner {
     /// One foreground reclaim at a time; other blocked writers wait for it.
     reclaim_lock: tokio::sync::Mutex<()>,
     rmw_locks: Vec<tokio::sync::Mutex<()>>,
+    cache: Arc<crate::tier::memory_cache::MemoryCache>,
     /// Set when the pool is closed or abandoned: background work stops.
     shutdown: std::sync::atomic::AtomicBool,
 }
@@ -177,6 +182,19 @@ impl Pool {
             tokio::spawn(async move {
                 let offset = batch.summary_block * BLOCK_SIZE_BYTES;
                 let result = inner.device.write(offset, batch.buffer.clone()).await;
+                if result.is_ok() {
+                    // Recently written blocks are the likeliest to be read soon.
+                    for (index, block) in batch
+                        .buffer
+                        .chunks(BLOCK_SIZE_BYTES as usize)
+                        .enumerate()
+                        .skip(1)
+                    {
+                        inner
+                            .cache
+                            .insert(batch.summary_block + index as u64, block);
+                    }
+                }
                 {
                     let mut state = inner.lock();
                     if let Err(error) = result {
@@ -388,7 +406,10 @@ impl Pool {
                 match volume.map.get(logical_block) {
                     None => buffer[within_buffer..within_buffer + length].fill(0),
                     Some(mapping) => {
-                        if state.copy_unwritten_block(mapping.physical_block, &mut scratch) {
+                        if state.copy_unwritten_block(mapping.physical_block, &mut scratch)
+                            || (self.inner.cache.get(mapping.physical_block, &mut scratch)
+                                && block_checksum(&scratch) == mapping.checksum)
+                        {
                             buffer[within_buffer..within_buffer + length]
                                 .copy_from_slice(&scratch[within_block..within_block + length]);
                         } else {
@@ -731,6 +752,7 @@ impl Pool {
             durable_batch_sequence: state.durable_through,
             checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
             failed: state.failed.clone(),
+            memory_cache: self.inner.cache.statistics(),
         }
     }
 

@@ -59,9 +59,14 @@ fn new_inner(
     device: Arc<dyn BlockDevice>,
     geometry: Geometry,
     limits: PoolLimits,
-    state: State,
+    mut state: State,
 ) -> Arc<Inner> {
+    let cache = Arc::new(crate::tier::memory_cache::MemoryCache::new(
+        limits.memory_cache_bytes,
+    ));
+    state.cache = Some(cache.clone());
     Arc::new(Inner {
+        cache,
         device,
         geometry,
         limits,
@@ -110,6 +115,7 @@ fn empty_state(geometry: Geometry) -> State {
         client_bytes_written: 0,
         checkpoint_bytes_written: 0,
         relocated_blocks: 0,
+        cache: None,
     }
 }
 

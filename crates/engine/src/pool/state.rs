@@ -140,6 +140,9 @@ pub struct State {
     pub checkpoint_bytes_written: u64,
     /// Blocks the cleaner has relocated.
     pub relocated_blocks: u64,
+    /// The memory cache, told when a segment is freed so that none of its old
+    /// blocks can be served once the segment is rewritten.
+    pub cache: Option<Arc<crate::tier::memory_cache::MemoryCache>>,
 }
 
 impl State {
@@ -485,6 +488,12 @@ impl State {
         );
         segment.state = SegmentState::Free;
         self.free_segments.push_back(segment_index);
+        if let Some(cache) = &self.cache {
+            cache.invalidate_range(
+                self.geometry.segment_first_block(segment_index),
+                self.geometry.segment_size_blocks,
+            );
+        }
     }
 
     pub fn used_segment_count(&self) -> usize {
