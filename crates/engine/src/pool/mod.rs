@@ -79,7 +79,7 @@ impl Default for PoolLimits {
             checkpoint_interval_ms: 30_000,
             read_run_blocks_max: 64,
             usage_warning_percents: vec![80, 90],
-            memory_cache_bytes: 256 << 20,
+            memory_cache_bytes: 1 << 30,
         }
     }
 }
