@@ -22,9 +22,11 @@ const SEGMENT_BYTES: u64 = 64 << 10;
 const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 const DATA_START_BYTES: u64 = DATA_START_BLOCK * BLOCK_SIZE_BYTES;
 
-/// Background flushes and checkpoints off: each test drives them itself.
+/// Background flushes and checkpoints off: each test drives them itself. The
+/// memory cache is off too, so that every read reaches the (faulty) device.
 fn quiet_limits() -> PoolLimits {
     PoolLimits {
+        memory_cache_bytes: 0,
         flush_interval_ms: 3_600_000,
         checkpoint_interval_ms: 3_600_000,
         dirty_bytes_max: u64::MAX / 2,
