@@ -662,7 +662,6 @@ async fn read_errors_are_errors_not_zeros() {
 /// `engine_recovery` fuzz target) must not crash recovery: the body is invalid,
 /// and recovery falls back to the other checkpoint or reports it corrupt.
 #[tokio::test]
-#[ignore = "bug: recovery trusts a verified checkpoint body's physical block numbers; one below DATA_START_BLOCK hits the assert in Geometry::segment_of (recovery.rs, segment usage from the recovered maps) and panics"]
 async fn a_verified_checkpoint_body_with_an_impossible_block_is_not_trusted() {
     use lamina_engine::log::checkpoint::Body;
     let Rig { memory, pool, .. } = rig(10, quiet_limits()).await;
@@ -700,7 +699,6 @@ async fn a_verified_checkpoint_body_with_an_impossible_block_is_not_trusted() {
 /// frame verifies but which names a segment beyond the device (found by the
 /// `engine_recovery` fuzz target) must not crash the pool later.
 #[tokio::test]
-#[ignore = "bug: Pool::open keeps the older slot's body_segments unchecked (older_valid in recovery.rs); the next checkpoints free them via State::free_segment, which indexes segments out of bounds and panics"]
 async fn an_older_slot_naming_impossible_segments_does_not_crash_later() {
     let Rig { memory, pool, .. } = rig(11, quiet_limits()).await;
     let volume_id = pool.create_volume("data", 1 << 20).await.unwrap().volume_id;

@@ -713,7 +713,6 @@ async fn overwrites_of_many_times_the_capacity_reuse_space() {
 /// gives NoSpace (not a failed pool), the data written before stays readable,
 /// and trimming, which is how a user frees a full pool, makes room again.
 #[tokio::test]
-#[ignore = "bug: a full pool cannot be freed: the trim's Unmap record needs a new log segment and make_room refuses the reserves (NoSpace)"]
 async fn a_full_pool_says_no_space_and_trimming_makes_room() {
     let (device, pool) = new_pool(32).await;
     let capacity = pool.status().capacity_bytes;
@@ -764,7 +763,6 @@ async fn a_full_pool_says_no_space_and_trimming_makes_room() {
 
 /// Deleting a volume is the other way to free a full pool.
 #[tokio::test]
-#[ignore = "bug: a full pool cannot be freed: the VolumeDelete record needs a new log segment and make_room refuses the reserves (NoSpace)"]
 async fn a_full_pool_can_delete_a_volume() {
     let (_device, pool) = new_pool(32).await;
     let capacity = pool.status().capacity_bytes;

@@ -256,15 +256,25 @@ impl Pool {
     /// Appends a control record, applies it, and makes it durable before returning.
     async fn control(
         &self,
-        build: impl FnOnce(&State) -> Result<Record, EngineError>,
+        build: impl Fn(&State) -> Result<Record, EngineError>,
     ) -> Result<(), EngineError> {
-        let sealed = {
-            let mut state = self.inner.lock();
-            let record = build(&state)?;
-            state.append_record(record)?
-        };
-        self.spawn_writes(sealed);
-        self.flush().await
+        loop {
+            let result = {
+                let mut state = self.inner.lock();
+                let record = build(&state)?;
+                state.append_record(record)
+            };
+            match result {
+                Ok(sealed) => {
+                    self.spawn_writes(sealed);
+                    return self.flush().await;
+                }
+                // Rebuilt after reclaiming, so that it is checked against the
+                // state of that moment.
+                Err(EngineError::NoSpace) if self.reclaim().await? => continue,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     pub async fn create_volume(
@@ -389,14 +399,14 @@ impl Pool {
             return Ok(());
         }
         let block = BLOCK_SIZE_BYTES;
-        let first_block = offset / block;
-        let last_block = (offset + buffer.len() as u64 - 1) / block;
         // Blocks that must come from the device: (logical, physical, checksum).
         let mut from_device: Vec<(u64, u64, u32)> = Vec::new();
         let volume_name;
         {
             let state = self.inner.lock();
             self.check_range(&state, volume_id, offset, buffer.len() as u64)?;
+            let first_block = offset / block;
+            let last_block = (offset + buffer.len() as u64 - 1) / block;
             let volume = state.volumes.get(volume_id).expect("checked");
             volume_name = volume.name.clone();
             let mut scratch = [0u8; BLOCK_SIZE_BYTES as usize];
@@ -628,15 +638,22 @@ impl Pool {
             self.write(volume_id, end_whole, &zeros, false).await?;
         }
         if punch_hole {
-            let sealed = {
-                let mut state = self.inner.lock();
-                state.append_record(Record::Unmap {
-                    volume_id,
-                    logical_block: first_whole / block,
-                    block_count: (end_whole - first_whole) / block,
-                })?
+            let record = Record::Unmap {
+                volume_id,
+                logical_block: first_whole / block,
+                block_count: (end_whole - first_whole) / block,
             };
-            self.spawn_writes(sealed);
+            loop {
+                let result = self.inner.lock().append_record(record.clone());
+                match result {
+                    Ok(sealed) => {
+                        self.spawn_writes(sealed);
+                        break;
+                    }
+                    Err(EngineError::NoSpace) if self.reclaim().await? => continue,
+                    Err(error) => return Err(error),
+                }
+            }
         } else {
             let zeros = vec![0u8; (128 * block) as usize];
             let mut position = first_whole;

@@ -207,6 +207,9 @@ impl Pool {
             }
         };
         let geometry = superblock.geometry;
+        if let Err(reason) = validate_geometry(&geometry) {
+            return Err(EngineError::corrupt(&name, "superblock", 0, reason));
+        }
         if device.size_bytes() < geometry.device_size_bytes {
             return Err(EngineError::Truncated {
                 device: name,
@@ -226,7 +229,10 @@ impl Pool {
                 )
                 .await?;
             match Slot::decode(&bytes) {
-                Ok(slot) => slots.push((slot_index, slot)),
+                Ok(slot) if slot_segments_valid(&slot, &geometry) => slots.push((slot_index, slot)),
+                Ok(_) => {
+                    tracing::warn!(device = %name, slot_index, "checkpoint slot names segments beyond the device")
+                }
                 Err(error) => {
                     tracing::warn!(device = %name, slot_index, %error, "checkpoint slot is not valid")
                 }
@@ -441,6 +447,76 @@ impl Pool {
     }
 }
 
+/// Checks what checksums cannot: that a superblock written by a buggy or hostile
+/// program describes a geometry the engine can work with.
+fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
+    let valid = geometry.segment_size_blocks >= 16
+        && geometry.segment_size_blocks <= (1 << 20)
+        && geometry.segment_count >= 8
+        && geometry.segment_count <= u64::from(u32::MAX)
+        && geometry
+            .segment_count
+            .checked_mul(geometry.segment_size_blocks)
+            .and_then(|blocks| blocks.checked_add(crate::log::geometry::DATA_START_BLOCK))
+            .and_then(|blocks| blocks.checked_mul(BLOCK_SIZE_BYTES))
+            .is_some_and(|end| end <= geometry.device_size_bytes);
+    if valid {
+        Ok(())
+    } else {
+        Err(format!("impossible geometry {geometry:?}"))
+    }
+}
+
+/// Checks a checksummed checkpoint body for contents no correct lamina writes,
+/// so that recovery reports them instead of tripping an assertion.
+fn validate_body(body: &Body, geometry: &Geometry) -> Result<(), String> {
+    let first_data_block = crate::log::geometry::DATA_START_BLOCK;
+    let end_block = first_data_block + geometry.segment_count * geometry.segment_size_blocks;
+    let mut names = HashSet::new();
+    let mut identifiers = HashSet::new();
+    for volume in &body.volumes {
+        if !names.insert(volume.name.as_str()) || !identifiers.insert(volume.volume_id) {
+            return Err(format!("volume {} appears twice", volume.name));
+        }
+        let mut chunk_indexes = HashSet::new();
+        for chunk in &volume.chunks {
+            if chunk.physical_blocks.len() != crate::volume::map::CHUNK_ENTRY_COUNT
+                || chunk.checksums.len() != crate::volume::map::CHUNK_ENTRY_COUNT
+                || !chunk_indexes.insert(chunk.chunk_index)
+            {
+                return Err(format!(
+                    "volume {} has a malformed map chunk {}",
+                    volume.name, chunk.chunk_index
+                ));
+            }
+            if chunk
+                .physical_blocks
+                .iter()
+                .any(|block| *block != 0 && (*block < first_data_block || *block >= end_block))
+            {
+                return Err(format!(
+                    "volume {} maps a block outside the segments",
+                    volume.name
+                ));
+            }
+        }
+    }
+    if body
+        .heads
+        .iter()
+        .any(|head| u64::from(head.segment_index) >= geometry.segment_count)
+    {
+        return Err("a log head lies outside the segments".to_string());
+    }
+    Ok(())
+}
+
+fn slot_segments_valid(slot: &Slot, geometry: &Geometry) -> bool {
+    slot.body_segments
+        .iter()
+        .all(|segment| u64::from(*segment) < geometry.segment_count)
+}
+
 async fn read_body(
     device: &dyn BlockDevice,
     geometry: &Geometry,
@@ -478,6 +554,7 @@ async fn read_body(
     {
         return Err("body belongs to another checkpoint".to_string());
     }
+    validate_body(&body, geometry)?;
     Ok(body)
 }
 

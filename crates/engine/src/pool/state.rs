@@ -52,12 +52,18 @@ pub enum Stream {
 }
 
 /// Free segments each kind of allocation must leave behind.
+/// Free segments kept for records without data (one segment holds thousands).
+pub const RECORD_RESERVE_SEGMENT_COUNT: usize = 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Allocation {
     /// Clients leave the cleaner's and the checkpoints' reserves.
     Client,
-    /// The cleaner leaves the checkpoints' reserve.
+    /// The cleaner leaves the records' and the checkpoints' reserves.
     Cleaner,
+    /// Records without data (trims, deletes, volume changes) leave the
+    /// checkpoints' reserve: they are how a user frees a full pool.
+    Record,
     /// Checkpoints may take the last free segment.
     Checkpoint,
 }
@@ -186,9 +192,14 @@ impl State {
     pub fn reserve_for(&self, allocation: Allocation) -> usize {
         match allocation {
             Allocation::Client => {
-                self.checkpoint_reserve_segment_count + self.cleaner_reserve_segment_count
+                self.checkpoint_reserve_segment_count
+                    + RECORD_RESERVE_SEGMENT_COUNT
+                    + self.cleaner_reserve_segment_count
             }
-            Allocation::Cleaner => self.checkpoint_reserve_segment_count,
+            Allocation::Cleaner => {
+                self.checkpoint_reserve_segment_count + RECORD_RESERVE_SEGMENT_COUNT
+            }
+            Allocation::Record => self.checkpoint_reserve_segment_count,
             Allocation::Checkpoint => 0,
         }
     }
@@ -242,10 +253,10 @@ impl State {
         if self.heads[stream as usize].is_none() {
             // Records without data (trims, deletes) may use the cleaner's reserve:
             // they are tiny, and they are how a user frees a full pool.
-            let allocation = if stream == Stream::Client && with_data {
-                Allocation::Client
-            } else {
-                Allocation::Cleaner
+            let allocation = match (stream, with_data) {
+                (Stream::Client, true) => Allocation::Client,
+                (Stream::Client, false) => Allocation::Record,
+                (Stream::Cleaner, _) => Allocation::Cleaner,
             };
             let segment_index = self
                 .take_free_segment(allocation)
