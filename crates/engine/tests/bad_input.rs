@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use lamina_device::{BlockDevice, FileDevice, FileDeviceOptions, MemoryDevice};
+use lamina_device::{FileDevice, FileDeviceOptions, MemoryDevice};
 use lamina_engine::log::frame;
 use lamina_engine::log::geometry::Geometry;
 use lamina_engine::log::superblock::{SUPERBLOCK_MAGIC, Superblock};

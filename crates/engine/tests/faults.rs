@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice};
+use lamina_device::{FaultyDevice, MemoryDevice};
 use lamina_engine::log::checkpoint::Slot;
 use lamina_engine::log::geometry::{CHECKPOINT_SLOT_BLOCKS, DATA_START_BLOCK};
 use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
