@@ -260,10 +260,32 @@ impl Pool {
                 "neither checkpoint slot holds a valid checkpoint",
             ));
         };
-        let older_valid = slots
-            .iter()
-            .find(|(_, slot)| slot.checkpoint_sequence < chosen_slot.checkpoint_sequence)
-            .map(|(index, slot)| (*index, slot.clone()));
+        // The older checkpoint counts (its segments are kept, and fallback to it
+        // stays possible) only if its body verifies too: a slot can be intact
+        // while its body segments were reused, or name segments that hold data.
+        let mut older_valid = None;
+        for (slot_index, slot) in &slots {
+            if slot.checkpoint_sequence >= chosen_slot.checkpoint_sequence {
+                continue;
+            }
+            match read_body(&*device, &geometry, slot).await {
+                Ok(_) => older_valid = Some((*slot_index, slot.clone())),
+                Err(error) => tracing::warn!(
+                    device = %name, slot_index, checkpoint = slot.checkpoint_sequence, %error,
+                    "the older checkpoint is not usable; it will be replaced"
+                ),
+            }
+            break;
+        }
+        if older_valid.as_ref().is_some_and(|(_, older)| {
+            older
+                .body_segments
+                .iter()
+                .any(|segment| chosen_slot.body_segments.contains(segment))
+        }) {
+            tracing::warn!(device = %name, "both checkpoints claim the same segments; keeping only the newer");
+            older_valid = None;
+        }
 
         let mut state = empty_state(geometry);
         let covered = body.covered_batch_sequence;
@@ -369,6 +391,16 @@ impl Pool {
             volume.map.for_each_physical(&mut |block| {
                 live_counts[geometry.segment_of(block) as usize] += 1
             });
+        }
+        for segment in &held {
+            if live_counts[*segment as usize] > 0 {
+                return Err(EngineError::corrupt(
+                    &name,
+                    "checkpoint",
+                    geometry.segment_first_block(*segment) * BLOCK_SIZE_BYTES,
+                    format!("segment {segment} holds both a checkpoint body and mapped data"),
+                ));
+            }
         }
         let fallback_covered = older_valid.as_ref().map_or(covered, |(_, older)| {
             older.covered_batch_sequence.min(covered)
