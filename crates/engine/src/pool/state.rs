@@ -176,6 +176,11 @@ impl State {
 
     /// Accounts for a physical block that no map references any more.
     pub fn release_block(&mut self, physical_block: u64) {
+        // A dead block's cached copy can never be read again: free its slot for
+        // live data (otherwise overwrites fill the cache with garbage).
+        if let Some(cache) = &self.cache {
+            cache.invalidate_range(physical_block, 1);
+        }
         let died_at = self.current_sequence();
         let segment = &mut self.segments[self.geometry.segment_of(physical_block) as usize];
         assert!(

@@ -25,6 +25,8 @@ struct State {
     /// `slots.len()` blocks of data, slot `i` at `i * 4096`.
     data: Vec<u8>,
     hand: usize,
+    /// Slots emptied by invalidation.
+    free_slots: Vec<usize>,
     hits: u64,
     misses: u64,
 }
@@ -53,6 +55,7 @@ impl MemoryCache {
                 slots: Vec::new(),
                 data: Vec::new(),
                 hand: 0,
+                free_slots: Vec::new(),
                 hits: 0,
                 misses: 0,
             }),
@@ -91,6 +94,13 @@ impl MemoryCache {
         }
         let mut state = self.lock();
         let index = if let Some(index) = state.index_of.get(&physical_block).copied() {
+            index
+        } else if let Some(index) = state.free_slots.pop() {
+            state.slots[index] = Slot {
+                physical_block,
+                referenced: false,
+            };
+            state.index_of.insert(physical_block, index);
             index
         } else if state.slots.len() < self.capacity_blocks {
             state.slots.push(Slot {
@@ -132,9 +142,10 @@ impl MemoryCache {
         let mut state = self.lock();
         for physical_block in first_block..first_block + block_count {
             if let Some(index) = state.index_of.remove(&physical_block) {
-                // A slot with an unused key is reused by the next eviction.
+                // The slot goes on the free list, reused before anything is evicted.
                 state.slots[index].physical_block = u64::MAX;
                 state.slots[index].referenced = false;
+                state.free_slots.push(index);
             }
         }
     }
