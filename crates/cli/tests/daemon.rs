@@ -398,6 +398,12 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     assert!(output.contains("filled"), "{output}");
     let status = lamina(&data_dir, &["pool", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert!(status["failed"].is_null(), "the pool did not fail: {status}");
-    assert!(daemon.terminate().success(), "the daemon stayed up and stops cleanly");
+    assert!(
+        status["failed"].is_null(),
+        "the pool did not fail: {status}"
+    );
+    assert!(
+        daemon.terminate().success(),
+        "the daemon stayed up and stops cleanly"
+    );
 }
