@@ -561,3 +561,61 @@ fn ext4_on_a_volume_survives_postmark_and_a_daemon_restart() {
         "SIGTERM exits 0 after the restart: {status:?}"
     );
 }
+
+/// Allocated bytes of a volume, as `lamina volume list --json` reports them.
+fn allocated_bytes(data_dir: &Path, volume: &str) -> u64 {
+    let listing = run_ok(
+        Command::new(LAMINA)
+            .args(["volume", "list", "--json", "--data"])
+            .arg(data_dir)
+            .env("LAMINA_LOG", "warn"),
+    );
+    let volumes: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|entry| entry["name"] == volume)
+        .and_then(|entry| entry["allocated_bytes"].as_u64())
+        .expect("volume listed")
+}
+
+/// A filesystem's discards reach the engine: fill, delete, `fstrim`, and the
+/// volume's allocated space drops accordingly (trim unmaps at once).
+#[test]
+fn fstrim_gives_a_deleted_file_s_space_back() {
+    if let Some(reason) = missing_prerequisite() {
+        println!("SKIPPED: needs root / /dev/fuse / losetup ({reason})");
+        return;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let mount_point = directory.path().join("mnt");
+    let daemon = Daemon::start(&data_dir);
+    let mut stack = BlockStack::attach(&daemon.uri("default"), &directory.path().join("fuse"));
+    run_ok(Command::new("mkfs.ext4").args(["-F", "-q", stack.device()]));
+    stack.mount(&mount_point, "rw");
+    let before_fill = allocated_bytes(&data_dir, "default");
+    let file = mount_point.join("big");
+    std::fs::write(&file, content(7, 128 << 20)).unwrap();
+    sync();
+    let filled = allocated_bytes(&data_dir, "default");
+    assert!(
+        filled >= before_fill + (120 << 20),
+        "writing 128 MiB allocated {} bytes",
+        filled - before_fill
+    );
+    std::fs::remove_file(&file).unwrap();
+    sync();
+    let trimmed = run_ok(Command::new("fstrim").arg("-v").arg(&mount_point));
+    assert!(trimmed.contains("trimmed"), "{trimmed}");
+    let after = allocated_bytes(&data_dir, "default");
+    assert!(
+        after + (100 << 20) <= filled,
+        "fstrim freed only {} of 128 MiB ({trimmed})",
+        filled.saturating_sub(after)
+    );
+    stack.unmount();
+    stack.detach();
+    assert!(daemon.terminate().success());
+}
