@@ -5,92 +5,13 @@
 //! moments while a client writes and flushes, then a check that every write
 //! acknowledged before a completed flush is intact.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-const LAMINA: &str = env!("CARGO_BIN_EXE_lamina");
+mod common;
 
-struct Daemon {
-    child: Child,
-    data_dir: PathBuf,
-}
-
-impl Daemon {
-    fn start(data_dir: &Path) -> Daemon {
-        Self::start_with_pool(data_dir, 2 << 30, 256 << 20)
-    }
-
-    fn start_with_pool(data_dir: &Path, pool_bytes: u64, volume_bytes: u64) -> Daemon {
-        let config = data_dir.with_extension("toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n"
-            ),
-        )
-        .unwrap();
-        let child = Command::new(LAMINA)
-            .args(["serve", "--data"])
-            .arg(data_dir)
-            .arg("--config")
-            .arg(&config)
-            .env("LAMINA_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start lamina serve");
-        let daemon = Daemon {
-            child,
-            data_dir: data_dir.to_path_buf(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !Command::new("nbdinfo")
-            .arg("--size")
-            .arg(daemon.uri("default"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-        {
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        daemon
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!(
-            "nbd+unix:///{export}?socket={}",
-            self.data_dir.join("nbd.sock").display()
-        )
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on the PID of a child this test started and still owns.
-        unsafe { libc_kill(self.child.id() as i32, 15) };
-        let status = self.child.wait().unwrap();
-        std::mem::forget(self);
-        status
-    }
-
-    fn kill_hard(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, signal: i32) -> i32;
-}
+use common::{Daemon, LAMINA};
 
 fn run(command: &mut Command) -> String {
     // nbdsh needs the system Python with libnbd's bindings, not another on PATH.

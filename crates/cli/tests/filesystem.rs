@@ -10,45 +10,23 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const LAMINA: &str = env!("CARGO_BIN_EXE_lamina");
+mod common;
 
-/// How long the daemon gets to answer `nbdinfo --size` after it starts.
-const DAEMON_READY_TIMEOUT_MS: u64 = 30_000;
+use common::{Daemon, EXIT_TIMEOUT_MS, LAMINA, POLL_INTERVAL_MS, wait_with_timeout};
+
 /// How long nbdfuse gets to expose the export as a file.
 const FUSE_READY_TIMEOUT_MS: u64 = 15_000;
 /// How long a helper program (mkfs, fsck, mount, postmark...) may run.
 const HELPER_TIMEOUT_MS: u64 = 60_000;
-/// How long a process gets to exit after it was asked to.
-const EXIT_TIMEOUT_MS: u64 = 10_000;
 /// How long teardown retries an unmount or detach that reports "busy".
 const BUSY_RETRY_TIMEOUT_MS: u64 = 5_000;
-/// How often the polling loops look again.
-const POLL_INTERVAL_MS: u64 = 20;
 
 unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, signal: i32) -> i32;
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
-}
-
-const SIGTERM: i32 = 15;
-
-/// Waits for `child` to exit for at most `timeout_ms`; `None` if it is still running.
-fn wait_with_timeout(child: &mut Child, timeout_ms: u64) -> Option<ExitStatus> {
-    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait on a child") {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
-    }
 }
 
 /// Runs a helper program to completion with a time limit, feeding it `input`;
@@ -139,75 +117,6 @@ fn cleanup(program: &str, arguments: &[&str]) -> bool {
 }
 
 /// `lamina serve` on a data directory with a small embedded pool, Unix socket only.
-struct Daemon {
-    child: Child,
-    data_dir: PathBuf,
-}
-
-impl Daemon {
-    fn start(data_dir: &Path) -> Daemon {
-        let config = data_dir.with_extension("toml");
-        std::fs::write(
-            &config,
-            "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = 2147483648\ndefault_volume_bytes = 268435456\n[limits]\nflush_interval_ms = 200\n",
-        )
-        .unwrap();
-        let child = Command::new(LAMINA)
-            .args(["serve", "--data"])
-            .arg(data_dir)
-            .arg("--config")
-            .arg(&config)
-            .env("LAMINA_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start lamina serve");
-        let mut daemon = Daemon {
-            child,
-            data_dir: data_dir.to_path_buf(),
-        };
-        let deadline = Instant::now() + Duration::from_millis(DAEMON_READY_TIMEOUT_MS);
-        while !Command::new("nbdinfo")
-            .arg("--size")
-            .arg(daemon.uri("default"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-        {
-            if let Some(status) = daemon.child.try_wait().unwrap() {
-                panic!("lamina serve exited before serving: {status}");
-            }
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 2));
-        }
-        daemon
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!(
-            "nbd+unix:///{export}?socket={}",
-            self.data_dir.join("nbd.sock").display()
-        )
-    }
-
-    /// Sends SIGTERM and waits for the exit status (bounded).
-    fn terminate(mut self) -> ExitStatus {
-        // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
-        unsafe { libc_kill(self.child.id() as i32, SIGTERM) };
-        let status = wait_with_timeout(&mut self.child, EXIT_TIMEOUT_MS)
-            .expect("lamina serve exits within the time limit after SIGTERM");
-        std::mem::forget(self);
-        status
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// An export as a block device, and optionally a mounted filesystem on it:
 /// nbdfuse (a child this test owns), the loop device it attached, the mount
 /// point it mounted. Dropping it undoes whatever is still set up, newest first.

@@ -1,0 +1,123 @@
+//! What the daemon's end-to-end tests share: starting `lamina serve` on a
+//! temporary data directory with a small embedded pool, waiting until it serves,
+//! its NBD URIs, and stopping it by the PID of the child the test owns (SIGTERM
+//! for a clean stop, SIGKILL for a crash). Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const LAMINA: &str = env!("CARGO_BIN_EXE_lamina");
+
+/// How long the daemon gets to answer `nbdinfo --size` after it starts.
+pub const DAEMON_READY_TIMEOUT_MS: u64 = 30_000;
+/// How long a process gets to exit after it was asked to.
+pub const EXIT_TIMEOUT_MS: u64 = 10_000;
+/// How often the polling loops look again.
+pub const POLL_INTERVAL_MS: u64 = 20;
+
+const SIGTERM: i32 = 15;
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+/// Waits for `child` to exit for at most `timeout_ms`; `None` if it is still running.
+pub fn wait_with_timeout(child: &mut Child, timeout_ms: u64) -> Option<ExitStatus> {
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait on a child") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+}
+
+/// A `lamina serve` child process; killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub data_dir: PathBuf,
+}
+
+impl Daemon {
+    /// A 2 GiB embedded pool with a 256 MiB volume `default`, no TCP.
+    pub fn start(data_dir: &Path) -> Daemon {
+        Self::start_with_pool(data_dir, 2 << 30, 256 << 20)
+    }
+
+    pub fn start_with_pool(data_dir: &Path, pool_bytes: u64, volume_bytes: u64) -> Daemon {
+        let config = data_dir.with_extension("toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new(LAMINA)
+            .args(["serve", "--data"])
+            .arg(data_dir)
+            .arg("--config")
+            .arg(&config)
+            .env("LAMINA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start lamina serve");
+        let mut daemon = Daemon {
+            child,
+            data_dir: data_dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_millis(DAEMON_READY_TIMEOUT_MS);
+        while !Command::new("nbdinfo")
+            .arg("--size")
+            .arg(daemon.uri("default"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+        {
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                panic!("lamina serve exited before serving: {status}");
+            }
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 2));
+        }
+        daemon
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!(
+            "nbd+unix:///{export}?socket={}",
+            self.data_dir.join("nbd.sock").display()
+        )
+    }
+
+    /// Sends SIGTERM and waits for the exit status (bounded).
+    pub fn terminate(mut self) -> ExitStatus {
+        // SAFETY: kill(2) on the PID of a child this test started and has not reaped.
+        unsafe { libc_kill(self.child.id() as i32, SIGTERM) };
+        let status = wait_with_timeout(&mut self.child, EXIT_TIMEOUT_MS)
+            .expect("lamina serve exits within the time limit after SIGTERM");
+        std::mem::forget(self);
+        status
+    }
+
+    /// SIGKILL: a process crash.
+    pub fn kill_hard(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
