@@ -111,6 +111,7 @@ fn daemon_serves_real_clients_and_volume_commands() {
         "--iodepth=16",
         "--verify=crc32c",
         "--do_verify=1",
+        "--verify_state_save=0",
     ]));
     assert!(!fio.contains("verify:") || !fio.contains("bad"), "{fio}");
 
