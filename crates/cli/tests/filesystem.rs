@@ -500,7 +500,13 @@ fn fstrim_gives_a_deleted_file_s_space_back() {
     let directory = tempfile::tempdir().unwrap();
     let data_dir = directory.path().join("data");
     let mount_point = directory.path().join("mnt");
-    let daemon = Daemon::start(&data_dir);
+    // Frequent checkpoints, so that segments emptied by the trim are freed soon.
+    let daemon = Daemon::start_with_config(
+        &data_dir,
+        2 << 30,
+        256 << 20,
+        "checkpoint_interval_ms = 200\n",
+    );
     let mut stack = BlockStack::attach(&daemon.uri("default"), &directory.path().join("fuse"));
     run_ok(Command::new("mkfs.ext4").args(["-F", "-q", stack.device()]));
     stack.mount(&mount_point, "rw");
@@ -509,6 +515,7 @@ fn fstrim_gives_a_deleted_file_s_space_back() {
     std::fs::write(&file, content(7, 128 << 20)).unwrap();
     sync();
     let filled = allocated_bytes(&data_dir, "default");
+    let used_filled = pool_used_bytes(&data_dir);
     assert!(
         filled >= before_fill + (120 << 20),
         "writing 128 MiB allocated {} bytes",
@@ -524,7 +531,32 @@ fn fstrim_gives_a_deleted_file_s_space_back() {
         "fstrim freed only {} of 128 MiB ({trimmed})",
         filled.saturating_sub(after)
     );
+    // The pool's used space drops too, once checkpoints free the dead segments.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let used = pool_used_bytes(&data_dir);
+        if used + (100 << 20) <= used_filled {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pool used space stayed at {used} bytes after fstrim (was {used_filled})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     stack.unmount();
     stack.detach();
     assert!(daemon.terminate().success());
+}
+
+/// The pool's used bytes, as `lamina pool status --json` reports them.
+fn pool_used_bytes(data_dir: &Path) -> u64 {
+    let status = run_ok(
+        Command::new(LAMINA)
+            .args(["pool", "status", "--json", "--data"])
+            .arg(data_dir)
+            .env("LAMINA_LOG", "warn"),
+    );
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    status["used_bytes"].as_u64().expect("used_bytes")
 }

@@ -135,3 +135,45 @@ async fn a_full_pool_says_no_space_keeps_data_and_recovers_after_trim() {
     }
     pool.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_frees_trimmed_segments_in_the_background() {
+    let device = Arc::new(MemoryDevice::new((4 << 20) + 64 * SEGMENT_BYTES));
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+    };
+    let limits = PoolLimits {
+        flush_interval_ms: 20,
+        checkpoint_interval_ms: 50,
+        ..PoolLimits::default()
+    };
+    let pool = Pool::create(device, options, limits).await.unwrap();
+    pool.create_volume("v", 8 << 20).await.unwrap();
+    let volume = pool.volume_id("v").unwrap();
+    for block in 0..1024u64 {
+        pool.write(volume, block * BLOCK as u64, &pattern(block, 1), false)
+            .await
+            .unwrap();
+    }
+    pool.flush().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    let used_full = pool.status().used_bytes;
+    pool.trim(volume, 0, 1024 * BLOCK as u64, true)
+        .await
+        .unwrap();
+    // No more client I/O: only background checkpoints can free the dead segments.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = pool.status();
+        if status.dead_segment_count == 0 && status.used_bytes + (3 << 20) <= used_full {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dead segments never freed: {status:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    pool.close().await.unwrap();
+}

@@ -51,11 +51,21 @@ impl Daemon {
     }
 
     pub fn start_with_pool(data_dir: &Path, pool_bytes: u64, volume_bytes: u64) -> Daemon {
+        Self::start_with_config(data_dir, pool_bytes, volume_bytes, "")
+    }
+
+    /// `extra_limits` are more `[limits]` lines of the daemon's TOML config.
+    pub fn start_with_config(
+        data_dir: &Path,
+        pool_bytes: u64,
+        volume_bytes: u64,
+        extra_limits: &str,
+    ) -> Daemon {
         let config = data_dir.with_extension("toml");
         std::fs::write(
             &config,
             format!(
-                "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n"
+                "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n{extra_limits}"
             ),
         )
         .unwrap();

@@ -788,11 +788,17 @@ impl Pool {
                     return;
                 }
                 let pool = Pool { inner };
-                let (dirty, log_bytes) = {
+                let (dirty, log_bytes, space_waiting) = {
                     let state = pool.inner.lock();
                     if state.failed.is_some() {
                         return;
                     }
+                    // Dead segments become free only through checkpoints; an idle
+                    // pool must still take them, or trimmed space never returns.
+                    let space_waiting = state
+                        .segments
+                        .iter()
+                        .any(|segment| matches!(segment.state, state::SegmentState::Dead { .. }));
                     let dirty = state
                         .open_batch
                         .as_ref()
@@ -801,12 +807,13 @@ impl Pool {
                     (
                         dirty,
                         state.sealed_bytes_total - state.bytes_at_last_checkpoint,
+                        space_waiting,
                     )
                 };
                 if dirty && let Err(error) = pool.flush().await {
                     tracing::error!(%error, "background flush failed");
                 }
-                let due_by_time = log_bytes > 0
+                let due_by_time = (log_bytes > 0 || space_waiting)
                     && last_checkpoint.elapsed()
                         >= Duration::from_millis(pool.inner.limits.checkpoint_interval_ms);
                 pool.warn_about_usage(&mut warned_percent);
