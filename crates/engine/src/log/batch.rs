@@ -93,6 +93,21 @@ impl Summary {
             .count()
     }
 
+    /// Whether this summary is the next link of a segment's batch chain: same
+    /// incarnation, at the position the chain expects, and its data fits in the
+    /// segment. Recovery and the cleaner both walk chains with this one rule.
+    pub fn continues_chain(
+        &self,
+        segment_sequence: u64,
+        block_in_segment: u32,
+        segment_size_blocks: u64,
+    ) -> bool {
+        self.segment_sequence == segment_sequence
+            && self.block_in_segment == block_in_segment
+            && u64::from(block_in_segment) + 1 + self.data_block_count() as u64
+                <= segment_size_blocks
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let bytes = frame::encode(
             BATCH_MAGIC,

@@ -126,18 +126,17 @@ impl Pool {
         let block = BLOCK_SIZE_BYTES as usize;
         let mut candidates: Vec<(u32, u64, u64, usize)> = Vec::new();
         let mut position = 0u64;
+        // The incarnation is the one of the batch at block 0.
         let mut incarnation = None;
         while position + 2 <= geometry.segment_size_blocks {
             let start = position as usize * block;
             let Ok(summary) = Summary::decode(&contents[start..start + block]) else {
                 break;
             };
-            if incarnation.is_some_and(|sequence| sequence != summary.segment_sequence)
-                || u64::from(summary.block_in_segment) != position
-            {
+            let sequence = *incarnation.get_or_insert(summary.segment_sequence);
+            if !summary.continues_chain(sequence, position as u32, geometry.segment_size_blocks) {
                 break;
             }
-            incarnation = Some(summary.segment_sequence);
             let mut data_index = 0u64;
             for record in &summary.records {
                 if let Record::Data {

@@ -254,7 +254,10 @@ impl Pool {
     }
 
     /// Appends a control record, applies it, and makes it durable before returning.
-    async fn control(
+    /// Appends a record without data and applies it; when the pool is full,
+    /// reclaims space and tries again, rebuilding the record so that it is
+    /// checked against the state of that moment.
+    async fn append_record(
         &self,
         build: impl Fn(&State) -> Result<Record, EngineError>,
     ) -> Result<(), EngineError> {
@@ -267,14 +270,21 @@ impl Pool {
             match result {
                 Ok(sealed) => {
                     self.spawn_writes(sealed);
-                    return self.flush().await;
+                    return Ok(());
                 }
-                // Rebuilt after reclaiming, so that it is checked against the
-                // state of that moment.
                 Err(EngineError::NoSpace) if self.reclaim().await? => continue,
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    /// A control operation: appended like any record, and durable on return.
+    async fn control(
+        &self,
+        build: impl Fn(&State) -> Result<Record, EngineError>,
+    ) -> Result<(), EngineError> {
+        self.append_record(build).await?;
+        self.flush().await
     }
 
     pub async fn create_volume(
@@ -643,17 +653,7 @@ impl Pool {
                 logical_block: first_whole / block,
                 block_count: (end_whole - first_whole) / block,
             };
-            loop {
-                let result = self.inner.lock().append_record(record.clone());
-                match result {
-                    Ok(sealed) => {
-                        self.spawn_writes(sealed);
-                        break;
-                    }
-                    Err(EngineError::NoSpace) if self.reclaim().await? => continue,
-                    Err(error) => return Err(error),
-                }
-            }
+            self.append_record(|_| Ok(record.clone())).await?;
         } else {
             let zeros = vec![0u8; (128 * block) as usize];
             let mut position = first_whole;

@@ -19,7 +19,7 @@ use crate::error::EngineError;
 use crate::log::FORMAT_VERSION;
 use crate::log::batch::{Record, Summary, block_checksum};
 use crate::log::checkpoint::{Body, Slot};
-use crate::log::frame::{FrameError, peek_header};
+use crate::log::frame::FrameError;
 use crate::log::geometry::{
     CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry, SUPERBLOCK_BLOCK,
 };
@@ -603,7 +603,7 @@ async fn scan_log(
     // recorded is walked from where the checkpoint left it. (A recorded head may
     // have been freed and reused since, when recovery falls back to an older
     // checkpoint: its new incarnation wins.)
-    let mut starts: Vec<(u32, u32, Option<u64>)> = Vec::new();
+    let mut starts: Vec<(u32, u32, u64)> = Vec::new();
     let candidates: Vec<u32> = (0..geometry.segment_count as u32)
         .filter(|index| !held.contains(index))
         .collect();
@@ -616,19 +616,17 @@ async fn scan_log(
         });
         for (index, result) in group.iter().zip(futures::future::join_all(reads).await) {
             let block = result?;
-            let newer_incarnation = peek_header(crate::log::batch::BATCH_MAGIC, &block).is_ok()
-                && Summary::decode(&block).is_ok_and(|summary| {
-                    summary.segment_sequence >= body.next_segment_sequence
-                        && summary.block_in_segment == 0
-                });
-            if newer_incarnation {
-                let summary = Summary::decode(&block).expect("decoded above");
-                starts.push((*index, 0, Some(summary.segment_sequence)));
+            let newer_incarnation = Summary::decode(&block).ok().filter(|summary| {
+                summary.segment_sequence >= body.next_segment_sequence
+                    && summary.block_in_segment == 0
+            });
+            if let Some(summary) = newer_incarnation {
+                starts.push((*index, 0, summary.segment_sequence));
             } else if let Some(head) = body.heads.iter().find(|head| head.segment_index == *index) {
                 starts.push((
                     head.segment_index,
                     head.next_block_in_segment,
-                    Some(head.segment_sequence),
+                    head.segment_sequence,
                 ));
             }
         }
@@ -660,7 +658,7 @@ async fn walk_segment(
     geometry: &Geometry,
     segment_index: u32,
     first_block: u32,
-    segment_sequence: Option<u64>,
+    segment_sequence: u64,
 ) -> Result<Vec<(Summary, u64)>, EngineError> {
     let mut found = Vec::new();
     let mut block_in_segment = first_block;
@@ -673,14 +671,14 @@ async fn walk_segment(
         let Ok(summary) = Summary::decode(&bytes) else {
             break;
         };
-        let data_count = summary.data_block_count() as u64;
-        if Some(summary.segment_sequence) != segment_sequence
-            || summary.block_in_segment != block_in_segment
-            || u64::from(block_in_segment) + 1 + data_count > geometry.segment_size_blocks
-        {
+        if !summary.continues_chain(
+            segment_sequence,
+            block_in_segment,
+            geometry.segment_size_blocks,
+        ) {
             break;
         }
-        block_in_segment += 1 + data_count as u32;
+        block_in_segment += 1 + summary.data_block_count() as u32;
         found.push((summary, summary_block));
     }
     Ok(found)
