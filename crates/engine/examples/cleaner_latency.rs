@@ -28,7 +28,7 @@
 //!
 //!     cargo run --release -p lamina-engine --example cleaner_latency -- \
 //!         [--pool-mib 256] [--live 0.85] [--seconds 10] [--runs 3] [--directory DIR] \
-//!         [--paced-cleaner on|off]
+//!         [--paced-cleaner on|off] [--relocation-ratio 32] [--cleaner-headroom 4]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,6 +99,18 @@ async fn create_pool(
         memory_cache_bytes: 0,
         ..PoolLimits::default()
     };
+    limits.cleaner_relocation_blocks_per_client_block_max = argument(
+        "--relocation-ratio",
+        &limits
+            .cleaner_relocation_blocks_per_client_block_max
+            .to_string(),
+    )
+    .parse()?;
+    limits.cleaner_headroom_segment_count = argument(
+        "--cleaner-headroom",
+        &limits.cleaner_headroom_segment_count.to_string(),
+    )
+    .parse()?;
     if argument("--paced-cleaner", "on") == "off" {
         limits.cleaner_relocation_blocks_per_client_block_max = 0.0;
     }

@@ -4,7 +4,7 @@
 //!
 //!     cargo run --release -p lamina-engine --example write_amplification -- \
 //!         [--live 0.5,0.7,0.85] [--pool-mib 512] [--passes 4] [--zipf 0.99] \
-//!         [--workloads uniform,zipf] [--paced-cleaner on|off] [--cleaner-headroom 8]
+//!         [--workloads uniform,zipf] [--paced-cleaner on|off] [--cleaner-headroom 4]
 //!
 //! Besides the total, it prints the blocks the cleaner relocated per client
 //! block; the rest of the total above 1 is summaries and checkpoints.
@@ -75,7 +75,7 @@ async fn measure(
         flush_interval_ms: 3_600_000,
         ..PoolLimits::default()
     };
-    limits.cleaner_headroom_segment_count = argument("--cleaner-headroom", "8")
+    limits.cleaner_headroom_segment_count = argument("--cleaner-headroom", "4")
         .parse()
         .expect("--cleaner-headroom");
     if argument("--paced-cleaner", "on") == "off" {

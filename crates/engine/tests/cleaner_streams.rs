@@ -260,3 +260,44 @@ async fn paced_cleaner_under_a_writer_survives_power_cuts() {
     }
     assert!(relocated_total > 0, "the cleaner never ran");
 }
+
+/// Several writers overwrite a nearly full pool at once with the paced cleaner
+/// off, so every free segment comes from blocked writers' reclaim. Writers that
+/// still have room keep emptying segments while one of them reclaims; the
+/// reclaim must count those (they need only checkpoints) instead of giving up
+/// with ENOSPC while space is reclaimable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_on_a_nearly_full_pool_never_see_enospc() {
+    for seed in 0..4u64 {
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let limits = PoolLimits {
+            flush_interval_ms: 3_600_000,
+            checkpoint_interval_ms: 3_600_000,
+            cleaner_relocation_blocks_per_client_block_max: 0.0,
+            ..PoolLimits::default()
+        };
+        let pool = Pool::create(memory, options(), limits)
+            .await
+            .expect("create");
+        let (volume_id, block_count) = create_volume(&pool, 0.85).await;
+        let writers = (0..8u64).map(|writer| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut rng = SmallRng::seed_from_u64(seed * 100 + writer);
+                for index in 0..block_count * 2 {
+                    let block = rng.random_range(0..block_count);
+                    let contents = random_block(&mut rng, seed);
+                    pool.write(volume_id, (block * BLOCK) as u64, &contents, false)
+                        .await
+                        .unwrap_or_else(|error| {
+                            panic!("seed {seed} writer {writer} write {index}: {error}")
+                        });
+                }
+            })
+        });
+        for writer in writers.collect::<Vec<_>>() {
+            writer.await.expect("writer");
+        }
+        pool.close().await.expect("close");
+    }
+}

@@ -28,8 +28,9 @@ pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
 /// Segments fuller than this fraction are never worth cleaning.
 const VICTIM_UTILIZATION_MAX: f64 = 0.97;
 
-/// Clean-and-checkpoint rounds a blocked writer runs before giving up (a
-/// victim is freed two rounds after it is emptied).
+/// Clean-and-checkpoint rounds a blocked writer runs at least before giving up
+/// (a victim is freed two rounds after it is emptied); pools with more segments
+/// than this get one round per segment.
 const RECLAIM_ROUNDS_MAX: usize = 32;
 
 /// Blocks relocated per hold of the state lock.
@@ -37,6 +38,15 @@ const RELOCATION_CHUNK_BLOCKS: usize = 64;
 
 /// Checkpoint bodies' worth of segments that clients leave to the cleaner.
 pub const CLEANER_RESERVE_CHECKPOINT_BODIES: u64 = 8;
+
+/// Segments emptied and waiting for checkpoints to be freed.
+fn dead_segment_count(state: &State) -> usize {
+    state
+        .segments
+        .iter()
+        .filter(|segment| matches!(segment.state, SegmentState::Dead { .. }))
+        .count()
+}
 
 /// Free segments that clients leave to the cleaner. A blocked writer's reclaim
 /// round relocates into them, and every round costs a checkpoint, which writes
@@ -50,8 +60,8 @@ pub const CLEANER_RESERVE_CHECKPOINT_BODIES: u64 = 8;
 pub fn cleaner_reserve_segment_count(geometry: &crate::log::geometry::Geometry) -> usize {
     let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
     let body_bytes = capacity_blocks * 12 + geometry.segment_count * 10;
-    let body_segments = body_bytes.div_ceil(geometry.segment_size_bytes());
-    (CLEANER_RESERVE_CHECKPOINT_BODIES * body_segments)
+    (CLEANER_RESERVE_CHECKPOINT_BODIES * body_bytes)
+        .div_ceil(geometry.segment_size_bytes())
         .max(geometry.segment_count / 100)
         .max(2) as usize
 }
@@ -261,7 +271,11 @@ impl Pool {
         // checkpoints cover its death, so each round's checkpoint frees what the
         // round before last emptied, and every checkpoint (which writes the whole
         // map) is shared by two rounds of victims.
-        for _ in 0..RECLAIM_ROUNDS_MAX {
+        // Each round either frees what earlier rounds emptied or empties a
+        // victim (which gains at least 3% of a segment), so a pool with little
+        // slack may need many rounds; they stop when neither happens.
+        let rounds_max = RECLAIM_ROUNDS_MAX.max(self.inner.geometry.segment_count as usize);
+        for _ in 0..rounds_max {
             self.checkpoint().await?;
             let dead = {
                 let state = self.inner.lock();
@@ -289,7 +303,9 @@ impl Pool {
             let emptied = self
                 .clean_with(CLEAN_PASS_SEGMENTS_MAX, VictimPolicy::CostBenefit)
                 .await?;
-            if emptied == 0 && dead == 0 {
+            // Writers that still had room in the client head may have emptied
+            // segments meanwhile: those need only checkpoints too.
+            if emptied == 0 && dead == 0 && dead_segment_count(&self.inner.lock()) == 0 {
                 break;
             }
         }

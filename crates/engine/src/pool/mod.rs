@@ -73,7 +73,7 @@ pub struct PoolLimits {
     /// finds no free segment still cleans for itself).
     pub cleaner_relocation_blocks_per_client_block_max: f64,
     /// Free segments beyond the clients' reserve under which the paced cleaner
-    /// starts; below half of them it runs unpaced, so that writers do not block.
+    /// starts (at most 2% of the pool's segments, at least 2).
     pub cleaner_headroom_segment_count: usize,
     /// How often the paced cleaner looks at free space and its budget.
     pub cleaner_interval_ms: u64,
@@ -90,8 +90,8 @@ impl Default for PoolLimits {
             read_run_blocks_max: 64,
             usage_warning_percents: vec![80, 90],
             memory_cache_bytes: 1 << 30,
-            cleaner_relocation_blocks_per_client_block_max: 8.0,
-            cleaner_headroom_segment_count: 8,
+            cleaner_relocation_blocks_per_client_block_max: 32.0,
+            cleaner_headroom_segment_count: 4,
             cleaner_interval_ms: 5,
         }
     }

@@ -243,7 +243,16 @@ impl State {
 
     fn seal_head_segment(&mut self, stream: Stream) {
         if let Some(head) = self.heads[stream as usize].take() {
-            let died_at = self.current_sequence();
+            // Blocks are released only while a batch is open, so with none open
+            // every release happened in a sealed batch, and any checkpoint that
+            // covers `sealed_through` was taken after it. (The next sequence,
+            // which `current_sequence` gives, may not be sealed for a long
+            // time: a blocked writer's reclaim would wait for it forever.)
+            let died_at = if self.open_batch.is_some() {
+                self.current_sequence()
+            } else {
+                self.sealed_through
+            };
             let segment = &mut self.segments[head.segment_index as usize];
             segment.state = if segment.live_blocks == 0 {
                 SegmentState::Dead { died_at }

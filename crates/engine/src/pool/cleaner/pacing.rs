@@ -30,10 +30,18 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 
 /// Victims emptied since the last checkpoint before the paced cleaner takes
-/// another, as a fraction of the headroom: each checkpoint writes the whole
-/// map, so it is shared by several victims, but they hold space until freed.
-fn dead_segments_per_checkpoint_max(headroom_segment_count: usize) -> usize {
-    (headroom_segment_count / 2).max(1)
+/// another: each checkpoint writes the whole map, so it is shared by several
+/// victims, as many as the cleaner's reserve (sized at several checkpoint
+/// bodies) or half the headroom, whichever is more; they hold space until
+/// freed. (Half the headroom alone, 2 victims of 4 MiB per checkpoint on a
+/// 1 GiB pool, measured write amplification 5.9 against 4.7 unpaced.)
+fn dead_segments_per_checkpoint_max(
+    headroom_segment_count: usize,
+    cleaner_reserve_segment_count: usize,
+) -> usize {
+    (headroom_segment_count / 2)
+        .max(cleaner_reserve_segment_count)
+        .max(1)
 }
 
 /// Unspent relocation budget kept at most, in segments' worth of blocks, so
@@ -124,7 +132,8 @@ impl Pool {
                 return Ok(Step::Idle);
             }
             let limits = &self.inner.limits;
-            let headroom = limits.cleaner_headroom_segment_count.max(2);
+            let headroom =
+                headroom_segment_count(limits.cleaner_headroom_segment_count, state.segments.len());
             let reserve = state.reserve_for(Allocation::Client);
             // Dead segments that the newest durable checkpoint does not cover yet
             // need two more checkpoints; the others are freed by the next one.
@@ -170,7 +179,10 @@ impl Pool {
                 Dead {
                     total: dead,
                     uncovered: uncovered_dead,
-                    group: dead_segments_per_checkpoint_max(headroom),
+                    group: dead_segments_per_checkpoint_max(
+                        headroom,
+                        state.cleaner_reserve_segment_count,
+                    ),
                 },
                 pacer.budget_blocks,
                 next_victim_live_blocks,
@@ -188,6 +200,14 @@ impl Pool {
         }
         Ok(step)
     }
+}
+
+/// The headroom in segments: the configured count, but at most 2% of the pool
+/// (free space the cleaner keeps is space the data cannot use, which raises
+/// write amplification, so a small pool of large segments keeps less), and at
+/// least 2.
+fn headroom_segment_count(configured_segment_count: usize, segment_count: usize) -> usize {
+    configured_segment_count.min(segment_count / 50).max(2)
 }
 
 /// 0 when at least `headroom` segments are available, rising linearly to 1
@@ -238,6 +258,14 @@ fn choose_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_headroom_is_at_most_two_percent_of_the_pool_and_at_least_two_segments() {
+        assert_eq!(headroom_segment_count(4, 256), 4);
+        assert_eq!(headroom_segment_count(4, 64), 2);
+        assert_eq!(headroom_segment_count(4, 100_000), 4);
+        assert_eq!(headroom_segment_count(0, 100_000), 2);
+    }
 
     #[test]
     fn pressure_rises_from_zero_at_the_headroom_to_one_at_none_left() {
