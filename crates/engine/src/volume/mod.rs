@@ -12,7 +12,7 @@
 //! Hence a block a node drops is still referenced elsewhere exactly when one of
 //! the node's neighbours holds it at the same logical block: one lookup per
 //! overwrite, no reference counts, nothing to do at snapshot time
-//! (see docs/decisions/0004-snapshots.md).
+//! (see docs/decisions/0005-snapshots.md).
 
 pub mod map;
 
