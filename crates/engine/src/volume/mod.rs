@@ -479,29 +479,46 @@ impl VolumeTable {
     }
 
     pub fn snapshot_infos(&self, volume_id: u32) -> Vec<SnapshotInfo> {
-        let Some(volume) = self.volumes.get(&volume_id) else {
-            return Vec::new();
-        };
-        volume
-            .snapshots
-            .iter()
-            .enumerate()
-            .map(|(index, snapshot)| {
-                let neighbours = self.snapshot_neighbours(volume, index);
-                SnapshotInfo {
-                    full_name: format!("{}@{}", volume.name, snapshot.name),
-                    volume: volume.name.clone(),
-                    name: snapshot.name.clone(),
-                    snapshot_id: snapshot.snapshot_id,
-                    size_bytes: snapshot.size_bytes,
-                    referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
-                    unique_bytes: snapshot.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES,
-                    clones: self.clone_names(Origin {
-                        volume_id,
-                        snapshot_id: snapshot.snapshot_id,
-                    }),
-                    created_unix_seconds: snapshot.created_unix_seconds,
-                }
+        let count = self
+            .volumes
+            .get(&volume_id)
+            .map_or(0, |volume| volume.snapshots.len());
+        (0..count)
+            .filter_map(|index| self.snapshot_info(volume_id, index))
+            .collect()
+    }
+
+    /// Snapshot `index` (0 = oldest) of a volume, with its space accounting:
+    /// cost proportional to the chunks it does not share with its neighbours.
+    pub fn snapshot_info(&self, volume_id: u32, index: usize) -> Option<SnapshotInfo> {
+        let volume = self.volumes.get(&volume_id)?;
+        let snapshot = volume.snapshots.get(index)?;
+        let neighbours = self.snapshot_neighbours(volume, index);
+        Some(SnapshotInfo {
+            full_name: format!("{}@{}", volume.name, snapshot.name),
+            volume: volume.name.clone(),
+            name: snapshot.name.clone(),
+            snapshot_id: snapshot.snapshot_id,
+            size_bytes: snapshot.size_bytes,
+            referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
+            unique_bytes: snapshot.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES,
+            clones: self.clone_names(Origin {
+                volume_id,
+                snapshot_id: snapshot.snapshot_id,
+            }),
+            created_unix_seconds: snapshot.created_unix_seconds,
+        })
+    }
+
+    /// `VOL@SNAP` of every snapshot, without the accounting (for export lists).
+    pub fn snapshot_full_names(&self) -> Vec<String> {
+        self.volumes
+            .values()
+            .flat_map(|volume| {
+                volume
+                    .snapshots
+                    .iter()
+                    .map(move |snapshot| format!("{}@{}", volume.name, snapshot.name))
             })
             .collect()
     }
