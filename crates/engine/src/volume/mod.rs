@@ -575,17 +575,23 @@ impl VolumeTable {
             } => {
                 let physical_block =
                     physical_block.expect("relocation record applied without its block");
-                let family = self.family(*volume_id);
-                let maps = self
-                    .volumes
-                    .iter_mut()
-                    .filter(|(member, _)| family.contains(member))
-                    .flat_map(|(_, volume)| volume.maps_mut());
+                // Take the family's volumes out for the move: cost proportional to
+                // the family, not to every volume of the pool.
+                let mut members: Vec<Volume> = self
+                    .family(*volume_id)
+                    .into_iter()
+                    .filter_map(|member| self.volumes.remove(&member))
+                    .collect();
                 let mapping = Mapping {
                     physical_block,
                     checksum: *checksum,
                 };
-                if relocate_in(maps, *logical_block, *from_physical_block, mapping) > 0 {
+                let maps = members.iter_mut().flat_map(Volume::maps_mut);
+                let held = relocate_in(maps, *logical_block, *from_physical_block, mapping);
+                for member in members {
+                    self.volumes.insert(member.volume_id, member);
+                }
+                if held > 0 {
                     displaced(*from_physical_block);
                 } else {
                     displaced(physical_block);
