@@ -92,9 +92,17 @@ async fn measure(
         .await
         .expect("volume");
     let volume = pool.volume_id("wa").expect("id");
-    let data = vec![0x5au8; BLOCK as usize];
+    // Every write carries its block and generation, so that the final check
+    // would notice a block the cleaner lost or mixed up.
+    let contents = |block: u64, generation: u32| {
+        let mut data = vec![0x5au8; BLOCK as usize];
+        data[..8].copy_from_slice(&block.to_le_bytes());
+        data[8..12].copy_from_slice(&generation.to_le_bytes());
+        data
+    };
+    let mut generations = vec![0u32; volume_blocks as usize];
     for block in 0..volume_blocks {
-        pool.write(volume, block * BLOCK, &data, false)
+        pool.write(volume, block * BLOCK, &contents(block, 0), false)
             .await
             .expect("fill");
     }
@@ -112,17 +120,31 @@ async fn measure(
     };
     // Warm up to steady state, then measure.
     for block in overwrite(volume_blocks * 2, &mut rng) {
+        generations[block as usize] += 1;
+        let data = contents(block, generations[block as usize]);
         pool.write(volume, block * BLOCK, &data, false)
             .await
             .expect("warm-up");
     }
     let before = pool.status();
     for block in overwrite(volume_blocks * passes, &mut rng) {
+        generations[block as usize] += 1;
+        let data = contents(block, generations[block as usize]);
         pool.write(volume, block * BLOCK, &data, false)
             .await
             .expect("overwrite");
     }
     let after = pool.status();
+    let mut read_back = vec![0u8; BLOCK as usize];
+    for block in 0..volume_blocks {
+        pool.read(volume, block * BLOCK, &mut read_back)
+            .await
+            .expect("read back");
+        assert!(
+            read_back == contents(block, generations[block as usize]),
+            "block {block} does not hold its last write"
+        );
+    }
     if std::env::var_os("WA_VERBOSE").is_some() {
         eprintln!(
             "  checkpoints: {}",
