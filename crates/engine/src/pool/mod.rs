@@ -27,7 +27,8 @@ use crate::error::EngineError;
 use crate::log::batch::{Record, block_checksum};
 use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry};
 use crate::volume::{
-    Origin, SnapshotInfo, View, VolumeInfo, validate_volume_name, validate_volume_size,
+    Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
+    validate_volume_name, validate_volume_size,
 };
 use state::{InFlightBatch, State};
 
@@ -240,19 +241,30 @@ impl Pool {
 
     // ----- volumes -----
 
+    /// Every volume with its space accounting. The accounting compares maps;
+    /// it runs after the state lock is released, on copies of the maps.
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        let state = self.inner.lock();
-        state
-            .volumes
-            .iter()
-            .filter_map(|volume| state.volumes.volume_info(volume.volume_id))
+        let pending: Vec<_> = {
+            let state = self.inner.lock();
+            state
+                .volumes
+                .iter()
+                .filter_map(|volume| state.volumes.volume_info(volume.volume_id))
+                .collect()
+        };
+        pending
+            .into_iter()
+            .map(PendingVolumeInfo::compute)
             .collect()
     }
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, EngineError> {
-        let state = self.inner.lock();
-        let volume_id = state.volumes.id_of(name)?;
-        Ok(state.volumes.volume_info(volume_id).expect("id from name"))
+        let pending = {
+            let state = self.inner.lock();
+            let volume_id = state.volumes.id_of(name)?;
+            state.volumes.volume_info(volume_id).expect("id from name")
+        };
+        Ok(pending.compute())
     }
 
     /// The view (volume or snapshot) a name denotes: `VOL` or `VOL@SNAP`.
@@ -273,15 +285,21 @@ impl Pool {
 
     /// Snapshots of one volume, or of every volume, oldest first per volume.
     pub fn list_snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotInfo>, EngineError> {
-        let state = self.inner.lock();
-        match volume {
-            Some(name) => Ok(state.volumes.snapshot_infos(state.volumes.id_of(name)?)),
-            None => Ok(state
-                .volumes
-                .iter()
-                .flat_map(|volume| state.volumes.snapshot_infos(volume.volume_id))
-                .collect()),
-        }
+        let pending = {
+            let state = self.inner.lock();
+            match volume {
+                Some(name) => state.volumes.snapshot_infos(state.volumes.id_of(name)?),
+                None => state
+                    .volumes
+                    .iter()
+                    .flat_map(|volume| state.volumes.snapshot_infos(volume.volume_id))
+                    .collect(),
+            }
+        };
+        Ok(pending
+            .into_iter()
+            .map(PendingSnapshotInfo::compute)
+            .collect())
     }
 
     /// `VOL@SNAP` of every snapshot (cheap: no space accounting).
@@ -290,20 +308,23 @@ impl Pool {
     }
 
     fn snapshot_info_of(&self, volume: &str, snapshot: &str) -> Result<SnapshotInfo, EngineError> {
-        let state = self.inner.lock();
-        let volume_id = state.volumes.id_of(volume)?;
-        state
-            .volumes
-            .get(volume_id)
-            .expect("id from name")
-            .snapshots
-            .iter()
-            .position(|candidate| candidate.name == snapshot)
-            .and_then(|index| state.volumes.snapshot_info(volume_id, index))
-            .ok_or_else(|| EngineError::NoSuchSnapshot {
-                volume: volume.to_string(),
-                snapshot: snapshot.to_string(),
-            })
+        let pending = {
+            let state = self.inner.lock();
+            let volume_id = state.volumes.id_of(volume)?;
+            state
+                .volumes
+                .get(volume_id)
+                .expect("id from name")
+                .snapshots
+                .iter()
+                .position(|candidate| candidate.name == snapshot)
+                .and_then(|index| state.volumes.snapshot_info(volume_id, index))
+                .ok_or_else(|| EngineError::NoSuchSnapshot {
+                    volume: volume.to_string(),
+                    snapshot: snapshot.to_string(),
+                })?
+        };
+        Ok(pending.compute())
     }
 
     /// Takes a read-only snapshot of a volume's current contents: atomic, durable

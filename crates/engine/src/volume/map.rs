@@ -38,10 +38,12 @@ impl Chunk {
     }
 }
 
-/// See the module documentation.
+/// See the module documentation. The chunk index itself is shared too, so that
+/// copying a map (a snapshot, a checkpoint, an accounting pass outside the pool
+/// lock) is O(1); the first change after a copy copies the index (O(chunks)).
 #[derive(Clone, Default)]
 pub struct BlockMap {
-    chunks: BTreeMap<u64, Arc<Chunk>>,
+    chunks: Arc<BTreeMap<u64, Arc<Chunk>>>,
     mapped_count: u64,
 }
 
@@ -68,7 +70,7 @@ impl BlockMap {
         assert_ne!(mapping.physical_block, 0, "physical block 0 is never data");
         let (chunk_index, entry) = split(logical_block);
         let chunk = Arc::make_mut(
-            self.chunks
+            Arc::make_mut(&mut self.chunks)
                 .entry(chunk_index)
                 .or_insert_with(|| Arc::new(Chunk::empty())),
         );
@@ -105,15 +107,15 @@ impl BlockMap {
             .range(first_chunk..=last_chunk)
             .map(|(index, _)| *index)
             .collect();
+        if touched.is_empty() {
+            return;
+        }
+        let chunks = Arc::make_mut(&mut self.chunks);
         for chunk_index in touched {
             let chunk_start = chunk_index * CHUNK_ENTRY_COUNT as u64;
             let from = logical_block.max(chunk_start) - chunk_start;
             let to = end.min(chunk_start + CHUNK_ENTRY_COUNT as u64) - chunk_start;
-            let chunk = Arc::make_mut(
-                self.chunks
-                    .get_mut(&chunk_index)
-                    .expect("chunk listed above"),
-            );
+            let chunk = Arc::make_mut(chunks.get_mut(&chunk_index).expect("chunk listed above"));
             for entry in from as usize..to as usize {
                 let old = chunk.physical_blocks[entry];
                 if old != 0 {
@@ -124,7 +126,7 @@ impl BlockMap {
                 }
             }
             if chunk.mapped_count == 0 {
-                self.chunks.remove(&chunk_index);
+                chunks.remove(&chunk_index);
             }
         }
     }
@@ -165,7 +167,7 @@ impl BlockMap {
             return;
         }
         self.mapped_count += u64::from(chunk.mapped_count);
-        let previous = self.chunks.insert(chunk_index, chunk);
+        let previous = Arc::make_mut(&mut self.chunks).insert(chunk_index, chunk);
         assert!(
             previous.is_none(),
             "chunk {chunk_index} appears twice in a map"
@@ -177,7 +179,13 @@ impl BlockMap {
     /// alone references among its neighbours. Chunks shared with a neighbour are
     /// skipped whole.
     pub fn for_each_not_in(&self, others: &[&BlockMap], visit: &mut dyn FnMut(u64, u64)) {
-        for (chunk_index, chunk) in &self.chunks {
+        if others
+            .iter()
+            .any(|other| Arc::ptr_eq(&other.chunks, &self.chunks))
+        {
+            return;
+        }
+        for (chunk_index, chunk) in self.chunks.iter() {
             let neighbours: Vec<&Arc<Chunk>> = others
                 .iter()
                 .filter_map(|other| other.chunks.get(chunk_index))
@@ -231,13 +239,17 @@ pub fn relocate_in<'a>(
     let mut replaced: Vec<(Arc<Chunk>, Arc<Chunk>)> = Vec::new();
     let mut held = 0;
     for map in maps {
-        let Some(slot) = map.chunks.get_mut(&chunk_index) else {
-            continue;
-        };
-        if slot.physical_blocks[entry] != from {
+        if map
+            .chunks
+            .get(&chunk_index)
+            .is_none_or(|chunk| chunk.physical_blocks[entry] != from)
+        {
             continue;
         }
         held += 1;
+        let slot = Arc::make_mut(&mut map.chunks)
+            .get_mut(&chunk_index)
+            .expect("checked above");
         if let Some((_, new)) = replaced.iter().find(|(old, _)| Arc::ptr_eq(old, slot)) {
             *slot = new.clone();
             continue;
@@ -268,7 +280,7 @@ impl BlockMap {
         chunk.mapped_count = physical_blocks.iter().filter(|block| **block != 0).count() as u32;
         if chunk.mapped_count > 0 {
             self.mapped_count += u64::from(chunk.mapped_count);
-            let previous = self.chunks.insert(chunk_index, Arc::new(chunk));
+            let previous = Arc::make_mut(&mut self.chunks).insert(chunk_index, Arc::new(chunk));
             assert!(
                 previous.is_none(),
                 "chunk {chunk_index} appears twice in a checkpoint"

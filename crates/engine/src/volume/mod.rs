@@ -127,6 +127,50 @@ pub struct SnapshotInfo {
     pub created_unix_seconds: u64,
 }
 
+/// A volume's information with the maps its space accounting needs, copied
+/// under the pool lock (O(1) per map) so that the accounting, which walks the
+/// chunks that differ between maps, runs without holding it.
+pub struct PendingVolumeInfo {
+    info: VolumeInfo,
+    origin: Option<BlockMap>,
+    /// Oldest first.
+    snapshots: Vec<BlockMap>,
+    live: BlockMap,
+}
+
+impl PendingVolumeInfo {
+    pub fn compute(mut self) -> VolumeInfo {
+        let parent = self.snapshots.last().or(self.origin.as_ref());
+        let unique_blocks = self.live.count_not_in(parent.as_slice());
+        // Each block of the chain is counted once, at the first map holding it:
+        // the maps holding a block are contiguous along the chain.
+        let mut used_blocks = unique_blocks;
+        let mut before = self.origin.as_ref();
+        for snapshot in &self.snapshots {
+            used_blocks += snapshot.count_not_in(before.as_slice());
+            before = Some(snapshot);
+        }
+        self.info.unique_bytes = unique_blocks * BLOCK_SIZE_BYTES;
+        self.info.used_bytes = used_blocks * BLOCK_SIZE_BYTES;
+        self.info
+    }
+}
+
+/// A snapshot's information with its neighbours' maps (see [`PendingVolumeInfo`]).
+pub struct PendingSnapshotInfo {
+    info: SnapshotInfo,
+    map: BlockMap,
+    neighbours: Vec<BlockMap>,
+}
+
+impl PendingSnapshotInfo {
+    pub fn compute(mut self) -> SnapshotInfo {
+        let neighbours: Vec<&BlockMap> = self.neighbours.iter().collect();
+        self.info.unique_bytes = self.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES;
+        self.info
+    }
+}
+
 /// A read-only, point-in-time copy of a volume's map.
 pub struct Snapshot {
     /// Unique in the pool and increasing, so a volume's snapshots sorted by
@@ -450,35 +494,36 @@ impl VolumeTable {
             .map(|mapping| mapping.checksum)
     }
 
-    pub fn volume_info(&self, volume_id: u32) -> Option<VolumeInfo> {
+    /// A volume's accounting inputs (see [`PendingVolumeInfo`]).
+    pub fn volume_info(&self, volume_id: u32) -> Option<PendingVolumeInfo> {
         let volume = self.volumes.get(&volume_id)?;
-        let parent = self.live_parent(volume);
-        let unique_blocks = volume.map.count_not_in(parent.as_slice());
-        // Each block of the chain is counted once, at the first map holding it.
-        let mut used_blocks = unique_blocks;
-        let mut before = self.origin_map(volume.origin);
-        for snapshot in &volume.snapshots {
-            used_blocks += snapshot.map.count_not_in(before.as_slice());
-            before = Some(&snapshot.map);
-        }
-        Some(VolumeInfo {
-            volume_id,
-            name: volume.name.clone(),
-            size_bytes: volume.size_bytes,
-            allocated_bytes: volume.map.mapped_count() * BLOCK_SIZE_BYTES,
-            unique_bytes: unique_blocks * BLOCK_SIZE_BYTES,
-            used_bytes: used_blocks * BLOCK_SIZE_BYTES,
-            snapshot_count: volume.snapshots.len(),
-            origin: volume.origin.and_then(|origin| {
-                let origin_volume = self.volumes.get(&origin.volume_id)?;
-                let snapshot = origin_volume.snapshot(origin.snapshot_id)?;
-                Some(format!("{}@{}", origin_volume.name, snapshot.name))
-            }),
-            created_unix_seconds: volume.created_unix_seconds,
+        Some(PendingVolumeInfo {
+            info: VolumeInfo {
+                volume_id,
+                name: volume.name.clone(),
+                size_bytes: volume.size_bytes,
+                allocated_bytes: volume.map.mapped_count() * BLOCK_SIZE_BYTES,
+                unique_bytes: 0,
+                used_bytes: 0,
+                snapshot_count: volume.snapshots.len(),
+                origin: volume.origin.and_then(|origin| {
+                    let origin_volume = self.volumes.get(&origin.volume_id)?;
+                    let snapshot = origin_volume.snapshot(origin.snapshot_id)?;
+                    Some(format!("{}@{}", origin_volume.name, snapshot.name))
+                }),
+                created_unix_seconds: volume.created_unix_seconds,
+            },
+            origin: self.origin_map(volume.origin).cloned(),
+            snapshots: volume
+                .snapshots
+                .iter()
+                .map(|snapshot| snapshot.map.clone())
+                .collect(),
+            live: volume.map.clone(),
         })
     }
 
-    pub fn snapshot_infos(&self, volume_id: u32) -> Vec<SnapshotInfo> {
+    pub fn snapshot_infos(&self, volume_id: u32) -> Vec<PendingSnapshotInfo> {
         let count = self
             .volumes
             .get(&volume_id)
@@ -488,25 +533,31 @@ impl VolumeTable {
             .collect()
     }
 
-    /// Snapshot `index` (0 = oldest) of a volume, with its space accounting:
-    /// cost proportional to the chunks it does not share with its neighbours.
-    pub fn snapshot_info(&self, volume_id: u32, index: usize) -> Option<SnapshotInfo> {
+    /// Snapshot `index` (0 = oldest) of a volume, with its accounting inputs.
+    pub fn snapshot_info(&self, volume_id: u32, index: usize) -> Option<PendingSnapshotInfo> {
         let volume = self.volumes.get(&volume_id)?;
         let snapshot = volume.snapshots.get(index)?;
-        let neighbours = self.snapshot_neighbours(volume, index);
-        Some(SnapshotInfo {
-            full_name: format!("{}@{}", volume.name, snapshot.name),
-            volume: volume.name.clone(),
-            name: snapshot.name.clone(),
-            snapshot_id: snapshot.snapshot_id,
-            size_bytes: snapshot.size_bytes,
-            referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
-            unique_bytes: snapshot.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES,
-            clones: self.clone_names(Origin {
-                volume_id,
+        Some(PendingSnapshotInfo {
+            info: SnapshotInfo {
+                full_name: format!("{}@{}", volume.name, snapshot.name),
+                volume: volume.name.clone(),
+                name: snapshot.name.clone(),
                 snapshot_id: snapshot.snapshot_id,
-            }),
-            created_unix_seconds: snapshot.created_unix_seconds,
+                size_bytes: snapshot.size_bytes,
+                referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
+                unique_bytes: 0,
+                clones: self.clone_names(Origin {
+                    volume_id,
+                    snapshot_id: snapshot.snapshot_id,
+                }),
+                created_unix_seconds: snapshot.created_unix_seconds,
+            },
+            map: snapshot.map.clone(),
+            neighbours: self
+                .snapshot_neighbours(volume, index)
+                .into_iter()
+                .cloned()
+                .collect(),
         })
     }
 
