@@ -350,6 +350,7 @@ fn draw_bars_on<DB: DrawingBackend>(
         .disable_y_mesh()
         .x_desc("IOPS (median)")
         .y_labels(count)
+        .y_label_style(("sans-serif", 15))
         .y_label_formatter(&|y| {
             // Row i is drawn at y = count - 1 - i, so the first case is on top.
             let index = y.round();
@@ -475,6 +476,53 @@ mod tests {
                 .expect("reads")
                 .contains("p99.9")
         );
+    }
+
+    #[test]
+    fn snapshot_bars_name_every_case_and_server() {
+        use crate::snapshots::{CaseKind, CaseResult, SnapshotsReport, SnapshotsSettings};
+        let case = |server: &str, kind: CaseKind, iops: f64| {
+            CaseResult::new(
+                server,
+                kind,
+                "target".into(),
+                vec![sample_point(iops, 100.0, false).measurement],
+            )
+        };
+        let report = SnapshotsReport {
+            settings: SnapshotsSettings {
+                size_bytes: 1 << 20,
+                runtime_seconds: 1,
+                ramp_seconds: 0,
+                iodepth: 32,
+                repetitions: 1,
+                snapshots: 100,
+                chain_depth: 20,
+                clone_write_bytes: 4096,
+                pool_size_bytes: 1 << 30,
+                memory_cache_bytes: None,
+            },
+            fio_version: "fio-3.33".into(),
+            qemu_version: None,
+            cases: vec![
+                case("lamina", CaseKind::Write { snapshots: 0 }, 9000.0),
+                case("lamina", CaseKind::ReadClone { depth: 20 }, 8000.0),
+                case("qemu-nbd", CaseKind::Write { snapshots: 0 }, 3000.0),
+            ],
+            timings: vec![],
+            comparisons: vec![],
+            notes: vec![],
+            skipped: vec![],
+        };
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("bars.svg");
+        draw_bars(&report, &path).expect("draws");
+        let svg = std::fs::read_to_string(&path).expect("reads");
+        assert!(svg.contains("randwrite, 0 snapshots — lamina"));
+        assert!(svg.contains("randwrite, 0 snapshots — qemu-nbd"));
+        assert!(svg.contains("randread, clone depth 20 — lamina"));
+        assert!(svg.contains("9,000") && svg.contains("3,000"));
+        assert!(svg.matches("<rect").count() >= 3);
     }
 
     #[test]

@@ -78,9 +78,9 @@ pub struct SnapshotsArgs {
     /// lamina's memory block cache (`[limits] memory_cache_bytes`); default: lamina's default.
     #[arg(long, value_parser = crate::parse_size)]
     pub memory_cache: Option<u64>,
-    /// Measure lamina only.
-    #[arg(long)]
-    pub no_qemu: bool,
+    /// Servers to measure: `lamina`, `qemu-nbd` or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [SnapshotServer::Lamina, SnapshotServer::QemuNbd])]
+    pub servers: Vec<SnapshotServer>,
     /// The lamina binary (default: this program).
     #[arg(long, env = "LAMINA_BIN")]
     pub lamina_bin: Option<PathBuf>,
@@ -99,6 +99,15 @@ pub struct SnapshotsArgs {
     /// Draw a bar chart of the median IOPS to this file (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+}
+
+/// The servers `lamina bench snapshots` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapshotServer {
+    Lamina,
+    /// qemu-nbd on qcow2: internal snapshots and a backing-file chain.
+    QemuNbd,
 }
 
 /// What one case measures.
@@ -575,52 +584,19 @@ fn qemu_version() -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Prepares both servers, runs every case `repetitions` times and returns the report.
-pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
-    crate::process::install_interrupt_handler();
-    crate::process::become_subreaper();
-    assert!(arguments.repetitions > 0, "at least one repetition");
-    assert!(
-        arguments.snapshots > 1,
-        "the many-snapshot case needs more than one"
-    );
-    assert!(
-        arguments.chain_depth > 0,
-        "the chain needs at least one clone"
-    );
-    let fio_version = crate::fio_version(&arguments.fio)?;
+/// Starts lamina, writes its volumes, takes the snapshots and builds the clone chain;
+/// adds lamina's cases to `plan`. One daemon serves everything; its `default` volume
+/// is the 0-snapshot volume.
+fn prepare_lamina(
+    arguments: &SnapshotsArgs,
+    program: &Path,
+    work: &Path,
+    data_file: &Path,
+    plan: &mut Plan,
+) -> anyhow::Result<Lamina> {
     let size = arguments.size;
-    let program = crate::lamina_program(arguments.lamina_bin.as_ref());
-    if !program.is_file() {
-        anyhow::bail!("lamina binary {} not found", program.display());
-    }
-    let mut skipped = Vec::new();
-    let mut notes = Vec::new();
-    let with_qemu = if arguments.no_qemu {
-        false
-    } else if let Some(program) = ["qemu-nbd", "qemu-img"]
-        .into_iter()
-        .find(|program| find_program(program).is_none())
-    {
-        skipped.push(Skipped {
-            server: QEMU.into(),
-            reason: format!("`{program}` is not installed"),
-        });
-        false
-    } else {
-        true
-    };
-    let work = crate::work_directory(arguments.work_dir.as_ref())?;
-    let data_file = work.path().join("data.raw");
-    eprintln!("preparing {} MiB of random data", size >> 20);
-    crate::servers::write_random_data(&data_file, size)?;
-    let mut timings = Timings::default();
-    let mut sets: Vec<SnapshotSet> = Vec::new();
-    let mut cases: Vec<Case> = Vec::new();
     let many = arguments.snapshots;
     let depth = arguments.chain_depth;
-
-    // lamina: one daemon, the `default` volume is the 0-snapshot volume.
     let mut extra_config = format!(
         "[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {size}\n",
         arguments.pool_size
@@ -629,15 +605,15 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         extra_config.push_str(&format!("[limits]\nmemory_cache_bytes = {bytes}\n"));
     }
     eprintln!("starting lamina");
-    let server = start_lamina_daemon(&program, &work.path().join("lamina"), &extra_config)?;
-    let data = work.path().join("lamina").join("data");
+    let server = start_lamina_daemon(program, &work.join("lamina"), &extra_config)?;
+    let data = work.join("lamina").join("data");
     let lamina = Lamina {
-        program: program.clone(),
+        program: program.to_owned(),
         socket: data.join("nbd.sock"),
         data,
         server,
     };
-    notes.push(format!(
+    plan.notes.push(format!(
         "lamina: one daemon, pool on a {} GiB sparse file{}, data written over NBD with nbdcopy --flush",
         arguments.pool_size >> 30,
         arguments
@@ -655,11 +631,11 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     for volume in ["default", "snap1", "snapmany", "origin"] {
         check_interrupted()?;
         eprintln!("lamina: writing {volume}");
-        prefill_over_nbd(&lamina.uri(volume), &data_file)?;
+        prefill_over_nbd(&lamina.uri(volume), data_file)?;
     }
     for _ in 0..BASELINE_SAMPLES {
         let milliseconds = timed(lamina.command(&["volume", "list"]))?;
-        timings.record(
+        plan.timings.record(
             LAMINA,
             "lamina volume list (admin round trip)",
             milliseconds,
@@ -667,20 +643,21 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     }
     for (count, volume) in write_volumes {
         let set_index = (count > 0).then(|| {
-            sets.push(SnapshotSet::default());
-            sets.len() - 1
+            plan.sets.push(SnapshotSet::default());
+            plan.sets.len() - 1
         });
         if let Some(index) = set_index {
             eprintln!("lamina: {count} snapshots of {volume}");
             for _ in 0..count {
                 check_interrupted()?;
-                let name = sets[index].next_name();
+                let name = plan.sets[index].next_name();
                 let milliseconds = lamina.create_snapshot(volume, &name)?;
-                timings.record(LAMINA, "lamina snapshot create", milliseconds);
-                sets[index].names.push_back(name);
+                plan.timings
+                    .record(LAMINA, "lamina snapshot create", milliseconds);
+                plan.sets[index].names.push_back(name);
             }
         }
-        cases.push(Case {
+        plan.cases.push(Case {
             server: LAMINA,
             kind: CaseKind::Write { snapshots: count },
             target: Target::Lamina {
@@ -696,10 +673,11 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         check_interrupted()?;
         let snapshot = format!("chain{level}");
         let milliseconds = lamina.create_snapshot(&previous, &snapshot)?;
-        timings.record(LAMINA, "lamina snapshot create", milliseconds);
+        plan.timings
+            .record(LAMINA, "lamina snapshot create", milliseconds);
         let clone = format!("clone{level}");
         let milliseconds = lamina.clone_snapshot(&previous, &snapshot, &clone)?;
-        timings.record(LAMINA, "lamina clone", milliseconds);
+        plan.timings.record(LAMINA, "lamina clone", milliseconds);
         fio_random_writes(
             &arguments.fio,
             &lamina.uri(&clone),
@@ -709,7 +687,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         )?;
         previous = clone;
     }
-    cases.push(Case {
+    plan.cases.push(Case {
         server: LAMINA,
         kind: CaseKind::ReadOrigin,
         target: Target::Lamina {
@@ -718,7 +696,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         },
         runs: Vec::new(),
     });
-    cases.push(Case {
+    plan.cases.push(Case {
         server: LAMINA,
         kind: CaseKind::ReadClone { depth },
         target: Target::Lamina {
@@ -728,97 +706,187 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         runs: Vec::new(),
     });
 
-    // qemu-nbd: qcow2 images converted from the same data.
-    let images = work.path().join("images");
-    let serve_directory = work.path().join("qemu-serve");
-    let qemu_version = if with_qemu { qemu_version() } else { None };
-    if with_qemu {
-        std::fs::create_dir_all(&images)?;
-        let convert = |name: &str| -> anyhow::Result<PathBuf> {
-            let image = images.join(name);
-            eprintln!("qemu: converting {name}");
-            let mut command = Command::new("qemu-img");
-            command
-                .args(["convert", "-f", "raw", "-O", "qcow2"])
-                .arg(&data_file)
-                .arg(&image);
-            run_helper(command)?;
-            Ok(image)
-        };
-        let mut write_images = Vec::new();
-        for count in [0, 1, many] {
-            write_images.push((count, convert(&format!("snapshots{count}.qcow2"))?));
-        }
-        let base = convert("base.qcow2")?;
-        for (count, image) in write_images {
-            let set_index = (count > 0).then(|| {
-                sets.push(SnapshotSet::default());
-                sets.len() - 1
-            });
-            if let Some(index) = set_index {
-                eprintln!("qemu: {count} internal snapshots of {}", image.display());
-                for _ in 0..count {
-                    check_interrupted()?;
-                    let name = sets[index].next_name();
-                    let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], &image))?;
-                    timings.record(QEMU, "qemu-img snapshot -c (offline)", milliseconds);
-                    sets[index].names.push_back(name);
-                }
-            }
-            cases.push(Case {
-                server: QEMU,
-                kind: CaseKind::Write { snapshots: count },
-                target: Target::Qemu {
-                    image,
-                    snapshots: set_index,
-                },
-                runs: Vec::new(),
-            });
-        }
-        eprintln!("qemu: backing chain of {depth} overlays");
-        let mut previous = base.clone();
-        for level in 1..=depth {
-            check_interrupted()?;
-            let overlay = images.join(format!("overlay{level}.qcow2"));
-            let mut command = Command::new("qemu-img");
-            command
-                .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-                .arg(&previous)
-                .arg(&overlay);
-            let milliseconds = timed(command)?;
-            timings.record(QEMU, "qemu-img create -b (overlay)", milliseconds);
-            let server = serve_qemu_nbd(&overlay, "qcow2", &serve_directory, 1, false)?;
-            let written = fio_random_writes(
-                &arguments.fio,
-                &server.uri,
-                size,
-                arguments.clone_write_size,
-                level,
-            );
-            server.stop();
-            written?;
-            previous = overlay;
-        }
-        cases.push(Case {
-            server: QEMU,
-            kind: CaseKind::ReadOrigin,
-            target: Target::Qemu {
-                image: base,
-                snapshots: None,
-            },
-            runs: Vec::new(),
+    Ok(lamina)
+}
+
+/// Converts the data to qcow2 images, takes the internal snapshots and builds the
+/// backing-file chain (writing to each overlay through qemu-nbd); adds qemu-nbd's cases
+/// to `plan`.
+fn prepare_qemu(
+    arguments: &SnapshotsArgs,
+    images: &Path,
+    serve_directory: &Path,
+    data_file: &Path,
+    plan: &mut Plan,
+) -> anyhow::Result<()> {
+    let size = arguments.size;
+    let many = arguments.snapshots;
+    let depth = arguments.chain_depth;
+    std::fs::create_dir_all(images)?;
+    let convert = |name: &str| -> anyhow::Result<PathBuf> {
+        let image = images.join(name);
+        eprintln!("qemu: converting {name}");
+        let mut command = Command::new("qemu-img");
+        command
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(data_file)
+            .arg(&image);
+        run_helper(command)?;
+        Ok(image)
+    };
+    let mut write_images = Vec::new();
+    for count in [0, 1, many] {
+        write_images.push((count, convert(&format!("snapshots{count}.qcow2"))?));
+    }
+    let base = convert("base.qcow2")?;
+    for (count, image) in write_images {
+        let set_index = (count > 0).then(|| {
+            plan.sets.push(SnapshotSet::default());
+            plan.sets.len() - 1
         });
-        cases.push(Case {
+        if let Some(index) = set_index {
+            eprintln!("qemu: {count} internal snapshots of {}", image.display());
+            for _ in 0..count {
+                check_interrupted()?;
+                let name = plan.sets[index].next_name();
+                let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], &image))?;
+                plan.timings
+                    .record(QEMU, "qemu-img snapshot -c (offline)", milliseconds);
+                plan.sets[index].names.push_back(name);
+            }
+        }
+        plan.cases.push(Case {
             server: QEMU,
-            kind: CaseKind::ReadClone { depth },
+            kind: CaseKind::Write { snapshots: count },
             target: Target::Qemu {
-                image: previous,
-                snapshots: None,
+                image,
+                snapshots: set_index,
             },
             runs: Vec::new(),
         });
     }
+    eprintln!("qemu: backing chain of {depth} overlays");
+    let mut previous = base.clone();
+    for level in 1..=depth {
+        check_interrupted()?;
+        let overlay = images.join(format!("overlay{level}.qcow2"));
+        let mut command = Command::new("qemu-img");
+        command
+            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+            .arg(&previous)
+            .arg(&overlay);
+        let milliseconds = timed(command)?;
+        plan.timings
+            .record(QEMU, "qemu-img create -b (overlay)", milliseconds);
+        let server = serve_qemu_nbd(&overlay, "qcow2", serve_directory, 1, false)?;
+        let written = fio_random_writes(
+            &arguments.fio,
+            &server.uri,
+            size,
+            arguments.clone_write_size,
+            level,
+        );
+        server.stop();
+        written?;
+        previous = overlay;
+    }
+    plan.cases.push(Case {
+        server: QEMU,
+        kind: CaseKind::ReadOrigin,
+        target: Target::Qemu {
+            image: base,
+            snapshots: None,
+        },
+        runs: Vec::new(),
+    });
+    plan.cases.push(Case {
+        server: QEMU,
+        kind: CaseKind::ReadClone { depth },
+        target: Target::Qemu {
+            image: previous,
+            snapshots: None,
+        },
+        runs: Vec::new(),
+    });
+    Ok(())
+}
 
+/// What the preparation of the servers leaves for the measurement.
+#[derive(Default)]
+struct Plan {
+    timings: Timings,
+    /// Snapshot sets of the snapshot cases, indexed by their targets.
+    sets: Vec<SnapshotSet>,
+    cases: Vec<Case>,
+    notes: Vec<String>,
+}
+
+/// Prepares both servers, runs every case `repetitions` times and returns the report.
+pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
+    crate::process::install_interrupt_handler();
+    crate::process::become_subreaper();
+    assert!(arguments.repetitions > 0, "at least one repetition");
+    assert!(
+        arguments.snapshots > 1,
+        "the many-snapshot case needs more than one"
+    );
+    assert!(
+        arguments.chain_depth > 0,
+        "the chain needs at least one clone"
+    );
+    let fio_version = crate::fio_version(&arguments.fio)?;
+    let size = arguments.size;
+    let program = crate::lamina_program(arguments.lamina_bin.as_ref());
+    let with_lamina = arguments.servers.contains(&SnapshotServer::Lamina);
+    if with_lamina && !program.is_file() {
+        anyhow::bail!("lamina binary {} not found", program.display());
+    }
+    let mut skipped = Vec::new();
+    let with_qemu = if !arguments.servers.contains(&SnapshotServer::QemuNbd) {
+        false
+    } else if let Some(program) = ["qemu-nbd", "qemu-img"]
+        .into_iter()
+        .find(|program| find_program(program).is_none())
+    {
+        skipped.push(Skipped {
+            server: QEMU.into(),
+            reason: format!("`{program}` is not installed"),
+        });
+        false
+    } else {
+        true
+    };
+    let work = crate::work_directory(arguments.work_dir.as_ref())?;
+    let data_file = work.path().join("data.raw");
+    eprintln!("preparing {} MiB of random data", size >> 20);
+    crate::servers::write_random_data(&data_file, size)?;
+    let mut plan = Plan::default();
+    let many = arguments.snapshots;
+    let depth = arguments.chain_depth;
+
+    let lamina = if with_lamina {
+        Some(prepare_lamina(
+            arguments,
+            &program,
+            work.path(),
+            &data_file,
+            &mut plan,
+        )?)
+    } else {
+        None
+    };
+    let images = work.path().join("images");
+    let serve_directory = work.path().join("qemu-serve");
+    let qemu_version = if with_qemu { qemu_version() } else { None };
+    if with_qemu {
+        prepare_qemu(arguments, &images, &serve_directory, &data_file, &mut plan)?;
+    }
+    let Plan {
+        mut timings,
+        mut sets,
+        mut cases,
+        mut notes,
+    } = plan;
     let mut qemu_notes = Vec::new();
     for repetition in 0..arguments.repetitions {
         let order: Vec<usize> = if repetition % 2 == 0 {
@@ -848,6 +916,9 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
             };
             let measurement = match &case.target {
                 Target::Lamina { export, snapshots } => {
+                    let lamina = lamina
+                        .as_ref()
+                        .expect("lamina cases exist only when lamina runs");
                     if let (Some(set), true) = (snapshots, repetition > 0) {
                         // A fresh snapshot right before the run; the count stays the same.
                         let set = &mut sets[*set];
@@ -890,7 +961,9 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
             case.runs.push(measurement);
         }
     }
-    lamina.server.stop();
+    if let Some(lamina) = lamina {
+        lamina.server.stop();
+    }
     if with_qemu {
         notes.push(format!(
             "qemu-nbd: qcow2 (qemu-img convert defaults: 64 KiB clusters), {}, one server per run, started and stopped around it; snapshots and overlays made offline with qemu-img",
