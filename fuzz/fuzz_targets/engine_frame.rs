@@ -68,8 +68,8 @@ fuzz_target!(|data: &[u8]| {
     match structure {
         0 => {
             generic::<Superblock>(magic, &bytes);
-            if let Ok(value) = Superblock::decode(&bytes) {
-                assert_eq!(Superblock::decode(&value.encode()).unwrap(), value);
+            if let Ok((_, value)) = Superblock::decode(&bytes) {
+                assert_eq!(Superblock::decode(&value.encode()).unwrap().1, value);
             }
         }
         1 => {

@@ -18,6 +18,14 @@ pub enum EngineError {
         supported: u32,
     },
     #[error(
+        "{device} holds a lamina pool of format version {found}, from a development build older than this lamina reads ({supported}); recreate the pool"
+    )]
+    OlderFormat {
+        device: String,
+        found: u32,
+        supported: u32,
+    },
+    #[error(
         "{device} is truncated: the pool was created on {expected_bytes} bytes but the device has {actual_bytes}"
     )]
     Truncated {
@@ -54,6 +62,22 @@ pub enum EngineError {
     },
     #[error("no such volume: {0}")]
     NoSuchVolume(String),
+    #[error("no such snapshot: {volume}@{snapshot}")]
+    NoSuchSnapshot { volume: String, snapshot: String },
+    #[error("snapshot {volume}@{snapshot} already exists")]
+    SnapshotExists { volume: String, snapshot: String },
+    #[error("{what} has clones that depend on it: {clones}; delete those clones first")]
+    HasClones { what: String, clones: String },
+    #[error(
+        "{volume}@{snapshot} is not the newest snapshot of {volume}; newer snapshots: {newer} (delete them first, or clone {volume}@{snapshot} instead)"
+    )]
+    NotNewestSnapshot {
+        volume: String,
+        snapshot: String,
+        newer: String,
+    },
+    #[error("{0} is a read-only snapshot")]
+    ReadOnly(String),
     #[error("volume {0} already exists")]
     VolumeExists(String),
     #[error("invalid volume name {name:?}: {reason}")]

@@ -21,7 +21,7 @@ pub mod volume;
 
 pub use error::EngineError;
 pub use pool::{Extent, Pool, PoolLimits, PoolOptions, PoolStatus};
-pub use volume::{VolumeInfo, validate_volume_name};
+pub use volume::{SnapshotInfo, View, VolumeInfo, split_snapshot_name, validate_volume_name};
 
 /// Size in bytes of a logical and of a physical block: the unit of mapping,
 /// checksumming and allocation.

@@ -147,21 +147,22 @@ async fn an_ext4_image_is_not_a_pool() {
     );
 }
 
-/// A superblock written by a future lamina (format version 2) is refused, naming
-/// both versions, and the pool is left untouched for that newer lamina.
+/// A superblock written by a future lamina (format version 3) is refused, naming
+/// both versions, and the pool is left untouched for that newer lamina; one from
+/// an older development build (version 1, before snapshots) is refused too.
 #[tokio::test]
-async fn a_newer_format_version_is_refused_naming_both_versions() {
+async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
     let mut image = pool_image().await;
-    let superblock = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
-    let newer = frame::encode(SUPERBLOCK_MAGIC, 2, &superblock, BLOCK_SIZE_BYTES as usize);
+    let (_, superblock) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
+    let newer = frame::encode(SUPERBLOCK_MAGIC, 3, &superblock, BLOCK_SIZE_BYTES as usize);
     image[..newer.len()].copy_from_slice(&newer);
-    let error = open_must_fail(image).await;
+    let error = open_must_fail(image.clone()).await;
     assert!(
         matches!(
             error,
             EngineError::NewerFormat {
-                found: 2,
-                supported: 1,
+                found: 3,
+                supported: 2,
                 ..
             }
         ),
@@ -169,9 +170,24 @@ async fn a_newer_format_version_is_refused_naming_both_versions() {
     );
     let message = error.to_string();
     assert!(
-        message.contains("format version 2") && message.contains("(1)"),
+        message.contains("format version 3") && message.contains("(2)"),
         "{message}"
     );
+    let older = frame::encode(SUPERBLOCK_MAGIC, 1, &superblock, BLOCK_SIZE_BYTES as usize);
+    image[..older.len()].copy_from_slice(&older);
+    let error = open_must_fail(image).await;
+    assert!(
+        matches!(
+            error,
+            EngineError::OlderFormat {
+                found: 1,
+                supported: 2,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("recreate"), "{error}");
 }
 
 #[tokio::test]
@@ -288,7 +304,7 @@ async fn every_bit_flip_in_the_superblock_is_refused() {
 /// Writes `geometry` into a valid superblock frame over a closed pool's image.
 async fn image_with_geometry(change: impl Fn(&mut Geometry)) -> Vec<u8> {
     let mut image = pool_image().await;
-    let mut superblock = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
+    let (_, mut superblock) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
     change(&mut superblock.geometry);
     let encoded = superblock.encode();
     image[..encoded.len()].copy_from_slice(&encoded);

@@ -1,5 +1,6 @@
 //! Crash consistency: seeded random mixes of writes (aligned and not), flushes,
-//! FUA writes, trims, write-zeroes, resizes and checkpoints on the fault-injecting
+//! FUA writes, trims, write-zeroes, resizes, checkpoints, cleaning, snapshots
+//! (create, delete, rollback) and clones (create, write, delete) on the fault-injecting
 //! device, a power cut at a random point (unflushed writes kept, dropped or torn
 //! at 512-byte boundaries), recovery, and a block-by-block comparison with a
 //! shadow model that knows, for every block, which contents it may hold: the last
@@ -16,8 +17,18 @@ use rand::{Rng, SeedableRng};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 64 << 10;
-const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
+const DEVICE_BYTES: u64 = (4 << 20) + 128 * SEGMENT_BYTES;
 const VOLUME_BLOCKS_MAX: usize = 48;
+/// Snapshots per volume and volumes in all (clones included), at most, so that
+/// what snapshots keep alive always fits in the small device.
+const SNAPSHOTS_PER_VOLUME_MAX: usize = 3;
+const VOLUMES_MAX: usize = 5;
+
+/// A snapshot's contents are fixed (snapshot creation flushes everything).
+struct ShadowSnapshot {
+    name: String,
+    blocks: Vec<Arc<Vec<u8>>>,
+}
 
 /// The contents each block of a volume may hold after a crash.
 struct ShadowVolume {
@@ -25,6 +36,9 @@ struct ShadowVolume {
     /// Per block: index 0 is the newest content; all entries are possible
     /// after a crash (the last is the one a completed flush made durable).
     blocks: Vec<Vec<Arc<Vec<u8>>>>,
+    snapshots: Vec<ShadowSnapshot>,
+    /// (volume, snapshot) this volume was cloned from.
+    origin: Option<(String, String)>,
 }
 
 impl ShadowVolume {
@@ -41,6 +55,24 @@ impl ShadowVolume {
             candidates.truncate(1);
         }
     }
+
+    fn current(&self) -> Vec<Arc<Vec<u8>>> {
+        self.blocks
+            .iter()
+            .map(|candidates| candidates[0].clone())
+            .collect()
+    }
+}
+
+fn has_clones(shadows: &[ShadowVolume], volume: &str, snapshot: Option<&str>) -> bool {
+    shadows.iter().any(|shadow| {
+        shadow
+            .origin
+            .as_ref()
+            .is_some_and(|(origin_volume, origin_snapshot)| {
+                origin_volume == volume && snapshot.is_none_or(|name| name == origin_snapshot)
+            })
+    })
 }
 
 fn zero_block() -> Arc<Vec<u8>> {
@@ -81,7 +113,48 @@ async fn verify(pool: &Pool, shadows: &[ShadowVolume], seed: u64, phase: &str) {
                 shadow.name
             );
         }
+        for snapshot in &shadow.snapshots {
+            let full_name = format!("{}@{}", shadow.name, snapshot.name);
+            let view = pool
+                .resolve_view(&full_name)
+                .unwrap_or_else(|error| panic!("seed {seed} {phase}: {full_name}: {error}"));
+            let mut contents = vec![0u8; snapshot.blocks.len() * BLOCK];
+            pool.read_view(view, 0, &mut contents)
+                .await
+                .unwrap_or_else(|error| panic!("seed {seed} {phase}: read {full_name}: {error}"));
+            for (block, expected) in snapshot.blocks.iter().enumerate() {
+                assert!(
+                    contents[block * BLOCK..(block + 1) * BLOCK] == expected[..],
+                    "seed {seed} {phase}: snapshot {full_name} block {block} changed"
+                );
+            }
+        }
+        let snapshot_names: Vec<String> = pool
+            .list_snapshots(Some(&shadow.name))
+            .unwrap()
+            .into_iter()
+            .map(|info| info.name)
+            .collect();
+        let expected: Vec<String> = shadow
+            .snapshots
+            .iter()
+            .map(|snapshot| snapshot.name.clone())
+            .collect();
+        assert_eq!(
+            snapshot_names, expected,
+            "seed {seed} {phase}: snapshots of {}",
+            shadow.name
+        );
     }
+    let mut names: Vec<String> = pool
+        .list_volumes()
+        .into_iter()
+        .map(|info| info.name)
+        .collect();
+    let mut expected: Vec<String> = shadows.iter().map(|shadow| shadow.name.clone()).collect();
+    names.sort();
+    expected.sort();
+    assert_eq!(names, expected, "seed {seed} {phase}: volumes");
 }
 
 /// After recovery every block holds exactly one content: collapse to it.
@@ -100,11 +173,16 @@ async fn settle(pool: &Pool, shadows: &mut [ShadowVolume]) {
 
 async fn run_operations(
     pool: &Pool,
-    shadows: &mut [ShadowVolume],
+    shadows: &mut Vec<ShadowVolume>,
     rng: &mut SmallRng,
     count: usize,
+    names_used: &mut usize,
 ) {
     for _ in 0..count {
+        if rng.random_bool(0.08) {
+            snapshot_operation(pool, shadows, rng, names_used).await;
+            continue;
+        }
         let shadow_index = rng.random_range(0..shadows.len());
         let shadow = &mut shadows[shadow_index];
         let volume_id = pool.volume_id(&shadow.name).unwrap();
@@ -203,6 +281,92 @@ async fn run_operations(
     }
 }
 
+/// One snapshot or clone operation; each is a durable control operation, so
+/// everything before it becomes durable too.
+async fn snapshot_operation(
+    pool: &Pool,
+    shadows: &mut Vec<ShadowVolume>,
+    rng: &mut SmallRng,
+    names_used: &mut usize,
+) {
+    let index = rng.random_range(0..shadows.len());
+    *names_used += 1;
+    let fresh = format!("n{names_used}");
+    match rng.random_range(0..5) {
+        0 | 1 => {
+            if shadows[index].snapshots.len() >= SNAPSHOTS_PER_VOLUME_MAX {
+                return;
+            }
+            let name = shadows[index].name.clone();
+            pool.create_snapshot(&name, &fresh)
+                .await
+                .expect("create snapshot");
+            let blocks = shadows[index].current();
+            shadows[index].snapshots.push(ShadowSnapshot {
+                name: fresh,
+                blocks,
+            });
+        }
+        2 => {
+            let shadow = &shadows[index];
+            if shadow.snapshots.is_empty() {
+                return;
+            }
+            let position = rng.random_range(0..shadow.snapshots.len());
+            let snapshot = shadow.snapshots[position].name.clone();
+            let volume = shadow.name.clone();
+            let result = pool.delete_snapshot(&volume, &snapshot).await;
+            if has_clones(shadows, &volume, Some(&snapshot)) {
+                assert!(result.is_err(), "a snapshot with clones was deleted");
+                return;
+            }
+            result.expect("delete snapshot");
+            shadows[index].snapshots.remove(position);
+        }
+        3 => {
+            let Some(newest) = shadows[index].snapshots.last() else {
+                return;
+            };
+            let (volume, snapshot) = (shadows[index].name.clone(), newest.name.clone());
+            let blocks = newest.blocks.clone();
+            pool.rollback_snapshot(&volume, &snapshot)
+                .await
+                .expect("rollback");
+            shadows[index].blocks = blocks.into_iter().map(|block| vec![block]).collect();
+        }
+        _ => {
+            let shadow = &shadows[index];
+            if shadows.len() >= VOLUMES_MAX || shadow.snapshots.is_empty() {
+                // Delete a volume nothing depends on instead (never the last two).
+                if shadows.len() > 2 && !has_clones(shadows, &shadow.name, None) {
+                    let name = shadow.name.clone();
+                    pool.delete_volume(&name).await.expect("delete volume");
+                    shadows.remove(index);
+                }
+                return;
+            }
+            let position = rng.random_range(0..shadow.snapshots.len());
+            let snapshot = &shadow.snapshots[position];
+            let origin = (shadow.name.clone(), snapshot.name.clone());
+            let blocks = snapshot
+                .blocks
+                .iter()
+                .map(|block| vec![block.clone()])
+                .collect();
+            pool.clone_snapshot(&origin.0, &origin.1, &fresh)
+                .await
+                .expect("clone");
+            shadows.push(ShadowVolume {
+                name: fresh,
+                blocks,
+                snapshots: Vec::new(),
+                origin: Some(origin),
+            });
+        }
+    }
+    shadows.iter_mut().for_each(ShadowVolume::flushed);
+}
+
 /// Flips a bit in the newest checkpoint slot, so that recovery must fall back to
 /// the previous checkpoint and replay everything after it.
 fn corrupt_newest_checkpoint_slot(memory: &MemoryDevice) {
@@ -245,12 +409,15 @@ async fn crash_run(seed: u64) {
         shadows.push(ShadowVolume {
             name: name.to_string(),
             blocks: vec![vec![zero_block()]; blocks],
+            snapshots: Vec::new(),
+            origin: None,
         });
     }
     let mut pool = pool;
+    let mut names_used = 0;
     for cycle in 0..2 {
         let count = rng.random_range(5..120);
-        run_operations(&pool, &mut shadows, &mut rng, count).await;
+        run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
         verify(&pool, &shadows, seed, "before the cut").await;
         faulty
             .power_cut(PowerCutStyle::Random)

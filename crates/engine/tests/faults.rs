@@ -675,7 +675,8 @@ async fn a_verified_checkpoint_body_with_an_impossible_block_is_not_trusted() {
     let (slot_index, mut slot) = newest_slot(&image);
     let body_start = body_offset(&slot) as usize;
     let mut body = Body::decode(&image[body_start..body_start + slot.body_bytes as usize]).unwrap();
-    body.volumes[0].chunks[0].physical_blocks[0] = 33;
+    let reference = body.volumes[0].map.chunk_references[0] as usize;
+    body.chunks[reference].physical_blocks[0] = 33;
     let encoded = body.encode();
     image[body_start..body_start + encoded.len()].copy_from_slice(&encoded);
     slot.body_bytes = encoded.len() as u64;

@@ -51,6 +51,39 @@ pub enum Record {
     VolumeDelete {
         volume_id: u32,
     },
+    /// A read-only snapshot of the volume's current contents (a copy of its map).
+    SnapshotCreate {
+        volume_id: u32,
+        snapshot_id: u32,
+        name: String,
+        created_unix_seconds: u64,
+    },
+    SnapshotDelete {
+        volume_id: u32,
+        snapshot_id: u32,
+    },
+    /// The volume's contents and size become those of its newest snapshot.
+    SnapshotRollback {
+        volume_id: u32,
+        snapshot_id: u32,
+    },
+    /// A new writable volume whose contents start as those of a snapshot.
+    VolumeClone {
+        volume_id: u32,
+        name: String,
+        origin_volume_id: u32,
+        origin_snapshot_id: u32,
+        created_unix_seconds: u64,
+    },
+    /// The cleaner moved a block: the next data block of the batch is the new home
+    /// of whatever mapped `logical_block` to `from_physical_block` in `volume_id`
+    /// (the volume that wrote it), its snapshots and its clones.
+    Relocate {
+        volume_id: u32,
+        logical_block: u64,
+        from_physical_block: u64,
+        checksum: u32,
+    },
 }
 
 impl Record {
@@ -65,6 +98,40 @@ impl Record {
             Record::VolumeResize { .. } => 1 + 5 + 10,
             Record::VolumeRename { name, .. } => 1 + 5 + 5 + name.len(),
             Record::VolumeDelete { .. } => 1 + 5,
+            Record::SnapshotCreate { name, .. } => 1 + 5 + 5 + 5 + name.len() + 10,
+            Record::SnapshotDelete { .. } | Record::SnapshotRollback { .. } => 1 + 5 + 5,
+            Record::VolumeClone { name, .. } => 1 + 5 + 5 + name.len() + 5 + 5 + 10,
+            Record::Relocate { .. } => 1 + 5 + 10 + 10 + 5,
+        }
+    }
+
+    /// Whether the record describes the batch's next data block.
+    pub fn carries_data(&self) -> bool {
+        matches!(self, Record::Data { .. } | Record::Relocate { .. })
+    }
+
+    /// The data block's checksum, for records that carry one.
+    pub fn data_checksum(&self) -> Option<u32> {
+        match self {
+            Record::Data { checksum, .. } | Record::Relocate { checksum, .. } => Some(*checksum),
+            _ => None,
+        }
+    }
+
+    /// The volume and logical block of a record that carries data.
+    pub fn data_target(&self) -> Option<(u32, u64)> {
+        match self {
+            Record::Data {
+                volume_id,
+                logical_block,
+                ..
+            }
+            | Record::Relocate {
+                volume_id,
+                logical_block,
+                ..
+            } => Some((*volume_id, *logical_block)),
+            _ => None,
         }
     }
 }
@@ -89,7 +156,7 @@ impl Summary {
     pub fn data_block_count(&self) -> usize {
         self.records
             .iter()
-            .filter(|record| matches!(record, Record::Data { .. }))
+            .filter(|record| record.carries_data())
             .count()
     }
 

@@ -42,13 +42,38 @@ impl Slot {
     }
 }
 
-/// One 512-entry chunk of a volume map: 2 MiB of logical space.
+/// One 512-entry chunk of a map: 2 MiB of logical space. Stored once however
+/// many maps (a volume, its snapshots, its clones) share it, and stored as the
+/// entries that differ from an earlier chunk (usually the same chunk of the
+/// previous snapshot), so that a body grows with distinct mappings rather than
+/// with snapshots times chunks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkImage {
-    pub chunk_index: u64,
-    /// Physical block per entry; 0 means unmapped.
+    /// An earlier chunk of `Body::chunks` this one starts from; none means an
+    /// empty chunk.
+    pub base: Option<u32>,
+    /// Entries (0..512, strictly increasing) that differ from the base, with
+    /// their physical block (0 means unmapped) and checksum.
+    pub entries: Vec<u16>,
     pub physical_blocks: Vec<u64>,
     pub checksums: Vec<u32>,
+}
+
+/// A map as the chunks it holds: `chunk_indexes[k]` (strictly increasing) is
+/// the logical position of `Body::chunks[chunk_references[k]]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapImage {
+    pub chunk_indexes: Vec<u64>,
+    pub chunk_references: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotImage {
+    pub snapshot_id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_unix_seconds: u64,
+    pub map: MapImage,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +82,11 @@ pub struct VolumeImage {
     pub name: String,
     pub size_bytes: u64,
     pub created_unix_seconds: u64,
-    pub chunks: Vec<ChunkImage>,
+    /// (volume, snapshot) this volume was cloned from.
+    pub origin: Option<(u32, u32)>,
+    pub map: MapImage,
+    /// Oldest first.
+    pub snapshots: Vec<SnapshotImage>,
 }
 
 /// Where the log head was when the checkpoint was taken: replay continues there.
@@ -76,8 +105,11 @@ pub struct Body {
     /// Segments opened after the checkpoint have a sequence at least this.
     pub next_segment_sequence: u64,
     pub next_volume_id: u32,
+    pub next_snapshot_id: u32,
     /// The log heads (client and cleaner streams) open at checkpoint time.
     pub heads: Vec<HeadImage>,
+    /// Every distinct map chunk, once.
+    pub chunks: Vec<ChunkImage>,
     pub volumes: Vec<VolumeImage>,
     /// Per segment, the newest batch ever written into it (0 if none), so that
     /// recovery knows which empty segments no replay can still need.

@@ -9,5 +9,7 @@ pub mod frame;
 pub mod geometry;
 pub mod superblock;
 
-/// The on-disk format version this build writes and the newest it can read.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format version this build writes and the only one it reads.
+/// Version 2 added snapshots and clones (records, checkpoint chunk table);
+/// version 1 pools came from development builds and must be recreated.
+pub const FORMAT_VERSION: u32 = 2;

@@ -27,8 +27,8 @@ impl Superblock {
         )
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Self, frame::FrameError> {
+    /// The superblock and the format version it was written with.
+    pub fn decode(bytes: &[u8]) -> Result<(u32, Self), frame::FrameError> {
         frame::decode(SUPERBLOCK_MAGIC, super::FORMAT_VERSION, bytes)
-            .map(|(_, superblock)| superblock)
     }
 }

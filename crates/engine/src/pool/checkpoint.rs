@@ -13,8 +13,96 @@ use super::Pool;
 use super::state::{Allocation, DurableCheckpoint, SegmentState};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::checkpoint::{Body, ChunkImage, HeadImage, Slot, VolumeImage};
+use crate::log::checkpoint::{
+    Body, ChunkImage, HeadImage, MapImage, Slot, SnapshotImage, VolumeImage,
+};
 use crate::log::geometry::CHECKPOINT_SLOT_BLOCKS;
+use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
+
+/// A volume's maps, copied under the state lock (cheap: chunks are shared) and
+/// encoded outside it.
+struct VolumeCopy {
+    volume_id: u32,
+    name: String,
+    size_bytes: u64,
+    created_unix_seconds: u64,
+    origin: Option<(u32, u32)>,
+    map: BlockMap,
+    snapshots: Vec<SnapshotCopy>,
+}
+
+struct SnapshotCopy {
+    snapshot_id: u32,
+    name: String,
+    size_bytes: u64,
+    created_unix_seconds: u64,
+    map: BlockMap,
+}
+
+/// Distinct chunks, found by identity: maps that share a chunk in memory share
+/// one image in the body, and a chunk that differs from the same chunk of the
+/// map before it in its chain is stored as the difference, so that a
+/// checkpoint's size grows with distinct mappings, not with snapshots.
+#[derive(Default)]
+struct ChunkTable {
+    chunks: Vec<ChunkImage>,
+    by_identity: std::collections::HashMap<*const Chunk, u32>,
+    /// Keeps every chunk seen alive, so that no address is reused while encoding.
+    held: Vec<Arc<Chunk>>,
+}
+
+impl ChunkTable {
+    /// Encodes `map`, storing chunks new to the table as differences from the
+    /// same chunk of `base` (a map encoded earlier) when it has one.
+    fn image(&mut self, map: &BlockMap, base: Option<&BlockMap>) -> MapImage {
+        let mut image = MapImage::default();
+        for (chunk_index, chunk) in map.shared_chunks() {
+            let reference = match self.by_identity.get(&Arc::as_ptr(chunk)) {
+                Some(reference) => *reference,
+                None => {
+                    let base_chunk = base
+                        .and_then(|base| base.shared_chunk(chunk_index))
+                        .and_then(|base_chunk| {
+                            let reference = self.by_identity.get(&Arc::as_ptr(base_chunk))?;
+                            Some((*reference, base_chunk))
+                        });
+                    let mut chunk_image = ChunkImage {
+                        base: base_chunk.map(|(reference, _)| reference),
+                        entries: Vec::new(),
+                        physical_blocks: Vec::new(),
+                        checksums: Vec::new(),
+                    };
+                    for entry in 0..CHUNK_ENTRY_COUNT {
+                        let (base_physical, base_checksum) = base_chunk
+                            .map_or((0, 0), |(_, base)| {
+                                (base.physical_blocks[entry], base.checksums[entry])
+                            });
+                        let physical = chunk.physical_blocks[entry];
+                        let checksum = if physical == 0 {
+                            0
+                        } else {
+                            chunk.checksums[entry]
+                        };
+                        let base_checksum = if base_physical == 0 { 0 } else { base_checksum };
+                        if (physical, checksum) != (base_physical, base_checksum) {
+                            chunk_image.entries.push(entry as u16);
+                            chunk_image.physical_blocks.push(physical);
+                            chunk_image.checksums.push(checksum);
+                        }
+                    }
+                    self.chunks.push(chunk_image);
+                    self.held.push(chunk.clone());
+                    let reference = (self.chunks.len() - 1) as u32;
+                    self.by_identity.insert(Arc::as_ptr(chunk), reference);
+                    reference
+                }
+            };
+            image.chunk_indexes.push(chunk_index);
+            image.chunk_references.push(reference);
+        }
+        image
+    }
+}
 
 impl Pool {
     /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
@@ -25,7 +113,7 @@ impl Pool {
             slot_index,
             covered,
             next_segment_sequence,
-            next_volume_id,
+            (next_volume_id, next_snapshot_id),
             heads,
             volumes,
             segment_last,
@@ -41,17 +129,29 @@ impl Pool {
                 .last()
                 .map_or(0, |latest| 1 - latest.slot_index);
             state.bytes_at_last_checkpoint = state.sealed_bytes_total;
-            let volumes: Vec<_> = state
+            let volumes: Vec<VolumeCopy> = state
                 .volumes
                 .iter()
-                .map(|volume| {
-                    (
-                        volume.volume_id,
-                        volume.name.clone(),
-                        volume.size_bytes,
-                        volume.created_unix_seconds,
-                        volume.map.clone(),
-                    )
+                .map(|volume| VolumeCopy {
+                    volume_id: volume.volume_id,
+                    name: volume.name.clone(),
+                    size_bytes: volume.size_bytes,
+                    created_unix_seconds: volume.created_unix_seconds,
+                    origin: volume
+                        .origin
+                        .map(|origin| (origin.volume_id, origin.snapshot_id)),
+                    map: volume.map.clone(),
+                    snapshots: volume
+                        .snapshots
+                        .iter()
+                        .map(|snapshot| SnapshotCopy {
+                            snapshot_id: snapshot.snapshot_id,
+                            name: snapshot.name.clone(),
+                            size_bytes: snapshot.size_bytes,
+                            created_unix_seconds: snapshot.created_unix_seconds,
+                            map: snapshot.map.clone(),
+                        })
+                        .collect(),
                 })
                 .collect();
             (
@@ -59,7 +159,7 @@ impl Pool {
                 slot_index,
                 state.sealed_through,
                 state.next_segment_sequence,
-                state.volumes.next_volume_id,
+                (state.volumes.next_volume_id, state.volumes.next_snapshot_id),
                 state
                     .heads
                     .iter()
@@ -80,31 +180,53 @@ impl Pool {
         };
         self.flush_through(covered).await?;
         let encoded = tokio::task::spawn_blocking(move || {
+            let mut table = ChunkTable::default();
+            // Volumes in identifier order, so that a clone's origin snapshot is
+            // encoded before the clone uses it as a base.
+            let mut images: Vec<VolumeImage> = Vec::with_capacity(volumes.len());
+            for volume in &volumes {
+                let origin_map = volume.origin.and_then(|(origin_volume, origin_snapshot)| {
+                    let origin = volumes
+                        .iter()
+                        .find(|candidate| candidate.volume_id == origin_volume)?;
+                    origin
+                        .snapshots
+                        .iter()
+                        .find(|snapshot| snapshot.snapshot_id == origin_snapshot)
+                        .map(|snapshot| &snapshot.map)
+                });
+                let mut before = origin_map;
+                let mut snapshots = Vec::with_capacity(volume.snapshots.len());
+                for snapshot in &volume.snapshots {
+                    snapshots.push(SnapshotImage {
+                        snapshot_id: snapshot.snapshot_id,
+                        name: snapshot.name.clone(),
+                        size_bytes: snapshot.size_bytes,
+                        created_unix_seconds: snapshot.created_unix_seconds,
+                        map: table.image(&snapshot.map, before),
+                    });
+                    before = Some(&snapshot.map);
+                }
+                images.push(VolumeImage {
+                    volume_id: volume.volume_id,
+                    name: volume.name.clone(),
+                    size_bytes: volume.size_bytes,
+                    created_unix_seconds: volume.created_unix_seconds,
+                    origin: volume.origin,
+                    map: table.image(&volume.map, before),
+                    snapshots,
+                });
+            }
+            let volumes = images;
             Body {
                 checkpoint_sequence,
                 covered_batch_sequence: covered,
                 next_segment_sequence,
                 next_volume_id,
+                next_snapshot_id,
                 heads,
-                volumes: volumes
-                    .into_iter()
-                    .map(
-                        |(volume_id, name, size_bytes, created_unix_seconds, map)| VolumeImage {
-                            volume_id,
-                            name,
-                            size_bytes,
-                            created_unix_seconds,
-                            chunks: map
-                                .chunks()
-                                .map(|(chunk_index, chunk)| ChunkImage {
-                                    chunk_index,
-                                    physical_blocks: chunk.physical_blocks.to_vec(),
-                                    checksums: chunk.checksums.to_vec(),
-                                })
-                                .collect(),
-                        },
-                    )
-                    .collect(),
+                chunks: table.chunks,
+                volumes,
                 segment_last_batch_sequences: segment_last,
             }
             .encode()

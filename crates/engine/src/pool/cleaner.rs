@@ -15,7 +15,7 @@ use super::Pool;
 use super::state::{Allocation, SegmentState, State};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::{Record, Summary};
+use crate::log::batch::Summary;
 
 /// Segments cleaned in one pass at most.
 pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
@@ -139,16 +139,11 @@ impl Pool {
             }
             let mut data_index = 0u64;
             for record in &summary.records {
-                if let Record::Data {
-                    volume_id,
-                    logical_block,
-                    ..
-                } = record
-                {
+                if let Some((volume_id, logical_block)) = record.data_target() {
                     let offset_blocks = position + 1 + data_index;
                     candidates.push((
-                        *volume_id,
-                        *logical_block,
+                        volume_id,
+                        logical_block,
                         first_block + offset_blocks,
                         offset_blocks as usize * block,
                     ));
@@ -157,6 +152,9 @@ impl Pool {
             }
             position += 1 + data_index;
         }
+        // Maps that may hold a block, per writing volume: the volume, its
+        // snapshots and its clones (computed once per victim).
+        let mut families: std::collections::HashMap<u32, Vec<u32>> = Default::default();
         for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
             self.wait_for(|state| {
@@ -168,20 +166,16 @@ impl Pool {
                 let mut state = self.inner.lock();
                 let mut result = Ok(());
                 for (volume_id, logical_block, physical_block, data_offset) in chunk {
-                    let Some(mapping) = state
-                        .volumes
-                        .get(*volume_id)
-                        .and_then(|volume| volume.map.get(*logical_block))
-                    else {
-                        continue;
-                    };
+                    let family = families
+                        .entry(*volume_id)
+                        .or_insert_with(|| state.volumes.family(*volume_id));
                     let data = &contents[*data_offset..*data_offset + block];
                     if let Err(error) = state.append_relocation(
+                        family,
                         *volume_id,
                         *logical_block,
                         *physical_block,
                         data,
-                        mapping.checksum,
                         &mut sealed,
                     ) {
                         result = Err(error);

@@ -26,7 +26,9 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::{Record, block_checksum};
 use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry};
-use crate::volume::{VolumeInfo, validate_volume_name, validate_volume_size};
+use crate::volume::{
+    Origin, SnapshotInfo, View, VolumeInfo, validate_volume_name, validate_volume_size,
+};
 use state::{InFlightBatch, State};
 
 /// Options fixed when a pool is created.
@@ -225,18 +227,196 @@ impl Pool {
     // ----- volumes -----
 
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        self.inner
-            .lock()
+        let state = self.inner.lock();
+        state
             .volumes
             .iter()
-            .map(|volume| volume.info())
+            .filter_map(|volume| state.volumes.volume_info(volume.volume_id))
             .collect()
     }
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, EngineError> {
         let state = self.inner.lock();
         let volume_id = state.volumes.id_of(name)?;
-        Ok(state.volumes.get(volume_id).expect("id from name").info())
+        Ok(state.volumes.volume_info(volume_id).expect("id from name"))
+    }
+
+    /// The view (volume or snapshot) a name denotes: `VOL` or `VOL@SNAP`.
+    pub fn resolve_view(&self, full_name: &str) -> Result<View, EngineError> {
+        self.inner.lock().volumes.resolve(full_name)
+    }
+
+    /// Size of a volume or snapshot (None once deleted).
+    pub fn view_size_bytes(&self, view: View) -> Option<u64> {
+        self.inner
+            .lock()
+            .volumes
+            .view(view)
+            .map(|(_, size_bytes, _)| size_bytes)
+    }
+
+    // ----- snapshots and clones -----
+
+    /// Snapshots of one volume, or of every volume, oldest first per volume.
+    pub fn list_snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotInfo>, EngineError> {
+        let state = self.inner.lock();
+        match volume {
+            Some(name) => Ok(state.volumes.snapshot_infos(state.volumes.id_of(name)?)),
+            None => Ok(state
+                .volumes
+                .iter()
+                .flat_map(|volume| state.volumes.snapshot_infos(volume.volume_id))
+                .collect()),
+        }
+    }
+
+    fn snapshot_info_of(&self, volume: &str, snapshot: &str) -> Result<SnapshotInfo, EngineError> {
+        self.list_snapshots(Some(volume))?
+            .into_iter()
+            .find(|info| info.name == snapshot)
+            .ok_or_else(|| EngineError::NoSuchSnapshot {
+                volume: volume.to_string(),
+                snapshot: snapshot.to_string(),
+            })
+    }
+
+    /// Takes a read-only snapshot of a volume's current contents: atomic, durable
+    /// on return, and O(chunks) in memory (the map's chunks are shared, not copied).
+    /// Everything written to the volume before the call is in the snapshot.
+    pub async fn create_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<SnapshotInfo, EngineError> {
+        validate_volume_name(snapshot)?;
+        self.control(|state| {
+            let volume_id = state.volumes.id_of(volume)?;
+            if state
+                .volumes
+                .get(volume_id)
+                .expect("id from name")
+                .snapshot_named(snapshot)
+                .is_some()
+            {
+                return Err(EngineError::SnapshotExists {
+                    volume: volume.to_string(),
+                    snapshot: snapshot.to_string(),
+                });
+            }
+            Ok(Record::SnapshotCreate {
+                volume_id,
+                snapshot_id: state.volumes.next_snapshot_id,
+                name: snapshot.to_string(),
+                created_unix_seconds: now_unix_seconds(),
+            })
+        })
+        .await?;
+        self.snapshot_info_of(volume, snapshot)
+    }
+
+    fn snapshot_ids(
+        state: &State,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<(u32, u32), EngineError> {
+        let volume_id = state.volumes.id_of(volume)?;
+        let snapshot_id = state
+            .volumes
+            .get(volume_id)
+            .expect("id from name")
+            .snapshot_named(snapshot)
+            .ok_or_else(|| EngineError::NoSuchSnapshot {
+                volume: volume.to_string(),
+                snapshot: snapshot.to_string(),
+            })?
+            .snapshot_id;
+        Ok((volume_id, snapshot_id))
+    }
+
+    /// Deletes a snapshot; the blocks only it referenced become reclaimable.
+    /// Refused while clones of it exist.
+    pub async fn delete_snapshot(&self, volume: &str, snapshot: &str) -> Result<(), EngineError> {
+        self.control(|state| {
+            let (volume_id, snapshot_id) = Self::snapshot_ids(state, volume, snapshot)?;
+            let clones = state.volumes.clone_names(Origin {
+                volume_id,
+                snapshot_id,
+            });
+            if !clones.is_empty() {
+                return Err(EngineError::HasClones {
+                    what: format!("snapshot {volume}@{snapshot}"),
+                    clones: clones.join(", "),
+                });
+            }
+            Ok(Record::SnapshotDelete {
+                volume_id,
+                snapshot_id,
+            })
+        })
+        .await
+    }
+
+    /// Makes a volume's contents and size those of its newest snapshot. Writes
+    /// acknowledged before the call are discarded; reads and writes after it see
+    /// the snapshot's contents. Refused for a snapshot that is not the newest.
+    pub async fn rollback_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<VolumeInfo, EngineError> {
+        self.control(|state| {
+            let (volume_id, snapshot_id) = Self::snapshot_ids(state, volume, snapshot)?;
+            let snapshots = &state
+                .volumes
+                .get(volume_id)
+                .expect("id from name")
+                .snapshots;
+            let newer: Vec<&str> = snapshots
+                .iter()
+                .filter(|candidate| candidate.snapshot_id > snapshot_id)
+                .map(|candidate| candidate.name.as_str())
+                .collect();
+            if !newer.is_empty() {
+                return Err(EngineError::NotNewestSnapshot {
+                    volume: volume.to_string(),
+                    snapshot: snapshot.to_string(),
+                    newer: newer.join(", "),
+                });
+            }
+            Ok(Record::SnapshotRollback {
+                volume_id,
+                snapshot_id,
+            })
+        })
+        .await?;
+        self.volume_info(volume)
+    }
+
+    /// Creates a writable volume whose contents start as those of a snapshot.
+    /// Instant and O(chunks); clones of clones work the same way.
+    pub async fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        new_volume: &str,
+    ) -> Result<VolumeInfo, EngineError> {
+        validate_volume_name(new_volume)?;
+        self.control(|state| {
+            let (origin_volume_id, origin_snapshot_id) =
+                Self::snapshot_ids(state, volume, snapshot)?;
+            if state.volumes.id_of(new_volume).is_ok() {
+                return Err(EngineError::VolumeExists(new_volume.to_string()));
+            }
+            Ok(Record::VolumeClone {
+                volume_id: state.volumes.next_volume_id,
+                name: new_volume.to_string(),
+                origin_volume_id,
+                origin_snapshot_id,
+                created_unix_seconds: now_unix_seconds(),
+            })
+        })
+        .await?;
+        self.volume_info(new_volume)
     }
 
     /// The identifier to pass to reads and writes.
@@ -360,11 +540,19 @@ impl Pool {
         self.volume_info(new_name)
     }
 
+    /// Deletes a volume with all its snapshots. Refused while any of its
+    /// snapshots has clones.
     pub async fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
         self.control(|state| {
-            Ok(Record::VolumeDelete {
-                volume_id: state.volumes.id_of(name)?,
-            })
+            let volume_id = state.volumes.id_of(name)?;
+            let clones = state.volumes.clone_names_of_volume(volume_id);
+            if !clones.is_empty() {
+                return Err(EngineError::HasClones {
+                    what: format!("volume {name}"),
+                    clones: clones.join(", "),
+                });
+            }
+            Ok(Record::VolumeDelete { volume_id })
         })
         .await
     }
@@ -374,23 +562,23 @@ impl Pool {
     fn check_range(
         &self,
         state: &State,
-        volume_id: u32,
+        view: View,
         offset: u64,
         length: u64,
     ) -> Result<(), EngineError> {
-        let volume = state
+        let (name, size_bytes, _) = state
             .volumes
-            .get(volume_id)
-            .ok_or_else(|| EngineError::NoSuchVolume(format!("#{volume_id}")))?;
+            .view(view)
+            .ok_or_else(|| EngineError::NoSuchVolume(format!("{view:?}")))?;
         if offset
             .checked_add(length)
-            .is_none_or(|end| end > volume.size_bytes)
+            .is_none_or(|end| end > size_bytes)
         {
             return Err(EngineError::OutOfRange {
-                volume: volume.name.clone(),
+                volume: name,
                 offset,
                 length,
-                size_bytes: volume.size_bytes,
+                size_bytes,
             });
         }
         Ok(())
@@ -405,6 +593,17 @@ impl Pool {
         offset: u64,
         buffer: &mut [u8],
     ) -> Result<(), EngineError> {
+        self.read_view(View::Volume(volume_id), offset, buffer)
+            .await
+    }
+
+    /// Reads from a volume or a snapshot (see [`Pool::read`]).
+    pub async fn read_view(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
         if buffer.is_empty() {
             return Ok(());
         }
@@ -414,16 +613,16 @@ impl Pool {
         let volume_name;
         {
             let state = self.inner.lock();
-            self.check_range(&state, volume_id, offset, buffer.len() as u64)?;
+            self.check_range(&state, view, offset, buffer.len() as u64)?;
             let first_block = offset / block;
             let last_block = (offset + buffer.len() as u64 - 1) / block;
-            let volume = state.volumes.get(volume_id).expect("checked");
-            volume_name = volume.name.clone();
+            let (name, _, map) = state.volumes.view(view).expect("checked");
+            volume_name = name;
             let mut scratch = [0u8; BLOCK_SIZE_BYTES as usize];
             for logical_block in first_block..=last_block {
                 let (within_block, within_buffer, length) =
                     span(offset, buffer.len(), logical_block);
-                match volume.map.get(logical_block) {
+                match map.get(logical_block) {
                     None => buffer[within_buffer..within_buffer + length].fill(0),
                     Some(mapping) => {
                         if state.copy_unwritten_block(mapping.physical_block, &mut scratch)
@@ -488,16 +687,26 @@ impl Pool {
         offset: u64,
         length: u64,
     ) -> Result<Vec<Extent>, EngineError> {
+        self.extents_view(View::Volume(volume_id), offset, length)
+    }
+
+    /// Allocation map of a volume or a snapshot (see [`Pool::extents`]).
+    pub fn extents_view(
+        &self,
+        view: View,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
         let state = self.inner.lock();
-        self.check_range(&state, volume_id, offset, length)?;
-        let volume = state.volumes.get(volume_id).expect("checked");
+        self.check_range(&state, view, offset, length)?;
+        let (_, _, map) = state.volumes.view(view).expect("checked");
         let mut extents: Vec<Extent> = Vec::new();
         let end = offset + length;
         let mut position = offset;
         while position < end {
             let logical_block = position / BLOCK_SIZE_BYTES;
             let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
-            let allocated = volume.map.get(logical_block).is_some();
+            let allocated = map.get(logical_block).is_some();
             match extents.last_mut() {
                 Some(last) if last.allocated == allocated => last.length += next - position,
                 _ => extents.push(Extent {
@@ -531,7 +740,7 @@ impl Pool {
         }
         {
             let state = self.inner.lock();
-            self.check_range(&state, volume_id, offset, data.len() as u64)?;
+            self.check_range(&state, View::Volume(volume_id), offset, data.len() as u64)?;
             state.check_failed()?;
         }
         let block = BLOCK_SIZE_BYTES;
@@ -626,7 +835,7 @@ impl Pool {
     ) -> Result<(), EngineError> {
         {
             let state = self.inner.lock();
-            self.check_range(&state, volume_id, offset, length)?;
+            self.check_range(&state, View::Volume(volume_id), offset, length)?;
         }
         if length == 0 {
             return if fua { self.flush().await } else { Ok(()) };

@@ -17,15 +17,16 @@ use super::{Inner, Pool, PoolLimits, PoolOptions, RMW_LOCK_COUNT};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::FORMAT_VERSION;
-use crate::log::batch::{Record, Summary, block_checksum};
+use crate::log::batch::{Summary, block_checksum};
+use crate::log::checkpoint::MapImage;
 use crate::log::checkpoint::{Body, Slot};
 use crate::log::frame::FrameError;
 use crate::log::geometry::{
     CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry, SUPERBLOCK_BLOCK,
 };
 use crate::log::superblock::Superblock;
-use crate::volume::map::BlockMap;
-use crate::volume::{Volume, VolumeTable};
+use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
+use crate::volume::{Origin, Snapshot, Volume, VolumeTable};
 
 /// Sequence numbers skipped after a recovery, so that new batches and segments
 /// can never share a sequence with a stale, unreachable one left by the crash.
@@ -188,7 +189,14 @@ impl Pool {
         let name = device.name().to_string();
         let superblock_bytes = device.read(0, BLOCK_SIZE_BYTES as usize).await?;
         let superblock = match Superblock::decode(&superblock_bytes) {
-            Ok(superblock) => superblock,
+            Ok((version, _)) if version < FORMAT_VERSION => {
+                return Err(EngineError::OlderFormat {
+                    device: name,
+                    found: version,
+                    supported: FORMAT_VERSION,
+                });
+            }
+            Ok((_, superblock)) => superblock,
             Err(FrameError::WrongMagic) => return Err(EngineError::NotAPool { device: name }),
             Err(FrameError::NewerVersion(found)) => {
                 return Err(EngineError::NewerFormat {
@@ -239,11 +247,11 @@ impl Pool {
             }
         }
         slots.sort_by_key(|(_, slot)| std::cmp::Reverse(slot.checkpoint_sequence));
-        let mut chosen: Option<(usize, Slot, Body)> = None;
+        let mut chosen: Option<(usize, Slot, Body, VolumeTable)> = None;
         for (slot_index, slot) in &slots {
             match read_body(&*device, &geometry, slot).await {
-                Ok(body) => {
-                    chosen = Some((*slot_index, slot.clone(), body));
+                Ok((body, volumes)) => {
+                    chosen = Some((*slot_index, slot.clone(), body, volumes));
                     break;
                 }
                 Err(error) => tracing::error!(
@@ -252,7 +260,7 @@ impl Pool {
                 ),
             }
         }
-        let Some((chosen_slot_index, chosen_slot, body)) = chosen else {
+        let Some((chosen_slot_index, chosen_slot, body, volumes)) = chosen else {
             return Err(EngineError::corrupt(
                 &name,
                 "checkpoint",
@@ -289,20 +297,7 @@ impl Pool {
 
         let mut state = empty_state(geometry);
         let covered = body.covered_batch_sequence;
-        for image in &body.volumes {
-            let mut map = BlockMap::default();
-            for chunk in &image.chunks {
-                map.insert_chunk(chunk.chunk_index, &chunk.physical_blocks, &chunk.checksums);
-            }
-            state.volumes.insert(Volume {
-                volume_id: image.volume_id,
-                name: image.name.clone(),
-                size_bytes: image.size_bytes,
-                created_unix_seconds: image.created_unix_seconds,
-                map,
-            });
-        }
-        state.volumes.next_volume_id = state.volumes.next_volume_id.max(body.next_volume_id);
+        state.volumes = volumes;
         if body.segment_last_batch_sequences.len() == state.segments.len() {
             for (segment, last) in state
                 .segments
@@ -358,11 +353,11 @@ impl Pool {
                 };
             let mut data_index = 0u64;
             for record in &summary.records {
-                if let Record::Data { checksum, .. } = record {
+                if let Some(checksum) = record.data_checksum() {
                     let physical_block = summary_block + 1 + data_index;
                     let intact = verified.as_ref().is_none_or(|data| {
                         let start = (data_index * BLOCK_SIZE_BYTES) as usize;
-                        block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == *checksum
+                        block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == checksum
                     });
                     data_index += 1;
                     if !intact {
@@ -385,13 +380,18 @@ impl Pool {
             replayed += 1;
         }
 
-        // Segment usage from the recovered maps.
+        // Segment usage from the recovered maps, counting each physical block
+        // once however many snapshots and clones share it.
         let mut live_counts = vec![0u32; state.segments.len()];
-        for volume in state.volumes.iter() {
-            volume.map.for_each_physical(&mut |block| {
-                live_counts[geometry.segment_of(block) as usize] += 1
-            });
-        }
+        let mut counted =
+            vec![0u64; (geometry.device_size_bytes / BLOCK_SIZE_BYTES).div_ceil(64) as usize];
+        state.volumes.for_each_distinct_physical(&mut |block| {
+            let (word, bit) = ((block / 64) as usize, block % 64);
+            if counted[word] & (1 << bit) == 0 {
+                counted[word] |= 1 << bit;
+                live_counts[geometry.segment_of(block) as usize] += 1;
+            }
+        });
         for segment in &held {
             if live_counts[*segment as usize] > 0 {
                 return Err(EngineError::corrupt(
@@ -500,39 +500,11 @@ fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
 }
 
 /// Checks a checksummed checkpoint body for contents no correct lamina writes,
-/// so that recovery reports them instead of tripping an assertion.
-fn validate_body(body: &Body, geometry: &Geometry) -> Result<(), String> {
+/// so that recovery reports them instead of tripping an assertion, and rebuilds
+/// its volumes, snapshots and clones with their chunks shared as they were.
+fn volumes_from_body(body: &Body, geometry: &Geometry) -> Result<VolumeTable, String> {
     let first_data_block = crate::log::geometry::DATA_START_BLOCK;
     let end_block = first_data_block + geometry.segment_count * geometry.segment_size_blocks;
-    let mut names = HashSet::new();
-    let mut identifiers = HashSet::new();
-    for volume in &body.volumes {
-        if !names.insert(volume.name.as_str()) || !identifiers.insert(volume.volume_id) {
-            return Err(format!("volume {} appears twice", volume.name));
-        }
-        let mut chunk_indexes = HashSet::new();
-        for chunk in &volume.chunks {
-            if chunk.physical_blocks.len() != crate::volume::map::CHUNK_ENTRY_COUNT
-                || chunk.checksums.len() != crate::volume::map::CHUNK_ENTRY_COUNT
-                || !chunk_indexes.insert(chunk.chunk_index)
-            {
-                return Err(format!(
-                    "volume {} has a malformed map chunk {}",
-                    volume.name, chunk.chunk_index
-                ));
-            }
-            if chunk
-                .physical_blocks
-                .iter()
-                .any(|block| *block != 0 && (*block < first_data_block || *block >= end_block))
-            {
-                return Err(format!(
-                    "volume {} maps a block outside the segments",
-                    volume.name
-                ));
-            }
-        }
-    }
     if body
         .heads
         .iter()
@@ -540,7 +512,130 @@ fn validate_body(body: &Body, geometry: &Geometry) -> Result<(), String> {
     {
         return Err("a log head lies outside the segments".to_string());
     }
-    Ok(())
+    // Chunks, each from an earlier one.
+    let mut chunks: Vec<Arc<Chunk>> = Vec::with_capacity(body.chunks.len());
+    for (index, image) in body.chunks.iter().enumerate() {
+        let malformed = || format!("map chunk {index} is malformed");
+        let mut chunk = match image.base {
+            None => Chunk::empty(),
+            Some(base) if (base as usize) < index => Chunk::clone(&chunks[base as usize]),
+            Some(_) => return Err(malformed()),
+        };
+        if image.entries.len() != image.physical_blocks.len()
+            || image.entries.len() != image.checksums.len()
+            || image.entries.windows(2).any(|pair| pair[0] >= pair[1])
+            || image
+                .entries
+                .last()
+                .is_some_and(|last| *last as usize >= CHUNK_ENTRY_COUNT)
+        {
+            return Err(malformed());
+        }
+        for ((entry, physical), checksum) in image
+            .entries
+            .iter()
+            .zip(&image.physical_blocks)
+            .zip(&image.checksums)
+        {
+            if *physical != 0 && (*physical < first_data_block || *physical >= end_block) {
+                return Err(format!(
+                    "map chunk {index} maps a block outside the segments"
+                ));
+            }
+            chunk.physical_blocks[*entry as usize] = *physical;
+            chunk.checksums[*entry as usize] = *checksum;
+        }
+        chunk.mapped_count = chunk
+            .physical_blocks
+            .iter()
+            .filter(|block| **block != 0)
+            .count() as u32;
+        chunks.push(Arc::new(chunk));
+    }
+    let map_from = |image: &MapImage, owner: &str| -> Result<BlockMap, String> {
+        if image.chunk_indexes.len() != image.chunk_references.len()
+            || image
+                .chunk_indexes
+                .windows(2)
+                .any(|pair| pair[0] >= pair[1])
+        {
+            return Err(format!("{owner} has a malformed map"));
+        }
+        let mut map = BlockMap::default();
+        for (chunk_index, reference) in image.chunk_indexes.iter().zip(&image.chunk_references) {
+            let chunk = chunks
+                .get(*reference as usize)
+                .ok_or_else(|| format!("{owner} names a map chunk that does not exist"))?;
+            if *chunk_index > crate::volume::VOLUME_SIZE_BYTES_MAX / BLOCK_SIZE_BYTES {
+                return Err(format!("{owner} maps beyond the largest volume size"));
+            }
+            map.insert_shared_chunk(*chunk_index, chunk.clone());
+        }
+        Ok(map)
+    };
+    let mut table = VolumeTable::new();
+    let mut snapshot_identifiers = HashSet::new();
+    for image in &body.volumes {
+        if table.id_of(&image.name).is_ok() || table.get(image.volume_id).is_some() {
+            return Err(format!("volume {} appears twice", image.name));
+        }
+        if crate::volume::validate_volume_name(&image.name).is_err() {
+            return Err(format!("volume name {:?} is not valid", image.name));
+        }
+        let origin = match image.origin {
+            None => None,
+            // A clone is always younger than the volume it comes from, which
+            // also rules out cycles.
+            Some((origin_volume, origin_snapshot))
+                if origin_volume < image.volume_id
+                    && table
+                        .get(origin_volume)
+                        .is_some_and(|origin| origin.snapshot(origin_snapshot).is_some()) =>
+            {
+                Some(Origin {
+                    volume_id: origin_volume,
+                    snapshot_id: origin_snapshot,
+                })
+            }
+            Some(_) => {
+                return Err(format!(
+                    "volume {} has an origin that does not exist",
+                    image.name
+                ));
+            }
+        };
+        let mut snapshots: Vec<Snapshot> = Vec::with_capacity(image.snapshots.len());
+        for snapshot in &image.snapshots {
+            let owner = format!("snapshot {}@{}", image.name, snapshot.name);
+            if crate::volume::validate_volume_name(&snapshot.name).is_err()
+                || !snapshot_identifiers.insert(snapshot.snapshot_id)
+                || snapshots.iter().any(|earlier| {
+                    earlier.name == snapshot.name || earlier.snapshot_id >= snapshot.snapshot_id
+                })
+            {
+                return Err(format!("{owner} is duplicated, out of order or misnamed"));
+            }
+            snapshots.push(Snapshot {
+                snapshot_id: snapshot.snapshot_id,
+                name: snapshot.name.clone(),
+                size_bytes: snapshot.size_bytes,
+                created_unix_seconds: snapshot.created_unix_seconds,
+                map: map_from(&snapshot.map, &owner)?,
+            });
+        }
+        table.insert(Volume {
+            volume_id: image.volume_id,
+            name: image.name.clone(),
+            size_bytes: image.size_bytes,
+            created_unix_seconds: image.created_unix_seconds,
+            map: map_from(&image.map, &format!("volume {}", image.name))?,
+            origin,
+            snapshots,
+        });
+    }
+    table.next_volume_id = table.next_volume_id.max(body.next_volume_id);
+    table.next_snapshot_id = table.next_snapshot_id.max(body.next_snapshot_id);
+    Ok(table)
 }
 
 fn slot_segments_valid(slot: &Slot, geometry: &Geometry) -> bool {
@@ -553,7 +648,7 @@ async fn read_body(
     device: &dyn BlockDevice,
     geometry: &Geometry,
     slot: &Slot,
-) -> Result<Body, String> {
+) -> Result<(Body, VolumeTable), String> {
     let segment_bytes = geometry.segment_size_bytes();
     if slot.body_segments.is_empty()
         || slot.body_segments.len() as u64 != slot.body_bytes.div_ceil(segment_bytes)
@@ -586,8 +681,8 @@ async fn read_body(
     {
         return Err("body belongs to another checkpoint".to_string());
     }
-    validate_body(&body, geometry)?;
-    Ok(body)
+    let volumes = volumes_from_body(&body, geometry)?;
+    Ok((body, volumes))
 }
 
 /// Every valid batch that may be newer than the checkpoint, sorted by sequence,

@@ -302,7 +302,7 @@ impl State {
         &mut self,
         record: Record,
     ) -> Result<Vec<Arc<InFlightBatch>>, EngineError> {
-        assert!(!matches!(record, Record::Data { .. }));
+        assert!(!record.carries_data());
         self.check_failed()?;
         let mut sealed = Vec::new();
         self.make_room(
@@ -332,46 +332,43 @@ impl State {
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<(), EngineError> {
         self.check_failed()?;
-        self.append_block(
-            Stream::Client,
+        let record = Record::Data {
             volume_id,
             logical_block,
-            data,
-            block_checksum(data),
-            sealed,
-        )?;
+            checksum: block_checksum(data),
+        };
+        self.append_block(Stream::Client, record, data, sealed)?;
         self.client_bytes_written += BLOCK_SIZE_BYTES;
         Ok(())
     }
 
-    /// Moves a live block the cleaner read from `from_physical_block` to the
-    /// cleaner's head, if the map still points there. Returns whether it moved.
+    /// Moves a block the cleaner read from `from_physical_block` to the cleaner's
+    /// head, if some map of `family` (the writing volume, its snapshots and
+    /// clones; see `VolumeTable::family`) still holds it. Every map holding it
+    /// is repointed. Returns whether it moved.
     pub fn append_relocation(
         &mut self,
+        family: &[u32],
         volume_id: u32,
         logical_block: u64,
         from_physical_block: u64,
         data: &[u8],
-        checksum: u32,
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<bool, EngineError> {
         self.check_failed()?;
-        let still_live = self
-            .volumes
-            .get(volume_id)
-            .and_then(|volume| volume.map.get(logical_block))
-            .is_some_and(|mapping| mapping.physical_block == from_physical_block);
-        if !still_live {
+        let Some(checksum) =
+            self.volumes
+                .holder_checksum(family, logical_block, from_physical_block)
+        else {
             return Ok(false);
-        }
-        self.append_block(
-            Stream::Cleaner,
+        };
+        let record = Record::Relocate {
             volume_id,
             logical_block,
-            data,
+            from_physical_block,
             checksum,
-            sealed,
-        )?;
+        };
+        self.append_block(Stream::Cleaner, record, data, sealed)?;
         self.relocated_blocks += 1;
         Ok(true)
     }
@@ -379,18 +376,12 @@ impl State {
     fn append_block(
         &mut self,
         stream: Stream,
-        volume_id: u32,
-        logical_block: u64,
+        record: Record,
         data: &[u8],
-        checksum: u32,
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<(), EngineError> {
         assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
-        let record = Record::Data {
-            volume_id,
-            logical_block,
-            checksum,
-        };
+        assert!(record.carries_data());
         self.make_room(stream, record.encoded_bytes_max(), true, sealed)?;
         let batch = self.open_batch.as_mut().expect("room made");
         let start = (1 + batch.data_count) * BLOCK_SIZE_BYTES as usize;

@@ -3,7 +3,9 @@
 //! another I/O. The map is a sorted tree of 512-entry chunks (2 MiB of logical
 //! space each) held behind `Arc`s: unwritten chunks cost nothing, a fully written
 //! volume costs 12 bytes per block, and a copy of the whole map (for a checkpoint,
-//! later for a snapshot) shares every chunk until one side writes to it.
+//! a snapshot or a clone) shares every chunk until one side writes to it. Maps that
+//! share a chunk are known to agree on all 512 entries, which lets comparisons
+//! between a snapshot and its neighbours skip shared chunks without looking inside.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ pub struct Chunk {
 }
 
 impl Chunk {
-    fn empty() -> Self {
+    pub fn empty() -> Self {
         Self {
             physical_blocks: [0; CHUNK_ENTRY_COUNT],
             checksums: [0; CHUNK_ENTRY_COUNT],
@@ -83,12 +85,12 @@ impl BlockMap {
     }
 
     /// Unmaps `block_count` blocks from `logical_block`, calling `displaced` with
-    /// each physical block that was mapped there.
+    /// each logical block that was mapped and the physical block it mapped to.
     pub fn unmap_range(
         &mut self,
         logical_block: u64,
         block_count: u64,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(u64, u64),
     ) {
         let Some(end) = logical_block.checked_add(block_count) else {
             return self.unmap_range(logical_block, u64::MAX - logical_block, displaced);
@@ -115,7 +117,7 @@ impl BlockMap {
             for entry in from as usize..to as usize {
                 let old = chunk.physical_blocks[entry];
                 if old != 0 {
-                    displaced(old);
+                    displaced(chunk_start + entry as u64, old);
                     chunk.physical_blocks[entry] = 0;
                     chunk.mapped_count -= 1;
                     self.mapped_count -= 1;
@@ -146,6 +148,116 @@ impl BlockMap {
             .map(|(index, chunk)| (*index, chunk.as_ref()))
     }
 
+    /// The shared chunks themselves, so that a checkpoint can store each
+    /// distinct chunk once however many snapshots hold it.
+    pub fn shared_chunks(&self) -> impl Iterator<Item = (u64, &Arc<Chunk>)> {
+        self.chunks.iter().map(|(index, chunk)| (*index, chunk))
+    }
+
+    /// The chunk at `chunk_index`, if any entry of it is mapped.
+    pub fn shared_chunk(&self, chunk_index: u64) -> Option<&Arc<Chunk>> {
+        self.chunks.get(&chunk_index)
+    }
+
+    /// Inserts a chunk shared with other maps (rebuilt from a checkpoint).
+    pub fn insert_shared_chunk(&mut self, chunk_index: u64, chunk: Arc<Chunk>) {
+        if chunk.mapped_count == 0 {
+            return;
+        }
+        self.mapped_count += u64::from(chunk.mapped_count);
+        let previous = self.chunks.insert(chunk_index, chunk);
+        assert!(
+            previous.is_none(),
+            "chunk {chunk_index} appears twice in a map"
+        );
+    }
+
+    /// Calls `visit(logical_block, physical_block)` for every mapping of this map
+    /// that none of `others` holds at the same logical block: the blocks this map
+    /// alone references among its neighbours. Chunks shared with a neighbour are
+    /// skipped whole.
+    pub fn for_each_not_in(&self, others: &[&BlockMap], visit: &mut dyn FnMut(u64, u64)) {
+        for (chunk_index, chunk) in &self.chunks {
+            let neighbours: Vec<&Arc<Chunk>> = others
+                .iter()
+                .filter_map(|other| other.chunks.get(chunk_index))
+                .collect();
+            if neighbours.iter().any(|other| Arc::ptr_eq(other, chunk)) {
+                continue;
+            }
+            let chunk_start = chunk_index * CHUNK_ENTRY_COUNT as u64;
+            for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
+                if *physical_block != 0
+                    && !neighbours
+                        .iter()
+                        .any(|other| other.physical_blocks[entry] == *physical_block)
+                {
+                    visit(chunk_start + entry as u64, *physical_block);
+                }
+            }
+        }
+    }
+
+    /// How many mappings of this map none of `others` holds (see [`Self::for_each_not_in`]).
+    pub fn count_not_in(&self, others: &[&BlockMap]) -> u64 {
+        let mut count = 0;
+        self.for_each_not_in(others, &mut |_, _| count += 1);
+        count
+    }
+
+    /// Whether `logical_block` maps to `physical_block`.
+    pub fn holds(&self, logical_block: u64, physical_block: u64) -> bool {
+        let (chunk_index, entry) = split(logical_block);
+        self.chunks
+            .get(&chunk_index)
+            .is_some_and(|chunk| chunk.physical_blocks[entry] == physical_block)
+    }
+}
+
+/// Moves `logical_block` from physical block `from` to `to` in every map of
+/// `maps` that holds `from` there (the cleaner relocating a block that snapshots
+/// and clones share). Maps that shared a chunk before share the one new chunk
+/// after, so relocation never multiplies memory. Returns how many maps held it.
+pub fn relocate_in<'a>(
+    maps: impl Iterator<Item = &'a mut BlockMap>,
+    logical_block: u64,
+    from: u64,
+    to: Mapping,
+) -> usize {
+    assert_ne!(to.physical_block, 0, "physical block 0 is never data");
+    let (chunk_index, entry) = split(logical_block);
+    // (old chunk, its replacement); the old one is kept alive so that pointer
+    // comparisons stay meaningful for the whole call.
+    let mut replaced: Vec<(Arc<Chunk>, Arc<Chunk>)> = Vec::new();
+    let mut held = 0;
+    for map in maps {
+        let Some(slot) = map.chunks.get_mut(&chunk_index) else {
+            continue;
+        };
+        if slot.physical_blocks[entry] != from {
+            continue;
+        }
+        held += 1;
+        if let Some((_, new)) = replaced.iter().find(|(old, _)| Arc::ptr_eq(old, slot)) {
+            *slot = new.clone();
+            continue;
+        }
+        if let Some(chunk) = Arc::get_mut(slot) {
+            chunk.physical_blocks[entry] = to.physical_block;
+            chunk.checksums[entry] = to.checksum;
+            continue;
+        }
+        let mut chunk = Chunk::clone(slot);
+        chunk.physical_blocks[entry] = to.physical_block;
+        chunk.checksums[entry] = to.checksum;
+        let new = Arc::new(chunk);
+        let old = std::mem::replace(slot, new.clone());
+        replaced.push((old, new));
+    }
+    held
+}
+
+impl BlockMap {
     /// Rebuilds a chunk from a checkpoint image.
     pub fn insert_chunk(&mut self, chunk_index: u64, physical_blocks: &[u64], checksums: &[u32]) {
         assert_eq!(physical_blocks.len(), CHUNK_ENTRY_COUNT);
@@ -186,13 +298,46 @@ mod tests {
         assert_eq!(map.get(6), None);
         let copy = map.clone();
         let mut displaced = Vec::new();
-        map.unmap_range(0, 600, &mut |block| displaced.push(block));
+        map.unmap_range(0, 600, &mut |_, block| displaced.push(block));
         assert_eq!(displaced, vec![101]);
         assert_eq!(map.get(1000), Some(mapping(102)));
         assert_eq!(map.mapped_count(), 1);
         assert_eq!(copy.get(5), Some(mapping(101)), "the copy is unaffected");
-        map.unmap_range(0, u64::MAX, &mut |_| {});
+        map.unmap_range(0, u64::MAX, &mut |_, _| {});
         assert_eq!(map.mapped_count(), 0);
         assert_eq!(map.chunks().count(), 0);
+    }
+
+    #[test]
+    fn relocation_keeps_shared_chunks_shared_and_neighbour_comparison() {
+        let mut live = BlockMap::default();
+        live.set(1, mapping(100));
+        live.set(2, mapping(200));
+        let mut first = live.clone();
+        let mut second = live.clone();
+        live.set(2, mapping(201));
+        // `first` and `second` share a chunk; `live` has its own copy.
+        let moved = relocate_in(
+            [&mut live, &mut first, &mut second].into_iter(),
+            1,
+            100,
+            mapping(300),
+        );
+        assert_eq!(moved, 3);
+        assert!(Arc::ptr_eq(&first.chunks[&0], &second.chunks[&0]));
+        assert_eq!(first.get(1), Some(mapping(300)));
+        assert_eq!(live.get(1), Some(mapping(300)));
+        assert_eq!(live.get(2), Some(mapping(201)));
+        assert_eq!(first.get(2), Some(mapping(200)));
+        // Not held anywhere: nothing moves.
+        assert_eq!(relocate_in([&mut live].into_iter(), 1, 999, mapping(5)), 0);
+        // Only block 2 of `live` differs from `first`.
+        let mut unique = Vec::new();
+        live.for_each_not_in(&[&first], &mut |logical, physical| {
+            unique.push((logical, physical))
+        });
+        assert_eq!(unique, vec![(2, 201)]);
+        assert_eq!(first.count_not_in(&[&second]), 0);
+        assert_eq!(first.count_not_in(&[]), 2);
     }
 }

@@ -1,18 +1,29 @@
-//! The volume layer: thin volumes, their names and sizes, and their block maps.
-//! It applies log records to the in-memory state (the same code for live writes
-//! and for replay during recovery, so that the two cannot disagree) and reports
-//! every physical block a change displaces, for segment space accounting.
+//! The volume layer: thin volumes, their snapshots and clones, their names and
+//! sizes, and their block maps. It applies log records to the in-memory state (the
+//! same code for live writes and for replay during recovery, so that the two
+//! cannot disagree) and reports every physical block that stops being referenced,
+//! for segment space accounting.
+//!
+//! Snapshots and clones share blocks. Every map of a pool is a node of a forest:
+//! a volume's snapshots, oldest first, then its live map, form a chain, and a
+//! clone's chain hangs below the snapshot it was cloned from. A block is only
+//! ever copied from a node to a new neighbour (snapshot, clone, rollback), so the
+//! maps holding one physical block always form a connected part of that forest.
+//! Hence a block a node drops is still referenced elsewhere exactly when one of
+//! the node's neighbours holds it at the same logical block: one lookup per
+//! overwrite, no reference counts, nothing to do at snapshot time
+//! (see docs/decisions/0004-snapshots.md).
 
 pub mod map;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::Record;
-use map::{BlockMap, Mapping};
+use map::{BlockMap, Mapping, relocate_in};
 
 /// Longest volume name, in bytes.
 pub const VOLUME_NAME_LENGTH_MAX: usize = 64;
@@ -21,8 +32,9 @@ pub const VOLUME_NAME_LENGTH_MAX: usize = 64;
 /// that block arithmetic never overflows.
 pub const VOLUME_SIZE_BYTES_MAX: u64 = 1 << 50;
 
-/// Volume names: 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with
-/// `.` or `-`. (`@` is reserved for snapshots, `/` for paths.)
+/// Volume and snapshot names: 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not
+/// starting with `.` or `-`. (`@` separates a volume from its snapshot in
+/// `VOL@SNAP`, `/` is reserved for paths.)
 pub fn validate_volume_name(name: &str) -> Result<(), EngineError> {
     let invalid = |reason: &str| {
         Err(EngineError::InvalidName {
@@ -64,15 +76,73 @@ pub fn validate_volume_size(size_bytes: u64) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// A readable view of a pool: a volume's live contents or one of its snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum View {
+    Volume(u32),
+    Snapshot { volume_id: u32, snapshot_id: u32 },
+}
+
+/// Splits `VOL@SNAP` into its parts; a plain `VOL` has no snapshot part.
+pub fn split_snapshot_name(full_name: &str) -> (&str, Option<&str>) {
+    match full_name.split_once('@') {
+        Some((volume, snapshot)) => (volume, Some(snapshot)),
+        None => (full_name, None),
+    }
+}
+
 /// What `volume list` shows about a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VolumeInfo {
     pub volume_id: u32,
     pub name: String,
     pub size_bytes: u64,
-    /// Bytes of device space its mapped blocks use.
+    /// Bytes of device space its live contents reference (shared or not).
     pub allocated_bytes: u64,
+    /// Bytes only the live contents reference: what a rollback would free.
+    pub unique_bytes: u64,
+    /// Bytes deleting the volume together with its snapshots would free.
+    pub used_bytes: u64,
+    pub snapshot_count: usize,
+    /// `VOL@SNAP` this volume was cloned from.
+    pub origin: Option<String>,
     pub created_unix_seconds: u64,
+}
+
+/// What `snapshot list` shows about a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SnapshotInfo {
+    /// `VOL@SNAP`, also its NBD export name.
+    pub full_name: String,
+    pub volume: String,
+    pub name: String,
+    pub snapshot_id: u32,
+    pub size_bytes: u64,
+    /// Bytes of device space the snapshot references (shared or not).
+    pub referenced_bytes: u64,
+    /// Bytes only this snapshot references: what deleting it would free.
+    pub unique_bytes: u64,
+    /// Volumes cloned from this snapshot (deleting it is refused while any exist).
+    pub clones: Vec<String>,
+    pub created_unix_seconds: u64,
+}
+
+/// A read-only, point-in-time copy of a volume's map.
+pub struct Snapshot {
+    /// Unique in the pool and increasing, so a volume's snapshots sorted by
+    /// identifier are in creation order.
+    pub snapshot_id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_unix_seconds: u64,
+    pub map: BlockMap,
+}
+
+/// The snapshot a clone was made from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Origin {
+    pub volume_id: u32,
+    pub snapshot_id: u32,
 }
 
 pub struct Volume {
@@ -81,21 +151,35 @@ pub struct Volume {
     pub size_bytes: u64,
     pub created_unix_seconds: u64,
     pub map: BlockMap,
+    pub origin: Option<Origin>,
+    /// Oldest first.
+    pub snapshots: Vec<Snapshot>,
 }
 
 impl Volume {
-    pub fn info(&self) -> VolumeInfo {
-        VolumeInfo {
-            volume_id: self.volume_id,
-            name: self.name.clone(),
-            size_bytes: self.size_bytes,
-            allocated_bytes: self.map.mapped_count() * BLOCK_SIZE_BYTES,
-            created_unix_seconds: self.created_unix_seconds,
-        }
-    }
-
     pub fn block_count(&self) -> u64 {
         self.size_bytes / BLOCK_SIZE_BYTES
+    }
+
+    fn snapshot_index(&self, snapshot_id: u32) -> Option<usize> {
+        self.snapshots
+            .binary_search_by_key(&snapshot_id, |snapshot| snapshot.snapshot_id)
+            .ok()
+    }
+
+    pub fn snapshot(&self, snapshot_id: u32) -> Option<&Snapshot> {
+        self.snapshot_index(snapshot_id)
+            .map(|index| &self.snapshots[index])
+    }
+
+    pub fn snapshot_named(&self, name: &str) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|snapshot| snapshot.name == name)
+    }
+
+    /// The live map and every snapshot's map.
+    fn maps_mut(&mut self) -> impl Iterator<Item = &mut BlockMap> {
+        std::iter::once(&mut self.map)
+            .chain(self.snapshots.iter_mut().map(|snapshot| &mut snapshot.map))
     }
 }
 
@@ -104,14 +188,18 @@ impl Volume {
 pub struct VolumeTable {
     volumes: BTreeMap<u32, Volume>,
     by_name: BTreeMap<String, u32>,
+    /// Clone volumes by the snapshot they came from.
+    clones: BTreeMap<Origin, BTreeSet<u32>>,
     pub next_volume_id: u32,
+    pub next_snapshot_id: u32,
 }
 
 impl VolumeTable {
-    /// An empty table; volume identifiers start at 1.
+    /// An empty table; identifiers start at 1.
     pub fn new() -> Self {
         Self {
             next_volume_id: 1,
+            next_snapshot_id: 1,
             ..Self::default()
         }
     }
@@ -127,6 +215,49 @@ impl VolumeTable {
             .ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
     }
 
+    /// The view a name denotes: `VOL` or `VOL@SNAP`.
+    pub fn resolve(&self, full_name: &str) -> Result<View, EngineError> {
+        let (volume_name, snapshot_name) = split_snapshot_name(full_name);
+        let volume_id = self.id_of(volume_name)?;
+        let Some(snapshot_name) = snapshot_name else {
+            return Ok(View::Volume(volume_id));
+        };
+        let volume = &self.volumes[&volume_id];
+        let snapshot =
+            volume
+                .snapshot_named(snapshot_name)
+                .ok_or_else(|| EngineError::NoSuchSnapshot {
+                    volume: volume_name.to_string(),
+                    snapshot: snapshot_name.to_string(),
+                })?;
+        Ok(View::Snapshot {
+            volume_id,
+            snapshot_id: snapshot.snapshot_id,
+        })
+    }
+
+    /// The name, size and map behind a view (None once deleted).
+    pub fn view(&self, view: View) -> Option<(String, u64, &BlockMap)> {
+        match view {
+            View::Volume(volume_id) => {
+                let volume = self.volumes.get(&volume_id)?;
+                Some((volume.name.clone(), volume.size_bytes, &volume.map))
+            }
+            View::Snapshot {
+                volume_id,
+                snapshot_id,
+            } => {
+                let volume = self.volumes.get(&volume_id)?;
+                let snapshot = volume.snapshot(snapshot_id)?;
+                Some((
+                    format!("{}@{}", volume.name, snapshot.name),
+                    snapshot.size_bytes,
+                    &snapshot.map,
+                ))
+            }
+        }
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Volume> {
         self.volumes.values()
     }
@@ -138,15 +269,248 @@ impl VolumeTable {
             volume.name
         );
         self.next_volume_id = self.next_volume_id.max(volume.volume_id + 1);
+        if let Some(last) = volume.snapshots.last() {
+            self.next_snapshot_id = self.next_snapshot_id.max(last.snapshot_id + 1);
+        }
+        if let Some(origin) = volume.origin {
+            self.clones
+                .entry(origin)
+                .or_default()
+                .insert(volume.volume_id);
+        }
         self.by_name.insert(volume.name.clone(), volume.volume_id);
         let previous = self.volumes.insert(volume.volume_id, volume);
         assert!(previous.is_none(), "duplicate volume identifier");
     }
 
-    /// Applies one record. A `Data` record needs the physical block its data went
-    /// to. Records for volumes that do not exist (possible only when replaying
-    /// after an unflushed volume deletion was lost with its successors) are ignored.
-    /// `displaced` receives each physical block that stops being referenced.
+    /// Calls `visit` with every mapped physical block of every map, skipping
+    /// chunks already visited through another map (a block held by two
+    /// different chunks is still visited twice).
+    pub fn for_each_distinct_physical(&self, visit: &mut dyn FnMut(u64)) {
+        let mut seen: std::collections::HashSet<*const map::Chunk> = Default::default();
+        for volume in self.volumes.values() {
+            let maps = std::iter::once(&volume.map)
+                .chain(volume.snapshots.iter().map(|snapshot| &snapshot.map));
+            for map in maps {
+                for (_, chunk) in map.shared_chunks() {
+                    if seen.insert(std::sync::Arc::as_ptr(chunk)) {
+                        for physical_block in
+                            chunk.physical_blocks.iter().filter(|block| **block != 0)
+                        {
+                            visit(*physical_block);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Names of the volumes cloned from a snapshot.
+    pub fn clone_names(&self, origin: Origin) -> Vec<String> {
+        self.clones
+            .get(&origin)
+            .into_iter()
+            .flatten()
+            .filter_map(|volume_id| self.volumes.get(volume_id))
+            .map(|volume| volume.name.clone())
+            .collect()
+    }
+
+    /// Names of every clone of any snapshot of a volume.
+    pub fn clone_names_of_volume(&self, volume_id: u32) -> Vec<String> {
+        self.clones
+            .range(
+                Origin {
+                    volume_id,
+                    snapshot_id: 0,
+                }..=Origin {
+                    volume_id,
+                    snapshot_id: u32::MAX,
+                },
+            )
+            .flat_map(|(_, clones)| clones)
+            .filter_map(|clone_id| self.volumes.get(clone_id))
+            .map(|volume| {
+                format!(
+                    "{} (of {}@{})",
+                    volume.name,
+                    self.volumes[&volume_id].name,
+                    self.origin_snapshot_name(volume.origin)
+                )
+            })
+            .collect()
+    }
+
+    fn origin_snapshot_name(&self, origin: Option<Origin>) -> String {
+        origin
+            .and_then(|origin| {
+                self.volumes
+                    .get(&origin.volume_id)?
+                    .snapshot(origin.snapshot_id)
+            })
+            .map_or_else(String::new, |snapshot| snapshot.name.clone())
+    }
+
+    fn origin_map(&self, origin: Option<Origin>) -> Option<&BlockMap> {
+        let origin = origin?;
+        Some(
+            &self
+                .volumes
+                .get(&origin.volume_id)?
+                .snapshot(origin.snapshot_id)?
+                .map,
+        )
+    }
+
+    /// The map before a volume's live map in its chain: its newest snapshot, else
+    /// the snapshot it was cloned from.
+    fn live_parent<'a>(&'a self, volume: &'a Volume) -> Option<&'a BlockMap> {
+        match volume.snapshots.last() {
+            Some(snapshot) => Some(&snapshot.map),
+            None => self.origin_map(volume.origin),
+        }
+    }
+
+    /// The neighbours of snapshot `index` of `volume`: the map before it, the map
+    /// after it, and the first map of each clone made from it.
+    fn snapshot_neighbours<'a>(&'a self, volume: &'a Volume, index: usize) -> Vec<&'a BlockMap> {
+        let mut neighbours = Vec::new();
+        if index > 0 {
+            neighbours.push(&volume.snapshots[index - 1].map);
+        } else if let Some(map) = self.origin_map(volume.origin) {
+            neighbours.push(map);
+        }
+        neighbours.push(match volume.snapshots.get(index + 1) {
+            Some(next) => &next.map,
+            None => &volume.map,
+        });
+        let origin = Origin {
+            volume_id: volume.volume_id,
+            snapshot_id: volume.snapshots[index].snapshot_id,
+        };
+        for clone_id in self.clones.get(&origin).into_iter().flatten() {
+            if let Some(clone) = self.volumes.get(clone_id) {
+                neighbours.push(match clone.snapshots.first() {
+                    Some(first) => &first.map,
+                    None => &clone.map,
+                });
+            }
+        }
+        neighbours
+    }
+
+    /// A volume and every volume cloned, directly or not, from its snapshots: the
+    /// only maps that can hold a block the volume wrote.
+    pub fn family(&self, volume_id: u32) -> Vec<u32> {
+        let mut family = Vec::new();
+        let mut pending = vec![volume_id];
+        while let Some(member) = pending.pop() {
+            if !self.volumes.contains_key(&member) || family.contains(&member) {
+                continue;
+            }
+            family.push(member);
+            pending.extend(self.clone_ids_of_volume(member));
+        }
+        family
+    }
+
+    fn clone_ids_of_volume(&self, volume_id: u32) -> Vec<u32> {
+        self.clones
+            .range(
+                Origin {
+                    volume_id,
+                    snapshot_id: 0,
+                }..=Origin {
+                    volume_id,
+                    snapshot_id: u32::MAX,
+                },
+            )
+            .flat_map(|(_, clones)| clones.iter().copied())
+            .collect()
+    }
+
+    /// The checksum of `physical_block` if any map of `family` (see
+    /// [`Self::family`]) holds it at `logical_block`: whether the cleaner must
+    /// move it.
+    pub fn holder_checksum(
+        &self,
+        family: &[u32],
+        logical_block: u64,
+        physical_block: u64,
+    ) -> Option<u32> {
+        family
+            .iter()
+            .filter_map(|volume_id| self.volumes.get(volume_id))
+            .flat_map(|volume| {
+                std::iter::once(&volume.map)
+                    .chain(volume.snapshots.iter().map(|snapshot| &snapshot.map))
+            })
+            .filter_map(|map| map.get(logical_block))
+            .find(|mapping| mapping.physical_block == physical_block)
+            .map(|mapping| mapping.checksum)
+    }
+
+    pub fn volume_info(&self, volume_id: u32) -> Option<VolumeInfo> {
+        let volume = self.volumes.get(&volume_id)?;
+        let parent = self.live_parent(volume);
+        let unique_blocks = volume.map.count_not_in(parent.as_slice());
+        // Each block of the chain is counted once, at the first map holding it.
+        let mut used_blocks = unique_blocks;
+        let mut before = self.origin_map(volume.origin);
+        for snapshot in &volume.snapshots {
+            used_blocks += snapshot.map.count_not_in(before.as_slice());
+            before = Some(&snapshot.map);
+        }
+        Some(VolumeInfo {
+            volume_id,
+            name: volume.name.clone(),
+            size_bytes: volume.size_bytes,
+            allocated_bytes: volume.map.mapped_count() * BLOCK_SIZE_BYTES,
+            unique_bytes: unique_blocks * BLOCK_SIZE_BYTES,
+            used_bytes: used_blocks * BLOCK_SIZE_BYTES,
+            snapshot_count: volume.snapshots.len(),
+            origin: volume.origin.and_then(|origin| {
+                let origin_volume = self.volumes.get(&origin.volume_id)?;
+                let snapshot = origin_volume.snapshot(origin.snapshot_id)?;
+                Some(format!("{}@{}", origin_volume.name, snapshot.name))
+            }),
+            created_unix_seconds: volume.created_unix_seconds,
+        })
+    }
+
+    pub fn snapshot_infos(&self, volume_id: u32) -> Vec<SnapshotInfo> {
+        let Some(volume) = self.volumes.get(&volume_id) else {
+            return Vec::new();
+        };
+        volume
+            .snapshots
+            .iter()
+            .enumerate()
+            .map(|(index, snapshot)| {
+                let neighbours = self.snapshot_neighbours(volume, index);
+                SnapshotInfo {
+                    full_name: format!("{}@{}", volume.name, snapshot.name),
+                    volume: volume.name.clone(),
+                    name: snapshot.name.clone(),
+                    snapshot_id: snapshot.snapshot_id,
+                    size_bytes: snapshot.size_bytes,
+                    referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
+                    unique_bytes: snapshot.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES,
+                    clones: self.clone_names(Origin {
+                        volume_id,
+                        snapshot_id: snapshot.snapshot_id,
+                    }),
+                    created_unix_seconds: snapshot.created_unix_seconds,
+                }
+            })
+            .collect()
+    }
+
+    /// Applies one record. A record carrying data needs the physical block its
+    /// data went to. Records for volumes or snapshots that do not exist (possible
+    /// only when replaying after an unflushed deletion was lost with its
+    /// successors) are ignored. `displaced` receives each physical block that no
+    /// map references any more.
     pub fn apply(
         &mut self,
         record: &Record,
@@ -160,32 +524,61 @@ impl VolumeTable {
                 checksum,
             } => {
                 let physical_block = physical_block.expect("data record applied without its block");
-                if let Some(volume) = self.volumes.get_mut(volume_id)
-                    && *logical_block < volume.block_count()
-                {
-                    let mapping = Mapping {
-                        physical_block,
-                        checksum: *checksum,
-                    };
-                    if let Some(old) = volume.map.set(*logical_block, mapping) {
-                        displaced(old);
-                    }
+                let Some(volume) = self
+                    .volumes
+                    .get(volume_id)
+                    .filter(|volume| *logical_block < volume.block_count())
+                else {
+                    // The block is written but belongs to nothing: it is garbage at once.
+                    displaced(physical_block);
                     return;
+                };
+                let old = volume.map.get(*logical_block).map(|old| old.physical_block);
+                let shared = old.is_some_and(|old| {
+                    self.live_parent(volume)
+                        .is_some_and(|parent| parent.holds(*logical_block, old))
+                });
+                let volume = self.volumes.get_mut(volume_id).expect("found above");
+                let mapping = Mapping {
+                    physical_block,
+                    checksum: *checksum,
+                };
+                volume.map.set(*logical_block, mapping);
+                if let Some(old) = old
+                    && !shared
+                {
+                    displaced(old);
                 }
-                // The block is written but belongs to nothing: it is garbage at once.
-                displaced(physical_block);
+            }
+            Record::Relocate {
+                volume_id,
+                logical_block,
+                from_physical_block,
+                checksum,
+            } => {
+                let physical_block =
+                    physical_block.expect("relocation record applied without its block");
+                let family = self.family(*volume_id);
+                let maps = self
+                    .volumes
+                    .iter_mut()
+                    .filter(|(member, _)| family.contains(member))
+                    .flat_map(|(_, volume)| volume.maps_mut());
+                let mapping = Mapping {
+                    physical_block,
+                    checksum: *checksum,
+                };
+                if relocate_in(maps, *logical_block, *from_physical_block, mapping) > 0 {
+                    displaced(*from_physical_block);
+                } else {
+                    displaced(physical_block);
+                }
             }
             Record::Unmap {
                 volume_id,
                 logical_block,
                 block_count,
-            } => {
-                if let Some(volume) = self.volumes.get_mut(volume_id) {
-                    volume
-                        .map
-                        .unmap_range(*logical_block, *block_count, displaced);
-                }
-            }
+            } => self.unmap_live(*volume_id, *logical_block, *block_count, displaced),
             Record::VolumeCreate {
                 volume_id,
                 name,
@@ -201,23 +594,30 @@ impl VolumeTable {
                     size_bytes: *size_bytes,
                     created_unix_seconds: *created_unix_seconds,
                     map: BlockMap::default(),
+                    origin: None,
+                    snapshots: Vec::new(),
                 });
             }
             Record::VolumeResize {
                 volume_id,
                 size_bytes,
             } => {
-                if let Some(volume) = self.volumes.get_mut(volume_id) {
-                    let new_block_count = size_bytes / BLOCK_SIZE_BYTES;
-                    if new_block_count < volume.block_count() {
-                        volume.map.unmap_range(
-                            new_block_count,
-                            u64::MAX - new_block_count,
-                            displaced,
-                        );
-                    }
-                    volume.size_bytes = *size_bytes;
+                let Some(volume) = self.volumes.get(volume_id) else {
+                    return;
+                };
+                let new_block_count = size_bytes / BLOCK_SIZE_BYTES;
+                if new_block_count < volume.block_count() {
+                    self.unmap_live(
+                        *volume_id,
+                        new_block_count,
+                        u64::MAX - new_block_count,
+                        displaced,
+                    );
                 }
+                self.volumes
+                    .get_mut(volume_id)
+                    .expect("found above")
+                    .size_bytes = *size_bytes;
             }
             Record::VolumeRename { volume_id, name } => {
                 if self.by_name.contains_key(name) {
@@ -229,11 +629,198 @@ impl VolumeTable {
                     self.by_name.insert(name.clone(), *volume_id);
                 }
             }
-            Record::VolumeDelete { volume_id } => {
-                if let Some(mut volume) = self.volumes.remove(volume_id) {
-                    self.by_name.remove(&volume.name);
-                    volume.map.unmap_range(0, u64::MAX, displaced);
+            Record::VolumeDelete { volume_id } => self.delete_volume(*volume_id, displaced),
+            Record::SnapshotCreate {
+                volume_id,
+                snapshot_id,
+                name,
+                created_unix_seconds,
+            } => {
+                let Some(volume) = self.volumes.get_mut(volume_id) else {
+                    return;
+                };
+                let in_order = volume
+                    .snapshots
+                    .last()
+                    .is_none_or(|last| last.snapshot_id < *snapshot_id);
+                if !in_order || volume.snapshot_named(name).is_some() {
+                    tracing::error!(volume_id, snapshot_id, %name, "snapshot record conflicts with an existing snapshot; ignored");
+                    return;
                 }
+                volume.snapshots.push(Snapshot {
+                    snapshot_id: *snapshot_id,
+                    name: name.clone(),
+                    size_bytes: volume.size_bytes,
+                    created_unix_seconds: *created_unix_seconds,
+                    map: volume.map.clone(),
+                });
+                self.next_snapshot_id = self.next_snapshot_id.max(snapshot_id + 1);
+            }
+            Record::SnapshotDelete {
+                volume_id,
+                snapshot_id,
+            } => self.delete_snapshot(*volume_id, *snapshot_id, displaced),
+            Record::SnapshotRollback {
+                volume_id,
+                snapshot_id,
+            } => {
+                let Some(volume) = self.volumes.get(volume_id) else {
+                    return;
+                };
+                let Some(newest) = volume
+                    .snapshots
+                    .last()
+                    .filter(|newest| newest.snapshot_id == *snapshot_id)
+                else {
+                    tracing::error!(
+                        volume_id,
+                        snapshot_id,
+                        "rollback to a snapshot that is not the newest; ignored"
+                    );
+                    return;
+                };
+                volume
+                    .map
+                    .for_each_not_in(&[&newest.map], &mut |_, physical| displaced(physical));
+                let (map, size_bytes) = (newest.map.clone(), newest.size_bytes);
+                let volume = self.volumes.get_mut(volume_id).expect("found above");
+                volume.map = map;
+                volume.size_bytes = size_bytes;
+            }
+            Record::VolumeClone {
+                volume_id,
+                name,
+                origin_volume_id,
+                origin_snapshot_id,
+                created_unix_seconds,
+            } => {
+                if self.volumes.contains_key(volume_id) || self.by_name.contains_key(name) {
+                    return;
+                }
+                let Some(snapshot) = self
+                    .volumes
+                    .get(origin_volume_id)
+                    .and_then(|origin| origin.snapshot(*origin_snapshot_id))
+                else {
+                    return;
+                };
+                let volume = Volume {
+                    volume_id: *volume_id,
+                    name: name.clone(),
+                    size_bytes: snapshot.size_bytes,
+                    created_unix_seconds: *created_unix_seconds,
+                    map: snapshot.map.clone(),
+                    origin: Some(Origin {
+                        volume_id: *origin_volume_id,
+                        snapshot_id: *origin_snapshot_id,
+                    }),
+                    snapshots: Vec::new(),
+                };
+                self.insert(volume);
+            }
+        }
+    }
+
+    /// Unmaps a range of a volume's live map; blocks its parent still holds stay.
+    fn unmap_live(
+        &mut self,
+        volume_id: u32,
+        logical_block: u64,
+        block_count: u64,
+        displaced: &mut dyn FnMut(u64),
+    ) {
+        let Some(volume) = self.volumes.get_mut(&volume_id) else {
+            return;
+        };
+        let mut dropped: Vec<(u64, u64)> = Vec::new();
+        volume
+            .map
+            .unmap_range(logical_block, block_count, &mut |logical, physical| {
+                dropped.push((logical, physical))
+            });
+        let volume = &self.volumes[&volume_id];
+        let parent = self.live_parent(volume);
+        for (logical, physical) in dropped {
+            if !parent.is_some_and(|parent| parent.holds(logical, physical)) {
+                displaced(physical);
+            }
+        }
+    }
+
+    fn delete_snapshot(
+        &mut self,
+        volume_id: u32,
+        snapshot_id: u32,
+        displaced: &mut dyn FnMut(u64),
+    ) {
+        let Some(volume) = self.volumes.get(&volume_id) else {
+            return;
+        };
+        let Some(index) = volume.snapshot_index(snapshot_id) else {
+            return;
+        };
+        let origin = Origin {
+            volume_id,
+            snapshot_id,
+        };
+        if self
+            .clones
+            .get(&origin)
+            .is_some_and(|clones| !clones.is_empty())
+        {
+            tracing::error!(
+                volume_id,
+                snapshot_id,
+                "deleting a snapshot that has clones; ignored"
+            );
+            return;
+        }
+        let neighbours = self.snapshot_neighbours(volume, index);
+        volume.snapshots[index]
+            .map
+            .for_each_not_in(&neighbours, &mut |_, physical| displaced(physical));
+        self.volumes
+            .get_mut(&volume_id)
+            .expect("found above")
+            .snapshots
+            .remove(index);
+        self.clones.remove(&origin);
+    }
+
+    /// Deletes a volume and its snapshots, newest map first, so that each map
+    /// removed is at the end of its chain and only its parent can share its blocks.
+    fn delete_volume(&mut self, volume_id: u32, displaced: &mut dyn FnMut(u64)) {
+        let Some(volume) = self.volumes.get(&volume_id) else {
+            return;
+        };
+        if !self.clone_ids_of_volume(volume_id).is_empty() {
+            tracing::error!(
+                volume_id,
+                "deleting a volume whose snapshots have clones; ignored"
+            );
+            return;
+        }
+        let parent = self.live_parent(volume);
+        volume
+            .map
+            .for_each_not_in(parent.as_slice(), &mut |_, physical| displaced(physical));
+        for index in (0..volume.snapshots.len()).rev() {
+            let parent = match index {
+                0 => self.origin_map(volume.origin),
+                _ => Some(&volume.snapshots[index - 1].map),
+            };
+            volume.snapshots[index]
+                .map
+                .for_each_not_in(parent.as_slice(), &mut |_, physical| displaced(physical));
+        }
+        let volume = self.volumes.remove(&volume_id).expect("found above");
+        self.by_name.remove(&volume.name);
+        if let Some(origin) = volume.origin
+            && let Some(clones) = self.clones.get_mut(&origin)
+        {
+            clones.remove(&volume_id);
+            if clones.is_empty() {
+                self.clones.remove(&origin);
             }
         }
     }
