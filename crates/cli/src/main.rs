@@ -34,6 +34,21 @@ enum Command {
     /// Create, list, resize, rename and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Create, list, delete and roll back to read-only snapshots (VOL@SNAP).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Create a writable volume from a snapshot: `lamina clone VOL@SNAP NEWVOL`.
+    Clone {
+        /// The snapshot to start from, as VOL@SNAP.
+        #[arg(value_parser = parse_snapshot_argument)]
+        snapshot: (String, String),
+        /// The new volume's name.
+        new_name: String,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Size a pool from a workload trace.
     Plan(lamina_plan::PlanArgs),
     /// Latency-versus-load benchmarks against peer servers.
@@ -127,7 +142,7 @@ enum VolumeCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a volume and everything in it.
+    /// Delete a volume with its snapshots (refused while clones of its snapshots exist).
     Delete {
         name: String,
         #[command(flatten)]
@@ -137,18 +152,112 @@ enum VolumeCommand {
     },
 }
 
+/// Snapshot commands. Names are `VOL@SNAP`; a snapshot name follows the volume
+/// name rules (1 to 64 of `A-Z a-z 0-9 . _ -`, not starting with `.` or `-`).
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Take a snapshot of a volume's current contents (instant, read-only,
+    /// exported over NBD as VOL@SNAP).
+    Create {
+        #[arg(value_parser = parse_snapshot_argument)]
+        snapshot: (String, String),
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List snapshots of one volume, or of all volumes.
+    List {
+        volume: Option<String>,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot (refused while clones of it exist).
+    Delete {
+        #[arg(value_parser = parse_snapshot_argument)]
+        snapshot: (String, String),
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a volume's contents those of its newest snapshot again. Refused
+    /// while NBD clients have the volume open, unless --force.
+    Rollback {
+        #[arg(value_parser = parse_snapshot_argument)]
+        snapshot: (String, String),
+        /// Roll back under connected clients: they read the snapshot's contents
+        /// from their next request (their own caches are not told).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_snapshot_argument(argument: &str) -> Result<(String, String), String> {
+    match argument.split_once('@') {
+        Some((volume, snapshot)) if !volume.is_empty() && !snapshot.is_empty() => {
+            Ok((volume.to_string(), snapshot.to_string()))
+        }
+        _ => Err(format!(
+            "{argument:?} is not a snapshot name: expected VOL@SNAP"
+        )),
+    }
+}
+
+fn print_snapshots(value: &serde_json::Value) {
+    let snapshots: Vec<serde_json::Value> = match value {
+        serde_json::Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    };
+    println!(
+        "{:<40} {:>10} {:>12} {:>12}  CLONES",
+        "NAME", "SIZE", "REFERENCED", "UNIQUE"
+    );
+    for snapshot in snapshots {
+        let clones: Vec<&str> = snapshot["clones"]
+            .as_array()
+            .map(|clones| clones.iter().filter_map(|clone| clone.as_str()).collect())
+            .unwrap_or_default();
+        println!(
+            "{:<40} {:>10} {:>12} {:>12}  {}",
+            snapshot["full_name"].as_str().unwrap_or("?"),
+            format_size(snapshot["size_bytes"].as_u64().unwrap_or(0)),
+            format_size(snapshot["referenced_bytes"].as_u64().unwrap_or(0)),
+            format_size(snapshot["unique_bytes"].as_u64().unwrap_or(0)),
+            if clones.is_empty() {
+                "-".to_string()
+            } else {
+                clones.join(",")
+            },
+        );
+    }
+}
+
 fn print_volumes(value: &serde_json::Value) {
     let volumes: Vec<serde_json::Value> = match value {
         serde_json::Value::Array(items) => items.clone(),
         other => vec![other.clone()],
     };
-    println!("{:<32} {:>12} {:>12}", "NAME", "SIZE", "ALLOCATED");
+    println!(
+        "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  ORIGIN",
+        "NAME", "SIZE", "ALLOCATED", "UNIQUE", "USED", "SNAPSHOTS"
+    );
     for volume in volumes {
         println!(
-            "{:<32} {:>12} {:>12}",
+            "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {}",
             volume["name"].as_str().unwrap_or("?"),
             format_size(volume["size_bytes"].as_u64().unwrap_or(0)),
             format_size(volume["allocated_bytes"].as_u64().unwrap_or(0)),
+            format_size(volume["unique_bytes"].as_u64().unwrap_or(0)),
+            format_size(volume["used_bytes"].as_u64().unwrap_or(0)),
+            volume["snapshot_count"].as_u64().unwrap_or(0),
+            volume["origin"].as_str().unwrap_or("-"),
         );
     }
 }
@@ -307,6 +416,77 @@ async fn run(command: Command) -> anyhow::Result<()> {
             admin(data, Operation::VolumeDelete { name }, json, |value| {
                 println!("deleted {}", value["deleted"].as_str().unwrap_or("?"));
             })
+            .await
+        }
+        Command::Snapshot(SnapshotCommand::Create {
+            snapshot: (volume, snapshot),
+            data,
+            json,
+        }) => {
+            admin(
+                data,
+                Operation::SnapshotCreate { volume, snapshot },
+                json,
+                print_snapshots,
+            )
+            .await
+        }
+        Command::Snapshot(SnapshotCommand::List { volume, data, json }) => {
+            admin(
+                data,
+                Operation::SnapshotList { volume },
+                json,
+                print_snapshots,
+            )
+            .await
+        }
+        Command::Snapshot(SnapshotCommand::Delete {
+            snapshot: (volume, snapshot),
+            data,
+            json,
+        }) => {
+            admin(
+                data,
+                Operation::SnapshotDelete { volume, snapshot },
+                json,
+                |value| println!("deleted {}", value["deleted"].as_str().unwrap_or("?")),
+            )
+            .await
+        }
+        Command::Snapshot(SnapshotCommand::Rollback {
+            snapshot: (volume, snapshot),
+            force,
+            data,
+            json,
+        }) => {
+            admin(
+                data,
+                Operation::SnapshotRollback {
+                    volume,
+                    snapshot,
+                    force,
+                },
+                json,
+                print_volumes,
+            )
+            .await
+        }
+        Command::Clone {
+            snapshot: (volume, snapshot),
+            new_name,
+            data,
+            json,
+        } => {
+            admin(
+                data,
+                Operation::VolumeClone {
+                    volume,
+                    snapshot,
+                    new_name,
+                },
+                json,
+                print_volumes,
+            )
             .await
         }
         Command::Plan(_) | Command::Bench(_) => unreachable!("handled before the runtime starts"),

@@ -1,4 +1,5 @@
-//! The admin API: the operations of `lamina volume ...` and `lamina pool status`,
+//! The admin API: the operations of `lamina volume ...`, `lamina snapshot ...`,
+//! `lamina clone` and `lamina pool status`,
 //! executed against a pool, either by the daemon (HTTP + JSON on the Unix socket
 //! `DIR/admin.sock`, `POST /v1/operations` with one [`Operation`] as the body) or
 //! directly by the CLI when no daemon runs. One `execute` serves both, so the two
@@ -10,6 +11,8 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lamina_engine::{EngineError, Pool};
+
+use crate::export::OpenExports;
 use serde::{Deserialize, Serialize};
 
 /// One administrative operation.
@@ -33,7 +36,42 @@ pub enum Operation {
     VolumeDelete {
         name: String,
     },
+    /// A read-only snapshot `volume@snapshot` of a volume's current contents.
+    SnapshotCreate {
+        volume: String,
+        snapshot: String,
+    },
+    /// Snapshots of one volume, or of all when `volume` is absent.
+    SnapshotList {
+        #[serde(default)]
+        volume: Option<String>,
+    },
+    SnapshotDelete {
+        volume: String,
+        snapshot: String,
+    },
+    /// Refused while NBD clients have the volume open, unless `force`.
+    SnapshotRollback {
+        volume: String,
+        snapshot: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// A writable volume `new_name` starting as `volume@snapshot`.
+    VolumeClone {
+        volume: String,
+        snapshot: String,
+        new_name: String,
+    },
     PoolStatus,
+}
+
+/// What operations run against: the pool, and (in the daemon) which volumes
+/// NBD clients have open.
+#[derive(Clone)]
+pub struct AdminContext {
+    pub pool: Pool,
+    pub open_exports: OpenExports,
 }
 
 /// A failed operation: an HTTP status and a message for the user.
@@ -46,8 +84,11 @@ pub struct OperationError {
 impl From<EngineError> for OperationError {
     fn from(error: EngineError) -> Self {
         let status = match &error {
-            EngineError::NoSuchVolume(_) => 404,
-            EngineError::VolumeExists(_) => 409,
+            EngineError::NoSuchVolume(_) | EngineError::NoSuchSnapshot { .. } => 404,
+            EngineError::VolumeExists(_)
+            | EngineError::SnapshotExists { .. }
+            | EngineError::HasClones { .. }
+            | EngineError::NotNewestSnapshot { .. } => 409,
             EngineError::InvalidName { .. }
             | EngineError::InvalidSize { .. }
             | EngineError::ShrinkNeedsForce { .. } => 400,
@@ -62,9 +103,10 @@ impl From<EngineError> for OperationError {
 }
 
 pub async fn execute(
-    pool: &Pool,
+    context: &AdminContext,
     operation: Operation,
 ) -> Result<serde_json::Value, OperationError> {
+    let pool = &context.pool;
     let value = match operation {
         Operation::VolumeList => serde_json::to_value(pool.list_volumes()),
         Operation::VolumeCreate { name, size_bytes } => {
@@ -82,16 +124,47 @@ pub async fn execute(
             pool.delete_volume(&name).await?;
             Ok(serde_json::json!({ "deleted": name }))
         }
+        Operation::SnapshotCreate { volume, snapshot } => {
+            serde_json::to_value(pool.create_snapshot(&volume, &snapshot).await?)
+        }
+        Operation::SnapshotList { volume } => {
+            serde_json::to_value(pool.list_snapshots(volume.as_deref())?)
+        }
+        Operation::SnapshotDelete { volume, snapshot } => {
+            pool.delete_snapshot(&volume, &snapshot).await?;
+            Ok(serde_json::json!({ "deleted": format!("{volume}@{snapshot}") }))
+        }
+        Operation::SnapshotRollback {
+            volume,
+            snapshot,
+            force,
+        } => {
+            let connected = context.open_exports.count(pool.volume_id(&volume)?);
+            if connected > 0 && !force {
+                return Err(OperationError {
+                    status: 409,
+                    error: format!(
+                        "volume {volume} has {connected} NBD connection(s) open; disconnect them, or pass --force (clients then read {volume}@{snapshot}'s contents from their next request, and their caches go stale)"
+                    ),
+                });
+            }
+            serde_json::to_value(pool.rollback_snapshot(&volume, &snapshot).await?)
+        }
+        Operation::VolumeClone {
+            volume,
+            snapshot,
+            new_name,
+        } => serde_json::to_value(pool.clone_snapshot(&volume, &snapshot, &new_name).await?),
         Operation::PoolStatus => serde_json::to_value(pool.status()),
     };
     Ok(value.expect("admin results serialise"))
 }
 
 async fn operations(
-    State(pool): State<Pool>,
+    State(context): State<AdminContext>,
     Json(operation): Json<Operation>,
 ) -> impl IntoResponse {
-    match execute(&pool, operation).await {
+    match execute(&context, operation).await {
         Ok(value) => (StatusCode::OK, Json(value)).into_response(),
         Err(error) => (
             StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -106,7 +179,8 @@ async fn health() -> &'static str {
 }
 
 /// Pool and volume figures in the Prometheus text format.
-async fn metrics(State(pool): State<Pool>) -> impl IntoResponse {
+async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
+    let pool = &context.pool;
     let status = pool.status();
     let mut text = String::new();
     let mut gauge = |name: &str, help: &str, value: f64| {
@@ -161,13 +235,27 @@ async fn metrics(State(pool): State<Pool>) -> impl IntoResponse {
             volume.name, volume.allocated_bytes
         ));
     }
+    text.push_str("# HELP lamina_volume_used_bytes Device space deleting a volume and its snapshots would free.\n# TYPE lamina_volume_used_bytes gauge\n");
+    for volume in pool.list_volumes() {
+        text.push_str(&format!(
+            "lamina_volume_used_bytes{{volume=\"{}\"}} {}\n",
+            volume.name, volume.used_bytes
+        ));
+    }
+    text.push_str("# HELP lamina_volume_snapshots Snapshots a volume has.\n# TYPE lamina_volume_snapshots gauge\n");
+    for volume in pool.list_volumes() {
+        text.push_str(&format!(
+            "lamina_volume_snapshots{{volume=\"{}\"}} {}\n",
+            volume.name, volume.snapshot_count
+        ));
+    }
     ([("content-type", "text/plain; version=0.0.4")], text)
 }
 
-pub fn router(pool: Pool) -> Router {
+pub fn router(context: AdminContext) -> Router {
     Router::new()
         .route("/v1/operations", post(operations))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
-        .with_state(pool)
+        .with_state(context)
 }

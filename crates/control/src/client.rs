@@ -11,7 +11,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use crate::admin::{Operation, OperationError, execute};
+use crate::admin::{AdminContext, Operation, OperationError, execute};
 use crate::store::{ADMIN_SOCKET_FILE, lock_directory, open_pool};
 
 /// Runs `operation` against the pool in `data_dir`, through the daemon when one runs.
@@ -25,7 +25,11 @@ pub async fn run_operation(
     }
     let _lock = lock_directory(data_dir)?;
     let pool = open_pool(data_dir, Default::default()).await?;
-    let result = execute(&pool, operation).await;
+    let context = AdminContext {
+        pool: pool.clone(),
+        open_exports: Default::default(),
+    };
+    let result = execute(&context, operation).await;
     pool.close().await.context("closing the pool")?;
     result.map_err(|error| anyhow::anyhow!(error.error))
 }

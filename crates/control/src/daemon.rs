@@ -53,7 +53,11 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let _lock = store::lock_directory(&config.data_dir)?;
     let pool = open_or_create(&config).await?;
-    let catalog = Arc::new(PoolCatalog { pool: pool.clone() });
+    let open_exports = crate::export::OpenExports::default();
+    let catalog = Arc::new(PoolCatalog {
+        pool: pool.clone(),
+        open_exports: open_exports.clone(),
+    });
     let server_config = ServerConfig {
         max_request_bytes: config.server.max_request_bytes,
         connections_max: config.server.connections_max,
@@ -84,7 +88,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin_path = config.data_dir.join(ADMIN_SOCKET_FILE);
     let admin_listener = bind_unix(&admin_path)?;
     {
-        let router = crate::admin::router(pool.clone());
+        let router = crate::admin::router(crate::admin::AdminContext {
+            pool: pool.clone(),
+            open_exports,
+        });
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
             if let Err(error) = axum::serve(admin_listener, router)

@@ -2,9 +2,10 @@
 //! `Export`/`ExportCatalog` traits and the pool, including the mapping from engine
 //! errors to NBD error codes.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
-use lamina_engine::{EngineError, Pool};
+use lamina_engine::{EngineError, Pool, View};
 use lamina_nbd::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 
 /// The name served to clients that ask for the default (empty) export name.
@@ -16,26 +17,89 @@ fn to_export_error(error: EngineError) -> ExportError {
         EngineError::OutOfRange { .. } | EngineError::InvalidSize { .. } => {
             ExportError::Invalid(error.to_string())
         }
-        EngineError::NoSuchVolume(_) => ExportError::Shutdown,
+        EngineError::NoSuchVolume(_) | EngineError::NoSuchSnapshot { .. } => ExportError::Shutdown,
+        EngineError::ReadOnly(_) => ExportError::ReadOnly,
         other => ExportError::Io(other.to_string()),
     }
 }
 
-/// Every volume of a pool, one export each, named after it.
+/// How many NBD connections have each volume open, so that operations that
+/// replace a volume's contents under its clients (rollback) can refuse while
+/// any are connected.
+#[derive(Clone, Default)]
+pub struct OpenExports {
+    counts: Arc<Mutex<BTreeMap<u32, usize>>>,
+}
+
+impl OpenExports {
+    pub fn count(&self, volume_id: u32) -> usize {
+        self.counts
+            .lock()
+            .expect("open export counts")
+            .get(&volume_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn open(&self, volume_id: u32) -> OpenGuard {
+        *self
+            .counts
+            .lock()
+            .expect("open export counts")
+            .entry(volume_id)
+            .or_default() += 1;
+        OpenGuard {
+            exports: self.clone(),
+            volume_id,
+        }
+    }
+}
+
+/// One open connection to a volume; counted until dropped.
+struct OpenGuard {
+    exports: OpenExports,
+    volume_id: u32,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let mut counts = self.exports.counts.lock().expect("open export counts");
+        if let Some(count) = counts.get_mut(&self.volume_id) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.volume_id);
+            }
+        }
+    }
+}
+
+/// Every volume of a pool, one export each, named after it, and every snapshot,
+/// read-only, named `VOL@SNAP`.
 pub struct PoolCatalog {
     pub pool: Pool,
+    pub open_exports: OpenExports,
 }
 
 impl ExportCatalog for PoolCatalog {
     fn list(&self) -> Vec<ExportSummary> {
-        self.pool
+        let volumes = self
+            .pool
             .list_volumes()
             .into_iter()
             .map(|volume| ExportSummary {
                 description: format!("lamina volume {}", volume.name),
                 name: volume.name,
-            })
-            .collect()
+            });
+        let snapshots = self
+            .pool
+            .list_snapshots(None)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|snapshot| ExportSummary {
+                description: format!("lamina snapshot {} (read-only)", snapshot.full_name),
+                name: snapshot.full_name,
+            });
+        volumes.chain(snapshots).collect()
     }
 
     fn open(&self, name: &str) -> Option<(ExportSummary, Arc<dyn Export>)> {
@@ -44,40 +108,59 @@ impl ExportCatalog for PoolCatalog {
         } else {
             name
         };
-        let volume_id = self.pool.volume_id(name).ok()?;
+        let view = self.pool.resolve_view(name).ok()?;
+        let (description, guard) = match view {
+            View::Volume(volume_id) => (
+                format!("lamina volume {name}"),
+                Some(self.open_exports.open(volume_id)),
+            ),
+            View::Snapshot { .. } => (format!("lamina snapshot {name} (read-only)"), None),
+        };
         let summary = ExportSummary {
             name: name.to_string(),
-            description: format!("lamina volume {name}"),
+            description,
         };
         Some((
             summary,
             Arc::new(VolumeExport {
                 pool: self.pool.clone(),
-                volume_id,
+                view,
+                _guard: guard,
             }),
         ))
     }
 }
 
-/// One volume served over NBD.
+/// One volume or snapshot served over NBD.
 pub struct VolumeExport {
     pool: Pool,
-    volume_id: u32,
+    view: View,
+    _guard: Option<OpenGuard>,
+}
+
+impl VolumeExport {
+    /// The volume writes go to; snapshots refuse them.
+    fn writable_volume(&self) -> Result<u32, ExportError> {
+        match self.view {
+            View::Volume(volume_id) => Ok(volume_id),
+            View::Snapshot { .. } => Err(ExportError::ReadOnly),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Export for VolumeExport {
     fn size_bytes(&self) -> u64 {
-        self.pool.volume_size_bytes(self.volume_id).unwrap_or(0)
+        self.pool.view_size_bytes(self.view).unwrap_or(0)
     }
 
     fn read_only(&self) -> bool {
-        false
+        matches!(self.view, View::Snapshot { .. })
     }
 
     async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
         self.pool
-            .read(self.volume_id, offset, buffer)
+            .read_view(self.view, offset, buffer)
             .await
             .map_err(to_export_error)
     }
@@ -85,7 +168,7 @@ impl Export for VolumeExport {
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
         Ok(self
             .pool
-            .extents(self.volume_id, offset, length)
+            .extents_view(self.view, offset, length)
             .map_err(to_export_error)?
             .into_iter()
             .map(|extent| Extent {
@@ -98,7 +181,7 @@ impl Export for VolumeExport {
 
     async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.pool
-            .write(self.volume_id, offset, data, fua)
+            .write(self.writable_volume()?, offset, data, fua)
             .await
             .map_err(to_export_error)
     }
@@ -109,7 +192,7 @@ impl Export for VolumeExport {
 
     async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
         self.pool
-            .trim(self.volume_id, offset, length, fua)
+            .trim(self.writable_volume()?, offset, length, fua)
             .await
             .map_err(to_export_error)
     }
@@ -127,7 +210,7 @@ impl Export for VolumeExport {
             return Err(ExportError::NotSupported);
         }
         self.pool
-            .write_zeroes(self.volume_id, offset, length, fua, may_punch_hole)
+            .write_zeroes(self.writable_volume()?, offset, length, fua, may_punch_hole)
             .await
             .map_err(to_export_error)
     }

@@ -2,19 +2,22 @@
 //! bytes with read, write, flush and size; everything above (layout, log, volumes)
 //! is written against the [`BlockDevice`] trait so that the same engine runs on a
 //! file or block device (io_uring, O_DIRECT), in memory, or on a fault-injecting
-//! wrapper that simulates I/O errors, bit flips and power cuts in tests.
+//! wrapper that simulates I/O errors, bit flips and power cuts in tests, or behind a
+//! rotating-disk latency model that makes any device behave like a capacity disk.
 
 mod buffer;
 mod error;
 mod faulty;
 mod file;
 mod memory;
+mod rotating;
 
 pub use buffer::AlignedBuffer;
 pub use error::{DeviceError, DeviceErrorKind};
 pub use faulty::{FaultyDevice, PowerCutStyle};
 pub use file::{FileDevice, FileDeviceOptions, IoBackend};
 pub use memory::MemoryDevice;
+pub use rotating::{RotatingDiskDevice, RotatingDiskModel, RotatingDiskStatistics};
 
 /// The alignment, in bytes, of every offset and length passed to a device, and of
 /// every buffer. 4096 satisfies O_DIRECT on all devices lamina targets.

@@ -80,7 +80,7 @@ pub enum EngineError {
     ReadOnly(String),
     #[error("volume {0} already exists")]
     VolumeExists(String),
-    #[error("invalid volume name {name:?}: {reason}")]
+    #[error("invalid volume or snapshot name {name:?}: {reason}")]
     InvalidName { name: String, reason: String },
     #[error("invalid size {size_bytes}: {reason}")]
     InvalidSize { size_bytes: u64, reason: String },

@@ -449,7 +449,12 @@ async fn invalid_volume_names_and_sizes_are_refused() {
             matches!(&error, EngineError::InvalidName { name: refused, .. } if refused == name),
             "{name:?}: {error:?}"
         );
-        assert!(error.to_string().contains("invalid volume name"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("invalid volume or snapshot name"),
+            "{error}"
+        );
     }
     // The longest allowed name and every allowed character work.
     pool.create_volume(&"b".repeat(64), 4096).await.unwrap();

@@ -3,3 +3,4 @@
 //! later work belongs here too.
 
 pub mod memory_cache;
+pub mod policy;
