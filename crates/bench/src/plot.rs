@@ -513,6 +513,8 @@ mod tests {
             comparisons: vec![],
             notes: vec![],
             skipped: vec![],
+            load_average_start: None,
+            load_average_end: None,
         };
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("bars.svg");

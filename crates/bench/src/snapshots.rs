@@ -233,6 +233,18 @@ pub struct SnapshotsReport {
     /// How each server was run.
     pub notes: Vec<String>,
     pub skipped: Vec<Skipped>,
+    /// `/proc/loadavg` before and after the run: how busy the shared machine was.
+    pub load_average_start: Option<String>,
+    pub load_average_end: Option<String>,
+}
+
+fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg").ok().map(|text| {
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    })
 }
 
 /// The median (mean of the middle two for an even count); NaN when empty.
@@ -391,6 +403,12 @@ impl SnapshotsReport {
         for note in &self.notes {
             out.push_str(&format!("note: {note}\n"));
         }
+        if let Some(start) = &self.load_average_start {
+            out.push_str(&format!(
+                "load average: {start} at the start, {} at the end\n",
+                self.load_average_end.as_deref().unwrap_or("-")
+            ));
+        }
         for skipped in &self.skipped {
             out.push_str(&format!(
                 "skipped: {}: {}\n",
@@ -453,7 +471,7 @@ impl Lamina {
     }
 
     fn create_volume(&self, name: &str, size_bytes: u64) -> anyhow::Result<()> {
-        run_helper(self.command(&["volume", "create", name, &size_bytes.to_string()]))?;
+        run_helper(self.command(&["volume", "create", name, "--size", &size_bytes.to_string()]))?;
         Ok(())
     }
 
@@ -463,6 +481,21 @@ impl Lamina {
 
     fn delete_snapshot(&self, volume: &str, snapshot: &str) -> anyhow::Result<f64> {
         timed(self.command(&["snapshot", "delete", &format!("{volume}@{snapshot}")]))
+    }
+
+    /// Times `lamina snapshot list VOLUME --json` and checks that it lists `expected`.
+    fn list_snapshots(&self, volume: &str, expected: u32) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        let output = run_helper(self.command(&["snapshot", "list", volume, "--json"]))?;
+        let milliseconds = started.elapsed().as_secs_f64() * 1_000.0;
+        let listed: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        let count = listed.as_array().map_or(0, Vec::len);
+        if count != expected as usize {
+            anyhow::bail!(
+                "`lamina snapshot list {volume}` shows {count} snapshots, not {expected}"
+            );
+        }
+        Ok(milliseconds)
     }
 
     fn clone_snapshot(&self, volume: &str, snapshot: &str, clone: &str) -> anyhow::Result<f64> {
@@ -614,14 +647,12 @@ fn prepare_lamina(
         server,
     };
     plan.notes.push(format!(
-        "lamina: one daemon, pool on a {} GiB sparse file{}, data written over NBD with nbdcopy --flush",
+        "lamina: one daemon, pool on a {} GiB sparse file{}, data written over NBD with nbdcopy",
         arguments.pool_size >> 30,
-        arguments
-            .memory_cache
-            .map_or(", default limits (memory cache on)".to_owned(), |bytes| format!(
-                ", memory cache {} MiB",
-                bytes >> 20
-            ))
+        arguments.memory_cache.map_or(
+            ", default limits (memory cache on)".to_owned(),
+            |bytes| format!(", memory cache {} MiB", bytes >> 20)
+        )
     ));
     let write_volumes = [(0, "default"), (1, "snap1"), (many, "snapmany")];
     for (_, volume) in &write_volumes[1..] {
@@ -656,6 +687,12 @@ fn prepare_lamina(
                     .record(LAMINA, "lamina snapshot create", milliseconds);
                 plan.sets[index].names.push_back(name);
             }
+            let milliseconds = lamina.list_snapshots(volume, count)?;
+            plan.timings.record(
+                LAMINA,
+                &format!("lamina snapshot list ({count} snapshots, all sharing every block)"),
+                milliseconds,
+            );
         }
         plan.cases.push(Case {
             server: LAMINA,
@@ -835,6 +872,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         "the chain needs at least one clone"
     );
     let fio_version = crate::fio_version(&arguments.fio)?;
+    let load_average_start = load_average();
     let size = arguments.size;
     let program = crate::lamina_program(arguments.lamina_bin.as_ref());
     let with_lamina = arguments.servers.contains(&SnapshotServer::Lamina);
@@ -962,6 +1000,21 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         }
     }
     if let Some(lamina) = lamina {
+        // After the measured writes every snapshot differs from its neighbours, which is
+        // what the per-snapshot space accounting of `list` has to compare.
+        for case in &cases {
+            if let (CaseKind::Write { snapshots }, Target::Lamina { export, .. }) =
+                (case.kind, &case.target)
+                && snapshots > 0
+            {
+                let milliseconds = lamina.list_snapshots(export, snapshots)?;
+                timings.record(
+                    LAMINA,
+                    &format!("lamina snapshot list ({snapshots} snapshots, after the writes)"),
+                    milliseconds,
+                );
+            }
+        }
         lamina.server.stop();
     }
     if with_qemu {
@@ -998,6 +1051,8 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         comparisons,
         notes,
         skipped,
+        load_average_start,
+        load_average_end: load_average(),
     })
 }
 
@@ -1106,6 +1161,8 @@ mod tests {
                 server: QEMU.into(),
                 reason: "not installed".into(),
             }],
+            load_average_start: Some("1.00 2.00 3.00".into()),
+            load_average_end: None,
         };
         let table = report.table();
         assert!(table.contains("1,000 / 1,200"), "{table}");
