@@ -968,7 +968,11 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
                         timings.record(LAMINA, "lamina snapshot delete", milliseconds);
                         let name = set.next_name();
                         let milliseconds = lamina.create_snapshot(export, &name)?;
-                        timings.record(LAMINA, "lamina snapshot create", milliseconds);
+                        timings.record(
+                            LAMINA,
+                            "lamina snapshot create (volume written since its last snapshot)",
+                            milliseconds,
+                        );
                         set.names.push_back(name);
                     }
                     crate::fio::run_step(&arguments.fio, &lamina.uri(export), &step)?
@@ -984,7 +988,11 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
                         timings.record(QEMU, "qemu-img snapshot -d (offline)", milliseconds);
                         let name = set.next_name();
                         let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], image))?;
-                        timings.record(QEMU, "qemu-img snapshot -c (offline)", milliseconds);
+                        timings.record(
+                            QEMU,
+                            "qemu-img snapshot -c (offline, image written since its last snapshot)",
+                            milliseconds,
+                        );
                         set.names.push_back(name);
                     }
                     let server = serve_qemu_nbd(image, "qcow2", &serve_directory, 1, false)?;
@@ -1015,6 +1023,15 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
                 );
             }
         }
+        let output = run_helper(lamina.command(&["pool", "status", "--json"]))?;
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        notes.push(format!(
+            "lamina pool at the end: used {}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
+            status["used_percent"].as_f64().map_or("-".to_owned(), |value| format!("{value:.1}")),
+            status["write_amplification"].as_f64().map_or("-".to_owned(), |value| format!("{value:.2}")),
+            status["cleaner_relocated_blocks"],
+            status["device_bytes_written"].as_u64().map_or("-".to_owned(), |value| (value >> 30).to_string()),
+        ));
         lamina.server.stop();
     }
     if with_qemu {

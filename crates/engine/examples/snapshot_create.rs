@@ -15,6 +15,9 @@
 //!
 //! `list_snapshots` of the volume is timed right after each creation, to tell apart
 //! the cost of the snapshot itself and the cost of the accounting it reports.
+//! (c) The longest 4 KiB read of the smallest volume (one reader, queue depth 1) while
+//!     `list_snapshots` of the largest volume runs in a loop, against the longest read
+//!     in an equal time without it: whether the accounting stalls other volumes' I/O.
 //!
 //! Usage: `cargo run --release -p lamina-engine --example snapshot_create -- PATH
 //! [REPETITIONS] [SIZES]`, SIZES comma-separated with a K/M/G suffix (default `1G,10G`),
@@ -137,6 +140,51 @@ async fn overwrite_scattered(
     Ok(())
 }
 
+/// How long phase (c) reads, with and without `list_snapshots` running.
+const STALL_WINDOW_MS: u64 = 3_000;
+
+/// Reads 4 KiB blocks of a volume one at a time for [`STALL_WINDOW_MS`], while (if
+/// given) another task lists `listed_volume`'s snapshots in a loop. Returns the longest
+/// read in milliseconds, the reads done and the lists done.
+async fn longest_read_ms(
+    pool: &Pool,
+    volume_id: u32,
+    size_bytes: u64,
+    listed_volume: Option<&str>,
+) -> BenchResult<(f64, u64, u64)> {
+    let deadline = Instant::now() + std::time::Duration::from_millis(STALL_WINDOW_MS);
+    let lister = listed_volume.map(|volume| {
+        let pool = pool.clone();
+        let volume = volume.to_owned();
+        // A blocking thread: list_snapshots is synchronous, as the admin API calls it.
+        tokio::task::spawn_blocking(move || {
+            let mut lists = 0u64;
+            while Instant::now() < deadline {
+                pool.list_snapshots(Some(&volume))?;
+                lists += 1;
+            }
+            Ok::<u64, lamina_engine::EngineError>(lists)
+        })
+    });
+    let mut rng = SmallRng::seed_from_u64(77);
+    let mut buffer = vec![0u8; BLOCK_SIZE_BYTES as usize];
+    let block_count = size_bytes / BLOCK_SIZE_BYTES;
+    let mut longest: f64 = 0.0;
+    let mut reads = 0u64;
+    while Instant::now() < deadline {
+        let offset = rng.random_range(0..block_count) * BLOCK_SIZE_BYTES;
+        let started = Instant::now();
+        pool.read(volume_id, offset, &mut buffer).await?;
+        longest = longest.max(started.elapsed().as_secs_f64() * 1000.0);
+        reads += 1;
+    }
+    let lists = match lister {
+        Some(task) => task.await??,
+        None => 0,
+    };
+    Ok((longest, reads, lists))
+}
+
 /// Creation and list times of one volume, in milliseconds.
 #[derive(Default)]
 struct Samples {
@@ -158,7 +206,9 @@ async fn timed_snapshot(
     assert_eq!(info.full_name, format!("{volume}@{snapshot}"));
     let started = Instant::now();
     let listed = pool.list_snapshots(Some(volume))?;
-    samples.list_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    samples
+        .list_ms
+        .push(started.elapsed().as_secs_f64() * 1000.0);
     assert!(listed.iter().any(|listed| listed.name == snapshot));
     Ok(())
 }
@@ -228,7 +278,11 @@ async fn main() -> BenchResult<()> {
             timed_snapshot(&pool, name, &format!("a{repetition}"), samples).await?;
         }
     }
-    report("(a) unchanged since the previous snapshot:", &volumes, &shared);
+    report(
+        "(a) unchanged since the previous snapshot:",
+        &volumes,
+        &shared,
+    );
     let mut diverged: Vec<Samples> = volumes.iter().map(|_| Samples::default()).collect();
     for repetition in 0..repetitions {
         for ((name, volume_id, size_bytes), samples) in volumes.iter().zip(&mut diverged) {
@@ -244,6 +298,13 @@ async fn main() -> BenchResult<()> {
         ),
         &volumes,
         &diverged,
+    );
+    let (smallest, largest) = (&volumes[0], &volumes[volumes.len() - 1]);
+    let quiet = longest_read_ms(&pool, smallest.1, smallest.2, None).await?;
+    let busy = longest_read_ms(&pool, smallest.1, smallest.2, Some(&largest.0)).await?;
+    println!(
+        "(c) longest 4 KiB read of {} in {STALL_WINDOW_MS} ms: {:.2} ms alone ({} reads), {:.2} ms while list_snapshots({}) ran {} times ({} reads)",
+        smallest.0, quiet.0, quiet.1, busy.0, largest.0, busy.2, busy.1
     );
     let all_create: Vec<f64> = shared
         .iter()
