@@ -73,7 +73,7 @@ pub struct SnapshotsArgs {
     pub clone_write_size: u64,
     /// Size of lamina's pool file (sparse; the volumes, their snapshots and the log's
     /// free space for the cleaner must fit).
-    #[arg(long, value_parser = crate::parse_size, default_value = "16G")]
+    #[arg(long, value_parser = crate::parse_size, default_value = "32G")]
     pub pool_size: u64,
     /// lamina's memory block cache (`[limits] memory_cache_bytes`); default: lamina's default.
     #[arg(long, value_parser = crate::parse_size)]
