@@ -79,7 +79,26 @@ fn build_image() -> Image {
             .volume_id;
         let pattern: Vec<u8> = (0..48 * BLOCK).map(|index| (index / 7) as u8).collect();
         pool.write(first, 0, &pattern, false).await.expect("write");
+        // Snapshots and clones, so that the checkpoint body has shared chunks,
+        // chunk deltas and origins, and the log has snapshot records.
+        pool.create_snapshot("first", "s1").await.expect("snapshot");
+        pool.write(first, 3 * BLOCK as u64, &[0x3C; BLOCK], false)
+            .await
+            .expect("write");
+        let clone = pool
+            .clone_snapshot("first", "s1", "clone")
+            .await
+            .expect("clone")
+            .volume_id;
+        pool.write(clone, 7 * BLOCK as u64, &[0x7E; BLOCK], false)
+            .await
+            .expect("write");
         pool.checkpoint().await.expect("checkpoint");
+        pool.create_snapshot("first", "s2").await.expect("snapshot");
+        pool.clone_snapshot("first", "s2", "clone2")
+            .await
+            .expect("clone");
+        pool.clean(4).await.expect("clean");
         pool.write(first, 10 * BLOCK as u64 + 5, &[0xA5; 3 * BLOCK], false)
             .await
             .expect("write");

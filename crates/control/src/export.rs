@@ -92,12 +92,11 @@ impl ExportCatalog for PoolCatalog {
             });
         let snapshots = self
             .pool
-            .list_snapshots(None)
-            .unwrap_or_default()
+            .snapshot_full_names()
             .into_iter()
-            .map(|snapshot| ExportSummary {
-                description: format!("lamina snapshot {} (read-only)", snapshot.full_name),
-                name: snapshot.full_name,
+            .map(|full_name| ExportSummary {
+                description: format!("lamina snapshot {full_name} (read-only)"),
+                name: full_name,
             });
         volumes.chain(snapshots).collect()
     }

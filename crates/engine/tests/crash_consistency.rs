@@ -367,6 +367,122 @@ async fn snapshot_operation(
     shadows.iter_mut().for_each(ShadowVolume::flushed);
 }
 
+/// A snapshot creation (with the contents each block may have at that moment)
+/// or deletion (no candidates) running when the power is cut.
+struct PendingSnapshotOperation {
+    volume_index: usize,
+    snapshot: String,
+    candidates: Option<Vec<Vec<Arc<Vec<u8>>>>>,
+    task: tokio::task::JoinHandle<Result<(), lamina_engine::EngineError>>,
+}
+
+fn start_pending_snapshot_operation(
+    pool: &Pool,
+    shadows: &[ShadowVolume],
+    rng: &mut SmallRng,
+    cycle: u64,
+) -> Option<PendingSnapshotOperation> {
+    if !rng.random_bool(0.4) {
+        return None;
+    }
+    let volume_index = rng.random_range(0..shadows.len());
+    let shadow = &shadows[volume_index];
+    let pool = pool.clone();
+    let volume = shadow.name.clone();
+    let fresh = format!("cut{cycle}");
+    if rng.random_bool(0.6)
+        && shadow.snapshots.len() < SNAPSHOTS_PER_VOLUME_MAX
+        && !shadow
+            .snapshots
+            .iter()
+            .any(|snapshot| snapshot.name == fresh)
+    {
+        let snapshot = fresh;
+        let name = snapshot.clone();
+        let task =
+            tokio::spawn(async move { pool.create_snapshot(&volume, &name).await.map(|_| ()) });
+        return Some(PendingSnapshotOperation {
+            volume_index,
+            snapshot,
+            candidates: Some(shadow.blocks.clone()),
+            task,
+        });
+    }
+    let deletable: Vec<&ShadowSnapshot> = shadow
+        .snapshots
+        .iter()
+        .filter(|snapshot| !has_clones(shadows, &shadow.name, Some(&snapshot.name)))
+        .collect();
+    if deletable.is_empty() {
+        return None;
+    }
+    let snapshot = deletable[rng.random_range(0..deletable.len())].name.clone();
+    let name = snapshot.clone();
+    let task = tokio::spawn(async move { pool.delete_snapshot(&volume, &name).await });
+    Some(PendingSnapshotOperation {
+        volume_index,
+        snapshot,
+        candidates: None,
+        task,
+    })
+}
+
+/// After recovery, an interrupted snapshot operation is either done or not done.
+async fn settle_pending_snapshot(
+    pool: &Pool,
+    shadows: &mut [ShadowVolume],
+    volume_index: usize,
+    snapshot: &str,
+    candidates: Option<Vec<Vec<Arc<Vec<u8>>>>>,
+    succeeded: bool,
+    seed: u64,
+) {
+    let shadow = &mut shadows[volume_index];
+    let full_name = format!("{}@{snapshot}", shadow.name);
+    let exists = pool.resolve_view(&full_name).is_ok();
+    match candidates {
+        Some(candidates) => {
+            assert!(
+                exists || !succeeded,
+                "seed {seed}: {full_name} was created but is gone"
+            );
+            if !exists {
+                return;
+            }
+            let view = pool.resolve_view(&full_name).unwrap();
+            let mut blocks = Vec::new();
+            for (block, possible) in candidates.iter().enumerate() {
+                let mut contents = vec![0u8; BLOCK];
+                pool.read_view(view, (block * BLOCK) as u64, &mut contents)
+                    .await
+                    .unwrap();
+                assert!(
+                    possible
+                        .iter()
+                        .any(|candidate| candidate.as_slice() == contents),
+                    "seed {seed}: interrupted snapshot {full_name} block {block} holds content the volume never had"
+                );
+                blocks.push(Arc::new(contents));
+            }
+            shadow.snapshots.push(ShadowSnapshot {
+                name: snapshot.to_string(),
+                blocks,
+            });
+        }
+        None => {
+            assert!(
+                !exists || !succeeded,
+                "seed {seed}: {full_name} was deleted but is back"
+            );
+            if !exists {
+                shadow
+                    .snapshots
+                    .retain(|candidate| candidate.name != snapshot);
+            }
+        }
+    }
+}
+
 /// Flips a bit in the newest checkpoint slot, so that recovery must fall back to
 /// the previous checkpoint and replay everything after it.
 fn corrupt_newest_checkpoint_slot(memory: &MemoryDevice) {
@@ -419,10 +535,29 @@ async fn crash_run(seed: u64) {
         let count = rng.random_range(5..120);
         run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
         verify(&pool, &shadows, seed, "before the cut").await;
+        // Sometimes the cut lands while a snapshot is being created or deleted:
+        // afterwards it must be complete or absent, and complete if it returned.
+        let pending = start_pending_snapshot_operation(&pool, &shadows, &mut rng, cycle);
+        for _ in 0..rng.random_range(0..12) {
+            tokio::task::yield_now().await;
+        }
         faulty
             .power_cut(PowerCutStyle::Random)
             .await
             .expect("power cut");
+        let pending = match pending {
+            Some(pending) => {
+                let finished = pending.task.is_finished();
+                let succeeded = finished && pending.task.await.unwrap().is_ok();
+                Some((
+                    pending.volume_index,
+                    pending.snapshot,
+                    pending.candidates,
+                    succeeded,
+                ))
+            }
+            None => None,
+        };
         pool.abandon();
         drop(pool);
         if rng.random_bool(0.3) {
@@ -432,6 +567,18 @@ async fn crash_run(seed: u64) {
         pool = Pool::open(faulty.clone() as Arc<dyn BlockDevice>, limits())
             .await
             .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
+        if let Some((volume_index, snapshot, candidates, succeeded)) = pending {
+            settle_pending_snapshot(
+                &pool,
+                &mut shadows,
+                volume_index,
+                &snapshot,
+                candidates,
+                succeeded,
+                seed,
+            )
+            .await;
+        }
         verify(&pool, &shadows, seed, "after recovery").await;
         settle(&pool, &mut shadows).await;
     }

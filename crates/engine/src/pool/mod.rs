@@ -270,10 +270,22 @@ impl Pool {
         }
     }
 
+    /// `VOL@SNAP` of every snapshot (cheap: no space accounting).
+    pub fn snapshot_full_names(&self) -> Vec<String> {
+        self.inner.lock().volumes.snapshot_full_names()
+    }
+
     fn snapshot_info_of(&self, volume: &str, snapshot: &str) -> Result<SnapshotInfo, EngineError> {
-        self.list_snapshots(Some(volume))?
-            .into_iter()
-            .find(|info| info.name == snapshot)
+        let state = self.inner.lock();
+        let volume_id = state.volumes.id_of(volume)?;
+        state
+            .volumes
+            .get(volume_id)
+            .expect("id from name")
+            .snapshots
+            .iter()
+            .position(|candidate| candidate.name == snapshot)
+            .and_then(|index| state.volumes.snapshot_info(volume_id, index))
             .ok_or_else(|| EngineError::NoSuchSnapshot {
                 volume: volume.to_string(),
                 snapshot: snapshot.to_string(),

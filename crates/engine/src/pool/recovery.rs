@@ -49,9 +49,11 @@ fn cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
 
 fn checkpoint_reserve_segment_count(geometry: &Geometry) -> usize {
     // Three checkpoint bodies can exist at once (two durable, one being written);
-    // a body needs about 12 bytes per block of capacity plus the segment table.
+    // a body needs at most about 16 bytes per distinct mapping (entry index,
+    // physical block and checksum as varints; shared chunks are stored once and
+    // snapshots' chunks as differences) plus the segment table.
     let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
-    let body_bytes_max = capacity_blocks * 12 + geometry.segment_count * 10 + (64 << 10);
+    let body_bytes_max = capacity_blocks * 16 + geometry.segment_count * 10 + (64 << 10);
     let per_body = body_bytes_max.div_ceil(geometry.segment_size_bytes());
     (3 * per_body + 1) as usize
 }

@@ -12,7 +12,7 @@
 //! Hence a block a node drops is still referenced elsewhere exactly when one of
 //! the node's neighbours holds it at the same logical block: one lookup per
 //! overwrite, no reference counts, nothing to do at snapshot time
-//! (see docs/decisions/0004-snapshots.md).
+//! (see docs/decisions/0005-snapshots.md).
 
 pub mod map;
 
@@ -479,29 +479,46 @@ impl VolumeTable {
     }
 
     pub fn snapshot_infos(&self, volume_id: u32) -> Vec<SnapshotInfo> {
-        let Some(volume) = self.volumes.get(&volume_id) else {
-            return Vec::new();
-        };
-        volume
-            .snapshots
-            .iter()
-            .enumerate()
-            .map(|(index, snapshot)| {
-                let neighbours = self.snapshot_neighbours(volume, index);
-                SnapshotInfo {
-                    full_name: format!("{}@{}", volume.name, snapshot.name),
-                    volume: volume.name.clone(),
-                    name: snapshot.name.clone(),
-                    snapshot_id: snapshot.snapshot_id,
-                    size_bytes: snapshot.size_bytes,
-                    referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
-                    unique_bytes: snapshot.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES,
-                    clones: self.clone_names(Origin {
-                        volume_id,
-                        snapshot_id: snapshot.snapshot_id,
-                    }),
-                    created_unix_seconds: snapshot.created_unix_seconds,
-                }
+        let count = self
+            .volumes
+            .get(&volume_id)
+            .map_or(0, |volume| volume.snapshots.len());
+        (0..count)
+            .filter_map(|index| self.snapshot_info(volume_id, index))
+            .collect()
+    }
+
+    /// Snapshot `index` (0 = oldest) of a volume, with its space accounting:
+    /// cost proportional to the chunks it does not share with its neighbours.
+    pub fn snapshot_info(&self, volume_id: u32, index: usize) -> Option<SnapshotInfo> {
+        let volume = self.volumes.get(&volume_id)?;
+        let snapshot = volume.snapshots.get(index)?;
+        let neighbours = self.snapshot_neighbours(volume, index);
+        Some(SnapshotInfo {
+            full_name: format!("{}@{}", volume.name, snapshot.name),
+            volume: volume.name.clone(),
+            name: snapshot.name.clone(),
+            snapshot_id: snapshot.snapshot_id,
+            size_bytes: snapshot.size_bytes,
+            referenced_bytes: snapshot.map.mapped_count() * BLOCK_SIZE_BYTES,
+            unique_bytes: snapshot.map.count_not_in(&neighbours) * BLOCK_SIZE_BYTES,
+            clones: self.clone_names(Origin {
+                volume_id,
+                snapshot_id: snapshot.snapshot_id,
+            }),
+            created_unix_seconds: snapshot.created_unix_seconds,
+        })
+    }
+
+    /// `VOL@SNAP` of every snapshot, without the accounting (for export lists).
+    pub fn snapshot_full_names(&self) -> Vec<String> {
+        self.volumes
+            .values()
+            .flat_map(|volume| {
+                volume
+                    .snapshots
+                    .iter()
+                    .map(move |snapshot| format!("{}@{}", volume.name, snapshot.name))
             })
             .collect()
     }
@@ -558,17 +575,23 @@ impl VolumeTable {
             } => {
                 let physical_block =
                     physical_block.expect("relocation record applied without its block");
-                let family = self.family(*volume_id);
-                let maps = self
-                    .volumes
-                    .iter_mut()
-                    .filter(|(member, _)| family.contains(member))
-                    .flat_map(|(_, volume)| volume.maps_mut());
+                // Take the family's volumes out for the move: cost proportional to
+                // the family, not to every volume of the pool.
+                let mut members: Vec<Volume> = self
+                    .family(*volume_id)
+                    .into_iter()
+                    .filter_map(|member| self.volumes.remove(&member))
+                    .collect();
                 let mapping = Mapping {
                     physical_block,
                     checksum: *checksum,
                 };
-                if relocate_in(maps, *logical_block, *from_physical_block, mapping) > 0 {
+                let maps = members.iter_mut().flat_map(Volume::maps_mut);
+                let held = relocate_in(maps, *logical_block, *from_physical_block, mapping);
+                for member in members {
+                    self.volumes.insert(member.volume_id, member);
+                }
+                if held > 0 {
                     displaced(*from_physical_block);
                 } else {
                     displaced(physical_block);
