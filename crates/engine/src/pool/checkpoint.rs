@@ -296,14 +296,17 @@ impl Pool {
             .write(slot_offset, super::aligned(&slot.encode()))
             .await?;
         device.flush().await?;
-        self.inner
-            .lock()
-            .checkpoint_became_durable(DurableCheckpoint {
-                slot_index,
-                checkpoint_sequence,
-                covered_batch_sequence: covered,
-                body_segments,
-            });
+        let mut state = self.inner.lock();
+        // Device bytes, as written: each body piece padded to whole blocks, and the slot.
+        state.checkpoint_bytes_written += encoded.len().div_ceil(BLOCK_SIZE_BYTES as usize) as u64
+            * BLOCK_SIZE_BYTES
+            + BLOCK_SIZE_BYTES;
+        state.checkpoint_became_durable(DurableCheckpoint {
+            slot_index,
+            checkpoint_sequence,
+            covered_batch_sequence: covered,
+            body_segments,
+        });
         tracing::debug!(
             checkpoint_sequence,
             covered,

@@ -69,6 +69,16 @@ pub struct PoolLimits {
     /// Used-space percentages at which a warning is logged once per crossing
     /// (thin pools may be over-committed, so users need a warning before ENOSPC).
     pub usage_warning_percents: Vec<u8>,
+    /// Blocks the paced background cleaner may relocate per block clients
+    /// write, at full free-space pressure; the budget grows from 0 as free space
+    /// falls through the headroom (0 turns the paced cleaner off; a writer that
+    /// finds no free segment still cleans for itself).
+    pub cleaner_relocation_blocks_per_client_block_max: f64,
+    /// Free segments beyond the clients' reserve under which the paced cleaner
+    /// starts (at most 2% of the pool's segments, at least 2).
+    pub cleaner_headroom_segment_count: usize,
+    /// How often the paced cleaner looks at free space and its budget.
+    pub cleaner_interval_ms: u64,
 }
 
 impl Default for PoolLimits {
@@ -82,6 +92,9 @@ impl Default for PoolLimits {
             read_run_blocks_max: 64,
             usage_warning_percents: vec![80, 90],
             memory_cache_bytes: 1 << 30,
+            cleaner_relocation_blocks_per_client_block_max: 32.0,
+            cleaner_headroom_segment_count: 4,
+            cleaner_interval_ms: 5,
         }
     }
 }
@@ -165,6 +178,7 @@ impl Pool {
     fn from_inner(inner: Arc<Inner>) -> Self {
         let pool = Self { inner };
         pool.start_background();
+        pool.start_paced_cleaner();
         pool
     }
 

@@ -41,10 +41,10 @@ const SCAN_CONCURRENCY_MAX: usize = 64;
 /// without `--force`.
 const EMPTY_CHECK_BYTES: u64 = 1 << 20;
 
-/// Segments the cleaner keeps for relocating a victim's live blocks: room for a
-/// few victims' worth of relocations, at least 2 and about 1% of the pool.
+/// Segments the cleaner keeps for relocating a victim's live blocks (sized
+/// against the checkpoint body, see the cleaner).
 fn cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
-    (geometry.segment_count / 100).clamp(2, 64) as usize
+    super::cleaner::cleaner_reserve_segment_count(geometry)
 }
 
 fn checkpoint_reserve_segment_count(geometry: &Geometry) -> usize {
@@ -101,7 +101,8 @@ fn empty_state(geometry: Geometry) -> State {
         free_segments: (0..geometry.segment_count as u32).collect(),
         checkpoint_reserve_segment_count: checkpoint_reserve_segment_count(&geometry),
         cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
-        heads: [None, None],
+        heads: [None; super::state::STREAM_COUNT],
+        placement: Default::default(),
         open_batch: None,
         in_flight: BTreeMap::new(),
         in_flight_sequences: Default::default(),

@@ -41,14 +41,34 @@ pub struct SegmentInfo {
     pub last_batch_sequence: u64,
 }
 
-/// The two log heads. Client writes and cleaner relocations go to different
+/// The log heads. Client writes and cleaner relocations go to different
 /// segments, so that data the cleaner found cold is not mixed with fresh, hot
-/// writes and stops being recleaned. Only one batch is open at a time, whichever
-/// stream it belongs to, so that append order and sequence order are the same.
+/// writes and stops being recleaned; relocations are further split by how many
+/// cleanings their data has survived (see `cleaner::placement`). Only one batch
+/// is open at a time, whichever stream it belongs to, so that append order and
+/// sequence order are the same.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
     Client = 0,
+    /// Relocations. Appending to it means "the cleaner's stream for the current
+    /// victim": `make_room` resolves it to this stream (data that survived one
+    /// cleaning) or a colder one through `State::placement`.
     Cleaner = 1,
+    /// Data that survived two or more cleanings.
+    Cold = 2,
+}
+
+/// Number of log heads (one per [`Stream`]).
+pub const STREAM_COUNT: usize = 3;
+
+impl Stream {
+    /// The stream for data that survives one more cleaning.
+    pub fn colder(self) -> Stream {
+        match self {
+            Stream::Client => Stream::Cleaner,
+            Stream::Cleaner | Stream::Cold => Stream::Cold,
+        }
+    }
 }
 
 /// Free segments each kind of allocation must leave behind.
@@ -126,7 +146,9 @@ pub struct State {
     /// relocate live blocks out of a victim before the victim is freed.
     pub cleaner_reserve_segment_count: usize,
     /// Log heads, indexed by [`Stream`].
-    pub heads: [Option<Head>; 2],
+    pub heads: [Option<Head>; STREAM_COUNT],
+    /// Which stream each segment's data belongs to, and where relocations go.
+    pub placement: super::cleaner::placement::Placement,
     pub open_batch: Option<OpenBatch>,
     pub in_flight: BTreeMap<u64, Arc<InFlightBatch>>,
     pub in_flight_sequences: BTreeSet<u64>,
@@ -221,7 +243,16 @@ impl State {
 
     fn seal_head_segment(&mut self, stream: Stream) {
         if let Some(head) = self.heads[stream as usize].take() {
-            let died_at = self.current_sequence();
+            // Blocks are released only while a batch is open, so with none open
+            // every release happened in a sealed batch, and any checkpoint that
+            // covers `sealed_through` was taken after it. (The next sequence,
+            // which `current_sequence` gives, may not be sealed for a long
+            // time: a blocked writer's reclaim would wait for it forever.)
+            let died_at = if self.open_batch.is_some() {
+                self.current_sequence()
+            } else {
+                self.sealed_through
+            };
             let segment = &mut self.segments[head.segment_index as usize];
             segment.state = if segment.live_blocks == 0 {
                 SegmentState::Dead { died_at }
@@ -241,6 +272,10 @@ impl State {
         with_data: bool,
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<(), EngineError> {
+        let stream = match stream {
+            Stream::Client => Stream::Client,
+            Stream::Cleaner | Stream::Cold => self.placement.relocation_stream(),
+        };
         if let Some(batch) = &self.open_batch {
             let fits_records = batch.record_bytes + record_bytes <= SUMMARY_RECORD_BYTES_MAX;
             let fits_data = !with_data || batch.data_count < batch.data_capacity;
@@ -261,7 +296,7 @@ impl State {
             let allocation = match (stream, with_data) {
                 (Stream::Client, true) => Allocation::Client,
                 (Stream::Client, false) => Allocation::Record,
-                (Stream::Cleaner, _) => Allocation::Cleaner,
+                (Stream::Cleaner | Stream::Cold, _) => Allocation::Cleaner,
             };
             let segment_index = self
                 .take_free_segment(allocation)
@@ -269,6 +304,7 @@ impl State {
             let segment_sequence = self.next_segment_sequence;
             self.next_segment_sequence += 1;
             self.segments[segment_index as usize].state = SegmentState::Open;
+            self.placement.segment_opened(segment_index, stream);
             self.heads[stream as usize] = Some(Head {
                 segment_index,
                 segment_sequence,
