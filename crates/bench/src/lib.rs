@@ -4,8 +4,9 @@
 //! Three commands: `run` measures one URI with a profile; `compare` prepares the same
 //! data for every selected server, starts each in turn, runs the identical workload and
 //! prints one table of figures with ratios to lamina (plus a plot with one curve per
-//! server); `fs` builds a filesystem on each server's export and runs postmark. See
-//! docs/bench.md for the method and its limits.
+//! server); `fs` builds a filesystem on each server's export and runs postmark;
+//! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd.
+//! See docs/bench.md for the method and its limits.
 
 pub mod fio;
 pub mod fs;
@@ -13,6 +14,7 @@ pub mod plot;
 pub mod process;
 pub mod report;
 pub mod servers;
+pub mod snapshots;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -42,6 +44,8 @@ pub enum BenchCommand {
     Compare(CompareArgs),
     /// Build a filesystem on each server's export and run postmark on it (needs root).
     Fs(FsArgs),
+    /// What snapshots and clones cost: lamina and qemu-nbd on qcow2, side by side.
+    Snapshots(snapshots::SnapshotsArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -184,6 +188,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
             emit(&report, &arguments.step)
         }
         BenchCommand::Fs(arguments) => run_fs(&arguments),
+        BenchCommand::Snapshots(arguments) => snapshots::run_snapshots(&arguments),
     }
 }
 

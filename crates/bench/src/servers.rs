@@ -176,34 +176,8 @@ pub fn start(
     let log = std::fs::File::create(directory.join("server.log"))?;
     let process = match kind {
         ServerKind::Lamina => {
-            let data = directory.join("data");
-            std::fs::create_dir_all(&data)?;
-            let config = directory.join("lamina.toml");
-            // The Unix socket is what we use; the TCP listener gets a free port so that
-            // it cannot collide with a running lamina or another benchmark.
-            let port = free_tcp_port()?;
-            std::fs::write(
-                &config,
-                format!("[server]\ntcp_address = \"127.0.0.1:{port}\"\n"),
-            )?;
-            let mut command = Command::new(&options.lamina_program);
-            command
-                .arg("serve")
-                .arg("--data")
-                .arg(&data)
-                .arg("--config")
-                .arg(&config);
-            let socket = data.join("nbd.sock");
-            let uri = format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display());
-            let child = spawn_logged(command, &log)?;
-            let mut server = RunningServer {
-                kind,
-                uri,
-                notes,
-                process: ServerProcess::Child(child),
-                directory,
-            };
-            wait_ready(&mut server, &socket)?;
+            drop(log);
+            let mut server = start_lamina_daemon(&options.lamina_program, &directory, "")?;
             // lamina starts empty, so the data is written through NBD like a client would.
             prefill_over_nbd(&server.uri, &options.data_file)?;
             server
@@ -236,36 +210,11 @@ pub fn start(
                 copy_data(&options.data_file, &raw_image)?;
                 (raw_image.clone(), "raw")
             };
-            let direct = supports_direct_io(&image);
-            let (cache, aio) = if direct {
-                ("none", "io_uring")
-            } else {
-                notes.push("O_DIRECT refused by this filesystem: page cache".to_owned());
-                ("writeback", "threads")
-            };
-            let spawn_qemu = |aio: &str| -> anyhow::Result<ManagedChild> {
-                let mut command = Command::new("qemu-nbd");
-                command
-                    .arg(format!("--socket={}", socket.display()))
-                    .arg(format!("--format={format}"))
-                    .arg(format!("--cache={cache}"))
-                    .arg(format!("--aio={aio}"))
-                    .arg(format!("--shared={}", options.max_connections.max(1)))
-                    .arg("--persistent")
-                    .arg(format!("--export-name={EXPORT_NAME}"))
-                    .arg(&image);
-                spawn_logged(command, &log)
-            };
-            let mut child = spawn_qemu(aio)?;
-            std::thread::sleep(Duration::from_millis(200));
-            if aio == "io_uring" && child.try_wait()?.is_some() {
-                notes.push("io_uring refused: --aio=threads".to_owned());
-                child = spawn_qemu("threads")?;
-                notes.push(format!("--cache={cache} --aio=threads"));
-            } else {
-                notes.push(format!("--cache={cache} --aio={aio}"));
-            }
-            ServerProcess::Child(child)
+            drop(log);
+            let mut server =
+                serve_qemu_nbd(&image, format, &directory, options.max_connections, false)?;
+            server.kind = kind;
+            return Ok(server);
         }
         ServerKind::NbdServer => {
             copy_data(&options.data_file, &raw_image)?;
@@ -295,6 +244,105 @@ pub fn start(
         notes,
         process,
         directory,
+    };
+    wait_ready(&mut server, &socket)?;
+    Ok(server)
+}
+
+/// Starts `lamina serve` with a fresh data directory `DIRECTORY/data` and waits until
+/// its export `default` answers. `extra_config` is appended to the generated TOML
+/// (sections such as `[pool]` or `[limits]`). The data directory is removed on stop.
+pub(crate) fn start_lamina_daemon(
+    program: &Path,
+    directory: &Path,
+    extra_config: &str,
+) -> anyhow::Result<RunningServer> {
+    std::fs::create_dir_all(directory)?;
+    let log = std::fs::File::create(directory.join("server.log"))?;
+    let data = directory.join("data");
+    std::fs::create_dir_all(&data)?;
+    let config = directory.join("lamina.toml");
+    // The Unix socket is what we use; the TCP listener gets a free port so that
+    // it cannot collide with a running lamina or another benchmark.
+    let port = free_tcp_port()?;
+    std::fs::write(
+        &config,
+        format!("[server]\ntcp_address = \"127.0.0.1:{port}\"\n{extra_config}"),
+    )?;
+    let mut command = Command::new(program);
+    command
+        .arg("serve")
+        .arg("--data")
+        .arg(&data)
+        .arg("--config")
+        .arg(&config);
+    let socket = data.join("nbd.sock");
+    let uri = format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display());
+    let child = spawn_logged(command, &log)?;
+    let mut server = RunningServer {
+        kind: ServerKind::Lamina,
+        uri,
+        notes: Vec::new(),
+        process: ServerProcess::Child(child),
+        directory: directory.to_owned(),
+    };
+    wait_ready(&mut server, &socket)?;
+    Ok(server)
+}
+
+/// Serves `image` (raw or qcow2, left in place) with qemu-nbd on `DIRECTORY/nbd.sock`
+/// as export `default`: `--cache=none --aio=io_uring` where the filesystem and kernel
+/// allow, with the fallbacks noted. `directory` (socket and log only) is removed on stop.
+pub(crate) fn serve_qemu_nbd(
+    image: &Path,
+    format: &str,
+    directory: &Path,
+    max_connections: u32,
+    read_only: bool,
+) -> anyhow::Result<RunningServer> {
+    std::fs::create_dir_all(directory)?;
+    let log = std::fs::File::create(directory.join("server.log"))?;
+    let socket = directory.join("nbd.sock");
+    let uri = format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display());
+    let mut notes = Vec::new();
+    let direct = supports_direct_io(image);
+    let (cache, aio) = if direct {
+        ("none", "io_uring")
+    } else {
+        notes.push("O_DIRECT refused by this filesystem: page cache".to_owned());
+        ("writeback", "threads")
+    };
+    let spawn_qemu = |aio: &str| -> anyhow::Result<ManagedChild> {
+        let mut command = Command::new("qemu-nbd");
+        command
+            .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--format={format}"))
+            .arg(format!("--cache={cache}"))
+            .arg(format!("--aio={aio}"))
+            .arg(format!("--shared={}", max_connections.max(1)))
+            .arg("--persistent")
+            .arg(format!("--export-name={EXPORT_NAME}"));
+        if read_only {
+            command.arg("--read-only");
+        }
+        command.arg(image);
+        spawn_logged(command, &log)
+    };
+    let mut child = spawn_qemu(aio)?;
+    std::thread::sleep(Duration::from_millis(200));
+    if aio == "io_uring" && child.try_wait()?.is_some() {
+        notes.push("io_uring refused: --aio=threads".to_owned());
+        child = spawn_qemu("threads")?;
+        notes.push(format!("--cache={cache} --aio=threads"));
+    } else {
+        notes.push(format!("--cache={cache} --aio={aio}"));
+    }
+    let mut server = RunningServer {
+        kind: ServerKind::QemuNbd,
+        uri,
+        notes,
+        process: ServerProcess::Child(child),
+        directory: directory.to_owned(),
     };
     wait_ready(&mut server, &socket)?;
     Ok(server)
@@ -366,7 +414,7 @@ fn handshake_succeeds(uri: &str) -> bool {
     run_helper(command).is_ok()
 }
 
-fn prefill_over_nbd(uri: &str, data_file: &Path) -> anyhow::Result<()> {
+pub(crate) fn prefill_over_nbd(uri: &str, data_file: &Path) -> anyhow::Result<()> {
     let mut command = Command::new("nbdcopy");
     command.arg(data_file).arg(uri);
     run_helper(command)?;

@@ -1,0 +1,1196 @@
+//! `lamina bench snapshots`: what snapshots and clones cost, lamina side by side with
+//! qemu-nbd on qcow2, in one run (issue 4).
+//!
+//! Two workloads, each on both servers, every repetition running every case in turn
+//! (the order reverses on odd repetitions so that drift on a shared machine does not
+//! favour one case), medians reported with their ratios:
+//!
+//! - 4 KiB random writes at QD32 on a fully written volume with 0, 1 and N snapshots
+//!   (lamina: `lamina snapshot create`; qemu: qcow2 internal snapshots made with
+//!   `qemu-img snapshot -c`). Before every repetition after the first, the oldest
+//!   snapshot of the 1- and N-snapshot volumes is deleted and a new one taken (no I/O
+//!   running), so every measured run starts right after a snapshot and its writes are
+//!   first writes to blocks the snapshot shares.
+//! - 4 KiB random reads at QD32 on the origin and on the last clone of a chain of clones
+//!   of clones (lamina: snapshot, `lamina clone`, a little written to the clone, again;
+//!   qemu: a qcow2 backing-file chain made with `qemu-img create -b`, the same writes).
+//!
+//! lamina runs as one daemon for the whole benchmark; qemu-nbd serves one image at a
+//! time (images are modified offline between runs, and qcow2 image locks forbid serving
+//! a backing file while an overlay on it is open), started before and stopped after
+//! each run. The wall time of every snapshot, clone and delete command is recorded too
+//! (process start included: the CLI is timed end to end).
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use clap::Args;
+use serde::Serialize;
+
+use crate::fio::{Measurement, Pattern, StepSpec};
+use crate::process::{check_interrupted, find_program, run_helper};
+use crate::report::{Skipped, align, format_number, ratio};
+use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
+
+/// Largest fraction a snapshot or clone case may lose against its baseline (issue 4's goal).
+pub const GOAL_MIN_RATIO: f64 = 0.95;
+
+/// Queue depth of the random writes that make each clone of the chain differ.
+const CLONE_WRITE_IODEPTH: u32 = 8;
+
+/// Samples of a plain admin round trip (`lamina volume list`), the CLI's fixed cost.
+const BASELINE_SAMPLES: usize = 10;
+
+/// Arguments of `lamina bench snapshots`.
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotsArgs {
+    /// Size of every volume and image (fully written with random data first).
+    #[arg(long, value_parser = crate::parse_size, default_value = "1G")]
+    pub size: u64,
+    /// Seconds measured per fio run.
+    #[arg(long, default_value_t = 10)]
+    pub runtime: u64,
+    /// Seconds run before measuring, per fio run.
+    #[arg(long, default_value_t = 1)]
+    pub ramp: u64,
+    /// Queue depth of the measured runs (one job, one connection).
+    #[arg(long, default_value_t = 32)]
+    pub iodepth: u32,
+    /// Times every case is measured; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: u32,
+    /// Snapshots on the many-snapshot volume (the other cases have 0 and 1).
+    #[arg(long, default_value_t = 100)]
+    pub snapshots: u32,
+    /// Depth of the chain of clones of clones whose last clone is read.
+    #[arg(long, default_value_t = 20)]
+    pub chain_depth: u32,
+    /// Bytes written (4 KiB random writes) to each clone of the chain before it is
+    /// snapshotted and cloned again.
+    #[arg(long, value_parser = crate::parse_size, default_value = "1M")]
+    pub clone_write_size: u64,
+    /// Size of lamina's pool file (sparse; the volumes, their snapshots and the log's
+    /// free space for the cleaner must fit).
+    #[arg(long, value_parser = crate::parse_size, default_value = "32G")]
+    pub pool_size: u64,
+    /// lamina's memory block cache (`[limits] memory_cache_bytes`); default: lamina's default.
+    #[arg(long, value_parser = crate::parse_size)]
+    pub memory_cache: Option<u64>,
+    /// Servers to measure: `lamina`, `qemu-nbd` or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [SnapshotServer::Lamina, SnapshotServer::QemuNbd])]
+    pub servers: Vec<SnapshotServer>,
+    /// The lamina binary (default: this program).
+    #[arg(long, env = "LAMINA_BIN")]
+    pub lamina_bin: Option<PathBuf>,
+    /// Directory for the pool and the images (default: the system temporary directory).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// The fio program.
+    #[arg(long, default_value = "fio")]
+    pub fio: String,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON document to this file.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Draw a bar chart of the median IOPS to this file (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// The servers `lamina bench snapshots` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapshotServer {
+    Lamina,
+    /// qemu-nbd on qcow2: internal snapshots and a backing-file chain.
+    QemuNbd,
+}
+
+/// What one case measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum CaseKind {
+    /// 4 KiB random writes on a volume with this many snapshots.
+    Write { snapshots: u32 },
+    /// 4 KiB random reads on the origin of the clone chain.
+    ReadOrigin,
+    /// 4 KiB random reads on the clone at this depth of the chain.
+    ReadClone { depth: u32 },
+}
+
+impl CaseKind {
+    /// The row label of tables and plots.
+    pub fn label(self) -> String {
+        match self {
+            CaseKind::Write { snapshots: 1 } => "randwrite, 1 snapshot".to_owned(),
+            CaseKind::Write { snapshots } => format!("randwrite, {snapshots} snapshots"),
+            CaseKind::ReadOrigin => "randread, origin".to_owned(),
+            CaseKind::ReadClone { depth } => format!("randread, clone depth {depth}"),
+        }
+    }
+
+    fn pattern(self) -> Pattern {
+        match self {
+            CaseKind::Write { .. } => Pattern::RandomWrite,
+            CaseKind::ReadOrigin | CaseKind::ReadClone { .. } => Pattern::RandomRead,
+        }
+    }
+}
+
+/// One server's figures for one case.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CaseResult {
+    pub server: String,
+    pub case: CaseKind,
+    /// What was measured: the lamina export or the qcow2 image.
+    pub target: String,
+    /// Every repetition, in the order run.
+    pub runs: Vec<Measurement>,
+    pub median_iops: f64,
+    pub median_p50_us: f64,
+    pub median_p99_us: f64,
+}
+
+impl CaseResult {
+    /// A result with its medians computed from `runs`.
+    pub fn new(server: &str, case: CaseKind, target: String, runs: Vec<Measurement>) -> Self {
+        let iops: Vec<f64> = runs.iter().map(|run| run.total_iops).collect();
+        let p50: Vec<f64> = runs.iter().map(|run| run.p50_us).collect();
+        let p99: Vec<f64> = runs.iter().map(|run| run.p99_us).collect();
+        Self {
+            server: server.to_owned(),
+            case,
+            target,
+            runs,
+            median_iops: median(&iops),
+            median_p50_us: median(&p50),
+            median_p99_us: median(&p99),
+        }
+    }
+}
+
+/// Wall times of one kind of administrative command.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timing {
+    pub server: String,
+    /// The command, as a user would type it (without paths).
+    pub operation: String,
+    pub samples_ms: Vec<f64>,
+    pub median_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Timing {
+    fn new(server: &str, operation: &str, samples_ms: Vec<f64>) -> Self {
+        Self {
+            server: server.to_owned(),
+            operation: operation.to_owned(),
+            median_ms: median(&samples_ms),
+            max_ms: samples_ms.iter().copied().fold(f64::NAN, f64::max),
+            samples_ms,
+        }
+    }
+}
+
+/// A ratio between two medians, with issue 4's goal where it sets one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub description: String,
+    pub ratio: Option<f64>,
+    /// The smallest ratio that meets the goal.
+    pub goal_min: Option<f64>,
+    pub met: Option<bool>,
+}
+
+/// The settings of a run, as recorded in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotsSettings {
+    pub size_bytes: u64,
+    pub runtime_seconds: u64,
+    pub ramp_seconds: u64,
+    pub iodepth: u32,
+    pub repetitions: u32,
+    pub snapshots: u32,
+    pub chain_depth: u32,
+    pub clone_write_bytes: u64,
+    pub pool_size_bytes: u64,
+    pub memory_cache_bytes: Option<u64>,
+}
+
+/// Everything `lamina bench snapshots` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotsReport {
+    pub settings: SnapshotsSettings,
+    pub fio_version: String,
+    pub qemu_version: Option<String>,
+    pub cases: Vec<CaseResult>,
+    pub timings: Vec<Timing>,
+    pub comparisons: Vec<Comparison>,
+    /// How each server was run.
+    pub notes: Vec<String>,
+    pub skipped: Vec<Skipped>,
+    /// `/proc/loadavg` before and after the run: how busy the shared machine was.
+    pub load_average_start: Option<String>,
+    pub load_average_end: Option<String>,
+}
+
+fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg").ok().map(|text| {
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    })
+}
+
+/// The median (mean of the middle two for an even count); NaN when empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+fn find_case<'a>(cases: &'a [CaseResult], server: &str, case: CaseKind) -> Option<&'a CaseResult> {
+    cases
+        .iter()
+        .find(|result| result.server == server && result.case == case)
+}
+
+/// The ratios the benchmark exists for: each snapshot or clone case against its
+/// baseline on the same server (issue 4's goals for lamina), then lamina against
+/// qemu-nbd case by case.
+pub fn comparisons(cases: &[CaseResult], snapshots: u32, chain_depth: u32) -> Vec<Comparison> {
+    let iops = |server: &str, case: CaseKind| find_case(cases, server, case).map(|r| r.median_iops);
+    let mut out = Vec::new();
+    let pairs = [
+        (
+            CaseKind::Write { snapshots: 1 },
+            CaseKind::Write { snapshots: 0 },
+        ),
+        (
+            CaseKind::Write { snapshots },
+            CaseKind::Write { snapshots: 0 },
+        ),
+        (
+            CaseKind::ReadClone { depth: chain_depth },
+            CaseKind::ReadOrigin,
+        ),
+    ];
+    for server in [LAMINA, QEMU] {
+        for (case, baseline) in pairs {
+            if find_case(cases, server, case).is_none() {
+                continue;
+            }
+            let value = ratio(iops(server, case), iops(server, baseline));
+            let goal_min = (server == LAMINA).then_some(GOAL_MIN_RATIO);
+            out.push(Comparison {
+                description: format!("{server}: IOPS {} / {}", case.label(), baseline.label()),
+                ratio: value,
+                goal_min,
+                met: goal_min.and_then(|goal| value.map(|value| value >= goal)),
+            });
+        }
+    }
+    let mut kinds: Vec<CaseKind> = Vec::new();
+    for result in cases {
+        if !kinds.contains(&result.case) {
+            kinds.push(result.case);
+        }
+    }
+    for case in kinds {
+        if find_case(cases, LAMINA, case).is_some() && find_case(cases, QEMU, case).is_some() {
+            out.push(Comparison {
+                description: format!("IOPS lamina / qemu-nbd, {}", case.label()),
+                ratio: ratio(iops(LAMINA, case), iops(QEMU, case)),
+                goal_min: None,
+                met: None,
+            });
+        }
+    }
+    out
+}
+
+/// The server name of lamina in results.
+pub const LAMINA: &str = "lamina";
+/// The server name of qemu-nbd on qcow2 in results.
+pub const QEMU: &str = "qemu-nbd";
+
+impl SnapshotsReport {
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let settings = &self.settings;
+        let mut out = format!(
+            "snapshots and clones: {} volumes, fio 4 KiB QD{} x 1 job, {} s (+{} s ramp) per run, median of {}\n",
+            format_number(settings.size_bytes as f64 / f64::from(1u32 << 20)) + " MiB",
+            settings.iodepth,
+            settings.runtime_seconds,
+            settings.ramp_seconds,
+            settings.repetitions,
+        );
+        let mut rows = vec![
+            ["case", "server", "median IOPS", "runs", "p50 us", "p99 us"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        for result in &self.cases {
+            let runs: Vec<String> = result
+                .runs
+                .iter()
+                .map(|run| format_number(run.total_iops))
+                .collect();
+            rows.push(vec![
+                result.case.label(),
+                result.server.clone(),
+                format_number(result.median_iops),
+                runs.join(" / "),
+                format_number(result.median_p50_us),
+                format_number(result.median_p99_us),
+            ]);
+        }
+        out.push_str(&align(&rows));
+        out.push('\n');
+        let mut rows = vec![["ratio", "value", "goal"].map(str::to_owned).to_vec()];
+        for comparison in &self.comparisons {
+            let goal = match (comparison.goal_min, comparison.met) {
+                (Some(goal), Some(true)) => format!(">= {goal:.2} met"),
+                (Some(goal), Some(false)) => format!(">= {goal:.2} NOT met"),
+                (Some(goal), None) => format!(">= {goal:.2}"),
+                (None, _) => String::new(),
+            };
+            rows.push(vec![
+                comparison.description.clone(),
+                comparison
+                    .ratio
+                    .map_or("-".to_owned(), |value| format!("{value:.2}")),
+                goal,
+            ]);
+        }
+        out.push_str(&align(&rows));
+        out.push('\n');
+        let mut rows = vec![
+            [
+                "command (wall time, process start included)",
+                "server",
+                "samples",
+                "median ms",
+                "max ms",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ];
+        for timing in &self.timings {
+            rows.push(vec![
+                timing.operation.clone(),
+                timing.server.clone(),
+                timing.samples_ms.len().to_string(),
+                format!("{:.1}", timing.median_ms),
+                format!("{:.1}", timing.max_ms),
+            ]);
+        }
+        out.push_str(&align(&rows));
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        if let Some(start) = &self.load_average_start {
+            out.push_str(&format!(
+                "load average: {start} at the start, {} at the end\n",
+                self.load_average_end.as_deref().unwrap_or("-")
+            ));
+        }
+        for skipped in &self.skipped {
+            out.push_str(&format!(
+                "skipped: {}: {}\n",
+                skipped.server, skipped.reason
+            ));
+        }
+        out
+    }
+}
+
+/// Runs `lamina bench snapshots` and prints (and saves, and plots) the report.
+pub fn run_snapshots(arguments: &SnapshotsArgs) -> anyhow::Result<()> {
+    let report = measure(arguments)?;
+    let document = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &arguments.output {
+        std::fs::write(path, format!("{document}\n"))
+            .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
+    }
+    if let Some(path) = &arguments.plot {
+        crate::plot::draw_bars(&report, path)?;
+    }
+    if arguments.json {
+        println!("{document}");
+    } else {
+        print!("{}", report.table());
+        if let Some(path) = &arguments.output {
+            println!("json: {}", path.display());
+        }
+        if let Some(path) = &arguments.plot {
+            println!("plot: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Times one helper command; fails with its stderr when it fails.
+fn timed(command: Command) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    run_helper(command)?;
+    Ok(started.elapsed().as_secs_f64() * 1_000.0)
+}
+
+/// The lamina daemon and the CLI that administers it.
+struct Lamina {
+    program: PathBuf,
+    server: RunningServer,
+    data: PathBuf,
+    socket: PathBuf,
+}
+
+impl Lamina {
+    fn command(&self, arguments: &[&str]) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(arguments).arg("--data").arg(&self.data);
+        command
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    fn create_volume(&self, name: &str, size_bytes: u64) -> anyhow::Result<()> {
+        run_helper(self.command(&["volume", "create", name, "--size", &size_bytes.to_string()]))?;
+        Ok(())
+    }
+
+    fn create_snapshot(&self, volume: &str, snapshot: &str) -> anyhow::Result<f64> {
+        timed(self.command(&["snapshot", "create", &format!("{volume}@{snapshot}")]))
+    }
+
+    fn delete_snapshot(&self, volume: &str, snapshot: &str) -> anyhow::Result<f64> {
+        timed(self.command(&["snapshot", "delete", &format!("{volume}@{snapshot}")]))
+    }
+
+    /// Times `lamina snapshot list VOLUME --json` and checks that it lists `expected`.
+    fn list_snapshots(&self, volume: &str, expected: u32) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        let output = run_helper(self.command(&["snapshot", "list", volume, "--json"]))?;
+        let milliseconds = started.elapsed().as_secs_f64() * 1_000.0;
+        let listed: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        let count = listed.as_array().map_or(0, Vec::len);
+        if count != expected as usize {
+            anyhow::bail!(
+                "`lamina snapshot list {volume}` shows {count} snapshots, not {expected}"
+            );
+        }
+        Ok(milliseconds)
+    }
+
+    fn clone_snapshot(&self, volume: &str, snapshot: &str, clone: &str) -> anyhow::Result<f64> {
+        timed(self.command(&["clone", &format!("{volume}@{snapshot}"), clone]))
+    }
+}
+
+/// The snapshots of one volume (or qcow2 image), oldest first, and the next name.
+#[derive(Debug, Default)]
+struct SnapshotSet {
+    names: VecDeque<String>,
+    next_number: u32,
+}
+
+impl SnapshotSet {
+    fn next_name(&mut self) -> String {
+        self.next_number += 1;
+        format!("s{}", self.next_number)
+    }
+}
+
+/// Where a case runs.
+#[derive(Debug)]
+enum Target {
+    /// A lamina export; `snapshots` names the volume's snapshot set when it has one.
+    Lamina {
+        export: String,
+        snapshots: Option<usize>,
+    },
+    /// A qcow2 image served by qemu-nbd for the run.
+    Qemu {
+        image: PathBuf,
+        snapshots: Option<usize>,
+    },
+}
+
+struct Case {
+    server: &'static str,
+    kind: CaseKind,
+    target: Target,
+    runs: Vec<Measurement>,
+}
+
+impl Case {
+    fn target_name(&self) -> String {
+        match &self.target {
+            Target::Lamina { export, .. } => export.clone(),
+            Target::Qemu { image, .. } => image
+                .file_name()
+                .map_or_else(String::new, |name| name.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+/// Collected wall times by (server, operation).
+#[derive(Default)]
+struct Timings(Vec<(String, String, Vec<f64>)>);
+
+impl Timings {
+    fn record(&mut self, server: &str, operation: &str, milliseconds: f64) {
+        match self
+            .0
+            .iter_mut()
+            .find(|(known_server, known, _)| known_server == server && known == operation)
+        {
+            Some((_, _, samples)) => samples.push(milliseconds),
+            None => self
+                .0
+                .push((server.to_owned(), operation.to_owned(), vec![milliseconds])),
+        }
+    }
+
+    fn into_timings(self) -> Vec<Timing> {
+        self.0
+            .into_iter()
+            .map(|(server, operation, samples)| Timing::new(&server, &operation, samples))
+            .collect()
+    }
+}
+
+fn fio_random_writes(
+    fio: &str,
+    uri: &str,
+    region_bytes: u64,
+    bytes: u64,
+    seed: u32,
+) -> anyhow::Result<()> {
+    let mut command = Command::new(fio);
+    command.args([
+        "--name=clone-write".to_owned(),
+        "--ioengine=nbd".to_owned(),
+        format!("--uri={uri}"),
+        "--rw=randwrite".to_owned(),
+        "--bs=4096".to_owned(),
+        format!("--iodepth={CLONE_WRITE_IODEPTH}"),
+        format!("--size={region_bytes}"),
+        format!("--io_size={bytes}"),
+        // The same seed on both servers: the chains differ in the same blocks.
+        format!("--randseed={seed}"),
+        "--output-format=terse".to_owned(),
+    ]);
+    run_helper(command)?;
+    Ok(())
+}
+
+fn qemu_img(arguments: &[&str], image: &Path) -> Command {
+    let mut command = Command::new("qemu-img");
+    command.args(arguments).arg(image);
+    command
+}
+
+fn qemu_version() -> Option<String> {
+    let mut command = Command::new("qemu-nbd");
+    command.arg("--version");
+    let output = run_helper(command).ok()?;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .next()
+        .map(str::to_owned)
+}
+
+/// Starts lamina, writes its volumes, takes the snapshots and builds the clone chain;
+/// adds lamina's cases to `plan`. One daemon serves everything; its `default` volume
+/// is the 0-snapshot volume.
+fn prepare_lamina(
+    arguments: &SnapshotsArgs,
+    program: &Path,
+    work: &Path,
+    data_file: &Path,
+    plan: &mut Plan,
+) -> anyhow::Result<Lamina> {
+    let size = arguments.size;
+    let many = arguments.snapshots;
+    let depth = arguments.chain_depth;
+    let mut extra_config = format!(
+        "[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {size}\n",
+        arguments.pool_size
+    );
+    if let Some(bytes) = arguments.memory_cache {
+        extra_config.push_str(&format!("[limits]\nmemory_cache_bytes = {bytes}\n"));
+    }
+    eprintln!("starting lamina");
+    let server = start_lamina_daemon(program, &work.join("lamina"), &extra_config)?;
+    let data = work.join("lamina").join("data");
+    let lamina = Lamina {
+        program: program.to_owned(),
+        socket: data.join("nbd.sock"),
+        data,
+        server,
+    };
+    plan.notes.push(format!(
+        "lamina: one daemon, pool on a {} GiB sparse file{}, data written over NBD with nbdcopy",
+        arguments.pool_size >> 30,
+        arguments.memory_cache.map_or(
+            ", default limits (memory cache on)".to_owned(),
+            |bytes| format!(", memory cache {} MiB", bytes >> 20)
+        )
+    ));
+    let write_volumes = [(0, "default"), (1, "snap1"), (many, "snapmany")];
+    for (_, volume) in &write_volumes[1..] {
+        lamina.create_volume(volume, size)?;
+    }
+    lamina.create_volume("origin", size)?;
+    for volume in ["default", "snap1", "snapmany", "origin"] {
+        check_interrupted()?;
+        eprintln!("lamina: writing {volume}");
+        prefill_over_nbd(&lamina.uri(volume), data_file)?;
+    }
+    for _ in 0..BASELINE_SAMPLES {
+        let milliseconds = timed(lamina.command(&["volume", "list"]))?;
+        plan.timings.record(
+            LAMINA,
+            "lamina volume list (admin round trip)",
+            milliseconds,
+        );
+    }
+    for (count, volume) in write_volumes {
+        let set_index = (count > 0).then(|| {
+            plan.sets.push(SnapshotSet::default());
+            plan.sets.len() - 1
+        });
+        if let Some(index) = set_index {
+            eprintln!("lamina: {count} snapshots of {volume}");
+            for _ in 0..count {
+                check_interrupted()?;
+                let name = plan.sets[index].next_name();
+                let milliseconds = lamina.create_snapshot(volume, &name)?;
+                plan.timings
+                    .record(LAMINA, "lamina snapshot create", milliseconds);
+                plan.sets[index].names.push_back(name);
+            }
+            let milliseconds = lamina.list_snapshots(volume, count)?;
+            plan.timings.record(
+                LAMINA,
+                &format!("lamina snapshot list ({count} snapshots, all sharing every block)"),
+                milliseconds,
+            );
+        }
+        plan.cases.push(Case {
+            server: LAMINA,
+            kind: CaseKind::Write { snapshots: count },
+            target: Target::Lamina {
+                export: volume.to_owned(),
+                snapshots: set_index,
+            },
+            runs: Vec::new(),
+        });
+    }
+    eprintln!("lamina: chain of {depth} clones");
+    let mut previous = "origin".to_owned();
+    for level in 1..=depth {
+        check_interrupted()?;
+        let snapshot = format!("chain{level}");
+        let milliseconds = lamina.create_snapshot(&previous, &snapshot)?;
+        plan.timings
+            .record(LAMINA, "lamina snapshot create", milliseconds);
+        let clone = format!("clone{level}");
+        let milliseconds = lamina.clone_snapshot(&previous, &snapshot, &clone)?;
+        plan.timings.record(LAMINA, "lamina clone", milliseconds);
+        fio_random_writes(
+            &arguments.fio,
+            &lamina.uri(&clone),
+            size,
+            arguments.clone_write_size,
+            level,
+        )?;
+        previous = clone;
+    }
+    plan.cases.push(Case {
+        server: LAMINA,
+        kind: CaseKind::ReadOrigin,
+        target: Target::Lamina {
+            export: "origin".to_owned(),
+            snapshots: None,
+        },
+        runs: Vec::new(),
+    });
+    plan.cases.push(Case {
+        server: LAMINA,
+        kind: CaseKind::ReadClone { depth },
+        target: Target::Lamina {
+            export: previous,
+            snapshots: None,
+        },
+        runs: Vec::new(),
+    });
+
+    Ok(lamina)
+}
+
+/// Converts the data to qcow2 images, takes the internal snapshots and builds the
+/// backing-file chain (writing to each overlay through qemu-nbd); adds qemu-nbd's cases
+/// to `plan`.
+fn prepare_qemu(
+    arguments: &SnapshotsArgs,
+    images: &Path,
+    serve_directory: &Path,
+    data_file: &Path,
+    plan: &mut Plan,
+) -> anyhow::Result<()> {
+    let size = arguments.size;
+    let many = arguments.snapshots;
+    let depth = arguments.chain_depth;
+    std::fs::create_dir_all(images)?;
+    let convert = |name: &str| -> anyhow::Result<PathBuf> {
+        let image = images.join(name);
+        eprintln!("qemu: converting {name}");
+        let mut command = Command::new("qemu-img");
+        command
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(data_file)
+            .arg(&image);
+        run_helper(command)?;
+        Ok(image)
+    };
+    let mut write_images = Vec::new();
+    for count in [0, 1, many] {
+        write_images.push((count, convert(&format!("snapshots{count}.qcow2"))?));
+    }
+    let base = convert("base.qcow2")?;
+    for (count, image) in write_images {
+        let set_index = (count > 0).then(|| {
+            plan.sets.push(SnapshotSet::default());
+            plan.sets.len() - 1
+        });
+        if let Some(index) = set_index {
+            eprintln!("qemu: {count} internal snapshots of {}", image.display());
+            for _ in 0..count {
+                check_interrupted()?;
+                let name = plan.sets[index].next_name();
+                let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], &image))?;
+                plan.timings
+                    .record(QEMU, "qemu-img snapshot -c (offline)", milliseconds);
+                plan.sets[index].names.push_back(name);
+            }
+        }
+        plan.cases.push(Case {
+            server: QEMU,
+            kind: CaseKind::Write { snapshots: count },
+            target: Target::Qemu {
+                image,
+                snapshots: set_index,
+            },
+            runs: Vec::new(),
+        });
+    }
+    eprintln!("qemu: backing chain of {depth} overlays");
+    let mut previous = base.clone();
+    for level in 1..=depth {
+        check_interrupted()?;
+        let overlay = images.join(format!("overlay{level}.qcow2"));
+        let mut command = Command::new("qemu-img");
+        command
+            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+            .arg(&previous)
+            .arg(&overlay);
+        let milliseconds = timed(command)?;
+        plan.timings
+            .record(QEMU, "qemu-img create -b (overlay)", milliseconds);
+        let server = serve_qemu_nbd(&overlay, "qcow2", serve_directory, 1, false)?;
+        let written = fio_random_writes(
+            &arguments.fio,
+            &server.uri,
+            size,
+            arguments.clone_write_size,
+            level,
+        );
+        server.stop();
+        written?;
+        previous = overlay;
+    }
+    plan.cases.push(Case {
+        server: QEMU,
+        kind: CaseKind::ReadOrigin,
+        target: Target::Qemu {
+            image: base,
+            snapshots: None,
+        },
+        runs: Vec::new(),
+    });
+    plan.cases.push(Case {
+        server: QEMU,
+        kind: CaseKind::ReadClone { depth },
+        target: Target::Qemu {
+            image: previous,
+            snapshots: None,
+        },
+        runs: Vec::new(),
+    });
+    Ok(())
+}
+
+/// What the preparation of the servers leaves for the measurement.
+#[derive(Default)]
+struct Plan {
+    timings: Timings,
+    /// Snapshot sets of the snapshot cases, indexed by their targets.
+    sets: Vec<SnapshotSet>,
+    cases: Vec<Case>,
+    notes: Vec<String>,
+}
+
+/// Prepares both servers, runs every case `repetitions` times and returns the report.
+pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
+    crate::process::install_interrupt_handler();
+    crate::process::become_subreaper();
+    assert!(arguments.repetitions > 0, "at least one repetition");
+    assert!(
+        arguments.snapshots > 1,
+        "the many-snapshot case needs more than one"
+    );
+    assert!(
+        arguments.chain_depth > 0,
+        "the chain needs at least one clone"
+    );
+    let fio_version = crate::fio_version(&arguments.fio)?;
+    let load_average_start = load_average();
+    let size = arguments.size;
+    let program = crate::lamina_program(arguments.lamina_bin.as_ref());
+    let with_lamina = arguments.servers.contains(&SnapshotServer::Lamina);
+    if with_lamina && !program.is_file() {
+        anyhow::bail!("lamina binary {} not found", program.display());
+    }
+    let mut skipped = Vec::new();
+    let with_qemu = if !arguments.servers.contains(&SnapshotServer::QemuNbd) {
+        false
+    } else if let Some(program) = ["qemu-nbd", "qemu-img"]
+        .into_iter()
+        .find(|program| find_program(program).is_none())
+    {
+        skipped.push(Skipped {
+            server: QEMU.into(),
+            reason: format!("`{program}` is not installed"),
+        });
+        false
+    } else {
+        true
+    };
+    let work = crate::work_directory(arguments.work_dir.as_ref())?;
+    let data_file = work.path().join("data.raw");
+    eprintln!("preparing {} MiB of random data", size >> 20);
+    crate::servers::write_random_data(&data_file, size)?;
+    let mut plan = Plan::default();
+    let many = arguments.snapshots;
+    let depth = arguments.chain_depth;
+
+    let lamina = if with_lamina {
+        Some(prepare_lamina(
+            arguments,
+            &program,
+            work.path(),
+            &data_file,
+            &mut plan,
+        )?)
+    } else {
+        None
+    };
+    let images = work.path().join("images");
+    let serve_directory = work.path().join("qemu-serve");
+    let qemu_version = if with_qemu { qemu_version() } else { None };
+    if with_qemu {
+        prepare_qemu(arguments, &images, &serve_directory, &data_file, &mut plan)?;
+    }
+    let Plan {
+        mut timings,
+        mut sets,
+        mut cases,
+        mut notes,
+    } = plan;
+    let mut qemu_notes = Vec::new();
+    for repetition in 0..arguments.repetitions {
+        let order: Vec<usize> = if repetition % 2 == 0 {
+            (0..cases.len()).collect()
+        } else {
+            (0..cases.len()).rev().collect()
+        };
+        for index in order {
+            check_interrupted()?;
+            let case = &mut cases[index];
+            eprintln!(
+                "repetition {}/{}: {} {}",
+                repetition + 1,
+                arguments.repetitions,
+                case.server,
+                case.kind.label()
+            );
+            let step = StepSpec {
+                pattern: case.kind.pattern(),
+                block_size_bytes: 4096,
+                iodepth: arguments.iodepth,
+                jobs: 1,
+                target_iops: None,
+                runtime_seconds: arguments.runtime,
+                ramp_seconds: arguments.ramp,
+                region_bytes: size,
+            };
+            let measurement = match &case.target {
+                Target::Lamina { export, snapshots } => {
+                    let lamina = lamina
+                        .as_ref()
+                        .expect("lamina cases exist only when lamina runs");
+                    if let (Some(set), true) = (snapshots, repetition > 0) {
+                        // A fresh snapshot right before the run; the count stays the same.
+                        let set = &mut sets[*set];
+                        let oldest = set
+                            .names
+                            .pop_front()
+                            .expect("a snapshot set is never empty");
+                        let milliseconds = lamina.delete_snapshot(export, &oldest)?;
+                        timings.record(LAMINA, "lamina snapshot delete", milliseconds);
+                        let name = set.next_name();
+                        let milliseconds = lamina.create_snapshot(export, &name)?;
+                        timings.record(
+                            LAMINA,
+                            "lamina snapshot create (volume written since its last snapshot)",
+                            milliseconds,
+                        );
+                        set.names.push_back(name);
+                    }
+                    crate::fio::run_step(&arguments.fio, &lamina.uri(export), &step)?
+                }
+                Target::Qemu { image, snapshots } => {
+                    if let (Some(set), true) = (snapshots, repetition > 0) {
+                        let set = &mut sets[*set];
+                        let oldest = set
+                            .names
+                            .pop_front()
+                            .expect("a snapshot set is never empty");
+                        let milliseconds = timed(qemu_img(&["snapshot", "-d", &oldest], image))?;
+                        timings.record(QEMU, "qemu-img snapshot -d (offline)", milliseconds);
+                        let name = set.next_name();
+                        let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], image))?;
+                        timings.record(
+                            QEMU,
+                            "qemu-img snapshot -c (offline, image written since its last snapshot)",
+                            milliseconds,
+                        );
+                        set.names.push_back(name);
+                    }
+                    let server = serve_qemu_nbd(image, "qcow2", &serve_directory, 1, false)?;
+                    if qemu_notes.is_empty() {
+                        qemu_notes = server.notes.clone();
+                    }
+                    let measurement = crate::fio::run_step(&arguments.fio, &server.uri, &step);
+                    server.stop();
+                    measurement?
+                }
+            };
+            case.runs.push(measurement);
+        }
+    }
+    if let Some(lamina) = lamina {
+        // After the measured writes every snapshot differs from its neighbours, which is
+        // what the per-snapshot space accounting of `list` has to compare.
+        for case in &cases {
+            if let (CaseKind::Write { snapshots }, Target::Lamina { export, .. }) =
+                (case.kind, &case.target)
+                && snapshots > 0
+            {
+                let milliseconds = lamina.list_snapshots(export, snapshots)?;
+                timings.record(
+                    LAMINA,
+                    &format!("lamina snapshot list ({snapshots} snapshots, after the writes)"),
+                    milliseconds,
+                );
+            }
+        }
+        let output = run_helper(lamina.command(&["pool", "status", "--json"]))?;
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        notes.push(format!(
+            "lamina pool at the end: used {}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
+            status["used_percent"].as_f64().map_or("-".to_owned(), |value| format!("{value:.1}")),
+            status["write_amplification"].as_f64().map_or("-".to_owned(), |value| format!("{value:.2}")),
+            status["cleaner_relocated_blocks"],
+            status["device_bytes_written"].as_u64().map_or("-".to_owned(), |value| (value >> 30).to_string()),
+        ));
+        lamina.server.stop();
+    }
+    if with_qemu {
+        notes.push(format!(
+            "qemu-nbd: qcow2 (qemu-img convert defaults: 64 KiB clusters), {}, one server per run, started and stopped around it; snapshots and overlays made offline with qemu-img",
+            qemu_notes.join(" ")
+        ));
+    }
+    let cases: Vec<CaseResult> = cases
+        .into_iter()
+        .map(|case| {
+            let target = case.target_name();
+            CaseResult::new(case.server, case.kind, target, case.runs)
+        })
+        .collect();
+    let comparisons = comparisons(&cases, many, depth);
+    Ok(SnapshotsReport {
+        settings: SnapshotsSettings {
+            size_bytes: size,
+            runtime_seconds: arguments.runtime,
+            ramp_seconds: arguments.ramp,
+            iodepth: arguments.iodepth,
+            repetitions: arguments.repetitions,
+            snapshots: many,
+            chain_depth: depth,
+            clone_write_bytes: arguments.clone_write_size,
+            pool_size_bytes: arguments.pool_size,
+            memory_cache_bytes: arguments.memory_cache,
+        },
+        fio_version,
+        qemu_version,
+        cases,
+        timings: timings.into_timings(),
+        comparisons,
+        notes,
+        skipped,
+        load_average_start,
+        load_average_end: load_average(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::tests::measurement;
+
+    fn result(server: &str, case: CaseKind, iops: &[f64]) -> CaseResult {
+        let runs = iops
+            .iter()
+            .map(|value| measurement(*value, 500.0))
+            .collect();
+        CaseResult::new(server, case, "target".into(), runs)
+    }
+
+    #[test]
+    fn median_handles_odd_even_and_empty_inputs() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn goals_are_judged_on_lamina_medians_and_servers_are_compared_case_by_case() {
+        let cases = vec![
+            result(
+                LAMINA,
+                CaseKind::Write { snapshots: 0 },
+                &[100.0, 90.0, 110.0],
+            ),
+            result(
+                LAMINA,
+                CaseKind::Write { snapshots: 1 },
+                &[96.0, 50.0, 99.0],
+            ),
+            result(
+                LAMINA,
+                CaseKind::Write { snapshots: 100 },
+                &[80.0, 94.0, 90.0],
+            ),
+            result(LAMINA, CaseKind::ReadOrigin, &[200.0]),
+            result(LAMINA, CaseKind::ReadClone { depth: 20 }, &[190.0]),
+            result(QEMU, CaseKind::Write { snapshots: 0 }, &[50.0]),
+            result(QEMU, CaseKind::Write { snapshots: 1 }, &[25.0]),
+            result(QEMU, CaseKind::Write { snapshots: 100 }, &[20.0]),
+            result(QEMU, CaseKind::ReadOrigin, &[40.0]),
+            result(QEMU, CaseKind::ReadClone { depth: 20 }, &[10.0]),
+        ];
+        let comparisons = comparisons(&cases, 100, 20);
+        let find = |text: &str| {
+            comparisons
+                .iter()
+                .find(|comparison| comparison.description == text)
+                .unwrap_or_else(|| panic!("no comparison {text:?} in {comparisons:#?}"))
+        };
+        let one = find("lamina: IOPS randwrite, 1 snapshot / randwrite, 0 snapshots");
+        assert_eq!(one.ratio, Some(0.96));
+        assert_eq!(one.met, Some(true));
+        let many = find("lamina: IOPS randwrite, 100 snapshots / randwrite, 0 snapshots");
+        assert_eq!(many.ratio, Some(0.9));
+        assert_eq!(many.met, Some(false));
+        let clone = find("lamina: IOPS randread, clone depth 20 / randread, origin");
+        assert_eq!(clone.ratio, Some(0.95));
+        assert_eq!(clone.met, Some(true));
+        let qemu = find("qemu-nbd: IOPS randwrite, 1 snapshot / randwrite, 0 snapshots");
+        assert_eq!(qemu.ratio, Some(0.5));
+        assert_eq!(qemu.goal_min, None);
+        let versus = find("IOPS lamina / qemu-nbd, randread, clone depth 20");
+        assert_eq!(versus.ratio, Some(19.0));
+        assert_eq!(comparisons.len(), 6 + 5);
+    }
+
+    #[test]
+    fn a_lamina_only_run_has_no_cross_server_ratios_and_the_table_shows_every_run() {
+        let cases = vec![
+            result(LAMINA, CaseKind::Write { snapshots: 0 }, &[1000.0, 1200.0]),
+            result(LAMINA, CaseKind::Write { snapshots: 1 }, &[1100.0, 1150.0]),
+        ];
+        let comparisons = comparisons(&cases, 100, 20);
+        assert_eq!(comparisons.len(), 1);
+        let report = SnapshotsReport {
+            settings: SnapshotsSettings {
+                size_bytes: 1 << 30,
+                runtime_seconds: 10,
+                ramp_seconds: 1,
+                iodepth: 32,
+                repetitions: 2,
+                snapshots: 100,
+                chain_depth: 20,
+                clone_write_bytes: 1 << 20,
+                pool_size_bytes: 16 << 30,
+                memory_cache_bytes: None,
+            },
+            fio_version: "fio-3.33".into(),
+            qemu_version: None,
+            cases,
+            timings: vec![Timing::new(
+                LAMINA,
+                "lamina snapshot create",
+                vec![5.0, 7.0, 6.0],
+            )],
+            comparisons,
+            notes: vec![],
+            skipped: vec![Skipped {
+                server: QEMU.into(),
+                reason: "not installed".into(),
+            }],
+            load_average_start: Some("1.00 2.00 3.00".into()),
+            load_average_end: None,
+        };
+        let table = report.table();
+        assert!(table.contains("1,000 / 1,200"), "{table}");
+        assert!(table.contains("1,100"), "{table}");
+        assert!(table.contains("1,125"), "{table}");
+        assert!(table.contains("1.02"), "{table}");
+        assert!(table.contains(">= 0.95 met"), "{table}");
+        assert!(table.contains("6.0"), "{table}");
+        assert!(
+            table.contains("skipped: qemu-nbd: not installed"),
+            "{table}"
+        );
+    }
+}
