@@ -5,39 +5,12 @@
 //! moments while a client writes and flushes, then a check that every write
 //! acknowledged before a completed flush is intact.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
 
-use common::{Daemon, LAMINA};
-
-fn run(command: &mut Command) -> String {
-    // nbdsh needs the system Python with libnbd's bindings, not another on PATH.
-    let path = format!(
-        "/usr/bin:/bin:{}",
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let output = command.env("PATH", path).output().expect("run client");
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
-
-fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
-    Command::new(LAMINA)
-        .args(arguments)
-        .arg("--data")
-        .arg(data_dir)
-        .env("LAMINA_LOG", "warn")
-        .output()
-        .unwrap()
-}
+use common::{Daemon, lamina, run};
 
 #[test]
 fn daemon_serves_real_clients_and_volume_commands() {

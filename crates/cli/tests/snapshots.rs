@@ -12,42 +12,10 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{Daemon, LAMINA};
+use common::{Daemon, lamina, run, system_path};
 
 const VOLUME_BYTES: u64 = 64 << 20;
 const PATTERN_BYTES: usize = 16 << 20;
-
-fn system_path() -> String {
-    // nbdsh needs the system Python with libnbd's bindings, not another on PATH.
-    format!(
-        "/usr/bin:/bin:{}",
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
-
-fn run(command: &mut Command) -> String {
-    let output = command
-        .env("PATH", system_path())
-        .output()
-        .expect("run client");
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
-
-fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
-    Command::new(LAMINA)
-        .args(arguments)
-        .arg("--data")
-        .arg(data_dir)
-        .env("LAMINA_LOG", "warn")
-        .output()
-        .unwrap()
-}
 
 fn lamina_ok(data_dir: &Path, arguments: &[&str]) -> serde_json::Value {
     let mut with_json = arguments.to_vec();

@@ -131,3 +131,38 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// PATH with the system's own directories first: nbdsh needs the system Python
+/// with libnbd's bindings, not another Python on PATH.
+pub fn system_path() -> String {
+    format!(
+        "/usr/bin:/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Runs a client program and returns its standard output; fails the test if it fails.
+pub fn run(command: &mut Command) -> String {
+    let output = command
+        .env("PATH", system_path())
+        .output()
+        .expect("run client");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Runs `lamina ARGUMENTS --data DATA_DIR`.
+pub fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
+    Command::new(LAMINA)
+        .args(arguments)
+        .arg("--data")
+        .arg(data_dir)
+        .env("LAMINA_LOG", "warn")
+        .output()
+        .unwrap()
+}

@@ -362,24 +362,15 @@ impl VolumeTable {
 
     /// Names of every clone of any snapshot of a volume.
     pub fn clone_names_of_volume(&self, volume_id: u32) -> Vec<String> {
-        self.clones
-            .range(
-                Origin {
-                    volume_id,
-                    snapshot_id: 0,
-                }..=Origin {
-                    volume_id,
-                    snapshot_id: u32::MAX,
-                },
-            )
-            .flat_map(|(_, clones)| clones)
-            .filter_map(|clone_id| self.volumes.get(clone_id))
-            .map(|volume| {
+        let volume_name = &self.volumes[&volume_id].name;
+        self.clone_ids_of_volume(volume_id)
+            .into_iter()
+            .filter_map(|clone_id| self.volumes.get(&clone_id))
+            .map(|clone| {
                 format!(
-                    "{} (of {}@{})",
-                    volume.name,
-                    self.volumes[&volume_id].name,
-                    self.origin_snapshot_name(volume.origin)
+                    "{} (of {volume_name}@{})",
+                    clone.name,
+                    self.origin_snapshot_name(clone.origin)
                 )
             })
             .collect()
