@@ -27,7 +27,7 @@ use crate::error::EngineError;
 use crate::log::batch::{Record, block_checksum};
 use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry};
 use crate::volume::{
-    Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
+    Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, ViewRef, VolumeInfo,
     validate_volume_name, validate_volume_size,
 };
 use state::{InFlightBatch, State};
@@ -278,7 +278,7 @@ impl Pool {
             .lock()
             .volumes
             .view(view)
-            .map(|(_, size_bytes, _)| size_bytes)
+            .map(|found| found.size_bytes)
     }
 
     // ----- snapshots and clones -----
@@ -310,19 +310,11 @@ impl Pool {
     fn snapshot_info_of(&self, volume: &str, snapshot: &str) -> Result<SnapshotInfo, EngineError> {
         let pending = {
             let state = self.inner.lock();
-            let volume_id = state.volumes.id_of(volume)?;
+            let (volume_id, index) = state.volumes.find_snapshot(volume, snapshot)?;
             state
                 .volumes
-                .get(volume_id)
-                .expect("id from name")
-                .snapshots
-                .iter()
-                .position(|candidate| candidate.name == snapshot)
-                .and_then(|index| state.volumes.snapshot_info(volume_id, index))
-                .ok_or_else(|| EngineError::NoSuchSnapshot {
-                    volume: volume.to_string(),
-                    snapshot: snapshot.to_string(),
-                })?
+                .snapshot_info(volume_id, index)
+                .expect("found")
         };
         Ok(pending.compute())
     }
@@ -366,17 +358,8 @@ impl Pool {
         volume: &str,
         snapshot: &str,
     ) -> Result<(u32, u32), EngineError> {
-        let volume_id = state.volumes.id_of(volume)?;
-        let snapshot_id = state
-            .volumes
-            .get(volume_id)
-            .expect("id from name")
-            .snapshot_named(snapshot)
-            .ok_or_else(|| EngineError::NoSuchSnapshot {
-                volume: volume.to_string(),
-                snapshot: snapshot.to_string(),
-            })?
-            .snapshot_id;
+        let (volume_id, index) = state.volumes.find_snapshot(volume, snapshot)?;
+        let snapshot_id = state.volumes.get(volume_id).expect("found").snapshots[index].snapshot_id;
         Ok((volume_id, snapshot_id))
     }
 
@@ -606,29 +589,30 @@ impl Pool {
 
     // ----- data path -----
 
-    fn check_range(
+    /// The view, if `length` bytes at `offset` lie inside it.
+    fn check_range<'a>(
         &self,
-        state: &State,
+        state: &'a State,
         view: View,
         offset: u64,
         length: u64,
-    ) -> Result<(), EngineError> {
-        let (name, size_bytes, _) = state
+    ) -> Result<ViewRef<'a>, EngineError> {
+        let found = state
             .volumes
             .view(view)
             .ok_or_else(|| EngineError::NoSuchVolume(format!("{view:?}")))?;
         if offset
             .checked_add(length)
-            .is_none_or(|end| end > size_bytes)
+            .is_none_or(|end| end > found.size_bytes)
         {
             return Err(EngineError::OutOfRange {
-                volume: name,
+                volume: found.full_name(),
                 offset,
                 length,
-                size_bytes,
+                size_bytes: found.size_bytes,
             });
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Reads `buffer.len()` bytes at byte `offset` of a volume. Unwritten blocks
@@ -660,11 +644,11 @@ impl Pool {
         let volume_name;
         {
             let state = self.inner.lock();
-            self.check_range(&state, view, offset, buffer.len() as u64)?;
+            let found = self.check_range(&state, view, offset, buffer.len() as u64)?;
             let first_block = offset / block;
             let last_block = (offset + buffer.len() as u64 - 1) / block;
-            let (name, _, map) = state.volumes.view(view).expect("checked");
-            volume_name = name;
+            let map = found.map;
+            volume_name = found.full_name();
             let mut scratch = [0u8; BLOCK_SIZE_BYTES as usize];
             for logical_block in first_block..=last_block {
                 let (within_block, within_buffer, length) =
@@ -745,8 +729,7 @@ impl Pool {
         length: u64,
     ) -> Result<Vec<Extent>, EngineError> {
         let state = self.inner.lock();
-        self.check_range(&state, view, offset, length)?;
-        let (_, _, map) = state.volumes.view(view).expect("checked");
+        let map = self.check_range(&state, view, offset, length)?.map;
         let mut extents: Vec<Extent> = Vec::new();
         let end = offset + length;
         let mut position = offset;

@@ -83,6 +83,24 @@ pub enum View {
     Snapshot { volume_id: u32, snapshot_id: u32 },
 }
 
+/// What a [`View`] refers to, borrowed from the volume table.
+pub struct ViewRef<'a> {
+    pub volume_name: &'a str,
+    pub snapshot_name: Option<&'a str>,
+    pub size_bytes: u64,
+    pub map: &'a BlockMap,
+}
+
+impl ViewRef<'_> {
+    /// `VOL` or `VOL@SNAP`, for messages.
+    pub fn full_name(&self) -> String {
+        match self.snapshot_name {
+            Some(snapshot) => format!("{}@{snapshot}", self.volume_name),
+            None => self.volume_name.to_string(),
+        }
+    }
+}
+
 /// Splits `VOL@SNAP` into its parts; a plain `VOL` has no snapshot part.
 pub fn split_snapshot_name(full_name: &str) -> (&str, Option<&str>) {
     match full_name.split_once('@') {
@@ -221,6 +239,11 @@ impl Volume {
     }
 
     /// The live map and every snapshot's map.
+    fn maps(&self) -> impl Iterator<Item = &BlockMap> {
+        std::iter::once(&self.map).chain(self.snapshots.iter().map(|snapshot| &snapshot.map))
+    }
+
+    /// The live map and every snapshot's map, for changing them.
     fn maps_mut(&mut self) -> impl Iterator<Item = &mut BlockMap> {
         std::iter::once(&mut self.map)
             .chain(self.snapshots.iter_mut().map(|snapshot| &mut snapshot.map))
@@ -259,33 +282,46 @@ impl VolumeTable {
             .ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
     }
 
-    /// The view a name denotes: `VOL` or `VOL@SNAP`.
-    pub fn resolve(&self, full_name: &str) -> Result<View, EngineError> {
-        let (volume_name, snapshot_name) = split_snapshot_name(full_name);
-        let volume_id = self.id_of(volume_name)?;
-        let Some(snapshot_name) = snapshot_name else {
-            return Ok(View::Volume(volume_id));
-        };
-        let volume = &self.volumes[&volume_id];
-        let snapshot =
-            volume
-                .snapshot_named(snapshot_name)
-                .ok_or_else(|| EngineError::NoSuchSnapshot {
-                    volume: volume_name.to_string(),
-                    snapshot: snapshot_name.to_string(),
-                })?;
-        Ok(View::Snapshot {
-            volume_id,
-            snapshot_id: snapshot.snapshot_id,
-        })
+    /// The volume and the position in its snapshot list of `volume@snapshot`.
+    pub fn find_snapshot(&self, volume: &str, snapshot: &str) -> Result<(u32, usize), EngineError> {
+        let volume_id = self.id_of(volume)?;
+        let index = self.volumes[&volume_id]
+            .snapshots
+            .iter()
+            .position(|candidate| candidate.name == snapshot)
+            .ok_or_else(|| EngineError::NoSuchSnapshot {
+                volume: volume.to_string(),
+                snapshot: snapshot.to_string(),
+            })?;
+        Ok((volume_id, index))
     }
 
-    /// The name, size and map behind a view (None once deleted).
-    pub fn view(&self, view: View) -> Option<(String, u64, &BlockMap)> {
+    /// The view a name denotes: `VOL` or `VOL@SNAP`.
+    pub fn resolve(&self, full_name: &str) -> Result<View, EngineError> {
+        match split_snapshot_name(full_name) {
+            (volume, None) => Ok(View::Volume(self.id_of(volume)?)),
+            (volume, Some(snapshot)) => {
+                let (volume_id, index) = self.find_snapshot(volume, snapshot)?;
+                Ok(View::Snapshot {
+                    volume_id,
+                    snapshot_id: self.volumes[&volume_id].snapshots[index].snapshot_id,
+                })
+            }
+        }
+    }
+
+    /// The names, size and map behind a view (None once deleted), borrowed, so
+    /// that the data path allocates nothing to look a view up.
+    pub fn view(&self, view: View) -> Option<ViewRef<'_>> {
         match view {
             View::Volume(volume_id) => {
                 let volume = self.volumes.get(&volume_id)?;
-                Some((volume.name.clone(), volume.size_bytes, &volume.map))
+                Some(ViewRef {
+                    volume_name: &volume.name,
+                    snapshot_name: None,
+                    size_bytes: volume.size_bytes,
+                    map: &volume.map,
+                })
             }
             View::Snapshot {
                 volume_id,
@@ -293,11 +329,12 @@ impl VolumeTable {
             } => {
                 let volume = self.volumes.get(&volume_id)?;
                 let snapshot = volume.snapshot(snapshot_id)?;
-                Some((
-                    format!("{}@{}", volume.name, snapshot.name),
-                    snapshot.size_bytes,
-                    &snapshot.map,
-                ))
+                Some(ViewRef {
+                    volume_name: &volume.name,
+                    snapshot_name: Some(&snapshot.name),
+                    size_bytes: snapshot.size_bytes,
+                    map: &snapshot.map,
+                })
             }
         }
     }
@@ -333,9 +370,7 @@ impl VolumeTable {
     pub fn for_each_distinct_physical(&self, visit: &mut dyn FnMut(u64)) {
         let mut seen: std::collections::HashSet<*const map::Chunk> = Default::default();
         for volume in self.volumes.values() {
-            let maps = std::iter::once(&volume.map)
-                .chain(volume.snapshots.iter().map(|snapshot| &snapshot.map));
-            for map in maps {
+            for map in volume.maps() {
                 for (_, chunk) in map.shared_chunks() {
                     if seen.insert(std::sync::Arc::as_ptr(chunk)) {
                         for physical_block in
@@ -362,28 +397,22 @@ impl VolumeTable {
 
     /// Names of every clone of any snapshot of a volume.
     pub fn clone_names_of_volume(&self, volume_id: u32) -> Vec<String> {
-        let volume_name = &self.volumes[&volume_id].name;
         self.clone_ids_of_volume(volume_id)
             .into_iter()
             .filter_map(|clone_id| self.volumes.get(&clone_id))
             .map(|clone| {
-                format!(
-                    "{} (of {volume_name}@{})",
-                    clone.name,
-                    self.origin_snapshot_name(clone.origin)
-                )
+                let origin = self.origin_full_name(clone.origin).unwrap_or_default();
+                format!("{} (of {origin})", clone.name)
             })
             .collect()
     }
 
-    fn origin_snapshot_name(&self, origin: Option<Origin>) -> String {
-        origin
-            .and_then(|origin| {
-                self.volumes
-                    .get(&origin.volume_id)?
-                    .snapshot(origin.snapshot_id)
-            })
-            .map_or_else(String::new, |snapshot| snapshot.name.clone())
+    /// `VOL@SNAP` of the snapshot a clone came from.
+    fn origin_full_name(&self, origin: Option<Origin>) -> Option<String> {
+        let origin = origin?;
+        let volume = self.volumes.get(&origin.volume_id)?;
+        let snapshot = volume.snapshot(origin.snapshot_id)?;
+        Some(format!("{}@{}", volume.name, snapshot.name))
     }
 
     fn origin_map(&self, origin: Option<Origin>) -> Option<&BlockMap> {
@@ -397,24 +426,25 @@ impl VolumeTable {
         )
     }
 
-    /// The map before a volume's live map in its chain: its newest snapshot, else
-    /// the snapshot it was cloned from.
-    fn live_parent<'a>(&'a self, volume: &'a Volume) -> Option<&'a BlockMap> {
-        match volume.snapshots.last() {
-            Some(snapshot) => Some(&snapshot.map),
-            None => self.origin_map(volume.origin),
+    /// The map before position `index` of a volume's chain (its snapshots oldest
+    /// first, then the live map at `snapshots.len()`): the previous snapshot, else
+    /// the snapshot the volume was cloned from.
+    fn chain_parent<'a>(&'a self, volume: &'a Volume, index: usize) -> Option<&'a BlockMap> {
+        match index {
+            0 => self.origin_map(volume.origin),
+            _ => Some(&volume.snapshots[index - 1].map),
         }
+    }
+
+    /// The map before a volume's live map in its chain.
+    fn live_parent<'a>(&'a self, volume: &'a Volume) -> Option<&'a BlockMap> {
+        self.chain_parent(volume, volume.snapshots.len())
     }
 
     /// The neighbours of snapshot `index` of `volume`: the map before it, the map
     /// after it, and the first map of each clone made from it.
     fn snapshot_neighbours<'a>(&'a self, volume: &'a Volume, index: usize) -> Vec<&'a BlockMap> {
-        let mut neighbours = Vec::new();
-        if index > 0 {
-            neighbours.push(&volume.snapshots[index - 1].map);
-        } else if let Some(map) = self.origin_map(volume.origin) {
-            neighbours.push(map);
-        }
+        let mut neighbours: Vec<&BlockMap> = self.chain_parent(volume, index).into_iter().collect();
         neighbours.push(match volume.snapshots.get(index + 1) {
             Some(next) => &next.map,
             None => &volume.map,
@@ -476,10 +506,7 @@ impl VolumeTable {
         family
             .iter()
             .filter_map(|volume_id| self.volumes.get(volume_id))
-            .flat_map(|volume| {
-                std::iter::once(&volume.map)
-                    .chain(volume.snapshots.iter().map(|snapshot| &snapshot.map))
-            })
+            .flat_map(Volume::maps)
             .filter_map(|map| map.get(logical_block))
             .find(|mapping| mapping.physical_block == physical_block)
             .map(|mapping| mapping.checksum)
@@ -497,11 +524,7 @@ impl VolumeTable {
                 unique_bytes: 0,
                 used_bytes: 0,
                 snapshot_count: volume.snapshots.len(),
-                origin: volume.origin.and_then(|origin| {
-                    let origin_volume = self.volumes.get(&origin.volume_id)?;
-                    let snapshot = origin_volume.snapshot(origin.snapshot_id)?;
-                    Some(format!("{}@{}", origin_volume.name, snapshot.name))
-                }),
+                origin: self.origin_full_name(volume.origin),
                 created_unix_seconds: volume.created_unix_seconds,
             },
             origin: self.origin_map(volume.origin).cloned(),
@@ -870,10 +893,7 @@ impl VolumeTable {
             .map
             .for_each_not_in(parent.as_slice(), &mut |_, physical| displaced(physical));
         for index in (0..volume.snapshots.len()).rev() {
-            let parent = match index {
-                0 => self.origin_map(volume.origin),
-                _ => Some(&volume.snapshots[index - 1].map),
-            };
+            let parent = self.chain_parent(volume, index);
             volume.snapshots[index]
                 .map
                 .for_each_not_in(parent.as_slice(), &mut |_, physical| displaced(physical));
