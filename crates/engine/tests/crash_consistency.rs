@@ -11,6 +11,9 @@
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
+mod common;
+
+use common::corrupt_newest_checkpoint_slot;
 use lamina_engine::{Pool, PoolLimits, PoolOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -481,28 +484,6 @@ async fn settle_pending_snapshot(
             }
         }
     }
-}
-
-/// Flips a bit in the newest checkpoint slot, so that recovery must fall back to
-/// the previous checkpoint and replay everything after it.
-fn corrupt_newest_checkpoint_slot(memory: &MemoryDevice) {
-    use lamina_engine::log::checkpoint::Slot;
-    use lamina_engine::log::geometry::CHECKPOINT_SLOT_BLOCKS;
-    let mut newest: Option<(u64, u64)> = None;
-    for block in CHECKPOINT_SLOT_BLOCKS {
-        let mut bytes = vec![0u8; BLOCK];
-        memory.read_sync(block * BLOCK as u64, &mut bytes);
-        if let Ok(slot) = Slot::decode(&bytes)
-            && newest.is_none_or(|(sequence, _)| slot.checkpoint_sequence > sequence)
-        {
-            newest = Some((slot.checkpoint_sequence, block));
-        }
-    }
-    let (_, block) = newest.expect("a valid slot");
-    let mut bytes = vec![0u8; BLOCK];
-    memory.read_sync(block * BLOCK as u64, &mut bytes);
-    bytes[30] ^= 0x10;
-    memory.write_sync(block * BLOCK as u64, &bytes);
 }
 
 async fn crash_run(seed: u64) {

@@ -13,6 +13,9 @@
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, MemoryDevice};
+mod common;
+
+use common::corrupt_newest_checkpoint_slot;
 use lamina_engine::{Pool, PoolLimits, PoolOptions};
 
 const BLOCK: usize = 4096;
@@ -48,26 +51,6 @@ async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, gen
         .await
         .unwrap();
     }
-}
-
-fn corrupt_newest_checkpoint_slot(memory: &MemoryDevice) {
-    use lamina_engine::log::checkpoint::Slot;
-    use lamina_engine::log::geometry::CHECKPOINT_SLOT_BLOCKS;
-    let (_, block) = CHECKPOINT_SLOT_BLOCKS
-        .iter()
-        .filter_map(|block| {
-            let mut bytes = vec![0u8; BLOCK];
-            memory.read_sync(block * BLOCK as u64, &mut bytes);
-            Slot::decode(&bytes)
-                .ok()
-                .map(|slot| (slot.checkpoint_sequence, *block))
-        })
-        .max()
-        .expect("a valid slot");
-    let mut bytes = vec![0u8; BLOCK];
-    memory.read_sync(block * BLOCK as u64, &mut bytes);
-    bytes[30] ^= 0x10;
-    memory.write_sync(block * BLOCK as u64, &bytes);
 }
 
 #[tokio::test(flavor = "current_thread")]

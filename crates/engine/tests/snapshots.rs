@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lamina_device::{BlockDevice, MemoryDevice};
+mod common;
+
 use lamina_engine::{EngineError, Pool, PoolLimits, PoolOptions};
 
 const BLOCK: usize = 4096;
@@ -374,7 +376,7 @@ async fn a_thousand_snapshots_and_clones_in_one_family() {
     };
     let pool = check(pool).await;
     pool.checkpoint().await.unwrap();
-    let body_bytes = checkpoint_body_bytes(&memory);
+    let body_bytes = common::newest_slot(&memory).1.body_bytes;
     // 4096 mapped blocks plus about a thousand small differences: far below one
     // full copy of the map per snapshot (1000 × 8 chunks × ~5 KiB = 40 MB).
     assert!(
@@ -405,19 +407,4 @@ async fn a_thousand_snapshots_and_clones_in_one_family() {
     let info = pool.volume_info("db").unwrap();
     assert_eq!(info.used_bytes, info.allocated_bytes);
     assert_eq!(info.allocated_bytes, (4096 * BLOCK) as u64);
-}
-
-fn checkpoint_body_bytes(memory: &MemoryDevice) -> u64 {
-    use lamina_engine::log::checkpoint::Slot;
-    use lamina_engine::log::geometry::CHECKPOINT_SLOT_BLOCKS;
-    CHECKPOINT_SLOT_BLOCKS
-        .iter()
-        .filter_map(|block| {
-            let mut bytes = vec![0u8; BLOCK];
-            memory.read_sync(block * BLOCK as u64, &mut bytes);
-            Slot::decode(&bytes).ok()
-        })
-        .max_by_key(|slot| slot.checkpoint_sequence)
-        .expect("a checkpoint")
-        .body_bytes
 }
