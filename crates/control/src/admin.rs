@@ -228,22 +228,24 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         "1 when the pool refuses writes after an I/O error.",
         f64::from(u8::from(status.failed.is_some())),
     );
+    // One listing serves every per-volume gauge: its space accounting walks the maps.
+    let volumes = pool.list_volumes();
     text.push_str("# HELP lamina_volume_allocated_bytes Device space used by a volume's mapped blocks.\n# TYPE lamina_volume_allocated_bytes gauge\n");
-    for volume in pool.list_volumes() {
+    for volume in &volumes {
         text.push_str(&format!(
             "lamina_volume_allocated_bytes{{volume=\"{}\"}} {}\n",
             volume.name, volume.allocated_bytes
         ));
     }
     text.push_str("# HELP lamina_volume_used_bytes Device space deleting a volume and its snapshots would free.\n# TYPE lamina_volume_used_bytes gauge\n");
-    for volume in pool.list_volumes() {
+    for volume in &volumes {
         text.push_str(&format!(
             "lamina_volume_used_bytes{{volume=\"{}\"}} {}\n",
             volume.name, volume.used_bytes
         ));
     }
     text.push_str("# HELP lamina_volume_snapshots Snapshots a volume has.\n# TYPE lamina_volume_snapshots gauge\n");
-    for volume in pool.list_volumes() {
+    for volume in &volumes {
         text.push_str(&format!(
             "lamina_volume_snapshots{{volume=\"{}\"}} {}\n",
             volume.name, volume.snapshot_count
