@@ -32,6 +32,9 @@ pub enum PowerCutStyle {
 }
 
 struct PendingWrite {
+    /// Order of the write among all writes, so that a flush can tell which
+    /// pending writes it covers even when another flush ran meanwhile.
+    sequence: u64,
     offset: u64,
     pre_image: AlignedBuffer,
 }
@@ -47,6 +50,8 @@ struct FaultPlan {
 
 struct State {
     pending: Vec<PendingWrite>,
+    /// Sequence the next write gets.
+    next_write_sequence: u64,
     plan: FaultPlan,
     rng: SmallRng,
     powered_off: bool,
@@ -74,6 +79,7 @@ impl<D: BlockDevice> FaultyDevice<D> {
             name,
             state: Mutex::new(State {
                 pending: Vec::new(),
+                next_write_sequence: 0,
                 plan: FaultPlan::default(),
                 rng: SmallRng::seed_from_u64(seed),
                 powered_off: false,
@@ -229,25 +235,35 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
             return Err(self.error(offset, length));
         }
         let pre_image = self.inner.read(offset, data.len()).await?;
-        state.pending.push(PendingWrite { offset, pre_image });
+        let sequence = state.next_write_sequence;
+        state.next_write_sequence += 1;
+        state.pending.push(PendingWrite {
+            sequence,
+            offset,
+            pre_image,
+        });
         state.bytes_written += length;
         self.inner.write(offset, data).await
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {
-        let covered = {
+        // Writes completed before the flush starts become durable; a concurrent
+        // flush may already have retired some of them, so match by sequence.
+        let covered_before = {
             let state = self.state.lock().await;
             if state.powered_off || state.plan.fail_flushes {
                 return Err(self.error(0, 0));
             }
-            state.pending.len()
+            state.next_write_sequence
         };
         self.inner.flush().await?;
         let mut state = self.state.lock().await;
         if state.powered_off {
             return Err(self.error(0, 0));
         }
-        state.pending.drain(..covered);
+        state
+            .pending
+            .retain(|write| write.sequence >= covered_before);
         Ok(())
     }
 }
@@ -276,6 +292,56 @@ mod tests {
         let image = inner.snapshot();
         assert!(image[..4096].iter().all(|byte| *byte == 1));
         assert!(image[4096..8192].iter().all(|byte| *byte == 0));
+    }
+
+    /// A memory device whose flush yields, so that two flushes interleave.
+    struct SlowFlush(MemoryDevice);
+
+    #[async_trait::async_trait]
+    impl BlockDevice for SlowFlush {
+        fn name(&self) -> &str {
+            "slow-flush"
+        }
+
+        fn size_bytes(&self) -> u64 {
+            self.0.size_bytes()
+        }
+
+        async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
+            self.0.read(offset, length).await
+        }
+
+        async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+            self.0.write(offset, data).await
+        }
+
+        async fn flush(&self) -> Result<(), DeviceError> {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            self.0.flush().await
+        }
+    }
+
+    /// Two flushes that overlap both cover the writes before them; neither may
+    /// retire writes the other already retired, nor writes made after it began.
+    #[tokio::test(flavor = "current_thread")]
+    async fn overlapping_flushes_retire_each_write_once() {
+        let device = Arc::new(FaultyDevice::new(
+            Arc::new(SlowFlush(MemoryDevice::new(65536))),
+            1,
+        ));
+        let mut buffer = AlignedBuffer::zeroed(4096);
+        buffer.fill(1);
+        device.write(0, Arc::new(buffer)).await.unwrap();
+        let (first, second) = tokio::join!(device.flush(), device.flush());
+        first.unwrap();
+        second.unwrap();
+        let mut buffer = AlignedBuffer::zeroed(4096);
+        buffer.fill(2);
+        device.write(4096, Arc::new(buffer)).await.unwrap();
+        // Only the write after both flushes is still pending.
+        assert_eq!(device.power_cut(PowerCutStyle::DropAll).await.unwrap(), 1);
     }
 
     #[tokio::test]
