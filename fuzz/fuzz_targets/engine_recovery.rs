@@ -68,6 +68,7 @@ fn build_image() -> Image {
         let options = PoolOptions {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
+            flash_region_bytes: None,
         };
         let pool = Pool::create(device.clone(), options, limits())
             .await

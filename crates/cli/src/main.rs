@@ -336,6 +336,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let options = PoolOptions {
                 segment_size_bytes: segment_size,
                 force,
+                flash_region_bytes: None,
             };
             let pool = lamina_control::store::create_pool(
                 &data.data_dir,

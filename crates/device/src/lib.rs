@@ -6,6 +6,7 @@
 //! rotating-disk latency model that makes any device behave like a capacity disk.
 
 mod buffer;
+mod concatenated;
 mod error;
 mod faulty;
 mod file;
@@ -13,6 +14,7 @@ mod memory;
 mod rotating;
 
 pub use buffer::AlignedBuffer;
+pub use concatenated::ConcatenatedDevice;
 pub use error::{DeviceError, DeviceErrorKind};
 pub use faulty::{FaultyDevice, PowerCutStyle};
 pub use file::{FileDevice, FileDeviceOptions, IoBackend};

@@ -84,6 +84,7 @@ async fn measure(
     let options = PoolOptions {
         segment_size_bytes: segment_bytes,
         force: false,
+        flash_region_bytes: None,
     };
     let pool = Pool::create(device, options, limits).await.expect("create");
     let capacity_bytes = pool.status().capacity_bytes - pool.status().reserved_bytes;

@@ -45,6 +45,10 @@ pub enum EngineError {
     )]
     DeviceNotEmpty { device: String, offset: u64 },
     #[error(
+        "{device}: the capacity tier's device does not belong to this pool (no matching label at offset {offset}); give the capacity device the pool was created with"
+    )]
+    WrongCapacityDevice { device: String, offset: u64 },
+    #[error(
         "{device} is too small for a pool: {size_bytes} bytes, at least {minimum_bytes} needed"
     )]
     DeviceTooSmall {

@@ -20,8 +20,13 @@ pub mod tier;
 pub mod volume;
 
 pub use error::EngineError;
-pub use pool::{Extent, Pool, PoolLimits, PoolOptions, PoolStatus};
-pub use volume::{SnapshotInfo, View, VolumeInfo, split_snapshot_name, validate_volume_name};
+pub use log::geometry::Tier;
+pub use pool::{Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TierSpace, VolumeTierStats};
+pub use tier::heat::VolumeTierCounters;
+pub use volume::{
+    CachePriority, Pin, SnapshotInfo, TierPolicy, View, VolumeInfo, split_snapshot_name,
+    validate_volume_name,
+};
 
 /// Size in bytes of a logical and of a physical block: the unit of mapping,
 /// checksumming and allocation.

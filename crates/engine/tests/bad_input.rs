@@ -24,6 +24,7 @@ fn options(force: bool) -> PoolOptions {
     PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force,
+        flash_region_bytes: None,
     }
 }
 
@@ -154,15 +155,15 @@ async fn an_ext4_image_is_not_a_pool() {
 async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
     let mut image = pool_image().await;
     let (_, superblock) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
-    let newer = frame::encode(SUPERBLOCK_MAGIC, 3, &superblock, BLOCK_SIZE_BYTES as usize);
+    let newer = frame::encode(SUPERBLOCK_MAGIC, 4, &superblock, BLOCK_SIZE_BYTES as usize);
     image[..newer.len()].copy_from_slice(&newer);
     let error = open_must_fail(image.clone()).await;
     assert!(
         matches!(
             error,
             EngineError::NewerFormat {
-                found: 3,
-                supported: 2,
+                found: 4,
+                supported: 3,
                 ..
             }
         ),
@@ -170,7 +171,7 @@ async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
     );
     let message = error.to_string();
     assert!(
-        message.contains("format version 3") && message.contains("(2)"),
+        message.contains("format version 4") && message.contains("(3)"),
         "{message}"
     );
     let older = frame::encode(SUPERBLOCK_MAGIC, 1, &superblock, BLOCK_SIZE_BYTES as usize);
@@ -188,6 +189,35 @@ async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
         "{error:?}"
     );
     assert!(error.to_string().contains("recreate"), "{error}");
+}
+
+/// A version 2 pool (one tier, no tier policies) opens as it is, with its data.
+#[tokio::test]
+async fn a_version_2_superblock_still_opens() {
+    let mut image = pool_image().await;
+    let (_, superblock) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
+    let geometry = superblock.geometry;
+    // Version 2's superblock: the same fields without the tier split.
+    let old = (
+        superblock.pool_identifier,
+        (
+            geometry.device_size_bytes,
+            geometry.segment_size_blocks,
+            geometry.segment_count,
+        ),
+        superblock.created_unix_seconds,
+    );
+    let encoded = frame::encode(SUPERBLOCK_MAGIC, 2, &old, BLOCK_SIZE_BYTES as usize);
+    image[..encoded.len()].copy_from_slice(&encoded);
+    let (version, decoded) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
+    assert_eq!((version, decoded.geometry), (2, geometry));
+    let device = Arc::new(MemoryDevice::from_bytes(image));
+    let pool = Pool::open(device, PoolLimits::default()).await.unwrap();
+    let volume = pool.volume_id("data").unwrap();
+    let mut contents = vec![0u8; 8192];
+    pool.read(volume, 8192, &mut contents).await.unwrap();
+    assert_eq!(contents, vec![0x5A; 8192]);
+    pool.close().await.unwrap();
 }
 
 #[tokio::test]

@@ -62,6 +62,7 @@ fn options() -> PoolOptions {
     PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
+        flash_region_bytes: None,
     }
 }
 

@@ -14,13 +14,17 @@ use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
 mod common;
 
 use common::corrupt_newest_checkpoint_slot;
-use lamina_engine::{Pool, PoolLimits, PoolOptions};
+use lamina_engine::{CachePriority, Pin, Pool, PoolLimits, PoolOptions, TierPolicy};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 64 << 10;
 const DEVICE_BYTES: u64 = (4 << 20) + 128 * SEGMENT_BYTES;
+/// The two-tier layout: a flash region of 24 segments, so that the cleaner
+/// demotes constantly, then a capacity device (1 MiB label, 104 segments).
+const TWO_TIER_FLASH_BYTES: u64 = (4 << 20) + 24 * SEGMENT_BYTES;
+const TWO_TIER_DEVICE_BYTES: u64 = TWO_TIER_FLASH_BYTES + (1 << 20) + 104 * SEGMENT_BYTES;
 const VOLUME_BLOCKS_MAX: usize = 48;
 /// Snapshots per volume and volumes in all (clones included), at most, so that
 /// what snapshots keep alive always fits in the small device.
@@ -270,9 +274,29 @@ async fn run_operations(
                 pool.checkpoint().await.expect("checkpoint");
                 shadows.iter_mut().for_each(ShadowVolume::flushed);
             }
-            88..=93 => {
-                // The cleaner relocates live blocks; contents must not change.
+            88..=91 => {
+                // The cleaner relocates live blocks (and in a two-tier pool
+                // demotes them); contents must not change.
                 pool.clean(4).await.expect("clean");
+            }
+            92..=93 => {
+                // A tier policy change: durable, and decides what the cleaner
+                // demotes and what reads promote from then on.
+                let priorities = [
+                    CachePriority::High,
+                    CachePriority::Normal,
+                    CachePriority::Low,
+                    CachePriority::None,
+                ];
+                let pins = [Pin::Auto, Pin::Auto, Pin::Flash, Pin::Capacity];
+                let policy = TierPolicy {
+                    priority: priorities[rng.random_range(0..priorities.len())],
+                    pin: pins[rng.random_range(0..pins.len())],
+                };
+                pool.set_volume_policy(&shadow.name, policy)
+                    .await
+                    .expect("set policy");
+                shadows.iter_mut().for_each(ShadowVolume::flushed);
             }
             _ => {
                 // Let background batch writes make progress before the next step.
@@ -486,13 +510,19 @@ async fn settle_pending_snapshot(
     }
 }
 
-async fn crash_run(seed: u64) {
+async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let (device_bytes, flash_region_bytes) = if two_tiers {
+        (TWO_TIER_DEVICE_BYTES, Some(TWO_TIER_FLASH_BYTES))
+    } else {
+        (DEVICE_BYTES, None)
+    };
+    let memory = Arc::new(MemoryDevice::new(device_bytes));
     let mut faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
+        flash_region_bytes,
     };
     let pool = Pool::create(faulty.clone(), options, limits())
         .await
@@ -512,6 +542,8 @@ async fn crash_run(seed: u64) {
     }
     let mut pool = pool;
     let mut names_used = 0;
+    // Blocks promoted and demoted over the run (counted per pool incarnation).
+    let mut moved = (0u64, 0u64);
     for cycle in 0..2 {
         let count = rng.random_range(5..120);
         run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
@@ -539,6 +571,11 @@ async fn crash_run(seed: u64) {
             }
             None => None,
         };
+        let status = pool.status();
+        moved = (
+            moved.0 + status.promoted_blocks,
+            moved.1 + status.demoted_blocks,
+        );
         pool.abandon();
         drop(pool);
         if rng.random_bool(0.3) {
@@ -563,7 +600,12 @@ async fn crash_run(seed: u64) {
         verify(&pool, &shadows, seed, "after recovery").await;
         settle(&pool, &mut shadows).await;
     }
+    let status = pool.status();
     pool.close().await.expect("close");
+    (
+        moved.0 + status.promoted_blocks,
+        moved.1 + status.demoted_blocks,
+    )
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -577,6 +619,38 @@ async fn seeded_power_cuts_never_lose_flushed_data() {
         .and_then(|value| value.parse().ok())
         .unwrap_or(0);
     for seed in first..first + runs {
-        crash_run(seed).await;
+        crash_run(seed, false).await;
     }
+}
+
+/// The same with a flash tier small enough that the cleaner demotes blocks to
+/// capacity all the time and the verifying reads promote them back, with
+/// random tier policies: moves between tiers never lose or change durable data.
+#[tokio::test(flavor = "current_thread")]
+async fn seeded_power_cuts_with_two_tiers_never_lose_flushed_data() {
+    let runs: u64 = std::env::var("LAMINA_CRASH_RUNS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(1000)
+        / 2;
+    let first: u64 = std::env::var("LAMINA_CRASH_FIRST_SEED")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0);
+    let mut moved = (0, 0);
+    for seed in first..first + runs {
+        let (promoted, demoted) = crash_run(seed, true).await;
+        moved = (moved.0 + promoted, moved.1 + demoted);
+    }
+    eprintln!(
+        "{runs} two-tier runs: promoted {} and demoted {} blocks",
+        moved.0, moved.1
+    );
+    // The runs must have exercised both directions, or they prove nothing.
+    assert!(
+        runs < 20 || (moved.0 > 0 && moved.1 > 0),
+        "promoted {} and demoted {} blocks in {runs} runs",
+        moved.0,
+        moved.1
+    );
 }

@@ -49,6 +49,7 @@ async fn rig(seed: u64, limits: PoolLimits) -> Rig {
         PoolOptions {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
+            flash_region_bytes: None,
         },
         limits,
     )

@@ -32,6 +32,7 @@ async fn new_pool(segment_count: u64) -> (Arc<MemoryDevice>, Pool) {
         PoolOptions {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
+            flash_region_bytes: None,
         },
         quiet_limits(),
     )

@@ -59,6 +59,7 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
+        flash_region_bytes: None,
     };
     let pool = Pool::create(memory.clone(), options, limits())
         .await

@@ -28,6 +28,7 @@ async fn new_pool(device_bytes: u64) -> (Arc<MemoryDevice>, Pool) {
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
+        flash_region_bytes: None,
     };
     let pool = Pool::create(memory.clone(), options, limits())
         .await

@@ -18,6 +18,7 @@ async fn small_pool(segment_count: u64) -> Pool {
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
+        flash_region_bytes: None,
     };
     Pool::create(device, options, PoolLimits::default())
         .await
@@ -142,6 +143,7 @@ async fn an_idle_pool_frees_trimmed_segments_in_the_background() {
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
+        flash_region_bytes: None,
     };
     let limits = PoolLimits {
         flush_interval_ms: 20,

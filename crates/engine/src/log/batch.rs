@@ -84,6 +84,11 @@ pub enum Record {
         from_physical_block: u64,
         checksum: u32,
     },
+    /// The volume's tier policy changes (format version 3).
+    VolumePolicy {
+        volume_id: u32,
+        policy: crate::volume::TierPolicy,
+    },
 }
 
 impl Record {
@@ -102,6 +107,7 @@ impl Record {
             Record::SnapshotDelete { .. } | Record::SnapshotRollback { .. } => 1 + 5 + 5,
             Record::VolumeClone { name, .. } => 1 + 5 + 5 + name.len() + 5 + 5 + 10,
             Record::Relocate { .. } => 1 + 5 + 10 + 10 + 5,
+            Record::VolumePolicy { .. } => 1 + 5 + 1 + 1,
         }
     }
 

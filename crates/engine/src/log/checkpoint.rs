@@ -114,6 +114,29 @@ pub struct Body {
     /// Per segment, the newest batch ever written into it (0 if none), so that
     /// recovery knows which empty segments no replay can still need.
     pub segment_last_batch_sequences: Vec<u64>,
+    /// Tier policies of the volumes that do not have the default one.
+    pub volume_policies: Vec<VolumePolicyImage>,
+}
+
+/// A volume's tier policy (format version 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumePolicyImage {
+    pub volume_id: u32,
+    pub policy: crate::volume::TierPolicy,
+}
+
+/// The body as format version 2 wrote it.
+#[derive(Deserialize)]
+struct BodyVersion2 {
+    checkpoint_sequence: u64,
+    covered_batch_sequence: u64,
+    next_segment_sequence: u64,
+    next_volume_id: u32,
+    next_snapshot_id: u32,
+    heads: Vec<HeadImage>,
+    chunks: Vec<ChunkImage>,
+    volumes: Vec<VolumeImage>,
+    segment_last_batch_sequences: Vec<u64>,
 }
 
 impl Body {
@@ -127,6 +150,56 @@ impl Body {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        let (version, _) = frame::peek_header(BODY_MAGIC, bytes)?;
+        if version == 2 {
+            let (_, old): (u32, BodyVersion2) =
+                frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
+            return Ok(Self {
+                checkpoint_sequence: old.checkpoint_sequence,
+                covered_batch_sequence: old.covered_batch_sequence,
+                next_segment_sequence: old.next_segment_sequence,
+                next_volume_id: old.next_volume_id,
+                next_snapshot_id: old.next_snapshot_id,
+                heads: old.heads,
+                chunks: old.chunks,
+                volumes: old.volumes,
+                segment_last_batch_sequences: old.segment_last_batch_sequences,
+                volume_policies: Vec::new(),
+            });
+        }
         frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_2_body_decodes_with_default_policies() {
+        let heads = vec![HeadImage {
+            segment_index: 3,
+            segment_sequence: 9,
+            next_block_in_segment: 17,
+        }];
+        // Version 2's body: the same fields without the policy table.
+        let old = (
+            5u64,
+            40u64,
+            12u64,
+            2u32,
+            1u32,
+            heads.clone(),
+            Vec::<ChunkImage>::new(),
+            Vec::<VolumeImage>::new(),
+            vec![0u64, 7, 40],
+        );
+        let bytes = frame::encode(BODY_MAGIC, 2, &old, BLOCK_SIZE_BYTES as usize);
+        let body = Body::decode(&bytes).unwrap();
+        assert_eq!(body.checkpoint_sequence, 5);
+        assert_eq!(body.covered_batch_sequence, 40);
+        assert_eq!(body.heads, heads);
+        assert_eq!(body.segment_last_batch_sequences, vec![0, 7, 40]);
+        assert!(body.volume_policies.is_empty());
     }
 }

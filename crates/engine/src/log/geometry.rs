@@ -1,5 +1,12 @@
 //! Where things are on the device: the superblock, the two checkpoint slots and
 //! the segments. Every address the engine computes comes from here.
+//!
+//! A pool has one tier (flash) or two (flash, then capacity). With two, the
+//! engine sees one address space: the flash device, then the capacity device
+//! (see `lamina_device::ConcatenatedDevice`). Segments are numbered flash first,
+//! so a segment's tier follows from its index and a block's from its address.
+//! The capacity device starts with a copy of the superblock (its label, so that
+//! a pool never opens with another pool's capacity device), then its segments.
 
 use serde::{Deserialize, Serialize};
 
@@ -15,13 +22,52 @@ pub const CHECKPOINT_SLOT_SIZE_BLOCKS: u64 = 256;
 pub const DATA_START_BLOCK: u64 = 1024;
 /// Default segment size: the unit of allocation, striping and cleaning.
 pub const DEFAULT_SEGMENT_SIZE_BYTES: u64 = 4 << 20;
+/// Blocks at the start of the capacity device before its first segment (the
+/// label, 1 MiB).
+pub const CAPACITY_DATA_START_BLOCKS: u64 = 256;
+/// Capacity segments a two-tier pool needs at least.
+pub const CAPACITY_SEGMENT_COUNT_MIN: u64 = 4;
+
+/// Where a segment or block lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Tier {
+    Flash,
+    Capacity,
+}
 
 /// The shape of a pool's device, fixed at creation and stored in the superblock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Geometry {
+    /// The whole address space: flash, then capacity if any.
+    pub device_size_bytes: u64,
+    pub segment_size_blocks: u64,
+    /// Segments of both tiers.
+    pub segment_count: u64,
+    /// Segments `0..flash_segment_count` are on flash, the rest on capacity.
+    pub flash_segment_count: u64,
+    /// First block of the capacity device in the address space (its label);
+    /// 0 for a pool without a capacity tier.
+    pub capacity_start_block: u64,
+}
+
+/// Geometry as format version 2 stored it (one tier).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct GeometryVersion2 {
     pub device_size_bytes: u64,
     pub segment_size_blocks: u64,
     pub segment_count: u64,
+}
+
+impl From<GeometryVersion2> for Geometry {
+    fn from(old: GeometryVersion2) -> Self {
+        Self {
+            device_size_bytes: old.device_size_bytes,
+            segment_size_blocks: old.segment_size_blocks,
+            segment_count: old.segment_count,
+            flash_segment_count: old.segment_count,
+            capacity_start_block: 0,
+        }
+    }
 }
 
 impl Geometry {
@@ -37,7 +83,95 @@ impl Geometry {
             device_size_bytes,
             segment_size_blocks,
             segment_count,
+            flash_segment_count: segment_count,
+            capacity_start_block: 0,
         })
+    }
+
+    /// A two-tier pool: a flash region of `flash_bytes` (a multiple of the block
+    /// size) followed by a capacity device of `capacity_bytes`.
+    pub fn for_tiers(
+        flash_bytes: u64,
+        capacity_bytes: u64,
+        segment_size_bytes: u64,
+    ) -> Option<Self> {
+        assert!(flash_bytes.is_multiple_of(BLOCK_SIZE_BYTES));
+        let flash = Self::for_device(flash_bytes, segment_size_bytes)?;
+        let capacity_segment_count = (capacity_bytes / BLOCK_SIZE_BYTES)
+            .checked_sub(CAPACITY_DATA_START_BLOCKS)?
+            / flash.segment_size_blocks;
+        (capacity_segment_count >= CAPACITY_SEGMENT_COUNT_MIN).then_some(Self {
+            device_size_bytes: flash_bytes + capacity_bytes - capacity_bytes % BLOCK_SIZE_BYTES,
+            segment_count: flash.segment_count + capacity_segment_count,
+            capacity_start_block: flash_bytes / BLOCK_SIZE_BYTES,
+            ..flash
+        })
+    }
+
+    /// The smallest capacity device for this segment size.
+    pub fn minimum_capacity_bytes(segment_size_bytes: u64) -> u64 {
+        CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES
+            + CAPACITY_SEGMENT_COUNT_MIN * segment_size_bytes
+    }
+
+    pub fn has_capacity_tier(&self) -> bool {
+        self.segment_count > self.flash_segment_count
+    }
+
+    pub fn capacity_segment_count(&self) -> u64 {
+        self.segment_count - self.flash_segment_count
+    }
+
+    /// Bytes of the flash region (the whole device for a one-tier pool).
+    pub fn flash_region_bytes(&self) -> u64 {
+        if self.has_capacity_tier() {
+            self.capacity_start_block * BLOCK_SIZE_BYTES
+        } else {
+            self.device_size_bytes
+        }
+    }
+
+    pub fn tier_of_segment(&self, segment_index: u32) -> Tier {
+        if u64::from(segment_index) < self.flash_segment_count {
+            Tier::Flash
+        } else {
+            Tier::Capacity
+        }
+    }
+
+    pub fn tier_of_block(&self, physical_block: u64) -> Tier {
+        if self.has_capacity_tier() && physical_block >= self.capacity_start_block {
+            Tier::Capacity
+        } else {
+            Tier::Flash
+        }
+    }
+
+    /// First block of the capacity tier's first segment.
+    fn capacity_data_start_block(&self) -> u64 {
+        self.capacity_start_block + CAPACITY_DATA_START_BLOCKS
+    }
+
+    /// Blocks of data segments on flash (heat is tracked per flash block).
+    pub fn flash_data_block_count(&self) -> u64 {
+        self.flash_segment_count * self.segment_size_blocks
+    }
+
+    /// Index of a flash block among the flash data blocks.
+    pub fn flash_data_index(&self, physical_block: u64) -> Option<u64> {
+        (self.tier_of_block(physical_block) == Tier::Flash)
+            .then(|| physical_block - DATA_START_BLOCK)
+    }
+
+    /// Whether `physical_block` lies inside some segment.
+    pub fn is_data_block(&self, physical_block: u64) -> bool {
+        let flash_end = DATA_START_BLOCK + self.flash_data_block_count();
+        (DATA_START_BLOCK..flash_end).contains(&physical_block)
+            || (self.has_capacity_tier()
+                && (self.capacity_data_start_block()
+                    ..self.capacity_data_start_block()
+                        + self.capacity_segment_count() * self.segment_size_blocks)
+                    .contains(&physical_block))
     }
 
     /// The smallest device that holds a pool with this segment size.
@@ -46,21 +180,46 @@ impl Geometry {
     }
 
     pub fn segment_first_block(&self, segment_index: u32) -> u64 {
-        assert!(u64::from(segment_index) < self.segment_count);
-        DATA_START_BLOCK + u64::from(segment_index) * self.segment_size_blocks
+        let index = u64::from(segment_index);
+        assert!(index < self.segment_count);
+        if index < self.flash_segment_count {
+            DATA_START_BLOCK + index * self.segment_size_blocks
+        } else {
+            self.capacity_data_start_block()
+                + (index - self.flash_segment_count) * self.segment_size_blocks
+        }
     }
 
     /// The segment holding device block `physical_block`.
     pub fn segment_of(&self, physical_block: u64) -> u32 {
-        assert!(
-            physical_block >= DATA_START_BLOCK,
-            "block {physical_block} is not in a segment"
-        );
-        let index = (physical_block - DATA_START_BLOCK) / self.segment_size_blocks;
-        assert!(
-            index < self.segment_count,
-            "block {physical_block} beyond the last segment"
-        );
+        let index = match self.tier_of_block(physical_block) {
+            Tier::Flash => {
+                assert!(
+                    physical_block >= DATA_START_BLOCK,
+                    "block {physical_block} is not in a segment"
+                );
+                let index = (physical_block - DATA_START_BLOCK) / self.segment_size_blocks;
+                assert!(
+                    index < self.flash_segment_count,
+                    "block {physical_block} beyond the last flash segment"
+                );
+                index
+            }
+            Tier::Capacity => {
+                assert!(
+                    physical_block >= self.capacity_data_start_block(),
+                    "block {physical_block} is in the capacity label"
+                );
+                let index = self.flash_segment_count
+                    + (physical_block - self.capacity_data_start_block())
+                        / self.segment_size_blocks;
+                assert!(
+                    index < self.segment_count,
+                    "block {physical_block} beyond the last segment"
+                );
+                index
+            }
+        };
         index as u32
     }
 
@@ -68,7 +227,58 @@ impl Geometry {
         self.segment_size_blocks * BLOCK_SIZE_BYTES
     }
 
+    /// Bytes of segments in both tiers.
     pub fn data_capacity_bytes(&self) -> u64 {
         self.segment_count * self.segment_size_bytes()
+    }
+
+    /// Bytes of segments in one tier.
+    pub fn tier_data_bytes(&self, tier: Tier) -> u64 {
+        let segments = match tier {
+            Tier::Flash => self.flash_segment_count,
+            Tier::Capacity => self.capacity_segment_count(),
+        };
+        segments * self.segment_size_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_segments_follow_the_flash_region_and_its_label() {
+        let segment = 1 << 20;
+        let geometry = Geometry::for_tiers(64 << 20, 32 << 20, segment).unwrap();
+        assert_eq!(geometry.flash_segment_count, 60);
+        assert_eq!(geometry.capacity_segment_count(), 31);
+        assert_eq!(geometry.capacity_start_block, (64 << 20) / BLOCK_SIZE_BYTES);
+        for index in [0u32, 59, 60, 90] {
+            let first = geometry.segment_first_block(index);
+            assert_eq!(geometry.segment_of(first), index);
+            assert_eq!(
+                geometry.segment_of(first + geometry.segment_size_blocks - 1),
+                index
+            );
+            assert!(geometry.is_data_block(first));
+        }
+        assert_eq!(geometry.tier_of_segment(59), Tier::Flash);
+        assert_eq!(geometry.tier_of_segment(60), Tier::Capacity);
+        assert_eq!(
+            geometry.segment_first_block(60),
+            geometry.capacity_start_block + CAPACITY_DATA_START_BLOCKS
+        );
+        assert!(!geometry.is_data_block(geometry.capacity_start_block));
+        assert_eq!(geometry.device_size_bytes, 96 << 20);
+        assert!(Geometry::for_tiers(64 << 20, 4 << 20, segment).is_none());
+    }
+
+    #[test]
+    fn a_one_tier_pool_is_all_flash() {
+        let geometry = Geometry::for_device(64 << 20, 1 << 20).unwrap();
+        assert!(!geometry.has_capacity_tier());
+        assert_eq!(geometry.flash_segment_count, geometry.segment_count);
+        assert_eq!(geometry.tier_of_block(u64::MAX / 8), Tier::Flash);
+        assert_eq!(geometry.flash_region_bytes(), 64 << 20);
     }
 }

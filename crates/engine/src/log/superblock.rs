@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::frame;
-use super::geometry::Geometry;
+use super::geometry::{Geometry, GeometryVersion2};
 use crate::BLOCK_SIZE_BYTES;
 
 /// "LAMINASB" in ASCII, read as a little-endian u64.
@@ -29,6 +29,27 @@ impl Superblock {
 
     /// The superblock and the format version it was written with.
     pub fn decode(bytes: &[u8]) -> Result<(u32, Self), frame::FrameError> {
+        let (version, _) = frame::peek_header(SUPERBLOCK_MAGIC, bytes)?;
+        if version == 2 {
+            let (version, old): (u32, SuperblockVersion2) =
+                frame::decode(SUPERBLOCK_MAGIC, super::FORMAT_VERSION, bytes)?;
+            return Ok((
+                version,
+                Self {
+                    pool_identifier: old.pool_identifier,
+                    geometry: old.geometry.into(),
+                    created_unix_seconds: old.created_unix_seconds,
+                },
+            ));
+        }
         frame::decode(SUPERBLOCK_MAGIC, super::FORMAT_VERSION, bytes)
     }
+}
+
+/// The superblock as format version 2 wrote it (one tier).
+#[derive(Deserialize)]
+struct SuperblockVersion2 {
+    pool_identifier: u128,
+    geometry: GeometryVersion2,
+    created_unix_seconds: u64,
 }

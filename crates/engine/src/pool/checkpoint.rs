@@ -14,9 +14,10 @@ use super::state::{Allocation, DurableCheckpoint, SegmentState};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::checkpoint::{
-    Body, ChunkImage, HeadImage, MapImage, Slot, SnapshotImage, VolumeImage,
+    Body, ChunkImage, HeadImage, MapImage, Slot, SnapshotImage, VolumeImage, VolumePolicyImage,
 };
 use crate::log::geometry::CHECKPOINT_SLOT_BLOCKS;
+use crate::volume::TierPolicy;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
 
 /// A volume's maps, copied under the state lock (cheap: chunks are shared) and
@@ -28,6 +29,7 @@ struct VolumeCopy {
     created_unix_seconds: u64,
     origin: Option<(u32, u32)>,
     map: BlockMap,
+    policy: TierPolicy,
     snapshots: Vec<SnapshotCopy>,
 }
 
@@ -141,6 +143,7 @@ impl Pool {
                         .origin
                         .map(|origin| (origin.volume_id, origin.snapshot_id)),
                     map: volume.map.clone(),
+                    policy: volume.policy,
                     snapshots: volume
                         .snapshots
                         .iter()
@@ -217,6 +220,14 @@ impl Pool {
                     snapshots,
                 });
             }
+            let volume_policies = volumes
+                .iter()
+                .filter(|volume| volume.policy != TierPolicy::default())
+                .map(|volume| VolumePolicyImage {
+                    volume_id: volume.volume_id,
+                    policy: volume.policy,
+                })
+                .collect();
             let volumes = images;
             Body {
                 checkpoint_sequence,
@@ -228,6 +239,7 @@ impl Pool {
                 chunks: table.chunks,
                 volumes,
                 segment_last_batch_sequences: segment_last,
+                volume_policies,
             }
             .encode()
         })

@@ -17,10 +17,18 @@ mod pacing;
 pub mod placement;
 
 use super::Pool;
-use super::state::{Allocation, SegmentState, State};
+use super::state::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState, State, Stream};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::Summary;
+use crate::log::geometry::Tier;
+
+/// Free and dead capacity segments beyond the demotions' reserve under which
+/// the cleaner cleans a capacity victim before demoting more.
+const CAPACITY_SHORT_SEGMENT_COUNT: usize = 2;
+
+/// Capacity victims cleaned before one pass over flash victims at most.
+const CAPACITY_VICTIMS_PER_PASS_MAX: usize = 4;
 
 /// Segments cleaned in one pass at most.
 pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
@@ -86,19 +94,37 @@ pub enum VictimPolicy {
 /// last written (relocated data is young by this measure; estimating its age
 /// from its victim's instead was measured worse).
 pub fn pick_victims(state: &State, count: usize, policy: VictimPolicy) -> Vec<u32> {
+    pick_victims_in(state, Tier::Flash, count, policy)
+}
+
+/// [`pick_victims`] among the segments of one tier (flash is every segment of
+/// a one-tier pool).
+///
+/// The flash tier of a two-tier pool is different: it is a FIFO (see
+/// `tier::heat`), cleaned oldest first whatever its live fraction, because
+/// cleaning it demotes the cold blocks and so frees flash even when every
+/// block is live.
+pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPolicy) -> Vec<u32> {
     let segment_blocks = state.geometry.segment_size_blocks as f64;
     let now = state.next_batch_sequence;
+    let fifo = tier == Tier::Flash && state.geometry.has_capacity_tier();
     let mut scored: Vec<(f64, u32)> = state
         .segments
         .iter()
         .enumerate()
-        .filter(|(_, segment)| segment.state == SegmentState::Sealed)
+        .filter(|(index, segment)| {
+            segment.state == SegmentState::Sealed
+                && state.geometry.tier_of_segment(*index as u32) == tier
+        })
         .filter_map(|(index, segment)| {
             let utilization = f64::from(segment.live_blocks) / segment_blocks;
+            let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
+            if fifo {
+                return Some((age, index as u32));
+            }
             if utilization > VICTIM_UTILIZATION_MAX {
                 return None;
             }
-            let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
             let score = match policy {
                 VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
                 VictimPolicy::Greedy => 1.0 - utilization,
@@ -134,15 +160,13 @@ impl Pool {
         policy: VictimPolicy,
     ) -> Result<usize, EngineError> {
         let _guard = self.inner.cleaner_lock.lock().await;
+        if self.inner.geometry.has_capacity_tier() {
+            self.clean_capacity_if_short().await?;
+        }
         let victims = pick_victims(&self.inner.lock(), segment_count_max, policy);
         let mut emptied = 0;
         for victim in victims {
-            {
-                let mut state = self.inner.lock();
-                let live_blocks = state.segments[victim as usize].live_blocks;
-                state.placement.start_victim(victim, live_blocks);
-            }
-            match self.clean_segment(victim).await {
+            match self.clean_victim(victim).await {
                 Ok(true) => emptied += 1,
                 Ok(false) => {}
                 // The cleaner's reserve is used up: what was emptied so far must
@@ -154,7 +178,58 @@ impl Pool {
         Ok(emptied)
     }
 
+    /// Cleans capacity victims while free capacity space is short, so that
+    /// demotions keep finding room. The caller holds the cleaner lock.
+    async fn clean_capacity_if_short(&self) -> Result<(), EngineError> {
+        for _ in 0..CAPACITY_VICTIMS_PER_PASS_MAX {
+            let victim = {
+                let state = self.inner.lock();
+                let dead = state
+                    .segments
+                    .iter()
+                    .enumerate()
+                    .filter(|(index, segment)| {
+                        matches!(segment.state, SegmentState::Dead { .. })
+                            && state.geometry.tier_of_segment(*index as u32) == Tier::Capacity
+                    })
+                    .count();
+                if state.free_capacity_segments.len() + dead
+                    > CAPACITY_RESERVE_SEGMENT_COUNT + CAPACITY_SHORT_SEGMENT_COUNT
+                {
+                    return Ok(());
+                }
+                match pick_victims_in(&state, Tier::Capacity, 1, VictimPolicy::CostBenefit).first()
+                {
+                    Some(victim) => *victim,
+                    None => return Ok(()),
+                }
+            };
+            match self.clean_victim(victim).await {
+                Ok(_) => {}
+                Err(EngineError::NoSpace) => return Ok(()),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Cleans one victim of either tier. Returns whether it is now empty.
+    async fn clean_victim(&self, victim: u32) -> Result<bool, EngineError> {
+        {
+            let mut state = self.inner.lock();
+            let live_blocks = state.segments[victim as usize].live_blocks;
+            state.placement.start_victim(victim, live_blocks);
+            state.cleaning_tier = self.inner.geometry.tier_of_segment(victim);
+        }
+        let result = self.clean_segment(victim).await;
+        self.inner.lock().cleaning_tier = Tier::Flash;
+        result
+    }
+
     /// Moves the live blocks out of one segment. Returns whether it is now empty.
+    /// In a two-tier pool, blocks of a flash victim that heat keeps go to the
+    /// cleaner's flash stream and the others are demoted to capacity (while
+    /// capacity has room); blocks of a capacity victim stay on capacity.
     async fn clean_segment(&self, segment_index: u32) -> Result<bool, EngineError> {
         let geometry = self.inner.geometry;
         let last_batch = self.inner.lock().segments[segment_index as usize].last_batch_sequence;
@@ -203,6 +278,57 @@ impl Pool {
             }
             position += 1 + data_index;
         }
+        // Where each block goes: kept blocks first, then demotions, so that
+        // each stream's batches fill up instead of alternating.
+        let victim_tier = geometry.tier_of_segment(segment_index);
+        let mut destinations: Vec<Stream> = Vec::with_capacity(candidates.len());
+        {
+            let mut state = self.inner.lock();
+            let state = &mut *state;
+            // Pins are a preference: when writers are about to find flash
+            // full, pinned blocks leave too rather than fail the writes.
+            let flash_critical = state.free_segments.len() <= state.reserve_for(Allocation::Client);
+            for (volume_id, _, physical_block, _) in &candidates {
+                let destination = match (victim_tier, &mut state.heat) {
+                    (Tier::Capacity, _) => Stream::Capacity,
+                    (Tier::Flash, None) => Stream::Cleaner,
+                    (Tier::Flash, Some(heat)) => {
+                        let mut policy = state
+                            .volumes
+                            .get(*volume_id)
+                            .map(|volume| volume.policy)
+                            .unwrap_or_default();
+                        if flash_critical && policy.pin == crate::volume::Pin::Flash {
+                            policy.pin = crate::volume::Pin::Auto;
+                        }
+                        let index = geometry
+                            .flash_data_index(*physical_block)
+                            .expect("a flash victim's blocks are on flash");
+                        if heat.keep_on_flash(index, policy) {
+                            Stream::Cleaner
+                        } else {
+                            Stream::Capacity
+                        }
+                    }
+                };
+                destinations.push(destination);
+            }
+        }
+        let mut order: Vec<usize> = (0..candidates.len()).collect();
+        order.sort_by_key(|index| destinations[*index] == Stream::Capacity);
+        let candidates: Vec<(u32, u64, u64, usize, Stream)> = order
+            .into_iter()
+            .map(|index| {
+                let (volume_id, logical_block, physical_block, offset) = candidates[index];
+                (
+                    volume_id,
+                    logical_block,
+                    physical_block,
+                    offset,
+                    destinations[index],
+                )
+            })
+            .collect();
         // Maps that may hold a block, per writing volume: the volume, its
         // snapshots and its clones (computed once per victim).
         let mut families: std::collections::HashMap<u32, Vec<u32>> = Default::default();
@@ -216,21 +342,36 @@ impl Pool {
             let result = {
                 let mut state = self.inner.lock();
                 let mut result = Ok(());
-                for (volume_id, logical_block, physical_block, data_offset) in chunk {
+                for (volume_id, logical_block, physical_block, data_offset, destination) in chunk {
                     let family = families
                         .entry(*volume_id)
                         .or_insert_with(|| state.volumes.family(*volume_id));
                     let data = &contents[*data_offset..*data_offset + block];
-                    if let Err(error) = state.append_relocation(
+                    // A full capacity tier keeps cold blocks on flash rather
+                    // than leave the victim uncleaned.
+                    let demotion = victim_tier == Tier::Flash && *destination == Stream::Capacity;
+                    let stream = if demotion && !state.can_demote() {
+                        Stream::Cleaner
+                    } else {
+                        *destination
+                    };
+                    match state.append_relocation(
                         family,
                         *volume_id,
                         *logical_block,
                         *physical_block,
                         data,
+                        stream,
                         &mut sealed,
                     ) {
-                        result = Err(error);
-                        break;
+                        Ok(true) if demotion && stream == Stream::Capacity => {
+                            state.tier_counters_of(*volume_id).demoted_blocks += 1;
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            result = Err(error);
+                            break;
+                        }
                     }
                 }
                 result
@@ -282,9 +423,11 @@ impl Pool {
                 let dead = state
                     .segments
                     .iter()
-                    .filter(|segment| {
+                    .enumerate()
+                    .filter(|(index, segment)| {
                         matches!(segment.state, SegmentState::Dead { died_at }
                             if died_at <= state.sealed_through)
+                            && state.geometry.tier_of_segment(*index as u32) == Tier::Flash
                     })
                     .count();
                 // Enough is dead already: cleaning now would only spend the free

@@ -14,6 +14,7 @@ mod checkpoint;
 pub mod cleaner;
 mod recovery;
 pub mod state;
+mod tiering;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -25,7 +26,9 @@ use tokio::sync::Notify;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::{Record, block_checksum};
+use crate::log::geometry::Tier;
 use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry};
+use crate::tier::heat::VolumeTierCounters;
 use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, ViewRef, VolumeInfo,
     validate_volume_name, validate_volume_size,
@@ -38,6 +41,9 @@ pub struct PoolOptions {
     pub segment_size_bytes: u64,
     /// Overwrite a device that already holds data.
     pub force: bool,
+    /// A two-tier pool: the device's first this many bytes are the flash tier
+    /// and the rest is the capacity tier (see `lamina_device::ConcatenatedDevice`).
+    pub flash_region_bytes: Option<u64>,
 }
 
 impl Default for PoolOptions {
@@ -45,6 +51,7 @@ impl Default for PoolOptions {
         Self {
             segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
             force: false,
+            flash_region_bytes: None,
         }
     }
 }
@@ -80,6 +87,14 @@ pub struct PoolLimits {
     pub cleaner_headroom_segment_count: usize,
     /// How often the paced cleaner looks at free space and its budget.
     pub cleaner_interval_ms: u64,
+    /// Recently read capacity blocks remembered for promotion decisions (the
+    /// ghost FIFO, about 40 bytes each; two-tier pools only).
+    pub tier_ghost_entries_max: usize,
+    /// Share of flash the demoter keeps free in a two-tier pool, in percent
+    /// (0 turns the demoter off; cleaning then demotes only under pressure).
+    pub tier_flash_free_percent: u8,
+    /// How often the demoter looks at free flash.
+    pub tier_demotion_interval_ms: u64,
 }
 
 impl Default for PoolLimits {
@@ -96,6 +111,9 @@ impl Default for PoolLimits {
             cleaner_relocation_blocks_per_client_block_max: 32.0,
             cleaner_headroom_segment_count: 4,
             cleaner_interval_ms: 5,
+            tier_ghost_entries_max: 1 << 20,
+            tier_flash_free_percent: 10,
+            tier_demotion_interval_ms: 20,
         }
     }
 }
@@ -132,7 +150,51 @@ pub struct PoolStatus {
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
     pub memory_cache: crate::tier::memory_cache::CacheStatistics,
+    /// Space of the flash tier (all of a one-tier pool).
+    pub flash: TierSpace,
+    /// Space of the capacity tier, in a two-tier pool.
+    pub capacity: Option<TierSpace>,
+    /// Blocks moved from capacity to flash on access, and from flash to
+    /// capacity by the cleaner, since the pool opened.
+    pub promoted_blocks: u64,
+    pub demoted_blocks: u64,
 }
+
+/// One tier's space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TierSpace {
+    pub size_bytes: u64,
+    /// Bytes of segments in use (live data, dead data waiting to be cleaned,
+    /// checkpoints and open log heads).
+    pub used_bytes: u64,
+    /// Bytes of free segments (including the reserves).
+    pub free_bytes: u64,
+}
+
+/// What `volume stats` shows: where a volume's blocks live and where its
+/// reads were served from since the pool opened.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VolumeTierStats {
+    pub volume: String,
+    pub policy: crate::volume::TierPolicy,
+    /// Bytes of the volume's live contents on each tier.
+    pub flash_bytes: u64,
+    pub capacity_bytes: u64,
+    pub counters: VolumeTierCounters,
+    /// Shares of block reads served from memory, flash and capacity (0 when
+    /// nothing was read; unwritten blocks are not counted).
+    pub memory_hit_ratio: f64,
+    pub flash_hit_ratio: f64,
+    pub capacity_read_ratio: f64,
+}
+
+/// A capacity block a read decided to promote: (logical block, physical block,
+/// its contents once read).
+type Promotion = (u64, u64, Option<Box<[u8]>>);
+
+/// Free flash segments beyond the clients' reserve that promotions leave to
+/// client writes: a promotion never pushes a writer into reclaiming.
+const PROMOTION_HEADROOM_SEGMENT_COUNT: usize = 2;
 
 /// Number of striped locks serialising read-modify-write of partial blocks.
 const RMW_LOCK_COUNT: usize = 1024;
@@ -180,6 +242,7 @@ impl Pool {
         let pool = Self { inner };
         pool.start_background();
         pool.start_paced_cleaner();
+        pool.start_demoter();
         pool
     }
 
@@ -639,16 +702,36 @@ impl Pool {
             return Ok(());
         }
         let block = BLOCK_SIZE_BYTES;
+        let geometry = self.inner.geometry;
+        let volume_id = view.volume_id();
         // Blocks that must come from the device: (logical, physical, checksum).
         let mut from_device: Vec<(u64, u64, u32)> = Vec::new();
+        // Capacity blocks heat says to promote, with their data once known:
+        // (logical, physical, data).
+        let mut promotions: Vec<Promotion> = Vec::new();
         let volume_name;
         {
-            let state = self.inner.lock();
-            let found = self.check_range(&state, view, offset, buffer.len() as u64)?;
+            let mut guard = self.inner.lock();
+            let state = &mut *guard;
+            // Out of the state while the map is borrowed from it; put back below.
+            let mut heat = state.heat.take();
+            let found = match self.check_range(state, view, offset, buffer.len() as u64) {
+                Ok(found) => found,
+                Err(error) => {
+                    state.heat = heat;
+                    return Err(error);
+                }
+            };
             let first_block = offset / block;
             let last_block = (offset + buffer.len() as u64 - 1) / block;
             let map = found.map;
             volume_name = found.full_name();
+            let policy = state
+                .volumes
+                .get(volume_id)
+                .map(|volume| volume.policy)
+                .unwrap_or_default();
+            let mut counters = VolumeTierCounters::default();
             let mut scratch = [0u8; BLOCK_SIZE_BYTES as usize];
             for logical_block in first_block..=last_block {
                 let (within_block, within_buffer, length) =
@@ -656,13 +739,40 @@ impl Pool {
                 match map.get(logical_block) {
                     None => buffer[within_buffer..within_buffer + length].fill(0),
                     Some(mapping) => {
-                        if state.copy_unwritten_block(mapping.physical_block, &mut scratch)
+                        let tier = geometry.tier_of_block(mapping.physical_block);
+                        let promote = match (&mut heat, tier) {
+                            (None, _) => false,
+                            (Some(heat), Tier::Flash) => {
+                                let index = geometry
+                                    .flash_data_index(mapping.physical_block)
+                                    .expect("a flash block");
+                                heat.flash_accessed(index, policy);
+                                false
+                            }
+                            (Some(heat), Tier::Capacity) => {
+                                heat.admit_from_capacity(mapping.physical_block, policy)
+                            }
+                        };
+                        let in_memory = state
+                            .copy_unwritten_block(mapping.physical_block, &mut scratch)
                             || (self.inner.cache.get(mapping.physical_block, &mut scratch)
-                                && block_checksum(&scratch) == mapping.checksum)
-                        {
+                                && block_checksum(&scratch) == mapping.checksum);
+                        if promote {
+                            promotions.push((
+                                logical_block,
+                                mapping.physical_block,
+                                in_memory.then(|| Box::from(&scratch[..])),
+                            ));
+                        }
+                        if in_memory {
+                            counters.memory_read_blocks += 1;
                             buffer[within_buffer..within_buffer + length]
                                 .copy_from_slice(&scratch[within_block..within_block + length]);
                         } else {
+                            match tier {
+                                Tier::Flash => counters.flash_read_blocks += 1,
+                                Tier::Capacity => counters.capacity_read_blocks += 1,
+                            }
                             from_device.push((
                                 logical_block,
                                 mapping.physical_block,
@@ -671,6 +781,13 @@ impl Pool {
                         }
                     }
                 }
+            }
+            state.heat = heat;
+            if state.heat.is_some() {
+                let total = state.tier_counters_of(volume_id);
+                total.memory_read_blocks += counters.memory_read_blocks;
+                total.flash_read_blocks += counters.flash_read_blocks;
+                total.capacity_read_blocks += counters.capacity_read_blocks;
             }
         }
         // Coalesce physically contiguous blocks into runs, read runs concurrently.
@@ -706,9 +823,56 @@ impl Pool {
                     span(offset, buffer.len(), *logical_block);
                 buffer[within_buffer..within_buffer + length]
                     .copy_from_slice(&contents[within_block..within_block + length]);
+                if let Some(promotion) = promotions
+                    .iter_mut()
+                    .find(|promotion| promotion.1 == *physical_block && promotion.2.is_none())
+                {
+                    promotion.2 = Some(Box::from(contents));
+                }
             }
         }
+        if !promotions.is_empty() {
+            self.promote(volume_id, promotions);
+        }
         Ok(())
+    }
+
+    /// Moves blocks just read from capacity to flash (the read has checked
+    /// their checksums), unless flash has no room for them now: promotion
+    /// never makes a client wait for space. Each move is a relocation record,
+    /// so a crash keeps either the old or the new home, never neither.
+    fn promote(&self, volume_id: u32, promotions: Vec<Promotion>) {
+        let in_flight_limit = self.inner.limits.in_flight_batches_max;
+        let mut sealed = Vec::new();
+        {
+            let mut state = self.inner.lock();
+            let flash_short = state.free_segments.len()
+                <= state.reserve_for(state::Allocation::Client) + PROMOTION_HEADROOM_SEGMENT_COUNT;
+            if state.failed.is_some() || state.in_flight.len() >= in_flight_limit || flash_short {
+                return;
+            }
+            // The family of the volume that wrote the block: its origin's
+            // root, whose family holds every map that can share it.
+            let root = state.volumes.root_of(volume_id);
+            let family = state.volumes.family(root);
+            for (logical_block, physical_block, data) in promotions {
+                let Some(data) = data else { continue };
+                match state.append_relocation(
+                    &family,
+                    root,
+                    logical_block,
+                    physical_block,
+                    &data,
+                    state::Stream::Client,
+                    &mut sealed,
+                ) {
+                    Ok(true) => state.tier_counters_of(volume_id).promoted_blocks += 1,
+                    Ok(false) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        self.spawn_writes(sealed);
     }
 
     /// Allocation map of a byte range, as runs of allocated and unallocated bytes.
@@ -974,10 +1138,96 @@ impl Pool {
         }
     }
 
+    /// Changes a volume's tier policy, durably; it applies to the volume's
+    /// snapshots too, and from the next read or cleaning on.
+    pub async fn set_volume_policy(
+        &self,
+        name: &str,
+        policy: crate::volume::TierPolicy,
+    ) -> Result<VolumeInfo, EngineError> {
+        self.control(|state| {
+            Ok(Record::VolumePolicy {
+                volume_id: state.volumes.id_of(name)?,
+                policy,
+            })
+        })
+        .await?;
+        self.volume_info(name)
+    }
+
+    /// Where a volume's blocks live and where its reads came from. The tier
+    /// split walks the volume's map outside the state lock.
+    pub fn volume_tier_stats(&self, name: &str) -> Result<VolumeTierStats, EngineError> {
+        let geometry = self.inner.geometry;
+        let (volume, policy, map, counters) = {
+            let state = self.inner.lock();
+            let volume_id = state.volumes.id_of(name)?;
+            let volume = state.volumes.get(volume_id).expect("id from name");
+            (
+                volume.name.clone(),
+                volume.policy,
+                volume.map.clone(),
+                state
+                    .tier_counters
+                    .get(&volume_id)
+                    .copied()
+                    .unwrap_or_default(),
+            )
+        };
+        let mut capacity_blocks = 0u64;
+        map.for_each_physical(&mut |physical_block| {
+            if geometry.tier_of_block(physical_block) == Tier::Capacity {
+                capacity_blocks += 1;
+            }
+        });
+        let flash_blocks = map.mapped_count() - capacity_blocks;
+        let reads = counters.memory_read_blocks
+            + counters.flash_read_blocks
+            + counters.capacity_read_blocks;
+        let ratio = |part: u64| {
+            if reads == 0 {
+                0.0
+            } else {
+                part as f64 / reads as f64
+            }
+        };
+        Ok(VolumeTierStats {
+            volume,
+            policy,
+            flash_bytes: flash_blocks * BLOCK_SIZE_BYTES,
+            capacity_bytes: capacity_blocks * BLOCK_SIZE_BYTES,
+            memory_hit_ratio: ratio(counters.memory_read_blocks),
+            flash_hit_ratio: ratio(counters.flash_read_blocks),
+            capacity_read_ratio: ratio(counters.capacity_read_blocks),
+            counters,
+        })
+    }
+
     pub fn status(&self) -> PoolStatus {
         let state = self.inner.lock();
+        let geometry = self.inner.geometry;
+        let tier_space = |tier: Tier, free_segments: usize| {
+            let size_bytes = geometry.tier_data_bytes(tier);
+            let free_bytes = free_segments as u64 * geometry.segment_size_bytes();
+            TierSpace {
+                size_bytes,
+                used_bytes: size_bytes - free_bytes,
+                free_bytes,
+            }
+        };
+        let (promoted_blocks, demoted_blocks) =
+            state
+                .tier_counters
+                .values()
+                .fold((0, 0), |(promoted, demoted), counters| {
+                    (
+                        promoted + counters.promoted_blocks,
+                        demoted + counters.demoted_blocks,
+                    )
+                });
         let segment_bytes = self.inner.geometry.segment_size_bytes();
-        let free_segment_count = state.free_segments.len() as u64;
+        let free_segment_count =
+            (state.free_segments.len() + state.free_capacity_segments.len()) as u64;
         let reserved = state.reserve_for(state::Allocation::Client) as u64;
         let device_bytes_written = state.sealed_bytes_total + state.checkpoint_bytes_written;
         PoolStatus {
@@ -1009,6 +1259,12 @@ impl Pool {
             checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
             failed: state.failed.clone(),
             memory_cache: self.inner.cache.statistics(),
+            flash: tier_space(Tier::Flash, state.free_segments.len()),
+            capacity: geometry
+                .has_capacity_tier()
+                .then(|| tier_space(Tier::Capacity, state.free_capacity_segments.len())),
+            promoted_blocks,
+            demoted_blocks,
         }
     }
 

@@ -6,7 +6,7 @@
 //! power cut) are dropped, so that they can never be returned as data.
 //! Nothing is written to the device until the pool has been validated.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use lamina_device::BlockDevice;
@@ -16,15 +16,16 @@ use super::state::{DurableCheckpoint, SegmentInfo, SegmentState, State};
 use super::{Inner, Pool, PoolLimits, PoolOptions, RMW_LOCK_COUNT};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::FORMAT_VERSION;
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::checkpoint::MapImage;
 use crate::log::checkpoint::{Body, Slot};
 use crate::log::frame::FrameError;
 use crate::log::geometry::{
-    CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry, SUPERBLOCK_BLOCK,
+    CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry, SUPERBLOCK_BLOCK, Tier,
 };
 use crate::log::superblock::Superblock;
+use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
+use crate::tier::heat::Heat;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
 use crate::volume::{Origin, Snapshot, Volume, VolumeTable};
 
@@ -86,7 +87,7 @@ fn new_inner(
     })
 }
 
-fn empty_state(geometry: Geometry) -> State {
+fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
     State {
         geometry,
         volumes: VolumeTable::new(),
@@ -98,7 +99,11 @@ fn empty_state(geometry: Geometry) -> State {
             };
             geometry.segment_count as usize
         ],
-        free_segments: (0..geometry.segment_count as u32).collect(),
+        free_segments: (0..geometry.flash_segment_count as u32).collect(),
+        free_capacity_segments: (geometry.flash_segment_count as u32
+            ..geometry.segment_count as u32)
+            .collect(),
+        cleaning_tier: Tier::Flash,
         checkpoint_reserve_segment_count: checkpoint_reserve_segment_count(&geometry),
         cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
         heads: [None; super::state::STREAM_COUNT],
@@ -120,6 +125,13 @@ fn empty_state(geometry: Geometry) -> State {
         checkpoint_bytes_written: 0,
         relocated_blocks: 0,
         cache: None,
+        heat: geometry.has_capacity_tier().then(|| {
+            Heat::new(
+                geometry.flash_data_block_count(),
+                limits.tier_ghost_entries_max,
+            )
+        }),
+        tier_counters: HashMap::new(),
     }
 }
 
@@ -132,22 +144,53 @@ impl Pool {
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
         let size_bytes = device.size_bytes();
-        let geometry =
-            Geometry::for_device(size_bytes, options.segment_size_bytes).ok_or_else(|| {
-                EngineError::DeviceTooSmall {
-                    device: device.name().to_string(),
-                    size_bytes,
-                    minimum_bytes: Geometry::minimum_device_bytes(options.segment_size_bytes),
+        let geometry = match options.flash_region_bytes {
+            None => {
+                Geometry::for_device(size_bytes, options.segment_size_bytes).ok_or_else(|| {
+                    EngineError::DeviceTooSmall {
+                        device: device.name().to_string(),
+                        size_bytes,
+                        minimum_bytes: Geometry::minimum_device_bytes(options.segment_size_bytes),
+                    }
+                })?
+            }
+            Some(flash_bytes) => {
+                assert!(
+                    flash_bytes.is_multiple_of(BLOCK_SIZE_BYTES) && flash_bytes <= size_bytes,
+                    "the flash region must be whole blocks of the device"
+                );
+                if Geometry::for_device(flash_bytes, options.segment_size_bytes).is_none() {
+                    return Err(EngineError::DeviceTooSmall {
+                        device: format!("{} (flash tier)", device.name()),
+                        size_bytes: flash_bytes,
+                        minimum_bytes: Geometry::minimum_device_bytes(options.segment_size_bytes),
+                    });
                 }
-            })?;
-        if !options.force {
-            let head = device
-                .read(0, EMPTY_CHECK_BYTES.min(size_bytes) as usize)
-                .await?;
+                Geometry::for_tiers(
+                    flash_bytes,
+                    size_bytes - flash_bytes,
+                    options.segment_size_bytes,
+                )
+                .ok_or_else(|| EngineError::DeviceTooSmall {
+                    device: format!("{} (capacity tier)", device.name()),
+                    size_bytes: size_bytes - flash_bytes,
+                    minimum_bytes: Geometry::minimum_capacity_bytes(options.segment_size_bytes),
+                })?
+            }
+        };
+        // The start of each tier's device must be empty (it is where a pool's
+        // superblock or label would be).
+        let mut device_starts = vec![0];
+        if geometry.has_capacity_tier() {
+            device_starts.push(geometry.capacity_start_block * BLOCK_SIZE_BYTES);
+        }
+        for start in device_starts.iter().copied().filter(|_| !options.force) {
+            let length = EMPTY_CHECK_BYTES.min(size_bytes - start);
+            let head = device.read(start, length as usize).await?;
             if let Some(position) = head.iter().position(|byte| *byte != 0) {
                 return Err(EngineError::DeviceNotEmpty {
                     device: device.name().to_string(),
-                    offset: position as u64,
+                    offset: start + position as u64,
                 });
             }
         }
@@ -156,12 +199,14 @@ impl Pool {
             geometry,
             created_unix_seconds: super::now_unix_seconds(),
         };
-        device
-            .write(
-                SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES,
-                super::aligned(&superblock.encode()),
-            )
-            .await?;
+        for start in device_starts {
+            device
+                .write(
+                    start + SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES,
+                    super::aligned(&superblock.encode()),
+                )
+                .await?;
+        }
         // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
         for slot_block in CHECKPOINT_SLOT_BLOCKS {
             device
@@ -172,7 +217,8 @@ impl Pool {
                 .await?;
         }
         device.flush().await?;
-        let pool = Pool::from_inner(new_inner(device, geometry, limits, empty_state(geometry)));
+        let state = empty_state(geometry, &limits);
+        let pool = Pool::from_inner(new_inner(device, geometry, limits, state));
         // Both slots hold a checkpoint from the start, so that one can always fall back.
         pool.checkpoint().await?;
         pool.checkpoint().await?;
@@ -192,11 +238,11 @@ impl Pool {
         let name = device.name().to_string();
         let superblock_bytes = device.read(0, BLOCK_SIZE_BYTES as usize).await?;
         let superblock = match Superblock::decode(&superblock_bytes) {
-            Ok((version, _)) if version < FORMAT_VERSION => {
+            Ok((version, _)) if version < FORMAT_VERSION_READ_MIN => {
                 return Err(EngineError::OlderFormat {
                     device: name,
                     found: version,
-                    supported: FORMAT_VERSION,
+                    supported: FORMAT_VERSION_READ_MIN,
                 });
             }
             Ok((_, superblock)) => superblock,
@@ -227,6 +273,21 @@ impl Pool {
                 expected_bytes: geometry.device_size_bytes,
                 actual_bytes: device.size_bytes(),
             });
+        }
+        if geometry.has_capacity_tier() {
+            // The capacity device must be this pool's: its label is a copy of
+            // the superblock.
+            let label_offset = geometry.capacity_start_block * BLOCK_SIZE_BYTES;
+            let label = device.read(label_offset, BLOCK_SIZE_BYTES as usize).await?;
+            match Superblock::decode(&label) {
+                Ok((_, found)) if found == superblock => {}
+                _ => {
+                    return Err(EngineError::WrongCapacityDevice {
+                        device: name,
+                        offset: label_offset,
+                    });
+                }
+            }
         }
         let started = std::time::Instant::now();
 
@@ -298,7 +359,7 @@ impl Pool {
             older_valid = None;
         }
 
-        let mut state = empty_state(geometry);
+        let mut state = empty_state(geometry, &limits);
         let covered = body.covered_batch_sequence;
         state.volumes = volumes;
         if body.segment_last_batch_sequences.len() == state.segments.len() {
@@ -409,6 +470,7 @@ impl Pool {
             older.covered_batch_sequence.min(covered)
         });
         state.free_segments = VecDeque::new();
+        state.free_capacity_segments = VecDeque::new();
         for (index, segment) in state.segments.iter_mut().enumerate() {
             segment.live_blocks = live_counts[index];
             segment.state = if held.contains(&(index as u32)) {
@@ -425,7 +487,10 @@ impl Pool {
                 }
             };
             if segment.state == SegmentState::Free {
-                state.free_segments.push_back(index as u32);
+                match geometry.tier_of_segment(index as u32) {
+                    Tier::Flash => state.free_segments.push_back(index as u32),
+                    Tier::Capacity => state.free_capacity_segments.push_back(index as u32),
+                }
             }
         }
         let next_checkpoint_sequence = slots
@@ -485,16 +550,33 @@ impl Pool {
 /// Checks what checksums cannot: that a superblock written by a buggy or hostile
 /// program describes a geometry the engine can work with.
 fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
+    let flash_end_block = geometry
+        .flash_segment_count
+        .checked_mul(geometry.segment_size_blocks)
+        .and_then(|blocks| blocks.checked_add(crate::log::geometry::DATA_START_BLOCK));
+    let capacity_end_block = geometry
+        .capacity_segment_count()
+        .checked_mul(geometry.segment_size_blocks)
+        .and_then(|blocks| blocks.checked_add(geometry.capacity_start_block))
+        .and_then(|blocks| blocks.checked_add(crate::log::geometry::CAPACITY_DATA_START_BLOCKS));
+    let tiers_valid = if geometry.has_capacity_tier() {
+        geometry.capacity_segment_count() >= crate::log::geometry::CAPACITY_SEGMENT_COUNT_MIN
+            && flash_end_block.is_some_and(|end| end <= geometry.capacity_start_block)
+            && capacity_end_block
+                .and_then(|blocks| blocks.checked_mul(BLOCK_SIZE_BYTES))
+                .is_some_and(|end| end <= geometry.device_size_bytes)
+    } else {
+        geometry.capacity_start_block == 0
+            && flash_end_block
+                .and_then(|blocks| blocks.checked_mul(BLOCK_SIZE_BYTES))
+                .is_some_and(|end| end <= geometry.device_size_bytes)
+    };
     let valid = geometry.segment_size_blocks >= 16
         && geometry.segment_size_blocks <= (1 << 20)
-        && geometry.segment_count >= 8
+        && geometry.flash_segment_count >= 8
+        && geometry.flash_segment_count <= geometry.segment_count
         && geometry.segment_count <= u64::from(u32::MAX)
-        && geometry
-            .segment_count
-            .checked_mul(geometry.segment_size_blocks)
-            .and_then(|blocks| blocks.checked_add(crate::log::geometry::DATA_START_BLOCK))
-            .and_then(|blocks| blocks.checked_mul(BLOCK_SIZE_BYTES))
-            .is_some_and(|end| end <= geometry.device_size_bytes);
+        && tiers_valid;
     if valid {
         Ok(())
     } else {
@@ -506,8 +588,6 @@ fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
 /// so that recovery reports them instead of tripping an assertion, and rebuilds
 /// its volumes, snapshots and clones with their chunks shared as they were.
 fn volumes_from_body(body: &Body, geometry: &Geometry) -> Result<VolumeTable, String> {
-    let first_data_block = crate::log::geometry::DATA_START_BLOCK;
-    let end_block = first_data_block + geometry.segment_count * geometry.segment_size_blocks;
     if body
         .heads
         .iter()
@@ -540,7 +620,7 @@ fn volumes_from_body(body: &Body, geometry: &Geometry) -> Result<VolumeTable, St
             .zip(&image.physical_blocks)
             .zip(&image.checksums)
         {
-            if *physical != 0 && (*physical < first_data_block || *physical >= end_block) {
+            if *physical != 0 && !geometry.is_data_block(*physical) {
                 return Err(format!(
                     "map chunk {index} maps a block outside the segments"
                 ));
@@ -634,7 +714,23 @@ fn volumes_from_body(body: &Body, geometry: &Geometry) -> Result<VolumeTable, St
             map: map_from(&image.map, &format!("volume {}", image.name))?,
             origin,
             snapshots,
+            policy: body
+                .volume_policies
+                .iter()
+                .find(|policy| policy.volume_id == image.volume_id)
+                .map(|policy| policy.policy)
+                .unwrap_or_default(),
         });
+    }
+    if let Some(stray) = body
+        .volume_policies
+        .iter()
+        .find(|policy| table.get(policy.volume_id).is_none())
+    {
+        return Err(format!(
+            "a tier policy names volume {}, which does not exist",
+            stray.volume_id
+        ));
     }
     table.next_volume_id = table.next_volume_id.max(body.next_volume_id);
     table.next_snapshot_id = table.next_snapshot_id.max(body.next_snapshot_id);

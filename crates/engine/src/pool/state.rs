@@ -3,7 +3,7 @@
 //! the sequences that say what is written and what is durable. Everything here
 //! runs under one mutex and never waits on I/O; the async half lives in `mod.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use lamina_device::AlignedBuffer;
@@ -13,7 +13,8 @@ use crate::error::EngineError;
 use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, Record, SUMMARY_RECORD_BYTES_MAX, Summary, block_checksum,
 };
-use crate::log::geometry::Geometry;
+use crate::log::geometry::{Geometry, Tier};
+use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::volume::VolumeTable;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,10 +57,17 @@ pub enum Stream {
     Cleaner = 1,
     /// Data that survived two or more cleanings.
     Cold = 2,
+    /// The capacity tier of a two-tier pool: blocks the cleaner demotes from
+    /// flash, and blocks it moves out of capacity victims.
+    Capacity = 3,
 }
 
 /// Number of log heads (one per [`Stream`]).
-pub const STREAM_COUNT: usize = 3;
+pub const STREAM_COUNT: usize = 4;
+
+/// Free capacity segments that demotions leave to the cleaning of capacity
+/// segments, so that capacity space can always be reclaimed.
+pub const CAPACITY_RESERVE_SEGMENT_COUNT: usize = 2;
 
 impl Stream {
     /// The stream for data that survives one more cleaning.
@@ -67,6 +75,7 @@ impl Stream {
         match self {
             Stream::Client => Stream::Cleaner,
             Stream::Cleaner | Stream::Cold => Stream::Cold,
+            Stream::Capacity => Stream::Capacity,
         }
     }
 }
@@ -138,7 +147,12 @@ pub struct State {
     pub geometry: Geometry,
     pub volumes: VolumeTable,
     pub segments: Vec<SegmentInfo>,
+    /// Free flash segments (all free segments of a one-tier pool).
     pub free_segments: VecDeque<u32>,
+    /// Free capacity segments.
+    pub free_capacity_segments: VecDeque<u32>,
+    /// The tier of the victim the cleaner is moving blocks out of.
+    pub cleaning_tier: Tier,
     /// Free segments that only checkpoints may take, so that space can always be
     /// reclaimed even when clients have filled the pool.
     pub checkpoint_reserve_segment_count: usize,
@@ -171,6 +185,10 @@ pub struct State {
     /// The memory cache, told when a segment is freed so that none of its old
     /// blocks can be served once the segment is rewritten.
     pub cache: Option<Arc<crate::tier::memory_cache::MemoryCache>>,
+    /// Heat of flash blocks and the promotion ghost (two-tier pools only).
+    pub heat: Option<Heat>,
+    /// Per volume: reads per tier, promotions and demotions since the pool opened.
+    pub tier_counters: HashMap<u32, VolumeTierCounters>,
 }
 
 impl State {
@@ -241,6 +259,34 @@ impl State {
         Some(index)
     }
 
+    /// Takes a free capacity segment. Demotions leave
+    /// [`CAPACITY_RESERVE_SEGMENT_COUNT`] to the cleaning of capacity victims.
+    pub fn take_free_capacity_segment(&mut self) -> Option<u32> {
+        let reserve = if self.cleaning_tier == Tier::Capacity {
+            0
+        } else {
+            CAPACITY_RESERVE_SEGMENT_COUNT
+        };
+        if self.free_capacity_segments.len() <= reserve {
+            return None;
+        }
+        let index = self.free_capacity_segments.pop_front()?;
+        assert_eq!(self.segments[index as usize].state, SegmentState::Free);
+        assert_eq!(self.geometry.tier_of_segment(index), Tier::Capacity);
+        Some(index)
+    }
+
+    /// Whether a demotion appended now would find room on capacity.
+    pub fn can_demote(&self) -> bool {
+        if !self.geometry.has_capacity_tier() {
+            return false;
+        }
+        let segment_size_blocks = self.geometry.segment_size_blocks as u32;
+        let head_has_room = self.heads[Stream::Capacity as usize]
+            .is_some_and(|head| head.next_block_in_segment + 2 <= segment_size_blocks);
+        head_has_room || self.free_capacity_segments.len() > CAPACITY_RESERVE_SEGMENT_COUNT
+    }
+
     fn seal_head_segment(&mut self, stream: Stream) {
         if let Some(head) = self.heads[stream as usize].take() {
             // Blocks are released only while a batch is open, so with none open
@@ -275,6 +321,7 @@ impl State {
         let stream = match stream {
             Stream::Client => Stream::Client,
             Stream::Cleaner | Stream::Cold => self.placement.relocation_stream(),
+            Stream::Capacity => Stream::Capacity,
         };
         if let Some(batch) = &self.open_batch {
             let fits_records = batch.record_bytes + record_bytes <= SUMMARY_RECORD_BYTES_MAX;
@@ -296,11 +343,15 @@ impl State {
             let allocation = match (stream, with_data) {
                 (Stream::Client, true) => Allocation::Client,
                 (Stream::Client, false) => Allocation::Record,
-                (Stream::Cleaner | Stream::Cold, _) => Allocation::Cleaner,
+                (Stream::Cleaner | Stream::Cold | Stream::Capacity, _) => Allocation::Cleaner,
             };
-            let segment_index = self
-                .take_free_segment(allocation)
-                .ok_or(EngineError::NoSpace)?;
+            let segment_index = if stream == Stream::Capacity {
+                assert!(with_data, "records without data go to the client stream");
+                self.take_free_capacity_segment()
+            } else {
+                self.take_free_segment(allocation)
+            }
+            .ok_or(EngineError::NoSpace)?;
             let segment_sequence = self.next_segment_sequence;
             self.next_segment_sequence += 1;
             self.segments[segment_index as usize].state = SegmentState::Open;
@@ -373,15 +424,50 @@ impl State {
             logical_block,
             checksum: block_checksum(data),
         };
-        self.append_block(Stream::Client, record, data, sealed)?;
+        // A rewrite is an access: the new block starts with the heat of the
+        // flash block it replaces.
+        let replaced_counter = self.heat.as_ref().and_then(|heat| {
+            let volume = self.volumes.get(volume_id)?;
+            let replaced = volume.map.get(logical_block)?.physical_block;
+            Some(heat.counter(self.geometry.flash_data_index(replaced)?))
+        });
+        let physical_block = self.append_block(Stream::Client, record, data, sealed)?;
         self.client_bytes_written += BLOCK_SIZE_BYTES;
+        self.set_heat(
+            volume_id,
+            physical_block,
+            Heat::after_rewrite(replaced_counter),
+        );
         Ok(())
     }
 
-    /// Moves a block the cleaner read from `from_physical_block` to the cleaner's
-    /// head, if some map of `family` (the writing volume, its snapshots and
-    /// clones; see `VolumeTable::family`) still holds it. Every map holding it
-    /// is repointed. Returns whether it moved.
+    /// Sets the heat of a block just appended to flash (nothing on capacity or
+    /// in a one-tier pool).
+    fn set_heat(&mut self, volume_id: u32, physical_block: u64, counter: u8) {
+        let policy = self
+            .volumes
+            .get(volume_id)
+            .map(|volume| volume.policy)
+            .unwrap_or_default();
+        if let Some(heat) = &mut self.heat
+            && let Some(index) = self.geometry.flash_data_index(physical_block)
+        {
+            heat.flash_written(index, counter, policy);
+        }
+    }
+
+    /// Per-volume tier counters, created on first use.
+    pub fn tier_counters_of(&mut self, volume_id: u32) -> &mut VolumeTierCounters {
+        self.tier_counters.entry(volume_id).or_default()
+    }
+
+    /// Moves a block read from `from_physical_block` to the head of `stream`,
+    /// if some map of `family` (the writing volume, its snapshots and clones;
+    /// see `VolumeTable::family`) still holds it. Every map holding it is
+    /// repointed. Returns whether it moved. `Stream::Cleaner` is the cleaner's
+    /// stream for its current victim, `Stream::Capacity` a demotion (or a move
+    /// within capacity) and `Stream::Client` a promotion to flash.
+    #[allow(clippy::too_many_arguments)]
     pub fn append_relocation(
         &mut self,
         family: &[u32],
@@ -389,6 +475,7 @@ impl State {
         logical_block: u64,
         from_physical_block: u64,
         data: &[u8],
+        stream: Stream,
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<bool, EngineError> {
         self.check_failed()?;
@@ -404,18 +491,28 @@ impl State {
             from_physical_block,
             checksum,
         };
-        self.append_block(Stream::Cleaner, record, data, sealed)?;
-        self.relocated_blocks += 1;
+        // Within flash the block keeps its heat (the cleaner has already
+        // decremented it); a promoted block was read at least twice lately.
+        let counter = match self.geometry.flash_data_index(from_physical_block) {
+            Some(index) => self.heat.as_ref().map_or(0, |heat| heat.counter(index)),
+            None => 1,
+        };
+        let physical_block = self.append_block(stream, record, data, sealed)?;
+        if stream != Stream::Client {
+            self.relocated_blocks += 1;
+        }
+        self.set_heat(volume_id, physical_block, counter);
         Ok(true)
     }
 
+    /// Appends a record with its data block; returns the block's address.
     fn append_block(
         &mut self,
         stream: Stream,
         record: Record,
         data: &[u8],
         sealed: &mut Vec<Arc<InFlightBatch>>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<u64, EngineError> {
         assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
         assert!(record.carries_data());
         self.make_room(stream, record.encoded_bytes_max(), true, sealed)?;
@@ -435,7 +532,7 @@ impl State {
         if let Some(block) = displaced {
             self.release_block(block);
         }
-        Ok(())
+        Ok(physical_block)
     }
 
     /// Closes the open batch: writes its summary into block 0 of its buffer and
@@ -530,7 +627,10 @@ impl State {
             "freeing segment {segment_index} with live blocks"
         );
         segment.state = SegmentState::Free;
-        self.free_segments.push_back(segment_index);
+        match self.geometry.tier_of_segment(segment_index) {
+            Tier::Flash => self.free_segments.push_back(segment_index),
+            Tier::Capacity => self.free_capacity_segments.push_back(segment_index),
+        }
         if let Some(cache) = &self.cache {
             cache.invalidate_range(
                 self.geometry.segment_first_block(segment_index),
@@ -540,6 +640,6 @@ impl State {
     }
 
     pub fn used_segment_count(&self) -> usize {
-        self.segments.len() - self.free_segments.len()
+        self.segments.len() - self.free_segments.len() - self.free_capacity_segments.len()
     }
 }

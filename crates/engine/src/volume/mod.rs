@@ -91,6 +91,15 @@ pub struct ViewRef<'a> {
     pub map: &'a BlockMap,
 }
 
+impl View {
+    /// The volume the view belongs to (a snapshot's volume).
+    pub fn volume_id(self) -> u32 {
+        match self {
+            View::Volume(volume_id) | View::Snapshot { volume_id, .. } => volume_id,
+        }
+    }
+}
+
 impl ViewRef<'_> {
     /// `VOL` or `VOL@SNAP`, for messages.
     pub fn full_name(&self) -> String {
@@ -125,6 +134,7 @@ pub struct VolumeInfo {
     /// `VOL@SNAP` this volume was cloned from.
     pub origin: Option<String>,
     pub created_unix_seconds: u64,
+    pub policy: TierPolicy,
 }
 
 /// What `snapshot list` shows about a snapshot.
@@ -216,6 +226,94 @@ pub struct Volume {
     pub origin: Option<Origin>,
     /// Oldest first.
     pub snapshots: Vec<Snapshot>,
+    /// Where its blocks should live in a two-tier pool (its snapshots follow it).
+    pub policy: TierPolicy,
+}
+
+/// How much a volume's data deserves flash in a two-tier pool, relative to
+/// other volumes' (see `tier::heat`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CachePriority {
+    /// Promoted on first access from capacity and kept on flash longest.
+    High,
+    #[default]
+    Normal,
+    /// Promoted only after repeated accesses, demoted first.
+    Low,
+    /// Never promoted; demoted at the first cleaning of its segment.
+    None,
+}
+
+/// Where a volume's blocks are kept regardless of heat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pin {
+    /// By heat and priority.
+    #[default]
+    Auto,
+    /// Never demoted; promoted on first access.
+    Flash,
+    /// Demoted at the first cleaning, never promoted. New writes still land on
+    /// flash first (the log is written there).
+    Capacity,
+}
+
+/// A volume's tier policy: settable at create time and live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+pub struct TierPolicy {
+    pub priority: CachePriority,
+    pub pin: Pin,
+}
+
+impl std::str::FromStr for CachePriority {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "high" => Ok(Self::High),
+            "normal" => Ok(Self::Normal),
+            "low" => Ok(Self::Low),
+            "none" => Ok(Self::None),
+            _ => Err(format!(
+                "unknown cache priority {text:?} (expected high, normal, low or none)"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for Pin {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "flash" => Ok(Self::Flash),
+            "capacity" => Ok(Self::Capacity),
+            _ => Err(format!(
+                "unknown pin {text:?} (expected auto, flash or capacity)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CachePriority {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            Self::High => "high",
+            Self::Normal => "normal",
+            Self::Low => "low",
+            Self::None => "none",
+        })
+    }
+}
+
+impl std::fmt::Display for Pin {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            Self::Auto => "auto",
+            Self::Flash => "flash",
+            Self::Capacity => "capacity",
+        })
+    }
 }
 
 impl Volume {
@@ -464,6 +562,17 @@ impl VolumeTable {
         neighbours
     }
 
+    /// The volume `volume_id` was cloned from, directly or not, that is not a
+    /// clone itself: its family holds every map that can share a block with
+    /// `volume_id`'s.
+    pub fn root_of(&self, volume_id: u32) -> u32 {
+        let mut current = volume_id;
+        while let Some(origin) = self.volumes.get(&current).and_then(|volume| volume.origin) {
+            current = origin.volume_id;
+        }
+        current
+    }
+
     /// A volume and every volume cloned, directly or not, from its snapshots: the
     /// only maps that can hold a block the volume wrote.
     pub fn family(&self, volume_id: u32) -> Vec<u32> {
@@ -526,6 +635,7 @@ impl VolumeTable {
                 snapshot_count: volume.snapshots.len(),
                 origin: self.origin_full_name(volume.origin),
                 created_unix_seconds: volume.created_unix_seconds,
+                policy: volume.policy,
             },
             origin: self.origin_map(volume.origin).cloned(),
             snapshots: volume
@@ -684,6 +794,7 @@ impl VolumeTable {
                     map: BlockMap::default(),
                     origin: None,
                     snapshots: Vec::new(),
+                    policy: TierPolicy::default(),
                 });
             }
             Record::VolumeResize {
@@ -718,6 +829,11 @@ impl VolumeTable {
                 }
             }
             Record::VolumeDelete { volume_id } => self.delete_volume(*volume_id, displaced),
+            Record::VolumePolicy { volume_id, policy } => {
+                if let Some(volume) = self.volumes.get_mut(volume_id) {
+                    volume.policy = *policy;
+                }
+            }
             Record::SnapshotCreate {
                 volume_id,
                 snapshot_id,
@@ -803,6 +919,12 @@ impl VolumeTable {
                         snapshot_id: *origin_snapshot_id,
                     }),
                     snapshots: Vec::new(),
+                    // A clone starts with its origin volume's policy.
+                    policy: self
+                        .volumes
+                        .get(origin_volume_id)
+                        .map(|origin| origin.policy)
+                        .unwrap_or_default(),
                 };
                 self.insert(volume);
             }

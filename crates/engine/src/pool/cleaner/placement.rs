@@ -87,8 +87,8 @@ mod tests {
         placement.segment_opened(3, Stream::Cold);
         placement.start_victim(3, 30);
         assert_eq!(placement.relocation_stream(), Stream::Cold);
-        assert_eq!(placement.counts.victims, [1, 1, 1]);
-        assert_eq!(placement.counts.live_blocks, [10, 20, 30]);
+        assert_eq!(placement.counts.victims, [1, 1, 1, 0]);
+        assert_eq!(placement.counts.live_blocks, [10, 20, 30, 0]);
     }
 
     #[test]

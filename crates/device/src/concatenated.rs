@@ -1,0 +1,180 @@
+//! Two devices seen as one: the first `first_region_bytes` of the address space
+//! are the first device, the rest is the second device from its byte 0. This is
+//! how a two-tier pool (flash, then capacity) presents its tiers to the engine,
+//! which tells them apart by address (see the engine's `Geometry`). Requests that
+//! cross the boundary are split; a flush flushes both devices.
+
+use std::sync::Arc;
+
+use crate::{AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceError};
+
+/// See the module documentation.
+pub struct ConcatenatedDevice {
+    first: Arc<dyn BlockDevice>,
+    second: Arc<dyn BlockDevice>,
+    first_region_bytes: u64,
+    name: String,
+}
+
+impl ConcatenatedDevice {
+    /// Joins `first` (its size rounded down to the device alignment) and `second`.
+    pub fn new(first: Arc<dyn BlockDevice>, second: Arc<dyn BlockDevice>) -> Self {
+        let first_region_bytes = Self::first_region_bytes_of(first.size_bytes());
+        let name = format!("{}+{}", first.name(), second.name());
+        Self {
+            first,
+            second,
+            first_region_bytes,
+            name,
+        }
+    }
+
+    /// Where the second device starts for a first device of `size_bytes`.
+    pub fn first_region_bytes_of(size_bytes: u64) -> u64 {
+        size_bytes - size_bytes % DEVICE_ALIGNMENT_BYTES
+    }
+
+    pub fn first_region_bytes(&self) -> u64 {
+        self.first_region_bytes
+    }
+
+    pub fn first(&self) -> &Arc<dyn BlockDevice> {
+        &self.first
+    }
+
+    pub fn second(&self) -> &Arc<dyn BlockDevice> {
+        &self.second
+    }
+
+    /// The part of `offset..offset + length` on each device: (offset on the
+    /// first device, length there) and (offset on the second device, length there).
+    fn split(&self, offset: u64, length: u64) -> ((u64, u64), (u64, u64)) {
+        let boundary = self.first_region_bytes;
+        let end = offset + length;
+        let first_length = boundary.saturating_sub(offset).min(length);
+        let second_start = offset.max(boundary);
+        let second_length = end.saturating_sub(second_start);
+        (
+            (offset, first_length),
+            (second_start - boundary, second_length),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockDevice for ConcatenatedDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.first_region_bytes + self.second.size_bytes()
+    }
+
+    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
+        crate::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+        let ((first_offset, first_length), (second_offset, second_length)) =
+            self.split(offset, length as u64);
+        if second_length == 0 {
+            return self.first.read(first_offset, first_length as usize).await;
+        }
+        if first_length == 0 {
+            return self
+                .second
+                .read(second_offset, second_length as usize)
+                .await;
+        }
+        let (head, tail) = futures_join(
+            self.first.read(first_offset, first_length as usize),
+            self.second.read(second_offset, second_length as usize),
+        )
+        .await;
+        let (head, tail) = (head?, tail?);
+        let mut joined = AlignedBuffer::zeroed(length);
+        joined[..first_length as usize].copy_from_slice(&head);
+        joined[first_length as usize..].copy_from_slice(&tail);
+        Ok(joined)
+    }
+
+    async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+        crate::check_request(&self.name, self.size_bytes(), offset, data.len() as u64)?;
+        let ((first_offset, first_length), (second_offset, second_length)) =
+            self.split(offset, data.len() as u64);
+        if second_length == 0 {
+            return self.first.write(first_offset, data).await;
+        }
+        if first_length == 0 {
+            return self.second.write(second_offset, data).await;
+        }
+        let head = Arc::new(AlignedBuffer::from_slice_padded(
+            &data[..first_length as usize],
+        ));
+        let tail = Arc::new(AlignedBuffer::from_slice_padded(
+            &data[first_length as usize..],
+        ));
+        let (head, tail) = futures_join(
+            self.first.write(first_offset, head),
+            self.second.write(second_offset, tail),
+        )
+        .await;
+        head.and(tail)
+    }
+
+    async fn flush(&self) -> Result<(), DeviceError> {
+        let (first, second) = futures_join(self.first.flush(), self.second.flush()).await;
+        first.and(second)
+    }
+}
+
+/// Runs two futures concurrently (tokio's `join!` as a function).
+async fn futures_join<A, B>(
+    left: impl Future<Output = A>,
+    right: impl Future<Output = B>,
+) -> (A, B) {
+    tokio::join!(left, right)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryDevice;
+
+    fn pattern(length: usize, seed: u8) -> Arc<AlignedBuffer> {
+        let bytes: Vec<u8> = (0..length)
+            .map(|index| (index / 4096) as u8 ^ seed)
+            .collect();
+        Arc::new(AlignedBuffer::from_slice_padded(&bytes))
+    }
+
+    #[tokio::test]
+    async fn addresses_past_the_first_device_land_on_the_second() {
+        let first = Arc::new(MemoryDevice::new(8 * 4096));
+        let second = Arc::new(MemoryDevice::new(16 * 4096));
+        let joined = ConcatenatedDevice::new(first.clone(), second.clone());
+        assert_eq!(joined.size_bytes(), 24 * 4096);
+        // A write across the boundary: two blocks on each device.
+        let data = pattern(4 * 4096, 7);
+        joined.write(6 * 4096, data.clone()).await.unwrap();
+        let back = joined.read(6 * 4096, 4 * 4096).await.unwrap();
+        assert_eq!(&back[..], &data[..]);
+        let on_first = first.read(6 * 4096, 2 * 4096).await.unwrap();
+        assert_eq!(&on_first[..], &data[..2 * 4096]);
+        let on_second = second.read(0, 2 * 4096).await.unwrap();
+        assert_eq!(&on_second[..], &data[2 * 4096..]);
+        // Entirely on the second device.
+        joined.write(20 * 4096, pattern(4096, 9)).await.unwrap();
+        let on_second = second.read(12 * 4096, 4096).await.unwrap();
+        assert_eq!(&on_second[..], &pattern(4096, 9)[..]);
+        joined.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn requests_beyond_the_end_are_refused() {
+        let joined = ConcatenatedDevice::new(
+            Arc::new(MemoryDevice::new(8 * 4096)),
+            Arc::new(MemoryDevice::new(8 * 4096)),
+        );
+        assert!(joined.read(15 * 4096, 2 * 4096).await.is_err());
+        assert!(joined.write(16 * 4096, pattern(4096, 1)).await.is_err());
+    }
+}

@@ -1,0 +1,277 @@
+//! Two-tier pools (flash, then capacity) in the engine: the cleaner demotes cold
+//! blocks to capacity when flash fills, reads promote recently re-read capacity
+//! blocks back to flash, one sequential scan promotes nothing, priorities and
+//! pins steer both, and through all of it every block reads back as written,
+//! also after a clean reopen and after a crash. The devices are in memory; the
+//! rotating-disk model is exercised by the daemon tests and the benchmarks.
+
+use std::sync::Arc;
+
+use lamina_device::{BlockDevice, ConcatenatedDevice, MemoryDevice};
+use lamina_engine::{
+    BLOCK_SIZE_BYTES, CachePriority, EngineError, Pin, Pool, PoolLimits, PoolOptions, TierPolicy,
+};
+
+const SEGMENT_BYTES: u64 = 256 << 10;
+/// 4 MiB of metadata, then 48 segments (12 MiB) of flash.
+const FLASH_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
+/// 1 MiB label, then 192 segments (48 MiB) of capacity.
+const CAPACITY_BYTES: u64 = (1 << 20) + 192 * SEGMENT_BYTES;
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+
+fn limits() -> PoolLimits {
+    PoolLimits {
+        // Reads must reach the tiers for the hit counts to mean anything.
+        memory_cache_bytes: 0,
+        ..PoolLimits::default()
+    }
+}
+
+fn options() -> PoolOptions {
+    PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+        flash_region_bytes: Some(FLASH_BYTES),
+    }
+}
+
+/// Block `index` of generation `generation`: distinct everywhere.
+fn block_contents(index: u64, generation: u8) -> Vec<u8> {
+    let mut contents = vec![generation; BLOCK];
+    contents[..8].copy_from_slice(&index.to_le_bytes());
+    contents
+}
+
+async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
+    for chunk_start in blocks.clone().step_by(32) {
+        let chunk_end = (chunk_start + 32).min(blocks.end);
+        let mut data = Vec::with_capacity((chunk_end - chunk_start) as usize * BLOCK);
+        for index in chunk_start..chunk_end {
+            data.extend_from_slice(&block_contents(index, generation));
+        }
+        pool.write(volume, chunk_start * BLOCK_SIZE_BYTES, &data, false)
+            .await
+            .unwrap();
+    }
+    pool.flush().await.unwrap();
+}
+
+async fn verify_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
+    let mut contents = vec![0u8; BLOCK];
+    for index in blocks {
+        pool.read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+            .unwrap();
+        assert!(
+            contents == block_contents(index, generation),
+            "block {index} changed"
+        );
+    }
+}
+
+/// A flash tier of 12 MiB under a 32 MiB volume: only demotion makes room.
+async fn filled_pool() -> (Arc<MemoryDevice>, Arc<MemoryDevice>, Pool, u32) {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash.clone(), capacity.clone()));
+    let pool = Pool::create(device, options(), limits()).await.unwrap();
+    let volume = pool
+        .create_volume("data", 32 << 20)
+        .await
+        .unwrap()
+        .volume_id;
+    write_range(&pool, volume, 0..8192, 1).await;
+    wait_for_free_flash(&pool).await;
+    (flash, capacity, pool, volume)
+}
+
+/// Waits until the demoter has brought free flash back to its target (10%),
+/// so that promotions find room.
+async fn wait_for_free_flash(pool: &Pool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pool.status().flash.free_bytes < 5 * SEGMENT_BYTES {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the demoter did not free flash: {:?}",
+            pool.status().flash
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn data_larger_than_flash_is_demoted_and_reads_back() {
+    let (_, _, pool, volume) = filled_pool().await;
+    let status = pool.status();
+    let capacity = status.capacity.expect("a two-tier pool");
+    assert!(status.demoted_blocks > 0, "{status:?}");
+    assert!(capacity.used_bytes > 0);
+    assert_eq!(status.flash.size_bytes, 48 * SEGMENT_BYTES);
+    assert_eq!(capacity.size_bytes, 192 * SEGMENT_BYTES);
+    let stats = pool.volume_tier_stats("data").unwrap();
+    assert_eq!(stats.flash_bytes + stats.capacity_bytes, 32 << 20);
+    assert!(stats.capacity_bytes >= (32 << 20) - 12 * (1 << 20));
+    verify_range(&pool, volume, 0..8192, 1).await;
+    // Overwriting everything kills the capacity copies; the cleaner keeps up.
+    write_range(&pool, volume, 0..8192, 2).await;
+    write_range(&pool, volume, 0..8192, 3).await;
+    verify_range(&pool, volume, 0..8192, 3).await;
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reread_working_set_moves_to_flash_and_a_scan_does_not() {
+    let (_, _, pool, volume) = filled_pool().await;
+    // The first blocks written are the oldest: demoted by now.
+    let working_set = 0..256u64;
+    let before = pool.volume_tier_stats("data").unwrap();
+    assert!(before.capacity_bytes > 0);
+    // One scan of 4,096 blocks: every block read once, none promoted.
+    verify_range(&pool, volume, 2048..6144, 1).await;
+    assert_eq!(pool.status().promoted_blocks, 0, "a scan promoted blocks");
+    // The working set read again and again: from the second read on, its
+    // blocks are promoted as fast as the demoter makes room on flash.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        verify_range(&pool, volume, working_set.clone(), 1).await;
+        let stats = pool.volume_tier_stats("data").unwrap();
+        if stats.counters.promoted_blocks >= 250 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the working set was not promoted: {stats:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Now it is served from flash.
+    let reads_before = pool.volume_tier_stats("data").unwrap().counters;
+    verify_range(&pool, volume, working_set.clone(), 1).await;
+    let reads_after = pool.volume_tier_stats("data").unwrap().counters;
+    let from_capacity = reads_after.capacity_read_blocks - reads_before.capacity_read_blocks;
+    assert!(
+        from_capacity <= 6,
+        "{from_capacity} of 256 working-set reads still went to capacity"
+    );
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn priorities_and_pins_steer_promotion_and_demotion() {
+    let (_, _, pool, volume) = filled_pool().await;
+    // High priority promotes on first read.
+    pool.set_volume_policy(
+        "data",
+        TierPolicy {
+            priority: CachePriority::High,
+            pin: Pin::Auto,
+        },
+    )
+    .await
+    .unwrap();
+    verify_range(&pool, volume, 0..64, 1).await;
+    assert!(pool.status().promoted_blocks >= 60);
+    // None never promotes.
+    pool.set_volume_policy(
+        "data",
+        TierPolicy {
+            priority: CachePriority::None,
+            pin: Pin::Auto,
+        },
+    )
+    .await
+    .unwrap();
+    let promoted = pool.status().promoted_blocks;
+    for _ in 0..3 {
+        verify_range(&pool, volume, 1024..1088, 1).await;
+    }
+    assert_eq!(pool.status().promoted_blocks, promoted);
+    // Pinned to capacity: cleaning flash moves all of the volume off it.
+    pool.set_volume_policy(
+        "data",
+        TierPolicy {
+            priority: CachePriority::Normal,
+            pin: Pin::Capacity,
+        },
+    )
+    .await
+    .unwrap();
+    for _ in 0..8 {
+        pool.clean(48).await.unwrap();
+        pool.checkpoint().await.unwrap();
+    }
+    // All of it but what sits in the open log head (promoted blocks), which
+    // is not cleaned while it is being written.
+    let stats = pool.volume_tier_stats("data").unwrap();
+    assert!(stats.flash_bytes <= SEGMENT_BYTES, "{stats:?}");
+    assert_eq!(stats.policy.pin, Pin::Capacity);
+    verify_range(&pool, volume, 0..8192, 1).await;
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn tiers_and_policies_survive_a_reopen_and_a_crash() {
+    let (flash, capacity, pool, volume) = filled_pool().await;
+    let policy = TierPolicy {
+        priority: CachePriority::Low,
+        pin: Pin::Flash,
+    };
+    pool.set_volume_policy("data", policy).await.unwrap();
+    pool.close().await.unwrap();
+    let reopen = || async {
+        let device = Arc::new(ConcatenatedDevice::new(flash.clone(), capacity.clone()));
+        Pool::open(device, limits()).await.unwrap()
+    };
+    let pool = reopen().await;
+    assert_eq!(pool.volume_info("data").unwrap().policy, policy);
+    // Pinned to flash but twice its size: reads promote until flash is full,
+    // and a pin is a preference, so writes still find room.
+    verify_range(&pool, volume, 0..8192, 1).await;
+    write_range(&pool, volume, 0..512, 4).await;
+    // Crash: nothing after the last flush is owed, everything before it is.
+    pool.abandon();
+    drop(pool);
+    let pool = reopen().await;
+    verify_range(&pool, volume, 0..512, 4).await;
+    verify_range(&pool, volume, 512..8192, 1).await;
+    assert_eq!(pool.volume_info("data").unwrap().policy, policy);
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn another_capacity_device_is_refused_and_left_alone() {
+    let (flash, _, pool, _) = filled_pool().await;
+    pool.close().await.unwrap();
+    // A capacity device of another pool, and a blank one.
+    let (_, other_capacity, other, _) = filled_pool().await;
+    other.close().await.unwrap();
+    for capacity in [other_capacity, Arc::new(MemoryDevice::new(CAPACITY_BYTES))] {
+        let before = capacity.snapshot();
+        let device = Arc::new(ConcatenatedDevice::new(flash.clone(), capacity.clone()));
+        let error = match Pool::open(device as Arc<dyn BlockDevice>, limits()).await {
+            Ok(_) => panic!("opened with the wrong capacity device"),
+            Err(error) => error,
+        };
+        assert!(
+            matches!(error, EngineError::WrongCapacityDevice { .. }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("capacity"), "{error}");
+        assert!(capacity.snapshot() == before, "refusing changed the device");
+    }
+}
+
+#[tokio::test]
+async fn a_capacity_device_too_small_is_refused() {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(3 << 19));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    let error = match Pool::create(device, options(), limits()).await {
+        Ok(_) => panic!("created a pool on a capacity device of 1.5 MiB"),
+        Err(error) => error,
+    };
+    assert!(
+        matches!(&error, EngineError::DeviceTooSmall { device, .. } if device.contains("capacity")),
+        "{error:?}"
+    );
+}
