@@ -73,6 +73,15 @@ impl Stream {
     }
 }
 
+/// Test hook, for every pool of the process: when set, a freed segment goes to
+/// the front of the free list instead of the back, so that it is the next one
+/// taken. Crash tests use it to rewrite a segment as soon as the reuse rule
+/// allows (with the back, a segment freed too early is seldom reached before
+/// the checkpoints that would have made its reuse safe anyway).
+#[doc(hidden)]
+pub static REUSE_FREED_SEGMENTS_FIRST: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Free segments each kind of allocation must leave behind.
 /// Free segments kept for records without data (one segment holds thousands).
 pub const RECORD_RESERVE_SEGMENT_COUNT: usize = 1;
@@ -566,7 +575,14 @@ impl State {
             "freeing segment {segment_index} with live blocks"
         );
         segment.state = SegmentState::Free;
-        self.free_segments.push_back(segment_index);
+        // Oldest freed first: a freed segment is rewritten as late as possible.
+        // Tests that must see a segment rewritten soon after it is freed turn
+        // the order around.
+        if REUSE_FREED_SEGMENTS_FIRST.load(std::sync::atomic::Ordering::Relaxed) {
+            self.free_segments.push_front(segment_index);
+        } else {
+            self.free_segments.push_back(segment_index);
+        }
         if let Some(cache) = &self.cache {
             cache.invalidate_range(
                 self.geometry.segment_first_block(segment_index),
