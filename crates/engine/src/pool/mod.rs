@@ -1340,12 +1340,15 @@ impl Pool {
                     if state.failed.is_some() {
                         return;
                     }
-                    // Dead segments become free only through checkpoints; an idle
-                    // pool must still take them, or trimmed space never returns.
-                    let space_waiting = state
-                        .segments
-                        .iter()
-                        .any(|segment| matches!(segment.state, state::SegmentState::Dead { .. }));
+                    // Dead segments written since the older checkpoint become
+                    // free only through checkpoints (the others through the
+                    // flush below); an idle pool must still take them, or
+                    // trimmed space never returns.
+                    let covered = state.covered_by_every_checkpoint();
+                    let space_waiting = state.segments.iter().any(|segment| {
+                        matches!(segment.state, state::SegmentState::Dead { .. })
+                            && segment.last_batch_sequence > covered
+                    });
                     let dirty = state
                         .open_batch
                         .as_ref()
