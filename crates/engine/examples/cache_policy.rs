@@ -25,10 +25,11 @@ const CACHE_PERCENTS: [f64; 5] = [1.0, 2.0, 5.0, 10.0, 20.0];
 const ZIPF_THETA: f64 = 0.99;
 const TRACE_SEED: u64 = 42;
 /// One colour per policy, in the order of `POLICY_NAMES`.
-const POLICY_COLORS: [RGBColor; 3] = [
+const POLICY_COLORS: [RGBColor; 4] = [
     RGBColor(200, 30, 30),
     RGBColor(20, 80, 200),
     RGBColor(20, 150, 60),
+    RGBColor(230, 140, 0),
 ];
 /// Fonts tried for the plot's text (package fonts-dejavu-core).
 const FONT_CANDIDATES: [&str; 2] = [
@@ -212,10 +213,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings = parse_arguments();
     let scan_length_keys = settings.key_count * settings.scan_length_percent / 100;
     let mut points = Vec::new();
-    println!(
-        "{:<20} {:>7} {:>9} {:>10} {:>10} {:>10}",
-        "trace", "cache %", "entries", "lru", "s3-fifo", "w-tinylfu"
-    );
+    print!("{:<20} {:>7} {:>9}", "trace", "flash %", "entries");
+    for policy in POLICY_NAMES {
+        print!(" {policy:>10} {:>10}", format!("{policy} zipf"));
+    }
+    println!();
     for trace in ["zipf", "scan-polluted zipf"] {
         for cache_percent in CACHE_PERCENTS {
             let capacity_entries = (settings.key_count as f64 * cache_percent / 100.0) as usize;
@@ -232,7 +234,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     );
                     run(policy, capacity_entries, polluted, &settings)
                 };
-                row.push(hit_ratio);
+                row.push((hit_ratio, zipf_hit_ratio));
                 points.push(Point {
                     trace,
                     policy,
@@ -242,12 +244,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     zipf_hit_ratio,
                 });
             }
-            println!(
-                "{trace:<20} {cache_percent:>7} {capacity_entries:>9} {:>9.2}% {:>9.2}% {:>9.2}%",
-                row[0] * 100.0,
-                row[1] * 100.0,
-                row[2] * 100.0
-            );
+            print!("{trace:<20} {cache_percent:>7} {capacity_entries:>9}");
+            for (hit_ratio, zipf_hit_ratio) in row {
+                print!(" {:>9.2}% {:>9.2}%", hit_ratio * 100.0, zipf_hit_ratio * 100.0);
+            }
+            println!();
         }
     }
     let report = serde_json::json!({
