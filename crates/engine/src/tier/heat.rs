@@ -8,9 +8,11 @@
 //! (its counter is above zero) is reinserted, that is relocated within flash with
 //! its counter decremented; any other is demoted to capacity. A block read from
 //! capacity is promoted (moved to flash) only when it was read recently before:
-//! a ghost FIFO of recently read capacity blocks plays S3-FIFO's ghost queue, so
-//! that one sequential scan, which reads every block once, promotes nothing and
-//! cannot push the hot set out. Fresh writes land on flash with the heat of the
+//! a ghost of recently read capacity blocks (as many as the flash holds, 4
+//! bytes each) plays S3-FIFO's ghost queue, so that one sequential scan, which
+//! reads every block once, promotes nothing and cannot push the hot set out.
+//! `tier::policy::HeatPolicy` runs this struct on synthetic traces; the
+//! figures are in the decision note's "Engine policy (log FIFO)". Fresh writes land on flash with the heat of the
 //! block they replace, so rewritten-hot data stays and write-once data (a copied
 //! file share) leaves at the first cleaning.
 //!
