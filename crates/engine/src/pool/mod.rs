@@ -88,7 +88,8 @@ pub struct PoolLimits {
     /// How often the paced cleaner looks at free space and its budget.
     pub cleaner_interval_ms: u64,
     /// Recently read capacity blocks remembered for promotion decisions (the
-    /// ghost FIFO, about 40 bytes each; two-tier pools only).
+    /// ghost, 4 bytes each, allocated in full; two-tier pools only; at most one
+    /// per flash block is used).
     pub tier_ghost_entries_max: usize,
     /// Share of flash the demoter keeps free in a two-tier pool, in percent
     /// (0 turns the demoter off; cleaning then demotes only under pressure).
@@ -111,7 +112,7 @@ impl Default for PoolLimits {
             cleaner_relocation_blocks_per_client_block_max: 32.0,
             cleaner_headroom_segment_count: 4,
             cleaner_interval_ms: 5,
-            tier_ghost_entries_max: 1 << 20,
+            tier_ghost_entries_max: 1 << 24,
             tier_flash_free_percent: 10,
             tier_demotion_interval_ms: 20,
         }

@@ -654,7 +654,7 @@ const NO_KEY: u64 = u64::MAX;
 /// on capacity. A request of a resident key is a hit and a
 /// [`Heat::flash_accessed`]; a request of any other key asks
 /// [`Heat::admit_from_capacity`] (the key is its capacity address), and an
-/// admitted key is appended at the head with counter 1, as the engine's
+/// admitted key is appended at the head with counter 0, as the engine's
 /// promotion does. After every append, while fewer than `free_percent` of the
 /// segments are free (the demoter's target, `tier_flash_free_percent`), the
 /// oldest segment is cleaned: each live slot asks [`Heat::keep_on_flash`]; kept
@@ -700,9 +700,9 @@ impl HeatPolicy {
     /// The engine's default `tier_flash_free_percent`.
     pub const FREE_PERCENT: usize = 10;
     /// The engine's default `tier_ghost_entries_max`.
-    pub const GHOST_ENTRIES_MAX: usize = 1 << 20;
+    pub const GHOST_ENTRIES_MAX: usize = 1 << 24;
     /// The counter a promoted block starts with (`pool::state::append_relocation`).
-    pub const PROMOTED_COUNTER: u8 = 1;
+    pub const PROMOTED_COUNTER: u8 = 0;
 
     /// A flash of `capacity_entries` slots in [`Self::SEGMENT_COUNT`] segments
     /// (fewer, of one slot, when it is smaller), the engine's default free
