@@ -311,8 +311,8 @@ fn metric_header(text: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// Tier space, promotions, demotions, and per volume its bytes per tier and
-/// its block reads by the tier that served them. Capacity figures appear only
-/// for a pool with a capacity tier; read counters appear for every pool.
+/// its block reads by the tier that served them. Capacity series appear only
+/// for a pool with a capacity tier.
 fn tier_metrics(
     pool: &Pool,
     status: &lamina_engine::PoolStatus,
@@ -395,11 +395,13 @@ fn tier_metrics(
     );
     for volume in &stats {
         let counters = &volume.counters;
-        for (tier, blocks) in [
+        let tiers = [
             ("memory", counters.memory_read_blocks),
             ("flash", counters.flash_read_blocks),
             ("capacity", counters.capacity_read_blocks),
-        ] {
+        ];
+        let tier_count = if status.capacity.is_some() { 3 } else { 2 };
+        for (tier, blocks) in &tiers[..tier_count] {
             text.push_str(&format!(
                 "lamina_volume_read_blocks_total{{volume=\"{}\",tier=\"{tier}\"}} {blocks}\n",
                 volume.volume

@@ -409,3 +409,34 @@ pub async fn open_pool_with_models(
     };
     Ok(Pool::open(device, limits).await?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_descriptions_from_before_two_tiers_still_read() {
+        let old: PoolDescription = toml::from_str("flash = \"/srv/pool.img\"\n").unwrap();
+        assert_eq!(old.flash, PathBuf::from("/srv/pool.img"));
+        assert_eq!(old.capacity, None);
+        assert_eq!(old.flash_model, None);
+        assert_eq!(old.capacity_model, None);
+        // A one-tier description is written as before.
+        assert_eq!(
+            toml::to_string(&old).unwrap(),
+            "flash = \"/srv/pool.img\"\n"
+        );
+        let two_tier = PoolDescription {
+            flash: PathBuf::from("/dev/nvme0n1"),
+            flash_model: None,
+            capacity: Some(PathBuf::from("/dev/sda")),
+            capacity_model: recorded_model(Some(HDD_7200_DEVICE_MODEL)),
+        };
+        let text = toml::to_string(&two_tier).unwrap();
+        let read: PoolDescription = toml::from_str(&text).unwrap();
+        assert_eq!(read.capacity, two_tier.capacity);
+        assert_eq!(read.capacity_model.as_deref(), Some("hdd-7200"));
+        assert_eq!(recorded_model(Some(NO_DEVICE_MODEL)), None);
+        assert!(toml::from_str::<PoolDescription>("flash = \"x\"\ncapacty = \"y\"\n").is_err());
+    }
+}
