@@ -599,6 +599,13 @@ fn errors_models_and_policies_across_a_restart() {
     assert!(daemon.terminate().success());
     let stats = lamina_ok(data_dir, &["volume", "stats", "share"]);
     assert_eq!(stats["policy"]["priority"], "none", "{stats}");
+    // Offline (no daemon): set, and see it after reopening.
+    lamina_ok(data_dir, &["volume", "set", "share", "--pin", "capacity"]);
+    let stats = lamina_ok(data_dir, &["volume", "stats", "share"]);
+    assert_eq!(
+        stats["policy"],
+        serde_json::json!({"priority": "none", "pin": "capacity"})
+    );
 
     // The daemon's config overrides the recorded model, with its own
     // parameters, or with none; an unknown name stops it with a clear error.
