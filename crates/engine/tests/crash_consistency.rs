@@ -5,8 +5,9 @@
 //! at 512-byte boundaries), recovery, and a block-by-block comparison with a
 //! shadow model that knows, for every block, which contents it may hold: the last
 //! durable one or any written since. Each run crashes twice, so recovery of a
-//! recovered pool is covered too. `LAMINA_CRASH_RUNS` sets the number of seeds
-//! (default 1000).
+//! recovered pool is covered too. Odd seeds make freed segments the next ones
+//! taken, so that a segment freed too early is rewritten before the cut.
+//! `LAMINA_CRASH_RUNS` sets the number of seeds (default 1000).
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
 mod common;
 
 use common::corrupt_newest_checkpoint_slot;
+use lamina_engine::pool::state::REUSE_FREED_SEGMENTS_FIRST;
 use lamina_engine::{CachePriority, Pin, Pool, PoolLimits, PoolOptions, TierPolicy};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -511,6 +513,7 @@ async fn settle_pending_snapshot(
 }
 
 async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
+    REUSE_FREED_SEGMENTS_FIRST.store(seed % 2 == 1, std::sync::atomic::Ordering::Relaxed);
     let mut rng = SmallRng::seed_from_u64(seed);
     let (device_bytes, flash_region_bytes) = if two_tiers {
         (TWO_TIER_DEVICE_BYTES, Some(TWO_TIER_FLASH_BYTES))

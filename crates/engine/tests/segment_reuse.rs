@@ -1,14 +1,19 @@
-//! Falling back to the older checkpoint after a trim whose record and whose
-//! trimmed data both sit in segments that have since died: recovery must replay
-//! the trim, so the trimmed blocks read as zeros, while every later write (enough
-//! to use every segment clients may take, then a cleaning pass) is intact.
+//! When a dead segment may be rewritten (docs/decisions/0006-segment-reuse.md):
+//! only once both kept checkpoints cover every batch written into it, and the
+//! batches that killed its blocks are durable. Every test here makes freed
+//! segments the next ones taken (`REUSE_FREED_SEGMENTS_FIRST`), so that a
+//! segment freed too early is rewritten at once instead of after the
+//! checkpoints that would have made its reuse safe anyway.
 //!
-//! Known limit, left for a follow-up: this does not catch freeing dead segments
-//! when only the newest checkpoint covers their death (mutation tried). Freed
-//! segments join the back of the free list, and neither clients nor one cleaning
-//! pass reach them before the next checkpoint, which then covers the death. The
-//! window exists (the cleaner and checkpoints may take deeper into the list), so
-//! a test that forces it needs control over the free list's order.
+//! - A trim whose record and trimmed data sit in segments that died must be
+//!   replayed when recovery falls back to the older checkpoint.
+//! - A block the cleaner relocated out of a victim written after the older (or
+//!   the newest) checkpoint must survive the victim's reuse: replay needs the
+//!   victim's summaries to map the block before the relocation moves it
+//!   (condition a).
+//! - A segment whose blocks were overwritten by batches not yet durable must not
+//!   be rewritten: a power cut may keep the rewrite and lose the overwrites, and
+//!   the recovered map would point into the rewritten segment (condition b).
 
 use std::sync::Arc;
 
@@ -16,6 +21,8 @@ use lamina_device::{BlockDevice, MemoryDevice};
 mod common;
 
 use common::corrupt_newest_checkpoint_slot;
+use lamina_device::{FaultyDevice, PowerCutStyle};
+use lamina_engine::pool::state::REUSE_FREED_SEGMENTS_FIRST;
 use lamina_engine::{Pool, PoolLimits, PoolOptions};
 
 const BLOCK: usize = 4096;
@@ -55,6 +62,7 @@ async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, gen
 
 #[tokio::test(flavor = "current_thread")]
 async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
+    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
@@ -119,6 +127,282 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
             _ => 4,
         };
         assert!(buffer == contents(block, generation), "block {block}");
+    }
+    pool.close().await.unwrap();
+}
+
+/// Data blocks a client segment holds when written block by block: one batch of
+/// 15 behind its summary.
+const CLIENT_BLOCKS_PER_SEGMENT: u64 = SEGMENT_BYTES / BLOCK as u64 - 1;
+
+async fn read_block(pool: &Pool, volume: u32, block: u64) -> Vec<u8> {
+    let mut buffer = vec![0u8; BLOCK];
+    pool.read(volume, block * BLOCK as u64, &mut buffer)
+        .await
+        .unwrap_or_else(|error| panic!("block {block}: {error}"));
+    buffer
+}
+
+/// A victim segment S holds one live block (P) among overwritten ones; the
+/// cleaner relocates P, S dies, its death is flushed, and clients then write
+/// until a blocked writer's reclaim frees S and the next client segment is S.
+/// After a crash, replay must still map P: its relocation record only moves
+/// what S's own summary put in the map, so S must not be rewritten before both
+/// checkpoints recovery may start from cover S's batches.
+async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: bool) {
+    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
+    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+        flash_region_bytes: None,
+    };
+    let pool = Pool::create(memory.clone(), options, limits())
+        .await
+        .unwrap();
+    let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
+    let full = CLIENT_BLOCKS_PER_SEGMENT;
+    // Old data, covered by both checkpoints.
+    write_range(&pool, volume, 0..2 * full, 1).await;
+    pool.checkpoint().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    // S: P (block 100) and fillers, which are then overwritten, so S is the
+    // emptiest segment by far and the cleaner's first victim.
+    write_range(&pool, volume, 100..100 + full, 1).await;
+    write_range(&pool, volume, 101..100 + full, 2).await;
+    if checkpoint_after_victim {
+        // Only the newest checkpoint covers S: falling back to the older one
+        // needs S's summaries.
+        pool.checkpoint().await.unwrap();
+    }
+    assert_eq!(pool.clean(1).await.unwrap(), 1, "S is emptied");
+    pool.flush().await.unwrap();
+    assert_eq!(pool.status().dead_segment_count, 1);
+    // Write until S has been freed (by a blocked writer's reclaim, once the
+    // pool is full); the write that found the pool full and the next ones
+    // land in S, the segment freed last.
+    let mut next = 1000u64;
+    while pool.status().dead_segment_count > 0 {
+        write_range(&pool, volume, next..next + 1, 3).await;
+        next += 1;
+        assert!(next < 1000 + 64 * full, "S is never freed");
+    }
+    write_range(&pool, volume, next..next + full - 1, 3).await;
+    next += full - 1;
+    pool.flush().await.unwrap();
+    pool.abandon();
+    drop(pool);
+
+    if checkpoint_after_victim {
+        corrupt_newest_checkpoint_slot(&memory);
+    }
+    let pool = Pool::open(memory.clone() as Arc<dyn BlockDevice>, limits())
+        .await
+        .unwrap();
+    assert!(
+        read_block(&pool, volume, 100).await == contents(100, 1),
+        "the relocated block lost its contents"
+    );
+    for block in 0..2 * full {
+        assert!(
+            read_block(&pool, volume, block).await == contents(block, 1),
+            "block {block}"
+        );
+    }
+    for block in 101..100 + full {
+        assert!(
+            read_block(&pool, volume, block).await == contents(block, 2),
+            "block {block}"
+        );
+    }
+    for block in 1000..next {
+        assert!(
+            read_block(&pool, volume, block).await == contents(block, 3),
+            "block {block}"
+        );
+    }
+    pool.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_victim_written_after_both_checkpoints_is_not_rewritten_before_they_cover_it() {
+    relocated_block_survives_its_victims_reuse(false).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_victim_only_the_newest_checkpoint_covers_is_not_rewritten_before_the_older_does() {
+    relocated_block_survives_its_victims_reuse(true).await;
+}
+
+/// Segments that both checkpoints cover die through overwrites that are not
+/// yet durable, while the paced cleaner looks at the pool (it frees what it
+/// may at every look). New writes that take freed segments, and a power cut
+/// that keeps some unflushed writes and loses others: every block must read
+/// as its durable or a later content, never fail its checksum.
+#[tokio::test(flavor = "current_thread")]
+async fn segments_whose_death_is_not_durable_are_not_rewritten() {
+    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
+    let full = CLIENT_BLOCKS_PER_SEGMENT;
+    let old_blocks = 4 * full;
+    let paced = PoolLimits {
+        cleaner_relocation_blocks_per_client_block_max: 32.0,
+        cleaner_interval_ms: 1,
+        ..limits()
+    };
+    for seed in 0..24u64 {
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
+        let options = PoolOptions {
+            segment_size_bytes: SEGMENT_BYTES,
+            force: false,
+            flash_region_bytes: None,
+        };
+        let pool = Pool::create(faulty.clone(), options, paced.clone())
+            .await
+            .unwrap();
+        let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
+        write_range(&pool, volume, 0..old_blocks, 1).await;
+        pool.checkpoint().await.unwrap();
+        pool.checkpoint().await.unwrap();
+        // Kill the old segments in batches that stay unflushed.
+        write_range(&pool, volume, 0..old_blocks, 2).await;
+        // Let the batches reach the device (unflushed) and the paced cleaner look.
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        write_range(&pool, volume, 1000..1000 + old_blocks, 3).await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        faulty.power_cut(PowerCutStyle::Random).await.unwrap();
+        pool.abandon();
+        drop(pool);
+
+        let pool = Pool::open(memory.clone() as Arc<dyn BlockDevice>, limits())
+            .await
+            .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
+        let zeros = vec![0u8; BLOCK];
+        for block in 0..old_blocks {
+            let mut buffer = vec![0u8; BLOCK];
+            pool.read(volume, block * BLOCK as u64, &mut buffer)
+                .await
+                .unwrap_or_else(|error| panic!("seed {seed}: block {block}: {error}"));
+            assert!(
+                buffer == contents(block, 1) || buffer == contents(block, 2),
+                "seed {seed}: block {block} holds content never written"
+            );
+        }
+        for block in 1000..1000 + old_blocks {
+            let mut buffer = vec![0u8; BLOCK];
+            pool.read(volume, block * BLOCK as u64, &mut buffer)
+                .await
+                .unwrap_or_else(|error| panic!("seed {seed}: block {block}: {error}"));
+            assert!(
+                buffer == zeros || buffer == contents(block, 3),
+                "seed {seed}: block {block} holds content never written"
+            );
+        }
+        pool.close().await.unwrap();
+    }
+}
+
+/// A device whose reads wait at a gate before reading, so that a test can hold
+/// a read between the pool's map lookup and the device read.
+struct GatedDevice {
+    inner: Arc<MemoryDevice>,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait::async_trait]
+impl BlockDevice for GatedDevice {
+    fn name(&self) -> &str {
+        "gated"
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    async fn read(
+        &self,
+        offset: u64,
+        length: usize,
+    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
+        let mut open = self.open.clone();
+        open.wait_for(|open| *open)
+            .await
+            .expect("gate sender alive");
+        self.inner.read(offset, length).await
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: Arc<lamina_device::AlignedBuffer>,
+    ) -> Result<(), lamina_device::DeviceError> {
+        self.inner.write(offset, data).await
+    }
+
+    async fn flush(&self) -> Result<(), lamina_device::DeviceError> {
+        self.inner.flush().await
+    }
+}
+
+/// A read looks its blocks up, then reads the device without the lock. If the
+/// blocks are overwritten and their segment freed and rewritten meanwhile (now
+/// possible a flush after the overwrite), the read finds another block's bytes:
+/// it must read the blocks' new homes, not fail and never return the bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
+    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
+    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let (gate, open) = tokio::sync::watch::channel(true);
+    let device = Arc::new(GatedDevice {
+        inner: memory,
+        open,
+    });
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+        flash_region_bytes: None,
+    };
+    let limits = PoolLimits {
+        memory_cache_bytes: 0,
+        ..limits()
+    };
+    let pool = Pool::create(device, options, limits).await.unwrap();
+    let volume = pool.create_volume("data", 4 << 20).await.unwrap().volume_id;
+    // Blocks 0..8 in one batch, then filler that fills their segment, all
+    // covered by both checkpoints.
+    let first: Vec<u8> = (0..8).flat_map(|block| contents(block, 1)).collect();
+    pool.write(volume, 0, &first, false).await.unwrap();
+    write_range(&pool, volume, 200..232, 1).await;
+    pool.checkpoint().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    // A read of them held after its lookup.
+    gate.send(false).unwrap();
+    let reader = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut buffer = vec![0u8; 8 * BLOCK];
+            let result = pool.read(volume, 0, &mut buffer).await;
+            (result, buffer)
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Overwrite them (their segment dies and, once flushed, is freed first),
+    // then write enough elsewhere that the freed segment is rewritten.
+    let second: Vec<u8> = (0..8).flat_map(|block| contents(block, 2)).collect();
+    pool.write(volume, 0, &second, false).await.unwrap();
+    write_range(&pool, volume, 200..232, 2).await;
+    pool.flush().await.unwrap();
+    write_range(&pool, volume, 100..180, 3).await;
+    pool.flush().await.unwrap();
+    gate.send(true).unwrap();
+    let (result, buffer) = reader.await.unwrap();
+    result.expect("the read failed instead of reading the blocks' new homes");
+    for block in 0..8 {
+        let found = &buffer[block * BLOCK..(block + 1) * BLOCK];
+        assert!(
+            found == contents(block as u64, 1) || found == contents(block as u64, 2),
+            "block {block} read another block's bytes"
+        );
     }
     pool.close().await.unwrap();
 }

@@ -4,8 +4,9 @@
 //! and rewriting its live blocks), reads each victim in one device read, and moves
 //! every block that is still live to the cleaner's own log head, apart from fresh
 //! client writes, so that cold data gathers in segments that stay full. A victim
-//! whose live blocks are all moved is dead, and is freed by the checkpoints that
-//! follow (see `state::checkpoint_became_durable`).
+//! whose live blocks are all moved is dead, and is freed once its relocations
+//! are durable, or by the checkpoints that follow if it was written since the
+//! older kept checkpoint (see `state::dead_segment_reusable`).
 //!
 //! Relocations go to one of several cleaner streams by how many cleanings the
 //! data has survived (`placement`). The cleaner runs in the background, paced
@@ -37,8 +38,8 @@ pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
 const VICTIM_UTILIZATION_MAX: f64 = 0.97;
 
 /// Clean-and-checkpoint rounds a blocked writer runs at least before giving up
-/// (a victim is freed two rounds after it is emptied); pools with more segments
-/// than this get one round per segment.
+/// (a victim is freed by the next round's flush, or up to two checkpoints after
+/// it is emptied); pools with more segments than this get one round per segment.
 const RECLAIM_ROUNDS_MAX: usize = 32;
 
 /// Blocks relocated per hold of the state lock.
@@ -47,7 +48,7 @@ const RELOCATION_CHUNK_BLOCKS: usize = 64;
 /// Checkpoint bodies' worth of segments that clients leave to the cleaner.
 pub const CLEANER_RESERVE_CHECKPOINT_BODIES: u64 = 8;
 
-/// Segments emptied and waiting for checkpoints to be freed.
+/// Segments emptied and waiting for a flush or checkpoints to be freed.
 fn dead_segment_count(state: &State) -> usize {
     state
         .segments
@@ -391,8 +392,8 @@ impl Pool {
     }
 
     /// Frees space for a write that found no free segment: waits for anyone else
-    /// already doing it, then cleans and checkpoints. Returns whether a client
-    /// may now allocate a segment.
+    /// already doing it, then flushes, cleans and checkpoints as needed.
+    /// Returns whether a client may now allocate a segment.
     pub(crate) async fn reclaim(&self) -> Result<bool, EngineError> {
         let _guard = self.inner.reclaim_lock.lock().await;
         let has_room =
@@ -400,27 +401,29 @@ impl Pool {
         if has_room(&self.inner.lock()) {
             return Ok(true);
         }
-        // Dead segments only need checkpoints; clean only if that is not enough,
-        // and repeat while anything is dead or cleaning makes progress. One
-        // checkpoint per round, not two: a dead segment is freed once both kept
-        // checkpoints cover its death, so each round's checkpoint frees what the
-        // round before last emptied, and every checkpoint (which writes the whole
-        // map) is shared by two rounds of victims.
+        // Each round first flushes: a dead segment whose batches both kept
+        // checkpoints cover is free once its death is durable (decision 0006),
+        // which is what cleaning old victims gives. Dead segments written since
+        // the older checkpoint need checkpoints: one is taken when they would
+        // be enough, or when the last pass emptied nothing (the cleaner's
+        // reserve may be spent); otherwise a cleaning pass runs.
         // Each round either frees what earlier rounds emptied or empties a
         // victim (which gains at least 3% of a segment), so a pool with little
         // slack may need many rounds; they stop when neither happens.
         let rounds_max = RECLAIM_ROUNDS_MAX.max(self.inner.geometry.segment_count as usize);
+        let mut last_pass_emptied = true;
         for _ in 0..rounds_max {
-            self.checkpoint().await?;
-            let dead = {
-                let state = self.inner.lock();
+            self.flush().await?;
+            let (awaiting_checkpoint, take_checkpoint) = {
+                let mut state = self.inner.lock();
+                state.free_reusable_dead_segments();
                 if has_room(&state) {
                     return Ok(true);
                 }
-                // Dead segments whose death a sealed batch covers: the next
-                // checkpoint or two free them (one that died while no batch was
-                // open waits for a later batch, which cleaning makes).
-                let dead = state
+                // Dead segments whose death a sealed batch covers: checkpoints
+                // free them (one that died in the open batch waits for a later
+                // batch, which cleaning makes).
+                let awaiting_checkpoint = state
                     .segments
                     .iter()
                     .enumerate()
@@ -432,37 +435,62 @@ impl Pool {
                     .count();
                 // Enough is dead already: cleaning now would only spend the free
                 // segments the next checkpoints are about to add to.
-                if state.free_segments.len() + dead > state.reserve_for(Allocation::Client) {
-                    continue;
-                }
-                dead
+                let enough = state.free_segments.len() + awaiting_checkpoint
+                    > state.reserve_for(Allocation::Client);
+                (
+                    awaiting_checkpoint,
+                    enough || (!last_pass_emptied && awaiting_checkpoint > 0),
+                )
             };
+            if take_checkpoint {
+                self.checkpoint().await?;
+                last_pass_emptied = true;
+                continue;
+            }
             let emptied = self
                 .clean_with(CLEAN_PASS_SEGMENTS_MAX, VictimPolicy::CostBenefit)
                 .await?;
+            last_pass_emptied = emptied > 0;
             // Writers that still had room in the client head may have emptied
-            // segments meanwhile: those need only checkpoints too.
-            if emptied == 0 && dead == 0 && dead_segment_count(&self.inner.lock()) == 0 {
+            // segments meanwhile: those need only a flush or checkpoints too.
+            if emptied == 0
+                && awaiting_checkpoint == 0
+                && dead_segment_count(&self.inner.lock()) == 0
+            {
                 break;
             }
         }
         Ok(has_room(&self.inner.lock()))
     }
 
-    /// Background cleaning: when free space is under the low watermark, one
-    /// pass, then the checkpoints that turn emptied victims into free segments.
+    /// Background cleaning: frees dead segments whose deaths the background
+    /// flush made durable; then, when free space is under the low watermark,
+    /// one pass, a flush that frees the victims both checkpoints cover, and
+    /// the checkpoints that free the others if space is still short.
     pub(crate) async fn clean_in_background(&self) -> Result<(), EngineError> {
-        let below_watermark = {
-            let state = self.inner.lock();
+        let below_watermark = |state: &State| {
             let low_watermark = state.reserve_for(Allocation::Client)
-                + (state.segments.len() / 10).max(CLEAN_PASS_SEGMENTS_MAX);
+                + (state.geometry.flash_segment_count as usize / 10).max(CLEAN_PASS_SEGMENTS_MAX);
             state.free_segments.len() < low_watermark
         };
-        if !below_watermark {
-            return Ok(());
+        {
+            let mut state = self.inner.lock();
+            state.free_reusable_dead_segments();
+            if !below_watermark(&state) {
+                return Ok(());
+            }
         }
         if self.clean(CLEAN_PASS_SEGMENTS_MAX).await? > 0 {
+            self.flush().await?;
             for _ in 0..2 {
+                let waiting = {
+                    let mut state = self.inner.lock();
+                    state.free_reusable_dead_segments();
+                    below_watermark(&state) && dead_segment_count(&state) > 0
+                };
+                if !waiting {
+                    break;
+                }
                 self.checkpoint().await?;
             }
         }

@@ -88,7 +88,8 @@ pub struct PoolLimits {
     /// How often the paced cleaner looks at free space and its budget.
     pub cleaner_interval_ms: u64,
     /// Recently read capacity blocks remembered for promotion decisions (the
-    /// ghost FIFO, about 40 bytes each; two-tier pools only).
+    /// ghost, 4 bytes each, allocated in full; two-tier pools only; at most one
+    /// per flash block is used).
     pub tier_ghost_entries_max: usize,
     /// Share of flash the demoter keeps free in a two-tier pool, in percent
     /// (0 turns the demoter off; cleaning then demotes only under pressure).
@@ -111,7 +112,7 @@ impl Default for PoolLimits {
             cleaner_relocation_blocks_per_client_block_max: 32.0,
             cleaner_headroom_segment_count: 4,
             cleaner_interval_ms: 5,
-            tier_ghost_entries_max: 1 << 20,
+            tier_ghost_entries_max: 1 << 24,
             tier_flash_free_percent: 10,
             tier_demotion_interval_ms: 20,
         }
@@ -186,6 +187,18 @@ pub struct VolumeTierStats {
     pub memory_hit_ratio: f64,
     pub flash_hit_ratio: f64,
     pub capacity_read_ratio: f64,
+}
+
+/// Times a read starts again because a block it was reading moved and its old
+/// place was rewritten meanwhile (each retry reads the block's new home).
+const READ_MOVED_RETRY_COUNT_MAX: usize = 4;
+
+/// How one read attempt ended.
+enum ReadOutcome {
+    Done,
+    /// A block failed its checksum and the map no longer points there: the
+    /// error to return if retries run out.
+    Moved(EngineError),
 }
 
 /// A capacity block a read decided to promote: (logical block, physical block,
@@ -698,8 +711,32 @@ impl Pool {
         offset: u64,
         buffer: &mut [u8],
     ) -> Result<(), EngineError> {
+        let mut attempt = 0;
+        loop {
+            match self.read_view_once(view, offset, buffer).await? {
+                ReadOutcome::Done => return Ok(()),
+                // A block moved (cleaned, demoted, promoted, overwritten) and
+                // its old segment was rewritten while the read was in flight:
+                // the map has its new home, so read again.
+                ReadOutcome::Moved(mismatch) => {
+                    attempt += 1;
+                    if attempt > READ_MOVED_RETRY_COUNT_MAX {
+                        return Err(mismatch);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`Pool::read_view`].
+    async fn read_view_once(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<ReadOutcome, EngineError> {
         if buffer.is_empty() {
-            return Ok(());
+            return Ok(ReadOutcome::Done);
         }
         let block = BLOCK_SIZE_BYTES;
         let geometry = self.inner.geometry;
@@ -812,12 +849,26 @@ impl Pool {
             for (index, (logical_block, physical_block, checksum)) in run.iter().enumerate() {
                 let contents = &data[index * block as usize..(index + 1) * block as usize];
                 if block_checksum(contents) != *checksum {
-                    tracing::error!(volume = %volume_name, logical_block, physical_block, "checksum mismatch");
-                    return Err(EngineError::ChecksumMismatch {
+                    let mismatch = EngineError::ChecksumMismatch {
                         volume: volume_name.clone(),
                         logical_block: *logical_block,
                         physical_block: *physical_block,
-                    });
+                    };
+                    let moved = {
+                        let state = self.inner.lock();
+                        state
+                            .volumes
+                            .view(view)
+                            .and_then(|found| found.map.get(*logical_block))
+                            .is_none_or(|now| {
+                                now.physical_block != *physical_block || now.checksum != *checksum
+                            })
+                    };
+                    if moved {
+                        return Ok(ReadOutcome::Moved(mismatch));
+                    }
+                    tracing::error!(volume = %volume_name, logical_block, physical_block, "checksum mismatch");
+                    return Err(mismatch);
                 }
                 let (within_block, within_buffer, length) =
                     span(offset, buffer.len(), *logical_block);
@@ -834,7 +885,7 @@ impl Pool {
         if !promotions.is_empty() {
             self.promote(volume_id, promotions);
         }
-        Ok(())
+        Ok(ReadOutcome::Done)
     }
 
     /// Moves blocks just read from capacity to flash (the read has checked
@@ -1120,6 +1171,8 @@ impl Pool {
         let mut state = self.inner.lock();
         state.durable_through = state.durable_through.max(covered);
         state.flushed_bytes_total = state.flushed_bytes_total.max(sealed_bytes);
+        // Deaths just made durable free their segments (decision 0006).
+        state.free_reusable_dead_segments();
         Ok(())
     }
 
@@ -1288,12 +1341,15 @@ impl Pool {
                     if state.failed.is_some() {
                         return;
                     }
-                    // Dead segments become free only through checkpoints; an idle
-                    // pool must still take them, or trimmed space never returns.
-                    let space_waiting = state
-                        .segments
-                        .iter()
-                        .any(|segment| matches!(segment.state, state::SegmentState::Dead { .. }));
+                    // Dead segments written since the older checkpoint become
+                    // free only through checkpoints (the others through the
+                    // flush below); an idle pool must still take them, or
+                    // trimmed space never returns.
+                    let covered = state.covered_by_every_checkpoint();
+                    let space_waiting = state.segments.iter().any(|segment| {
+                        matches!(segment.state, state::SegmentState::Dead { .. })
+                            && segment.last_batch_sequence > covered
+                    });
                     let dirty = state
                         .open_batch
                         .as_ref()

@@ -2,8 +2,9 @@
 //! (`tier_flash_free_percent`), so that bursts of writes and promotions find
 //! room on flash without a writer ever waiting for a demotion to the slow tier.
 //! It cleans the oldest flash segments, which demotes their cold blocks and
-//! keeps their hot ones on flash (see `tier::heat`), and takes the checkpoints
-//! that turn emptied segments into free ones. The paced cleaner and a blocked
+//! keeps their hot ones on flash (see `tier::heat`), then flushes, which frees
+//! the emptied segments (decision 0006), and takes a checkpoint only for those
+//! written since the older checkpoint. The paced cleaner and a blocked
 //! writer's reclaim call the same `clean`, so all three agree on what moves.
 
 use std::sync::{Arc, Weak};
@@ -77,12 +78,19 @@ impl Pool {
     /// then checkpoint if that frees enough.
     async fn demote_once(&self) -> Result<(), EngineError> {
         let free_percent = self.inner.limits.tier_flash_free_percent;
-        let short = |state: &State| {
+        let short = |state: &mut State| {
+            state.free_reusable_dead_segments();
             state.free_segments.len() + freeable_dead_flash_segment_count(state)
                 < flash_free_target_segment_count(state, free_percent)
         };
-        if short(&self.inner.lock()) {
-            self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await?;
+        if !short(&mut self.inner.lock()) {
+            return Ok(());
+        }
+        if self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await? > 0 {
+            // The victims' deaths become durable, which frees those that both
+            // checkpoints cover.
+            self.flush().await?;
+            self.inner.lock().free_reusable_dead_segments();
         }
         let checkpoint_due = {
             let state = self.inner.lock();

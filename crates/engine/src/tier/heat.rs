@@ -8,9 +8,11 @@
 //! (its counter is above zero) is reinserted, that is relocated within flash with
 //! its counter decremented; any other is demoted to capacity. A block read from
 //! capacity is promoted (moved to flash) only when it was read recently before:
-//! a ghost FIFO of recently read capacity blocks plays S3-FIFO's ghost queue, so
-//! that one sequential scan, which reads every block once, promotes nothing and
-//! cannot push the hot set out. Fresh writes land on flash with the heat of the
+//! a ghost of recently read capacity blocks (as many as the flash holds, 4
+//! bytes each) plays S3-FIFO's ghost queue, so that one sequential scan, which
+//! reads every block once, promotes nothing and cannot push the hot set out.
+//! `tier::policy::HeatPolicy` runs this struct on synthetic traces; the
+//! figures are in the decision note's "Engine policy (log FIFO)". Fresh writes land on flash with the heat of the
 //! block they replace, so rewritten-hot data stays and write-once data (a copied
 //! file share) leaves at the first cleaning.
 //!
@@ -18,8 +20,6 @@
 //! block survives unaccessed) and how many recent reads a capacity block needs
 //! before promotion. Everything here is memory only: heat is a hint for where
 //! blocks go, never for what they contain, so a restart starts cold.
-
-use std::collections::{HashMap, VecDeque};
 
 use crate::volume::{CachePriority, Pin, TierPolicy};
 
@@ -45,37 +45,118 @@ fn reads_before_promotion(policy: TierPolicy) -> Option<u8> {
     }
 }
 
-/// A FIFO of recently read capacity blocks with how often each was read.
+/// Ghost entries per 100 flash blocks. The ghost's length is the window in
+/// which a second read promotes. Shorter windows promote only hotter blocks
+/// and were up to 1 point better on Zipf traces (docs/decisions/
+/// 0004-cache-admission-policy.md, "Engine policy (log FIFO)"), but a loop over
+/// a working set that fits in flash and is longer than the window would then
+/// be promoted slowly or never, and a scan longer than the window makes every
+/// block start over. As long as the flash (S3-FIFO's choice too), such a loop
+/// is all on flash after three passes (`tier::policy`'s tests).
+const GHOST_ENTRIES_PERCENT_OF_FLASH: usize = 100;
+
+/// Ghost entries per bucket. A block's entry can only be in the bucket its
+/// hash picks, and each bucket forgets its oldest entry first, so the ghost is
+/// a FIFO per bucket: close to one FIFO of all entries, without links.
+const GHOST_BUCKET_ENTRIES: usize = 8;
+
+/// Low bits of a ghost entry that count reads (1..=15; 0 is an empty entry).
+const GHOST_READ_BITS: u32 = 4;
+const GHOST_READS_MAX: u32 = (1 << GHOST_READ_BITS) - 1;
+
+/// Recently read capacity blocks with how often each was read, as 28-bit
+/// fingerprints and read counts packed into 4 bytes per entry (a `VecDeque`
+/// and a `HashMap` took about 40). Two blocks with the same bucket and
+/// fingerprint share an entry; at most `GHOST_BUCKET_ENTRIES` in 2^28 lookups
+/// of a block never read find a false entry, and then the block is promoted a
+/// read early: heat is a hint, never a correctness matter.
 struct Ghost {
-    order: VecDeque<u64>,
-    reads: HashMap<u64, u8>,
-    entries_max: usize,
+    /// Buckets of `GHOST_BUCKET_ENTRIES` (the last one may be shorter), newest
+    /// entry first; an entry is `fingerprint << GHOST_READ_BITS | reads`.
+    entries: Vec<u32>,
+    /// Non-empty entries.
+    entry_count: usize,
+    /// State of a linear congruential generator picking which entry a full
+    /// bucket forgets (fixed seed: runs repeat).
+    random: u64,
 }
 
 impl Ghost {
+    fn new(entries_max: usize) -> Self {
+        Self {
+            entries: vec![0; entries_max],
+            entry_count: 0,
+            random: 0x853c_49e6_748f_ea9b,
+        }
+    }
+
+    /// The bucket of `key` (a range of `entries`) and its fingerprint.
+    fn locate(&self, key: u64) -> (std::ops::Range<usize>, u32) {
+        // A multiply-xorshift mix: the high half picks the bucket, the low
+        // half is the fingerprint, so the two are independent.
+        let mut hash = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        hash ^= hash >> 29;
+        hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        hash ^= hash >> 32;
+        let bucket_count = self.entries.len().div_ceil(GHOST_BUCKET_ENTRIES);
+        let bucket = (((hash >> 32) * bucket_count as u64) >> 32) as usize;
+        let start = bucket * GHOST_BUCKET_ENTRIES;
+        let end = (start + GHOST_BUCKET_ENTRIES).min(self.entries.len());
+        let fingerprint = (hash as u32 >> GHOST_READ_BITS).max(1);
+        (start..end, fingerprint)
+    }
+
+    fn find(&self, bucket: &std::ops::Range<usize>, fingerprint: u32) -> Option<usize> {
+        bucket
+            .clone()
+            .find(|index| self.entries[*index] >> GHOST_READ_BITS == fingerprint)
+    }
+
     /// Counts a read of `key`; returns the reads counted before this one.
     fn record(&mut self, key: u64) -> u8 {
-        if let Some(reads) = self.reads.get_mut(&key) {
-            let before = *reads;
-            *reads = reads.saturating_add(1);
-            return before;
-        }
-        if self.entries_max == 0 {
+        if self.entries.is_empty() {
             return 0;
         }
-        while self.order.len() >= self.entries_max {
-            let oldest = self.order.pop_front().expect("a full ghost is not empty");
-            self.reads.remove(&oldest);
+        let (bucket, fingerprint) = self.locate(key);
+        if let Some(index) = self.find(&bucket, fingerprint) {
+            let entry = self.entries[index];
+            let before = entry & GHOST_READS_MAX;
+            self.entries[index] = entry - before + (before + 1).min(GHOST_READS_MAX);
+            return before as u8;
         }
-        self.order.push_back(key);
-        self.reads.insert(key, 1);
+        // The newest entry goes first. A full bucket forgets an entry of its
+        // older half picked at random rather than always its oldest: a loop
+        // over a few more blocks than fit one bucket would otherwise push out
+        // each of its blocks just before that block comes round again, and
+        // never be promoted (each promotion frees an entry, so a loop that
+        // fits the ghost as a whole is soon all promoted).
+        let length = bucket.len();
+        let dropped = if self.entries[bucket.end - 1] == 0 {
+            self.entry_count += 1;
+            length - 1
+        } else {
+            self.random = self
+                .random
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            let older_half = length / 2;
+            length - 1 - ((self.random >> 33) as usize % older_half.max(1))
+        };
+        self.entries[bucket.start..bucket.start + dropped + 1].rotate_right(1);
+        self.entries[bucket.start] = fingerprint << GHOST_READ_BITS | 1;
         0
     }
 
     fn forget(&mut self, key: u64) {
-        // The key's place in `order` goes when it reaches the front; a key
-        // recorded again meanwhile gets a second place, which is harmless.
-        self.reads.remove(&key);
+        if self.entries.is_empty() {
+            return;
+        }
+        let (bucket, fingerprint) = self.locate(key);
+        if let Some(index) = self.find(&bucket, fingerprint) {
+            self.entries[index..bucket.end].rotate_left(1);
+            self.entries[bucket.end - 1] = 0;
+            self.entry_count -= 1;
+        }
     }
 }
 
@@ -87,16 +168,17 @@ pub struct Heat {
 }
 
 impl Heat {
-    /// Heat for `flash_data_block_count` flash blocks, remembering at most
-    /// `ghost_entries_max` recently read capacity blocks.
+    /// Heat for `flash_data_block_count` flash blocks, remembering
+    /// recently read capacity blocks: as many as there are flash blocks
+    /// ([`GHOST_ENTRIES_PERCENT_OF_FLASH`]), at most `ghost_entries_max`
+    /// (4 bytes each).
     pub fn new(flash_data_block_count: u64, ghost_entries_max: usize) -> Self {
         Self {
             counters: vec![0; flash_data_block_count as usize],
-            ghost: Ghost {
-                order: VecDeque::new(),
-                reads: HashMap::new(),
-                entries_max: ghost_entries_max,
-            },
+            ghost: Ghost::new(ghost_entries_max.min(
+                (flash_data_block_count as usize).saturating_mul(GHOST_ENTRIES_PERCENT_OF_FLASH)
+                    / 100,
+            )),
         }
     }
 
@@ -157,7 +239,7 @@ impl Heat {
 
     /// Recently read capacity blocks remembered now.
     pub fn ghost_entry_count(&self) -> usize {
-        self.ghost.reads.len()
+        self.ghost.entry_count
     }
 }
 
@@ -228,7 +310,9 @@ mod tests {
     #[test]
     fn a_scan_promotes_nothing_and_a_reread_promotes() {
         let normal = TierPolicy::default();
-        let mut heat = Heat::new(0, 1000);
+        // The ghost forgets per bucket of 8, so it keeps a whole pass only
+        // when it is a few times longer.
+        let mut heat = Heat::new(8000, 4000);
         // One pass over 500 blocks: nothing is promoted.
         assert!((0..500).all(|block| !heat.admit_from_capacity(block, normal)));
         // A second read within the ghost window promotes, once.
@@ -249,7 +333,7 @@ mod tests {
     #[test]
     fn the_ghost_is_bounded_and_forgets_the_oldest() {
         let normal = TierPolicy::default();
-        let mut heat = Heat::new(0, 100);
+        let mut heat = Heat::new(1000, 100);
         for block in 0..1000 {
             heat.admit_from_capacity(block, normal);
         }
@@ -259,5 +343,24 @@ mod tests {
             "forgotten: a first read again"
         );
         assert!(heat.admit_from_capacity(999, normal));
+        // The ghost is at most as long as the flash.
+        let mut heat = Heat::new(100, 1000);
+        for block in 0..1000 {
+            heat.admit_from_capacity(block, normal);
+        }
+        assert_eq!(heat.ghost_entry_count(), 100);
+    }
+
+    /// Fingerprints may collide, but so rarely that a long scan of blocks
+    /// never read before promotes none of them.
+    #[test]
+    fn a_long_scan_through_a_full_ghost_promotes_nothing() {
+        let normal = TierPolicy::default();
+        let mut heat = Heat::new(1 << 17, 1 << 16);
+        let promoted = (0..1_000_000u64)
+            .filter(|block| heat.admit_from_capacity(block * 7 + 3, normal))
+            .count();
+        assert_eq!(promoted, 0);
+        assert_eq!(heat.ghost_entry_count(), 1 << 16);
     }
 }

@@ -12,9 +12,13 @@
 //! victim's live blocks. When writers are about to block it cleans without
 //! waiting for budget. In steady state the pressure settles where the budget matches the
 //! relocation the workload needs, so client and cleaner share the device in
-//! that proportion. Emptied victims wait for two checkpoints (which write the
-//! whole map), so one is taken per group of victims (pipelined: each frees
-//! the group before), or at once when space is short.
+//! that proportion. An emptied victim whose batches both kept checkpoints
+//! already cover (the usual case: victims are old) is free as soon as its
+//! relocations are flushed, so the cleaner flushes, which writes nothing but
+//! the open batch; one written since the older checkpoint waits for up to two
+//! checkpoints (which write the whole map), so one is taken per group of such
+//! victims (pipelined: each frees the group before), or at once when space is
+//! short (docs/decisions/0006-segment-reuse.md).
 //!
 //! Nothing here can deadlock a full pool: the paced cleaner only ever calls the
 //! same `clean` and `checkpoint` as a blocked writer's reclaim, and a writer
@@ -29,8 +33,8 @@ use super::{VictimPolicy, pick_victims};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 
-/// Victims emptied since the last checkpoint before the paced cleaner takes
-/// another: each checkpoint writes the whole map, so it is shared by several
+/// Dead segments that need a checkpoint (written since the newest one) before
+/// the paced cleaner takes another: each checkpoint writes the whole map, so it is shared by several
 /// victims, as many as the cleaner's reserve (sized at several checkpoint
 /// bodies) or half the headroom, whichever is more; they hold space until
 /// freed. (Half the headroom alone, 2 victims of 4 MiB per checkpoint on a
@@ -49,8 +53,8 @@ fn dead_segments_per_checkpoint_max(
 const BUDGET_SEGMENT_COUNT_MAX: u64 = 2;
 
 /// Free segments beyond the clients' reserve under which space is short: the
-/// cleaner then works without waiting for budget, and checkpoints whenever a
-/// victim waits, because writers are about to block.
+/// cleaner then works without waiting for budget, and flushes or checkpoints
+/// whenever a dead segment waits, because writers are about to block.
 const SHORT_SEGMENT_COUNT: usize = 2;
 
 /// Steps (victims cleaned or checkpoints) in one look at most, so that the
@@ -70,7 +74,11 @@ struct Pacer {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Step {
     Idle,
-    /// Free what emptied victims hold (two checkpoints).
+    /// Make the deaths of dead segments that both checkpoints cover durable,
+    /// which frees them.
+    Flush,
+    /// Free what dead segments written since the older checkpoint hold (they
+    /// need up to two checkpoints).
     Checkpoint,
     /// Clean one victim.
     Clean,
@@ -127,35 +135,47 @@ impl Pool {
     /// is returned.
     async fn pace_once(&self, pacer: &mut Pacer) -> Result<Step, EngineError> {
         let step = {
-            let state = self.inner.lock();
+            let mut state = self.inner.lock();
             if state.failed.is_some() {
                 return Ok(Step::Idle);
             }
+            // Deaths made durable since the last look (by any flush) free their
+            // segments now rather than at the next checkpoint.
+            state.free_reusable_dead_segments();
             let limits = &self.inner.limits;
+            // Free space is flash's: capacity has its own cleaning (and is all
+            // of a one-tier pool's segments).
+            let flash_segment_count = state.geometry.flash_segment_count as usize;
             let headroom =
-                headroom_segment_count(limits.cleaner_headroom_segment_count, state.segments.len());
+                headroom_segment_count(limits.cleaner_headroom_segment_count, flash_segment_count);
             let reserve = state.reserve_for(Allocation::Client);
-            // Dead segments that the newest durable checkpoint does not cover yet
-            // need two more checkpoints; the others are freed by the next one.
+            // A dead segment whose batches both kept checkpoints cover needs
+            // only a flush; one written since the older checkpoint needs the
+            // next checkpoint, and one written since the newest needs two.
             let newest_covered = state
                 .durable_checkpoints
                 .last()
                 .map_or(0, |checkpoint| checkpoint.covered_batch_sequence);
-            // One that died while no batch was open waits for a later batch
-            // before any checkpoint can cover it, so it is not counted.
-            let (mut dead, mut uncovered_dead) = (0, 0);
-            for segment in &state.segments {
+            let covered_by_every = state.covered_by_every_checkpoint();
+            // One that died in the open batch is not counted: no flush or
+            // checkpoint frees it before that batch is sealed.
+            let mut dead = Dead::default();
+            for segment in &state.segments[..flash_segment_count] {
                 if let SegmentState::Dead { died_at } = segment.state
                     && died_at <= state.sealed_through
                 {
-                    dead += 1;
-                    if died_at > newest_covered {
-                        uncovered_dead += 1;
+                    dead.total += 1;
+                    if segment.last_batch_sequence <= covered_by_every {
+                        dead.awaiting_flush += 1;
+                    } else if segment.last_batch_sequence > newest_covered {
+                        dead.uncovered += 1;
                     }
                 }
             }
+            dead.group =
+                dead_segments_per_checkpoint_max(headroom, state.cleaner_reserve_segment_count);
             let free_beyond_reserve = state.free_segments.len().saturating_sub(reserve);
-            let available = free_beyond_reserve + dead;
+            let available = free_beyond_reserve + dead.total;
             let client_blocks = state.client_bytes_written / BLOCK_SIZE_BYTES;
             let written = client_blocks - pacer.client_blocks_seen.unwrap_or(client_blocks);
             pacer.client_blocks_seen = Some(client_blocks);
@@ -176,20 +196,17 @@ impl Pool {
             choose_step(
                 pressure,
                 short,
-                Dead {
-                    total: dead,
-                    uncovered: uncovered_dead,
-                    group: dead_segments_per_checkpoint_max(
-                        headroom,
-                        state.cleaner_reserve_segment_count,
-                    ),
-                },
+                dead,
                 pacer.budget_blocks,
                 next_victim_live_blocks,
             )
         };
         match step {
             Step::Idle => {}
+            Step::Flush => {
+                self.flush().await?;
+                self.inner.lock().free_reusable_dead_segments();
+            }
             Step::Checkpoint => self.checkpoint().await?,
             Step::Clean => {
                 let before = self.inner.lock().relocated_blocks;
@@ -219,11 +236,14 @@ fn pressure(available_segment_count: usize, headroom_segment_count: usize) -> f6
     (headroom_segment_count - available_segment_count) as f64 / headroom_segment_count as f64
 }
 
-/// Emptied victims waiting to be freed whose death a sealed batch covers.
-#[derive(Clone, Copy, Debug)]
+/// Dead segments waiting to be freed whose death a sealed batch covers.
+#[derive(Clone, Copy, Debug, Default)]
 struct Dead {
     total: usize,
-    /// Those that died after the newest durable checkpoint's coverage.
+    /// Those whose batches both kept checkpoints cover: a flush frees them.
+    awaiting_flush: usize,
+    /// Those written since the newest durable checkpoint (two checkpoints
+    /// free them; the others, neither this nor awaiting a flush, need one).
     uncovered: usize,
     /// How many uncovered ones call for a checkpoint.
     group: usize,
@@ -232,10 +252,11 @@ struct Dead {
 /// The paced cleaner's decision, given the free-space pressure, whether free
 /// space is short (under `SHORT_SEGMENT_COUNT`), the emptied victims waiting for
 /// checkpoints, the budget, and the live blocks of the next victim (if any).
-/// Checkpoints are pipelined: one is taken when a group of victims has died
-/// since the last, and it frees the group before (a dead segment is reused only
-/// once both kept checkpoints cover its death); when space is short, one is
-/// taken whenever anything is dead.
+/// Dead segments that both checkpoints cover are freed by a flush, taken at
+/// once. Checkpoints are pipelined: one is taken when a group of segments
+/// written since the last has died, and it frees the group before (a dead
+/// segment is reused only once both kept checkpoints cover its batches); when
+/// space is short, one is taken whenever anything waits for one.
 fn choose_step(
     pressure: f64,
     short: bool,
@@ -245,6 +266,9 @@ fn choose_step(
 ) -> Step {
     if pressure == 0.0 {
         return Step::Idle;
+    }
+    if dead.awaiting_flush > 0 {
+        return Step::Flush;
     }
     if dead.uncovered >= dead.group || (short && dead.total > 0) {
         return Step::Checkpoint;
@@ -282,6 +306,7 @@ mod tests {
             total: 0,
             uncovered: 0,
             group: 4,
+            ..Dead::default()
         };
         assert_eq!(choose_step(0.0, false, none, 1e9, victim), Step::Idle);
         assert_eq!(choose_step(0.5, false, none, 99.0, victim), Step::Idle);
@@ -297,6 +322,7 @@ mod tests {
             total: 4,
             uncovered: 4,
             group: 4,
+            ..Dead::default()
         };
         assert_eq!(
             choose_step(0.5, false, group, 0.0, victim),
@@ -307,14 +333,31 @@ mod tests {
             total: 4,
             uncovered: 0,
             group: 4,
+            ..Dead::default()
         };
         assert_eq!(choose_step(0.5, false, covered, 0.0, victim), Step::Clean);
         let one = Dead {
             total: 1,
             uncovered: 1,
             group: 4,
+            ..Dead::default()
         };
         assert_eq!(choose_step(0.5, false, one, 0.0, victim), Step::Clean);
         assert_eq!(choose_step(0.9, true, one, 0.0, victim), Step::Checkpoint);
+    }
+
+    #[test]
+    fn dead_segments_both_checkpoints_cover_are_flushed_free_at_once() {
+        let victim = || Some(0.0);
+        let covered = Dead {
+            total: 1,
+            awaiting_flush: 1,
+            uncovered: 0,
+            group: 4,
+        };
+        assert_eq!(choose_step(0.1, false, covered, 1e9, victim), Step::Flush);
+        assert_eq!(choose_step(0.9, true, covered, 0.0, victim), Step::Flush);
+        // No pressure: nothing to do, the normal background flush frees them.
+        assert_eq!(choose_step(0.0, false, covered, 1e9, victim), Step::Idle);
     }
 }
