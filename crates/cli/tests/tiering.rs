@@ -352,9 +352,9 @@ fn a_working_set_that_fits_in_flash_ends_up_served_from_flash() {
 /// database stays in use: its working set is read once after each piece.
 /// Bound: of the working-set reads from the first piece on, at least 90% are
 /// served from flash (or memory), and so are at least 90% of those of the
-/// last pass. The priority is what holds it: with the same traffic after three
-/// warm reads, measured once, a `normal` working set got about 94% and a
-/// `low` one about 36% of its reads from flash. (A working set left idle
+/// last pass. The priority is what holds it: with the same traffic (three or
+/// seven warm reads, two runs each), a `normal` working set got 39% to 100%
+/// and a `low` one 14% to 31% of its reads from flash. (A working set left idle
 /// through the whole stream keeps flash for as many wraps of the flash log as
 /// its heat counter allows; that is the engine's `tier::heat` policy, not
 /// asserted here.)
