@@ -166,3 +166,64 @@ pub fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+impl Daemon {
+    /// `lamina serve` on a pool already created in `data_dir` (for instance
+    /// by `lamina pool create`), with `config` as its whole TOML config; ready
+    /// once `nbdinfo` reaches the export `ready_export`.
+    pub fn start_on_pool(data_dir: &Path, config: &str, ready_export: &str) -> Daemon {
+        let config_path = data_dir.with_extension("toml");
+        std::fs::write(&config_path, config).unwrap();
+        let child = Command::new(LAMINA)
+            .args(["serve", "--data"])
+            .arg(data_dir)
+            .arg("--config")
+            .arg(&config_path)
+            .env("LAMINA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start lamina serve");
+        let mut daemon = Daemon {
+            child,
+            data_dir: data_dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_millis(DAEMON_READY_TIMEOUT_MS);
+        while !Command::new("nbdinfo")
+            .arg("--size")
+            .arg(daemon.uri(ready_export))
+            .env("PATH", system_path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+        {
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                panic!("lamina serve exited before serving: {status}");
+            }
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 2));
+        }
+        daemon
+    }
+
+    /// The admin socket's `/metrics` page (Prometheus text), fetched with a
+    /// plain HTTP/1.1 request so that the tests need no HTTP client program.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::os::unix::net::UnixStream::connect(self.data_dir.join("admin.sock")).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(EXIT_TIMEOUT_MS)))
+            .unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: lamina\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .expect("an HTTP response with a body");
+        assert!(head.starts_with("HTTP/1.1 200"), "metrics answered {head}");
+        body.to_string()
+    }
+}
