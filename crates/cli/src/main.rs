@@ -11,7 +11,7 @@ use lamina_control::admin::Operation;
 use lamina_control::client::run_operation;
 use lamina_control::config::Config;
 use lamina_control::size::{format_size, parse_size};
-use lamina_engine::{PoolLimits, PoolOptions};
+use lamina_engine::{CachePriority, Pin, PoolLimits, PoolOptions};
 
 #[derive(Parser)]
 #[command(
@@ -77,13 +77,25 @@ struct ServeArgs {
 
 #[derive(Subcommand)]
 enum PoolCommand {
-    /// Create a pool on a flash device or file (PATH:SIZE creates a sparse file).
+    /// Create a pool on a flash device or file (PATH:SIZE creates a sparse file),
+    /// optionally with a capacity tier behind it.
     Create {
         #[command(flatten)]
         data: DataArgs,
         /// The flash device: PATH or PATH:SIZE (e.g. /dev/nvme0n1, ./pool.img:64G).
         #[arg(long)]
         flash: String,
+        /// The capacity device of a two-tier pool: PATH or PATH:SIZE. Cold
+        /// data moves there; data read again moves back to flash.
+        #[arg(long)]
+        capacity: Option<String>,
+        /// A latency model for the flash device: none, or hdd-7200 (a 7,200 rpm
+        /// SATA disk; with no --capacity, a pool on a modelled disk alone).
+        #[arg(long, value_name = "MODEL", value_parser = lamina_control::store::BUILT_IN_DEVICE_MODELS)]
+        flash_model: Option<String>,
+        /// A latency model for the capacity device: none, or hdd-7200.
+        #[arg(long, value_name = "MODEL", requires = "capacity", value_parser = lamina_control::store::BUILT_IN_DEVICE_MODELS)]
+        capacity_model: Option<String>,
         /// Segment size: the unit of allocation and cleaning.
         #[arg(long, default_value = "4M", value_parser = parse_size)]
         segment_size: u64,
@@ -93,7 +105,8 @@ enum PoolCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Capacity, used, free and reserved space, write amplification.
+    /// Capacity, used, free and reserved space, write amplification; per-tier
+    /// space, promotions and demotions in a two-tier pool.
     Status {
         #[command(flatten)]
         data: DataArgs,
@@ -104,11 +117,35 @@ enum PoolCommand {
 
 #[derive(Subcommand)]
 enum VolumeCommand {
-    /// Create a thin volume.
+    /// Create a thin volume: `lamina volume create NAME SIZE` (or `--size SIZE`).
     Create {
         name: String,
+        /// The volume's size (e.g. 20G).
+        #[arg(value_parser = parse_size, required_unless_present = "size", conflicts_with = "size")]
+        size_argument: Option<u64>,
         #[arg(long, value_parser = parse_size)]
-        size: u64,
+        size: Option<u64>,
+        #[command(flatten)]
+        policy: PolicyArgs,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a volume's tier policy, live.
+    Set {
+        name: String,
+        #[command(flatten)]
+        policy: RequiredPolicyArgs,
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where a volume's blocks live (bytes per tier) and which tier served its
+    /// reads (hit ratios, promotions, demotions) since the pool opened.
+    Stats {
+        name: String,
         #[command(flatten)]
         data: DataArgs,
         #[arg(long)]
@@ -199,6 +236,37 @@ enum SnapshotCommand {
     },
 }
 
+/// A volume's tier policy on `volume create` (both optional).
+#[derive(Args)]
+struct PolicyArgs {
+    /// Cache priority in a two-tier pool: high, normal, low or none.
+    #[arg(long, value_parser = parse_priority)]
+    priority: Option<CachePriority>,
+    /// Where the volume's blocks stay regardless of heat: auto, flash or capacity.
+    #[arg(long, value_parser = parse_pin)]
+    pin: Option<Pin>,
+}
+
+/// A volume's tier policy on `volume set` (at least one).
+#[derive(Args)]
+#[group(required = true, multiple = true)]
+struct RequiredPolicyArgs {
+    /// Cache priority in a two-tier pool: high, normal, low or none.
+    #[arg(long, value_parser = parse_priority)]
+    priority: Option<CachePriority>,
+    /// Where the volume's blocks stay regardless of heat: auto, flash or capacity.
+    #[arg(long, value_parser = parse_pin)]
+    pin: Option<Pin>,
+}
+
+fn parse_priority(argument: &str) -> Result<CachePriority, String> {
+    argument.parse()
+}
+
+fn parse_pin(argument: &str) -> Result<Pin, String> {
+    argument.parse()
+}
+
 fn parse_snapshot_argument(argument: &str) -> Result<(String, String), String> {
     match argument.split_once('@') {
         Some((volume, snapshot)) if !volume.is_empty() && !snapshot.is_empty() => {
@@ -245,18 +313,20 @@ fn print_volumes(value: &serde_json::Value) {
         other => vec![other.clone()],
     };
     println!(
-        "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  ORIGIN",
-        "NAME", "SIZE", "ALLOCATED", "UNIQUE", "USED", "SNAPSHOTS"
+        "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8}  ORIGIN",
+        "NAME", "SIZE", "ALLOCATED", "UNIQUE", "USED", "SNAPSHOTS", "PRIORITY", "PIN"
     );
     for volume in volumes {
         println!(
-            "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {}",
+            "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8}  {}",
             volume["name"].as_str().unwrap_or("?"),
             format_size(volume["size_bytes"].as_u64().unwrap_or(0)),
             format_size(volume["allocated_bytes"].as_u64().unwrap_or(0)),
             format_size(volume["unique_bytes"].as_u64().unwrap_or(0)),
             format_size(volume["used_bytes"].as_u64().unwrap_or(0)),
             volume["snapshot_count"].as_u64().unwrap_or(0),
+            volume["policy"]["priority"].as_str().unwrap_or("?"),
+            volume["policy"]["pin"].as_str().unwrap_or("?"),
             volume["origin"].as_str().unwrap_or("-"),
         );
     }
@@ -289,9 +359,62 @@ fn print_status(value: &serde_json::Value) {
         "dead segments        {} (freed by the next checkpoints)",
         value["dead_segment_count"]
     );
+    if value["capacity"].is_object() {
+        for tier in ["flash", "capacity"] {
+            let space = |name: &str| format_size(value[tier][name].as_u64().unwrap_or(0));
+            println!(
+                "{:<21}{} ({} used, {} free)",
+                format!("{tier} tier"),
+                space("size_bytes"),
+                space("used_bytes"),
+                space("free_bytes")
+            );
+        }
+        println!("promoted             {} blocks", value["promoted_blocks"]);
+        println!("demoted              {} blocks", value["demoted_blocks"]);
+    }
     if let Some(reason) = value["failed"].as_str() {
         println!("FAILED               {reason}");
     }
+}
+
+fn print_volume_stats(value: &serde_json::Value) {
+    let counter = |name: &str| value["counters"][name].as_u64().unwrap_or(0);
+    let percent = |name: &str| 100.0 * value[name].as_f64().unwrap_or(0.0);
+    println!(
+        "volume               {}",
+        value["volume"].as_str().unwrap_or("?")
+    );
+    println!(
+        "policy               priority {}, pin {}",
+        value["policy"]["priority"].as_str().unwrap_or("?"),
+        value["policy"]["pin"].as_str().unwrap_or("?")
+    );
+    println!(
+        "on flash             {}",
+        format_size(value["flash_bytes"].as_u64().unwrap_or(0))
+    );
+    println!(
+        "on capacity          {}",
+        format_size(value["capacity_bytes"].as_u64().unwrap_or(0))
+    );
+    println!(
+        "reads from memory    {} blocks ({:.1}%)",
+        counter("memory_read_blocks"),
+        percent("memory_hit_ratio")
+    );
+    println!(
+        "reads from flash     {} blocks ({:.1}%)",
+        counter("flash_read_blocks"),
+        percent("flash_hit_ratio")
+    );
+    println!(
+        "reads from capacity  {} blocks ({:.1}%)",
+        counter("capacity_read_blocks"),
+        percent("capacity_read_ratio")
+    );
+    println!("promoted             {} blocks", counter("promoted_blocks"));
+    println!("demoted              {} blocks", counter("demoted_blocks"));
 }
 
 async fn admin(
@@ -327,32 +450,45 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Pool(PoolCommand::Create {
             data,
             flash,
+            capacity,
+            flash_model,
+            capacity_model,
             segment_size,
             force,
             json,
         }) => {
+            use lamina_control::store::TierDevice;
             let _lock = lamina_control::store::lock_directory(&data.data_dir)?;
-            let (path, size) = lamina_control::store::parse_device_argument(&flash)?;
+            let flash = TierDevice::from_argument(&flash, flash_model.as_deref())?;
+            let capacity = capacity
+                .map(|capacity| TierDevice::from_argument(&capacity, capacity_model.as_deref()))
+                .transpose()?;
             let options = PoolOptions {
                 segment_size_bytes: segment_size,
                 force,
                 flash_region_bytes: None,
             };
-            let pool = lamina_control::store::create_pool(
+            let devices = match &capacity {
+                Some(capacity) => {
+                    format!("{} and {}", flash.path.display(), capacity.path.display())
+                }
+                None => flash.path.display().to_string(),
+            };
+            let pool = lamina_control::store::create_tiered_pool(
                 &data.data_dir,
-                &path,
-                size,
+                &flash,
+                capacity.as_ref(),
                 options,
                 PoolLimits::default(),
             )
             .await
-            .with_context(|| format!("cannot create a pool on {}", path.display()))?;
+            .with_context(|| format!("cannot create a pool on {devices}"))?;
             let status = serde_json::to_value(pool.status())?;
             pool.close().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                println!("created pool on {}", path.display());
+                println!("created pool on {devices}");
                 print_status(&status);
             }
             Ok(())
@@ -362,18 +498,52 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Volume(VolumeCommand::Create {
             name,
+            size_argument,
             size,
+            policy,
+            data,
+            json,
+        }) => {
+            let size_bytes = size_argument
+                .or(size)
+                .expect("clap requires a size argument or --size");
+            admin(
+                data,
+                Operation::VolumeCreate {
+                    name,
+                    size_bytes,
+                    priority: policy.priority,
+                    pin: policy.pin,
+                },
+                json,
+                print_volumes,
+            )
+            .await
+        }
+        Command::Volume(VolumeCommand::Set {
+            name,
+            policy,
             data,
             json,
         }) => {
             admin(
                 data,
-                Operation::VolumeCreate {
+                Operation::VolumeSetPolicy {
                     name,
-                    size_bytes: size,
+                    priority: policy.priority,
+                    pin: policy.pin,
                 },
                 json,
                 print_volumes,
+            )
+            .await
+        }
+        Command::Volume(VolumeCommand::Stats { name, data, json }) => {
+            admin(
+                data,
+                Operation::VolumeStats { name },
+                json,
+                print_volume_stats,
             )
             .await
         }

@@ -1,5 +1,6 @@
-//! The admin API: the operations of `lamina volume ...`, `lamina snapshot ...`,
-//! `lamina clone` and `lamina pool status`,
+//! The admin API: the operations of `lamina volume ...` (including tier
+//! policies and tier statistics), `lamina snapshot ...`, `lamina clone` and
+//! `lamina pool status`,
 //! executed against a pool, either by the daemon (HTTP + JSON on the Unix socket
 //! `DIR/admin.sock`, `POST /v1/operations` with one [`Operation`] as the body) or
 //! directly by the CLI when no daemon runs. One `execute` serves both, so the two
@@ -10,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lamina_engine::{EngineError, Pool};
+use lamina_engine::{CachePriority, EngineError, Pin, Pool, TierPolicy};
 
 use crate::export::OpenExports;
 use serde::{Deserialize, Serialize};
@@ -20,9 +21,27 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "operation", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Operation {
     VolumeList,
+    /// A thin volume; a priority or pin given here is set right after it is
+    /// created (the rest of the policy is the default).
     VolumeCreate {
         name: String,
         size_bytes: u64,
+        #[serde(default)]
+        priority: Option<CachePriority>,
+        #[serde(default)]
+        pin: Option<Pin>,
+    },
+    /// Changes a volume's tier policy, live and durably; what is absent stays.
+    VolumeSetPolicy {
+        name: String,
+        #[serde(default)]
+        priority: Option<CachePriority>,
+        #[serde(default)]
+        pin: Option<Pin>,
+    },
+    /// Where a volume's blocks live and where its reads were served from.
+    VolumeStats {
+        name: String,
     },
     VolumeResize {
         name: String,
@@ -109,9 +128,25 @@ pub async fn execute(
     let pool = &context.pool;
     let value = match operation {
         Operation::VolumeList => serde_json::to_value(pool.list_volumes()),
-        Operation::VolumeCreate { name, size_bytes } => {
-            serde_json::to_value(pool.create_volume(&name, size_bytes).await?)
+        Operation::VolumeCreate {
+            name,
+            size_bytes,
+            priority,
+            pin,
+        } => {
+            let created = pool.create_volume(&name, size_bytes).await?;
+            if priority.is_none() && pin.is_none() {
+                serde_json::to_value(created)
+            } else {
+                serde_json::to_value(set_policy(pool, &name, priority, pin).await?)
+            }
         }
+        Operation::VolumeSetPolicy {
+            name,
+            priority,
+            pin,
+        } => serde_json::to_value(set_policy(pool, &name, priority, pin).await?),
+        Operation::VolumeStats { name } => serde_json::to_value(pool.volume_tier_stats(&name)?),
         Operation::VolumeResize {
             name,
             size_bytes,
@@ -158,6 +193,21 @@ pub async fn execute(
         Operation::PoolStatus => serde_json::to_value(pool.status()),
     };
     Ok(value.expect("admin results serialise"))
+}
+
+/// Sets the given parts of a volume's policy, keeping the others.
+async fn set_policy(
+    pool: &Pool,
+    name: &str,
+    priority: Option<CachePriority>,
+    pin: Option<Pin>,
+) -> Result<lamina_engine::VolumeInfo, EngineError> {
+    let current = pool.volume_info(name)?.policy;
+    let policy = TierPolicy {
+        priority: priority.unwrap_or(current.priority),
+        pin: pin.unwrap_or(current.pin),
+    };
+    pool.set_volume_policy(name, policy).await
 }
 
 async fn operations(
@@ -251,7 +301,133 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
             volume.name, volume.snapshot_count
         ));
     }
+    tier_metrics(pool, &status, &volumes, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text)
+}
+
+/// One metric's HELP and TYPE lines.
+fn metric_header(text: &mut String, name: &str, kind: &str, help: &str) {
+    text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+}
+
+/// Tier space, promotions, demotions, and per volume its bytes per tier and
+/// its block reads by the tier that served them. Capacity figures appear only
+/// for a pool with a capacity tier; read counters appear for every pool.
+fn tier_metrics(
+    pool: &Pool,
+    status: &lamina_engine::PoolStatus,
+    volumes: &[lamina_engine::VolumeInfo],
+    text: &mut String,
+) {
+    let tiers: Vec<(&str, lamina_engine::TierSpace)> = std::iter::once(("flash", status.flash))
+        .chain(status.capacity.map(|capacity| ("capacity", capacity)))
+        .collect();
+    for (name, help, value) in [
+        (
+            "lamina_tier_size_bytes",
+            "Bytes of a tier's data segments.",
+            (|space: &lamina_engine::TierSpace| space.size_bytes) as fn(&_) -> u64,
+        ),
+        (
+            "lamina_tier_used_bytes",
+            "Bytes of a tier's segments in use.",
+            |space| space.used_bytes,
+        ),
+        (
+            "lamina_tier_free_bytes",
+            "Bytes of a tier's free segments.",
+            |space| space.free_bytes,
+        ),
+    ] {
+        metric_header(text, name, "gauge", help);
+        for (tier, space) in &tiers {
+            text.push_str(&format!("{name}{{tier=\"{tier}\"}} {}\n", value(space)));
+        }
+    }
+    metric_header(
+        text,
+        "lamina_tier_promoted_blocks_total",
+        "counter",
+        "Blocks moved from capacity to flash on access since the pool opened.",
+    );
+    text.push_str(&format!(
+        "lamina_tier_promoted_blocks_total {}\n",
+        status.promoted_blocks
+    ));
+    metric_header(
+        text,
+        "lamina_tier_demoted_blocks_total",
+        "counter",
+        "Blocks moved from flash to capacity by the cleaner since the pool opened.",
+    );
+    text.push_str(&format!(
+        "lamina_tier_demoted_blocks_total {}\n",
+        status.demoted_blocks
+    ));
+    // One tier walk per volume; a volume deleted since the listing is skipped.
+    let stats: Vec<lamina_engine::VolumeTierStats> = volumes
+        .iter()
+        .filter_map(|volume| pool.volume_tier_stats(&volume.name).ok())
+        .collect();
+    metric_header(
+        text,
+        "lamina_volume_tier_bytes",
+        "gauge",
+        "Bytes of a volume's live contents on a tier.",
+    );
+    for volume in &stats {
+        text.push_str(&format!(
+            "lamina_volume_tier_bytes{{volume=\"{}\",tier=\"flash\"}} {}\n",
+            volume.volume, volume.flash_bytes
+        ));
+        if status.capacity.is_some() {
+            text.push_str(&format!(
+                "lamina_volume_tier_bytes{{volume=\"{}\",tier=\"capacity\"}} {}\n",
+                volume.volume, volume.capacity_bytes
+            ));
+        }
+    }
+    metric_header(
+        text,
+        "lamina_volume_read_blocks_total",
+        "counter",
+        "Blocks of a volume read, by the tier that served them (memory cache, flash, capacity), since the pool opened.",
+    );
+    for volume in &stats {
+        let counters = &volume.counters;
+        for (tier, blocks) in [
+            ("memory", counters.memory_read_blocks),
+            ("flash", counters.flash_read_blocks),
+            ("capacity", counters.capacity_read_blocks),
+        ] {
+            text.push_str(&format!(
+                "lamina_volume_read_blocks_total{{volume=\"{}\",tier=\"{tier}\"}} {blocks}\n",
+                volume.volume
+            ));
+        }
+    }
+    for (name, help, value) in [
+        (
+            "lamina_volume_promoted_blocks_total",
+            "Blocks of a volume promoted to flash since the pool opened.",
+            (|counters: &lamina_engine::VolumeTierCounters| counters.promoted_blocks)
+                as fn(&_) -> u64,
+        ),
+        (
+            "lamina_volume_demoted_blocks_total",
+            "Blocks of a volume demoted to capacity since the pool opened.",
+            |counters| counters.demoted_blocks,
+        ),
+    ] {
+        metric_header(text, name, "counter", help);
+        for volume in &stats {
+            text.push_str(&format!(
+                "{name}{{volume=\"{}\"}} {}\n",
+                volume.volume,
+                value(&volume.counters)
+            ));
+        }
+    }
 }
 
 pub fn router(context: AdminContext) -> Router {

@@ -1,8 +1,11 @@
 //! The daemon's TOML configuration: where the pool lives, where to listen, and
-//! every limit. Every field has a default, so an empty file (or none) works.
+//! every limit, and the latency models of a pool's devices. Every field has a
+//! default, so an empty file (or none) works.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use lamina_device::RotatingDiskModel;
 use lamina_engine::PoolLimits;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +22,10 @@ pub struct Config {
     pub server: ServerSection,
     pub pool: PoolSection,
     pub limits: PoolLimits,
+    /// Named rotating-disk models (`[disk_models.NAME]`, each field optional
+    /// with the 7,200 rpm defaults): a name here replaces the built-in
+    /// `hdd-7200`'s parameters or adds a model `[pool]` can select.
+    pub disk_models: BTreeMap<String, RotatingDiskModel>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -40,6 +47,12 @@ pub struct PoolSection {
     pub embedded_size_bytes: u64,
     /// Size of the `default` volume created with an embedded pool (0: none).
     pub default_volume_bytes: u64,
+    /// The flash device's latency model (`none`, `hdd-7200` or a
+    /// `[disk_models]` name), replacing the one `pool.toml` records.
+    pub flash_model: Option<String>,
+    /// The capacity device's latency model, replacing the one `pool.toml`
+    /// records (ignored, with a warning, for a pool without a capacity tier).
+    pub capacity_model: Option<String>,
 }
 
 impl Default for Config {
@@ -49,6 +62,7 @@ impl Default for Config {
             server: ServerSection::default(),
             pool: PoolSection::default(),
             limits: PoolLimits::default(),
+            disk_models: BTreeMap::new(),
         }
     }
 }
@@ -70,6 +84,8 @@ impl Default for PoolSection {
         Self {
             embedded_size_bytes: DEFAULT_POOL_FILE_BYTES,
             default_volume_bytes: DEFAULT_VOLUME_BYTES,
+            flash_model: None,
+            capacity_model: None,
         }
     }
 }
@@ -84,6 +100,15 @@ impl Config {
 
     pub fn unix_socket_path(&self) -> PathBuf {
         self.data_dir.join(&self.server.unix_socket)
+    }
+
+    /// The device models the daemon opens its pool with.
+    pub fn device_models(&self) -> crate::store::DeviceModels {
+        crate::store::DeviceModels {
+            flash_override: self.pool.flash_model.clone(),
+            capacity_override: self.pool.capacity_model.clone(),
+            definitions: self.disk_models.clone(),
+        }
     }
 }
 
@@ -101,5 +126,41 @@ mod tests {
         assert_eq!(config.server.tcp_address, "");
         assert_eq!(config.limits.flush_interval_ms, 50);
         assert!(toml::from_str::<Config>("[server]\ntcp_adress = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn device_models_are_overridden_and_defined_in_the_config() {
+        let config: Config = toml::from_str(
+            "[pool]\ncapacity_model = \"slow\"\n[disk_models.slow]\nrotation_rpm = 5400\n[disk_models.hdd-7200]\nseek_full_stroke_ms = 20.0\n",
+        )
+        .unwrap();
+        let models = config.device_models();
+        assert_eq!(models.capacity_override.as_deref(), Some("slow"));
+        assert_eq!(models.flash_override, None);
+        let slow = models.resolve("slow").unwrap().unwrap();
+        assert_eq!(slow.rotation_rpm, 5400);
+        assert_eq!(
+            slow.transfer_bytes_per_second,
+            RotatingDiskModel::default().transfer_bytes_per_second
+        );
+        // A definition replaces the built-in model's parameters.
+        let hdd = models.resolve("hdd-7200").unwrap().unwrap();
+        assert_eq!(hdd.seek_full_stroke_ms, 20.0);
+        assert_eq!(models.resolve("none").unwrap(), None);
+        let unknown = models.resolve("ssd").unwrap_err().to_string();
+        assert!(
+            unknown.contains("unknown device model \"ssd\""),
+            "{unknown}"
+        );
+        assert!(unknown.contains("hdd-7200, slow"), "{unknown}");
+        let broken: Config = toml::from_str("[disk_models.stuck]\nrotation_rpm = 0\n").unwrap();
+        let error = broken.device_models().resolve("stuck").unwrap_err();
+        assert!(error.to_string().contains("rotation_rpm"), "{error}");
+        // Built-in defaults without any config.
+        let defaults = Config::default().device_models();
+        assert_eq!(
+            defaults.resolve("hdd-7200").unwrap(),
+            Some(RotatingDiskModel::default())
+        );
     }
 }

@@ -19,7 +19,12 @@ use crate::store::{self, ADMIN_SOCKET_FILE, EMBEDDED_POOL_FILE};
 async fn open_or_create(config: &Config) -> anyhow::Result<Pool> {
     let data_dir = &config.data_dir;
     if store::read_description(data_dir)?.is_some() {
-        return store::open_pool(data_dir, config.limits.clone()).await;
+        return store::open_pool_with_models(
+            data_dir,
+            config.limits.clone(),
+            &config.device_models(),
+        )
+        .await;
     }
     let flash = data_dir.join(EMBEDDED_POOL_FILE);
     tracing::info!(
@@ -27,7 +32,7 @@ async fn open_or_create(config: &Config) -> anyhow::Result<Pool> {
         size_bytes = config.pool.embedded_size_bytes,
         "no pool in the data directory: creating the embedded default pool (a sparse file)"
     );
-    let pool = store::create_pool(
+    let mut pool = store::create_pool(
         data_dir,
         &flash,
         Some(config.pool.embedded_size_bytes),
@@ -35,6 +40,15 @@ async fn open_or_create(config: &Config) -> anyhow::Result<Pool> {
         config.limits.clone(),
     )
     .await?;
+    if config.pool.flash_model.is_some() {
+        // Creation ran on the bare file; serve it behind the configured model.
+        pool.close()
+            .await
+            .context("closing the new embedded pool")?;
+        pool =
+            store::open_pool_with_models(data_dir, config.limits.clone(), &config.device_models())
+                .await?;
+    }
     if config.pool.default_volume_bytes > 0 {
         pool.create_volume(DEFAULT_EXPORT_NAME, config.pool.default_volume_bytes)
             .await?;

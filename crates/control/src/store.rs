@@ -1,13 +1,19 @@
-//! The data directory: which device holds the pool (`pool.toml`), the lock that
-//! keeps two processes from opening one pool, and opening or creating the pool.
+//! The data directory: which devices hold the pool (`pool.toml`: the flash
+//! device, and in a two-tier pool the capacity device, each optionally behind a
+//! rotating-disk model), the lock that keeps two processes from opening one
+//! pool, and opening or creating the pool.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use lamina_device::{BlockDevice, FileDevice, FileDeviceOptions};
-use lamina_engine::{Pool, PoolLimits, PoolOptions};
+use lamina_device::{
+    BlockDevice, ConcatenatedDevice, FileDevice, FileDeviceOptions, RotatingDiskDevice,
+    RotatingDiskModel,
+};
+use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
 use serde::{Deserialize, Serialize};
 
 pub const POOL_DESCRIPTION_FILE: &str = "pool.toml";
@@ -15,12 +21,127 @@ pub const LOCK_FILE: &str = "lock";
 pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
 pub const EMBEDDED_POOL_FILE: &str = "pool.img";
 
-/// What `pool.toml` records.
+/// The device model name meaning "no model": the device's own timing.
+pub const NO_DEVICE_MODEL: &str = "none";
+/// The built-in rotating-disk model: [`RotatingDiskModel::default`], a 7,200 rpm
+/// SATA capacity disk.
+pub const HDD_7200_DEVICE_MODEL: &str = "hdd-7200";
+/// The model names `lamina pool create` accepts (a config may define more).
+pub const BUILT_IN_DEVICE_MODELS: [&str; 2] = [NO_DEVICE_MODEL, HDD_7200_DEVICE_MODEL];
+
+/// What `pool.toml` records. Files written before two-tier pools hold only
+/// `flash`; every other field is optional so that they still read.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolDescription {
-    /// The flash device or file holding the pool.
+    /// The flash device or file holding the pool (its first tier).
     pub flash: PathBuf,
+    /// The latency model the flash device runs behind (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_model: Option<String>,
+    /// The capacity device of a two-tier pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<PathBuf>,
+    /// The latency model the capacity device runs behind (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_model: Option<String>,
+}
+
+/// A device model name that is neither built in nor defined in the config.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceModelError {
+    #[error(
+        "unknown device model {name:?} (known: {known}; more can be defined under [disk_models.NAME] in the daemon's config)"
+    )]
+    Unknown { name: String, known: String },
+    #[error("device model {name:?} is invalid: {reason}")]
+    Invalid { name: String, reason: String },
+}
+
+/// Which latency model each tier's device runs behind when a pool opens: the
+/// models named in `pool.toml`, unless the daemon's config overrides them, with
+/// the parameters of named models (the built-in `hdd-7200`, replaced or joined
+/// by the config's `[disk_models.NAME]` tables).
+#[derive(Clone, Debug, Default)]
+pub struct DeviceModels {
+    /// Replaces the flash model recorded in `pool.toml`.
+    pub flash_override: Option<String>,
+    /// Replaces the capacity model recorded in `pool.toml`.
+    pub capacity_override: Option<String>,
+    /// Named rotating-disk models beyond (or replacing) the built-in ones.
+    pub definitions: BTreeMap<String, RotatingDiskModel>,
+}
+
+impl DeviceModels {
+    /// The parameters `name` stands for; `None` for `none`.
+    pub fn resolve(&self, name: &str) -> Result<Option<RotatingDiskModel>, DeviceModelError> {
+        if name == NO_DEVICE_MODEL {
+            return Ok(None);
+        }
+        let model = if let Some(model) = self.definitions.get(name) {
+            model.clone()
+        } else if name == HDD_7200_DEVICE_MODEL {
+            RotatingDiskModel::default()
+        } else {
+            let mut known: Vec<&str> = BUILT_IN_DEVICE_MODELS.to_vec();
+            known.extend(self.definitions.keys().map(String::as_str));
+            return Err(DeviceModelError::Unknown {
+                name: name.to_string(),
+                known: known.join(", "),
+            });
+        };
+        validate_model(name, &model)?;
+        Ok(Some(model))
+    }
+}
+
+/// The checks `RotatingDiskDevice::new` asserts, as an operating error: a
+/// config file is input, not code.
+fn validate_model(name: &str, model: &RotatingDiskModel) -> Result<(), DeviceModelError> {
+    let reason = if model.rotation_rpm == 0 {
+        "rotation_rpm must be positive"
+    } else if model.transfer_bytes_per_second == 0 {
+        "transfer_bytes_per_second must be positive"
+    } else if model.queue_depth_max == 0 {
+        "queue_depth_max must be positive"
+    } else if !(model.seek_track_to_track_ms >= 0.0 && model.seek_full_stroke_ms >= 0.0) {
+        "seek times must not be negative"
+    } else {
+        return Ok(());
+    };
+    Err(DeviceModelError::Invalid {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    })
+}
+
+/// `none` is recorded as no model at all.
+fn recorded_model(name: Option<&str>) -> Option<String> {
+    name.filter(|name| *name != NO_DEVICE_MODEL)
+        .map(str::to_string)
+}
+
+/// One tier's device for `pool create`.
+#[derive(Clone, Debug)]
+pub struct TierDevice {
+    pub path: PathBuf,
+    /// Create (or extend an empty) file of this size; required when `path`
+    /// does not exist.
+    pub create_size_bytes: Option<u64>,
+    /// A model name (`none`, `hdd-7200`); `None` is `none`.
+    pub model: Option<String>,
+}
+
+impl TierDevice {
+    /// From a `PATH[:SIZE]` argument and an optional model name.
+    pub fn from_argument(argument: &str, model: Option<&str>) -> anyhow::Result<Self> {
+        let (path, create_size_bytes) = parse_device_argument(argument)?;
+        Ok(Self {
+            path,
+            create_size_bytes,
+            model: model.map(str::to_string),
+        })
+    }
 }
 
 pub fn description_path(data_dir: &Path) -> PathBuf {
@@ -88,11 +209,44 @@ fn open_device(
     Ok(Arc::new(device))
 }
 
-/// `lamina pool create`: creates the pool on `flash` and records it in `data_dir`.
+/// A tier's device, behind its latency model when it has one.
+fn open_tier_device(
+    path: &Path,
+    create_size_bytes: Option<u64>,
+    model: Option<RotatingDiskModel>,
+) -> anyhow::Result<Arc<dyn BlockDevice>> {
+    let device = open_device(path, create_size_bytes)?;
+    Ok(match model {
+        Some(model) => Arc::new(RotatingDiskDevice::new(device, model)),
+        None => device,
+    })
+}
+
+/// `lamina pool create` on one flash device: creates the pool and records it
+/// in `data_dir`.
 pub async fn create_pool(
     data_dir: &Path,
     flash: &Path,
     size_bytes: Option<u64>,
+    options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<Pool> {
+    let flash = TierDevice {
+        path: flash.to_path_buf(),
+        create_size_bytes: size_bytes,
+        model: None,
+    };
+    create_tiered_pool(data_dir, &flash, None, options, limits).await
+}
+
+/// `lamina pool create`: creates the pool on `flash` (and `capacity`, for a
+/// two-tier pool), each behind its model, and records it in `data_dir`. Model
+/// names are the built-in ones. Files this call created are removed again
+/// when it fails.
+pub async fn create_tiered_pool(
+    data_dir: &Path,
+    flash: &TierDevice,
+    capacity: Option<&TierDevice>,
     options: PoolOptions,
     limits: PoolLimits,
 ) -> anyhow::Result<Pool> {
@@ -105,17 +259,63 @@ pub async fn create_pool(
             existing.flash.display()
         );
     }
-    let exists = flash.exists();
-    if size_bytes.is_none() && !exists {
+    let segment_size_bytes = options.segment_size_bytes;
+    if !segment_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
+        || segment_size_bytes < 16 * BLOCK_SIZE_BYTES
+    {
         anyhow::bail!(
-            "{} does not exist; give its size as PATH:SIZE to create a file",
-            flash.display()
+            "invalid segment size {segment_size_bytes}: a multiple of 4 KiB, at least 64 KiB"
         );
     }
-    let device = open_device(flash, size_bytes)?;
-    let pool = Pool::create(device, options, limits).await?;
-    let flash = std::fs::canonicalize(flash).unwrap_or_else(|_| flash.to_path_buf());
-    let description = PoolDescription { flash };
+    let models = DeviceModels::default();
+    let tiers: Vec<(&str, &TierDevice)> = std::iter::once(("flash", flash))
+        .chain(capacity.map(|capacity| ("capacity", capacity)))
+        .collect();
+    let mut resolved_models = Vec::new();
+    for (tier, device) in &tiers {
+        if device.create_size_bytes.is_none() && !device.path.exists() {
+            anyhow::bail!(
+                "the {tier} device {} does not exist; give its size as PATH:SIZE to create a file",
+                device.path.display()
+            );
+        }
+        resolved_models.push(
+            models
+                .resolve(device.model.as_deref().unwrap_or(NO_DEVICE_MODEL))
+                .with_context(|| format!("the {tier} device {}", device.path.display()))?,
+        );
+    }
+    if let Some(capacity) = capacity
+        && same_file(&flash.path, &capacity.path)
+    {
+        anyhow::bail!(
+            "the flash and capacity tiers must be different devices (both are {})",
+            flash.path.display()
+        );
+    }
+    let created: Vec<PathBuf> = tiers
+        .iter()
+        .filter(|(_, device)| !device.path.exists())
+        .map(|(_, device)| device.path.clone())
+        .collect();
+    let result = create_on_devices(&tiers, resolved_models, options, limits).await;
+    let pool = match result {
+        Ok(pool) => pool,
+        Err(error) => {
+            for path in created {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(error);
+        }
+    };
+    let canonical =
+        |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let description = PoolDescription {
+        flash: canonical(&flash.path),
+        flash_model: recorded_model(flash.model.as_deref()),
+        capacity: capacity.map(|capacity| canonical(&capacity.path)),
+        capacity_model: capacity.and_then(|capacity| recorded_model(capacity.model.as_deref())),
+    };
     std::fs::write(
         description_path(data_dir),
         toml::to_string(&description).expect("pool description serialises"),
@@ -124,8 +324,52 @@ pub async fn create_pool(
     Ok(pool)
 }
 
-/// Opens the pool described in `data_dir`.
+/// Whether two paths name one file (only decidable when both exist).
+fn same_file(first: &Path, second: &Path) -> bool {
+    first == second
+        || matches!(
+            (std::fs::canonicalize(first), std::fs::canonicalize(second)),
+            (Ok(first), Ok(second)) if first == second
+        )
+}
+
+async fn create_on_devices(
+    tiers: &[(&str, &TierDevice)],
+    models: Vec<Option<RotatingDiskModel>>,
+    mut options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<Pool> {
+    let mut devices = Vec::new();
+    for ((_, tier), model) in tiers.iter().zip(models) {
+        devices.push(open_tier_device(&tier.path, tier.create_size_bytes, model)?);
+    }
+    let mut devices = devices.into_iter();
+    let flash = devices.next().expect("a flash device");
+    let device: Arc<dyn BlockDevice> = match devices.next() {
+        None => flash,
+        Some(capacity) => {
+            options.flash_region_bytes = Some(ConcatenatedDevice::first_region_bytes_of(
+                flash.size_bytes(),
+            ));
+            Arc::new(ConcatenatedDevice::new(flash, capacity))
+        }
+    };
+    Ok(Pool::create(device, options, limits).await?)
+}
+
+/// Opens the pool described in `data_dir`, each device behind the model
+/// `pool.toml` names (built-in parameters).
 pub async fn open_pool(data_dir: &Path, limits: PoolLimits) -> anyhow::Result<Pool> {
+    open_pool_with_models(data_dir, limits, &DeviceModels::default()).await
+}
+
+/// Opens the pool described in `data_dir`, with the daemon config's model
+/// overrides and definitions.
+pub async fn open_pool_with_models(
+    data_dir: &Path,
+    limits: PoolLimits,
+    models: &DeviceModels,
+) -> anyhow::Result<Pool> {
     let description = read_description(data_dir)?.ok_or_else(|| {
         anyhow::anyhow!(
             "no pool in {} (create one with `lamina pool create --data {} --flash PATH[:SIZE]`, or run `lamina serve` to create the embedded default)",
@@ -133,6 +377,35 @@ pub async fn open_pool(data_dir: &Path, limits: PoolLimits) -> anyhow::Result<Po
             data_dir.display()
         )
     })?;
-    let device = open_device(&description.flash, None)?;
+    let model = |tier: &str, recorded: &Option<String>, overridden: &Option<String>| {
+        let name = overridden
+            .as_deref()
+            .or(recorded.as_deref())
+            .unwrap_or(NO_DEVICE_MODEL);
+        models
+            .resolve(name)
+            .with_context(|| format!("the {tier} tier's device model"))
+    };
+    let flash_model = model("flash", &description.flash_model, &models.flash_override)?;
+    let flash = open_tier_device(&description.flash, None, flash_model)?;
+    let device: Arc<dyn BlockDevice> = match &description.capacity {
+        None => {
+            if models.capacity_override.is_some() {
+                tracing::warn!(
+                    "the config sets a capacity device model, but the pool has no capacity tier"
+                );
+            }
+            flash
+        }
+        Some(path) => {
+            let capacity_model = model(
+                "capacity",
+                &description.capacity_model,
+                &models.capacity_override,
+            )?;
+            let capacity = open_tier_device(path, None, capacity_model)?;
+            Arc::new(ConcatenatedDevice::new(flash, capacity))
+        }
+    };
     Ok(Pool::open(device, limits).await?)
 }
