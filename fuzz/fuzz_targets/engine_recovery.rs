@@ -1,6 +1,7 @@
-//! Fuzzes recovery: a small pool is built once in memory (volumes, data, a
-//! checkpoint, then more writes, a trim, a rename and a new volume that only the
-//! log holds, flushed and abandoned as a crash leaves it). Each input overwrites
+//! Fuzzes recovery: a small two-tier pool is built once in memory (volumes,
+//! data, snapshots, clones, a checkpoint, demotions to the capacity tier, a
+//! promotion, a tier policy, then more writes, a trim, a rename and a new volume
+//! that only the log holds, flushed and abandoned as a crash leaves it). Each input overwrites
 //! one structure of a copy of that image (the superblock, a checkpoint slot, a
 //! checkpoint body, a batch summary or a data block) and `Pool::open` runs on it.
 //! Opening must return Ok or Err, never panic; an opened pool must then survive
@@ -28,7 +29,9 @@ use libfuzzer_sys::fuzz_target;
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 64 << 10;
-const DEVICE_BYTES: u64 = (4 << 20) + 32 * SEGMENT_BYTES;
+/// Flash: metadata and 24 segments; then capacity: its label and 16 segments.
+const FLASH_BYTES: u64 = (4 << 20) + 24 * SEGMENT_BYTES;
+const DEVICE_BYTES: u64 = FLASH_BYTES + (1 << 20) + 16 * SEGMENT_BYTES;
 
 /// One structure of the image that inputs may overwrite.
 struct Region {
@@ -68,7 +71,7 @@ fn build_image() -> Image {
         let options = PoolOptions {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
-            flash_region_bytes: None,
+            flash_region_bytes: Some(FLASH_BYTES),
         };
         let pool = Pool::create(device.clone(), options, limits())
             .await
@@ -99,7 +102,22 @@ fn build_image() -> Image {
         pool.clone_snapshot("first", "s2", "clone2")
             .await
             .expect("clone");
+        // Demote (cleaning flash moves cold blocks to capacity), then read the
+        // first volume twice so that blocks on capacity are promoted back.
         pool.clean(4).await.expect("clean");
+        pool.set_volume_policy(
+            "clone",
+            lamina_engine::TierPolicy {
+                priority: lamina_engine::CachePriority::High,
+                pin: lamina_engine::Pin::Auto,
+            },
+        )
+        .await
+        .expect("policy");
+        let mut contents = vec![0u8; 48 * BLOCK];
+        for _ in 0..2 {
+            pool.read(first, 0, &mut contents).await.expect("read");
+        }
         pool.write(first, 10 * BLOCK as u64 + 5, &[0xA5; 3 * BLOCK], false)
             .await
             .expect("write");
@@ -121,12 +139,16 @@ fn build_image() -> Image {
         pool.abandon();
     });
     let bytes = device.snapshot();
-    let mut regions = vec![Region {
-        offset: 0,
-        length: BLOCK,
-        magic: Some(SUPERBLOCK_MAGIC),
-        slot_offset: None,
-    }];
+    // The superblock and its copy, the capacity device's label.
+    let mut regions: Vec<Region> = [0, FLASH_BYTES as usize]
+        .into_iter()
+        .map(|offset| Region {
+            offset,
+            length: BLOCK,
+            magic: Some(SUPERBLOCK_MAGIC),
+            slot_offset: None,
+        })
+        .collect();
     for slot_block in CHECKPOINT_SLOT_BLOCKS {
         let slot_offset = slot_block as usize * BLOCK;
         regions.push(Region {

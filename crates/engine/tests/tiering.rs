@@ -261,6 +261,31 @@ async fn another_capacity_device_is_refused_and_left_alone() {
     }
 }
 
+/// Flash holds the checkpoints' and the cleaner's reserves, which grow with
+/// the whole pool: a capacity tier far larger than flash is refused at once,
+/// with the flash size it would need.
+#[tokio::test]
+async fn a_flash_tier_too_small_for_its_capacity_tier_is_refused() {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(4 << 30));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    let error = match Pool::create(device, options(), limits()).await {
+        Ok(_) => panic!("created a pool with 12 MiB of flash over 4 GiB of capacity"),
+        Err(error) => error,
+    };
+    match &error {
+        EngineError::DeviceTooSmall {
+            device,
+            minimum_bytes,
+            ..
+        } => {
+            assert!(device.contains("flash tier"), "{error}");
+            assert!(*minimum_bytes > FLASH_BYTES, "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_capacity_device_too_small_is_refused() {
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));

@@ -35,6 +35,10 @@ use crate::volume::{Origin, Snapshot, Volume, VolumeTable};
 const RECOVERY_BATCH_SEQUENCE_GAP: u64 = 1 << 24;
 const RECOVERY_SEGMENT_SEQUENCE_GAP: u64 = 1 << 16;
 
+/// Flash segments of a two-tier pool beyond its reserves, at least: room for
+/// the log heads, promotions and the demoter's free target.
+const FLASH_WORKING_SEGMENT_COUNT_MIN: usize = 8;
+
 /// Segments whose first blocks are read concurrently while scanning.
 const SCAN_CONCURRENCY_MAX: usize = 64;
 
@@ -178,6 +182,27 @@ impl Pool {
                 })?
             }
         };
+        if geometry.has_capacity_tier() {
+            // Checkpoints and the cleaner keep their reserves on flash, sized by
+            // the whole pool's mappings (about 3.5% of both tiers), and flash
+            // needs room beyond them to work.
+            let needed = checkpoint_reserve_segment_count(&geometry)
+                + super::state::RECORD_RESERVE_SEGMENT_COUNT
+                + cleaner_reserve_segment_count(&geometry)
+                + FLASH_WORKING_SEGMENT_COUNT_MIN;
+            if (geometry.flash_segment_count as usize) < needed {
+                return Err(EngineError::DeviceTooSmall {
+                    device: format!(
+                        "{} (flash tier, for a capacity tier of {} bytes)",
+                        device.name(),
+                        geometry.tier_data_bytes(Tier::Capacity)
+                    ),
+                    size_bytes: geometry.flash_region_bytes(),
+                    minimum_bytes: crate::log::geometry::DATA_START_BLOCK * BLOCK_SIZE_BYTES
+                        + needed as u64 * geometry.segment_size_bytes(),
+                });
+            }
+        }
         // The start of each tier's device must be empty (it is where a pool's
         // superblock or label would be).
         let mut device_starts = vec![0];
