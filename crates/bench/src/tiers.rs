@@ -323,11 +323,12 @@ impl TiersSettings {
             quick: arguments.quick,
         };
         if arguments.quick {
-            settings.flash_size_bytes = 24 << 20;
-            settings.small_working_set_bytes = 4 << 20;
-            settings.large_working_set_bytes = 28 << 20;
-            settings.volume_size_bytes = 32 << 20;
-            settings.device_size_bytes = 128 << 20;
+            // 4 MiB of the flash file are metadata: 8 MiB hold data.
+            settings.flash_size_bytes = 12 << 20;
+            settings.small_working_set_bytes = 2 << 20;
+            settings.large_working_set_bytes = 16 << 20;
+            settings.volume_size_bytes = 16 << 20;
+            settings.device_size_bytes = 64 << 20;
             settings.segment_size_bytes = Some(256 << 10);
             if arguments.rate_targets.is_none() {
                 settings.rate_targets = QUICK_RATE_TARGETS.to_vec();
@@ -339,8 +340,8 @@ impl TiersSettings {
             settings.reaction_working_set_bytes =
                 settings.reaction_working_set_bytes.map(|_| 1 << 20);
             settings.reaction_rate_iops = 80;
-            settings.reaction_seconds = 3;
-            settings.warmup_max_seconds = 5;
+            settings.reaction_seconds = 2;
+            settings.warmup_max_seconds = 2;
             settings.warmup_probe_seconds = 1;
         }
         settings
@@ -730,6 +731,15 @@ fn mebibytes(bytes: u64) -> String {
     )
 }
 
+/// A count with thousands separators and no decimals.
+fn format_count(count: u64) -> String {
+    if count < 100 {
+        count.to_string()
+    } else {
+        format_number(count as f64)
+    }
+}
+
 fn optional(value: Option<f64>, format: impl Fn(f64) -> String) -> String {
     value.map_or_else(|| "-".to_owned(), format)
 }
@@ -790,9 +800,9 @@ impl TiersReport {
                         point.reads.and_then(|reads| reads.capacity_share()),
                         |share| format!("{:.1}%", share * 100.0),
                     ),
-                    point.reads.map_or("-".to_owned(), |reads| {
-                        format_number(reads.promoted_blocks as f64)
-                    }),
+                    point
+                        .reads
+                        .map_or("-".to_owned(), |reads| format_count(reads.promoted_blocks)),
                     if point.point.saturated {
                         "saturated".to_owned()
                     } else {
@@ -887,8 +897,8 @@ impl TiersReport {
             let reads = reaction.after.reads.since(reaction.before.reads);
             out.push_str(&format!(
                 "  during the run: {} blocks promoted, {} demoted, {} of reads from capacity; after it {} on flash\n",
-                format_number(reads.promoted_blocks as f64),
-                format_number(reads.demoted_blocks as f64),
+                format_count(reads.promoted_blocks),
+                format_count(reads.demoted_blocks),
                 optional(reads.capacity_share(), |share| format!("{:.1}%", share * 100.0)),
                 mebibytes(reaction.after.flash_bytes),
             ));
@@ -1189,9 +1199,7 @@ fn measure_curve(
         let offered = step.target_iops.expect("a rate step has a target");
         // Only two-tier pools count where reads come from.
         let two_tier = config == TierConfig::FlashDisk;
-        let before = two_tier
-            .then(|| pool.placement(BENCH_VOLUME))
-            .transpose()?;
+        let before = two_tier.then(|| pool.placement(BENCH_VOLUME)).transpose()?;
         let measurement = crate::fio::run_step(fio, &uri, &step)?;
         let reads = match before {
             Some(before) => Some(pool.placement(BENCH_VOLUME)?.reads.since(before.reads)),
