@@ -139,9 +139,21 @@ impl StepSpec {
 
 /// Runs fio for one step and returns its summarised figures.
 pub fn run_step(fio_program: &str, uri: &str, step: &StepSpec) -> anyhow::Result<Measurement> {
+    run_step_with(fio_program, uri, step, &[])
+}
+
+/// Runs fio for one step with `extra_arguments` appended (latency logs, a random
+/// distribution) and returns its summarised figures.
+pub fn run_step_with(
+    fio_program: &str,
+    uri: &str,
+    step: &StepSpec,
+    extra_arguments: &[String],
+) -> anyhow::Result<Measurement> {
     let mut command = Command::new(fio_program);
     command
         .args(step.fio_arguments(uri))
+        .args(extra_arguments)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -5,7 +5,8 @@
 //! data for every selected server, starts each in turn, runs the identical workload and
 //! prints one table of figures with ratios to lamina (plus a plot with one curve per
 //! server); `fs` builds a filesystem on each server's export and runs postmark;
-//! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd.
+//! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd;
+//! `tiers` measures all-flash, flash + modelled disk and the modelled disk alone.
 //! See docs/bench.md for the method and its limits.
 
 pub mod fio;
@@ -15,6 +16,7 @@ pub mod process;
 pub mod report;
 pub mod servers;
 pub mod snapshots;
+pub mod tiers;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -46,6 +48,8 @@ pub enum BenchCommand {
     Fs(FsArgs),
     /// What snapshots and clones cost: lamina and qemu-nbd on qcow2, side by side.
     Snapshots(snapshots::SnapshotsArgs),
+    /// All-flash, flash + modelled disk and modelled disk alone: curves and reaction.
+    Tiers(tiers::TiersArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -189,6 +193,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         }
         BenchCommand::Fs(arguments) => run_fs(&arguments),
         BenchCommand::Snapshots(arguments) => snapshots::run_snapshots(&arguments),
+        BenchCommand::Tiers(arguments) => tiers::run_tiers(&arguments),
     }
 }
 

@@ -290,6 +290,49 @@ pub(crate) fn start_lamina_daemon(
     Ok(server)
 }
 
+/// Starts `lamina serve` on an existing data directory `data` (a pool made with
+/// `lamina pool create`, its volumes already created) and waits until `export`
+/// answers. The configuration and log go to `directory`, which must hold `data`
+/// and is removed on stop.
+pub(crate) fn serve_lamina_data(
+    program: &Path,
+    directory: &Path,
+    data: &Path,
+    extra_config: &str,
+    export: &str,
+) -> anyhow::Result<RunningServer> {
+    assert!(
+        data.starts_with(directory),
+        "the data directory is removed with the server's directory"
+    );
+    let log = std::fs::File::create(directory.join("server.log"))?;
+    let config = directory.join("lamina.toml");
+    let port = free_tcp_port()?;
+    std::fs::write(
+        &config,
+        format!("[server]\ntcp_address = \"127.0.0.1:{port}\"\n{extra_config}"),
+    )?;
+    let mut command = Command::new(program);
+    command
+        .arg("serve")
+        .arg("--data")
+        .arg(data)
+        .arg("--config")
+        .arg(&config);
+    let socket = data.join("nbd.sock");
+    let uri = format!("nbd+unix:///{export}?socket={}", socket.display());
+    let child = spawn_logged(command, &log)?;
+    let mut server = RunningServer {
+        kind: ServerKind::Lamina,
+        uri,
+        notes: Vec::new(),
+        process: ServerProcess::Child(child),
+        directory: directory.to_owned(),
+    };
+    wait_ready(&mut server, &socket)?;
+    Ok(server)
+}
+
 /// Serves `image` (raw or qcow2, left in place) with qemu-nbd on `DIRECTORY/nbd.sock`
 /// as export `default`: `--cache=none --aio=io_uring` where the filesystem and kernel
 /// allow, with the fallbacks noted. `directory` (socket and log only) is removed on stop.

@@ -59,7 +59,8 @@ pub enum Mix {
 }
 
 impl Mix {
-    fn pattern(self) -> Pattern {
+    /// The fio access pattern of the mix.
+    pub fn pattern(self) -> Pattern {
         match self {
             Mix::Randread4k => Pattern::RandomRead,
             Mix::Randwrite4k => Pattern::RandomWrite,
