@@ -412,6 +412,7 @@ impl Pool {
         // slack may need many rounds; they stop when neither happens.
         let rounds_max = RECLAIM_ROUNDS_MAX.max(self.inner.geometry.segment_count as usize);
         let mut last_pass_emptied = true;
+        let mut fruitless_round = false;
         for _ in 0..rounds_max {
             self.flush().await?;
             let (awaiting_checkpoint, take_checkpoint) = {
@@ -453,11 +454,21 @@ impl Pool {
             last_pass_emptied = emptied > 0;
             // Writers that still had room in the client head may have emptied
             // segments meanwhile: those need only a flush or checkpoints too.
+            // A round that found nothing may have raced with the paced cleaner
+            // (which held the cleaner lock and moved the victims this pass
+            // would have taken): one more round after a checkpoint, which
+            // frees whatever that left waiting, before giving up.
             if emptied == 0
                 && awaiting_checkpoint == 0
                 && dead_segment_count(&self.inner.lock()) == 0
             {
-                break;
+                if fruitless_round {
+                    break;
+                }
+                fruitless_round = true;
+                self.checkpoint().await?;
+            } else {
+                fruitless_round = false;
             }
         }
         Ok(has_room(&self.inner.lock()))
