@@ -261,16 +261,22 @@ async fn another_capacity_device_is_refused_and_left_alone() {
     }
 }
 
-/// Flash holds the checkpoints' and the cleaner's reserves, which grow with
-/// the whole pool: a capacity tier far larger than flash is refused at once,
-/// with the flash size it would need.
+/// Flash holds the records' and the cleaner's reserves and needs room beyond
+/// them: a flash tier of 9 segments is refused at once, with the flash size it
+/// would need; capacity holds the checkpoint bodies of both tiers, so one too
+/// small for them is refused too.
 #[tokio::test]
-async fn a_flash_tier_too_small_for_its_capacity_tier_is_refused() {
-    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
-    let capacity = Arc::new(MemoryDevice::new(4 << 30));
+async fn tiers_too_small_for_their_reserves_are_refused() {
+    let small_flash = (4 << 20) + 9 * SEGMENT_BYTES;
+    let flash = Arc::new(MemoryDevice::new(small_flash));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
     let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
-    let error = match Pool::create(device, options(), limits()).await {
-        Ok(_) => panic!("created a pool with 12 MiB of flash over 4 GiB of capacity"),
+    let small_flash_options = PoolOptions {
+        flash_region_bytes: Some(small_flash),
+        ..options()
+    };
+    let error = match Pool::create(device, small_flash_options, limits()).await {
+        Ok(_) => panic!("created a pool on 9 segments of flash"),
         Err(error) => error,
     };
     match &error {
@@ -280,10 +286,24 @@ async fn a_flash_tier_too_small_for_its_capacity_tier_is_refused() {
             ..
         } => {
             assert!(device.contains("flash tier"), "{error}");
-            assert!(*minimum_bytes > FLASH_BYTES, "{error}");
+            assert!(*minimum_bytes > small_flash, "{error}");
         }
         other => panic!("{other:?}"),
     }
+    // 8 capacity segments under 12 MiB of flash: too few for three checkpoint
+    // bodies plus the capacity tier's own reserve.
+    let small_capacity = (1 << 20) + 8 * SEGMENT_BYTES;
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(small_capacity));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    let error = match Pool::create(device, options(), limits()).await {
+        Ok(_) => panic!("created a pool on 8 segments of capacity"),
+        Err(error) => error,
+    };
+    assert!(
+        matches!(&error, EngineError::DeviceTooSmall { device, .. } if device.contains("checkpoints")),
+        "{error:?}"
+    );
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use lamina_device::AlignedBuffer;
 
 use super::Pool;
-use super::state::{Allocation, DurableCheckpoint, SegmentState};
+use super::state::{DurableCheckpoint, SegmentState};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::checkpoint::{
@@ -271,11 +271,11 @@ impl Pool {
             let mut state = self.inner.lock();
             let mut taken = Vec::with_capacity(needed);
             for _ in 0..needed {
-                match state.take_free_segment(Allocation::Checkpoint) {
+                match state.take_free_checkpoint_segment() {
                     Some(index) => taken.push(index),
                     None => {
                         for index in taken {
-                            state.free_segments.push_front(index);
+                            state.return_free_segment(index);
                         }
                         return Err(EngineError::NoSpace);
                     }

@@ -195,7 +195,9 @@ impl Pool {
                     })
                     .count();
                 if state.free_capacity_segments.len() + dead
-                    > CAPACITY_RESERVE_SEGMENT_COUNT + CAPACITY_SHORT_SEGMENT_COUNT
+                    > state.capacity_checkpoint_reserve_segment_count
+                        + CAPACITY_RESERVE_SEGMENT_COUNT
+                        + CAPACITY_SHORT_SEGMENT_COUNT
                 {
                     return Ok(());
                 }
@@ -479,6 +481,12 @@ impl Pool {
     /// one pass, a flush that frees the victims both checkpoints cover, and
     /// the checkpoints that free the others if space is still short.
     pub(crate) async fn clean_in_background(&self) -> Result<(), EngineError> {
+        // A two-tier pool's flash is kept free by the demoter (`tiering`),
+        // with its own target; this watermark (a tenth of flash, at least 16
+        // segments) would turn the flash FIFO over far too fast.
+        if self.inner.geometry.has_capacity_tier() {
+            return Ok(());
+        }
         let below_watermark = |state: &State| {
             let low_watermark = state.reserve_for(Allocation::Client)
                 + (state.geometry.flash_segment_count as usize / 10).max(CLEAN_PASS_SEGMENTS_MAX);

@@ -39,6 +39,9 @@ const RECOVERY_SEGMENT_SEQUENCE_GAP: u64 = 1 << 16;
 /// the log heads, promotions and the demoter's free target.
 const FLASH_WORKING_SEGMENT_COUNT_MIN: usize = 8;
 
+/// Capacity segments of a two-tier pool beyond its reserves, at least.
+const CAPACITY_WORKING_SEGMENT_COUNT_MIN: usize = 4;
+
 /// Segments whose first blocks are read concurrently while scanning.
 const SCAN_CONCURRENCY_MAX: usize = 64;
 
@@ -46,12 +49,21 @@ const SCAN_CONCURRENCY_MAX: usize = 64;
 /// without `--force`.
 const EMPTY_CHECK_BYTES: u64 = 1 << 20;
 
-/// Segments the cleaner keeps for relocating a victim's live blocks (sized
-/// against the checkpoint body, see the cleaner).
+/// Flash segments the cleaner keeps for relocating a victim's live blocks
+/// (sized against the checkpoint body, see the cleaner). In a two-tier pool
+/// the cleaner demotes most of what it moves, and checkpoints live on
+/// capacity, so it keeps only room for one flash victim's hot blocks and a
+/// little more: 2% of flash, at least 2 segments.
 fn cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
+    if geometry.has_capacity_tier() {
+        return (geometry.flash_segment_count as usize / 50).max(2);
+    }
     super::cleaner::cleaner_reserve_segment_count(geometry)
 }
 
+/// Segments kept for checkpoint bodies: on flash in a one-tier pool, on
+/// capacity in a two-tier pool (bodies are written and read sequentially, and
+/// their size follows both tiers' mappings, which flash should not pay for).
 fn checkpoint_reserve_segment_count(geometry: &Geometry) -> usize {
     // Three checkpoint bodies can exist at once (two durable, one being written);
     // a body needs at most about 16 bytes per distinct mapping (entry index,
@@ -108,7 +120,16 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
             ..geometry.segment_count as u32)
             .collect(),
         cleaning_tier: Tier::Flash,
-        checkpoint_reserve_segment_count: checkpoint_reserve_segment_count(&geometry),
+        checkpoint_reserve_segment_count: if geometry.has_capacity_tier() {
+            0
+        } else {
+            checkpoint_reserve_segment_count(&geometry)
+        },
+        capacity_checkpoint_reserve_segment_count: if geometry.has_capacity_tier() {
+            checkpoint_reserve_segment_count(&geometry)
+        } else {
+            0
+        },
         cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
         heads: [None; super::state::STREAM_COUNT],
         placement: Default::default(),
@@ -183,23 +204,34 @@ impl Pool {
             }
         };
         if geometry.has_capacity_tier() {
-            // Checkpoints and the cleaner keep their reserves on flash, sized by
-            // the whole pool's mappings (about 3.5% of both tiers), and flash
-            // needs room beyond them to work.
-            let needed = checkpoint_reserve_segment_count(&geometry)
-                + super::state::RECORD_RESERVE_SEGMENT_COUNT
+            // Flash keeps the records' and the cleaner's reserves and needs
+            // room beyond them to work; capacity keeps the checkpoint bodies'
+            // reserve (sized by both tiers' mappings, about 1.2% of them) and
+            // the reserve for cleaning its own segments.
+            let flash_needed = super::state::RECORD_RESERVE_SEGMENT_COUNT
                 + cleaner_reserve_segment_count(&geometry)
                 + FLASH_WORKING_SEGMENT_COUNT_MIN;
-            if (geometry.flash_segment_count as usize) < needed {
+            if (geometry.flash_segment_count as usize) < flash_needed {
                 return Err(EngineError::DeviceTooSmall {
-                    device: format!(
-                        "{} (flash tier, for a capacity tier of {} bytes)",
-                        device.name(),
-                        geometry.tier_data_bytes(Tier::Capacity)
-                    ),
+                    device: format!("{} (flash tier)", device.name()),
                     size_bytes: geometry.flash_region_bytes(),
                     minimum_bytes: crate::log::geometry::DATA_START_BLOCK * BLOCK_SIZE_BYTES
-                        + needed as u64 * geometry.segment_size_bytes(),
+                        + flash_needed as u64 * geometry.segment_size_bytes(),
+                });
+            }
+            let capacity_needed = checkpoint_reserve_segment_count(&geometry)
+                + super::state::CAPACITY_RESERVE_SEGMENT_COUNT
+                + CAPACITY_WORKING_SEGMENT_COUNT_MIN;
+            if (geometry.capacity_segment_count() as usize) < capacity_needed {
+                return Err(EngineError::DeviceTooSmall {
+                    device: format!(
+                        "{} (capacity tier, which holds the checkpoints of both tiers)",
+                        device.name()
+                    ),
+                    size_bytes: geometry.tier_data_bytes(Tier::Capacity),
+                    minimum_bytes: crate::log::geometry::CAPACITY_DATA_START_BLOCKS
+                        * BLOCK_SIZE_BYTES
+                        + capacity_needed as u64 * geometry.segment_size_bytes(),
                 });
             }
         }

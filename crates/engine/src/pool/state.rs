@@ -164,9 +164,12 @@ pub struct State {
     pub free_capacity_segments: VecDeque<u32>,
     /// The tier of the victim the cleaner is moving blocks out of.
     pub cleaning_tier: Tier,
-    /// Free segments that only checkpoints may take, so that space can always be
-    /// reclaimed even when clients have filled the pool.
+    /// Free flash segments that only checkpoints may take, so that space can
+    /// always be reclaimed even when clients have filled the pool (0 in a
+    /// two-tier pool, whose checkpoints live on capacity).
     pub checkpoint_reserve_segment_count: usize,
+    /// Free capacity segments that only checkpoints may take (two-tier pools).
+    pub capacity_checkpoint_reserve_segment_count: usize,
     /// Free segments that clients leave to the cleaner, so that it can always
     /// relocate live blocks out of a victim before the victim is freed.
     pub cleaner_reserve_segment_count: usize,
@@ -273,11 +276,12 @@ impl State {
     /// Takes a free capacity segment. Demotions leave
     /// [`CAPACITY_RESERVE_SEGMENT_COUNT`] to the cleaning of capacity victims.
     pub fn take_free_capacity_segment(&mut self) -> Option<u32> {
-        let reserve = if self.cleaning_tier == Tier::Capacity {
-            0
-        } else {
-            CAPACITY_RESERVE_SEGMENT_COUNT
-        };
+        let reserve = self.capacity_checkpoint_reserve_segment_count
+            + if self.cleaning_tier == Tier::Capacity {
+                0
+            } else {
+                CAPACITY_RESERVE_SEGMENT_COUNT
+            };
         if self.free_capacity_segments.len() <= reserve {
             return None;
         }
@@ -295,7 +299,32 @@ impl State {
         let segment_size_blocks = self.geometry.segment_size_blocks as u32;
         let head_has_room = self.heads[Stream::Capacity as usize]
             .is_some_and(|head| head.next_block_in_segment + 2 <= segment_size_blocks);
-        head_has_room || self.free_capacity_segments.len() > CAPACITY_RESERVE_SEGMENT_COUNT
+        head_has_room
+            || self.free_capacity_segments.len()
+                > CAPACITY_RESERVE_SEGMENT_COUNT + self.capacity_checkpoint_reserve_segment_count
+    }
+
+    /// Takes a free segment for a checkpoint body: any free flash segment in a
+    /// one-tier pool, any free capacity segment in a two-tier pool.
+    pub fn take_free_checkpoint_segment(&mut self) -> Option<u32> {
+        if !self.geometry.has_capacity_tier() {
+            return self.take_free_segment(Allocation::Checkpoint);
+        }
+        let index = self.free_capacity_segments.pop_front()?;
+        assert_eq!(self.segments[index as usize].state, SegmentState::Free);
+        Some(index)
+    }
+
+    /// Gives back a free segment taken but not used, first in line again.
+    pub fn return_free_segment(&mut self, segment_index: u32) {
+        assert_eq!(
+            self.segments[segment_index as usize].state,
+            SegmentState::Free
+        );
+        match self.geometry.tier_of_segment(segment_index) {
+            Tier::Flash => self.free_segments.push_front(segment_index),
+            Tier::Capacity => self.free_capacity_segments.push_front(segment_index),
+        }
     }
 
     fn seal_head_segment(&mut self, stream: Stream) {

@@ -8,7 +8,7 @@
 //! writer's reclaim call the same `clean`, so all three agree on what moves.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::state::{Allocation, SegmentState, State};
 use super::{Inner, Pool};
@@ -19,9 +19,10 @@ use crate::log::geometry::Tier;
 /// writers it competes with for the state lock and the devices.
 const DEMOTION_VICTIMS_PER_LOOK_MAX: usize = 2;
 
-/// Dead flash segments that wait for a checkpoint at most while flash is under
-/// its free target (each checkpoint writes the whole map, so it is shared).
-const DEAD_SEGMENTS_PER_CHECKPOINT_MAX: usize = 4;
+/// Time between the demoter's checkpoints at least: a checkpoint writes the
+/// whole map, and frees only dead segments written since the older one (the
+/// others are freed by flushes), so it is shared by all that died meanwhile.
+const DEMOTER_CHECKPOINT_INTERVAL_MS: u64 = 250;
 
 /// Free flash segments the demoter keeps: the target share of flash, and at
 /// least enough for the clients' reserve plus room for promotions.
@@ -56,6 +57,7 @@ impl Pool {
         let interval = Duration::from_millis(self.inner.limits.tier_demotion_interval_ms.max(1));
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
+            let mut last_checkpoint = None;
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -66,7 +68,7 @@ impl Pool {
                 if pool.inner.lock().failed.is_some() {
                     return;
                 }
-                match pool.demote_once().await {
+                match pool.demote_once(&mut last_checkpoint).await {
                     Ok(()) | Err(EngineError::NoSpace) => {}
                     Err(error) => tracing::error!(%error, "demotion failed"),
                 }
@@ -74,34 +76,37 @@ impl Pool {
         });
     }
 
-    /// One look: clean flash victims while free flash is under its target,
-    /// then checkpoint if that frees enough.
-    async fn demote_once(&self) -> Result<(), EngineError> {
+    /// One look: while free flash is under its target, free what flushes
+    /// free, clean flash victims (which demotes their cold blocks), and take a
+    /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
+    /// segments that only a checkpoint frees.
+    async fn demote_once(&self, last_checkpoint: &mut Option<Instant>) -> Result<(), EngineError> {
         let free_percent = self.inner.limits.tier_flash_free_percent;
-        let short = |state: &mut State| {
+        // Free segments, and dead ones whose death a sealed batch covers.
+        let look = |state: &mut State| {
             state.free_reusable_dead_segments();
-            state.free_segments.len() + freeable_dead_flash_segment_count(state)
-                < flash_free_target_segment_count(state, free_percent)
+            (
+                state.free_segments.len(),
+                freeable_dead_flash_segment_count(state),
+                flash_free_target_segment_count(state, free_percent),
+            )
         };
-        if !short(&mut self.inner.lock()) {
+        let (free, dead, target) = look(&mut self.inner.lock());
+        if free >= target {
             return Ok(());
         }
-        if self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await? > 0 {
+        if free + dead < target && self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await? > 0 {
             // The victims' deaths become durable, which frees those that both
             // checkpoints cover.
             self.flush().await?;
-            self.inner.lock().free_reusable_dead_segments();
         }
-        let checkpoint_due = {
-            let state = self.inner.lock();
-            let dead = freeable_dead_flash_segment_count(&state);
-            let target = flash_free_target_segment_count(&state, free_percent);
-            dead > 0
-                && (dead >= DEAD_SEGMENTS_PER_CHECKPOINT_MAX
-                    || state.free_segments.len() < target / 2 + 1)
-        };
-        if checkpoint_due {
+        let (free, dead, target) = look(&mut self.inner.lock());
+        let checkpoint_allowed = last_checkpoint
+            .is_none_or(|at| at.elapsed() >= Duration::from_millis(DEMOTER_CHECKPOINT_INTERVAL_MS));
+        if free < target && dead > 0 && checkpoint_allowed {
             self.checkpoint().await?;
+            *last_checkpoint = Some(Instant::now());
+            self.inner.lock().free_reusable_dead_segments();
         }
         Ok(())
     }
