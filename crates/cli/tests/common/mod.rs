@@ -61,43 +61,10 @@ impl Daemon {
         volume_bytes: u64,
         extra_limits: &str,
     ) -> Daemon {
-        let config = data_dir.with_extension("toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n{extra_limits}"
-            ),
-        )
-        .unwrap();
-        let child = Command::new(LAMINA)
-            .args(["serve", "--data"])
-            .arg(data_dir)
-            .arg("--config")
-            .arg(&config)
-            .env("LAMINA_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start lamina serve");
-        let mut daemon = Daemon {
-            child,
-            data_dir: data_dir.to_path_buf(),
-        };
-        let deadline = Instant::now() + Duration::from_millis(DAEMON_READY_TIMEOUT_MS);
-        while !Command::new("nbdinfo")
-            .arg("--size")
-            .arg(daemon.uri("default"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-        {
-            if let Some(status) = daemon.child.try_wait().unwrap() {
-                panic!("lamina serve exited before serving: {status}");
-            }
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 2));
-        }
-        daemon
+        let config = format!(
+            "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {pool_bytes}\ndefault_volume_bytes = {volume_bytes}\n[limits]\nflush_interval_ms = 200\n{extra_limits}"
+        );
+        Self::start_on_pool(data_dir, &config, "default")
     }
 
     pub fn uri(&self, export: &str) -> String {
@@ -168,9 +135,10 @@ pub fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
 }
 
 impl Daemon {
-    /// `lamina serve` on a pool already created in `data_dir` (for instance
-    /// by `lamina pool create`), with `config` as its whole TOML config; ready
-    /// once `nbdinfo` reaches the export `ready_export`.
+    /// `lamina serve` on `data_dir` (a pool created there by `lamina pool
+    /// create`, or the embedded default pool the config describes), with
+    /// `config` as its whole TOML config; ready once `nbdinfo` reaches the
+    /// export `ready_export`.
     pub fn start_on_pool(data_dir: &Path, config: &str, ready_export: &str) -> Daemon {
         let config_path = data_dir.with_extension("toml");
         std::fs::write(&config_path, config).unwrap();
