@@ -885,7 +885,16 @@ impl Pool {
         let reads = runs
             .iter()
             .map(|run| device.read(run[0].1 * block, run.len() * block as usize));
-        let results = futures::future::join_all(reads).await;
+        // Neighbours of promoted blocks are read in the same go, issued right
+        // after the blocks they follow, so that a disk serves them in sequence
+        // instead of after every request queued meanwhile.
+        neighbours.sort_unstable();
+        neighbours.dedup();
+        let (results, neighbour_promotions) = tokio::join!(
+            futures::future::join_all(reads),
+            self.read_neighbours(&neighbours)
+        );
+        promotions.extend(neighbour_promotions);
         for (run, result) in runs.iter().zip(results) {
             let data = result?;
             for (index, (logical_block, physical_block, checksum)) in run.iter().enumerate() {
@@ -924,48 +933,41 @@ impl Pool {
                 }
             }
         }
-        if !neighbours.is_empty() {
-            neighbours.sort_unstable();
-            neighbours.dedup();
-            self.read_neighbours(&neighbours, &mut promotions).await;
-        }
         if !promotions.is_empty() {
             self.promote(volume_id, promotions);
         }
         Ok(ReadOutcome::Done)
     }
 
-    /// Reads the neighbours of promoted blocks (runs with gaps of at most one
-    /// block, one device read each) and adds those that pass their checksum to
-    /// `promotions`. A failed read or a mismatch only skips the block: the
-    /// client did not ask for it.
-    async fn read_neighbours(
-        &self,
-        neighbours: &[(u64, u64, u32)],
-        promotions: &mut Vec<Promotion>,
-    ) {
+    /// Reads the neighbours of promoted blocks (spans with gaps of at most one
+    /// block, one device read each, all at once) and returns those that pass
+    /// their checksum, as promotions. A failed read or a mismatch only skips
+    /// the block: the client did not ask for it.
+    async fn read_neighbours(&self, neighbours: &[(u64, u64, u32)]) -> Vec<Promotion> {
         let block = BLOCK_SIZE_BYTES as usize;
+        let mut spans: Vec<&[(u64, u64, u32)]> = Vec::new();
         let mut start = 0;
         for index in 1..=neighbours.len() {
-            let run_ends = index == neighbours.len()
+            let span_ends = index == neighbours.len()
                 || !(neighbours[index - 1].1 + 1..=neighbours[index - 1].1 + 2)
                     .contains(&neighbours[index].1);
-            if !run_ends {
-                continue;
+            if span_ends {
+                spans.push(&neighbours[start..index]);
+                start = index;
             }
-            let run = &neighbours[start..index];
-            start = index;
-            let first = run[0].1;
-            let span_blocks = (run[run.len() - 1].1 - first + 1) as usize;
-            let Ok(data) = self
-                .inner
+        }
+        let reads = spans.iter().map(|span| {
+            let first = span[0].1;
+            let span_blocks = (span[span.len() - 1].1 - first + 1) as usize;
+            self.inner
                 .device
                 .read(first * BLOCK_SIZE_BYTES, span_blocks * block)
-                .await
-            else {
-                continue;
-            };
-            for (logical_block, physical_block, checksum) in run {
+        });
+        let mut promotions = Vec::new();
+        for (span, result) in spans.iter().zip(futures::future::join_all(reads).await) {
+            let Ok(data) = result else { continue };
+            let first = span[0].1;
+            for (logical_block, physical_block, checksum) in span.iter() {
                 let position = (physical_block - first) as usize;
                 let contents = &data[position * block..(position + 1) * block];
                 if block_checksum(contents) == *checksum {
@@ -973,6 +975,7 @@ impl Pool {
                 }
             }
         }
+        promotions
     }
 
     /// Moves blocks just read from capacity to flash (the read has checked
