@@ -76,26 +76,63 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), PlotError> {
     if report.servers.is_empty() {
         return Err(PlotError::Empty);
     }
+    render(
+        &Curves(report),
+        path,
+        (PLOT_WIDTH_PIXELS, PLOT_HEIGHT_PIXELS),
+    )
+}
+
+/// A chart that draws itself on any plotters backend, so that one function
+/// ([`render`]) picks the backend from the file's extension for all of them.
+trait Chart {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String>;
+}
+
+struct Curves<'a>(&'a Report);
+struct Bars<'a>(&'a crate::snapshots::SnapshotsReport);
+struct Tiers<'a>(&'a crate::tiers::TiersReport);
+
+impl Chart for Curves<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        draw_on(self.0, root)
+    }
+}
+
+impl Chart for Bars<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        draw_bars_on(self.0, root)
+    }
+}
+
+impl Chart for Tiers<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        draw_tiers_on(self.0, root)
+    }
+}
+
+/// Draws `chart` at `size` pixels into `path`: SVG or PNG by its extension.
+fn render(chart: &impl Chart, path: &Path, size: (u32, u32)) -> Result<(), PlotError> {
     register_font()?;
-    let extension = path
-        .extension()
-        .and_then(|extension| extension.to_str())
-        .map(str::to_ascii_lowercase);
     let draw_error = |error: String| PlotError::Draw {
         path: path.display().to_string(),
         message: error,
     };
-    let size = (PLOT_WIDTH_PIXELS, PLOT_HEIGHT_PIXELS);
-    match extension.as_deref() {
+    match path
+        .extension()
+        .and_then(|extension| extension.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("svg") => {
             let root = SVGBackend::new(path, size).into_drawing_area();
-            draw_on(report, &root).map_err(draw_error)?;
+            chart.draw_on(&root).map_err(draw_error)?;
             root.present()
                 .map_err(|error| draw_error(error.to_string()))
         }
         Some("png") => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw_on(report, &root).map_err(draw_error)?;
+            chart.draw_on(&root).map_err(draw_error)?;
             root.present()
                 .map_err(|error| draw_error(error.to_string()))
         }
@@ -274,32 +311,7 @@ pub fn draw_bars(report: &crate::snapshots::SnapshotsReport, path: &Path) -> Res
     if report.cases.is_empty() {
         return Err(PlotError::Empty);
     }
-    register_font()?;
-    let draw_error = |error: String| PlotError::Draw {
-        path: path.display().to_string(),
-        message: error,
-    };
-    let size = (PLOT_WIDTH_PIXELS, PLOT_HEIGHT_PIXELS);
-    match path
-        .extension()
-        .and_then(|extension| extension.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw_bars_on(report, &root).map_err(draw_error)?;
-            root.present()
-                .map_err(|error| draw_error(error.to_string()))
-        }
-        Some("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw_bars_on(report, &root).map_err(draw_error)?;
-            root.present()
-                .map_err(|error| draw_error(error.to_string()))
-        }
-        _ => Err(PlotError::UnknownFormat(path.display().to_string())),
-    }
+    render(&Bars(report), path, (PLOT_WIDTH_PIXELS, PLOT_HEIGHT_PIXELS))
 }
 
 fn draw_bars_on<DB: DrawingBackend>(
@@ -409,32 +421,11 @@ pub fn draw_tiers(report: &crate::tiers::TiersReport, path: &Path) -> Result<(),
     if report.curves.is_empty() {
         return Err(PlotError::Empty);
     }
-    register_font()?;
-    let draw_error = |error: String| PlotError::Draw {
-        path: path.display().to_string(),
-        message: error,
-    };
-    let size = (PLOT_WIDTH_PIXELS, TIERS_PLOT_HEIGHT_PIXELS);
-    match path
-        .extension()
-        .and_then(|extension| extension.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw_tiers_on(report, &root).map_err(draw_error)?;
-            root.present()
-                .map_err(|error| draw_error(error.to_string()))
-        }
-        Some("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw_tiers_on(report, &root).map_err(draw_error)?;
-            root.present()
-                .map_err(|error| draw_error(error.to_string()))
-        }
-        _ => Err(PlotError::UnknownFormat(path.display().to_string())),
-    }
+    render(
+        &Tiers(report),
+        path,
+        (PLOT_WIDTH_PIXELS, TIERS_PLOT_HEIGHT_PIXELS),
+    )
 }
 
 fn draw_tiers_on<DB: DrawingBackend>(
