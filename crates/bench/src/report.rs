@@ -5,9 +5,45 @@
 //! Ratios, not absolute figures, are the result: on a shared machine absolute numbers
 //! are noise, but servers measured in the same run on the same data are comparable.
 
+use std::path::Path;
+
 use serde::Serialize;
 
+use crate::plot::PlotError;
 use crate::workload::{Headline, Point, Profile, Settings};
+
+/// Where a subcommand's report goes: saved as JSON to `output`, plotted by
+/// `draw` to `plot`, and printed as JSON (`json`) or as `table` followed by
+/// where it was saved.
+pub fn publish<T: Serialize>(
+    report: &T,
+    table: &str,
+    output: Option<&Path>,
+    plot: Option<&Path>,
+    json: bool,
+    draw: impl FnOnce(&Path) -> Result<(), PlotError>,
+) -> anyhow::Result<()> {
+    let document = serde_json::to_string_pretty(report)?;
+    if let Some(path) = output {
+        std::fs::write(path, format!("{document}\n"))
+            .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
+    }
+    if let Some(path) = plot {
+        draw(path)?;
+    }
+    if json {
+        println!("{document}");
+    } else {
+        print!("{table}");
+        if let Some(path) = output {
+            println!("json: {}", path.display());
+        }
+        if let Some(path) = plot {
+            println!("plot: {}", path.display());
+        }
+    }
+    Ok(())
+}
 
 /// A server that was not measured, and why.
 #[derive(Debug, Clone, Serialize)]

@@ -422,26 +422,14 @@ impl SnapshotsReport {
 /// Runs `lamina bench snapshots` and prints (and saves, and plots) the report.
 pub fn run_snapshots(arguments: &SnapshotsArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    let document = serde_json::to_string_pretty(&report)?;
-    if let Some(path) = &arguments.output {
-        std::fs::write(path, format!("{document}\n"))
-            .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
-    }
-    if let Some(path) = &arguments.plot {
-        crate::plot::draw_bars(&report, path)?;
-    }
-    if arguments.json {
-        println!("{document}");
-    } else {
-        print!("{}", report.table());
-        if let Some(path) = &arguments.output {
-            println!("json: {}", path.display());
-        }
-        if let Some(path) = &arguments.plot {
-            println!("plot: {}", path.display());
-        }
-    }
-    Ok(())
+    crate::report::publish(
+        &report,
+        &report.table(),
+        arguments.output.as_deref(),
+        arguments.plot.as_deref(),
+        arguments.json,
+        |path| crate::plot::draw_bars(&report, path),
+    )
 }
 
 /// Times one helper command; fails with its stderr when it fails.
