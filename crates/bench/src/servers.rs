@@ -258,42 +258,16 @@ pub(crate) fn start_lamina_daemon(
     extra_config: &str,
 ) -> anyhow::Result<RunningServer> {
     std::fs::create_dir_all(directory)?;
-    let log = std::fs::File::create(directory.join("server.log"))?;
     let data = directory.join("data");
     std::fs::create_dir_all(&data)?;
-    let config = directory.join("lamina.toml");
-    // The Unix socket is what we use; the TCP listener gets a free port so that
-    // it cannot collide with a running lamina or another benchmark.
-    let port = free_tcp_port()?;
-    std::fs::write(
-        &config,
-        format!("[server]\ntcp_address = \"127.0.0.1:{port}\"\n{extra_config}"),
-    )?;
-    let mut command = Command::new(program);
-    command
-        .arg("serve")
-        .arg("--data")
-        .arg(&data)
-        .arg("--config")
-        .arg(&config);
-    let socket = data.join("nbd.sock");
-    let uri = format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display());
-    let child = spawn_logged(command, &log)?;
-    let mut server = RunningServer {
-        kind: ServerKind::Lamina,
-        uri,
-        notes: Vec::new(),
-        process: ServerProcess::Child(child),
-        directory: directory.to_owned(),
-    };
-    wait_ready(&mut server, &socket)?;
-    Ok(server)
+    serve_lamina_data(program, directory, &data, extra_config, EXPORT_NAME)
 }
 
 /// Starts `lamina serve` on an existing data directory `data` (a pool made with
-/// `lamina pool create`, its volumes already created) and waits until `export`
-/// answers. The configuration and log go to `directory`, which must hold `data`
-/// and is removed on stop.
+/// `lamina pool create`, its volumes already created, or an empty directory
+/// for the embedded default pool) and waits until `export` answers. The
+/// configuration and log go to `directory`, which must hold `data` and is
+/// removed on stop.
 pub(crate) fn serve_lamina_data(
     program: &Path,
     directory: &Path,
@@ -307,6 +281,8 @@ pub(crate) fn serve_lamina_data(
     );
     let log = std::fs::File::create(directory.join("server.log"))?;
     let config = directory.join("lamina.toml");
+    // The Unix socket is what we use; the TCP listener gets a free port so that
+    // it cannot collide with a running lamina or another benchmark.
     let port = free_tcp_port()?;
     std::fs::write(
         &config,
