@@ -140,6 +140,21 @@ async fn streams_run(seed: u64) -> bool {
         .verify(&pool, volume_id, &format!("seed {seed} before the cut"))
         .await;
     let counts = pool.cleaner_victim_counts();
+    cut_power_and_verify(pool, &faulty, memory, limits, &shadow, volume_id, seed).await;
+    counts_reached_cold_streams(&counts)
+}
+
+/// Cuts power under `pool` at an arbitrary moment, recovers it from what the
+/// device kept, and checks every block against `shadow`.
+async fn cut_power_and_verify(
+    pool: Pool,
+    faulty: &FaultyDevice<MemoryDevice>,
+    memory: Arc<MemoryDevice>,
+    limits: PoolLimits,
+    shadow: &Shadow,
+    volume_id: u32,
+    seed: u64,
+) {
     faulty
         .power_cut(PowerCutStyle::Random)
         .await
@@ -154,7 +169,6 @@ async fn streams_run(seed: u64) -> bool {
         .verify(&pool, volume_id, &format!("seed {seed} after recovery"))
         .await;
     pool.close().await.expect("close");
-    counts_reached_cold_streams(&counts)
 }
 
 /// Whether victims written by the cleaner's own streams were cleaned again,
@@ -236,20 +250,7 @@ async fn paced_run(seed: u64) -> u64 {
         .verify(&pool, volume_id, &format!("seed {seed} before the cut"))
         .await;
     let relocated = pool.status().cleaner_relocated_blocks - relocated_before;
-    faulty
-        .power_cut(PowerCutStyle::Random)
-        .await
-        .expect("power cut");
-    pool.abandon();
-    drop(pool);
-    let reopened = Arc::new(FaultyDevice::new(memory, seed + 1));
-    let pool = Pool::open(reopened as Arc<dyn BlockDevice>, limits)
-        .await
-        .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
-    shadow
-        .verify(&pool, volume_id, &format!("seed {seed} after recovery"))
-        .await;
-    pool.close().await.expect("close");
+    cut_power_and_verify(pool, &faulty, memory, limits, &shadow, volume_id, seed).await;
     relocated
 }
 
