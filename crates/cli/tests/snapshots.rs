@@ -12,31 +12,10 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{Daemon, lamina, run, system_path};
+use common::{Daemon, lamina_error, lamina_ok, run, system_path};
 
 const VOLUME_BYTES: u64 = 64 << 20;
 const PATTERN_BYTES: usize = 16 << 20;
-
-fn lamina_ok(data_dir: &Path, arguments: &[&str]) -> serde_json::Value {
-    let mut with_json = arguments.to_vec();
-    with_json.push("--json");
-    let output = lamina(data_dir, &with_json);
-    assert!(
-        output.status.success(),
-        "lamina {arguments:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
-fn lamina_error(data_dir: &Path, arguments: &[&str]) -> String {
-    let output = lamina(data_dir, arguments);
-    assert!(
-        !output.status.success(),
-        "lamina {arguments:?} should have failed"
-    );
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
 
 fn pattern_file(path: &Path, seed: u32) {
     let bytes: Vec<u8> = (0..PATTERN_BYTES as u32)

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Daemon, lamina, run};
+use common::{Daemon, lamina_error, lamina_ok, run};
 
 const FLASH_ARGUMENT: &str = "flash.img:64M";
 const CAPACITY_ARGUMENT: &str = "capacity.img:256M";
@@ -71,27 +71,6 @@ impl Setup {
         arguments.extend_from_slice(extra);
         lamina_ok(&self.data_dir, &arguments);
     }
-}
-
-fn lamina_ok(data_dir: &Path, arguments: &[&str]) -> serde_json::Value {
-    let mut with_json = arguments.to_vec();
-    with_json.push("--json");
-    let output = lamina(data_dir, &with_json);
-    assert!(
-        output.status.success(),
-        "lamina {arguments:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
-fn lamina_error(data_dir: &Path, arguments: &[&str]) -> String {
-    let output = lamina(data_dir, arguments);
-    assert!(
-        !output.status.success(),
-        "lamina {arguments:?} should have failed"
-    );
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// A file of `bytes` whose every 4 KiB block is distinct and non-zero (zero

@@ -134,6 +134,29 @@ pub fn lamina(data_dir: &Path, arguments: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `lamina ARGUMENTS --json`, which must succeed; its JSON output.
+pub fn lamina_ok(data_dir: &Path, arguments: &[&str]) -> serde_json::Value {
+    let mut with_json = arguments.to_vec();
+    with_json.push("--json");
+    let output = lamina(data_dir, &with_json);
+    assert!(
+        output.status.success(),
+        "lamina {arguments:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// `lamina ARGUMENTS`, which must fail; its error output.
+pub fn lamina_error(data_dir: &Path, arguments: &[&str]) -> String {
+    let output = lamina(data_dir, arguments);
+    assert!(
+        !output.status.success(),
+        "lamina {arguments:?} should have failed"
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 impl Daemon {
     /// `lamina serve` on `data_dir` (a pool created there by `lamina pool
     /// create`, or the embedded default pool the config describes), with
