@@ -426,16 +426,7 @@ impl Pool {
                 // Dead segments whose death a sealed batch covers: checkpoints
                 // free them (one that died in the open batch waits for a later
                 // batch, which cleaning makes).
-                let awaiting_checkpoint = state
-                    .segments
-                    .iter()
-                    .enumerate()
-                    .filter(|(index, segment)| {
-                        matches!(segment.state, SegmentState::Dead { died_at }
-                            if died_at <= state.sealed_through)
-                            && state.geometry.tier_of_segment(*index as u32) == Tier::Flash
-                    })
-                    .count();
+                let awaiting_checkpoint = state.sealed_dead_flash_segment_count();
                 // Enough is dead already: cleaning now would only spend the free
                 // segments the next checkpoints are about to add to.
                 let enough = state.free_segments.len() + awaiting_checkpoint

@@ -484,16 +484,17 @@ impl State {
     /// Sets the heat of a block just appended to flash (nothing on capacity or
     /// in a one-tier pool).
     fn set_heat(&mut self, volume_id: u32, physical_block: u64, counter: u8) {
+        // Checked first: a one-tier pool (no heat) pays nothing per write.
+        let Some(heat) = &mut self.heat else { return };
+        let Some(index) = self.geometry.flash_data_index(physical_block) else {
+            return;
+        };
         let policy = self
             .volumes
             .get(volume_id)
             .map(|volume| volume.policy)
             .unwrap_or_default();
-        if let Some(heat) = &mut self.heat
-            && let Some(index) = self.geometry.flash_data_index(physical_block)
-        {
-            heat.flash_written(index, counter, policy);
-        }
+        heat.flash_written(index, counter, policy);
     }
 
     /// Per-volume tier counters, created on first use.
@@ -722,6 +723,19 @@ impl State {
                 self.geometry.segment_size_blocks,
             );
         }
+    }
+
+    /// Dead flash segments whose death a sealed batch covers: a flush or
+    /// checkpoints free them (one that died in the open batch waits for that
+    /// batch to be sealed).
+    pub fn sealed_dead_flash_segment_count(&self) -> usize {
+        self.segments[..self.geometry.flash_segment_count as usize]
+            .iter()
+            .filter(|segment| {
+                matches!(segment.state, SegmentState::Dead { died_at }
+                    if died_at <= self.sealed_through)
+            })
+            .count()
     }
 
     pub fn used_segment_count(&self) -> usize {

@@ -10,10 +10,9 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::state::{Allocation, SegmentState, State};
+use super::state::{Allocation, State};
 use super::{Inner, Pool};
 use crate::error::EngineError;
-use crate::log::geometry::Tier;
 
 /// Flash victims cleaned per look at most, so that the demoter yields to the
 /// writers it competes with for the state lock and the devices.
@@ -30,19 +29,6 @@ pub(crate) fn flash_free_target_segment_count(state: &State, free_percent: u8) -
     let flash_segments = state.geometry.flash_segment_count as usize;
     let share = flash_segments * usize::from(free_percent.min(90)) / 100;
     share.max(state.reserve_for(Allocation::Client) + super::PROMOTION_HEADROOM_SEGMENT_COUNT + 2)
-}
-
-/// Dead flash segments that a checkpoint can free (their death is sealed).
-fn freeable_dead_flash_segment_count(state: &State) -> usize {
-    state
-        .segments
-        .iter()
-        .enumerate()
-        .filter(|(index, segment)| {
-            matches!(segment.state, SegmentState::Dead { died_at } if died_at <= state.sealed_through)
-                && state.geometry.tier_of_segment(*index as u32) == Tier::Flash
-        })
-        .count()
 }
 
 impl Pool {
@@ -87,7 +73,7 @@ impl Pool {
             state.free_reusable_dead_segments();
             (
                 state.free_segments.len(),
-                freeable_dead_flash_segment_count(state),
+                state.sealed_dead_flash_segment_count(),
                 flash_free_target_segment_count(state, free_percent),
             )
         };
