@@ -611,16 +611,26 @@ async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
     )
 }
 
+/// Seeds per run: `LAMINA_CRASH_RUNS`, 1000 by default.
+fn crash_runs() -> u64 {
+    environment_number("LAMINA_CRASH_RUNS", 1000)
+}
+
+/// The first seed: `LAMINA_CRASH_FIRST_SEED`, 0 by default.
+fn first_seed() -> u64 {
+    environment_number("LAMINA_CRASH_FIRST_SEED", 0)
+}
+
+fn environment_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn seeded_power_cuts_never_lose_flushed_data() {
-    let runs: u64 = std::env::var("LAMINA_CRASH_RUNS")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(1000);
-    let first: u64 = std::env::var("LAMINA_CRASH_FIRST_SEED")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0);
+    let (first, runs) = (first_seed(), crash_runs());
     for seed in first..first + runs {
         crash_run(seed, false).await;
     }
@@ -631,15 +641,7 @@ async fn seeded_power_cuts_never_lose_flushed_data() {
 /// random tier policies: moves between tiers never lose or change durable data.
 #[tokio::test(flavor = "current_thread")]
 async fn seeded_power_cuts_with_two_tiers_never_lose_flushed_data() {
-    let runs: u64 = std::env::var("LAMINA_CRASH_RUNS")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(1000)
-        / 2;
-    let first: u64 = std::env::var("LAMINA_CRASH_FIRST_SEED")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0);
+    let (first, runs) = (first_seed(), crash_runs() / 2);
     let mut moved = (0, 0);
     for seed in first..first + runs {
         let (promoted, demoted) = crash_run(seed, true).await;
