@@ -1,9 +1,13 @@
 //! The segment cleaner: reclaims the space of overwritten, trimmed and deleted
 //! blocks. It picks victim segments by cost-benefit (free space gained, weighted
 //! by how long the segment's data has stayed unchanged, over the cost of reading
-//! and rewriting its live blocks), reads each victim in one device read, and moves
-//! every block that is still live to the cleaner's own log head, apart from fresh
-//! client writes, so that cold data gathers in segments that stay full. A victim
+//! and rewriting its live blocks), reads each victim in pieces with few of them
+//! in flight, and moves every block that is still live to the cleaner's own log
+//! head, apart from fresh client writes, so that cold data gathers in segments
+//! that stay full. Client reads go before the cleaner's I/O as far as the engine
+//! can arrange it: the cleaner keeps little of its own I/O in the device queue
+//! (`PoolLimits::cleaner_read_bytes_max`, `cleaner_in_flight_reads_max`,
+//! `cleaner_in_flight_batches_max`; docs/decisions/0008-cleaner-latency.md). A victim
 //! whose live blocks are all moved is dead, and is freed once its relocations
 //! are durable, or by the checkpoints that follow if it was written since the
 //! older kept checkpoint (see `state::dead_segment_reusable`).
@@ -16,6 +20,9 @@
 
 mod pacing;
 pub mod placement;
+
+use futures::{StreamExt, TryStreamExt};
+use lamina_device::AlignedBuffer;
 
 use super::Pool;
 use super::state::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState, State, Stream};
@@ -73,6 +80,26 @@ pub fn cleaner_reserve_segment_count(geometry: &crate::log::geometry::Geometry) 
         .div_ceil(geometry.segment_size_bytes())
         .max(geometry.segment_count / 100)
         .max(2) as usize
+}
+
+/// A victim segment's contents, as read in pieces of equal size (whole blocks;
+/// the last may be shorter).
+struct VictimContents {
+    pieces: Vec<AlignedBuffer>,
+    piece_bytes: usize,
+}
+
+impl VictimContents {
+    /// The block that starts `offset` bytes into the segment.
+    fn block_at(&self, offset: usize) -> &[u8] {
+        let block = BLOCK_SIZE_BYTES as usize;
+        assert!(
+            offset.is_multiple_of(block),
+            "victim block offset {offset} is not block-aligned"
+        );
+        let within = offset % self.piece_bytes;
+        &self.pieces[offset / self.piece_bytes][within..within + block]
+    }
 }
 
 /// How victims are chosen.
@@ -229,6 +256,35 @@ impl Pool {
         result
     }
 
+    /// Reads `length_bytes` of a victim from device byte `offset`, in pieces of
+    /// at most `cleaner_read_bytes_max` with at most
+    /// `cleaner_in_flight_reads_max` in flight, so that a client read never
+    /// queues behind more than that much cleaner reading.
+    async fn read_victim(
+        &self,
+        offset: u64,
+        length_bytes: usize,
+    ) -> Result<VictimContents, EngineError> {
+        let limits = &self.inner.limits;
+        let block = BLOCK_SIZE_BYTES as usize;
+        let piece_bytes = (limits.cleaner_read_bytes_max as usize / block).max(1) * block;
+        let device = &self.inner.device;
+        let pieces: Vec<AlignedBuffer> =
+            futures::stream::iter((0..length_bytes).step_by(piece_bytes).map(|start| {
+                device.read(
+                    offset + start as u64,
+                    piece_bytes.min(length_bytes - start),
+                )
+            }))
+            .buffered(limits.cleaner_in_flight_reads_max.max(1))
+            .try_collect()
+            .await?;
+        Ok(VictimContents {
+            pieces,
+            piece_bytes,
+        })
+    }
+
     /// Moves the live blocks out of one segment. Returns whether it is now empty.
     /// In a two-tier pool, blocks of a flash victim that heat keeps go to the
     /// cleaner's flash stream and the others are demoted to capacity (while
@@ -243,9 +299,7 @@ impl Pool {
         }
         let first_block = geometry.segment_first_block(segment_index);
         let contents = self
-            .inner
-            .device
-            .read(
+            .read_victim(
                 first_block * BLOCK_SIZE_BYTES,
                 geometry.segment_size_bytes() as usize,
             )
@@ -259,7 +313,7 @@ impl Pool {
         let mut incarnation = None;
         while position + 2 <= geometry.segment_size_blocks {
             let start = position as usize * block;
-            let Ok(summary) = Summary::decode(&contents[start..start + block]) else {
+            let Ok(summary) = Summary::decode(contents.block_at(start)) else {
                 break;
             };
             let sequence = *incarnation.get_or_insert(summary.segment_sequence);
@@ -335,12 +389,25 @@ impl Pool {
         // Maps that may hold a block, per writing volume: the volume, its
         // snapshots and its clones (computed once per victim).
         let mut families: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        // Sequences of the batches this victim's relocations sealed that may
+        // still be in flight.
+        let mut sealed_sequences: Vec<u64> = Vec::new();
         for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
+            let own_limit = self.inner.limits.cleaner_in_flight_batches_max.max(1);
             self.wait_for(|state| {
-                state.in_flight.len() < in_flight_limit || state.failed.is_some()
+                let own = sealed_sequences
+                    .iter()
+                    .filter(|sequence| state.in_flight_sequences.contains(sequence))
+                    .count();
+                (state.in_flight.len() < in_flight_limit && own < own_limit)
+                    || state.failed.is_some()
             })
             .await;
+            {
+                let state = self.inner.lock();
+                sealed_sequences.retain(|sequence| state.in_flight_sequences.contains(sequence));
+            }
             let mut sealed = Vec::new();
             let result = {
                 let mut state = self.inner.lock();
@@ -349,7 +416,7 @@ impl Pool {
                     let family = families
                         .entry(*volume_id)
                         .or_insert_with(|| state.volumes.family(*volume_id));
-                    let data = &contents[*data_offset..*data_offset + block];
+                    let data = contents.block_at(*data_offset);
                     // A full capacity tier keeps cold blocks on flash rather
                     // than leave the victim uncleaned.
                     let demotion = victim_tier == Tier::Flash && *destination == Stream::Capacity;
@@ -379,6 +446,7 @@ impl Pool {
                 }
                 result
             };
+            sealed_sequences.extend(sealed.iter().map(|batch| batch.sequence));
             self.spawn_writes(sealed);
             result?;
         }
