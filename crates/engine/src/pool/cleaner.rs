@@ -256,25 +256,27 @@ impl Pool {
         result
     }
 
-    /// Reads `length_bytes` of a victim from device byte `offset`, in pieces of
-    /// at most `cleaner_read_bytes_max` with at most
+    /// Reads victim segment `segment_index`. A flash victim is read in pieces
+    /// of at most `cleaner_read_bytes_max` with at most
     /// `cleaner_in_flight_reads_max` in flight, so that a client read never
-    /// queues behind more than that much cleaner reading.
-    async fn read_victim(
-        &self,
-        offset: u64,
-        length_bytes: usize,
-    ) -> Result<VictimContents, EngineError> {
+    /// queues behind more than that much cleaner reading. A capacity victim
+    /// (a disk, where a client request between two pieces would cost a seek
+    /// each) is read in one request.
+    async fn read_victim(&self, segment_index: u32) -> Result<VictimContents, EngineError> {
+        let geometry = self.inner.geometry;
         let limits = &self.inner.limits;
+        let offset = geometry.segment_first_block(segment_index) * BLOCK_SIZE_BYTES;
+        let length_bytes = geometry.segment_size_bytes() as usize;
         let block = BLOCK_SIZE_BYTES as usize;
-        let piece_bytes = (limits.cleaner_read_bytes_max as usize / block).max(1) * block;
+        let piece_bytes_max = match geometry.tier_of_segment(segment_index) {
+            Tier::Flash => limits.cleaner_read_bytes_max as usize,
+            Tier::Capacity => length_bytes,
+        };
+        let piece_bytes = (piece_bytes_max / block).max(1) * block;
         let device = &self.inner.device;
         let pieces: Vec<AlignedBuffer> =
             futures::stream::iter((0..length_bytes).step_by(piece_bytes).map(|start| {
-                device.read(
-                    offset + start as u64,
-                    piece_bytes.min(length_bytes - start),
-                )
+                device.read(offset + start as u64, piece_bytes.min(length_bytes - start))
             }))
             .buffered(limits.cleaner_in_flight_reads_max.max(1))
             .try_collect()
@@ -298,12 +300,7 @@ impl Pool {
             return Ok(false);
         }
         let first_block = geometry.segment_first_block(segment_index);
-        let contents = self
-            .read_victim(
-                first_block * BLOCK_SIZE_BYTES,
-                geometry.segment_size_bytes() as usize,
-            )
-            .await?;
+        let contents = self.read_victim(segment_index).await?;
         // Every data block the segment's batch chain describes: (volume,
         // logical block, physical block, offset of its data in `contents`).
         let block = BLOCK_SIZE_BYTES as usize;
@@ -536,9 +533,10 @@ impl Pool {
     }
 
     /// Background cleaning: frees dead segments whose deaths the background
-    /// flush made durable; then, when free space is under the low watermark,
-    /// one pass, a flush that frees the victims both checkpoints cover, and
-    /// the checkpoints that free the others if space is still short.
+    /// flush made durable; then, only when the paced cleaner is off and free
+    /// space is under the low watermark, one pass, a flush that frees the
+    /// victims both checkpoints cover, and the checkpoints that free the
+    /// others if space is still short.
     pub(crate) async fn clean_in_background(&self) -> Result<(), EngineError> {
         // A two-tier pool's flash is kept free by the demoter (`tiering`),
         // with its own target; this watermark (a tenth of flash, at least 16
@@ -554,7 +552,18 @@ impl Pool {
         {
             let mut state = self.inner.lock();
             state.free_reusable_dead_segments();
-            if !below_watermark(&state) {
+            // The paced cleaner cleans in step with client writes; a pass here
+            // would clean up to 16 victims in one burst, which queues at the
+            // device ahead of client reads and holds the space its relocations
+            // take until its flush, so that writers ran out of free segments
+            // (decision 0008).
+            if self
+                .inner
+                .limits
+                .cleaner_relocation_blocks_per_client_block_max
+                > 0.0
+                || !below_watermark(&state)
+            {
                 return Ok(());
             }
         }

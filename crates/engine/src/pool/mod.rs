@@ -79,8 +79,9 @@ pub struct PoolLimits {
     pub usage_warning_percents: Vec<u8>,
     /// Blocks the paced background cleaner may relocate per block clients
     /// write, at full free-space pressure; the budget grows from 0 as free space
-    /// falls through the headroom (0 turns the paced cleaner off; a writer that
-    /// finds no free segment still cleans for itself).
+    /// falls through the headroom (0 turns the paced cleaner off: the
+    /// background task then cleans in passes when free space is low, and a
+    /// writer that finds no free segment still cleans for itself).
     pub cleaner_relocation_blocks_per_client_block_max: f64,
     /// Free segments beyond the clients' reserve under which the paced cleaner
     /// starts (at most 2% of the pool's segments, at least 2).
