@@ -351,9 +351,10 @@ impl BlockDevice for ReadRecorder {
 /// of one block, of sizes that do not divide the segment, or larger than it,
 /// one or several in flight, and relocation batches held back in the engine,
 /// while a writer overwrites a nearly full pool and the paced cleaner runs
-/// alongside explicit passes; power is cut at an arbitrary moment. A piece
-/// put back at the wrong place would relocate the wrong contents under the
-/// block's checksum, which the reads before and after recovery catch.
+/// alongside explicit passes; power is cut at an arbitrary moment, with
+/// relocation batches waiting in the cleaner's writer. A piece put back at the
+/// wrong place would relocate the wrong contents under the block's checksum,
+/// which the reads before and after recovery catch.
 async fn pieces_run(seed: u64) -> u64 {
     let mut rng = SmallRng::seed_from_u64(seed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
@@ -432,8 +433,13 @@ async fn pieces_run(seed: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn victims_read_in_pieces_survive_power_cuts() {
     let mut relocated_total = 0;
-    for seed in 0..10 {
-        relocated_total += pieces_run(2000 + seed).await;
+    for seed in 2000..2010 {
+        // A relocation batch never handed to the device would leave flushes
+        // waiting forever: a run that takes minutes instead of a fraction of a
+        // second is that failure.
+        relocated_total += tokio::time::timeout(Duration::from_secs(60), pieces_run(seed))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: the run did not finish"));
     }
     assert!(relocated_total > 0, "the cleaner never ran");
 }
