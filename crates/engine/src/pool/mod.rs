@@ -94,9 +94,9 @@ pub struct PoolLimits {
     pub cleaner_read_bytes_max: u64,
     /// Cleaner reads of one victim in flight at once at most.
     pub cleaner_in_flight_reads_max: usize,
-    /// Relocation batches the cleaner has sealed and not yet written that it
-    /// allows before relocating more: the cleaner's writes wait in the
-    /// engine, not in the device queue ahead of client reads.
+    /// Relocation batches the cleaner has at the device at once at most; the
+    /// others it has sealed wait in the engine, not in the device queue ahead
+    /// of client reads.
     pub cleaner_in_flight_batches_max: usize,
     /// Recently read capacity blocks remembered for promotion decisions (the
     /// ghost, 4 bytes each, allocated in full; two-tier pools only; at most one
