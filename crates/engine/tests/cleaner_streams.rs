@@ -347,7 +347,7 @@ impl BlockDevice for ReadRecorder {
     }
 }
 
-/// The cleaner's bounds on its own I/O (decision 0008): victims read in pieces
+/// The cleaner's bounds on its own I/O (decision 0009): victims read in pieces
 /// of one block, of sizes that do not divide the segment, or larger than it,
 /// one or several in flight, and relocation batches held back in the engine,
 /// while a writer overwrites a nearly full pool and the paced cleaner runs

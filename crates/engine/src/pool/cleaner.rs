@@ -7,7 +7,7 @@
 //! that stay full. Client reads go before the cleaner's I/O as far as the engine
 //! can arrange it: the cleaner keeps little of its own I/O in the device queue
 //! (`PoolLimits::cleaner_read_bytes_max`, `cleaner_in_flight_reads_max`,
-//! `cleaner_in_flight_batches_max`; docs/decisions/0008-cleaner-latency.md). A victim
+//! `cleaner_in_flight_batches_max`; docs/decisions/0009-cleaner-latency.md). A victim
 //! whose live blocks are all moved is dead, and is freed once its relocations
 //! are durable, or by the checkpoints that follow if it was written since the
 //! older kept checkpoint (see `state::dead_segment_reusable`).
@@ -431,7 +431,7 @@ impl Pool {
         // them at the device; relocating goes on meanwhile, so that client
         // writes arriving between two steps seldom split a relocation batch
         // (waiting here instead made batches smaller: more summary blocks per
-        // segment, and more cleaning, decision 0008).
+        // segment, and more cleaning, decision 0009).
         let (relocated_batches, writer) = self.spawn_relocation_writer();
         for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
@@ -600,7 +600,7 @@ impl Pool {
             // would clean up to 16 victims in one burst, which queues at the
             // device ahead of client reads and holds the space its relocations
             // take until its flush, so that writers ran out of free segments
-            // (decision 0008).
+            // (decision 0009).
             if self
                 .inner
                 .limits
