@@ -115,11 +115,6 @@ impl Stream {
 pub static REUSE_FREED_SEGMENTS_FIRST: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// Free segments beyond the clients' reserve under which client writes stop
-/// opening segments for the `ClientCold` stream (see
-/// `State::client_stream_with_room`).
-pub const SEPARATION_FREE_SEGMENT_COUNT_MIN: usize = 2;
-
 /// Free segments each kind of allocation must leave behind.
 /// Free segments kept for records without data (one segment holds thousands).
 pub const RECORD_RESERVE_SEGMENT_COUNT: usize = 1;
@@ -657,14 +652,16 @@ impl State {
         Ok(())
     }
 
-    /// The client stream a write predicted for `predicted` goes to. When free
-    /// space is short, two partly filled client head segments are space the
-    /// cleaner cannot use: a write then goes where there is room without a
-    /// new segment, preferring the predicted stream, and only the `Client`
-    /// head takes new segments.
+    /// The client stream a write predicted for `predicted` goes to. When
+    /// clients may not take another free segment, a write goes where there is
+    /// room without one, preferring the predicted stream, so that it need not
+    /// wait for reclaim while the other client head has room (two partly
+    /// filled client heads are space the cleaner cannot use); only then does
+    /// it go to the `Client` head. (Stepping aside earlier, at 2 free segments
+    /// beyond the reserve, mixed the streams in steady state: Zipf(0.99) WA
+    /// 2.29 against 2.20 on a 2 GiB pool.)
     fn client_stream_with_room(&self, predicted: Stream) -> Stream {
-        let short = self.free_segments.len()
-            <= self.reserve_for(Allocation::Client) + SEPARATION_FREE_SEGMENT_COUNT_MIN;
+        let short = self.free_segments.len() <= self.reserve_for(Allocation::Client);
         if !short {
             return predicted;
         }
