@@ -4,7 +4,8 @@
 //!
 //!     cargo run --release -p lamina-engine --example write_amplification -- \
 //!         [--live 0.5,0.7,0.85] [--pool-mib 512] [--passes 4] [--zipf 0.99] \
-//!         [--workloads uniform,zipf] [--paced-cleaner on|off] [--cleaner-headroom 4]
+//!         [--workloads uniform,zipf] [--paced-cleaner on|off] [--cleaner-headroom 4] \
+//!         [--separate-client-writes on|off]
 //!
 //! Besides the total, it prints the blocks the cleaner relocated per client
 //! block; the rest of the total above 1 is summaries and checkpoints.
@@ -81,6 +82,7 @@ async fn measure(
     if argument("--paced-cleaner", "on") == "off" {
         limits.cleaner_relocation_blocks_per_client_block_max = 0.0;
     }
+    limits.separate_client_writes_by_lifespan = argument("--separate-client-writes", "on") != "off";
     let options = PoolOptions {
         segment_size_bytes: segment_bytes,
         force: false,

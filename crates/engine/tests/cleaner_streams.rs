@@ -176,11 +176,8 @@ async fn cut_power_and_verify(
 fn counts_reached_cold_streams(
     counts: &lamina_engine::pool::cleaner::placement::VictimCounts,
 ) -> bool {
-    counts.victims[1..]
-        .iter()
-        .filter(|count| **count > 0)
-        .count()
-        >= 2
+    use lamina_engine::pool::state::Stream;
+    counts.victims[Stream::Cleaner as usize] > 0 && counts.victims[Stream::Cold as usize] > 0
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -123,7 +123,7 @@ impl Pool {
             let mut state = self.inner.lock();
             state.check_failed()?;
             let sealed = state.seal_open_batch();
-            self.spawn_writes(sealed.into_iter().collect());
+            self.spawn_writes(sealed);
             let checkpoint_sequence = state.next_checkpoint_sequence;
             state.next_checkpoint_sequence += 1;
             let slot_index = state

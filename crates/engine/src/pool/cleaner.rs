@@ -252,7 +252,10 @@ impl Pool {
         {
             let mut state = self.inner.lock();
             let live_blocks = state.segments[victim as usize].live_blocks;
-            state.placement.start_victim(victim, live_blocks);
+            let now_blocks = state.client_bytes_written / BLOCK_SIZE_BYTES;
+            state
+                .placement
+                .start_victim(victim, live_blocks, now_blocks);
             state.cleaning_tier = self.inner.geometry.tier_of_segment(victim);
         }
         let result = self.clean_segment(victim).await;

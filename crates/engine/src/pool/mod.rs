@@ -107,6 +107,9 @@ pub struct PoolLimits {
     pub tier_flash_free_percent: u8,
     /// How often the demoter looks at free flash.
     pub tier_demotion_interval_ms: u64,
+    /// Split client writes between two log heads by the predicted lifespan of
+    /// the data (one-tier pools; see `cleaner::placement`).
+    pub separate_client_writes_by_lifespan: bool,
 }
 
 impl Default for PoolLimits {
@@ -129,6 +132,7 @@ impl Default for PoolLimits {
             tier_ghost_entries_max: 1 << 24,
             tier_flash_free_percent: 10,
             tier_demotion_interval_ms: 20,
+            separate_client_writes_by_lifespan: true,
         }
     }
 }
@@ -1245,7 +1249,7 @@ impl Pool {
             let sealed = state.seal_open_batch();
             let target = state.sealed_through;
             drop(state);
-            self.spawn_writes(sealed.into_iter().collect());
+            self.spawn_writes(sealed);
             target
         };
         self.flush_through(target).await
@@ -1449,15 +1453,11 @@ impl Pool {
                     // free only through checkpoints (the others through the
                     // flush below); an idle pool must still take them, or
                     // trimmed space never returns.
-                    let covered = state.covered_by_every_checkpoint();
                     let space_waiting = state.segments.iter().any(|segment| {
                         matches!(segment.state, state::SegmentState::Dead { .. })
-                            && segment.last_batch_sequence > covered
+                            && state.dead_segment_waits_for_checkpoints(segment)
                     });
-                    let dirty = state
-                        .open_batch
-                        .as_ref()
-                        .is_some_and(|batch| !batch.records.is_empty())
+                    let dirty = state.has_unsealed_records()
                         || state.sealed_through > state.durable_through;
                     (
                         dirty,

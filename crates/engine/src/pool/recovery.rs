@@ -112,6 +112,7 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
                 state: SegmentState::Free,
                 live_blocks: 0,
                 last_batch_sequence: 0,
+                needed_by_replay: true,
             };
             geometry.segment_count as usize
         ],
@@ -134,6 +135,10 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
         heads: [None; super::state::STREAM_COUNT],
         placement: Default::default(),
         open_batch: None,
+        open_cold_batch: None,
+        pending_deaths: Vec::new(),
+        separate_client_writes: limits.separate_client_writes_by_lifespan
+            && !geometry.has_capacity_tier(),
         in_flight: BTreeMap::new(),
         in_flight_sequences: Default::default(),
         next_batch_sequence: 1,
@@ -447,14 +452,17 @@ impl Pool {
             if summary.batch_sequence <= covered {
                 continue;
             }
+            // Flushed batches may be missing: a dead segment whose records
+            // were all replaced by later durable ones is rewritten without
+            // waiting for checkpoints to cover it (`State::dead_segment_reusable`).
             if summary.batch_sequence <= flushed_through
                 && summary.batch_sequence != highest_sequence + 1
             {
-                tracing::error!(
+                tracing::debug!(
                     device = %name,
                     expected = highest_sequence + 1,
                     found = summary.batch_sequence,
-                    "batches missing from the log although a flush covered them: data may be lost"
+                    "flushed batches absent from the log (their segments were rewritten)"
                 );
             }
             // The unflushed tail may be torn: check its data before trusting it.

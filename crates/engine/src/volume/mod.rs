@@ -621,6 +621,27 @@ impl VolumeTable {
             .map(|mapping| mapping.checksum)
     }
 
+    /// Whether `physical_block` is held only by the live map of `volume_id`,
+    /// at `logical_block`: `family` is the volume alone (no clones) and it has
+    /// no snapshots. Moving such a block needs no conditional relocation
+    /// record: a plain `Data` record for the volume says the same.
+    pub fn sole_holder(
+        &self,
+        family: &[u32],
+        volume_id: u32,
+        logical_block: u64,
+        physical_block: u64,
+    ) -> bool {
+        family == [volume_id]
+            && self.volumes.get(&volume_id).is_some_and(|volume| {
+                volume.snapshots.is_empty()
+                    && volume
+                        .map
+                        .get(logical_block)
+                        .is_some_and(|mapping| mapping.physical_block == physical_block)
+            })
+    }
+
     /// A volume's accounting inputs (see [`PendingVolumeInfo`]).
     pub fn volume_info(&self, volume_id: u32) -> Option<PendingVolumeInfo> {
         let volume = self.volumes.get(&volume_id)?;

@@ -149,14 +149,14 @@ impl Pool {
             let headroom =
                 headroom_segment_count(limits.cleaner_headroom_segment_count, flash_segment_count);
             let reserve = state.reserve_for(Allocation::Client);
-            // A dead segment whose batches both kept checkpoints cover needs
-            // only a flush; one written since the older checkpoint needs the
-            // next checkpoint, and one written since the newest needs two.
+            // A dead segment whose batches both kept checkpoints cover, or
+            // that replay does not need, needs only a flush; one written since
+            // the older checkpoint needs the next checkpoint, and one written
+            // since the newest needs two.
             let newest_covered = state
                 .durable_checkpoints
                 .last()
                 .map_or(0, |checkpoint| checkpoint.covered_batch_sequence);
-            let covered_by_every = state.covered_by_every_checkpoint();
             // One that died in the open batch is not counted: no flush or
             // checkpoint frees it before that batch is sealed.
             let mut dead = Dead::default();
@@ -165,7 +165,7 @@ impl Pool {
                     && died_at <= state.sealed_through
                 {
                     dead.total += 1;
-                    if segment.last_batch_sequence <= covered_by_every {
+                    if !state.dead_segment_waits_for_checkpoints(segment) {
                         dead.awaiting_flush += 1;
                     } else if segment.last_batch_sequence > newest_covered {
                         dead.uncovered += 1;

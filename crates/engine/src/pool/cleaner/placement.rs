@@ -6,6 +6,16 @@
 //! survived once by chance and dies soon after. The stream of each segment is
 //! kept in memory only: it steers placement, never correctness, so after a
 //! restart every segment counts as a client segment until it is rewritten.
+//!
+//! Client writes are split too, by the lifespan of the block they replace, as
+//! SepBIT does (Wang et al., "Separating Data via Block Invalidation Time
+//! Inference for Write Amplification Reduction in Log-Structured Storage",
+//! FAST 2022): a block whose previous version lived shorter than the client
+//! segments the cleaner recently took is likely to die young again and goes to
+//! the `Client` stream; first writes, and rewrites of blocks that lived longer
+//! or survived a cleaning, go to `ClientCold`. Time is counted in client blocks
+//! written, and a block's age is that of its segment (opened then, filled soon
+//! after), so no per-block state is kept.
 
 use crate::pool::state::{STREAM_COUNT, Stream};
 
@@ -18,12 +28,21 @@ pub struct VictimCounts {
     pub live_blocks: [u64; STREAM_COUNT],
 }
 
+/// Recent client-segment lifespans averaged into the threshold that splits
+/// client writes (SepBIT averages 16).
+pub const LIFESPAN_SAMPLE_COUNT_MAX: usize = 16;
+
 /// Per-segment stream tags and the stream the cleaner currently relocates into.
 #[derive(Clone, Debug)]
 pub struct Placement {
     /// The stream whose head wrote each segment last; missing entries are
     /// client segments.
     segment_streams: Vec<Stream>,
+    /// Client blocks written before each segment was opened.
+    segment_opened_at_blocks: Vec<u64>,
+    /// Lifespans, in client blocks written, of the latest `Client` victims:
+    /// from opening to being chosen by the cleaner.
+    lifespan_samples_blocks: std::collections::VecDeque<u64>,
     /// Where the victim being cleaned sends its live blocks.
     relocation_stream: Stream,
     pub counts: VictimCounts,
@@ -33,6 +52,8 @@ impl Default for Placement {
     fn default() -> Self {
         Self {
             segment_streams: Vec::new(),
+            segment_opened_at_blocks: Vec::new(),
+            lifespan_samples_blocks: std::collections::VecDeque::new(),
             relocation_stream: Stream::Cleaner,
             counts: VictimCounts::default(),
         }
@@ -48,19 +69,67 @@ impl Placement {
             .unwrap_or(Stream::Client)
     }
 
-    /// Records that a head of `stream` opened `segment_index`.
-    pub fn segment_opened(&mut self, segment_index: u32, stream: Stream) {
+    /// Records that a head of `stream` opened `segment_index` when clients had
+    /// written `now_blocks` blocks.
+    pub fn segment_opened(&mut self, segment_index: u32, stream: Stream, now_blocks: u64) {
         let index = segment_index as usize;
         if self.segment_streams.len() <= index {
             self.segment_streams.resize(index + 1, Stream::Client);
+            self.segment_opened_at_blocks.resize(index + 1, 0);
         }
         self.segment_streams[index] = stream;
+        self.segment_opened_at_blocks[index] = now_blocks;
+    }
+
+    fn opened_at_blocks(&self, segment_index: u32) -> u64 {
+        self.segment_opened_at_blocks
+            .get(segment_index as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The lifespan under which a replaced block counts as short-lived: the
+    /// mean of the latest client victims' lifespans, or unbounded before the
+    /// cleaner has taken any.
+    pub fn lifespan_threshold_blocks(&self) -> u64 {
+        if self.lifespan_samples_blocks.is_empty() {
+            return u64::MAX;
+        }
+        self.lifespan_samples_blocks.iter().sum::<u64>() / self.lifespan_samples_blocks.len() as u64
+    }
+
+    /// The stream for a client write that replaces a block of
+    /// `replaced_segment_index` (none: the block was unmapped), when clients
+    /// have written `now_blocks` blocks.
+    pub fn client_stream(&self, replaced_segment_index: Option<u32>, now_blocks: u64) -> Stream {
+        let Some(segment_index) = replaced_segment_index else {
+            return Stream::ClientCold;
+        };
+        match self.stream_of(segment_index) {
+            Stream::Client | Stream::ClientCold => {
+                let lifespan = now_blocks.saturating_sub(self.opened_at_blocks(segment_index));
+                if lifespan < self.lifespan_threshold_blocks() {
+                    Stream::Client
+                } else {
+                    Stream::ClientCold
+                }
+            }
+            Stream::Cleaner | Stream::Cold | Stream::Capacity => Stream::ClientCold,
+        }
     }
 
     /// Chooses the stream for the live blocks of `victim_segment_index`, which
-    /// the cleaner is about to move; it holds `live_blocks` now.
-    pub fn start_victim(&mut self, victim_segment_index: u32, live_blocks: u32) {
+    /// the cleaner is about to move; it holds `live_blocks` now, and clients
+    /// have written `now_blocks` blocks.
+    pub fn start_victim(&mut self, victim_segment_index: u32, live_blocks: u32, now_blocks: u64) {
         let victim_stream = self.stream_of(victim_segment_index);
+        if victim_stream == Stream::Client {
+            let lifespan = now_blocks.saturating_sub(self.opened_at_blocks(victim_segment_index));
+            if self.lifespan_samples_blocks.len() == LIFESPAN_SAMPLE_COUNT_MAX {
+                self.lifespan_samples_blocks.pop_front();
+            }
+            self.lifespan_samples_blocks.push_back(lifespan);
+        }
         self.counts.victims[victim_stream as usize] += 1;
         self.counts.live_blocks[victim_stream as usize] += u64::from(live_blocks);
         self.relocation_stream = victim_stream.colder();
@@ -79,24 +148,54 @@ mod tests {
     #[test]
     fn relocations_go_one_stream_colder_and_stop_at_the_coldest() {
         let mut placement = Placement::default();
-        placement.start_victim(7, 10);
+        placement.start_victim(7, 10, 0);
         assert_eq!(placement.relocation_stream(), Stream::Cleaner);
-        placement.segment_opened(3, Stream::Cleaner);
-        placement.start_victim(3, 20);
+        placement.segment_opened(3, Stream::Cleaner, 0);
+        placement.start_victim(3, 20, 0);
         assert_eq!(placement.relocation_stream(), Stream::Cold);
-        placement.segment_opened(3, Stream::Cold);
-        placement.start_victim(3, 30);
+        placement.segment_opened(3, Stream::Cold, 0);
+        placement.start_victim(3, 30, 0);
         assert_eq!(placement.relocation_stream(), Stream::Cold);
-        assert_eq!(placement.counts.victims, [1, 1, 1, 0]);
-        assert_eq!(placement.counts.live_blocks, [10, 20, 30, 0]);
+        placement.segment_opened(4, Stream::ClientCold, 0);
+        placement.start_victim(4, 40, 0);
+        assert_eq!(placement.relocation_stream(), Stream::Cleaner);
+        assert_eq!(placement.counts.victims, [1, 1, 1, 0, 1]);
+        assert_eq!(placement.counts.live_blocks, [10, 20, 30, 0, 40]);
     }
 
     #[test]
     fn a_reused_segment_takes_the_stream_of_its_new_head() {
         let mut placement = Placement::default();
-        placement.segment_opened(5, Stream::Cold);
-        placement.segment_opened(5, Stream::Client);
+        placement.segment_opened(5, Stream::Cold, 0);
+        placement.segment_opened(5, Stream::Client, 0);
         assert_eq!(placement.stream_of(5), Stream::Client);
         assert_eq!(placement.stream_of(6), Stream::Client);
+    }
+
+    #[test]
+    fn client_writes_split_by_the_lifespan_of_the_block_they_replace() {
+        let mut placement = Placement::default();
+        // Before any client victim, every rewrite of a client block is hot;
+        // first writes and rewrites of relocated blocks are cold.
+        placement.segment_opened(1, Stream::Client, 0);
+        placement.segment_opened(2, Stream::Cleaner, 0);
+        assert_eq!(placement.client_stream(Some(1), 1_000_000), Stream::Client);
+        assert_eq!(placement.client_stream(None, 10), Stream::ClientCold);
+        assert_eq!(placement.client_stream(Some(2), 10), Stream::ClientCold);
+        // Client victims taken at ages 100 and 300 set the threshold to 200.
+        placement.segment_opened(3, Stream::Client, 1_000);
+        placement.start_victim(3, 5, 1_100);
+        placement.segment_opened(4, Stream::Client, 1_000);
+        placement.start_victim(4, 5, 1_300);
+        assert_eq!(placement.lifespan_threshold_blocks(), 200);
+        placement.segment_opened(5, Stream::ClientCold, 2_000);
+        assert_eq!(placement.client_stream(Some(5), 2_150), Stream::Client);
+        assert_eq!(placement.client_stream(Some(5), 2_250), Stream::ClientCold);
+        // Only the latest samples count.
+        for index in 0..LIFESPAN_SAMPLE_COUNT_MAX as u32 {
+            placement.segment_opened(10 + index, Stream::Client, 5_000);
+            placement.start_victim(10 + index, 1, 5_050);
+        }
+        assert_eq!(placement.lifespan_threshold_blocks(), 50);
     }
 }
