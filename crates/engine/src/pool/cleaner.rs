@@ -1,9 +1,13 @@
 //! The segment cleaner: reclaims the space of overwritten, trimmed and deleted
 //! blocks. It picks victim segments by cost-benefit (free space gained, weighted
 //! by how long the segment's data has stayed unchanged, over the cost of reading
-//! and rewriting its live blocks), reads each victim in one device read, and moves
-//! every block that is still live to the cleaner's own log head, apart from fresh
-//! client writes, so that cold data gathers in segments that stay full. A victim
+//! and rewriting its live blocks), reads each victim in pieces with few of them
+//! in flight, and moves every block that is still live to the cleaner's own log
+//! head, apart from fresh client writes, so that cold data gathers in segments
+//! that stay full. Client reads go before the cleaner's I/O as far as the engine
+//! can arrange it: the cleaner keeps little of its own I/O in the device queue
+//! (`PoolLimits::cleaner_read_bytes_max`, `cleaner_in_flight_reads_max`,
+//! `cleaner_in_flight_batches_max`; docs/decisions/0009-cleaner-latency.md). A victim
 //! whose live blocks are all moved is dead, and is freed once its relocations
 //! are durable, or by the checkpoints that follow if it was written since the
 //! older kept checkpoint (see `state::dead_segment_reusable`).
@@ -17,8 +21,15 @@
 mod pacing;
 pub mod placement;
 
+use futures::{StreamExt, TryStreamExt};
+use lamina_device::AlignedBuffer;
+
+use std::sync::Arc;
+
 use super::Pool;
-use super::state::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState, State, Stream};
+use super::state::{
+    Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, InFlightBatch, SegmentState, State, Stream,
+};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::Summary;
@@ -73,6 +84,26 @@ pub fn cleaner_reserve_segment_count(geometry: &crate::log::geometry::Geometry) 
         .div_ceil(geometry.segment_size_bytes())
         .max(geometry.segment_count / 100)
         .max(2) as usize
+}
+
+/// A victim segment's contents, as read in pieces of equal size (whole blocks;
+/// the last may be shorter).
+struct VictimContents {
+    pieces: Vec<AlignedBuffer>,
+    piece_bytes: usize,
+}
+
+impl VictimContents {
+    /// The block that starts `offset` bytes into the segment.
+    fn block_at(&self, offset: usize) -> &[u8] {
+        let block = BLOCK_SIZE_BYTES as usize;
+        assert!(
+            offset.is_multiple_of(block),
+            "victim block offset {offset} is not block-aligned"
+        );
+        let within = offset % self.piece_bytes;
+        &self.pieces[offset / self.piece_bytes][within..within + block]
+    }
 }
 
 /// How victims are chosen.
@@ -232,6 +263,74 @@ impl Pool {
         result
     }
 
+    /// Reads victim segment `segment_index`. A flash victim is read in pieces
+    /// of at most `cleaner_read_bytes_max` with at most
+    /// `cleaner_in_flight_reads_max` in flight, so that a client read never
+    /// queues behind more than that much cleaner reading. A capacity victim
+    /// (a disk, where a client request between two pieces would cost a seek
+    /// each) is read in one request.
+    async fn read_victim(&self, segment_index: u32) -> Result<VictimContents, EngineError> {
+        let geometry = self.inner.geometry;
+        let limits = &self.inner.limits;
+        let offset = geometry.segment_first_block(segment_index) * BLOCK_SIZE_BYTES;
+        let length_bytes = geometry.segment_size_bytes() as usize;
+        let block = BLOCK_SIZE_BYTES as usize;
+        let piece_bytes_max = match geometry.tier_of_segment(segment_index) {
+            Tier::Flash => limits.cleaner_read_bytes_max as usize,
+            Tier::Capacity => length_bytes,
+        };
+        let piece_bytes = (piece_bytes_max / block).max(1) * block;
+        let device = &self.inner.device;
+        let pieces: Vec<AlignedBuffer> =
+            futures::stream::iter((0..length_bytes).step_by(piece_bytes).map(|start| {
+                device.read(offset + start as u64, piece_bytes.min(length_bytes - start))
+            }))
+            .buffered(limits.cleaner_in_flight_reads_max.max(1))
+            .try_collect()
+            .await?;
+        Ok(VictimContents {
+            pieces,
+            piece_bytes,
+        })
+    }
+
+    /// A task that hands the sealed batches it receives to `spawn_writes`,
+    /// at most `cleaner_in_flight_batches_max` of them at the device at once,
+    /// in the order received; it ends once the sender is dropped and all are
+    /// handed over. Being a task of its own, it writes every batch it received
+    /// even if the cleaner that sent them goes away.
+    fn spawn_relocation_writer(
+        &self,
+    ) -> (
+        tokio::sync::mpsc::UnboundedSender<Arc<InFlightBatch>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Arc<InFlightBatch>>();
+        let pool = self.clone();
+        let writer = tokio::spawn(async move {
+            let limit = pool.inner.limits.cleaner_in_flight_batches_max.max(1);
+            let mut handed_over: Vec<u64> = Vec::new();
+            while let Some(batch) = receiver.recv().await {
+                pool.wait_for(|state| {
+                    handed_over
+                        .iter()
+                        .filter(|sequence| state.in_flight_sequences.contains(sequence))
+                        .count()
+                        < limit
+                        || state.failed.is_some()
+                })
+                .await;
+                {
+                    let state = pool.inner.lock();
+                    handed_over.retain(|sequence| state.in_flight_sequences.contains(sequence));
+                }
+                handed_over.push(batch.sequence);
+                pool.spawn_writes(vec![batch]);
+            }
+        });
+        (sender, writer)
+    }
+
     /// Moves the live blocks out of one segment. Returns whether it is now empty.
     /// In a two-tier pool, blocks of a flash victim that heat keeps go to the
     /// cleaner's flash stream and the others are demoted to capacity (while
@@ -245,14 +344,7 @@ impl Pool {
             return Ok(false);
         }
         let first_block = geometry.segment_first_block(segment_index);
-        let contents = self
-            .inner
-            .device
-            .read(
-                first_block * BLOCK_SIZE_BYTES,
-                geometry.segment_size_bytes() as usize,
-            )
-            .await?;
+        let contents = self.read_victim(segment_index).await?;
         // Every data block the segment's batch chain describes: (volume,
         // logical block, physical block, offset of its data in `contents`).
         let block = BLOCK_SIZE_BYTES as usize;
@@ -262,7 +354,7 @@ impl Pool {
         let mut incarnation = None;
         while position + 2 <= geometry.segment_size_blocks {
             let start = position as usize * block;
-            let Ok(summary) = Summary::decode(&contents[start..start + block]) else {
+            let Ok(summary) = Summary::decode(contents.block_at(start)) else {
                 break;
             };
             let sequence = *incarnation.get_or_insert(summary.segment_sequence);
@@ -338,6 +430,12 @@ impl Pool {
         // Maps that may hold a block, per writing volume: the volume, its
         // snapshots and its clones (computed once per victim).
         let mut families: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        // The batches the relocations seal go to a writer that keeps few of
+        // them at the device; relocating goes on meanwhile, so that client
+        // writes arriving between two steps seldom split a relocation batch
+        // (waiting here instead made batches smaller: more summary blocks per
+        // segment, and more cleaning, decision 0009).
+        let (relocated_batches, writer) = self.spawn_relocation_writer();
         for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
             self.wait_for(|state| {
@@ -352,7 +450,7 @@ impl Pool {
                     let family = families
                         .entry(*volume_id)
                         .or_insert_with(|| state.volumes.family(*volume_id));
-                    let data = &contents[*data_offset..*data_offset + block];
+                    let data = contents.block_at(*data_offset);
                     // A full capacity tier keeps cold blocks on flash rather
                     // than leave the victim uncleaned.
                     let demotion = victim_tier == Tier::Flash && *destination == Stream::Capacity;
@@ -382,9 +480,20 @@ impl Pool {
                 }
                 result
             };
-            self.spawn_writes(sealed);
+            for batch in sealed {
+                // The writer runs until the sender is dropped; should it be
+                // gone all the same, the batch is written directly, never lost.
+                if let Err(unsent) = relocated_batches.send(batch) {
+                    self.spawn_writes(vec![unsent.0]);
+                }
+            }
             result?;
         }
+        // The next victim starts once this one's batches are all handed to
+        // the device (the last few still being written), so that the
+        // cleaner's writes never pile up there.
+        drop(relocated_batches);
+        writer.await.expect("relocation writer task");
         let segment = self.inner.lock().segments[segment_index as usize];
         if segment.live_blocks > 0 {
             tracing::warn!(
@@ -471,9 +580,10 @@ impl Pool {
     }
 
     /// Background cleaning: frees dead segments whose deaths the background
-    /// flush made durable; then, when free space is under the low watermark,
-    /// one pass, a flush that frees the victims both checkpoints cover, and
-    /// the checkpoints that free the others if space is still short.
+    /// flush made durable; then, only when the paced cleaner is off and free
+    /// space is under the low watermark, one pass, a flush that frees the
+    /// victims both checkpoints cover, and the checkpoints that free the
+    /// others if space is still short.
     pub(crate) async fn clean_in_background(&self) -> Result<(), EngineError> {
         // A two-tier pool's flash is kept free by the demoter (`tiering`),
         // with its own target; this watermark (a tenth of flash, at least 16
@@ -489,7 +599,18 @@ impl Pool {
         {
             let mut state = self.inner.lock();
             state.free_reusable_dead_segments();
-            if !below_watermark(&state) {
+            // The paced cleaner cleans in step with client writes; a pass here
+            // would clean up to 16 victims in one burst, which queues at the
+            // device ahead of client reads and holds the space its relocations
+            // take until its flush, so that writers ran out of free segments
+            // (decision 0009).
+            if self
+                .inner
+                .limits
+                .cleaner_relocation_blocks_per_client_block_max
+                > 0.0
+                || !below_watermark(&state)
+            {
                 return Ok(());
             }
         }

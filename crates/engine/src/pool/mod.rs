@@ -79,14 +79,25 @@ pub struct PoolLimits {
     pub usage_warning_percents: Vec<u8>,
     /// Blocks the paced background cleaner may relocate per block clients
     /// write, at full free-space pressure; the budget grows from 0 as free space
-    /// falls through the headroom (0 turns the paced cleaner off; a writer that
-    /// finds no free segment still cleans for itself).
+    /// falls through the headroom (0 turns the paced cleaner off: the
+    /// background task then cleans in passes when free space is low, and a
+    /// writer that finds no free segment still cleans for itself).
     pub cleaner_relocation_blocks_per_client_block_max: f64,
     /// Free segments beyond the clients' reserve under which the paced cleaner
     /// starts (at most 2% of the pool's segments, at least 2).
     pub cleaner_headroom_segment_count: usize,
     /// How often the paced cleaner looks at free space and its budget.
     pub cleaner_interval_ms: u64,
+    /// Bytes of a victim segment the cleaner reads in one device request at
+    /// most: a client read queued behind a cleaner read waits for all of it
+    /// (a whole 4 MiB segment took 5–8 ms on the benchmark's disk).
+    pub cleaner_read_bytes_max: u64,
+    /// Cleaner reads of one victim in flight at once at most.
+    pub cleaner_in_flight_reads_max: usize,
+    /// Relocation batches the cleaner has at the device at once at most; the
+    /// others it has sealed wait in the engine, not in the device queue ahead
+    /// of client reads.
+    pub cleaner_in_flight_batches_max: usize,
     /// Recently read capacity blocks remembered for promotion decisions (the
     /// ghost, 4 bytes each, allocated in full; two-tier pools only; at most one
     /// per flash block is used).
@@ -115,6 +126,9 @@ impl Default for PoolLimits {
             cleaner_relocation_blocks_per_client_block_max: 32.0,
             cleaner_headroom_segment_count: 4,
             cleaner_interval_ms: 5,
+            cleaner_read_bytes_max: 256 << 10,
+            cleaner_in_flight_reads_max: 2,
+            cleaner_in_flight_batches_max: 2,
             tier_ghost_entries_max: 1 << 24,
             tier_flash_free_percent: 10,
             tier_demotion_interval_ms: 20,
