@@ -252,7 +252,7 @@ impl Pool {
         {
             let mut state = self.inner.lock();
             let live_blocks = state.segments[victim as usize].live_blocks;
-            let now_blocks = state.client_bytes_written / BLOCK_SIZE_BYTES;
+            let now_blocks = state.client_blocks_written();
             state
                 .placement
                 .start_victim(victim, live_blocks, now_blocks);

@@ -134,8 +134,7 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
         cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
         heads: [None; super::state::STREAM_COUNT],
         placement: Default::default(),
-        open_batch: None,
-        open_cold_batch: None,
+        open_batches: Default::default(),
         pending_deaths: Vec::new(),
         separate_client_writes: limits.separate_client_writes_by_lifespan
             && !geometry.has_capacity_tier(),

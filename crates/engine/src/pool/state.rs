@@ -62,8 +62,9 @@ pub const DEATH_PENDING: u64 = u64::MAX;
 /// writes and stops being recleaned; relocations are further split by how many
 /// cleanings their data has survived (see `cleaner::placement`), and client
 /// writes by how long the block they replace lived (`Client` and `ClientCold`).
-/// One batch of any stream is open at a time (the main batch), plus one of
-/// `ClientCold` (the cold batch). Sequences are given when batches are sealed,
+/// One batch of any other stream is open at a time (the main batch, lane 0),
+/// plus one of `ClientCold` (the cold batch, lane 1; see [`lane_of`]).
+/// Sequences are given when batches are sealed,
 /// and replay goes in sequence order, so before a record is appended to one of
 /// the two, the other is sealed if it holds a record that does not commute
 /// with it (see [`OpenBatch::conflicts_with`]): replay then meets conflicting
@@ -90,6 +91,18 @@ pub enum Stream {
 
 /// Number of log heads (one per [`Stream`]).
 pub const STREAM_COUNT: usize = 5;
+
+/// Batches open at once: the main one and the cold one.
+pub const OPEN_BATCH_COUNT: usize = 2;
+
+/// The open batch (lane) a stream's appends go to: 1 for `ClientCold`, 0 (the
+/// main batch) for every other stream.
+pub fn lane_of(stream: Stream) -> usize {
+    match stream {
+        Stream::ClientCold => 1,
+        _ => 0,
+    }
+}
 
 /// Free capacity segments that demotions leave to the cleaning of capacity
 /// segments, so that capacity space can always be reclaimed.
@@ -185,6 +198,12 @@ impl OpenBatch {
         }
     }
 
+    /// Whether `record` (and its data block, if it carries one) fits.
+    pub fn has_room_for(&self, record: &Record) -> bool {
+        self.record_bytes + record.encoded_bytes_max() <= SUMMARY_RECORD_BYTES_MAX
+            && (!record.carries_data() || self.data_count < self.data_capacity)
+    }
+
     fn push(&mut self, record: Record) {
         self.record_bytes += record.encoded_bytes_max();
         match &record {
@@ -208,8 +227,8 @@ impl OpenBatch {
 pub struct PendingDeath {
     pub segment_index: u32,
     pub died_at: u64,
-    pub waits_for_main: bool,
-    pub waits_for_cold: bool,
+    /// Per lane: whether the batch open there at the death is still open.
+    pub waits_for: [bool; OPEN_BATCH_COUNT],
 }
 
 /// A sealed batch on its way to the device; reads of its blocks are served from
@@ -258,10 +277,9 @@ pub struct State {
     pub heads: [Option<Head>; STREAM_COUNT],
     /// Which stream each segment's data belongs to, and where relocations go.
     pub placement: super::cleaner::placement::Placement,
-    /// The main batch: any stream but `ClientCold`.
-    pub open_batch: Option<OpenBatch>,
-    /// The cold batch: client writes predicted long-lived; see [`Stream`].
-    pub open_cold_batch: Option<OpenBatch>,
+    /// Per lane ([`lane_of`]): the main batch (any stream but `ClientCold`),
+    /// then the cold batch (client writes predicted long-lived).
+    pub open_batches: [Option<OpenBatch>; OPEN_BATCH_COUNT],
     /// Segments that died while batches were open.
     pub pending_deaths: Vec<PendingDeath>,
     /// Whether client writes are split between `Client` and `ClientCold` by
@@ -313,10 +331,16 @@ impl State {
 
     /// Whether records wait in an open batch.
     pub fn has_unsealed_records(&self) -> bool {
-        [&self.open_batch, &self.open_cold_batch]
-            .into_iter()
+        self.open_batches
+            .iter()
             .flatten()
             .any(|batch| !batch.records.is_empty())
+    }
+
+    /// Client blocks written since the pool opened: the clock that segment
+    /// and block lifespans are counted in.
+    pub fn client_blocks_written(&self) -> u64 {
+        self.client_bytes_written / BLOCK_SIZE_BYTES
     }
 
     /// Marks `segment_index` dead. Its blocks were released by sealed batches
@@ -326,14 +350,12 @@ impl State {
     /// with no batch open, it may not be sealed for a long time, and a blocked
     /// writer's reclaim would wait for it forever.)
     fn mark_dead(&mut self, segment_index: u32) {
-        let waits_for_main = self.open_batch.is_some();
-        let waits_for_cold = self.open_cold_batch.is_some();
-        let died_at = if waits_for_main || waits_for_cold {
+        let waits_for = self.open_batches.each_ref().map(Option::is_some);
+        let died_at = if waits_for.contains(&true) {
             self.pending_deaths.push(PendingDeath {
                 segment_index,
                 died_at: self.sealed_through,
-                waits_for_main,
-                waits_for_cold,
+                waits_for,
             });
             DEATH_PENDING
         } else {
@@ -467,68 +489,42 @@ impl State {
         }
     }
 
-    /// Makes sure the main batch can take `record` (and its data block, if it
-    /// carries one), sealing it and opening a new one (in a new segment if
-    /// needed), and first sealing the cold batch if `record` conflicts with it.
-    /// Sealed batches are pushed to `sealed`.
+    /// Makes sure the open batch of `stream`'s lane can take `record` (and
+    /// its data block, if it carries one): first seals the other lane's batch
+    /// if `record` conflicts with it, then seals this lane's batch if it is of
+    /// another stream or full, and opens a new one (in a new segment if
+    /// needed). Sealed batches are pushed to `sealed`. Returns the lane.
     fn make_room(
         &mut self,
         stream: Stream,
         record: &Record,
         sealed: &mut Vec<Arc<InFlightBatch>>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<usize, EngineError> {
         let stream = match stream {
-            Stream::Client => Stream::Client,
             Stream::Cleaner | Stream::Cold => self.placement.relocation_stream(),
-            Stream::Capacity => Stream::Capacity,
-            Stream::ClientCold => unreachable!("the cold batch has its own make_room"),
+            other => other,
         };
-        if self
-            .open_cold_batch
-            .as_ref()
-            .is_some_and(|cold| cold.conflicts_with(record))
-        {
-            sealed.extend(self.seal_cold_batch());
-        }
-        let record_bytes = record.encoded_bytes_max();
-        let with_data = record.carries_data();
-        if let Some(batch) = &self.open_batch {
-            let fits_records = batch.record_bytes + record_bytes <= SUMMARY_RECORD_BYTES_MAX;
-            let fits_data = !with_data || batch.data_count < batch.data_capacity;
-            if batch.stream == stream && fits_records && fits_data {
-                return Ok(());
+        let lane = lane_of(stream);
+        assert!(
+            lane == 0 || record.carries_data(),
+            "records without data go to the main batch"
+        );
+        for other in (0..OPEN_BATCH_COUNT).filter(|other| *other != lane) {
+            if self.open_batches[other]
+                .as_ref()
+                .is_some_and(|batch| batch.conflicts_with(record))
+            {
+                sealed.extend(self.seal_lane(other));
             }
-            sealed.extend(self.seal_main_batch());
         }
-        self.open_batch = Some(self.new_batch(stream, with_data)?);
-        Ok(())
-    }
-
-    /// Makes sure the cold batch can take a data `record`, sealing it when
-    /// full, and first sealing the main batch if `record` conflicts with it.
-    fn make_room_in_cold_batch(
-        &mut self,
-        record: &Record,
-        sealed: &mut Vec<Arc<InFlightBatch>>,
-    ) -> Result<(), EngineError> {
-        assert!(record.carries_data());
-        if self
-            .open_batch
-            .as_ref()
-            .is_some_and(|main| main.conflicts_with(record))
-        {
-            sealed.extend(self.seal_main_batch());
-        }
-        if let Some(cold) = &self.open_cold_batch {
-            let fits_records =
-                cold.record_bytes + record.encoded_bytes_max() <= SUMMARY_RECORD_BYTES_MAX;
-            if fits_records && cold.data_count < cold.data_capacity {
-                return Ok(());
+        if let Some(batch) = &self.open_batches[lane] {
+            if batch.stream == stream && batch.has_room_for(record) {
+                return Ok(lane);
             }
-            sealed.extend(self.seal_cold_batch());
+            sealed.extend(self.seal_lane(lane));
         }
-        self.open_cold_batch = Some(self.new_batch(Stream::ClientCold, true)?);
-        Ok(())
+        self.open_batches[lane] = Some(self.new_batch(stream, record.carries_data())?);
+        Ok(lane)
     }
 
     /// A new, empty batch at the head of `stream` (`stream` has none open),
@@ -559,7 +555,7 @@ impl State {
             self.next_segment_sequence += 1;
             self.segments[segment_index as usize].state = SegmentState::Open;
             self.segments[segment_index as usize].needed_by_replay = false;
-            let now = self.client_bytes_written / BLOCK_SIZE_BYTES;
+            let now = self.client_blocks_written();
             self.placement.segment_opened(segment_index, stream, now);
             self.heads[stream as usize] = Some(Head {
                 segment_index,
@@ -595,8 +591,8 @@ impl State {
         assert!(!record.carries_data());
         self.check_failed()?;
         let mut sealed = Vec::new();
-        self.make_room(Stream::Client, &record, &mut sealed)?;
-        let batch = self.open_batch.as_mut().expect("room made");
+        let lane = self.make_room(Stream::Client, &record, &mut sealed)?;
+        let batch = self.open_batches[lane].as_mut().expect("room made");
         batch.push(record.clone());
         self.segments[batch.segment_index as usize].needed_by_replay = true;
         let mut displaced = Vec::new();
@@ -634,7 +630,7 @@ impl State {
             .as_ref()
             .and_then(|heat| Some(heat.counter(self.geometry.flash_data_index(replaced?)?)));
         let stream = if self.separate_client_writes {
-            let now = self.client_bytes_written / BLOCK_SIZE_BYTES;
+            let now = self.client_blocks_written();
             let predicted = self
                 .placement
                 .client_stream(replaced.map(|block| self.geometry.segment_of(block)), now);
@@ -678,11 +674,7 @@ impl State {
     /// Whether a data block appended to client `stream` now fits in its head
     /// segment.
     fn has_room_without_a_new_segment(&self, stream: Stream) -> bool {
-        let open = match stream {
-            Stream::ClientCold => &self.open_cold_batch,
-            _ => &self.open_batch,
-        };
-        if let Some(batch) = open
+        if let Some(batch) = &self.open_batches[lane_of(stream)]
             && batch.stream == stream
         {
             return batch.data_count < batch.data_capacity;
@@ -792,13 +784,8 @@ impl State {
     ) -> Result<u64, EngineError> {
         assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
         assert!(record.carries_data());
-        let batch = if stream == Stream::ClientCold {
-            self.make_room_in_cold_batch(&record, sealed)?;
-            self.open_cold_batch.as_mut().expect("room made")
-        } else {
-            self.make_room(stream, &record, sealed)?;
-            self.open_batch.as_mut().expect("room made")
-        };
+        let lane = self.make_room(stream, &record, sealed)?;
+        let batch = self.open_batches[lane].as_mut().expect("room made");
         let start = (1 + batch.data_count) * BLOCK_SIZE_BYTES as usize;
         batch.buffer[start..start + BLOCK_SIZE_BYTES as usize].copy_from_slice(data);
         let physical_block = batch.summary_block + 1 + batch.data_count as u64;
@@ -819,42 +806,24 @@ impl State {
     /// Seals both open batches (for a flush or a checkpoint): the main one,
     /// then the cold one. The caller must write them to the device.
     pub fn seal_open_batch(&mut self) -> Vec<Arc<InFlightBatch>> {
-        self.seal_main_batch()
-            .into_iter()
-            .chain(self.seal_cold_batch())
+        (0..OPEN_BATCH_COUNT)
+            .filter_map(|lane| self.seal_lane(lane))
             .collect()
     }
 
-    fn seal_main_batch(&mut self) -> Option<Arc<InFlightBatch>> {
-        let batch = self.open_batch.take()?;
-        let sealed = self.seal_batch(batch);
-        self.settle_pending_deaths(false);
-        sealed
-    }
-
-    fn seal_cold_batch(&mut self) -> Option<Arc<InFlightBatch>> {
-        let batch = self.open_cold_batch.take()?;
-        let sealed = self.seal_batch(batch);
-        self.settle_pending_deaths(true);
-        sealed
-    }
-
-    /// After the main (or cold) batch was sealed: deaths that waited for it
+    /// Seals the open batch of `lane`, if any. Deaths that waited for it
     /// take its sequence (`sealed_through`, unless it was empty and took
     /// none), and those that wait for nothing more get their `died_at`.
-    fn settle_pending_deaths(&mut self, cold: bool) {
+    fn seal_lane(&mut self, lane: usize) -> Option<Arc<InFlightBatch>> {
+        let batch = self.open_batches[lane].take()?;
+        let sealed = self.seal_batch(batch);
         let sealed_through = self.sealed_through;
         let segments = &mut self.segments;
         self.pending_deaths.retain_mut(|death| {
-            let waited = if cold {
-                std::mem::take(&mut death.waits_for_cold)
-            } else {
-                std::mem::take(&mut death.waits_for_main)
-            };
-            if waited {
+            if std::mem::take(&mut death.waits_for[lane]) {
                 death.died_at = death.died_at.max(sealed_through);
             }
-            if death.waits_for_main || death.waits_for_cold {
+            if death.waits_for.contains(&true) {
                 return true;
             }
             let segment = &mut segments[death.segment_index as usize];
@@ -871,6 +840,7 @@ impl State {
             };
             false
         });
+        sealed
     }
 
     fn seal_batch(&mut self, mut batch: OpenBatch) -> Option<Arc<InFlightBatch>> {
@@ -924,10 +894,7 @@ impl State {
     /// yet (open batch or in flight). Returns false when it must be read from disk.
     pub fn copy_unwritten_block(&self, physical_block: u64, destination: &mut [u8]) -> bool {
         let block = BLOCK_SIZE_BYTES as usize;
-        for batch in [&self.open_batch, &self.open_cold_batch]
-            .into_iter()
-            .flatten()
-        {
+        for batch in self.open_batches.iter().flatten() {
             if physical_block > batch.summary_block
                 && physical_block <= batch.summary_block + batch.data_count as u64
             {

@@ -30,7 +30,6 @@ use std::time::Duration;
 use super::super::state::{Allocation, SegmentState};
 use super::super::{Inner, Pool};
 use super::{VictimPolicy, pick_victims};
-use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 
 /// Dead segments that need a checkpoint (written since the newest one) before
@@ -176,7 +175,7 @@ impl Pool {
                 dead_segments_per_checkpoint_max(headroom, state.cleaner_reserve_segment_count);
             let free_beyond_reserve = state.free_segments.len().saturating_sub(reserve);
             let available = free_beyond_reserve + dead.total;
-            let client_blocks = state.client_bytes_written / BLOCK_SIZE_BYTES;
+            let client_blocks = state.client_blocks_written();
             let written = client_blocks - pacer.client_blocks_seen.unwrap_or(client_blocks);
             pacer.client_blocks_seen = Some(client_blocks);
             let pressure = pressure(available, headroom);
