@@ -136,16 +136,14 @@ async fn streams_run(seed: u64) -> bool {
             _ => {}
         }
     }
-    shadow
-        .verify(&pool, volume_id, &format!("seed {seed} before the cut"))
-        .await;
     let counts = pool.cleaner_victim_counts();
     cut_power_and_verify(pool, &faulty, memory, limits, &shadow, volume_id, seed).await;
     counts_reached_cold_streams(&counts)
 }
 
-/// Cuts power under `pool` at an arbitrary moment, recovers it from what the
-/// device kept, and checks every block against `shadow`.
+/// Checks every block of the live `pool` against `shadow`, cuts power under
+/// it at an arbitrary moment, recovers it from what the device kept, and
+/// checks every block again.
 async fn cut_power_and_verify(
     pool: Pool,
     faulty: &FaultyDevice<MemoryDevice>,
@@ -155,6 +153,9 @@ async fn cut_power_and_verify(
     volume_id: u32,
     seed: u64,
 ) {
+    shadow
+        .verify(&pool, volume_id, &format!("seed {seed} before the cut"))
+        .await;
     faulty
         .power_cut(PowerCutStyle::Random)
         .await
@@ -243,9 +244,6 @@ async fn paced_run(seed: u64) -> u64 {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
     }
-    shadow
-        .verify(&pool, volume_id, &format!("seed {seed} before the cut"))
-        .await;
     let relocated = pool.status().cleaner_relocated_blocks - relocated_before;
     cut_power_and_verify(pool, &faulty, memory, limits, &shadow, volume_id, seed).await;
     relocated
@@ -419,9 +417,6 @@ async fn pieces_run(seed: u64) -> u64 {
         longest <= read_bytes_max.min(SEGMENT_BYTES),
         "seed {seed}: the cleaner read {longest} bytes at once, over its limit of {read_bytes_max}"
     );
-    shadow
-        .verify(&pool, volume_id, &format!("seed {seed} before the cut"))
-        .await;
     let relocated = pool.status().cleaner_relocated_blocks - relocated_before;
     cut_power_and_verify(pool, &faulty, memory, limits, &shadow, volume_id, seed).await;
     relocated
