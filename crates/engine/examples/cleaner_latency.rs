@@ -30,6 +30,9 @@
 //!         [--pool-mib 256] [--live 0.85] [--seconds 10] [--runs 3] [--directory DIR] \
 //!         [--paced-cleaner on|off] [--relocation-ratio 32] [--cleaner-headroom 4]
 
+#[path = "common/mod.rs"]
+mod common;
+use common::argument;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,15 +64,6 @@ const IN_FLIGHT_REQUESTS_MAX: usize = 65_536;
 const LATENCY_MICROSECONDS_MAX: u64 = 60_000_000;
 
 type ExampleResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-fn argument(name: &str, default: &str) -> String {
-    let arguments: Vec<String> = std::env::args().collect();
-    arguments
-        .iter()
-        .position(|argument| argument == name)
-        .and_then(|index| arguments.get(index + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 /// A pool on a temporary file with one fully written volume.
 struct Setup {

@@ -4,7 +4,7 @@
 //!
 //!     cargo run --release -p lamina-engine --example write_amplification -- \
 //!         [--live 0.5,0.7,0.85] [--pool-mib 512] [--passes 4] [--zipf 0.99] \
-//!         [--workloads uniform,zipf] [--paced-cleaner on|off] [--cleaner-headroom 4] \
+//!         [--workloads uniform,zipf,zipf-permuted] [--paced-cleaner on|off] [--cleaner-headroom 4] \
 //!         [--separate-client-writes on|off]
 //!
 //! Besides the total, it prints the blocks the cleaner relocated per client
@@ -15,46 +15,14 @@ use std::sync::Arc;
 use lamina_device::MemoryDevice;
 use lamina_engine::{Pool, PoolLimits, PoolOptions};
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+#[path = "common/mod.rs"]
+mod common;
+use common::{Zipf, argument};
+
 const BLOCK: u64 = 4096;
-
-/// Draws ranks 0..n with probability proportional to 1 / (rank + 1)^theta, by
-/// inverting a precomputed cumulative table.
-struct Zipf {
-    cumulative: Vec<f64>,
-}
-
-impl Zipf {
-    fn new(count: usize, theta: f64) -> Self {
-        let mut cumulative = Vec::with_capacity(count);
-        let mut total = 0.0;
-        for rank in 0..count {
-            total += 1.0 / ((rank + 1) as f64).powf(theta);
-            cumulative.push(total);
-        }
-        for value in &mut cumulative {
-            *value /= total;
-        }
-        Self { cumulative }
-    }
-
-    fn sample(&self, rng: &mut SmallRng) -> usize {
-        let draw: f64 = rng.random();
-        self.cumulative
-            .partition_point(|value| *value < draw)
-            .min(self.cumulative.len() - 1)
-    }
-}
-
-fn argument(name: &str, default: &str) -> String {
-    let arguments: Vec<String> = std::env::args().collect();
-    arguments
-        .iter()
-        .position(|argument| argument == name)
-        .and_then(|index| arguments.get(index + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 /// One measurement: total write amplification and the part of it that is
 /// relocation (blocks the cleaner moved per client block).
@@ -63,10 +31,31 @@ struct Measured {
     relocated_per_client_block: f64,
 }
 
+/// How Zipf ranks map to blocks.
+#[derive(Clone, Copy, PartialEq)]
+enum Scatter {
+    /// As fio maps them (`lib/zipf.c`: a 48-bit multiplicative hash of the
+    /// rank, modulo the block count): several ranks may share a block, and
+    /// 40-65% of the blocks get none, so they are written once and never
+    /// again. This is what `fio --random_distribution=zipf:0.99` writes.
+    Fio,
+    /// A random permutation: every block has exactly one rank, so the whole
+    /// volume follows Zipf's law (harder: the cold tail is all overwritten).
+    Permutation,
+}
+
+/// fio's map from a Zipf rank (0-based) to a block: `hash_64(rank, 48)` with
+/// the golden-ratio multiplier, modulo the block count (fio adds a random
+/// offset first, which only rotates the blocks).
+fn fio_scatter(rank: u64, block_count: u64) -> u64 {
+    (rank.wrapping_mul(0x61C8_8646_80B5_83EB) >> 16) % block_count
+}
+
 async fn measure(
     pool_mib: u64,
     live_fraction: f64,
     zipf_theta: Option<f64>,
+    scatter: Scatter,
     passes: u64,
 ) -> Measured {
     let segment_bytes = 1u64 << 20;
@@ -112,7 +101,12 @@ async fn measure(
     let mut rng = SmallRng::seed_from_u64(42);
     let zipf = zipf_theta.map(|theta| Zipf::new(volume_blocks as usize, theta));
     // Scatter Zipf ranks over the volume so that hot blocks are not adjacent.
-    let scatter = |rank: u64| (rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % volume_blocks;
+    let mut permutation: Vec<u64> = (0..volume_blocks).collect();
+    permutation.shuffle(&mut SmallRng::seed_from_u64(7));
+    let scatter = |rank: u64| match scatter {
+        Scatter::Fio => fio_scatter(rank, volume_blocks),
+        Scatter::Permutation => permutation[rank as usize],
+    };
     let overwrite = |count: u64, rng: &mut SmallRng| {
         (0..count)
             .map(|_| match &zipf {
@@ -130,7 +124,17 @@ async fn measure(
             .expect("warm-up");
     }
     let before = pool.status();
-    for block in overwrite(volume_blocks * passes, &mut rng) {
+    let mut samples = (0u64, 0u64, 0u64);
+    for (index, block) in overwrite(volume_blocks * passes, &mut rng)
+        .into_iter()
+        .enumerate()
+    {
+        if index % 1000 == 0 {
+            let status = pool.status();
+            samples.0 += 1;
+            samples.1 += status.free_segment_count;
+            samples.2 += status.dead_segment_count;
+        }
         generations[block as usize] += 1;
         let data = contents(block, generations[block as usize]);
         pool.write(volume, block * BLOCK, &data, false)
@@ -152,6 +156,22 @@ async fn measure(
         eprintln!(
             "  checkpoints: {}",
             after.checkpoint_sequence - before.checkpoint_sequence
+        );
+        eprintln!(
+            "  blocks overwritten at least once: {:.1}%",
+            generations
+                .iter()
+                .filter(|generation| **generation > 0)
+                .count() as f64
+                * 100.0
+                / volume_blocks as f64
+        );
+        eprintln!(
+            "  segments {}, reserved {}, mean free {:.1}, mean dead {:.1}",
+            after.segment_count,
+            after.reserved_bytes / after.segment_size_bytes,
+            samples.1 as f64 / samples.0 as f64,
+            samples.2 as f64 / samples.0 as f64
         );
         let counts = pool.cleaner_victim_counts();
         for stream in 0..counts.victims.len() {
@@ -203,16 +223,19 @@ async fn main() {
     println!(
         "pool {pool_mib} MiB, 1 MiB segments, {passes} measured passes after 2 warm-up passes"
     );
-    let workloads = argument("--workloads", "uniform,zipf");
+    let workloads: Vec<String> = argument("--workloads", "uniform,zipf,zipf-permuted")
+        .split(',')
+        .map(str::to_string)
+        .collect();
     println!(
-        "{:>6} {:>10} {:>14} {:>14} {:>14}",
+        "{:>6} {:>14} {:>14} {:>14} {:>14}",
         "live", "workload", "WA (measured)", "relocated/blk", "greedy bound"
     );
     for live in lives {
-        if workloads.contains("uniform") {
-            let uniform = measure(pool_mib, live, None, passes).await;
+        if workloads.iter().any(|workload| workload == "uniform") {
+            let uniform = measure(pool_mib, live, None, Scatter::Fio, passes).await;
             println!(
-                "{:>6.2} {:>10} {:>14.2} {:>14.2} {:>14.2}",
+                "{:>6.2} {:>14} {:>14.2} {:>14.2} {:>14.2}",
                 live,
                 "uniform",
                 uniform.write_amplification,
@@ -220,12 +243,18 @@ async fn main() {
                 greedy_bound(live)
             );
         }
-        if workloads.contains("zipf") {
-            let zipf = measure(pool_mib, live, Some(theta), passes).await;
+        for (name, scatter) in [
+            ("zipf", Scatter::Fio),
+            ("zipf-permuted", Scatter::Permutation),
+        ] {
+            if !workloads.iter().any(|workload| workload == name) {
+                continue;
+            }
+            let zipf = measure(pool_mib, live, Some(theta), scatter, passes).await;
             println!(
-                "{:>6.2} {:>10} {:>14.2} {:>14.2} {:>14}",
+                "{:>6.2} {:>14} {:>14.2} {:>14.2} {:>14}",
                 live,
-                format!("zipf{theta}"),
+                format!("{name}:{theta}"),
                 zipf.write_amplification,
                 zipf.relocated_per_client_block,
                 "-"

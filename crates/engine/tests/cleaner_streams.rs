@@ -87,7 +87,7 @@ fn random_block(rng: &mut SmallRng, seed: u64) -> Vec<u8> {
 /// Skewed overwrites (a small hot set takes most writes) with explicit
 /// cleaning passes, so that blocks survive several cleanings and reach the
 /// coldest stream; then a power cut and recovery.
-async fn streams_run(seed: u64) -> bool {
+async fn streams_run(seed: u64) -> lamina_engine::pool::cleaner::placement::VictimCounts {
     let mut rng = SmallRng::seed_from_u64(seed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
@@ -95,6 +95,7 @@ async fn streams_run(seed: u64) -> bool {
         flush_interval_ms: 3_600_000,
         checkpoint_interval_ms: 3_600_000,
         cleaner_relocation_blocks_per_client_block_max: 0.0,
+        relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
         ..PoolLimits::default()
     };
     let pool = Pool::create(faulty.clone(), options(), limits.clone())
@@ -138,7 +139,7 @@ async fn streams_run(seed: u64) -> bool {
     }
     let counts = pool.cleaner_victim_counts();
     cut_power_and_verify(pool, &faulty, memory, limits, &shadow, volume_id, seed).await;
-    counts_reached_cold_streams(&counts)
+    counts
 }
 
 /// Checks every block of the live `pool` against `shadow`, cuts power under
@@ -172,28 +173,52 @@ async fn cut_power_and_verify(
     pool.close().await.expect("close");
 }
 
-/// Whether victims written by the cleaner's own streams were cleaned again,
-/// i.e. relocations went to the colder streams.
+/// `relocation_streams_by_age_segment_count_min` for run `seed`: half the
+/// runs split relocations by the age of their data (the test pools are
+/// smaller than the default threshold), half by cleanings survived.
+fn relocation_streams_by_age(seed: u64) -> u64 {
+    if seed.is_multiple_of(2) { 0 } else { u64::MAX }
+}
+
+/// Whether victims written by two of the cleaner's own streams were cleaned
+/// again, i.e. relocations went to several streams and were moved again.
 fn counts_reached_cold_streams(
     counts: &lamina_engine::pool::cleaner::placement::VictimCounts,
 ) -> bool {
-    use lamina_engine::pool::state::Stream;
-    counts.victims[Stream::Cleaner as usize] > 0 && counts.victims[Stream::Cold as usize] > 0
+    use lamina_engine::pool::state::RELOCATION_STREAMS;
+    RELOCATION_STREAMS
+        .iter()
+        .filter(|stream| counts.victims[**stream as usize] > 0)
+        .count()
+        >= 2
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn relocations_through_every_stream_survive_power_cuts() {
+    use lamina_engine::pool::state::Stream;
     let mut reached_cold = 0;
+    let mut reached_colder = 0;
     let runs = 40;
     for seed in 0..runs {
-        if streams_run(seed).await {
+        let counts = streams_run(seed).await;
+        if counts_reached_cold_streams(&counts) {
             reached_cold += 1;
+        }
+        if counts.victims[Stream::Colder as usize] > 0 {
+            assert_eq!(relocation_streams_by_age(seed), 0, "seed {seed}");
+            reached_colder += 1;
         }
     }
     // The runs must actually exercise the colder streams, or they prove nothing.
     assert!(
         reached_cold >= runs / 2,
         "only {reached_cold} of {runs} runs cleaned victims of two cleaner streams"
+    );
+    // Half the runs split relocations by age; most of those must have moved
+    // data through the third of the four age streams.
+    assert!(
+        reached_colder >= runs / 4,
+        "only {reached_colder} of {runs} runs cleaned victims of the `Colder` stream"
     );
 }
 
@@ -208,11 +233,8 @@ async fn paced_run(seed: u64) -> u64 {
         flush_interval_ms: 3_600_000,
         checkpoint_interval_ms: 3_600_000,
         cleaner_interval_ms: 1,
-        cleaner_relocation_blocks_per_client_block_max: if std::env::var_os("T_OFF").is_some() {
-            0.0
-        } else {
-            8.0
-        },
+        cleaner_relocation_blocks_per_client_block_max: 8.0,
+        relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
         ..PoolLimits::default()
     };
     let pool = Pool::create(faulty.clone(), options(), limits.clone())
@@ -271,6 +293,7 @@ async fn concurrent_writers_on_a_nearly_full_pool_never_see_enospc() {
             flush_interval_ms: 3_600_000,
             checkpoint_interval_ms: 3_600_000,
             cleaner_relocation_blocks_per_client_block_max: 0.0,
+            relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
             ..PoolLimits::default()
         };
         let pool = Pool::create(memory, options(), limits)

@@ -110,6 +110,12 @@ pub struct PoolLimits {
     /// Split client writes between two log heads by the predicted lifespan of
     /// the data (one-tier pools; see `cleaner::placement`).
     pub separate_client_writes_by_lifespan: bool,
+    /// Pools with at least this many segments split relocations between four
+    /// streams by the age of their data, when client writes are split too;
+    /// smaller pools send them one stream colder per cleaning survived, since
+    /// two more partly filled heads cost them more space than the split saves
+    /// (see `cleaner::placement`).
+    pub relocation_streams_by_age_segment_count_min: u64,
 }
 
 impl Default for PoolLimits {
@@ -133,6 +139,7 @@ impl Default for PoolLimits {
             tier_flash_free_percent: 10,
             tier_demotion_interval_ms: 20,
             separate_client_writes_by_lifespan: true,
+            relocation_streams_by_age_segment_count_min: 512,
         }
     }
 }

@@ -133,7 +133,11 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
         },
         cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
         heads: [None; super::state::STREAM_COUNT],
-        placement: Default::default(),
+        placement: super::cleaner::placement::Placement::new(
+            limits.separate_client_writes_by_lifespan
+                && !geometry.has_capacity_tier()
+                && geometry.segment_count >= limits.relocation_streams_by_age_segment_count_min,
+        ),
         open_batches: Default::default(),
         pending_deaths: Vec::new(),
         separate_client_writes: limits.separate_client_writes_by_lifespan

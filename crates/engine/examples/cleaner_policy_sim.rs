@@ -1,0 +1,402 @@
+//! A model of the log, cleaner and placement, without I/O, to compare
+//! placement policies quickly and to see what any policy could reach: fixed
+//! segments of `--segment-blocks` blocks, one open head per stream, victims
+//! chosen by the engine's √age cost-benefit, and cleaning whenever fewer than
+//! `--headroom` segments are free. It has no summaries, checkpoints or
+//! reserves, so the engine relocates somewhat more at the same placement
+//! (docs/decisions/0010-relocations-by-data-age.md).
+//!
+//!     cargo run --release -p lamina-engine --example cleaner_policy_sim -- \
+//!         [--policy before|engine|estimate|oracle] [--segments 2000] \
+//!         [--segment-blocks 255] [--live 0.85] [--workload zipf|uniform] \
+//!         [--zipf 0.99] [--client-classes 3] [--relocation-classes 4] \
+//!         [--factor 8] [--headroom 4] [--passes 2]
+//!
+//! Policies:
+//! - `before`: decision 0008. Client writes split in two by the age of the
+//!   segment of the block they replace; relocations one stream colder per
+//!   cleaning survived (two streams).
+//! - `engine`: decision 0010. As `before`, but a victim's blocks go to one of
+//!   `--relocation-classes` streams by the age of their data, kept per segment.
+//! - `estimate`: per block, a smoothed (geometric mean) estimate of the
+//!   interval between its client writes; client writes go to one of
+//!   `--client-classes` streams by it, relocations to one of
+//!   `--relocation-classes` by it or the block's age, whichever is longer.
+//! - `oracle`: as `estimate`, with the true interval (1 / write probability).
+//!
+//! Class `i` takes intervals under ℓ · factorⁱ, ℓ being the mean lifespan of
+//! the latest 16 victims of the first client stream. Zipf ranks map to blocks
+//! one to one. It prints blocks relocated per client block in the measured
+//! passes and the victims per stream.
+
+use std::collections::VecDeque;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{Zipf, argument};
+
+/// Latest client-stream victims whose lifespans ℓ averages (as the engine).
+const LIFESPAN_SAMPLE_COUNT_MAX: usize = 16;
+/// Live fraction above which a segment is never a victim (as the engine).
+const VICTIM_UTILIZATION_MAX: f64 = 0.97;
+/// A segment or location that does not exist.
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Before,
+    Engine,
+    Estimate,
+    Oracle,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SegmentState {
+    Free,
+    /// A head, or the victim being cleaned.
+    Busy,
+    Sealed,
+}
+
+struct Segment {
+    state: SegmentState,
+    stream: usize,
+    live_blocks: u32,
+    /// Blocks appended, in order (stale ones included).
+    blocks: Vec<u32>,
+    /// `writes` when the last block was appended (the cost-benefit age).
+    last_written_at: u64,
+    /// Client writes when the segment was opened.
+    opened_at_client_writes: u64,
+    /// When clients wrote its data, in client writes (mean over relocated
+    /// blocks for a relocation segment).
+    data_written_at: f64,
+}
+
+struct Simulation {
+    policy: Policy,
+    segment_block_count: usize,
+    client_class_count: usize,
+    relocation_class_count: usize,
+    factor: f64,
+    headroom_segment_count: usize,
+    segments: Vec<Segment>,
+    free: VecDeque<u32>,
+    heads: Vec<u32>,
+    /// Per block: its segment and position there.
+    locations: Vec<(u32, u32)>,
+    /// Per block: client writes when it was last written by a client.
+    last_client_write: Vec<u64>,
+    /// Per block: smoothed interval between its client writes (0: unknown).
+    interval_estimates: Vec<f64>,
+    /// Per block: 1 / its write probability (oracle only).
+    true_intervals: Vec<f64>,
+    lifespans: VecDeque<u64>,
+    current_victim: usize,
+    /// Blocks appended by clients and the cleaner.
+    writes: u64,
+    client_writes: u64,
+    relocated_blocks: u64,
+    victims_per_stream: Vec<u64>,
+    victim_live_blocks_per_stream: Vec<u64>,
+}
+
+impl Simulation {
+    fn stream_count(&self) -> usize {
+        match self.policy {
+            Policy::Before => 4,
+            Policy::Engine => 2 + self.relocation_class_count,
+            Policy::Estimate | Policy::Oracle => {
+                self.client_class_count + self.relocation_class_count
+            }
+        }
+    }
+
+    /// ℓ, or unbounded before any client victim.
+    fn threshold(&self) -> f64 {
+        if self.lifespans.is_empty() {
+            return f64::MAX;
+        }
+        self.lifespans.iter().sum::<u64>() as f64 / self.lifespans.len() as f64
+    }
+
+    /// The class, out of `class_count`, of an interval or age.
+    fn class_of(&self, interval: f64, class_count: usize) -> usize {
+        let mut class = 0;
+        let mut bound = self.threshold();
+        while class + 1 < class_count && interval >= bound {
+            class += 1;
+            bound *= self.factor;
+        }
+        class
+    }
+
+    fn client_stream(&mut self, block: usize) -> usize {
+        let (old_segment, _) = self.locations[block];
+        match self.policy {
+            Policy::Before | Policy::Engine => {
+                // Streams 0 and 1 are the client streams.
+                if old_segment == NONE {
+                    return 1;
+                }
+                let old = &self.segments[old_segment as usize];
+                if old.stream >= 2 {
+                    return 1;
+                }
+                let lifespan = (self.client_writes - old.opened_at_client_writes) as f64;
+                if lifespan < self.threshold() { 0 } else { 1 }
+            }
+            Policy::Oracle => self.class_of(self.true_intervals[block], self.client_class_count),
+            Policy::Estimate => {
+                let last = self.last_client_write[block];
+                if last == u64::MAX {
+                    return self.client_class_count - 1;
+                }
+                let interval = (self.client_writes - last) as f64;
+                let previous = self.interval_estimates[block];
+                let estimate = if previous == 0.0 {
+                    interval
+                } else {
+                    (previous.ln() * 0.5 + interval.max(1.0).ln() * 0.5).exp()
+                };
+                self.interval_estimates[block] = estimate;
+                self.class_of(estimate, self.client_class_count)
+            }
+        }
+    }
+
+    fn relocation_stream(&self, victim_stream: usize, block: usize) -> usize {
+        match self.policy {
+            Policy::Before => {
+                if victim_stream < 2 {
+                    2
+                } else {
+                    3
+                }
+            }
+            Policy::Engine => {
+                let victim = &self.segments[self.current_victim];
+                let age = (self.client_writes as f64 - victim.data_written_at).max(0.0);
+                2 + self.class_of(age, self.relocation_class_count)
+            }
+            Policy::Oracle => {
+                self.client_class_count
+                    + self.class_of(self.true_intervals[block], self.relocation_class_count)
+            }
+            Policy::Estimate => {
+                let last = self.last_client_write[block];
+                let age = if last == u64::MAX {
+                    f64::MAX
+                } else {
+                    (self.client_writes - last) as f64
+                };
+                let estimate = self.interval_estimates[block].max(age);
+                self.client_class_count + self.class_of(estimate, self.relocation_class_count)
+            }
+        }
+    }
+
+    fn open_head(&mut self, stream: usize, by_cleaner: bool) {
+        if !by_cleaner {
+            while self.free.len() < self.headroom_segment_count {
+                self.clean();
+            }
+        }
+        let index = self.free.pop_front().expect("out of space");
+        let segment = &mut self.segments[index as usize];
+        segment.state = SegmentState::Busy;
+        segment.stream = stream;
+        segment.live_blocks = 0;
+        segment.blocks.clear();
+        segment.opened_at_client_writes = self.client_writes;
+        segment.data_written_at = self.client_writes as f64;
+        self.heads[stream] = index;
+    }
+
+    fn append(&mut self, stream: usize, block: usize, by_cleaner: bool) {
+        let head = self.heads[stream];
+        if head == NONE || self.segments[head as usize].blocks.len() == self.segment_block_count {
+            if head != NONE {
+                self.segments[head as usize].state = SegmentState::Sealed;
+            }
+            self.open_head(stream, by_cleaner);
+        }
+        let head = self.heads[stream] as usize;
+        if by_cleaner && self.policy == Policy::Engine {
+            let count = self.segments[head].blocks.len() as f64;
+            let source = self.segments[self.current_victim].data_written_at;
+            let segment = &mut self.segments[head];
+            segment.data_written_at = if count == 0.0 {
+                source
+            } else {
+                (segment.data_written_at * count + source) / (count + 1.0)
+            };
+        }
+        let (old_segment, _) = self.locations[block];
+        if old_segment != NONE {
+            self.segments[old_segment as usize].live_blocks -= 1;
+        }
+        let segment = &mut self.segments[head];
+        segment.blocks.push(block as u32);
+        segment.live_blocks += 1;
+        segment.last_written_at = self.writes;
+        self.locations[block] = (head as u32, (segment.blocks.len() - 1) as u32);
+        self.writes += 1;
+    }
+
+    fn clean(&mut self) {
+        let mut best = (f64::MIN, NONE);
+        for (index, segment) in self.segments.iter().enumerate() {
+            if segment.state != SegmentState::Sealed {
+                continue;
+            }
+            let utilization = f64::from(segment.live_blocks) / self.segment_block_count as f64;
+            if utilization > VICTIM_UTILIZATION_MAX {
+                continue;
+            }
+            let age = (self.writes - segment.last_written_at) as f64 + 1.0;
+            let score = (1.0 - utilization) * age.sqrt() / (1.0 + utilization);
+            if score > best.0 {
+                best = (score, index as u32);
+            }
+        }
+        assert!(best.1 != NONE, "no segment can be cleaned");
+        let victim = best.1 as usize;
+        let victim_stream = self.segments[victim].stream;
+        self.victims_per_stream[victim_stream] += 1;
+        self.victim_live_blocks_per_stream[victim_stream] +=
+            u64::from(self.segments[victim].live_blocks);
+        if victim_stream == 0 {
+            let lifespan = self.client_writes - self.segments[victim].opened_at_client_writes;
+            if self.lifespans.len() == LIFESPAN_SAMPLE_COUNT_MAX {
+                self.lifespans.pop_front();
+            }
+            self.lifespans.push_back(lifespan);
+        }
+        self.current_victim = victim;
+        self.segments[victim].state = SegmentState::Busy;
+        let blocks = std::mem::take(&mut self.segments[victim].blocks);
+        for (position, block) in blocks.iter().enumerate() {
+            let block = *block as usize;
+            if self.locations[block] == (victim as u32, position as u32) {
+                let stream = self.relocation_stream(victim_stream, block);
+                self.append(stream, block, true);
+                self.relocated_blocks += 1;
+            }
+        }
+        assert_eq!(self.segments[victim].live_blocks, 0);
+        self.segments[victim].blocks = blocks;
+        self.segments[victim].state = SegmentState::Free;
+        self.free.push_back(victim as u32);
+    }
+
+    fn client_write(&mut self, block: usize) {
+        let stream = self.client_stream(block);
+        self.append(stream, block, false);
+        self.last_client_write[block] = self.client_writes;
+        self.client_writes += 1;
+    }
+}
+
+fn main() {
+    let policy = match argument("--policy", "engine").as_str() {
+        "before" => Policy::Before,
+        "engine" => Policy::Engine,
+        "estimate" => Policy::Estimate,
+        "oracle" => Policy::Oracle,
+        other => panic!("--policy {other}: expected before, engine, estimate or oracle"),
+    };
+    let segment_count: usize = argument("--segments", "2000").parse().expect("--segments");
+    let segment_block_count: usize = argument("--segment-blocks", "255")
+        .parse()
+        .expect("--segment-blocks");
+    let live: f64 = argument("--live", "0.85").parse().expect("--live");
+    let theta: f64 = argument("--zipf", "0.99").parse().expect("--zipf");
+    let workload = argument("--workload", "zipf");
+    let passes: usize = argument("--passes", "2").parse().expect("--passes");
+    let block_count = (segment_count as f64 * segment_block_count as f64 * live) as usize;
+    let zipf = Zipf::new(block_count, theta);
+    let mut simulation = Simulation {
+        policy,
+        segment_block_count,
+        client_class_count: argument("--client-classes", "3")
+            .parse()
+            .expect("--client-classes"),
+        relocation_class_count: argument("--relocation-classes", "4")
+            .parse()
+            .expect("--relocation-classes"),
+        factor: argument("--factor", "8").parse().expect("--factor"),
+        headroom_segment_count: argument("--headroom", "4").parse().expect("--headroom"),
+        segments: (0..segment_count)
+            .map(|_| Segment {
+                state: SegmentState::Free,
+                stream: 0,
+                live_blocks: 0,
+                blocks: Vec::with_capacity(segment_block_count),
+                last_written_at: 0,
+                opened_at_client_writes: 0,
+                data_written_at: 0.0,
+            })
+            .collect(),
+        free: (0..segment_count as u32).collect(),
+        heads: Vec::new(),
+        locations: vec![(NONE, 0); block_count],
+        last_client_write: vec![u64::MAX; block_count],
+        interval_estimates: vec![0.0; block_count],
+        true_intervals: (0..block_count)
+            .map(|rank| 1.0 / zipf.probability(rank))
+            .collect(),
+        lifespans: VecDeque::new(),
+        current_victim: 0,
+        writes: 0,
+        client_writes: 0,
+        relocated_blocks: 0,
+        victims_per_stream: Vec::new(),
+        victim_live_blocks_per_stream: Vec::new(),
+    };
+    let stream_count = simulation.stream_count();
+    simulation.heads = vec![NONE; stream_count];
+    simulation.victims_per_stream = vec![0; stream_count];
+    simulation.victim_live_blocks_per_stream = vec![0; stream_count];
+    let mut rng = SmallRng::seed_from_u64(42);
+    let draw = |rng: &mut SmallRng| match workload.as_str() {
+        "zipf" => zipf.sample(rng),
+        "uniform" => rng.random_range(0..block_count),
+        other => panic!("--workload {other}: expected zipf or uniform"),
+    };
+    for block in 0..block_count {
+        simulation.client_write(block);
+    }
+    for _ in 0..block_count * 2 {
+        let block = draw(&mut rng);
+        simulation.client_write(block);
+    }
+    simulation.relocated_blocks = 0;
+    simulation.victims_per_stream.fill(0);
+    simulation.victim_live_blocks_per_stream.fill(0);
+    let measured_from = simulation.client_writes;
+    for _ in 0..block_count * passes {
+        let block = draw(&mut rng);
+        simulation.client_write(block);
+    }
+    let relocated_per_client_block =
+        simulation.relocated_blocks as f64 / (simulation.client_writes - measured_from) as f64;
+    println!(
+        "{segment_count} segments of {segment_block_count} blocks, {workload}, live {live}: \
+         relocated/blk {relocated_per_client_block:.3}"
+    );
+    for stream in 0..stream_count {
+        let victims = simulation.victims_per_stream[stream];
+        if victims > 0 {
+            println!(
+                "  stream {stream}: {victims} victims at {:.3} live",
+                simulation.victim_live_blocks_per_stream[stream] as f64
+                    / victims as f64
+                    / segment_block_count as f64
+            );
+        }
+    }
+}
