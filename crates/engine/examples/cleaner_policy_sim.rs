@@ -7,7 +7,7 @@
 //! (docs/decisions/0010-relocations-by-data-age.md).
 //!
 //!     cargo run --release -p lamina-engine --example cleaner_policy_sim -- \
-//!         [--policy before|engine|estimate|oracle] [--segments 2000] \
+//!         [--policy before|ages|engine|estimate|oracle] [--segments 2000] \
 //!         [--segment-blocks 255] [--live 0.85] [--workload zipf|uniform] \
 //!         [--zipf 0.99] [--client-classes 3] [--relocation-classes 4] \
 //!         [--factor 8] [--headroom 4] [--passes 2]
@@ -16,11 +16,14 @@
 //! - `before`: decision 0008. Client writes split in two by the age of the
 //!   segment of the block they replace; relocations one stream colder per
 //!   cleaning survived (two streams).
-//! - `engine`: decision 0010. As `before`, but a victim's blocks go to one of
+//! - `ages`: decision 0010. As `before`, but a victim's blocks go to one of
 //!   `--relocation-classes` streams by the age of their data, kept per segment.
-//! - `estimate`: per block, a smoothed (geometric mean) estimate of the
-//!   interval between its client writes; client writes go to one of
-//!   `--client-classes` streams by it, relocations to one of
+//! - `engine`: decision 0011. As `ages`, but client writes go to one of
+//!   `--client-classes` streams by a smoothed (geometric mean) estimate of the
+//!   interval between the block's writes, sampled as the age of the replaced
+//!   block's segment's data and kept as a level of 1/8 doubling.
+//! - `estimate`: per block, the smoothed estimate from exact intervals; client
+//!   writes by it as in `engine`, and relocations to one of
 //!   `--relocation-classes` by it or the block's age, whichever is longer.
 //! - `oracle`: as `estimate`, with the true interval (1 / write probability).
 //!
@@ -48,6 +51,7 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Policy {
     Before,
+    Ages,
     Engine,
     Estimate,
     Oracle,
@@ -108,8 +112,8 @@ impl Simulation {
     fn stream_count(&self) -> usize {
         match self.policy {
             Policy::Before => 4,
-            Policy::Engine => 2 + self.relocation_class_count,
-            Policy::Estimate | Policy::Oracle => {
+            Policy::Ages => 2 + self.relocation_class_count,
+            Policy::Estimate | Policy::Oracle | Policy::Engine => {
                 self.client_class_count + self.relocation_class_count
             }
         }
@@ -137,7 +141,7 @@ impl Simulation {
     fn client_stream(&mut self, block: usize) -> usize {
         let (old_segment, _) = self.locations[block];
         match self.policy {
-            Policy::Before | Policy::Engine => {
+            Policy::Before | Policy::Ages => {
                 // Streams 0 and 1 are the client streams.
                 if old_segment == NONE {
                     return 1;
@@ -150,17 +154,29 @@ impl Simulation {
                 if lifespan < self.threshold() { 0 } else { 1 }
             }
             Policy::Oracle => self.class_of(self.true_intervals[block], self.client_class_count),
-            Policy::Estimate => {
+            Policy::Estimate | Policy::Engine => {
                 let last = self.last_client_write[block];
                 if last == u64::MAX {
                     return self.client_class_count - 1;
                 }
-                let interval = (self.client_writes - last) as f64;
+                let interval = if self.policy == Policy::Engine {
+                    (self.client_writes as f64
+                        - self.segments[old_segment as usize].data_written_at)
+                        .max(1.0)
+                } else {
+                    (self.client_writes - last) as f64
+                };
                 let previous = self.interval_estimates[block];
                 let estimate = if previous == 0.0 {
                     interval
                 } else {
                     (previous.ln() * 0.5 + interval.max(1.0).ln() * 0.5).exp()
+                };
+                let estimate = if self.policy == Policy::Engine {
+                    let level = (estimate.max(1.0).log2() * 8.0).round().min(254.0);
+                    (level / 8.0).exp2()
+                } else {
+                    estimate
                 };
                 self.interval_estimates[block] = estimate;
                 self.class_of(estimate, self.client_class_count)
@@ -177,10 +193,15 @@ impl Simulation {
                     3
                 }
             }
-            Policy::Engine => {
+            Policy::Ages => {
                 let victim = &self.segments[self.current_victim];
                 let age = (self.client_writes as f64 - victim.data_written_at).max(0.0);
                 2 + self.class_of(age, self.relocation_class_count)
+            }
+            Policy::Engine => {
+                let victim = &self.segments[self.current_victim];
+                let age = (self.client_writes as f64 - victim.data_written_at).max(0.0);
+                self.client_class_count + self.class_of(age, self.relocation_class_count)
             }
             Policy::Oracle => {
                 self.client_class_count
@@ -225,7 +246,7 @@ impl Simulation {
             self.open_head(stream, by_cleaner);
         }
         let head = self.heads[stream] as usize;
-        if by_cleaner && self.policy == Policy::Engine {
+        if by_cleaner && (self.policy == Policy::Ages || self.policy == Policy::Engine) {
             let count = self.segments[head].blocks.len() as f64;
             let source = self.segments[self.current_victim].data_written_at;
             let segment = &mut self.segments[head];
@@ -304,10 +325,11 @@ impl Simulation {
 fn main() {
     let policy = match argument("--policy", "engine").as_str() {
         "before" => Policy::Before,
+        "ages" => Policy::Ages,
         "engine" => Policy::Engine,
         "estimate" => Policy::Estimate,
         "oracle" => Policy::Oracle,
-        other => panic!("--policy {other}: expected before, engine, estimate or oracle"),
+        other => panic!("--policy {other}: expected before, ages, engine, estimate or oracle"),
     };
     let segment_count: usize = argument("--segments", "2000").parse().expect("--segments");
     let segment_block_count: usize = argument("--segment-blocks", "255")

@@ -72,6 +72,12 @@ async fn measure(
         limits.cleaner_relocation_blocks_per_client_block_max = 0.0;
     }
     limits.separate_client_writes_by_lifespan = argument("--separate-client-writes", "on") != "off";
+    if let Some(segment_count) = std::env::var("WA_RELOCATIONS_BY_AGE_FROM")
+        .ok()
+        .and_then(|value| value.parse().ok())
+    {
+        limits.relocation_streams_by_age_segment_count_min = segment_count;
+    }
     let options = PoolOptions {
         segment_size_bytes: segment_bytes,
         force: false,

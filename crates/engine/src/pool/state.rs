@@ -59,21 +59,20 @@ pub const DEATH_PENDING: u64 = u64::MAX;
 
 /// The log heads. Client writes and cleaner relocations go to different
 /// segments, so that data the cleaner found cold is not mixed with fresh, hot
-/// writes and stops being recleaned; relocations are further split by how many
-/// cleanings their data has survived (see `cleaner::placement`), and client
-/// writes by how long the block they replace lived (`Client` and `ClientCold`).
-/// One batch of any other stream is open at a time (the main batch, lane 0),
-/// plus one of `ClientCold` (the cold batch, lane 1; see [`lane_of`]).
-/// Sequences are given when batches are sealed,
-/// and replay goes in sequence order, so before a record is appended to one of
-/// the two, the other is sealed if it holds a record that does not commute
+/// writes and stops being recleaned; relocations are further split by the age
+/// of their data or the cleanings it survived (see `cleaner::placement`), and
+/// client writes by how often the block is rewritten (`Client`, `ClientWarm`
+/// and `ClientCold`). One batch of any other stream is open at a time (the
+/// main batch, lane 0), plus one of `ClientCold` (lane 1) and one of
+/// `ClientWarm` (lane 2; see [`lane_of`]). Sequences are given when batches
+/// are sealed, and replay goes in sequence order, so before a record is
+/// appended to one of them, the others are sealed if they hold a record that does not commute
 /// with it (see [`OpenBatch::conflicts_with`]): replay then meets conflicting
 /// records in the order they were appended in memory (docs/decisions/0008).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
-    /// Client writes predicted short-lived (the block they replace lived
-    /// shorter than recently cleaned client segments did), records without
-    /// data, and promotions.
+    /// Client writes of blocks rewritten more often than recently cleaned
+    /// client segments lived, records without data, and promotions.
     Client = 0,
     /// Relocations. Appending to it means "the cleaner's stream for the current
     /// victim": `make_room` resolves it to this stream (data that survived one
@@ -85,17 +84,23 @@ pub enum Stream {
     /// flash, and blocks it moves out of capacity victims.
     Capacity = 3,
     /// Client writes predicted long-lived: first writes of a block, and
-    /// rewrites of blocks that lived long or survived a cleaning.
+    /// rewrites of blocks rewritten seldom.
     ClientCold = 4,
     /// Relocations of data older still than `Cold`'s (see
     /// `cleaner::placement`; one-tier pools only).
     Colder = 5,
     /// Relocations of the oldest data.
     Coldest = 6,
+    /// Client writes of blocks rewritten less often than `Client`'s and more
+    /// often than `ClientCold`'s.
+    ClientWarm = 7,
 }
 
 /// Number of log heads (one per [`Stream`]).
-pub const STREAM_COUNT: usize = 7;
+pub const STREAM_COUNT: usize = 8;
+
+/// The client streams of a one-tier pool, most often rewritten first.
+pub const CLIENT_STREAMS: [Stream; 3] = [Stream::Client, Stream::ClientWarm, Stream::ClientCold];
 
 /// The relocation streams of a one-tier pool, youngest data first: the
 /// cleaner sends a victim's live blocks to one of them by the age of the data
@@ -107,14 +112,16 @@ pub const RELOCATION_STREAMS: [Stream; 4] = [
     Stream::Coldest,
 ];
 
-/// Batches open at once: the main one and the cold one.
-pub const OPEN_BATCH_COUNT: usize = 2;
+/// Batches open at once: the main one, the cold client one and the warm
+/// client one.
+pub const OPEN_BATCH_COUNT: usize = 3;
 
-/// The open batch (lane) a stream's appends go to: 1 for `ClientCold`, 0 (the
-/// main batch) for every other stream.
+/// The open batch (lane) a stream's appends go to: 1 for `ClientCold`, 2 for
+/// `ClientWarm`, 0 (the main batch) for every other stream.
 pub fn lane_of(stream: Stream) -> usize {
     match stream {
         Stream::ClientCold => 1,
+        Stream::ClientWarm => 2,
         _ => 0,
     }
 }
@@ -129,7 +136,7 @@ impl Stream {
     /// client split turned off).
     pub fn colder(self) -> Stream {
         match self {
-            Stream::Client | Stream::ClientCold => Stream::Cleaner,
+            Stream::Client | Stream::ClientWarm | Stream::ClientCold => Stream::Cleaner,
             Stream::Cleaner | Stream::Cold => Stream::Cold,
             Stream::Colder | Stream::Coldest => Stream::Coldest,
             Stream::Capacity => Stream::Capacity,
@@ -300,14 +307,14 @@ pub struct State {
     pub heads: [Option<Head>; STREAM_COUNT],
     /// Which stream each segment's data belongs to, and where relocations go.
     pub placement: super::cleaner::placement::Placement,
-    /// Per lane ([`lane_of`]): the main batch (any stream but `ClientCold`),
-    /// then the cold batch (client writes predicted long-lived).
+    /// Per lane ([`lane_of`]): the main batch (any stream but the two below),
+    /// the cold client batch and the warm client batch.
     pub open_batches: [Option<OpenBatch>; OPEN_BATCH_COUNT],
     /// Segments that died while batches were open.
     pub pending_deaths: Vec<PendingDeath>,
-    /// Whether client writes are split between `Client` and `ClientCold` by
-    /// predicted lifespan (one-tier pools; a two-tier pool's flash is a FIFO,
-    /// where separation saves no cleaning).
+    /// Whether client writes are split between the client streams by how
+    /// often their blocks are rewritten (one-tier pools; a two-tier pool's
+    /// flash is a FIFO, where separation saves no cleaning).
     pub separate_client_writes: bool,
     pub in_flight: BTreeMap<u64, Arc<InFlightBatch>>,
     pub in_flight_sequences: BTreeSet<u64>,
@@ -564,8 +571,12 @@ impl State {
             // Records without data (trims, deletes) may use the cleaner's reserve:
             // they are tiny, and they are how a user frees a full pool.
             let allocation = match (stream, with_data) {
-                (Stream::Client | Stream::ClientCold, true) => Allocation::Client,
-                (Stream::Client | Stream::ClientCold, false) => Allocation::Record,
+                (Stream::Client | Stream::ClientWarm | Stream::ClientCold, true) => {
+                    Allocation::Client
+                }
+                (Stream::Client | Stream::ClientWarm | Stream::ClientCold, false) => {
+                    Allocation::Record
+                }
                 (Stream::Capacity, _) => Allocation::Cleaner,
                 (relocation, _) => {
                     assert!(relocation.is_relocation());
@@ -657,16 +668,23 @@ impl State {
             .heat
             .as_ref()
             .and_then(|heat| Some(heat.counter(self.geometry.flash_data_index(replaced?)?)));
-        let stream = if self.separate_client_writes {
+        let (stream, interval_level) = if self.separate_client_writes {
             let now = self.client_blocks_written();
-            let predicted = self
-                .placement
-                .client_stream(replaced.map(|block| self.geometry.segment_of(block)), now);
-            self.client_stream_with_room(predicted)
+            let placement = self.placement.client_placement(
+                replaced.map(|block| (block, self.geometry.segment_of(block))),
+                now,
+            );
+            (
+                self.client_stream_with_room(placement.stream),
+                Some(placement.interval_level),
+            )
         } else {
-            Stream::Client
+            (Stream::Client, None)
         };
         let physical_block = self.append_block(stream, record, data, sealed)?;
+        if let Some(level) = interval_level {
+            self.placement.set_interval_level(physical_block, level);
+        }
         self.client_bytes_written += BLOCK_SIZE_BYTES;
         self.set_heat(
             volume_id,
@@ -679,9 +697,9 @@ impl State {
     /// The client stream a write predicted for `predicted` goes to. When
     /// clients may not take another free segment, a write goes where there is
     /// room without one, preferring the predicted stream, so that it need not
-    /// wait for reclaim while the other client head has room (two partly
-    /// filled client heads are space the cleaner cannot use); only then does
-    /// it go to the `Client` head. (Stepping aside earlier, at 2 free segments
+    /// wait for reclaim while another client head has room (partly filled
+    /// client heads are space the cleaner cannot use); only then does it go
+    /// to the `Client` head. (Stepping aside earlier, at 2 free segments
     /// beyond the reserve, mixed the streams in steady state: Zipf(0.99) WA
     /// 2.29 against 2.20 on a 2 GiB pool.)
     fn client_stream_with_room(&self, predicted: Stream) -> Stream {
@@ -689,12 +707,8 @@ impl State {
         if !short {
             return predicted;
         }
-        let other = match predicted {
-            Stream::ClientCold => Stream::Client,
-            _ => Stream::ClientCold,
-        };
-        [predicted, other]
-            .into_iter()
+        std::iter::once(predicted)
+            .chain(CLIENT_STREAMS)
             .find(|stream| self.has_room_without_a_new_segment(*stream))
             .unwrap_or(Stream::Client)
     }
@@ -816,6 +830,8 @@ impl State {
             self.placement
                 .relocated_into(self.geometry.segment_of(physical_block));
         }
+        self.placement
+            .move_interval_level(from_physical_block, physical_block);
         if !sole_holder {
             let from_segment_index = self.geometry.segment_of(from_physical_block);
             self.segments[from_segment_index as usize].needed_by_replay = true;

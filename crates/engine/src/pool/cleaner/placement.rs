@@ -7,15 +7,20 @@
 //! kept in memory only: it steers placement, never correctness, so after a
 //! restart every segment counts as a client segment until it is rewritten.
 //!
-//! Client writes are split too, by the lifespan of the block they replace, as
-//! SepBIT does (Wang et al., "Separating Data via Block Invalidation Time
+//! Client writes are split too, by how often the block is rewritten, in the
+//! spirit of SepBIT (Wang et al., "Separating Data via Block Invalidation Time
 //! Inference for Write Amplification Reduction in Log-Structured Storage",
-//! FAST 2022): a block whose previous version lived shorter than the client
-//! segments the cleaner recently took is likely to die young again and goes to
-//! the `Client` stream; first writes, and rewrites of blocks that lived longer
-//! or survived a cleaning, go to `ClientCold`. Time is counted in client blocks
-//! written, and a block's age is that of its segment (opened then, filled soon
-//! after), so no per-block state is kept.
+//! FAST 2022). Each block carries a smoothed estimate of the interval between
+//! its client writes: one byte per block of the pool, a level on a log scale
+//! ([`interval_level`]), moved with the block when it is relocated. A rewrite
+//! samples the interval as the age of the replaced block's data and averages
+//! it with the replaced block's estimate (a geometric mean), and goes to
+//! `Client` under ℓ, `ClientWarm` under 8ℓ, else `ClientCold`, ℓ being the
+//! mean lifespan of the client segments the cleaner recently took. First
+//! writes go to `ClientCold`. Time is counted in client blocks written. One
+//! sample per block, which the split used before, put far more long-lived
+//! blocks among short-lived ones (simulated, examples/cleaner_policy_sim.rs;
+//! docs/decisions/0011-client-writes-by-rewrite-interval.md).
 //!
 //! In a one-tier pool relocations are split by age as well, again as SepBIT
 //! does for the blocks its collector rewrites: a victim's live blocks go to
@@ -27,7 +32,7 @@
 //! pools, whose flash is a FIFO), a relocated block goes one stream colder
 //! per cleaning it survives instead.
 
-use crate::pool::state::{RELOCATION_STREAMS, STREAM_COUNT, Stream};
+use crate::pool::state::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
 
 /// What the cleaner has done per stream of victim, for measurements and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,12 +47,37 @@ pub struct VictimCounts {
 /// client writes (SepBIT averages 16).
 pub const LIFESPAN_SAMPLE_COUNT_MAX: usize = 16;
 
-/// Each relocation stream takes data up to this many times older than the one
-/// before it (the first takes data younger than ℓ). Simulated on Zipf(0.99)
-/// at 85% live with 2,000 segments (examples/cleaner_policy_sim.rs): 1.14
-/// blocks relocated per client block, against 1.15 with 4 and 1.25 with two
+/// Each client or relocation stream takes intervals or ages up to this many
+/// times longer than the one before it (the first takes those under ℓ).
+/// Simulated on Zipf(0.99) at 85% live with 2,000 segments
+/// (examples/cleaner_policy_sim.rs): 1.14 blocks relocated per client block
+/// with relocations by age, against 1.15 with a factor of 4 and 1.25 with two
 /// streams by cleanings survived.
-pub const RELOCATION_AGE_FACTOR: u64 = 8;
+pub const CLASS_BOUND_FACTOR: u64 = 8;
+
+/// Interval levels per doubling: a level is `1 + 8 × log2(interval)`, so
+/// estimates are kept to within 9%.
+const INTERVAL_LEVELS_PER_DOUBLING: f64 = 8.0;
+
+/// The level of an interval of `blocks` client blocks written (at least 1):
+/// 1 for 1 block, 255 from about 2^31.75 blocks (13 TiB) on; 0 means unknown.
+pub fn interval_level(blocks: u64) -> u8 {
+    let level = 1.0 + (blocks.max(1) as f64).log2() * INTERVAL_LEVELS_PER_DOUBLING;
+    level.round().min(255.0) as u8
+}
+
+/// The interval, in client blocks written, that `level` (not 0) stands for.
+pub fn interval_of_level(level: u8) -> u64 {
+    assert!(level > 0, "level 0 is an unknown interval");
+    (f64::from(level - 1) / INTERVAL_LEVELS_PER_DOUBLING).exp2() as u64
+}
+
+/// Where a client write goes, and the interval level its new block carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientPlacement {
+    pub stream: Stream,
+    pub interval_level: u8,
+}
 
 /// Per-segment stream tags and the stream the cleaner currently relocates into.
 #[derive(Clone, Debug)]
@@ -68,6 +98,10 @@ pub struct Placement {
     /// Whether relocations are split by the age of their data (one-tier
     /// pools with the client split) or by cleanings survived.
     relocations_by_age: bool,
+    /// Per physical block (indexed by block address), the level of the
+    /// smoothed interval between client writes of the data it holds; 0 when
+    /// unknown. Grown as blocks are written; empty without the client split.
+    interval_levels: Vec<u8>,
     /// Lifespans, in client blocks written, of the latest `Client` victims:
     /// from opening to being chosen by the cleaner.
     lifespan_samples_blocks: std::collections::VecDeque<u64>,
@@ -93,6 +127,7 @@ impl Placement {
             segment_relocated_block_counts: Vec::new(),
             victim_data_written_at_blocks: 0,
             relocations_by_age,
+            interval_levels: Vec::new(),
             lifespan_samples_blocks: std::collections::VecDeque::new(),
             relocation_stream: Stream::Cleaner,
             counts: VictimCounts::default(),
@@ -150,14 +185,7 @@ impl Placement {
 
     /// The relocation stream for data clients wrote `age_blocks` ago.
     fn relocation_stream_for_age(&self, age_blocks: u64) -> Stream {
-        let mut bound = self.lifespan_threshold_blocks();
-        for stream in &RELOCATION_STREAMS[..RELOCATION_STREAMS.len() - 1] {
-            if age_blocks < bound {
-                return *stream;
-            }
-            bound = bound.saturating_mul(RELOCATION_AGE_FACTOR);
-        }
-        RELOCATION_STREAMS[RELOCATION_STREAMS.len() - 1]
+        RELOCATION_STREAMS[self.class_of(age_blocks, RELOCATION_STREAMS.len())]
     }
 
     fn opened_at_blocks(&self, segment_index: u32) -> u64 {
@@ -177,28 +205,76 @@ impl Placement {
         self.lifespan_samples_blocks.iter().sum::<u64>() / self.lifespan_samples_blocks.len() as u64
     }
 
-    /// The stream for a client write that replaces a block of
-    /// `replaced_segment_index` (none: the block was unmapped), when clients
-    /// have written `now_blocks` blocks.
-    pub fn client_stream(&self, replaced_segment_index: Option<u32>, now_blocks: u64) -> Stream {
-        let Some(segment_index) = replaced_segment_index else {
-            return Stream::ClientCold;
+    /// Where a client write goes that replaces `replaced` (its physical block
+    /// and segment; none: the block was unmapped), when clients have written
+    /// `now_blocks` blocks.
+    pub fn client_placement(
+        &self,
+        replaced: Option<(u64, u32)>,
+        now_blocks: u64,
+    ) -> ClientPlacement {
+        let Some((replaced_block, replaced_segment_index)) = replaced else {
+            return ClientPlacement {
+                stream: Stream::ClientCold,
+                interval_level: 0,
+            };
         };
-        match self.stream_of(segment_index) {
-            Stream::Client | Stream::ClientCold => {
-                let lifespan = now_blocks.saturating_sub(self.opened_at_blocks(segment_index));
-                if lifespan < self.lifespan_threshold_blocks() {
-                    Stream::Client
-                } else {
-                    Stream::ClientCold
-                }
-            }
-            Stream::Cleaner
-            | Stream::Cold
-            | Stream::Colder
-            | Stream::Coldest
-            | Stream::Capacity => Stream::ClientCold,
+        // The replaced data's age samples the interval between this block's
+        // writes: its segment's date is within a segment's filling of it.
+        let sample = interval_level(
+            now_blocks.saturating_sub(self.data_written_at_blocks(replaced_segment_index)),
+        );
+        let previous = self.interval_level_of(replaced_block);
+        let level = if previous == 0 {
+            sample
+        } else {
+            // The mean of two levels is the geometric mean of the intervals.
+            (u16::from(previous) + u16::from(sample)).div_ceil(2) as u8
+        };
+        ClientPlacement {
+            stream: CLIENT_STREAMS[self.class_of(interval_of_level(level), CLIENT_STREAMS.len())],
+            interval_level: level,
         }
+    }
+
+    /// The class, out of `class_count`, of an interval or age: class `i`
+    /// takes those under ℓ · factorⁱ, the last one all longer ones.
+    fn class_of(&self, blocks: u64, class_count: usize) -> usize {
+        let mut bound = self.lifespan_threshold_blocks();
+        for class in 0..class_count - 1 {
+            if blocks < bound {
+                return class;
+            }
+            bound = bound.saturating_mul(CLASS_BOUND_FACTOR);
+        }
+        class_count - 1
+    }
+
+    fn interval_level_of(&self, physical_block: u64) -> u8 {
+        self.interval_levels
+            .get(physical_block as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Records that `physical_block` now holds data rewritten every
+    /// `interval_of_level(level)` client blocks or so.
+    pub fn set_interval_level(&mut self, physical_block: u64, level: u8) {
+        let index = physical_block as usize;
+        if self.interval_levels.len() <= index {
+            self.interval_levels.resize(index + 1, 0);
+        }
+        self.interval_levels[index] = level;
+    }
+
+    /// Carries the interval level of data moved from `from_physical_block`
+    /// to `to_physical_block` (nothing without the client split).
+    pub fn move_interval_level(&mut self, from_physical_block: u64, to_physical_block: u64) {
+        if self.interval_levels.is_empty() {
+            return;
+        }
+        let level = self.interval_level_of(from_physical_block);
+        self.set_interval_level(to_physical_block, level);
     }
 
     /// Chooses the stream for the live blocks of `victim_segment_index`, which
@@ -248,8 +324,8 @@ mod tests {
         placement.segment_opened(4, Stream::ClientCold, 0);
         placement.start_victim(4, 40, 0);
         assert_eq!(placement.relocation_stream(), Stream::Cleaner);
-        assert_eq!(placement.counts.victims, [1, 1, 1, 0, 1, 0, 0]);
-        assert_eq!(placement.counts.live_blocks, [10, 20, 30, 0, 40, 0, 0]);
+        assert_eq!(placement.counts.victims, [1, 1, 1, 0, 1, 0, 0, 0]);
+        assert_eq!(placement.counts.live_blocks, [10, 20, 30, 0, 40, 0, 0, 0]);
     }
 
     #[test]
@@ -307,29 +383,75 @@ mod tests {
     }
 
     #[test]
-    fn client_writes_split_by_the_lifespan_of_the_block_they_replace() {
+    fn client_writes_split_by_the_smoothed_interval_between_rewrites() {
+        let stream = |placement: &Placement, replaced: Option<(u64, u32)>, now: u64| {
+            placement.client_placement(replaced, now).stream
+        };
         let mut placement = Placement::default();
-        // Before any client victim, every rewrite of a client block is hot;
-        // first writes and rewrites of relocated blocks are cold.
+        // Before any client victim, every rewrite is hot; first writes are
+        // cold and carry no estimate.
         placement.segment_opened(1, Stream::Client, 0);
-        placement.segment_opened(2, Stream::Cleaner, 0);
-        assert_eq!(placement.client_stream(Some(1), 1_000_000), Stream::Client);
-        assert_eq!(placement.client_stream(None, 10), Stream::ClientCold);
-        assert_eq!(placement.client_stream(Some(2), 10), Stream::ClientCold);
-        // Client victims taken at ages 100 and 300 set the threshold to 200.
+        assert_eq!(
+            stream(&placement, Some((100, 1)), 1_000_000),
+            Stream::Client
+        );
+        assert_eq!(
+            placement.client_placement(None, 10),
+            ClientPlacement {
+                stream: Stream::ClientCold,
+                interval_level: 0
+            }
+        );
+        // Client victims taken at ages 100 and 300 set ℓ to 200.
         placement.segment_opened(3, Stream::Client, 1_000);
         placement.start_victim(3, 5, 1_100);
         placement.segment_opened(4, Stream::Client, 1_000);
         placement.start_victim(4, 5, 1_300);
         assert_eq!(placement.lifespan_threshold_blocks(), 200);
+        // With no estimate yet, the sample alone decides: the replaced data's
+        // age (segment 5 was opened at 2,000) against ℓ and 8ℓ.
         placement.segment_opened(5, Stream::ClientCold, 2_000);
-        assert_eq!(placement.client_stream(Some(5), 2_150), Stream::Client);
-        assert_eq!(placement.client_stream(Some(5), 2_250), Stream::ClientCold);
-        // Only the latest samples count.
+        assert_eq!(stream(&placement, Some((500, 5)), 2_150), Stream::Client);
+        assert_eq!(
+            stream(&placement, Some((500, 5)), 2_250),
+            Stream::ClientWarm
+        );
+        assert_eq!(
+            stream(&placement, Some((500, 5)), 3_700),
+            Stream::ClientCold
+        );
+        // A block rewritten about every 1,000 blocks (ClientWarm), once after
+        // 100,000: the estimate is the geometric mean, 10,000, ClientCold;
+        // after 40 it is 200, ClientWarm rather than Client.
+        placement.set_interval_level(500, interval_level(1_000));
+        let slow = placement.client_placement(Some((500, 5)), 102_000);
+        assert_eq!(slow.stream, Stream::ClientCold);
+        let estimate = interval_of_level(slow.interval_level);
+        assert!((9_000..11_000).contains(&estimate), "{estimate}");
+        assert_eq!(
+            stream(&placement, Some((500, 5)), 2_040),
+            Stream::ClientWarm
+        );
+        // Relocation carries the estimate with the data.
+        placement.move_interval_level(500, 900);
+        assert_eq!(placement.interval_level_of(900), interval_level(1_000));
+        // Only the latest victims count in ℓ.
         for index in 0..LIFESPAN_SAMPLE_COUNT_MAX as u32 {
             placement.segment_opened(10 + index, Stream::Client, 5_000);
             placement.start_victim(10 + index, 1, 5_050);
         }
         assert_eq!(placement.lifespan_threshold_blocks(), 50);
+    }
+
+    #[test]
+    fn interval_levels_keep_intervals_to_within_a_tenth() {
+        assert_eq!(interval_level(0), 1);
+        assert_eq!(interval_level(1), 1);
+        assert_eq!(interval_level(u64::MAX), 255);
+        for blocks in [2u64, 3, 10, 1_000, 123_456, 1 << 30] {
+            let back = interval_of_level(interval_level(blocks)) as f64;
+            let error = (back - blocks as f64).abs() / blocks as f64;
+            assert!(error < 0.1, "{blocks} came back as {back}");
+        }
     }
 }
