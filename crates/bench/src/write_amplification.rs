@@ -211,6 +211,8 @@ pub struct CellResult {
     pub write_amplification: f64,
     /// Relocated bytes ÷ client bytes: the cleaner's share of the amplification.
     pub relocated_per_client_block: f64,
+    /// Checkpoints the pool wrote in the window (part of the device bytes).
+    pub checkpoint_count: u64,
     /// Write IOPS fio reached in the measured window.
     pub client_iops: f64,
     pub measured_seconds: f64,
@@ -377,6 +379,7 @@ struct PoolCounters {
     client_bytes_written: u64,
     device_bytes_written: u64,
     cleaner_relocated_blocks: u64,
+    checkpoint_sequence: u64,
 }
 
 impl PoolCounters {
@@ -401,6 +404,7 @@ impl PoolCounters {
             client_bytes_written: field("client_bytes_written")?,
             device_bytes_written: field("device_bytes_written")?,
             cleaner_relocated_blocks: field("cleaner_relocated_blocks")?,
+            checkpoint_sequence: field("checkpoint_sequence")?,
         })
     }
 
@@ -420,6 +424,7 @@ struct WindowFigures {
     relocated_blocks: u64,
     write_amplification: f64,
     relocated_per_client_block: f64,
+    checkpoint_count: u64,
 }
 
 /// The figures of a measured window from the counters at its two ends and fio's count.
@@ -448,6 +453,7 @@ fn window_figures(
         write_amplification: device_bytes as f64 / client_bytes as f64,
         relocated_per_client_block: (relocated_blocks * BLOCK_SIZE_BYTES) as f64
             / client_bytes as f64,
+        checkpoint_count: after.checkpoint_sequence - before.checkpoint_sequence,
     })
 }
 
@@ -606,6 +612,7 @@ impl CellPlan<'_> {
             cleaner_relocated_blocks: window.relocated_blocks,
             write_amplification: window.write_amplification,
             relocated_per_client_block: window.relocated_per_client_block,
+            checkpoint_count: window.checkpoint_count,
             client_iops: writes.iops,
             measured_seconds,
             greedy_bound: (self.workload == Workload::Uniform).then(|| greedy_bound(self.live)),
@@ -687,7 +694,7 @@ impl WriteAmplificationReport {
             self.fio_version
         );
         out.push_str(&format!(
-            "{:>6} {:<10} {:>10} {:>8} {:>11} {:>8} {:>10} {:>11} {:>11}\n",
+            "{:>6} {:<10} {:>10} {:>8} {:>11} {:>8} {:>10} {:>11} {:>11} {:>12}\n",
             "live",
             "workload",
             "volume",
@@ -696,16 +703,17 @@ impl WriteAmplificationReport {
             "greedy",
             "client",
             "client",
-            "device"
+            "device",
+            "checkpoints"
         ));
         out.push_str(&format!(
-            "{:>6} {:<10} {:>10} {:>8} {:>11} {:>8} {:>10} {:>11} {:>11}\n",
-            "", "", "MiB", "", "client blk", "bound", "IOPS", "MiB", "MiB"
+            "{:>6} {:<10} {:>10} {:>8} {:>11} {:>8} {:>10} {:>11} {:>11} {:>12}\n",
+            "", "", "MiB", "", "client blk", "bound", "IOPS", "MiB", "MiB", ""
         ));
         let mebibytes = |bytes: u64| format!("{:.0}", bytes as f64 / f64::from(1 << 20));
         for cell in &self.cells {
             out.push_str(&format!(
-                "{:>6.2} {:<10} {:>10} {:>8.2} {:>11.2} {:>8} {:>10.0} {:>11} {:>11}\n",
+                "{:>6.2} {:<10} {:>10} {:>8.2} {:>11.2} {:>8} {:>10.0} {:>11} {:>11} {:>12}\n",
                 cell.live_fraction,
                 cell.random_distribution,
                 mebibytes(cell.volume_size_bytes),
@@ -716,6 +724,7 @@ impl WriteAmplificationReport {
                 cell.client_iops,
                 mebibytes(cell.client_bytes_written),
                 mebibytes(cell.device_bytes_written),
+                cell.checkpoint_count,
             ));
         }
         out
@@ -740,13 +749,14 @@ pub fn run_write_amplification(arguments: &WriteAmplificationArgs) -> anyhow::Re
 mod tests {
     use super::*;
 
-    fn counters(client: u64, device: u64, relocated: u64) -> PoolCounters {
+    fn counters(client: u64, device: u64, relocated: u64, checkpoint: u64) -> PoolCounters {
         PoolCounters {
             capacity_bytes: 0,
             reserved_bytes: 0,
             client_bytes_written: client,
             device_bytes_written: device,
             cleaner_relocated_blocks: relocated,
+            checkpoint_sequence: checkpoint,
         }
     }
 
@@ -794,8 +804,8 @@ mod tests {
 
     #[test]
     fn window_figures_are_deltas_and_refuse_a_client_byte_mismatch() {
-        let before = counters(1_000_000, 2_000_000, 10);
-        let after = counters(1_000_000 + 409_600, 2_000_000 + 819_200, 110);
+        let before = counters(1_000_000, 2_000_000, 10, 4);
+        let after = counters(1_000_000 + 409_600, 2_000_000 + 819_200, 110, 7);
         let window = window_figures(before, after, 409_600).unwrap();
         assert_eq!(
             (
@@ -807,6 +817,7 @@ mod tests {
         );
         assert!((window.write_amplification - 2.0).abs() < 1e-12);
         assert!((window.relocated_per_client_block - 1.0).abs() < 1e-12);
+        assert_eq!(window.checkpoint_count, 3);
         assert!(matches!(
             window_figures(before, after, 204_800),
             Err(WriteAmplificationError::ClientBytesMismatch { .. })
