@@ -552,47 +552,26 @@ impl CellPlan<'_> {
             ),
             &|| run_fio(fio, &server.uri, &fill_arguments(volume_bytes)),
         )?;
-        if arguments.warm_up_passes > 0.0 {
-            let warm_up_bytes = pass_bytes(volume_bytes, arguments.warm_up_passes);
+        let random_writes = |phase: &str, io_bytes: u64| {
+            let fio_arguments =
+                random_write_arguments(volume_bytes, io_bytes, &distribution, arguments.iodepth);
             timed(
                 format!(
-                    "warming up: {} of 4 KiB {distribution} writes",
-                    mebibytes(warm_up_bytes)
+                    "{phase}: {} of 4 KiB {distribution} writes",
+                    mebibytes(io_bytes)
                 ),
-                &|| {
-                    run_fio(
-                        fio,
-                        &server.uri,
-                        &random_write_arguments(
-                            volume_bytes,
-                            warm_up_bytes,
-                            &distribution,
-                            arguments.iodepth,
-                        ),
-                    )
-                },
+                &|| run_fio(fio, &server.uri, &fio_arguments),
+            )
+        };
+        if arguments.warm_up_passes > 0.0 {
+            random_writes(
+                "warming up",
+                pass_bytes(volume_bytes, arguments.warm_up_passes),
             )?;
         }
-        let measured_bytes = pass_bytes(volume_bytes, arguments.passes);
         let before = PoolCounters::read(self.program, data)?;
-        let (writes, measured_seconds) = timed(
-            format!(
-                "measuring: {} of 4 KiB {distribution} writes",
-                mebibytes(measured_bytes)
-            ),
-            &|| {
-                run_fio(
-                    fio,
-                    &server.uri,
-                    &random_write_arguments(
-                        volume_bytes,
-                        measured_bytes,
-                        &distribution,
-                        arguments.iodepth,
-                    ),
-                )
-            },
-        )?;
+        let (writes, measured_seconds) =
+            random_writes("measuring", pass_bytes(volume_bytes, arguments.passes))?;
         let after = PoolCounters::read(self.program, data)?;
         let window = window_figures(before, after, writes.bytes)?;
         self.progress(&format!(
