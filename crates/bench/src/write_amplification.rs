@@ -314,8 +314,16 @@ pub fn check_fio_nbd(fio_program: &str) -> Result<(), WriteAmplificationError> {
     }
     let mut command = Command::new(fio_program);
     command.arg("--enghelp=nbd");
+    // The engine's help lists its one option, the NBD URI.
     match run_helper(command) {
-        Ok(_) => Ok(()),
+        Ok(output) if String::from_utf8_lossy(&output.stdout).contains("uri") => Ok(()),
+        Ok(output) => Err(WriteAmplificationError::NbdEngineMissing {
+            program: fio_program.to_owned(),
+            detail: format!(
+                "it printed no `uri` option: {:?}",
+                String::from_utf8_lossy(&output.stdout).trim()
+            ),
+        }),
         Err(error) => Err(WriteAmplificationError::NbdEngineMissing {
             program: fio_program.to_owned(),
             detail: format!("{error:#}"),
