@@ -6,7 +6,8 @@
 //! prints one table of figures with ratios to lamina (plus a plot with one curve per
 //! server); `fs` builds a filesystem on each server's export and runs postmark;
 //! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd;
-//! `tiers` measures all-flash, flash + modelled disk and the modelled disk alone.
+//! `tiers` measures all-flash, flash + modelled disk and the modelled disk alone;
+//! `write-amplification` measures the cleaner's write amplification through fio.
 //! See docs/bench.md for the method and its limits.
 
 pub mod fio;
@@ -18,6 +19,7 @@ pub mod servers;
 pub mod snapshots;
 pub mod tiers;
 pub mod workload;
+pub mod write_amplification;
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +52,8 @@ pub enum BenchCommand {
     Snapshots(snapshots::SnapshotsArgs),
     /// All-flash, flash + modelled disk and modelled disk alone: curves and reaction.
     Tiers(tiers::TiersArgs),
+    /// Cleaner write amplification of 4 KiB random overwrites, through fio over NBD.
+    WriteAmplification(write_amplification::WriteAmplificationArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -194,6 +198,9 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Fs(arguments) => run_fs(&arguments),
         BenchCommand::Snapshots(arguments) => snapshots::run_snapshots(&arguments),
         BenchCommand::Tiers(arguments) => tiers::run_tiers(&arguments),
+        BenchCommand::WriteAmplification(arguments) => {
+            write_amplification::run_write_amplification(&arguments)
+        }
     }
 }
 
