@@ -54,6 +54,19 @@ pub struct SegmentInfo {
     pub needed_by_replay: bool,
 }
 
+/// Dead segments by what frees them ([`State::sealed_dead_flash_segment_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeadSegmentCounts {
+    pub awaiting_flush: usize,
+    pub awaiting_checkpoints: usize,
+}
+
+impl DeadSegmentCounts {
+    pub fn total(&self) -> usize {
+        self.awaiting_flush + self.awaiting_checkpoints
+    }
+}
+
 /// `died_at` of a segment whose death waits for the open batches to be sealed.
 pub const DEATH_PENDING: u64 = u64::MAX;
 
@@ -1074,17 +1087,23 @@ impl State {
         }
     }
 
-    /// Dead flash segments whose death a sealed batch covers: a flush or
-    /// checkpoints free them (one that died in the open batch waits for that
-    /// batch to be sealed).
-    pub fn sealed_dead_flash_segment_count(&self) -> usize {
-        self.segments[..self.geometry.flash_segment_count as usize]
-            .iter()
-            .filter(|segment| {
-                matches!(segment.state, SegmentState::Dead { died_at }
-                    if died_at <= self.sealed_through)
-            })
-            .count()
+    /// Dead flash segments whose death a sealed batch covers (one that died in
+    /// an open batch waits for that batch to be sealed): those a flush frees,
+    /// and those that wait for checkpoints
+    /// ([`State::dead_segment_waits_for_checkpoints`]).
+    pub fn sealed_dead_flash_segment_counts(&self) -> DeadSegmentCounts {
+        let mut counts = DeadSegmentCounts::default();
+        for segment in &self.segments[..self.geometry.flash_segment_count as usize] {
+            if matches!(segment.state, SegmentState::Dead { died_at } if died_at <= self.sealed_through)
+            {
+                if self.dead_segment_waits_for_checkpoints(segment) {
+                    counts.awaiting_checkpoints += 1;
+                } else {
+                    counts.awaiting_flush += 1;
+                }
+            }
+        }
+        counts
     }
 
     pub fn used_segment_count(&self) -> usize {

@@ -73,7 +73,7 @@ impl Pool {
             state.free_reusable_dead_segments();
             (
                 state.free_segments.len(),
-                state.sealed_dead_flash_segment_count(),
+                state.sealed_dead_flash_segment_counts(),
                 flash_free_target_segment_count(state, free_percent),
             )
         };
@@ -81,15 +81,20 @@ impl Pool {
         if free >= target {
             return Ok(());
         }
-        if free + dead < target && self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await? > 0 {
+        if free + dead.total() < target && self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await? > 0 {
             // The victims' deaths become durable, which frees those that both
             // checkpoints cover.
             self.flush().await?;
         }
-        let (free, dead, target) = look(&mut self.inner.lock());
+        let (mut free, mut dead, target) = look(&mut self.inner.lock());
+        if free < target && dead.awaiting_flush > 0 {
+            // Deaths that are not durable yet need a flush, not a checkpoint.
+            self.flush().await?;
+            (free, dead, _) = look(&mut self.inner.lock());
+        }
         let checkpoint_allowed = last_checkpoint
             .is_none_or(|at| at.elapsed() >= Duration::from_millis(DEMOTER_CHECKPOINT_INTERVAL_MS));
-        if free < target && dead > 0 && checkpoint_allowed {
+        if free < target && dead.awaiting_checkpoints > 0 && checkpoint_allowed {
             self.checkpoint().await?;
             *last_checkpoint = Some(Instant::now());
             self.inner.lock().free_reusable_dead_segments();
