@@ -228,6 +228,23 @@ impl LatencyStats {
     }
 }
 
+/// Runs `fio` against the NBD export at `uri` with `arguments` (besides the
+/// engine, the URI and JSON output) and parses its report.
+pub fn run_nbd_report(
+    fio_program: &str,
+    uri: &str,
+    arguments: &[String],
+) -> anyhow::Result<FioReport> {
+    let mut command = std::process::Command::new(fio_program);
+    command
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={uri}"))
+        .arg("--output-format=json")
+        .args(arguments);
+    let output = crate::process::run_helper(command)?;
+    Ok(parse_output(&String::from_utf8_lossy(&output.stdout))?)
+}
+
 /// Extracts and parses the JSON document from fio's stdout. The nbd engine prints
 /// "fio: connected to NBD server" lines on stdout before the document, so the
 /// document starts at the first line that is exactly `{`.

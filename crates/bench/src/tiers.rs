@@ -1076,14 +1076,7 @@ fn run_fio(
     arguments: &[String],
     iodepth: u32,
 ) -> anyhow::Result<Measurement> {
-    let mut command = Command::new(fio);
-    command
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
-        .arg("--output-format=json")
-        .args(arguments);
-    let output = run_helper(command)?;
-    let report = crate::fio::parse_output(&String::from_utf8_lossy(&output.stdout))?;
+    let report = crate::fio::run_nbd_report(fio, uri, arguments)?;
     Ok(Measurement::from_report(&report, iodepth)?)
 }
 

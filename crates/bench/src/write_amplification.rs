@@ -338,14 +338,7 @@ struct FioWrites {
 }
 
 fn run_fio(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<FioWrites> {
-    let mut command = Command::new(fio_program);
-    command
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
-        .arg("--output-format=json")
-        .args(arguments);
-    let output = run_helper(command)?;
-    let report = crate::fio::parse_output(&String::from_utf8_lossy(&output.stdout))?;
+    let report = crate::fio::run_nbd_report(fio_program, uri, arguments)?;
     let job = report.jobs.first().ok_or(crate::fio::FioError::NoJob)?;
     if job.error != 0 {
         return Err(crate::fio::FioError::JobError {
