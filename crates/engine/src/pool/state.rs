@@ -79,9 +79,10 @@ pub const DEATH_PENDING: u64 = u64::MAX;
 /// main batch, lane 0), plus one of `ClientCold` (lane 1) and one of
 /// `ClientWarm` (lane 2; see [`lane_of`]). Sequences are given when batches
 /// are sealed, and replay goes in sequence order, so before a record is
-/// appended to one of them, the others are sealed if they hold a record that does not commute
-/// with it (see [`OpenBatch::conflicts_with`]): replay then meets conflicting
-/// records in the order they were appended in memory (docs/decisions/0008).
+/// appended to one of them, the others are sealed if they hold a record that
+/// does not commute with it (see [`OpenBatch::conflicts_with`]): replay then
+/// meets conflicting records in the order they were appended in memory
+/// (docs/decisions/0008).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stream {
     /// Client writes of blocks rewritten more often than recently cleaned
