@@ -1,13 +1,17 @@
 //! The cleaner's newer moving parts under power cuts: relocations into every
-//! cleaner stream (data that survives cleanings moves one stream colder each
-//! time, so several log heads are open at once and recovery must walk them
-//! all), and the paced background cleaner running concurrently with a writer.
+//! cleaner stream (by cleanings survived, or by the age of the data in half
+//! the runs, so several log heads and open batches are in use at once and
+//! recovery must walk them all), and the paced background cleaner running
+//! concurrently with writers; and blocked writers' reclaim on a full pool.
 //! Each run keeps a shadow model of what every block may hold (the last flushed
 //! content or anything written since), cuts power at an arbitrary point
 //! (unflushed writes kept, dropped or torn), recovers and compares every block.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::InstrumentedDevice;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::{Pool, PoolLimits, PoolOptions};
@@ -289,12 +293,10 @@ async fn paced_cleaner_under_a_writer_survives_power_cuts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_writers_reclaim_with_flushes_when_no_segment_needs_a_checkpoint() {
     for seed in 0..4u64 {
-        let device = Arc::new(InstrumentedDevice {
-            inner: Arc::new(MemoryDevice::new(DEVICE_BYTES)),
-            recording: false.into(),
-            longest_read_bytes: 0.into(),
-            flush_delay: Duration::from_micros(200),
-        });
+        let device = Arc::new(
+            InstrumentedDevice::new(Arc::new(MemoryDevice::new(DEVICE_BYTES)))
+                .with_flush_delay(Duration::from_micros(200)),
+        );
         let limits = PoolLimits {
             flush_interval_ms: 3_600_000,
             checkpoint_interval_ms: 3_600_000,
@@ -381,54 +383,6 @@ async fn concurrent_writers_on_a_nearly_full_pool_never_see_enospc() {
     }
 }
 
-/// Passes requests to the device under it, records the longest read made
-/// while `recording` is set, and makes each flush take `flush_delay` (a memory
-/// device flushes at once, so nothing else would run during a flush).
-struct InstrumentedDevice {
-    inner: Arc<dyn BlockDevice>,
-    recording: std::sync::atomic::AtomicBool,
-    longest_read_bytes: std::sync::atomic::AtomicUsize,
-    flush_delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl BlockDevice for InstrumentedDevice {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    async fn read(
-        &self,
-        offset: u64,
-        length: usize,
-    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
-        if self.recording.load(std::sync::atomic::Ordering::Relaxed) {
-            self.longest_read_bytes
-                .fetch_max(length, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.inner.read(offset, length).await
-    }
-
-    async fn write(
-        &self,
-        offset: u64,
-        data: Arc<lamina_device::AlignedBuffer>,
-    ) -> Result<(), lamina_device::DeviceError> {
-        self.inner.write(offset, data).await
-    }
-
-    async fn flush(&self) -> Result<(), lamina_device::DeviceError> {
-        if !self.flush_delay.is_zero() {
-            tokio::time::sleep(self.flush_delay).await;
-        }
-        self.inner.flush().await
-    }
-}
-
 /// The cleaner's bounds on its own I/O (decision 0009): victims read in pieces
 /// of one block, of sizes that do not divide the segment, or larger than it,
 /// one or several in flight, and relocation batches held back in the engine,
@@ -441,12 +395,7 @@ async fn pieces_run(seed: u64) -> u64 {
     let mut rng = SmallRng::seed_from_u64(seed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
-    let recorder = Arc::new(InstrumentedDevice {
-        inner: faulty.clone(),
-        recording: false.into(),
-        longest_read_bytes: 0.into(),
-        flush_delay: Duration::ZERO,
-    });
+    let recorder = Arc::new(InstrumentedDevice::new(faulty.clone()));
     let piece_sizes = [
         BLOCK as u64,
         3 * BLOCK as u64,

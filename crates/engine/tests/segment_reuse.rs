@@ -20,7 +20,7 @@ use std::sync::Arc;
 use lamina_device::{BlockDevice, MemoryDevice};
 mod common;
 
-use common::corrupt_newest_checkpoint_slot;
+use common::{InstrumentedDevice, corrupt_newest_checkpoint_slot};
 use lamina_device::{FaultyDevice, PowerCutStyle};
 use lamina_engine::pool::state::REUSE_FREED_SEGMENTS_FIRST;
 use lamina_engine::{Pool, PoolLimits, PoolOptions};
@@ -351,48 +351,6 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
     }
 }
 
-/// A device whose reads wait at a gate before reading, so that a test can hold
-/// a read between the pool's map lookup and the device read.
-struct GatedDevice {
-    inner: Arc<MemoryDevice>,
-    open: tokio::sync::watch::Receiver<bool>,
-}
-
-#[async_trait::async_trait]
-impl BlockDevice for GatedDevice {
-    fn name(&self) -> &str {
-        "gated"
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    async fn read(
-        &self,
-        offset: u64,
-        length: usize,
-    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
-        let mut open = self.open.clone();
-        open.wait_for(|open| *open)
-            .await
-            .expect("gate sender alive");
-        self.inner.read(offset, length).await
-    }
-
-    async fn write(
-        &self,
-        offset: u64,
-        data: Arc<lamina_device::AlignedBuffer>,
-    ) -> Result<(), lamina_device::DeviceError> {
-        self.inner.write(offset, data).await
-    }
-
-    async fn flush(&self) -> Result<(), lamina_device::DeviceError> {
-        self.inner.flush().await
-    }
-}
-
 /// A read looks its blocks up, then reads the device without the lock. If the
 /// blocks are overwritten and their segment freed and rewritten meanwhile (now
 /// possible a flush after the overwrite), the read finds another block's bytes:
@@ -402,10 +360,7 @@ async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
     REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let (gate, open) = tokio::sync::watch::channel(true);
-    let device = Arc::new(GatedDevice {
-        inner: memory,
-        open,
-    });
+    let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,

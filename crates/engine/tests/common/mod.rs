@@ -32,3 +32,84 @@ pub fn corrupt_newest_checkpoint_slot(memory: &MemoryDevice) {
     bytes[30] ^= 0x10;
     memory.write_sync(block * BLOCK as u64, &bytes);
 }
+
+/// A device that passes requests to the one under it, for tests that need to
+/// see or steer the pool's I/O: it records the longest read made while
+/// `recording` is set, can make every flush take a while (a memory device
+/// flushes at once, so nothing else would run during a flush), and can hold
+/// reads at a gate until it opens.
+pub struct InstrumentedDevice {
+    inner: std::sync::Arc<dyn lamina_device::BlockDevice>,
+    pub recording: std::sync::atomic::AtomicBool,
+    pub longest_read_bytes: std::sync::atomic::AtomicUsize,
+    flush_delay: std::time::Duration,
+    read_gate: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl InstrumentedDevice {
+    pub fn new(inner: std::sync::Arc<dyn lamina_device::BlockDevice>) -> Self {
+        Self {
+            inner,
+            recording: false.into(),
+            longest_read_bytes: 0.into(),
+            flush_delay: std::time::Duration::ZERO,
+            read_gate: None,
+        }
+    }
+
+    /// Every flush first sleeps for `delay`.
+    pub fn with_flush_delay(mut self, delay: std::time::Duration) -> Self {
+        self.flush_delay = delay;
+        self
+    }
+
+    /// Every read first waits until `gate` holds `true`.
+    pub fn with_read_gate(mut self, gate: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.read_gate = Some(gate);
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl lamina_device::BlockDevice for InstrumentedDevice {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    async fn read(
+        &self,
+        offset: u64,
+        length: usize,
+    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
+        if let Some(gate) = &self.read_gate {
+            let mut gate = gate.clone();
+            gate.wait_for(|open| *open)
+                .await
+                .expect("gate sender alive");
+        }
+        if self.recording.load(std::sync::atomic::Ordering::Relaxed) {
+            self.longest_read_bytes
+                .fetch_max(length, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.read(offset, length).await
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: std::sync::Arc<lamina_device::AlignedBuffer>,
+    ) -> Result<(), lamina_device::DeviceError> {
+        self.inner.write(offset, data).await
+    }
+
+    async fn flush(&self) -> Result<(), lamina_device::DeviceError> {
+        if !self.flush_delay.is_zero() {
+            tokio::time::sleep(self.flush_delay).await;
+        }
+        self.inner.flush().await
+    }
+}
