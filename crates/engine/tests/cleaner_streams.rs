@@ -284,6 +284,35 @@ async fn paced_cleaner_under_a_writer_survives_power_cuts() {
     assert!(relocated_total > 0, "the cleaner never ran");
 }
 
+/// Eight writers at once each overwrite `writes_per_writer` random blocks of
+/// the volume; any failed write fails the test, naming the writer and write.
+async fn overwrite_concurrently(
+    pool: &Pool,
+    volume_id: u32,
+    block_count: usize,
+    writes_per_writer: usize,
+    seed: u64,
+) {
+    let writers = (0..8u64).map(|writer| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(seed * 100 + writer);
+            for index in 0..writes_per_writer {
+                let block = rng.random_range(0..block_count);
+                let contents = random_block(&mut rng, seed);
+                pool.write(volume_id, (block * BLOCK) as u64, &contents, false)
+                    .await
+                    .unwrap_or_else(|error| {
+                        panic!("seed {seed} writer {writer} write {index}: {error}")
+                    });
+            }
+        })
+    });
+    for writer in writers.collect::<Vec<_>>() {
+        writer.await.expect("writer");
+    }
+}
+
 /// Without snapshots, trims or deletes, every block the cleaner moves goes by
 /// a plain data record, so no emptied segment needs a checkpoint: blocked
 /// writers must reclaim space with flushes alone. Segments other writers empty
@@ -309,22 +338,7 @@ async fn blocked_writers_reclaim_with_flushes_when_no_segment_needs_a_checkpoint
             .expect("create");
         let (volume_id, block_count) = create_volume(&pool, 0.85).await;
         let checkpoints_before = pool.status().checkpoint_sequence;
-        let writers = (0..8u64).map(|writer| {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                let mut rng = SmallRng::seed_from_u64(seed * 100 + writer);
-                for _ in 0..block_count / 2 {
-                    let block = rng.random_range(0..block_count);
-                    let contents = random_block(&mut rng, seed);
-                    pool.write(volume_id, (block * BLOCK) as u64, &contents, false)
-                        .await
-                        .expect("write");
-                }
-            })
-        });
-        for writer in writers.collect::<Vec<_>>() {
-            writer.await.expect("writer");
-        }
+        overwrite_concurrently(&pool, volume_id, block_count, block_count / 2, seed).await;
         let status = pool.status();
         let checkpoints = status.checkpoint_sequence - checkpoints_before;
         assert!(
@@ -361,24 +375,7 @@ async fn concurrent_writers_on_a_nearly_full_pool_never_see_enospc() {
             .await
             .expect("create");
         let (volume_id, block_count) = create_volume(&pool, 0.85).await;
-        let writers = (0..8u64).map(|writer| {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                let mut rng = SmallRng::seed_from_u64(seed * 100 + writer);
-                for index in 0..block_count * 2 {
-                    let block = rng.random_range(0..block_count);
-                    let contents = random_block(&mut rng, seed);
-                    pool.write(volume_id, (block * BLOCK) as u64, &contents, false)
-                        .await
-                        .unwrap_or_else(|error| {
-                            panic!("seed {seed} writer {writer} write {index}: {error}")
-                        });
-                }
-            })
-        });
-        for writer in writers.collect::<Vec<_>>() {
-            writer.await.expect("writer");
-        }
+        overwrite_concurrently(&pool, volume_id, block_count, block_count * 2, seed).await;
         pool.close().await.expect("close");
     }
 }
