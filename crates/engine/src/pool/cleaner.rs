@@ -538,7 +538,7 @@ impl Pool {
         let mut fruitless_round = false;
         for _ in 0..rounds_max {
             self.flush().await?;
-            let (awaiting_checkpoint, step) = {
+            let (dead_sealed, step) = {
                 let mut state = self.inner.lock();
                 state.free_reusable_dead_segments();
                 if has_room(&state) {
@@ -585,10 +585,7 @@ impl Pool {
             // (which held the cleaner lock and moved the victims this pass
             // would have taken): one more round after a checkpoint, which
             // frees whatever that left waiting, before giving up.
-            if emptied == 0
-                && awaiting_checkpoint == 0
-                && dead_segment_count(&self.inner.lock()) == 0
-            {
+            if emptied == 0 && dead_sealed == 0 && dead_segment_count(&self.inner.lock()) == 0 {
                 if fruitless_round {
                     break;
                 }

@@ -107,8 +107,8 @@ pub struct PoolLimits {
     pub tier_flash_free_percent: u8,
     /// How often the demoter looks at free flash.
     pub tier_demotion_interval_ms: u64,
-    /// Split client writes between two log heads by the predicted lifespan of
-    /// the data (one-tier pools; see `cleaner::placement`).
+    /// Split client writes between three log heads by how often their blocks
+    /// are rewritten (one-tier pools; see `cleaner::placement`).
     pub separate_client_writes_by_lifespan: bool,
     /// Pools with at least this many segments split relocations between four
     /// streams by the age of their data, when client writes are split too;

@@ -59,6 +59,9 @@ pub struct SegmentInfo {
 pub struct DeadSegmentCounts {
     pub awaiting_flush: usize,
     pub awaiting_checkpoints: usize,
+    /// Of those awaiting checkpoints, the ones written since the newest
+    /// durable checkpoint: two more checkpoints free them (the others, one).
+    pub awaiting_two_checkpoints: usize,
 }
 
 impl DeadSegmentCounts {
@@ -196,8 +199,16 @@ pub struct Head {
     pub next_block_in_segment: u32,
 }
 
-/// A batch being filled. Its sequence is given when it is sealed: with two
-/// batches open at once, sealing order is replay order.
+impl Head {
+    /// Whether the segment still has room for a batch of one data block (its
+    /// summary and the block) in a segment of `segment_size_blocks`.
+    pub fn has_room_for_a_data_block(&self, segment_size_blocks: u32) -> bool {
+        self.next_block_in_segment + 2 <= segment_size_blocks
+    }
+}
+
+/// A batch being filled. Its sequence is given when it is sealed: with
+/// several batches open at once, sealing order is replay order.
 pub struct OpenBatch {
     pub stream: Stream,
     pub segment_index: u32,
@@ -218,7 +229,7 @@ pub struct OpenBatch {
 }
 
 impl OpenBatch {
-    /// Whether `record`, appended to the other open batch, may not commute
+    /// Whether `record`, appended to another open batch, may not commute
     /// with what this one holds, so that this one must be sealed (and
     /// replayed) first. `Data` records for different blocks commute, and a
     /// relocation commutes with anything (it only renames a block wherever it
@@ -494,7 +505,7 @@ impl State {
         }
         let segment_size_blocks = self.geometry.segment_size_blocks as u32;
         let head_has_room = self.heads[Stream::Capacity as usize]
-            .is_some_and(|head| head.next_block_in_segment + 2 <= segment_size_blocks);
+            .is_some_and(|head| head.has_room_for_a_data_block(segment_size_blocks));
         head_has_room
             || self.free_capacity_segments.len()
                 > CAPACITY_RESERVE_SEGMENT_COUNT + self.capacity_checkpoint_reserve_segment_count
@@ -534,9 +545,9 @@ impl State {
     }
 
     /// Makes sure the open batch of `stream`'s lane can take `record` (and
-    /// its data block, if it carries one): first seals the other lane's batch
-    /// if `record` conflicts with it, then seals this lane's batch if it is of
-    /// another stream or full, and opens a new one (in a new segment if
+    /// its data block, if it carries one): first seals each other lane's
+    /// batch that `record` conflicts with, then seals this lane's batch if it
+    /// is of another stream or full, and opens a new one (in a new segment if
     /// needed). Sealed batches are pushed to `sealed`. Returns the lane.
     fn make_room(
         &mut self,
@@ -577,7 +588,7 @@ impl State {
     fn new_batch(&mut self, stream: Stream, with_data: bool) -> Result<OpenBatch, EngineError> {
         let segment_size_blocks = self.geometry.segment_size_blocks as u32;
         if self.heads[stream as usize]
-            .is_some_and(|head| head.next_block_in_segment + 2 > segment_size_blocks)
+            .is_some_and(|head| !head.has_room_for_a_data_block(segment_size_blocks))
         {
             self.seal_head_segment(stream);
         }
@@ -671,11 +682,16 @@ impl State {
             logical_block,
             checksum: block_checksum(data),
         };
-        let replaced = self
-            .volumes
-            .get(volume_id)
-            .and_then(|volume| volume.map.get(logical_block))
-            .map(|entry| entry.physical_block);
+        // The block this write replaces steers the split and carries heat;
+        // without either, its lookup is skipped (a write is the hot path).
+        let replaced = if self.separate_client_writes || self.heat.is_some() {
+            self.volumes
+                .get(volume_id)
+                .and_then(|volume| volume.map.get(logical_block))
+                .map(|entry| entry.physical_block)
+        } else {
+            None
+        };
         // A rewrite is an access: the new block starts with the heat of the
         // flash block it replaces.
         let replaced_counter = self
@@ -721,9 +737,7 @@ impl State {
         if !short {
             return predicted;
         }
-        std::iter::once(predicted)
-            .chain(CLIENT_STREAMS)
-            .find(|stream| self.has_room_without_a_new_segment(*stream))
+        self.first_with_room(predicted, CLIENT_STREAMS)
             .unwrap_or(Stream::Client)
     }
 
@@ -739,13 +753,23 @@ impl State {
     fn relocation_stream_with_room(&self, predicted: Stream) -> Stream {
         let short = self.free_segments.len()
             <= self.reserve_for(Allocation::Cleaner) + RELOCATION_STREAMS.len();
-        if !short || self.has_room_without_a_new_segment(predicted) {
+        if !short {
             return predicted;
         }
-        RELOCATION_STREAMS
-            .into_iter()
-            .find(|stream| self.has_room_without_a_new_segment(*stream))
+        self.first_with_room(predicted, RELOCATION_STREAMS)
             .unwrap_or(predicted)
+    }
+
+    /// `predicted` if a data block appended to it now fits in its head
+    /// segment, else the first of `others` where one fits.
+    fn first_with_room<const COUNT: usize>(
+        &self,
+        predicted: Stream,
+        others: [Stream; COUNT],
+    ) -> Option<Stream> {
+        std::iter::once(predicted)
+            .chain(others)
+            .find(|stream| self.has_room_without_a_new_segment(*stream))
     }
 
     /// Whether a data block appended to `stream` now fits in its head
@@ -757,7 +781,7 @@ impl State {
             return batch.data_count < batch.data_capacity;
         }
         self.heads[stream as usize].is_some_and(|head| {
-            head.next_block_in_segment + 2 <= self.geometry.segment_size_blocks as u32
+            head.has_room_for_a_data_block(self.geometry.segment_size_blocks as u32)
         })
     }
 
@@ -886,8 +910,8 @@ impl State {
         Ok(physical_block)
     }
 
-    /// Seals both open batches (for a flush or a checkpoint): the main one,
-    /// then the cold one. The caller must write them to the device.
+    /// Seals every open batch (for a flush or a checkpoint), in lane order.
+    /// The caller must write them to the device.
     pub fn seal_open_batch(&mut self) -> Vec<Arc<InFlightBatch>> {
         (0..OPEN_BATCH_COUNT)
             .filter_map(|lane| self.seal_lane(lane))
@@ -951,7 +975,7 @@ impl State {
             .expect("an open batch has a head");
         assert_eq!(head.segment_index, batch.segment_index);
         head.next_block_in_segment += block_count as u32;
-        let head_full = head.next_block_in_segment + 2 > self.geometry.segment_size_blocks as u32;
+        let head_full = !head.has_room_for_a_data_block(self.geometry.segment_size_blocks as u32);
         self.segments[batch.segment_index as usize].last_batch_sequence = sequence;
         let in_flight = Arc::new(InFlightBatch {
             sequence,
@@ -1093,14 +1117,21 @@ impl State {
     /// and those that wait for checkpoints
     /// ([`State::dead_segment_waits_for_checkpoints`]).
     pub fn sealed_dead_flash_segment_counts(&self) -> DeadSegmentCounts {
+        let newest_covered = self
+            .durable_checkpoints
+            .last()
+            .map_or(0, |checkpoint| checkpoint.covered_batch_sequence);
         let mut counts = DeadSegmentCounts::default();
         for segment in &self.segments[..self.geometry.flash_segment_count as usize] {
             if matches!(segment.state, SegmentState::Dead { died_at } if died_at <= self.sealed_through)
             {
-                if self.dead_segment_waits_for_checkpoints(segment) {
-                    counts.awaiting_checkpoints += 1;
-                } else {
+                if !self.dead_segment_waits_for_checkpoints(segment) {
                     counts.awaiting_flush += 1;
+                } else {
+                    counts.awaiting_checkpoints += 1;
+                    if segment.last_batch_sequence > newest_covered {
+                        counts.awaiting_two_checkpoints += 1;
+                    }
                 }
             }
         }

@@ -27,7 +27,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::super::state::{Allocation, SegmentState};
+use super::super::state::Allocation;
 use super::super::{Inner, Pool};
 use super::{VictimPolicy, pick_victims};
 use crate::error::EngineError;
@@ -151,28 +151,19 @@ impl Pool {
             // A dead segment whose batches both kept checkpoints cover, or
             // that replay does not need, needs only a flush; one written since
             // the older checkpoint needs the next checkpoint, and one written
-            // since the newest needs two.
-            let newest_covered = state
-                .durable_checkpoints
-                .last()
-                .map_or(0, |checkpoint| checkpoint.covered_batch_sequence);
-            // One that died in the open batch is not counted: no flush or
-            // checkpoint frees it before that batch is sealed.
-            let mut dead = Dead::default();
-            for segment in &state.segments[..flash_segment_count] {
-                if let SegmentState::Dead { died_at } = segment.state
-                    && died_at <= state.sealed_through
-                {
-                    dead.total += 1;
-                    if !state.dead_segment_waits_for_checkpoints(segment) {
-                        dead.awaiting_flush += 1;
-                    } else if segment.last_batch_sequence > newest_covered {
-                        dead.uncovered += 1;
-                    }
-                }
-            }
-            dead.group =
-                dead_segments_per_checkpoint_max(headroom, state.cleaner_reserve_segment_count);
+            // since the newest needs two. One that died in an open batch is
+            // not counted: no flush or checkpoint frees it before that batch
+            // is sealed.
+            let counts = state.sealed_dead_flash_segment_counts();
+            let dead = Dead {
+                total: counts.total(),
+                awaiting_flush: counts.awaiting_flush,
+                uncovered: counts.awaiting_two_checkpoints,
+                group: dead_segments_per_checkpoint_max(
+                    headroom,
+                    state.cleaner_reserve_segment_count,
+                ),
+            };
             let free_beyond_reserve = state.free_segments.len().saturating_sub(reserve);
             let available = free_beyond_reserve + dead.total;
             let client_blocks = state.client_blocks_written();

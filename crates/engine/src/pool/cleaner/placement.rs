@@ -85,11 +85,10 @@ pub struct Placement {
     /// The stream whose head wrote each segment last; missing entries are
     /// client segments.
     segment_streams: Vec<Stream>,
-    /// Client blocks written before each segment was opened.
-    segment_opened_at_blocks: Vec<u64>,
     /// When clients wrote the data of each segment, in client blocks written:
-    /// its opening for a client segment, the mean over its blocks of their
-    /// victims' for a relocation segment.
+    /// its opening for a client segment (so also where a client segment's
+    /// lifespan starts), the mean over its blocks of their victims' for a
+    /// relocation segment.
     segment_data_written_at_blocks: Vec<u64>,
     /// Blocks relocated into each segment, which weigh that mean.
     segment_relocated_block_counts: Vec<u32>,
@@ -122,7 +121,6 @@ impl Placement {
     pub fn new(relocations_by_age: bool) -> Self {
         Self {
             segment_streams: Vec::new(),
-            segment_opened_at_blocks: Vec::new(),
             segment_data_written_at_blocks: Vec::new(),
             segment_relocated_block_counts: Vec::new(),
             victim_data_written_at_blocks: 0,
@@ -148,7 +146,6 @@ impl Placement {
         let index = segment_index as usize;
         self.grow_to(index);
         self.segment_streams[index] = stream;
-        self.segment_opened_at_blocks[index] = now_blocks;
         self.segment_data_written_at_blocks[index] = now_blocks;
         self.segment_relocated_block_counts[index] = 0;
     }
@@ -156,7 +153,6 @@ impl Placement {
     fn grow_to(&mut self, index: usize) {
         if self.segment_streams.len() <= index {
             self.segment_streams.resize(index + 1, Stream::Client);
-            self.segment_opened_at_blocks.resize(index + 1, 0);
             self.segment_data_written_at_blocks.resize(index + 1, 0);
             self.segment_relocated_block_counts.resize(index + 1, 0);
         }
@@ -165,8 +161,13 @@ impl Placement {
     /// Records that a block of the current victim was relocated into
     /// `segment_index`, whose data age becomes the mean of its blocks'.
     pub fn relocated_into(&mut self, segment_index: u32) {
+        // Only relocation segments take relocated blocks, so a client
+        // segment's date stays its opening.
+        assert!(
+            self.stream_of(segment_index).is_relocation(),
+            "segment {segment_index} takes relocations but is not a relocation segment"
+        );
         let index = segment_index as usize;
-        self.grow_to(index);
         let count = u128::from(self.segment_relocated_block_counts[index]);
         let mean = u128::from(self.segment_data_written_at_blocks[index]);
         let victim = u128::from(self.victim_data_written_at_blocks);
@@ -186,13 +187,6 @@ impl Placement {
     /// The relocation stream for data clients wrote `age_blocks` ago.
     fn relocation_stream_for_age(&self, age_blocks: u64) -> Stream {
         RELOCATION_STREAMS[self.class_of(age_blocks, RELOCATION_STREAMS.len())]
-    }
-
-    fn opened_at_blocks(&self, segment_index: u32) -> u64 {
-        self.segment_opened_at_blocks
-            .get(segment_index as usize)
-            .copied()
-            .unwrap_or(0)
     }
 
     /// The lifespan under which a replaced block counts as short-lived: the
@@ -283,7 +277,8 @@ impl Placement {
     pub fn start_victim(&mut self, victim_segment_index: u32, live_blocks: u32, now_blocks: u64) {
         let victim_stream = self.stream_of(victim_segment_index);
         if victim_stream == Stream::Client {
-            let lifespan = now_blocks.saturating_sub(self.opened_at_blocks(victim_segment_index));
+            let lifespan =
+                now_blocks.saturating_sub(self.data_written_at_blocks(victim_segment_index));
             if self.lifespan_samples_blocks.len() == LIFESPAN_SAMPLE_COUNT_MAX {
                 self.lifespan_samples_blocks.pop_front();
             }
