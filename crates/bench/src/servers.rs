@@ -161,6 +161,35 @@ impl Drop for RunningServer {
     }
 }
 
+/// `lamina ARGUMENTS` printed something that is not JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("`lamina {command}` printed no JSON ({source}): {stdout}")]
+pub struct NoJsonError {
+    pub command: String,
+    pub stdout: String,
+    pub source: serde_json::Error,
+}
+
+/// Runs `lamina ARGUMENTS --data DATA` (`program` is the lamina binary) and
+/// parses the JSON it prints.
+pub fn lamina_json(
+    program: &Path,
+    data: &Path,
+    arguments: &[&str],
+) -> anyhow::Result<serde_json::Value> {
+    let mut command = Command::new(program);
+    command.args(arguments).arg("--data").arg(data);
+    let output = run_helper(command)?;
+    serde_json::from_slice(&output.stdout).map_err(|source| {
+        NoJsonError {
+            command: arguments.join(" "),
+            stdout: String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+            source,
+        }
+        .into()
+    })
+}
+
 /// Prepares `kind`'s copy of the data under `work_directory` and starts it.
 pub fn start(
     kind: ServerKind,

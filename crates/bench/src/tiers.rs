@@ -967,14 +967,7 @@ impl LaminaPool {
     }
 
     fn json(&self, arguments: &[&str]) -> anyhow::Result<serde_json::Value> {
-        let output = self.run(arguments)?;
-        serde_json::from_slice(&output.stdout).map_err(|error| {
-            anyhow::anyhow!(
-                "`lamina {}` printed no JSON ({error}): {}",
-                arguments.join(" "),
-                String::from_utf8_lossy(&output.stdout).trim()
-            )
-        })
+        crate::servers::lamina_json(&self.program, &self.data, arguments)
     }
 
     fn placement(&self, volume: &str) -> anyhow::Result<Placement> {

@@ -20,7 +20,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::process::{check_interrupted, find_program, run_helper};
-use crate::servers::{RunningServer, serve_lamina_data};
+use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
 use crate::{fio_version, lamina_program, parse_size};
 
 /// Client block size of the overwrites, in bytes.
@@ -63,12 +63,6 @@ pub enum WriteAmplificationError {
         "live {live} of {usable_bytes} usable bytes is less than one MiB: use a larger --pool-size"
     )]
     VolumeTooSmall { live: f64, usable_bytes: u64 },
-    #[error("`lamina {command}` printed no JSON ({source}): {stdout}")]
-    NoJson {
-        command: String,
-        stdout: String,
-        source: serde_json::Error,
-    },
     #[error("`lamina {command}` JSON has no number `{field}`")]
     MissingField { command: String, field: String },
     #[error("the pool failed during the run: {reason}")]
@@ -350,25 +344,6 @@ fn run_fio(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result
     Ok(FioWrites {
         bytes: job.write.io_bytes,
         iops: job.write.iops,
-    })
-}
-
-/// Runs `lamina ARGUMENTS --data DATA` and parses the JSON it prints.
-fn lamina_json(
-    program: &Path,
-    data: &Path,
-    arguments: &[&str],
-) -> anyhow::Result<serde_json::Value> {
-    let mut command = Command::new(program);
-    command.args(arguments).arg("--data").arg(data);
-    let output = run_helper(command)?;
-    serde_json::from_slice(&output.stdout).map_err(|source| {
-        WriteAmplificationError::NoJson {
-            command: arguments.join(" "),
-            stdout: String::from_utf8_lossy(&output.stdout).trim().to_owned(),
-            source,
-        }
-        .into()
     })
 }
 

@@ -5,7 +5,7 @@
 //!     cargo run --release -p lamina-engine --example write_amplification -- \
 //!         [--live 0.5,0.7,0.85] [--pool-mib 512] [--passes 4] [--zipf 0.99] \
 //!         [--workloads uniform,zipf,zipf-permuted] [--paced-cleaner on|off] [--cleaner-headroom 4] \
-//!         [--separate-client-writes on|off]
+//!         [--separate-client-writes on|off] [--relocation-streams-by-age-from SEGMENTS]
 //!
 //! Besides the total, it prints the blocks the cleaner relocated per client
 //! block; the rest of the total above 1 is summaries and checkpoints.
@@ -72,12 +72,14 @@ async fn measure(
         limits.cleaner_relocation_blocks_per_client_block_max = 0.0;
     }
     limits.separate_client_writes_by_lifespan = argument("--separate-client-writes", "on") != "off";
-    if let Some(segment_count) = std::env::var("WA_RELOCATIONS_BY_AGE_FROM")
-        .ok()
-        .and_then(|value| value.parse().ok())
-    {
-        limits.relocation_streams_by_age_segment_count_min = segment_count;
-    }
+    limits.relocation_streams_by_age_segment_count_min = argument(
+        "--relocation-streams-by-age-from",
+        &limits
+            .relocation_streams_by_age_segment_count_min
+            .to_string(),
+    )
+    .parse()
+    .expect("--relocation-streams-by-age-from");
     let options = PoolOptions {
         segment_size_bytes: segment_bytes,
         force: false,
@@ -129,13 +131,16 @@ async fn measure(
             .await
             .expect("warm-up");
     }
+    let verbose = std::env::var_os("WA_VERBOSE").is_some();
     let before = pool.status();
+    // Free and dead segments, summed over looks every 1,000 writes (verbose
+    // only: the looks take the pool's lock inside the measured window).
     let mut samples = (0u64, 0u64, 0u64);
     for (index, block) in overwrite(volume_blocks * passes, &mut rng)
         .into_iter()
         .enumerate()
     {
-        if index % 1000 == 0 {
+        if verbose && index % 1000 == 0 {
             let status = pool.status();
             samples.0 += 1;
             samples.1 += status.free_segment_count;
@@ -158,7 +163,7 @@ async fn measure(
             "block {block} does not hold its last write"
         );
     }
-    if std::env::var_os("WA_VERBOSE").is_some() {
+    if verbose {
         eprintln!(
             "  checkpoints: {}",
             after.checkpoint_sequence - before.checkpoint_sequence
