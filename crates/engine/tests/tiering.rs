@@ -351,3 +351,54 @@ async fn a_promoted_block_brings_its_demoted_neighbours() {
     assert_eq!(after.flash_read_blocks - before.flash_read_blocks, 16);
     pool.close().await.unwrap();
 }
+
+/// The demoter frees flash whose deaths only need to become durable with a
+/// flush, not a checkpoint: a client overwriting a small hot set, with no
+/// periodic flush or checkpoint, keeps emptying flash segments, and each of
+/// them is reusable once its batches are flushed. The demoter used to take a
+/// checkpoint (a full map image) for them every 250 ms: 6 or 7 here, none now.
+#[tokio::test]
+async fn the_demoter_frees_flash_with_flushes_when_no_segment_needs_a_checkpoint() {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    let limits = PoolLimits {
+        flush_interval_ms: 3_600_000,
+        checkpoint_interval_ms: 3_600_000,
+        ..limits()
+    };
+    let pool = Pool::create(device, options(), limits).await.unwrap();
+    let volume = pool
+        .create_volume("data", 32 << 20)
+        .await
+        .unwrap()
+        .volume_id;
+    write_range(&pool, volume, 0..8192, 1).await;
+    wait_for_free_flash(&pool).await;
+    let checkpoints_before = pool.status().checkpoint_sequence;
+    // 2 MiB of hot blocks, rewritten 80 times (160 MiB through 12 MiB of
+    // flash) for about two seconds: the demoter (every 20 ms) looks about 100
+    // times, and the old rule took a checkpoint every 250 ms (7 or 8).
+    let hot_blocks = 0..512u64;
+    for generation in 2..82u8 {
+        for chunk_start in hot_blocks.clone().step_by(32) {
+            let mut data = Vec::with_capacity(32 * BLOCK);
+            for index in chunk_start..chunk_start + 32 {
+                data.extend_from_slice(&block_contents(index, generation));
+            }
+            pool.write(volume, chunk_start * BLOCK_SIZE_BYTES, &data, false)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let status = pool.status();
+    let checkpoints = status.checkpoint_sequence - checkpoints_before;
+    assert!(
+        checkpoints <= 1,
+        "{checkpoints} checkpoints where flushes were enough"
+    );
+    verify_range(&pool, volume, hot_blocks.clone(), 81).await;
+    verify_range(&pool, volume, 512..8192, 1).await;
+    pool.close().await.unwrap();
+}
