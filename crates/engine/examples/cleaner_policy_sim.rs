@@ -10,7 +10,8 @@
 //!         [--policy before|ages|engine|estimate|oracle] [--segments 2000] \
 //!         [--segment-blocks 255] [--live 0.85] [--workload zipf|uniform] \
 //!         [--zipf 0.99] [--client-classes 3] [--relocation-classes 4] \
-//!         [--factor 8] [--headroom 4] [--passes 2]
+//!         [--factor 8] [--headroom 4] [--passes 2] [--shared-streams off|on] \
+//!         [--victim cost-benefit|declining-cost] [--age-exponent 0.5]
 //!
 //! Policies:
 //! - `before`: decision 0008. Client writes split in two by the age of the
@@ -26,6 +27,16 @@
 //!   writes by it as in `engine`, and relocations to one of
 //!   `--relocation-classes` by it or the block's age, whichever is longer.
 //! - `oracle`: as `estimate`, with the true interval (1 / write probability).
+//!
+//! With `--shared-streams on` (`engine`, `estimate`, `oracle`), a relocated
+//! block joins the client stream of its class instead of a relocation stream,
+//! so that each class has one stream (`--client-classes` of them).
+//!
+//! Victims: `cost-benefit` is the engine's `(1 - u) · ageᵏ / (1 + u)` with
+//! `k` = `--age-exponent`; `declining-cost` cleans the segment whose relocation
+//! cost `u / (1 - u)` falls slowest if left alone, `rate / (1 - u)²`, the rate
+//! being the sum of its live blocks' write probabilities as the policy knows
+//! them (true ones for `oracle`, else interval estimates or ages).
 //!
 //! Class `i` takes intervals under ℓ · factorⁱ, ℓ being the mean lifespan of
 //! the latest 16 victims of the first client stream. Zipf ranks map to blocks
@@ -78,10 +89,21 @@ struct Segment {
     /// When clients wrote its data, in client writes (mean over relocated
     /// blocks for a relocation segment).
     data_written_at: f64,
+    /// Sum over its live blocks of their write rates (per client write).
+    write_rate: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum VictimRule {
+    CostBenefit,
+    DecliningCost,
 }
 
 struct Simulation {
     policy: Policy,
+    shared_streams: bool,
+    victim_rule: VictimRule,
+    age_exponent: f64,
     segment_block_count: usize,
     client_class_count: usize,
     relocation_class_count: usize,
@@ -98,6 +120,8 @@ struct Simulation {
     interval_estimates: Vec<f64>,
     /// Per block: 1 / its write probability (oracle only).
     true_intervals: Vec<f64>,
+    /// Per block: the write rate it added to its segment's `write_rate`.
+    block_write_rates: Vec<f64>,
     lifespans: VecDeque<u64>,
     current_victim: usize,
     /// Blocks appended by clients and the cleaner.
@@ -185,6 +209,9 @@ impl Simulation {
     }
 
     fn relocation_stream(&self, victim_stream: usize, block: usize) -> usize {
+        if self.shared_streams && self.policy != Policy::Before && self.policy != Policy::Ages {
+            return self.class_of(self.known_interval(block), self.client_class_count);
+        }
         match self.policy {
             Policy::Before => {
                 if victim_stream < 2 {
@@ -220,10 +247,40 @@ impl Simulation {
         }
     }
 
+    /// The interval between a block's writes as the policy knows it: the true
+    /// one for `oracle`; else its estimate or, when longer or when there is
+    /// none, the time since its last client write (for `engine`, which keeps
+    /// no per-block time, since its segment's data was written; a block never
+    /// written counts as written at the start).
+    fn known_interval(&self, block: usize) -> f64 {
+        if self.policy == Policy::Oracle {
+            return self.true_intervals[block];
+        }
+        let since = if self.policy == Policy::Engine {
+            let (segment, _) = self.locations[block];
+            if segment == NONE {
+                self.client_writes as f64
+            } else {
+                self.client_writes as f64 - self.segments[segment as usize].data_written_at
+            }
+        } else {
+            match self.last_client_write[block] {
+                u64::MAX => self.client_writes as f64,
+                last => (self.client_writes - last) as f64,
+            }
+        };
+        self.interval_estimates[block].max(since).max(1.0)
+    }
+
     fn open_head(&mut self, stream: usize, by_cleaner: bool) {
         if !by_cleaner {
             while self.free.len() < self.headroom_segment_count {
                 self.clean();
+            }
+            // With shared streams, the cleaning may have opened this stream's
+            // head already.
+            if self.heads[stream] != NONE {
+                return;
             }
         }
         let index = self.free.pop_front().expect("out of space");
@@ -234,14 +291,22 @@ impl Simulation {
         segment.blocks.clear();
         segment.opened_at_client_writes = self.client_writes;
         segment.data_written_at = self.client_writes as f64;
+        segment.write_rate = 0.0;
         self.heads[stream] = index;
     }
 
     fn append(&mut self, stream: usize, block: usize, by_cleaner: bool) {
-        let head = self.heads[stream];
-        if head == NONE || self.segments[head as usize].blocks.len() == self.segment_block_count {
+        // Opening a client head may clean, and the cleaning may fill the
+        // head it opens for this stream: look again until there is room.
+        loop {
+            let head = self.heads[stream];
+            if head != NONE && self.segments[head as usize].blocks.len() < self.segment_block_count
+            {
+                break;
+            }
             if head != NONE {
                 self.segments[head as usize].state = SegmentState::Sealed;
+                self.heads[stream] = NONE;
             }
             self.open_head(stream, by_cleaner);
         }
@@ -257,10 +322,15 @@ impl Simulation {
             };
         }
         let (old_segment, _) = self.locations[block];
+        let write_rate = 1.0 / self.known_interval(block);
         if old_segment != NONE {
-            self.segments[old_segment as usize].live_blocks -= 1;
+            let old = &mut self.segments[old_segment as usize];
+            old.live_blocks -= 1;
+            old.write_rate -= self.block_write_rates[block];
         }
+        self.block_write_rates[block] = write_rate;
         let segment = &mut self.segments[head];
+        segment.write_rate += write_rate;
         segment.blocks.push(block as u32);
         segment.live_blocks += 1;
         segment.last_written_at = self.writes;
@@ -278,8 +348,16 @@ impl Simulation {
             if utilization > VICTIM_UTILIZATION_MAX {
                 continue;
             }
-            let age = (self.writes - segment.last_written_at) as f64 + 1.0;
-            let score = (1.0 - utilization) * age.sqrt() / (1.0 + utilization);
+            let score = match self.victim_rule {
+                VictimRule::CostBenefit => {
+                    let age = (self.writes - segment.last_written_at) as f64 + 1.0;
+                    (1.0 - utilization) * age.powf(self.age_exponent) / (1.0 + utilization)
+                }
+                // The slowest decline scores highest.
+                VictimRule::DecliningCost => {
+                    -segment.write_rate.max(0.0) / (1.0 - utilization).powi(2)
+                }
+            };
             if score > best.0 {
                 best = (score, index as u32);
             }
@@ -343,6 +421,19 @@ fn main() {
     let zipf = Zipf::new(block_count, theta);
     let mut simulation = Simulation {
         policy,
+        shared_streams: match argument("--shared-streams", "off").as_str() {
+            "on" => true,
+            "off" => false,
+            other => panic!("--shared-streams {other}: expected on or off"),
+        },
+        victim_rule: match argument("--victim", "cost-benefit").as_str() {
+            "cost-benefit" => VictimRule::CostBenefit,
+            "declining-cost" => VictimRule::DecliningCost,
+            other => panic!("--victim {other}: expected cost-benefit or declining-cost"),
+        },
+        age_exponent: argument("--age-exponent", "0.5")
+            .parse()
+            .expect("--age-exponent"),
         segment_block_count,
         client_class_count: argument("--client-classes", "3")
             .parse()
@@ -361,6 +452,7 @@ fn main() {
                 last_written_at: 0,
                 opened_at_client_writes: 0,
                 data_written_at: 0.0,
+                write_rate: 0.0,
             })
             .collect(),
         free: (0..segment_count as u32).collect(),
@@ -371,6 +463,7 @@ fn main() {
         true_intervals: (0..block_count)
             .map(|rank| 1.0 / zipf.probability(rank))
             .collect(),
+        block_write_rates: vec![0.0; block_count],
         lifespans: VecDeque::new(),
         current_victim: 0,
         writes: 0,
@@ -404,6 +497,12 @@ fn main() {
         let block = draw(&mut rng);
         simulation.client_write(block);
     }
+    let live_blocks: u64 = simulation
+        .segments
+        .iter()
+        .map(|segment| u64::from(segment.live_blocks))
+        .sum();
+    assert_eq!(live_blocks, block_count as u64, "the model lost blocks");
     let relocated_per_client_block =
         simulation.relocated_blocks as f64 / (simulation.client_writes - measured_from) as f64;
     println!(

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{Zipf, argument};
+use common::{Zipf, argument, greedy_victim_live_fraction};
 
 const BLOCK: u64 = 4096;
 
@@ -209,17 +209,7 @@ async fn measure(
 /// fraction `x` solves `(x - 1) / ln x = live`, and each cleaned segment yields
 /// `1 - x` of new space for `1` segment written, so WA = 1 / (1 - x).
 fn greedy_bound(live: f64) -> f64 {
-    let mut low = 1e-9f64;
-    let mut high = 1.0f64 - 1e-9;
-    for _ in 0..200 {
-        let middle = (low + high) / 2.0;
-        if (middle - 1.0) / middle.ln() > live {
-            high = middle;
-        } else {
-            low = middle;
-        }
-    }
-    1.0 / (1.0 - (low + high) / 2.0)
+    1.0 / (1.0 - greedy_victim_live_fraction(live))
 }
 
 #[tokio::main(flavor = "current_thread")]

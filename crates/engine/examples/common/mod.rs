@@ -1,4 +1,5 @@
-//! Pieces the engine's examples share: command-line lookup and a Zipf sampler.
+//! Pieces the engine's examples share: command-line lookup, a Zipf sampler and
+//! greedy cleaning's victim live fraction.
 //! Included with `#[path = "common/mod.rs"] mod common;` (an example
 //! directory without `main.rs` is not an example of its own).
 
@@ -53,4 +54,21 @@ impl Zipf {
         };
         self.cumulative[rank] - below
     }
+}
+
+/// The live fraction of greedy cleaning's victims under uniform overwrites at
+/// live fraction `live`, in the large-segment limit: `x` solving
+/// `(x - 1) / ln x = live` (equivalently `x = e^(-(1 - x) / live)`).
+pub fn greedy_victim_live_fraction(live: f64) -> f64 {
+    let mut low = 1e-12f64;
+    let mut high = 1.0f64 - 1e-12;
+    for _ in 0..100 {
+        let middle = (low + high) / 2.0;
+        if (middle - 1.0) / middle.ln() > live {
+            high = middle;
+        } else {
+            low = middle;
+        }
+    }
+    (low + high) / 2.0
 }
