@@ -342,14 +342,23 @@ fn print_status(value: &serde_json::Value) {
     println!("used                 {}", field("used_bytes"));
     println!("free                 {}", field("free_bytes"));
     println!("reserved             {}", field("reserved_bytes"));
+    let warning = match value["usage_warning_percent"].as_u64().unwrap_or(0) {
+        0 => String::new(),
+        threshold => format!(" (warning: above {threshold}%; trim, delete or add capacity)"),
+    };
     println!(
-        "used percent         {:.1}%",
+        "used percent         {:.1}% of what clients can fill{warning}",
         value["used_percent"].as_f64().unwrap_or(0.0)
     );
     println!("volumes              {}", value["volume_count"]);
     println!(
         "write amplification  {:.2}",
         value["write_amplification"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "cleaner              {} (pressure {:.2})",
+        value["cleaner_state"].as_str().unwrap_or("?"),
+        value["cleaner_pressure"].as_f64().unwrap_or(0.0)
     );
     println!(
         "cleaner relocated    {} blocks",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{Daemon, lamina, run};
+use common::{Daemon, POLL_INTERVAL_MS, lamina, run};
 
 #[test]
 fn daemon_serves_real_clients_and_volume_commands() {
@@ -249,8 +249,7 @@ fn kill_minus_nine_never_loses_flushed_writes() {
 }
 
 /// Fills a thin, over-committed pool through a real client until the daemon
-/// answers ENOSPC, then checks that everything written before is intact, that
-/// trimming frees space, and that writes succeed again.
+/// answers ENOSPC, and checks that everything written before is intact.
 const FILL_SCRIPT: &str = r#"
 import errno, hashlib, nbd
 chunk = 1024 * 1024
@@ -268,16 +267,45 @@ h.flush()
 assert written > 16, written
 for index in range(written):
     assert h.pread(chunk, index * chunk) == pattern(index), "chunk %d lost" % index
-h.trim((written // 2) * chunk, 0)
-h.flush()
-for index in range(written // 4):
-    h.pwrite(pattern(index + 1000), index * chunk)
-h.flush()
-for index in range(written // 4):
-    assert h.pread(chunk, index * chunk) == pattern(index + 1000)
-assert h.pread(chunk, (written - 1) * chunk) == pattern(written - 1)
 print("filled", written)
 "#;
+
+/// Trims the first half of what `FILL_SCRIPT` wrote (`WRITTEN` chunks), then
+/// writes an eighth again and checks both the new and the untouched chunks
+/// (about 62% of the space clients can fill is used afterwards).
+const TRIM_SCRIPT: &str = r#"
+import hashlib, os
+chunk = 1024 * 1024
+def pattern(index):
+    return hashlib.sha256(b"%d" % index).digest() * (chunk // 32)
+written = int(os.environ["WRITTEN"])
+h.trim((written // 2) * chunk, 0)
+h.flush()
+for index in range(written // 8):
+    h.pwrite(pattern(index + 1000), index * chunk)
+h.flush()
+for index in range(written // 8):
+    assert h.pread(chunk, index * chunk) == pattern(index + 1000)
+assert h.pread(chunk, (written - 1) * chunk) == pattern(written - 1)
+print("rewritten", written // 8)
+"#;
+
+/// How long the daemon's background task gets to notice a change in used
+/// space (it looks every `flush_interval_ms`, 200 ms in these tests).
+const USAGE_NOTICE_TIMEOUT_MS: u64 = 20_000;
+
+/// Waits until `/metrics` shows `lamina_pool_usage_warning_percent` at `percent`.
+fn wait_for_usage_warning(daemon: &Daemon, percent: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_millis(USAGE_NOTICE_TIMEOUT_MS);
+    while daemon.gauge("lamina_pool_usage_warning_percent") != Some(percent) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the usage warning never became {percent}%: {:?}",
+            daemon.gauge("lamina_pool_usage_warning_percent")
+        );
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 5));
+    }
+}
 
 #[test]
 fn a_full_pool_answers_enospc_and_recovers_after_trim() {
@@ -290,13 +318,48 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     let output = run(Command::new("nbdsh")
         .args(["-u", &daemon.uri("default"), "-c"])
         .arg(format!("exec(open('{}').read())", script.display())));
-    assert!(output.contains("filled"), "{output}");
+    let written: u64 = output
+        .split_whitespace()
+        .skip_while(|word| *word != "filled")
+        .nth(1)
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("the fill did not finish: {output}"));
+    // Full: status says so, and the highest warning is in the log and metrics.
     let status = lamina(&data_dir, &["pool", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert!(
         status["failed"].is_null(),
         "the pool did not fail: {status}"
     );
+    assert_eq!(status["free_bytes"], 0, "{status}");
+    assert_eq!(status["used_percent"], 100.0, "{status}");
+    assert_eq!(status["usage_warning_percent"], 90, "{status}");
+    assert_eq!(status["cleaner_state"], "short", "{status}");
+    let text = lamina(&data_dir, &["pool", "status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("100.0% of what clients can fill (warning: above 90%"),
+        "{text}"
+    );
+    wait_for_usage_warning(&daemon, 90.0);
+    let log = daemon.log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("pool space is running low")
+                && line.contains("threshold_percent=90")),
+        "no warning in the log at 90%: {log}"
+    );
+    // Trimming frees space: the warning is lifted and writes succeed again.
+    let script = directory.path().join("trim.py");
+    std::fs::write(&script, TRIM_SCRIPT).unwrap();
+    let output = run(Command::new("nbdsh")
+        .args(["-u", &daemon.uri("default"), "-c"])
+        .arg(format!("exec(open('{}').read())", script.display()))
+        .env("WRITTEN", written.to_string()));
+    assert!(output.contains("rewritten"), "{output}");
+    wait_for_usage_warning(&daemon, 0.0);
+    let used_percent = daemon.gauge("lamina_pool_used_percent").unwrap();
+    assert!(used_percent < 80.0, "{used_percent}% used after the trim");
     assert!(
         daemon.terminate().success(),
         "the daemon stayed up and stops cleanly"

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lamina_engine::{CachePriority, EngineError, Pin, Pool, TierPolicy};
+use lamina_engine::{CachePriority, CleanerState, EngineError, Pin, Pool, TierPolicy};
 
 use crate::export::OpenExports;
 use serde::{Deserialize, Serialize};
@@ -260,8 +260,18 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
     );
     gauge(
         "lamina_pool_used_percent",
-        "Used share of the capacity.",
+        "Used share of the space clients can fill (100 when writes fail with ENOSPC).",
         status.used_percent,
+    );
+    gauge(
+        "lamina_pool_usage_warning_percent",
+        "The highest usage warning threshold the used share has reached (0 for none).",
+        f64::from(status.usage_warning_percent),
+    );
+    gauge(
+        "lamina_cleaner_pressure",
+        "Free-space pressure on the cleaner, 0 (idle) to 1 (nothing free beyond the reserves).",
+        status.cleaner_pressure,
     );
     gauge(
         "lamina_pool_write_amplification",
@@ -278,6 +288,22 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         "1 when the pool refuses writes after an I/O error.",
         f64::from(u8::from(status.failed.is_some())),
     );
+    text.push_str("# HELP lamina_cleaner_state 1 for what the paced cleaner is doing: off, idle, paced or short.\n# TYPE lamina_cleaner_state gauge\n");
+    for state in [
+        CleanerState::Off,
+        CleanerState::Idle,
+        CleanerState::Paced,
+        CleanerState::Short,
+    ] {
+        let name = serde_json::to_value(state)
+            .ok()
+            .and_then(|value| value.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "lamina_cleaner_state{{state=\"{name}\"}} {}\n",
+            u8::from(state == status.cleaner_state)
+        ));
+    }
     // One listing serves every per-volume gauge: its space accounting walks the maps.
     let volumes = pool.list_volumes();
     text.push_str("# HELP lamina_volume_allocated_bytes Device space used by a volume's mapped blocks.\n# TYPE lamina_volume_allocated_bytes gauge\n");

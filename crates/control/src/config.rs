@@ -94,8 +94,27 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|error| anyhow::anyhow!("cannot read config {}: {error}", path.display()))?;
-        toml::from_str(&text)
-            .map_err(|error| anyhow::anyhow!("invalid config {}: {error}", path.display()))
+        let config: Config = toml::from_str(&text)
+            .map_err(|error| anyhow::anyhow!("invalid config {}: {error}", path.display()))?;
+        config
+            .check()
+            .map_err(|error| anyhow::anyhow!("invalid config {}: {error}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Values that parse but cannot mean what was meant.
+    fn check(&self) -> Result<(), String> {
+        if let Some(percent) = self
+            .limits
+            .usage_warning_percents
+            .iter()
+            .find(|percent| !(1..=100).contains(*percent))
+        {
+            return Err(format!(
+                "limits.usage_warning_percents: {percent} is not a percentage from 1 to 100"
+            ));
+        }
+        Ok(())
     }
 
     pub fn unix_socket_path(&self) -> PathBuf {
@@ -125,6 +144,14 @@ mod tests {
                 .unwrap();
         assert_eq!(config.server.tcp_address, "");
         assert_eq!(config.limits.flush_interval_ms, 50);
+        assert_eq!(config.limits.usage_warning_percents, [80, 90]);
+        let config: Config =
+            toml::from_str("[limits]\nusage_warning_percents = [75, 95]\n").unwrap();
+        assert_eq!(config.limits.usage_warning_percents, [75, 95]);
+        assert!(config.check().is_ok());
+        let config: Config =
+            toml::from_str("[limits]\nusage_warning_percents = [80, 190]\n").unwrap();
+        assert!(config.check().unwrap_err().contains("190"));
         assert!(toml::from_str::<Config>("[server]\ntcp_adress = \"x\"\n").is_err());
     }
 

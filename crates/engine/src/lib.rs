@@ -21,6 +21,7 @@ pub mod volume;
 
 pub use error::EngineError;
 pub use log::geometry::Tier;
+pub use pool::cleaner::CleanerState;
 pub use pool::{Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TierSpace, VolumeTierStats};
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use lamina_device::MemoryDevice;
-use lamina_engine::{EngineError, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{CleanerState, EngineError, Pool, PoolLimits, PoolOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -100,6 +100,14 @@ async fn a_full_pool_says_no_space_keeps_data_and_recovers_after_trim() {
         "a useful amount fit before the pool filled: {written}"
     );
     pool.flush().await.unwrap();
+    // Status tells it as it is: all the space clients can fill is used, the
+    // highest warning is in force, and the cleaner is short of space.
+    let status = pool.status();
+    assert_eq!(status.free_bytes, 0, "{status:?}");
+    assert_eq!(status.used_percent, 100.0, "{status:?}");
+    assert_eq!(status.usage_warning_percent, 90, "{status:?}");
+    assert_eq!(status.cleaner_state, CleanerState::Short, "{status:?}");
+    assert!(status.cleaner_pressure > 0.0, "{status:?}");
     for block in 0..written {
         let mut data = vec![0u8; BLOCK];
         pool.read(volume, block * BLOCK as u64, &mut data)
@@ -114,6 +122,14 @@ async fn a_full_pool_says_no_space_keeps_data_and_recovers_after_trim() {
     pool.trim(volume, 0, (written / 2) * BLOCK as u64, false)
         .await
         .unwrap();
+    // Once checkpoints free the trimmed segments, the warning is lifted and
+    // the cleaner has nothing to do.
+    pool.checkpoint().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    let status = pool.status();
+    assert!(status.used_percent < 80.0, "{status:?}");
+    assert_eq!(status.usage_warning_percent, 0, "{status:?}");
+    assert_eq!(status.cleaner_state, CleanerState::Idle, "{status:?}");
     for block in 0..written / 4 {
         pool.write(volume, block * BLOCK as u64, &pattern(block, 2), false)
             .await

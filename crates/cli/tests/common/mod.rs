@@ -1,7 +1,8 @@
 //! What the daemon's end-to-end tests share: starting `lamina serve` on a
 //! temporary data directory with a small embedded pool, waiting until it serves,
 //! its NBD URIs, and stopping it by the PID of the child the test owns (SIGTERM
-//! for a clean stop, SIGKILL for a crash). Each test binary uses a part of it.
+//! for a clean stop, SIGKILL for a crash), and its log (printed when a test
+//! fails). Each test binary uses a part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -96,6 +97,9 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("lamina serve's log:\n{}", self.log());
+        }
     }
 }
 
@@ -165,6 +169,7 @@ impl Daemon {
     pub fn start_on_pool(data_dir: &Path, config: &str, ready_export: &str) -> Daemon {
         let config_path = data_dir.with_extension("toml");
         std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
         let child = Command::new(LAMINA)
             .args(["serve", "--data"])
             .arg(data_dir)
@@ -172,6 +177,7 @@ impl Daemon {
             .arg(&config_path)
             .env("LAMINA_LOG", "warn")
             .stdout(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start lamina serve");
         let mut daemon = Daemon {
@@ -195,6 +201,36 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 2));
         }
         daemon
+    }
+
+    /// What the daemon has logged so far (warnings and errors: tests run it
+    /// with `LAMINA_LOG=warn`), without terminal colour codes.
+    pub fn log(&self) -> String {
+        let raw = std::fs::read_to_string(self.data_dir.with_extension("log")).unwrap_or_default();
+        let mut text = String::with_capacity(raw.len());
+        let mut characters = raw.chars();
+        while let Some(character) = characters.next() {
+            if character == '\u{1b}' {
+                // An SGR sequence: ESC [ parameters m.
+                for inner in characters.by_ref() {
+                    if inner == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                text.push(character);
+            }
+        }
+        text
+    }
+
+    /// The value of an unlabelled gauge on `/metrics`.
+    pub fn gauge(&self, name: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|line| {
+            line.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|value| value.trim().parse().ok())
+        })
     }
 
     /// The admin socket's `/metrics` page (Prometheus text), fetched with a

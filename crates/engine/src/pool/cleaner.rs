@@ -19,6 +19,8 @@
 //! instead of failing them while space is reclaimable.
 
 mod pacing;
+pub use pacing::CleanerState;
+pub(crate) use pacing::cleaner_state;
 pub mod placement;
 
 use futures::{StreamExt, TryStreamExt};

@@ -159,8 +159,12 @@ pub struct PoolStatus {
     pub used_bytes: u64,
     pub free_bytes: u64,
     pub reserved_bytes: u64,
-    /// Used share of the capacity, in percent.
+    /// Used share of the space clients can fill (used plus free, which
+    /// leaves out the reserves), in percent: 100 when writes fail with ENOSPC.
     pub used_percent: f64,
+    /// The highest of `usage_warning_percents` that `used_percent` has
+    /// reached, 0 for none: the warning in force (also logged when crossed).
+    pub usage_warning_percent: u8,
     pub segment_size_bytes: u64,
     pub segment_count: u64,
     pub free_segment_count: u64,
@@ -172,6 +176,13 @@ pub struct PoolStatus {
     pub cleaner_relocated_blocks: u64,
     /// Segments with no live blocks, waiting for checkpoints to be freed.
     pub dead_segment_count: u64,
+    /// What the paced background cleaner is doing.
+    pub cleaner_state: cleaner::CleanerState,
+    /// Free-space pressure on the cleaner: 0 with the cleaner's headroom (or
+    /// more) free beyond the reserves, 1 with nothing free beyond them; the
+    /// paced cleaner relocates this times
+    /// `cleaner_relocation_blocks_per_client_block_max` per client block.
+    pub cleaner_pressure: f64,
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
@@ -1398,14 +1409,32 @@ impl Pool {
             (state.free_segments.len() + state.free_capacity_segments.len()) as u64;
         let reserved = state.reserve_for(state::Allocation::Client) as u64;
         let device_bytes_written = state.sealed_bytes_total + state.checkpoint_bytes_written;
+        let used_segment_count = state.used_segment_count() as u64;
+        let fillable_segment_count =
+            used_segment_count + free_segment_count.saturating_sub(reserved);
+        let used_percent = if fillable_segment_count == 0 {
+            0.0
+        } else {
+            100.0 * used_segment_count as f64 / fillable_segment_count as f64
+        };
+        let usage_warning_percent = self
+            .inner
+            .limits
+            .usage_warning_percents
+            .iter()
+            .copied()
+            .filter(|threshold| used_percent >= f64::from(*threshold))
+            .max()
+            .unwrap_or(0);
+        let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, &self.inner.limits);
         PoolStatus {
             device: self.inner.device.name().to_string(),
             capacity_bytes: self.inner.geometry.data_capacity_bytes(),
-            used_bytes: state.used_segment_count() as u64 * segment_bytes,
+            used_bytes: used_segment_count * segment_bytes,
             free_bytes: free_segment_count.saturating_sub(reserved) * segment_bytes,
             reserved_bytes: reserved * segment_bytes,
-            used_percent: 100.0 * state.used_segment_count() as f64
-                / self.inner.geometry.segment_count as f64,
+            used_percent,
+            usage_warning_percent,
             segment_size_bytes: segment_bytes,
             segment_count: self.inner.geometry.segment_count,
             free_segment_count,
@@ -1423,6 +1452,8 @@ impl Pool {
                 .iter()
                 .filter(|segment| matches!(segment.state, state::SegmentState::Dead { .. }))
                 .count() as u64,
+            cleaner_state,
+            cleaner_pressure,
             durable_batch_sequence: state.durable_through,
             checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
             failed: state.failed.clone(),
@@ -1496,15 +1527,7 @@ impl Pool {
     /// and a note when it falls back below.
     fn warn_about_usage(&self, warned_percent: &mut u8) {
         let status = self.status();
-        let crossed = self
-            .inner
-            .limits
-            .usage_warning_percents
-            .iter()
-            .copied()
-            .filter(|threshold| status.used_percent >= f64::from(*threshold))
-            .max()
-            .unwrap_or(0);
+        let crossed = status.usage_warning_percent;
         if crossed > *warned_percent {
             tracing::warn!(
                 used_percent = format!("{:.1}", status.used_percent),

@@ -27,8 +27,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::super::state::Allocation;
-use super::super::{Inner, Pool};
+use serde::Serialize;
+
+use super::super::state::{Allocation, State};
+use super::super::{Inner, Pool, PoolLimits};
 use super::{VictimPolicy, pick_victims};
 use crate::error::EngineError;
 
@@ -59,6 +61,86 @@ const SHORT_SEGMENT_COUNT: usize = 2;
 /// Steps (victims cleaned or checkpoints) in one look at most, so that the
 /// cleaner task yields now and then.
 const STEPS_PER_LOOK_MAX: usize = 64;
+
+/// What the paced cleaner is doing, as `pool status` and `/metrics` show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CleanerState {
+    /// Turned off (`cleaner_relocation_blocks_per_client_block_max` = 0):
+    /// writers that find no free segment clean for themselves.
+    Off,
+    /// At least the headroom is free: nothing to do.
+    Idle,
+    /// Under the headroom: cleaning in proportion to client writes.
+    Paced,
+    /// Nearly out of space: cleaning without waiting for budget, and writers
+    /// may soon clean for themselves.
+    Short,
+}
+
+/// Free space as the paced cleaner sees it (flash's: capacity has its own
+/// cleaning, and is all of a one-tier pool's segments).
+struct Outlook {
+    headroom_segment_count: usize,
+    /// Free segments beyond the clients' reserve.
+    free_beyond_reserve_segment_count: usize,
+    /// Those plus the dead segments that a flush or checkpoint frees.
+    available_segment_count: usize,
+    dead: Dead,
+}
+
+impl Outlook {
+    fn of(state: &State, limits: &PoolLimits) -> Outlook {
+        let flash_segment_count = state.geometry.flash_segment_count as usize;
+        let headroom =
+            headroom_segment_count(limits.cleaner_headroom_segment_count, flash_segment_count);
+        let reserve = state.reserve_for(Allocation::Client);
+        // A dead segment whose batches both kept checkpoints cover, or that
+        // replay does not need, needs only a flush; one written since the
+        // older checkpoint needs the next checkpoint, and one written since
+        // the newest needs two. One that died in an open batch is not counted:
+        // no flush or checkpoint frees it before that batch is sealed.
+        let counts = state.sealed_dead_flash_segment_counts();
+        let dead = Dead {
+            total: counts.total(),
+            awaiting_flush: counts.awaiting_flush,
+            uncovered: counts.awaiting_two_checkpoints,
+            group: dead_segments_per_checkpoint_max(headroom, state.cleaner_reserve_segment_count),
+        };
+        let free_beyond_reserve = state.free_segments.len().saturating_sub(reserve);
+        Outlook {
+            headroom_segment_count: headroom,
+            free_beyond_reserve_segment_count: free_beyond_reserve,
+            available_segment_count: free_beyond_reserve + dead.total,
+            dead,
+        }
+    }
+
+    fn pressure(&self) -> f64 {
+        pressure(self.available_segment_count, self.headroom_segment_count)
+    }
+
+    fn short(&self) -> bool {
+        self.free_beyond_reserve_segment_count < SHORT_SEGMENT_COUNT
+    }
+}
+
+/// The paced cleaner's state and free-space pressure (0 at the headroom or
+/// more, 1 with nothing free beyond the reserves).
+pub(crate) fn cleaner_state(state: &State, limits: &PoolLimits) -> (CleanerState, f64) {
+    let outlook = Outlook::of(state, limits);
+    let pressure = outlook.pressure();
+    let cleaner_state = if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
+        CleanerState::Off
+    } else if pressure == 0.0 {
+        CleanerState::Idle
+    } else if outlook.short() {
+        CleanerState::Short
+    } else {
+        CleanerState::Paced
+    };
+    (cleaner_state, pressure)
+}
 
 /// The paced cleaner's state between two looks at the pool.
 #[derive(Default)]
@@ -142,34 +224,11 @@ impl Pool {
             // segments now rather than at the next checkpoint.
             state.free_reusable_dead_segments();
             let limits = &self.inner.limits;
-            // Free space is flash's: capacity has its own cleaning (and is all
-            // of a one-tier pool's segments).
-            let flash_segment_count = state.geometry.flash_segment_count as usize;
-            let headroom =
-                headroom_segment_count(limits.cleaner_headroom_segment_count, flash_segment_count);
-            let reserve = state.reserve_for(Allocation::Client);
-            // A dead segment whose batches both kept checkpoints cover, or
-            // that replay does not need, needs only a flush; one written since
-            // the older checkpoint needs the next checkpoint, and one written
-            // since the newest needs two. One that died in an open batch is
-            // not counted: no flush or checkpoint frees it before that batch
-            // is sealed.
-            let counts = state.sealed_dead_flash_segment_counts();
-            let dead = Dead {
-                total: counts.total(),
-                awaiting_flush: counts.awaiting_flush,
-                uncovered: counts.awaiting_two_checkpoints,
-                group: dead_segments_per_checkpoint_max(
-                    headroom,
-                    state.cleaner_reserve_segment_count,
-                ),
-            };
-            let free_beyond_reserve = state.free_segments.len().saturating_sub(reserve);
-            let available = free_beyond_reserve + dead.total;
+            let outlook = Outlook::of(&state, limits);
             let client_blocks = state.client_blocks_written();
             let written = client_blocks - pacer.client_blocks_seen.unwrap_or(client_blocks);
             pacer.client_blocks_seen = Some(client_blocks);
-            let pressure = pressure(available, headroom);
+            let pressure = outlook.pressure();
             let budget_max =
                 (BUDGET_SEGMENT_COUNT_MAX * self.inner.geometry.segment_size_blocks) as f64;
             pacer.budget_blocks = (pacer.budget_blocks
@@ -177,7 +236,6 @@ impl Pool {
                     * pressure
                     * limits.cleaner_relocation_blocks_per_client_block_max)
                 .min(budget_max);
-            let short = free_beyond_reserve < SHORT_SEGMENT_COUNT;
             let next_victim_live_blocks = || {
                 pick_victims(&state, 1, VictimPolicy::CostBenefit)
                     .first()
@@ -185,8 +243,8 @@ impl Pool {
             };
             choose_step(
                 pressure,
-                short,
-                dead,
+                outlook.short(),
+                outlook.dead,
                 pacer.budget_blocks,
                 next_victim_live_blocks,
             )
