@@ -352,8 +352,11 @@ fn print_status(value: &serde_json::Value) {
     );
     println!("volumes              {}", value["volume_count"]);
     println!(
-        "write amplification  {:.2}",
-        value["write_amplification"].as_f64().unwrap_or(0.0)
+        "write amplification  {}",
+        value["write_amplification"].as_f64().map_or(
+            "- (no client writes since the pool opened)".to_owned(),
+            |amplification| { format!("{amplification:.2} since the pool opened") }
+        )
     );
     println!(
         "cleaner              {} (pressure {:.2})",

@@ -273,11 +273,13 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         "Free-space pressure on the cleaner, 0 (idle) to 1 (nothing free beyond the reserves).",
         status.cleaner_pressure,
     );
-    gauge(
-        "lamina_pool_write_amplification",
-        "Device bytes written per client byte.",
-        status.write_amplification,
-    );
+    if let Some(amplification) = status.write_amplification {
+        gauge(
+            "lamina_pool_write_amplification",
+            "Device bytes written per client byte since the pool opened.",
+            amplification,
+        );
+    }
     gauge(
         "lamina_cleaner_relocated_blocks",
         "Blocks the cleaner has moved.",

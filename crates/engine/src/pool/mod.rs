@@ -171,7 +171,10 @@ pub struct PoolStatus {
     pub volume_count: usize,
     pub client_bytes_written: u64,
     pub device_bytes_written: u64,
-    pub write_amplification: f64,
+    /// Device bytes written per client byte written since the pool was
+    /// opened (the counters are not kept across restarts); none before
+    /// clients write.
+    pub write_amplification: Option<f64>,
     /// Blocks the cleaner has moved out of victim segments.
     pub cleaner_relocated_blocks: u64,
     /// Segments with no live blocks, waiting for checkpoints to be freed.
@@ -1441,11 +1444,8 @@ impl Pool {
             volume_count: state.volumes.iter().count(),
             client_bytes_written: state.client_bytes_written,
             device_bytes_written,
-            write_amplification: if state.client_bytes_written == 0 {
-                0.0
-            } else {
-                device_bytes_written as f64 / state.client_bytes_written as f64
-            },
+            write_amplification: (state.client_bytes_written > 0)
+                .then(|| device_bytes_written as f64 / state.client_bytes_written as f64),
             cleaner_relocated_blocks: state.relocated_blocks,
             dead_segment_count: state
                 .segments
