@@ -71,10 +71,14 @@ async fn verify_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, ge
 
 /// A flash tier of 12 MiB under a 32 MiB volume: only demotion makes room.
 async fn filled_pool() -> (Arc<MemoryDevice>, Arc<MemoryDevice>, Pool, u32) {
+    filled_pool_with(limits()).await
+}
+
+async fn filled_pool_with(limits: PoolLimits) -> (Arc<MemoryDevice>, Arc<MemoryDevice>, Pool, u32) {
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
     let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
     let device = Arc::new(ConcatenatedDevice::new(flash.clone(), capacity.clone()));
-    let pool = Pool::create(device, options(), limits()).await.unwrap();
+    let pool = Pool::create(device, options(), limits).await.unwrap();
     let volume = pool
         .create_volume("data", 32 << 20)
         .await
@@ -359,22 +363,12 @@ async fn a_promoted_block_brings_its_demoted_neighbours() {
 /// checkpoint (a full map image) for them every 250 ms: 6 or 7 here, none now.
 #[tokio::test]
 async fn the_demoter_frees_flash_with_flushes_when_no_segment_needs_a_checkpoint() {
-    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
-    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
-    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
-    let limits = PoolLimits {
+    let (_, _, pool, volume) = filled_pool_with(PoolLimits {
         flush_interval_ms: 3_600_000,
         checkpoint_interval_ms: 3_600_000,
         ..limits()
-    };
-    let pool = Pool::create(device, options(), limits).await.unwrap();
-    let volume = pool
-        .create_volume("data", 32 << 20)
-        .await
-        .unwrap()
-        .volume_id;
-    write_range(&pool, volume, 0..8192, 1).await;
-    wait_for_free_flash(&pool).await;
+    })
+    .await;
     let checkpoints_before = pool.status().checkpoint_sequence;
     // 2 MiB of hot blocks, rewritten 80 times (160 MiB through 12 MiB of
     // flash) for about two seconds: the demoter (every 20 ms) looks about 100
