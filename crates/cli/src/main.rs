@@ -353,10 +353,11 @@ fn print_status(value: &serde_json::Value) {
     println!("volumes              {}", value["volume_count"]);
     println!(
         "write amplification  {}",
-        value["write_amplification"].as_f64().map_or(
-            "- (no client writes since the pool opened)".to_owned(),
-            |amplification| { format!("{amplification:.2} since the pool opened") }
-        )
+        value["write_amplification"]
+            .as_f64()
+            .map_or("- (no client writes yet)".to_owned(), |amplification| {
+                format!("{amplification:.2} over the pool's life")
+            })
     );
     println!(
         "cleaner              {} (pressure {:.2})",

@@ -276,7 +276,7 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
     if let Some(amplification) = status.write_amplification {
         gauge(
             "lamina_pool_write_amplification",
-            "Device bytes written per client byte since the pool opened.",
+            "Device bytes written per client byte over the pool's life.",
             amplification,
         );
     }

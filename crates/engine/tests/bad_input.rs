@@ -10,9 +10,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use lamina_device::{FileDevice, FileDeviceOptions, MemoryDevice};
-use lamina_engine::log::frame;
 use lamina_engine::log::geometry::Geometry;
 use lamina_engine::log::superblock::{SUPERBLOCK_MAGIC, Superblock};
+use lamina_engine::log::{FORMAT_VERSION, frame};
 use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -148,30 +148,37 @@ async fn an_ext4_image_is_not_a_pool() {
     );
 }
 
-/// A superblock written by a future lamina (format version 3) is refused, naming
+/// A superblock written by a future lamina (the next format version) is refused, naming
 /// both versions, and the pool is left untouched for that newer lamina; one from
 /// an older development build (version 1, before snapshots) is refused too.
 #[tokio::test]
 async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
     let mut image = pool_image().await;
     let (_, superblock) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
-    let newer = frame::encode(SUPERBLOCK_MAGIC, 4, &superblock, BLOCK_SIZE_BYTES as usize);
+    let newer_version = FORMAT_VERSION + 1;
+    let newer = frame::encode(
+        SUPERBLOCK_MAGIC,
+        newer_version,
+        &superblock,
+        BLOCK_SIZE_BYTES as usize,
+    );
     image[..newer.len()].copy_from_slice(&newer);
     let error = open_must_fail(image.clone()).await;
     assert!(
         matches!(
             error,
             EngineError::NewerFormat {
-                found: 4,
-                supported: 3,
+                found,
+                supported: FORMAT_VERSION,
                 ..
-            }
+            } if found == newer_version
         ),
         "{error:?}"
     );
     let message = error.to_string();
     assert!(
-        message.contains("format version 4") && message.contains("(3)"),
+        message.contains(&format!("format version {newer_version}"))
+            && message.contains(&format!("({FORMAT_VERSION})")),
         "{message}"
     );
     let older = frame::encode(SUPERBLOCK_MAGIC, 1, &superblock, BLOCK_SIZE_BYTES as usize);

@@ -116,6 +116,19 @@ pub struct Body {
     pub segment_last_batch_sequences: Vec<u64>,
     /// Tier policies of the volumes that do not have the default one.
     pub volume_policies: Vec<VolumePolicyImage>,
+    /// The pool's write counters over its life up to this checkpoint (format
+    /// version 4; zero in bodies of earlier versions).
+    pub counters: CountersImage,
+}
+
+/// What a pool has written over its life, for `pool status` (format version
+/// 4). Writes after the newest checkpoint are lost from them by a crash.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersImage {
+    pub client_bytes_written: u64,
+    /// Log and checkpoint bytes written to the devices.
+    pub device_bytes_written: u64,
+    pub cleaner_relocated_blocks: u64,
 }
 
 /// A volume's tier policy (format version 3).
@@ -123,6 +136,21 @@ pub struct Body {
 pub struct VolumePolicyImage {
     pub volume_id: u32,
     pub policy: crate::volume::TierPolicy,
+}
+
+/// The body as format version 3 wrote it.
+#[derive(Deserialize)]
+struct BodyVersion3 {
+    checkpoint_sequence: u64,
+    covered_batch_sequence: u64,
+    next_segment_sequence: u64,
+    next_volume_id: u32,
+    next_snapshot_id: u32,
+    heads: Vec<HeadImage>,
+    chunks: Vec<ChunkImage>,
+    volumes: Vec<VolumeImage>,
+    segment_last_batch_sequences: Vec<u64>,
+    volume_policies: Vec<VolumePolicyImage>,
 }
 
 /// The body as format version 2 wrote it.
@@ -165,6 +193,24 @@ impl Body {
                 volumes: old.volumes,
                 segment_last_batch_sequences: old.segment_last_batch_sequences,
                 volume_policies: Vec::new(),
+                counters: CountersImage::default(),
+            });
+        }
+        if version == 3 {
+            let (_, old): (u32, BodyVersion3) =
+                frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
+            return Ok(Self {
+                checkpoint_sequence: old.checkpoint_sequence,
+                covered_batch_sequence: old.covered_batch_sequence,
+                next_segment_sequence: old.next_segment_sequence,
+                next_volume_id: old.next_volume_id,
+                next_snapshot_id: old.next_snapshot_id,
+                heads: old.heads,
+                chunks: old.chunks,
+                volumes: old.volumes,
+                segment_last_batch_sequences: old.segment_last_batch_sequences,
+                volume_policies: old.volume_policies,
+                counters: CountersImage::default(),
             });
         }
         frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
@@ -201,5 +247,40 @@ mod tests {
         assert_eq!(body.heads, heads);
         assert_eq!(body.segment_last_batch_sequences, vec![0, 7, 40]);
         assert!(body.volume_policies.is_empty());
+        assert_eq!(body.counters, CountersImage::default());
+    }
+
+    #[test]
+    fn a_version_3_body_decodes_with_zero_counters_and_version_4_keeps_them() {
+        let policies = vec![VolumePolicyImage {
+            volume_id: 2,
+            policy: crate::volume::TierPolicy::default(),
+        }];
+        // Version 3's body: the same fields without the counters.
+        let old = (
+            6u64,
+            41u64,
+            13u64,
+            3u32,
+            1u32,
+            Vec::<HeadImage>::new(),
+            Vec::<ChunkImage>::new(),
+            Vec::<VolumeImage>::new(),
+            vec![0u64, 41],
+            policies.clone(),
+        );
+        let bytes = frame::encode(BODY_MAGIC, 3, &old, BLOCK_SIZE_BYTES as usize);
+        let body = Body::decode(&bytes).unwrap();
+        assert_eq!(body.checkpoint_sequence, 6);
+        assert_eq!(body.segment_last_batch_sequences, vec![0, 41]);
+        assert_eq!(body.volume_policies, policies);
+        assert_eq!(body.counters, CountersImage::default());
+        let counters = CountersImage {
+            client_bytes_written: 1 << 30,
+            device_bytes_written: 3 << 30,
+            cleaner_relocated_blocks: 77,
+        };
+        let body = Body { counters, ..body };
+        assert_eq!(Body::decode(&body.encode()).unwrap(), body);
     }
 }

@@ -9,12 +9,13 @@ pub mod frame;
 pub mod geometry;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 3 added the capacity
+/// The on-disk format version this build writes. Version 4 added the write
+/// counters to checkpoint bodies (earlier bodies read as zero). Version 3 added the capacity
 /// tier (geometry), per-volume tier policies (a record and a checkpoint table);
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

@@ -119,6 +119,7 @@ impl Pool {
             heads,
             volumes,
             segment_last,
+            counters,
         ) = {
             let mut state = self.inner.lock();
             state.check_failed()?;
@@ -179,6 +180,7 @@ impl Pool {
                     .iter()
                     .map(|segment| segment.last_batch_sequence)
                     .collect::<Vec<_>>(),
+                state.lifetime_counters(),
             )
         };
         self.flush_through(covered).await?;
@@ -240,6 +242,7 @@ impl Pool {
                 volumes,
                 segment_last_batch_sequences: segment_last,
                 volume_policies,
+                counters,
             }
             .encode()
         })

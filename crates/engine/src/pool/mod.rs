@@ -169,13 +169,15 @@ pub struct PoolStatus {
     pub segment_count: u64,
     pub free_segment_count: u64,
     pub volume_count: usize,
+    /// Bytes clients have written over the pool's life. This and the two
+    /// counters below are kept in checkpoints, so a crash loses what was
+    /// written after the newest one from them.
     pub client_bytes_written: u64,
+    /// Log and checkpoint bytes written to the devices over the pool's life.
     pub device_bytes_written: u64,
-    /// Device bytes written per client byte written since the pool was
-    /// opened (the counters are not kept across restarts); none before
-    /// clients write.
+    /// `device_bytes_written / client_bytes_written`; none before clients write.
     pub write_amplification: Option<f64>,
-    /// Blocks the cleaner has moved out of victim segments.
+    /// Blocks the cleaner has moved out of victim segments over the pool's life.
     pub cleaner_relocated_blocks: u64,
     /// Segments with no live blocks, waiting for checkpoints to be freed.
     pub dead_segment_count: u64,
@@ -1411,7 +1413,7 @@ impl Pool {
         let free_segment_count =
             (state.free_segments.len() + state.free_capacity_segments.len()) as u64;
         let reserved = state.reserve_for(state::Allocation::Client) as u64;
-        let device_bytes_written = state.sealed_bytes_total + state.checkpoint_bytes_written;
+        let counters = state.lifetime_counters();
         let used_segment_count = state.used_segment_count() as u64;
         let fillable_segment_count =
             used_segment_count + free_segment_count.saturating_sub(reserved);
@@ -1442,11 +1444,12 @@ impl Pool {
             segment_count: self.inner.geometry.segment_count,
             free_segment_count,
             volume_count: state.volumes.iter().count(),
-            client_bytes_written: state.client_bytes_written,
-            device_bytes_written,
-            write_amplification: (state.client_bytes_written > 0)
-                .then(|| device_bytes_written as f64 / state.client_bytes_written as f64),
-            cleaner_relocated_blocks: state.relocated_blocks,
+            client_bytes_written: counters.client_bytes_written,
+            device_bytes_written: counters.device_bytes_written,
+            write_amplification: (counters.client_bytes_written > 0).then(|| {
+                counters.device_bytes_written as f64 / counters.client_bytes_written as f64
+            }),
+            cleaner_relocated_blocks: counters.cleaner_relocated_blocks,
             dead_segment_count: state
                 .segments
                 .iter()

@@ -157,6 +157,7 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
         client_bytes_written: 0,
         checkpoint_bytes_written: 0,
         relocated_blocks: 0,
+        counters_before_open: Default::default(),
         cache: None,
         heat: geometry.has_capacity_tier().then(|| {
             Heat::new(
@@ -427,6 +428,7 @@ impl Pool {
         let mut state = empty_state(geometry, &limits);
         let covered = body.covered_batch_sequence;
         state.volumes = volumes;
+        state.counters_before_open = body.counters;
         if body.segment_last_batch_sequences.len() == state.segments.len() {
             for (segment, last) in state
                 .segments

@@ -13,6 +13,7 @@ use crate::error::EngineError;
 use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, Record, SUMMARY_RECORD_BYTES_MAX, Summary, block_checksum,
 };
+use crate::log::checkpoint::CountersImage;
 use crate::log::geometry::{Geometry, Tier};
 use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::volume::VolumeTable;
@@ -359,6 +360,9 @@ pub struct State {
     pub checkpoint_bytes_written: u64,
     /// Blocks the cleaner has relocated.
     pub relocated_blocks: u64,
+    /// The write counters over the pool's life up to the checkpoint it was
+    /// opened from; the three fields above count since then.
+    pub counters_before_open: CountersImage,
     /// The memory cache, told when a segment is freed so that none of its old
     /// blocks can be served once the segment is rewritten.
     pub cache: Option<Arc<crate::tier::memory_cache::MemoryCache>>,
@@ -396,6 +400,19 @@ impl State {
     /// and block lifespans are counted in.
     pub fn client_blocks_written(&self) -> u64 {
         self.client_bytes_written / BLOCK_SIZE_BYTES
+    }
+
+    /// The write counters over the pool's life (those kept in its newest
+    /// checkpoint when it opened, plus what was written since).
+    pub fn lifetime_counters(&self) -> CountersImage {
+        let before = self.counters_before_open;
+        CountersImage {
+            client_bytes_written: before.client_bytes_written + self.client_bytes_written,
+            device_bytes_written: before.device_bytes_written
+                + self.sealed_bytes_total
+                + self.checkpoint_bytes_written,
+            cleaner_relocated_blocks: before.cleaner_relocated_blocks + self.relocated_blocks,
+        }
     }
 
     /// Marks `segment_index` dead. Its blocks were released by sealed batches
