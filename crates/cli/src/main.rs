@@ -678,14 +678,21 @@ async fn run(command: Command) -> anyhow::Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The daemon, benchmarks and planning report progress at `info`; one-shot
+    // commands print their answer on stdout and log only warnings, so that
+    // opening a pool directly does not add recovery chatter to it.
+    let default_level = match cli.command {
+        Command::Serve(_) | Command::Plan(_) | Command::Bench(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan(arguments) => lamina_plan::run(arguments),
         Command::Bench(arguments) => lamina_bench::run(arguments),
