@@ -5,7 +5,8 @@
 //!     cargo run --release -p lamina-engine --example write_amplification -- \
 //!         [--live 0.5,0.7,0.85] [--pool-mib 512] [--passes 4] [--zipf 0.99] \
 //!         [--workloads uniform,zipf,zipf-permuted] [--paced-cleaner on|off] [--cleaner-headroom 4] \
-//!         [--separate-client-writes on|off] [--relocation-streams-by-age-from SEGMENTS]
+//!         [--separate-client-writes on|off] [--relocation-streams-by-age-from SEGMENTS] \
+//!         [--restart-before-measuring off|on]
 //!
 //! Besides the total, it prints the blocks the cleaner relocated per client
 //! block; the rest of the total above 1 is summaries and checkpoints.
@@ -85,7 +86,9 @@ async fn measure(
         force: false,
         flash_region_bytes: None,
     };
-    let pool = Pool::create(device, options, limits).await.expect("create");
+    let mut pool = Pool::create(device.clone(), options, limits.clone())
+        .await
+        .expect("create");
     let capacity_bytes = pool.status().capacity_bytes - pool.status().reserved_bytes;
     let volume_blocks = ((capacity_bytes as f64 * live_fraction) as u64) / BLOCK;
     pool.create_volume("wa", volume_blocks * BLOCK)
@@ -130,6 +133,13 @@ async fn measure(
         pool.write(volume, block * BLOCK, &data, false)
             .await
             .expect("warm-up");
+    }
+    // A restart between warm-up and measurement shows what placement loses
+    // with its in-memory hints (segment streams and data ages, per-block
+    // interval estimates).
+    if argument("--restart-before-measuring", "off") == "on" {
+        pool.close().await.expect("close");
+        pool = Pool::open(device.clone(), limits).await.expect("reopen");
     }
     let verbose = std::env::var_os("WA_VERBOSE").is_some();
     let before = pool.status();

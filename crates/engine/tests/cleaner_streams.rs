@@ -469,3 +469,117 @@ async fn victims_read_in_pieces_survive_power_cuts() {
     }
     assert!(relocated_total > 0, "the cleaner never ran");
 }
+
+/// What the cleaner knows of each segment (its stream, its data's date, when
+/// it was last written, the lifespan samples) and so the order in which it
+/// would take victims survive a clean reopen; after a crash, so do the hints
+/// of every segment not written after the newest checkpoint. Victim ages were
+/// once counted in batch sequences, which jump at recovery: every segment
+/// written before a restart then looked equally ancient, and zipf write
+/// amplification at 1 GiB went from 2.36 to 2.65 for a pass after a restart.
+#[tokio::test]
+async fn placement_hints_and_the_victim_order_survive_reopens_and_crashes() {
+    for seed in 0..4u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let limits = PoolLimits {
+            flush_interval_ms: 3_600_000,
+            checkpoint_interval_ms: 3_600_000,
+            cleaner_relocation_blocks_per_client_block_max: 0.0,
+            relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
+            ..PoolLimits::default()
+        };
+        let pool = Pool::create(memory.clone(), options(), limits.clone())
+            .await
+            .expect("create");
+        let (volume_id, block_count) = create_volume(&pool, 0.8).await;
+        // Skewed overwrites: a hot eighth takes most of them, so segments
+        // differ in age and live fraction, and writers clean for themselves.
+        for step in 0..block_count * 4 {
+            let block = if rng.random_bool(0.8) {
+                rng.random_range(0..block_count / 8)
+            } else {
+                rng.random_range(0..block_count)
+            };
+            pool.write(
+                volume_id,
+                (block * BLOCK) as u64,
+                &random_block(&mut rng, step as u64),
+                false,
+            )
+            .await
+            .expect("overwrite");
+        }
+        pool.checkpoint().await.expect("checkpoint");
+        let image = pool.placement_image();
+        let order = pool.victim_order(8);
+        assert!(order.len() >= 4, "seed {seed}: too few victims: {order:?}");
+        assert!(
+            pool.status().cleaner_relocated_blocks > 0,
+            "seed {seed}: nothing was cleaned"
+        );
+        pool.close().await.expect("close");
+        drop(pool);
+        let pool = Pool::open(memory.clone(), limits.clone())
+            .await
+            .expect("reopen");
+        assert_eq!(pool.placement_image(), image, "seed {seed}: hints changed");
+        assert_eq!(
+            pool.victim_order(8),
+            order,
+            "seed {seed}: victim order changed"
+        );
+        // A crash: blocks written after the checkpoint land in fresh
+        // segments, whose hints are forgotten; the others' are kept.
+        for step in 0..64usize {
+            let block = rng.random_range(0..block_count);
+            pool.write(
+                volume_id,
+                (block * BLOCK) as u64,
+                &random_block(&mut rng, step as u64),
+                false,
+            )
+            .await
+            .expect("write after the checkpoint");
+        }
+        pool.flush().await.expect("flush");
+        let written_since: Vec<usize> = {
+            let after = pool.placement_image();
+            (0..after.segment_last_written_at_blocks.len())
+                .filter(|index| {
+                    image.segment_last_written_at_blocks.get(*index)
+                        != after.segment_last_written_at_blocks.get(*index)
+                })
+                .collect()
+        };
+        assert!(
+            !written_since.is_empty(),
+            "seed {seed}: nothing new was written"
+        );
+        pool.abandon();
+        drop(pool);
+        let pool = Pool::open(memory.clone(), limits.clone())
+            .await
+            .expect("recover");
+        let recovered = pool.placement_image();
+        for index in 0..image.segment_streams.len() {
+            if written_since.contains(&index) {
+                continue;
+            }
+            assert_eq!(
+                (
+                    recovered.segment_streams[index],
+                    recovered.segment_data_written_at_blocks[index],
+                    recovered.segment_last_written_at_blocks[index],
+                ),
+                (
+                    image.segment_streams[index],
+                    image.segment_data_written_at_blocks[index],
+                    image.segment_last_written_at_blocks[index],
+                ),
+                "seed {seed}: segment {index} lost its hints in the crash"
+            );
+        }
+        pool.close().await.expect("close");
+    }
+}

@@ -119,6 +119,27 @@ pub struct Body {
     /// The pool's write counters over its life up to this checkpoint (format
     /// version 4; zero in bodies of earlier versions).
     pub counters: CountersImage,
+    /// The cleaner's placement hints (format version 4; empty in bodies of
+    /// earlier versions).
+    pub placement: PlacementImage,
+}
+
+/// What the cleaner knows of each segment's data, so that placement after a
+/// restart goes on where it left off (format version 4). Hints only: nothing
+/// here affects what a read returns. Times are in client blocks written over
+/// the pool's life (`CountersImage::client_bytes_written` / 4096).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementImage {
+    /// Per segment, the stream (`Stream` as a number) whose head wrote it last.
+    pub segment_streams: Vec<u8>,
+    /// Per segment, when clients wrote its data.
+    pub segment_data_written_at_blocks: Vec<u64>,
+    /// Per segment, when its last batch was written: the age that the
+    /// cleaner's cost-benefit weighs.
+    pub segment_last_written_at_blocks: Vec<u64>,
+    /// Lifespans of the latest client segments the cleaner took, which set
+    /// the placement's time scale.
+    pub lifespan_samples_blocks: Vec<u64>,
 }
 
 /// What a pool has written over its life, for `pool status` (format version
@@ -194,6 +215,7 @@ impl Body {
                 segment_last_batch_sequences: old.segment_last_batch_sequences,
                 volume_policies: Vec::new(),
                 counters: CountersImage::default(),
+                placement: PlacementImage::default(),
             });
         }
         if version == 3 {
@@ -211,6 +233,7 @@ impl Body {
                 segment_last_batch_sequences: old.segment_last_batch_sequences,
                 volume_policies: old.volume_policies,
                 counters: CountersImage::default(),
+                placement: PlacementImage::default(),
             });
         }
         frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
@@ -275,12 +298,23 @@ mod tests {
         assert_eq!(body.segment_last_batch_sequences, vec![0, 41]);
         assert_eq!(body.volume_policies, policies);
         assert_eq!(body.counters, CountersImage::default());
+        assert_eq!(body.placement, PlacementImage::default());
         let counters = CountersImage {
             client_bytes_written: 1 << 30,
             device_bytes_written: 3 << 30,
             cleaner_relocated_blocks: 77,
         };
-        let body = Body { counters, ..body };
+        let placement = PlacementImage {
+            segment_streams: vec![0, 7, 6],
+            segment_data_written_at_blocks: vec![10, 20_000, 3],
+            segment_last_written_at_blocks: vec![11, 20_100, 9],
+            lifespan_samples_blocks: vec![4_096, 5_000],
+        };
+        let body = Body {
+            counters,
+            placement,
+            ..body
+        };
         assert_eq!(Body::decode(&body.encode()).unwrap(), body);
     }
 }

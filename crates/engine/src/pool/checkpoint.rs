@@ -120,6 +120,7 @@ impl Pool {
             volumes,
             segment_last,
             counters,
+            placement,
         ) = {
             let mut state = self.inner.lock();
             state.check_failed()?;
@@ -181,6 +182,7 @@ impl Pool {
                     .map(|segment| segment.last_batch_sequence)
                     .collect::<Vec<_>>(),
                 state.lifetime_counters(),
+                state.placement.image(),
             )
         };
         self.flush_through(covered).await?;
@@ -243,6 +245,7 @@ impl Pool {
                 segment_last_batch_sequences: segment_last,
                 volume_policies,
                 counters,
+                placement,
             }
             .encode()
         })

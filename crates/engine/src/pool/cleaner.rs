@@ -150,6 +150,7 @@ pub fn pick_victims(state: &State, count: usize, policy: VictimPolicy) -> Vec<u3
 pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPolicy) -> Vec<u32> {
     let segment_blocks = state.geometry.segment_size_blocks as f64;
     let now = state.next_batch_sequence;
+    let now_blocks = state.client_blocks_written();
     let fifo = tier == Tier::Flash && state.geometry.has_capacity_tier();
     let mut scored: Vec<(f64, u32)> = state
         .segments
@@ -161,10 +162,15 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
         })
         .filter_map(|(index, segment)| {
             let utilization = f64::from(segment.live_blocks) / segment_blocks;
-            let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
             if fifo {
+                // Oldest first: batch sequences keep the order across restarts.
+                let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
                 return Some((age, index as u32));
             }
+            let age = now_blocks
+                .saturating_sub(state.placement.last_written_at_blocks(index as u32))
+                as f64
+                + 1.0;
             if utilization > VICTIM_UTILIZATION_MAX {
                 return None;
             }
@@ -195,6 +201,18 @@ impl Pool {
     /// Victims cleaned so far and their live blocks, per stream that wrote them.
     pub fn cleaner_victim_counts(&self) -> placement::VictimCounts {
         self.inner.lock().placement.counts
+    }
+
+    /// The placement hints a checkpoint would keep now (tests).
+    #[doc(hidden)]
+    pub fn placement_image(&self) -> crate::log::checkpoint::PlacementImage {
+        self.inner.lock().placement.image()
+    }
+
+    /// The segments the cleaner would take next, best first (tests).
+    #[doc(hidden)]
+    pub fn victim_order(&self, count: usize) -> Vec<u32> {
+        pick_victims(&self.inner.lock(), count, VictimPolicy::CostBenefit)
     }
 
     async fn clean_with(

@@ -429,6 +429,8 @@ impl Pool {
         let covered = body.covered_batch_sequence;
         state.volumes = volumes;
         state.counters_before_open = body.counters;
+        let segment_count = state.segments.len();
+        state.placement.restore(&body.placement, segment_count);
         if body.segment_last_batch_sequences.len() == state.segments.len() {
             for (segment, last) in state
                 .segments
@@ -506,6 +508,11 @@ impl Pool {
                 }
             }
             let segment_index = geometry.segment_of(*summary_block) as usize;
+            // Written after the checkpoint: its hints there are of an earlier use.
+            let now_blocks = state.client_blocks_written();
+            state
+                .placement
+                .forget_segment(segment_index as u32, now_blocks);
             state.segments[segment_index].last_batch_sequence = state.segments[segment_index]
                 .last_batch_sequence
                 .max(summary.batch_sequence);

@@ -165,6 +165,22 @@ impl Stream {
     pub fn is_relocation(self) -> bool {
         RELOCATION_STREAMS.contains(&self)
     }
+
+    /// The stream numbered `number` (its discriminant), if any.
+    pub fn from_number(number: u8) -> Option<Stream> {
+        [
+            Stream::Client,
+            Stream::Cleaner,
+            Stream::Cold,
+            Stream::Capacity,
+            Stream::ClientCold,
+            Stream::Colder,
+            Stream::Coldest,
+            Stream::ClientWarm,
+        ]
+        .into_iter()
+        .find(|stream| *stream as u8 == number)
+    }
 }
 
 /// Test hook, for every pool of the process: when set, a freed segment goes to
@@ -396,10 +412,12 @@ impl State {
             .any(|batch| !batch.records.is_empty())
     }
 
-    /// Client blocks written since the pool opened: the clock that segment
-    /// and block lifespans are counted in.
+    /// Client blocks written over the pool's life (as far as checkpoints
+    /// kept it): the clock that segment and block lifespans are counted in,
+    /// which goes on across restarts with the placement hints.
     pub fn client_blocks_written(&self) -> u64 {
-        self.client_bytes_written / BLOCK_SIZE_BYTES
+        (self.counters_before_open.client_bytes_written + self.client_bytes_written)
+            / BLOCK_SIZE_BYTES
     }
 
     /// The write counters over the pool's life (those kept in its newest
@@ -994,6 +1012,9 @@ impl State {
         head.next_block_in_segment += block_count as u32;
         let head_full = !head.has_room_for_a_data_block(self.geometry.segment_size_blocks as u32);
         self.segments[batch.segment_index as usize].last_batch_sequence = sequence;
+        let now_blocks = self.client_blocks_written();
+        self.placement
+            .segment_written(batch.segment_index, now_blocks);
         let in_flight = Arc::new(InFlightBatch {
             sequence,
             summary_block: batch.summary_block,

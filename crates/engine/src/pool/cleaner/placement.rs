@@ -3,9 +3,11 @@
 //! out of a segment of stream `k` goes to stream `k + 1` (the coldest stream
 //! keeps what it moves), so that data which keeps surviving cleanings gathers in
 //! segments that stay full and are seldom chosen again, apart from data that
-//! survived once by chance and dies soon after. The stream of each segment is
-//! kept in memory only: it steers placement, never correctness, so after a
-//! restart every segment counts as a client segment until it is rewritten.
+//! survived once by chance and dies soon after. The stream of each segment,
+//! its data's date and when it was last written (the victim age cost-benefit
+//! weighs) are hints: they steer placement, never correctness. Checkpoints
+//! keep them ([`Placement::image`]), so placement goes on across restarts;
+//! time is counted in client blocks written over the pool's life.
 //!
 //! Client writes are split too, by how often the block is rewritten, in the
 //! spirit of SepBIT (Wang et al., "Separating Data via Block Invalidation Time
@@ -32,6 +34,7 @@
 //! pools, whose flash is a FIFO), a relocated block goes one stream colder
 //! per cleaning it survives instead.
 
+use crate::log::checkpoint::PlacementImage;
 use crate::pool::state::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
 
 /// What the cleaner has done per stream of victim, for measurements and tests.
@@ -92,6 +95,11 @@ pub struct Placement {
     segment_data_written_at_blocks: Vec<u64>,
     /// Blocks relocated into each segment, which weigh that mean.
     segment_relocated_block_counts: Vec<u32>,
+    /// When each segment's last batch was written, in client blocks written:
+    /// the age the cleaner's cost-benefit weighs. (Batch sequences would not
+    /// do: recovery makes them jump, which made every segment written before
+    /// a restart look equally ancient until it was cleaned.)
+    segment_last_written_at_blocks: Vec<u64>,
     /// When clients wrote the data of the victim being cleaned.
     victim_data_written_at_blocks: u64,
     /// Whether relocations are split by the age of their data (one-tier
@@ -123,6 +131,7 @@ impl Placement {
             segment_streams: Vec::new(),
             segment_data_written_at_blocks: Vec::new(),
             segment_relocated_block_counts: Vec::new(),
+            segment_last_written_at_blocks: Vec::new(),
             victim_data_written_at_blocks: 0,
             relocations_by_age,
             interval_levels: Vec::new(),
@@ -130,6 +139,78 @@ impl Placement {
             relocation_stream: Stream::Cleaner,
             counts: VictimCounts::default(),
         }
+    }
+
+    /// The hints a checkpoint keeps: segment streams and data dates, and the
+    /// lifespan samples (not the per-block interval levels, a byte per block
+    /// of the pool, which rebuild as blocks are rewritten).
+    pub fn image(&self) -> PlacementImage {
+        PlacementImage {
+            segment_streams: self
+                .segment_streams
+                .iter()
+                .map(|stream| *stream as u8)
+                .collect(),
+            segment_data_written_at_blocks: self.segment_data_written_at_blocks.clone(),
+            segment_last_written_at_blocks: self.segment_last_written_at_blocks.clone(),
+            lifespan_samples_blocks: self.lifespan_samples_blocks.iter().copied().collect(),
+        }
+    }
+
+    /// Takes the hints of `image` for the first `segment_count` segments (an
+    /// unknown stream number counts as a client segment).
+    pub fn restore(&mut self, image: &PlacementImage, segment_count: usize) {
+        let count = image
+            .segment_streams
+            .len()
+            .min(image.segment_data_written_at_blocks.len())
+            .min(image.segment_last_written_at_blocks.len())
+            .min(segment_count);
+        self.segment_streams = image.segment_streams[..count]
+            .iter()
+            .map(|number| Stream::from_number(*number).unwrap_or(Stream::Client))
+            .collect();
+        self.segment_data_written_at_blocks =
+            image.segment_data_written_at_blocks[..count].to_vec();
+        self.segment_relocated_block_counts = vec![0; count];
+        self.segment_last_written_at_blocks =
+            image.segment_last_written_at_blocks[..count].to_vec();
+        let skip = image
+            .lifespan_samples_blocks
+            .len()
+            .saturating_sub(LIFESPAN_SAMPLE_COUNT_MAX);
+        self.lifespan_samples_blocks = image.lifespan_samples_blocks[skip..]
+            .iter()
+            .copied()
+            .collect();
+    }
+
+    /// Forgets what was known of `segment_index`, which was written again
+    /// after the checkpoint its hints came from: a client segment dated `now_blocks`.
+    pub fn forget_segment(&mut self, segment_index: u32, now_blocks: u64) {
+        let index = segment_index as usize;
+        self.grow_to(index);
+        self.segment_streams[index] = Stream::Client;
+        self.segment_data_written_at_blocks[index] = now_blocks;
+        self.segment_relocated_block_counts[index] = 0;
+        self.segment_last_written_at_blocks[index] = now_blocks;
+    }
+
+    /// Records that a batch was written into `segment_index` when clients
+    /// had written `now_blocks` blocks.
+    pub fn segment_written(&mut self, segment_index: u32, now_blocks: u64) {
+        let index = segment_index as usize;
+        self.grow_to(index);
+        self.segment_last_written_at_blocks[index] = now_blocks;
+    }
+
+    /// When the last batch was written into `segment_index` (0, the oldest,
+    /// if unknown).
+    pub fn last_written_at_blocks(&self, segment_index: u32) -> u64 {
+        self.segment_last_written_at_blocks
+            .get(segment_index as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The stream that wrote `segment_index` (client if unknown).
@@ -155,6 +236,7 @@ impl Placement {
             self.segment_streams.resize(index + 1, Stream::Client);
             self.segment_data_written_at_blocks.resize(index + 1, 0);
             self.segment_relocated_block_counts.resize(index + 1, 0);
+            self.segment_last_written_at_blocks.resize(index + 1, 0);
         }
     }
 
@@ -448,5 +530,46 @@ mod tests {
             let error = (back - blocks as f64).abs() / blocks as f64;
             assert!(error < 0.1, "{blocks} came back as {back}");
         }
+    }
+
+    #[test]
+    fn hints_survive_an_image_and_forgotten_segments_restart_as_client_segments() {
+        let mut placement = Placement::new(true);
+        placement.segment_opened(0, Stream::Client, 100);
+        placement.segment_written(0, 150);
+        placement.segment_opened(2, Stream::Coldest, 200);
+        placement.victim_data_written_at_blocks = 40;
+        placement.relocated_into(2);
+        placement.segment_written(2, 260);
+        placement.lifespan_samples_blocks.push_back(1_000);
+        let image = placement.image();
+        let mut restored = Placement::new(true);
+        restored.restore(&image, 3);
+        assert_eq!(restored.image(), image);
+        assert_eq!(restored.stream_of(2), Stream::Coldest);
+        assert_eq!(restored.data_written_at_blocks(2), 40);
+        assert_eq!(restored.last_written_at_blocks(2), 260);
+        assert_eq!(restored.lifespan_threshold_blocks(), 1_000);
+        // Only the pool's segments are taken, and an unknown stream number
+        // is a client segment.
+        let mut odd = image.clone();
+        odd.segment_streams[0] = 200;
+        let mut small = Placement::new(true);
+        small.restore(&odd, 2);
+        assert_eq!(small.stream_of(0), Stream::Client);
+        assert_eq!(small.image().segment_streams.len(), 2);
+        restored.forget_segment(2, 900);
+        assert_eq!(restored.stream_of(2), Stream::Client);
+        assert_eq!(restored.data_written_at_blocks(2), 900);
+        assert_eq!(restored.last_written_at_blocks(2), 900);
+    }
+
+    #[test]
+    fn every_stream_number_names_its_stream() {
+        for number in 0..STREAM_COUNT as u8 {
+            let stream = Stream::from_number(number).expect("a stream for every head");
+            assert_eq!(stream as u8, number);
+        }
+        assert_eq!(Stream::from_number(STREAM_COUNT as u8), None);
     }
 }
