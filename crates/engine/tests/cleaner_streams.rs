@@ -95,13 +95,7 @@ async fn streams_run(seed: u64) -> lamina_engine::pool::cleaner::placement::Vict
     let mut rng = SmallRng::seed_from_u64(seed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
-    let limits = PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
-        cleaner_relocation_blocks_per_client_block_max: 0.0,
-        relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
-        ..PoolLimits::default()
-    };
+    let limits = quiet_limits(seed);
     let pool = Pool::create(faulty.clone(), options(), limits.clone())
         .await
         .expect("create");
@@ -175,6 +169,19 @@ async fn cut_power_and_verify(
         .verify(&pool, volume_id, &format!("seed {seed} after recovery"))
         .await;
     pool.close().await.expect("close");
+}
+
+/// Limits for run `seed` under which only the test acts: no timed flushes or
+/// checkpoints, no paced cleaner (writers clean for themselves), and the
+/// relocation split of [`relocation_streams_by_age`].
+fn quiet_limits(seed: u64) -> PoolLimits {
+    PoolLimits {
+        flush_interval_ms: 3_600_000,
+        checkpoint_interval_ms: 3_600_000,
+        cleaner_relocation_blocks_per_client_block_max: 0.0,
+        relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
+        ..PoolLimits::default()
+    }
 }
 
 /// `relocation_streams_by_age_segment_count_min` for run `seed`: half the
@@ -364,13 +371,7 @@ async fn blocked_writers_reclaim_with_flushes_when_no_segment_needs_a_checkpoint
 async fn concurrent_writers_on_a_nearly_full_pool_never_see_enospc() {
     for seed in 0..4u64 {
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-        let limits = PoolLimits {
-            flush_interval_ms: 3_600_000,
-            checkpoint_interval_ms: 3_600_000,
-            cleaner_relocation_blocks_per_client_block_max: 0.0,
-            relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
-            ..PoolLimits::default()
-        };
+        let limits = quiet_limits(seed);
         let pool = Pool::create(memory, options(), limits)
             .await
             .expect("create");
@@ -482,13 +483,7 @@ async fn placement_hints_and_the_victim_order_survive_reopens_and_crashes() {
     for seed in 0..4u64 {
         let mut rng = SmallRng::seed_from_u64(seed);
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-        let limits = PoolLimits {
-            flush_interval_ms: 3_600_000,
-            checkpoint_interval_ms: 3_600_000,
-            cleaner_relocation_blocks_per_client_block_max: 0.0,
-            relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
-            ..PoolLimits::default()
-        };
+        let limits = quiet_limits(seed);
         let pool = Pool::create(memory.clone(), options(), limits.clone())
             .await
             .expect("create");
