@@ -159,18 +159,12 @@ pub struct VolumePolicyImage {
     pub policy: crate::volume::TierPolicy,
 }
 
-/// The body as format version 3 wrote it.
+/// The body as format version 3 wrote it: version 2's fields, then the
+/// policy table (postcard writes a nested struct's fields in place, so the
+/// nesting is the same bytes).
 #[derive(Deserialize)]
 struct BodyVersion3 {
-    checkpoint_sequence: u64,
-    covered_batch_sequence: u64,
-    next_segment_sequence: u64,
-    next_volume_id: u32,
-    next_snapshot_id: u32,
-    heads: Vec<HeadImage>,
-    chunks: Vec<ChunkImage>,
-    volumes: Vec<VolumeImage>,
-    segment_last_batch_sequences: Vec<u64>,
+    version_2: BodyVersion2,
     volume_policies: Vec<VolumePolicyImage>,
 }
 
@@ -203,40 +197,34 @@ impl Body {
         if version == 2 {
             let (_, old): (u32, BodyVersion2) =
                 frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
-            return Ok(Self {
-                checkpoint_sequence: old.checkpoint_sequence,
-                covered_batch_sequence: old.covered_batch_sequence,
-                next_segment_sequence: old.next_segment_sequence,
-                next_volume_id: old.next_volume_id,
-                next_snapshot_id: old.next_snapshot_id,
-                heads: old.heads,
-                chunks: old.chunks,
-                volumes: old.volumes,
-                segment_last_batch_sequences: old.segment_last_batch_sequences,
-                volume_policies: Vec::new(),
-                counters: CountersImage::default(),
-                placement: PlacementImage::default(),
-            });
+            return Ok(Self::from_older(old, Vec::new()));
         }
         if version == 3 {
             let (_, old): (u32, BodyVersion3) =
                 frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
-            return Ok(Self {
-                checkpoint_sequence: old.checkpoint_sequence,
-                covered_batch_sequence: old.covered_batch_sequence,
-                next_segment_sequence: old.next_segment_sequence,
-                next_volume_id: old.next_volume_id,
-                next_snapshot_id: old.next_snapshot_id,
-                heads: old.heads,
-                chunks: old.chunks,
-                volumes: old.volumes,
-                segment_last_batch_sequences: old.segment_last_batch_sequences,
-                volume_policies: old.volume_policies,
-                counters: CountersImage::default(),
-                placement: PlacementImage::default(),
-            });
+            return Ok(Self::from_older(old.version_2, old.volume_policies));
         }
         frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
+    }
+
+    /// A body of an older version: its fields, the policy table (empty
+    /// before version 3), and zero counters and no placement hints (both
+    /// came with version 4).
+    fn from_older(old: BodyVersion2, volume_policies: Vec<VolumePolicyImage>) -> Self {
+        Self {
+            checkpoint_sequence: old.checkpoint_sequence,
+            covered_batch_sequence: old.covered_batch_sequence,
+            next_segment_sequence: old.next_segment_sequence,
+            next_volume_id: old.next_volume_id,
+            next_snapshot_id: old.next_snapshot_id,
+            heads: old.heads,
+            chunks: old.chunks,
+            volumes: old.volumes,
+            segment_last_batch_sequences: old.segment_last_batch_sequences,
+            volume_policies,
+            counters: CountersImage::default(),
+            placement: PlacementImage::default(),
+        }
     }
 }
 

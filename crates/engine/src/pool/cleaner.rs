@@ -167,13 +167,13 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
                 let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
                 return Some((age, index as u32));
             }
+            if utilization > VICTIM_UTILIZATION_MAX {
+                return None;
+            }
             let age = now_blocks
                 .saturating_sub(state.placement.last_written_at_blocks(index as u32))
                 as f64
                 + 1.0;
-            if utilization > VICTIM_UTILIZATION_MAX {
-                return None;
-            }
             let score = match policy {
                 VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
                 VictimPolicy::Greedy => 1.0 - utilization,
