@@ -386,8 +386,50 @@ fn print_status(value: &serde_json::Value) {
         println!("promoted             {} blocks", value["promoted_blocks"]);
         println!("demoted              {} blocks", value["demoted_blocks"]);
     }
+    print_integrity(&value["integrity"]);
     if let Some(reason) = value["failed"].as_str() {
         println!("FAILED               {reason}");
+    }
+}
+
+/// Damage the pool found: one line when there is none, each finding otherwise.
+fn print_integrity(integrity: &serde_json::Value) {
+    let count = |name: &str| integrity[name].as_u64().unwrap_or(0);
+    let findings = [
+        (
+            "read_checksum_errors",
+            "checksum errors on read (I/O errors returned)",
+        ),
+        (
+            "damaged_flushed_blocks",
+            "flushed blocks found damaged at recovery (reads fail)",
+        ),
+        (
+            "lost_batches",
+            "flushed batches lost (both summary copies damaged): DATA LOSS",
+        ),
+        (
+            "summaries_repaired",
+            "damaged summaries read from their copies",
+        ),
+        (
+            "torn_blocks_dropped",
+            "unflushed blocks torn by a crash, dropped",
+        ),
+        (
+            "segments_set_aside",
+            "segments set aside by the cleaner (unreadable summaries)",
+        ),
+    ];
+    let found: Vec<_> = findings
+        .iter()
+        .filter(|(name, _)| count(name) > 0)
+        .collect();
+    if found.is_empty() {
+        println!("integrity            no damage found");
+    }
+    for (name, what) in found {
+        println!("integrity            {} {what}", count(name));
     }
 }
 

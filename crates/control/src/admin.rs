@@ -286,6 +286,11 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         status.cleaner_relocated_blocks as f64,
     );
     gauge(
+        "lamina_segments_set_aside",
+        "Segments the cleaner set aside because their summaries do not describe every block.",
+        status.integrity.segments_set_aside as f64,
+    );
+    gauge(
         "lamina_pool_failed",
         "1 when the pool refuses writes after an I/O error.",
         f64::from(u8::from(status.failed.is_some())),
@@ -305,6 +310,37 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
             "lamina_cleaner_state{{state=\"{name}\"}} {}\n",
             u8::from(state == status.cleaner_state)
         ));
+    }
+    let integrity = &status.integrity;
+    for (name, help, value) in [
+        (
+            "lamina_read_checksum_errors_total",
+            "Blocks that failed their checksum when read (each an I/O error, never data).",
+            integrity.read_checksum_errors,
+        ),
+        (
+            "lamina_summaries_repaired_total",
+            "Damaged batch summaries read from their copies (recovery and cleaning).",
+            integrity.summaries_repaired,
+        ),
+        (
+            "lamina_lost_batches_total",
+            "Flushed batches whose summary and copy were both unreadable at recovery (data loss).",
+            integrity.lost_batches,
+        ),
+        (
+            "lamina_torn_blocks_dropped_total",
+            "Unflushed blocks torn by a crash and dropped at recovery.",
+            integrity.torn_blocks_dropped,
+        ),
+        (
+            "lamina_damaged_flushed_blocks_total",
+            "Flushed blocks found damaged at recovery (reads of them fail).",
+            integrity.damaged_flushed_blocks,
+        ),
+    ] {
+        metric_header(&mut text, name, "counter", help);
+        text.push_str(&format!("{name} {value}\n"));
     }
     // One listing serves every per-volume gauge: its space accounting walks the maps.
     let volumes = pool.list_volumes();

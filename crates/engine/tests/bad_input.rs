@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use lamina_device::{FileDevice, FileDeviceOptions, MemoryDevice};
-use lamina_engine::log::geometry::Geometry;
+use lamina_engine::log::geometry::{Geometry, SUPERBLOCK_COPY_BLOCK};
 use lamina_engine::log::superblock::{SUPERBLOCK_MAGIC, Superblock};
 use lamina_engine::log::{FORMAT_VERSION, frame};
 use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
@@ -286,18 +286,20 @@ async fn open_file_pool(path: &Path) -> EngineError {
     }
 }
 
-/// Every single-bit flip in the superblock frame (after the magic) is caught as
-/// a corrupt superblock; a flip in the magic makes block 0 "not a pool". Neither
-/// writes anything.
+/// Every single-bit flip in the superblock frame (after the magic), made in
+/// both the superblock and its copy, is caught as a corrupt superblock; a flip
+/// in the magic makes block 0 "not a pool". Neither writes anything.
 #[tokio::test]
-async fn every_bit_flip_in_the_superblock_is_refused() {
+async fn every_bit_flip_in_the_superblock_and_its_copy_is_refused() {
     let image = pool_image().await;
+    let copy_offset = (SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES) as usize;
     let payload_bytes = u32::from_le_bytes(image[12..16].try_into().unwrap()) as usize;
     let used_bytes = frame::FRAME_HEADER_BYTES + payload_bytes;
     for bit in 0..used_bytes * 8 {
         let mut flipped = image.clone();
         flipped[bit / 8] ^= 1 << (bit % 8);
-        let device = Arc::new(MemoryDevice::from_bytes(flipped));
+        flipped[copy_offset + bit / 8] ^= 1 << (bit % 8);
+        let device = Arc::new(MemoryDevice::from_bytes(flipped.clone()));
         let error = match Pool::open(device.clone(), PoolLimits::default()).await {
             Ok(_) => panic!("bit {bit}: opened a pool with a corrupt superblock"),
             Err(error) => error,
@@ -328,12 +330,40 @@ async fn every_bit_flip_in_the_superblock_is_refused() {
         // not compared in full are checked where a write would land first.
         let after = device.snapshot();
         if bit % 61 == 0 {
-            let mut expected = image.clone();
-            expected[bit / 8] ^= 1 << (bit % 8);
-            assert!(after == expected, "bit {bit}: refusing changed the device");
+            assert!(after == flipped, "bit {bit}: refusing changed the device");
         } else {
-            assert_eq!(after[bit / 8], image[bit / 8] ^ (1 << (bit % 8)));
-            assert!(after[BLOCK_SIZE_BYTES as usize..] == image[BLOCK_SIZE_BYTES as usize..]);
+            let metadata_end = copy_offset + BLOCK_SIZE_BYTES as usize;
+            assert!(after[..metadata_end] == flipped[..metadata_end]);
+        }
+    }
+}
+
+/// A flip in the superblock alone (after the magic) is read from its copy,
+/// and block 0 is rewritten from it; a flip in the magic is "not a pool"
+/// whatever the copy holds (the device may have been reused).
+#[tokio::test]
+async fn a_bit_flip_in_the_superblock_alone_is_repaired_from_its_copy() {
+    let image = pool_image().await;
+    let payload_bytes = u32::from_le_bytes(image[12..16].try_into().unwrap()) as usize;
+    let used_bytes = frame::FRAME_HEADER_BYTES + payload_bytes;
+    let block = BLOCK_SIZE_BYTES as usize;
+    for bit in (0..used_bytes * 8).step_by(7) {
+        let mut flipped = image.clone();
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        let device = Arc::new(MemoryDevice::from_bytes(flipped));
+        match Pool::open(device.clone(), PoolLimits::default()).await {
+            Ok(pool) => {
+                assert!(bit >= 64, "bit {bit}: opened without the magic");
+                pool.close().await.unwrap();
+                assert!(
+                    device.snapshot()[..block] == image[..block],
+                    "bit {bit}: block 0 was not repaired"
+                );
+            }
+            Err(error) => assert!(
+                bit < 64 && matches!(error, EngineError::NotAPool { .. }),
+                "bit {bit}: {error:?}"
+            ),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Batches: the unit the log appends. A batch is one summary block (a frame
 //! holding the batch's identity and its records) followed by the data blocks its
-//! `Data` records describe, in order. The summary travels with the data in the
+//! `Data` records describe, in order, and (format version 5 on) a copy of the
+//! summary block, so that one damaged sector never loses a batch's records. The summary travels with the data in the
 //! same device write, so no metadata is ever written separately per client write.
 
 use serde::{Deserialize, Serialize};
@@ -166,21 +167,6 @@ impl Summary {
             .count()
     }
 
-    /// Whether this summary is the next link of a segment's batch chain: same
-    /// incarnation, at the position the chain expects, and its data fits in the
-    /// segment. Recovery and the cleaner both walk chains with this one rule.
-    pub fn continues_chain(
-        &self,
-        segment_sequence: u64,
-        block_in_segment: u32,
-        segment_size_blocks: u64,
-    ) -> bool {
-        self.segment_sequence == segment_sequence
-            && self.block_in_segment == block_in_segment
-            && u64::from(block_in_segment) + 1 + self.data_block_count() as u64
-                <= segment_size_blocks
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let bytes = frame::encode(
             BATCH_MAGIC,
@@ -197,7 +183,13 @@ impl Summary {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
-        let (_, summary): (u32, Summary) =
+        Self::decode_versioned(bytes).map(|(_, summary)| summary)
+    }
+
+    /// The summary and the format version it was written with (which says
+    /// whether its batch ends with a copy of it, see `log::chain`).
+    pub fn decode_versioned(bytes: &[u8]) -> Result<(u32, Self), FrameError> {
+        let (version, summary): (u32, Summary) =
             frame::decode(BATCH_MAGIC, super::FORMAT_VERSION, bytes)?;
         if summary.data_block_count() > BATCH_DATA_BLOCKS_MAX {
             return Err(FrameError::Decode(format!(
@@ -205,7 +197,7 @@ impl Summary {
                 summary.data_block_count()
             )));
         }
-        Ok(summary)
+        Ok((version, summary))
     }
 }
 

@@ -14,6 +14,12 @@ use crate::BLOCK_SIZE_BYTES;
 
 /// Device block of the superblock.
 pub const SUPERBLOCK_BLOCK: u64 = 0;
+/// Device block of the superblock's copy (format version 5), read when the
+/// superblock fails its checksum; far enough from block 0 not to share its
+/// sectors or, on most devices, its erase block.
+pub const SUPERBLOCK_COPY_BLOCK: u64 = 128;
+/// Device blocks of the two flush markers (`log::marker`, format version 5).
+pub const FLUSH_MARKER_BLOCKS: [u64; 2] = [192, 193];
 /// First device block of each checkpoint slot.
 pub const CHECKPOINT_SLOT_BLOCKS: [u64; 2] = [256, 512];
 /// Size of each checkpoint slot in blocks (1 MiB).

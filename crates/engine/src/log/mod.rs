@@ -4,18 +4,23 @@
 //! checkpoint and replays every newer batch. See `docs/format.md`.
 
 pub mod batch;
+pub mod chain;
 pub mod checkpoint;
 pub mod frame;
 pub mod geometry;
+pub mod marker;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 4 added the write
+/// The on-disk format version this build writes. Version 5 writes every batch
+/// summary twice (first and last block of the batch, `chain`), and adds the
+/// superblock's copy and the flush markers (blocks before the checkpoint
+/// slots, which older versions left zero). Version 4 added the write
 /// counters to checkpoint bodies (earlier bodies read as zero). Version 3 added the capacity
 /// tier (geometry), per-volume tier policies (a record and a checkpoint table);
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

@@ -34,7 +34,7 @@ use super::state::{
 };
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::Summary;
+use crate::log::chain;
 use crate::log::geometry::Tier;
 
 /// Free and dead capacity segments beyond the demotions' reserve under which
@@ -108,6 +108,27 @@ impl VictimContents {
     }
 }
 
+/// A victim in memory as a walk reads it.
+struct VictimBlocks<'a>(&'a VictimContents);
+
+impl chain::SegmentBlocks for VictimBlocks<'_> {
+    type Error = std::convert::Infallible;
+
+    async fn read_blocks(
+        &mut self,
+        first_block_in_segment: u32,
+        block_count: u32,
+    ) -> Result<Vec<u8>, Self::Error> {
+        let block = BLOCK_SIZE_BYTES as usize;
+        let mut bytes = Vec::with_capacity(block_count as usize * block);
+        for index in 0..block_count {
+            let offset = (first_block_in_segment + index) as usize * block;
+            bytes.extend_from_slice(self.0.block_at(offset));
+        }
+        Ok(bytes)
+    }
+}
+
 /// What one round of a blocked writer's reclaim does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReclaimStep {
@@ -158,6 +179,7 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
         .enumerate()
         .filter(|(index, segment)| {
             segment.state == SegmentState::Sealed
+                && !segment.set_aside
                 && state.geometry.tier_of_segment(*index as u32) == tier
         })
         .filter_map(|(index, segment)| {
@@ -377,33 +399,42 @@ impl Pool {
         // Every data block the segment's batch chain describes: (volume,
         // logical block, physical block, offset of its data in `contents`).
         let block = BLOCK_SIZE_BYTES as usize;
+        let chain = match chain::walk(
+            &mut VictimBlocks(&contents),
+            geometry.segment_size_blocks as u32,
+            0,
+            None,
+        )
+        .await
+        {
+            Ok(chain) => chain,
+            Err(never) => match never {},
+        };
+        let repaired = chain.batches.iter().filter(|batch| batch.from_copy).count();
+        if repaired > 0 {
+            tracing::warn!(
+                segment_index,
+                summaries = repaired,
+                "damaged batch summaries in a cleaning victim; read from their copies"
+            );
+            self.inner.integrity.summaries_repaired(repaired as u64);
+        }
         let mut candidates: Vec<(u32, u64, u64, usize)> = Vec::new();
-        let mut position = 0u64;
-        // The incarnation is the one of the batch at block 0.
-        let mut incarnation = None;
-        while position + 2 <= geometry.segment_size_blocks {
-            let start = position as usize * block;
-            let Ok(summary) = Summary::decode(contents.block_at(start)) else {
-                break;
-            };
-            let sequence = *incarnation.get_or_insert(summary.segment_sequence);
-            if !summary.continues_chain(sequence, position as u32, geometry.segment_size_blocks) {
-                break;
+        for batch in &chain.batches {
+            let targets = batch
+                .summary
+                .records
+                .iter()
+                .filter_map(|record| record.data_target());
+            for (data_index, (volume_id, logical_block)) in targets.enumerate() {
+                let offset_blocks = batch.data_block_in_segment(data_index as u32);
+                candidates.push((
+                    volume_id,
+                    logical_block,
+                    first_block + u64::from(offset_blocks),
+                    offset_blocks as usize * block,
+                ));
             }
-            let mut data_index = 0u64;
-            for record in &summary.records {
-                if let Some((volume_id, logical_block)) = record.data_target() {
-                    let offset_blocks = position + 1 + data_index;
-                    candidates.push((
-                        volume_id,
-                        logical_block,
-                        first_block + offset_blocks,
-                        offset_blocks as usize * block,
-                    ));
-                    data_index += 1;
-                }
-            }
-            position += 1 + data_index;
         }
         // Where each block goes: kept blocks first, then demotions, so that
         // each stream's batches fill up instead of alternating.
@@ -525,13 +556,32 @@ impl Pool {
         writer.await.expect("relocation writer task");
         let segment = self.inner.lock().segments[segment_index as usize];
         if segment.live_blocks > 0 {
-            tracing::warn!(
-                segment_index,
-                live_blocks = segment.live_blocks,
-                "cleaned segment still has live blocks its summaries do not describe"
-            );
+            self.set_aside(segment_index, &chain.damaged);
         }
         Ok(segment.live_blocks == 0)
+    }
+
+    /// Takes a segment whose summaries do not describe every live block out
+    /// of the victims for as long as the pool is open (cleaning it again would
+    /// find the same), logged once. Its live blocks are still served, and it
+    /// is freed like any segment if they all die.
+    fn set_aside(&self, segment_index: u32, damaged: &[chain::DamagedRange]) {
+        let live_blocks = {
+            let mut state = self.inner.lock();
+            let segment = &mut state.segments[segment_index as usize];
+            if segment.set_aside || segment.state != SegmentState::Sealed {
+                return;
+            }
+            segment.set_aside = true;
+            segment.live_blocks
+        };
+        tracing::error!(
+            segment_index,
+            live_blocks,
+            ?damaged,
+            "segment set aside: its batch summaries do not describe every live block \
+             (both copies of a summary damaged); it will not be cleaned"
+        );
     }
 
     /// Frees space for a write that found no free segment: waits for anyone else

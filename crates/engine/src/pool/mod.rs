@@ -12,6 +12,8 @@
 
 mod checkpoint;
 pub mod cleaner;
+mod flush_marker;
+pub mod integrity;
 mod recovery;
 pub mod state;
 mod tiering;
@@ -200,6 +202,9 @@ pub struct PoolStatus {
     /// capacity by the cleaner, since the pool opened.
     pub promoted_blocks: u64,
     pub demoted_blocks: u64,
+    /// Damage found (checksum errors, repaired summaries, lost batches,
+    /// segments set aside) since the pool opened.
+    pub integrity: integrity::IntegrityStatus,
 }
 
 /// One tier's space.
@@ -275,6 +280,10 @@ pub(crate) struct Inner {
     cache: Arc<crate::tier::memory_cache::MemoryCache>,
     /// Set when the pool is closed or abandoned: background work stops.
     shutdown: std::sync::atomic::AtomicBool,
+    /// Damage found and what was done about it.
+    integrity: integrity::Integrity,
+    /// The durable record of how far completed flushes reached.
+    flush_marker: flush_marker::FlushMarker,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.
@@ -960,6 +969,7 @@ impl Pool {
                         return Ok(ReadOutcome::Moved(mismatch));
                     }
                     tracing::error!(volume = %volume_name, logical_block, physical_block, "checksum mismatch");
+                    self.inner.integrity.read_checksum_error();
                     return Err(mismatch);
                 }
                 let (within_block, within_buffer, length) =
@@ -1294,17 +1304,50 @@ impl Pool {
             }
             (state.written_through(), state.sealed_bytes_total)
         };
+        let marker_covered = self.inner.flush_marker.before_device_flush().await;
         if let Err(error) = self.inner.device.flush().await {
             let mut state = self.inner.lock();
             state.failed.get_or_insert(error.to_string());
             return Err(error.into());
         }
-        let mut state = self.inner.lock();
-        state.durable_through = state.durable_through.max(covered);
-        state.flushed_bytes_total = state.flushed_bytes_total.max(sealed_bytes);
-        // Deaths just made durable free their segments (decision 0006).
-        state.free_reusable_dead_segments();
+        let durable_through = {
+            let mut state = self.inner.lock();
+            state.durable_through = state.durable_through.max(covered);
+            state.flushed_bytes_total = state.flushed_bytes_total.max(sealed_bytes);
+            // Deaths just made durable free their segments (decision 0006).
+            state.free_reusable_dead_segments();
+            state.durable_through
+        };
+        self.inner
+            .flush_marker
+            .after_device_flush(&self.inner.device, marker_covered, durable_through)
+            .await;
         Ok(())
+    }
+
+    /// Makes the newest flush marker durable when no flush has covered it
+    /// yet (the background task's part of `flush_marker`).
+    async fn flush_marker_durably(&self) -> Result<(), EngineError> {
+        if !self.inner.flush_marker.needs_durability_flush() {
+            return Ok(());
+        }
+        let _guard = self.inner.flush_lock.lock().await;
+        self.inner.lock().check_failed()?;
+        let marker_covered = self.inner.flush_marker.before_device_flush().await;
+        self.inner.device.flush().await?;
+        let durable_through = self.inner.lock().durable_through;
+        self.inner
+            .flush_marker
+            .after_device_flush(&self.inner.device, marker_covered, durable_through)
+            .await;
+        Ok(())
+    }
+
+    /// Waits until the marker of the last completed flush has been written to
+    /// the device (not necessarily flushed): a process that dies after this
+    /// leaves recovery able to tell that flush's batches from a torn tail.
+    pub async fn flush_marker_written(&self) {
+        self.inner.flush_marker.settled().await;
     }
 
     fn maybe_flush_in_background(&self) {
@@ -1467,6 +1510,13 @@ impl Pool {
                 .then(|| tier_space(Tier::Capacity, state.free_capacity_segments.len())),
             promoted_blocks,
             demoted_blocks,
+            integrity: self.inner.integrity.status(
+                state
+                    .segments
+                    .iter()
+                    .filter(|segment| segment.set_aside)
+                    .count() as u64,
+            ),
         }
     }
 
@@ -1508,6 +1558,9 @@ impl Pool {
                 };
                 if dirty && let Err(error) = pool.flush().await {
                     tracing::error!(%error, "background flush failed");
+                }
+                if let Err(error) = pool.flush_marker_durably().await {
+                    tracing::error!(%error, "background flush of the flush marker failed");
                 }
                 let due_by_time = (log_bytes > 0 || space_waiting)
                     && last_checkpoint.elapsed()
@@ -1551,6 +1604,7 @@ impl Pool {
     /// stops background work.
     pub async fn close(&self) -> Result<(), EngineError> {
         self.flush().await?;
+        self.inner.flush_marker.settled().await;
         self.checkpoint().await?;
         self.inner
             .shutdown

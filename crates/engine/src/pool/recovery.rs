@@ -12,17 +12,22 @@ use std::sync::{Arc, Mutex};
 use lamina_device::BlockDevice;
 use tokio::sync::Notify;
 
+use super::flush_marker::FlushMarker;
+use super::integrity::RecoveryFindings;
 use super::state::{DurableCheckpoint, SegmentInfo, SegmentState, State};
 use super::{Inner, Pool, PoolLimits, PoolOptions, RMW_LOCK_COUNT};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::{Summary, block_checksum};
+use crate::log::chain;
 use crate::log::checkpoint::MapImage;
 use crate::log::checkpoint::{Body, Slot};
 use crate::log::frame::FrameError;
 use crate::log::geometry::{
-    CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry, SUPERBLOCK_BLOCK, Tier,
+    CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, FLUSH_MARKER_BLOCKS, Geometry,
+    SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK, Tier,
 };
+use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
 use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
 use crate::tier::heat::Heat;
@@ -80,6 +85,7 @@ fn new_inner(
     geometry: Geometry,
     limits: PoolLimits,
     mut state: State,
+    flush_marker: FlushMarker,
 ) -> Arc<Inner> {
     let cache = Arc::new(crate::tier::memory_cache::MemoryCache::new(
         limits.memory_cache_bytes,
@@ -100,6 +106,8 @@ fn new_inner(
             .map(|_| tokio::sync::Mutex::new(()))
             .collect(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
+        integrity: Default::default(),
+        flush_marker,
     })
 }
 
@@ -113,6 +121,7 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
                 live_blocks: 0,
                 last_batch_sequence: 0,
                 needed_by_replay: true,
+                set_aside: false,
             };
             geometry.segment_count as usize
         ],
@@ -273,6 +282,12 @@ impl Pool {
                 )
                 .await?;
         }
+        device
+            .write(
+                SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES,
+                super::aligned(&superblock.encode()),
+            )
+            .await?;
         // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
         for slot_block in CHECKPOINT_SLOT_BLOCKS {
             device
@@ -284,7 +299,8 @@ impl Pool {
         }
         device.flush().await?;
         let state = empty_state(geometry, &limits);
-        let pool = Pool::from_inner(new_inner(device, geometry, limits, state));
+        let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
+        let pool = Pool::from_inner(new_inner(device, geometry, limits, state, flush_marker));
         // Both slots hold a checkpoint from the start, so that one can always fall back.
         pool.checkpoint().await?;
         pool.checkpoint().await?;
@@ -302,33 +318,8 @@ impl Pool {
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
         let name = device.name().to_string();
-        let superblock_bytes = device.read(0, BLOCK_SIZE_BYTES as usize).await?;
-        let superblock = match Superblock::decode(&superblock_bytes) {
-            Ok((version, _)) if version < FORMAT_VERSION_READ_MIN => {
-                return Err(EngineError::OlderFormat {
-                    device: name,
-                    found: version,
-                    supported: FORMAT_VERSION_READ_MIN,
-                });
-            }
-            Ok((_, superblock)) => superblock,
-            Err(FrameError::WrongMagic) => return Err(EngineError::NotAPool { device: name }),
-            Err(FrameError::NewerVersion(found)) => {
-                return Err(EngineError::NewerFormat {
-                    device: name,
-                    found,
-                    supported: FORMAT_VERSION,
-                });
-            }
-            Err(error) => {
-                return Err(EngineError::corrupt(
-                    &name,
-                    "superblock",
-                    0,
-                    error.to_string(),
-                ));
-            }
-        };
+        let found = read_superblock(&*device, &name).await?;
+        let superblock = found.superblock.clone();
         let geometry = superblock.geometry;
         if let Err(reason) = validate_geometry(&geometry) {
             return Err(EngineError::corrupt(&name, "superblock", 0, reason));
@@ -356,6 +347,16 @@ impl Pool {
             }
         }
         let started = std::time::Instant::now();
+        let marker_bytes = device
+            .read(
+                FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
+                FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize,
+            )
+            .await?;
+        let marker = FlushMarkerRecord::newest(
+            marker_bytes.chunks(BLOCK_SIZE_BYTES as usize),
+            superblock.pool_identifier,
+        );
 
         // Both slots; the newest whose body verifies wins.
         let mut slots: Vec<(usize, Slot)> = Vec::new();
@@ -445,81 +446,36 @@ impl Pool {
             held.extend(older.body_segments.iter().copied());
         }
 
-        // Find every batch appended after the checkpoint.
-        let batches = scan_log(&*device, &geometry, &held, &body).await?;
-        let mut flushed_through = covered;
-        for (summary, _) in &batches {
-            flushed_through = flushed_through.max(summary.flushed_through_sequence);
-        }
-        let mut highest_sequence = covered;
-        let mut highest_segment_sequence = body.next_segment_sequence.saturating_sub(1);
-        let mut replayed = 0usize;
-        let mut dropped_blocks = 0usize;
-        for (summary, summary_block) in &batches {
-            if summary.batch_sequence <= covered {
-                continue;
-            }
-            // Flushed batches may be missing: a dead segment whose records
-            // were all replaced by later durable ones is rewritten without
-            // waiting for checkpoints to cover it (`State::dead_segment_reusable`).
-            if summary.batch_sequence <= flushed_through
-                && summary.batch_sequence != highest_sequence + 1
-            {
-                tracing::debug!(
-                    device = %name,
-                    expected = highest_sequence + 1,
-                    found = summary.batch_sequence,
-                    "flushed batches absent from the log (their segments were rewritten)"
-                );
-            }
-            // The unflushed tail may be torn: check its data before trusting it.
-            let data_count = summary.data_block_count();
-            let verified: Option<lamina_device::AlignedBuffer> =
-                if summary.batch_sequence > flushed_through && data_count > 0 {
-                    Some(
-                        device
-                            .read(
-                                (summary_block + 1) * BLOCK_SIZE_BYTES,
-                                data_count * BLOCK_SIZE_BYTES as usize,
-                            )
-                            .await?,
-                    )
-                } else {
-                    None
-                };
-            let mut data_index = 0u64;
-            for record in &summary.records {
-                if let Some(checksum) = record.data_checksum() {
-                    let physical_block = summary_block + 1 + data_index;
-                    let intact = verified.as_ref().is_none_or(|data| {
-                        let start = (data_index * BLOCK_SIZE_BYTES) as usize;
-                        block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == checksum
-                    });
-                    data_index += 1;
-                    if !intact {
-                        dropped_blocks += 1;
-                        continue;
-                    }
-                    state
-                        .volumes
-                        .apply(record, Some(physical_block), &mut |_| {});
-                } else {
-                    state.volumes.apply(record, None, &mut |_| {});
-                }
-            }
-            let segment_index = geometry.segment_of(*summary_block) as usize;
-            // Written after the checkpoint: its hints there are of an earlier use.
-            let now_blocks = state.client_blocks_written();
-            state
-                .placement
-                .forget_segment(segment_index as u32, now_blocks);
-            state.segments[segment_index].last_batch_sequence = state.segments[segment_index]
-                .last_batch_sequence
-                .max(summary.batch_sequence);
-            highest_sequence = highest_sequence.max(summary.batch_sequence);
-            highest_segment_sequence = highest_segment_sequence.max(summary.segment_sequence);
-            replayed += 1;
-        }
+        // Find every batch appended after the checkpoint, and how far
+        // completed flushes reached: what the log's summaries say, or the
+        // flush marker written after the last flush, whichever is further.
+        let scanned = scan_log(&*device, &geometry, &held, &body).await?;
+        let log_flushed_through = scanned
+            .batches
+            .iter()
+            .map(|batch| batch.summary.flushed_through_sequence)
+            .fold(covered, u64::max);
+        let flushed_through = marker
+            .map_or(0, |marker| marker.flushed_through_sequence)
+            .max(log_flushed_through);
+        let replay = replay_batches(
+            &*device,
+            &geometry,
+            &mut state,
+            &scanned,
+            ReplayBounds {
+                covered,
+                log_flushed_through,
+                flushed_through,
+            },
+        )
+        .await?;
+        let findings = report_findings(&name, &scanned, &replay, flushed_through);
+        let highest_sequence = replay.highest_sequence;
+        let highest_segment_sequence = replay
+            .highest_segment_sequence
+            .max(body.next_segment_sequence.saturating_sub(1));
+        let replayed = replay.replayed;
 
         // Segment usage from the recovered maps, counting each physical block
         // once however many snapshots and clones share it.
@@ -596,17 +552,24 @@ impl Pool {
         // The skipped sequences count as sealed and durable, so that the log stays
         // dense from the next checkpoint's point of view.
         state.sealed_through = state.next_batch_sequence - 1;
+        // Every check passed: the superblock's copies may be written now.
+        found.repair(&*device, &name).await?;
         // What was replayed may sit in a volatile cache after a process crash:
         // make it durable before anything new is acknowledged on top of it.
         device.flush().await?;
         state.durable_through = state.sealed_through;
 
-        let pool = Pool::from_inner(new_inner(device, geometry, limits, state));
+        let flush_marker = FlushMarker::new(superblock.pool_identifier, marker);
+        let pool = Pool::from_inner(new_inner(device, geometry, limits, state, flush_marker));
+        pool.inner.integrity.recovery_found(&findings);
         tracing::info!(
             device = %name,
             checkpoint = chosen_slot.checkpoint_sequence,
             replayed_batches = replayed,
-            dropped_torn_blocks = dropped_blocks,
+            torn_blocks_dropped = findings.torn_blocks_dropped,
+            damaged_flushed_blocks = findings.damaged_flushed_blocks,
+            summaries_repaired = findings.summaries_repaired,
+            lost_batches = findings.lost_batches,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "pool recovered"
         );
@@ -622,6 +585,264 @@ impl Pool {
         }
         Ok(pool)
     }
+}
+
+/// The superblock as found: from block 0 or, when that fails its checksum,
+/// from its copy; and which of the two must be (re)written once the pool has
+/// been validated.
+struct FoundSuperblock {
+    superblock: Superblock,
+    primary_damaged: bool,
+    copy_stale: bool,
+}
+
+impl FoundSuperblock {
+    /// Rewrites a damaged superblock from its copy, and writes the copy of a
+    /// pool that has none (made before format version 5) or a damaged one.
+    async fn repair(&self, device: &dyn BlockDevice, name: &str) -> Result<(), EngineError> {
+        let encoded = super::aligned(&self.superblock.encode());
+        if self.primary_damaged {
+            device
+                .write(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, encoded.clone())
+                .await?;
+            tracing::warn!(device = name, "superblock rewritten from its copy");
+        }
+        if self.copy_stale {
+            device
+                .write(SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES, encoded)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the superblock, falling back to its copy when block 0 holds a
+/// lamina superblock that fails its checksum. A block 0 without the magic is
+/// not a pool, whatever block 128 holds: the device may have been reused
+/// (a file system written over it), and its copy must not bring it back.
+async fn read_superblock(
+    device: &dyn BlockDevice,
+    name: &str,
+) -> Result<FoundSuperblock, EngineError> {
+    let block = BLOCK_SIZE_BYTES as usize;
+    let primary_bytes = device
+        .read(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, block)
+        .await?;
+    let copy_bytes = device
+        .read(SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES, block)
+        .await?;
+    let copy = Superblock::decode(&copy_bytes).ok();
+    let primary_error = match Superblock::decode(&primary_bytes) {
+        Ok((version, _)) if version < FORMAT_VERSION_READ_MIN => {
+            return Err(EngineError::OlderFormat {
+                device: name.to_string(),
+                found: version,
+                supported: FORMAT_VERSION_READ_MIN,
+            });
+        }
+        Ok((_, superblock)) => {
+            let copy_stale = copy.is_none_or(|(_, copy)| copy != superblock);
+            return Ok(FoundSuperblock {
+                superblock,
+                primary_damaged: false,
+                copy_stale,
+            });
+        }
+        Err(FrameError::WrongMagic) => {
+            return Err(EngineError::NotAPool {
+                device: name.to_string(),
+            });
+        }
+        Err(FrameError::NewerVersion(found)) => {
+            return Err(EngineError::NewerFormat {
+                device: name.to_string(),
+                found,
+                supported: FORMAT_VERSION,
+            });
+        }
+        Err(error) => error,
+    };
+    match copy {
+        Some((version, superblock)) if version >= FORMAT_VERSION_READ_MIN => {
+            tracing::warn!(
+                device = name,
+                error = %primary_error,
+                "the superblock is damaged; using its copy"
+            );
+            Ok(FoundSuperblock {
+                superblock,
+                primary_damaged: true,
+                copy_stale: false,
+            })
+        }
+        _ => Err(EngineError::corrupt(
+            name,
+            "superblock",
+            0,
+            primary_error.to_string(),
+        )),
+    }
+}
+
+/// Sequences that decide how replay treats a batch.
+#[derive(Clone, Copy, Debug)]
+struct ReplayBounds {
+    /// The checkpoint covers every batch up to here: they are not replayed.
+    covered: u64,
+    /// The furthest flush the log's own summaries vouch for: batches above it
+    /// were the unflushed tail as far as the log alone can tell, so their
+    /// data is checked.
+    log_flushed_through: u64,
+    /// The furthest flush the log or the flush marker vouches for: a block up
+    /// to here that fails its checksum rotted after it was durable (mapped, so
+    /// that reading it is an error); above, it was torn by the crash (dropped).
+    flushed_through: u64,
+}
+
+/// What replay did.
+struct ReplayOutcome {
+    replayed: usize,
+    highest_sequence: u64,
+    highest_segment_sequence: u64,
+    torn_blocks_dropped: u64,
+    damaged_flushed_blocks: u64,
+}
+
+/// Replays the scanned batches newer than the checkpoint, in sequence order.
+async fn replay_batches(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    state: &mut State,
+    scanned: &ScannedLog,
+    bounds: ReplayBounds,
+) -> Result<ReplayOutcome, EngineError> {
+    let mut outcome = ReplayOutcome {
+        replayed: 0,
+        highest_sequence: bounds.covered,
+        highest_segment_sequence: 0,
+        torn_blocks_dropped: 0,
+        damaged_flushed_blocks: 0,
+    };
+    for ScannedBatch {
+        summary,
+        summary_block,
+    } in &scanned.batches
+    {
+        if summary.batch_sequence <= bounds.covered {
+            continue;
+        }
+        // Flushed batches may be missing: a dead segment whose records
+        // were all replaced by later durable ones is rewritten without
+        // waiting for checkpoints to cover it (`State::dead_segment_reusable`).
+        // Beyond what the log vouches for, the data may be torn: check it.
+        let data_count = summary.data_block_count();
+        let verified: Option<lamina_device::AlignedBuffer> =
+            if summary.batch_sequence > bounds.log_flushed_through && data_count > 0 {
+                let offset = (summary_block + 1) * BLOCK_SIZE_BYTES;
+                Some(
+                    device
+                        .read(offset, data_count * BLOCK_SIZE_BYTES as usize)
+                        .await?,
+                )
+            } else {
+                None
+            };
+        let flushed = summary.batch_sequence <= bounds.flushed_through;
+        let mut data_index = 0u64;
+        for record in &summary.records {
+            let Some(checksum) = record.data_checksum() else {
+                state.volumes.apply(record, None, &mut |_| {});
+                continue;
+            };
+            let physical_block = summary_block + 1 + data_index;
+            let intact = verified.as_ref().is_none_or(|data| {
+                let start = (data_index * BLOCK_SIZE_BYTES) as usize;
+                block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == checksum
+            });
+            data_index += 1;
+            if !intact && !flushed {
+                outcome.torn_blocks_dropped += 1;
+                continue;
+            }
+            if !intact {
+                // Durable, then damaged: mapped with its checksum, so that a
+                // read reports the damage rather than the older version.
+                outcome.damaged_flushed_blocks += 1;
+                tracing::warn!(
+                    physical_block,
+                    target = ?record.data_target(),
+                    "a flushed block fails its checksum; reads of it will fail"
+                );
+            }
+            state
+                .volumes
+                .apply(record, Some(physical_block), &mut |_| {});
+        }
+        let segment_index = geometry.segment_of(*summary_block) as usize;
+        // Written after the checkpoint: its hints there are of an earlier use.
+        let now_blocks = state.client_blocks_written();
+        state
+            .placement
+            .forget_segment(segment_index as u32, now_blocks);
+        state.segments[segment_index].last_batch_sequence = state.segments[segment_index]
+            .last_batch_sequence
+            .max(summary.batch_sequence);
+        outcome.highest_sequence = outcome.highest_sequence.max(summary.batch_sequence);
+        outcome.highest_segment_sequence = outcome
+            .highest_segment_sequence
+            .max(summary.segment_sequence);
+        outcome.replayed += 1;
+    }
+    Ok(outcome)
+}
+
+/// Logs what recovery found damaged and sums it up for `pool status`. A batch
+/// whose summary and copy were both unreadable is lost if a completed flush
+/// covered it (the batch after it in its segment is itself covered); before
+/// that point it may have been torn by the crash, which loses nothing flushed.
+fn report_findings(
+    device: &str,
+    scanned: &ScannedLog,
+    replay: &ReplayOutcome,
+    flushed_through: u64,
+) -> RecoveryFindings {
+    let mut findings = RecoveryFindings {
+        summaries_repaired: scanned.summaries_repaired,
+        lost_batches: 0,
+        torn_blocks_dropped: replay.torn_blocks_dropped,
+        damaged_flushed_blocks: replay.damaged_flushed_blocks,
+    };
+    if scanned.summaries_repaired > 0 {
+        tracing::warn!(
+            device,
+            summaries = scanned.summaries_repaired,
+            "damaged batch summaries were read from their copies"
+        );
+    }
+    for damage in &scanned.damaged {
+        let flushed =
+            damage.next_batch_sequence > 0 && damage.next_batch_sequence <= flushed_through;
+        if flushed {
+            findings.lost_batches += 1;
+            tracing::error!(
+                device,
+                segment_index = damage.segment_index,
+                first_block_in_segment = damage.range.first_block_in_segment,
+                block_count = damage.range.block_count,
+                "a flushed batch is lost: both copies of its summary are damaged, so the \
+                 blocks it wrote may read as an older version"
+            );
+        } else {
+            tracing::warn!(
+                device,
+                segment_index = damage.segment_index,
+                first_block_in_segment = damage.range.first_block_in_segment,
+                block_count = damage.range.block_count,
+                "an unreadable batch in the unflushed tail was skipped (torn by the crash)"
+            );
+        }
+    }
+    findings
 }
 
 /// Checks what checksums cannot: that a superblock written by a buggy or hostile
@@ -861,96 +1082,152 @@ async fn read_body(
     Ok((body, volumes))
 }
 
-/// Every valid batch that may be newer than the checkpoint, sorted by sequence,
-/// with the device block of its summary.
+/// A segment on the device, as a chain walk reads it.
+struct DeviceSegment<'a> {
+    device: &'a dyn BlockDevice,
+    first_block: u64,
+}
+
+impl chain::SegmentBlocks for DeviceSegment<'_> {
+    type Error = lamina_device::DeviceError;
+
+    async fn read_blocks(
+        &mut self,
+        first_block_in_segment: u32,
+        block_count: u32,
+    ) -> Result<Vec<u8>, Self::Error> {
+        let offset = (self.first_block + u64::from(first_block_in_segment)) * BLOCK_SIZE_BYTES;
+        let bytes = self
+            .device
+            .read(offset, block_count as usize * BLOCK_SIZE_BYTES as usize)
+            .await?;
+        Ok(bytes.to_vec())
+    }
+}
+
+/// A batch found by the scan, with the device block of its summary.
+struct ScannedBatch {
+    summary: Summary,
+    summary_block: u64,
+}
+
+/// Blocks of a segment written after the checkpoint whose batch lost both
+/// copies of its summary, with the sequence of the batch that follows them in
+/// the segment (the lost batch's is lower).
+struct ScannedDamage {
+    segment_index: u32,
+    range: chain::DamagedRange,
+    next_batch_sequence: u64,
+}
+
+/// What the scan found: batches sorted by sequence, damaged ranges, and how
+/// many summaries were read from their copies.
+struct ScannedLog {
+    batches: Vec<ScannedBatch>,
+    damaged: Vec<ScannedDamage>,
+    summaries_repaired: u64,
+}
+
+/// Where the scan walks a segment from.
+struct WalkStart {
+    segment_index: u32,
+    first_block: u32,
+    segment_sequence: u64,
+}
+
+/// Every valid batch that may be newer than the checkpoint.
 async fn scan_log(
     device: &dyn BlockDevice,
     geometry: &Geometry,
     held: &HashSet<u32>,
     body: &Body,
-) -> Result<Vec<(Summary, u64)>, EngineError> {
-    // A segment whose block 0 holds a batch of an incarnation newer than the
+) -> Result<ScannedLog, EngineError> {
+    // A segment whose first batch is of an incarnation newer than the
     // checkpoint is walked from block 0; otherwise, a head the checkpoint
     // recorded is walked from where the checkpoint left it. (A recorded head may
     // have been freed and reused since, when recovery falls back to an older
     // checkpoint: its new incarnation wins.)
-    let mut starts: Vec<(u32, u32, u64)> = Vec::new();
+    let segment_size_blocks = geometry.segment_size_blocks as u32;
+    let mut starts: Vec<WalkStart> = Vec::new();
     let candidates: Vec<u32> = (0..geometry.segment_count as u32)
         .filter(|index| !held.contains(index))
         .collect();
     for group in candidates.chunks(SCAN_CONCURRENCY_MAX) {
-        let reads = group.iter().map(|index| {
-            device.read(
-                geometry.segment_first_block(*index) * BLOCK_SIZE_BYTES,
-                BLOCK_SIZE_BYTES as usize,
-            )
+        let probes = group.iter().map(|index| async move {
+            let mut source = DeviceSegment {
+                device,
+                first_block: geometry.segment_first_block(*index),
+            };
+            chain::first_incarnation(&mut source, segment_size_blocks).await
         });
-        for (index, result) in group.iter().zip(futures::future::join_all(reads).await) {
-            let block = result?;
-            let newer_incarnation = Summary::decode(&block).ok().filter(|summary| {
-                summary.segment_sequence >= body.next_segment_sequence
-                    && summary.block_in_segment == 0
-            });
-            if let Some(summary) = newer_incarnation {
-                starts.push((*index, 0, summary.segment_sequence));
-            } else if let Some(head) = body.heads.iter().find(|head| head.segment_index == *index) {
-                starts.push((
-                    head.segment_index,
-                    head.next_block_in_segment,
-                    head.segment_sequence,
-                ));
+        for (index, result) in group.iter().zip(futures::future::join_all(probes).await) {
+            match result? {
+                Some(segment_sequence) if segment_sequence >= body.next_segment_sequence => {
+                    starts.push(WalkStart {
+                        segment_index: *index,
+                        first_block: 0,
+                        segment_sequence,
+                    });
+                }
+                _ => {
+                    if let Some(head) = body.heads.iter().find(|head| head.segment_index == *index)
+                    {
+                        starts.push(WalkStart {
+                            segment_index: head.segment_index,
+                            first_block: head.next_block_in_segment,
+                            segment_sequence: head.segment_sequence,
+                        });
+                    }
+                }
             }
         }
     }
-    let walks = starts
-        .iter()
-        .map(|(segment_index, first_block, segment_sequence)| {
-            walk_segment(
-                device,
-                geometry,
-                *segment_index,
-                *first_block,
-                *segment_sequence,
-            )
-        });
-    let mut batches: Vec<(Summary, u64)> = Vec::new();
-    for result in futures::future::join_all(walks).await {
-        batches.extend(result?);
-    }
-    batches.sort_by_key(|(summary, _)| summary.batch_sequence);
-    batches.dedup_by_key(|(summary, _)| summary.batch_sequence);
-    Ok(batches)
-}
-
-/// Follows the chain of batches in one segment from `first_block`, stopping at
-/// the first block that is not a valid batch of this segment incarnation.
-async fn walk_segment(
-    device: &dyn BlockDevice,
-    geometry: &Geometry,
-    segment_index: u32,
-    first_block: u32,
-    segment_sequence: u64,
-) -> Result<Vec<(Summary, u64)>, EngineError> {
-    let mut found = Vec::new();
-    let mut block_in_segment = first_block;
-    let segment_start = geometry.segment_first_block(segment_index);
-    while u64::from(block_in_segment) + 2 <= geometry.segment_size_blocks {
-        let summary_block = segment_start + u64::from(block_in_segment);
-        let bytes = device
-            .read(summary_block * BLOCK_SIZE_BYTES, BLOCK_SIZE_BYTES as usize)
-            .await?;
-        let Ok(summary) = Summary::decode(&bytes) else {
-            break;
+    let walks = starts.iter().map(|start| async move {
+        let mut source = DeviceSegment {
+            device,
+            first_block: geometry.segment_first_block(start.segment_index),
         };
-        if !summary.continues_chain(
-            segment_sequence,
-            block_in_segment,
-            geometry.segment_size_blocks,
-        ) {
-            break;
+        let chain = chain::walk(
+            &mut source,
+            segment_size_blocks,
+            start.first_block,
+            Some(start.segment_sequence),
+        )
+        .await;
+        (start.segment_index, source.first_block, chain)
+    });
+    let mut scanned = ScannedLog {
+        batches: Vec::new(),
+        damaged: Vec::new(),
+        summaries_repaired: 0,
+    };
+    for (segment_index, first_block, result) in futures::future::join_all(walks).await {
+        let chain = result?;
+        for damaged in &chain.damaged {
+            let next_batch_sequence = chain
+                .batches
+                .iter()
+                .find(|batch| batch.block_in_segment > damaged.first_block_in_segment)
+                .map_or(0, |batch| batch.summary.batch_sequence);
+            scanned.damaged.push(ScannedDamage {
+                segment_index,
+                range: *damaged,
+                next_batch_sequence,
+            });
         }
-        block_in_segment += 1 + summary.data_block_count() as u32;
-        found.push((summary, summary_block));
+        for batch in chain.batches {
+            scanned.summaries_repaired += u64::from(batch.from_copy);
+            scanned.batches.push(ScannedBatch {
+                summary_block: first_block + u64::from(batch.block_in_segment),
+                summary: batch.summary,
+            });
+        }
     }
-    Ok(found)
+    scanned
+        .batches
+        .sort_by_key(|batch| batch.summary.batch_sequence);
+    scanned
+        .batches
+        .dedup_by_key(|batch| batch.summary.batch_sequence);
+    Ok(scanned)
 }

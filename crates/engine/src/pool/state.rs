@@ -53,6 +53,10 @@ pub struct SegmentInfo {
     /// soon as those are durable (see [`State::dead_segment_reusable`]).
     /// True when unknown (after recovery).
     pub needed_by_replay: bool,
+    /// Whether the cleaner set it aside: its summaries do not describe every
+    /// block (both copies of one are damaged), so it cannot be cleaned; its
+    /// live blocks are still served, and it is freed if they all die.
+    pub set_aside: bool,
 }
 
 /// Dead segments by what frees them ([`State::sealed_dead_flash_segment_counts`]).
@@ -73,6 +77,9 @@ impl DeadSegmentCounts {
 
 /// `died_at` of a segment whose death waits for the open batches to be sealed.
 pub const DEATH_PENDING: u64 = u64::MAX;
+
+/// Blocks a batch takes besides its data: the summary and its copy.
+pub const BATCH_OVERHEAD_BLOCKS: u32 = 2;
 
 /// The log heads. Client writes and cleaner relocations go to different
 /// segments, so that data the cleaner found cold is not mixed with fresh, hot
@@ -218,9 +225,10 @@ pub struct Head {
 
 impl Head {
     /// Whether the segment still has room for a batch of one data block (its
-    /// summary and the block) in a segment of `segment_size_blocks`.
+    /// summary, the block and the summary's copy) in a segment of
+    /// `segment_size_blocks`.
     pub fn has_room_for_a_data_block(&self, segment_size_blocks: u32) -> bool {
-        self.next_block_in_segment + 2 <= segment_size_blocks
+        self.next_block_in_segment + BATCH_OVERHEAD_BLOCKS < segment_size_blocks
     }
 }
 
@@ -235,7 +243,8 @@ pub struct OpenBatch {
     pub summary_block: u64,
     pub records: Vec<Record>,
     pub record_bytes: usize,
-    /// Block 0 is reserved for the summary, then the data blocks.
+    /// Block 0 is reserved for the summary, then the data blocks, then room
+    /// for the summary's copy.
     pub buffer: AlignedBuffer,
     pub data_count: usize,
     pub data_capacity: usize,
@@ -664,7 +673,7 @@ impl State {
         }
         let head = self.heads[stream as usize].expect("head opened above");
         let remaining = (segment_size_blocks - head.next_block_in_segment) as usize;
-        let data_capacity = BATCH_DATA_BLOCKS_MAX.min(remaining - 1);
+        let data_capacity = BATCH_DATA_BLOCKS_MAX.min(remaining - BATCH_OVERHEAD_BLOCKS as usize);
         Ok(OpenBatch {
             stream,
             segment_index: head.segment_index,
@@ -674,7 +683,9 @@ impl State {
                 + u64::from(head.next_block_in_segment),
             records: Vec::new(),
             record_bytes: 0,
-            buffer: AlignedBuffer::zeroed((1 + data_capacity) * BLOCK_SIZE_BYTES as usize),
+            buffer: AlignedBuffer::zeroed(
+                (BATCH_OVERHEAD_BLOCKS as usize + data_capacity) * BLOCK_SIZE_BYTES as usize,
+            ),
             data_count: 0,
             data_capacity,
             data_blocks: HashSet::new(),
@@ -998,12 +1009,14 @@ impl State {
             flushed_through_sequence: self.durable_through,
             records: std::mem::take(&mut batch.records),
         };
+        // The summary goes first and again last (format version 5), so that
+        // one damaged sector never loses the batch's records (`log::chain`).
         let encoded = summary.encode();
-        batch.buffer[..BLOCK_SIZE_BYTES as usize].copy_from_slice(&encoded);
-        let block_count = 1 + batch.data_count;
-        batch
-            .buffer
-            .truncate(block_count * BLOCK_SIZE_BYTES as usize);
+        let block = BLOCK_SIZE_BYTES as usize;
+        let block_count = BATCH_OVERHEAD_BLOCKS as usize + batch.data_count;
+        batch.buffer[..block].copy_from_slice(&encoded);
+        batch.buffer[(block_count - 1) * block..block_count * block].copy_from_slice(&encoded);
+        batch.buffer.truncate(block_count * block);
         let stream = batch.stream;
         let head = self.heads[stream as usize]
             .as_mut()
@@ -1129,6 +1142,7 @@ impl State {
             "freeing segment {segment_index} with live blocks"
         );
         segment.state = SegmentState::Free;
+        segment.set_aside = false;
         // Oldest freed first: a freed segment is rewritten as late as possible.
         // Tests that must see a segment rewritten soon after it is freed turn
         // the order around.

@@ -1,0 +1,359 @@
+//! Walking a segment's chain of batches: the one rule recovery and the cleaner
+//! both use to find the batches of one segment incarnation and their data.
+//!
+//! From format version 5 every summary is written twice, as the batch's first
+//! block and again as its last (the copy, right after the data), so that one
+//! damaged sector never hides a batch: a summary that fails its checksum is
+//! read from its copy. When both are damaged the walk does not stop there (that
+//! would silently hide every later batch of the segment): it looks for the
+//! next batch within the largest span a batch can have, and reports the blocks
+//! in between as a damaged range whose records are lost, so that the caller can
+//! report them. A walk ends where no batch of the incarnation follows.
+
+use std::future::Future;
+
+use super::batch::{BATCH_DATA_BLOCKS_MAX, Summary};
+use crate::BLOCK_SIZE_BYTES;
+
+/// The first format version whose batches end with a copy of their summary.
+pub const SUMMARY_COPY_VERSION_MIN: u32 = 5;
+
+/// Blocks after a batch's first block that the batch can cover at most (its
+/// data and the summary's copy): how far a walk looks for a copy, or for the
+/// next batch, past a summary it cannot read.
+pub const BATCH_TAIL_BLOCKS_MAX: u32 = BATCH_DATA_BLOCKS_MAX as u32 + 1;
+
+/// Where a walk reads a segment's blocks from: the device at recovery, a victim
+/// read into memory for the cleaner.
+pub trait SegmentBlocks {
+    type Error;
+    /// `block_count` blocks from `first_block_in_segment` (never past the segment).
+    fn read_blocks(
+        &mut self,
+        first_block_in_segment: u32,
+        block_count: u32,
+    ) -> impl Future<Output = Result<Vec<u8>, Self::Error>>;
+}
+
+/// One batch found by a walk.
+#[derive(Clone, Debug)]
+pub struct ChainBatch {
+    pub summary: Summary,
+    /// Where its (first) summary block is; its data blocks follow it.
+    pub block_in_segment: u32,
+    /// Whether the first summary was damaged and its copy was used.
+    pub from_copy: bool,
+}
+
+impl ChainBatch {
+    /// Block in the segment of the batch's data block `data_index`.
+    pub fn data_block_in_segment(&self, data_index: u32) -> u32 {
+        self.block_in_segment + 1 + data_index
+    }
+}
+
+/// Blocks of a segment where a batch was written whose summary and copy are
+/// both unreadable: its records are lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DamagedRange {
+    pub first_block_in_segment: u32,
+    pub block_count: u32,
+}
+
+/// What a walk found.
+#[derive(Clone, Debug, Default)]
+pub struct Chain {
+    pub batches: Vec<ChainBatch>,
+    pub damaged: Vec<DamagedRange>,
+    /// The incarnation walked (found at the first batch when not given).
+    pub segment_sequence: Option<u64>,
+}
+
+/// A summary, with how many blocks its batch spans.
+struct Link {
+    summary: Summary,
+    span_blocks: u32,
+    /// Whether the batch ends with a copy of its summary (version 5 on).
+    has_copy: bool,
+}
+
+fn decode_link(bytes: &[u8]) -> Option<Link> {
+    let (version, summary) = Summary::decode_versioned(bytes).ok()?;
+    let has_copy = version >= SUMMARY_COPY_VERSION_MIN;
+    let span_blocks = 1 + summary.data_block_count() as u32 + u32::from(has_copy);
+    Some(Link {
+        summary,
+        span_blocks,
+        has_copy,
+    })
+}
+
+/// Whether `link`, found at `block_in_segment`, is a batch of `incarnation`
+/// (any, when not known yet) that starts at `start` and fits in the segment.
+fn belongs(link: &Link, start: u32, incarnation: Option<u64>, segment_size_blocks: u32) -> bool {
+    incarnation.is_none_or(|sequence| link.summary.segment_sequence == sequence)
+        && link.summary.block_in_segment == start
+        && u64::from(start) + u64::from(link.span_blocks) <= u64::from(segment_size_blocks)
+}
+
+/// What follows a position whose first block is not a summary of the chain.
+enum Resync {
+    /// The summary's copy, which names `start`.
+    Copy(Link),
+    /// The next batch begins at this block (of this incarnation): the blocks
+    /// before it are lost.
+    Next {
+        position: u32,
+        segment_sequence: u64,
+    },
+    End,
+}
+
+/// Looks past `start` for the copy of a batch beginning there, or else for the
+/// next batch of the incarnation.
+async fn resync<S: SegmentBlocks>(
+    source: &mut S,
+    start: u32,
+    incarnation: Option<u64>,
+    segment_size_blocks: u32,
+) -> Result<Resync, S::Error> {
+    let first = start + 1;
+    let count = BATCH_TAIL_BLOCKS_MAX.min(segment_size_blocks.saturating_sub(first));
+    if count == 0 {
+        return Ok(Resync::End);
+    }
+    let window = source.read_blocks(first, count).await?;
+    let block = BLOCK_SIZE_BYTES as usize;
+    let links: Vec<(u32, Link)> = window
+        .chunks_exact(block)
+        .enumerate()
+        .filter_map(|(index, bytes)| Some((first + index as u32, decode_link(bytes)?)))
+        .collect();
+    // A copy is the last block of its batch.
+    let copy = links.iter().position(|(position, link)| {
+        link.has_copy
+            && start + link.span_blocks - 1 == *position
+            && belongs(link, start, incarnation, segment_size_blocks)
+    });
+    if let Some(index) = copy {
+        let (_, link) = links.into_iter().nth(index).expect("found above");
+        return Ok(Resync::Copy(link));
+    }
+    let next = links
+        .iter()
+        .find(|(position, link)| belongs(link, *position, incarnation, segment_size_blocks));
+    Ok(next.map_or(Resync::End, |(position, link)| Resync::Next {
+        position: *position,
+        segment_sequence: link.summary.segment_sequence,
+    }))
+}
+
+/// Follows the chain of batches of one segment incarnation from `first_block`
+/// (`incarnation` unknown: the first batch found names it).
+pub async fn walk<S: SegmentBlocks>(
+    source: &mut S,
+    segment_size_blocks: u32,
+    first_block: u32,
+    incarnation: Option<u64>,
+) -> Result<Chain, S::Error> {
+    let mut chain = Chain {
+        segment_sequence: incarnation,
+        ..Chain::default()
+    };
+    let mut position = first_block;
+    while position + 2 <= segment_size_blocks {
+        let bytes = source.read_blocks(position, 1).await?;
+        let (link, from_copy) = match decode_link(&bytes) {
+            Some(link) if belongs(&link, position, chain.segment_sequence, segment_size_blocks) => {
+                (link, false)
+            }
+            _ => match resync(
+                source,
+                position,
+                chain.segment_sequence,
+                segment_size_blocks,
+            )
+            .await?
+            {
+                Resync::Copy(link) => (link, true),
+                Resync::Next {
+                    position: next,
+                    segment_sequence,
+                } => {
+                    chain.damaged.push(DamagedRange {
+                        first_block_in_segment: position,
+                        block_count: next - position,
+                    });
+                    chain.segment_sequence = Some(segment_sequence);
+                    position = next;
+                    continue;
+                }
+                Resync::End => break,
+            },
+        };
+        chain.segment_sequence = Some(link.summary.segment_sequence);
+        let span = link.span_blocks;
+        chain.batches.push(ChainBatch {
+            summary: link.summary,
+            block_in_segment: position,
+            from_copy,
+        });
+        position += span;
+    }
+    Ok(chain)
+}
+
+/// The incarnation of the segment's first batch, read from its summary, or
+/// its copy, or else from the next batch after it: how recovery finds segments
+/// written since a checkpoint even when their first summary is damaged.
+pub async fn first_incarnation<S: SegmentBlocks>(
+    source: &mut S,
+    segment_size_blocks: u32,
+) -> Result<Option<u64>, S::Error> {
+    let bytes = source.read_blocks(0, 1).await?;
+    if let Some(link) = decode_link(&bytes)
+        && belongs(&link, 0, None, segment_size_blocks)
+    {
+        return Ok(Some(link.summary.segment_sequence));
+    }
+    if bytes.iter().all(|byte| *byte == 0) {
+        // Never written (a damaged block is not all zeros).
+        return Ok(None);
+    }
+    Ok(match resync(source, 0, None, segment_size_blocks).await? {
+        Resync::Copy(link) => Some(link.summary.segment_sequence),
+        Resync::Next {
+            segment_sequence, ..
+        } => Some(segment_sequence),
+        Resync::End => None,
+    })
+}
+
+/// A segment held in memory (the cleaner's victim, tests).
+pub struct InMemorySegment<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> InMemorySegment<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        assert!(bytes.len().is_multiple_of(BLOCK_SIZE_BYTES as usize));
+        Self { bytes }
+    }
+}
+
+impl SegmentBlocks for InMemorySegment<'_> {
+    type Error = std::convert::Infallible;
+
+    async fn read_blocks(
+        &mut self,
+        first_block_in_segment: u32,
+        block_count: u32,
+    ) -> Result<Vec<u8>, Self::Error> {
+        let block = BLOCK_SIZE_BYTES as usize;
+        let start = first_block_in_segment as usize * block;
+        let end = start + block_count as usize * block;
+        assert!(end <= self.bytes.len(), "read past the segment");
+        Ok(self.bytes[start..end].to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::batch::Record;
+
+    const SEGMENT_BLOCKS: u32 = 64;
+
+    /// A segment of `batches` batches of `data_count` data blocks each, written
+    /// as version 5 does (summary, data, copy).
+    fn segment(batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
+        let block = BLOCK_SIZE_BYTES as usize;
+        let mut bytes = vec![0u8; SEGMENT_BLOCKS as usize * block];
+        let mut starts = Vec::new();
+        let mut position = 0u32;
+        for (index, data_count) in batches.iter().enumerate() {
+            let summary = Summary {
+                segment_sequence: 9,
+                block_in_segment: position,
+                batch_sequence: 100 + index as u64,
+                flushed_through_sequence: 0,
+                records: (0..*data_count)
+                    .map(|data| Record::Data {
+                        volume_id: 1,
+                        logical_block: u64::from(data),
+                        checksum: 0,
+                    })
+                    .collect(),
+            };
+            let encoded = summary.encode();
+            let at = |blocks: u32| blocks as usize * block;
+            bytes[at(position)..at(position + 1)].copy_from_slice(&encoded);
+            let copy = position + 1 + data_count;
+            bytes[at(copy)..at(copy + 1)].copy_from_slice(&encoded);
+            for data in 0..*data_count {
+                let start = at(position + 1 + data);
+                bytes[start..start + block].fill(0xAB);
+            }
+            starts.push(position);
+            position = copy + 1;
+        }
+        (bytes, starts)
+    }
+
+    fn walk_bytes(bytes: &[u8]) -> Chain {
+        let mut source = InMemorySegment::new(bytes);
+        futures::executor::block_on(walk(&mut source, SEGMENT_BLOCKS, 0, Some(9)))
+            .expect("in memory")
+    }
+
+    #[test]
+    fn an_intact_chain_is_walked_to_its_end() {
+        let (bytes, starts) = segment(&[3, 5, 1]);
+        let chain = walk_bytes(&bytes);
+        let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
+        assert_eq!(found, starts);
+        assert!(chain.damaged.is_empty());
+        assert!(chain.batches.iter().all(|batch| !batch.from_copy));
+    }
+
+    #[test]
+    fn a_damaged_summary_is_read_from_its_copy() {
+        for damaged in 0..3 {
+            let (mut bytes, starts) = segment(&[3, 5, 1]);
+            let offset = starts[damaged] as usize * BLOCK_SIZE_BYTES as usize + 26;
+            bytes[offset] ^= 0x10;
+            let chain = walk_bytes(&bytes);
+            let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
+            assert_eq!(found, starts, "damaged batch {damaged}");
+            assert!(chain.batches[damaged].from_copy);
+            assert!(chain.damaged.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_batch_with_both_summaries_damaged_is_reported_and_the_walk_goes_on() {
+        let (mut bytes, starts) = segment(&[3, 5, 1]);
+        let block = BLOCK_SIZE_BYTES as usize;
+        bytes[starts[1] as usize * block + 26] ^= 1;
+        bytes[(starts[1] as usize + 6) * block + 26] ^= 1;
+        let chain = walk_bytes(&bytes);
+        let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
+        assert_eq!(found, vec![starts[0], starts[2]]);
+        assert_eq!(
+            chain.damaged,
+            vec![DamagedRange {
+                first_block_in_segment: starts[1],
+                block_count: 7,
+            }]
+        );
+    }
+
+    #[test]
+    fn another_incarnation_ends_the_walk() {
+        let (bytes, _) = segment(&[3]);
+        let mut source = InMemorySegment::new(&bytes);
+        let chain =
+            futures::executor::block_on(walk(&mut source, SEGMENT_BLOCKS, 0, Some(8))).unwrap();
+        assert!(chain.batches.is_empty() && chain.damaged.is_empty());
+    }
+}

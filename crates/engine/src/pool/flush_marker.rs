@@ -1,0 +1,131 @@
+//! Writes the flush marker (`log::marker`) after each device flush, so that
+//! recovery knows that the batches of the last flush before a crash were
+//! durable: a block of theirs that fails its checksum is then reported as an
+//! I/O error instead of being dropped as torn (which would silently return
+//! an older version).
+//!
+//! The marker write costs the flush nothing: it is issued once the device
+//! flush has completed and is not awaited by the flush that caused it. The
+//! next device flush awaits it first, so that it covers it; when no other
+//! flush follows, the pool's background task makes the marker durable within
+//! `flush_interval_ms` (`needs_durability_flush`). A crash inside that window
+//! (after a flush completed, before its marker was durable) is the one case
+//! where recovery cannot tell rot from a torn write in the last flush's
+//! batches; docs/format.md, "Flush markers", bounds it.
+//!
+//! Lock order: the pool's `flush_lock`, then this component's `pending`
+//! (only ever taken under `flush_lock` or at close), then its `progress`
+//! (never held across an await).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use lamina_device::BlockDevice;
+use tokio::task::JoinHandle;
+
+use crate::BLOCK_SIZE_BYTES;
+use crate::log::geometry::FLUSH_MARKER_BLOCKS;
+use crate::log::marker::FlushMarkerRecord;
+
+/// How far the markers have got.
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    /// The sequence the next marker gets (its slot is this modulo 2).
+    next_marker_sequence: u64,
+    /// The flushed-through sequence of the newest marker written (or being
+    /// written).
+    written_through: u64,
+    /// The flushed-through sequence of the newest marker a device flush covered.
+    durable_through: u64,
+}
+
+pub struct FlushMarker {
+    pool_identifier: u128,
+    progress: Mutex<Progress>,
+    /// The write of the newest marker, awaited before the next device flush.
+    pending: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl FlushMarker {
+    /// A marker writer that goes on from `newest` (found at recovery) or from
+    /// nothing (a new pool).
+    pub fn new(pool_identifier: u128, newest: Option<FlushMarkerRecord>) -> Self {
+        let progress = newest.map_or(Progress::default(), |marker| Progress {
+            next_marker_sequence: marker.marker_sequence + 1,
+            written_through: marker.flushed_through_sequence,
+            durable_through: marker.flushed_through_sequence,
+        });
+        Self {
+            pool_identifier,
+            progress: Mutex::new(progress),
+            pending: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().expect("flush marker lock poisoned")
+    }
+
+    /// Waits for the newest marker's write, so that the device flush the
+    /// caller is about to issue covers it. Returns what that flush will make
+    /// durable. Call under the pool's flush lock.
+    pub async fn before_device_flush(&self) -> u64 {
+        if let Some(write) = self.pending.lock().await.take() {
+            write.await.expect("flush marker write task");
+        }
+        self.progress().written_through
+    }
+
+    /// After a device flush that covered the marker up to `covering` and made
+    /// every batch up to `flushed_through` durable: starts writing a marker
+    /// saying so, unless one already does. Call under the pool's flush lock.
+    pub async fn after_device_flush(
+        &self,
+        device: &Arc<dyn BlockDevice>,
+        covering: u64,
+        flushed_through: u64,
+    ) {
+        let record = {
+            let mut progress = self.progress();
+            progress.durable_through = progress.durable_through.max(covering);
+            if flushed_through <= progress.written_through {
+                return;
+            }
+            let record = FlushMarkerRecord {
+                pool_identifier: self.pool_identifier,
+                marker_sequence: progress.next_marker_sequence,
+                flushed_through_sequence: flushed_through,
+            };
+            progress.next_marker_sequence += 1;
+            progress.written_through = flushed_through;
+            record
+        };
+        let slot = FLUSH_MARKER_BLOCKS[(record.marker_sequence % 2) as usize];
+        let device = device.clone();
+        let write = tokio::spawn(async move {
+            let buffer = super::aligned(&record.encode());
+            if let Err(error) = device.write(slot * BLOCK_SIZE_BYTES, buffer).await {
+                // The marker only narrows what recovery must treat as possibly
+                // torn; without it recovery falls back to what the log says.
+                tracing::error!(%error, "flush marker write failed");
+            }
+        });
+        *self.pending.lock().await = Some(write);
+    }
+
+    /// Whether a marker was written that no device flush has covered yet: the
+    /// background task then flushes, so that the window in which a crash
+    /// leaves the last flush's batches unvouched for stays bounded.
+    pub fn needs_durability_flush(&self) -> bool {
+        let progress = self.progress();
+        progress.written_through > progress.durable_through
+    }
+
+    /// Waits until the newest marker has been written (not flushed): for
+    /// closing the pool, and for tests that cut power right after a flush.
+    pub async fn settled(&self) {
+        if let Some(write) = self.pending.lock().await.take() {
+            write.await.expect("flush marker write task");
+        }
+    }
+}

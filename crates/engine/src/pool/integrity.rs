@@ -1,0 +1,88 @@
+//! What the pool found damaged, and what it did about it: the counters behind
+//! `pool status` and `/metrics` that make damage visible instead of silent.
+//!
+//! It owns its state (atomic counters) and takes no lock, so any component may
+//! report to it while holding the state lock. (Which segments the cleaner set
+//! aside is a property of each segment, kept with the segment's state.)
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// A snapshot of the counters, since the pool opened (recovery's counts are of
+/// the recovery that opened it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IntegrityStatus {
+    /// Blocks whose contents failed their checksum when read (each answered
+    /// with an I/O error, never with data).
+    pub read_checksum_errors: u64,
+    /// Batch summaries that failed their checksum and were read from their
+    /// copy (recovery and cleaning).
+    pub summaries_repaired: u64,
+    /// Batches that a completed flush covered but whose summary and copy were
+    /// both unreadable at recovery: their records are lost, and the blocks
+    /// they wrote may read as an older version. Any non-zero value is data loss.
+    pub lost_batches: u64,
+    /// Blocks of the unflushed tail dropped at recovery because they failed
+    /// their checksum (torn by the crash; no completed flush covered them).
+    pub torn_blocks_dropped: u64,
+    /// Blocks a completed flush covered that failed their checksum at
+    /// recovery: mapped anyway, so that reading them is an I/O error rather
+    /// than an older version.
+    pub damaged_flushed_blocks: u64,
+    /// Segments the cleaner set aside because their summaries do not describe
+    /// every block (their live blocks are still served; they are not cleaned).
+    pub segments_set_aside: u64,
+}
+
+/// The counters; see [`IntegrityStatus`] for what each means.
+#[derive(Debug, Default)]
+pub struct Integrity {
+    read_checksum_errors: AtomicU64,
+    summaries_repaired: AtomicU64,
+    lost_batches: AtomicU64,
+    torn_blocks_dropped: AtomicU64,
+    damaged_flushed_blocks: AtomicU64,
+}
+
+impl Integrity {
+    pub fn read_checksum_error(&self) {
+        self.read_checksum_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn summaries_repaired(&self, count: u64) {
+        self.summaries_repaired.fetch_add(count, Ordering::Relaxed);
+    }
+
+    pub fn recovery_found(&self, findings: &RecoveryFindings) {
+        self.lost_batches
+            .fetch_add(findings.lost_batches, Ordering::Relaxed);
+        self.torn_blocks_dropped
+            .fetch_add(findings.torn_blocks_dropped, Ordering::Relaxed);
+        self.damaged_flushed_blocks
+            .fetch_add(findings.damaged_flushed_blocks, Ordering::Relaxed);
+        self.summaries_repaired(findings.summaries_repaired);
+    }
+
+    /// The counters, with the number of segments set aside now (kept by the
+    /// segments' state).
+    pub fn status(&self, segments_set_aside: u64) -> IntegrityStatus {
+        IntegrityStatus {
+            read_checksum_errors: self.read_checksum_errors.load(Ordering::Relaxed),
+            summaries_repaired: self.summaries_repaired.load(Ordering::Relaxed),
+            lost_batches: self.lost_batches.load(Ordering::Relaxed),
+            torn_blocks_dropped: self.torn_blocks_dropped.load(Ordering::Relaxed),
+            damaged_flushed_blocks: self.damaged_flushed_blocks.load(Ordering::Relaxed),
+            segments_set_aside,
+        }
+    }
+}
+
+/// What one recovery found (see [`IntegrityStatus`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecoveryFindings {
+    pub summaries_repaired: u64,
+    pub lost_batches: u64,
+    pub torn_blocks_dropped: u64,
+    pub damaged_flushed_blocks: u64,
+}
