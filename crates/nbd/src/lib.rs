@@ -65,6 +65,7 @@
 //! `parse_request_header`, `validate_request`), fuzzed by the targets in the
 //! repository's `fuzz/` directory and by a randomized unit test.
 
+mod admission;
 mod backend;
 mod handshake;
 pub mod memory;
@@ -75,8 +76,8 @@ pub mod wire;
 pub use backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 pub use handshake::{PREFERRED_BLOCK_BYTES, transmission_flags};
 pub use server::{
-    ConfigError, ConnectionError, MAX_REQUEST_BYTES_LIMIT, NbdServer, ServerConfig,
-    serve_connection, serve_connection_until,
+    ConfigError, ConnectionError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT,
+    NbdServer, ServerConfig, ServerCounters, serve_connection, serve_connection_until,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use transmission::{block_status_descriptors, errno_for};
