@@ -277,7 +277,11 @@ mod tests {
         assert!(!other.ticket.evicted.is_cancelled());
         assert_eq!(handshakes.in_progress(), 3);
         drop(first);
-        assert_eq!(handshakes.in_progress(), 3, "an evicted ticket was already freed");
+        assert_eq!(
+            handshakes.in_progress(),
+            3,
+            "an evicted ticket was already freed"
+        );
         drop(second);
         drop(third);
         drop(other);

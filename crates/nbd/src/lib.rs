@@ -76,8 +76,8 @@ pub mod wire;
 pub use backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 pub use handshake::{PREFERRED_BLOCK_BYTES, transmission_flags};
 pub use server::{
-    ConfigError, ConnectionError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT,
-    NbdServer, ServerConfig, ServerCounters, serve_connection, serve_connection_until,
+    ConfigError, ConnectionError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT, NbdServer,
+    ServerConfig, ServerCounters, serve_connection, serve_connection_until,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use transmission::{block_status_descriptors, errno_for};

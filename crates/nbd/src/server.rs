@@ -555,7 +555,8 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         if self.connections.available_permits() == 0 {
-            self.counters.record_refusal(&peer.description, &self.config);
+            self.counters
+                .record_refusal(&peer.description, &self.config);
             drop(stream);
             return;
         }
@@ -574,8 +575,14 @@ impl NbdServer {
         connections.spawn(async move {
             let peer = peer.description;
             tracing::debug!(peer, "connection accepted");
-            let result =
-                serve_admitted(stream, catalog, &config, connection_shutdown, Some(admitted)).await;
+            let result = serve_admitted(
+                stream,
+                catalog,
+                &config,
+                connection_shutdown,
+                Some(admitted),
+            )
+            .await;
             counters.record_end(&peer, &result, &config);
         });
     }

@@ -49,7 +49,11 @@ enum Stall {
     HalfOptionHeader,
 }
 
-const STALLS: [Stall; 3] = [Stall::Silent, Stall::HalfClientFlags, Stall::HalfOptionHeader];
+const STALLS: [Stall; 3] = [
+    Stall::Silent,
+    Stall::HalfClientFlags,
+    Stall::HalfOptionHeader,
+];
 
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}
@@ -254,7 +258,10 @@ async fn nbdsh_works_while_hundreds_of_half_open_connections_of_its_own_uid_wait
         ServerConfig::default().handshakes_per_peer_max - 1,
         "{counters:?}"
     );
-    assert!(counters.handshakes_closed_for_peer_limit > 0, "{counters:?}");
+    assert!(
+        counters.handshakes_closed_for_peer_limit > 0,
+        "{counters:?}"
+    );
     attack.stop().await;
     server.stop().await;
 }
@@ -280,7 +287,11 @@ async fn a_connection_takes_a_transmission_slot_only_when_its_handshake_complete
     // the second is told why and closed.
     let mut first = UnixStream::connect(&server.socket).await.unwrap();
     let mut second = UnixStream::connect(&server.socket).await.unwrap();
-    greet(&mut second, CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).await;
+    greet(
+        &mut second,
+        CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES,
+    )
+    .await;
     go(&mut first, "disk").await;
     round_trip(&mut first, 20).await;
     send_option(&mut second, OPT_GO, &go_data("disk")).await;
@@ -325,7 +336,10 @@ async fn a_peer_at_its_limit_loses_its_oldest_handshake_and_other_peers_keep_the
     // A fifth connection from the greedy address closes that address's oldest.
     greedy_streams.push(open_stalled(&greedy, Stall::Silent).await.unwrap());
     expect_closed_after_greeting(&mut greedy_streams[0]).await;
-    for stream in greedy_streams[1..].iter_mut().chain(other_streams.iter_mut()) {
+    for stream in greedy_streams[1..]
+        .iter_mut()
+        .chain(other_streams.iter_mut())
+    {
         expect_open(stream).await;
     }
     let counters = server.server.counters();

@@ -157,4 +157,3 @@ pub async fn round_trip<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, cooki
         .expect("read data");
     assert_eq!(back, data);
 }
-
