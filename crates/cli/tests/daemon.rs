@@ -3,7 +3,8 @@
 //! verification, the volume commands against the running daemon (and their
 //! errors), clean shutdown on SIGTERM, and process crashes: `kill -9` at random
 //! moments while a client writes and flushes, then a check that every write
-//! acknowledged before a completed flush is intact.
+//! acknowledged before a completed flush is intact; and stalled handshakes
+//! against the `[server]` handshake limits, with their `/metrics` counters.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
