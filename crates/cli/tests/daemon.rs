@@ -3,7 +3,8 @@
 //! verification, the volume commands against the running daemon (and their
 //! errors), clean shutdown on SIGTERM, and process crashes: `kill -9` at random
 //! moments while a client writes and flushes, then a check that every write
-//! acknowledged before a completed flush is intact.
+//! acknowledged before a completed flush is intact; and stalled handshakes
+//! against the `[server]` handshake limits, with their `/metrics` counters.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -364,4 +365,68 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
         daemon.terminate().success(),
         "the daemon stayed up and stops cleanly"
     );
+}
+
+/// The value of the `/metrics` series `series` (name and labels as printed).
+fn metric_value(daemon: &Daemon, series: &str) -> Option<f64> {
+    daemon.metrics().lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    })
+}
+
+#[test]
+fn stalled_handshakes_are_limited_per_uid_timed_out_and_counted_in_metrics() {
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let config = format!(
+        "[server]\ntcp_address = \"\"\nhandshakes_in_progress_max = 8\nhandshakes_per_peer_max = 2\nhandshake_timeout_ms = 500\n[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {}\n",
+        2u64 << 30,
+        256u64 << 20
+    );
+    let daemon = Daemon::start_on_pool(&data_dir, &config, "default");
+    // Forty connections of this test's uid that never send a byte: the uid
+    // keeps two handshakes, each new one closes its oldest.
+    let stalled: Vec<std::os::unix::net::UnixStream> = (0..40)
+        .map(|_| std::os::unix::net::UnixStream::connect(data_dir.join("nbd.sock")).unwrap())
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric_value(
+        &daemon,
+        "lamina_nbd_handshakes_closed_total{reason=\"peer_limit\"}",
+    )
+    .unwrap_or(0.0)
+        < 38.0
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.metrics());
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 5));
+    }
+    let size = run(Command::new("nbdinfo")
+        .arg("--size")
+        .arg(daemon.uri("default")));
+    assert_eq!(size.trim(), (256u64 << 20).to_string());
+    // The ones left time out, and every slot is free again.
+    while metric_value(
+        &daemon,
+        "lamina_nbd_handshakes_closed_total{reason=\"timeout\"}",
+    )
+    .unwrap_or(0.0)
+        < 1.0
+        || metric_value(&daemon, "lamina_nbd_handshakes_in_progress") != Some(0.0)
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.metrics());
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 5));
+    }
+    assert_eq!(
+        metric_value(&daemon, "lamina_nbd_connections_refused_total"),
+        Some(0.0)
+    );
+    let log = daemon.log();
+    assert!(log.contains("handshake limit reached"), "{log}");
+    assert!(log.contains("handshake not finished in time"), "{log}");
+    // Rate-limited: one warning of each kind for the whole burst.
+    assert_eq!(log.matches("handshake limit reached").count(), 1, "{log}");
+    drop(stalled);
+    assert!(daemon.terminate().success());
 }

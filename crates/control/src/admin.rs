@@ -12,6 +12,8 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lamina_engine::{CachePriority, CleanerState, EngineError, Pin, Pool, TierPolicy};
+use lamina_nbd::NbdServer;
+use std::sync::Arc;
 
 use crate::export::OpenExports;
 use serde::{Deserialize, Serialize};
@@ -86,11 +88,12 @@ pub enum Operation {
 }
 
 /// What operations run against: the pool, and (in the daemon) which volumes
-/// NBD clients have open.
+/// NBD clients have open and the NBD server whose counters `/metrics` shows.
 #[derive(Clone)]
 pub struct AdminContext {
     pub pool: Pool,
     pub open_exports: OpenExports,
+    pub nbd_server: Option<Arc<NbdServer>>,
 }
 
 /// A failed operation: an HTTP status and a message for the user.
@@ -366,7 +369,61 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         ));
     }
     tier_metrics(pool, &status, &volumes, &mut text);
+    if let Some(server) = &context.nbd_server {
+        nbd_metrics(server, &mut text);
+    }
     ([("content-type", "text/plain; version=0.0.4")], text)
+}
+
+/// The NBD server's connections, handshakes in progress, and the connections
+/// and handshakes its limits refused or closed.
+fn nbd_metrics(server: &NbdServer, text: &mut String) {
+    let counters = server.counters();
+    metric_header(
+        text,
+        "lamina_nbd_connections",
+        "gauge",
+        "NBD connections in the transmission phase.",
+    );
+    text.push_str(&format!(
+        "lamina_nbd_connections {}\n",
+        counters.connections
+    ));
+    metric_header(
+        text,
+        "lamina_nbd_handshakes_in_progress",
+        "gauge",
+        "NBD connections still in the handshake.",
+    );
+    text.push_str(&format!(
+        "lamina_nbd_handshakes_in_progress {}\n",
+        counters.handshakes_in_progress
+    ));
+    metric_header(
+        text,
+        "lamina_nbd_connections_refused_total",
+        "counter",
+        "NBD connections closed because connections_max were being served.",
+    );
+    text.push_str(&format!(
+        "lamina_nbd_connections_refused_total {}\n",
+        counters.refused_connections
+    ));
+    metric_header(
+        text,
+        "lamina_nbd_handshakes_closed_total",
+        "counter",
+        "Unfinished NBD handshakes closed, by reason: peer_limit (handshakes_per_peer_max), total_limit (handshakes_in_progress_max), timeout (handshake_timeout_ms).",
+    );
+    for (reason, count) in [
+        ("peer_limit", counters.handshakes_closed_for_peer_limit),
+        ("total_limit", counters.handshakes_closed_for_total_limit),
+        ("timeout", counters.handshakes_timed_out),
+    ] {
+        text.push_str(&format!(
+            "lamina_nbd_handshakes_closed_total{{reason=\"{reason}\"}} {count}\n"
+        ));
+    }
 }
 
 /// One metric's HELP and TYPE lines.

@@ -28,6 +28,7 @@ pub async fn run_operation(
     let context = AdminContext {
         pool: pool.clone(),
         open_exports: Default::default(),
+        nbd_server: None,
     };
     let result = execute(&context, operation).await;
     pool.close().await.context("closing the pool")?;

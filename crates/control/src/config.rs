@@ -36,8 +36,32 @@ pub struct ServerSection {
     /// Unix socket path; relative paths are inside the data directory.
     pub unix_socket: PathBuf,
     pub max_request_bytes: u32,
+    /// Connections in the transmission phase at once (taken when a handshake
+    /// completes).
     pub connections_max: usize,
     pub in_flight_requests_max: usize,
+    /// Connections still in the handshake at once, over all peers.
+    pub handshakes_in_progress_max: usize,
+    /// Connections still in the handshake at once from one TCP address or one
+    /// Unix uid.
+    pub handshakes_per_peer_max: usize,
+    /// Time a client has to finish the handshake.
+    pub handshake_timeout_ms: u64,
+}
+
+impl ServerSection {
+    /// The NBD server's limits: these fields, the rest at their defaults.
+    pub fn server_config(&self) -> lamina_nbd::ServerConfig {
+        lamina_nbd::ServerConfig {
+            max_request_bytes: self.max_request_bytes,
+            connections_max: self.connections_max,
+            in_flight_requests_max: self.in_flight_requests_max,
+            handshakes_in_progress_max: self.handshakes_in_progress_max,
+            handshakes_per_peer_max: self.handshakes_per_peer_max,
+            handshake_timeout_ms: self.handshake_timeout_ms,
+            ..lamina_nbd::ServerConfig::default()
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -69,12 +93,16 @@ impl Default for Config {
 
 impl Default for ServerSection {
     fn default() -> Self {
+        let server = lamina_nbd::ServerConfig::default();
         Self {
             tcp_address: "127.0.0.1:10809".to_string(),
             unix_socket: PathBuf::from("nbd.sock"),
-            max_request_bytes: 32 << 20,
-            connections_max: 256,
-            in_flight_requests_max: 64,
+            max_request_bytes: server.max_request_bytes,
+            connections_max: server.connections_max,
+            in_flight_requests_max: server.in_flight_requests_max,
+            handshakes_in_progress_max: server.handshakes_in_progress_max,
+            handshakes_per_peer_max: server.handshakes_per_peer_max,
+            handshake_timeout_ms: server.handshake_timeout_ms,
         }
     }
 }
@@ -104,6 +132,10 @@ impl Config {
 
     /// Values that parse but cannot mean what was meant.
     fn check(&self) -> Result<(), String> {
+        self.server
+            .server_config()
+            .validate()
+            .map_err(|error| format!("[server] {error}"))?;
         if let Some(percent) = self
             .limits
             .usage_warning_percents
@@ -153,6 +185,28 @@ mod tests {
             toml::from_str("[limits]\nusage_warning_percents = [80, 190]\n").unwrap();
         assert!(config.check().unwrap_err().contains("190"));
         assert!(toml::from_str::<Config>("[server]\ntcp_adress = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn handshake_limits_reach_the_server_and_are_checked() {
+        let defaults = Config::default().server.server_config();
+        assert_eq!(defaults, lamina_nbd::ServerConfig::default());
+        let config: Config = toml::from_str(
+            "[server]\nhandshakes_in_progress_max = 32\nhandshakes_per_peer_max = 4\nhandshake_timeout_ms = 2000\n",
+        )
+        .unwrap();
+        assert!(config.check().is_ok());
+        let server = config.server.server_config();
+        assert_eq!(server.handshakes_in_progress_max, 32);
+        assert_eq!(server.handshakes_per_peer_max, 4);
+        assert_eq!(server.handshake_timeout_ms, 2000);
+        assert_eq!(server.connections_max, 256);
+        let config: Config = toml::from_str(
+            "[server]\nhandshakes_in_progress_max = 4\nhandshakes_per_peer_max = 8\n",
+        )
+        .unwrap();
+        let error = config.check().unwrap_err();
+        assert!(error.contains("handshakes_per_peer_max"), "{error}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use lamina_engine::{Pool, PoolOptions};
-use lamina_nbd::{CancellationToken, NbdServer, ServerConfig};
+use lamina_nbd::{CancellationToken, NbdServer};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::config::Config;
@@ -72,12 +72,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         pool: pool.clone(),
         open_exports: open_exports.clone(),
     });
-    let server_config = ServerConfig {
-        max_request_bytes: config.server.max_request_bytes,
-        connections_max: config.server.connections_max,
-        in_flight_requests_max: config.server.in_flight_requests_max,
-        ..ServerConfig::default()
-    };
+    let server_config = config.server.server_config();
     let server = Arc::new(
         NbdServer::new(catalog, server_config).map_err(|error| anyhow::anyhow!("{error}"))?,
     );
@@ -105,6 +100,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let router = crate::admin::router(crate::admin::AdminContext {
             pool: pool.clone(),
             open_exports,
+            nbd_server: Some(server.clone()),
         });
         let shutdown = shutdown.clone();
         tasks.spawn(async move {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::{Export, ExportCatalog, ExportSummary};
 use crate::server::{ConnectionError, ServerConfig};
@@ -19,6 +20,9 @@ pub(crate) struct Negotiated {
     pub export: Arc<dyn Export>,
     pub summary: ExportSummary,
     pub context: TransmissionContext,
+    /// The connection's transmission slot (`connections_max`), when the server
+    /// limits connections; released when the transmission phase ends.
+    pub transmission_slot: Option<OwnedSemaphorePermit>,
 }
 
 /// How the handshake ended.
@@ -55,13 +59,36 @@ struct State {
     structured_replies: bool,
     /// The canonical name of the export `base:allocation` was selected for.
     base_allocation_export: Option<String>,
+    /// The slots a connection takes one of when it enters transmission; `None`
+    /// when the caller sets no limit.
+    transmission_slots: Option<Arc<Semaphore>>,
+}
+
+impl State {
+    /// Takes a transmission slot for a handshake about to complete. Taken only
+    /// now, so that connections still haggling never hold one.
+    fn claim_transmission_slot(
+        &self,
+        config: &ServerConfig,
+    ) -> Result<Option<OwnedSemaphorePermit>, ConnectionError> {
+        match &self.transmission_slots {
+            None => Ok(None),
+            Some(slots) => Arc::clone(slots)
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(|_| ConnectionError::ConnectionLimit(config.connections_max)),
+        }
+    }
 }
 
 /// Runs the handshake to its end. Errors mean the connection must be closed.
+/// A handshake that chooses an export takes one of `transmission_slots` (when
+/// given) before its final reply, and fails if none is left.
 pub(crate) async fn run<S>(
     stream: &mut S,
     catalog: &dyn ExportCatalog,
     config: &ServerConfig,
+    transmission_slots: Option<Arc<Semaphore>>,
 ) -> Result<HandshakeOutcome, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -75,6 +102,7 @@ where
         no_zeroes: client_flags.no_zeroes,
         structured_replies: false,
         base_allocation_export: None,
+        transmission_slots,
     };
     let mut option_count: u32 = 0;
     loop {
@@ -182,7 +210,10 @@ where
             let Some((summary, export)) = catalog.open(name) else {
                 return Err(ConnectionError::UnknownExport(name.to_string()));
             };
-            let negotiated = negotiated(state, config, summary, export);
+            // NBD_OPT_EXPORT_NAME has no error reply: without a slot, close.
+            let slot = state.claim_transmission_slot(config)?;
+            let mut negotiated = negotiated(state, config, summary, export);
+            negotiated.transmission_slot = slot;
             let flags = transmission_flags(negotiated.export.as_ref(), state.structured_replies);
             stream
                 .write_all(&wire::encode_export_name_reply(
@@ -266,6 +297,7 @@ fn negotiated(
         export,
         summary,
         context,
+        transmission_slot: None,
     }
 }
 
@@ -286,7 +318,20 @@ where
         send(stream, option, wire::REP_ERR_UNKNOWN, message.as_bytes()).await?;
         return Ok(None);
     };
-    let negotiated = negotiated(state, config, summary, export);
+    let mut negotiated = negotiated(state, config, summary, export);
+    if go {
+        match state.claim_transmission_slot(config) {
+            Ok(slot) => negotiated.transmission_slot = slot,
+            Err(error) => {
+                let message = format!(
+                    "the server is serving its limit of {} connections",
+                    config.connections_max
+                );
+                send(stream, option, wire::REP_ERR_POLICY, message.as_bytes()).await?;
+                return Err(error);
+            }
+        }
+    }
     let flags = transmission_flags(negotiated.export.as_ref(), state.structured_replies);
     let mut out = wire::encode_option_reply(
         option,

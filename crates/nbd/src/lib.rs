@@ -43,7 +43,13 @@
 //! [`ServerConfig::in_flight_requests_max`] at once and holding at most
 //! [`ServerConfig::in_flight_bytes_max`] of buffers; one writer task sends the
 //! replies in completion order. [`ServerConfig::connections_max`] connections
-//! are served at once; further ones are logged and closed before the greeting.
+//! are in transmission at once (a connection takes a slot when its handshake
+//! completes); while all are taken, new ones are closed before the greeting.
+//! Connections in the handshake have their own limits,
+//! [`ServerConfig::handshakes_in_progress_max`] and
+//! [`ServerConfig::handshakes_per_peer_max`] (per TCP address or Unix uid); a
+//! new connection at a limit closes the oldest handshake of the peer holding
+//! the most (see `admission.rs`).
 //! Shutdown (a [`CancellationToken`]) stops accepting, stops reading requests,
 //! answers those in flight and closes, within
 //! [`ServerConfig::shutdown_timeout_ms`].
@@ -65,6 +71,7 @@
 //! `parse_request_header`, `validate_request`), fuzzed by the targets in the
 //! repository's `fuzz/` directory and by a randomized unit test.
 
+mod admission;
 mod backend;
 mod handshake;
 pub mod memory;
@@ -75,8 +82,8 @@ pub mod wire;
 pub use backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 pub use handshake::{PREFERRED_BLOCK_BYTES, transmission_flags};
 pub use server::{
-    ConfigError, ConnectionError, MAX_REQUEST_BYTES_LIMIT, NbdServer, ServerConfig,
-    serve_connection, serve_connection_until,
+    ConfigError, ConnectionError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT, NbdServer,
+    ServerConfig, ServerCounters, serve_connection, serve_connection_until,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use transmission::{block_status_descriptors, errno_for};

@@ -1,5 +1,6 @@
 //! The server: configuration with its named limits, the accept loops for TCP and
-//! Unix sockets with a connection limit and graceful shutdown, and
+//! Unix sockets with the connection and handshake limits (the handshake
+//! registry is in `admission.rs`), counters, graceful shutdown, and
 //! [`serve_connection`], which runs one connection's handshake and transmission.
 
 use std::sync::Arc;
@@ -12,6 +13,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{
+    Eviction, EvictionReason, HandshakeTicket, Handshakes, PeerKey, RateLimitedWarning,
+};
 use crate::backend::ExportCatalog;
 use crate::handshake::{self, HandshakeOutcome};
 use crate::transmission;
@@ -27,13 +31,26 @@ pub struct ServerConfig {
     /// Read and write buffers one connection may hold at once (one request larger
     /// than this may still run, alone).
     pub in_flight_bytes_max: u32,
-    /// Connections served at once; further connections are closed at once.
+    /// Connections in the transmission phase at once. A connection takes one of
+    /// these slots only when its handshake completes; while every slot is taken,
+    /// new connections are closed before the greeting.
     pub connections_max: usize,
+    /// Connections still in the handshake at once, over all peers. When a new
+    /// connection arrives with this many in progress, the oldest handshake of
+    /// the peer holding the most is closed (see `admission.rs` for why).
+    pub handshakes_in_progress_max: usize,
+    /// Connections still in the handshake at once from one peer (a TCP client's
+    /// IP address, a Unix-socket client's uid); a new connection from a peer at
+    /// this limit closes that peer's oldest handshake.
+    pub handshakes_per_peer_max: usize,
     /// Largest option data accepted during the handshake.
     pub option_bytes_max: u32,
     /// Options accepted in one handshake before the server hangs up.
     pub handshake_options_max: u32,
-    /// Time a client has to finish the handshake.
+    /// Time a client has to finish the handshake. There is no separate idle
+    /// timeout between handshake messages: a stalled handshake is closed as soon
+    /// as a new connection needs its slot, so an idle timeout would only free
+    /// slots nobody is waiting for.
     pub handshake_timeout_ms: u64,
     /// Descriptors sent in one block-status reply at most.
     pub block_status_descriptors_max: u32,
@@ -49,9 +66,15 @@ impl Default for ServerConfig {
             in_flight_requests_max: 64,
             in_flight_bytes_max: 128 * 1024 * 1024,
             connections_max: 256,
+            handshakes_in_progress_max: 64,
+            // Room for a multi-connection client (nbdcopy, qemu) handshaking on
+            // all its connections at once.
+            handshakes_per_peer_max: 16,
             option_bytes_max: 64 * 1024,
             handshake_options_max: 1024,
-            handshake_timeout_ms: 30_000,
+            // A real client needs a few round trips; a half-open connection
+            // should not hold a slot for long.
+            handshake_timeout_ms: 10_000,
             block_status_descriptors_max: 16 * 1024,
             shutdown_timeout_ms: 30_000,
         }
@@ -61,6 +84,10 @@ impl Default for ServerConfig {
 /// Largest `max_request_bytes` allowed: a read must fit one data chunk, whose
 /// length field is 32 bits including an 8-byte offset.
 pub const MAX_REQUEST_BYTES_LIMIT: u32 = 1 << 30;
+
+/// Largest `handshakes_in_progress_max` allowed: each handshake in progress is a
+/// task and a socket, so more would only help whoever opens them.
+pub const HANDSHAKES_IN_PROGRESS_LIMIT: usize = 65536;
 
 /// A configuration value out of its allowed range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +139,24 @@ impl ServerConfig {
             ">= 1",
         )?;
         check(
+            "handshakes_in_progress_max",
+            self.handshakes_in_progress_max as u64,
+            (1..=HANDSHAKES_IN_PROGRESS_LIMIT).contains(&self.handshakes_in_progress_max),
+            "1..=65536",
+        )?;
+        check(
+            "handshakes_per_peer_max",
+            self.handshakes_per_peer_max as u64,
+            (1..=self.handshakes_in_progress_max).contains(&self.handshakes_per_peer_max),
+            "1..=handshakes_in_progress_max",
+        )?;
+        check(
+            "handshake_timeout_ms",
+            self.handshake_timeout_ms,
+            self.handshake_timeout_ms >= 1,
+            ">= 1",
+        )?;
+        check(
             "option_bytes_max",
             u64::from(self.option_bytes_max),
             self.option_bytes_max as usize >= wire::STRING_BYTES_MAX + 8,
@@ -154,6 +199,10 @@ pub enum ConnectionError {
     UnknownExport(String),
     #[error("handshake not finished within {0} ms")]
     HandshakeTimeout(u64),
+    #[error("handshake closed to make room for a newer connection")]
+    HandshakeEvicted,
+    #[error("every one of the {0} connection slots was taken when the handshake finished")]
+    ConnectionLimit(usize),
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
@@ -174,7 +223,7 @@ where
 /// Like [`serve_connection`], but stops reading requests once `shutdown` is
 /// cancelled, answers those in flight, and closes.
 pub async fn serve_connection_until<S>(
-    mut stream: S,
+    stream: S,
     catalog: Arc<dyn ExportCatalog>,
     config: &ServerConfig,
     shutdown: CancellationToken,
@@ -183,22 +232,61 @@ where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     config.validate()?;
+    serve_admitted(stream, catalog, config, shutdown, None).await
+}
+
+/// What the accept loop gives a connection: its place among the handshakes in
+/// progress, and the transmission slots it must take one of when its handshake
+/// completes.
+struct Admitted {
+    ticket: HandshakeTicket,
+    transmission_slots: Arc<Semaphore>,
+}
+
+/// Runs the handshake (bounded by the timeout, by shutdown and, for an
+/// admitted connection, by eviction), then the transmission phase.
+async fn serve_admitted<S>(
+    mut stream: S,
+    catalog: Arc<dyn ExportCatalog>,
+    config: &ServerConfig,
+    shutdown: CancellationToken,
+    admitted: Option<Admitted>,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (ticket, transmission_slots) = match admitted {
+        Some(admitted) => (Some(admitted.ticket), Some(admitted.transmission_slots)),
+        None => (None, None),
+    };
     let timeout = Duration::from_millis(config.handshake_timeout_ms);
-    let outcome = tokio::select! {
-        _ = shutdown.cancelled() => {
-            tracing::debug!("shutdown during handshake");
-            return Ok(());
-        }
-        outcome = tokio::time::timeout(timeout, handshake::run(&mut stream, catalog.as_ref(), config)) => {
-            outcome.map_err(|_| ConnectionError::HandshakeTimeout(config.handshake_timeout_ms))??
+    let outcome = {
+        let evicted = async {
+            match &ticket {
+                Some(ticket) => ticket.evicted().await,
+                None => std::future::pending().await,
+            }
+        };
+        let handshake = handshake::run(&mut stream, catalog.as_ref(), config, transmission_slots);
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                tracing::debug!("shutdown during handshake");
+                return Ok(());
+            }
+            _ = evicted => return Err(ConnectionError::HandshakeEvicted),
+            outcome = tokio::time::timeout(timeout, handshake) => {
+                outcome.map_err(|_| ConnectionError::HandshakeTimeout(config.handshake_timeout_ms))??
+            }
         }
     };
+    // The handshake slot is free as soon as the handshake is over.
+    drop(ticket);
     match outcome {
         HandshakeOutcome::Closed => {
             let _ = stream.shutdown().await;
             Ok(())
         }
-        HandshakeOutcome::Transmission(negotiated) => {
+        HandshakeOutcome::Transmission(mut negotiated) => {
             tracing::debug!(
                 export = %negotiated.summary.name,
                 size_bytes = negotiated.context.export_size_bytes,
@@ -206,18 +294,137 @@ where
                 base_allocation = negotiated.context.base_allocation,
                 "transmission phase"
             );
+            // Held until the transmission phase ends.
+            let _transmission_slot = negotiated.transmission_slot.take();
             transmission::run(stream, negotiated, config, shutdown).await
         }
     }
 }
 
+/// What a server has refused and closed, and what it is serving now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    /// Connections in the transmission phase right now.
+    pub connections: usize,
+    /// Connections in the handshake right now.
+    pub handshakes_in_progress: usize,
+    /// Connections closed because every `connections_max` slot was taken, at
+    /// accept or when their handshake completed.
+    pub refused_connections: u64,
+    /// Handshakes closed because a new connection came from a peer at
+    /// `handshakes_per_peer_max`.
+    pub handshakes_closed_for_peer_limit: u64,
+    /// Handshakes closed because a new connection came while
+    /// `handshakes_in_progress_max` were in progress.
+    pub handshakes_closed_for_total_limit: u64,
+    /// Handshakes closed by `handshake_timeout_ms`.
+    pub handshakes_timed_out: u64,
+}
+
+/// Interval between two warnings of one kind about refused or closed
+/// connections; the ones in between are counted and summed into the next.
+const LIMIT_WARNING_INTERVAL_MS: u64 = 10_000;
+
+/// The server's counters and the rate limits of the warnings that go with them.
+struct Counters {
+    refused_connections: AtomicU64,
+    handshakes_closed_for_peer_limit: AtomicU64,
+    handshakes_closed_for_total_limit: AtomicU64,
+    handshakes_timed_out: AtomicU64,
+    refused_warning: RateLimitedWarning,
+    eviction_warning: RateLimitedWarning,
+    timeout_warning: RateLimitedWarning,
+}
+
+impl Counters {
+    fn new() -> Self {
+        let warning = || RateLimitedWarning::new(Duration::from_millis(LIMIT_WARNING_INTERVAL_MS));
+        Counters {
+            refused_connections: AtomicU64::new(0),
+            handshakes_closed_for_peer_limit: AtomicU64::new(0),
+            handshakes_closed_for_total_limit: AtomicU64::new(0),
+            handshakes_timed_out: AtomicU64::new(0),
+            refused_warning: warning(),
+            eviction_warning: warning(),
+            timeout_warning: warning(),
+        }
+    }
+
+    fn record_refusal(&self, peer: &str, config: &ServerConfig) {
+        self.refused_connections.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.refused_warning.allow() {
+            tracing::warn!(
+                peer,
+                connections_max = config.connections_max,
+                refused_total = self.refused_connections.load(Ordering::Relaxed),
+                suppressed,
+                "connection limit reached; closing connection"
+            );
+        }
+    }
+
+    fn record_eviction(&self, eviction: Eviction, config: &ServerConfig) {
+        let (counter, limit, reason) = match eviction.reason {
+            EvictionReason::PeerLimit => (
+                &self.handshakes_closed_for_peer_limit,
+                config.handshakes_per_peer_max,
+                "handshakes_per_peer_max",
+            ),
+            EvictionReason::TotalLimit => (
+                &self.handshakes_closed_for_total_limit,
+                config.handshakes_in_progress_max,
+                "handshakes_in_progress_max",
+            ),
+        };
+        let closed_total = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(suppressed) = self.eviction_warning.allow() {
+            tracing::warn!(
+                peer = %eviction.peer,
+                reason,
+                limit,
+                closed_total,
+                suppressed,
+                "handshake limit reached; closed the peer's oldest unfinished handshake"
+            );
+        }
+    }
+
+    /// Counts and logs how a connection ended: limits and timeouts at a
+    /// rate-limited WARN (a flood must not flood the log), the rest at INFO.
+    fn record_end(&self, peer: &str, result: &Result<(), ConnectionError>, config: &ServerConfig) {
+        match result {
+            Ok(()) => tracing::debug!(peer, "connection closed"),
+            Err(ConnectionError::HandshakeTimeout(timeout_ms)) => {
+                let timed_out_total = self.handshakes_timed_out.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(suppressed) = self.timeout_warning.allow() {
+                    tracing::warn!(
+                        peer,
+                        handshake_timeout_ms = timeout_ms,
+                        timed_out_total,
+                        suppressed,
+                        "handshake not finished in time; connection closed"
+                    );
+                }
+            }
+            Err(ConnectionError::ConnectionLimit(_)) => self.record_refusal(peer, config),
+            // Counted and logged when it was chosen.
+            Err(error @ ConnectionError::HandshakeEvicted) => {
+                tracing::debug!(peer, %error, "connection closed")
+            }
+            Err(error) => tracing::info!(peer, %error, "connection closed"),
+        }
+    }
+}
+
 /// An NBD server over a catalog of exports. One server may accept on several
-/// listeners at once; they share the connection limit.
+/// listeners at once; they share the connection and handshake limits.
 pub struct NbdServer {
     catalog: Arc<dyn ExportCatalog>,
     config: Arc<ServerConfig>,
+    /// Transmission slots (`connections_max`), taken when a handshake completes.
     connections: Arc<Semaphore>,
-    refused_connection_count: AtomicU64,
+    handshakes: Arc<Handshakes>,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for NbdServer {
@@ -225,32 +432,51 @@ impl std::fmt::Debug for NbdServer {
         formatter
             .debug_struct("NbdServer")
             .field("config", &self.config)
-            .field("active_connections", &self.active_connection_count())
+            .field("counters", &self.counters())
             .finish()
     }
+}
+
+/// Who a new connection comes from: the key its limits are counted under and
+/// a description for the log.
+struct Peer {
+    key: PeerKey,
+    description: String,
 }
 
 /// A listener the accept loop can take connections from.
 trait Accept {
     type Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)>;
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)>;
 }
 
 impl Accept for TcpListener {
     type Stream = tokio::net::TcpStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
-        let (stream, peer) = self.accept().await?;
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+        let (stream, address) = self.accept().await?;
         // Replies are small and latency matters more than packet count.
         stream.set_nodelay(true)?;
-        Ok((stream, peer.to_string()))
+        let peer = Peer {
+            key: PeerKey::Address(address.ip().to_canonical()),
+            description: address.to_string(),
+        };
+        Ok((stream, peer))
     }
 }
 
 impl Accept for UnixListener {
     type Stream = tokio::net::UnixStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
-        let (stream, _peer) = self.accept().await?;
-        Ok((stream, "unix".to_string()))
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+        let (stream, _address) = self.accept().await?;
+        let key = match stream.peer_cred() {
+            Ok(credentials) => PeerKey::Uid(credentials.uid()),
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the Unix peer's credentials");
+                PeerKey::Unknown
+            }
+        };
+        let description = key.to_string();
+        Ok((stream, Peer { key, description }))
     }
 }
 
@@ -263,11 +489,16 @@ impl NbdServer {
     pub fn new(catalog: Arc<dyn ExportCatalog>, config: ServerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let connections = Arc::new(Semaphore::new(config.connections_max));
+        let handshakes = Arc::new(Handshakes::new(
+            config.handshakes_in_progress_max,
+            config.handshakes_per_peer_max,
+        ));
         Ok(NbdServer {
             catalog,
             config: Arc::new(config),
             connections,
-            refused_connection_count: AtomicU64::new(0),
+            handshakes,
+            counters: Arc::new(Counters::new()),
         })
     }
 
@@ -275,14 +506,29 @@ impl NbdServer {
         &self.config
     }
 
-    /// Connections being served right now, over all listeners.
+    /// Connections in the transmission phase right now, over all listeners.
     pub fn active_connection_count(&self) -> usize {
         self.config.connections_max - self.connections.available_permits()
     }
 
-    /// Connections closed at once because `connections_max` was reached.
+    /// Connections closed because `connections_max` was reached.
     pub fn refused_connection_count(&self) -> u64 {
-        self.refused_connection_count.load(Ordering::Relaxed)
+        self.counters.refused_connections.load(Ordering::Relaxed)
+    }
+
+    /// Every counter at once.
+    pub fn counters(&self) -> ServerCounters {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ServerCounters {
+            connections: self.active_connection_count(),
+            handshakes_in_progress: self.handshakes.in_progress(),
+            refused_connections: load(&self.counters.refused_connections),
+            handshakes_closed_for_peer_limit: load(&self.counters.handshakes_closed_for_peer_limit),
+            handshakes_closed_for_total_limit: load(
+                &self.counters.handshakes_closed_for_total_limit,
+            ),
+            handshakes_timed_out: load(&self.counters.handshakes_timed_out),
+        }
     }
 
     /// Accepts TCP connections until `shutdown` is cancelled, then waits for every
@@ -296,6 +542,51 @@ impl NbdServer {
         self.serve(listener, shutdown).await;
     }
 
+    /// Admits a new connection and starts serving it, unless every transmission
+    /// slot is taken: then it could not be served even once its handshake
+    /// completed, so it is closed before the greeting.
+    fn start_connection<S>(
+        &self,
+        connections: &mut JoinSet<()>,
+        stream: S,
+        peer: Peer,
+        shutdown: &CancellationToken,
+    ) where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        if self.connections.available_permits() == 0 {
+            self.counters
+                .record_refusal(&peer.description, &self.config);
+            drop(stream);
+            return;
+        }
+        let admission = self.handshakes.admit(peer.key);
+        if let Some(eviction) = admission.eviction {
+            self.counters.record_eviction(eviction, &self.config);
+        }
+        let admitted = Admitted {
+            ticket: admission.ticket,
+            transmission_slots: Arc::clone(&self.connections),
+        };
+        let catalog = Arc::clone(&self.catalog);
+        let config = Arc::clone(&self.config);
+        let counters = Arc::clone(&self.counters);
+        let connection_shutdown = shutdown.child_token();
+        connections.spawn(async move {
+            let peer = peer.description;
+            tracing::debug!(peer, "connection accepted");
+            let result = serve_admitted(
+                stream,
+                catalog,
+                &config,
+                connection_shutdown,
+                Some(admitted),
+            )
+            .await;
+            counters.record_end(&peer, &result, &config);
+        });
+    }
+
     async fn serve<L: Accept>(&self, listener: L, shutdown: CancellationToken) {
         let mut connections = JoinSet::new();
         loop {
@@ -305,36 +596,15 @@ impl NbdServer {
                 // Reap finished connections so the set does not grow.
                 Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
+            match accepted {
+                Ok((stream, peer)) => {
+                    self.start_connection(&mut connections, stream, peer, &shutdown)
+                }
                 Err(error) => {
                     tracing::warn!(%error, "accept failed");
                     tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
-                    continue;
                 }
-            };
-            let Ok(permit) = self.connections.clone().try_acquire_owned() else {
-                self.refused_connection_count
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    peer,
-                    connections_max = self.config.connections_max,
-                    "connection limit reached; closing new connection"
-                );
-                drop(stream);
-                continue;
-            };
-            let catalog = Arc::clone(&self.catalog);
-            let config = Arc::clone(&self.config);
-            let connection_shutdown = shutdown.child_token();
-            connections.spawn(async move {
-                tracing::debug!(peer, "connection accepted");
-                match serve_connection_until(stream, catalog, &config, connection_shutdown).await {
-                    Ok(()) => tracing::debug!(peer, "connection closed"),
-                    Err(error) => tracing::info!(peer, %error, "connection closed"),
-                }
-                drop(permit);
-            });
+            }
         }
         tracing::info!(
             connections = connections.len(),

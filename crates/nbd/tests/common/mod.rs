@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
