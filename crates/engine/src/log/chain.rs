@@ -19,9 +19,13 @@ use crate::BLOCK_SIZE_BYTES;
 pub const SUMMARY_COPY_VERSION_MIN: u32 = 5;
 
 /// Blocks after a batch's first block that the batch can cover at most (its
-/// data and the summary's copy): how far a walk looks for a copy, or for the
-/// next batch, past a summary it cannot read.
+/// data and the summary's copy).
 pub const BATCH_TAIL_BLOCKS_MAX: u32 = BATCH_DATA_BLOCKS_MAX as u32 + 1;
+
+/// How far a walk looks past a summary it cannot read, for its copy or for the
+/// next batch: the longest batch's tail, and the block after it, where the
+/// next batch begins.
+pub const RESYNC_WINDOW_BLOCKS: u32 = BATCH_TAIL_BLOCKS_MAX + 1;
 
 /// Where a walk reads a segment's blocks from: the device at recovery, a victim
 /// read into memory for the cleaner.
@@ -118,7 +122,7 @@ async fn resync<S: SegmentBlocks>(
     segment_size_blocks: u32,
 ) -> Result<Resync, S::Error> {
     let first = start + 1;
-    let count = BATCH_TAIL_BLOCKS_MAX.min(segment_size_blocks.saturating_sub(first));
+    let count = RESYNC_WINDOW_BLOCKS.min(segment_size_blocks.saturating_sub(first));
     if count == 0 {
         return Ok(Resync::End);
     }
@@ -139,13 +143,26 @@ async fn resync<S: SegmentBlocks>(
         let (_, link) = links.into_iter().nth(index).expect("found above");
         return Ok(Resync::Copy(link));
     }
+    // The next batch: a summary at its own position, or a copy at the end of
+    // its batch (whose first summary may be damaged too), whichever starts
+    // first.
     let next = links
         .iter()
-        .find(|(position, link)| belongs(link, *position, incarnation, segment_size_blocks));
-    Ok(next.map_or(Resync::End, |(position, link)| Resync::Next {
-        position: *position,
-        segment_sequence: link.summary.segment_sequence,
-    }))
+        .filter_map(|(position, link)| {
+            let begins = link.summary.block_in_segment;
+            let is_first = begins == *position;
+            let is_copy =
+                link.has_copy && begins > start && begins + link.span_blocks - 1 == *position;
+            ((is_first || is_copy) && belongs(link, begins, incarnation, segment_size_blocks))
+                .then_some((begins, link.summary.segment_sequence))
+        })
+        .min_by_key(|(begins, _)| *begins);
+    Ok(
+        next.map_or(Resync::End, |(position, segment_sequence)| Resync::Next {
+            position,
+            segment_sequence,
+        }),
+    )
 }
 
 /// Follows the chain of batches of one segment incarnation from `first_block`
@@ -261,14 +278,19 @@ impl SegmentBlocks for InMemorySegment<'_> {
 mod tests {
     use super::*;
     use crate::log::batch::Record;
+    use crate::log::frame::FRAME_HEADER_BYTES;
 
     const SEGMENT_BLOCKS: u32 = 64;
 
     /// A segment of `batches` batches of `data_count` data blocks each, written
     /// as version 5 does (summary, data, copy).
     fn segment(batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
+        segment_of(SEGMENT_BLOCKS, batches)
+    }
+
+    fn segment_of(segment_blocks: u32, batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
         let block = BLOCK_SIZE_BYTES as usize;
-        let mut bytes = vec![0u8; SEGMENT_BLOCKS as usize * block];
+        let mut bytes = vec![0u8; segment_blocks as usize * block];
         let mut starts = Vec::new();
         let mut position = 0u32;
         for (index, data_count) in batches.iter().enumerate() {
@@ -346,6 +368,94 @@ mod tests {
                 block_count: 7,
             }]
         );
+    }
+
+    /// Random chains with random damage to their summaries (never to both
+    /// copies of two neighbouring batches): a batch with one good copy is
+    /// always found, from its copy when its first summary is damaged; a batch
+    /// with both damaged is a damaged range when a batch follows it in the
+    /// segment, and ends the walk otherwise; nothing else is reported.
+    #[test]
+    fn random_damage_to_summaries_is_repaired_or_reported() {
+        use rand::{Rng, SeedableRng};
+        let block = BLOCK_SIZE_BYTES as usize;
+        for seed in 0..2_000u64 {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let mut data_counts = Vec::new();
+            let mut used = 0u32;
+            loop {
+                let data_count = rng.random_range(0..6u32);
+                if used + data_count + 2 > SEGMENT_BLOCKS {
+                    break;
+                }
+                used += data_count + 2;
+                data_counts.push(data_count);
+            }
+            let (mut bytes, starts) = segment(&data_counts);
+            // 0: intact, 1: first damaged, 2: copy damaged, 3: both.
+            let mut damage: Vec<u8> = Vec::new();
+            for index in 0..data_counts.len() {
+                let previous_both = index > 0 && damage[index - 1] == 3;
+                let kind = if previous_both {
+                    rng.random_range(0..3)
+                } else {
+                    rng.random_range(0..4)
+                };
+                damage.push(kind);
+                let first = starts[index] as usize;
+                let copy = first + 1 + data_counts[index] as usize;
+                let byte = rng.random_range(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + 4);
+                if kind & 1 != 0 {
+                    bytes[first * block + byte] ^= 1 << rng.random_range(0..8);
+                }
+                if kind & 2 != 0 {
+                    bytes[copy * block + byte] ^= 1 << rng.random_range(0..8);
+                }
+            }
+            let chain = walk_bytes(&bytes);
+            let end = damage
+                .iter()
+                .rposition(|kind| *kind != 3)
+                .map_or(0, |last| last + 1);
+            let expected: Vec<(u32, bool)> = (0..end)
+                .filter(|index| damage[*index] != 3)
+                .map(|index| (starts[index], damage[index] & 1 != 0))
+                .collect();
+            let found: Vec<(u32, bool)> = chain
+                .batches
+                .iter()
+                .map(|batch| (batch.block_in_segment, batch.from_copy))
+                .collect();
+            assert_eq!(found, expected, "seed {seed} damage {damage:?}");
+            let damaged: Vec<u32> = chain
+                .damaged
+                .iter()
+                .map(|range| range.first_block_in_segment)
+                .collect();
+            let expected_damaged: Vec<u32> = (0..end)
+                .filter(|index| damage[*index] == 3)
+                .map(|index| starts[index])
+                .collect();
+            assert_eq!(damaged, expected_damaged, "seed {seed} damage {damage:?}");
+        }
+    }
+
+    #[test]
+    fn past_the_largest_batch_with_both_summaries_damaged_the_next_is_found() {
+        let segment_blocks = 512;
+        let data_max = BATCH_DATA_BLOCKS_MAX as u32;
+        let (mut bytes, starts) = segment_of(segment_blocks, &[data_max, data_max, 3]);
+        let block = BLOCK_SIZE_BYTES as usize;
+        let copy = starts[0] as usize + 1 + data_max as usize;
+        bytes[starts[0] as usize * block + 26] ^= 1;
+        bytes[copy * block + 26] ^= 1;
+        let mut source = InMemorySegment::new(&bytes);
+        let chain =
+            futures::executor::block_on(walk(&mut source, segment_blocks, 0, Some(9))).unwrap();
+        let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
+        assert_eq!(found, starts[1..].to_vec());
+        assert_eq!(chain.damaged.len(), 1);
+        assert_eq!(chain.damaged[0].block_count, data_max + 2);
     }
 
     #[test]
