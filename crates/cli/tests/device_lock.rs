@@ -151,8 +151,8 @@ impl ServedPool {
     }
 
     /// The daemon still serves the flushed pattern, takes another, and both
-    /// survive a restart.
-    fn check_data_survives(self) {
+    /// survive a restart; the temporary directory, for what the test does next.
+    fn check_data_survives(self) -> tempfile::TempDir {
         let uri = self.daemon.uri("default");
         check_pattern(&uri, 0x11, 0);
         write_pattern(&uri, 0x22, 1);
@@ -161,6 +161,7 @@ impl ServedPool {
         check_pattern(&daemon.uri("default"), 0x11, 0);
         check_pattern(&daemon.uri("default"), 0x22, 1);
         assert!(daemon.terminate().success());
+        self.directory
     }
 }
 
@@ -170,7 +171,7 @@ fn a_second_daemon_on_a_served_device_is_refused_and_the_first_keeps_its_data() 
     let second_dir = served.copied_data_dir();
     let error = refused_daemon(&second_dir);
     assert_names_device_and_daemon(&error, &served.image, served.pid());
-    served.check_data_survives();
+    let _directory = served.check_data_survives();
     // With the daemon gone, the copy opens the pool directly.
     let listed = lamina_ok(&second_dir, &["volume", "list"]);
     assert_eq!(listed[0]["name"], "default", "{listed}");
