@@ -1,6 +1,9 @@
 //! The CLI side of the admin API: sends one operation to the daemon over its
 //! Unix socket, or, when no daemon is listening, opens the pool itself (under the
-//! directory lock), executes the operation and closes the pool cleanly.
+//! directory lock and the device layer's claims), executes the operation and
+//! closes the pool cleanly. When a daemon holds the pool after all (one still
+//! opening it, or one serving the same devices from another data directory),
+//! the error says so and points at it.
 
 use std::path::Path;
 
@@ -12,7 +15,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::admin::{AdminContext, Operation, OperationError, execute};
-use crate::store::{ADMIN_SOCKET_FILE, lock_directory, open_pool};
+use crate::store::{ADMIN_SOCKET_FILE, DirectoryInUse, lock_directory, open_pool};
+use lamina_device::{DeviceError, DeviceErrorKind};
 
 /// Runs `operation` against the pool in `data_dir`, through the daemon when one runs.
 pub async fn run_operation(
@@ -23,8 +27,10 @@ pub async fn run_operation(
     if let Ok(stream) = UnixStream::connect(&socket).await {
         return send(stream, &operation).await;
     }
-    let _lock = lock_directory(data_dir)?;
-    let pool = open_pool(data_dir, Default::default()).await?;
+    let _lock = lock_directory(data_dir).map_err(point_at_daemon)?;
+    let pool = open_pool(data_dir, Default::default())
+        .await
+        .map_err(point_at_daemon)?;
     let context = AdminContext {
         pool: pool.clone(),
         open_exports: Default::default(),
@@ -33,6 +39,40 @@ pub async fn run_operation(
     let result = execute(&context, operation).await;
     pool.close().await.context("closing the pool")?;
     result.map_err(|error| anyhow::anyhow!(error.error))
+}
+
+/// Adds to an error about a pool held by another process, when that process
+/// is a lamina daemon, that the daemon is the way to the pool.
+fn point_at_daemon(error: anyhow::Error) -> anyhow::Error {
+    for cause in error.chain() {
+        if let Some(DirectoryInUse {
+            holder: Some(holder),
+            ..
+        }) = cause.downcast_ref()
+            && holder.is_lamina_daemon()
+        {
+            let advice = format!(
+                "the pool is in use by the daemon (pid {}), which does not answer on {ADMIN_SOCKET_FILE} yet (still opening the pool?); try again shortly",
+                holder.pid
+            );
+            return error.context(advice);
+        }
+        if let Some(DeviceError {
+            kind: DeviceErrorKind::InUse {
+                holder: Some(holder),
+            },
+            ..
+        }) = cause.downcast_ref()
+            && holder.is_lamina_daemon()
+        {
+            let advice = format!(
+                "the pool is in use by the daemon (pid {}); use the daemon: give this command the daemon's --data directory, so that it goes through its {ADMIN_SOCKET_FILE}",
+                holder.pid
+            );
+            return error.context(advice);
+        }
+    }
+    error
 }
 
 async fn send(stream: UnixStream, operation: &Operation) -> anyhow::Result<serde_json::Value> {

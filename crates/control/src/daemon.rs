@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use lamina_engine::{Pool, PoolOptions};
+use lamina_engine::Pool;
 use lamina_nbd::{CancellationToken, NbdServer};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -32,23 +32,14 @@ async fn open_or_create(config: &Config) -> anyhow::Result<Pool> {
         size_bytes = config.pool.embedded_size_bytes,
         "no pool in the data directory: creating the embedded default pool (a sparse file)"
     );
-    let mut pool = store::create_pool(
+    let pool = store::create_embedded_pool(
         data_dir,
         &flash,
-        Some(config.pool.embedded_size_bytes),
-        PoolOptions::default(),
+        config.pool.embedded_size_bytes,
         config.limits.clone(),
+        &config.device_models(),
     )
     .await?;
-    if config.pool.flash_model.is_some() {
-        // Creation ran on the bare file; serve it behind the configured model.
-        pool.close()
-            .await
-            .context("closing the new embedded pool")?;
-        pool =
-            store::open_pool_with_models(data_dir, config.limits.clone(), &config.device_models())
-                .await?;
-    }
     if config.pool.default_volume_bytes > 0 {
         pool.create_volume(DEFAULT_EXPORT_NAME, config.pool.default_volume_bytes)
             .await?;

@@ -1,17 +1,21 @@
 //! The data directory: which devices hold the pool (`pool.toml`: the flash
 //! device, and in a two-tier pool the capacity device, each optionally behind a
-//! rotating-disk model), the lock that keeps two processes from opening one
-//! pool, and opening or creating the pool.
+//! rotating-disk model), the lock that keeps two processes from using one data
+//! directory, and opening or creating the pool. Two data directories may
+//! describe the same devices (a copied `pool.toml`); what keeps two processes
+//! from opening one pool is the device layer's claim on each device, taken by
+//! `FileDevice::open` and held while the pool is open.
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use lamina_device::{
-    BlockDevice, ConcatenatedDevice, FileDevice, FileDeviceOptions, RotatingDiskDevice,
-    RotatingDiskModel,
+    BlockDevice, ConcatenatedDevice, DeviceError, DeviceErrorKind, FileDevice, FileDeviceOptions,
+    LockHolder, RotatingDiskDevice, RotatingDiskModel, find_flock_holder,
 };
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
 use serde::{Deserialize, Serialize};
@@ -164,6 +168,22 @@ pub struct DirectoryLock {
     _file: File,
 }
 
+/// Another process holds the data directory's lock.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is in use by {} (a running daemon?)", data_dir.display(), holder_text(holder))]
+pub struct DirectoryInUse {
+    pub data_dir: PathBuf,
+    /// Who holds it, when `/proc/locks` says.
+    pub holder: Option<LockHolder>,
+}
+
+fn holder_text(holder: &Option<LockHolder>) -> String {
+    holder.as_ref().map_or_else(
+        || "another lamina process".to_string(),
+        LockHolder::to_string,
+    )
+}
+
 pub fn lock_directory(data_dir: &Path) -> anyhow::Result<DirectoryLock> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
@@ -171,10 +191,11 @@ pub fn lock_directory(data_dir: &Path) -> anyhow::Result<DirectoryLock> {
     let file = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
     match file.try_lock() {
         Ok(()) => Ok(DirectoryLock { _file: file }),
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "{} is in use by another lamina process (a running daemon?)",
-            data_dir.display()
-        ),
+        Err(std::fs::TryLockError::WouldBlock) => Err(DirectoryInUse {
+            data_dir: data_dir.to_path_buf(),
+            holder: find_flock_holder(&path),
+        }
+        .into()),
         Err(std::fs::TryLockError::Error(error)) => {
             Err(error).with_context(|| format!("cannot lock {}", path.display()))
         }
@@ -198,15 +219,21 @@ fn open_device(
     path: &Path,
     create_size_bytes: Option<u64>,
 ) -> anyhow::Result<Arc<dyn BlockDevice>> {
-    let device = FileDevice::open(
-        path,
-        FileDeviceOptions {
-            create_size_bytes,
-            ..FileDeviceOptions::default()
-        },
-    )
-    .with_context(|| format!("cannot open device {}", path.display()))?;
-    Ok(Arc::new(device))
+    let options = FileDeviceOptions {
+        create_size_bytes,
+        ..FileDeviceOptions::default()
+    };
+    match FileDevice::open(path, options) {
+        Ok(device) => Ok(Arc::new(device)),
+        // The error names the device and its holder already.
+        Err(
+            error @ DeviceError {
+                kind: DeviceErrorKind::InUse { .. },
+                ..
+            },
+        ) => Err(error.into()),
+        Err(error) => Err(error).with_context(|| format!("cannot open device {}", path.display())),
+    }
 }
 
 /// A tier's device, behind its latency model when it has one.
@@ -215,11 +242,25 @@ fn open_tier_device(
     create_size_bytes: Option<u64>,
     model: Option<RotatingDiskModel>,
 ) -> anyhow::Result<Arc<dyn BlockDevice>> {
-    let device = open_device(path, create_size_bytes)?;
-    Ok(match model {
+    Ok(behind_model(open_device(path, create_size_bytes)?, model))
+}
+
+fn behind_model(
+    device: Arc<dyn BlockDevice>,
+    model: Option<RotatingDiskModel>,
+) -> Arc<dyn BlockDevice> {
+    match model {
         Some(model) => Arc::new(RotatingDiskDevice::new(device, model)),
         None => device,
-    })
+    }
+}
+
+/// A pool `create_tiered_pool` made, with its flash device as opened (without
+/// a model), so that the pool can be opened again on the same device, whose
+/// claim this process keeps.
+struct CreatedPool {
+    pool: Pool,
+    bare_flash: Arc<dyn BlockDevice>,
 }
 
 /// `lamina pool create` on one flash device: creates the pool and records it
@@ -239,10 +280,52 @@ pub async fn create_pool(
     create_tiered_pool(data_dir, &flash, None, options, limits).await
 }
 
+/// The daemon's embedded default pool: a sparse file of `size_bytes` at
+/// `flash`, created on the bare file (a model's latencies would only slow
+/// creation down), then, when `models` puts flash behind a model, closed and
+/// opened again behind it on the same open device: opening the file anew could
+/// find the first open's claim not yet released.
+pub async fn create_embedded_pool(
+    data_dir: &Path,
+    flash: &Path,
+    size_bytes: u64,
+    limits: PoolLimits,
+    models: &DeviceModels,
+) -> anyhow::Result<Pool> {
+    let model = models
+        .resolve(models.flash_override.as_deref().unwrap_or(NO_DEVICE_MODEL))
+        .context("the flash tier's device model")?;
+    let flash = TierDevice {
+        path: flash.to_path_buf(),
+        create_size_bytes: Some(size_bytes),
+        model: None,
+    };
+    let created = create_described_pool(
+        data_dir,
+        &flash,
+        None,
+        PoolOptions::default(),
+        limits.clone(),
+    )
+    .await?;
+    let Some(model) = model else {
+        return Ok(created.pool);
+    };
+    created
+        .pool
+        .close()
+        .await
+        .context("closing the new embedded pool")?;
+    drop(created.pool);
+    let device = behind_model(created.bare_flash, Some(model));
+    Ok(Pool::open(device, limits).await?)
+}
+
 /// `lamina pool create`: creates the pool on `flash` (and `capacity`, for a
 /// two-tier pool), each behind its model, and records it in `data_dir`. Model
-/// names are the built-in ones. Files this call created are removed again
-/// when it fails.
+/// names are the built-in ones. Files this call creates are owner-only, and are
+/// removed again when it fails; each device is claimed before anything is
+/// written to it, so a device another process has open is refused untouched.
 pub async fn create_tiered_pool(
     data_dir: &Path,
     flash: &TierDevice,
@@ -250,6 +333,20 @@ pub async fn create_tiered_pool(
     options: PoolOptions,
     limits: PoolLimits,
 ) -> anyhow::Result<Pool> {
+    Ok(
+        create_described_pool(data_dir, flash, capacity, options, limits)
+            .await?
+            .pool,
+    )
+}
+
+async fn create_described_pool(
+    data_dir: &Path,
+    flash: &TierDevice,
+    capacity: Option<&TierDevice>,
+    options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<CreatedPool> {
     if let Some(existing) = read_description(data_dir)?
         && !options.force
     {
@@ -299,8 +396,8 @@ pub async fn create_tiered_pool(
         .map(|(_, device)| device.path.clone())
         .collect();
     let result = create_on_devices(&tiers, resolved_models, options, limits).await;
-    let pool = match result {
-        Ok(pool) => pool,
+    let created_pool = match result {
+        Ok(created_pool) => created_pool,
         Err(error) => {
             for path in created {
                 let _ = std::fs::remove_file(path);
@@ -321,15 +418,16 @@ pub async fn create_tiered_pool(
         toml::to_string(&description).expect("pool description serialises"),
     )
     .with_context(|| format!("cannot write {}", description_path(data_dir).display()))?;
-    Ok(pool)
+    Ok(created_pool)
 }
 
-/// Whether two paths name one file (only decidable when both exist).
+/// Whether two paths name one file, through symlinks and hard links alike
+/// (only decidable when both exist).
 fn same_file(first: &Path, second: &Path) -> bool {
     first == second
         || matches!(
-            (std::fs::canonicalize(first), std::fs::canonicalize(second)),
-            (Ok(first), Ok(second)) if first == second
+            (std::fs::metadata(first), std::fs::metadata(second)),
+            (Ok(first), Ok(second)) if (first.dev(), first.ino()) == (second.dev(), second.ino())
         )
 }
 
@@ -338,12 +436,16 @@ async fn create_on_devices(
     models: Vec<Option<RotatingDiskModel>>,
     mut options: PoolOptions,
     limits: PoolLimits,
-) -> anyhow::Result<Pool> {
-    let mut devices = Vec::new();
-    for ((_, tier), model) in tiers.iter().zip(models) {
-        devices.push(open_tier_device(&tier.path, tier.create_size_bytes, model)?);
+) -> anyhow::Result<CreatedPool> {
+    let mut bare_devices = Vec::new();
+    for (_, tier) in tiers {
+        bare_devices.push(open_device(&tier.path, tier.create_size_bytes)?);
     }
-    let mut devices = devices.into_iter();
+    let bare_flash = bare_devices[0].clone();
+    let mut devices = bare_devices
+        .into_iter()
+        .zip(models)
+        .map(|(device, model)| behind_model(device, model));
     let flash = devices.next().expect("a flash device");
     let device: Arc<dyn BlockDevice> = match devices.next() {
         None => flash,
@@ -354,7 +456,10 @@ async fn create_on_devices(
             Arc::new(ConcatenatedDevice::new(flash, capacity))
         }
     };
-    Ok(Pool::create(device, options, limits).await?)
+    Ok(CreatedPool {
+        pool: Pool::create(device, options, limits).await?,
+        bare_flash,
+    })
 }
 
 /// Opens the pool described in `data_dir`, each device behind the model

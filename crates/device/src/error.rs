@@ -10,11 +10,18 @@ pub enum DeviceErrorKind {
     OutOfRange { size_bytes: u64 },
     #[error("injected fault")]
     Injected,
+    /// Another process (or another open in this one) holds the device: see
+    /// `lock.rs`.
+    #[error("{}", crate::lock::in_use_message(holder))]
+    InUse {
+        /// Who holds it, when `/proc/locks` says.
+        holder: Option<crate::LockHolder>,
+    },
 }
 
 /// A failed device request with its context.
 #[derive(Debug, thiserror::Error)]
-#[error("device {device}: {kind} (offset {offset}, length {length})")]
+#[error("device {device}: {kind}{}", self.request_context())]
 pub struct DeviceError {
     pub kind: DeviceErrorKind,
     pub device: String,
@@ -23,6 +30,15 @@ pub struct DeviceError {
 }
 
 impl DeviceError {
+    /// The request's offset and length, which an open refused because the
+    /// device is in use does not have.
+    fn request_context(&self) -> String {
+        match self.kind {
+            DeviceErrorKind::InUse { .. } => String::new(),
+            _ => format!(" (offset {}, length {})", self.offset, self.length),
+        }
+    }
+
     pub fn new(kind: DeviceErrorKind, device: &str, offset: u64, length: u64) -> Self {
         Self {
             kind,

@@ -4,7 +4,9 @@
 //! device without the page cache. Where O_DIRECT is refused (ramfs, some FUSE and
 //! network filesystems) or io_uring is unavailable (old kernels, seccomp, the
 //! `io_uring_disabled` sysctl), it falls back to pread/pwrite through the page
-//! cache on the blocking thread pool, and says so once with a warning.
+//! cache on the blocking thread pool, and says so once with a warning. Opening
+//! claims the device for this process first (`lock.rs`): a second open, by this
+//! process or another, is refused while the device is open.
 
 mod ring;
 
@@ -17,6 +19,7 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
+use crate::lock::DeviceLock;
 use crate::{AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceError, DeviceErrorKind};
 use ring::{Completed, Operation, Ring, RingLimits};
 
@@ -34,8 +37,8 @@ pub enum IoBackend {
 /// Options for opening a file device.
 #[derive(Clone, Debug, Default)]
 pub struct FileDeviceOptions {
-    /// Create the file with this size (sparse) if it does not exist, or extend it to
-    /// this size if it exists and is empty.
+    /// Create the file with this size (sparse, owner-only) if it does not exist, or
+    /// extend it to this size if it exists and is empty.
     pub create_size_bytes: Option<u64>,
     /// Force a backend instead of choosing the best available. Forcing
     /// [`IoBackend::IoUringDirect`] turns a refusal into an error instead of a fallback.
@@ -62,6 +65,9 @@ pub struct FileDevice {
     path: PathBuf,
     size_bytes: u64,
     engine: Engine,
+    /// The claim on the device, held while it is open. Declared after `engine`
+    /// so that it is released only once the ring thread has stopped.
+    _lock: DeviceLock,
 }
 
 enum Engine {
@@ -78,15 +84,16 @@ enum Engine {
 const BLKGETSIZE64: libc::Ioctl = 0x8008_1272;
 
 impl FileDevice {
-    /// Opens (and with `create_size_bytes`, creates) a file or block device. The
-    /// usable size is the file's size rounded down to the device alignment.
+    /// Opens (and with `create_size_bytes`, creates) a file or block device,
+    /// claiming it for as long as the device is open; a device another open
+    /// holds is refused with [`DeviceErrorKind::InUse`]. The usable size is the
+    /// file's size rounded down to the device alignment.
     pub fn open(path: &Path, options: FileDeviceOptions) -> Result<Self, DeviceError> {
         let name = path.display().to_string();
         let open_error =
             |error: io::Error| DeviceError::new(DeviceErrorKind::Io(error), &name, 0, 0);
-        if let Some(size_bytes) = options.create_size_bytes {
-            create_sparse(path, size_bytes).map_err(open_error)?;
-        }
+        let lock = DeviceLock::acquire(path, options.create_size_bytes)
+            .map_err(|kind| DeviceError::new(kind, &name, 0, 0))?;
         let limits = RingLimits {
             ring_entries: options
                 .ring_entries
@@ -128,12 +135,14 @@ impl FileDevice {
                 Err(Refusal::Failed(error)) => return Err(open_error(error)),
             },
         };
+        lock.check_same_file(&file).map_err(open_error)?;
         let size_bytes = device_size(&file).map_err(open_error)?;
         Ok(Self {
             name,
             path: path.to_path_buf(),
             size_bytes: size_bytes - size_bytes % DEVICE_ALIGNMENT_BYTES,
             engine,
+            _lock: lock,
         })
     }
 
@@ -209,22 +218,6 @@ fn open_file(path: &Path, direct: bool) -> io::Result<File> {
         options.custom_flags(libc::O_DIRECT);
     }
     options.open(path)
-}
-
-/// Creates a sparse file of `size_bytes` if none exists, or sizes an existing
-/// empty regular file (such as a fresh temporary file).
-fn create_sparse(path: &Path, size_bytes: u64) -> io::Result<()> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)?;
-    let metadata = file.metadata()?;
-    if metadata.file_type().is_file() && metadata.len() == 0 {
-        file.set_len(size_bytes)?;
-    }
-    Ok(())
 }
 
 /// Some filesystems accept O_DIRECT at open and refuse it at the first request

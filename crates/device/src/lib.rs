@@ -10,6 +10,7 @@ mod concatenated;
 mod error;
 mod faulty;
 mod file;
+mod lock;
 mod memory;
 mod rotating;
 
@@ -18,6 +19,7 @@ pub use concatenated::ConcatenatedDevice;
 pub use error::{DeviceError, DeviceErrorKind};
 pub use faulty::{FaultyDevice, PowerCutStyle};
 pub use file::{FileDevice, FileDeviceOptions, IoBackend};
+pub use lock::{CREATED_FILE_MODE, LockHolder, find_flock_holder};
 pub use memory::MemoryDevice;
 pub use rotating::{RotatingDiskDevice, RotatingDiskModel, RotatingDiskStatistics};
 

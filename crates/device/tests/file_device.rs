@@ -1,7 +1,8 @@
 //! Tests of the production file device: data written concurrently through io_uring
 //! (or the buffered fallback) reads back bit for bit, geometry errors are typed,
-//! flushed data survives a reopen, abandoned requests are harmless, and the backend
-//! is chosen the way the module documentation promises on each kind of filesystem.
+//! flushed data survives a reopen, abandoned requests are harmless, the backend
+//! is chosen the way the module documentation promises on each kind of filesystem,
+//! and a device is open once (through any name) and created owner-only.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -249,15 +250,14 @@ async fn out_of_range_requests_are_typed_errors() {
     let path = directory.path().join("device");
     let size_bytes = 1 << 20;
     for backend in [IoBackend::IoUringDirect, IoBackend::PositionalBuffered] {
-        let device = FileDevice::open(
+        let device = reopen_with(
             &path,
             FileDeviceOptions {
                 create_size_bytes: Some(size_bytes),
                 backend: Some(backend),
                 ..FileDeviceOptions::default()
             },
-        )
-        .expect("open");
+        );
         let block = BLOCK_BYTES as usize;
         let cases = [
             device.read(size_bytes, block).await.err(),
@@ -300,7 +300,7 @@ async fn flushed_data_is_seen_after_reopen() {
         device.write(3 << 20, data.clone()).await.expect("write");
         device.flush().await.expect("flush");
     }
-    let device = FileDevice::open(&path, FileDeviceOptions::default()).expect("reopen");
+    let device = reopen(&path);
     assert_eq!(device.size_bytes(), 8 << 20, "reopening must not resize");
     let read = device.read(3 << 20, data.len()).await.expect("read");
     assert!(read[..] == data[..]);
@@ -375,7 +375,7 @@ async fn dropping_the_device_with_abandoned_requests_in_flight_is_clean() {
     // The aborted tasks released their references; the last drop joins the ring
     // thread after the kernel has returned every buffer.
     drop(Arc::into_inner(device).expect("last reference"));
-    let device = FileDevice::open(&path, FileDeviceOptions::default()).expect("reopen");
+    let device = reopen(&path);
     device.read(0, 4096).await.expect("read after reopen");
 }
 
@@ -447,6 +447,114 @@ async fn large_requests_and_flushes_mixed_with_writes() {
             .expect("read");
         assert!(read[..] == data[..], "16 MiB block {index} differs");
     }
+}
+
+/// How long a lock may outlive the device that held it: a child that a
+/// concurrent test spawns holds a copy of every descriptor of this process from
+/// its fork until its exec, and with it the claim.
+const LOCK_RELEASE_TIMEOUT_MS: u64 = 2_000;
+
+/// Opens `path` again once the spawned children of concurrent tests have let go
+/// of the previous open's claim (see [`LOCK_RELEASE_TIMEOUT_MS`]).
+fn reopen(path: &Path) -> FileDevice {
+    reopen_with(path, FileDeviceOptions::default())
+}
+
+fn reopen_with(path: &Path, options: FileDeviceOptions) -> FileDevice {
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(LOCK_RELEASE_TIMEOUT_MS);
+    loop {
+        match FileDevice::open(path, options.clone()) {
+            Ok(device) => return device,
+            Err(error)
+                if matches!(error.kind, DeviceErrorKind::InUse { .. })
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(error) => panic!("reopening {path:?}: {error}"),
+        }
+    }
+}
+
+/// Whether another process (util-linux `flock --nonblock`) can take an flock
+/// on `path` right now.
+fn another_process_can_flock(path: &Path) -> bool {
+    std::process::Command::new("flock")
+        .arg("--nonblock")
+        .arg(path)
+        .arg("true")
+        .status()
+        .expect("run flock")
+        .success()
+}
+
+/// The holder named by an open refused because the device is in use.
+fn refused_holder(path: &Path) -> lamina_device::LockHolder {
+    match FileDevice::open(path, FileDeviceOptions::default()) {
+        Err(error) => {
+            let message = error.to_string();
+            assert!(message.contains(&path.display().to_string()), "{message}");
+            assert!(message.contains("in use by this process"), "{message}");
+            match error.kind {
+                DeviceErrorKind::InUse {
+                    holder: Some(holder),
+                } => holder,
+                other => panic!("{path:?}: expected in use with a holder, got {other:?}"),
+            }
+        }
+        Ok(_) => panic!("a second open of {path:?} was not refused"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_device_is_created_owner_only_and_open_once_through_any_name() {
+    use std::os::unix::fs::PermissionsExt;
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = FileDevice::open(&path, options_with_size(8 << 20)).expect("open");
+    let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "created with mode {mode:o}");
+
+    let symlink = directory.path().join("symlink");
+    std::os::unix::fs::symlink(&path, &symlink).expect("symlink");
+    let hard_link = directory.path().join("hard-link");
+    std::fs::hard_link(&path, &hard_link).expect("hard link");
+    for name in [&path, &symlink, &hard_link] {
+        let holder = refused_holder(name);
+        assert_eq!(holder.pid, std::process::id());
+        assert!(!another_process_can_flock(name), "{name:?} is not locked");
+    }
+    // Data written through the first open is untouched by the refused ones.
+    let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+    data.fill(0x5c);
+    device.write(0, Arc::new(data)).await.expect("write");
+    device.flush().await.expect("flush");
+    drop(device);
+    let device = reopen(&symlink);
+    let read = device.read(0, BLOCK_BYTES as usize).await.expect("read");
+    assert!(read.iter().all(|byte| *byte == 0x5c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_device_is_open_once_and_exclusively() {
+    let Some(loop_device) = LoopDevice::new(16 << 20) else {
+        return;
+    };
+    let device = FileDevice::open(&loop_device.path, FileDeviceOptions::default()).expect("open");
+    let holder = refused_holder(&loop_device.path);
+    assert_eq!(holder.pid, std::process::id());
+    // O_EXCL: the kernel refuses other exclusive opens, such as a mount or mkfs.
+    let exclusive = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(&loop_device.path);
+    assert_eq!(
+        exclusive.err().and_then(|error| error.raw_os_error()),
+        Some(libc::EBUSY)
+    );
+    drop(device);
+    reopen(&loop_device.path);
 }
 
 /// A loop device over a file in a temporary directory, detached when dropped.
