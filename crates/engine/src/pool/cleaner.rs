@@ -88,6 +88,19 @@ pub fn cleaner_reserve_segment_count(geometry: &crate::log::geometry::Geometry) 
         .max(2) as usize
 }
 
+/// What [`Pool::segment_table`] returns.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct SegmentTable {
+    pub segments: Vec<super::state::SegmentInfo>,
+    pub free_segments: Vec<u32>,
+    pub client_reserve_segment_count: usize,
+    /// Free segments the cleaner leaves to checkpoints and records.
+    pub cleaner_reserve_floor_segment_count: usize,
+    pub covered_by_every_checkpoint: u64,
+    pub durable_through: u64,
+}
+
 /// A victim segment's contents, as read in pieces of equal size (whole blocks;
 /// the last may be shorter).
 struct VictimContents {
@@ -229,6 +242,30 @@ impl Pool {
     #[doc(hidden)]
     pub fn placement_image(&self) -> crate::log::checkpoint::PlacementImage {
         self.inner.lock().placement.image()
+    }
+
+    /// Every segment's state and live count, with the free flash segments
+    /// and the clients' reserve (tests and diagnostics).
+    #[doc(hidden)]
+    pub fn segment_table(&self) -> SegmentTable {
+        let state = self.inner.lock();
+        SegmentTable {
+            segments: state.segments.clone(),
+            free_segments: state.free_segments.iter().copied().collect(),
+            client_reserve_segment_count: state.reserve_for(Allocation::Client),
+            cleaner_reserve_floor_segment_count: state.reserve_for(Allocation::Cleaner),
+            covered_by_every_checkpoint: state.covered_by_every_checkpoint(),
+            durable_through: state.durable_through,
+        }
+    }
+
+    /// The device block `logical_block` of `volume_id` is mapped to, if any
+    /// (diagnostics).
+    #[doc(hidden)]
+    pub fn physical_block_of(&self, volume_id: u32, logical_block: u64) -> Option<u64> {
+        let state = self.inner.lock();
+        let mapping = state.volumes.get(volume_id)?.map.get(logical_block)?;
+        Some(mapping.physical_block)
     }
 
     /// The segments the cleaner would take next, best first (tests).

@@ -498,9 +498,58 @@ impl State {
         }
     }
 
+    /// Whether cleaning is the only way left to free space and the cleaner
+    /// cannot start without a new segment: no relocation head has room, and
+    /// no flash segment is dead (none that a flush or checkpoint would free).
+    ///
+    /// Recovery leaves this state when a crash interrupts the cleaner at the
+    /// bottom of its reserve (issue 16): recovery seals every head, however
+    /// much room it had, and the victims whose last relocations were not
+    /// written keep a block or two, so nothing the cleaner was about to free
+    /// is freed. The free segments are then exactly those the cleaner leaves
+    /// (or fewer, once trims took the records' reserve), and before this rule
+    /// it could never relocate again: every write failed with ENOSPC, across
+    /// restarts. See [`State::cleaner_restart_reserve`].
+    pub fn cleaner_must_restart(&self) -> bool {
+        let segment_size_blocks = self.geometry.segment_size_blocks as u32;
+        let head_has_room = RELOCATION_STREAMS.iter().any(|stream| {
+            self.heads[*stream as usize]
+                .is_some_and(|head| head.has_room_for_a_data_block(segment_size_blocks))
+        });
+        !head_has_room
+            && !self.segments[..self.geometry.flash_segment_count as usize]
+                .iter()
+                .any(|segment| matches!(segment.state, SegmentState::Dead { .. }))
+    }
+
+    /// Free segments a cleaner that must restart
+    /// ([`State::cleaner_must_restart`]) leaves: the records' reserve, and of
+    /// the checkpoints' reserve what checkpoints may still take. That reserve
+    /// counts three bodies (two durable, one being written); the durable
+    /// ones' flash segments are already out of the free list, so only the
+    /// rest of it is needed. Once cleaning has started, relocations leave the
+    /// whole reserve again ([`State::reserve_for`]).
+    pub fn cleaner_restart_reserve(&self) -> usize {
+        let held_body_segment_count = self
+            .durable_checkpoints
+            .iter()
+            .flat_map(|checkpoint| &checkpoint.body_segments)
+            .filter(|segment| self.geometry.tier_of_segment(**segment) == Tier::Flash)
+            .count();
+        self.checkpoint_reserve_segment_count
+            .saturating_sub(held_body_segment_count)
+            + RECORD_RESERVE_SEGMENT_COUNT
+    }
+
     /// Takes a free segment, leaving the reserves that `allocation` may not touch.
     pub fn take_free_segment(&mut self, allocation: Allocation) -> Option<u32> {
-        if self.free_segments.len() <= self.reserve_for(allocation) {
+        let reserve = match allocation {
+            Allocation::Cleaner if self.cleaner_must_restart() => self
+                .cleaner_restart_reserve()
+                .min(self.reserve_for(allocation)),
+            _ => self.reserve_for(allocation),
+        };
+        if self.free_segments.len() <= reserve {
             return None;
         }
         let index = if allocation == Allocation::Checkpoint {
