@@ -131,32 +131,32 @@ fn print_homes(
 }
 
 /// Prints the batch chain of each segment in `--walk 1,2,3` as the device
-/// holds it (read before recovery writes anything).
+/// holds it (read before recovery writes anything), walked as recovery and the
+/// cleaner walk it (`log::chain`).
 fn walk_segments(path: &str, segments: &[u32], pool: Option<&Pool>) {
-    use lamina_engine::log::batch::Summary;
+    use lamina_engine::log::chain::{self, InMemorySegment};
     use lamina_engine::log::superblock::Superblock;
     let bytes = std::fs::read(path).expect("read the device");
     let (_, superblock) = Superblock::decode(&bytes[..BLOCK as usize]).expect("superblock");
     let geometry = superblock.geometry;
     for segment in segments {
         let first = geometry.segment_first_block(*segment);
-        let mut position = 0u64;
-        let mut incarnation = None;
+        let start = (first * BLOCK) as usize;
+        let end = start + geometry.segment_size_bytes() as usize;
+        let mut source = InMemorySegment::new(&bytes[start..end]);
+        let walked = futures::executor::block_on(chain::walk(
+            &mut source,
+            geometry.segment_size_blocks as u32,
+            0,
+            None,
+        ));
+        let Ok(walked) = walked;
         println!("segment {segment}:");
-        while position + 2 <= geometry.segment_size_blocks {
-            let start = ((first + position) * BLOCK) as usize;
-            let Ok(summary) = Summary::decode(&bytes[start..start + BLOCK as usize]) else {
-                println!("  block {position}: no summary");
-                break;
-            };
-            let sequence = *incarnation.get_or_insert(summary.segment_sequence);
-            if !summary.continues_chain(sequence, position as u32, geometry.segment_size_blocks) {
-                println!(
-                    "  block {position}: summary of segment sequence {} batch {} ends the chain",
-                    summary.segment_sequence, summary.batch_sequence
-                );
-                break;
-            }
+        for damaged in &walked.damaged {
+            println!("  damaged range: {damaged:?}");
+        }
+        for batch in &walked.batches {
+            let summary = &batch.summary;
             let kinds: BTreeMap<String, usize> =
                 summary
                     .records
@@ -168,13 +168,25 @@ fn walk_segments(path: &str, segments: &[u32], pool: Option<&Pool>) {
                         kinds
                     });
             println!(
-                "  block {position}: segment sequence {} batch {} flushed through {} records {kinds:?}",
-                summary.segment_sequence, summary.batch_sequence, summary.flushed_through_sequence
+                "  block {}: segment sequence {} batch {} flushed through {} records {kinds:?}{}",
+                batch.block_in_segment,
+                summary.segment_sequence,
+                summary.batch_sequence,
+                summary.flushed_through_sequence,
+                if batch.from_copy {
+                    " (from its copy)"
+                } else {
+                    ""
+                }
             );
             if let Some(pool) = pool {
-                print_homes(pool, &geometry, &summary, first + position);
+                print_homes(
+                    pool,
+                    &geometry,
+                    summary,
+                    first + u64::from(batch.block_in_segment),
+                );
             }
-            position += 1 + summary.data_block_count() as u64;
         }
     }
 }
