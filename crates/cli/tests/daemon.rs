@@ -1,9 +1,10 @@
 //! The daemon end to end with real clients: `lamina serve` on a fresh data
 //! directory, `nbdinfo`, `qemu-img`, `nbdcopy`, `fio --ioengine=nbd` with
 //! verification, the volume commands against the running daemon (and their
-//! errors; a volume deleted under its client), clean shutdown on SIGTERM, and process crashes: `kill -9` at random
-//! moments while a client writes and flushes, then a check that every write
-//! acknowledged before a completed flush is intact.
+//! errors; a volume deleted under its client), clean shutdown on SIGTERM, and
+//! process crashes: `kill -9` at random moments while a client writes and
+//! flushes, then a check that every write acknowledged before a completed flush
+//! is intact.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
