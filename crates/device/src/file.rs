@@ -83,7 +83,7 @@ impl FileDevice {
     pub fn open(path: &Path, options: FileDeviceOptions) -> Result<Self, DeviceError> {
         let name = path.display().to_string();
         let open_error =
-            |error: io::Error| DeviceError::new(DeviceErrorKind::Io(error), &name, 0, 0);
+            |error: io::Error| DeviceError::new(DeviceErrorKind::from(error), &name, 0, 0);
         if let Some(size_bytes) = options.create_size_bytes {
             create_sparse(path, size_bytes).map_err(open_error)?;
         }
@@ -150,7 +150,7 @@ impl FileDevice {
     }
 
     fn error(&self, error: io::Error, offset: u64, length: u64) -> DeviceError {
-        DeviceError::new(DeviceErrorKind::Io(error), &self.name, offset, length)
+        DeviceError::new(DeviceErrorKind::from(error), &self.name, offset, length)
     }
 }
 
