@@ -13,7 +13,7 @@ pub const DEFAULT_EXPORT_NAME: &str = "default";
 
 fn to_export_error(error: EngineError) -> ExportError {
     match error {
-        EngineError::NoSpace => ExportError::NoSpace,
+        EngineError::NoSpace | EngineError::DeviceFull { .. } => ExportError::NoSpace,
         EngineError::OutOfRange { .. } | EngineError::InvalidSize { .. } => {
             ExportError::Invalid(error.to_string())
         }

@@ -99,6 +99,7 @@ fn new_inner(
         rmw_locks: (0..RMW_LOCK_COUNT)
             .map(|_| tokio::sync::Mutex::new(()))
             .collect(),
+        device_full: Default::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
     })
 }
