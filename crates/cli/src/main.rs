@@ -387,6 +387,13 @@ fn print_status(value: &serde_json::Value) {
         println!("demoted              {} blocks", value["demoted_blocks"]);
     }
     print_integrity(&value["integrity"]);
+    if value["device_full"].is_object() {
+        println!(
+            "DEVICE FULL          {} batches wait for space: {}",
+            value["device_full"]["waiting_batch_count"],
+            value["device_full"]["reason"].as_str().unwrap_or("?")
+        );
+    }
     if let Some(reason) = value["failed"].as_str() {
         println!("FAILED               {reason}");
     }

@@ -1,10 +1,11 @@
 //! The daemon end to end with real clients: `lamina serve` on a fresh data
 //! directory, `nbdinfo`, `qemu-img`, `nbdcopy`, `fio --ioengine=nbd` with
 //! verification, the volume commands against the running daemon (and their
-//! errors), clean shutdown on SIGTERM, and process crashes: `kill -9` at random
-//! moments while a client writes and flushes, then a check that every write
-//! acknowledged before a completed flush is intact; and stalled handshakes
-//! against the `[server]` handshake limits, with their `/metrics` counters.
+//! errors; a volume deleted under its client), clean shutdown on SIGTERM, and
+//! process crashes: `kill -9` at random moments while a client writes and
+//! flushes, then a check that every write acknowledged before a completed flush
+//! is intact; and stalled handshakes against the `[server]` handshake limits,
+//! with their `/metrics` counters.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -428,5 +429,57 @@ fn stalled_handshakes_are_limited_per_uid_timed_out_and_counted_in_metrics() {
     // Rate-limited: one warning of each kind for the whole burst.
     assert_eq!(log.matches("handshake limit reached").count(), 1, "{log}");
     drop(stalled);
+    assert!(daemon.terminate().success());
+}
+
+/// Run by nbdsh on a volume: writes, deletes the volume through the CLI while
+/// still connected, then tries to read, write and flush; prints each outcome
+/// as `NAME ok` or `NAME errno=N`.
+const DELETED_UNDER_CLIENT_SCRIPT: &str = r#"
+import os, subprocess
+def attempt(name, operation):
+    try:
+        operation()
+        print(name, "ok")
+    except nbd.Error as error:
+        print(name, "errno=%s" % error.errno)
+h.pwrite(b"\x5a" * 65536, 0)
+attempt("flush_before", h.flush)
+h.pwrite(b"\xa5" * 65536, 65536)
+subprocess.run([os.environ["LAMINA"], "volume", "delete", "doomed", "--data", os.environ["DATA"]], check=True)
+attempt("read", lambda: h.pread(4096, 0))
+attempt("write", lambda: h.pwrite(b"\x01" * 4096, 0))
+attempt("flush", h.flush)
+"#;
+
+/// A volume deleted while a client is connected: its reads and writes fail,
+/// and so must its FLUSH, since the writes it would confirm are gone.
+#[test]
+fn flush_of_a_volume_deleted_under_its_client_fails() {
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let daemon = Daemon::start(&data_dir);
+    let created = lamina(&data_dir, &["volume", "create", "doomed", "--size", "64M"]);
+    assert!(created.status.success(), "{created:?}");
+    let script = directory.path().join("deleted.py");
+    std::fs::write(&script, DELETED_UNDER_CLIENT_SCRIPT).unwrap();
+    let output = run(Command::new("nbdsh")
+        .args(["-u", &daemon.uri("doomed"), "-c"])
+        .arg(format!("exec(open('{}').read())", script.display()))
+        .env("LAMINA", common::LAMINA)
+        .env("LAMINA_LOG", "warn")
+        .env("DATA", &data_dir));
+    let outcome = |name: &str| {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no outcome for {name}: {output}"))
+            .to_string()
+    };
+    assert_eq!(outcome("flush_before"), "ok", "{output}");
+    // ESHUTDOWN: the export is gone, as for reads and writes.
+    assert_eq!(outcome("read"), "errno=ESHUTDOWN", "{output}");
+    assert_eq!(outcome("write"), "errno=ESHUTDOWN", "{output}");
+    assert_eq!(outcome("flush"), "errno=ESHUTDOWN", "{output}");
     assert!(daemon.terminate().success());
 }

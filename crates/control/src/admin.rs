@@ -114,7 +114,7 @@ impl From<EngineError> for OperationError {
             EngineError::InvalidName { .. }
             | EngineError::InvalidSize { .. }
             | EngineError::ShrinkNeedsForce { .. } => 400,
-            EngineError::NoSpace => 507,
+            EngineError::NoSpace | EngineError::DeviceFull { .. } => 507,
             _ => 500,
         };
         Self {
@@ -297,6 +297,16 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         "lamina_pool_failed",
         "1 when the pool refuses writes after an I/O error.",
         f64::from(u8::from(status.failed.is_some())),
+    );
+    gauge(
+        "lamina_pool_device_full",
+        "1 while the device under the pool is out of space (ENOSPC, EDQUOT): writes wait for space, flushes fail with ENOSPC.",
+        f64::from(u8::from(status.device_full.is_some())),
+    );
+    gauge(
+        "lamina_pool_device_full_retries",
+        "Batch writes retried after finding the device under the pool full, since the pool opened.",
+        status.device_full_retries as f64,
     );
     text.push_str("# HELP lamina_cleaner_state 1 for what the paced cleaner is doing: off, idle, paced or short.\n# TYPE lamina_cleaner_state gauge\n");
     for state in [

@@ -13,7 +13,7 @@ pub const DEFAULT_EXPORT_NAME: &str = "default";
 
 fn to_export_error(error: EngineError) -> ExportError {
     match error {
-        EngineError::NoSpace => ExportError::NoSpace,
+        EngineError::NoSpace | EngineError::DeviceFull { .. } => ExportError::NoSpace,
         EngineError::OutOfRange { .. } | EngineError::InvalidSize { .. } => {
             ExportError::Invalid(error.to_string())
         }
@@ -186,7 +186,16 @@ impl Export for VolumeExport {
     }
 
     async fn flush(&self) -> Result<(), ExportError> {
-        self.pool.flush().await.map_err(to_export_error)
+        self.pool.flush().await.map_err(to_export_error)?;
+        // A flush confirms this client's earlier writes; if the volume (or
+        // snapshot) was deleted before or while it ran, those writes are gone,
+        // so success would be a lie. Identifiers are never reused, so a volume
+        // created since under the same name does not count. Checked after the
+        // pool flush so that a deletion during it is seen too.
+        if self.pool.view_size_bytes(self.view).is_none() {
+            return Err(ExportError::Shutdown);
+        }
+        Ok(())
     }
 
     async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {

@@ -1,11 +1,18 @@
 //! Typed device errors carrying the device, offset and length of the failed request,
-//! so that a report from deep in the engine still says where it happened.
+//! so that a report from deep in the engine still says where it happened. Running
+//! out of space on the store under a device (ENOSPC, EDQUOT) has a kind of its own,
+//! because the engine treats it as a wait for space, not as a failed device.
 
 /// What went wrong with one device request.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceErrorKind {
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The file system or quota under the device has no room for the write
+    /// (a sparse file or a thin device being filled); nothing else is wrong with
+    /// it, and the write can succeed once space is freed.
+    #[error("out of space on the backing store: {0}")]
+    NoSpace(std::io::Error),
     #[error("request beyond the end of the device ({size_bytes} bytes)")]
     OutOfRange { size_bytes: u64 },
     #[error("injected fault")]
@@ -17,6 +24,17 @@ pub enum DeviceErrorKind {
         /// Who holds it, when `/proc/locks` says.
         holder: Option<crate::LockHolder>,
     },
+}
+
+impl From<std::io::Error> for DeviceErrorKind {
+    /// ENOSPC and EDQUOT become [`DeviceErrorKind::NoSpace`], every other error
+    /// [`DeviceErrorKind::Io`].
+    fn from(error: std::io::Error) -> Self {
+        match error.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Self::NoSpace(error),
+            _ => Self::Io(error),
+        }
+    }
 }
 
 /// A failed device request with its context.
@@ -45,6 +63,29 @@ impl DeviceError {
             device: device.to_string(),
             offset,
             length,
+        }
+    }
+
+    /// Whether the request failed only for want of space under the device.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(self.kind, DeviceErrorKind::NoSpace(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enospc_and_edquot_are_out_of_space_and_eio_is_not() {
+        for (errno, out_of_space) in [
+            (libc::ENOSPC, true),
+            (libc::EDQUOT, true),
+            (libc::EIO, false),
+        ] {
+            let kind = DeviceErrorKind::from(std::io::Error::from_raw_os_error(errno));
+            let error = DeviceError::new(kind, "test", 4096, 8192);
+            assert_eq!(error.is_out_of_space(), out_of_space, "{error}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A fault-injecting wrapper around any device, usable in tests and in production
 //! builds (to rehearse failures on real hardware). It can fail reads, writes or
-//! flushes at chosen offsets or at a random rate, flip bits, and simulate a power
+//! flushes at chosen offsets or at a random rate, refuse writes as a full file
+//! system would (ENOSPC, until told that space returned), flip bits, and simulate a power
 //! cut: every write that no completed flush covers is kept, dropped or torn at
 //! 512-byte sector boundaries, at random, exactly as a disk with a volatile cache
 //! may leave it. After a power cut the wrapper refuses all I/O, like a dead
@@ -46,6 +47,9 @@ struct FaultPlan {
     read_failure_probability: f64,
     write_failure_probability: f64,
     fail_flushes: bool,
+    /// Writes fail as on a full file system (nothing written); reads and
+    /// flushes still work, as they do there.
+    out_of_space: bool,
 }
 
 struct State {
@@ -116,6 +120,12 @@ impl<D: BlockDevice> FaultyDevice<D> {
     /// Flushes fail from now on (and make nothing durable).
     pub async fn fail_flushes(&self, fail: bool) {
         self.state.lock().await.plan.fail_flushes = fail;
+    }
+
+    /// Writes fail with ENOSPC from now on while `out_of_space` is true, as on
+    /// a file system that filled up; false is space returning.
+    pub async fn run_out_of_space(&self, out_of_space: bool) {
+        self.state.lock().await.plan.out_of_space = out_of_space;
     }
 
     /// Removes every planned failure.
@@ -233,6 +243,15 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
             || (probability > 0.0 && state.rng.random_bool(probability))
         {
             return Err(self.error(offset, length));
+        }
+        if state.plan.out_of_space {
+            let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(DeviceError::new(
+                DeviceErrorKind::from(full),
+                &self.name,
+                offset,
+                length,
+            ));
         }
         let pre_image = self.inner.read(offset, data.len()).await?;
         let sequence = state.next_write_sequence;
@@ -376,5 +395,23 @@ mod tests {
         assert!(device.read(0, 4096).await.is_err());
         device.heal().await;
         assert!(device.read(0, 4096).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn out_of_space_refuses_writes_until_space_returns() {
+        let inner = Arc::new(MemoryDevice::new(65536));
+        let device = FaultyDevice::new(inner.clone(), 3);
+        device.run_out_of_space(true).await;
+        let mut buffer = AlignedBuffer::zeroed(4096);
+        buffer.fill(9);
+        let buffer = Arc::new(buffer);
+        let error = device.write(0, buffer.clone()).await.unwrap_err();
+        assert!(error.is_out_of_space(), "{error}");
+        assert_eq!(inner.snapshot()[0], 0, "nothing written");
+        device.flush().await.unwrap();
+        assert!(device.read(0, 4096).await.is_ok());
+        device.run_out_of_space(false).await;
+        device.write(0, buffer).await.unwrap();
+        assert_eq!(inner.snapshot()[0], 9);
     }
 }

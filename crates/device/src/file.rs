@@ -91,7 +91,7 @@ impl FileDevice {
     pub fn open(path: &Path, options: FileDeviceOptions) -> Result<Self, DeviceError> {
         let name = path.display().to_string();
         let open_error =
-            |error: io::Error| DeviceError::new(DeviceErrorKind::Io(error), &name, 0, 0);
+            |error: io::Error| DeviceError::new(DeviceErrorKind::from(error), &name, 0, 0);
         let lock = DeviceLock::acquire(path, options.create_size_bytes)
             .map_err(|kind| DeviceError::new(kind, &name, 0, 0))?;
         let limits = RingLimits {
@@ -159,7 +159,7 @@ impl FileDevice {
     }
 
     fn error(&self, error: io::Error, offset: u64, length: u64) -> DeviceError {
-        DeviceError::new(DeviceErrorKind::Io(error), &self.name, offset, length)
+        DeviceError::new(DeviceErrorKind::from(error), &self.name, offset, length)
     }
 }
 

@@ -109,6 +109,10 @@ pub enum EngineError {
         "the pool is full: no free segment to place the write (free space by trimming or deleting data)"
     )]
     NoSpace,
+    #[error(
+        "{device} is out of space under the pool (waited {waited_ms} ms): written data waits in memory for space to return; free space on its file system or device"
+    )]
+    DeviceFull { device: String, waited_ms: u64 },
     #[error("the pool has failed after an earlier write error and refuses further writes: {0}")]
     Failed(String),
 }

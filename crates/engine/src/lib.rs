@@ -22,7 +22,9 @@ pub mod volume;
 pub use error::EngineError;
 pub use log::geometry::Tier;
 pub use pool::cleaner::CleanerState;
-pub use pool::{Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TierSpace, VolumeTierStats};
+pub use pool::{
+    DeviceFullStatus, Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TierSpace, VolumeTierStats,
+};
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{
     CachePriority, Pin, SnapshotInfo, TierPolicy, View, VolumeInfo, split_snapshot_name,

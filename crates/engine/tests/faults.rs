@@ -4,13 +4,15 @@
 //! wrong data; losing the newest checkpoint loses nothing that was flushed; a
 //! write or flush the device did not complete is reported to the caller (never a
 //! silent success) and stops the pool from acknowledging more writes, while data
-//! that was already durable stays readable after reopening.
+//! that was already durable stays readable after reopening. A device whose file
+//! system filled up (ENOSPC) is the exception: writes wait for space, flushes
+//! fail with ENOSPC meanwhile, and the pool resumes by itself once space returns.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lamina_device::{FaultyDevice, MemoryDevice};
+use lamina_device::{FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::log::checkpoint::Slot;
 use lamina_engine::log::geometry::{CHECKPOINT_SLOT_BLOCKS, DATA_START_BLOCK};
 use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
@@ -726,4 +728,193 @@ async fn an_older_slot_naming_impossible_segments_does_not_crash_later() {
     for _ in 0..3 {
         pool.checkpoint().await.unwrap();
     }
+}
+
+/// Quiet limits with a small in-flight limit (so that writers feel the full
+/// device soon) and short device-full retries and waits.
+fn device_full_limits() -> PoolLimits {
+    PoolLimits {
+        in_flight_batches_max: 4,
+        device_full_retry_interval_ms: 20,
+        device_full_wait_ms_max: 1000,
+        ..quiet_limits()
+    }
+}
+
+fn assert_device_full(error: EngineError) {
+    assert!(
+        matches!(error, EngineError::DeviceFull { .. }),
+        "a full device fails a flush or a held-back write with ENOSPC, not the pool: {error:?}"
+    );
+}
+
+/// The file system under the pool fills up: acknowledged writes wait in
+/// memory (readable), flushes fail with ENOSPC instead of succeeding or failing
+/// the pool, writers are held back (and fail with ENOSPC after the bound), and
+/// once space returns everything is written, a flush succeeds and survives a
+/// power cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_device_holds_writes_and_resumes_when_space_returns() {
+    let mut rng = SmallRng::seed_from_u64(21);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(21, device_full_limits()).await;
+    let block_count = 320;
+    let mut expected = random_blocks(&mut rng, block_count);
+    let volume_id = durable_volume(&pool, &expected).await;
+
+    faulty.run_out_of_space(true).await;
+    let newer = random_blocks(&mut rng, 64);
+    pool.write(volume_id, 0, &newer, false).await.unwrap();
+    expected[..newer.len()].copy_from_slice(&newer);
+    assert_device_full(pool.flush().await.unwrap_err());
+    let status = pool.status();
+    assert!(status.failed.is_none(), "{:?}", status.failed);
+    let full = status.device_full.expect("status shows the full device");
+    assert!(full.waiting_batch_count >= 1, "{full:?}");
+    assert!(full.reason.contains("out of space"), "{}", full.reason);
+    assert!(read_all(&pool, volume_id, expected.len()).await.unwrap() == expected);
+    // More batches are in flight than the limit: a FUA write waits for a slot
+    // until the bound, then fails with ENOSPC (its block is old or new).
+    let fua = random_blocks(&mut rng, 1);
+    let fua_range = 70 * BLOCK..71 * BLOCK;
+    assert_device_full(
+        pool.write(volume_id, fua_range.start as u64, &fua, true)
+            .await
+            .unwrap_err(),
+    );
+    let mut block = vec![0u8; BLOCK];
+    pool.read(volume_id, fua_range.start as u64, &mut block)
+        .await
+        .unwrap();
+    assert!(block == fua || block == expected[fua_range.clone()]);
+    expected[fua_range].copy_from_slice(&block);
+
+    // A writer is held back while the device is full and goes on once space
+    // returns within the bound.
+    let more = random_blocks(&mut rng, 200);
+    let more_offset = 100 * BLOCK;
+    let writer = {
+        let pool = pool.clone();
+        let more = more.clone();
+        tokio::spawn(async move {
+            pool.write(volume_id, more_offset as u64, &more, false)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !writer.is_finished(),
+        "writers are held back on a full device"
+    );
+    expected[more_offset..more_offset + more.len()].copy_from_slice(&more);
+    faulty.run_out_of_space(false).await;
+    tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer goes on once space returns")
+        .unwrap()
+        .unwrap();
+    pool.flush().await.unwrap();
+    let status = pool.status();
+    assert!(status.device_full.is_none() && status.failed.is_none());
+    assert!(status.device_full_retries > 0);
+    assert!(read_all(&pool, volume_id, expected.len()).await.unwrap() == expected);
+
+    pool.abandon();
+    faulty.power_cut(PowerCutStyle::Random).await.unwrap();
+    drop(pool);
+    let pool = Pool::open(memory, quiet_limits()).await.unwrap();
+    assert!(
+        read_all(&pool, volume_id, expected.len()).await.unwrap() == expected,
+        "every block flushed after space returned survives a power cut"
+    );
+}
+/// Power cuts while the device is full, after it was full once before and
+/// resumed: every block of the last successful flush reads back exactly (the
+/// writes the full device refused never reached it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_on_a_full_device_keeps_every_flushed_block() {
+    for seed in 0..4u64 {
+        let mut rng = SmallRng::seed_from_u64(300 + seed);
+        let Rig {
+            memory,
+            faulty,
+            pool,
+        } = rig(300 + seed, device_full_limits()).await;
+        let block_count = 96;
+        let mut durable = random_blocks(&mut rng, block_count);
+        let volume_id = durable_volume(&pool, &durable).await;
+        let mut newer = durable.clone();
+        for episode in 0..2 {
+            faulty.run_out_of_space(true).await;
+            for _ in 0..rng.random_range(1..40) {
+                let first = rng.random_range(0..block_count);
+                let count = rng.random_range(1..=(block_count - first).min(24));
+                let fresh = random_blocks(&mut rng, count);
+                let range = first * BLOCK..(first + count) * BLOCK;
+                let written = pool
+                    .write(volume_id, range.start as u64, &fresh, false)
+                    .await;
+                if let Err(error) = written {
+                    // Held back past the bound: each block of the range is
+                    // old or new, and stays so.
+                    assert_device_full(error);
+                    let mut held = vec![0u8; range.len()];
+                    pool.read(volume_id, range.start as u64, &mut held)
+                        .await
+                        .unwrap();
+                    for (index, block) in held.chunks(BLOCK).enumerate() {
+                        let at = range.start + index * BLOCK..range.start + (index + 1) * BLOCK;
+                        assert!(
+                            block == &fresh[index * BLOCK..(index + 1) * BLOCK]
+                                || block == &newer[at]
+                        );
+                    }
+                    newer[range].copy_from_slice(&held);
+                    break;
+                }
+                newer[range].copy_from_slice(&fresh);
+            }
+            assert_device_full(pool.flush().await.unwrap_err());
+            if episode == 0 {
+                faulty.run_out_of_space(false).await;
+                pool.flush().await.unwrap();
+                durable.clone_from(&newer);
+            }
+        }
+        pool.abandon();
+        faulty.power_cut(PowerCutStyle::Random).await.unwrap();
+        drop(pool);
+        faulty.heal().await;
+        let pool = Pool::open(memory, quiet_limits()).await.unwrap();
+        assert!(
+            read_all(&pool, volume_id, durable.len()).await.unwrap() == durable,
+            "seed {seed}: a flushed block was lost or changed"
+        );
+    }
+}
+
+/// A checkpoint whose body finds the device full is skipped, not fatal: the
+/// pool keeps its previous checkpoints and checkpoints again once space returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_on_a_full_device_is_skipped_not_fatal() {
+    let mut rng = SmallRng::seed_from_u64(41);
+    let Rig {
+        memory,
+        faulty,
+        pool,
+    } = rig(41, device_full_limits()).await;
+    let contents = random_blocks(&mut rng, 64);
+    let volume_id = durable_volume(&pool, &contents).await;
+    faulty.run_out_of_space(true).await;
+    assert_device_full(pool.checkpoint().await.unwrap_err());
+    assert!(pool.status().failed.is_none());
+    faulty.run_out_of_space(false).await;
+    pool.checkpoint().await.unwrap();
+    pool.close().await.unwrap();
+    drop(pool);
+    let pool = Pool::open(memory, quiet_limits()).await.unwrap();
+    assert!(read_all(&pool, volume_id, contents.len()).await.unwrap() == contents);
 }

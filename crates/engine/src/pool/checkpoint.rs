@@ -254,7 +254,11 @@ impl Pool {
         let result = self
             .write_checkpoint(checkpoint_sequence, slot_index, covered, &encoded)
             .await;
-        if let Err(error) = &result {
+        // A body that found the device full was abandoned before any slot
+        // named it: the pool goes on with its previous checkpoints.
+        if let Err(error) = &result
+            && !matches!(error, EngineError::DeviceFull { .. })
+        {
             self.inner
                 .lock()
                 .failed
@@ -297,9 +301,25 @@ impl Pool {
         let device = &self.inner.device;
         for (piece, segment_index) in encoded.chunks(segment_bytes).zip(&body_segments) {
             let offset = geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES;
-            device
+            let written = device
                 .write(offset, Arc::new(AlignedBuffer::from_slice_padded(piece)))
-                .await?;
+                .await;
+            if let Err(error) = written {
+                if !error.is_out_of_space() {
+                    return Err(error.into());
+                }
+                // No slot names this body yet, so its segments are free again.
+                let mut state = self.inner.lock();
+                for index in &body_segments {
+                    state.segments[*index as usize].state = SegmentState::Free;
+                    state.return_free_segment(*index);
+                }
+                tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
+                return Err(EngineError::DeviceFull {
+                    device: device.name().to_string(),
+                    waited_ms: 0,
+                });
+            }
         }
         device.flush().await?;
         let slot = Slot {

@@ -12,6 +12,7 @@
 
 mod checkpoint;
 pub mod cleaner;
+mod device_full;
 mod flush_marker;
 pub mod integrity;
 mod recovery;
@@ -35,6 +36,7 @@ use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, ViewRef, VolumeInfo,
     validate_volume_name, validate_volume_size,
 };
+pub use device_full::DeviceFullStatus;
 use state::{InFlightBatch, State};
 
 /// Options fixed when a pool is created.
@@ -109,6 +111,14 @@ pub struct PoolLimits {
     pub tier_flash_free_percent: u8,
     /// How often the demoter looks at free flash.
     pub tier_demotion_interval_ms: u64,
+    /// Longest wait between retries of a batch write that found the device
+    /// under the pool out of space (ENOSPC, EDQUOT); retries start at 10 ms
+    /// and double up to this.
+    pub device_full_retry_interval_ms: u64,
+    /// Longest a flush waits for batch writes held up by a full device, and a
+    /// write for an in-flight slot, before it fails with ENOSPC (written data
+    /// stays queued; a later flush can still succeed).
+    pub device_full_wait_ms_max: u64,
     /// Split client writes between three log heads by how often their blocks
     /// are rewritten (one-tier pools; see `cleaner::placement`).
     pub separate_client_writes_by_lifespan: bool,
@@ -140,6 +150,8 @@ impl Default for PoolLimits {
             tier_ghost_entries_max: 1 << 24,
             tier_flash_free_percent: 10,
             tier_demotion_interval_ms: 20,
+            device_full_retry_interval_ms: 1000,
+            device_full_wait_ms_max: 10_000,
             separate_client_writes_by_lifespan: true,
             relocation_streams_by_age_segment_count_min: 512,
         }
@@ -193,6 +205,11 @@ pub struct PoolStatus {
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
+    /// Set while the device under the pool is out of space and batch writes
+    /// wait for it (see `device_full_retry_interval_ms`).
+    pub device_full: Option<DeviceFullStatus>,
+    /// Batch writes retried after finding the device full, since the pool opened.
+    pub device_full_retries: u64,
     pub memory_cache: crate::tier::memory_cache::CacheStatistics,
     /// Space of the flash tier (all of a one-tier pool).
     pub flash: TierSpace,
@@ -278,6 +295,8 @@ pub(crate) struct Inner {
     reclaim_lock: tokio::sync::Mutex<()>,
     rmw_locks: Vec<tokio::sync::Mutex<()>>,
     cache: Arc<crate::tier::memory_cache::MemoryCache>,
+    /// Whether batch writes are waiting for space under the device.
+    device_full: device_full::DeviceFull,
     /// Set when the pool is closed or abandoned: background work stops.
     shutdown: std::sync::atomic::AtomicBool,
     /// Damage found and what was done about it.
@@ -327,8 +346,7 @@ impl Pool {
         for batch in batches {
             let inner = self.inner.clone();
             tokio::spawn(async move {
-                let offset = batch.summary_block * BLOCK_SIZE_BYTES;
-                let result = inner.device.write(offset, batch.buffer.clone()).await;
+                let result = device_full::write_batch(&inner, &batch).await;
                 if result.is_ok() {
                     // Recently written blocks are the likeliest to be read soon.
                     for (index, block) in batch
@@ -1164,10 +1182,10 @@ impl Pool {
         let mut logical_block = first_block;
         while logical_block <= last_block {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
-            self.wait_for(|state| {
+            self.wait_unless_device_full(|state| {
                 state.in_flight.len() < in_flight_limit || state.failed.is_some()
             })
-            .await;
+            .await?;
             let mut sealed = Vec::new();
             let result = {
                 let mut state = self.inner.lock();
@@ -1293,8 +1311,10 @@ impl Pool {
         if self.inner.lock().durable_through >= target {
             return Ok(());
         }
-        self.wait_for(|state| state.written_through() >= target || state.failed.is_some())
-            .await;
+        self.wait_unless_device_full(|state| {
+            state.written_through() >= target || state.failed.is_some()
+        })
+        .await?;
         let _guard = self.inner.flush_lock.lock().await;
         let (covered, sealed_bytes) = {
             let state = self.inner.lock();
@@ -1355,6 +1375,9 @@ impl Pool {
             let state = self.inner.lock();
             state.sealed_bytes_total - state.flushed_bytes_total > self.inner.limits.dirty_bytes_max
         };
+        // On a full device a flush cannot finish; writers are held back by
+        // the in-flight limit instead, and the next client flush reports it.
+        let over = over && !self.inner.device_full.is_full();
         if over && self.inner.flush_lock.try_lock().is_ok() {
             let pool = self.clone();
             tokio::spawn(async move {
@@ -1503,6 +1526,8 @@ impl Pool {
             durable_batch_sequence: state.durable_through,
             checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
             failed: state.failed.clone(),
+            device_full: self.inner.device_full.status(),
+            device_full_retries: self.inner.device_full.retries_total(),
             memory_cache: self.inner.cache.statistics(),
             flash: tier_space(Tier::Flash, state.free_segments.len()),
             capacity: geometry
@@ -1535,6 +1560,10 @@ impl Pool {
                     return;
                 }
                 let pool = Pool { inner };
+                if pool.inner.device_full.is_full() {
+                    // Flushing or checkpointing would only wait for space.
+                    continue;
+                }
                 let (dirty, log_bytes, space_waiting) = {
                     let state = pool.inner.lock();
                     if state.failed.is_some() {

@@ -105,6 +105,7 @@ fn new_inner(
         rmw_locks: (0..RMW_LOCK_COUNT)
             .map(|_| tokio::sync::Mutex::new(()))
             .collect(),
+        device_full: Default::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
         integrity: Default::default(),
         flush_marker,
@@ -286,6 +287,17 @@ impl Pool {
             .write(
                 SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES,
                 super::aligned(&superblock.encode()),
+            )
+            .await?;
+        // The flush markers' blocks are written now, so that a pool file on a
+        // file system that later runs full never needs space for them.
+        device
+            .write(
+                FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
+                super::aligned(&vec![
+                    0u8;
+                    FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize
+                ]),
             )
             .await?;
         // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
