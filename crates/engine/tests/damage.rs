@@ -467,3 +467,44 @@ async fn a_damaged_superblock_is_read_from_its_copy_and_repaired() {
         .expect("both superblocks damaged");
     assert!(error.to_string().contains("superblock"), "{error}");
 }
+
+#[tokio::test]
+async fn a_damaged_capacity_label_is_read_from_its_copy_and_repaired() {
+    let flash_bytes: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
+    let capacity_bytes: u64 = (1 << 20) + 192 * SEGMENT_BYTES;
+    let memory = Arc::new(MemoryDevice::new(flash_bytes + capacity_bytes));
+    let faulty = Arc::new(FaultyDevice::new(memory.clone(), 11));
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+        flash_region_bytes: Some(flash_bytes),
+    };
+    let pool = Pool::create(faulty.clone(), options, quiet_limits())
+        .await
+        .unwrap();
+    pool.close().await.unwrap();
+    drop(pool);
+    let label_block = flash_bytes / BLOCK_SIZE_BYTES;
+    let label = |memory: &MemoryDevice| {
+        let mut bytes = vec![0u8; BLOCK];
+        memory.read_sync(label_block * BLOCK_SIZE_BYTES, &mut bytes);
+        bytes
+    };
+    let intact = label(&memory);
+    damage(&faulty, label_block).await;
+    let pool = Pool::open(faulty.clone(), quiet_limits()).await.unwrap();
+    pool.close().await.unwrap();
+    drop(pool);
+    assert!(label(&memory) == intact, "the label was not repaired");
+    // Label and copy both damaged: not this pool's capacity device.
+    damage(&faulty, label_block).await;
+    damage(&faulty, label_block + SUPERBLOCK_COPY_BLOCK).await;
+    let error = Pool::open(faulty.clone(), quiet_limits())
+        .await
+        .err()
+        .expect("both labels damaged");
+    assert!(
+        matches!(error, EngineError::WrongCapacityDevice { .. }),
+        "{error:?}"
+    );
+}

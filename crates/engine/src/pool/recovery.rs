@@ -275,20 +275,18 @@ impl Pool {
             geometry,
             created_unix_seconds: super::now_unix_seconds(),
         };
+        // The superblock and its copy on the flash device; the capacity
+        // device's label and its copy at the same places of that device.
         for start in device_starts {
-            device
-                .write(
-                    start + SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES,
-                    super::aligned(&superblock.encode()),
-                )
-                .await?;
+            for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
+                device
+                    .write(
+                        start + block * BLOCK_SIZE_BYTES,
+                        super::aligned(&superblock.encode()),
+                    )
+                    .await?;
+            }
         }
-        device
-            .write(
-                SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES,
-                super::aligned(&superblock.encode()),
-            )
-            .await?;
         // The flush markers' blocks are written now, so that a pool file on a
         // file system that later runs full never needs space for them.
         device
@@ -343,21 +341,11 @@ impl Pool {
                 actual_bytes: device.size_bytes(),
             });
         }
-        if geometry.has_capacity_tier() {
-            // The capacity device must be this pool's: its label is a copy of
-            // the superblock.
-            let label_offset = geometry.capacity_start_block * BLOCK_SIZE_BYTES;
-            let label = device.read(label_offset, BLOCK_SIZE_BYTES as usize).await?;
-            match Superblock::decode(&label) {
-                Ok((_, found)) if found == superblock => {}
-                _ => {
-                    return Err(EngineError::WrongCapacityDevice {
-                        device: name,
-                        offset: label_offset,
-                    });
-                }
-            }
-        }
+        let label = if geometry.has_capacity_tier() {
+            Some(check_capacity_label(&*device, &superblock, &name).await?)
+        } else {
+            None
+        };
         let started = std::time::Instant::now();
         let marker_bytes = device
             .read(
@@ -566,6 +554,9 @@ impl Pool {
         state.sealed_through = state.next_batch_sequence - 1;
         // Every check passed: the superblock's copies may be written now.
         found.repair(&*device, &name).await?;
+        if let Some(label) = label {
+            label.repair(&*device, &superblock, &name).await?;
+        }
         // What was replayed may sit in a volatile cache after a process crash:
         // make it durable before anything new is acknowledged on top of it.
         device.flush().await?;
@@ -626,6 +617,84 @@ impl FoundSuperblock {
         }
         Ok(())
     }
+}
+
+/// The capacity device's label (a copy of the superblock at its block 0) as
+/// found, and which of it and its copy (its block 128) must be rewritten.
+struct FoundLabel {
+    start_block: u64,
+    label_damaged: bool,
+    copy_stale: bool,
+}
+
+impl FoundLabel {
+    async fn repair(
+        &self,
+        device: &dyn BlockDevice,
+        superblock: &Superblock,
+        name: &str,
+    ) -> Result<(), EngineError> {
+        let encoded = super::aligned(&superblock.encode());
+        let rewrite = [
+            (self.label_damaged, SUPERBLOCK_BLOCK),
+            (self.copy_stale, SUPERBLOCK_COPY_BLOCK),
+        ];
+        for (needed, block) in rewrite {
+            if needed {
+                let offset = (self.start_block + block) * BLOCK_SIZE_BYTES;
+                device.write(offset, encoded.clone()).await?;
+            }
+        }
+        if self.label_damaged {
+            tracing::warn!(device = name, "capacity label rewritten from its copy");
+        }
+        Ok(())
+    }
+}
+
+/// Checks that the capacity device is this pool's: its label, or when the
+/// label holds a lamina superblock that fails its checksum, the label's copy,
+/// is this pool's superblock.
+async fn check_capacity_label(
+    device: &dyn BlockDevice,
+    superblock: &Superblock,
+    name: &str,
+) -> Result<FoundLabel, EngineError> {
+    let start_block = superblock.geometry.capacity_start_block;
+    let block = BLOCK_SIZE_BYTES as usize;
+    let label_offset = start_block * BLOCK_SIZE_BYTES;
+    let label = device.read(label_offset, block).await?;
+    let copy_offset = (start_block + SUPERBLOCK_COPY_BLOCK) * BLOCK_SIZE_BYTES;
+    let copy = device.read(copy_offset, block).await?;
+    let is_this_pool =
+        |bytes: &[u8]| Superblock::decode(bytes).is_ok_and(|(_, found)| found == *superblock);
+    let copy_matches = is_this_pool(&copy);
+    if is_this_pool(&label) {
+        return Ok(FoundLabel {
+            start_block,
+            label_damaged: false,
+            copy_stale: !copy_matches,
+        });
+    }
+    let damaged = !matches!(
+        Superblock::decode(&label),
+        Ok(_) | Err(FrameError::WrongMagic)
+    );
+    if damaged && copy_matches {
+        tracing::warn!(
+            device = name,
+            "the capacity label is damaged; using its copy"
+        );
+        return Ok(FoundLabel {
+            start_block,
+            label_damaged: true,
+            copy_stale: false,
+        });
+    }
+    Err(EngineError::WrongCapacityDevice {
+        device: name.to_string(),
+        offset: label_offset,
+    })
 }
 
 /// Reads the superblock, falling back to its copy when block 0 holds a
