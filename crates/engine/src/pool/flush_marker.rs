@@ -78,18 +78,19 @@ impl FlushMarker {
 
     /// After a device flush that covered the marker up to `covering` and made
     /// every batch up to `flushed_through` durable: starts writing a marker
-    /// saying so, unless one already does. Call under the pool's flush lock.
+    /// saying so, unless one already does. Returns the bytes it writes (for
+    /// the pool's write counters). Call under the pool's flush lock.
     pub async fn after_device_flush(
         &self,
         device: &Arc<dyn BlockDevice>,
         covering: u64,
         flushed_through: u64,
-    ) {
+    ) -> u64 {
         let record = {
             let mut progress = self.progress();
             progress.durable_through = progress.durable_through.max(covering);
             if flushed_through <= progress.written_through {
-                return;
+                return 0;
             }
             let record = FlushMarkerRecord {
                 pool_identifier: self.pool_identifier,
@@ -111,6 +112,7 @@ impl FlushMarker {
             }
         });
         *self.pending.lock().await = Some(write);
+        BLOCK_SIZE_BYTES
     }
 
     /// Whether a marker was written that no device flush has covered yet: the

@@ -1338,10 +1338,12 @@ impl Pool {
             state.free_reusable_dead_segments();
             state.durable_through
         };
-        self.inner
+        let marker_bytes = self
+            .inner
             .flush_marker
             .after_device_flush(&self.inner.device, marker_covered, durable_through)
             .await;
+        self.inner.lock().marker_bytes_written += marker_bytes;
         Ok(())
     }
 
@@ -1356,10 +1358,12 @@ impl Pool {
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
         self.inner.device.flush().await?;
         let durable_through = self.inner.lock().durable_through;
-        self.inner
+        let marker_bytes = self
+            .inner
             .flush_marker
             .after_device_flush(&self.inner.device, marker_covered, durable_through)
             .await;
+        self.inner.lock().marker_bytes_written += marker_bytes;
         Ok(())
     }
 

@@ -166,6 +166,7 @@ fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
         bytes_at_last_checkpoint: 0,
         client_bytes_written: 0,
         checkpoint_bytes_written: 0,
+        marker_bytes_written: 0,
         relocated_blocks: 0,
         counters_before_open: Default::default(),
         cache: None,

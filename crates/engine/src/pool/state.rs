@@ -383,6 +383,8 @@ pub struct State {
     pub client_bytes_written: u64,
     /// Bytes of checkpoint bodies and slots written.
     pub checkpoint_bytes_written: u64,
+    /// Bytes of flush markers written since the pool opened.
+    pub marker_bytes_written: u64,
     /// Blocks the cleaner has relocated.
     pub relocated_blocks: u64,
     /// The write counters over the pool's life up to the checkpoint it was
@@ -437,7 +439,8 @@ impl State {
             client_bytes_written: before.client_bytes_written + self.client_bytes_written,
             device_bytes_written: before.device_bytes_written
                 + self.sealed_bytes_total
-                + self.checkpoint_bytes_written,
+                + self.checkpoint_bytes_written
+                + self.marker_bytes_written,
             cleaner_relocated_blocks: before.cleaner_relocated_blocks + self.relocated_blocks,
         }
     }
