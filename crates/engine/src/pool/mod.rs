@@ -1338,13 +1338,20 @@ impl Pool {
             state.free_reusable_dead_segments();
             state.durable_through
         };
+        self.write_flush_marker(marker_covered, durable_through)
+            .await;
+        Ok(())
+    }
+
+    /// After a device flush: starts the flush marker's write (see
+    /// `flush_marker`) and counts its bytes.
+    async fn write_flush_marker(&self, marker_covered: u64, durable_through: u64) {
         let marker_bytes = self
             .inner
             .flush_marker
             .after_device_flush(&self.inner.device, marker_covered, durable_through)
             .await;
         self.inner.lock().marker_bytes_written += marker_bytes;
-        Ok(())
     }
 
     /// Makes the newest flush marker durable when no flush has covered it
@@ -1358,12 +1365,8 @@ impl Pool {
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
         self.inner.device.flush().await?;
         let durable_through = self.inner.lock().durable_through;
-        let marker_bytes = self
-            .inner
-            .flush_marker
-            .after_device_flush(&self.inner.device, marker_covered, durable_through)
+        self.write_flush_marker(marker_covered, durable_through)
             .await;
-        self.inner.lock().marker_bytes_written += marker_bytes;
         Ok(())
     }
 
