@@ -344,13 +344,23 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
         "{text}"
     );
     wait_for_usage_warning(&daemon, 90.0);
-    let log = daemon.log();
-    assert!(
-        log.lines()
-            .any(|line| line.contains("pool space is running low")
-                && line.contains("threshold_percent=90")),
-        "no warning in the log at 90%: {log}"
-    );
+    // The gauge is computed when read; the log line comes from the background
+    // task's next round, so it may follow a moment later.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = daemon.log();
+        let warned = log.lines().any(|line| {
+            line.contains("pool space is running low") && line.contains("threshold_percent=90")
+        });
+        if warned {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning in the log at 90%: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 5));
+    }
     // Trimming frees space: the warning is lifted and writes succeed again.
     let script = directory.path().join("trim.py");
     std::fs::write(&script, TRIM_SCRIPT).unwrap();
