@@ -197,8 +197,11 @@ async fn read_block(
     Ok(buffer)
 }
 
-#[tokio::test]
-async fn a_damaged_summary_is_read_from_its_copy_and_hides_nothing() {
+/// Version 2 written after the checkpoint in batches of 8 blocks, each
+/// flushed, then a process crash: the device, the volume and version 2's
+/// batches as found on the device.
+async fn version_2_in_small_batches_then_a_crash()
+-> (Arc<FaultyDevice<MemoryDevice>>, u32, Vec<FoundBatch>) {
     let Rig {
         memory,
         faulty,
@@ -207,7 +210,12 @@ async fn a_damaged_summary_is_read_from_its_copy_and_hides_nothing() {
     } = rig_with_version_1(quiet_limits()).await;
     write_version(&pool, volume_id, 2, 0..VOLUME_BLOCKS, 8).await;
     crash(pool).await;
-    let batches = batches_holding(&memory, 2);
+    (faulty, volume_id, batches_holding(&memory, 2))
+}
+
+#[tokio::test]
+async fn a_damaged_summary_is_read_from_its_copy_and_hides_nothing() {
+    let (faulty, volume_id, batches) = version_2_in_small_batches_then_a_crash().await;
     let at_segment_start = batches
         .iter()
         .find(|batch| batch.block_in_segment == 0)
@@ -233,15 +241,7 @@ async fn a_damaged_summary_is_read_from_its_copy_and_hides_nothing() {
 
 #[tokio::test]
 async fn a_batch_with_both_summaries_damaged_is_reported_and_later_batches_survive() {
-    let Rig {
-        memory,
-        faulty,
-        pool,
-        volume_id,
-    } = rig_with_version_1(quiet_limits()).await;
-    write_version(&pool, volume_id, 2, 0..VOLUME_BLOCKS, 8).await;
-    crash(pool).await;
-    let batches = batches_holding(&memory, 2);
+    let (faulty, volume_id, batches) = version_2_in_small_batches_then_a_crash().await;
     // A batch in the middle of its segment with more batches after it there.
     let lost = batches
         .iter()

@@ -458,6 +458,41 @@ mod tests {
         assert_eq!(chain.damaged[0].block_count, data_max + 2);
     }
 
+    /// Version 4 batches (no copy: summary, then data) are walked as written.
+    #[test]
+    fn version_4_batches_are_walked_without_copies() {
+        use crate::log::batch::BATCH_MAGIC;
+        let block = BLOCK_SIZE_BYTES as usize;
+        let mut bytes = vec![0u8; SEGMENT_BLOCKS as usize * block];
+        let mut position = 0u32;
+        let mut starts = Vec::new();
+        for (index, data_count) in [3u32, 0, 5].iter().enumerate() {
+            let summary = Summary {
+                segment_sequence: 9,
+                block_in_segment: position,
+                batch_sequence: 10 + index as u64,
+                flushed_through_sequence: 0,
+                records: (0..*data_count)
+                    .map(|data| Record::Data {
+                        volume_id: 1,
+                        logical_block: u64::from(data),
+                        checksum: 0,
+                    })
+                    .chain((*data_count == 0).then_some(Record::VolumeDelete { volume_id: 3 }))
+                    .collect(),
+            };
+            let encoded = crate::log::frame::encode(BATCH_MAGIC, 4, &summary, block);
+            let at = position as usize * block;
+            bytes[at..at + block].copy_from_slice(&encoded);
+            starts.push(position);
+            position += 1 + data_count;
+        }
+        let chain = walk_bytes(&bytes);
+        let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
+        assert_eq!(found, starts);
+        assert!(chain.damaged.is_empty());
+    }
+
     #[test]
     fn another_incarnation_ends_the_walk() {
         let (bytes, _) = segment(&[3]);
