@@ -284,6 +284,24 @@ mod tests {
 
     /// A segment of `batches` batches of `data_count` data blocks each, written
     /// as version 5 does (summary, data, copy).
+    /// The summary of a batch of incarnation 9 at `position` holding
+    /// `data_count` data records.
+    fn test_summary(position: u32, batch_sequence: u64, data_count: u32) -> Summary {
+        Summary {
+            segment_sequence: 9,
+            block_in_segment: position,
+            batch_sequence,
+            flushed_through_sequence: 0,
+            records: (0..data_count)
+                .map(|data| Record::Data {
+                    volume_id: 1,
+                    logical_block: u64::from(data),
+                    checksum: 0,
+                })
+                .collect(),
+        }
+    }
+
     fn segment(batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
         segment_of(SEGMENT_BLOCKS, batches)
     }
@@ -294,20 +312,7 @@ mod tests {
         let mut starts = Vec::new();
         let mut position = 0u32;
         for (index, data_count) in batches.iter().enumerate() {
-            let summary = Summary {
-                segment_sequence: 9,
-                block_in_segment: position,
-                batch_sequence: 100 + index as u64,
-                flushed_through_sequence: 0,
-                records: (0..*data_count)
-                    .map(|data| Record::Data {
-                        volume_id: 1,
-                        logical_block: u64::from(data),
-                        checksum: 0,
-                    })
-                    .collect(),
-            };
-            let encoded = summary.encode();
+            let encoded = test_summary(position, 100 + index as u64, *data_count).encode();
             let at = |blocks: u32| blocks as usize * block;
             bytes[at(position)..at(position + 1)].copy_from_slice(&encoded);
             let copy = position + 1 + data_count;
@@ -467,20 +472,10 @@ mod tests {
         let mut position = 0u32;
         let mut starts = Vec::new();
         for (index, data_count) in [3u32, 0, 5].iter().enumerate() {
-            let summary = Summary {
-                segment_sequence: 9,
-                block_in_segment: position,
-                batch_sequence: 10 + index as u64,
-                flushed_through_sequence: 0,
-                records: (0..*data_count)
-                    .map(|data| Record::Data {
-                        volume_id: 1,
-                        logical_block: u64::from(data),
-                        checksum: 0,
-                    })
-                    .chain((*data_count == 0).then_some(Record::VolumeDelete { volume_id: 3 }))
-                    .collect(),
-            };
+            let mut summary = test_summary(position, 10 + index as u64, *data_count);
+            if *data_count == 0 {
+                summary.records.push(Record::VolumeDelete { volume_id: 3 });
+            }
             let encoded = crate::log::frame::encode(BATCH_MAGIC, 4, &summary, block);
             let at = position as usize * block;
             bytes[at..at + block].copy_from_slice(&encoded);

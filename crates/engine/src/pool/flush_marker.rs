@@ -70,9 +70,7 @@ impl FlushMarker {
     /// caller is about to issue covers it. Returns what that flush will make
     /// durable. Call under the pool's flush lock.
     pub async fn before_device_flush(&self) -> u64 {
-        if let Some(write) = self.pending.lock().await.take() {
-            write.await.expect("flush marker write task");
-        }
+        self.settled().await;
         self.progress().written_through
     }
 
