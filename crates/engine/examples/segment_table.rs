@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use lamina_device::{FileDevice, FileDeviceOptions};
-use lamina_engine::pool::state::SegmentState;
+use lamina_engine::pool::space::SegmentState;
 use lamina_engine::{Pool, PoolLimits};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

@@ -13,6 +13,7 @@
 //!   and checkpoints, and the volume operations that clients and the control plane
 //!   call.
 
+pub mod clock;
 pub mod error;
 pub mod log;
 pub mod pool;
@@ -23,7 +24,8 @@ pub use error::EngineError;
 pub use log::geometry::Tier;
 pub use pool::cleaner::CleanerState;
 pub use pool::{
-    DeviceFullStatus, Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TierSpace, VolumeTierStats,
+    DeviceFullStatus, Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TestHooks, TierSpace,
+    VolumeTierStats,
 };
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{

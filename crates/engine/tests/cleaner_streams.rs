@@ -202,7 +202,7 @@ fn relocation_streams_by_age(seed: u64) -> u64 {
 fn counts_reached_cold_streams(
     counts: &lamina_engine::pool::cleaner::placement::VictimCounts,
 ) -> bool {
-    use lamina_engine::pool::state::RELOCATION_STREAMS;
+    use lamina_engine::pool::stream::RELOCATION_STREAMS;
     RELOCATION_STREAMS
         .iter()
         .filter(|stream| counts.victims[**stream as usize] > 0)
@@ -212,7 +212,7 @@ fn counts_reached_cold_streams(
 
 #[tokio::test(flavor = "current_thread")]
 async fn relocations_through_every_stream_survive_power_cuts() {
-    use lamina_engine::pool::state::Stream;
+    use lamina_engine::pool::stream::Stream;
     let mut reached_cold = 0;
     let mut reached_colder = 0;
     let runs = 40;

@@ -15,7 +15,6 @@ use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
 mod common;
 
 use common::corrupt_newest_checkpoint_slot;
-use lamina_engine::pool::state::REUSE_FREED_SEGMENTS_FIRST;
 use lamina_engine::{CachePriority, Pin, Pool, PoolLimits, PoolOptions, TierPolicy};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -93,6 +92,10 @@ fn zero_block() -> Arc<Vec<u8>> {
 /// (docs/decisions/0010), so that both placements meet power cuts.
 fn limits(seed: u64) -> PoolLimits {
     PoolLimits {
+        // Every other run rewrites freed segments first, to meet reuse sooner.
+        test_hooks: lamina_engine::TestHooks {
+            reuse_freed_segments_first: seed % 2 == 1,
+        },
         // Background flushes and checkpoints are driven by the test itself.
         flush_interval_ms: 3_600_000,
         checkpoint_interval_ms: 3_600_000,
@@ -521,7 +524,6 @@ async fn settle_pending_snapshot(
 }
 
 async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
-    REUSE_FREED_SEGMENTS_FIRST.store(seed % 2 == 1, std::sync::atomic::Ordering::Relaxed);
     let mut rng = SmallRng::seed_from_u64(seed);
     let (device_bytes, flash_region_bytes) = if two_tiers {
         (TWO_TIER_DEVICE_BYTES, Some(TWO_TIER_FLASH_BYTES))

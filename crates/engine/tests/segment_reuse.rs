@@ -1,7 +1,7 @@
 //! When a dead segment may be rewritten (docs/decisions/0006-segment-reuse.md):
 //! only once both kept checkpoints cover every batch written into it, and the
 //! batches that killed its blocks are durable. Every test here makes freed
-//! segments the next ones taken (`REUSE_FREED_SEGMENTS_FIRST`), so that a
+//! segments the next ones taken (`TestHooks::reuse_freed_segments_first`), so that a
 //! segment freed too early is rewritten at once instead of after the
 //! checkpoints that would have made its reuse safe anyway.
 //!
@@ -22,8 +22,7 @@ mod common;
 
 use common::{InstrumentedDevice, corrupt_newest_checkpoint_slot};
 use lamina_device::{FaultyDevice, PowerCutStyle};
-use lamina_engine::pool::state::REUSE_FREED_SEGMENTS_FIRST;
-use lamina_engine::{Pool, PoolLimits, PoolOptions};
+use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 64 << 10;
@@ -31,6 +30,9 @@ const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 
 fn limits() -> PoolLimits {
     PoolLimits {
+        test_hooks: TestHooks {
+            reuse_freed_segments_first: true,
+        },
         flush_interval_ms: 3_600_000,
         checkpoint_interval_ms: 3_600_000,
         checkpoint_interval_bytes: u64::MAX / 2,
@@ -62,7 +64,6 @@ async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, gen
 
 #[tokio::test(flavor = "current_thread")]
 async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
-    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
@@ -153,7 +154,6 @@ async fn read_block(pool: &Pool, volume: u32, block: u64) -> Vec<u8> {
 /// holds P, the move is a plain data record that replay applies whatever S held,
 /// so S is free as soon as the move is flushed.
 async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: bool, shared: bool) {
-    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let options = PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
@@ -277,7 +277,6 @@ async fn a_victim_rewritten_after_a_flush_survives_a_fallback_to_the_older_check
 /// as its durable or a later content, never fail its checksum.
 #[tokio::test(flavor = "current_thread")]
 async fn segments_whose_death_is_not_durable_are_not_rewritten() {
-    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
     let full = CLIENT_BLOCKS_PER_SEGMENT;
     let old_blocks = 4 * full;
     let paced = PoolLimits {
@@ -357,7 +356,6 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
 /// it must read the blocks' new homes, not fail and never return the bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
-    REUSE_FREED_SEGMENTS_FIRST.store(true, std::sync::atomic::Ordering::Relaxed);
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let (gate, open) = tokio::sync::watch::channel(true);
     let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));

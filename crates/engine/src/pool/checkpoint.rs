@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use lamina_device::AlignedBuffer;
 
-use super::Pool;
-use super::state::{DurableCheckpoint, SegmentState};
+use super::inner::Pool;
+use super::space::DurableCheckpoint;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::checkpoint::{
@@ -126,15 +126,15 @@ impl Pool {
             state.check_failed()?;
             let sealed = state.seal_open_batch();
             self.spawn_writes(sealed);
-            let checkpoint_sequence = state.next_checkpoint_sequence;
-            state.next_checkpoint_sequence += 1;
+            let sealed_bytes = state.counters().sealed_bytes();
+            let checkpoint_sequence = state.checkpoint_schedule_mut().take_sequence(sealed_bytes);
             let slot_index = state
-                .durable_checkpoints
+                .space()
+                .durable_checkpoints()
                 .last()
                 .map_or(0, |latest| 1 - latest.slot_index);
-            state.bytes_at_last_checkpoint = state.sealed_bytes_total;
             let volumes: Vec<VolumeCopy> = state
-                .volumes
+                .volumes()
                 .iter()
                 .map(|volume| VolumeCopy {
                     volume_id: volume.volume_id,
@@ -162,11 +162,15 @@ impl Pool {
             (
                 checkpoint_sequence,
                 slot_index,
-                state.sealed_through,
-                state.next_segment_sequence,
-                (state.volumes.next_volume_id, state.volumes.next_snapshot_id),
+                state.writer().sealed_through(),
+                state.writer().next_segment_sequence(),
+                (
+                    state.volumes().next_volume_id,
+                    state.volumes().next_snapshot_id,
+                ),
                 state
-                    .heads
+                    .writer()
+                    .heads()
                     .iter()
                     .flatten()
                     .map(|head| HeadImage {
@@ -177,12 +181,13 @@ impl Pool {
                     .collect::<Vec<_>>(),
                 volumes,
                 state
-                    .segments
+                    .space()
+                    .segments()
                     .iter()
                     .map(|segment| segment.last_batch_sequence)
                     .collect::<Vec<_>>(),
-                state.lifetime_counters(),
-                state.placement.image(),
+                state.counters().lifetime(),
+                state.placement().image(),
             )
         };
         self.flush_through(covered).await?;
@@ -261,8 +266,8 @@ impl Pool {
         {
             self.inner
                 .lock()
-                .failed
-                .get_or_insert(format!("checkpoint failed: {error}"));
+                .writer_mut()
+                .fail(format!("checkpoint failed: {error}"));
         }
         result
     }
@@ -277,27 +282,12 @@ impl Pool {
         let geometry = self.inner.geometry;
         let segment_bytes = geometry.segment_size_bytes() as usize;
         let needed = encoded.len().div_ceil(segment_bytes);
-        let body_segments: Vec<u32> = {
-            let mut state = self.inner.lock();
-            let mut taken = Vec::with_capacity(needed);
-            for _ in 0..needed {
-                match state.take_free_checkpoint_segment() {
-                    Some(index) => taken.push(index),
-                    None => {
-                        for index in taken {
-                            state.return_free_segment(index);
-                        }
-                        return Err(EngineError::NoSpace);
-                    }
-                }
-            }
-            for index in &taken {
-                state.segments[*index as usize].state = SegmentState::Checkpoint {
-                    checkpoint_sequence,
-                };
-            }
-            taken
-        };
+        let body_segments: Vec<u32> = self
+            .inner
+            .lock()
+            .space_mut()
+            .take_checkpoint_body_segments(needed, checkpoint_sequence)
+            .ok_or(EngineError::NoSpace)?;
         let device = &self.inner.device;
         for (piece, segment_index) in encoded.chunks(segment_bytes).zip(&body_segments) {
             let offset = geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES;
@@ -309,11 +299,10 @@ impl Pool {
                     return Err(error.into());
                 }
                 // No slot names this body yet, so its segments are free again.
-                let mut state = self.inner.lock();
-                for index in &body_segments {
-                    state.segments[*index as usize].state = SegmentState::Free;
-                    state.return_free_segment(*index);
-                }
+                self.inner
+                    .lock()
+                    .space_mut()
+                    .return_checkpoint_body_segments(&body_segments);
                 tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
                 return Err(EngineError::DeviceFull {
                     device: device.name().to_string(),
@@ -331,14 +320,16 @@ impl Pool {
         };
         let slot_offset = CHECKPOINT_SLOT_BLOCKS[slot_index] * BLOCK_SIZE_BYTES;
         device
-            .write(slot_offset, super::aligned(&slot.encode()))
+            .write(slot_offset, super::inner::aligned(&slot.encode()))
             .await?;
         device.flush().await?;
         let mut state = self.inner.lock();
         // Device bytes, as written: each body piece padded to whole blocks, and the slot.
-        state.checkpoint_bytes_written += encoded.len().div_ceil(BLOCK_SIZE_BYTES as usize) as u64
-            * BLOCK_SIZE_BYTES
-            + BLOCK_SIZE_BYTES;
+        let body_bytes =
+            encoded.len().div_ceil(BLOCK_SIZE_BYTES as usize) as u64 * BLOCK_SIZE_BYTES;
+        state
+            .counters_mut()
+            .checkpoint_written(body_bytes + BLOCK_SIZE_BYTES);
         state.checkpoint_became_durable(DurableCheckpoint {
             slot_index,
             checkpoint_sequence,

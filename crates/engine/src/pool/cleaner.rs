@@ -19,8 +19,10 @@
 //! instead of failing them while space is reclaimable.
 
 mod pacing;
+pub mod victims;
 pub use pacing::CleanerState;
 pub(crate) use pacing::cleaner_state;
+pub use victims::{VictimPolicy, pick_victims, pick_victims_in};
 pub mod placement;
 
 use futures::{StreamExt, TryStreamExt};
@@ -28,10 +30,11 @@ use lamina_device::AlignedBuffer;
 
 use std::sync::Arc;
 
-use super::Pool;
-use super::state::{
-    Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, InFlightBatch, SegmentState, State, Stream,
-};
+use super::inner::Pool;
+use super::space::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState};
+use super::state::{Relocation, State};
+use super::stream::Stream;
+use super::writer::InFlightBatch;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::chain;
@@ -47,9 +50,6 @@ const CAPACITY_VICTIMS_PER_PASS_MAX: usize = 4;
 /// Segments cleaned in one pass at most.
 pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
 
-/// Segments fuller than this fraction are never worth cleaning.
-const VICTIM_UTILIZATION_MAX: f64 = 0.97;
-
 /// Clean-and-checkpoint rounds a blocked writer runs at least before giving up
 /// (a victim is freed by the next round's flush, or up to two checkpoints after
 /// it is emptied); pools with more segments than this get one round per segment.
@@ -58,41 +58,16 @@ const RECLAIM_ROUNDS_MAX: usize = 32;
 /// Blocks relocated per hold of the state lock.
 const RELOCATION_CHUNK_BLOCKS: usize = 64;
 
-/// Checkpoint bodies' worth of segments that clients leave to the cleaner.
-pub const CLEANER_RESERVE_CHECKPOINT_BODIES: u64 = 8;
-
 /// Segments emptied and waiting for a flush or checkpoints to be freed.
 fn dead_segment_count(state: &State) -> usize {
-    state
-        .segments
-        .iter()
-        .filter(|segment| matches!(segment.state, SegmentState::Dead { .. }))
-        .count()
-}
-
-/// Free segments that clients leave to the cleaner. A blocked writer's reclaim
-/// round relocates into them, and every round costs a checkpoint, which writes
-/// the whole map; unless a round frees several bodies' worth of space,
-/// checkpoints dominate the device writes (at 85% live data, a 1% reserve made
-/// checkpoints 2 of a total write amplification of 5.9; see
-/// docs/decisions/0002-cleaner.md). So the reserve is
-/// [`CLEANER_RESERVE_CHECKPOINT_BODIES`] bodies (a body takes about 12 bytes per
-/// block of capacity, so about 2.5% of the pool), at least 1% of the pool and 2
-/// segments.
-pub fn cleaner_reserve_segment_count(geometry: &crate::log::geometry::Geometry) -> usize {
-    let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
-    let body_bytes = capacity_blocks * 12 + geometry.segment_count * 10;
-    (CLEANER_RESERVE_CHECKPOINT_BODIES * body_bytes)
-        .div_ceil(geometry.segment_size_bytes())
-        .max(geometry.segment_count / 100)
-        .max(2) as usize
+    state.space().dead_segment_count(Tier::Flash) + state.space().dead_segment_count(Tier::Capacity)
 }
 
 /// What [`Pool::segment_table`] returns.
 #[doc(hidden)]
 #[derive(Clone, Debug)]
 pub struct SegmentTable {
-    pub segments: Vec<super::state::SegmentInfo>,
+    pub segments: Vec<super::space::SegmentInfo>,
     pub free_segments: Vec<u32>,
     pub client_reserve_segment_count: usize,
     /// Free segments the cleaner leaves to checkpoints and records.
@@ -151,79 +126,6 @@ enum ReclaimStep {
     Clean,
 }
 
-/// How victims are chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VictimPolicy {
-    /// `(1 - u) × √age / (1 + u)`: lets young segments die further and takes
-    /// old ones at a higher live fraction. The square root weighs age less than
-    /// the classic `(1 - u) × age / (1 + u)`, which with several cleaner streams
-    /// recleaned the coldest segments at ~72% live (measured: Zipf(0.99) write
-    /// amplification 2.76 instead of 2.89 counting relocations only).
-    CostBenefit,
-    /// Emptiest first. Measured worse than cost-benefit on skewed (Zipf)
-    /// overwrites and no better on uniform ones (examples/write_amplification.rs),
-    /// so blocked writers use cost-benefit too; kept for comparison.
-    Greedy,
-}
-
-/// Sealed segments worth cleaning, best first by `policy`, with `u` the live
-/// fraction and `age` the number of batches appended since the segment was
-/// last written (relocated data is young by this measure; estimating its age
-/// from its victim's instead was measured worse).
-pub fn pick_victims(state: &State, count: usize, policy: VictimPolicy) -> Vec<u32> {
-    pick_victims_in(state, Tier::Flash, count, policy)
-}
-
-/// [`pick_victims`] among the segments of one tier (flash is every segment of
-/// a one-tier pool).
-///
-/// The flash tier of a two-tier pool is different: it is a FIFO (see
-/// `tier::heat`), cleaned oldest first whatever its live fraction, because
-/// cleaning it demotes the cold blocks and so frees flash even when every
-/// block is live.
-pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPolicy) -> Vec<u32> {
-    let segment_blocks = state.geometry.segment_size_blocks as f64;
-    let now = state.next_batch_sequence;
-    let now_blocks = state.client_blocks_written();
-    let fifo = tier == Tier::Flash && state.geometry.has_capacity_tier();
-    let mut scored: Vec<(f64, u32)> = state
-        .segments
-        .iter()
-        .enumerate()
-        .filter(|(index, segment)| {
-            segment.state == SegmentState::Sealed
-                && !segment.set_aside
-                && state.geometry.tier_of_segment(*index as u32) == tier
-        })
-        .filter_map(|(index, segment)| {
-            let utilization = f64::from(segment.live_blocks) / segment_blocks;
-            if fifo {
-                // Oldest first: batch sequences keep the order across restarts.
-                let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;
-                return Some((age, index as u32));
-            }
-            if utilization > VICTIM_UTILIZATION_MAX {
-                return None;
-            }
-            let age = now_blocks
-                .saturating_sub(state.placement.last_written_at_blocks(index as u32))
-                as f64
-                + 1.0;
-            let score = match policy {
-                VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
-                VictimPolicy::Greedy => 1.0 - utilization,
-            };
-            Some((score, index as u32))
-        })
-        .collect();
-    scored.sort_by(|left, right| right.0.total_cmp(&left.0));
-    scored
-        .into_iter()
-        .take(count)
-        .map(|(_, index)| index)
-        .collect()
-}
-
 impl Pool {
     /// One cleaning pass over at most `segment_count_max` victims chosen by
     /// cost-benefit. Returns how many victims were emptied (they become free
@@ -235,13 +137,13 @@ impl Pool {
 
     /// Victims cleaned so far and their live blocks, per stream that wrote them.
     pub fn cleaner_victim_counts(&self) -> placement::VictimCounts {
-        self.inner.lock().placement.counts
+        self.inner.lock().placement().counts
     }
 
     /// The placement hints a checkpoint would keep now (tests).
     #[doc(hidden)]
     pub fn placement_image(&self) -> crate::log::checkpoint::PlacementImage {
-        self.inner.lock().placement.image()
+        self.inner.lock().placement().image()
     }
 
     /// Every segment's state and live count, with the free flash segments
@@ -250,12 +152,12 @@ impl Pool {
     pub fn segment_table(&self) -> SegmentTable {
         let state = self.inner.lock();
         SegmentTable {
-            segments: state.segments.clone(),
-            free_segments: state.free_segments.iter().copied().collect(),
-            client_reserve_segment_count: state.reserve_for(Allocation::Client),
-            cleaner_reserve_floor_segment_count: state.reserve_for(Allocation::Cleaner),
-            covered_by_every_checkpoint: state.covered_by_every_checkpoint(),
-            durable_through: state.durable_through,
+            segments: state.space().segments().to_vec(),
+            free_segments: state.space().free_flash_segments().collect(),
+            client_reserve_segment_count: state.space().reserve_for(Allocation::Client),
+            cleaner_reserve_floor_segment_count: state.space().reserve_for(Allocation::Cleaner),
+            covered_by_every_checkpoint: state.space().covered_by_every_checkpoint(),
+            durable_through: state.writer().durable_through(),
         }
     }
 
@@ -264,7 +166,7 @@ impl Pool {
     #[doc(hidden)]
     pub fn physical_block_of(&self, volume_id: u32, logical_block: u64) -> Option<u64> {
         let state = self.inner.lock();
-        let mapping = state.volumes.get(volume_id)?.map.get(logical_block)?;
+        let mapping = state.volumes().get(volume_id)?.map.get(logical_block)?;
         Some(mapping.physical_block)
     }
 
@@ -304,17 +206,9 @@ impl Pool {
         for _ in 0..CAPACITY_VICTIMS_PER_PASS_MAX {
             let victim = {
                 let state = self.inner.lock();
-                let dead = state
-                    .segments
-                    .iter()
-                    .enumerate()
-                    .filter(|(index, segment)| {
-                        matches!(segment.state, SegmentState::Dead { .. })
-                            && state.geometry.tier_of_segment(*index as u32) == Tier::Capacity
-                    })
-                    .count();
-                if state.free_capacity_segments.len() + dead
-                    > state.capacity_checkpoint_reserve_segment_count
+                let dead = state.space().dead_segment_count(Tier::Capacity);
+                if state.space().free_capacity_segment_count() + dead
+                    > state.space().capacity_checkpoint_reserve_segment_count()
                         + CAPACITY_RESERVE_SEGMENT_COUNT
                         + CAPACITY_SHORT_SEGMENT_COUNT
                 {
@@ -339,15 +233,16 @@ impl Pool {
     async fn clean_victim(&self, victim: u32) -> Result<bool, EngineError> {
         {
             let mut state = self.inner.lock();
-            let live_blocks = state.segments[victim as usize].live_blocks;
+            let live_blocks = state.space().segment(victim).live_blocks;
             let now_blocks = state.client_blocks_written();
             state
-                .placement
+                .placement_mut()
                 .start_victim(victim, live_blocks, now_blocks);
-            state.cleaning_tier = self.inner.geometry.tier_of_segment(victim);
+            let tier = self.inner.geometry.tier_of_segment(victim);
+            state.space_mut().set_cleaning_tier(tier);
         }
         let result = self.clean_segment(victim).await;
-        self.inner.lock().cleaning_tier = Tier::Flash;
+        self.inner.lock().space_mut().set_cleaning_tier(Tier::Flash);
         result
     }
 
@@ -402,15 +297,15 @@ impl Pool {
                 pool.wait_for(|state| {
                     handed_over
                         .iter()
-                        .filter(|sequence| state.in_flight_sequences.contains(sequence))
+                        .filter(|sequence| state.writer().is_in_flight(**sequence))
                         .count()
                         < limit
-                        || state.failed.is_some()
+                        || state.writer().failed().is_some()
                 })
                 .await;
                 {
                     let state = pool.inner.lock();
-                    handed_over.retain(|sequence| state.in_flight_sequences.contains(sequence));
+                    handed_over.retain(|sequence| state.writer().is_in_flight(*sequence));
                 }
                 handed_over.push(batch.sequence);
                 pool.spawn_writes(vec![batch]);
@@ -425,10 +320,17 @@ impl Pool {
     /// capacity has room); blocks of a capacity victim stay on capacity.
     async fn clean_segment(&self, segment_index: u32) -> Result<bool, EngineError> {
         let geometry = self.inner.geometry;
-        let last_batch = self.inner.lock().segments[segment_index as usize].last_batch_sequence;
-        self.wait_for(|state| state.written_through() >= last_batch || state.failed.is_some())
-            .await;
-        if self.inner.lock().segments[segment_index as usize].state != SegmentState::Sealed {
+        let last_batch = self
+            .inner
+            .lock()
+            .space()
+            .segment(segment_index)
+            .last_batch_sequence;
+        self.wait_for(|state| {
+            state.writer().written_through() >= last_batch || state.writer().failed().is_some()
+        })
+        .await;
+        if self.inner.lock().space().segment(segment_index).state != SegmentState::Sealed {
             return Ok(false);
         }
         let first_block = geometry.segment_first_block(segment_index);
@@ -482,28 +384,13 @@ impl Pool {
             let state = &mut *state;
             // Pins are a preference: when writers are about to find flash
             // full, pinned blocks leave too rather than fail the writes.
-            let flash_critical = state.free_segments.len() <= state.reserve_for(Allocation::Client);
+            let flash_critical = state.space().free_flash_segment_count()
+                <= state.space().reserve_for(Allocation::Client);
             for (volume_id, _, physical_block, _) in &candidates {
-                let destination = match (victim_tier, &mut state.heat) {
-                    (Tier::Capacity, _) => Stream::Capacity,
-                    (Tier::Flash, None) => Stream::Cleaner,
-                    (Tier::Flash, Some(heat)) => {
-                        let mut policy = state
-                            .volumes
-                            .get(*volume_id)
-                            .map(|volume| volume.policy)
-                            .unwrap_or_default();
-                        if flash_critical && policy.pin == crate::volume::Pin::Flash {
-                            policy.pin = crate::volume::Pin::Auto;
-                        }
-                        let index = geometry
-                            .flash_data_index(*physical_block)
-                            .expect("a flash victim's blocks are on flash");
-                        if heat.keep_on_flash(index, policy) {
-                            Stream::Cleaner
-                        } else {
-                            Stream::Capacity
-                        }
+                let destination = match victim_tier {
+                    Tier::Capacity => Stream::Capacity,
+                    Tier::Flash => {
+                        state.flash_victim_destination(*volume_id, *physical_block, flash_critical)
                     }
                 };
                 destinations.push(destination);
@@ -536,7 +423,8 @@ impl Pool {
         for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
             self.wait_for(|state| {
-                state.in_flight.len() < in_flight_limit || state.failed.is_some()
+                state.writer().in_flight_count() < in_flight_limit
+                    || state.writer().failed().is_some()
             })
             .await;
             let mut sealed = Vec::new();
@@ -546,7 +434,7 @@ impl Pool {
                 for (volume_id, logical_block, physical_block, data_offset, destination) in chunk {
                     let family = families
                         .entry(*volume_id)
-                        .or_insert_with(|| state.volumes.family(*volume_id));
+                        .or_insert_with(|| state.volumes().family(*volume_id));
                     let data = contents.block_at(*data_offset);
                     // A full capacity tier keeps cold blocks on flash rather
                     // than leave the victim uncleaned.
@@ -556,15 +444,15 @@ impl Pool {
                     } else {
                         *destination
                     };
-                    match state.append_relocation(
+                    let relocation = Relocation {
                         family,
-                        *volume_id,
-                        *logical_block,
-                        *physical_block,
+                        volume_id: *volume_id,
+                        logical_block: *logical_block,
+                        from_physical_block: *physical_block,
                         data,
                         stream,
-                        &mut sealed,
-                    ) {
+                    };
+                    match state.append_relocation(relocation, &mut sealed) {
                         Ok(true) if demotion && stream == Stream::Capacity => {
                             state.tier_counters_of(*volume_id).demoted_blocks += 1;
                         }
@@ -591,7 +479,7 @@ impl Pool {
         // cleaner's writes never pile up there.
         drop(relocated_batches);
         writer.await.expect("relocation writer task");
-        let segment = self.inner.lock().segments[segment_index as usize];
+        let segment = *self.inner.lock().space().segment(segment_index);
         if segment.live_blocks > 0 {
             self.set_aside(segment_index, &chain.damaged);
         }
@@ -605,11 +493,11 @@ impl Pool {
     fn set_aside(&self, segment_index: u32, damaged: &[chain::DamagedRange]) {
         let live_blocks = {
             let mut state = self.inner.lock();
-            let segment = &mut state.segments[segment_index as usize];
+            let segment = *state.space().segment(segment_index);
             if segment.set_aside || segment.state != SegmentState::Sealed {
                 return;
             }
-            segment.set_aside = true;
+            state.space_mut().set_aside(segment_index);
             segment.live_blocks
         };
         tracing::error!(
@@ -626,8 +514,9 @@ impl Pool {
     /// Returns whether a client may now allocate a segment.
     pub(crate) async fn reclaim(&self) -> Result<bool, EngineError> {
         let _guard = self.inner.reclaim_lock.lock().await;
-        let has_room =
-            |state: &State| state.free_segments.len() > state.reserve_for(Allocation::Client);
+        let has_room = |state: &State| {
+            state.space().free_flash_segment_count() > state.space().reserve_for(Allocation::Client)
+        };
         if has_room(&self.inner.lock()) {
             return Ok(true);
         }
@@ -659,8 +548,8 @@ impl Pool {
                 // about 10 checkpoints a second under 16 concurrent writers,
                 // where none was needed.)
                 let dead = state.sealed_dead_flash_segment_counts();
-                let free = state.free_segments.len();
-                let reserve = state.reserve_for(Allocation::Client);
+                let free = state.space().free_flash_segment_count();
+                let reserve = state.space().reserve_for(Allocation::Client);
                 // Enough is dead already: cleaning now would only spend the free
                 // segments the next flush or checkpoints are about to add to.
                 let step = if dead.awaiting_flush > 0 && free + dead.awaiting_flush > reserve {
@@ -718,9 +607,9 @@ impl Pool {
             return Ok(());
         }
         let below_watermark = |state: &State| {
-            let low_watermark = state.reserve_for(Allocation::Client)
-                + (state.geometry.flash_segment_count as usize / 10).max(CLEAN_PASS_SEGMENTS_MAX);
-            state.free_segments.len() < low_watermark
+            let low_watermark = state.space().reserve_for(Allocation::Client)
+                + (state.geometry().flash_segment_count as usize / 10).max(CLEAN_PASS_SEGMENTS_MAX);
+            state.space().free_flash_segment_count() < low_watermark
         };
         {
             let mut state = self.inner.lock();

@@ -20,19 +20,16 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lamina_device::DeviceError;
 use serde::Serialize;
 
-use super::state::InFlightBatch;
-use super::{Inner, Pool};
-use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
-
 /// The first wait before a batch write that found the device full is retried;
 /// each later wait doubles, up to `device_full_retry_interval_ms`.
-const FIRST_RETRY_DELAY_MS: u64 = 10;
+/// The first wait before a batch write that found the device full is tried
+/// again; later waits double up to `device_full_retry_interval_ms`.
+pub(super) const DEVICE_FULL_FIRST_RETRY_DELAY_MS: u64 = 10;
 
 /// What `pool status` shows while the device is full.
 #[derive(Clone, Debug, Serialize)]
@@ -77,13 +74,23 @@ impl DeviceFull {
         })
     }
 
+    /// A batch write is tried again after finding the device full.
+    pub(super) fn retried(&self) {
+        self.retries_total.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn retries_total(&self) -> u64 {
         self.retries_total.load(Ordering::Relaxed)
     }
 
     /// A batch write found the device full and starts waiting for space; the
     /// first one of an episode logs the condition.
-    fn batch_waits(&self, error: &DeviceError, retry_interval_ms: u64, wait_ms_max: u64) {
+    pub(super) fn batch_waits(
+        &self,
+        error: &DeviceError,
+        retry_interval_ms: u64,
+        wait_ms_max: u64,
+    ) {
         let mut condition = self.lock();
         match condition.as_mut() {
             Some(condition) => condition.waiting_batch_count += 1,
@@ -99,7 +106,7 @@ impl DeviceFull {
                 *condition = Some(Condition {
                     reason: error.to_string(),
                     since: Instant::now(),
-                    since_unix_seconds: super::now_unix_seconds(),
+                    since_unix_seconds: crate::clock::now_unix_seconds(),
                     waiting_batch_count: 1,
                 });
             }
@@ -108,7 +115,7 @@ impl DeviceFull {
 
     /// A batch that waited for space stopped waiting (written, or failed for
     /// another reason); the last one ends the episode.
-    fn batch_stopped_waiting(&self, written: bool) {
+    pub(super) fn batch_stopped_waiting(&self, written: bool) {
         let mut guard = self.lock();
         let condition = guard
             .as_mut()
@@ -122,84 +129,6 @@ impl DeviceFull {
                 );
             }
             *guard = None;
-        }
-    }
-}
-
-/// Writes one sealed batch. While the device is out of space the write is
-/// retried (the whole batch: a write at the same place is idempotent, so a
-/// partial one does no harm); any other error, or the pool shutting down, ends
-/// the attempts with that error.
-pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
-    let offset = batch.summary_block * BLOCK_SIZE_BYTES;
-    let retry_interval_ms = inner.limits.device_full_retry_interval_ms.max(1);
-    let mut delay_ms = FIRST_RETRY_DELAY_MS.min(retry_interval_ms);
-    let mut waiting = false;
-    loop {
-        let result = inner.device.write(offset, batch.buffer.clone()).await;
-        let shutting_down = inner.shutdown.load(Ordering::Acquire);
-        match result {
-            Err(error) if error.is_out_of_space() && !shutting_down => {
-                if !waiting {
-                    waiting = true;
-                    inner.device_full.batch_waits(
-                        &error,
-                        retry_interval_ms,
-                        inner.limits.device_full_wait_ms_max,
-                    );
-                    // Flushes waiting for this batch re-check their bound.
-                    inner.progress.notify_waiters();
-                }
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                inner
-                    .device_full
-                    .retries_total
-                    .fetch_add(1, Ordering::Relaxed);
-                delay_ms = (delay_ms * 2).min(retry_interval_ms);
-            }
-            result => {
-                if waiting {
-                    inner.device_full.batch_stopped_waiting(result.is_ok());
-                }
-                return result;
-            }
-        }
-    }
-}
-
-impl Pool {
-    /// Waits until `condition` holds, re-checking whenever a batch completes,
-    /// like [`Pool::wait_for`]; but while the device is full this waits at
-    /// most `device_full_wait_ms_max` from the call, then fails with
-    /// [`EngineError::DeviceFull`] (ENOSPC to NBD clients). For a flush
-    /// waiting for its batches and a writer waiting for an in-flight slot; the
-    /// batches stay in flight, so a later flush can still make them durable.
-    pub(super) async fn wait_unless_device_full(
-        &self,
-        condition: impl Fn(&super::State) -> bool,
-    ) -> Result<(), EngineError> {
-        let started = Instant::now();
-        let wait_max = Duration::from_millis(self.inner.limits.device_full_wait_ms_max);
-        loop {
-            let notified = self.inner.progress.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if condition(&self.inner.lock()) {
-                return Ok(());
-            }
-            if !self.inner.device_full.is_full() {
-                notified.await;
-                continue;
-            }
-            let waited = started.elapsed();
-            if waited >= wait_max {
-                return Err(EngineError::DeviceFull {
-                    device: self.inner.device.name().to_string(),
-                    waited_ms: waited.as_millis() as u64,
-                });
-            }
-            // Progress wakes this early; the deadline ends the wait otherwise.
-            let _ = tokio::time::timeout(wait_max - waited, notified).await;
         }
     }
 }

@@ -12,151 +12,38 @@
 
 mod checkpoint;
 pub mod cleaner;
+mod counters;
 mod device_full;
 mod flush_marker;
+mod inner;
 pub mod integrity;
+mod limits;
 mod recovery;
-pub mod state;
+pub mod space;
+mod state;
+pub mod stream;
 mod tiering;
+mod writer;
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lamina_device::{AlignedBuffer, BlockDevice};
 use serde::Serialize;
-use tokio::sync::Notify;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::{Record, block_checksum};
 use crate::log::geometry::Tier;
-use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry};
 use crate::tier::heat::VolumeTierCounters;
 use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, ViewRef, VolumeInfo,
     validate_volume_name, validate_volume_size,
 };
 pub use device_full::DeviceFullStatus;
-use state::{InFlightBatch, State};
-
-/// Options fixed when a pool is created.
-#[derive(Clone, Debug)]
-pub struct PoolOptions {
-    pub segment_size_bytes: u64,
-    /// Overwrite a device that already holds data.
-    pub force: bool,
-    /// A two-tier pool: the device's first this many bytes are the flash tier
-    /// and the rest is the capacity tier (see `lamina_device::ConcatenatedDevice`).
-    pub flash_region_bytes: Option<u64>,
-}
-
-impl Default for PoolOptions {
-    fn default() -> Self {
-        Self {
-            segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
-            force: false,
-            flash_region_bytes: None,
-        }
-    }
-}
-
-/// Runtime limits; each bounds a queue, a buffer or an amount of unflushed data.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct PoolLimits {
-    /// Sealed-but-unflushed bytes that trigger a background flush.
-    pub dirty_bytes_max: u64,
-    /// Oldest unflushed write's age that triggers a background flush.
-    pub flush_interval_ms: u64,
-    /// Batches (each at most 516 KiB) written to the device concurrently.
-    pub in_flight_batches_max: usize,
-    /// Log bytes appended between background checkpoints (bounds replay time).
-    pub checkpoint_interval_bytes: u64,
-    /// Time between background checkpoints when anything changed.
-    pub checkpoint_interval_ms: u64,
-    /// Blocks read from the device in one request at most.
-    pub read_run_blocks_max: u64,
-    /// Bytes of memory caching device blocks (0 disables the cache).
-    pub memory_cache_bytes: u64,
-    /// Used-space percentages at which a warning is logged once per crossing
-    /// (thin pools may be over-committed, so users need a warning before ENOSPC).
-    pub usage_warning_percents: Vec<u8>,
-    /// Blocks the paced background cleaner may relocate per block clients
-    /// write, at full free-space pressure; the budget grows from 0 as free space
-    /// falls through the headroom (0 turns the paced cleaner off: the
-    /// background task then cleans in passes when free space is low, and a
-    /// writer that finds no free segment still cleans for itself).
-    pub cleaner_relocation_blocks_per_client_block_max: f64,
-    /// Free segments beyond the clients' reserve under which the paced cleaner
-    /// starts (at most 2% of the pool's segments, at least 2).
-    pub cleaner_headroom_segment_count: usize,
-    /// How often the paced cleaner looks at free space and its budget.
-    pub cleaner_interval_ms: u64,
-    /// Bytes of a victim segment the cleaner reads in one device request at
-    /// most: a client read queued behind a cleaner read waits for all of it
-    /// (a whole 4 MiB segment took 5–8 ms on the benchmark's disk).
-    pub cleaner_read_bytes_max: u64,
-    /// Cleaner reads of one victim in flight at once at most.
-    pub cleaner_in_flight_reads_max: usize,
-    /// Relocation batches the cleaner has at the device at once at most; the
-    /// others it has sealed wait in the engine, not in the device queue ahead
-    /// of client reads.
-    pub cleaner_in_flight_batches_max: usize,
-    /// Recently read capacity blocks remembered for promotion decisions (the
-    /// ghost, 4 bytes each, allocated in full; two-tier pools only; at most one
-    /// per flash block is used).
-    pub tier_ghost_entries_max: usize,
-    /// Share of flash the demoter keeps free in a two-tier pool, in percent
-    /// (0 turns the demoter off; cleaning then demotes only under pressure).
-    pub tier_flash_free_percent: u8,
-    /// How often the demoter looks at free flash.
-    pub tier_demotion_interval_ms: u64,
-    /// Longest wait between retries of a batch write that found the device
-    /// under the pool out of space (ENOSPC, EDQUOT); retries start at 10 ms
-    /// and double up to this.
-    pub device_full_retry_interval_ms: u64,
-    /// Longest a flush waits for batch writes held up by a full device, and a
-    /// write for an in-flight slot, before it fails with ENOSPC (written data
-    /// stays queued; a later flush can still succeed).
-    pub device_full_wait_ms_max: u64,
-    /// Split client writes between three log heads by how often their blocks
-    /// are rewritten (one-tier pools; see `cleaner::placement`).
-    pub separate_client_writes_by_lifespan: bool,
-    /// Pools with at least this many segments split relocations between four
-    /// streams by the age of their data, when client writes are split too;
-    /// smaller pools send them one stream colder per cleaning survived, since
-    /// two more partly filled heads cost them more space than the split saves
-    /// (see `cleaner::placement`).
-    pub relocation_streams_by_age_segment_count_min: u64,
-}
-
-impl Default for PoolLimits {
-    fn default() -> Self {
-        Self {
-            dirty_bytes_max: 64 << 20,
-            flush_interval_ms: 1000,
-            in_flight_batches_max: 32,
-            checkpoint_interval_bytes: 1 << 30,
-            checkpoint_interval_ms: 30_000,
-            read_run_blocks_max: 64,
-            usage_warning_percents: vec![80, 90],
-            memory_cache_bytes: 1 << 30,
-            cleaner_relocation_blocks_per_client_block_max: 32.0,
-            cleaner_headroom_segment_count: 4,
-            cleaner_interval_ms: 5,
-            cleaner_read_bytes_max: 256 << 10,
-            cleaner_in_flight_reads_max: 2,
-            cleaner_in_flight_batches_max: 2,
-            tier_ghost_entries_max: 1 << 24,
-            tier_flash_free_percent: 10,
-            tier_demotion_interval_ms: 20,
-            device_full_retry_interval_ms: 1000,
-            device_full_wait_ms_max: 10_000,
-            separate_client_writes_by_lifespan: true,
-            relocation_streams_by_age_segment_count_min: 512,
-        }
-    }
-}
+pub use inner::Pool;
+use inner::{Inner, RMW_LOCK_COUNT};
+pub use limits::{PoolLimits, PoolOptions, TestHooks};
+use state::State;
 
 /// One run of [`Pool::extents`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,117 +163,7 @@ const PROMOTION_NEIGHBOUR_BLOCKS_MAX: u64 = 15;
 /// client writes: a promotion never pushes a writer into reclaiming.
 const PROMOTION_HEADROOM_SEGMENT_COUNT: usize = 2;
 
-/// Number of striped locks serialising read-modify-write of partial blocks.
-const RMW_LOCK_COUNT: usize = 1024;
-
-pub(crate) struct Inner {
-    device: Arc<dyn BlockDevice>,
-    geometry: Geometry,
-    limits: PoolLimits,
-    state: Mutex<State>,
-    /// Woken whenever an in-flight batch completes.
-    progress: Notify,
-    /// One device flush at a time, so that concurrent flushes coalesce.
-    flush_lock: tokio::sync::Mutex<()>,
-    checkpoint_lock: tokio::sync::Mutex<()>,
-    /// One cleaning pass at a time.
-    cleaner_lock: tokio::sync::Mutex<()>,
-    /// One foreground reclaim at a time; other blocked writers wait for it.
-    reclaim_lock: tokio::sync::Mutex<()>,
-    rmw_locks: Vec<tokio::sync::Mutex<()>>,
-    cache: Arc<crate::tier::memory_cache::MemoryCache>,
-    /// Whether batch writes are waiting for space under the device.
-    device_full: device_full::DeviceFull,
-    /// Set when the pool is closed or abandoned: background work stops.
-    shutdown: std::sync::atomic::AtomicBool,
-    /// Damage found and what was done about it.
-    integrity: integrity::Integrity,
-    /// The durable record of how far completed flushes reached.
-    flush_marker: flush_marker::FlushMarker,
-}
-
-/// A pool on one device. Cheap to clone; all clones share one engine.
-#[derive(Clone)]
-pub struct Pool {
-    inner: Arc<Inner>,
-}
-
-fn now_unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |duration| duration.as_secs())
-}
-
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().expect("pool state lock poisoned")
-    }
-}
-
 impl Pool {
-    fn from_inner(inner: Arc<Inner>) -> Self {
-        let pool = Self { inner };
-        pool.start_background();
-        pool.start_paced_cleaner();
-        pool.start_demoter();
-        pool
-    }
-
-    pub fn device_name(&self) -> &str {
-        self.inner.device.name()
-    }
-
-    pub fn limits(&self) -> &PoolLimits {
-        &self.inner.limits
-    }
-
-    /// Writes sealed batches to the device in background tasks, so that a client
-    /// that goes away mid-request cannot leave a batch unwritten.
-    fn spawn_writes(&self, batches: Vec<Arc<InFlightBatch>>) {
-        for batch in batches {
-            let inner = self.inner.clone();
-            tokio::spawn(async move {
-                let result = device_full::write_batch(&inner, &batch).await;
-                if result.is_ok() {
-                    // Recently written blocks are the likeliest to be read soon.
-                    for (index, block) in batch
-                        .buffer
-                        .chunks(BLOCK_SIZE_BYTES as usize)
-                        .enumerate()
-                        .skip(1)
-                    {
-                        inner
-                            .cache
-                            .insert(batch.summary_block + index as u64, block);
-                    }
-                }
-                {
-                    let mut state = inner.lock();
-                    if let Err(error) = result {
-                        tracing::error!(%error, "batch write failed; the pool refuses further writes");
-                        state.failed.get_or_insert(error.to_string());
-                    }
-                    state.in_flight.remove(&batch.summary_block);
-                    state.in_flight_sequences.remove(&batch.sequence);
-                }
-                inner.progress.notify_waiters();
-            });
-        }
-    }
-
-    /// Waits until `condition` holds, re-checking whenever a batch completes.
-    async fn wait_for(&self, condition: impl Fn(&State) -> bool) {
-        loop {
-            let notified = self.inner.progress.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if condition(&self.inner.lock()) {
-                return;
-            }
-            notified.await;
-        }
-    }
-
     // ----- volumes -----
 
     /// Every volume with its space accounting. The accounting compares maps;
@@ -395,9 +172,9 @@ impl Pool {
         let pending: Vec<_> = {
             let state = self.inner.lock();
             state
-                .volumes
+                .volumes()
                 .iter()
-                .filter_map(|volume| state.volumes.volume_info(volume.volume_id))
+                .filter_map(|volume| state.volumes().volume_info(volume.volume_id))
                 .collect()
         };
         pending
@@ -409,22 +186,25 @@ impl Pool {
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, EngineError> {
         let pending = {
             let state = self.inner.lock();
-            let volume_id = state.volumes.id_of(name)?;
-            state.volumes.volume_info(volume_id).expect("id from name")
+            let volume_id = state.volumes().id_of(name)?;
+            state
+                .volumes()
+                .volume_info(volume_id)
+                .expect("id from name")
         };
         Ok(pending.compute())
     }
 
     /// The view (volume or snapshot) a name denotes: `VOL` or `VOL@SNAP`.
     pub fn resolve_view(&self, full_name: &str) -> Result<View, EngineError> {
-        self.inner.lock().volumes.resolve(full_name)
+        self.inner.lock().volumes().resolve(full_name)
     }
 
     /// Size of a volume or snapshot (None once deleted).
     pub fn view_size_bytes(&self, view: View) -> Option<u64> {
         self.inner
             .lock()
-            .volumes
+            .volumes()
             .view(view)
             .map(|found| found.size_bytes)
     }
@@ -436,11 +216,11 @@ impl Pool {
         let pending = {
             let state = self.inner.lock();
             match volume {
-                Some(name) => state.volumes.snapshot_infos(state.volumes.id_of(name)?),
+                Some(name) => state.volumes().snapshot_infos(state.volumes().id_of(name)?),
                 None => state
-                    .volumes
+                    .volumes()
                     .iter()
-                    .flat_map(|volume| state.volumes.snapshot_infos(volume.volume_id))
+                    .flat_map(|volume| state.volumes().snapshot_infos(volume.volume_id))
                     .collect(),
             }
         };
@@ -452,15 +232,15 @@ impl Pool {
 
     /// `VOL@SNAP` of every snapshot (cheap: no space accounting).
     pub fn snapshot_full_names(&self) -> Vec<String> {
-        self.inner.lock().volumes.snapshot_full_names()
+        self.inner.lock().volumes().snapshot_full_names()
     }
 
     fn snapshot_info_of(&self, volume: &str, snapshot: &str) -> Result<SnapshotInfo, EngineError> {
         let pending = {
             let state = self.inner.lock();
-            let (volume_id, index) = state.volumes.find_snapshot(volume, snapshot)?;
+            let (volume_id, index) = state.volumes().find_snapshot(volume, snapshot)?;
             state
-                .volumes
+                .volumes()
                 .snapshot_info(volume_id, index)
                 .expect("found")
         };
@@ -477,9 +257,9 @@ impl Pool {
     ) -> Result<SnapshotInfo, EngineError> {
         validate_volume_name(snapshot)?;
         self.control(|state| {
-            let volume_id = state.volumes.id_of(volume)?;
+            let volume_id = state.volumes().id_of(volume)?;
             if state
-                .volumes
+                .volumes()
                 .get(volume_id)
                 .expect("id from name")
                 .snapshot_named(snapshot)
@@ -492,9 +272,9 @@ impl Pool {
             }
             Ok(Record::SnapshotCreate {
                 volume_id,
-                snapshot_id: state.volumes.next_snapshot_id,
+                snapshot_id: state.volumes().next_snapshot_id,
                 name: snapshot.to_string(),
-                created_unix_seconds: now_unix_seconds(),
+                created_unix_seconds: crate::clock::now_unix_seconds(),
             })
         })
         .await?;
@@ -506,8 +286,9 @@ impl Pool {
         volume: &str,
         snapshot: &str,
     ) -> Result<(u32, u32), EngineError> {
-        let (volume_id, index) = state.volumes.find_snapshot(volume, snapshot)?;
-        let snapshot_id = state.volumes.get(volume_id).expect("found").snapshots[index].snapshot_id;
+        let (volume_id, index) = state.volumes().find_snapshot(volume, snapshot)?;
+        let snapshot_id =
+            state.volumes().get(volume_id).expect("found").snapshots[index].snapshot_id;
         Ok((volume_id, snapshot_id))
     }
 
@@ -516,7 +297,7 @@ impl Pool {
     pub async fn delete_snapshot(&self, volume: &str, snapshot: &str) -> Result<(), EngineError> {
         self.control(|state| {
             let (volume_id, snapshot_id) = Self::snapshot_ids(state, volume, snapshot)?;
-            let clones = state.volumes.clone_names(Origin {
+            let clones = state.volumes().clone_names(Origin {
                 volume_id,
                 snapshot_id,
             });
@@ -545,7 +326,7 @@ impl Pool {
         self.control(|state| {
             let (volume_id, snapshot_id) = Self::snapshot_ids(state, volume, snapshot)?;
             let snapshots = &state
-                .volumes
+                .volumes()
                 .get(volume_id)
                 .expect("id from name")
                 .snapshots;
@@ -582,15 +363,15 @@ impl Pool {
         self.control(|state| {
             let (origin_volume_id, origin_snapshot_id) =
                 Self::snapshot_ids(state, volume, snapshot)?;
-            if state.volumes.id_of(new_volume).is_ok() {
+            if state.volumes().id_of(new_volume).is_ok() {
                 return Err(EngineError::VolumeExists(new_volume.to_string()));
             }
             Ok(Record::VolumeClone {
-                volume_id: state.volumes.next_volume_id,
+                volume_id: state.volumes().next_volume_id,
                 name: new_volume.to_string(),
                 origin_volume_id,
                 origin_snapshot_id,
-                created_unix_seconds: now_unix_seconds(),
+                created_unix_seconds: crate::clock::now_unix_seconds(),
             })
         })
         .await?;
@@ -599,14 +380,14 @@ impl Pool {
 
     /// The identifier to pass to reads and writes.
     pub fn volume_id(&self, name: &str) -> Result<u32, EngineError> {
-        self.inner.lock().volumes.id_of(name)
+        self.inner.lock().volumes().id_of(name)
     }
 
     /// Size of a volume by identifier (None once deleted).
     pub fn volume_size_bytes(&self, volume_id: u32) -> Option<u64> {
         self.inner
             .lock()
-            .volumes
+            .volumes()
             .get(volume_id)
             .map(|volume| volume.size_bytes)
     }
@@ -653,14 +434,14 @@ impl Pool {
         validate_volume_name(name)?;
         validate_volume_size(size_bytes)?;
         self.control(|state| {
-            if state.volumes.id_of(name).is_ok() {
+            if state.volumes().id_of(name).is_ok() {
                 return Err(EngineError::VolumeExists(name.to_string()));
             }
             Ok(Record::VolumeCreate {
-                volume_id: state.volumes.next_volume_id,
+                volume_id: state.volumes().next_volume_id,
                 name: name.to_string(),
                 size_bytes,
-                created_unix_seconds: now_unix_seconds(),
+                created_unix_seconds: crate::clock::now_unix_seconds(),
             })
         })
         .await?;
@@ -676,9 +457,9 @@ impl Pool {
     ) -> Result<VolumeInfo, EngineError> {
         validate_volume_size(size_bytes)?;
         self.control(|state| {
-            let volume_id = state.volumes.id_of(name)?;
+            let volume_id = state.volumes().id_of(name)?;
             let current = state
-                .volumes
+                .volumes()
                 .get(volume_id)
                 .expect("id from name")
                 .size_bytes;
@@ -705,8 +486,8 @@ impl Pool {
     ) -> Result<VolumeInfo, EngineError> {
         validate_volume_name(new_name)?;
         self.control(|state| {
-            let volume_id = state.volumes.id_of(name)?;
-            if state.volumes.id_of(new_name).is_ok() {
+            let volume_id = state.volumes().id_of(name)?;
+            if state.volumes().id_of(new_name).is_ok() {
                 return Err(EngineError::VolumeExists(new_name.to_string()));
             }
             Ok(Record::VolumeRename {
@@ -722,8 +503,8 @@ impl Pool {
     /// snapshots has clones.
     pub async fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
         self.control(|state| {
-            let volume_id = state.volumes.id_of(name)?;
-            let clones = state.volumes.clone_names_of_volume(volume_id);
+            let volume_id = state.volumes().id_of(name)?;
+            let clones = state.volumes().clone_names_of_volume(volume_id);
             if !clones.is_empty() {
                 return Err(EngineError::HasClones {
                     what: format!("volume {name}"),
@@ -746,7 +527,7 @@ impl Pool {
         length: u64,
     ) -> Result<ViewRef<'a>, EngineError> {
         let found = state
-            .volumes
+            .volumes()
             .view(view)
             .ok_or_else(|| EngineError::NoSuchVolume(format!("{view:?}")))?;
         if offset
@@ -826,11 +607,11 @@ impl Pool {
             let mut guard = self.inner.lock();
             let state = &mut *guard;
             // Out of the state while the map is borrowed from it; put back below.
-            let mut heat = state.heat.take();
+            let mut heat = state.take_heat();
             let found = match self.check_range(state, view, offset, buffer.len() as u64) {
                 Ok(found) => found,
                 Err(error) => {
-                    state.heat = heat;
+                    state.restore_heat(heat);
                     return Err(error);
                 }
             };
@@ -839,15 +620,16 @@ impl Pool {
             let map = found.map;
             volume_name = found.full_name();
             let policy = state
-                .volumes
+                .volumes()
                 .get(volume_id)
                 .map(|volume| volume.policy)
                 .unwrap_or_default();
             let mut counters = VolumeTierCounters::default();
             let view_block_count = found.size_bytes / block;
             // Whether promotions will find room (see `promote`).
-            let promotion_room = state.free_segments.len()
-                > state.reserve_for(state::Allocation::Client) + PROMOTION_HEADROOM_SEGMENT_COUNT;
+            let promotion_room = state.space().free_flash_segment_count()
+                > state.space().reserve_for(space::Allocation::Client)
+                    + PROMOTION_HEADROOM_SEGMENT_COUNT;
             let mut scratch = [0u8; BLOCK_SIZE_BYTES as usize];
             for logical_block in first_block..=last_block {
                 let (within_block, within_buffer, length) =
@@ -929,8 +711,8 @@ impl Pool {
                     }
                 }
             }
-            state.heat = heat;
-            if state.heat.is_some() {
+            state.restore_heat(heat);
+            if state.heat().is_some() {
                 let total = state.tier_counters_of(volume_id);
                 total.memory_read_blocks += counters.memory_read_blocks;
                 total.flash_read_blocks += counters.flash_read_blocks;
@@ -976,7 +758,7 @@ impl Pool {
                     let moved = {
                         let state = self.inner.lock();
                         state
-                            .volumes
+                            .volumes()
                             .view(view)
                             .and_then(|found| found.map.get(*logical_block))
                             .is_none_or(|now| {
@@ -1056,26 +838,30 @@ impl Pool {
         let mut sealed = Vec::new();
         {
             let mut state = self.inner.lock();
-            let flash_short = state.free_segments.len()
-                <= state.reserve_for(state::Allocation::Client) + PROMOTION_HEADROOM_SEGMENT_COUNT;
-            if state.failed.is_some() || state.in_flight.len() >= in_flight_limit || flash_short {
+            let flash_short = state.space().free_flash_segment_count()
+                <= state.space().reserve_for(space::Allocation::Client)
+                    + PROMOTION_HEADROOM_SEGMENT_COUNT;
+            if state.writer().failed().is_some()
+                || state.writer().in_flight_count() >= in_flight_limit
+                || flash_short
+            {
                 return;
             }
             // The family of the volume that wrote the block: its origin's
             // root, whose family holds every map that can share it.
-            let root = state.volumes.root_of(volume_id);
-            let family = state.volumes.family(root);
+            let root = state.volumes().root_of(volume_id);
+            let family = state.volumes().family(root);
             for (logical_block, physical_block, data) in promotions {
                 let Some(data) = data else { continue };
-                match state.append_relocation(
-                    &family,
-                    root,
+                let relocation = state::Relocation {
+                    family: &family,
+                    volume_id: root,
                     logical_block,
-                    physical_block,
-                    &data,
-                    state::Stream::Client,
-                    &mut sealed,
-                ) {
+                    from_physical_block: physical_block,
+                    data: &data,
+                    stream: stream::Stream::Client,
+                };
+                match state.append_relocation(relocation, &mut sealed) {
                     Ok(true) => state.tier_counters_of(volume_id).promoted_blocks += 1,
                     Ok(false) => {}
                     Err(_) => break,
@@ -1183,7 +969,8 @@ impl Pool {
         while logical_block <= last_block {
             let in_flight_limit = self.inner.limits.in_flight_batches_max;
             self.wait_unless_device_full(|state| {
-                state.in_flight.len() < in_flight_limit || state.failed.is_some()
+                state.writer().in_flight_count() < in_flight_limit
+                    || state.writer().failed().is_some()
             })
             .await?;
             let mut sealed = Vec::new();
@@ -1298,7 +1085,7 @@ impl Pool {
             let mut state = self.inner.lock();
             state.check_failed()?;
             let sealed = state.seal_open_batch();
-            let target = state.sealed_through;
+            let target = state.writer().sealed_through();
             drop(state);
             self.spawn_writes(sealed);
             target
@@ -1308,35 +1095,38 @@ impl Pool {
 
     /// Makes every batch up to `target` durable.
     async fn flush_through(&self, target: u64) -> Result<(), EngineError> {
-        if self.inner.lock().durable_through >= target {
+        if self.inner.lock().writer().durable_through() >= target {
             return Ok(());
         }
         self.wait_unless_device_full(|state| {
-            state.written_through() >= target || state.failed.is_some()
+            state.writer().written_through() >= target || state.writer().failed().is_some()
         })
         .await?;
         let _guard = self.inner.flush_lock.lock().await;
         let (covered, sealed_bytes) = {
             let state = self.inner.lock();
             state.check_failed()?;
-            if state.durable_through >= target {
+            if state.writer().durable_through() >= target {
                 return Ok(());
             }
-            (state.written_through(), state.sealed_bytes_total)
+            (
+                state.writer().written_through(),
+                state.counters().sealed_bytes(),
+            )
         };
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
         if let Err(error) = self.inner.device.flush().await {
             let mut state = self.inner.lock();
-            state.failed.get_or_insert(error.to_string());
+            state.writer_mut().fail(error.to_string());
             return Err(error.into());
         }
         let durable_through = {
             let mut state = self.inner.lock();
-            state.durable_through = state.durable_through.max(covered);
-            state.flushed_bytes_total = state.flushed_bytes_total.max(sealed_bytes);
+            state.writer_mut().durable_through_advanced(covered);
+            state.counters_mut().flushed(sealed_bytes);
             // Deaths just made durable free their segments (decision 0006).
             state.free_reusable_dead_segments();
-            state.durable_through
+            state.writer().durable_through()
         };
         self.write_flush_marker(marker_covered, durable_through)
             .await;
@@ -1351,7 +1141,10 @@ impl Pool {
             .flush_marker
             .after_device_flush(&self.inner.device, marker_covered, durable_through)
             .await;
-        self.inner.lock().marker_bytes_written += marker_bytes;
+        self.inner
+            .lock()
+            .counters_mut()
+            .marker_written(marker_bytes);
     }
 
     /// Makes the newest flush marker durable when no flush has covered it
@@ -1364,7 +1157,7 @@ impl Pool {
         self.inner.lock().check_failed()?;
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
         self.inner.device.flush().await?;
-        let durable_through = self.inner.lock().durable_through;
+        let durable_through = self.inner.lock().writer().durable_through();
         self.write_flush_marker(marker_covered, durable_through)
             .await;
         Ok(())
@@ -1380,7 +1173,7 @@ impl Pool {
     fn maybe_flush_in_background(&self) {
         let over = {
             let state = self.inner.lock();
-            state.sealed_bytes_total - state.flushed_bytes_total > self.inner.limits.dirty_bytes_max
+            state.counters().unflushed_bytes() > self.inner.limits.dirty_bytes_max
         };
         // On a full device a flush cannot finish; writers are held back by
         // the in-flight limit instead, and the next client flush reports it.
@@ -1404,7 +1197,7 @@ impl Pool {
     ) -> Result<VolumeInfo, EngineError> {
         self.control(|state| {
             Ok(Record::VolumePolicy {
-                volume_id: state.volumes.id_of(name)?,
+                volume_id: state.volumes().id_of(name)?,
                 policy,
             })
         })
@@ -1418,17 +1211,13 @@ impl Pool {
         let geometry = self.inner.geometry;
         let (volume, policy, map, counters) = {
             let state = self.inner.lock();
-            let volume_id = state.volumes.id_of(name)?;
-            let volume = state.volumes.get(volume_id).expect("id from name");
+            let volume_id = state.volumes().id_of(name)?;
+            let volume = state.volumes().get(volume_id).expect("id from name");
             (
                 volume.name.clone(),
                 volume.policy,
                 volume.map.clone(),
-                state
-                    .tier_counters
-                    .get(&volume_id)
-                    .copied()
-                    .unwrap_or_default(),
+                state.tier_counters(volume_id),
             )
         };
         let mut capacity_blocks = 0u64;
@@ -1474,8 +1263,7 @@ impl Pool {
         };
         let (promoted_blocks, demoted_blocks) =
             state
-                .tier_counters
-                .values()
+                .all_tier_counters()
                 .fold((0, 0), |(promoted, demoted), counters| {
                     (
                         promoted + counters.promoted_blocks,
@@ -1483,11 +1271,11 @@ impl Pool {
                     )
                 });
         let segment_bytes = self.inner.geometry.segment_size_bytes();
-        let free_segment_count =
-            (state.free_segments.len() + state.free_capacity_segments.len()) as u64;
-        let reserved = state.reserve_for(state::Allocation::Client) as u64;
-        let counters = state.lifetime_counters();
-        let used_segment_count = state.used_segment_count() as u64;
+        let free_segment_count = (state.space().free_flash_segment_count()
+            + state.space().free_capacity_segment_count()) as u64;
+        let reserved = state.space().reserve_for(space::Allocation::Client) as u64;
+        let counters = state.counters().lifetime();
+        let used_segment_count = state.space().used_segment_count() as u64;
         let fillable_segment_count =
             used_segment_count + free_segment_count.saturating_sub(reserved);
         let used_percent = if fillable_segment_count == 0 {
@@ -1516,35 +1304,34 @@ impl Pool {
             segment_size_bytes: segment_bytes,
             segment_count: self.inner.geometry.segment_count,
             free_segment_count,
-            volume_count: state.volumes.iter().count(),
+            volume_count: state.volumes().iter().count(),
             client_bytes_written: counters.client_bytes_written,
             device_bytes_written: counters.device_bytes_written,
             write_amplification: (counters.client_bytes_written > 0).then(|| {
                 counters.device_bytes_written as f64 / counters.client_bytes_written as f64
             }),
             cleaner_relocated_blocks: counters.cleaner_relocated_blocks,
-            dead_segment_count: state
-                .segments
-                .iter()
-                .filter(|segment| matches!(segment.state, state::SegmentState::Dead { .. }))
-                .count() as u64,
+            dead_segment_count: (state.space().dead_segment_count(Tier::Flash)
+                + state.space().dead_segment_count(Tier::Capacity))
+                as u64,
             cleaner_state,
             cleaner_pressure,
-            durable_batch_sequence: state.durable_through,
-            checkpoint_sequence: state.next_checkpoint_sequence.saturating_sub(1),
-            failed: state.failed.clone(),
+            durable_batch_sequence: state.writer().durable_through(),
+            checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
+            failed: state.writer().failed().map(str::to_string),
             device_full: self.inner.device_full.status(),
             device_full_retries: self.inner.device_full.retries_total(),
             memory_cache: self.inner.cache.statistics(),
-            flash: tier_space(Tier::Flash, state.free_segments.len()),
+            flash: tier_space(Tier::Flash, state.space().free_flash_segment_count()),
             capacity: geometry
                 .has_capacity_tier()
-                .then(|| tier_space(Tier::Capacity, state.free_capacity_segments.len())),
+                .then(|| tier_space(Tier::Capacity, state.space().free_capacity_segment_count())),
             promoted_blocks,
             demoted_blocks,
             integrity: self.inner.integrity.status(
                 state
-                    .segments
+                    .space()
+                    .segments()
                     .iter()
                     .filter(|segment| segment.set_aside)
                     .count() as u64,
@@ -1573,22 +1360,24 @@ impl Pool {
                 }
                 let (dirty, log_bytes, space_waiting) = {
                     let state = pool.inner.lock();
-                    if state.failed.is_some() {
+                    if state.writer().failed().is_some() {
                         return;
                     }
                     // Dead segments written since the older checkpoint become
                     // free only through checkpoints (the others through the
                     // flush below); an idle pool must still take them, or
                     // trimmed space never returns.
-                    let space_waiting = state.segments.iter().any(|segment| {
-                        matches!(segment.state, state::SegmentState::Dead { .. })
-                            && state.dead_segment_waits_for_checkpoints(segment)
+                    let space_waiting = state.space().segments().iter().any(|segment| {
+                        matches!(segment.state, space::SegmentState::Dead { .. })
+                            && state.space().dead_segment_waits_for_checkpoints(segment)
                     });
-                    let dirty = state.has_unsealed_records()
-                        || state.sealed_through > state.durable_through;
+                    let dirty = state.writer().has_unsealed_records()
+                        || state.writer().sealed_through() > state.writer().durable_through();
                     (
                         dirty,
-                        state.sealed_bytes_total - state.bytes_at_last_checkpoint,
+                        state
+                            .checkpoint_schedule()
+                            .bytes_since_last(state.counters().sealed_bytes()),
                         space_waiting,
                     )
                 };
@@ -1667,9 +1456,4 @@ fn span(offset: u64, length: usize, logical_block: u64) -> (usize, usize, usize)
         (start - offset) as usize,
         (end - start) as usize,
     )
-}
-
-/// An aligned copy of a byte slice, for writes of metadata.
-fn aligned(bytes: &[u8]) -> Arc<AlignedBuffer> {
-    Arc::new(AlignedBuffer::from_slice_padded(bytes))
 }

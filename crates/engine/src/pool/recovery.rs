@@ -6,16 +6,19 @@
 //! power cut) are dropped, so that they can never be returned as data.
 //! Nothing is written to the device until the pool has been validated.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use lamina_device::BlockDevice;
 use tokio::sync::Notify;
 
+use super::counters::{CheckpointSchedule, WriteCounters};
 use super::flush_marker::FlushMarker;
+use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
 use super::integrity::RecoveryFindings;
-use super::state::{DurableCheckpoint, SegmentInfo, SegmentState, State};
-use super::{Inner, Pool, PoolLimits, PoolOptions, RMW_LOCK_COUNT};
+use super::limits::{PoolLimits, PoolOptions};
+use super::space::{self, DurableCheckpoint, RecoveredSegments};
+use super::state::State;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::{Summary, block_checksum};
@@ -30,7 +33,6 @@ use crate::log::geometry::{
 use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
 use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
-use crate::tier::heat::Heat;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
 use crate::volume::{Origin, Snapshot, Volume, VolumeTable};
 
@@ -54,47 +56,16 @@ const SCAN_CONCURRENCY_MAX: usize = 64;
 /// without `--force`.
 const EMPTY_CHECK_BYTES: u64 = 1 << 20;
 
-/// Flash segments the cleaner keeps for relocating a victim's live blocks
-/// (sized against the checkpoint body, see the cleaner). In a two-tier pool
-/// the cleaner demotes most of what it moves, and checkpoints live on
-/// capacity, so it keeps only room for one flash victim's hot blocks and a
-/// little more: 2% of flash, at least 2 segments.
-fn cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
-    if geometry.has_capacity_tier() {
-        return (geometry.flash_segment_count as usize / 50).max(2);
-    }
-    super::cleaner::cleaner_reserve_segment_count(geometry)
-}
-
-/// Segments kept for checkpoint bodies: on flash in a one-tier pool, on
-/// capacity in a two-tier pool (bodies are written and read sequentially, and
-/// their size follows both tiers' mappings, which flash should not pay for).
-fn checkpoint_reserve_segment_count(geometry: &Geometry) -> usize {
-    // Three checkpoint bodies can exist at once (two durable, one being written);
-    // a body needs at most about 16 bytes per distinct mapping (entry index,
-    // physical block and checksum as varints; shared chunks are stored once and
-    // snapshots' chunks as differences) plus the segment table.
-    let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
-    let body_bytes_max = capacity_blocks * 16 + geometry.segment_count * 10 + (64 << 10);
-    let per_body = body_bytes_max.div_ceil(geometry.segment_size_bytes());
-    (3 * per_body + 1) as usize
-}
-
 fn new_inner(
     device: Arc<dyn BlockDevice>,
-    geometry: Geometry,
     limits: PoolLimits,
-    mut state: State,
+    state: State,
     flush_marker: FlushMarker,
 ) -> Arc<Inner> {
-    let cache = Arc::new(crate::tier::memory_cache::MemoryCache::new(
-        limits.memory_cache_bytes,
-    ));
-    state.cache = Some(cache.clone());
     Arc::new(Inner {
-        cache,
+        cache: state.cache().clone(),
         device,
-        geometry,
+        geometry: *state.geometry(),
         limits,
         state: Mutex::new(state),
         progress: Notify::new(),
@@ -110,74 +81,6 @@ fn new_inner(
         integrity: Default::default(),
         flush_marker,
     })
-}
-
-fn empty_state(geometry: Geometry, limits: &PoolLimits) -> State {
-    State {
-        geometry,
-        volumes: VolumeTable::new(),
-        segments: vec![
-            SegmentInfo {
-                state: SegmentState::Free,
-                live_blocks: 0,
-                last_batch_sequence: 0,
-                needed_by_replay: true,
-                set_aside: false,
-            };
-            geometry.segment_count as usize
-        ],
-        free_segments: (0..geometry.flash_segment_count as u32).collect(),
-        free_capacity_segments: (geometry.flash_segment_count as u32
-            ..geometry.segment_count as u32)
-            .collect(),
-        cleaning_tier: Tier::Flash,
-        checkpoint_reserve_segment_count: if geometry.has_capacity_tier() {
-            0
-        } else {
-            checkpoint_reserve_segment_count(&geometry)
-        },
-        capacity_checkpoint_reserve_segment_count: if geometry.has_capacity_tier() {
-            checkpoint_reserve_segment_count(&geometry)
-        } else {
-            0
-        },
-        cleaner_reserve_segment_count: cleaner_reserve_segment_count(&geometry),
-        heads: [None; super::state::STREAM_COUNT],
-        placement: super::cleaner::placement::Placement::new(
-            limits.separate_client_writes_by_lifespan
-                && !geometry.has_capacity_tier()
-                && geometry.segment_count >= limits.relocation_streams_by_age_segment_count_min,
-        ),
-        open_batches: Default::default(),
-        pending_deaths: Vec::new(),
-        separate_client_writes: limits.separate_client_writes_by_lifespan
-            && !geometry.has_capacity_tier(),
-        in_flight: BTreeMap::new(),
-        in_flight_sequences: Default::default(),
-        next_batch_sequence: 1,
-        next_segment_sequence: 1,
-        sealed_through: 0,
-        durable_through: 0,
-        failed: None,
-        durable_checkpoints: Vec::new(),
-        next_checkpoint_sequence: 1,
-        sealed_bytes_total: 0,
-        flushed_bytes_total: 0,
-        bytes_at_last_checkpoint: 0,
-        client_bytes_written: 0,
-        checkpoint_bytes_written: 0,
-        marker_bytes_written: 0,
-        relocated_blocks: 0,
-        counters_before_open: Default::default(),
-        cache: None,
-        heat: geometry.has_capacity_tier().then(|| {
-            Heat::new(
-                geometry.flash_data_block_count(),
-                limits.tier_ghost_entries_max,
-            )
-        }),
-        tier_counters: HashMap::new(),
-    }
 }
 
 impl Pool {
@@ -228,8 +131,8 @@ impl Pool {
             // room beyond them to work; capacity keeps the checkpoint bodies'
             // reserve (sized by both tiers' mappings, about 1.2% of them) and
             // the reserve for cleaning its own segments.
-            let flash_needed = super::state::RECORD_RESERVE_SEGMENT_COUNT
-                + cleaner_reserve_segment_count(&geometry)
+            let flash_needed = space::RECORD_RESERVE_SEGMENT_COUNT
+                + space::cleaner_reserve_segment_count(&geometry)
                 + FLASH_WORKING_SEGMENT_COUNT_MIN;
             if (geometry.flash_segment_count as usize) < flash_needed {
                 return Err(EngineError::DeviceTooSmall {
@@ -239,8 +142,8 @@ impl Pool {
                         + flash_needed as u64 * geometry.segment_size_bytes(),
                 });
             }
-            let capacity_needed = checkpoint_reserve_segment_count(&geometry)
-                + super::state::CAPACITY_RESERVE_SEGMENT_COUNT
+            let capacity_needed = space::checkpoint_reserve_segment_count(&geometry)
+                + space::CAPACITY_RESERVE_SEGMENT_COUNT
                 + CAPACITY_WORKING_SEGMENT_COUNT_MIN;
             if (geometry.capacity_segment_count() as usize) < capacity_needed {
                 return Err(EngineError::DeviceTooSmall {
@@ -274,7 +177,7 @@ impl Pool {
         let superblock = Superblock {
             pool_identifier: rand::random(),
             geometry,
-            created_unix_seconds: super::now_unix_seconds(),
+            created_unix_seconds: crate::clock::now_unix_seconds(),
         };
         // The superblock and its copy on the flash device; the capacity
         // device's label and its copy at the same places of that device.
@@ -283,7 +186,7 @@ impl Pool {
                 device
                     .write(
                         start + block * BLOCK_SIZE_BYTES,
-                        super::aligned(&superblock.encode()),
+                        aligned(&superblock.encode()),
                     )
                     .await?;
             }
@@ -293,7 +196,7 @@ impl Pool {
         device
             .write(
                 FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
-                super::aligned(&vec![
+                aligned(&vec![
                     0u8;
                     FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize
                 ]),
@@ -304,14 +207,14 @@ impl Pool {
             device
                 .write(
                     slot_block * BLOCK_SIZE_BYTES,
-                    super::aligned(&[0u8; BLOCK_SIZE_BYTES as usize]),
+                    aligned(&[0u8; BLOCK_SIZE_BYTES as usize]),
                 )
                 .await?;
         }
         device.flush().await?;
-        let state = empty_state(geometry, &limits);
+        let state = State::new(geometry, &limits);
         let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
-        let pool = Pool::from_inner(new_inner(device, geometry, limits, state, flush_marker));
+        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker));
         // Both slots hold a checkpoint from the start, so that one can always fall back.
         pool.checkpoint().await?;
         pool.checkpoint().await?;
@@ -323,262 +226,68 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Opens (recovers) the pool on `device`.
+    /// Opens (recovers) the pool on `device`: checks the superblock, loads
+    /// the newest checkpoint that verifies, replays the log after it, rebuilds
+    /// the segment table, and makes what it replayed durable.
     pub async fn open(
         device: Arc<dyn BlockDevice>,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
         let name = device.name().to_string();
-        let found = read_superblock(&*device, &name).await?;
-        let superblock = found.superblock.clone();
-        let geometry = superblock.geometry;
-        if let Err(reason) = validate_geometry(&geometry) {
-            return Err(EngineError::corrupt(&name, "superblock", 0, reason));
-        }
-        if device.size_bytes() < geometry.device_size_bytes {
-            return Err(EngineError::Truncated {
-                device: name,
-                expected_bytes: geometry.device_size_bytes,
-                actual_bytes: device.size_bytes(),
-            });
-        }
-        let label = if geometry.has_capacity_tier() {
-            Some(check_capacity_label(&*device, &superblock, &name).await?)
-        } else {
-            None
-        };
         let started = std::time::Instant::now();
-        let marker_bytes = device
-            .read(
-                FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
-                FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize,
-            )
-            .await?;
-        let marker = FlushMarkerRecord::newest(
-            marker_bytes.chunks(BLOCK_SIZE_BYTES as usize),
-            superblock.pool_identifier,
-        );
-
-        // Both slots; the newest whose body verifies wins.
-        let mut slots: Vec<(usize, Slot)> = Vec::new();
-        for (slot_index, slot_block) in CHECKPOINT_SLOT_BLOCKS.iter().enumerate() {
-            let bytes = device
-                .read(
-                    slot_block * BLOCK_SIZE_BYTES,
-                    (CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES) as usize,
-                )
-                .await?;
-            match Slot::decode(&bytes) {
-                Ok(slot) if slot_segments_valid(&slot, &geometry) => slots.push((slot_index, slot)),
-                Ok(_) => {
-                    tracing::warn!(device = %name, slot_index, "checkpoint slot names segments beyond the device")
-                }
-                Err(error) => {
-                    tracing::warn!(device = %name, slot_index, %error, "checkpoint slot is not valid")
-                }
-            }
-        }
-        slots.sort_by_key(|(_, slot)| std::cmp::Reverse(slot.checkpoint_sequence));
-        let mut chosen: Option<(usize, Slot, Body, VolumeTable)> = None;
-        for (slot_index, slot) in &slots {
-            match read_body(&*device, &geometry, slot).await {
-                Ok((body, volumes)) => {
-                    chosen = Some((*slot_index, slot.clone(), body, volumes));
-                    break;
-                }
-                Err(error) => tracing::error!(
-                    device = %name, slot_index, checkpoint = slot.checkpoint_sequence, %error,
-                    "checkpoint body is corrupt; falling back to the previous checkpoint"
-                ),
-            }
-        }
-        let Some((chosen_slot_index, chosen_slot, body, volumes)) = chosen else {
-            return Err(EngineError::corrupt(
-                &name,
-                "checkpoint",
-                CHECKPOINT_SLOT_BLOCKS[0] * BLOCK_SIZE_BYTES,
-                "neither checkpoint slot holds a valid checkpoint",
-            ));
-        };
-        // The older checkpoint counts (its segments are kept, and fallback to it
-        // stays possible) only if its body verifies too: a slot can be intact
-        // while its body segments were reused, or name segments that hold data.
-        let mut older_valid = None;
-        for (slot_index, slot) in &slots {
-            if slot.checkpoint_sequence >= chosen_slot.checkpoint_sequence {
-                continue;
-            }
-            match read_body(&*device, &geometry, slot).await {
-                Ok(_) => older_valid = Some((*slot_index, slot.clone())),
-                Err(error) => tracing::warn!(
-                    device = %name, slot_index, checkpoint = slot.checkpoint_sequence, %error,
-                    "the older checkpoint is not usable; it will be replaced"
-                ),
-            }
-            break;
-        }
-        if older_valid.as_ref().is_some_and(|(_, older)| {
-            older
-                .body_segments
-                .iter()
-                .any(|segment| chosen_slot.body_segments.contains(segment))
-        }) {
-            tracing::warn!(device = %name, "both checkpoints claim the same segments; keeping only the newer");
-            older_valid = None;
-        }
-
-        let mut state = empty_state(geometry, &limits);
-        let covered = body.covered_batch_sequence;
-        state.volumes = volumes;
-        state.counters_before_open = body.counters;
-        let segment_count = state.segments.len();
-        state.placement.restore(&body.placement, segment_count);
-        if body.segment_last_batch_sequences.len() == state.segments.len() {
-            for (segment, last) in state
-                .segments
-                .iter_mut()
-                .zip(&body.segment_last_batch_sequences)
-            {
-                segment.last_batch_sequence = *last;
-            }
-        }
-        let mut held: HashSet<u32> = chosen_slot.body_segments.iter().copied().collect();
-        if let Some((_, older)) = &older_valid {
-            held.extend(older.body_segments.iter().copied());
-        }
+        let checked = check_device(&*device, &name).await?;
+        let geometry = checked.superblock.geometry;
+        let marker = read_flush_marker(&*device, &checked.superblock).await?;
+        let mut kept = load_checkpoints(&*device, &geometry, &name).await?;
+        let mut state = State::new(geometry, &limits);
+        restore_from_checkpoint(&mut state, &mut kept.newest);
+        let held = kept.held_segments();
+        let covered = kept.newest.slot.covered_batch_sequence;
 
         // Find every batch appended after the checkpoint, and how far
         // completed flushes reached: what the log's summaries say, or the
         // flush marker written after the last flush, whichever is further.
-        let scanned = scan_log(&*device, &geometry, &held, &body).await?;
-        let log_flushed_through = scanned
-            .batches
-            .iter()
-            .map(|batch| batch.summary.flushed_through_sequence)
-            .fold(covered, u64::max);
-        let flushed_through = marker
-            .map_or(0, |marker| marker.flushed_through_sequence)
-            .max(log_flushed_through);
-        let replay = replay_batches(
-            &*device,
-            &geometry,
-            &mut state,
-            &scanned,
-            ReplayBounds {
-                covered,
-                log_flushed_through,
-                flushed_through,
-            },
-        )
-        .await?;
-        let findings = report_findings(&name, &scanned, &replay, flushed_through);
-        let highest_sequence = replay.highest_sequence;
+        let scanned = scan_log(&*device, &geometry, &held, &kept.newest.body).await?;
+        let bounds = replay_bounds(&scanned, covered, marker);
+        let replay = replay_batches(&*device, &geometry, &mut state, &scanned, bounds).await?;
+        let findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
+        rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
         let highest_segment_sequence = replay
             .highest_segment_sequence
-            .max(body.next_segment_sequence.saturating_sub(1));
-        let replayed = replay.replayed;
-
-        // Segment usage from the recovered maps, counting each physical block
-        // once however many snapshots and clones share it.
-        let mut live_counts = vec![0u32; state.segments.len()];
-        let mut counted =
-            vec![0u64; (geometry.device_size_bytes / BLOCK_SIZE_BYTES).div_ceil(64) as usize];
-        state.volumes.for_each_distinct_physical(&mut |block| {
-            let (word, bit) = ((block / 64) as usize, block % 64);
-            if counted[word] & (1 << bit) == 0 {
-                counted[word] |= 1 << bit;
-                live_counts[geometry.segment_of(block) as usize] += 1;
-            }
-        });
-        for segment in &held {
-            if live_counts[*segment as usize] > 0 {
-                return Err(EngineError::corrupt(
-                    &name,
-                    "checkpoint",
-                    geometry.segment_first_block(*segment) * BLOCK_SIZE_BYTES,
-                    format!("segment {segment} holds both a checkpoint body and mapped data"),
-                ));
-            }
-        }
-        let fallback_covered = older_valid.as_ref().map_or(covered, |(_, older)| {
-            older.covered_batch_sequence.min(covered)
-        });
-        state.free_segments = VecDeque::new();
-        state.free_capacity_segments = VecDeque::new();
-        for (index, segment) in state.segments.iter_mut().enumerate() {
-            segment.live_blocks = live_counts[index];
-            segment.state = if held.contains(&(index as u32)) {
-                SegmentState::Checkpoint {
-                    checkpoint_sequence: 0,
-                }
-            } else if segment.live_blocks > 0 {
-                SegmentState::Sealed
-            } else if segment.last_batch_sequence <= fallback_covered {
-                SegmentState::Free
-            } else {
-                SegmentState::Dead {
-                    died_at: highest_sequence,
-                }
-            };
-            if segment.state == SegmentState::Free {
-                match geometry.tier_of_segment(index as u32) {
-                    Tier::Flash => state.free_segments.push_back(index as u32),
-                    Tier::Capacity => state.free_capacity_segments.push_back(index as u32),
-                }
-            }
-        }
-        let next_checkpoint_sequence = slots
-            .iter()
-            .map(|(_, slot)| slot.checkpoint_sequence)
-            .max()
-            .unwrap_or(0)
-            + 1;
-        state.next_checkpoint_sequence = next_checkpoint_sequence;
-        if let Some((older_index, older)) = &older_valid {
-            state.durable_checkpoints.push(DurableCheckpoint {
-                slot_index: *older_index,
-                checkpoint_sequence: older.checkpoint_sequence,
-                covered_batch_sequence: older.covered_batch_sequence,
-                body_segments: older.body_segments.clone(),
-            });
-        }
-        state.durable_checkpoints.push(DurableCheckpoint {
-            slot_index: chosen_slot_index,
-            checkpoint_sequence: chosen_slot.checkpoint_sequence,
-            covered_batch_sequence: covered,
-            body_segments: chosen_slot.body_segments.clone(),
-        });
-        state.next_batch_sequence = highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP;
-        state.next_segment_sequence = highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP;
-        // The skipped sequences count as sealed and durable, so that the log stays
-        // dense from the next checkpoint's point of view.
-        state.sealed_through = state.next_batch_sequence - 1;
+            .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
+        state
+            .space_mut()
+            .restore_durable_checkpoints(kept.durable_checkpoints());
+        *state.checkpoint_schedule_mut() =
+            CheckpointSchedule::starting_at(kept.next_checkpoint_sequence);
+        // The skipped sequences count as sealed and durable, so that the log
+        // stays dense from the next checkpoint's point of view. Durable once
+        // the device flush below returns.
+        state.writer_mut().resume(
+            replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
+            highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
+        );
         // Every check passed: the superblock's copies may be written now.
-        found.repair(&*device, &name).await?;
-        if let Some(label) = label {
-            label.repair(&*device, &superblock, &name).await?;
-        }
+        checked.repair(&*device, &name).await?;
         // What was replayed may sit in a volatile cache after a process crash:
         // make it durable before anything new is acknowledged on top of it.
         device.flush().await?;
-        state.durable_through = state.sealed_through;
 
-        let flush_marker = FlushMarker::new(superblock.pool_identifier, marker);
-        let pool = Pool::from_inner(new_inner(device, geometry, limits, state, flush_marker));
+        let flush_marker = FlushMarker::new(checked.superblock.pool_identifier, marker);
+        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker));
         pool.inner.integrity.recovery_found(&findings);
         tracing::info!(
             device = %name,
-            checkpoint = chosen_slot.checkpoint_sequence,
-            replayed_batches = replayed,
+            checkpoint = kept.newest.slot.checkpoint_sequence,
+            replayed_batches = replay.replayed,
             torn_blocks_dropped = findings.torn_blocks_dropped,
             damaged_flushed_blocks = findings.damaged_flushed_blocks,
             summaries_repaired = findings.summaries_repaired,
             lost_batches = findings.lost_batches,
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "pool recovered"
         );
-        let both_slots_valid = slots.len() == 2 && older_valid.is_some();
-        if replayed > 0 || !both_slots_valid {
+        if replay.replayed > 0 || !kept.both_slots_valid {
             // Two checkpoints, so that both slots cover the replayed batches. The
             // unflushed tail among them may hold torn blocks that this recovery
             // dropped; later batches claim everything before them as flushed, so
@@ -589,6 +298,323 @@ impl Pool {
         }
         Ok(pool)
     }
+}
+
+/// The device's superblock and, in a two-tier pool, its capacity label,
+/// checked against the device.
+struct CheckedDevice {
+    superblock: Superblock,
+    found: FoundSuperblock,
+    label: Option<FoundLabel>,
+}
+
+impl CheckedDevice {
+    /// Rewrites whichever superblock or label copy was found damaged or stale.
+    async fn repair(&self, device: &dyn BlockDevice, name: &str) -> Result<(), EngineError> {
+        self.found.repair(device, name).await?;
+        if let Some(label) = &self.label {
+            label.repair(device, &self.superblock, name).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads and validates the superblock (and the capacity label): the
+/// geometry must be sound and the device large enough.
+async fn check_device(device: &dyn BlockDevice, name: &str) -> Result<CheckedDevice, EngineError> {
+    let found = read_superblock(device, name).await?;
+    let superblock = found.superblock.clone();
+    let geometry = superblock.geometry;
+    if let Err(reason) = validate_geometry(&geometry) {
+        return Err(EngineError::corrupt(name, "superblock", 0, reason));
+    }
+    if device.size_bytes() < geometry.device_size_bytes {
+        return Err(EngineError::Truncated {
+            device: name.to_string(),
+            expected_bytes: geometry.device_size_bytes,
+            actual_bytes: device.size_bytes(),
+        });
+    }
+    let label = if geometry.has_capacity_tier() {
+        Some(check_capacity_label(device, &superblock, name).await?)
+    } else {
+        None
+    };
+    Ok(CheckedDevice {
+        superblock,
+        found,
+        label,
+    })
+}
+
+/// The newest flush marker of this pool, if any.
+async fn read_flush_marker(
+    device: &dyn BlockDevice,
+    superblock: &Superblock,
+) -> Result<Option<FlushMarkerRecord>, EngineError> {
+    let marker_bytes = device
+        .read(
+            FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
+            FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize,
+        )
+        .await?;
+    Ok(FlushMarkerRecord::newest(
+        marker_bytes.chunks(BLOCK_SIZE_BYTES as usize),
+        superblock.pool_identifier,
+    ))
+}
+
+/// A checkpoint slot that verified, with its index.
+#[derive(Clone)]
+struct FoundSlot {
+    slot_index: usize,
+    slot: Slot,
+}
+
+/// The checkpoint recovery starts from: its slot, body and volumes.
+struct NewestCheckpoint {
+    slot_index: usize,
+    slot: Slot,
+    body: Body,
+    volumes: VolumeTable,
+}
+
+/// The checkpoints recovery keeps.
+struct KeptCheckpoints {
+    newest: NewestCheckpoint,
+    /// The older checkpoint, if its body verifies too (fallback stays possible).
+    older: Option<FoundSlot>,
+    /// Whether both slots hold a checkpoint that verifies.
+    both_slots_valid: bool,
+    next_checkpoint_sequence: u64,
+}
+
+impl KeptCheckpoints {
+    /// Segments holding a kept checkpoint's body.
+    fn held_segments(&self) -> HashSet<u32> {
+        let mut held: HashSet<u32> = self.newest.slot.body_segments.iter().copied().collect();
+        if let Some(older) = &self.older {
+            held.extend(older.slot.body_segments.iter().copied());
+        }
+        held
+    }
+
+    /// The batch both kept checkpoints cover.
+    fn fallback_covered(&self) -> u64 {
+        let covered = self.newest.slot.covered_batch_sequence;
+        self.older.as_ref().map_or(covered, |older| {
+            older.slot.covered_batch_sequence.min(covered)
+        })
+    }
+
+    /// The kept checkpoints as the space allocator holds them, oldest first.
+    fn durable_checkpoints(&self) -> Vec<DurableCheckpoint> {
+        let older = self.older.iter().map(|older| DurableCheckpoint {
+            slot_index: older.slot_index,
+            checkpoint_sequence: older.slot.checkpoint_sequence,
+            covered_batch_sequence: older.slot.covered_batch_sequence,
+            body_segments: older.slot.body_segments.clone(),
+        });
+        let newest = DurableCheckpoint {
+            slot_index: self.newest.slot_index,
+            checkpoint_sequence: self.newest.slot.checkpoint_sequence,
+            covered_batch_sequence: self.newest.slot.covered_batch_sequence,
+            body_segments: self.newest.slot.body_segments.clone(),
+        };
+        older.chain(std::iter::once(newest)).collect()
+    }
+}
+
+/// Reads both checkpoint slots and keeps those that verify, newest first.
+async fn read_slots(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    name: &str,
+) -> Result<Vec<FoundSlot>, EngineError> {
+    let mut slots = Vec::new();
+    for (slot_index, slot_block) in CHECKPOINT_SLOT_BLOCKS.iter().enumerate() {
+        let bytes = device
+            .read(
+                slot_block * BLOCK_SIZE_BYTES,
+                (CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES) as usize,
+            )
+            .await?;
+        match Slot::decode(&bytes) {
+            Ok(slot) if slot_segments_valid(&slot, geometry) => {
+                slots.push(FoundSlot { slot_index, slot });
+            }
+            Ok(_) => {
+                tracing::warn!(device = %name, slot_index, "checkpoint slot names segments beyond the device")
+            }
+            Err(error) => {
+                tracing::warn!(device = %name, slot_index, %error, "checkpoint slot is not valid")
+            }
+        }
+    }
+    slots.sort_by_key(|found| std::cmp::Reverse(found.slot.checkpoint_sequence));
+    Ok(slots)
+}
+
+/// The newest checkpoint whose body verifies (falling back to the other
+/// slot), and the older one if its body verifies too.
+async fn load_checkpoints(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    name: &str,
+) -> Result<KeptCheckpoints, EngineError> {
+    let slots = read_slots(device, geometry, name).await?;
+    let mut newest = None;
+    for found in &slots {
+        match read_body(device, geometry, &found.slot).await {
+            Ok((body, volumes)) => {
+                newest = Some(NewestCheckpoint {
+                    slot_index: found.slot_index,
+                    slot: found.slot.clone(),
+                    body,
+                    volumes,
+                });
+                break;
+            }
+            Err(error) => tracing::error!(
+                device = %name, slot_index = found.slot_index,
+                checkpoint = found.slot.checkpoint_sequence, %error,
+                "checkpoint body is corrupt; falling back to the previous checkpoint"
+            ),
+        }
+    }
+    let Some(newest) = newest else {
+        return Err(EngineError::corrupt(
+            name,
+            "checkpoint",
+            CHECKPOINT_SLOT_BLOCKS[0] * BLOCK_SIZE_BYTES,
+            "neither checkpoint slot holds a valid checkpoint",
+        ));
+    };
+    let older = usable_older_checkpoint(device, geometry, name, &slots, &newest).await;
+    let next_checkpoint_sequence = slots
+        .iter()
+        .map(|found| found.slot.checkpoint_sequence)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    Ok(KeptCheckpoints {
+        both_slots_valid: slots.len() == 2 && older.is_some(),
+        newest,
+        older,
+        next_checkpoint_sequence,
+    })
+}
+
+/// The checkpoint older than `newest`, if it counts: its segments are kept
+/// and fallback to it stays possible only if its body verifies too (a slot
+/// can be intact while its body segments were reused, or name segments that
+/// hold data) and it shares no segment with `newest`.
+async fn usable_older_checkpoint(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    name: &str,
+    slots: &[FoundSlot],
+    newest: &NewestCheckpoint,
+) -> Option<FoundSlot> {
+    let older = slots
+        .iter()
+        .find(|found| found.slot.checkpoint_sequence < newest.slot.checkpoint_sequence)?;
+    if let Err(error) = read_body(device, geometry, &older.slot).await {
+        tracing::warn!(
+            device = %name, slot_index = older.slot_index,
+            checkpoint = older.slot.checkpoint_sequence, %error,
+            "the older checkpoint is not usable; it will be replaced"
+        );
+        return None;
+    }
+    let shared = older
+        .slot
+        .body_segments
+        .iter()
+        .any(|segment| newest.slot.body_segments.contains(segment));
+    if shared {
+        tracing::warn!(device = %name, "both checkpoints claim the same segments; keeping only the newer");
+        return None;
+    }
+    Some(older.clone())
+}
+
+/// Loads what the checkpoint holds into an empty state: volumes, write
+/// counters, placement hints and each segment's newest batch.
+fn restore_from_checkpoint(state: &mut State, newest: &mut NewestCheckpoint) {
+    *state.volumes_mut() = std::mem::replace(&mut newest.volumes, VolumeTable::new());
+    let body = &newest.body;
+    *state.counters_mut() = WriteCounters::continuing(body.counters);
+    let segment_count = state.space().segments().len();
+    state
+        .placement_mut()
+        .restore(&body.placement, segment_count);
+    state
+        .space_mut()
+        .restore_last_batch_sequences(&body.segment_last_batch_sequences);
+}
+
+/// How replay treats each batch: covered by the checkpoint, vouched for as
+/// flushed by the log or by the flush marker, or the unflushed tail.
+fn replay_bounds(
+    scanned: &ScannedLog,
+    covered: u64,
+    marker: Option<FlushMarkerRecord>,
+) -> ReplayBounds {
+    let log_flushed_through = scanned
+        .batches
+        .iter()
+        .map(|batch| batch.summary.flushed_through_sequence)
+        .fold(covered, u64::max);
+    let flushed_through = marker
+        .map_or(0, |marker| marker.flushed_through_sequence)
+        .max(log_flushed_through);
+    ReplayBounds {
+        covered,
+        log_flushed_through,
+        flushed_through,
+    }
+}
+
+/// Segment usage from the recovered maps, counting each physical block once
+/// however many snapshots and clones share it; then every segment's state.
+fn rebuild_segment_table(
+    state: &mut State,
+    held: &HashSet<u32>,
+    kept: &KeptCheckpoints,
+    highest_sequence: u64,
+    name: &str,
+) -> Result<(), EngineError> {
+    let geometry = *state.geometry();
+    let mut live_counts = vec![0u32; state.space().segments().len()];
+    let block_count = geometry.device_size_bytes / BLOCK_SIZE_BYTES;
+    let mut counted = vec![0u64; usize::try_from(block_count.div_ceil(64)).expect("fits memory")];
+    state.volumes().for_each_distinct_physical(&mut |block| {
+        let word = usize::try_from(block / 64).expect("a device block");
+        let bit = block % 64;
+        if counted[word] & (1 << bit) == 0 {
+            counted[word] |= 1 << bit;
+            live_counts[geometry.segment_of(block) as usize] += 1;
+        }
+    });
+    if let Some(segment) = held
+        .iter()
+        .find(|segment| live_counts[**segment as usize] > 0)
+    {
+        return Err(EngineError::corrupt(
+            name,
+            "checkpoint",
+            geometry.segment_first_block(*segment) * BLOCK_SIZE_BYTES,
+            format!("segment {segment} holds both a checkpoint body and mapped data"),
+        ));
+    }
+    state.space_mut().rebuild_after_recovery(RecoveredSegments {
+        live_counts: &live_counts,
+        held,
+        fallback_covered: kept.fallback_covered(),
+        highest_sequence,
+    });
+    Ok(())
 }
 
 /// The superblock as found: from block 0 or, when that fails its checksum,
@@ -604,7 +630,7 @@ impl FoundSuperblock {
     /// Rewrites a damaged superblock from its copy, and writes the copy of a
     /// pool that has none (made before format version 5) or a damaged one.
     async fn repair(&self, device: &dyn BlockDevice, name: &str) -> Result<(), EngineError> {
-        let encoded = super::aligned(&self.superblock.encode());
+        let encoded = aligned(&self.superblock.encode());
         if self.primary_damaged {
             device
                 .write(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, encoded.clone())
@@ -635,7 +661,7 @@ impl FoundLabel {
         superblock: &Superblock,
         name: &str,
     ) -> Result<(), EngineError> {
-        let encoded = super::aligned(&superblock.encode());
+        let encoded = aligned(&superblock.encode());
         let rewrite = [
             (self.label_damaged, SUPERBLOCK_BLOCK),
             (self.copy_stale, SUPERBLOCK_COPY_BLOCK),
@@ -833,7 +859,7 @@ async fn replay_batches(
         let mut data_index = 0u64;
         for record in &summary.records {
             let Some(checksum) = record.data_checksum() else {
-                state.volumes.apply(record, None, &mut |_| {});
+                state.volumes_mut().apply(record, None, &mut |_| {});
                 continue;
             };
             let physical_block = summary_block + 1 + data_index;
@@ -857,18 +883,18 @@ async fn replay_batches(
                 );
             }
             state
-                .volumes
+                .volumes_mut()
                 .apply(record, Some(physical_block), &mut |_| {});
         }
-        let segment_index = geometry.segment_of(*summary_block) as usize;
+        let segment_index = geometry.segment_of(*summary_block);
         // Written after the checkpoint: its hints there are of an earlier use.
         let now_blocks = state.client_blocks_written();
         state
-            .placement
-            .forget_segment(segment_index as u32, now_blocks);
-        state.segments[segment_index].last_batch_sequence = state.segments[segment_index]
-            .last_batch_sequence
-            .max(summary.batch_sequence);
+            .placement_mut()
+            .forget_segment(segment_index, now_blocks);
+        state
+            .space_mut()
+            .batch_replayed(segment_index, summary.batch_sequence);
         outcome.highest_sequence = outcome.highest_sequence.max(summary.batch_sequence);
         outcome.highest_segment_sequence = outcome
             .highest_segment_sequence

@@ -10,8 +10,9 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::state::{Allocation, State};
-use super::{Inner, Pool};
+use super::inner::{Inner, Pool};
+use super::space::Allocation;
+use super::state::State;
 use crate::error::EngineError;
 
 /// Flash victims cleaned per look at most, so that the demoter yields to the
@@ -26,9 +27,11 @@ const DEMOTER_CHECKPOINT_INTERVAL_MS: u64 = 250;
 /// Free flash segments the demoter keeps: the target share of flash, and at
 /// least enough for the clients' reserve plus room for promotions.
 pub(crate) fn flash_free_target_segment_count(state: &State, free_percent: u8) -> usize {
-    let flash_segments = state.geometry.flash_segment_count as usize;
+    let flash_segments = state.geometry().flash_segment_count as usize;
     let share = flash_segments * usize::from(free_percent.min(90)) / 100;
-    share.max(state.reserve_for(Allocation::Client) + super::PROMOTION_HEADROOM_SEGMENT_COUNT + 2)
+    share.max(
+        state.space().reserve_for(Allocation::Client) + super::PROMOTION_HEADROOM_SEGMENT_COUNT + 2,
+    )
 }
 
 impl Pool {
@@ -51,7 +54,7 @@ impl Pool {
                     return;
                 }
                 let pool = Pool { inner };
-                if pool.inner.lock().failed.is_some() {
+                if pool.inner.lock().writer().failed().is_some() {
                     return;
                 }
                 match pool.demote_once(&mut last_checkpoint).await {
@@ -72,7 +75,7 @@ impl Pool {
         let look = |state: &mut State| {
             state.free_reusable_dead_segments();
             (
-                state.free_segments.len(),
+                state.space().free_flash_segment_count(),
                 state.sealed_dead_flash_segment_counts(),
                 flash_free_target_segment_count(state, free_percent),
             )

@@ -29,9 +29,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::super::state::{Allocation, State};
-use super::super::{Inner, Pool, PoolLimits};
-use super::{VictimPolicy, pick_victims};
+use super::super::inner::{Inner, Pool};
+use super::super::limits::PoolLimits;
+use super::super::space::Allocation;
+use super::super::state::State;
+use super::victims::{VictimPolicy, pick_victims};
 use crate::error::EngineError;
 
 /// Dead segments that need a checkpoint (written since the newest one) before
@@ -91,10 +93,10 @@ struct Outlook {
 
 impl Outlook {
     fn of(state: &State, limits: &PoolLimits) -> Outlook {
-        let flash_segment_count = state.geometry.flash_segment_count as usize;
+        let flash_segment_count = state.geometry().flash_segment_count as usize;
         let headroom =
             headroom_segment_count(limits.cleaner_headroom_segment_count, flash_segment_count);
-        let reserve = state.reserve_for(Allocation::Client);
+        let reserve = state.space().reserve_for(Allocation::Client);
         // A dead segment whose batches both kept checkpoints cover, or that
         // replay does not need, needs only a flush; one written since the
         // older checkpoint needs the next checkpoint, and one written since
@@ -105,9 +107,15 @@ impl Outlook {
             total: counts.total(),
             awaiting_flush: counts.awaiting_flush,
             uncovered: counts.awaiting_two_checkpoints,
-            group: dead_segments_per_checkpoint_max(headroom, state.cleaner_reserve_segment_count),
+            group: dead_segments_per_checkpoint_max(
+                headroom,
+                state.space().cleaner_reserve_segment_count(),
+            ),
         };
-        let free_beyond_reserve = state.free_segments.len().saturating_sub(reserve);
+        let free_beyond_reserve = state
+            .space()
+            .free_flash_segment_count()
+            .saturating_sub(reserve);
         Outlook {
             headroom_segment_count: headroom,
             free_beyond_reserve_segment_count: free_beyond_reserve,
@@ -205,7 +213,7 @@ impl Pool {
                         return;
                     }
                 }
-                if pool.inner.lock().failed.is_some() {
+                if pool.inner.lock().writer().failed().is_some() {
                     return;
                 }
             }
@@ -217,7 +225,7 @@ impl Pool {
     async fn pace_once(&self, pacer: &mut Pacer) -> Result<Step, EngineError> {
         let step = {
             let mut state = self.inner.lock();
-            if state.failed.is_some() {
+            if state.writer().failed().is_some() {
                 return Ok(Step::Idle);
             }
             // Deaths made durable since the last look (by any flush) free their
@@ -239,7 +247,7 @@ impl Pool {
             let next_victim_live_blocks = || {
                 pick_victims(&state, 1, VictimPolicy::CostBenefit)
                     .first()
-                    .map(|victim| f64::from(state.segments[*victim as usize].live_blocks))
+                    .map(|victim| f64::from(state.space().segment(*victim).live_blocks))
             };
             choose_step(
                 pressure,
@@ -257,9 +265,9 @@ impl Pool {
             }
             Step::Checkpoint => self.checkpoint().await?,
             Step::Clean => {
-                let before = self.inner.lock().relocated_blocks;
+                let before = self.inner.lock().counters().relocated_blocks();
                 self.clean(1).await?;
-                let relocated = self.inner.lock().relocated_blocks - before;
+                let relocated = self.inner.lock().counters().relocated_blocks() - before;
                 pacer.budget_blocks = (pacer.budget_blocks - relocated as f64).max(0.0);
             }
         }

@@ -35,7 +35,7 @@
 //! per cleaning it survives instead.
 
 use crate::log::checkpoint::PlacementImage;
-use crate::pool::state::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
+use crate::pool::stream::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
 
 /// What the cleaner has done per stream of victim, for measurements and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,141 @@
+//! What a pool is created with ([`PoolOptions`]) and the runtime limits it
+//! runs under ([`PoolLimits`]): every queue, buffer, interval and amount of
+//! unflushed data, with the unit last in its name.
+
+use serde::Serialize;
+
+use crate::log::geometry::DEFAULT_SEGMENT_SIZE_BYTES;
+
+/// Options fixed when a pool is created.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub segment_size_bytes: u64,
+    /// Overwrite a device that already holds data.
+    pub force: bool,
+    /// A two-tier pool: the device's first this many bytes are the flash tier
+    /// and the rest is the capacity tier (see `lamina_device::ConcatenatedDevice`).
+    pub flash_region_bytes: Option<u64>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
+            force: false,
+            flash_region_bytes: None,
+        }
+    }
+}
+
+/// Runtime limits; each bounds a queue, a buffer or an amount of unflushed data.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PoolLimits {
+    /// Sealed-but-unflushed bytes that trigger a background flush.
+    pub dirty_bytes_max: u64,
+    /// Oldest unflushed write's age that triggers a background flush.
+    pub flush_interval_ms: u64,
+    /// Batches (each at most 516 KiB) written to the device concurrently.
+    pub in_flight_batches_max: usize,
+    /// Log bytes appended between background checkpoints (bounds replay time).
+    pub checkpoint_interval_bytes: u64,
+    /// Time between background checkpoints when anything changed.
+    pub checkpoint_interval_ms: u64,
+    /// Blocks read from the device in one request at most.
+    pub read_run_blocks_max: u64,
+    /// Bytes of memory caching device blocks (0 disables the cache).
+    pub memory_cache_bytes: u64,
+    /// Used-space percentages at which a warning is logged once per crossing
+    /// (thin pools may be over-committed, so users need a warning before ENOSPC).
+    pub usage_warning_percents: Vec<u8>,
+    /// Blocks the paced background cleaner may relocate per block clients
+    /// write, at full free-space pressure; the budget grows from 0 as free space
+    /// falls through the headroom (0 turns the paced cleaner off: the
+    /// background task then cleans in passes when free space is low, and a
+    /// writer that finds no free segment still cleans for itself).
+    pub cleaner_relocation_blocks_per_client_block_max: f64,
+    /// Free segments beyond the clients' reserve under which the paced cleaner
+    /// starts (at most 2% of the pool's segments, at least 2).
+    pub cleaner_headroom_segment_count: usize,
+    /// How often the paced cleaner looks at free space and its budget.
+    pub cleaner_interval_ms: u64,
+    /// Bytes of a victim segment the cleaner reads in one device request at
+    /// most: a client read queued behind a cleaner read waits for all of it
+    /// (a whole 4 MiB segment took 5–8 ms on the benchmark's disk).
+    pub cleaner_read_bytes_max: u64,
+    /// Cleaner reads of one victim in flight at once at most.
+    pub cleaner_in_flight_reads_max: usize,
+    /// Relocation batches the cleaner has at the device at once at most; the
+    /// others it has sealed wait in the engine, not in the device queue ahead
+    /// of client reads.
+    pub cleaner_in_flight_batches_max: usize,
+    /// Recently read capacity blocks remembered for promotion decisions (the
+    /// ghost, 4 bytes each, allocated in full; two-tier pools only; at most one
+    /// per flash block is used).
+    pub tier_ghost_entries_max: usize,
+    /// Share of flash the demoter keeps free in a two-tier pool, in percent
+    /// (0 turns the demoter off; cleaning then demotes only under pressure).
+    pub tier_flash_free_percent: u8,
+    /// How often the demoter looks at free flash.
+    pub tier_demotion_interval_ms: u64,
+    /// Longest wait between retries of a batch write that found the device
+    /// under the pool out of space (ENOSPC, EDQUOT); retries start at 10 ms
+    /// and double up to this.
+    pub device_full_retry_interval_ms: u64,
+    /// Longest a flush waits for batch writes held up by a full device, and a
+    /// write for an in-flight slot, before it fails with ENOSPC (written data
+    /// stays queued; a later flush can still succeed).
+    pub device_full_wait_ms_max: u64,
+    /// Split client writes between three log heads by how often their blocks
+    /// are rewritten (one-tier pools; see `cleaner::placement`).
+    pub separate_client_writes_by_lifespan: bool,
+    /// Pools with at least this many segments split relocations between four
+    /// streams by the age of their data, when client writes are split too;
+    /// smaller pools send them one stream colder per cleaning survived, since
+    /// two more partly filled heads cost them more space than the split saves
+    /// (see `cleaner::placement`).
+    pub relocation_streams_by_age_segment_count_min: u64,
+    /// Hooks for tests, never read from a configuration file.
+    #[serde(skip)]
+    pub test_hooks: TestHooks,
+}
+
+/// Behaviour that tests turn on to reach rare states sooner; off in production.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TestHooks {
+    /// A freed segment goes to the front of the free list instead of the
+    /// back, so that it is the next one taken. Crash tests use it to rewrite
+    /// a segment as soon as the reuse rule allows (with the back, a segment
+    /// freed too early is seldom reached before the checkpoints that would
+    /// have made its reuse safe anyway).
+    pub reuse_freed_segments_first: bool,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        Self {
+            dirty_bytes_max: 64 << 20,
+            flush_interval_ms: 1000,
+            in_flight_batches_max: 32,
+            checkpoint_interval_bytes: 1 << 30,
+            checkpoint_interval_ms: 30_000,
+            read_run_blocks_max: 64,
+            usage_warning_percents: vec![80, 90],
+            memory_cache_bytes: 1 << 30,
+            cleaner_relocation_blocks_per_client_block_max: 32.0,
+            cleaner_headroom_segment_count: 4,
+            cleaner_interval_ms: 5,
+            cleaner_read_bytes_max: 256 << 10,
+            cleaner_in_flight_reads_max: 2,
+            cleaner_in_flight_batches_max: 2,
+            tier_ghost_entries_max: 1 << 24,
+            tier_flash_free_percent: 10,
+            tier_demotion_interval_ms: 20,
+            device_full_retry_interval_ms: 1000,
+            device_full_wait_ms_max: 10_000,
+            separate_client_writes_by_lifespan: true,
+            relocation_streams_by_age_segment_count_min: 512,
+            test_hooks: TestHooks::default(),
+        }
+    }
+}

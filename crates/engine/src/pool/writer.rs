@@ -1,0 +1,452 @@
+//! The log writer: the log heads (one segment per stream being appended
+//! to), the open batches being filled, the sealed batches in flight to the
+//! device, and the sequences that say what is sealed, written and durable.
+//! It turns an open batch into bytes (summary first and last, format version
+//! 5) and serves reads of blocks that have not reached the device. It never
+//! waits on I/O and knows nothing of volumes; the space allocator gives it
+//! segments.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use lamina_device::AlignedBuffer;
+
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record, SUMMARY_RECORD_BYTES_MAX, Summary};
+
+use super::space::LogProgress;
+use super::stream::{OPEN_BATCH_COUNT, RELOCATION_STREAMS, STREAM_COUNT, Stream, lane_of};
+
+/// Blocks a batch takes besides its data: the summary and its copy.
+pub const BATCH_OVERHEAD_BLOCKS: u32 = 2;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Head {
+    pub segment_index: u32,
+    pub segment_sequence: u64,
+    pub next_block_in_segment: u32,
+}
+
+impl Head {
+    /// Whether the segment still has room for a batch of one data block (its
+    /// summary, the block and the summary's copy) in a segment of
+    /// `segment_size_blocks`.
+    pub fn has_room_for_a_data_block(&self, segment_size_blocks: u32) -> bool {
+        self.next_block_in_segment + BATCH_OVERHEAD_BLOCKS < segment_size_blocks
+    }
+}
+
+/// A batch being filled. Its sequence is given when it is sealed: with
+/// several batches open at once, sealing order is replay order.
+pub struct OpenBatch {
+    pub stream: Stream,
+    pub segment_index: u32,
+    pub segment_sequence: u64,
+    pub block_in_segment: u32,
+    /// Device block of the summary; data block `k` is at `summary_block + 1 + k`.
+    pub summary_block: u64,
+    pub records: Vec<Record>,
+    pub record_bytes: usize,
+    /// Block 0 is reserved for the summary, then the data blocks, then room
+    /// for the summary's copy.
+    pub buffer: AlignedBuffer,
+    pub data_count: usize,
+    pub data_capacity: usize,
+    /// The (volume, logical block) pairs its `Data` records write.
+    pub data_blocks: HashSet<(u32, u64)>,
+    /// Whether it holds a record without data (trim, snapshot, volume change).
+    pub has_records_without_data: bool,
+}
+
+impl OpenBatch {
+    /// Whether `record`, appended to another open batch, may not commute
+    /// with what this one holds, so that this one must be sealed (and
+    /// replayed) first. `Data` records for different blocks commute, and a
+    /// relocation commutes with anything (it only renames a block wherever it
+    /// is still held, and the block it moves cannot be in an open batch);
+    /// records without data are taken to conflict with everything.
+    pub fn conflicts_with(&self, record: &Record) -> bool {
+        if self.records.is_empty() {
+            return false;
+        }
+        match record {
+            Record::Data {
+                volume_id,
+                logical_block,
+                ..
+            } => {
+                self.has_records_without_data
+                    || self.data_blocks.contains(&(*volume_id, *logical_block))
+            }
+            Record::Relocate { .. } => false,
+            _ => true,
+        }
+    }
+
+    /// Whether `record` (and its data block, if it carries one) fits.
+    pub fn has_room_for(&self, record: &Record) -> bool {
+        self.record_bytes + record.encoded_bytes_max() <= SUMMARY_RECORD_BYTES_MAX
+            && (!record.carries_data() || self.data_count < self.data_capacity)
+    }
+
+    /// Adds a record without data, or with its data block through
+    /// [`OpenBatch::append_block`].
+    pub fn push(&mut self, record: Record) {
+        self.record_bytes += record.encoded_bytes_max();
+        match &record {
+            Record::Data {
+                volume_id,
+                logical_block,
+                ..
+            } => {
+                self.data_blocks.insert((*volume_id, *logical_block));
+            }
+            Record::Relocate { .. } => {}
+            _ => self.has_records_without_data = true,
+        }
+        self.records.push(record);
+    }
+}
+
+/// A sealed batch on its way to the device; reads of its blocks are served from
+/// its buffer until the write completes.
+pub struct InFlightBatch {
+    pub sequence: u64,
+    pub summary_block: u64,
+    pub buffer: Arc<AlignedBuffer>,
+}
+
+impl InFlightBatch {
+    pub fn block_count(&self) -> u64 {
+        self.buffer.len() as u64 / BLOCK_SIZE_BYTES
+    }
+}
+
+impl OpenBatch {
+    /// Appends `record` with its 4 KiB data block; returns the block's address.
+    pub fn append_block(&mut self, record: Record, data: &[u8]) -> u64 {
+        assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
+        assert!(record.carries_data() && self.has_room_for(&record));
+        let block = BLOCK_SIZE_BYTES as usize;
+        let start = (1 + self.data_count) * block;
+        self.buffer[start..start + block].copy_from_slice(data);
+        let physical_block = self.summary_block + 1 + self.data_count as u64;
+        self.data_count += 1;
+        self.push(record);
+        physical_block
+    }
+}
+
+/// A batch just sealed: what the segment table, the placement and the
+/// counters must learn of it.
+pub struct SealedBatch {
+    pub in_flight: Arc<InFlightBatch>,
+    pub stream: Stream,
+    pub segment_index: u32,
+    pub block_count: u32,
+    /// Whether its head segment has no room for another batch.
+    pub head_full: bool,
+}
+
+/// Heads, open batches, batches in flight and the log's sequences.
+pub struct LogWriter {
+    segment_size_blocks: u32,
+    /// Log heads, indexed by [`Stream`].
+    heads: [Option<Head>; STREAM_COUNT],
+    /// Per lane ([`lane_of`]): the main batch (any stream but the two below),
+    /// the cold client batch and the warm client batch.
+    open_batches: [Option<OpenBatch>; OPEN_BATCH_COUNT],
+    /// Sealed batches not yet written, by summary block.
+    in_flight: BTreeMap<u64, Arc<InFlightBatch>>,
+    in_flight_sequences: BTreeSet<u64>,
+    next_batch_sequence: u64,
+    next_segment_sequence: u64,
+    sealed_through: u64,
+    durable_through: u64,
+    /// Why the pool refuses writes, once a batch write failed.
+    failed: Option<String>,
+}
+
+impl LogWriter {
+    pub fn new(segment_size_blocks: u64) -> Self {
+        Self {
+            segment_size_blocks: u32::try_from(segment_size_blocks)
+                .expect("segment sizes fit in 32 bits of blocks (Geometry checks)"),
+            heads: [None; STREAM_COUNT],
+            open_batches: Default::default(),
+            in_flight: BTreeMap::new(),
+            in_flight_sequences: BTreeSet::new(),
+            next_batch_sequence: 1,
+            next_segment_sequence: 1,
+            sealed_through: 0,
+            durable_through: 0,
+            failed: None,
+        }
+    }
+
+    /// Continues the log after recovery: the next batch is `next_batch_sequence`
+    /// and everything before it counts as sealed and durable.
+    pub fn resume(&mut self, next_batch_sequence: u64, next_segment_sequence: u64) {
+        assert!(self.in_flight.is_empty() && self.heads.iter().all(Option::is_none));
+        assert!(next_batch_sequence >= 1 && next_segment_sequence >= 1);
+        self.next_batch_sequence = next_batch_sequence;
+        self.next_segment_sequence = next_segment_sequence;
+        self.sealed_through = next_batch_sequence - 1;
+        self.durable_through = self.sealed_through;
+    }
+
+    pub fn sealed_through(&self) -> u64 {
+        self.sealed_through
+    }
+
+    pub fn durable_through(&self) -> u64 {
+        self.durable_through
+    }
+
+    /// The sequence the next sealed batch takes.
+    pub fn next_batch_sequence(&self) -> u64 {
+        self.next_batch_sequence
+    }
+
+    pub fn next_segment_sequence(&self) -> u64 {
+        self.next_segment_sequence
+    }
+
+    /// A device flush made every batch through `sequence` durable.
+    pub fn durable_through_advanced(&mut self, sequence: u64) {
+        assert!(sequence <= self.written_through(), "durable before written");
+        self.durable_through = self.durable_through.max(sequence);
+    }
+
+    /// Batches up to this sequence have completed their device writes.
+    pub fn written_through(&self) -> u64 {
+        match self.in_flight_sequences.first() {
+            Some(oldest) => oldest - 1,
+            None => self.sealed_through,
+        }
+    }
+
+    pub fn check_failed(&self) -> Result<(), EngineError> {
+        match &self.failed {
+            Some(reason) => Err(EngineError::Failed(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Refuses further writes (the first reason is kept).
+    pub fn fail(&mut self, reason: String) {
+        self.failed.get_or_insert(reason);
+    }
+
+    /// Whether records wait in an open batch.
+    pub fn has_unsealed_records(&self) -> bool {
+        self.open_batches
+            .iter()
+            .flatten()
+            .any(|batch| !batch.records.is_empty())
+    }
+
+    /// The log's position as the space allocator needs it.
+    pub fn progress(&self) -> LogProgress {
+        LogProgress {
+            sealed_through: self.sealed_through,
+            durable_through: self.durable_through,
+            open_lanes: self.open_batches.each_ref().map(Option::is_some),
+        }
+    }
+
+    pub fn head(&self, stream: Stream) -> Option<Head> {
+        self.heads[stream as usize]
+    }
+
+    /// The heads, indexed by stream number (for the checkpoint's image).
+    pub fn heads(&self) -> &[Option<Head>; STREAM_COUNT] {
+        &self.heads
+    }
+
+    /// Whether a data block appended to `stream` fits in its head segment
+    /// without a new batch being opened in a new segment.
+    pub fn head_has_room(&self, stream: Stream) -> bool {
+        self.heads[stream as usize]
+            .is_some_and(|head| head.has_room_for_a_data_block(self.segment_size_blocks))
+    }
+
+    /// Whether some relocation head has room for a data block.
+    pub fn relocation_head_has_room(&self) -> bool {
+        RELOCATION_STREAMS
+            .iter()
+            .any(|stream| self.head_has_room(*stream))
+    }
+
+    /// Whether a data block appended to `stream` now fits in its head
+    /// segment.
+    pub fn has_room_without_a_new_segment(&self, stream: Stream) -> bool {
+        if let Some(batch) = &self.open_batches[lane_of(stream)]
+            && batch.stream == stream
+        {
+            return batch.data_count < batch.data_capacity;
+        }
+        self.head_has_room(stream)
+    }
+
+    /// Removes the head of `stream` (its segment is full or being closed).
+    pub fn take_head(&mut self, stream: Stream) -> Option<Head> {
+        self.heads[stream as usize].take()
+    }
+
+    /// Makes `segment_index` the head of `stream`, with a new segment sequence.
+    pub fn open_head(&mut self, stream: Stream, segment_index: u32) {
+        assert!(self.heads[stream as usize].is_none());
+        let segment_sequence = self.next_segment_sequence;
+        self.next_segment_sequence += 1;
+        self.heads[stream as usize] = Some(Head {
+            segment_index,
+            segment_sequence,
+            next_block_in_segment: 0,
+        });
+    }
+
+    pub fn open_batch(&self, lane: usize) -> Option<&OpenBatch> {
+        self.open_batches[lane].as_ref()
+    }
+
+    pub fn open_batch_mut(&mut self, lane: usize) -> Option<&mut OpenBatch> {
+        self.open_batches[lane].as_mut()
+    }
+
+    pub fn take_open_batch(&mut self, lane: usize) -> Option<OpenBatch> {
+        self.open_batches[lane].take()
+    }
+}
+
+impl LogWriter {
+    /// A new, empty batch of `stream` at its head (opened by the caller),
+    /// whose segment starts at device block `segment_first_block`.
+    pub fn open_batch_at_head(
+        &mut self,
+        stream: Stream,
+        segment_first_block: u64,
+    ) -> &mut OpenBatch {
+        let lane = lane_of(stream);
+        assert!(
+            self.open_batches[lane].is_none(),
+            "lane {lane} has a batch open"
+        );
+        let head = self.heads[stream as usize].expect("a batch opens at a head");
+        assert!(head.has_room_for_a_data_block(self.segment_size_blocks));
+        let remaining = (self.segment_size_blocks - head.next_block_in_segment) as usize;
+        let data_capacity = BATCH_DATA_BLOCKS_MAX.min(remaining - BATCH_OVERHEAD_BLOCKS as usize);
+        self.open_batches[lane].insert(OpenBatch {
+            stream,
+            segment_index: head.segment_index,
+            segment_sequence: head.segment_sequence,
+            block_in_segment: head.next_block_in_segment,
+            summary_block: segment_first_block + u64::from(head.next_block_in_segment),
+            records: Vec::new(),
+            record_bytes: 0,
+            buffer: AlignedBuffer::zeroed(
+                (BATCH_OVERHEAD_BLOCKS as usize + data_capacity) * BLOCK_SIZE_BYTES as usize,
+            ),
+            data_count: 0,
+            data_capacity,
+            data_blocks: HashSet::new(),
+            has_records_without_data: false,
+        })
+    }
+
+    /// Seals `batch`: gives it the next sequence, writes its summary into its
+    /// first and last block, moves its head on, and puts it in flight. An
+    /// empty batch takes no sequence and yields nothing.
+    pub fn seal(&mut self, mut batch: OpenBatch) -> Option<SealedBatch> {
+        if batch.records.is_empty() {
+            return None;
+        }
+        let sequence = self.next_batch_sequence;
+        self.next_batch_sequence += 1;
+        let summary = Summary {
+            segment_sequence: batch.segment_sequence,
+            block_in_segment: batch.block_in_segment,
+            batch_sequence: sequence,
+            flushed_through_sequence: self.durable_through,
+            records: std::mem::take(&mut batch.records),
+        };
+        // The summary goes first and again last (format version 5), so that
+        // one damaged sector never loses the batch's records (`log::chain`).
+        let encoded = summary.encode();
+        let block = BLOCK_SIZE_BYTES as usize;
+        let block_count = BATCH_OVERHEAD_BLOCKS as usize + batch.data_count;
+        batch.buffer[..block].copy_from_slice(&encoded);
+        batch.buffer[(block_count - 1) * block..block_count * block].copy_from_slice(&encoded);
+        batch.buffer.truncate(block_count * block);
+        let block_count = u32::try_from(block_count).expect("a batch fits in a segment");
+        let head = self.heads[batch.stream as usize]
+            .as_mut()
+            .expect("an open batch has a head");
+        assert_eq!(head.segment_index, batch.segment_index);
+        assert_eq!(head.next_block_in_segment, batch.block_in_segment);
+        head.next_block_in_segment += block_count;
+        assert!(head.next_block_in_segment <= self.segment_size_blocks);
+        let head_full = !head.has_room_for_a_data_block(self.segment_size_blocks);
+        let in_flight = Arc::new(InFlightBatch {
+            sequence,
+            summary_block: batch.summary_block,
+            buffer: Arc::new(batch.buffer),
+        });
+        self.in_flight
+            .insert(in_flight.summary_block, in_flight.clone());
+        self.in_flight_sequences.insert(sequence);
+        self.sealed_through = sequence;
+        Some(SealedBatch {
+            in_flight,
+            stream: batch.stream,
+            segment_index: batch.segment_index,
+            block_count,
+            head_full,
+        })
+    }
+
+    /// A batch's device write completed (or failed, and the pool failed).
+    pub fn batch_written(&mut self, batch: &InFlightBatch) {
+        let removed = self.in_flight.remove(&batch.summary_block);
+        assert!(removed.is_some(), "batch {} was in flight", batch.sequence);
+        assert!(self.in_flight_sequences.remove(&batch.sequence));
+    }
+
+    /// Whether batch `sequence` is sealed and not yet written.
+    pub fn is_in_flight(&self, sequence: u64) -> bool {
+        self.in_flight_sequences.contains(&sequence)
+    }
+
+    /// Batches sealed and not yet written.
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Copies block `physical_block` from memory if it has not reached the device
+    /// yet (open batch or in flight). Returns false when it must be read from disk.
+    pub fn copy_unwritten_block(&self, physical_block: u64, destination: &mut [u8]) -> bool {
+        let block = BLOCK_SIZE_BYTES as usize;
+        for batch in self.open_batches.iter().flatten() {
+            if physical_block > batch.summary_block
+                && physical_block <= batch.summary_block + batch.data_count as u64
+            {
+                let start = (physical_block - batch.summary_block) as usize * block;
+                destination.copy_from_slice(&batch.buffer[start..start + block]);
+                return true;
+            }
+        }
+        if let Some((_, batch)) = self.in_flight.range(..=physical_block).next_back()
+            && physical_block < batch.summary_block + batch.block_count()
+        {
+            let start = (physical_block - batch.summary_block) as usize * block;
+            destination.copy_from_slice(&batch.buffer[start..start + block]);
+            return true;
+        }
+        false
+    }
+}
