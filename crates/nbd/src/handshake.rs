@@ -9,21 +9,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::{Export, ExportCatalog, ExportSummary};
-use crate::server::{ConnectionError, ServerConfig};
+use crate::config::{PREFERRED_BLOCK_BYTES, ServerConfig};
+use crate::error::ConnectionError;
+use crate::negotiated::Negotiated;
 use crate::wire::{self, InfoRequest, MetaContextRequest, OptionRequest, TransmissionContext};
-
-/// The preferred block size advertised with `NBD_INFO_BLOCK_SIZE`: lamina's block.
-pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
-
-/// What the handshake agreed on, enough to run the transmission phase.
-pub(crate) struct Negotiated {
-    pub export: Arc<dyn Export>,
-    pub summary: ExportSummary,
-    pub context: TransmissionContext,
-    /// The connection's transmission slot (`connections_max`), when the server
-    /// limits connections; released when the transmission phase ends.
-    pub transmission_slot: Option<OwnedSemaphorePermit>,
-}
 
 /// How the handshake ended.
 pub(crate) enum HandshakeOutcome {

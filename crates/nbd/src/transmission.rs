@@ -15,8 +15,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Export, ExportError, Extent};
-use crate::handshake::Negotiated;
-use crate::server::{ConnectionError, ServerConfig};
+use crate::config::ServerConfig;
+use crate::error::ConnectionError;
+use crate::negotiated::Negotiated;
 use crate::wire::{self, Command, RequestHeader, TransmissionContext};
 
 /// Socket read buffer: enough for many small request headers per system call.
