@@ -90,17 +90,18 @@ pub struct ConfigError {
 impl ServerConfig {
     /// Checks every limit is usable.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let check = |field, value: u64, ok: bool, allowed| {
-            if ok {
-                Ok(())
-            } else {
-                Err(ConfigError {
-                    field,
-                    value,
-                    allowed,
-                })
-            }
-        };
+        self.validate_transmission_limits()?;
+        self.validate_handshake_limits()?;
+        check(
+            "block_status_descriptors_max",
+            u64::from(self.block_status_descriptors_max),
+            (1..=1 << 20).contains(&self.block_status_descriptors_max),
+            "1..=1048576",
+        )
+    }
+
+    /// Checks the request size and the limits of connections in transmission.
+    fn validate_transmission_limits(&self) -> Result<(), ConfigError> {
         let request = self.max_request_bytes;
         check(
             "max_request_bytes",
@@ -110,7 +111,7 @@ impl ServerConfig {
         )?;
         check(
             "in_flight_requests_max",
-            self.in_flight_requests_max as u64,
+            reported(self.in_flight_requests_max),
             (1..=65536).contains(&self.in_flight_requests_max),
             "1..=65536",
         )?;
@@ -118,24 +119,29 @@ impl ServerConfig {
             "in_flight_bytes_max",
             u64::from(self.in_flight_bytes_max),
             self.in_flight_bytes_max >= 1
-                && (self.in_flight_bytes_max as usize) <= Semaphore::MAX_PERMITS,
+                && usize::try_from(self.in_flight_bytes_max)
+                    .is_ok_and(|bytes| bytes <= Semaphore::MAX_PERMITS),
             ">= 1",
         )?;
         check(
             "connections_max",
-            self.connections_max as u64,
+            reported(self.connections_max),
             (1..=Semaphore::MAX_PERMITS).contains(&self.connections_max),
             ">= 1",
-        )?;
+        )
+    }
+
+    /// Checks the limits of connections still in the handshake.
+    fn validate_handshake_limits(&self) -> Result<(), ConfigError> {
         check(
             "handshakes_in_progress_max",
-            self.handshakes_in_progress_max as u64,
+            reported(self.handshakes_in_progress_max),
             (1..=HANDSHAKES_IN_PROGRESS_LIMIT).contains(&self.handshakes_in_progress_max),
             "1..=65536",
         )?;
         check(
             "handshakes_per_peer_max",
-            self.handshakes_per_peer_max as u64,
+            reported(self.handshakes_per_peer_max),
             (1..=self.handshakes_in_progress_max).contains(&self.handshakes_per_peer_max),
             "1..=handshakes_in_progress_max",
         )?;
@@ -148,7 +154,8 @@ impl ServerConfig {
         check(
             "option_bytes_max",
             u64::from(self.option_bytes_max),
-            self.option_bytes_max as usize >= wire::STRING_BYTES_MAX + 8,
+            usize::try_from(self.option_bytes_max)
+                .is_ok_and(|bytes| bytes >= wire::STRING_BYTES_MAX + 8),
             ">= 4104 (a maximal export name with its framing)",
         )?;
         check(
@@ -156,13 +163,31 @@ impl ServerConfig {
             u64::from(self.handshake_options_max),
             self.handshake_options_max >= 1,
             ">= 1",
-        )?;
-        check(
-            "block_status_descriptors_max",
-            u64::from(self.block_status_descriptors_max),
-            (1..=1 << 20).contains(&self.block_status_descriptors_max),
-            "1..=1048576",
-        )?;
-        Ok(())
+        )
     }
+}
+
+/// `Ok` when `ok`, otherwise the error naming `field`, its `value` and the
+/// range it must lie in.
+fn check(
+    field: &'static str,
+    value: u64,
+    ok: bool,
+    allowed: &'static str,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            field,
+            value,
+            allowed,
+        })
+    }
+}
+
+/// A `usize` setting as reported in a [`ConfigError`]; no supported target
+/// has a `usize` wider than 64 bits, and the report saturates if one did.
+fn reported(value: usize) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
 }
