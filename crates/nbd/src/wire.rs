@@ -622,7 +622,8 @@ pub fn encode_option_reply(option: u32, reply_type: u32, data: &[u8]) -> Vec<u8>
 /// The data of an `NBD_REP_SERVER` reply.
 pub fn encode_server_entry(name: &str, description: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + name.len() + description.len());
-    out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    let name_bytes = u32::try_from(name.len()).expect("an export name is far shorter than 4 GiB");
+    out.extend_from_slice(&name_bytes.to_be_bytes());
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(description.as_bytes());
     out
@@ -714,8 +715,10 @@ pub fn encode_error_chunk(cookie: u64, errno: u32, message: &str) -> Vec<u8> {
             message_bytes = &message_bytes[..message_bytes.len() - 1];
         }
     }
-    let payload_bytes = 6 + message_bytes.len() as u32;
-    let mut out = Vec::with_capacity(20 + payload_bytes as usize);
+    let message_length =
+        u16::try_from(message_bytes.len()).expect("the message was cut to STRING_BYTES_MAX");
+    let payload_bytes = 6 + u32::from(message_length);
+    let mut out = Vec::with_capacity(20 + 6 + message_bytes.len());
     out.extend_from_slice(&encode_chunk_header(
         REPLY_FLAG_DONE,
         REPLY_TYPE_ERROR,
@@ -723,7 +726,7 @@ pub fn encode_error_chunk(cookie: u64, errno: u32, message: &str) -> Vec<u8> {
         payload_bytes,
     ));
     out.extend_from_slice(&errno.to_be_bytes());
-    out.extend_from_slice(&(message_bytes.len() as u16).to_be_bytes());
+    out.extend_from_slice(&message_length.to_be_bytes());
     out.extend_from_slice(message_bytes);
     out
 }
@@ -952,7 +955,7 @@ mod tests {
         let mut meta = Vec::new();
         meta.extend_from_slice(&0u32.to_be_bytes());
         meta.extend_from_slice(&1u32.to_be_bytes());
-        meta.extend_from_slice(&(BASE_ALLOCATION.len() as u32).to_be_bytes());
+        meta.extend_from_slice(&u32::try_from(BASE_ALLOCATION.len()).unwrap().to_be_bytes());
         meta.extend_from_slice(BASE_ALLOCATION.as_bytes());
         assert_eq!(
             parse_option(OPT_SET_META_CONTEXT, &meta),
