@@ -259,15 +259,21 @@ struct Peer {
     description: String,
 }
 
+/// A connection just accepted, with who it comes from.
+struct Accepted<S> {
+    stream: S,
+    peer: Peer,
+}
+
 /// A listener the accept loop can take connections from.
 trait Accept {
     type Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)>;
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>>;
 }
 
 impl Accept for TcpListener {
     type Stream = tokio::net::TcpStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, address) = self.accept().await?;
         // Replies are small and latency matters more than packet count.
         stream.set_nodelay(true)?;
@@ -275,13 +281,13 @@ impl Accept for TcpListener {
             key: PeerKey::Address(address.ip().to_canonical()),
             description: address.to_string(),
         };
-        Ok((stream, peer))
+        Ok(Accepted { stream, peer })
     }
 }
 
 impl Accept for UnixListener {
     type Stream = tokio::net::UnixStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, _address) = self.accept().await?;
         let key = match stream.peer_cred() {
             Ok(credentials) => PeerKey::Uid(credentials.uid()),
@@ -291,7 +297,10 @@ impl Accept for UnixListener {
             }
         };
         let description = key.to_string();
-        Ok((stream, Peer { key, description }))
+        Ok(Accepted {
+            stream,
+            peer: Peer { key, description },
+        })
     }
 }
 
@@ -412,7 +421,7 @@ impl NbdServer {
                 Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             };
             match accepted {
-                Ok((stream, peer)) => {
+                Ok(Accepted { stream, peer }) => {
                     self.start_connection(&mut connections, stream, peer, &shutdown)
                 }
                 Err(error) => {
