@@ -54,14 +54,16 @@ impl AlignedBuffer {
 
     /// A buffer holding a copy of `data`, zero-padded up to the alignment.
     pub fn from_slice_padded(data: &[u8]) -> Self {
-        let length = (data.len() as u64).next_multiple_of(DEVICE_ALIGNMENT_BYTES) as usize;
+        let length = data
+            .len()
+            .next_multiple_of(crate::buffer_length(DEVICE_ALIGNMENT_BYTES));
         let mut buffer = Self::zeroed(length);
         buffer[..data.len()].copy_from_slice(data);
         buffer
     }
 
     fn layout(length: usize) -> Layout {
-        Layout::from_size_align(length, DEVICE_ALIGNMENT_BYTES as usize)
+        Layout::from_size_align(length, crate::buffer_length(DEVICE_ALIGNMENT_BYTES))
             .expect("aligned buffer layout")
     }
 

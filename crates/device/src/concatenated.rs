@@ -46,19 +46,39 @@ impl ConcatenatedDevice {
         &self.second
     }
 
-    /// The part of `offset..offset + length` on each device: (offset on the
-    /// first device, length there) and (offset on the second device, length there).
-    fn split(&self, offset: u64, length: u64) -> ((u64, u64), (u64, u64)) {
+    /// The part of `offset..offset + length` on each device.
+    fn split(&self, offset: u64, length: usize) -> Split {
         let boundary = self.first_region_bytes;
-        let end = offset + length;
-        let first_length = boundary.saturating_sub(offset).min(length);
-        let second_start = offset.max(boundary);
-        let second_length = end.saturating_sub(second_start);
-        (
-            (offset, first_length),
-            (second_start - boundary, second_length),
-        )
+        // Whatever lies before the boundary, at most the whole request.
+        let first_length = usize::try_from(boundary.saturating_sub(offset))
+            .map_or(length, |before_boundary| before_boundary.min(length));
+        Split {
+            first: Part {
+                offset,
+                length: first_length,
+            },
+            second: Part {
+                offset: offset.max(boundary) - boundary,
+                length: length - first_length,
+            },
+        }
     }
+}
+
+/// A request's part on one of the two devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Part {
+    /// Offset on that device.
+    offset: u64,
+    /// Bytes there; zero when the request does not reach that device.
+    length: usize,
+}
+
+/// A request split at the boundary between the two devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Split {
+    first: Part,
+    second: Part,
 }
 
 #[async_trait::async_trait]
@@ -73,48 +93,39 @@ impl BlockDevice for ConcatenatedDevice {
 
     async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
         crate::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
-        let ((first_offset, first_length), (second_offset, second_length)) =
-            self.split(offset, length as u64);
-        if second_length == 0 {
-            return self.first.read(first_offset, first_length as usize).await;
+        let Split { first, second } = self.split(offset, length);
+        if second.length == 0 {
+            return self.first.read(first.offset, first.length).await;
         }
-        if first_length == 0 {
-            return self
-                .second
-                .read(second_offset, second_length as usize)
-                .await;
+        if first.length == 0 {
+            return self.second.read(second.offset, second.length).await;
         }
         let (head, tail) = futures_join(
-            self.first.read(first_offset, first_length as usize),
-            self.second.read(second_offset, second_length as usize),
+            self.first.read(first.offset, first.length),
+            self.second.read(second.offset, second.length),
         )
         .await;
         let (head, tail) = (head?, tail?);
         let mut joined = AlignedBuffer::zeroed(length);
-        joined[..first_length as usize].copy_from_slice(&head);
-        joined[first_length as usize..].copy_from_slice(&tail);
+        joined[..first.length].copy_from_slice(&head);
+        joined[first.length..].copy_from_slice(&tail);
         Ok(joined)
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
         crate::check_request(&self.name, self.size_bytes(), offset, data.len() as u64)?;
-        let ((first_offset, first_length), (second_offset, second_length)) =
-            self.split(offset, data.len() as u64);
-        if second_length == 0 {
-            return self.first.write(first_offset, data).await;
+        let Split { first, second } = self.split(offset, data.len());
+        if second.length == 0 {
+            return self.first.write(first.offset, data).await;
         }
-        if first_length == 0 {
-            return self.second.write(second_offset, data).await;
+        if first.length == 0 {
+            return self.second.write(second.offset, data).await;
         }
-        let head = Arc::new(AlignedBuffer::from_slice_padded(
-            &data[..first_length as usize],
-        ));
-        let tail = Arc::new(AlignedBuffer::from_slice_padded(
-            &data[first_length as usize..],
-        ));
+        let head = Arc::new(AlignedBuffer::from_slice_padded(&data[..first.length]));
+        let tail = Arc::new(AlignedBuffer::from_slice_padded(&data[first.length..]));
         let (head, tail) = futures_join(
-            self.first.write(first_offset, head),
-            self.second.write(second_offset, tail),
+            self.first.write(first.offset, head),
+            self.second.write(second.offset, tail),
         )
         .await;
         head.and(tail)
@@ -141,7 +152,7 @@ mod tests {
 
     fn pattern(length: usize, seed: u8) -> Arc<AlignedBuffer> {
         let bytes: Vec<u8> = (0..length)
-            .map(|index| (index / 4096) as u8 ^ seed)
+            .map(|index| u8::try_from(index / 4096).expect("test patterns are short") ^ seed)
             .collect();
         Arc::new(AlignedBuffer::from_slice_padded(&bytes))
     }

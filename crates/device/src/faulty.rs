@@ -139,9 +139,12 @@ impl<D: BlockDevice> FaultyDevice<D> {
         let block_offset = byte_offset - byte_offset % crate::DEVICE_ALIGNMENT_BYTES;
         let mut block = self
             .inner
-            .read(block_offset, crate::DEVICE_ALIGNMENT_BYTES as usize)
+            .read(
+                block_offset,
+                crate::buffer_length(crate::DEVICE_ALIGNMENT_BYTES),
+            )
             .await?;
-        block[(byte_offset - block_offset) as usize] ^= 1 << (bit_index % 8);
+        block[crate::buffer_length(byte_offset - block_offset)] ^= 1 << (bit_index % 8);
         self.inner.write(block_offset, Arc::new(block)).await?;
         self.inner.flush().await
     }
@@ -193,13 +196,16 @@ impl<D: BlockDevice> FaultyDevice<D> {
                 let block_offset = sector_offset - sector_offset % crate::DEVICE_ALIGNMENT_BYTES;
                 let mut block = self
                     .inner
-                    .read(block_offset, crate::DEVICE_ALIGNMENT_BYTES as usize)
+                    .read(
+                        block_offset,
+                        crate::buffer_length(crate::DEVICE_ALIGNMENT_BYTES),
+                    )
                     .await?;
-                let within_block = (sector_offset - block_offset) as usize;
-                let within_write = index * SECTOR_SIZE_BYTES as usize;
-                block[within_block..within_block + SECTOR_SIZE_BYTES as usize].copy_from_slice(
-                    &write.pre_image[within_write..within_write + SECTOR_SIZE_BYTES as usize],
-                );
+                let within_block = crate::buffer_length(sector_offset - block_offset);
+                let sector_bytes = crate::buffer_length(SECTOR_SIZE_BYTES);
+                let within_write = index * sector_bytes;
+                block[within_block..within_block + sector_bytes]
+                    .copy_from_slice(&write.pre_image[within_write..within_write + sector_bytes]);
                 self.inner.write(block_offset, Arc::new(block)).await?;
             }
         }

@@ -227,7 +227,7 @@ fn probe_direct_read(file: &File) -> io::Result<()> {
     if device_size(file)? < DEVICE_ALIGNMENT_BYTES {
         return Ok(());
     }
-    let mut buffer = AlignedBuffer::zeroed(DEVICE_ALIGNMENT_BYTES as usize);
+    let mut buffer = AlignedBuffer::zeroed(crate::buffer_length(DEVICE_ALIGNMENT_BYTES));
     file.read_exact_at(&mut buffer, 0)
 }
 

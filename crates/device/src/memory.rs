@@ -19,7 +19,12 @@ impl MemoryDevice {
         assert!(size_bytes.is_multiple_of(crate::DEVICE_ALIGNMENT_BYTES));
         Self {
             name: "memory".to_string(),
-            bytes: Mutex::new(vec![0; size_bytes as usize]),
+            bytes: Mutex::new(vec![
+                0;
+                usize::try_from(size_bytes).expect(
+                    "a memory device's size fits in the address space"
+                )
+            ]),
             size_bytes,
         }
     }
@@ -43,13 +48,13 @@ impl MemoryDevice {
     /// Synchronous access used by the fault-injecting wrapper and by tests.
     pub fn read_sync(&self, offset: u64, destination: &mut [u8]) {
         let bytes = self.bytes.lock().expect("memory device lock");
-        let start = offset as usize;
+        let start = crate::buffer_length(offset);
         destination.copy_from_slice(&bytes[start..start + destination.len()]);
     }
 
     pub fn write_sync(&self, offset: u64, source: &[u8]) {
         let mut bytes = self.bytes.lock().expect("memory device lock");
-        let start = offset as usize;
+        let start = crate::buffer_length(offset);
         bytes[start..start + source.len()].copy_from_slice(source);
     }
 }

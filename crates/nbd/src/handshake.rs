@@ -9,21 +9,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::{Export, ExportCatalog, ExportSummary};
-use crate::server::{ConnectionError, ServerConfig};
+use crate::config::{PREFERRED_BLOCK_BYTES, ServerConfig};
+use crate::error::ConnectionError;
+use crate::negotiated::Negotiated;
 use crate::wire::{self, InfoRequest, MetaContextRequest, OptionRequest, TransmissionContext};
-
-/// The preferred block size advertised with `NBD_INFO_BLOCK_SIZE`: lamina's block.
-pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
-
-/// What the handshake agreed on, enough to run the transmission phase.
-pub(crate) struct Negotiated {
-    pub export: Arc<dyn Export>,
-    pub summary: ExportSummary,
-    pub context: TransmissionContext,
-    /// The connection's transmission slot (`connections_max`), when the server
-    /// limits connections; released when the transmission phase ends.
-    pub transmission_slot: Option<OwnedSemaphorePermit>,
-}
 
 /// How the handshake ended.
 pub(crate) enum HandshakeOutcome {
@@ -106,73 +95,116 @@ where
     };
     let mut option_count: u32 = 0;
     loop {
-        let mut header_bytes = [0u8; wire::OPTION_HEADER_BYTES];
-        match stream.read_exact(&mut header_bytes).await {
-            Ok(_) => {}
-            // A client may simply hang up between options.
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Ok(HandshakeOutcome::Closed);
-            }
-            Err(error) => return Err(error.into()),
-        }
-        let header = wire::parse_option_header(&header_bytes)?;
-        option_count += 1;
-        if option_count > config.handshake_options_max {
-            send(
-                stream,
-                header.option,
-                wire::REP_ERR_POLICY,
-                b"too many options in one handshake",
-            )
-            .await?;
-            return Err(ConnectionError::TooManyOptions(
-                config.handshake_options_max,
-            ));
-        }
-        if header.data_bytes > config.option_bytes_max {
-            // Skipping the data would let a client make the server read gigabytes;
-            // say why and hang up instead.
-            let message = format!(
-                "option data of {} bytes is over the {}-byte limit",
-                header.data_bytes, config.option_bytes_max
-            );
-            send(
-                stream,
-                header.option,
-                wire::REP_ERR_TOO_BIG,
-                message.as_bytes(),
-            )
-            .await?;
-            return Err(ConnectionError::OptionTooBig {
+        let Some(header) = read_option_header(stream).await? else {
+            return Ok(HandshakeOutcome::Closed);
+        };
+        option_count = option_count.saturating_add(1);
+        refuse_over_limits(stream, config, header, option_count).await?;
+        let data_len =
+            usize::try_from(header.data_bytes).map_err(|_| ConnectionError::OptionTooBig {
                 option: header.option,
                 data_bytes: header.data_bytes,
                 limit_bytes: config.option_bytes_max,
-            });
-        }
-        let mut data = vec![0u8; header.data_bytes as usize];
+            })?;
+        let mut data = vec![0u8; data_len];
         stream.read_exact(&mut data).await?;
-        let request = match wire::parse_option(header.option, &data) {
-            Ok(request) => request,
-            Err(error) if header.option == wire::OPT_EXPORT_NAME => {
-                // NBD_OPT_EXPORT_NAME has no error reply; the only answer is to close.
-                return Err(ConnectionError::Wire(error));
-            }
-            Err(error) => {
-                tracing::debug!(option = header.option, %error, "malformed option");
-                send(
-                    stream,
-                    header.option,
-                    wire::REP_ERR_INVALID,
-                    error.to_string().as_bytes(),
-                )
-                .await?;
-                continue;
-            }
+        let Some(request) = parse_or_refuse(stream, header.option, &data).await? else {
+            continue;
         };
         if let Some(outcome) =
             handle(stream, catalog, config, &mut state, header.option, request).await?
         {
             return Ok(outcome);
+        }
+    }
+}
+
+/// Reads the next option header; `None` when the client hung up between
+/// options, which it may.
+async fn read_option_header<S>(
+    stream: &mut S,
+) -> Result<Option<wire::OptionHeader>, ConnectionError>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut header_bytes = [0u8; wire::OPTION_HEADER_BYTES];
+    match stream.read_exact(&mut header_bytes).await {
+        Ok(_) => Ok(Some(wire::parse_option_header(&header_bytes)?)),
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Says why and fails when the option is one too many for this handshake or
+/// its data is over `option_bytes_max`; the connection is then closed.
+async fn refuse_over_limits<S>(
+    stream: &mut S,
+    config: &ServerConfig,
+    header: wire::OptionHeader,
+    option_count: u32,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncWrite + Unpin,
+{
+    if option_count > config.handshake_options_max {
+        send(
+            stream,
+            header.option,
+            wire::REP_ERR_POLICY,
+            b"too many options in one handshake",
+        )
+        .await?;
+        return Err(ConnectionError::TooManyOptions(
+            config.handshake_options_max,
+        ));
+    }
+    if header.data_bytes > config.option_bytes_max {
+        // Skipping the data would let a client make the server read gigabytes;
+        // say why and hang up instead.
+        let message = format!(
+            "option data of {} bytes is over the {}-byte limit",
+            header.data_bytes, config.option_bytes_max
+        );
+        send(
+            stream,
+            header.option,
+            wire::REP_ERR_TOO_BIG,
+            message.as_bytes(),
+        )
+        .await?;
+        return Err(ConnectionError::OptionTooBig {
+            option: header.option,
+            data_bytes: header.data_bytes,
+            limit_bytes: config.option_bytes_max,
+        });
+    }
+    Ok(())
+}
+
+/// Parses an option's data. Malformed data gets `NBD_REP_ERR_INVALID` and
+/// `None` (the handshake goes on), except for `NBD_OPT_EXPORT_NAME`, which has
+/// no error reply: the only answer is to close.
+async fn parse_or_refuse<'a, S>(
+    stream: &mut S,
+    option: u32,
+    data: &'a [u8],
+) -> Result<Option<OptionRequest<'a>>, ConnectionError>
+where
+    S: AsyncWrite + Unpin,
+{
+    match wire::parse_option(option, data) {
+        Ok(request) => Ok(Some(request)),
+        Err(error) if option == wire::OPT_EXPORT_NAME => Err(ConnectionError::Wire(error)),
+        Err(error) => {
+            tracing::debug!(option, %error, "malformed option");
+            send(
+                stream,
+                option,
+                wire::REP_ERR_INVALID,
+                error.to_string().as_bytes(),
+            )
+            .await?;
+            Ok(None)
         }
     }
 }
@@ -207,22 +239,7 @@ where
 {
     match request {
         OptionRequest::ExportName(name) => {
-            let Some((summary, export)) = catalog.open(name) else {
-                return Err(ConnectionError::UnknownExport(name.to_string()));
-            };
-            // NBD_OPT_EXPORT_NAME has no error reply: without a slot, close.
-            let slot = state.claim_transmission_slot(config)?;
-            let mut negotiated = negotiated(state, config, summary, export);
-            negotiated.transmission_slot = slot;
-            let flags = transmission_flags(negotiated.export.as_ref(), state.structured_replies);
-            stream
-                .write_all(&wire::encode_export_name_reply(
-                    negotiated.context.export_size_bytes,
-                    flags,
-                    state.no_zeroes,
-                ))
-                .await?;
-            stream.flush().await?;
+            let negotiated = export_name(stream, catalog, config, state, name).await?;
             Ok(Some(HandshakeOutcome::Transmission(negotiated)))
         }
         OptionRequest::Abort => {
@@ -231,17 +248,7 @@ where
             Ok(Some(HandshakeOutcome::Closed))
         }
         OptionRequest::List => {
-            let mut out = Vec::new();
-            for entry in catalog.list() {
-                out.extend_from_slice(&wire::encode_option_reply(
-                    option,
-                    wire::REP_SERVER,
-                    &wire::encode_server_entry(&entry.name, &entry.description),
-                ));
-            }
-            out.extend_from_slice(&wire::encode_option_reply(option, wire::REP_ACK, &[]));
-            stream.write_all(&out).await?;
-            stream.flush().await?;
+            list(stream, catalog, option).await?;
             Ok(None)
         }
         OptionRequest::StartTls => {
@@ -274,6 +281,59 @@ where
             Ok(None)
         }
     }
+}
+
+/// `NBD_OPT_EXPORT_NAME`: chooses the export and ends the handshake. It has
+/// no error reply, so an unknown export or a missing slot closes.
+async fn export_name<S>(
+    stream: &mut S,
+    catalog: &dyn ExportCatalog,
+    config: &ServerConfig,
+    state: &State,
+    name: &str,
+) -> Result<Negotiated, ConnectionError>
+where
+    S: AsyncWrite + Unpin,
+{
+    let Some((summary, export)) = catalog.open(name) else {
+        return Err(ConnectionError::UnknownExport(name.to_string()));
+    };
+    let slot = state.claim_transmission_slot(config)?;
+    let mut negotiated = negotiated(state, config, summary, export);
+    negotiated.transmission_slot = slot;
+    let flags = transmission_flags(negotiated.export.as_ref(), state.structured_replies);
+    stream
+        .write_all(&wire::encode_export_name_reply(
+            negotiated.context.export_size_bytes,
+            flags,
+            state.no_zeroes,
+        ))
+        .await?;
+    stream.flush().await?;
+    Ok(negotiated)
+}
+
+/// `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export, then the ACK.
+async fn list<S>(
+    stream: &mut S,
+    catalog: &dyn ExportCatalog,
+    option: u32,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncWrite + Unpin,
+{
+    let mut out = Vec::new();
+    for entry in catalog.list() {
+        out.extend_from_slice(&wire::encode_option_reply(
+            option,
+            wire::REP_SERVER,
+            &wire::encode_server_entry(&entry.name, &entry.description),
+        ));
+    }
+    out.extend_from_slice(&wire::encode_option_reply(option, wire::REP_ACK, &[]));
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    Ok(())
 }
 
 fn negotiated(

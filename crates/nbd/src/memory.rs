@@ -5,6 +5,7 @@
 //! every operation with an I/O error.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -12,6 +13,45 @@ use crate::backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 
 /// Allocation granularity of [`MemoryExport`].
 pub const MEMORY_BLOCK_BYTES: u64 = 4096;
+
+/// The part of a range that falls in one block.
+#[derive(Debug, Clone, Copy)]
+struct BlockPiece {
+    /// Index of the block.
+    block: u64,
+    /// Where the piece starts within the block.
+    within_block: u64,
+    /// Bytes in the piece: at most one block.
+    length_bytes: u64,
+    /// Where the piece starts within the range.
+    within_range: u64,
+}
+
+impl BlockPiece {
+    /// The piece's bytes within its block's buffer.
+    fn in_block(&self) -> Range<usize> {
+        let start = block_index(self.within_block);
+        start..start + block_index(self.length_bytes)
+    }
+
+    /// The piece's bytes within the caller's buffer, when the range is one.
+    fn in_range(&self) -> Range<usize> {
+        let start = usize::try_from(self.within_range)
+            .expect("a range read or written through a buffer fits in memory");
+        start..start + block_index(self.length_bytes)
+    }
+}
+
+/// A position or length within one block as an index into its buffer.
+fn block_index(bytes: u64) -> usize {
+    assert!(bytes <= MEMORY_BLOCK_BYTES, "{bytes} is beyond one block");
+    usize::try_from(bytes).expect("one block fits in memory")
+}
+
+/// The buffer of a newly allocated block.
+fn zeroed_block() -> Box<[u8]> {
+    vec![0u8; block_index(MEMORY_BLOCK_BYTES)].into_boxed_slice()
+}
 
 /// How many times each operation reached a [`MemoryExport`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -152,26 +192,29 @@ impl MemoryExport {
         }
     }
 
-    /// Visits the blocks covering `[offset, offset + length)` as
-    /// (block index, offset within block, byte count, offset within range).
-    fn for_each_block(offset: u64, length: u64, mut visit: impl FnMut(u64, usize, usize, usize)) {
+    /// Visits the pieces of the blocks covering `[offset, offset + length)`.
+    fn for_each_block(offset: u64, length: u64, mut visit: impl FnMut(BlockPiece)) {
         let mut position = offset;
         let end = offset + length;
         while position < end {
-            let block = position / MEMORY_BLOCK_BYTES;
-            let within = (position % MEMORY_BLOCK_BYTES) as usize;
-            let count = ((MEMORY_BLOCK_BYTES - within as u64).min(end - position)) as usize;
-            visit(block, within, count, (position - offset) as usize);
-            position += count as u64;
+            let within_block = position % MEMORY_BLOCK_BYTES;
+            let length_bytes = (MEMORY_BLOCK_BYTES - within_block).min(end - position);
+            visit(BlockPiece {
+                block: position / MEMORY_BLOCK_BYTES,
+                within_block,
+                length_bytes,
+                within_range: position - offset,
+            });
+            position += length_bytes;
         }
     }
 
     fn load(&self, offset: u64, buffer: &mut [u8]) {
         let blocks = self.blocks.read().expect("block map lock");
-        Self::for_each_block(offset, buffer.len() as u64, |block, within, count, at| {
-            let target = &mut buffer[at..at + count];
-            match blocks.get(&block) {
-                Some(contents) => target.copy_from_slice(&contents[within..within + count]),
+        Self::for_each_block(offset, buffer.len() as u64, |piece| {
+            let target = &mut buffer[piece.in_range()];
+            match blocks.get(&piece.block) {
+                Some(contents) => target.copy_from_slice(&contents[piece.in_block()]),
                 None => target.fill(0),
             }
         });
@@ -179,11 +222,9 @@ impl MemoryExport {
 
     fn store(&self, offset: u64, data: &[u8]) {
         let mut blocks = self.blocks.write().expect("block map lock");
-        Self::for_each_block(offset, data.len() as u64, |block, within, count, at| {
-            let contents = blocks
-                .entry(block)
-                .or_insert_with(|| vec![0u8; MEMORY_BLOCK_BYTES as usize].into_boxed_slice());
-            contents[within..within + count].copy_from_slice(&data[at..at + count]);
+        Self::for_each_block(offset, data.len() as u64, |piece| {
+            let contents = blocks.entry(piece.block).or_insert_with(zeroed_block);
+            contents[piece.in_block()].copy_from_slice(&data[piece.in_range()]);
         });
     }
 
@@ -191,16 +232,13 @@ impl MemoryExport {
     /// blocks are zeroed in place; without `punch` every block ends up allocated.
     fn zero(&self, offset: u64, length: u64, punch: bool) {
         let mut blocks = self.blocks.write().expect("block map lock");
-        Self::for_each_block(offset, length, |block, within, count, _| {
-            if punch && count as u64 == MEMORY_BLOCK_BYTES {
-                blocks.remove(&block);
-            } else if let Some(contents) = blocks.get_mut(&block) {
-                contents[within..within + count].fill(0);
+        Self::for_each_block(offset, length, |piece| {
+            if punch && piece.length_bytes == MEMORY_BLOCK_BYTES {
+                blocks.remove(&piece.block);
+            } else if let Some(contents) = blocks.get_mut(&piece.block) {
+                contents[piece.in_block()].fill(0);
             } else if !punch {
-                blocks.insert(
-                    block,
-                    vec![0u8; MEMORY_BLOCK_BYTES as usize].into_boxed_slice(),
-                );
+                blocks.insert(piece.block, zeroed_block());
             }
         });
     }
@@ -228,12 +266,12 @@ impl Export for MemoryExport {
         self.check(offset, length, false)?;
         let blocks = self.blocks.read().expect("block map lock");
         let mut extents: Vec<Extent> = Vec::new();
-        Self::for_each_block(offset, length, |block, _, count, _| {
-            let hole = !blocks.contains_key(&block);
+        Self::for_each_block(offset, length, |piece| {
+            let hole = !blocks.contains_key(&piece.block);
             match extents.last_mut() {
-                Some(last) if last.hole == hole => last.length += count as u64,
+                Some(last) if last.hole == hole => last.length += piece.length_bytes,
                 _ => extents.push(Extent {
-                    length: count as u64,
+                    length: piece.length_bytes,
                     hole,
                     zero: hole,
                 }),

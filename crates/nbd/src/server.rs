@@ -1,7 +1,7 @@
-//! The server: configuration with its named limits, the accept loops for TCP and
-//! Unix sockets with the connection and handshake limits (the handshake
-//! registry is in `admission.rs`), counters, graceful shutdown, and
-//! [`serve_connection`], which runs one connection's handshake and transmission.
+//! The server: the accept loops for TCP and Unix sockets with the connection
+//! and handshake limits (the limits are in `config.rs`, the handshake registry
+//! in `admission.rs`), counters, graceful shutdown, and [`serve_connection`],
+//! which runs one connection's handshake and transmission.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,195 +17,10 @@ use crate::admission::{
     Eviction, EvictionReason, HandshakeTicket, Handshakes, PeerKey, RateLimitedWarning,
 };
 use crate::backend::ExportCatalog;
+use crate::config::{ConfigError, ServerConfig};
+use crate::error::ConnectionError;
 use crate::handshake::{self, HandshakeOutcome};
 use crate::transmission;
-use crate::wire::{self, WireError};
-
-/// Limits and timeouts of an NBD server. Every field is a named limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerConfig {
-    /// Largest READ or WRITE accepted, advertised as the maximum block size.
-    pub max_request_bytes: u32,
-    /// Requests of one connection being executed or waiting to be written at once.
-    pub in_flight_requests_max: usize,
-    /// Read and write buffers one connection may hold at once (one request larger
-    /// than this may still run, alone).
-    pub in_flight_bytes_max: u32,
-    /// Connections in the transmission phase at once. A connection takes one of
-    /// these slots only when its handshake completes; while every slot is taken,
-    /// new connections are closed before the greeting.
-    pub connections_max: usize,
-    /// Connections still in the handshake at once, over all peers. When a new
-    /// connection arrives with this many in progress, the oldest handshake of
-    /// the peer holding the most is closed (see `admission.rs` for why).
-    pub handshakes_in_progress_max: usize,
-    /// Connections still in the handshake at once from one peer (a TCP client's
-    /// IP address, a Unix-socket client's uid); a new connection from a peer at
-    /// this limit closes that peer's oldest handshake.
-    pub handshakes_per_peer_max: usize,
-    /// Largest option data accepted during the handshake.
-    pub option_bytes_max: u32,
-    /// Options accepted in one handshake before the server hangs up.
-    pub handshake_options_max: u32,
-    /// Time a client has to finish the handshake. There is no separate idle
-    /// timeout between handshake messages: a stalled handshake is closed as soon
-    /// as a new connection needs its slot, so an idle timeout would only free
-    /// slots nobody is waiting for.
-    pub handshake_timeout_ms: u64,
-    /// Descriptors sent in one block-status reply at most.
-    pub block_status_descriptors_max: u32,
-    /// Time connections get to finish in-flight requests after shutdown is
-    /// requested, before they are dropped.
-    pub shutdown_timeout_ms: u64,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            max_request_bytes: 32 * 1024 * 1024,
-            in_flight_requests_max: 64,
-            in_flight_bytes_max: 128 * 1024 * 1024,
-            connections_max: 256,
-            handshakes_in_progress_max: 64,
-            // Room for a multi-connection client (nbdcopy, qemu) handshaking on
-            // all its connections at once.
-            handshakes_per_peer_max: 16,
-            option_bytes_max: 64 * 1024,
-            handshake_options_max: 1024,
-            // A real client needs a few round trips; a half-open connection
-            // should not hold a slot for long.
-            handshake_timeout_ms: 10_000,
-            block_status_descriptors_max: 16 * 1024,
-            shutdown_timeout_ms: 30_000,
-        }
-    }
-}
-
-/// Largest `max_request_bytes` allowed: a read must fit one data chunk, whose
-/// length field is 32 bits including an 8-byte offset.
-pub const MAX_REQUEST_BYTES_LIMIT: u32 = 1 << 30;
-
-/// Largest `handshakes_in_progress_max` allowed: each handshake in progress is a
-/// task and a socket, so more would only help whoever opens them.
-pub const HANDSHAKES_IN_PROGRESS_LIMIT: usize = 65536;
-
-/// A configuration value out of its allowed range.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("server configuration: {field} = {value} is outside {allowed}")]
-pub struct ConfigError {
-    pub field: &'static str,
-    pub value: u64,
-    pub allowed: &'static str,
-}
-
-impl ServerConfig {
-    /// Checks every limit is usable.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let check = |field, value: u64, ok: bool, allowed| {
-            if ok {
-                Ok(())
-            } else {
-                Err(ConfigError {
-                    field,
-                    value,
-                    allowed,
-                })
-            }
-        };
-        let request = self.max_request_bytes;
-        check(
-            "max_request_bytes",
-            u64::from(request),
-            (handshake::PREFERRED_BLOCK_BYTES..=MAX_REQUEST_BYTES_LIMIT).contains(&request),
-            "4096..=1073741824",
-        )?;
-        check(
-            "in_flight_requests_max",
-            self.in_flight_requests_max as u64,
-            (1..=65536).contains(&self.in_flight_requests_max),
-            "1..=65536",
-        )?;
-        check(
-            "in_flight_bytes_max",
-            u64::from(self.in_flight_bytes_max),
-            self.in_flight_bytes_max >= 1
-                && (self.in_flight_bytes_max as usize) <= Semaphore::MAX_PERMITS,
-            ">= 1",
-        )?;
-        check(
-            "connections_max",
-            self.connections_max as u64,
-            (1..=Semaphore::MAX_PERMITS).contains(&self.connections_max),
-            ">= 1",
-        )?;
-        check(
-            "handshakes_in_progress_max",
-            self.handshakes_in_progress_max as u64,
-            (1..=HANDSHAKES_IN_PROGRESS_LIMIT).contains(&self.handshakes_in_progress_max),
-            "1..=65536",
-        )?;
-        check(
-            "handshakes_per_peer_max",
-            self.handshakes_per_peer_max as u64,
-            (1..=self.handshakes_in_progress_max).contains(&self.handshakes_per_peer_max),
-            "1..=handshakes_in_progress_max",
-        )?;
-        check(
-            "handshake_timeout_ms",
-            self.handshake_timeout_ms,
-            self.handshake_timeout_ms >= 1,
-            ">= 1",
-        )?;
-        check(
-            "option_bytes_max",
-            u64::from(self.option_bytes_max),
-            self.option_bytes_max as usize >= wire::STRING_BYTES_MAX + 8,
-            ">= 4104 (a maximal export name with its framing)",
-        )?;
-        check(
-            "handshake_options_max",
-            u64::from(self.handshake_options_max),
-            self.handshake_options_max >= 1,
-            ">= 1",
-        )?;
-        check(
-            "block_status_descriptors_max",
-            u64::from(self.block_status_descriptors_max),
-            (1..=1 << 20).contains(&self.block_status_descriptors_max),
-            "1..=1048576",
-        )?;
-        Ok(())
-    }
-}
-
-/// Why one connection ended other than by the client's clean goodbye.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectionError {
-    #[error("socket error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("protocol violation: {0}")]
-    Wire(#[from] WireError),
-    #[error("connection closed in the middle of a {0}")]
-    Truncated(&'static str),
-    #[error("option {option} carries {data_bytes} bytes, over the {limit_bytes}-byte limit")]
-    OptionTooBig {
-        option: u32,
-        data_bytes: u32,
-        limit_bytes: u32,
-    },
-    #[error("more than {0} options in one handshake")]
-    TooManyOptions(u32),
-    #[error("NBD_OPT_EXPORT_NAME asked for unknown export {0:?}")]
-    UnknownExport(String),
-    #[error("handshake not finished within {0} ms")]
-    HandshakeTimeout(u64),
-    #[error("handshake closed to make room for a newer connection")]
-    HandshakeEvicted,
-    #[error("every one of the {0} connection slots was taken when the handshake finished")]
-    ConnectionLimit(usize),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
 
 /// Serves one connection (handshake, then transmission) until the client leaves.
 /// Used by the accept loops and by tests that bring their own stream.
@@ -444,15 +259,21 @@ struct Peer {
     description: String,
 }
 
+/// A connection just accepted, with who it comes from.
+struct Accepted<S> {
+    stream: S,
+    peer: Peer,
+}
+
 /// A listener the accept loop can take connections from.
 trait Accept {
     type Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)>;
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>>;
 }
 
 impl Accept for TcpListener {
     type Stream = tokio::net::TcpStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, address) = self.accept().await?;
         // Replies are small and latency matters more than packet count.
         stream.set_nodelay(true)?;
@@ -460,13 +281,13 @@ impl Accept for TcpListener {
             key: PeerKey::Address(address.ip().to_canonical()),
             description: address.to_string(),
         };
-        Ok((stream, peer))
+        Ok(Accepted { stream, peer })
     }
 }
 
 impl Accept for UnixListener {
     type Stream = tokio::net::UnixStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, _address) = self.accept().await?;
         let key = match stream.peer_cred() {
             Ok(credentials) => PeerKey::Uid(credentials.uid()),
@@ -476,7 +297,10 @@ impl Accept for UnixListener {
             }
         };
         let description = key.to_string();
-        Ok((stream, Peer { key, description }))
+        Ok(Accepted {
+            stream,
+            peer: Peer { key, description },
+        })
     }
 }
 
@@ -597,7 +421,7 @@ impl NbdServer {
                 Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             };
             match accepted {
-                Ok((stream, peer)) => {
+                Ok(Accepted { stream, peer }) => {
                     self.start_connection(&mut connections, stream, peer, &shutdown)
                 }
                 Err(error) => {

@@ -15,9 +15,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Export, ExportError, Extent};
-use crate::handshake::Negotiated;
-use crate::server::{ConnectionError, ServerConfig};
-use crate::wire::{self, Command, RequestHeader, TransmissionContext};
+use crate::config::ServerConfig;
+use crate::error::ConnectionError;
+use crate::negotiated::Negotiated;
+use crate::wire::{self, BlockStatusDescriptor, Command, RequestHeader, TransmissionContext};
 
 /// Socket read buffer: enough for many small request headers per system call.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -25,7 +26,7 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Holes shorter than this are sent as data: a hole chunk costs 32 bytes and a
 /// split in the client's reassembly, not worth it for a few sectors.
-const HOLE_CHUNK_BYTES_MIN: u64 = 4096;
+const HOLE_CHUNK_BYTES_MIN: u32 = 4096;
 /// Size of the scratch buffer used to discard the payload of a refused write.
 const DISCARD_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -83,25 +84,21 @@ where
     let broken = CancellationToken::new();
     let writer = tokio::spawn(write_replies(write_half, receiver, broken.clone()));
 
-    let requests = Arc::new(Semaphore::new(config.in_flight_requests_max));
-    let bytes = Arc::new(Semaphore::new(config.in_flight_bytes_max as usize));
-    let export = negotiated.export;
-    let context = negotiated.context;
-    let result = read_requests(
-        &mut reader,
-        &export,
-        &context,
+    let requests = RequestReader {
+        export: negotiated.export,
+        context: negotiated.context,
         config,
-        &sender,
-        &requests,
-        &bytes,
-        &shutdown,
-        &broken,
-    )
-    .await;
+        sender,
+        requests_in_flight: Arc::new(Semaphore::new(config.in_flight_requests_max)),
+        bytes_in_flight: Arc::new(Semaphore::new(
+            usize::try_from(config.in_flight_bytes_max)
+                .expect("ServerConfig::validate keeps in_flight_bytes_max within a usize"),
+        )),
+    };
+    let result = requests.read_all(&mut reader, &shutdown, &broken).await;
     // Every request task holds a sender; the writer ends once the last reply of
     // the last in-flight request has been written.
-    drop(sender);
+    drop(requests);
     let write_result = writer.await.unwrap_or_else(|join_error| {
         Err(std::io::Error::other(format!(
             "reply writer failed: {join_error}"
@@ -111,69 +108,105 @@ where
     write_result.map_err(ConnectionError::from)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn read_requests<R>(
-    reader: &mut BufReader<R>,
-    export: &Arc<dyn Export>,
-    context: &TransmissionContext,
-    config: &ServerConfig,
-    sender: &mpsc::Sender<Outgoing>,
-    requests: &Arc<Semaphore>,
-    bytes: &Arc<Semaphore>,
-    shutdown: &CancellationToken,
-    broken: &CancellationToken,
-) -> Result<(), ConnectionError>
-where
-    R: AsyncRead + Unpin,
-{
-    loop {
-        // Waiting for the first byte of a request is the one place where a
-        // shutdown may interrupt without losing part of a request.
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => {
-                tracing::debug!("shutting down: no more requests read");
+/// Whether the reader goes on to the next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NextStep {
+    ReadNext,
+    Stop,
+}
+
+/// The reader's side of one connection: what every request runs against, the
+/// channel to the writer, and the budgets that bound the requests in flight.
+struct RequestReader<'a> {
+    export: Arc<dyn Export>,
+    context: TransmissionContext,
+    config: &'a ServerConfig,
+    sender: mpsc::Sender<Outgoing>,
+    /// `in_flight_requests_max` permits, one per request.
+    requests_in_flight: Arc<Semaphore>,
+    /// `in_flight_bytes_max` permits, one per byte of read or write buffer.
+    bytes_in_flight: Arc<Semaphore>,
+}
+
+impl RequestReader<'_> {
+    /// Reads requests in order and starts each one, until the client leaves,
+    /// sends bad input, the writer breaks or `shutdown` is cancelled.
+    async fn read_all<R>(
+        &self,
+        reader: &mut BufReader<R>,
+        shutdown: &CancellationToken,
+        broken: &CancellationToken,
+    ) -> Result<(), ConnectionError>
+    where
+        R: AsyncRead + Unpin,
+    {
+        loop {
+            if wait_for_request(reader, shutdown, broken).await? == NextStep::Stop {
                 return Ok(());
             }
-            _ = broken.cancelled() => return Ok(()),
-            filled = reader.fill_buf() => {
-                if filled?.is_empty() {
-                    tracing::debug!("client closed the connection");
-                    return Ok(());
+            let mut header_bytes = [0u8; wire::REQUEST_HEADER_BYTES];
+            read_exact_or_truncated(reader, &mut header_bytes, "request header").await?;
+            let header = wire::parse_request_header(&header_bytes)?;
+            let command = match wire::validate_request(&header, &self.context) {
+                Ok(command) => command,
+                Err(rejection) => {
+                    if self.refuse(reader, &header, &rejection).await? == NextStep::Stop {
+                        return Ok(());
+                    }
+                    continue;
                 }
+            };
+            if command == Command::Disconnect {
+                tracing::debug!("client sent NBD_CMD_DISC");
+                return Ok(());
             }
+            let permits = self.acquire_permits(command).await;
+            let payload = if let Command::Write { length, .. } = command {
+                let mut payload = vec![0u8; buffer_len(length)];
+                read_exact_or_truncated(reader, &mut payload, "write payload").await?;
+                payload
+            } else {
+                Vec::new()
+            };
+            self.start(header, command, payload, permits);
         }
-        let mut header_bytes = [0u8; wire::REQUEST_HEADER_BYTES];
-        read_exact_or_truncated(reader, &mut header_bytes, "request header").await?;
-        let header = wire::parse_request_header(&header_bytes)?;
-        let command = match wire::validate_request(&header, context) {
-            Ok(command) => command,
-            Err(rejection) => {
-                tracing::debug!(
-                    command = header.command,
-                    offset = header.offset,
-                    length = header.length,
-                    errno = rejection.errno,
-                    message = %rejection.message,
-                    "request refused"
-                );
-                if header.command == wire::CMD_WRITE {
-                    // The payload follows whatever we think of the request.
-                    discard(reader, u64::from(header.length)).await?;
-                }
-                let reply = error_reply(context, &header, rejection.errno, &rejection.message);
-                if sender.send(Outgoing::bytes(reply)).await.is_err() {
-                    return Ok(());
-                }
-                continue;
-            }
-        };
-        if command == Command::Disconnect {
-            tracing::debug!("client sent NBD_CMD_DISC");
-            return Ok(());
+    }
+
+    /// Answers a request that failed validation. The payload of a refused
+    /// write is read and dropped, so the connection stays usable.
+    async fn refuse<R>(
+        &self,
+        reader: &mut BufReader<R>,
+        header: &RequestHeader,
+        rejection: &wire::Rejection,
+    ) -> Result<NextStep, ConnectionError>
+    where
+        R: AsyncRead + Unpin,
+    {
+        tracing::debug!(
+            command = header.command,
+            offset = header.offset,
+            length = header.length,
+            errno = rejection.errno,
+            message = %rejection.message,
+            "request refused"
+        );
+        if header.command == wire::CMD_WRITE {
+            // The payload follows whatever we think of the request.
+            discard(reader, header.length).await?;
         }
-        let request_permit = requests
-            .clone()
+        let reply = error_reply(&self.context, header, rejection.errno, &rejection.message);
+        if self.sender.send(Outgoing::bytes(reply)).await.is_err() {
+            return Ok(NextStep::Stop);
+        }
+        Ok(NextStep::ReadNext)
+    }
+
+    /// Waits for room for one more request and for its buffer. One request
+    /// alone may always proceed, even if it is larger than the per-connection
+    /// byte budget.
+    async fn acquire_permits(&self, command: Command) -> Vec<OwnedSemaphorePermit> {
+        let request_permit = Arc::clone(&self.requests_in_flight)
             .acquire_owned()
             .await
             .expect("the request semaphore is never closed");
@@ -183,28 +216,30 @@ where
             _ => 0,
         };
         if buffer_bytes > 0 {
-            // One request alone may always proceed, even if it is larger than the
-            // per-connection budget.
-            let wanted = buffer_bytes.min(config.in_flight_bytes_max);
+            let wanted = buffer_bytes.min(self.config.in_flight_bytes_max);
             permits.push(
-                bytes
-                    .clone()
+                Arc::clone(&self.bytes_in_flight)
                     .acquire_many_owned(wanted)
                     .await
                     .expect("the byte semaphore is never closed"),
             );
         }
-        let payload = if let Command::Write { length, .. } = command {
-            let mut payload = vec![0u8; length as usize];
-            read_exact_or_truncated(reader, &mut payload, "write payload").await?;
-            payload
-        } else {
-            Vec::new()
-        };
-        let export = Arc::clone(export);
-        let context = *context;
-        let sender = sender.clone();
-        let block_status_descriptors_max = config.block_status_descriptors_max;
+        permits
+    }
+
+    /// Runs one request as its own task; its reply goes to the writer with the
+    /// permits, which are released once the reply is written.
+    fn start(
+        &self,
+        header: RequestHeader,
+        command: Command,
+        payload: Vec<u8>,
+        permits: Vec<OwnedSemaphorePermit>,
+    ) {
+        let export = Arc::clone(&self.export);
+        let context = self.context;
+        let sender = self.sender.clone();
+        let block_status_descriptors_max = self.config.block_status_descriptors_max;
         tokio::spawn(async move {
             let execution = execute(
                 export.as_ref(),
@@ -228,6 +263,39 @@ where
     }
 }
 
+/// Waits for the first byte of the next request. This is the one place where a
+/// shutdown may interrupt without losing part of a request.
+async fn wait_for_request<R>(
+    reader: &mut BufReader<R>,
+    shutdown: &CancellationToken,
+    broken: &CancellationToken,
+) -> Result<NextStep, ConnectionError>
+where
+    R: AsyncRead + Unpin,
+{
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => {
+            tracing::debug!("shutting down: no more requests read");
+            Ok(NextStep::Stop)
+        }
+        _ = broken.cancelled() => Ok(NextStep::Stop),
+        filled = reader.fill_buf() => {
+            if filled?.is_empty() {
+                tracing::debug!("client closed the connection");
+                return Ok(NextStep::Stop);
+            }
+            Ok(NextStep::ReadNext)
+        }
+    }
+}
+
+/// The size of a buffer for a request of `length` bytes. Every supported
+/// target has a usize of at least 32 bits.
+fn buffer_len(length: u32) -> usize {
+    usize::try_from(length).expect("a usize holds any u32 on supported targets")
+}
+
 async fn read_exact_or_truncated<R>(
     reader: &mut R,
     buffer: &mut [u8],
@@ -245,16 +313,17 @@ where
     }
 }
 
-/// Reads and drops `length` bytes without holding them all in memory.
-async fn discard<R>(reader: &mut R, mut length: u64) -> Result<(), ConnectionError>
+/// Reads and drops `length_bytes` bytes without holding them all in memory.
+async fn discard<R>(reader: &mut R, length_bytes: u32) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin,
 {
-    let mut scratch = vec![0u8; DISCARD_BUFFER_BYTES.min(length as usize)];
-    while length > 0 {
-        let step = (length as usize).min(scratch.len());
+    let mut remaining = buffer_len(length_bytes);
+    let mut scratch = vec![0u8; DISCARD_BUFFER_BYTES.min(remaining)];
+    while remaining > 0 {
+        let step = remaining.min(scratch.len());
         read_exact_or_truncated(reader, &mut scratch[..step], "write payload").await?;
-        length -= step as u64;
+        remaining -= step;
     }
     Ok(())
 }
@@ -334,22 +403,36 @@ async fn execute(
             length,
             only_one,
         } => {
-            return block_status(
-                export,
-                context,
-                header,
+            let request = BlockStatusRequest {
                 offset,
                 length,
                 only_one,
-                block_status_descriptors_max,
-            )
-            .await;
+                descriptors_max: block_status_descriptors_max,
+            };
+            return block_status(export, context, header, request).await;
         }
+        Command::Disconnect => unreachable!("disconnect is handled by the reader"),
+        update => run_update(export, update, &payload).await,
+    };
+    match result {
+        Ok(()) => success_reply(header),
+        Err(error) => backend_error(context, header, &error),
+    }
+}
+
+/// Runs a command whose success reply carries no data: WRITE, FLUSH, TRIM,
+/// CACHE and WRITE_ZEROES. Zero-length ranges succeed without the backend.
+async fn run_update(
+    export: &dyn Export,
+    command: Command,
+    payload: &[u8],
+) -> Result<(), ExportError> {
+    match command {
         Command::Write { offset, fua, .. } => {
             if payload.is_empty() {
                 Ok(())
             } else {
-                export.write(offset, &payload, fua).await
+                export.write(offset, payload, fua).await
             }
         }
         Command::Flush => export.flush().await,
@@ -386,11 +469,9 @@ async fn execute(
                     .await
             }
         }
-        Command::Disconnect => unreachable!("disconnect is handled by the reader"),
-    };
-    match result {
-        Ok(()) => success_reply(header),
-        Err(error) => backend_error(context, header, &error),
+        Command::Read { .. } | Command::BlockStatus { .. } | Command::Disconnect => {
+            unreachable!("commands with reply data are run by execute")
+        }
     }
 }
 
@@ -408,31 +489,47 @@ fn backend_error(
     ))
 }
 
-/// Splits `[0, length)` into runs that read as zeros (`true`) or hold data,
-/// from the backend's extents; whatever the extents do not cover is data.
-fn zero_runs(extents: &[Extent], length: u64) -> Vec<(Range<u64>, bool)> {
-    let mut runs: Vec<(Range<u64>, bool)> = Vec::new();
-    let mut position = 0u64;
+/// A stretch of a structured read reply, in bytes from the start of the
+/// request: sent as a hole chunk when `zero`, as a data chunk otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Run {
+    range: Range<u32>,
+    zero: bool,
+}
+
+/// Splits `[0, length)` into runs that read as zeros or hold data, from the
+/// backend's extents; whatever the extents do not cover is data.
+fn zero_runs(extents: &[Extent], length: u32) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut position = 0u32;
     for extent in extents {
         if position >= length {
             break;
         }
-        let end = position.saturating_add(extent.length).min(length);
+        // An extent longer than any request is clipped below anyway.
+        let extent_bytes = u32::try_from(extent.length).unwrap_or(u32::MAX);
+        let end = position.saturating_add(extent_bytes).min(length);
         if end == position {
             continue;
         }
         // Holes read as zeros by the backend's contract.
         let zero = (extent.hole || extent.zero) && end - position >= HOLE_CHUNK_BYTES_MIN;
         match runs.last_mut() {
-            Some((range, last_zero)) if *last_zero == zero => range.end = end,
-            _ => runs.push((position..end, zero)),
+            Some(last) if last.zero == zero => last.range.end = end,
+            _ => runs.push(Run {
+                range: position..end,
+                zero,
+            }),
         }
         position = end;
     }
     if position < length {
         match runs.last_mut() {
-            Some((range, false)) => range.end = length,
-            _ => runs.push((position..length, false)),
+            Some(last) if !last.zero => last.range.end = length,
+            _ => runs.push(Run {
+                range: position..length,
+                zero: false,
+            }),
         }
     }
     runs
@@ -446,59 +543,93 @@ async fn read(
     length: u32,
     dont_fragment: bool,
 ) -> Outgoing {
-    let cookie = header.cookie;
     if !context.structured_replies {
-        let mut data = vec![0u8; length as usize];
-        if length > 0
-            && let Err(error) = export.read(offset, &mut data).await
-        {
-            return backend_error(context, header, &error);
-        }
-        return Outgoing {
-            pieces: vec![
-                Piece::Bytes(wire::encode_simple_reply(0, cookie).to_vec()),
-                Piece::Data(0..data.len()),
-            ],
-            data,
-            _permits: Vec::new(),
-        };
+        return read_simple(export, context, header, offset, length).await;
     }
     if length == 0 {
         return Outgoing::bytes(
-            wire::encode_chunk_header(wire::REPLY_FLAG_DONE, wire::REPLY_TYPE_NONE, cookie, 0)
-                .to_vec(),
+            wire::encode_chunk_header(
+                wire::REPLY_FLAG_DONE,
+                wire::REPLY_TYPE_NONE,
+                header.cookie,
+                0,
+            )
+            .to_vec(),
         );
     }
-    let length_bytes = u64::from(length);
     let runs = if dont_fragment {
-        vec![(0..length_bytes, false)]
+        vec![Run {
+            range: 0..length,
+            zero: false,
+        }]
     } else {
-        match export.extents(offset, length_bytes).await {
-            Ok(extents) => zero_runs(&extents, length_bytes),
-            // Allocation status is an optimisation; without it everything is data.
-            Err(error) => {
-                tracing::debug!(%error, "extents failed; sending the read as data");
-                vec![(0..length_bytes, false)]
-            }
-        }
+        read_runs(export, offset, length).await
     };
     let mut data = Vec::new();
-    if runs.iter().any(|(_, zero)| !zero) {
-        data = vec![0u8; length as usize];
+    if runs.iter().any(|run| !run.zero) {
+        data = vec![0u8; buffer_len(length)];
         if let Err(error) = export.read(offset, &mut data).await {
             return backend_error(context, header, &error);
         }
     }
-    // All data is in hand, so no error can follow: the last chunk is final.
+    Outgoing {
+        pieces: read_chunks(header.cookie, offset, runs),
+        data,
+        _permits: Vec::new(),
+    }
+}
+
+/// A read answered with a simple reply: the header, then all the data.
+async fn read_simple(
+    export: &dyn Export,
+    context: &TransmissionContext,
+    header: &RequestHeader,
+    offset: u64,
+    length: u32,
+) -> Outgoing {
+    let mut data = vec![0u8; buffer_len(length)];
+    if length > 0
+        && let Err(error) = export.read(offset, &mut data).await
+    {
+        return backend_error(context, header, &error);
+    }
+    Outgoing {
+        pieces: vec![
+            Piece::Bytes(wire::encode_simple_reply(0, header.cookie).to_vec()),
+            Piece::Data(0..data.len()),
+        ],
+        data,
+        _permits: Vec::new(),
+    }
+}
+
+/// The runs of a fragmentable read, from the backend's allocation status.
+async fn read_runs(export: &dyn Export, offset: u64, length: u32) -> Vec<Run> {
+    match export.extents(offset, u64::from(length)).await {
+        Ok(extents) => zero_runs(&extents, length),
+        // Allocation status is an optimisation; without it everything is data.
+        Err(error) => {
+            tracing::debug!(%error, "extents failed; sending the read as data");
+            vec![Run {
+                range: 0..length,
+                zero: false,
+            }]
+        }
+    }
+}
+
+/// The chunks of a structured read reply, one per run. All data is in hand
+/// when they are built, so no error can follow: the last chunk is final.
+fn read_chunks(cookie: u64, offset: u64, runs: Vec<Run>) -> Vec<Piece> {
     let last = runs.len() - 1;
     let mut pieces = Vec::with_capacity(runs.len() * 2);
-    for (index, (range, zero)) in runs.into_iter().enumerate() {
+    for (index, run) in runs.into_iter().enumerate() {
         let done = index == last;
-        let run_bytes =
-            u32::try_from(range.end - range.start).expect("runs lie within one request");
-        if zero {
+        let run_bytes = run.range.end - run.range.start;
+        let run_offset = offset + u64::from(run.range.start);
+        if run.zero {
             pieces.push(Piece::Bytes(
-                wire::encode_hole_chunk(cookie, done, offset + range.start, run_bytes).to_vec(),
+                wire::encode_hole_chunk(cookie, done, run_offset, run_bytes).to_vec(),
             ));
         } else {
             let mut chunk = Vec::with_capacity(28);
@@ -508,16 +639,14 @@ async fn read(
                 cookie,
                 8 + run_bytes,
             ));
-            chunk.extend_from_slice(&(offset + range.start).to_be_bytes());
+            chunk.extend_from_slice(&run_offset.to_be_bytes());
             pieces.push(Piece::Bytes(chunk));
-            pieces.push(Piece::Data(range.start as usize..range.end as usize));
+            pieces.push(Piece::Data(
+                buffer_len(run.range.start)..buffer_len(run.range.end),
+            ));
         }
     }
-    Outgoing {
-        pieces,
-        data,
-        _permits: Vec::new(),
-    }
+    pieces
 }
 
 /// Turns backend extents into `base:allocation` descriptors: merged when the
@@ -528,55 +657,74 @@ pub fn block_status_descriptors(
     length: u32,
     only_one: bool,
     descriptors_max: u32,
-) -> Vec<(u32, u32)> {
+) -> Vec<BlockStatusDescriptor> {
     let limit = if only_one {
         1
     } else {
-        descriptors_max.max(1) as usize
+        buffer_len(descriptors_max.max(1))
     };
-    let mut descriptors: Vec<(u32, u32)> = Vec::new();
-    let mut remaining = u64::from(length);
+    let mut descriptors: Vec<BlockStatusDescriptor> = Vec::new();
+    let mut remaining = length;
     for extent in extents {
         if remaining == 0 {
             break;
         }
-        let run = extent.length.min(remaining);
+        let run = u32::try_from(extent.length).map_or(remaining, |bytes| bytes.min(remaining));
         if run == 0 {
             continue;
         }
         let status = if extent.hole { wire::STATE_HOLE } else { 0 }
             | if extent.zero { wire::STATE_ZERO } else { 0 };
-        let run_u32 = run as u32;
         match descriptors.last_mut() {
-            Some((last_length, last_status)) if *last_status == status => *last_length += run_u32,
+            Some(last) if last.status == status => last.length_bytes += run,
             _ => {
                 if descriptors.len() == limit {
                     break;
                 }
-                descriptors.push((run_u32, status));
+                descriptors.push(BlockStatusDescriptor {
+                    length_bytes: run,
+                    status,
+                });
             }
         }
         remaining -= run;
     }
     if descriptors.is_empty() {
         // Status 0 ("allocated, contents unknown") is always a safe answer.
-        descriptors.push((length, 0));
+        descriptors.push(BlockStatusDescriptor {
+            length_bytes: length,
+            status: 0,
+        });
     }
     descriptors
+}
+
+/// A validated `NBD_CMD_BLOCK_STATUS` with the server's descriptor limit.
+#[derive(Debug, Clone, Copy)]
+struct BlockStatusRequest {
+    offset: u64,
+    length: u32,
+    only_one: bool,
+    descriptors_max: u32,
 }
 
 async fn block_status(
     export: &dyn Export,
     context: &TransmissionContext,
     header: &RequestHeader,
-    offset: u64,
-    length: u32,
-    only_one: bool,
-    descriptors_max: u32,
+    request: BlockStatusRequest,
 ) -> Outgoing {
-    match export.extents(offset, u64::from(length)).await {
+    match export
+        .extents(request.offset, u64::from(request.length))
+        .await
+    {
         Ok(extents) => {
-            let descriptors = block_status_descriptors(&extents, length, only_one, descriptors_max);
+            let descriptors = block_status_descriptors(
+                &extents,
+                request.length,
+                request.only_one,
+                request.descriptors_max,
+            );
             Outgoing::bytes(wire::encode_block_status_chunk(
                 header.cookie,
                 wire::BASE_ALLOCATION_CONTEXT_ID,
@@ -599,17 +747,28 @@ mod tests {
         }
     }
 
+    fn run(range: Range<u32>, zero: bool) -> Run {
+        Run { range, zero }
+    }
+
+    fn descriptor(length_bytes: u32, status: u32) -> BlockStatusDescriptor {
+        BlockStatusDescriptor {
+            length_bytes,
+            status,
+        }
+    }
+
     #[test]
     fn zero_runs_merge_and_cover() {
         let runs = zero_runs(
             &[extent(8192, true), extent(4096, false), extent(100, true)],
             20000,
         );
-        assert_eq!(runs, vec![(0..8192, true), (8192..20000, false)]);
+        assert_eq!(runs, vec![run(0..8192, true), run(8192..20000, false)]);
         let runs = zero_runs(&[], 10);
-        assert_eq!(runs, vec![(0..10, false)]);
+        assert_eq!(runs, vec![run(0..10, false)]);
         let runs = zero_runs(&[extent(1 << 40, true)], 65536);
-        assert_eq!(runs, vec![(0..65536, true)]);
+        assert_eq!(runs, vec![run(0..65536, true)]);
     }
 
     #[test]
@@ -622,17 +781,20 @@ mod tests {
         ];
         assert_eq!(
             block_status_descriptors(&extents, 10000, false, 100),
-            vec![(8192, 3), (1808, 0)]
+            vec![descriptor(8192, 3), descriptor(1808, 0)]
         );
         assert_eq!(
             block_status_descriptors(&extents, 10000, true, 100),
-            vec![(8192, 3)]
+            vec![descriptor(8192, 3)]
         );
         assert_eq!(
             block_status_descriptors(&extents, 20000, false, 2),
-            vec![(8192, 3), (4096, 0)]
+            vec![descriptor(8192, 3), descriptor(4096, 0)]
         );
-        assert_eq!(block_status_descriptors(&[], 512, false, 2), vec![(512, 0)]);
+        assert_eq!(
+            block_status_descriptors(&[], 512, false, 2),
+            vec![descriptor(512, 0)]
+        );
     }
 
     #[test]

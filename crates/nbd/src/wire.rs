@@ -447,34 +447,51 @@ fn reject(errno: u32, message: impl Into<String>) -> Rejection {
 
 /// Decides what a request means under the negotiated context, or which error it
 /// earns. Pure, so that it can be fuzzed together with the header parser.
+/// The checks run in order: command and flags, permissions, length, range.
 pub fn validate_request(
     header: &RequestHeader,
     context: &TransmissionContext,
 ) -> Result<Command, Rejection> {
-    let flags = header.flags;
+    // A disconnect is honoured whatever flags it carries.
+    if header.command == CMD_DISC {
+        return Ok(Command::Disconnect);
+    }
+    check_flags(header, context)?;
+    check_permissions(header, context)?;
+    check_length(header, context)?;
+    check_range(header, context)?;
+    Ok(command_of(header))
+}
+
+/// Refuses unknown commands and flags not valid for the command.
+fn check_flags(header: &RequestHeader, context: &TransmissionContext) -> Result<(), Rejection> {
     let allowed = match header.command {
         CMD_READ if context.structured_replies => CMD_FLAG_FUA | CMD_FLAG_DF,
         CMD_READ => CMD_FLAG_FUA,
         CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE => CMD_FLAG_FUA,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
-        // A disconnect is honoured whatever flags it carries.
-        CMD_DISC => return Ok(Command::Disconnect),
         other => return Err(reject(EINVAL, format!("unknown command {other}"))),
     };
-    if flags & !allowed != 0 {
+    if header.flags & !allowed != 0 {
         return Err(reject(
             EINVAL,
             format!(
                 "flags {:#x} are not valid for command {}",
-                flags & !allowed,
+                header.flags & !allowed,
                 header.command
             ),
         ));
     }
-    let fua = flags & CMD_FLAG_FUA != 0;
-    let offset = header.offset;
-    let length = header.length;
+    Ok(())
+}
+
+/// Refuses changes to a read-only export, and block status without a
+/// negotiated context or of zero bytes.
+fn check_permissions(
+    header: &RequestHeader,
+    context: &TransmissionContext,
+) -> Result<(), Rejection> {
     let writes = matches!(header.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     if writes && context.read_only {
         return Err(reject(EPERM, "export is read-only"));
@@ -483,12 +500,19 @@ pub fn validate_request(
         if !context.structured_replies || !context.base_allocation {
             return Err(reject(EINVAL, "no metadata context was negotiated"));
         }
-        if length == 0 {
+        if header.length == 0 {
             return Err(reject(EINVAL, "block status of zero bytes"));
         }
     }
+    Ok(())
+}
+
+/// Refuses a READ or WRITE over `max_request_bytes` (`EOVERFLOW` when the
+/// client asked for one unfragmented reply).
+fn check_length(header: &RequestHeader, context: &TransmissionContext) -> Result<(), Rejection> {
+    let length = header.length;
     if matches!(header.command, CMD_READ | CMD_WRITE) && length > context.max_request_bytes {
-        let errno = if flags & CMD_FLAG_DF != 0 {
+        let errno = if header.flags & CMD_FLAG_DF != 0 {
             EOVERFLOW
         } else {
             EINVAL
@@ -501,24 +525,42 @@ pub fn validate_request(
             ),
         ));
     }
-    if header.command != CMD_FLUSH {
-        let end = offset.checked_add(u64::from(length));
-        if end.is_none_or(|end| end > context.export_size_bytes) {
-            let errno = if matches!(header.command, CMD_WRITE | CMD_WRITE_ZEROES) {
-                ENOSPC
-            } else {
-                EINVAL
-            };
-            return Err(reject(
-                errno,
-                format!(
-                    "{length} bytes at offset {offset} reach past the end of the export ({} bytes)",
-                    context.export_size_bytes
-                ),
-            ));
-        }
+    Ok(())
+}
+
+/// Refuses a range past the end of the export (`ENOSPC` for the commands
+/// that write data).
+fn check_range(header: &RequestHeader, context: &TransmissionContext) -> Result<(), Rejection> {
+    if header.command == CMD_FLUSH {
+        return Ok(());
     }
-    Ok(match header.command {
+    let offset = header.offset;
+    let length = header.length;
+    let end = offset.checked_add(u64::from(length));
+    if end.is_none_or(|end| end > context.export_size_bytes) {
+        let errno = if matches!(header.command, CMD_WRITE | CMD_WRITE_ZEROES) {
+            ENOSPC
+        } else {
+            EINVAL
+        };
+        return Err(reject(
+            errno,
+            format!(
+                "{length} bytes at offset {offset} reach past the end of the export ({} bytes)",
+                context.export_size_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The command a header that passed every check means.
+fn command_of(header: &RequestHeader) -> Command {
+    let flags = header.flags;
+    let fua = flags & CMD_FLAG_FUA != 0;
+    let offset = header.offset;
+    let length = header.length;
+    match header.command {
         CMD_READ => Command::Read {
             offset,
             length,
@@ -549,8 +591,9 @@ pub fn validate_request(
             length,
             only_one: flags & CMD_FLAG_REQ_ONE != 0,
         },
-        _ => unreachable!("command {} was matched above", header.command),
-    })
+        CMD_DISC => Command::Disconnect,
+        _ => unreachable!("check_flags refuses command {}", header.command),
+    }
 }
 
 // ---- encoders -------------------------------------------------------------
@@ -579,7 +622,8 @@ pub fn encode_option_reply(option: u32, reply_type: u32, data: &[u8]) -> Vec<u8>
 /// The data of an `NBD_REP_SERVER` reply.
 pub fn encode_server_entry(name: &str, description: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + name.len() + description.len());
-    out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    let name_bytes = u32::try_from(name.len()).expect("an export name is far shorter than 4 GiB");
+    out.extend_from_slice(&name_bytes.to_be_bytes());
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(description.as_bytes());
     out
@@ -671,8 +715,10 @@ pub fn encode_error_chunk(cookie: u64, errno: u32, message: &str) -> Vec<u8> {
             message_bytes = &message_bytes[..message_bytes.len() - 1];
         }
     }
-    let payload_bytes = 6 + message_bytes.len() as u32;
-    let mut out = Vec::with_capacity(20 + payload_bytes as usize);
+    let message_length =
+        u16::try_from(message_bytes.len()).expect("the message was cut to STRING_BYTES_MAX");
+    let payload_bytes = 6 + u32::from(message_length);
+    let mut out = Vec::with_capacity(20 + 6 + message_bytes.len());
     out.extend_from_slice(&encode_chunk_header(
         REPLY_FLAG_DONE,
         REPLY_TYPE_ERROR,
@@ -680,7 +726,7 @@ pub fn encode_error_chunk(cookie: u64, errno: u32, message: &str) -> Vec<u8> {
         payload_bytes,
     ));
     out.extend_from_slice(&errno.to_be_bytes());
-    out.extend_from_slice(&(message_bytes.len() as u16).to_be_bytes());
+    out.extend_from_slice(&message_length.to_be_bytes());
     out.extend_from_slice(message_bytes);
     out
 }
@@ -704,11 +750,19 @@ pub fn encode_hole_chunk(cookie: u64, done: bool, offset: u64, hole_bytes: u32) 
     out
 }
 
+/// One `base:allocation` descriptor of a block-status reply: a run of
+/// `length_bytes` with the `STATE_*` flags in `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStatusDescriptor {
+    pub length_bytes: u32,
+    pub status: u32,
+}
+
 /// A complete `NBD_REPLY_TYPE_BLOCK_STATUS` chunk (final) for one context.
 pub fn encode_block_status_chunk(
     cookie: u64,
     context_id: u32,
-    descriptors: &[(u32, u32)],
+    descriptors: &[BlockStatusDescriptor],
 ) -> Vec<u8> {
     assert!(!descriptors.is_empty(), "block status needs a descriptor");
     let payload_bytes = 4 + 8 * descriptors.len();
@@ -720,9 +774,9 @@ pub fn encode_block_status_chunk(
         u32::try_from(payload_bytes).expect("descriptor count is bounded"),
     ));
     out.extend_from_slice(&context_id.to_be_bytes());
-    for &(length, status) in descriptors {
-        out.extend_from_slice(&length.to_be_bytes());
-        out.extend_from_slice(&status.to_be_bytes());
+    for descriptor in descriptors {
+        out.extend_from_slice(&descriptor.length_bytes.to_be_bytes());
+        out.extend_from_slice(&descriptor.status.to_be_bytes());
     }
     out
 }
@@ -778,13 +832,8 @@ mod tests {
     }
 
     #[test]
-    fn validation_maps_errors() {
+    fn validation_maps_range_and_length_errors() {
         let context = context();
-        let errno = |header: RequestHeader, context: &TransmissionContext| {
-            validate_request(&header, context)
-                .err()
-                .map(|rejection| rejection.errno)
-        };
         assert_eq!(errno(request(CMD_READ, 0, 0, 4096), &context), None);
         assert_eq!(
             errno(request(CMD_READ, 0, (1 << 20) - 1, 2), &context),
@@ -815,6 +864,18 @@ mod tests {
             Some(EOVERFLOW)
         );
         assert_eq!(errno(request(CMD_TRIM, 0, 0, 1 << 20), &context), None);
+    }
+
+    /// The errno a request earns under `context`, `None` when it is valid.
+    fn errno(header: RequestHeader, context: &TransmissionContext) -> Option<u32> {
+        validate_request(&header, context)
+            .err()
+            .map(|rejection| rejection.errno)
+    }
+
+    #[test]
+    fn validation_maps_command_permission_and_context_errors() {
+        let context = context();
         assert_eq!(errno(request(42, 0, 0, 0), &context), Some(EINVAL));
         assert_eq!(
             errno(request(CMD_WRITE, CMD_FLAG_DF, 0, 1), &context),
@@ -894,7 +955,7 @@ mod tests {
         let mut meta = Vec::new();
         meta.extend_from_slice(&0u32.to_be_bytes());
         meta.extend_from_slice(&1u32.to_be_bytes());
-        meta.extend_from_slice(&(BASE_ALLOCATION.len() as u32).to_be_bytes());
+        meta.extend_from_slice(&u32::try_from(BASE_ALLOCATION.len()).unwrap().to_be_bytes());
         meta.extend_from_slice(BASE_ALLOCATION.as_bytes());
         assert_eq!(
             parse_option(OPT_SET_META_CONTEXT, &meta),

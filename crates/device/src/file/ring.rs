@@ -355,7 +355,7 @@ impl RingThread {
         let entry = opcode::Read::new(
             types::Fixed(WAKE_FILE_INDEX),
             (&raw mut *self.wake_buffer).cast(),
-            std::mem::size_of::<u64>() as u32,
+            u32::try_from(std::mem::size_of::<u64>()).expect("eight bytes fit in a u32"),
         )
         .build()
         .user_data(WAKE_USER_DATA);
@@ -369,18 +369,20 @@ impl RingThread {
         let offset = request.offset + request.done_bytes as u64;
         let remaining_bytes = (request.length() - request.done_bytes).min(TRANSFER_MAX_BYTES);
         let done_bytes = request.done_bytes;
+        let transfer_bytes =
+            u32::try_from(remaining_bytes).expect("TRANSFER_MAX_BYTES fits in a u32");
         let entry = match &mut request.operation {
             Operation::Read { buffer } => opcode::Read::new(
                 types::Fixed(DEVICE_FILE_INDEX),
                 buffer[done_bytes..].as_mut_ptr(),
-                remaining_bytes as u32,
+                transfer_bytes,
             )
             .offset(offset)
             .build(),
             Operation::Write { buffer } => opcode::Write::new(
                 types::Fixed(DEVICE_FILE_INDEX),
                 buffer[done_bytes..].as_ptr(),
-                remaining_bytes as u32,
+                transfer_bytes,
             )
             .offset(offset)
             .build(),
@@ -425,7 +427,8 @@ impl RingThread {
                 }
                 continue;
             }
-            let request = self.in_flight.remove(user_data as usize);
+            let key = usize::try_from(user_data).expect("user data is a slab key this ring set");
+            let request = self.in_flight.remove(key);
             self.complete(request, result);
         }
     }
@@ -442,7 +445,8 @@ impl RingThread {
             let _ = request.reply.send(Err(io::Error::from_raw_os_error(errno)));
             return;
         }
-        let transferred_bytes = result as usize;
+        let transferred_bytes =
+            usize::try_from(result).expect("a non-negative i32 fits in a usize");
         let completed = match request.operation {
             Operation::Flush => Ok(Completed::Flush),
             Operation::Read { .. } | Operation::Write { .. } if transferred_bytes == 0 => {

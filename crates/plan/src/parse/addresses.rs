@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use super::{decode, parse_timestamp};
+use super::common::{decode, parse_timestamp};
 use crate::error::PlanError;
 
 /// One request from an address trace.

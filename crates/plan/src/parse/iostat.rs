@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use super::{ParseOptions, parse_counter, parse_timestamp};
+use super::common::{ParseOptions, parse_counter, parse_timestamp};
 use crate::error::PlanError;
 use crate::trace::{Sample, Trace, TraceFormat};
 

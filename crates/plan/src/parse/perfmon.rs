@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::{ParseOptions, parse_counter, parse_timestamp};
+use super::common::{ParseOptions, parse_counter, parse_timestamp};
 use crate::error::PlanError;
 use crate::trace::{Sample, Trace, TraceFormat};
 

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::{parse_counter, parse_timestamp};
+use super::common::{parse_counter, parse_timestamp};
 use crate::error::PlanError;
 use crate::trace::{Sample, Trace, TraceFormat};
 
