@@ -88,8 +88,37 @@ pub enum Record {
     /// The volume's tier policy changes (format version 3).
     VolumePolicy {
         volume_id: u32,
-        policy: crate::volume::TierPolicy,
+        policy: PolicyRecord,
     },
+}
+
+/// A volume's tier policy as the log and checkpoints encode it: the domain's
+/// `volume::TierPolicy` converts to and from it, so that the format owns its
+/// bytes. Variants are encoded by position (postcard writes the index as a
+/// varint), so their order is the format and must never change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRecord {
+    pub priority: CachePriorityRecord,
+    pub pin: PinRecord,
+}
+
+/// A cache priority as encoded: 0 high, 1 normal, 2 low, 3 none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CachePriorityRecord {
+    High,
+    #[default]
+    Normal,
+    Low,
+    None,
+}
+
+/// A pin as encoded: 0 auto, 1 flash, 2 capacity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PinRecord {
+    #[default]
+    Auto,
+    Flash,
+    Capacity,
 }
 
 impl Record {
@@ -210,6 +239,23 @@ pub fn block_checksum(block: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_record_encodes_as_two_variant_indexes() {
+        let record = Record::VolumePolicy {
+            volume_id: 7,
+            policy: PolicyRecord {
+                priority: CachePriorityRecord::None,
+                pin: PinRecord::Capacity,
+            },
+        };
+        // Tag 11 (the record's position), volume 7, priority 3, pin 2.
+        let bytes = postcard::to_allocvec(&record).unwrap();
+        assert_eq!(bytes, [11, 7, 3, 2]);
+        assert_eq!(postcard::from_bytes::<Record>(&bytes).unwrap(), record);
+        assert!(postcard::from_bytes::<Record>(&[11, 7, 4, 2]).is_err());
+        assert!(postcard::from_bytes::<Record>(&[11, 7, 3, 3]).is_err());
+    }
 
     #[test]
     fn a_full_summary_fits_one_block() {

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::batch::PolicyRecord;
 use super::frame::{self, FrameError};
 use crate::BLOCK_SIZE_BYTES;
 
@@ -156,7 +157,7 @@ pub struct CountersImage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumePolicyImage {
     pub volume_id: u32,
-    pub policy: crate::volume::TierPolicy,
+    pub policy: PolicyRecord,
 }
 
 /// The body as format version 3 wrote it: version 2's fields, then the
@@ -265,7 +266,7 @@ mod tests {
     fn a_version_3_body_decodes_with_zero_counters_and_version_4_keeps_them() {
         let policies = vec![VolumePolicyImage {
             volume_id: 2,
-            policy: crate::volume::TierPolicy::default(),
+            policy: PolicyRecord::default(),
         }];
         // Version 3's body: the same fields without the counters.
         let old = (

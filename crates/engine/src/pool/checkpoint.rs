@@ -234,7 +234,7 @@ impl Pool {
                 .filter(|volume| volume.policy != TierPolicy::default())
                 .map(|volume| VolumePolicyImage {
                     volume_id: volume.volume_id,
-                    policy: volume.policy,
+                    policy: volume.policy.into(),
                 })
                 .collect();
             let volumes = images;

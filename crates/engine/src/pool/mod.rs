@@ -1198,7 +1198,7 @@ impl Pool {
         self.control(|state| {
             Ok(Record::VolumePolicy {
                 volume_id: state.volumes().id_of(name)?,
-                policy,
+                policy: policy.into(),
             })
         })
         .await?;

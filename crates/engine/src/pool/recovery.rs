@@ -23,7 +23,6 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::chain;
-use crate::log::checkpoint::MapImage;
 use crate::log::checkpoint::{Body, Slot};
 use crate::log::frame::FrameError;
 use crate::log::geometry::{
@@ -33,8 +32,7 @@ use crate::log::geometry::{
 use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
 use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
-use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
-use crate::volume::{Origin, Snapshot, Volume, VolumeTable};
+use crate::volume::VolumeTable;
 
 /// Sequence numbers skipped after a recovery, so that new batches and segments
 /// can never share a sequence with a stale, unreachable one left by the crash.
@@ -990,159 +988,6 @@ fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
     }
 }
 
-/// Checks a checksummed checkpoint body for contents no correct lamina writes,
-/// so that recovery reports them instead of tripping an assertion, and rebuilds
-/// its volumes, snapshots and clones with their chunks shared as they were.
-fn volumes_from_body(body: &Body, geometry: &Geometry) -> Result<VolumeTable, String> {
-    if body
-        .heads
-        .iter()
-        .any(|head| u64::from(head.segment_index) >= geometry.segment_count)
-    {
-        return Err("a log head lies outside the segments".to_string());
-    }
-    // Chunks, each from an earlier one.
-    let mut chunks: Vec<Arc<Chunk>> = Vec::with_capacity(body.chunks.len());
-    for (index, image) in body.chunks.iter().enumerate() {
-        let malformed = || format!("map chunk {index} is malformed");
-        let mut chunk = match image.base {
-            None => Chunk::empty(),
-            Some(base) if (base as usize) < index => Chunk::clone(&chunks[base as usize]),
-            Some(_) => return Err(malformed()),
-        };
-        if image.entries.len() != image.physical_blocks.len()
-            || image.entries.len() != image.checksums.len()
-            || image.entries.windows(2).any(|pair| pair[0] >= pair[1])
-            || image
-                .entries
-                .last()
-                .is_some_and(|last| *last as usize >= CHUNK_ENTRY_COUNT)
-        {
-            return Err(malformed());
-        }
-        for ((entry, physical), checksum) in image
-            .entries
-            .iter()
-            .zip(&image.physical_blocks)
-            .zip(&image.checksums)
-        {
-            if *physical != 0 && !geometry.is_data_block(*physical) {
-                return Err(format!(
-                    "map chunk {index} maps a block outside the segments"
-                ));
-            }
-            chunk.physical_blocks[*entry as usize] = *physical;
-            chunk.checksums[*entry as usize] = *checksum;
-        }
-        chunk.mapped_count = chunk
-            .physical_blocks
-            .iter()
-            .filter(|block| **block != 0)
-            .count() as u32;
-        chunks.push(Arc::new(chunk));
-    }
-    let map_from = |image: &MapImage, owner: &str| -> Result<BlockMap, String> {
-        if image.chunk_indexes.len() != image.chunk_references.len()
-            || image
-                .chunk_indexes
-                .windows(2)
-                .any(|pair| pair[0] >= pair[1])
-        {
-            return Err(format!("{owner} has a malformed map"));
-        }
-        let mut map = BlockMap::default();
-        for (chunk_index, reference) in image.chunk_indexes.iter().zip(&image.chunk_references) {
-            let chunk = chunks
-                .get(*reference as usize)
-                .ok_or_else(|| format!("{owner} names a map chunk that does not exist"))?;
-            if *chunk_index > crate::volume::VOLUME_SIZE_BYTES_MAX / BLOCK_SIZE_BYTES {
-                return Err(format!("{owner} maps beyond the largest volume size"));
-            }
-            map.insert_shared_chunk(*chunk_index, chunk.clone());
-        }
-        Ok(map)
-    };
-    let mut table = VolumeTable::new();
-    let mut snapshot_identifiers = HashSet::new();
-    for image in &body.volumes {
-        if table.id_of(&image.name).is_ok() || table.get(image.volume_id).is_some() {
-            return Err(format!("volume {} appears twice", image.name));
-        }
-        if crate::volume::validate_volume_name(&image.name).is_err() {
-            return Err(format!("volume name {:?} is not valid", image.name));
-        }
-        let origin = match image.origin {
-            None => None,
-            // A clone is always younger than the volume it comes from, which
-            // also rules out cycles.
-            Some((origin_volume, origin_snapshot))
-                if origin_volume < image.volume_id
-                    && table
-                        .get(origin_volume)
-                        .is_some_and(|origin| origin.snapshot(origin_snapshot).is_some()) =>
-            {
-                Some(Origin {
-                    volume_id: origin_volume,
-                    snapshot_id: origin_snapshot,
-                })
-            }
-            Some(_) => {
-                return Err(format!(
-                    "volume {} has an origin that does not exist",
-                    image.name
-                ));
-            }
-        };
-        let mut snapshots: Vec<Snapshot> = Vec::with_capacity(image.snapshots.len());
-        for snapshot in &image.snapshots {
-            let owner = format!("snapshot {}@{}", image.name, snapshot.name);
-            if crate::volume::validate_volume_name(&snapshot.name).is_err()
-                || !snapshot_identifiers.insert(snapshot.snapshot_id)
-                || snapshots.iter().any(|earlier| {
-                    earlier.name == snapshot.name || earlier.snapshot_id >= snapshot.snapshot_id
-                })
-            {
-                return Err(format!("{owner} is duplicated, out of order or misnamed"));
-            }
-            snapshots.push(Snapshot {
-                snapshot_id: snapshot.snapshot_id,
-                name: snapshot.name.clone(),
-                size_bytes: snapshot.size_bytes,
-                created_unix_seconds: snapshot.created_unix_seconds,
-                map: map_from(&snapshot.map, &owner)?,
-            });
-        }
-        table.insert(Volume {
-            volume_id: image.volume_id,
-            name: image.name.clone(),
-            size_bytes: image.size_bytes,
-            created_unix_seconds: image.created_unix_seconds,
-            map: map_from(&image.map, &format!("volume {}", image.name))?,
-            origin,
-            snapshots,
-            policy: body
-                .volume_policies
-                .iter()
-                .find(|policy| policy.volume_id == image.volume_id)
-                .map(|policy| policy.policy)
-                .unwrap_or_default(),
-        });
-    }
-    if let Some(stray) = body
-        .volume_policies
-        .iter()
-        .find(|policy| table.get(policy.volume_id).is_none())
-    {
-        return Err(format!(
-            "a tier policy names volume {}, which does not exist",
-            stray.volume_id
-        ));
-    }
-    table.next_volume_id = table.next_volume_id.max(body.next_volume_id);
-    table.next_snapshot_id = table.next_snapshot_id.max(body.next_snapshot_id);
-    Ok(table)
-}
-
 fn slot_segments_valid(slot: &Slot, geometry: &Geometry) -> bool {
     slot.body_segments
         .iter()
@@ -1186,7 +1031,8 @@ async fn read_body(
     {
         return Err("body belongs to another checkpoint".to_string());
     }
-    let volumes = volumes_from_body(&body, geometry)?;
+    let volumes =
+        VolumeTable::from_checkpoint(&body, geometry).map_err(|error| error.to_string())?;
     Ok((body, volumes))
 }
 

@@ -15,6 +15,9 @@
 //! (see docs/decisions/0005-snapshots.md).
 
 pub mod map;
+mod operations;
+mod policy;
+pub mod restore;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,8 +25,8 @@ use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::Record;
-use map::{BlockMap, Mapping, relocate_in};
+use map::BlockMap;
+pub use policy::{CachePriority, Pin, TierPolicy};
 
 /// Longest volume name, in bytes.
 pub const VOLUME_NAME_LENGTH_MAX: usize = 64;
@@ -230,92 +233,6 @@ pub struct Volume {
     pub policy: TierPolicy,
 }
 
-/// How much a volume's data deserves flash in a two-tier pool, relative to
-/// other volumes' (see `tier::heat`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CachePriority {
-    /// Promoted on first access from capacity and kept on flash longest.
-    High,
-    #[default]
-    Normal,
-    /// Promoted only after repeated accesses, demoted first.
-    Low,
-    /// Never promoted; demoted at the first cleaning of its segment.
-    None,
-}
-
-/// Where a volume's blocks are kept regardless of heat.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pin {
-    /// By heat and priority.
-    #[default]
-    Auto,
-    /// Never demoted; promoted on first access.
-    Flash,
-    /// Demoted at the first cleaning, never promoted. New writes still land on
-    /// flash first (the log is written there).
-    Capacity,
-}
-
-/// A volume's tier policy: settable at create time and live.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-pub struct TierPolicy {
-    pub priority: CachePriority,
-    pub pin: Pin,
-}
-
-impl std::str::FromStr for CachePriority {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "high" => Ok(Self::High),
-            "normal" => Ok(Self::Normal),
-            "low" => Ok(Self::Low),
-            "none" => Ok(Self::None),
-            _ => Err(format!(
-                "unknown cache priority {text:?} (expected high, normal, low or none)"
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for Pin {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "auto" => Ok(Self::Auto),
-            "flash" => Ok(Self::Flash),
-            "capacity" => Ok(Self::Capacity),
-            _ => Err(format!(
-                "unknown pin {text:?} (expected auto, flash or capacity)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for CachePriority {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(match self {
-            Self::High => "high",
-            Self::Normal => "normal",
-            Self::Low => "low",
-            Self::None => "none",
-        })
-    }
-}
-
-impl std::fmt::Display for Pin {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(match self {
-            Self::Auto => "auto",
-            Self::Flash => "flash",
-            Self::Capacity => "capacity",
-        })
-    }
-}
-
 impl Volume {
     pub fn block_count(&self) -> u64 {
         self.size_bytes / BLOCK_SIZE_BYTES
@@ -441,10 +358,26 @@ impl VolumeTable {
         self.volumes.values()
     }
 
+    /// Adds a volume with its snapshots. Its identifier and name must be new,
+    /// its snapshots in identifier order, and the snapshot it was cloned from
+    /// must exist: the table's invariants, checked in release builds too.
     pub fn insert(&mut self, volume: Volume) {
         assert!(
             !self.by_name.contains_key(&volume.name),
             "duplicate volume name {}",
+            volume.name
+        );
+        assert!(
+            volume
+                .snapshots
+                .windows(2)
+                .all(|pair| pair[0].snapshot_id < pair[1].snapshot_id),
+            "snapshots of volume {} out of order",
+            volume.name
+        );
+        assert!(
+            self.origin_map(volume.origin).is_some() == volume.origin.is_some(),
+            "volume {} cloned from a snapshot that does not exist",
             volume.name
         );
         self.next_volume_id = self.next_volume_id.max(volume.volume_id + 1);
@@ -717,339 +650,5 @@ impl VolumeTable {
                     .map(move |snapshot| format!("{}@{}", volume.name, snapshot.name))
             })
             .collect()
-    }
-
-    /// Applies one record. A record carrying data needs the physical block its
-    /// data went to. Records for volumes or snapshots that do not exist (possible
-    /// only when replaying after an unflushed deletion was lost with its
-    /// successors) are ignored. `displaced` receives each physical block that no
-    /// map references any more.
-    pub fn apply(
-        &mut self,
-        record: &Record,
-        physical_block: Option<u64>,
-        displaced: &mut dyn FnMut(u64),
-    ) {
-        match record {
-            Record::Data {
-                volume_id,
-                logical_block,
-                checksum,
-            } => {
-                let physical_block = physical_block.expect("data record applied without its block");
-                let Some(volume) = self
-                    .volumes
-                    .get(volume_id)
-                    .filter(|volume| *logical_block < volume.block_count())
-                else {
-                    // The block is written but belongs to nothing: it is garbage at once.
-                    displaced(physical_block);
-                    return;
-                };
-                let old = volume.map.get(*logical_block).map(|old| old.physical_block);
-                let shared = old.is_some_and(|old| {
-                    self.live_parent(volume)
-                        .is_some_and(|parent| parent.holds(*logical_block, old))
-                });
-                let volume = self.volumes.get_mut(volume_id).expect("found above");
-                let mapping = Mapping {
-                    physical_block,
-                    checksum: *checksum,
-                };
-                volume.map.set(*logical_block, mapping);
-                if let Some(old) = old
-                    && !shared
-                {
-                    displaced(old);
-                }
-            }
-            Record::Relocate {
-                volume_id,
-                logical_block,
-                from_physical_block,
-                checksum,
-            } => {
-                let physical_block =
-                    physical_block.expect("relocation record applied without its block");
-                // Take the family's volumes out for the move: cost proportional to
-                // the family, not to every volume of the pool.
-                let mut members: Vec<Volume> = self
-                    .family(*volume_id)
-                    .into_iter()
-                    .filter_map(|member| self.volumes.remove(&member))
-                    .collect();
-                let mapping = Mapping {
-                    physical_block,
-                    checksum: *checksum,
-                };
-                let maps = members.iter_mut().flat_map(Volume::maps_mut);
-                let held = relocate_in(maps, *logical_block, *from_physical_block, mapping);
-                for member in members {
-                    self.volumes.insert(member.volume_id, member);
-                }
-                if held > 0 {
-                    displaced(*from_physical_block);
-                } else {
-                    displaced(physical_block);
-                }
-            }
-            Record::Unmap {
-                volume_id,
-                logical_block,
-                block_count,
-            } => self.unmap_live(*volume_id, *logical_block, *block_count, displaced),
-            Record::VolumeCreate {
-                volume_id,
-                name,
-                size_bytes,
-                created_unix_seconds,
-            } => {
-                if self.volumes.contains_key(volume_id) || self.by_name.contains_key(name) {
-                    return;
-                }
-                self.insert(Volume {
-                    volume_id: *volume_id,
-                    name: name.clone(),
-                    size_bytes: *size_bytes,
-                    created_unix_seconds: *created_unix_seconds,
-                    map: BlockMap::default(),
-                    origin: None,
-                    snapshots: Vec::new(),
-                    policy: TierPolicy::default(),
-                });
-            }
-            Record::VolumeResize {
-                volume_id,
-                size_bytes,
-            } => {
-                let Some(volume) = self.volumes.get(volume_id) else {
-                    return;
-                };
-                let new_block_count = size_bytes / BLOCK_SIZE_BYTES;
-                if new_block_count < volume.block_count() {
-                    self.unmap_live(
-                        *volume_id,
-                        new_block_count,
-                        u64::MAX - new_block_count,
-                        displaced,
-                    );
-                }
-                self.volumes
-                    .get_mut(volume_id)
-                    .expect("found above")
-                    .size_bytes = *size_bytes;
-            }
-            Record::VolumeRename { volume_id, name } => {
-                if self.by_name.contains_key(name) {
-                    return;
-                }
-                if let Some(volume) = self.volumes.get_mut(volume_id) {
-                    self.by_name.remove(&volume.name);
-                    volume.name = name.clone();
-                    self.by_name.insert(name.clone(), *volume_id);
-                }
-            }
-            Record::VolumeDelete { volume_id } => self.delete_volume(*volume_id, displaced),
-            Record::VolumePolicy { volume_id, policy } => {
-                if let Some(volume) = self.volumes.get_mut(volume_id) {
-                    volume.policy = *policy;
-                }
-            }
-            Record::SnapshotCreate {
-                volume_id,
-                snapshot_id,
-                name,
-                created_unix_seconds,
-            } => {
-                let Some(volume) = self.volumes.get_mut(volume_id) else {
-                    return;
-                };
-                let in_order = volume
-                    .snapshots
-                    .last()
-                    .is_none_or(|last| last.snapshot_id < *snapshot_id);
-                if !in_order || volume.snapshot_named(name).is_some() {
-                    tracing::error!(volume_id, snapshot_id, %name, "snapshot record conflicts with an existing snapshot; ignored");
-                    return;
-                }
-                volume.snapshots.push(Snapshot {
-                    snapshot_id: *snapshot_id,
-                    name: name.clone(),
-                    size_bytes: volume.size_bytes,
-                    created_unix_seconds: *created_unix_seconds,
-                    map: volume.map.clone(),
-                });
-                self.next_snapshot_id = self.next_snapshot_id.max(snapshot_id + 1);
-            }
-            Record::SnapshotDelete {
-                volume_id,
-                snapshot_id,
-            } => self.delete_snapshot(*volume_id, *snapshot_id, displaced),
-            Record::SnapshotRollback {
-                volume_id,
-                snapshot_id,
-            } => {
-                let Some(volume) = self.volumes.get(volume_id) else {
-                    return;
-                };
-                let Some(newest) = volume
-                    .snapshots
-                    .last()
-                    .filter(|newest| newest.snapshot_id == *snapshot_id)
-                else {
-                    tracing::error!(
-                        volume_id,
-                        snapshot_id,
-                        "rollback to a snapshot that is not the newest; ignored"
-                    );
-                    return;
-                };
-                volume
-                    .map
-                    .for_each_not_in(&[&newest.map], &mut |_, physical| displaced(physical));
-                let (map, size_bytes) = (newest.map.clone(), newest.size_bytes);
-                let volume = self.volumes.get_mut(volume_id).expect("found above");
-                volume.map = map;
-                volume.size_bytes = size_bytes;
-            }
-            Record::VolumeClone {
-                volume_id,
-                name,
-                origin_volume_id,
-                origin_snapshot_id,
-                created_unix_seconds,
-            } => {
-                if self.volumes.contains_key(volume_id) || self.by_name.contains_key(name) {
-                    return;
-                }
-                let Some(snapshot) = self
-                    .volumes
-                    .get(origin_volume_id)
-                    .and_then(|origin| origin.snapshot(*origin_snapshot_id))
-                else {
-                    return;
-                };
-                let volume = Volume {
-                    volume_id: *volume_id,
-                    name: name.clone(),
-                    size_bytes: snapshot.size_bytes,
-                    created_unix_seconds: *created_unix_seconds,
-                    map: snapshot.map.clone(),
-                    origin: Some(Origin {
-                        volume_id: *origin_volume_id,
-                        snapshot_id: *origin_snapshot_id,
-                    }),
-                    snapshots: Vec::new(),
-                    // A clone starts with its origin volume's policy.
-                    policy: self
-                        .volumes
-                        .get(origin_volume_id)
-                        .map(|origin| origin.policy)
-                        .unwrap_or_default(),
-                };
-                self.insert(volume);
-            }
-        }
-    }
-
-    /// Unmaps a range of a volume's live map; blocks its parent still holds stay.
-    fn unmap_live(
-        &mut self,
-        volume_id: u32,
-        logical_block: u64,
-        block_count: u64,
-        displaced: &mut dyn FnMut(u64),
-    ) {
-        let Some(volume) = self.volumes.get_mut(&volume_id) else {
-            return;
-        };
-        let mut dropped: Vec<(u64, u64)> = Vec::new();
-        volume
-            .map
-            .unmap_range(logical_block, block_count, &mut |logical, physical| {
-                dropped.push((logical, physical))
-            });
-        let volume = &self.volumes[&volume_id];
-        let parent = self.live_parent(volume);
-        for (logical, physical) in dropped {
-            if !parent.is_some_and(|parent| parent.holds(logical, physical)) {
-                displaced(physical);
-            }
-        }
-    }
-
-    fn delete_snapshot(
-        &mut self,
-        volume_id: u32,
-        snapshot_id: u32,
-        displaced: &mut dyn FnMut(u64),
-    ) {
-        let Some(volume) = self.volumes.get(&volume_id) else {
-            return;
-        };
-        let Some(index) = volume.snapshot_index(snapshot_id) else {
-            return;
-        };
-        let origin = Origin {
-            volume_id,
-            snapshot_id,
-        };
-        if self
-            .clones
-            .get(&origin)
-            .is_some_and(|clones| !clones.is_empty())
-        {
-            tracing::error!(
-                volume_id,
-                snapshot_id,
-                "deleting a snapshot that has clones; ignored"
-            );
-            return;
-        }
-        let neighbours = self.snapshot_neighbours(volume, index);
-        volume.snapshots[index]
-            .map
-            .for_each_not_in(&neighbours, &mut |_, physical| displaced(physical));
-        self.volumes
-            .get_mut(&volume_id)
-            .expect("found above")
-            .snapshots
-            .remove(index);
-        self.clones.remove(&origin);
-    }
-
-    /// Deletes a volume and its snapshots, newest map first, so that each map
-    /// removed is at the end of its chain and only its parent can share its blocks.
-    fn delete_volume(&mut self, volume_id: u32, displaced: &mut dyn FnMut(u64)) {
-        let Some(volume) = self.volumes.get(&volume_id) else {
-            return;
-        };
-        if !self.clone_ids_of_volume(volume_id).is_empty() {
-            tracing::error!(
-                volume_id,
-                "deleting a volume whose snapshots have clones; ignored"
-            );
-            return;
-        }
-        let parent = self.live_parent(volume);
-        volume
-            .map
-            .for_each_not_in(parent.as_slice(), &mut |_, physical| displaced(physical));
-        for index in (0..volume.snapshots.len()).rev() {
-            let parent = self.chain_parent(volume, index);
-            volume.snapshots[index]
-                .map
-                .for_each_not_in(parent.as_slice(), &mut |_, physical| displaced(physical));
-        }
-        let volume = self.volumes.remove(&volume_id).expect("found above");
-        self.by_name.remove(&volume.name);
-        if let Some(origin) = volume.origin
-            && let Some(clones) = self.clones.get_mut(&origin)
-        {
-            clones.remove(&volume_id);
-            if clones.is_empty() {
-                self.clones.remove(&origin);
-            }
-        }
     }
 }
