@@ -48,7 +48,7 @@ const CAPACITY_VICTIMS_PER_PASS_MAX: usize = 4;
 pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
 
 /// Segments fuller than this fraction are never worth cleaning.
-const VICTIM_UTILIZATION_MAX: f64 = 0.97;
+pub const VICTIM_UTILIZATION_MAX: f64 = 0.97;
 
 /// Clean-and-checkpoint rounds a blocked writer runs at least before giving up
 /// (a victim is freed by the next round's flush, or up to two checkpoints after
@@ -166,6 +166,19 @@ pub enum VictimPolicy {
     Greedy,
 }
 
+impl VictimPolicy {
+    /// How much a sealed segment is worth cleaning, higher first: `utilization`
+    /// is its live fraction and `age` (at least 1) how long since it was last
+    /// written. Pure, so that models of the cleaner (crates/model) score
+    /// victims as the engine does.
+    pub fn score(self, utilization: f64, age: f64) -> f64 {
+        match self {
+            VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
+            VictimPolicy::Greedy => 1.0 - utilization,
+        }
+    }
+}
+
 /// Sealed segments worth cleaning, best first by `policy`, with `u` the live
 /// fraction and `age` the number of batches appended since the segment was
 /// last written (relocated data is young by this measure; estimating its age
@@ -209,11 +222,7 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
                 .saturating_sub(state.placement.last_written_at_blocks(index as u32))
                 as f64
                 + 1.0;
-            let score = match policy {
-                VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
-                VictimPolicy::Greedy => 1.0 - utilization,
-            };
-            Some((score, index as u32))
+            Some((policy.score(utilization, age), index as u32))
         })
         .collect();
     scored.sort_by(|left, right| right.0.total_cmp(&left.0));
