@@ -21,7 +21,9 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{Zipf, argument, greedy_victim_live_fraction};
+use common::argument;
+use lamina_model::bounds::greedy_write_amplification;
+use lamina_model::zipf::Zipf;
 
 const BLOCK: u64 = 4096;
 
@@ -214,14 +216,6 @@ async fn measure(
     }
 }
 
-/// The greedy cleaner's analytic write amplification for uniform random
-/// overwrites at live fraction `live` (large-segment limit): the victim's live
-/// fraction `x` solves `(x - 1) / ln x = live`, and each cleaned segment yields
-/// `1 - x` of new space for `1` segment written, so WA = 1 / (1 - x).
-fn greedy_bound(live: f64) -> f64 {
-    1.0 / (1.0 - greedy_victim_live_fraction(live))
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let pool_mib: u64 = argument("--pool-mib", "512").parse().expect("--pool-mib");
@@ -251,7 +245,7 @@ async fn main() {
                 "uniform",
                 uniform.write_amplification,
                 uniform.relocated_per_client_block,
-                greedy_bound(live)
+                greedy_write_amplification(live)
             );
         }
         for (name, scatter) in [

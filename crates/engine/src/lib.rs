@@ -33,6 +33,19 @@ pub use volume::{
     validate_volume_name,
 };
 
+/// The engine's pure decision functions, exported so that models of the
+/// engine (the `lamina-model` crate: cleaner and cache simulations) call them
+/// instead of keeping copies: victim scoring and the placement of client writes
+/// and relocations.
+pub mod model_api {
+    pub use crate::pool::cleaner::placement::{
+        CLASS_BOUND_FACTOR, LIFESPAN_SAMPLE_COUNT_MAX, interval_class, interval_level,
+        interval_of_level, lifespan_threshold_blocks, relocated_data_written_at_blocks,
+        rewrite_interval_level,
+    };
+    pub use crate::pool::cleaner::victims::{VICTIM_UTILIZATION_MAX, VictimPolicy};
+}
+
 /// Size in bytes of a logical and of a physical block: the unit of mapping,
 /// checksumming and allocation.
 pub const BLOCK_SIZE_BYTES: u64 = 4096;

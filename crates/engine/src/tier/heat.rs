@@ -11,7 +11,7 @@
 //! a ghost of recently read capacity blocks (as many as the flash holds, 4
 //! bytes each) plays S3-FIFO's ghost queue, so that one sequential scan, which
 //! reads every block once, promotes nothing and cannot push the hot set out.
-//! `tier::policy::HeatPolicy` runs this struct on synthetic traces; the
+//! `lamina_model::cache::HeatPolicy` runs this struct on synthetic traces; the
 //! figures are in the decision note's "Engine policy (log FIFO)". Fresh writes land on flash with the heat of the
 //! block they replace, so rewritten-hot data stays and write-once data (a copied
 //! file share) leaves at the first cleaning.
@@ -64,7 +64,8 @@ fn reads_before_promotion(policy: TierPolicy) -> Option<u8> {
 /// a working set that fits in flash and is longer than the window would then
 /// be promoted slowly or never, and a scan longer than the window makes every
 /// block start over. As long as the flash (S3-FIFO's choice too), such a loop
-/// is all on flash after three passes (`tier::policy`'s tests).
+/// is all on flash after three passes (`lamina_model::cache::HeatPolicy`'s
+/// tests).
 const GHOST_ENTRIES_PERCENT_OF_FLASH: usize = 100;
 
 /// Ghost entries per bucket. A block's entry can only be in the bucket its

@@ -21,7 +21,7 @@
 //! mean lifespan of the client segments the cleaner recently took. First
 //! writes go to `ClientCold`. Time is counted in client blocks written. One
 //! sample per block, which the split used before, put far more long-lived
-//! blocks among short-lived ones (simulated, examples/cleaner_policy_sim.rs;
+//! blocks among short-lived ones (simulated, crates/model/examples/cleaner_policy_sim.rs;
 //! docs/decisions/0011-client-writes-by-rewrite-interval.md).
 //!
 //! In a one-tier pool relocations are split by age as well, again as SepBIT
@@ -53,7 +53,7 @@ pub const LIFESPAN_SAMPLE_COUNT_MAX: usize = 16;
 /// Each client or relocation stream takes intervals or ages up to this many
 /// times longer than the one before it (the first takes those under ℓ).
 /// Simulated on Zipf(0.99) at 85% live with 2,000 segments
-/// (examples/cleaner_policy_sim.rs): 1.14 blocks relocated per client block
+/// (crates/model/examples/cleaner_policy_sim.rs): 1.14 blocks relocated per client block
 /// with relocations by age, against 1.15 with a factor of 4 and 1.25 with two
 /// streams by cleanings survived.
 pub const CLASS_BOUND_FACTOR: u64 = 8;
@@ -73,6 +73,65 @@ pub fn interval_level(blocks: u64) -> u8 {
 pub fn interval_of_level(level: u8) -> u64 {
     assert!(level > 0, "level 0 is an unknown interval");
     (f64::from(level - 1) / INTERVAL_LEVELS_PER_DOUBLING).exp2() as u64
+}
+
+/// The interval level a rewritten block carries: the replaced data's age
+/// (`replaced_data_age_blocks`) samples the interval between the block's
+/// writes and is averaged with the level the replaced block carried
+/// (`previous_level`, 0 if unknown).
+pub fn rewrite_interval_level(previous_level: u8, replaced_data_age_blocks: u64) -> u8 {
+    let sample = interval_level(replaced_data_age_blocks);
+    if previous_level == 0 {
+        sample
+    } else {
+        // The mean of two levels is the geometric mean of the intervals.
+        (u16::from(previous_level) + u16::from(sample)).div_ceil(2) as u8
+    }
+}
+
+/// The class, out of `class_count`, of an interval or age of `blocks`: class
+/// `i` takes those under ℓ · `bound_factor`ⁱ (ℓ being
+/// `lifespan_threshold_blocks`), the last one all longer ones. The engine's
+/// factor is [`CLASS_BOUND_FACTOR`].
+pub fn interval_class(
+    blocks: u64,
+    lifespan_threshold_blocks: u64,
+    bound_factor: u64,
+    class_count: usize,
+) -> usize {
+    assert!(class_count > 0, "at least one class");
+    let mut bound = lifespan_threshold_blocks;
+    for class in 0..class_count - 1 {
+        if blocks < bound {
+            return class;
+        }
+        bound = bound.saturating_mul(bound_factor);
+    }
+    class_count - 1
+}
+
+/// ℓ: the mean of the latest client victims' lifespans, or unbounded before
+/// the cleaner has taken any.
+pub fn lifespan_threshold_blocks(samples_blocks: &std::collections::VecDeque<u64>) -> u64 {
+    if samples_blocks.is_empty() {
+        return u64::MAX;
+    }
+    samples_blocks.iter().sum::<u64>() / samples_blocks.len() as u64
+}
+
+/// When clients wrote a relocation segment's data once one more block, from
+/// a victim whose data dates from `victim_data_written_at_blocks`, joins the
+/// `relocated_block_count` blocks whose mean date is
+/// `data_written_at_blocks`.
+pub fn relocated_data_written_at_blocks(
+    data_written_at_blocks: u64,
+    relocated_block_count: u32,
+    victim_data_written_at_blocks: u64,
+) -> u64 {
+    let count = u128::from(relocated_block_count);
+    let mean = u128::from(data_written_at_blocks);
+    let victim = u128::from(victim_data_written_at_blocks);
+    ((mean * count + victim) / (count + 1)) as u64
 }
 
 /// Where a client write goes, and the interval level its new block carries.
@@ -250,10 +309,11 @@ impl Placement {
             "segment {segment_index} takes relocations but is not a relocation segment"
         );
         let index = segment_index as usize;
-        let count = u128::from(self.segment_relocated_block_counts[index]);
-        let mean = u128::from(self.segment_data_written_at_blocks[index]);
-        let victim = u128::from(self.victim_data_written_at_blocks);
-        self.segment_data_written_at_blocks[index] = ((mean * count + victim) / (count + 1)) as u64;
+        self.segment_data_written_at_blocks[index] = relocated_data_written_at_blocks(
+            self.segment_data_written_at_blocks[index],
+            self.segment_relocated_block_counts[index],
+            self.victim_data_written_at_blocks,
+        );
         self.segment_relocated_block_counts[index] += 1;
     }
 
@@ -275,10 +335,7 @@ impl Placement {
     /// mean of the latest client victims' lifespans, or unbounded before the
     /// cleaner has taken any.
     pub fn lifespan_threshold_blocks(&self) -> u64 {
-        if self.lifespan_samples_blocks.is_empty() {
-            return u64::MAX;
-        }
-        self.lifespan_samples_blocks.iter().sum::<u64>() / self.lifespan_samples_blocks.len() as u64
+        lifespan_threshold_blocks(&self.lifespan_samples_blocks)
     }
 
     /// Where a client write goes that replaces `replaced` (its physical block
@@ -297,16 +354,10 @@ impl Placement {
         };
         // The replaced data's age samples the interval between this block's
         // writes: its segment's date is within a segment's filling of it.
-        let sample = interval_level(
+        let level = rewrite_interval_level(
+            self.interval_level_of(replaced_block),
             now_blocks.saturating_sub(self.data_written_at_blocks(replaced_segment_index)),
         );
-        let previous = self.interval_level_of(replaced_block);
-        let level = if previous == 0 {
-            sample
-        } else {
-            // The mean of two levels is the geometric mean of the intervals.
-            (u16::from(previous) + u16::from(sample)).div_ceil(2) as u8
-        };
         ClientPlacement {
             stream: CLIENT_STREAMS[self.class_of(interval_of_level(level), CLIENT_STREAMS.len())],
             interval_level: level,
@@ -316,14 +367,12 @@ impl Placement {
     /// The class, out of `class_count`, of an interval or age: class `i`
     /// takes those under ℓ · factorⁱ, the last one all longer ones.
     fn class_of(&self, blocks: u64, class_count: usize) -> usize {
-        let mut bound = self.lifespan_threshold_blocks();
-        for class in 0..class_count - 1 {
-            if blocks < bound {
-                return class;
-            }
-            bound = bound.saturating_mul(CLASS_BOUND_FACTOR);
-        }
-        class_count - 1
+        interval_class(
+            blocks,
+            self.lifespan_threshold_blocks(),
+            CLASS_BOUND_FACTOR,
+            class_count,
+        )
     }
 
     fn interval_level_of(&self, physical_block: u64) -> u8 {

@@ -23,6 +23,19 @@ pub enum VictimPolicy {
     Greedy,
 }
 
+impl VictimPolicy {
+    /// How much a sealed segment is worth cleaning, higher first: `utilization`
+    /// is its live fraction and `age` (at least 1) how long since it was last
+    /// written. Pure, so that models of the cleaner (crates/model) score
+    /// victims as the engine does.
+    pub fn score(self, utilization: f64, age: f64) -> f64 {
+        match self {
+            VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
+            VictimPolicy::Greedy => 1.0 - utilization,
+        }
+    }
+}
+
 /// Sealed segments worth cleaning, best first by `policy`, with `u` the live
 /// fraction and `age` the number of batches appended since the segment was
 /// last written (relocated data is young by this measure; estimating its age
@@ -60,11 +73,7 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
             let age = now_blocks.saturating_sub(state.placement().last_written_at_blocks(index))
                 as f64
                 + 1.0;
-            let score = match policy {
-                VictimPolicy::CostBenefit => (1.0 - utilization) * age.sqrt() / (1.0 + utilization),
-                VictimPolicy::Greedy => 1.0 - utilization,
-            };
-            Some((score, index))
+            Some((policy.score(utilization, age), index))
         })
         .collect();
     scored.sort_by(|left, right| right.0.total_cmp(&left.0));

@@ -1,14 +1,14 @@
 //! Measures the flash cache's admission/eviction policies (issue 7): hit ratio
 //! against flash size for LRU, S3-FIFO, W-TinyLFU and the engine's own
-//! placement (`HeatPolicy`: the log FIFO driven by `tier::heat`) on a
-//! Zipf(0.99) trace and on the same trace polluted by one-pass sequential
-//! scans, beside the bound of the most popular keys held statically. Prints a
+//! placement (`lamina_model::cache::HeatPolicy`: the log FIFO driven by the
+//! engine's `tier::heat`) on a Zipf(0.99) trace and on the same trace
+//! polluted by one-pass sequential scans, beside the bound of the most popular keys held statically. Prints a
 //! table (hit ratio of all requests, then of Zipf requests only, per policy;
 //! and the engine policy's flash writes per request), and writes the figures
 //! as JSON and a plot as SVG, for BENCHMARKS.md and
 //! `docs/decisions/0004-cache-admission-policy.md`.
 //!
-//! `cargo run --release -p lamina-engine --example cache_policy -- [--keys N]
+//! `cargo run --release -p lamina-model --example cache_policy -- [--keys N]
 //! [--requests N] [--requests-between-scans N] [--scan-percent P]
 //! [--policies lru,s3-fifo,w-tinylfu,heat] [--json PATH] [--svg PATH]`
 //!
@@ -21,9 +21,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use lamina_engine::tier::policy::{
-    CachePolicy, HeatPolicy, POLICY_NAMES, ScanPollutedZipfKeys, ZipfKeys, policy_by_name,
-};
+use lamina_model::cache::{CachePolicy, HeatPolicy, POLICY_NAMES, policy_by_name};
+use lamina_model::zipf::{ScanPollutedZipfKeys, ZipfKeys};
 use plotters::prelude::*;
 
 /// Cache sizes measured, in percent of the Zipf key count.
@@ -376,7 +375,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let report = serde_json::json!({
         "command": format!(
-            "cargo run --release -p lamina-engine --example cache_policy -- {}",
+            "cargo run --release -p lamina-model --example cache_policy -- {}",
             std::env::args().skip(1).collect::<Vec<_>>().join(" ")
         ),
         "zipf_theta": ZIPF_THETA,
