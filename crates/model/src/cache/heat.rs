@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use lamina_engine::tier::heat::Heat;
 use lamina_engine::{Pin, TierPolicy};
 
-use super::CachePolicy;
+use super::policy::CachePolicy;
 
 /// "No key": a free or dead flash slot of [`HeatPolicy`].
 const NO_KEY: u64 = u64::MAX;

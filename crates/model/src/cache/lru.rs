@@ -1,7 +1,7 @@
 //! Least recently used: the baseline every other policy is measured against.
 
-use super::CachePolicy;
 use super::key_lists::KeyLists;
+use super::policy::CachePolicy;
 
 /// Least recently used: the baseline every other policy is measured against.
 pub struct LruPolicy {

@@ -1,8 +1,8 @@
 //! S3-FIFO (Yang et al., SOSP 2023): a small probationary FIFO, a main FIFO
 //! with lazy reinsertion and a ghost FIFO of recently evicted keys.
 
-use super::CachePolicy;
 use super::key_lists::KeyLists;
+use super::policy::CachePolicy;
 
 /// S3-FIFO's lists.
 const SMALL: usize = 0;

@@ -2,8 +2,8 @@
 //! segmented LRU main cache, admission to which is decided by comparing
 //! approximate access frequencies from a count-min sketch behind a doorkeeper.
 
-use super::CachePolicy;
 use super::key_lists::KeyLists;
+use super::policy::CachePolicy;
 
 /// A count-min sketch of recent access frequencies with 4-bit saturating counters
 /// (kept one per byte for simplicity) behind a doorkeeper, halved every
