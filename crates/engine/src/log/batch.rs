@@ -12,8 +12,13 @@ use crate::BLOCK_SIZE_BYTES;
 /// "LAMINALG" in ASCII, read as a little-endian u64.
 pub const BATCH_MAGIC: u64 = u64::from_le_bytes(*b"LAMINALG");
 
-/// Data blocks per batch at most: a batch is at most 1 + this many blocks.
+/// Data blocks per batch at most: a batch is at most this many blocks plus
+/// [`BATCH_OVERHEAD_BLOCKS`].
 pub const BATCH_DATA_BLOCKS_MAX: usize = 128;
+
+/// Blocks a batch takes besides its data: the summary and its copy (format
+/// version 5).
+pub const BATCH_OVERHEAD_BLOCKS: u32 = 2;
 
 /// Bytes of records a summary block can hold (the frame header takes the rest).
 pub const SUMMARY_RECORD_BYTES_MAX: usize = BLOCK_SIZE_BYTES as usize - FRAME_HEADER_BYTES - 64;

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 
 use crate::BLOCK_SIZE_BYTES;
+use crate::log::batch::BATCH_OVERHEAD_BLOCKS;
 use crate::log::geometry::{Geometry, Tier};
 
 use super::stream::OPEN_BATCH_COUNT;
@@ -584,10 +585,22 @@ impl SpaceAllocator {
         segment.needed_by_replay = false;
     }
 
-    /// A head segment is full or closed: sealed, or dead if nothing in it lives.
-    pub fn close_head_segment(&mut self, segment_index: u32, progress: LogProgress) {
+    /// A head segment is full or closed, `blocks_used` of it written: sealed,
+    /// or dead if nothing in it lives.
+    pub fn close_head_segment(
+        &mut self,
+        segment_index: u32,
+        blocks_used: u32,
+        progress: LogProgress,
+    ) {
         let segment = &mut self.segments[segment_index as usize];
         assert_eq!(segment.state, SegmentState::Open);
+        // Every batch takes its summary and its copy besides its data.
+        assert!(
+            segment.live_blocks + BATCH_OVERHEAD_BLOCKS <= blocks_used.max(BATCH_OVERHEAD_BLOCKS),
+            "segment {segment_index}: {} live blocks in {blocks_used} written",
+            segment.live_blocks
+        );
         if segment.live_blocks == 0 {
             self.mark_dead(segment_index, progress);
         } else {

@@ -330,7 +330,8 @@ impl State {
     fn close_head_segment(&mut self, stream: Stream) {
         if let Some(head) = self.writer.take_head(stream) {
             let progress = self.writer.progress();
-            self.space.close_head_segment(head.segment_index, progress);
+            self.space
+                .close_head_segment(head.segment_index, head.next_block_in_segment, progress);
         }
     }
 

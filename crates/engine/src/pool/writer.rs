@@ -13,13 +13,12 @@ use lamina_device::AlignedBuffer;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record, SUMMARY_RECORD_BYTES_MAX, Summary};
+use crate::log::batch::{
+    BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
+};
 
 use super::space::LogProgress;
 use super::stream::{OPEN_BATCH_COUNT, RELOCATION_STREAMS, STREAM_COUNT, Stream, lane_of};
-
-/// Blocks a batch takes besides its data: the summary and its copy.
-pub const BATCH_OVERHEAD_BLOCKS: u32 = 2;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Head {
