@@ -3,7 +3,8 @@
 //! block (the log writer places it, the space allocator counts it, the
 //! volumes map it, the placement and the heat learn of it), and sealing
 //! batches. Everything here runs under the mutex and never waits on I/O; the
-//! async half of the write path lives in `mod.rs`.
+//! async halves of the read and write paths live in `read.rs` and `write.rs`
+//! (a read borrows the components it needs apart, as [`ReadParts`]).
 //!
 //! The components, each owning its data behind narrow methods:
 //! - [`SpaceAllocator`] (`space.rs`): segments, free lists, reserves, deaths;
@@ -230,13 +231,6 @@ impl State {
             .space
             .checkpoint_became_durable(checkpoint, self.writer.durable_through());
         self.segments_freed(&freed);
-    }
-
-    /// Copies block `physical_block` from memory if it has not reached the device
-    /// yet (open batch or in flight). Returns false when it must be read from disk.
-    pub fn copy_unwritten_block(&self, physical_block: u64, destination: &mut [u8]) -> bool {
-        self.writer
-            .copy_unwritten_block(physical_block, destination)
     }
 }
 
@@ -696,16 +690,28 @@ impl State {
     }
 }
 
-impl State {
-    /// Takes the heat out while a map borrowed from the volumes is walked;
-    /// [`State::restore_heat`] puts it back.
-    pub fn take_heat(&mut self) -> Option<Heat> {
-        self.heat.take()
-    }
+/// The components a read uses at once, borrowed apart so that the heat can
+/// learn of each access while a map borrowed from the volumes is walked.
+pub struct ReadParts<'a> {
+    pub geometry: &'a Geometry,
+    pub volumes: &'a VolumeTable,
+    /// Holds the blocks that have not reached the device yet.
+    pub writer: &'a LogWriter,
+    pub space: &'a SpaceAllocator,
+    /// Heat of flash blocks and the promotion ghost (two-tier pools only).
+    pub heat: Option<&'a mut Heat>,
+}
 
-    pub fn restore_heat(&mut self, heat: Option<Heat>) {
-        assert!(self.heat.is_none(), "heat restored twice");
-        self.heat = heat;
+impl State {
+    /// The components a read uses, borrowed apart (see [`ReadParts`]).
+    pub fn read_parts(&mut self) -> ReadParts<'_> {
+        ReadParts {
+            geometry: &self.geometry,
+            volumes: &self.volumes,
+            writer: &self.writer,
+            space: &self.space,
+            heat: self.heat.as_mut(),
+        }
     }
 }
 

@@ -1,0 +1,725 @@
+//! The read path: reads of any byte range of a volume or a snapshot, served
+//! from memory (blocks not yet written, the memory cache) or from the device,
+//! where every block is checked against its checksum; in a two-tier pool, the
+//! promotion to flash of the capacity blocks that heat says are hot, with the
+//! blocks that follow them on capacity; and the allocation map of a range.
+//!
+//! One read attempt runs in steps, each its own function: plan the read under
+//! the state lock ([`ReadPlan`]: which blocks come from memory, which from the
+//! device, which capacity blocks to promote and which of their neighbours come
+//! along), coalesce the device blocks into runs, read the runs and the
+//! neighbours at once, verify the checksums (a mismatch on a block that moved
+//! meanwhile is a retry, otherwise damage), copy into the buffer, promote.
+
+use std::ops::Range;
+
+use lamina_device::{AlignedBuffer, DeviceError};
+
+use super::inner::Pool;
+use super::space::{Allocation, SpaceAllocator};
+use super::state::{ReadParts, Relocation};
+use super::stream::Stream;
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::batch::block_checksum;
+use crate::log::geometry::Tier;
+use crate::tier::heat::VolumeTierCounters;
+use crate::tier::memory_cache::MemoryCache;
+use crate::volume::map::{BlockMap, Mapping};
+use crate::volume::{TierPolicy, View, ViewRef, VolumeTable};
+
+/// Times a read starts again because a block it was reading moved and its old
+/// place was rewritten meanwhile (each retry reads the block's new home).
+const READ_MOVED_RETRY_COUNT_MAX: usize = 4;
+
+/// Blocks after a promoted capacity block that are promoted with it when they
+/// follow it both in the volume and on capacity (a 64 KiB window in all).
+const PROMOTION_NEIGHBOUR_BLOCKS_MAX: u64 = 15;
+
+/// Free flash segments beyond the clients' reserve that promotions leave to
+/// client writes: a promotion never pushes a writer into reclaiming.
+pub(super) const PROMOTION_HEADROOM_SEGMENT_COUNT: usize = 2;
+
+const BLOCK_BYTES: usize = BLOCK_SIZE_BYTES as usize;
+
+/// One run of [`Pool::extents`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u64,
+    pub allocated: bool,
+}
+
+/// How one read attempt ended.
+enum ReadOutcome {
+    Done,
+    /// A block failed its checksum and the map no longer points there: the
+    /// error to return if retries run out.
+    Moved(EngineError),
+}
+
+/// A block a read takes from the device. Ordered by logical block first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct DeviceBlock {
+    /// Where the block is in the view read.
+    logical_block: u64,
+    /// Where it is on the device.
+    physical_block: u64,
+    /// The checksum its contents must have.
+    checksum: u32,
+}
+
+/// A capacity block a read moves to flash.
+struct Promotion {
+    logical_block: u64,
+    physical_block: u64,
+    /// Its contents, once read and checked; a block without them (its read
+    /// did not happen) is not promoted.
+    contents: Option<Box<[u8]>>,
+}
+
+/// The part of a byte request that falls in one logical block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BlockSpan {
+    /// Where the part starts within the block.
+    pub within_block: usize,
+    /// Where it starts within the request.
+    pub within_request: usize,
+    pub length: usize,
+}
+
+impl BlockSpan {
+    /// For a request of `request_length` bytes at byte `offset`, the part
+    /// that falls in `logical_block`, which the request must touch.
+    pub(super) fn of(offset: u64, request_length: usize, logical_block: u64) -> Self {
+        let block_start = logical_block * BLOCK_SIZE_BYTES;
+        let start = offset.max(block_start);
+        let end = (offset + request_length as u64).min(block_start + BLOCK_SIZE_BYTES);
+        assert!(
+            start < end,
+            "block {logical_block} is outside the request of {request_length} bytes at {offset}"
+        );
+        let span = Self {
+            within_block: (start - block_start) as usize,
+            within_request: (start - offset) as usize,
+            length: (end - start) as usize,
+        };
+        assert!(span.within_block + span.length <= BLOCK_BYTES);
+        assert!(span.within_request + span.length <= request_length);
+        span
+    }
+
+    /// The span's bytes within the block.
+    pub(super) fn block_range(&self) -> Range<usize> {
+        self.within_block..self.within_block + self.length
+    }
+
+    /// The span's bytes within the request.
+    pub(super) fn request_range(&self) -> Range<usize> {
+        self.within_request..self.within_request + self.length
+    }
+}
+
+/// The view, if `length` bytes at `offset` lie inside it.
+pub(super) fn check_range(
+    volumes: &VolumeTable,
+    view: View,
+    offset: u64,
+    length: u64,
+) -> Result<ViewRef<'_>, EngineError> {
+    let found = volumes
+        .view(view)
+        .ok_or_else(|| EngineError::NoSuchVolume(format!("{view:?}")))?;
+    if offset
+        .checked_add(length)
+        .is_none_or(|end| end > found.size_bytes)
+    {
+        return Err(EngineError::OutOfRange {
+            volume: found.full_name(),
+            offset,
+            length,
+            size_bytes: found.size_bytes,
+        });
+    }
+    Ok(found)
+}
+
+/// Whether flash has room for promotions: more free segments than the
+/// clients' reserve plus the headroom promotions leave them.
+fn flash_has_room_for_promotions(space: &SpaceAllocator) -> bool {
+    space.free_flash_segment_count()
+        > space.reserve_for(Allocation::Client) + PROMOTION_HEADROOM_SEGMENT_COUNT
+}
+
+/// What one read attempt does once the state lock is released.
+struct ReadPlan {
+    /// The view's full name (`VOL` or `VOL@SNAP`), for errors.
+    view_name: String,
+    /// Blocks to read from the device, in logical order.
+    from_device: Vec<DeviceBlock>,
+    /// Capacity blocks heat says to promote; those found in memory already
+    /// have their contents.
+    promotions: Vec<Promotion>,
+    /// Capacity blocks after a promoted one, beyond the request, to promote
+    /// with it.
+    neighbours: Vec<DeviceBlock>,
+}
+
+/// The walk of a view's map that plans one read attempt, under the state lock.
+struct ReadPlanner<'a> {
+    parts: ReadParts<'a>,
+    cache: &'a MemoryCache,
+    map: &'a BlockMap,
+    policy: TierPolicy,
+    /// The request's first byte.
+    offset: u64,
+    /// The request's last logical block.
+    last_block: u64,
+    view_block_count: u64,
+    /// Whether promotions will find room (see [`Pool::promote`]), so that
+    /// neighbours are worth reading.
+    promotion_room: bool,
+    /// Where this attempt's blocks were found.
+    counters: VolumeTierCounters,
+    plan: ReadPlan,
+}
+
+impl<'a> ReadPlanner<'a> {
+    /// Plans block `logical_block` of the request: zeros if unmapped, copied
+    /// into `buffer` now if in memory, else read from the device; the heat
+    /// learns of the access and may have it (and its neighbours) promoted.
+    fn plan_block(&mut self, logical_block: u64, buffer: &mut [u8]) {
+        let span = BlockSpan::of(self.offset, buffer.len(), logical_block);
+        let Some(mapping) = self.map.get(logical_block) else {
+            buffer[span.request_range()].fill(0);
+            return;
+        };
+        let tier = self.parts.geometry.tier_of_block(mapping.physical_block);
+        let promote = self.heat_accessed(mapping.physical_block, tier);
+        let mut scratch = [0u8; BLOCK_BYTES];
+        let in_memory = self.copy_from_memory(mapping, &mut scratch);
+        if promote {
+            self.plan.promotions.push(Promotion {
+                logical_block,
+                physical_block: mapping.physical_block,
+                contents: in_memory.then(|| Box::from(&scratch[..])),
+            });
+            if tier == Tier::Capacity && self.promotion_room {
+                self.plan_neighbours(logical_block, mapping.physical_block);
+            }
+        }
+        if in_memory {
+            self.counters.memory_read_blocks += 1;
+            buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
+            return;
+        }
+        match tier {
+            Tier::Flash => self.counters.flash_read_blocks += 1,
+            Tier::Capacity => self.counters.capacity_read_blocks += 1,
+        }
+        self.plan.from_device.push(DeviceBlock {
+            logical_block,
+            physical_block: mapping.physical_block,
+            checksum: mapping.checksum,
+        });
+    }
+
+    /// Tells the heat (two-tier pools) of an access to `physical_block` on
+    /// `tier`; returns whether heat says to promote it.
+    fn heat_accessed(&mut self, physical_block: u64, tier: Tier) -> bool {
+        let geometry = self.parts.geometry;
+        let Some(heat) = self.parts.heat.as_deref_mut() else {
+            return false;
+        };
+        match tier {
+            Tier::Flash => {
+                let index = geometry
+                    .flash_data_index(physical_block)
+                    .expect("a flash block");
+                heat.flash_accessed(index, self.policy);
+                false
+            }
+            Tier::Capacity => heat.admit_from_capacity(physical_block, self.policy),
+        }
+    }
+
+    /// Copies the block `mapping` points to into `scratch` if it is in memory:
+    /// not written yet, or in the memory cache with the contents the map
+    /// expects. Returns false when it must be read from the device.
+    fn copy_from_memory(&self, mapping: Mapping, scratch: &mut [u8]) -> bool {
+        self.parts
+            .writer
+            .copy_unwritten_block(mapping.physical_block, scratch)
+            || (self.cache.get(mapping.physical_block, scratch)
+                && block_checksum(scratch) == mapping.checksum)
+    }
+
+    /// Plans the promotion of the blocks after promoted capacity block
+    /// `physical_block` that were demoted with it: next in the view (beyond
+    /// the request) and next on capacity, or after one batch summary or
+    /// segment boundary (capacity segments are adjacent). On a disk they cost
+    /// only transfer time, and a working set returns to flash in a fraction
+    /// of the reads.
+    fn plan_neighbours(&mut self, logical_block: u64, physical_block: u64) {
+        let mut previous = physical_block;
+        for step in 1..=PROMOTION_NEIGHBOUR_BLOCKS_MAX {
+            let neighbour = logical_block + step;
+            if neighbour <= self.last_block || neighbour >= self.view_block_count {
+                break;
+            }
+            let Some(next) = self.map.get(neighbour) else {
+                break;
+            };
+            let follows = (previous + 1..=previous + 2).contains(&next.physical_block)
+                && self.parts.geometry.tier_of_block(next.physical_block) == Tier::Capacity;
+            if !follows {
+                break;
+            }
+            self.plan.neighbours.push(DeviceBlock {
+                logical_block: neighbour,
+                physical_block: next.physical_block,
+                checksum: next.checksum,
+            });
+            previous = next.physical_block;
+        }
+    }
+}
+
+/// Splits `blocks` into runs of consecutive physical blocks of at most
+/// `run_blocks_max` blocks, each read with one device read.
+fn device_runs(blocks: &[DeviceBlock], run_blocks_max: u64) -> Vec<&[DeviceBlock]> {
+    let mut runs: Vec<&[DeviceBlock]> = Vec::new();
+    let mut start = 0;
+    for index in 1..=blocks.len() {
+        let breaks = index == blocks.len()
+            || blocks[index].physical_block != blocks[index - 1].physical_block + 1
+            || (index - start) as u64 >= run_blocks_max;
+        if breaks {
+            runs.push(&blocks[start..index]);
+            start = index;
+        }
+    }
+    for run in &runs {
+        assert!(
+            run.windows(2)
+                .all(|pair| pair[1].physical_block == pair[0].physical_block + 1),
+            "a device run's blocks are contiguous"
+        );
+    }
+    runs
+}
+
+/// Splits sorted neighbours into spans whose blocks follow each other on the
+/// device with gaps of at most one block (a batch summary), each read with
+/// one device read.
+fn neighbour_spans(neighbours: &[DeviceBlock]) -> Vec<&[DeviceBlock]> {
+    let mut spans: Vec<&[DeviceBlock]> = Vec::new();
+    let mut start = 0;
+    for index in 1..=neighbours.len() {
+        let span_ends = index == neighbours.len()
+            || !(neighbours[index - 1].physical_block + 1
+                ..=neighbours[index - 1].physical_block + 2)
+                .contains(&neighbours[index].physical_block);
+        if span_ends {
+            spans.push(&neighbours[start..index]);
+            start = index;
+        }
+    }
+    spans
+}
+
+/// The blocks of `data`, the contents of `run` read from the device, beside
+/// the blocks of `run`.
+fn run_contents<'a>(
+    run: &'a [DeviceBlock],
+    data: &'a [u8],
+) -> impl Iterator<Item = (&'a DeviceBlock, &'a [u8])> {
+    assert_eq!(
+        data.len(),
+        run.len() * BLOCK_BYTES,
+        "a device read returns the run's blocks"
+    );
+    run.iter().zip(data.chunks_exact(BLOCK_BYTES))
+}
+
+/// Copies the verified blocks of a run into the request's buffer.
+fn copy_run(offset: u64, run: &[DeviceBlock], data: &[u8], buffer: &mut [u8]) {
+    for (block, contents) in run_contents(run, data) {
+        let span = BlockSpan::of(offset, buffer.len(), block.logical_block);
+        buffer[span.request_range()].copy_from_slice(&contents[span.block_range()]);
+    }
+}
+
+/// Gives the promotions of a run's blocks the contents just read and verified.
+fn attach_contents(promotions: &mut [Promotion], run: &[DeviceBlock], data: &[u8]) {
+    for (block, contents) in run_contents(run, data) {
+        if let Some(promotion) = promotions.iter_mut().find(|promotion| {
+            promotion.physical_block == block.physical_block && promotion.contents.is_none()
+        }) {
+            promotion.contents = Some(Box::from(contents));
+        }
+    }
+}
+
+impl Pool {
+    /// Reads `buffer.len()` bytes at byte `offset` of a volume. Unwritten blocks
+    /// read as zeros; every block read from the device is checked against its
+    /// checksum and a mismatch is an error, never data.
+    pub async fn read(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
+        self.read_view(View::Volume(volume_id), offset, buffer)
+            .await
+    }
+
+    /// Reads from a volume or a snapshot (see [`Pool::read`]).
+    pub async fn read_view(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let mut attempt = 0;
+        loop {
+            match self.read_view_once(view, offset, buffer).await? {
+                ReadOutcome::Done => return Ok(()),
+                // A block moved (cleaned, demoted, promoted, overwritten) and
+                // its old segment was rewritten while the read was in flight:
+                // the map has its new home, so read again.
+                ReadOutcome::Moved(mismatch) => {
+                    attempt += 1;
+                    if attempt > READ_MOVED_RETRY_COUNT_MAX {
+                        return Err(mismatch);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`Pool::read_view`].
+    async fn read_view_once(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<ReadOutcome, EngineError> {
+        if buffer.is_empty() {
+            return Ok(ReadOutcome::Done);
+        }
+        let mut plan = self.plan_read(view, offset, buffer)?;
+        let runs = device_runs(&plan.from_device, self.inner.limits.read_run_blocks_max);
+        // Neighbours of promoted blocks are read in the same go, issued right
+        // after the blocks they follow, so that a disk serves them in sequence
+        // instead of after every request queued meanwhile.
+        plan.neighbours.sort_unstable();
+        plan.neighbours.dedup();
+        let (results, neighbour_promotions) = tokio::join!(
+            self.read_runs(&runs),
+            self.read_neighbours(&plan.neighbours)
+        );
+        plan.promotions.extend(neighbour_promotions);
+        for (run, result) in runs.iter().zip(results) {
+            let data = result?;
+            if let ReadOutcome::Moved(mismatch) =
+                self.verify_run(view, &plan.view_name, run, &data)?
+            {
+                return Ok(ReadOutcome::Moved(mismatch));
+            }
+            copy_run(offset, run, &data, buffer);
+            attach_contents(&mut plan.promotions, run, &data);
+        }
+        if !plan.promotions.is_empty() {
+            self.promote(view.volume_id(), plan.promotions);
+        }
+        Ok(ReadOutcome::Done)
+    }
+
+    /// Plans a read under the state lock (see [`ReadPlanner`]): blocks in
+    /// memory and unwritten blocks are copied into `buffer` now; the others
+    /// are left to the plan. Counts where the blocks were found.
+    fn plan_read(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<ReadPlan, EngineError> {
+        let volume_id = view.volume_id();
+        let mut state = self.inner.lock();
+        let parts = state.read_parts();
+        let found = check_range(parts.volumes, view, offset, buffer.len() as u64)?;
+        let two_tier = parts.heat.is_some();
+        let first_block = offset / BLOCK_SIZE_BYTES;
+        let last_block = (offset + buffer.len() as u64 - 1) / BLOCK_SIZE_BYTES;
+        let mut planner = ReadPlanner {
+            cache: &self.inner.cache,
+            map: found.map,
+            policy: parts
+                .volumes
+                .get(volume_id)
+                .map(|volume| volume.policy)
+                .unwrap_or_default(),
+            offset,
+            last_block,
+            view_block_count: found.size_bytes / BLOCK_SIZE_BYTES,
+            promotion_room: flash_has_room_for_promotions(parts.space),
+            counters: VolumeTierCounters::default(),
+            plan: ReadPlan {
+                view_name: found.full_name(),
+                from_device: Vec::new(),
+                promotions: Vec::new(),
+                neighbours: Vec::new(),
+            },
+            parts,
+        };
+        for logical_block in first_block..=last_block {
+            planner.plan_block(logical_block, buffer);
+        }
+        let ReadPlanner { counters, plan, .. } = planner;
+        if two_tier {
+            let total = state.tier_counters_of(volume_id);
+            total.memory_read_blocks += counters.memory_read_blocks;
+            total.flash_read_blocks += counters.flash_read_blocks;
+            total.capacity_read_blocks += counters.capacity_read_blocks;
+        }
+        Ok(plan)
+    }
+
+    /// Reads runs of blocks from the device, all at once.
+    async fn read_runs(&self, runs: &[&[DeviceBlock]]) -> Vec<Result<AlignedBuffer, DeviceError>> {
+        let reads = runs.iter().map(|run| {
+            self.inner.device.read(
+                run[0].physical_block * BLOCK_SIZE_BYTES,
+                run.len() * BLOCK_BYTES,
+            )
+        });
+        futures::future::join_all(reads).await
+    }
+
+    /// Checks the blocks of a run just read against their checksums. A
+    /// mismatch on a block the map no longer points to is a move (the read
+    /// starts again); on one it still points to, damage: an error, counted.
+    fn verify_run(
+        &self,
+        view: View,
+        view_name: &str,
+        run: &[DeviceBlock],
+        data: &[u8],
+    ) -> Result<ReadOutcome, EngineError> {
+        for (block, contents) in run_contents(run, data) {
+            if block_checksum(contents) == block.checksum {
+                continue;
+            }
+            let mismatch = EngineError::ChecksumMismatch {
+                volume: view_name.to_string(),
+                logical_block: block.logical_block,
+                physical_block: block.physical_block,
+            };
+            if self.moved_since_planned(view, block) {
+                return Ok(ReadOutcome::Moved(mismatch));
+            }
+            let DeviceBlock {
+                logical_block,
+                physical_block,
+                ..
+            } = *block;
+            tracing::error!(volume = %view_name, logical_block, physical_block, "checksum mismatch");
+            self.inner.integrity.read_checksum_error();
+            return Err(mismatch);
+        }
+        Ok(ReadOutcome::Done)
+    }
+
+    /// Whether the view's map no longer points `block`'s logical block at its
+    /// physical block with its checksum.
+    fn moved_since_planned(&self, view: View, block: &DeviceBlock) -> bool {
+        let state = self.inner.lock();
+        state
+            .volumes()
+            .view(view)
+            .and_then(|found| found.map.get(block.logical_block))
+            .is_none_or(|now| {
+                now.physical_block != block.physical_block || now.checksum != block.checksum
+            })
+    }
+
+    /// Reads the neighbours of promoted blocks (spans with gaps of at most one
+    /// block, one device read each, all at once) and returns those that pass
+    /// their checksum, as promotions. A failed read or a mismatch only skips
+    /// the block: the client did not ask for it.
+    async fn read_neighbours(&self, neighbours: &[DeviceBlock]) -> Vec<Promotion> {
+        let spans = neighbour_spans(neighbours);
+        let reads = spans.iter().map(|span| {
+            let first = span[0].physical_block;
+            let span_blocks = (span[span.len() - 1].physical_block - first + 1) as usize;
+            self.inner
+                .device
+                .read(first * BLOCK_SIZE_BYTES, span_blocks * BLOCK_BYTES)
+        });
+        let mut promotions = Vec::new();
+        for (span, result) in spans.iter().zip(futures::future::join_all(reads).await) {
+            let Ok(data) = result else { continue };
+            let first = span[0].physical_block;
+            for block in span.iter() {
+                let position = (block.physical_block - first) as usize;
+                assert!(
+                    (position + 1) * BLOCK_BYTES <= data.len(),
+                    "a neighbour lies inside its span's read"
+                );
+                let contents = &data[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES];
+                if block_checksum(contents) == block.checksum {
+                    promotions.push(Promotion {
+                        logical_block: block.logical_block,
+                        physical_block: block.physical_block,
+                        contents: Some(Box::from(contents)),
+                    });
+                }
+            }
+        }
+        promotions
+    }
+
+    /// Moves blocks just read from capacity to flash (the read has checked
+    /// their checksums), unless flash has no room for them now: promotion
+    /// never makes a client wait for space. Each move is a relocation record,
+    /// so a crash keeps either the old or the new home, never neither.
+    fn promote(&self, volume_id: u32, promotions: Vec<Promotion>) {
+        let in_flight_limit = self.inner.limits.in_flight_batches_max;
+        let mut sealed = Vec::new();
+        {
+            let mut state = self.inner.lock();
+            if state.writer().failed().is_some()
+                || state.writer().in_flight_count() >= in_flight_limit
+                || !flash_has_room_for_promotions(state.space())
+            {
+                return;
+            }
+            // The family of the volume that wrote the block: its origin's
+            // root, whose family holds every map that can share it.
+            let root = state.volumes().root_of(volume_id);
+            let family = state.volumes().family(root);
+            for promotion in promotions {
+                let Some(contents) = promotion.contents else {
+                    continue;
+                };
+                let relocation = Relocation {
+                    family: &family,
+                    volume_id: root,
+                    logical_block: promotion.logical_block,
+                    from_physical_block: promotion.physical_block,
+                    data: &contents,
+                    stream: Stream::Client,
+                };
+                match state.append_relocation(relocation, &mut sealed) {
+                    Ok(true) => state.tier_counters_of(volume_id).promoted_blocks += 1,
+                    Ok(false) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        self.spawn_writes(sealed);
+    }
+
+    /// Allocation map of a byte range, as runs of allocated and unallocated bytes.
+    pub fn extents(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
+        self.extents_view(View::Volume(volume_id), offset, length)
+    }
+
+    /// Allocation map of a volume or a snapshot (see [`Pool::extents`]).
+    pub fn extents_view(
+        &self,
+        view: View,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
+        let state = self.inner.lock();
+        let map = check_range(state.volumes(), view, offset, length)?.map;
+        let mut extents: Vec<Extent> = Vec::new();
+        let end = offset + length;
+        let mut position = offset;
+        while position < end {
+            let logical_block = position / BLOCK_SIZE_BYTES;
+            let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
+            let allocated = map.get(logical_block).is_some();
+            match extents.last_mut() {
+                Some(last) if last.allocated == allocated => last.length += next - position,
+                _ => extents.push(Extent {
+                    length: next - position,
+                    allocated,
+                }),
+            }
+            position = next;
+        }
+        Ok(extents)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device_block(logical_block: u64, physical_block: u64) -> DeviceBlock {
+        DeviceBlock {
+            logical_block,
+            physical_block,
+            checksum: 0,
+        }
+    }
+
+    #[test]
+    fn spans_cover_the_request_part_in_each_block() {
+        // 100 bytes from 10 before the end of block 1 to 90 into block 2.
+        let offset = 2 * BLOCK_SIZE_BYTES - 10;
+        let first = BlockSpan::of(offset, 100, 1);
+        assert_eq!(
+            (first.within_block, first.within_request, first.length),
+            (4086, 0, 10)
+        );
+        let second = BlockSpan::of(offset, 100, 2);
+        assert_eq!(
+            (second.within_block, second.within_request, second.length),
+            (0, 10, 90)
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the request")]
+    fn a_span_of_a_block_outside_the_request_is_a_bug() {
+        BlockSpan::of(0, 100, 1);
+    }
+
+    #[test]
+    fn runs_break_at_gaps_and_at_the_run_length() {
+        let blocks: Vec<_> = [10, 11, 12, 20, 21]
+            .iter()
+            .enumerate()
+            .map(|(index, physical)| device_block(index as u64, *physical))
+            .collect();
+        let lengths: Vec<_> = device_runs(&blocks, 2)
+            .iter()
+            .map(|run| run.len())
+            .collect();
+        assert_eq!(lengths, [2, 1, 2]);
+        assert!(device_runs(&[], 2).is_empty());
+    }
+
+    #[test]
+    fn neighbour_spans_bridge_one_block_gaps() {
+        let blocks = [
+            device_block(1, 10),
+            device_block(2, 12),
+            device_block(3, 15),
+        ];
+        let lengths: Vec<_> = neighbour_spans(&blocks)
+            .iter()
+            .map(|span| span.len())
+            .collect();
+        assert_eq!(lengths, [2, 1]);
+    }
+}

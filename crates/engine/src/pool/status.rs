@@ -1,0 +1,319 @@
+//! What the pool reports about itself: [`PoolStatus`] (`pool status`, read
+//! by the daemon and the tests as JSON, so its field names and meanings are
+//! an interface) and [`VolumeTierStats`] (`volume stats`). Each is assembled
+//! from figures computed apart: space, lifetime write counters, tiering.
+
+use serde::Serialize;
+
+use super::cleaner::{self, CleanerState};
+use super::device_full::DeviceFullStatus;
+use super::inner::Pool;
+use super::integrity::IntegrityStatus;
+use super::limits::PoolLimits;
+use super::space::Allocation;
+use super::state::State;
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::EngineError;
+use crate::log::geometry::{Geometry, Tier};
+use crate::tier::heat::VolumeTierCounters;
+use crate::tier::memory_cache::CacheStatistics;
+use crate::volume::TierPolicy;
+use crate::volume::map::BlockMap;
+
+/// What `pool status` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolStatus {
+    pub device: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Used share of the space clients can fill (used plus free, which
+    /// leaves out the reserves), in percent: 100 when writes fail with ENOSPC.
+    pub used_percent: f64,
+    /// The highest of `usage_warning_percents` that `used_percent` has
+    /// reached, 0 for none: the warning in force (also logged when crossed).
+    pub usage_warning_percent: u8,
+    pub segment_size_bytes: u64,
+    pub segment_count: u64,
+    pub free_segment_count: u64,
+    pub volume_count: usize,
+    /// Bytes clients have written over the pool's life. This and the two
+    /// counters below are kept in checkpoints, so a crash loses what was
+    /// written after the newest one from them.
+    pub client_bytes_written: u64,
+    /// Log and checkpoint bytes written to the devices over the pool's life.
+    pub device_bytes_written: u64,
+    /// `device_bytes_written / client_bytes_written`; none before clients write.
+    pub write_amplification: Option<f64>,
+    /// Blocks the cleaner has moved out of victim segments over the pool's life.
+    pub cleaner_relocated_blocks: u64,
+    /// Segments with no live blocks, waiting for checkpoints to be freed.
+    pub dead_segment_count: u64,
+    /// What the paced background cleaner is doing.
+    pub cleaner_state: CleanerState,
+    /// Free-space pressure on the cleaner: 0 with the cleaner's headroom (or
+    /// more) free beyond the reserves, 1 with nothing free beyond them; the
+    /// paced cleaner relocates this times
+    /// `cleaner_relocation_blocks_per_client_block_max` per client block.
+    pub cleaner_pressure: f64,
+    pub durable_batch_sequence: u64,
+    pub checkpoint_sequence: u64,
+    pub failed: Option<String>,
+    /// Set while the device under the pool is out of space and batch writes
+    /// wait for it (see `device_full_retry_interval_ms`).
+    pub device_full: Option<DeviceFullStatus>,
+    /// Batch writes retried after finding the device full, since the pool opened.
+    pub device_full_retries: u64,
+    pub memory_cache: CacheStatistics,
+    /// Space of the flash tier (all of a one-tier pool).
+    pub flash: TierSpace,
+    /// Space of the capacity tier, in a two-tier pool.
+    pub capacity: Option<TierSpace>,
+    /// Blocks moved from capacity to flash on access, and from flash to
+    /// capacity by the cleaner, since the pool opened.
+    pub promoted_blocks: u64,
+    pub demoted_blocks: u64,
+    /// Damage found (checksum errors, repaired summaries, lost batches,
+    /// segments set aside) since the pool opened.
+    pub integrity: IntegrityStatus,
+}
+
+/// One tier's space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TierSpace {
+    pub size_bytes: u64,
+    /// Bytes of segments in use (live data, dead data waiting to be cleaned,
+    /// checkpoints and open log heads).
+    pub used_bytes: u64,
+    /// Bytes of free segments (including the reserves).
+    pub free_bytes: u64,
+}
+
+/// What `volume stats` shows: where a volume's blocks live and where its
+/// reads were served from since the pool opened.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VolumeTierStats {
+    pub volume: String,
+    pub policy: TierPolicy,
+    /// Bytes of the volume's live contents on each tier.
+    pub flash_bytes: u64,
+    pub capacity_bytes: u64,
+    pub counters: VolumeTierCounters,
+    /// Shares of block reads served from memory, flash and capacity (0 when
+    /// nothing was read; unwritten blocks are not counted).
+    pub memory_hit_ratio: f64,
+    pub flash_hit_ratio: f64,
+    pub capacity_read_ratio: f64,
+}
+
+/// The pool's space in segments, as `pool status` shows it.
+struct SpaceFigures {
+    used_segment_count: u64,
+    /// Free segments of both tiers, the reserves included.
+    free_segment_count: u64,
+    /// The clients' reserve: free segments only the cleaner and records use.
+    reserved_segment_count: u64,
+    /// See [`PoolStatus::used_percent`].
+    used_percent: f64,
+    dead_segment_count: u64,
+}
+
+impl SpaceFigures {
+    fn of(state: &State) -> Self {
+        let space = state.space();
+        let free_segment_count =
+            (space.free_flash_segment_count() + space.free_capacity_segment_count()) as u64;
+        let reserved_segment_count = space.reserve_for(Allocation::Client) as u64;
+        let used_segment_count = space.used_segment_count() as u64;
+        let fillable_segment_count =
+            used_segment_count + free_segment_count.saturating_sub(reserved_segment_count);
+        let used_percent = if fillable_segment_count == 0 {
+            0.0
+        } else {
+            100.0 * used_segment_count as f64 / fillable_segment_count as f64
+        };
+        Self {
+            used_segment_count,
+            free_segment_count,
+            reserved_segment_count,
+            used_percent,
+            dead_segment_count: (space.dead_segment_count(Tier::Flash)
+                + space.dead_segment_count(Tier::Capacity)) as u64,
+        }
+    }
+
+    /// Free segments clients can fill: the free ones beyond the reserve.
+    fn fillable_free_segment_count(&self) -> u64 {
+        self.free_segment_count
+            .saturating_sub(self.reserved_segment_count)
+    }
+
+    /// The highest warning threshold `used_percent` has reached, 0 for none.
+    fn usage_warning_percent(&self, limits: &PoolLimits) -> u8 {
+        limits
+            .usage_warning_percents
+            .iter()
+            .copied()
+            .filter(|threshold| self.used_percent >= f64::from(*threshold))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The space of `tier`, of which `free_segment_count` segments are free.
+fn tier_space(geometry: &Geometry, tier: Tier, free_segment_count: usize) -> TierSpace {
+    let size_bytes = geometry.tier_data_bytes(tier);
+    let free_bytes = free_segment_count as u64 * geometry.segment_size_bytes();
+    TierSpace {
+        size_bytes,
+        used_bytes: size_bytes - free_bytes,
+        free_bytes,
+    }
+}
+
+/// Blocks moved between the tiers since the pool opened, over all volumes.
+#[derive(Default)]
+struct TierMoves {
+    promoted_blocks: u64,
+    demoted_blocks: u64,
+}
+
+impl TierMoves {
+    fn of(state: &State) -> Self {
+        state
+            .all_tier_counters()
+            .fold(Self::default(), |total, counters| Self {
+                promoted_blocks: total.promoted_blocks + counters.promoted_blocks,
+                demoted_blocks: total.demoted_blocks + counters.demoted_blocks,
+            })
+    }
+}
+
+/// Segments set aside as damaged.
+fn set_aside_segment_count(state: &State) -> u64 {
+    state
+        .space()
+        .segments()
+        .iter()
+        .filter(|segment| segment.set_aside)
+        .count() as u64
+}
+
+/// The share `part` is of `reads` (0 when nothing was read).
+fn ratio(part: u64, reads: u64) -> f64 {
+    if reads == 0 {
+        0.0
+    } else {
+        part as f64 / reads as f64
+    }
+}
+
+/// What `volume stats` takes of a volume under the state lock.
+struct CopiedVolume {
+    name: String,
+    policy: TierPolicy,
+    /// Shares its chunks with the volume's map: cheap to copy.
+    map: BlockMap,
+    counters: VolumeTierCounters,
+}
+
+/// Blocks of `map` that live on capacity.
+fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
+    let mut capacity_blocks = 0u64;
+    map.for_each_physical(&mut |physical_block| {
+        if geometry.tier_of_block(physical_block) == Tier::Capacity {
+            capacity_blocks += 1;
+        }
+    });
+    capacity_blocks
+}
+
+impl Pool {
+    pub fn status(&self) -> PoolStatus {
+        let state = self.inner.lock();
+        let geometry = &self.inner.geometry;
+        let segment_bytes = geometry.segment_size_bytes();
+        let space = SpaceFigures::of(&state);
+        let moves = TierMoves::of(&state);
+        let counters = state.counters().lifetime();
+        let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, &self.inner.limits);
+        PoolStatus {
+            device: self.inner.device.name().to_string(),
+            capacity_bytes: geometry.data_capacity_bytes(),
+            used_bytes: space.used_segment_count * segment_bytes,
+            free_bytes: space.fillable_free_segment_count() * segment_bytes,
+            reserved_bytes: space.reserved_segment_count * segment_bytes,
+            used_percent: space.used_percent,
+            usage_warning_percent: space.usage_warning_percent(&self.inner.limits),
+            segment_size_bytes: segment_bytes,
+            segment_count: geometry.segment_count,
+            free_segment_count: space.free_segment_count,
+            volume_count: state.volumes().iter().count(),
+            client_bytes_written: counters.client_bytes_written,
+            device_bytes_written: counters.device_bytes_written,
+            write_amplification: (counters.client_bytes_written > 0).then(|| {
+                counters.device_bytes_written as f64 / counters.client_bytes_written as f64
+            }),
+            cleaner_relocated_blocks: counters.cleaner_relocated_blocks,
+            dead_segment_count: space.dead_segment_count,
+            cleaner_state,
+            cleaner_pressure,
+            durable_batch_sequence: state.writer().durable_through(),
+            checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
+            failed: state.writer().failed().map(str::to_string),
+            device_full: self.inner.device_full.status(),
+            device_full_retries: self.inner.device_full.retries_total(),
+            memory_cache: self.inner.cache.statistics(),
+            flash: tier_space(
+                geometry,
+                Tier::Flash,
+                state.space().free_flash_segment_count(),
+            ),
+            capacity: geometry.has_capacity_tier().then(|| {
+                let free_segment_count = state.space().free_capacity_segment_count();
+                tier_space(geometry, Tier::Capacity, free_segment_count)
+            }),
+            promoted_blocks: moves.promoted_blocks,
+            demoted_blocks: moves.demoted_blocks,
+            integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
+        }
+    }
+
+    /// Where a volume's blocks live and where its reads came from. The tier
+    /// split walks a copy of the volume's map outside the state lock.
+    pub fn volume_tier_stats(&self, name: &str) -> Result<VolumeTierStats, EngineError> {
+        let copied = {
+            let state = self.inner.lock();
+            let volume_id = state.volumes().id_of(name)?;
+            let volume = state.volumes().get(volume_id).expect("id from name");
+            CopiedVolume {
+                name: volume.name.clone(),
+                policy: volume.policy,
+                map: volume.map.clone(),
+                counters: state.tier_counters(volume_id),
+            }
+        };
+        let CopiedVolume {
+            name: volume,
+            policy,
+            map,
+            counters,
+        } = copied;
+        let capacity_blocks = capacity_block_count(&self.inner.geometry, &map);
+        let flash_blocks = map.mapped_count() - capacity_blocks;
+        let reads = counters.memory_read_blocks
+            + counters.flash_read_blocks
+            + counters.capacity_read_blocks;
+        Ok(VolumeTierStats {
+            volume,
+            policy,
+            flash_bytes: flash_blocks * BLOCK_SIZE_BYTES,
+            capacity_bytes: capacity_blocks * BLOCK_SIZE_BYTES,
+            memory_hit_ratio: ratio(counters.memory_read_blocks, reads),
+            flash_hit_ratio: ratio(counters.flash_read_blocks, reads),
+            capacity_read_ratio: ratio(counters.capacity_read_blocks, reads),
+            counters,
+        })
+    }
+}
