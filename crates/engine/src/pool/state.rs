@@ -267,7 +267,7 @@ impl State {
             }
         }
         if let Some(batch) = self.writer.open_batch(lane) {
-            if batch.stream == stream && batch.has_room_for(record) {
+            if batch.stream() == stream && batch.has_room_for(record) {
                 return Ok(lane);
             }
             sealed.extend(self.seal_lane(lane));
@@ -340,7 +340,7 @@ impl State {
         let lane = self.make_room(Stream::Client, &record, &mut sealed)?;
         let batch = self.writer.open_batch_mut(lane).expect("room made");
         batch.push(record.clone());
-        let segment_index = batch.segment_index;
+        let segment_index = batch.segment_index();
         self.space.needed_by_replay(segment_index);
         let mut displaced = Vec::new();
         self.volumes

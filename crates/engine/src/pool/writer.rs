@@ -39,26 +39,36 @@ impl Head {
 /// A batch being filled. Its sequence is given when it is sealed: with
 /// several batches open at once, sealing order is replay order.
 pub struct OpenBatch {
-    pub stream: Stream,
-    pub segment_index: u32,
-    pub segment_sequence: u64,
-    pub block_in_segment: u32,
+    stream: Stream,
+    segment_index: u32,
+    segment_sequence: u64,
+    block_in_segment: u32,
     /// Device block of the summary; data block `k` is at `summary_block + 1 + k`.
-    pub summary_block: u64,
-    pub records: Vec<Record>,
-    pub record_bytes: usize,
+    summary_block: u64,
+    records: Vec<Record>,
+    record_bytes: usize,
     /// Block 0 is reserved for the summary, then the data blocks, then room
     /// for the summary's copy.
-    pub buffer: AlignedBuffer,
-    pub data_count: usize,
-    pub data_capacity: usize,
+    buffer: AlignedBuffer,
+    data_count: usize,
+    data_capacity: usize,
     /// The (volume, logical block) pairs its `Data` records write.
-    pub data_blocks: HashSet<(u32, u64)>,
+    data_blocks: HashSet<(u32, u64)>,
     /// Whether it holds a record without data (trim, snapshot, volume change).
-    pub has_records_without_data: bool,
+    has_records_without_data: bool,
 }
 
 impl OpenBatch {
+    /// The stream whose head it is appended to.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// The segment it is written into.
+    pub fn segment_index(&self) -> u32 {
+        self.segment_index
+    }
+
     /// Whether `record`, appended to another open batch, may not commute
     /// with what this one holds, so that this one must be sealed (and
     /// replayed) first. `Data` records for different blocks commute, and a
