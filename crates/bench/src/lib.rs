@@ -10,6 +10,7 @@
 //! `write-amplification` measures the cleaner's write amplification through fio.
 //! See docs/bench.md for the method and its limits.
 
+mod charts;
 pub mod fio;
 pub mod fs;
 pub mod plot;
@@ -228,18 +229,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn emit(report: &Report, step: &StepOptions) -> anyhow::Result<()> {
-    if let Some(path) = &step.plot {
-        plot::draw(report, path)?;
-    }
-    if step.json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    } else {
-        print!("{}", report.table());
-        if let Some(path) = &step.plot {
-            println!("plot: {}", path.display());
-        }
-    }
-    Ok(())
+    report::publish(
+        report,
+        &report.table(),
+        None,
+        step.plot.as_deref(),
+        step.json,
+        |path| plot::render(report, path),
+    )
 }
 
 fn fio_version(fio_program: &str) -> anyhow::Result<String> {

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::process::{check_interrupted, find_program, run_helper};
-use crate::report::{Skipped, align, format_number, ratio};
+use crate::report::{Skipped, align, format_number, median, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
 
 /// Largest fraction a snapshot or clone case may lose against its baseline (issue 4's goal).
@@ -247,21 +247,6 @@ fn load_average() -> Option<String> {
     })
 }
 
-/// The median (mean of the middle two for an even count); NaN when empty.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted.sort_by(f64::total_cmp);
-    let middle = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[middle]
-    } else {
-        (sorted[middle - 1] + sorted[middle]) / 2.0
-    }
-}
-
 fn find_case<'a>(cases: &'a [CaseResult], server: &str, case: CaseKind) -> Option<&'a CaseResult> {
     cases
         .iter()
@@ -428,7 +413,7 @@ pub fn run_snapshots(arguments: &SnapshotsArgs) -> anyhow::Result<()> {
         arguments.output.as_deref(),
         arguments.plot.as_deref(),
         arguments.json,
-        |path| crate::plot::draw_bars(&report, path),
+        |path| crate::plot::render(&report, path),
     )
 }
 
@@ -1072,13 +1057,6 @@ mod tests {
             .map(|value| measurement(*value, 500.0))
             .collect();
         CaseResult::new(server, case, "target".into(), runs)
-    }
-
-    #[test]
-    fn median_handles_odd_even_and_empty_inputs() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median(&[]).is_nan());
     }
 
     #[test]

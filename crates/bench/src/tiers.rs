@@ -660,7 +660,7 @@ pub fn reaction_times(windows: &[Window], bound_us: f64) -> (Option<f64>, Option
 
 /// The median; None when empty.
 fn median(values: &[f64]) -> Option<f64> {
-    let value = crate::snapshots::median(values);
+    let value = crate::report::median(values);
     value.is_finite().then_some(value)
 }
 
@@ -1581,7 +1581,7 @@ pub fn run_tiers(arguments: &TiersArgs) -> anyhow::Result<()> {
         arguments.output.as_deref(),
         arguments.plot.as_deref(),
         arguments.json,
-        |path| crate::plot::draw_tiers(&report, path),
+        |path| crate::plot::render(&report, path),
     )
 }
 
@@ -1913,14 +1913,14 @@ pub(crate) mod tests {
     fn the_plot_has_both_panels_and_the_reaction() {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("tiers.svg");
-        crate::plot::draw_tiers(&sample_report(), &path).expect("draws");
+        crate::plot::render(&sample_report(), &path).expect("draws");
         let svg = std::fs::read_to_string(&path).expect("reads");
         assert!(svg.starts_with("<svg"));
         for text in ["all-flash", "flash+disk", "disk", "reaction", "ws"] {
             assert!(svg.contains(text), "{text:?} missing from the plot");
         }
         let png = directory.path().join("tiers.png");
-        crate::plot::draw_tiers(&sample_report(), &png).expect("draws a png");
+        crate::plot::render(&sample_report(), &png).expect("draws a png");
         assert!(std::fs::metadata(&png).expect("exists").len() > 0);
     }
 }
