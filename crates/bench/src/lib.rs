@@ -32,6 +32,7 @@ use crate::process::{check_interrupted, find_program, install_interrupt_handler}
 use crate::report::{Report, ServerResult, Skipped, compute_figures, format_number};
 use crate::servers::{ServerKind, ServerOptions};
 use crate::workload::{Mix, Profile, Settings};
+use lamina_api::size::parse_size;
 
 /// Command-line arguments of `lamina bench`.
 #[derive(Debug, Args)]
@@ -203,29 +204,6 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
             write_amplification::run_write_amplification(&arguments)
         }
     }
-}
-
-/// Parses sizes such as `4096`, `64M`, `1G`, `1GiB` (binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|character: char| !character.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        other => return Err(format!("unknown size unit `{other}` (use K, M, G or T)")),
-    };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))
 }
 
 fn emit(report: &Report, step: &StepOptions) -> anyhow::Result<()> {
@@ -610,16 +588,6 @@ pub fn built_lamina(workspace_root: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("G").is_err());
-    }
 
     #[test]
     fn cli_parses_compare_with_a_server_list() {

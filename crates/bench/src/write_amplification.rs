@@ -21,7 +21,9 @@ use serde::Serialize;
 
 use crate::process::{check_interrupted, find_program, run_helper};
 use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
-use crate::{fio_version, lamina_program, parse_size};
+use crate::{fio_version, lamina_program};
+use lamina_api::size::parse_size;
+use lamina_api::{PoolStatus, VolumeInfo};
 
 /// Client block size of the overwrites, in bytes.
 const BLOCK_SIZE_BYTES: u64 = 4096;
@@ -63,8 +65,6 @@ pub enum WriteAmplificationError {
         "live {live} of {usable_bytes} usable bytes is less than one MiB: use a larger --pool-size"
     )]
     VolumeTooSmall { live: f64, usable_bytes: u64 },
-    #[error("`lamina {command}` JSON has no number `{field}`")]
-    MissingField { command: String, field: String },
     #[error("the pool failed during the run: {reason}")]
     PoolFailed { reason: String },
     #[error(
@@ -359,36 +359,28 @@ struct PoolCounters {
 }
 
 impl PoolCounters {
-    fn from_status(command: &str, status: &serde_json::Value) -> anyhow::Result<Self> {
-        if let Some(reason) = status["failed"].as_str() {
+    fn from_status(status: &PoolStatus) -> Result<Self, WriteAmplificationError> {
+        if let Some(reason) = &status.failed {
             return Err(WriteAmplificationError::PoolFailed {
-                reason: reason.to_owned(),
-            }
-            .into());
+                reason: reason.clone(),
+            });
         }
-        let field = |name: &str| {
-            status[name]
-                .as_u64()
-                .ok_or_else(|| WriteAmplificationError::MissingField {
-                    command: command.to_owned(),
-                    field: name.to_owned(),
-                })
-        };
         Ok(Self {
-            capacity_bytes: field("capacity_bytes")?,
-            reserved_bytes: field("reserved_bytes")?,
-            client_bytes_written: field("client_bytes_written")?,
-            device_bytes_written: field("device_bytes_written")?,
-            cleaner_relocated_blocks: field("cleaner_relocated_blocks")?,
-            checkpoint_sequence: field("checkpoint_sequence")?,
+            capacity_bytes: status.capacity_bytes,
+            reserved_bytes: status.reserved_bytes,
+            client_bytes_written: status.client_bytes_written,
+            device_bytes_written: status.device_bytes_written,
+            cleaner_relocated_blocks: status.cleaner_relocated_blocks,
+            checkpoint_sequence: status.checkpoint_sequence,
         })
     }
 
     fn read(program: &Path, data: &Path) -> anyhow::Result<Self> {
-        Self::from_status(
-            "pool status",
-            &lamina_json(program, data, &["pool", "status", "--json"])?,
-        )
+        Ok(Self::from_status(&lamina_json(
+            program,
+            data,
+            &["pool", "status", "--json"],
+        )?)?)
     }
 }
 
@@ -462,25 +454,22 @@ impl CellPlan<'_> {
             "creating a {} MiB pool",
             arguments.pool_size >> 20
         ));
-        let created = PoolCounters::from_status(
-            "pool create",
-            &lamina_json(
-                self.program,
-                &data,
-                &[
-                    "pool",
-                    "create",
-                    "--flash",
-                    &flash,
-                    "--segment-size",
-                    &segment,
-                    "--json",
-                ],
-            )?,
-        )?;
+        let created = PoolCounters::from_status(&lamina_json(
+            self.program,
+            &data,
+            &[
+                "pool",
+                "create",
+                "--flash",
+                &flash,
+                "--segment-size",
+                &segment,
+                "--json",
+            ],
+        )?)?;
         let volume_bytes =
             volume_size_bytes(self.live, created.capacity_bytes, created.reserved_bytes)?;
-        lamina_json(
+        let _: VolumeInfo = lamina_json(
             self.program,
             &data,
             &[
