@@ -217,14 +217,6 @@ fn emit(report: &Report, step: &StepOptions) -> anyhow::Result<()> {
     )
 }
 
-fn fio_version(fio_program: &str) -> anyhow::Result<String> {
-    let mut command = std::process::Command::new(fio_program);
-    command.arg("--version");
-    let output = process::run_helper(command)
-        .map_err(|error| anyhow::anyhow!("fio is needed as the load generator: {error}"))?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
 fn progress_bar(total_steps: u64) -> ProgressBar {
     let bar = ProgressBar::new(total_steps);
     if let Ok(style) =
@@ -236,7 +228,7 @@ fn progress_bar(total_steps: u64) -> ProgressBar {
 }
 
 fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
-    let version = fio_version(&arguments.step.fio)?;
+    let version = fio::version(&arguments.step.fio)?;
     let region_bytes = match arguments.size {
         Some(size) => size,
         None => export_size(&arguments.uri)?,
@@ -316,7 +308,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
     install_interrupt_handler();
     process::become_subreaper();
     let step = &arguments.step;
-    let version = fio_version(&step.fio)?;
+    let version = fio::version(&step.fio)?;
     let settings = step.settings(arguments.size);
     let lamina = lamina_program(arguments.lamina_bin.as_ref());
     let work = work_directory(arguments.work_dir.as_ref())?;

@@ -558,11 +558,8 @@ fn fio_random_writes(
     bytes: u64,
     seed: u32,
 ) -> anyhow::Result<()> {
-    let mut command = Command::new(fio);
-    command.args([
+    let arguments = [
         "--name=clone-write".to_owned(),
-        "--ioengine=nbd".to_owned(),
-        format!("--uri={uri}"),
         "--rw=randwrite".to_owned(),
         "--bs=4096".to_owned(),
         format!("--iodepth={CLONE_WRITE_IODEPTH}"),
@@ -570,9 +567,8 @@ fn fio_random_writes(
         format!("--io_size={bytes}"),
         // The same seed on both servers: the chains differ in the same blocks.
         format!("--randseed={seed}"),
-        "--output-format=terse".to_owned(),
-    ]);
-    run_helper(command)?;
+    ];
+    crate::fio::run(fio, uri, &arguments)?.job()?;
     Ok(())
 }
 
@@ -846,7 +842,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         arguments.chain_depth > 0,
         "the chain needs at least one clone"
     );
-    let fio_version = crate::fio_version(&arguments.fio)?;
+    let fio_version = crate::fio::version(&arguments.fio)?;
     let load_average_start = load_average();
     let size = arguments.size;
     let program = crate::lamina_program(arguments.lamina_bin.as_ref());

@@ -1070,7 +1070,7 @@ fn run_fio(
     arguments: &[String],
     iodepth: u32,
 ) -> anyhow::Result<Measurement> {
-    let report = crate::fio::run_nbd_report(fio, uri, arguments)?;
+    let report = crate::fio::run(fio, uri, arguments)?;
     Ok(Measurement::from_report(&report, iodepth)?)
 }
 
@@ -1458,7 +1458,7 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
     crate::process::become_subreaper();
     let settings = TiersSettings::from_arguments(arguments);
     settings.check()?;
-    let fio_version = crate::fio_version(&arguments.fio)?;
+    let fio_version = crate::fio::version(&arguments.fio)?;
     let load_average_start = load_average();
     let program = crate::lamina_program(arguments.lamina_bin.as_ref());
     if !program.is_file() {
