@@ -6,7 +6,7 @@
 use std::path::Path;
 
 pub use lamina_plot::{
-    Chart, PLOT_HEIGHT_PIXELS, PLOT_WIDTH_PIXELS, PlotError, draw_legend, legend_line,
+    Chart, PLOT_HEIGHT_PIXELS, PLOT_WIDTH_PIXELS, PlotError, draw_curve, draw_legend, legend_line,
 };
 
 /// The environment variable naming the font of the benchmarks' plots.

@@ -143,6 +143,35 @@ pub fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
         .map_err(|error| error.to_string())
 }
 
+/// Draws `points` as a labelled curve in `color`: a line through them with a
+/// dot of `marker_radius` pixels on each.
+pub fn draw_curve<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    points: &[(f64, f64)],
+    color: RGBAColor,
+    label: &str,
+    marker_radius: u32,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .draw_series(LineSeries::new(points.to_vec(), color.stroke_width(2)))
+        .map_err(|error| error.to_string())?
+        .label(label)
+        .legend(move |(x, y)| legend_line(x, y, color.stroke_width(2)));
+    chart
+        .draw_series(
+            points
+                .iter()
+                .map(|point| Circle::new(*point, marker_radius, color.filled())),
+        )
+        .map_err(|error| error.to_string())?;
+    Ok(())
+}
+
 /// A short horizontal line: the legend mark of a curve drawn in `style`.
 pub fn legend_line(x: i32, y: i32, style: impl Into<ShapeStyle>) -> PathElement<(i32, i32)> {
     PathElement::new(vec![(x, y), (x + 20, y)], style)

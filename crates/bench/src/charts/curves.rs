@@ -7,7 +7,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::plot::{Chart, draw_legend, legend_line};
+use crate::plot::{Chart, draw_curve, draw_legend, legend_line};
 use crate::report::{Report, format_number};
 use crate::workload::Profile;
 
@@ -147,19 +147,13 @@ fn draw_curves<DB: DrawingBackend>(
         .draw()
         .map_err(|error| error.to_string())?;
     for (index, (name, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(index).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(|error| error.to_string())?
-            .label(name.clone())
-            .legend(move |(x, y)| legend_line(x, y, color.stroke_width(2)));
-        chart
-            .draw_series(
-                points
-                    .iter()
-                    .map(|point| Circle::new(*point, 4, color.filled())),
-            )
-            .map_err(|error| error.to_string())?;
+        draw_curve(
+            &mut chart,
+            points,
+            Palette99::pick(index).to_rgba(),
+            name,
+            4,
+        )?;
     }
     if report.profile.is_sweep() && x_max > 0.0 {
         chart

@@ -6,7 +6,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::plot::{Chart, PLOT_WIDTH_PIXELS, draw_legend, legend_line};
+use crate::plot::{Chart, PLOT_WIDTH_PIXELS, draw_curve, draw_legend, legend_line};
 use crate::report::format_number;
 use crate::tiers::{REACTION_BOUND_FACTOR, TierConfig, TiersReport, WorkingSet};
 
@@ -114,18 +114,7 @@ fn draw_tiers<DB: DrawingBackend>(
                 continue;
             }
             let color = Palette99::pick(index).to_rgba();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|error| error.to_string())?
-                .label(config.name())
-                .legend(move |(x, y)| legend_line(x, y, color.stroke_width(2)));
-            chart
-                .draw_series(
-                    points
-                        .iter()
-                        .map(|point| Circle::new(*point, 3, color.filled())),
-                )
-                .map_err(|error| error.to_string())?;
+            draw_curve(&mut chart, &points, color, config.name(), 3)?;
         }
         draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
