@@ -1,5 +1,7 @@
-//! fio as the load generator: building the command line for one measurement step,
-//! running it, and parsing its JSON output into typed figures.
+//! fio as the load generator, and the one place lamina bench runs it: checking
+//! that it is installed with its nbd engine, its version, building the command
+//! line of a measurement step, running it against an NBD URI ([`run`]), and
+//! parsing its JSON output into typed figures.
 //!
 //! fio (with `--ioengine=nbd`) is the load generator so that lamina never grades its own
 //! homework with a client it wrote. Latency is fio's `lat_ns` (total latency, from the
@@ -12,7 +14,7 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
-use crate::process::{ManagedChild, check_interrupted};
+use crate::process::{ManagedChild, check_interrupted, find_program, run_helper};
 
 /// Percentiles requested from fio, as fio spells them in `--percentile_list`.
 pub const PERCENTILE_LIST: &str = "50:90:99:99.9";
@@ -34,6 +36,45 @@ pub enum FioError {
         uri: String,
         stderr: String,
     },
+    #[error("fio (`{program}`) is not installed; it is the NBD client of this benchmark")]
+    Missing { program: String },
+    #[error("`{program}` has no nbd I/O engine (`fio --enghelp=nbd` failed: {detail})")]
+    NoNbdEngine { program: String, detail: String },
+}
+
+/// fio's version (`fio-3.33`), for the report; fails when fio cannot run.
+pub fn version(fio_program: &str) -> anyhow::Result<String> {
+    let mut command = Command::new(fio_program);
+    command.arg("--version");
+    let output = run_helper(command)
+        .map_err(|error| anyhow::anyhow!("fio is needed as the load generator: {error}"))?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// Fails with a clear reason when fio or its nbd engine is missing.
+pub fn check_nbd_engine(fio_program: &str) -> Result<(), FioError> {
+    if find_program(fio_program).is_none() {
+        return Err(FioError::Missing {
+            program: fio_program.to_owned(),
+        });
+    }
+    let mut command = Command::new(fio_program);
+    command.arg("--enghelp=nbd");
+    // The engine's help lists its one option, the NBD URI.
+    match run_helper(command) {
+        Ok(output) if String::from_utf8_lossy(&output.stdout).contains("uri") => Ok(()),
+        Ok(output) => Err(FioError::NoNbdEngine {
+            program: fio_program.to_owned(),
+            detail: format!(
+                "it printed no `uri` option: {:?}",
+                String::from_utf8_lossy(&output.stdout).trim()
+            ),
+        }),
+        Err(error) => Err(FioError::NoNbdEngine {
+            program: fio_program.to_owned(),
+            detail: format!("{error:#}"),
+        }),
+    }
 }
 
 /// The access pattern of a step.
@@ -81,8 +122,9 @@ pub struct StepSpec {
 }
 
 impl StepSpec {
-    /// The fio arguments for this step against `uri`.
-    pub fn fio_arguments(&self, uri: &str) -> Vec<String> {
+    /// The fio arguments of this step (besides the engine, URI and output
+    /// format, which [`run`] adds).
+    pub fn fio_arguments(&self) -> Vec<String> {
         assert!(
             self.iodepth > 0 && self.jobs > 0,
             "iodepth and jobs must be positive"
@@ -90,9 +132,6 @@ impl StepSpec {
         assert!(self.runtime_seconds > 0, "runtime must be positive");
         let mut arguments = vec![
             "--name=lamina-bench".to_owned(),
-            "--output-format=json".to_owned(),
-            "--ioengine=nbd".to_owned(),
-            format!("--uri={uri}"),
             format!("--rw={}", self.pattern.fio_rw()),
             format!("--bs={}", self.block_size_bytes),
             format!("--iodepth={}", self.iodepth),
@@ -150,10 +189,20 @@ pub fn run_step_with(
     step: &StepSpec,
     extra_arguments: &[String],
 ) -> anyhow::Result<Measurement> {
+    let arguments = [step.fio_arguments(), extra_arguments.to_vec()].concat();
+    let report = run(fio_program, uri, &arguments)?;
+    Ok(Measurement::from_report(&report, step.iodepth)?)
+}
+
+/// Runs fio with its nbd engine against the export at `uri` with `arguments`
+/// (the jobs: `--name=...` and their options) and parses its JSON report.
+pub fn run(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<FioReport> {
     let mut command = Command::new(fio_program);
     command
-        .args(step.fio_arguments(uri))
-        .args(extra_arguments)
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={uri}"))
+        .arg("--output-format=json")
+        .args(arguments)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -167,8 +216,7 @@ pub fn run_step_with(
         }
         .into());
     }
-    let report = parse_output(&String::from_utf8_lossy(&output.stdout))?;
-    Ok(Measurement::from_report(&report, step.iodepth)?)
+    Ok(parse_output(&String::from_utf8_lossy(&output.stdout))?)
 }
 
 /// fio's whole JSON document (only the fields lamina uses).
@@ -177,6 +225,21 @@ pub struct FioReport {
     #[serde(rename = "fio version")]
     pub fio_version: String,
     pub jobs: Vec<FioJob>,
+}
+
+impl FioReport {
+    /// The first job (with `--group_reporting`, the whole group), when it ran
+    /// without error.
+    pub fn job(&self) -> Result<&FioJob, FioError> {
+        let job = self.jobs.first().ok_or(FioError::NoJob)?;
+        if job.error != 0 {
+            return Err(FioError::JobError {
+                job: job.jobname.clone(),
+                code: job.error,
+            });
+        }
+        Ok(job)
+    }
 }
 
 /// One job (or, with `--group_reporting`, the whole group).
@@ -228,23 +291,6 @@ impl LatencyStats {
     }
 }
 
-/// Runs `fio` against the NBD export at `uri` with `arguments` (besides the
-/// engine, the URI and JSON output) and parses its report.
-pub fn run_nbd_report(
-    fio_program: &str,
-    uri: &str,
-    arguments: &[String],
-) -> anyhow::Result<FioReport> {
-    let mut command = std::process::Command::new(fio_program);
-    command
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
-        .arg("--output-format=json")
-        .args(arguments);
-    let output = crate::process::run_helper(command)?;
-    Ok(parse_output(&String::from_utf8_lossy(&output.stdout))?)
-}
-
 /// Extracts and parses the JSON document from fio's stdout. The nbd engine prints
 /// "fio: connected to NBD server" lines on stdout before the document, so the
 /// document starts at the first line that is exactly `{`.
@@ -286,13 +332,7 @@ impl Measurement {
     /// Summarises a report of a single group (as produced with `--group_reporting`)
     /// of jobs run at `iodepth`.
     pub fn from_report(report: &FioReport, iodepth: u32) -> Result<Self, FioError> {
-        let job = report.jobs.first().ok_or(FioError::NoJob)?;
-        if job.error != 0 {
-            return Err(FioError::JobError {
-                job: job.jobname.clone(),
-                code: job.error,
-            });
-        }
+        let job = report.job()?;
         // A single-direction job has its figures in that direction; `mixed` equals it.
         let combined = job.mixed.as_ref().unwrap_or(if job.read.total_ios > 0 {
             &job.read
@@ -409,7 +449,7 @@ mod tests {
             ramp_seconds: 1,
             region_bytes: 1 << 30,
         };
-        let arguments = step.fio_arguments("nbd+unix:///default?socket=/s");
+        let arguments = step.fio_arguments();
         assert!(arguments.contains(&"--rate_iops=3500,1500".to_owned()));
         assert!(arguments.contains(&"--rate_process=poisson".to_owned()));
         assert!(arguments.contains(&"--rwmixread=70".to_owned()));
@@ -419,7 +459,7 @@ mod tests {
             pattern: Pattern::RandomRead,
             ..step
         };
-        let arguments = closed.fio_arguments("u");
+        let arguments = closed.fio_arguments();
         assert!(
             !arguments
                 .iter()

@@ -10,6 +10,7 @@
 //! `write-amplification` measures the cleaner's write amplification through fio.
 //! See docs/bench.md for the method and its limits.
 
+mod charts;
 pub mod fio;
 pub mod fs;
 pub mod plot;
@@ -31,6 +32,7 @@ use crate::process::{check_interrupted, find_program, install_interrupt_handler}
 use crate::report::{Report, ServerResult, Skipped, compute_figures, format_number};
 use crate::servers::{ServerKind, ServerOptions};
 use crate::workload::{Mix, Profile, Settings};
+use lamina_api::size::parse_size;
 
 /// Command-line arguments of `lamina bench`.
 #[derive(Debug, Args)]
@@ -204,50 +206,15 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Parses sizes such as `4096`, `64M`, `1G`, `1GiB` (binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|character: char| !character.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        other => return Err(format!("unknown size unit `{other}` (use K, M, G or T)")),
-    };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))
-}
-
 fn emit(report: &Report, step: &StepOptions) -> anyhow::Result<()> {
-    if let Some(path) = &step.plot {
-        plot::draw(report, path)?;
-    }
-    if step.json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    } else {
-        print!("{}", report.table());
-        if let Some(path) = &step.plot {
-            println!("plot: {}", path.display());
-        }
-    }
-    Ok(())
-}
-
-fn fio_version(fio_program: &str) -> anyhow::Result<String> {
-    let mut command = std::process::Command::new(fio_program);
-    command.arg("--version");
-    let output = process::run_helper(command)
-        .map_err(|error| anyhow::anyhow!("fio is needed as the load generator: {error}"))?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    report::publish(
+        report,
+        &report.table(),
+        None,
+        step.plot.as_deref(),
+        step.json,
+        |path| plot::render(report, path),
+    )
 }
 
 fn progress_bar(total_steps: u64) -> ProgressBar {
@@ -261,7 +228,7 @@ fn progress_bar(total_steps: u64) -> ProgressBar {
 }
 
 fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
-    let version = fio_version(&arguments.step.fio)?;
+    let version = fio::version(&arguments.step.fio)?;
     let region_bytes = match arguments.size {
         Some(size) => size,
         None => export_size(&arguments.uri)?,
@@ -341,7 +308,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
     install_interrupt_handler();
     process::become_subreaper();
     let step = &arguments.step;
-    let version = fio_version(&step.fio)?;
+    let version = fio::version(&step.fio)?;
     let settings = step.settings(arguments.size);
     let lamina = lamina_program(arguments.lamina_bin.as_ref());
     let work = work_directory(arguments.work_dir.as_ref())?;
@@ -613,16 +580,6 @@ pub fn built_lamina(workspace_root: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("G").is_err());
-    }
 
     #[test]
     fn cli_parses_compare_with_a_server_list() {

@@ -181,6 +181,21 @@ pub fn compute_figures(profile: Profile, servers: &mut [ServerResult]) -> Option
     reference_index.map(|index| servers[index].server.clone())
 }
 
+/// The median (mean of the middle two for an even count); NaN when empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
 /// `value / reference`, when both exist and the reference is not zero.
 pub fn ratio(value: Option<f64>, reference: Option<f64>) -> Option<f64> {
     match (value, reference) {
@@ -480,6 +495,13 @@ mod tests {
                 .lines()
                 .any(|line| line.starts_with("rate3000") && line.ends_with("yes"))
         );
+    }
+
+    #[test]
+    fn median_handles_odd_even_and_empty_inputs() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
     }
 
     #[test]

@@ -161,9 +161,10 @@ impl Drop for RunningServer {
     }
 }
 
-/// `lamina ARGUMENTS` printed something that is not JSON.
+/// `lamina ARGUMENTS` printed something that is not the JSON document expected
+/// (not JSON, or a field missing or renamed: the error names it).
 #[derive(Debug, thiserror::Error)]
-#[error("`lamina {command}` printed no JSON ({source}): {stdout}")]
+#[error("`lamina {command}` printed no JSON of the expected shape ({source}): {stdout}")]
 pub struct NoJsonError {
     pub command: String,
     pub stdout: String,
@@ -171,12 +172,13 @@ pub struct NoJsonError {
 }
 
 /// Runs `lamina ARGUMENTS --data DATA` (`program` is the lamina binary) and
-/// parses the JSON it prints.
-pub fn lamina_json(
+/// reads the JSON it prints as `T`, one of the admin API's documents
+/// ([`lamina_api`]).
+pub fn lamina_json<T: serde::de::DeserializeOwned>(
     program: &Path,
     data: &Path,
     arguments: &[&str],
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<T> {
     let mut command = Command::new(program);
     command.args(arguments).arg("--data").arg(data);
     let output = run_helper(command)?;

@@ -31,8 +31,10 @@ use serde::Serialize;
 
 use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::process::{check_interrupted, find_program, run_helper};
-use crate::report::{Skipped, align, format_number, ratio};
+use crate::report::{Skipped, align, format_number, median, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
+use lamina_api::size::parse_size;
+use lamina_api::{PoolStatus, SnapshotInfo};
 
 /// Largest fraction a snapshot or clone case may lose against its baseline (issue 4's goal).
 pub const GOAL_MIN_RATIO: f64 = 0.95;
@@ -47,7 +49,7 @@ const BASELINE_SAMPLES: usize = 10;
 #[derive(Debug, Clone, Args)]
 pub struct SnapshotsArgs {
     /// Size of every volume and image (fully written with random data first).
-    #[arg(long, value_parser = crate::parse_size, default_value = "1G")]
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
     pub size: u64,
     /// Seconds measured per fio run.
     #[arg(long, default_value_t = 10)]
@@ -69,14 +71,14 @@ pub struct SnapshotsArgs {
     pub chain_depth: u32,
     /// Bytes written (4 KiB random writes) to each clone of the chain before it is
     /// snapshotted and cloned again.
-    #[arg(long, value_parser = crate::parse_size, default_value = "1M")]
+    #[arg(long, value_parser = parse_size, default_value = "1M")]
     pub clone_write_size: u64,
     /// Size of lamina's pool file (sparse; the volumes, their snapshots and the log's
     /// free space for the cleaner must fit).
-    #[arg(long, value_parser = crate::parse_size, default_value = "32G")]
+    #[arg(long, value_parser = parse_size, default_value = "32G")]
     pub pool_size: u64,
     /// lamina's memory block cache (`[limits] memory_cache_bytes`); default: lamina's default.
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = parse_size)]
     pub memory_cache: Option<u64>,
     /// Servers to measure: `lamina`, `qemu-nbd` or both.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [SnapshotServer::Lamina, SnapshotServer::QemuNbd])]
@@ -247,21 +249,6 @@ fn load_average() -> Option<String> {
     })
 }
 
-/// The median (mean of the middle two for an even count); NaN when empty.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted.sort_by(f64::total_cmp);
-    let middle = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[middle]
-    } else {
-        (sorted[middle - 1] + sorted[middle]) / 2.0
-    }
-}
-
 fn find_case<'a>(cases: &'a [CaseResult], server: &str, case: CaseKind) -> Option<&'a CaseResult> {
     cases
         .iter()
@@ -428,7 +415,7 @@ pub fn run_snapshots(arguments: &SnapshotsArgs) -> anyhow::Result<()> {
         arguments.output.as_deref(),
         arguments.plot.as_deref(),
         arguments.json,
-        |path| crate::plot::draw_bars(&report, path),
+        |path| crate::plot::render(&report, path),
     )
 }
 
@@ -476,8 +463,8 @@ impl Lamina {
         let started = Instant::now();
         let output = run_helper(self.command(&["snapshot", "list", volume, "--json"]))?;
         let milliseconds = started.elapsed().as_secs_f64() * 1_000.0;
-        let listed: serde_json::Value = serde_json::from_slice(&output.stdout)?;
-        let count = listed.as_array().map_or(0, Vec::len);
+        let listed: Vec<SnapshotInfo> = serde_json::from_slice(&output.stdout)?;
+        let count = listed.len();
         if count != expected as usize {
             anyhow::bail!(
                 "`lamina snapshot list {volume}` shows {count} snapshots, not {expected}"
@@ -571,11 +558,8 @@ fn fio_random_writes(
     bytes: u64,
     seed: u32,
 ) -> anyhow::Result<()> {
-    let mut command = Command::new(fio);
-    command.args([
+    let arguments = [
         "--name=clone-write".to_owned(),
-        "--ioengine=nbd".to_owned(),
-        format!("--uri={uri}"),
         "--rw=randwrite".to_owned(),
         "--bs=4096".to_owned(),
         format!("--iodepth={CLONE_WRITE_IODEPTH}"),
@@ -583,9 +567,8 @@ fn fio_random_writes(
         format!("--io_size={bytes}"),
         // The same seed on both servers: the chains differ in the same blocks.
         format!("--randseed={seed}"),
-        "--output-format=terse".to_owned(),
-    ]);
-    run_helper(command)?;
+    ];
+    crate::fio::run(fio, uri, &arguments)?.job()?;
     Ok(())
 }
 
@@ -859,7 +842,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         arguments.chain_depth > 0,
         "the chain needs at least one clone"
     );
-    let fio_version = crate::fio_version(&arguments.fio)?;
+    let fio_version = crate::fio::version(&arguments.fio)?;
     let load_average_start = load_average();
     let size = arguments.size;
     let program = crate::lamina_program(arguments.lamina_bin.as_ref());
@@ -1012,13 +995,13 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
             }
         }
         let output = run_helper(lamina.command(&["pool", "status", "--json"]))?;
-        let status: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        let status: PoolStatus = serde_json::from_slice(&output.stdout)?;
         notes.push(format!(
-            "lamina pool at the end: used {}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
-            status["used_percent"].as_f64().map_or("-".to_owned(), |value| format!("{value:.1}")),
-            status["write_amplification"].as_f64().map_or("-".to_owned(), |value| format!("{value:.2}")),
-            status["cleaner_relocated_blocks"],
-            status["device_bytes_written"].as_u64().map_or("-".to_owned(), |value| (value >> 30).to_string()),
+            "lamina pool at the end: used {:.1}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
+            status.used_percent,
+            status.write_amplification.map_or("-".to_owned(), |value| format!("{value:.2}")),
+            status.cleaner_relocated_blocks,
+            status.device_bytes_written >> 30,
         ));
         lamina.server.stop();
     }
@@ -1072,13 +1055,6 @@ mod tests {
             .map(|value| measurement(*value, 500.0))
             .collect();
         CaseResult::new(server, case, "target".into(), runs)
-    }
-
-    #[test]
-    fn median_handles_odd_even_and_empty_inputs() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median(&[]).is_nan());
     }
 
     #[test]

@@ -32,6 +32,8 @@ use crate::process::{check_interrupted, run_helper};
 use crate::report::{Skipped, align, format_number, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
+use lamina_api::size::parse_size;
+use lamina_api::{PoolStatus, VolumeTierCounters, VolumeTierStats};
 
 /// The reaction goal of issue 7, in seconds.
 pub const REACTION_GOAL_SECONDS: f64 = 10.0;
@@ -174,27 +176,27 @@ pub struct TiersArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = TierConfig::all())]
     pub configs: Vec<TierConfig>,
     /// Flash of the two-tier pool (the file's size, metadata included).
-    #[arg(long, value_parser = crate::parse_size, default_value = "256M")]
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub flash_size: u64,
     /// The working set smaller than flash (read from offset 0 of the volume).
-    #[arg(long, value_parser = crate::parse_size, default_value = "64M")]
+    #[arg(long, value_parser = parse_size, default_value = "64M")]
     pub small_working_set: u64,
     /// The working set larger than flash.
-    #[arg(long, value_parser = crate::parse_size, default_value = "512M")]
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
     pub large_working_set: u64,
     /// The measured volume, fully written with random data (larger than flash, so
     /// that the two-tier pool must demote).
-    #[arg(long, value_parser = crate::parse_size, default_value = "768M")]
+    #[arg(long, value_parser = parse_size, default_value = "768M")]
     pub volume_size: u64,
     /// The all-flash file, the two-tier pool's capacity file and the modelled disk.
-    #[arg(long, value_parser = crate::parse_size, default_value = "2G")]
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
     pub device_size: u64,
     /// Segment size of every pool (default: lamina's).
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = parse_size)]
     pub segment_size: Option<u64>,
     /// lamina's memory block cache (`[limits] memory_cache_bytes`); 0 so that reads
     /// reach the tiers measured.
-    #[arg(long, value_parser = crate::parse_size, default_value = "0")]
+    #[arg(long, value_parser = parse_size, default_value = "0")]
     pub memory_cache: u64,
     /// The 4 KiB mix of the curves and the reaction.
     #[arg(long, value_enum, default_value_t = Mix::Randread4k)]
@@ -221,7 +223,7 @@ pub struct TiersArgs {
     #[arg(long, value_enum, default_value_t = Priority::Normal)]
     pub priority: Priority,
     /// The reaction volume's size, all of it the working set.
-    #[arg(long, value_parser = crate::parse_size, default_value = "16M")]
+    #[arg(long, value_parser = parse_size, default_value = "16M")]
     pub reaction_working_set: u64,
     /// Offered load of the reaction, in IOPS.
     #[arg(long, default_value_t = 500)]
@@ -421,14 +423,13 @@ pub struct ReadSources {
 }
 
 impl ReadSources {
-    fn from_stats(stats: &serde_json::Value) -> Self {
-        let counter = |name: &str| stats["counters"][name].as_u64().unwrap_or(0);
+    fn from_counters(counters: &VolumeTierCounters) -> Self {
         Self {
-            memory_read_blocks: counter("memory_read_blocks"),
-            flash_read_blocks: counter("flash_read_blocks"),
-            capacity_read_blocks: counter("capacity_read_blocks"),
-            promoted_blocks: counter("promoted_blocks"),
-            demoted_blocks: counter("demoted_blocks"),
+            memory_read_blocks: counters.memory_read_blocks,
+            flash_read_blocks: counters.flash_read_blocks,
+            capacity_read_blocks: counters.capacity_read_blocks,
+            promoted_blocks: counters.promoted_blocks,
+            demoted_blocks: counters.demoted_blocks,
         }
     }
 
@@ -465,11 +466,11 @@ pub struct Placement {
 }
 
 impl Placement {
-    fn from_stats(stats: &serde_json::Value) -> Self {
+    fn from_stats(stats: &VolumeTierStats) -> Self {
         Self {
-            flash_bytes: stats["flash_bytes"].as_u64().unwrap_or(0),
-            capacity_bytes: stats["capacity_bytes"].as_u64().unwrap_or(0),
-            reads: ReadSources::from_stats(stats),
+            flash_bytes: stats.flash_bytes,
+            capacity_bytes: stats.capacity_bytes,
+            reads: ReadSources::from_counters(&stats.counters),
         }
     }
 }
@@ -660,7 +661,7 @@ pub fn reaction_times(windows: &[Window], bound_us: f64) -> (Option<f64>, Option
 
 /// The median; None when empty.
 fn median(values: &[f64]) -> Option<f64> {
-    let value = crate::snapshots::median(values);
+    let value = crate::report::median(values);
     value.is_finite().then_some(value)
 }
 
@@ -966,7 +967,7 @@ impl LaminaPool {
         )
     }
 
-    fn json(&self, arguments: &[&str]) -> anyhow::Result<serde_json::Value> {
+    fn json<T: serde::de::DeserializeOwned>(&self, arguments: &[&str]) -> anyhow::Result<T> {
         crate::servers::lamina_json(&self.program, &self.data, arguments)
     }
 
@@ -1069,7 +1070,7 @@ fn run_fio(
     arguments: &[String],
     iodepth: u32,
 ) -> anyhow::Result<Measurement> {
-    let report = crate::fio::run_nbd_report(fio, uri, arguments)?;
+    let report = crate::fio::run(fio, uri, arguments)?;
     Ok(Measurement::from_report(&report, iodepth)?)
 }
 
@@ -1361,12 +1362,12 @@ fn measure_pool(
     )?;
     let mut outcome = PoolOutcome::default();
     if config == TierConfig::FlashDisk {
-        let status = pool.json(&["pool", "status", "--json"])?;
+        let status: PoolStatus = pool.json(&["pool", "status", "--json"])?;
         outcome.notes.push(format!(
             "flash+disk after writing: {} blocks demoted, flash {} used of {}",
-            status["demoted_blocks"],
-            mebibytes(status["flash"]["used_bytes"].as_u64().unwrap_or(0)),
-            mebibytes(status["flash"]["size_bytes"].as_u64().unwrap_or(0)),
+            status.demoted_blocks,
+            mebibytes(status.flash.used_bytes),
+            mebibytes(status.flash.size_bytes),
         ));
     }
     for working_set in [WorkingSet::Small, WorkingSet::Large] {
@@ -1436,17 +1437,15 @@ fn measure_pool(
             TierConfig::Disk => {}
         }
     }
-    let status = pool.json(&["pool", "status", "--json"])?;
+    let status: PoolStatus = pool.json(&["pool", "status", "--json"])?;
     outcome.notes.push(format!(
-        "{} at the end: used {}%, {} promoted, {} demoted, write amplification {}",
+        "{} at the end: used {:.1}%, {} promoted, {} demoted, write amplification {}",
         config.name(),
-        status["used_percent"]
-            .as_f64()
-            .map_or("-".to_owned(), |value| format!("{value:.1}")),
-        status["promoted_blocks"],
-        status["demoted_blocks"],
-        status["write_amplification"]
-            .as_f64()
+        status.used_percent,
+        status.promoted_blocks,
+        status.demoted_blocks,
+        status
+            .write_amplification
             .map_or("-".to_owned(), |value| format!("{value:.2}")),
     ));
     pool.stop();
@@ -1459,7 +1458,7 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
     crate::process::become_subreaper();
     let settings = TiersSettings::from_arguments(arguments);
     settings.check()?;
-    let fio_version = crate::fio_version(&arguments.fio)?;
+    let fio_version = crate::fio::version(&arguments.fio)?;
     let load_average_start = load_average();
     let program = crate::lamina_program(arguments.lamina_bin.as_ref());
     if !program.is_file() {
@@ -1581,7 +1580,7 @@ pub fn run_tiers(arguments: &TiersArgs) -> anyhow::Result<()> {
         arguments.output.as_deref(),
         arguments.plot.as_deref(),
         arguments.json,
-        |path| crate::plot::draw_tiers(&report, path),
+        |path| crate::plot::render(&report, path),
     )
 }
 
@@ -1844,18 +1843,29 @@ pub(crate) mod tests {
         assert_eq!(delta.promoted_blocks, 4);
         assert_eq!(delta.capacity_share(), Some(0.25));
         assert_eq!(ReadSources::default().capacity_share(), None);
-        let stats = serde_json::json!({
+        let mut stats = serde_json::json!({
             "volume": "bench",
+            "policy": {"priority": "normal", "pin": "auto"},
             "flash_bytes": 4096,
             "capacity_bytes": 8192,
             "counters": {"memory_read_blocks": 1, "flash_read_blocks": 2,
-                         "capacity_read_blocks": 3, "promoted_blocks": 4, "demoted_blocks": 5}
+                         "capacity_read_blocks": 3, "promoted_blocks": 4, "demoted_blocks": 5},
+            "memory_hit_ratio": 0.1, "flash_hit_ratio": 0.2, "capacity_read_ratio": 0.7
         });
-        let placement = Placement::from_stats(&stats);
+        let placement =
+            Placement::from_stats(&serde_json::from_value(stats.clone()).expect("reads"));
         assert_eq!(placement.flash_bytes, 4096);
         assert_eq!(placement.capacity_bytes, 8192);
         assert_eq!(placement.reads.demoted_blocks, 5);
         assert_eq!(placement.reads.memory_read_blocks, 1);
+        // A counter the daemon renamed is an error, not a zero.
+        stats["counters"]["demoted_blocks_renamed"] = stats["counters"]["demoted_blocks"].take();
+        stats["counters"]
+            .as_object_mut()
+            .expect("object")
+            .remove("demoted_blocks");
+        let error = serde_json::from_value::<VolumeTierStats>(stats).expect_err("renamed");
+        assert!(error.to_string().contains("demoted_blocks"), "{error}");
     }
 
     #[test]
@@ -1913,14 +1923,14 @@ pub(crate) mod tests {
     fn the_plot_has_both_panels_and_the_reaction() {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("tiers.svg");
-        crate::plot::draw_tiers(&sample_report(), &path).expect("draws");
+        crate::plot::render(&sample_report(), &path).expect("draws");
         let svg = std::fs::read_to_string(&path).expect("reads");
         assert!(svg.starts_with("<svg"));
         for text in ["all-flash", "flash+disk", "disk", "reaction", "ws"] {
             assert!(svg.contains(text), "{text:?} missing from the plot");
         }
         let png = directory.path().join("tiers.png");
-        crate::plot::draw_tiers(&sample_report(), &png).expect("draws a png");
+        crate::plot::render(&sample_report(), &png).expect("draws a png");
         assert!(std::fs::metadata(&png).expect("exists").len() > 0);
     }
 }

@@ -13,15 +13,17 @@
 //! Beside uniform cells the analytic bound of a greedy cleaner is printed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::process::{check_interrupted, find_program, run_helper};
+use crate::fio;
+use crate::lamina_program;
+use crate::process::check_interrupted;
 use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
-use crate::{fio_version, lamina_program, parse_size};
+use lamina_api::size::parse_size;
+use lamina_api::{PoolStatus, VolumeInfo};
 
 /// Client block size of the overwrites, in bytes.
 const BLOCK_SIZE_BYTES: u64 = 4096;
@@ -45,10 +47,6 @@ const VOLUME_NAME: &str = "wa";
 /// Errors that make a write-amplification figure impossible or untrustworthy.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteAmplificationError {
-    #[error("fio (`{program}`) is not installed; it is the NBD client of this benchmark")]
-    FioMissing { program: String },
-    #[error("`{program}` has no nbd I/O engine (`fio --enghelp=nbd` failed: {detail})")]
-    NbdEngineMissing { program: String, detail: String },
     #[error("lamina binary {} not found (set --lamina-bin or LAMINA_BIN)", .path.display())]
     LaminaMissing { path: PathBuf },
     #[error("--live {live} is not a fraction strictly between 0 and 1")]
@@ -63,8 +61,6 @@ pub enum WriteAmplificationError {
         "live {live} of {usable_bytes} usable bytes is less than one MiB: use a larger --pool-size"
     )]
     VolumeTooSmall { live: f64, usable_bytes: u64 },
-    #[error("`lamina {command}` JSON has no number `{field}`")]
-    MissingField { command: String, field: String },
     #[error("the pool failed during the run: {reason}")]
     PoolFailed { reason: String },
     #[error(
@@ -299,32 +295,6 @@ fn fill_arguments(volume_size_bytes: u64) -> Vec<String> {
     ]
 }
 
-/// Fails with a clear reason when fio or its nbd engine is missing.
-pub fn check_fio_nbd(fio_program: &str) -> Result<(), WriteAmplificationError> {
-    if find_program(fio_program).is_none() {
-        return Err(WriteAmplificationError::FioMissing {
-            program: fio_program.to_owned(),
-        });
-    }
-    let mut command = Command::new(fio_program);
-    command.arg("--enghelp=nbd");
-    // The engine's help lists its one option, the NBD URI.
-    match run_helper(command) {
-        Ok(output) if String::from_utf8_lossy(&output.stdout).contains("uri") => Ok(()),
-        Ok(output) => Err(WriteAmplificationError::NbdEngineMissing {
-            program: fio_program.to_owned(),
-            detail: format!(
-                "it printed no `uri` option: {:?}",
-                String::from_utf8_lossy(&output.stdout).trim()
-            ),
-        }),
-        Err(error) => Err(WriteAmplificationError::NbdEngineMissing {
-            program: fio_program.to_owned(),
-            detail: format!("{error:#}"),
-        }),
-    }
-}
-
 /// What fio reported of one write phase.
 struct FioWrites {
     bytes: u64,
@@ -332,15 +302,8 @@ struct FioWrites {
 }
 
 fn run_fio(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<FioWrites> {
-    let report = crate::fio::run_nbd_report(fio_program, uri, arguments)?;
-    let job = report.jobs.first().ok_or(crate::fio::FioError::NoJob)?;
-    if job.error != 0 {
-        return Err(crate::fio::FioError::JobError {
-            job: job.jobname.clone(),
-            code: job.error,
-        }
-        .into());
-    }
+    let report = crate::fio::run(fio_program, uri, arguments)?;
+    let job = report.job()?;
     Ok(FioWrites {
         bytes: job.write.io_bytes,
         iops: job.write.iops,
@@ -359,36 +322,28 @@ struct PoolCounters {
 }
 
 impl PoolCounters {
-    fn from_status(command: &str, status: &serde_json::Value) -> anyhow::Result<Self> {
-        if let Some(reason) = status["failed"].as_str() {
+    fn from_status(status: &PoolStatus) -> Result<Self, WriteAmplificationError> {
+        if let Some(reason) = &status.failed {
             return Err(WriteAmplificationError::PoolFailed {
-                reason: reason.to_owned(),
-            }
-            .into());
+                reason: reason.clone(),
+            });
         }
-        let field = |name: &str| {
-            status[name]
-                .as_u64()
-                .ok_or_else(|| WriteAmplificationError::MissingField {
-                    command: command.to_owned(),
-                    field: name.to_owned(),
-                })
-        };
         Ok(Self {
-            capacity_bytes: field("capacity_bytes")?,
-            reserved_bytes: field("reserved_bytes")?,
-            client_bytes_written: field("client_bytes_written")?,
-            device_bytes_written: field("device_bytes_written")?,
-            cleaner_relocated_blocks: field("cleaner_relocated_blocks")?,
-            checkpoint_sequence: field("checkpoint_sequence")?,
+            capacity_bytes: status.capacity_bytes,
+            reserved_bytes: status.reserved_bytes,
+            client_bytes_written: status.client_bytes_written,
+            device_bytes_written: status.device_bytes_written,
+            cleaner_relocated_blocks: status.cleaner_relocated_blocks,
+            checkpoint_sequence: status.checkpoint_sequence,
         })
     }
 
     fn read(program: &Path, data: &Path) -> anyhow::Result<Self> {
-        Self::from_status(
-            "pool status",
-            &lamina_json(program, data, &["pool", "status", "--json"])?,
-        )
+        Ok(Self::from_status(&lamina_json(
+            program,
+            data,
+            &["pool", "status", "--json"],
+        )?)?)
     }
 }
 
@@ -462,25 +417,22 @@ impl CellPlan<'_> {
             "creating a {} MiB pool",
             arguments.pool_size >> 20
         ));
-        let created = PoolCounters::from_status(
-            "pool create",
-            &lamina_json(
-                self.program,
-                &data,
-                &[
-                    "pool",
-                    "create",
-                    "--flash",
-                    &flash,
-                    "--segment-size",
-                    &segment,
-                    "--json",
-                ],
-            )?,
-        )?;
+        let created = PoolCounters::from_status(&lamina_json(
+            self.program,
+            &data,
+            &[
+                "pool",
+                "create",
+                "--flash",
+                &flash,
+                "--segment-size",
+                &segment,
+                "--json",
+            ],
+        )?)?;
         let volume_bytes =
             volume_size_bytes(self.live, created.capacity_bytes, created.reserved_bytes)?;
-        lamina_json(
+        let _: VolumeInfo = lamina_json(
             self.program,
             &data,
             &[
@@ -578,8 +530,8 @@ impl CellPlan<'_> {
 /// Measures every cell and returns the report (the CLI prints it; tests inspect it).
 pub fn measure(arguments: &WriteAmplificationArgs) -> anyhow::Result<WriteAmplificationReport> {
     arguments.check()?;
-    check_fio_nbd(&arguments.fio)?;
-    let version = fio_version(&arguments.fio)?;
+    fio::check_nbd_engine(&arguments.fio)?;
+    let version = fio::version(&arguments.fio)?;
     let program = lamina_program(arguments.lamina_bin.as_ref());
     if !program.is_file() {
         return Err(WriteAmplificationError::LaminaMissing { path: program }.into());

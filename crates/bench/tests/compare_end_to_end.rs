@@ -129,7 +129,7 @@ fn compare_randread_against_nbdkit_and_lamina() {
     assert_eq!(first["figures"][0]["ratio_to_reference"], 1.0);
 
     // Plot: lamina bench draws it in the CLI; here through the same function.
-    lamina_bench::plot::draw(&report, &plot).expect("plots");
+    lamina_bench::plot::render(&report, &plot).expect("plots");
     let svg = std::fs::read_to_string(&plot).expect("svg written");
     assert!(svg.starts_with("<svg") && svg.len() > 1000);
 

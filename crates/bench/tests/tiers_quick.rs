@@ -131,7 +131,7 @@ fn tiers_quick_reports_curves_ratios_and_the_reaction() {
             .as_str()
             .is_some_and(|version| version.starts_with("fio"))
     );
-    lamina_bench::plot::draw_tiers(&report, &plot).expect("plots");
+    lamina_bench::plot::render(&report, &plot).expect("plots");
     let svg = std::fs::read_to_string(&plot).expect("reads the plot");
     assert!(svg.starts_with("<svg") && svg.contains("flash+disk"));
 }

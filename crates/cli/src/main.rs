@@ -545,7 +545,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             )
             .await
             .with_context(|| format!("cannot create a pool on {devices}"))?;
-            let status = serde_json::to_value(pool.status())?;
+            let status = serde_json::to_value(lamina_control::api::pool_status(pool.status()))?;
             pool.close().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);

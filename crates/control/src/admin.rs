@@ -15,7 +15,9 @@ use lamina_engine::{CachePriority, CleanerState, EngineError, Pin, Pool, TierPol
 use lamina_nbd::NbdServer;
 use std::sync::Arc;
 
+use crate::api;
 use crate::export::OpenExports;
+use lamina_api::Deleted;
 use serde::{Deserialize, Serialize};
 
 /// One administrative operation.
@@ -130,7 +132,12 @@ pub async fn execute(
 ) -> Result<serde_json::Value, OperationError> {
     let pool = &context.pool;
     let value = match operation {
-        Operation::VolumeList => serde_json::to_value(pool.list_volumes()),
+        Operation::VolumeList => serde_json::to_value(
+            pool.list_volumes()
+                .into_iter()
+                .map(api::volume_info)
+                .collect::<Vec<_>>(),
+        ),
         Operation::VolumeCreate {
             name,
             size_bytes,
@@ -138,39 +145,51 @@ pub async fn execute(
             pin,
         } => {
             let created = pool.create_volume(&name, size_bytes).await?;
-            if priority.is_none() && pin.is_none() {
-                serde_json::to_value(created)
+            let info = if priority.is_none() && pin.is_none() {
+                created
             } else {
-                serde_json::to_value(set_policy(pool, &name, priority, pin).await?)
-            }
+                set_policy(pool, &name, priority, pin).await?
+            };
+            serde_json::to_value(api::volume_info(info))
         }
         Operation::VolumeSetPolicy {
             name,
             priority,
             pin,
-        } => serde_json::to_value(set_policy(pool, &name, priority, pin).await?),
-        Operation::VolumeStats { name } => serde_json::to_value(pool.volume_tier_stats(&name)?),
+        } => serde_json::to_value(api::volume_info(
+            set_policy(pool, &name, priority, pin).await?,
+        )),
+        Operation::VolumeStats { name } => {
+            serde_json::to_value(api::volume_tier_stats(pool.volume_tier_stats(&name)?))
+        }
         Operation::VolumeResize {
             name,
             size_bytes,
             force,
-        } => serde_json::to_value(pool.resize_volume(&name, size_bytes, force).await?),
-        Operation::VolumeRename { name, new_name } => {
-            serde_json::to_value(pool.rename_volume(&name, &new_name).await?)
-        }
+        } => serde_json::to_value(api::volume_info(
+            pool.resize_volume(&name, size_bytes, force).await?,
+        )),
+        Operation::VolumeRename { name, new_name } => serde_json::to_value(api::volume_info(
+            pool.rename_volume(&name, &new_name).await?,
+        )),
         Operation::VolumeDelete { name } => {
             pool.delete_volume(&name).await?;
-            Ok(serde_json::json!({ "deleted": name }))
+            serde_json::to_value(Deleted { deleted: name })
         }
-        Operation::SnapshotCreate { volume, snapshot } => {
-            serde_json::to_value(pool.create_snapshot(&volume, &snapshot).await?)
-        }
-        Operation::SnapshotList { volume } => {
-            serde_json::to_value(pool.list_snapshots(volume.as_deref())?)
-        }
+        Operation::SnapshotCreate { volume, snapshot } => serde_json::to_value(api::snapshot_info(
+            pool.create_snapshot(&volume, &snapshot).await?,
+        )),
+        Operation::SnapshotList { volume } => serde_json::to_value(
+            pool.list_snapshots(volume.as_deref())?
+                .into_iter()
+                .map(api::snapshot_info)
+                .collect::<Vec<_>>(),
+        ),
         Operation::SnapshotDelete { volume, snapshot } => {
             pool.delete_snapshot(&volume, &snapshot).await?;
-            Ok(serde_json::json!({ "deleted": format!("{volume}@{snapshot}") }))
+            serde_json::to_value(Deleted {
+                deleted: format!("{volume}@{snapshot}"),
+            })
         }
         Operation::SnapshotRollback {
             volume,
@@ -186,14 +205,18 @@ pub async fn execute(
                     ),
                 });
             }
-            serde_json::to_value(pool.rollback_snapshot(&volume, &snapshot).await?)
+            serde_json::to_value(api::volume_info(
+                pool.rollback_snapshot(&volume, &snapshot).await?,
+            ))
         }
         Operation::VolumeClone {
             volume,
             snapshot,
             new_name,
-        } => serde_json::to_value(pool.clone_snapshot(&volume, &snapshot, &new_name).await?),
-        Operation::PoolStatus => serde_json::to_value(pool.status()),
+        } => serde_json::to_value(api::volume_info(
+            pool.clone_snapshot(&volume, &snapshot, &new_name).await?,
+        )),
+        Operation::PoolStatus => serde_json::to_value(api::pool_status(pool.status())),
     };
     Ok(value.expect("admin results serialise"))
 }

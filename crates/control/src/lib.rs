@@ -4,11 +4,13 @@
 //! exposes engine volumes as NBD exports.
 
 pub mod admin;
+pub mod api;
 pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod export;
-pub mod size;
 pub mod store;
+
+pub use lamina_api::size;
 
 pub use config::Config;

@@ -1,13 +1,12 @@
 //! The timeline plot: total IOPS over time with the peak, mean and steady-state
 //! levels drawn across it and the busy periods shaded, as an SVG file.
 //!
-//! Text is laid out with plotters' pure-Rust `ab_glyph` renderer (the workspace
-//! enables it for the benchmark plots too, and features are shared), which needs a
+//! Text is laid out with plotters' pure-Rust `ab_glyph` renderer, which needs a
 //! TrueType font at run time: `LAMINA_PLAN_FONT`, or the usual Debian locations
-//! (package fonts-dejavu-core).
+//! (package fonts-dejavu-core), found by `lamina_plot::register_font`, which the
+//! benchmark plots share.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use plotters::prelude::*;
 
@@ -19,48 +18,12 @@ use crate::trace::Trace;
 const PLOT_WIDTH_PIXELS: u32 = 1200;
 const PLOT_HEIGHT_PIXELS: u32 = 500;
 
-/// Fonts tried, in order, when `LAMINA_PLAN_FONT` is not set.
-const FONT_CANDIDATES: [&str; 4] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    "/usr/share/fonts/truetype/noto/NotoSans-Regular.ttf",
-];
-
-static FONT_REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
-
-/// Registers the first readable font as `sans-serif`, once per process.
-fn register_font() -> Result<(), String> {
-    FONT_REGISTERED
-        .get_or_init(|| {
-            let candidates: Vec<String> = std::env::var("LAMINA_PLAN_FONT")
-                .ok()
-                .into_iter()
-                .chain(FONT_CANDIDATES.iter().map(|path| (*path).to_string()))
-                .collect();
-            for candidate in &candidates {
-                if let Ok(bytes) = std::fs::read(candidate) {
-                    // plotters keeps `&'static` font data; one font, read once per
-                    // process, is leaked on purpose.
-                    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                    if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-                        .is_ok()
-                    {
-                        return Ok(());
-                    }
-                }
-            }
-            Err(format!(
-                "the plot needs a TrueType font: set LAMINA_PLAN_FONT or install fonts-dejavu-core (tried {})",
-                candidates.join(", ")
-            ))
-        })
-        .clone()
-}
+/// The environment variable naming the plot's font.
+const FONT_VARIABLE: &str = "LAMINA_PLAN_FONT";
 
 /// Draws the timeline into an SVG string.
 pub fn render_svg(trace: &Trace, analysis: &Analysis) -> Result<String, String> {
-    register_font()?;
+    lamina_plot::register_font(FONT_VARIABLE).map_err(|error| error.to_string())?;
     let mut svg = String::new();
     {
         let backend = SVGBackend::with_string(&mut svg, (PLOT_WIDTH_PIXELS, PLOT_HEIGHT_PIXELS));

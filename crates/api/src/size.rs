@@ -1,5 +1,9 @@
-//! Human sizes on the command line and in config: `4096`, `512K`, `10G`, `1TiB`.
-//! Suffixes are binary (K = 1024), as storage engineers expect of device sizes.
+//! Human sizes on the command line and in config, the one parser of them for
+//! every lamina command (`lamina pool create`, `lamina bench ...`) and the
+//! daemon's config: plain bytes (`4096`), or a whole number with a binary unit,
+//! case-insensitive and optionally followed by `B` or `iB`: `K`, `M`, `G`, `T`,
+//! `P` (`512k`, `64M`, `10GB`, `1TiB`). Units are binary (K = 1024), as storage
+//! engineers expect of device sizes; `B` alone means bytes.
 
 /// Parses a size in bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -48,12 +52,21 @@ mod tests {
     #[test]
     fn sizes_parse_and_bad_ones_are_refused() {
         assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size(" 4096 "), Ok(4096));
+        assert_eq!(parse_size("7b"), Ok(7));
         assert_eq!(parse_size("10G"), Ok(10 << 30));
         assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64mb"), Ok(64 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_size("1p"), Ok(1 << 50));
         assert!(parse_size("ten").is_err());
+        assert!(parse_size("G").is_err());
         assert!(parse_size("10X").is_err());
+        assert!(parse_size("1.5G").is_err());
         assert!(parse_size("99999999999P").is_err());
         assert_eq!(format_size(10 << 30), "10.0 GiB");
+        assert_eq!(format_size(512), "512 B");
     }
 }

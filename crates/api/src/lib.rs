@@ -1,0 +1,266 @@
+//! The admin API's answers as typed structs: what `lamina pool status --json`,
+//! `volume list --json`, `volume stats --json` and `snapshot list --json` print,
+//! and what the daemon's `POST /v1/operations` returns. The daemon serializes
+//! these (converted from the engine's own types, see lamina-control's `api`
+//! module); readers such as `lamina bench` deserialize them, so that neither
+//! reads a field by a string key and neither depends on the engine.
+//!
+//! Every field is required when reading, `Option`s included (they are written as
+//! `null`): a field the daemon renamed or dropped is a deserialization error that
+//! names it, never a silent zero. Fields a reader does not know are ignored, so a
+//! daemon may add fields without breaking older readers.
+//!
+//! The field names and order are the JSON's; changing them changes what users'
+//! scripts read (docs/decisions/0015-typed-admin-api.md).
+
+pub mod size;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Reads an `Option` field that must be present (as `null` or a value): serde
+/// would otherwise take a missing `Option` field for `None`.
+fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    Option::deserialize(deserializer)
+}
+
+/// What `pool status` shows (see the engine's `PoolStatus` for each figure).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub device: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Used share of the space clients can fill, in percent: 100 when writes
+    /// fail with ENOSPC.
+    pub used_percent: f64,
+    /// The highest usage warning threshold reached, 0 for none.
+    pub usage_warning_percent: u8,
+    pub segment_size_bytes: u64,
+    pub segment_count: u64,
+    pub free_segment_count: u64,
+    pub volume_count: usize,
+    /// Bytes clients have written over the pool's life.
+    pub client_bytes_written: u64,
+    /// Log and checkpoint bytes written to the devices over the pool's life.
+    pub device_bytes_written: u64,
+    /// `device_bytes_written / client_bytes_written`; none before clients write.
+    #[serde(deserialize_with = "required")]
+    pub write_amplification: Option<f64>,
+    pub cleaner_relocated_blocks: u64,
+    pub dead_segment_count: u64,
+    pub cleaner_state: CleanerState,
+    /// Free-space pressure on the cleaner, 0 (idle) to 1.
+    pub cleaner_pressure: f64,
+    pub durable_batch_sequence: u64,
+    pub checkpoint_sequence: u64,
+    /// Why the pool refuses writes, after an I/O error.
+    #[serde(deserialize_with = "required")]
+    pub failed: Option<String>,
+    /// Set while the device under the pool is out of space.
+    #[serde(deserialize_with = "required")]
+    pub device_full: Option<DeviceFullStatus>,
+    pub device_full_retries: u64,
+    pub memory_cache: CacheStatistics,
+    /// Space of the flash tier (all of a one-tier pool).
+    pub flash: TierSpace,
+    /// Space of the capacity tier, in a two-tier pool.
+    #[serde(deserialize_with = "required")]
+    pub capacity: Option<TierSpace>,
+    pub promoted_blocks: u64,
+    pub demoted_blocks: u64,
+    pub integrity: IntegrityStatus,
+}
+
+/// What the paced cleaner is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CleanerState {
+    Off,
+    Idle,
+    Paced,
+    Short,
+}
+
+/// What `pool status` shows while the device is full.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceFullStatus {
+    pub reason: String,
+    pub since_unix_seconds: u64,
+    pub waiting_batch_count: usize,
+}
+
+/// The memory cache's size and hit counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheStatistics {
+    pub capacity_bytes: u64,
+    pub cached_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// One tier's space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierSpace {
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+}
+
+/// Damage found since the pool opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntegrityStatus {
+    pub read_checksum_errors: u64,
+    pub summaries_repaired: u64,
+    pub lost_batches: u64,
+    pub torn_blocks_dropped: u64,
+    pub damaged_flushed_blocks: u64,
+    pub segments_set_aside: u64,
+}
+
+/// What `volume list` shows about a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub volume_id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub allocated_bytes: u64,
+    pub unique_bytes: u64,
+    pub used_bytes: u64,
+    pub snapshot_count: usize,
+    /// `VOL@SNAP` this volume was cloned from.
+    #[serde(deserialize_with = "required")]
+    pub origin: Option<String>,
+    pub created_unix_seconds: u64,
+    pub policy: TierPolicy,
+}
+
+/// A volume's tier policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierPolicy {
+    pub priority: CachePriority,
+    pub pin: Pin,
+}
+
+/// How much a volume's data deserves flash, relative to other volumes'.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CachePriority {
+    High,
+    Normal,
+    Low,
+    None,
+}
+
+/// Where a volume's blocks are kept regardless of heat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pin {
+    Auto,
+    Flash,
+    Capacity,
+}
+
+/// What `snapshot list` shows about a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// `VOL@SNAP`, also its NBD export name.
+    pub full_name: String,
+    pub volume: String,
+    pub name: String,
+    pub snapshot_id: u32,
+    pub size_bytes: u64,
+    pub referenced_bytes: u64,
+    pub unique_bytes: u64,
+    /// Volumes cloned from this snapshot.
+    pub clones: Vec<String>,
+    pub created_unix_seconds: u64,
+}
+
+/// What `volume stats` shows: where a volume's blocks live and where its reads
+/// were served from since the pool opened.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeTierStats {
+    pub volume: String,
+    pub policy: TierPolicy,
+    pub flash_bytes: u64,
+    pub capacity_bytes: u64,
+    pub counters: VolumeTierCounters,
+    pub memory_hit_ratio: f64,
+    pub flash_hit_ratio: f64,
+    pub capacity_read_ratio: f64,
+}
+
+/// What one volume's reads and moves did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeTierCounters {
+    pub memory_read_blocks: u64,
+    pub flash_read_blocks: u64,
+    pub capacity_read_blocks: u64,
+    pub promoted_blocks: u64,
+    pub demoted_blocks: u64,
+}
+
+/// The answer to `volume delete` (`VOL`) and `snapshot delete` (`VOL@SNAP`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    pub deleted: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_json() -> serde_json::Value {
+        serde_json::json!({
+            "device": "/p/flash", "capacity_bytes": 100, "used_bytes": 10, "free_bytes": 80,
+            "reserved_bytes": 10, "used_percent": 11.1, "usage_warning_percent": 0,
+            "segment_size_bytes": 4, "segment_count": 25, "free_segment_count": 20,
+            "volume_count": 1, "client_bytes_written": 8, "device_bytes_written": 12,
+            "write_amplification": 1.5, "cleaner_relocated_blocks": 0,
+            "dead_segment_count": 0, "cleaner_state": "idle", "cleaner_pressure": 0.0,
+            "durable_batch_sequence": 3, "checkpoint_sequence": 1, "failed": null,
+            "device_full": null, "device_full_retries": 0,
+            "memory_cache": {"capacity_bytes": 0, "cached_bytes": 0, "hits": 0, "misses": 0},
+            "flash": {"size_bytes": 100, "used_bytes": 10, "free_bytes": 90},
+            "capacity": null, "promoted_blocks": 0, "demoted_blocks": 0,
+            "integrity": {"read_checksum_errors": 0, "summaries_repaired": 0, "lost_batches": 0,
+                "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0}
+        })
+    }
+
+    #[test]
+    fn a_status_reads_and_writes_back_the_same_document() {
+        let status: PoolStatus = serde_json::from_value(status_json()).expect("reads");
+        assert_eq!(status.write_amplification, Some(1.5));
+        assert_eq!(status.cleaner_state, CleanerState::Idle);
+        assert_eq!(
+            serde_json::to_value(&status).expect("writes"),
+            status_json()
+        );
+    }
+
+    #[test]
+    fn a_renamed_or_missing_field_is_an_error_that_names_it() {
+        for field in ["device_bytes_written", "write_amplification", "capacity"] {
+            let mut document = status_json();
+            let value = document
+                .as_object_mut()
+                .expect("object")
+                .remove(field)
+                .expect("field");
+            document[format!("{field}_renamed")] = value;
+            let error = serde_json::from_value::<PoolStatus>(document).expect_err(field);
+            assert!(error.to_string().contains(field), "{error}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        let mut document = status_json();
+        document["added_later"] = serde_json::json!(7);
+        assert!(serde_json::from_value::<PoolStatus>(document).is_ok());
+    }
+}
