@@ -5,20 +5,22 @@
 //! written, into the slot not holding the newest durable checkpoint, so that a
 //! torn slot write always leaves the previous checkpoint intact.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use lamina_device::AlignedBuffer;
 
 use super::inner::Pool;
-use super::space::DurableCheckpoint;
+use super::space::{DurableCheckpoint, SegmentState};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::checkpoint::{
-    Body, ChunkImage, HeadImage, MapImage, Slot, SnapshotImage, VolumeImage, VolumePolicyImage,
+    Body, ChunkImage, CountersImage, HeadImage, MapImage, PlacementImage, Slot, SnapshotImage,
+    VolumeImage, VolumePolicyImage,
 };
 use crate::log::geometry::CHECKPOINT_SLOT_BLOCKS;
-use crate::volume::TierPolicy;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
+use crate::volume::{TierPolicy, VolumeTable};
 
 /// A volume's maps, copied under the state lock (cheap: chunks are shared) and
 /// encoded outside it.
@@ -61,204 +63,201 @@ impl ChunkTable {
         for (chunk_index, chunk) in map.shared_chunks() {
             let reference = match self.by_identity.get(&Arc::as_ptr(chunk)) {
                 Some(reference) => *reference,
-                None => {
-                    let base_chunk = base
-                        .and_then(|base| base.shared_chunk(chunk_index))
-                        .and_then(|base_chunk| {
-                            let reference = self.by_identity.get(&Arc::as_ptr(base_chunk))?;
-                            Some((*reference, base_chunk))
-                        });
-                    let mut chunk_image = ChunkImage {
-                        base: base_chunk.map(|(reference, _)| reference),
-                        entries: Vec::new(),
-                        physical_blocks: Vec::new(),
-                        checksums: Vec::new(),
-                    };
-                    for entry in 0..CHUNK_ENTRY_COUNT {
-                        let (base_physical, base_checksum) = base_chunk
-                            .map_or((0, 0), |(_, base)| {
-                                (base.physical_blocks[entry], base.checksums[entry])
-                            });
-                        let physical = chunk.physical_blocks[entry];
-                        let checksum = if physical == 0 {
-                            0
-                        } else {
-                            chunk.checksums[entry]
-                        };
-                        let base_checksum = if base_physical == 0 { 0 } else { base_checksum };
-                        if (physical, checksum) != (base_physical, base_checksum) {
-                            chunk_image.entries.push(entry as u16);
-                            chunk_image.physical_blocks.push(physical);
-                            chunk_image.checksums.push(checksum);
-                        }
-                    }
-                    self.chunks.push(chunk_image);
-                    self.held.push(chunk.clone());
-                    let reference = (self.chunks.len() - 1) as u32;
-                    self.by_identity.insert(Arc::as_ptr(chunk), reference);
-                    reference
-                }
+                None => self.add(chunk_index, chunk, base),
             };
             image.chunk_indexes.push(chunk_index);
             image.chunk_references.push(reference);
         }
         image
     }
+
+    /// Stores a chunk new to the table, as the entries where it differs from
+    /// chunk `chunk_index` of `base` if the table holds that one (from all
+    /// entries otherwise). Returns its reference.
+    fn add(&mut self, chunk_index: u64, chunk: &Arc<Chunk>, base: Option<&BlockMap>) -> u32 {
+        let base_chunk = base
+            .and_then(|base| base.shared_chunk(chunk_index))
+            .and_then(|base_chunk| {
+                let reference = self.by_identity.get(&Arc::as_ptr(base_chunk))?;
+                Some((*reference, base_chunk))
+            });
+        let mut chunk_image = ChunkImage {
+            base: base_chunk.map(|(reference, _)| reference),
+            entries: Vec::new(),
+            physical_blocks: Vec::new(),
+            checksums: Vec::new(),
+        };
+        for entry in 0..CHUNK_ENTRY_COUNT {
+            let (base_physical, base_checksum) = base_chunk.map_or((0, 0), |(_, base)| {
+                (base.physical_blocks[entry], base.checksums[entry])
+            });
+            let physical = chunk.physical_blocks[entry];
+            // An unmapped entry's checksum means nothing: compared as zero.
+            let checksum = if physical == 0 {
+                0
+            } else {
+                chunk.checksums[entry]
+            };
+            let base_checksum = if base_physical == 0 { 0 } else { base_checksum };
+            if (physical, checksum) != (base_physical, base_checksum) {
+                chunk_image.entries.push(entry as u16);
+                chunk_image.physical_blocks.push(physical);
+                chunk_image.checksums.push(checksum);
+            }
+        }
+        self.chunks.push(chunk_image);
+        self.held.push(chunk.clone());
+        let reference = (self.chunks.len() - 1) as u32;
+        self.by_identity.insert(Arc::as_ptr(chunk), reference);
+        reference
+    }
+}
+
+/// Which checkpoint is being written, and into which slot.
+#[derive(Clone, Copy, Debug)]
+struct CheckpointTarget {
+    checkpoint_sequence: u64,
+    /// The slot not holding the newest durable checkpoint.
+    slot_index: usize,
+    /// Every batch up to this one is sealed, and flushed before the body is
+    /// written: the body's maps include them all.
+    covered_batch_sequence: u64,
+}
+
+/// What a checkpoint copies of the state under the lock; the body is built
+/// from it outside the lock.
+struct CheckpointSnapshot {
+    target: CheckpointTarget,
+    next_segment_sequence: u64,
+    next_volume_id: u32,
+    next_snapshot_id: u32,
+    heads: Vec<HeadImage>,
+    volumes: Vec<VolumeCopy>,
+    segment_last_batch_sequences: Vec<u64>,
+    counters: CountersImage,
+    placement: PlacementImage,
+}
+
+/// Copies every volume's and snapshot's map (cheap: chunks are shared).
+fn copy_volumes(volumes: &VolumeTable) -> Vec<VolumeCopy> {
+    volumes
+        .iter()
+        .map(|volume| VolumeCopy {
+            volume_id: volume.volume_id,
+            name: volume.name.clone(),
+            size_bytes: volume.size_bytes,
+            created_unix_seconds: volume.created_unix_seconds,
+            origin: volume
+                .origin
+                .map(|origin| (origin.volume_id, origin.snapshot_id)),
+            map: volume.map.clone(),
+            policy: volume.policy,
+            snapshots: volume
+                .snapshots
+                .iter()
+                .map(|snapshot| SnapshotCopy {
+                    snapshot_id: snapshot.snapshot_id,
+                    name: snapshot.name.clone(),
+                    size_bytes: snapshot.size_bytes,
+                    created_unix_seconds: snapshot.created_unix_seconds,
+                    map: snapshot.map.clone(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The volumes' images and the table of the chunks they share. Volumes go
+/// in identifier order, so that a clone's origin snapshot is encoded before
+/// the clone uses it as a base.
+fn volume_images(volumes: &[VolumeCopy]) -> (Vec<VolumeImage>, Vec<ChunkImage>) {
+    let mut table = ChunkTable::default();
+    let mut images: Vec<VolumeImage> = Vec::with_capacity(volumes.len());
+    for volume in volumes {
+        let origin_map = volume.origin.and_then(|(origin_volume, origin_snapshot)| {
+            let origin = volumes
+                .iter()
+                .find(|candidate| candidate.volume_id == origin_volume)?;
+            origin
+                .snapshots
+                .iter()
+                .find(|snapshot| snapshot.snapshot_id == origin_snapshot)
+                .map(|snapshot| &snapshot.map)
+        });
+        // Each map is stored as its difference from the one before it in
+        // the volume's chain: origin snapshot, own snapshots, live map.
+        let mut before = origin_map;
+        let mut snapshots = Vec::with_capacity(volume.snapshots.len());
+        for snapshot in &volume.snapshots {
+            snapshots.push(SnapshotImage {
+                snapshot_id: snapshot.snapshot_id,
+                name: snapshot.name.clone(),
+                size_bytes: snapshot.size_bytes,
+                created_unix_seconds: snapshot.created_unix_seconds,
+                map: table.image(&snapshot.map, before),
+            });
+            before = Some(&snapshot.map);
+        }
+        images.push(VolumeImage {
+            volume_id: volume.volume_id,
+            name: volume.name.clone(),
+            size_bytes: volume.size_bytes,
+            created_unix_seconds: volume.created_unix_seconds,
+            origin: volume.origin,
+            map: table.image(&volume.map, before),
+            snapshots,
+        });
+    }
+    (images, table.chunks)
+}
+
+/// The checkpoint body the snapshot describes, encoded.
+fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
+    let (volumes, chunks) = volume_images(&snapshot.volumes);
+    let volume_policies = snapshot
+        .volumes
+        .iter()
+        .filter(|volume| volume.policy != TierPolicy::default())
+        .map(|volume| VolumePolicyImage {
+            volume_id: volume.volume_id,
+            policy: volume.policy.into(),
+        })
+        .collect();
+    let body = Body {
+        checkpoint_sequence: snapshot.target.checkpoint_sequence,
+        covered_batch_sequence: snapshot.target.covered_batch_sequence,
+        next_segment_sequence: snapshot.next_segment_sequence,
+        next_volume_id: snapshot.next_volume_id,
+        next_snapshot_id: snapshot.next_snapshot_id,
+        heads: snapshot.heads,
+        chunks,
+        volumes,
+        segment_last_batch_sequences: snapshot.segment_last_batch_sequences,
+        volume_policies,
+        counters: snapshot.counters,
+        placement: snapshot.placement,
+    };
+    let encoded = body.encode();
+    // Decoding costs about what encoding did: debug builds only.
+    debug_assert!(
+        Body::decode(&encoded).is_ok_and(|decoded| decoded == body),
+        "checkpoint {} body does not decode to what was encoded",
+        body.checkpoint_sequence
+    );
+    encoded
 }
 
 impl Pool {
     /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
     pub async fn checkpoint(&self) -> Result<(), EngineError> {
         let _guard = self.inner.checkpoint_lock.lock().await;
-        let (
-            checkpoint_sequence,
-            slot_index,
-            covered,
-            next_segment_sequence,
-            (next_volume_id, next_snapshot_id),
-            heads,
-            volumes,
-            segment_last,
-            counters,
-            placement,
-        ) = {
-            let mut state = self.inner.lock();
-            state.check_failed()?;
-            let sealed = state.seal_open_batch();
-            self.spawn_writes(sealed);
-            let sealed_bytes = state.counters().sealed_bytes();
-            let checkpoint_sequence = state.checkpoint_schedule_mut().take_sequence(sealed_bytes);
-            let slot_index = state
-                .space()
-                .durable_checkpoints()
-                .last()
-                .map_or(0, |latest| 1 - latest.slot_index);
-            let volumes: Vec<VolumeCopy> = state
-                .volumes()
-                .iter()
-                .map(|volume| VolumeCopy {
-                    volume_id: volume.volume_id,
-                    name: volume.name.clone(),
-                    size_bytes: volume.size_bytes,
-                    created_unix_seconds: volume.created_unix_seconds,
-                    origin: volume
-                        .origin
-                        .map(|origin| (origin.volume_id, origin.snapshot_id)),
-                    map: volume.map.clone(),
-                    policy: volume.policy,
-                    snapshots: volume
-                        .snapshots
-                        .iter()
-                        .map(|snapshot| SnapshotCopy {
-                            snapshot_id: snapshot.snapshot_id,
-                            name: snapshot.name.clone(),
-                            size_bytes: snapshot.size_bytes,
-                            created_unix_seconds: snapshot.created_unix_seconds,
-                            map: snapshot.map.clone(),
-                        })
-                        .collect(),
-                })
-                .collect();
-            (
-                checkpoint_sequence,
-                slot_index,
-                state.writer().sealed_through(),
-                state.writer().next_segment_sequence(),
-                (
-                    state.volumes().next_volume_id,
-                    state.volumes().next_snapshot_id,
-                ),
-                state
-                    .writer()
-                    .heads()
-                    .iter()
-                    .flatten()
-                    .map(|head| HeadImage {
-                        segment_index: head.segment_index,
-                        segment_sequence: head.segment_sequence,
-                        next_block_in_segment: head.next_block_in_segment,
-                    })
-                    .collect::<Vec<_>>(),
-                volumes,
-                state
-                    .space()
-                    .segments()
-                    .iter()
-                    .map(|segment| segment.last_batch_sequence)
-                    .collect::<Vec<_>>(),
-                state.counters().lifetime(),
-                state.placement().image(),
-            )
-        };
-        self.flush_through(covered).await?;
-        let encoded = tokio::task::spawn_blocking(move || {
-            let mut table = ChunkTable::default();
-            // Volumes in identifier order, so that a clone's origin snapshot is
-            // encoded before the clone uses it as a base.
-            let mut images: Vec<VolumeImage> = Vec::with_capacity(volumes.len());
-            for volume in &volumes {
-                let origin_map = volume.origin.and_then(|(origin_volume, origin_snapshot)| {
-                    let origin = volumes
-                        .iter()
-                        .find(|candidate| candidate.volume_id == origin_volume)?;
-                    origin
-                        .snapshots
-                        .iter()
-                        .find(|snapshot| snapshot.snapshot_id == origin_snapshot)
-                        .map(|snapshot| &snapshot.map)
-                });
-                let mut before = origin_map;
-                let mut snapshots = Vec::with_capacity(volume.snapshots.len());
-                for snapshot in &volume.snapshots {
-                    snapshots.push(SnapshotImage {
-                        snapshot_id: snapshot.snapshot_id,
-                        name: snapshot.name.clone(),
-                        size_bytes: snapshot.size_bytes,
-                        created_unix_seconds: snapshot.created_unix_seconds,
-                        map: table.image(&snapshot.map, before),
-                    });
-                    before = Some(&snapshot.map);
-                }
-                images.push(VolumeImage {
-                    volume_id: volume.volume_id,
-                    name: volume.name.clone(),
-                    size_bytes: volume.size_bytes,
-                    created_unix_seconds: volume.created_unix_seconds,
-                    origin: volume.origin,
-                    map: table.image(&volume.map, before),
-                    snapshots,
-                });
-            }
-            let volume_policies = volumes
-                .iter()
-                .filter(|volume| volume.policy != TierPolicy::default())
-                .map(|volume| VolumePolicyImage {
-                    volume_id: volume.volume_id,
-                    policy: volume.policy.into(),
-                })
-                .collect();
-            let volumes = images;
-            Body {
-                checkpoint_sequence,
-                covered_batch_sequence: covered,
-                next_segment_sequence,
-                next_volume_id,
-                next_snapshot_id,
-                heads,
-                chunks: table.chunks,
-                volumes,
-                segment_last_batch_sequences: segment_last,
-                volume_policies,
-                counters,
-                placement,
-            }
-            .encode()
-        })
-        .await
-        .expect("checkpoint encoding task");
-        let result = self
-            .write_checkpoint(checkpoint_sequence, slot_index, covered, &encoded)
-            .await;
+        let snapshot = self.take_checkpoint_snapshot()?;
+        let target = snapshot.target;
+        self.flush_through(target.covered_batch_sequence).await?;
+        let encoded = tokio::task::spawn_blocking(move || encode_body(snapshot))
+            .await
+            .expect("checkpoint encoding task");
+        let result = self.write_checkpoint(target, &encoded).await;
         // A body that found the device full was abandoned before any slot
         // named it: the pool goes on with its previous checkpoints.
         if let Err(error) = &result
@@ -272,24 +271,134 @@ impl Pool {
         result
     }
 
+    /// Seals the open batches (handing them to the device) and copies what
+    /// the checkpoint needs, all in one hold of the state lock, so that the
+    /// copy covers exactly the batches sealed so far.
+    fn take_checkpoint_snapshot(&self) -> Result<CheckpointSnapshot, EngineError> {
+        let mut state = self.inner.lock();
+        state.check_failed()?;
+        let sealed = state.seal_open_batch();
+        self.spawn_writes(sealed);
+        let sealed_bytes = state.counters().sealed_bytes();
+        let checkpoint_sequence = state.checkpoint_schedule_mut().take_sequence(sealed_bytes);
+        let slot_index = state
+            .space()
+            .durable_checkpoints()
+            .last()
+            .map_or(0, |latest| 1 - latest.slot_index);
+        let heads = state
+            .writer()
+            .heads()
+            .iter()
+            .flatten()
+            .map(|head| HeadImage {
+                segment_index: head.segment_index,
+                segment_sequence: head.segment_sequence,
+                next_block_in_segment: head.next_block_in_segment,
+            })
+            .collect();
+        Ok(CheckpointSnapshot {
+            target: CheckpointTarget {
+                checkpoint_sequence,
+                slot_index,
+                covered_batch_sequence: state.writer().sealed_through(),
+            },
+            next_segment_sequence: state.writer().next_segment_sequence(),
+            next_volume_id: state.volumes().next_volume_id,
+            next_snapshot_id: state.volumes().next_snapshot_id,
+            heads,
+            volumes: copy_volumes(state.volumes()),
+            segment_last_batch_sequences: state
+                .space()
+                .segments()
+                .iter()
+                .map(|segment| segment.last_batch_sequence)
+                .collect(),
+            counters: state.counters().lifetime(),
+            placement: state.placement().image(),
+        })
+    }
+
+    /// Writes the encoded body into free segments, then the slot that names
+    /// them, each followed by a device flush, and records the checkpoint as
+    /// durable.
     async fn write_checkpoint(
         &self,
-        checkpoint_sequence: u64,
-        slot_index: usize,
-        covered: u64,
+        target: CheckpointTarget,
         encoded: &[u8],
     ) -> Result<(), EngineError> {
+        let body_segments = self.take_body_segments(target, encoded.len())?;
+        self.write_body(encoded, &body_segments).await?;
+        self.inner.device.flush().await?;
+        self.write_slot(target, encoded, &body_segments).await?;
+        self.inner.device.flush().await?;
+        let mut state = self.inner.lock();
+        // Device bytes, as written: each body piece padded to whole blocks, and the slot.
+        let body_bytes =
+            encoded.len().div_ceil(BLOCK_SIZE_BYTES as usize) as u64 * BLOCK_SIZE_BYTES;
+        state
+            .counters_mut()
+            .checkpoint_written(body_bytes + BLOCK_SIZE_BYTES);
+        state.checkpoint_became_durable(DurableCheckpoint {
+            slot_index: target.slot_index,
+            checkpoint_sequence: target.checkpoint_sequence,
+            covered_batch_sequence: target.covered_batch_sequence,
+            body_segments,
+        });
+        tracing::debug!(
+            checkpoint_sequence = target.checkpoint_sequence,
+            covered = target.covered_batch_sequence,
+            bytes = encoded.len(),
+            "checkpoint durable"
+        );
+        Ok(())
+    }
+
+    /// Takes free segments enough for a body of `body_bytes`.
+    fn take_body_segments(
+        &self,
+        target: CheckpointTarget,
+        body_bytes: usize,
+    ) -> Result<Vec<u32>, EngineError> {
+        let segment_bytes = self.inner.geometry.segment_size_bytes() as usize;
+        let needed = body_bytes.div_ceil(segment_bytes);
+        let mut state = self.inner.lock();
+        let body_segments = state
+            .space_mut()
+            .take_checkpoint_body_segments(needed, target.checkpoint_sequence)
+            .ok_or(EngineError::NoSpace)?;
+        // Taken from the free lists (the allocator checks each was free):
+        // distinct, and none holds a body a durable checkpoint names.
+        assert_eq!(body_segments.len(), needed);
+        let distinct: HashSet<u32> = body_segments.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            body_segments.len(),
+            "checkpoint {} body segments {body_segments:?} are not distinct",
+            target.checkpoint_sequence
+        );
+        for durable in state.space().durable_checkpoints() {
+            assert!(
+                durable
+                    .body_segments
+                    .iter()
+                    .all(|segment| !distinct.contains(segment)),
+                "checkpoint {} body segments {body_segments:?} overlap durable checkpoint {}'s",
+                target.checkpoint_sequence,
+                durable.checkpoint_sequence
+            );
+        }
+        Ok(body_segments)
+    }
+
+    /// Writes the body, a segment's worth at a time. When the device under
+    /// the pool is out of space, its segments are given back and the
+    /// checkpoint is skipped with `DeviceFull`.
+    async fn write_body(&self, encoded: &[u8], body_segments: &[u32]) -> Result<(), EngineError> {
         let geometry = self.inner.geometry;
         let segment_bytes = geometry.segment_size_bytes() as usize;
-        let needed = encoded.len().div_ceil(segment_bytes);
-        let body_segments: Vec<u32> = self
-            .inner
-            .lock()
-            .space_mut()
-            .take_checkpoint_body_segments(needed, checkpoint_sequence)
-            .ok_or(EngineError::NoSpace)?;
         let device = &self.inner.device;
-        for (piece, segment_index) in encoded.chunks(segment_bytes).zip(&body_segments) {
+        for (piece, segment_index) in encoded.chunks(segment_bytes).zip(body_segments) {
             let offset = geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES;
             let written = device
                 .write(offset, Arc::new(AlignedBuffer::from_slice_padded(piece)))
@@ -302,7 +411,7 @@ impl Pool {
                 self.inner
                     .lock()
                     .space_mut()
-                    .return_checkpoint_body_segments(&body_segments);
+                    .return_checkpoint_body_segments(body_segments);
                 tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
                 return Err(EngineError::DeviceFull {
                     device: device.name().to_string(),
@@ -310,38 +419,51 @@ impl Pool {
                 });
             }
         }
-        device.flush().await?;
+        Ok(())
+    }
+
+    /// Writes the slot naming the body, into the slot not holding the newest
+    /// durable checkpoint.
+    async fn write_slot(
+        &self,
+        target: CheckpointTarget,
+        encoded: &[u8],
+        body_segments: &[u32],
+    ) -> Result<(), EngineError> {
         let slot = Slot {
-            checkpoint_sequence,
-            covered_batch_sequence: covered,
+            checkpoint_sequence: target.checkpoint_sequence,
+            covered_batch_sequence: target.covered_batch_sequence,
             body_bytes: encoded.len() as u64,
             body_checksum: crc32c::crc32c(encoded),
-            body_segments: body_segments.clone(),
+            body_segments: body_segments.to_vec(),
         };
-        let slot_offset = CHECKPOINT_SLOT_BLOCKS[slot_index] * BLOCK_SIZE_BYTES;
-        device
-            .write(slot_offset, super::inner::aligned(&slot.encode()))
-            .await?;
-        device.flush().await?;
-        let mut state = self.inner.lock();
-        // Device bytes, as written: each body piece padded to whole blocks, and the slot.
-        let body_bytes =
-            encoded.len().div_ceil(BLOCK_SIZE_BYTES as usize) as u64 * BLOCK_SIZE_BYTES;
-        state
-            .counters_mut()
-            .checkpoint_written(body_bytes + BLOCK_SIZE_BYTES);
-        state.checkpoint_became_durable(DurableCheckpoint {
-            slot_index,
-            checkpoint_sequence,
-            covered_batch_sequence: covered,
-            body_segments,
-        });
-        tracing::debug!(
-            checkpoint_sequence,
-            covered,
-            bytes = encoded.len(),
-            "checkpoint durable"
+        // The slot names exactly the segments the body was written into,
+        // all still this checkpoint's.
+        let segment_bytes = self.inner.geometry.segment_size_bytes();
+        assert_eq!(
+            slot.body_bytes.div_ceil(segment_bytes) as usize,
+            slot.body_segments.len()
         );
+        {
+            let state = self.inner.lock();
+            for segment_index in &slot.body_segments {
+                assert_eq!(
+                    state.space().segment(*segment_index).state,
+                    SegmentState::Checkpoint {
+                        checkpoint_sequence: target.checkpoint_sequence
+                    },
+                    "segment {segment_index} of checkpoint {}'s body",
+                    target.checkpoint_sequence
+                );
+            }
+        }
+        let encoded_slot = slot.encode();
+        debug_assert_eq!(Slot::decode(&encoded_slot).ok().as_ref(), Some(&slot));
+        let slot_offset = CHECKPOINT_SLOT_BLOCKS[target.slot_index] * BLOCK_SIZE_BYTES;
+        self.inner
+            .device
+            .write(slot_offset, super::inner::aligned(&encoded_slot))
+            .await?;
         Ok(())
     }
 }

@@ -28,6 +28,7 @@ pub mod placement;
 use futures::{StreamExt, TryStreamExt};
 use lamina_device::AlignedBuffer;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::inner::Pool;
@@ -124,6 +125,70 @@ enum ReclaimStep {
     Flush,
     Checkpoint,
     Clean,
+}
+
+/// A data block a victim's summaries describe, and where relocating it
+/// takes it (only if a map still points at it: most candidates of a good
+/// victim are dead already).
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    volume_id: u32,
+    logical_block: u64,
+    /// Where the block is now, in the victim.
+    physical_block: u64,
+    /// Where its data starts in the victim's [`VictimContents`].
+    data_offset_bytes: usize,
+    /// The stream it goes to (a demotion to `Stream::Capacity` falls back to
+    /// the cleaner's flash stream while capacity has no room).
+    destination: Stream,
+}
+
+/// Maps that may hold a block, per writing volume: the volume, its snapshots
+/// and its clones ([`crate::volume::VolumeTable::family`]).
+type Families = HashMap<u32, Vec<u32>>;
+
+/// Candidates relocated in one hold of the state lock.
+struct RelocationChunk<'a> {
+    candidates: &'a [Candidate],
+    contents: &'a VictimContents,
+    victim_tier: Tier,
+}
+
+/// Relocates one chunk of candidates, collecting the batches it seals in
+/// `sealed`; stops at the first error (the blocks before it stay relocated).
+fn relocate_chunk(
+    state: &mut State,
+    chunk: RelocationChunk,
+    families: &mut Families,
+    sealed: &mut Vec<Arc<InFlightBatch>>,
+) -> Result<(), EngineError> {
+    for candidate in chunk.candidates {
+        let family = families
+            .entry(candidate.volume_id)
+            .or_insert_with(|| state.volumes().family(candidate.volume_id));
+        // A full capacity tier keeps cold blocks on flash rather than leave
+        // the victim uncleaned.
+        let demotion =
+            chunk.victim_tier == Tier::Flash && candidate.destination == Stream::Capacity;
+        let stream = if demotion && !state.can_demote() {
+            Stream::Cleaner
+        } else {
+            candidate.destination
+        };
+        let relocation = Relocation {
+            family,
+            volume_id: candidate.volume_id,
+            logical_block: candidate.logical_block,
+            from_physical_block: candidate.physical_block,
+            data: chunk.contents.block_at(candidate.data_offset_bytes),
+            stream,
+        };
+        let moved = state.append_relocation(relocation, sealed)?;
+        if moved && demotion && stream == Stream::Capacity {
+            state.tier_counters_of(candidate.volume_id).demoted_blocks += 1;
+        }
+    }
+    Ok(())
 }
 
 impl Pool {
@@ -319,7 +384,21 @@ impl Pool {
     /// cleaner's flash stream and the others are demoted to capacity (while
     /// capacity has room); blocks of a capacity victim stay on capacity.
     async fn clean_segment(&self, segment_index: u32) -> Result<bool, EngineError> {
-        let geometry = self.inner.geometry;
+        if !self.victim_written(segment_index).await {
+            return Ok(false);
+        }
+        let contents = self.read_victim(segment_index).await?;
+        let chain = self.walk_victim(segment_index, &contents).await;
+        let mut candidates = self.list_candidates(segment_index, &chain);
+        self.choose_destinations(segment_index, &mut candidates);
+        self.relocate(segment_index, &contents, &candidates).await?;
+        Ok(self.finish_victim(segment_index, &chain.damaged))
+    }
+
+    /// Waits until every batch of the victim is written, so that reading it
+    /// finds them all. Returns whether it is still a sealed segment (one that
+    /// died meanwhile needs no cleaning).
+    async fn victim_written(&self, segment_index: u32) -> bool {
         let last_batch = self
             .inner
             .lock()
@@ -330,25 +409,18 @@ impl Pool {
             state.writer().written_through() >= last_batch || state.writer().failed().is_some()
         })
         .await;
-        if self.inner.lock().space().segment(segment_index).state != SegmentState::Sealed {
-            return Ok(false);
-        }
-        let first_block = geometry.segment_first_block(segment_index);
-        let contents = self.read_victim(segment_index).await?;
-        // Every data block the segment's batch chain describes: (volume,
-        // logical block, physical block, offset of its data in `contents`).
-        let block = BLOCK_SIZE_BYTES as usize;
-        let chain = match chain::walk(
-            &mut VictimBlocks(&contents),
-            geometry.segment_size_blocks as u32,
-            0,
-            None,
-        )
-        .await
-        {
-            Ok(chain) => chain,
-            Err(never) => match never {},
-        };
+        self.inner.lock().space().segment(segment_index).state == SegmentState::Sealed
+    }
+
+    /// Walks the batch chain of a victim read into memory, counting the
+    /// summaries that had to be read from their copies.
+    async fn walk_victim(&self, segment_index: u32, contents: &VictimContents) -> chain::Chain {
+        let segment_size_blocks = self.inner.geometry.segment_size_blocks as u32;
+        let chain =
+            match chain::walk(&mut VictimBlocks(contents), segment_size_blocks, 0, None).await {
+                Ok(chain) => chain,
+                Err(never) => match never {},
+            };
         let repaired = chain.batches.iter().filter(|batch| batch.from_copy).count();
         if repaired > 0 {
             tracing::warn!(
@@ -358,7 +430,22 @@ impl Pool {
             );
             self.inner.integrity.summaries_repaired(repaired as u64);
         }
-        let mut candidates: Vec<(u32, u64, u64, usize)> = Vec::new();
+        chain
+    }
+
+    /// Every data block the victim's batch chain describes, in log order,
+    /// each bound for the victim's own tier until destinations are chosen.
+    /// Most may be dead already: relocating one moves it only if a map still
+    /// points at it.
+    fn list_candidates(&self, segment_index: u32, chain: &chain::Chain) -> Vec<Candidate> {
+        let geometry = self.inner.geometry;
+        let first_block = geometry.segment_first_block(segment_index);
+        let segment_size_blocks = geometry.segment_size_blocks as u32;
+        let destination = match geometry.tier_of_segment(segment_index) {
+            Tier::Flash => Stream::Cleaner,
+            Tier::Capacity => Stream::Capacity,
+        };
+        let mut candidates = Vec::new();
         for batch in &chain.batches {
             let targets = batch
                 .summary
@@ -366,54 +453,62 @@ impl Pool {
                 .iter()
                 .filter_map(|record| record.data_target());
             for (data_index, (volume_id, logical_block)) in targets.enumerate() {
-                let offset_blocks = batch.data_block_in_segment(data_index as u32);
-                candidates.push((
+                let block_in_segment = batch.data_block_in_segment(data_index as u32);
+                assert!(
+                    block_in_segment < segment_size_blocks,
+                    "segment {segment_index}: data block {block_in_segment} beyond the segment"
+                );
+                candidates.push(Candidate {
                     volume_id,
                     logical_block,
-                    first_block + u64::from(offset_blocks),
-                    offset_blocks as usize * block,
-                ));
+                    physical_block: first_block + u64::from(block_in_segment),
+                    data_offset_bytes: block_in_segment as usize * BLOCK_SIZE_BYTES as usize,
+                    destination,
+                });
             }
         }
-        // Where each block goes: kept blocks first, then demotions, so that
-        // each stream's batches fill up instead of alternating.
-        let victim_tier = geometry.tier_of_segment(segment_index);
-        let mut destinations: Vec<Stream> = Vec::with_capacity(candidates.len());
+        candidates
+    }
+
+    /// Where each block of a flash victim goes (heat decides, in a two-tier
+    /// pool; a capacity victim's blocks stay on capacity), and the order
+    /// they go in: kept blocks first, then demotions, so that each stream's
+    /// batches fill up instead of alternating.
+    fn choose_destinations(&self, segment_index: u32, candidates: &mut [Candidate]) {
+        if self.inner.geometry.tier_of_segment(segment_index) == Tier::Capacity {
+            return;
+        }
         {
             let mut state = self.inner.lock();
-            let state = &mut *state;
             // Pins are a preference: when writers are about to find flash
             // full, pinned blocks leave too rather than fail the writes.
             let flash_critical = state.space().free_flash_segment_count()
                 <= state.space().reserve_for(Allocation::Client);
-            for (volume_id, _, physical_block, _) in &candidates {
-                let destination = match victim_tier {
-                    Tier::Capacity => Stream::Capacity,
-                    Tier::Flash => {
-                        state.flash_victim_destination(*volume_id, *physical_block, flash_critical)
-                    }
-                };
-                destinations.push(destination);
+            for candidate in candidates.iter_mut() {
+                candidate.destination = state.flash_victim_destination(
+                    candidate.volume_id,
+                    candidate.physical_block,
+                    flash_critical,
+                );
             }
         }
-        let mut order: Vec<usize> = (0..candidates.len()).collect();
-        order.sort_by_key(|index| destinations[*index] == Stream::Capacity);
-        let candidates: Vec<(u32, u64, u64, usize, Stream)> = order
-            .into_iter()
-            .map(|index| {
-                let (volume_id, logical_block, physical_block, offset) = candidates[index];
-                (
-                    volume_id,
-                    logical_block,
-                    physical_block,
-                    offset,
-                    destinations[index],
-                )
-            })
-            .collect();
+        // Stable: blocks keep their log order within each stream.
+        candidates.sort_by_key(|candidate| candidate.destination == Stream::Capacity);
+    }
+
+    /// Relocates the candidates in chunks of [`RELOCATION_CHUNK_BLOCKS`], one
+    /// hold of the state lock each, handing the batches they seal to the
+    /// relocation writer; returns once it has handed them all to the device.
+    async fn relocate(
+        &self,
+        segment_index: u32,
+        contents: &VictimContents,
+        candidates: &[Candidate],
+    ) -> Result<(), EngineError> {
+        let victim_tier = self.inner.geometry.tier_of_segment(segment_index);
         // Maps that may hold a block, per writing volume: the volume, its
         // snapshots and its clones (computed once per victim).
-        let mut families: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        let mut families = Families::default();
         // The batches the relocations seal go to a writer that keeps few of
         // them at the device; relocating goes on meanwhile, so that client
         // writes arriving between two steps seldom split a relocation batch
@@ -428,43 +523,16 @@ impl Pool {
             })
             .await;
             let mut sealed = Vec::new();
-            let result = {
-                let mut state = self.inner.lock();
-                let mut result = Ok(());
-                for (volume_id, logical_block, physical_block, data_offset, destination) in chunk {
-                    let family = families
-                        .entry(*volume_id)
-                        .or_insert_with(|| state.volumes().family(*volume_id));
-                    let data = contents.block_at(*data_offset);
-                    // A full capacity tier keeps cold blocks on flash rather
-                    // than leave the victim uncleaned.
-                    let demotion = victim_tier == Tier::Flash && *destination == Stream::Capacity;
-                    let stream = if demotion && !state.can_demote() {
-                        Stream::Cleaner
-                    } else {
-                        *destination
-                    };
-                    let relocation = Relocation {
-                        family,
-                        volume_id: *volume_id,
-                        logical_block: *logical_block,
-                        from_physical_block: *physical_block,
-                        data,
-                        stream,
-                    };
-                    match state.append_relocation(relocation, &mut sealed) {
-                        Ok(true) if demotion && stream == Stream::Capacity => {
-                            state.tier_counters_of(*volume_id).demoted_blocks += 1;
-                        }
-                        Ok(_) => {}
-                        Err(error) => {
-                            result = Err(error);
-                            break;
-                        }
-                    }
-                }
-                result
-            };
+            let result = relocate_chunk(
+                &mut self.inner.lock(),
+                RelocationChunk {
+                    candidates: chunk,
+                    contents,
+                    victim_tier,
+                },
+                &mut families,
+                &mut sealed,
+            );
             for batch in sealed {
                 // The writer runs until the sender is dropped; should it be
                 // gone all the same, the batch is written directly, never lost.
@@ -479,11 +547,25 @@ impl Pool {
         // cleaner's writes never pile up there.
         drop(relocated_batches);
         writer.await.expect("relocation writer task");
+        Ok(())
+    }
+
+    /// After relocating: a victim with live blocks left holds blocks its
+    /// summaries do not describe, and is set aside. Returns whether it is
+    /// empty.
+    fn finish_victim(&self, segment_index: u32, damaged: &[chain::DamagedRange]) -> bool {
         let segment = *self.inner.lock().space().segment(segment_index);
         if segment.live_blocks > 0 {
-            self.set_aside(segment_index, &chain.damaged);
+            self.set_aside(segment_index, damaged);
+            return false;
         }
-        Ok(segment.live_blocks == 0)
+        // A sealed segment whose last block dies becomes dead at once.
+        assert_ne!(
+            segment.state,
+            SegmentState::Sealed,
+            "victim {segment_index} reported empty is still sealed"
+        );
+        true
     }
 
     /// Takes a segment whose summaries do not describe every live block out
@@ -514,10 +596,7 @@ impl Pool {
     /// Returns whether a client may now allocate a segment.
     pub(crate) async fn reclaim(&self) -> Result<bool, EngineError> {
         let _guard = self.inner.reclaim_lock.lock().await;
-        let has_room = |state: &State| {
-            state.space().free_flash_segment_count() > state.space().reserve_for(Allocation::Client)
-        };
-        if has_room(&self.inner.lock()) {
+        if client_has_room(&self.inner.lock()) {
             return Ok(true);
         }
         // Each round first flushes: a dead segment whose batches both kept
@@ -530,68 +609,60 @@ impl Pool {
         // victim (which gains at least 3% of a segment), so a pool with little
         // slack may need many rounds; they stop when neither happens.
         let rounds_max = RECLAIM_ROUNDS_MAX.max(self.inner.geometry.segment_count as usize);
-        let mut last_pass_emptied = true;
-        let mut fruitless_round = false;
+        let mut progress = ReclaimProgress {
+            last_pass_emptied: true,
+            fruitless_round: false,
+        };
         for _ in 0..rounds_max {
             self.flush().await?;
-            let (dead_sealed, step) = {
-                let mut state = self.inner.lock();
-                state.free_reusable_dead_segments();
-                if has_room(&state) {
-                    return Ok(true);
-                }
-                // Dead segments whose death a sealed batch covers (one that
-                // died in an open batch waits for it to be sealed, which
-                // cleaning makes): those that other writers emptied since this
-                // round's flush need only the next round's flush; the others
-                // need checkpoints. (Counting both as needing a checkpoint took
-                // about 10 checkpoints a second under 16 concurrent writers,
-                // where none was needed.)
-                let dead = state.sealed_dead_flash_segment_counts();
-                let free = state.space().free_flash_segment_count();
-                let reserve = state.space().reserve_for(Allocation::Client);
-                // Enough is dead already: cleaning now would only spend the free
-                // segments the next flush or checkpoints are about to add to.
-                let step = if dead.awaiting_flush > 0 && free + dead.awaiting_flush > reserve {
-                    ReclaimStep::Flush
-                } else if dead.awaiting_checkpoints > 0
-                    && (free + dead.total() > reserve || !last_pass_emptied)
-                {
-                    ReclaimStep::Checkpoint
-                } else {
-                    ReclaimStep::Clean
-                };
-                (dead.total(), step)
+            let Some(round) = reclaim_round(&mut self.inner.lock(), &progress) else {
+                return Ok(true);
             };
-            if step == ReclaimStep::Flush {
-                continue;
-            }
-            if step == ReclaimStep::Checkpoint {
-                self.checkpoint().await?;
-                last_pass_emptied = true;
-                continue;
-            }
-            let emptied = self
-                .clean_with(CLEAN_PASS_SEGMENTS_MAX, VictimPolicy::CostBenefit)
-                .await?;
-            last_pass_emptied = emptied > 0;
-            // Writers that still had room in the client head may have emptied
-            // segments meanwhile: those need only a flush or checkpoints too.
-            // A round that found nothing may have raced with the paced cleaner
-            // (which held the cleaner lock and moved the victims this pass
-            // would have taken): one more round after a checkpoint, which
-            // frees whatever that left waiting, before giving up.
-            if emptied == 0 && dead_sealed == 0 && dead_segment_count(&self.inner.lock()) == 0 {
-                if fruitless_round {
-                    break;
+            match round.step {
+                ReclaimStep::Flush => {}
+                ReclaimStep::Checkpoint => {
+                    self.checkpoint().await?;
+                    progress.last_pass_emptied = true;
                 }
-                fruitless_round = true;
-                self.checkpoint().await?;
-            } else {
-                fruitless_round = false;
+                ReclaimStep::Clean => {
+                    if !self
+                        .reclaim_by_cleaning(round.dead_sealed, &mut progress)
+                        .await?
+                    {
+                        break;
+                    }
+                }
             }
         }
-        Ok(has_room(&self.inner.lock()))
+        Ok(client_has_room(&self.inner.lock()))
+    }
+
+    /// A reclaim round's cleaning pass. Returns whether more rounds may help.
+    async fn reclaim_by_cleaning(
+        &self,
+        dead_sealed: usize,
+        progress: &mut ReclaimProgress,
+    ) -> Result<bool, EngineError> {
+        let emptied = self
+            .clean_with(CLEAN_PASS_SEGMENTS_MAX, VictimPolicy::CostBenefit)
+            .await?;
+        progress.last_pass_emptied = emptied > 0;
+        // Writers that still had room in the client head may have emptied
+        // segments meanwhile: those need only a flush or checkpoints too.
+        // A round that found nothing may have raced with the paced cleaner
+        // (which held the cleaner lock and moved the victims this pass
+        // would have taken): one more round after a checkpoint, which
+        // frees whatever that left waiting, before giving up.
+        if emptied == 0 && dead_sealed == 0 && dead_segment_count(&self.inner.lock()) == 0 {
+            if progress.fruitless_round {
+                return Ok(false);
+            }
+            progress.fruitless_round = true;
+            self.checkpoint().await?;
+        } else {
+            progress.fruitless_round = false;
+        }
+        Ok(true)
     }
 
     /// Background cleaning: frees dead segments whose deaths the background
@@ -645,4 +716,58 @@ impl Pool {
         }
         Ok(())
     }
+}
+
+/// Whether a client may allocate a flash segment without touching the
+/// reserves.
+fn client_has_room(state: &State) -> bool {
+    state.space().free_flash_segment_count() > state.space().reserve_for(Allocation::Client)
+}
+
+/// What a blocked writer's reclaim has seen in its rounds so far.
+struct ReclaimProgress {
+    /// Whether the latest cleaning pass emptied a victim (true before any).
+    last_pass_emptied: bool,
+    /// Whether the latest round found nothing to free or empty.
+    fruitless_round: bool,
+}
+
+/// What one reclaim round found after its flush.
+struct ReclaimRound {
+    /// Dead flash segments whose death a sealed batch covers.
+    dead_sealed: usize,
+    step: ReclaimStep,
+}
+
+/// Frees the dead segments the round's flush made reusable, and decides
+/// what the round does next; `None` when a client has room now.
+fn reclaim_round(state: &mut State, progress: &ReclaimProgress) -> Option<ReclaimRound> {
+    state.free_reusable_dead_segments();
+    if client_has_room(state) {
+        return None;
+    }
+    // Dead segments whose death a sealed batch covers (one that died in an
+    // open batch waits for it to be sealed, which cleaning makes): those
+    // that other writers emptied since this round's flush need only the
+    // next round's flush; the others need checkpoints. (Counting both as
+    // needing a checkpoint took about 10 checkpoints a second under 16
+    // concurrent writers, where none was needed.)
+    let dead = state.sealed_dead_flash_segment_counts();
+    let free = state.space().free_flash_segment_count();
+    let reserve = state.space().reserve_for(Allocation::Client);
+    // Enough is dead already: cleaning now would only spend the free
+    // segments the next flush or checkpoints are about to add to.
+    let step = if dead.awaiting_flush > 0 && free + dead.awaiting_flush > reserve {
+        ReclaimStep::Flush
+    } else if dead.awaiting_checkpoints > 0
+        && (free + dead.total() > reserve || !progress.last_pass_emptied)
+    {
+        ReclaimStep::Checkpoint
+    } else {
+        ReclaimStep::Clean
+    };
+    Some(ReclaimRound {
+        dead_sealed: dead.total(),
+        step,
+    })
 }

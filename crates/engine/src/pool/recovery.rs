@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use lamina_device::BlockDevice;
+use lamina_device::{AlignedBuffer, BlockDevice};
 use tokio::sync::Notify;
 
 use super::counters::{CheckpointSchedule, WriteCounters};
@@ -89,127 +89,22 @@ impl Pool {
         options: PoolOptions,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
-        let size_bytes = device.size_bytes();
-        let geometry = match options.flash_region_bytes {
-            None => {
-                Geometry::for_device(size_bytes, options.segment_size_bytes).ok_or_else(|| {
-                    EngineError::DeviceTooSmall {
-                        device: device.name().to_string(),
-                        size_bytes,
-                        minimum_bytes: Geometry::minimum_device_bytes(options.segment_size_bytes),
-                    }
-                })?
-            }
-            Some(flash_bytes) => {
-                assert!(
-                    flash_bytes.is_multiple_of(BLOCK_SIZE_BYTES) && flash_bytes <= size_bytes,
-                    "the flash region must be whole blocks of the device"
-                );
-                if Geometry::for_device(flash_bytes, options.segment_size_bytes).is_none() {
-                    return Err(EngineError::DeviceTooSmall {
-                        device: format!("{} (flash tier)", device.name()),
-                        size_bytes: flash_bytes,
-                        minimum_bytes: Geometry::minimum_device_bytes(options.segment_size_bytes),
-                    });
-                }
-                Geometry::for_tiers(
-                    flash_bytes,
-                    size_bytes - flash_bytes,
-                    options.segment_size_bytes,
-                )
-                .ok_or_else(|| EngineError::DeviceTooSmall {
-                    device: format!("{} (capacity tier)", device.name()),
-                    size_bytes: size_bytes - flash_bytes,
-                    minimum_bytes: Geometry::minimum_capacity_bytes(options.segment_size_bytes),
-                })?
-            }
-        };
+        let geometry = geometry_for_device(&*device, &options)?;
         if geometry.has_capacity_tier() {
-            // Flash keeps the records' and the cleaner's reserves and needs
-            // room beyond them to work; capacity keeps the checkpoint bodies'
-            // reserve (sized by both tiers' mappings, about 1.2% of them) and
-            // the reserve for cleaning its own segments.
-            let flash_needed = space::RECORD_RESERVE_SEGMENT_COUNT
-                + space::cleaner_reserve_segment_count(&geometry)
-                + FLASH_WORKING_SEGMENT_COUNT_MIN;
-            if (geometry.flash_segment_count as usize) < flash_needed {
-                return Err(EngineError::DeviceTooSmall {
-                    device: format!("{} (flash tier)", device.name()),
-                    size_bytes: geometry.flash_region_bytes(),
-                    minimum_bytes: crate::log::geometry::DATA_START_BLOCK * BLOCK_SIZE_BYTES
-                        + flash_needed as u64 * geometry.segment_size_bytes(),
-                });
-            }
-            let capacity_needed = space::checkpoint_reserve_segment_count(&geometry)
-                + space::CAPACITY_RESERVE_SEGMENT_COUNT
-                + CAPACITY_WORKING_SEGMENT_COUNT_MIN;
-            if (geometry.capacity_segment_count() as usize) < capacity_needed {
-                return Err(EngineError::DeviceTooSmall {
-                    device: format!(
-                        "{} (capacity tier, which holds the checkpoints of both tiers)",
-                        device.name()
-                    ),
-                    size_bytes: geometry.tier_data_bytes(Tier::Capacity),
-                    minimum_bytes: crate::log::geometry::CAPACITY_DATA_START_BLOCKS
-                        * BLOCK_SIZE_BYTES
-                        + capacity_needed as u64 * geometry.segment_size_bytes(),
-                });
-            }
+            check_tier_sizes(device.name(), &geometry)?;
         }
         // The start of each tier's device must be empty (it is where a pool's
         // superblock or label would be).
-        let mut device_starts = vec![0];
-        if geometry.has_capacity_tier() {
-            device_starts.push(geometry.capacity_start_block * BLOCK_SIZE_BYTES);
-        }
-        for start in device_starts.iter().copied().filter(|_| !options.force) {
-            let length = EMPTY_CHECK_BYTES.min(size_bytes - start);
-            let head = device.read(start, length as usize).await?;
-            if let Some(position) = head.iter().position(|byte| *byte != 0) {
-                return Err(EngineError::DeviceNotEmpty {
-                    device: device.name().to_string(),
-                    offset: start + position as u64,
-                });
-            }
+        let device_starts = tier_device_starts(&geometry);
+        if !options.force {
+            check_device_starts_empty(&*device, &device_starts).await?;
         }
         let superblock = Superblock {
             pool_identifier: rand::random(),
             geometry,
             created_unix_seconds: crate::clock::now_unix_seconds(),
         };
-        // The superblock and its copy on the flash device; the capacity
-        // device's label and its copy at the same places of that device.
-        for start in device_starts {
-            for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
-                device
-                    .write(
-                        start + block * BLOCK_SIZE_BYTES,
-                        aligned(&superblock.encode()),
-                    )
-                    .await?;
-            }
-        }
-        // The flush markers' blocks are written now, so that a pool file on a
-        // file system that later runs full never needs space for them.
-        device
-            .write(
-                FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
-                aligned(&vec![
-                    0u8;
-                    FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize
-                ]),
-            )
-            .await?;
-        // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
-        for slot_block in CHECKPOINT_SLOT_BLOCKS {
-            device
-                .write(
-                    slot_block * BLOCK_SIZE_BYTES,
-                    aligned(&[0u8; BLOCK_SIZE_BYTES as usize]),
-                )
-                .await?;
-        }
-        device.flush().await?;
+        write_new_pool(&*device, &superblock, &device_starts).await?;
         let state = State::new(geometry, &limits);
         let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
         let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker));
@@ -296,6 +191,149 @@ impl Pool {
         }
         Ok(pool)
     }
+}
+
+/// The geometry `options` ask for on a device of `device`'s size: one tier
+/// on the whole device, or a flash tier on its first
+/// `options.flash_region_bytes` and a capacity tier on the rest.
+fn geometry_for_device(
+    device: &dyn BlockDevice,
+    options: &PoolOptions,
+) -> Result<Geometry, EngineError> {
+    let size_bytes = device.size_bytes();
+    let segment_size_bytes = options.segment_size_bytes;
+    let Some(flash_bytes) = options.flash_region_bytes else {
+        return Geometry::for_device(size_bytes, segment_size_bytes).ok_or_else(|| {
+            EngineError::DeviceTooSmall {
+                device: device.name().to_string(),
+                size_bytes,
+                minimum_bytes: Geometry::minimum_device_bytes(segment_size_bytes),
+            }
+        });
+    };
+    assert!(
+        flash_bytes.is_multiple_of(BLOCK_SIZE_BYTES) && flash_bytes <= size_bytes,
+        "the flash region must be whole blocks of the device"
+    );
+    if Geometry::for_device(flash_bytes, segment_size_bytes).is_none() {
+        return Err(EngineError::DeviceTooSmall {
+            device: format!("{} (flash tier)", device.name()),
+            size_bytes: flash_bytes,
+            minimum_bytes: Geometry::minimum_device_bytes(segment_size_bytes),
+        });
+    }
+    let capacity_bytes = size_bytes - flash_bytes;
+    Geometry::for_tiers(flash_bytes, capacity_bytes, segment_size_bytes).ok_or_else(|| {
+        EngineError::DeviceTooSmall {
+            device: format!("{} (capacity tier)", device.name()),
+            size_bytes: capacity_bytes,
+            minimum_bytes: Geometry::minimum_capacity_bytes(segment_size_bytes),
+        }
+    })
+}
+
+/// Checks that each tier of a two-tier geometry has room beyond its
+/// reserves. Flash keeps the records' and the cleaner's reserves and needs
+/// room beyond them to work; capacity keeps the checkpoint bodies' reserve
+/// (sized by both tiers' mappings, about 1.2% of them) and the reserve for
+/// cleaning its own segments.
+fn check_tier_sizes(device_name: &str, geometry: &Geometry) -> Result<(), EngineError> {
+    assert!(geometry.has_capacity_tier());
+    let flash_needed = space::RECORD_RESERVE_SEGMENT_COUNT
+        + space::cleaner_reserve_segment_count(geometry)
+        + FLASH_WORKING_SEGMENT_COUNT_MIN;
+    if (geometry.flash_segment_count as usize) < flash_needed {
+        return Err(EngineError::DeviceTooSmall {
+            device: format!("{device_name} (flash tier)"),
+            size_bytes: geometry.flash_region_bytes(),
+            minimum_bytes: crate::log::geometry::DATA_START_BLOCK * BLOCK_SIZE_BYTES
+                + flash_needed as u64 * geometry.segment_size_bytes(),
+        });
+    }
+    let capacity_needed = space::checkpoint_reserve_segment_count(geometry)
+        + space::CAPACITY_RESERVE_SEGMENT_COUNT
+        + CAPACITY_WORKING_SEGMENT_COUNT_MIN;
+    if (geometry.capacity_segment_count() as usize) < capacity_needed {
+        return Err(EngineError::DeviceTooSmall {
+            device: format!(
+                "{device_name} (capacity tier, which holds the checkpoints of both tiers)"
+            ),
+            size_bytes: geometry.tier_data_bytes(Tier::Capacity),
+            minimum_bytes: crate::log::geometry::CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES
+                + capacity_needed as u64 * geometry.segment_size_bytes(),
+        });
+    }
+    Ok(())
+}
+
+/// Byte offsets where each tier's device starts: the flash device's holds
+/// the superblock, the capacity device's its label.
+fn tier_device_starts(geometry: &Geometry) -> Vec<u64> {
+    let mut device_starts = vec![0];
+    if geometry.has_capacity_tier() {
+        device_starts.push(geometry.capacity_start_block * BLOCK_SIZE_BYTES);
+    }
+    device_starts
+}
+
+/// Refuses a device whose tiers' first [`EMPTY_CHECK_BYTES`] hold any
+/// non-zero byte: it may hold a pool or other data.
+async fn check_device_starts_empty(
+    device: &dyn BlockDevice,
+    device_starts: &[u64],
+) -> Result<(), EngineError> {
+    let size_bytes = device.size_bytes();
+    for start in device_starts.iter().copied() {
+        let length = EMPTY_CHECK_BYTES.min(size_bytes - start);
+        let head = device.read(start, length as usize).await?;
+        if let Some(position) = head.iter().position(|byte| *byte != 0) {
+            return Err(EngineError::DeviceNotEmpty {
+                device: device.name().to_string(),
+                offset: start + position as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes what a new pool starts with, then flushes: the superblock and its
+/// copy on the flash device (the capacity device's label and its copy at the
+/// same places of that device), zeroed flush markers and zeroed slots.
+async fn write_new_pool(
+    device: &dyn BlockDevice,
+    superblock: &Superblock,
+    device_starts: &[u64],
+) -> Result<(), EngineError> {
+    for start in device_starts {
+        for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
+            device
+                .write(
+                    start + block * BLOCK_SIZE_BYTES,
+                    aligned(&superblock.encode()),
+                )
+                .await?;
+        }
+    }
+    // The flush markers' blocks are written now, so that a pool file on a
+    // file system that later runs full never needs space for them.
+    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize;
+    device
+        .write(
+            FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
+            aligned(&vec![0u8; markers_bytes]),
+        )
+        .await?;
+    // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
+    for slot_block in CHECKPOINT_SLOT_BLOCKS {
+        device
+            .write(
+                slot_block * BLOCK_SIZE_BYTES,
+                aligned(&[0u8; BLOCK_SIZE_BYTES as usize]),
+            )
+            .await?;
+    }
+    device.flush().await?;
+    Ok(())
 }
 
 /// The device's superblock and, in a two-tier pool, its capacity label,
@@ -829,77 +867,122 @@ async fn replay_batches(
         torn_blocks_dropped: 0,
         damaged_flushed_blocks: 0,
     };
-    for ScannedBatch {
-        summary,
-        summary_block,
-    } in &scanned.batches
-    {
-        if summary.batch_sequence <= bounds.covered {
+    let mut previous_sequence: Option<u64> = None;
+    for batch in &scanned.batches {
+        let sequence = batch.summary.batch_sequence;
+        // Sorted and deduplicated by the scan: replay applies records in
+        // the order they were written.
+        assert!(
+            previous_sequence.is_none_or(|previous| sequence > previous),
+            "replay out of order: batch {sequence} after {previous_sequence:?}"
+        );
+        previous_sequence = Some(sequence);
+        if sequence <= bounds.covered {
             continue;
         }
         // Flushed batches may be missing: a dead segment whose records
         // were all replaced by later durable ones is rewritten without
         // waiting for checkpoints to cover it (`State::dead_segment_reusable`).
-        // Beyond what the log vouches for, the data may be torn: check it.
-        let data_count = summary.data_block_count();
-        let verified: Option<lamina_device::AlignedBuffer> =
-            if summary.batch_sequence > bounds.log_flushed_through && data_count > 0 {
-                let offset = (summary_block + 1) * BLOCK_SIZE_BYTES;
-                Some(
-                    device
-                        .read(offset, data_count * BLOCK_SIZE_BYTES as usize)
-                        .await?,
-                )
-            } else {
-                None
-            };
-        let flushed = summary.batch_sequence <= bounds.flushed_through;
-        let mut data_index = 0u64;
-        for record in &summary.records {
-            let Some(checksum) = record.data_checksum() else {
-                state.volumes_mut().apply(record, None, &mut |_| {});
-                continue;
-            };
-            let physical_block = summary_block + 1 + data_index;
-            let intact = verified.as_ref().is_none_or(|data| {
-                let start = (data_index * BLOCK_SIZE_BYTES) as usize;
-                block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == checksum
-            });
-            data_index += 1;
-            if !intact && !flushed {
-                outcome.torn_blocks_dropped += 1;
-                continue;
-            }
-            if !intact {
-                // Durable, then damaged: mapped with its checksum, so that a
-                // read reports the damage rather than the older version.
-                outcome.damaged_flushed_blocks += 1;
-                tracing::warn!(
-                    physical_block,
-                    target = ?record.data_target(),
-                    "a flushed block fails its checksum; reads of it will fail"
-                );
-            }
-            state
-                .volumes_mut()
-                .apply(record, Some(physical_block), &mut |_| {});
-        }
-        let segment_index = geometry.segment_of(*summary_block);
-        // Written after the checkpoint: its hints there are of an earlier use.
-        let now_blocks = state.client_blocks_written();
-        state
-            .placement_mut()
-            .forget_segment(segment_index, now_blocks);
-        state
-            .space_mut()
-            .batch_replayed(segment_index, summary.batch_sequence);
-        outcome.highest_sequence = outcome.highest_sequence.max(summary.batch_sequence);
-        outcome.highest_segment_sequence = outcome
-            .highest_segment_sequence
-            .max(summary.segment_sequence);
-        outcome.replayed += 1;
+        let replayed = BatchToReplay {
+            batch,
+            checked_data: read_unflushed_data(device, batch, bounds).await?,
+            flushed: sequence <= bounds.flushed_through,
+        };
+        replay_records(state, &replayed, &mut outcome);
+        batch_replayed(geometry, state, batch, &mut outcome);
     }
     Ok(outcome)
+}
+
+/// A batch being replayed.
+struct BatchToReplay<'a> {
+    batch: &'a ScannedBatch,
+    /// Its data blocks, read back when they may be torn (see
+    /// [`read_unflushed_data`]); `None` when they need no check.
+    checked_data: Option<AlignedBuffer>,
+    /// Whether the log or the flush marker vouches for it: a block that
+    /// fails its checksum rotted after it was durable, rather than torn.
+    flushed: bool,
+}
+
+/// The data blocks of a batch beyond what the log vouches for, which may be
+/// torn and so are checked; `None` for a batch the log vouches for, or one
+/// without data.
+async fn read_unflushed_data(
+    device: &dyn BlockDevice,
+    batch: &ScannedBatch,
+    bounds: ReplayBounds,
+) -> Result<Option<AlignedBuffer>, EngineError> {
+    let data_count = batch.summary.data_block_count();
+    if batch.summary.batch_sequence <= bounds.log_flushed_through || data_count == 0 {
+        return Ok(None);
+    }
+    let offset = (batch.summary_block + 1) * BLOCK_SIZE_BYTES;
+    let data = device
+        .read(offset, data_count * BLOCK_SIZE_BYTES as usize)
+        .await?;
+    Ok(Some(data))
+}
+
+/// Applies a batch's records to the volumes: a torn block (failing its
+/// checksum, never flushed) is dropped, a damaged flushed block is mapped.
+fn replay_records(state: &mut State, replayed: &BatchToReplay, outcome: &mut ReplayOutcome) {
+    let summary_block = replayed.batch.summary_block;
+    let mut data_index = 0u64;
+    for record in &replayed.batch.summary.records {
+        let Some(checksum) = record.data_checksum() else {
+            state.volumes_mut().apply(record, None, &mut |_| {});
+            continue;
+        };
+        let physical_block = summary_block + 1 + data_index;
+        let intact = replayed.checked_data.as_ref().is_none_or(|data| {
+            let start = (data_index * BLOCK_SIZE_BYTES) as usize;
+            block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == checksum
+        });
+        data_index += 1;
+        if !intact && !replayed.flushed {
+            outcome.torn_blocks_dropped += 1;
+            continue;
+        }
+        if !intact {
+            // Durable, then damaged: mapped with its checksum, so that a
+            // read reports the damage rather than the older version.
+            outcome.damaged_flushed_blocks += 1;
+            tracing::warn!(
+                physical_block,
+                target = ?record.data_target(),
+                "a flushed block fails its checksum; reads of it will fail"
+            );
+        }
+        state
+            .volumes_mut()
+            .apply(record, Some(physical_block), &mut |_| {});
+    }
+}
+
+/// Accounts for a replayed batch: its segment's placement hints and
+/// last batch, and the highest sequences seen.
+fn batch_replayed(
+    geometry: &Geometry,
+    state: &mut State,
+    batch: &ScannedBatch,
+    outcome: &mut ReplayOutcome,
+) {
+    let summary = &batch.summary;
+    let segment_index = geometry.segment_of(batch.summary_block);
+    // Written after the checkpoint: its hints there are of an earlier use.
+    let now_blocks = state.client_blocks_written();
+    state
+        .placement_mut()
+        .forget_segment(segment_index, now_blocks);
+    state
+        .space_mut()
+        .batch_replayed(segment_index, summary.batch_sequence);
+    outcome.highest_sequence = outcome.highest_sequence.max(summary.batch_sequence);
+    outcome.highest_segment_sequence = outcome
+        .highest_segment_sequence
+        .max(summary.segment_sequence);
+    outcome.replayed += 1;
 }
 
 /// Logs what recovery found damaged and sums it up for `pool status`. A batch
@@ -926,29 +1009,36 @@ fn report_findings(
         );
     }
     for damage in &scanned.damaged {
-        let flushed =
-            damage.next_batch_sequence > 0 && damage.next_batch_sequence <= flushed_through;
-        if flushed {
+        if report_damage(device, damage, flushed_through) {
             findings.lost_batches += 1;
-            tracing::error!(
-                device,
-                segment_index = damage.segment_index,
-                first_block_in_segment = damage.range.first_block_in_segment,
-                block_count = damage.range.block_count,
-                "a flushed batch is lost: both copies of its summary are damaged, so the \
-                 blocks it wrote may read as an older version"
-            );
-        } else {
-            tracing::warn!(
-                device,
-                segment_index = damage.segment_index,
-                first_block_in_segment = damage.range.first_block_in_segment,
-                block_count = damage.range.block_count,
-                "an unreadable batch in the unflushed tail was skipped (torn by the crash)"
-            );
         }
     }
     findings
+}
+
+/// Logs one batch whose summary and copy were both unreadable. Returns
+/// whether it was flushed, and so is lost.
+fn report_damage(device: &str, damage: &ScannedDamage, flushed_through: u64) -> bool {
+    let flushed = damage.next_batch_sequence > 0 && damage.next_batch_sequence <= flushed_through;
+    if flushed {
+        tracing::error!(
+            device,
+            segment_index = damage.segment_index,
+            first_block_in_segment = damage.range.first_block_in_segment,
+            block_count = damage.range.block_count,
+            "a flushed batch is lost: both copies of its summary are damaged, so the \
+             blocks it wrote may read as an older version"
+        );
+    } else {
+        tracing::warn!(
+            device,
+            segment_index = damage.segment_index,
+            first_block_in_segment = damage.range.first_block_in_segment,
+            block_count = damage.range.block_count,
+            "an unreadable batch in the unflushed tail was skipped (torn by the crash)"
+        );
+    }
+    flushed
 }
 
 /// Checks what checksums cannot: that a superblock written by a buggy or hostile
@@ -1096,11 +1186,25 @@ async fn scan_log(
     held: &HashSet<u32>,
     body: &Body,
 ) -> Result<ScannedLog, EngineError> {
-    // A segment whose first batch is of an incarnation newer than the
-    // checkpoint is walked from block 0; otherwise, a head the checkpoint
-    // recorded is walked from where the checkpoint left it. (A recorded head may
-    // have been freed and reused since, when recovery falls back to an older
-    // checkpoint: its new incarnation wins.)
+    let starts = walk_starts(device, geometry, held, body).await?;
+    let mut scanned = walk_segments(device, geometry, &starts).await?;
+    scanned
+        .batches
+        .sort_by_key(|batch| batch.summary.batch_sequence);
+    scanned
+        .batches
+        .dedup_by_key(|batch| batch.summary.batch_sequence);
+    Ok(scanned)
+}
+
+/// Where to walk each segment not holding a kept body from, probing the
+/// first blocks of [`SCAN_CONCURRENCY_MAX`] segments at a time.
+async fn walk_starts(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    held: &HashSet<u32>,
+    body: &Body,
+) -> Result<Vec<WalkStart>, EngineError> {
     let segment_size_blocks = geometry.segment_size_blocks as u32;
     let mut starts: Vec<WalkStart> = Vec::new();
     let candidates: Vec<u32> = (0..geometry.segment_count as u32)
@@ -1115,27 +1219,52 @@ async fn scan_log(
             chain::first_incarnation(&mut source, segment_size_blocks).await
         });
         for (index, result) in group.iter().zip(futures::future::join_all(probes).await) {
-            match result? {
-                Some(segment_sequence) if segment_sequence >= body.next_segment_sequence => {
-                    starts.push(WalkStart {
-                        segment_index: *index,
-                        first_block: 0,
-                        segment_sequence,
-                    });
-                }
-                _ => {
-                    if let Some(head) = body.heads.iter().find(|head| head.segment_index == *index)
-                    {
-                        starts.push(WalkStart {
-                            segment_index: head.segment_index,
-                            first_block: head.next_block_in_segment,
-                            segment_sequence: head.segment_sequence,
-                        });
-                    }
-                }
-            }
+            starts.extend(walk_start(*index, result?, body));
         }
     }
+    Ok(starts)
+}
+
+/// Where to walk segment `segment_index` from, given the segment sequence of
+/// its first batch (if it has one). A segment whose first batch is of an
+/// incarnation newer than the checkpoint is walked from block 0; otherwise, a
+/// head the checkpoint recorded is walked from where the checkpoint left it.
+/// (A recorded head may have been freed and reused since, when recovery falls
+/// back to an older checkpoint: its new incarnation wins.) Other segments
+/// hold nothing newer than the checkpoint.
+fn walk_start(
+    segment_index: u32,
+    first_incarnation: Option<u64>,
+    body: &Body,
+) -> Option<WalkStart> {
+    match first_incarnation {
+        Some(segment_sequence) if segment_sequence >= body.next_segment_sequence => {
+            Some(WalkStart {
+                segment_index,
+                first_block: 0,
+                segment_sequence,
+            })
+        }
+        _ => body
+            .heads
+            .iter()
+            .find(|head| head.segment_index == segment_index)
+            .map(|head| WalkStart {
+                segment_index: head.segment_index,
+                first_block: head.next_block_in_segment,
+                segment_sequence: head.segment_sequence,
+            }),
+    }
+}
+
+/// Walks every segment from its start, all at once, and gathers what the
+/// walks found (batches in no particular order).
+async fn walk_segments(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    starts: &[WalkStart],
+) -> Result<ScannedLog, EngineError> {
+    let segment_size_blocks = geometry.segment_size_blocks as u32;
     let walks = starts.iter().map(|start| async move {
         let mut source = DeviceSegment {
             device,
@@ -1156,32 +1285,33 @@ async fn scan_log(
         summaries_repaired: 0,
     };
     for (segment_index, first_block, result) in futures::future::join_all(walks).await {
-        let chain = result?;
+        scanned.add_walk(segment_index, first_block, result?);
+    }
+    Ok(scanned)
+}
+
+impl ScannedLog {
+    /// Adds what a walk of segment `segment_index` (starting at device block
+    /// `first_block`) found.
+    fn add_walk(&mut self, segment_index: u32, first_block: u64, chain: chain::Chain) {
         for damaged in &chain.damaged {
             let next_batch_sequence = chain
                 .batches
                 .iter()
                 .find(|batch| batch.block_in_segment > damaged.first_block_in_segment)
                 .map_or(0, |batch| batch.summary.batch_sequence);
-            scanned.damaged.push(ScannedDamage {
+            self.damaged.push(ScannedDamage {
                 segment_index,
                 range: *damaged,
                 next_batch_sequence,
             });
         }
         for batch in chain.batches {
-            scanned.summaries_repaired += u64::from(batch.from_copy);
-            scanned.batches.push(ScannedBatch {
+            self.summaries_repaired += u64::from(batch.from_copy);
+            self.batches.push(ScannedBatch {
                 summary_block: first_block + u64::from(batch.block_in_segment),
                 summary: batch.summary,
             });
         }
     }
-    scanned
-        .batches
-        .sort_by_key(|batch| batch.summary.batch_sequence);
-    scanned
-        .batches
-        .dedup_by_key(|batch| batch.summary.batch_sequence);
-    Ok(scanned)
 }
