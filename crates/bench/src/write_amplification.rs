@@ -219,21 +219,11 @@ pub struct WriteAmplificationReport {
     pub cells: Vec<CellResult>,
 }
 
-/// Write amplification of a greedy cleaner under uniform random overwrites at `live`
-/// utilisation: with x solving (x − 1) / ln x = live, the bound is 1 / (1 − x).
+/// Write amplification of a greedy cleaner under uniform random overwrites at
+/// `live` utilisation (the model crate's bound, the one the engine is measured
+/// against everywhere).
 pub fn greedy_bound(live: f64) -> f64 {
-    assert!(live > 0.0 && live < 1.0, "live is a fraction");
-    let mut low = 1e-9f64;
-    let mut high = 1.0f64 - 1e-9;
-    for _ in 0..200 {
-        let middle = (low + high) / 2.0;
-        if (middle - 1.0) / middle.ln() > live {
-            high = middle;
-        } else {
-            low = middle;
-        }
-    }
-    1.0 / (1.0 - (low + high) / 2.0)
+    lamina_model::bounds::greedy_write_amplification(live)
 }
 
 /// The volume of a cell: `live` of the usable space, rounded down to whole MiB.
