@@ -91,6 +91,7 @@ impl Pool {
         options: PoolOptions,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
+        limits.validate()?;
         let size_bytes = device.size_bytes();
         let geometry = match options.flash_region_bytes {
             None => {
@@ -233,6 +234,7 @@ impl Pool {
         device: Arc<dyn BlockDevice>,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
+        limits.validate()?;
         let name = device.name().to_string();
         let started = std::time::Instant::now();
         let checked = check_device(&*device, &name).await?;
