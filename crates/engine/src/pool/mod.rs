@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::{Record, block_checksum};
+use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record, block_checksum};
 use crate::log::geometry::Tier;
 use crate::tier::heat::VolumeTierCounters;
 use crate::volume::{
@@ -976,7 +976,7 @@ impl Pool {
                 let mut state = self.inner.lock();
                 let mut result = Ok(());
                 // Append up to one batch worth of blocks per lock hold.
-                let stop = (logical_block + 128).min(last_block + 1);
+                let stop = (logical_block + BATCH_DATA_BLOCKS_MAX as u64).min(last_block + 1);
                 while logical_block < stop {
                     let contents: &[u8] = match merged
                         .iter()
@@ -1053,10 +1053,10 @@ impl Pool {
             };
             self.append_record(|_| Ok(record.clone())).await?;
         } else {
-            let zeros = vec![0u8; (128 * block) as usize];
+            let zeros = vec![0u8; BATCH_DATA_BLOCKS_MAX * block as usize];
             let mut position = first_whole;
             while position < end_whole {
-                let step = (end_whole - position).min(128 * block);
+                let step = (end_whole - position).min(BATCH_DATA_BLOCKS_MAX as u64 * block);
                 self.write(volume_id, position, &zeros[..step as usize], false)
                     .await?;
                 position += step;
