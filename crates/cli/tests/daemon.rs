@@ -493,3 +493,41 @@ fn flush_of_a_volume_deleted_under_its_client_fails() {
     assert_eq!(outcome("flush"), "errno=ESHUTDOWN", "{output}");
     assert!(daemon.terminate().success());
 }
+
+/// A config file with a limit out of range stops `lamina serve` at startup,
+/// with the limit, its value and its range, before any pool is created.
+#[test]
+fn a_config_with_a_limit_out_of_range_is_refused_at_startup() {
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let config_path = directory.path().join("lamina.toml");
+    std::fs::write(
+        &config_path,
+        "[server]\ntcp_address = \"\"\n[limits]\nflush_interval_ms = 0\n",
+    )
+    .unwrap();
+    let mut child = Command::new(common::LAMINA)
+        .args(["serve", "--data"])
+        .arg(&data_dir)
+        .arg("--config")
+        .arg(&config_path)
+        .env("LAMINA_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lamina serve");
+    let status = common::wait_with_timeout(&mut child, common::EXIT_TIMEOUT_MS);
+    if status.is_none() {
+        child.kill().unwrap();
+        child.wait().unwrap();
+        panic!("lamina serve started with flush_interval_ms = 0");
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("[limits] flush_interval_ms must be at least 1 (got 0)"),
+        "{stderr}"
+    );
+    assert!(!data_dir.join("pool.toml").exists(), "a pool was created");
+}

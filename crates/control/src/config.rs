@@ -136,16 +136,11 @@ impl Config {
             .server_config()
             .validate()
             .map_err(|error| format!("[server] {error}"))?;
-        if let Some(percent) = self
-            .limits
-            .usage_warning_percents
-            .iter()
-            .find(|percent| !(1..=100).contains(*percent))
-        {
-            return Err(format!(
-                "limits.usage_warning_percents: {percent} is not a percentage from 1 to 100"
-            ));
-        }
+        // The engine checks them again when it opens the pool; here a bad
+        // file fails at startup, before anything is opened.
+        self.limits
+            .validate()
+            .map_err(|error| format!("[limits] {error}"))?;
         Ok(())
     }
 
@@ -185,6 +180,26 @@ mod tests {
             toml::from_str("[limits]\nusage_warning_percents = [80, 190]\n").unwrap();
         assert!(config.check().unwrap_err().contains("190"));
         assert!(toml::from_str::<Config>("[server]\ntcp_adress = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn a_limit_out_of_range_fails_loading_with_its_name_value_and_range() {
+        let path = std::env::temp_dir().join(format!(
+            "lamina-config-test-{}-bad-limit.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, "[limits]\ncleaner_interval_ms = 0\n").unwrap();
+        let error = Config::load(&path).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!(
+                "invalid config {}: [limits] cleaner_interval_ms must be at least 1 (got 0)",
+                path.display()
+            )
+        );
+        std::fs::write(&path, "[limits]\ncleaner_interval_ms = 1\n").unwrap();
+        assert_eq!(Config::load(&path).unwrap().limits.cleaner_interval_ms, 1);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -115,6 +115,8 @@ pub enum EngineError {
     DeviceFull { device: String, waited_ms: u64 },
     #[error("the pool has failed after an earlier write error and refuses further writes: {0}")]
     Failed(String),
+    #[error("invalid pool limits: {0}")]
+    InvalidLimits(#[from] crate::pool::limits::LimitsError),
 }
 
 impl EngineError {

@@ -24,8 +24,8 @@ pub use error::EngineError;
 pub use log::geometry::Tier;
 pub use pool::cleaner::CleanerState;
 pub use pool::{
-    DeviceFullStatus, Extent, Pool, PoolLimits, PoolOptions, PoolStatus, TestHooks, TierSpace,
-    VolumeTierStats,
+    DeviceFullStatus, Extent, LimitsError, Pool, PoolLimits, PoolOptions, PoolStatus, TestHooks,
+    TierSpace, VolumeTierStats,
 };
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{

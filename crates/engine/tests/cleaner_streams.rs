@@ -182,8 +182,7 @@ async fn cut_power_and_verify(
 /// relocation split of [`relocation_streams_by_age`].
 fn quiet_limits(seed: u64) -> PoolLimits {
     PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         cleaner_relocation_blocks_per_client_block_max: 0.0,
         relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
         ..PoolLimits::default()
@@ -247,8 +246,7 @@ async fn paced_run(seed: u64) -> u64 {
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
     let limits = PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         cleaner_interval_ms: 1,
         cleaner_relocation_blocks_per_client_block_max: 8.0,
         relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
@@ -340,8 +338,7 @@ async fn blocked_writers_reclaim_with_flushes_when_no_segment_needs_a_checkpoint
                 .with_flush_delay(Duration::from_micros(200)),
         );
         let limits = PoolLimits {
-            flush_interval_ms: 3_600_000,
-            checkpoint_interval_ms: 3_600_000,
+            test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
             cleaner_interval_ms: 1,
             relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
             ..PoolLimits::default()
@@ -409,8 +406,7 @@ async fn pieces_run(seed: u64) -> u64 {
     ];
     let read_bytes_max = piece_sizes[seed as usize % piece_sizes.len()];
     let limits = PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         cleaner_interval_ms: 1,
         cleaner_relocation_blocks_per_client_block_max: 8.0,
         cleaner_read_bytes_max: read_bytes_max,

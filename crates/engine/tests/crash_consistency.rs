@@ -95,12 +95,10 @@ fn limits(seed: u64) -> PoolLimits {
         // Every other run rewrites freed segments first, to meet reuse sooner.
         test_hooks: lamina_engine::TestHooks {
             reuse_freed_segments_first: seed % 2 == 1,
+            // Background flushes and checkpoints are driven by the test itself.
+            periodic_flush_and_checkpoint_off: true,
         },
-        // Background flushes and checkpoints are driven by the test itself.
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
         dirty_bytes_max: u64::MAX / 2,
-        checkpoint_interval_bytes: u64::MAX / 2,
         relocation_streams_by_age_segment_count_min: if (seed / 2).is_multiple_of(2) {
             0
         } else {

@@ -31,15 +31,13 @@ const SEGMENT_BYTES: u64 = SEGMENT_BLOCKS * BLOCK_SIZE_BYTES;
 const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 const VOLUME_BLOCKS: u64 = 256;
 
-/// Background flushes and checkpoints far apart, as in the report; the memory
+/// No periodic flushes or checkpoints (the test places them); the memory
 /// cache off so that every read reaches the device.
 fn quiet_limits() -> PoolLimits {
     PoolLimits {
         memory_cache_bytes: 0,
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         dirty_bytes_max: u64::MAX / 2,
-        checkpoint_interval_bytes: u64::MAX / 2,
         ..PoolLimits::default()
     }
 }
@@ -348,6 +346,9 @@ async fn rot_in_the_last_flush_before_a_crash_is_an_error_not_an_older_version()
 #[tokio::test]
 async fn the_flush_marker_is_made_durable_without_another_client_flush() {
     let limits = PoolLimits {
+        // The periodic task on, for its flushes (its checkpoints, every
+        // 30 s by default, do not come within the test).
+        test_hooks: lamina_engine::TestHooks::default(),
         flush_interval_ms: 20,
         ..quiet_limits()
     };

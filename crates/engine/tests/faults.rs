@@ -29,10 +29,8 @@ const DATA_START_BYTES: u64 = DATA_START_BLOCK * BLOCK_SIZE_BYTES;
 fn quiet_limits() -> PoolLimits {
     PoolLimits {
         memory_cache_bytes: 0,
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         dirty_bytes_max: u64::MAX / 2,
-        checkpoint_interval_bytes: u64::MAX / 2,
         ..PoolLimits::default()
     }
 }
@@ -604,6 +602,9 @@ async fn a_fua_write_on_a_failing_flush_is_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_background_flush_is_reported_to_the_next_flush() {
     let limits = PoolLimits {
+        // The periodic task on, for its flushes (its checkpoints, every
+        // 30 s by default, do not come within the test).
+        test_hooks: lamina_engine::TestHooks::default(),
         flush_interval_ms: 20,
         ..quiet_limits()
     };

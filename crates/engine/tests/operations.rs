@@ -17,10 +17,8 @@ const SEGMENT_BYTES: u64 = 64 << 10;
 
 fn quiet_limits() -> PoolLimits {
     PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         dirty_bytes_max: u64::MAX / 2,
-        checkpoint_interval_bytes: u64::MAX / 2,
         ..PoolLimits::default()
     }
 }

@@ -32,10 +32,8 @@ fn limits() -> PoolLimits {
     PoolLimits {
         test_hooks: TestHooks {
             reuse_freed_segments_first: true,
+            periodic_flush_and_checkpoint_off: true,
         },
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
-        checkpoint_interval_bytes: u64::MAX / 2,
         dirty_bytes_max: u64::MAX / 2,
         // No background cleaning: the test places every segment itself.
         cleaner_relocation_blocks_per_client_block_max: 0.0,

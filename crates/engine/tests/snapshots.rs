@@ -17,8 +17,7 @@ const SEGMENT_BYTES: u64 = 256 << 10;
 
 fn limits() -> PoolLimits {
     PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         ..PoolLimits::default()
     }
 }

@@ -364,8 +364,7 @@ async fn a_promoted_block_brings_its_demoted_neighbours() {
 #[tokio::test]
 async fn the_demoter_frees_flash_with_flushes_when_no_segment_needs_a_checkpoint() {
     let (_, _, pool, volume) = filled_pool_with(PoolLimits {
-        flush_interval_ms: 3_600_000,
-        checkpoint_interval_ms: 3_600_000,
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
         ..limits()
     })
     .await;

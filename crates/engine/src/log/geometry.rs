@@ -33,6 +33,26 @@ pub const DEFAULT_SEGMENT_SIZE_BYTES: u64 = 4 << 20;
 pub const CAPACITY_DATA_START_BLOCKS: u64 = 256;
 /// Capacity segments a two-tier pool needs at least.
 pub const CAPACITY_SEGMENT_COUNT_MIN: u64 = 4;
+/// Blocks a segment has at least.
+pub const SEGMENT_SIZE_BLOCKS_MIN: u64 = 16;
+
+// The fixed metadata in its order, none overlapping the next, all before the
+// first segment: moving one of these blocks must not silently overwrite another.
+const _: () = assert!(SUPERBLOCK_BLOCK < SUPERBLOCK_COPY_BLOCK);
+const _: () = assert!(SUPERBLOCK_COPY_BLOCK < FLUSH_MARKER_BLOCKS[0]);
+const _: () = assert!(FLUSH_MARKER_BLOCKS[0] < FLUSH_MARKER_BLOCKS[1]);
+const _: () = assert!(FLUSH_MARKER_BLOCKS[1] < CHECKPOINT_SLOT_BLOCKS[0]);
+const _: () =
+    assert!(CHECKPOINT_SLOT_BLOCKS[0] + CHECKPOINT_SLOT_SIZE_BLOCKS <= CHECKPOINT_SLOT_BLOCKS[1]);
+const _: () = assert!(CHECKPOINT_SLOT_BLOCKS[1] + CHECKPOINT_SLOT_SIZE_BLOCKS <= DATA_START_BLOCK);
+// The capacity device's label (a copy of the superblock) comes before its
+// first segment.
+const _: () = assert!(CAPACITY_DATA_START_BLOCKS > SUPERBLOCK_BLOCK);
+// The default segment size is one `for_device` accepts.
+const _: () = assert!(
+    DEFAULT_SEGMENT_SIZE_BYTES.is_multiple_of(BLOCK_SIZE_BYTES)
+        && DEFAULT_SEGMENT_SIZE_BYTES / BLOCK_SIZE_BYTES >= SEGMENT_SIZE_BLOCKS_MIN
+);
 
 /// Where a segment or block lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -80,7 +100,7 @@ impl Geometry {
     pub fn for_device(device_size_bytes: u64, segment_size_bytes: u64) -> Option<Self> {
         assert!(
             segment_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
-                && segment_size_bytes >= 16 * BLOCK_SIZE_BYTES
+                && segment_size_bytes >= SEGMENT_SIZE_BLOCKS_MIN * BLOCK_SIZE_BYTES
         );
         let segment_size_blocks = segment_size_bytes / BLOCK_SIZE_BYTES;
         let device_blocks = device_size_bytes / BLOCK_SIZE_BYTES;

@@ -327,13 +327,14 @@ impl Pool {
             Tier::Flash => limits.cleaner_read_bytes_max as usize,
             Tier::Capacity => length_bytes,
         };
-        let piece_bytes = (piece_bytes_max / block).max(1) * block;
+        // At least one block: `PoolLimits::validate` refuses less.
+        let piece_bytes = piece_bytes_max / block * block;
         let device = &self.inner.device;
         let pieces: Vec<AlignedBuffer> =
             futures::stream::iter((0..length_bytes).step_by(piece_bytes).map(|start| {
                 device.read(offset + start as u64, piece_bytes.min(length_bytes - start))
             }))
-            .buffered(limits.cleaner_in_flight_reads_max.max(1))
+            .buffered(limits.cleaner_in_flight_reads_max)
             .try_collect()
             .await?;
         Ok(VictimContents {
@@ -356,7 +357,7 @@ impl Pool {
         let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Arc<InFlightBatch>>();
         let pool = self.clone();
         let writer = tokio::spawn(async move {
-            let limit = pool.inner.limits.cleaner_in_flight_batches_max.max(1);
+            let limit = pool.inner.limits.cleaner_in_flight_batches_max;
             let mut handed_over: Vec<u64> = Vec::new();
             while let Some(batch) = receiver.recv().await {
                 pool.wait_for(|state| {

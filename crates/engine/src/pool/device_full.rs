@@ -20,10 +20,10 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use lamina_device::DeviceError;
 use serde::Serialize;
+use tokio::time::Instant;
 
 /// The first wait before a batch write that found the device full is retried;
 /// each later wait doubles, up to `device_full_retry_interval_ms`.

@@ -16,10 +16,11 @@
 //!    own mutexes are leaves taken inside or outside it.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lamina_device::{AlignedBuffer, BlockDevice, DeviceError};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
@@ -77,8 +78,6 @@ impl Pool {
     pub(super) fn from_inner(inner: Arc<Inner>) -> Self {
         let pool = Self { inner };
         pool.start_background();
-        pool.start_paced_cleaner();
-        pool.start_demoter();
         pool
     }
 
@@ -143,7 +142,7 @@ impl Pool {
 /// the attempts with that error.
 pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
     let offset = batch.summary_block * BLOCK_SIZE_BYTES;
-    let retry_interval_ms = inner.limits.device_full_retry_interval_ms.max(1);
+    let retry_interval_ms = inner.limits.device_full_retry_interval_ms;
     let mut delay_ms = DEVICE_FULL_FIRST_RETRY_DELAY_MS.min(retry_interval_ms);
     let mut waiting = false;
     loop {

@@ -1,9 +1,13 @@
 //! What a pool is created with ([`PoolOptions`]) and the runtime limits it
 //! runs under ([`PoolLimits`]): every queue, buffer, interval and amount of
-//! unflushed data, with the unit last in its name.
+//! unflushed data, with the unit last in its name. The limits are checked once,
+//! by [`PoolLimits::validate`] (when a pool is created or opened, and when the
+//! daemon loads its configuration), so that the code using them need not
+//! clamp them.
 
 use serde::Serialize;
 
+use crate::BLOCK_SIZE_BYTES;
 use crate::log::geometry::DEFAULT_SEGMENT_SIZE_BYTES;
 
 /// Options fixed when a pool is created.
@@ -35,7 +39,8 @@ pub struct PoolLimits {
     pub dirty_bytes_max: u64,
     /// Oldest unflushed write's age that triggers a background flush.
     pub flush_interval_ms: u64,
-    /// Batches (each at most 516 KiB) written to the device concurrently.
+    /// Batches (each at most 520 KiB: 128 data blocks, a summary and its copy)
+    /// written to the device concurrently.
     pub in_flight_batches_max: usize,
     /// Log bytes appended between background checkpoints (bounds replay time).
     pub checkpoint_interval_bytes: u64,
@@ -109,6 +114,130 @@ pub struct TestHooks {
     /// freed too early is seldom reached before the checkpoints that would
     /// have made its reuse safe anyway).
     pub reuse_freed_segments_first: bool,
+    /// The periodic flush-and-checkpoint task does not start: no flushes
+    /// after `flush_interval_ms`, no checkpoints after `checkpoint_interval_ms`
+    /// or `checkpoint_interval_bytes`, and none of the usage warnings and
+    /// cleaning passes it runs. For tests that place every flush and
+    /// checkpoint themselves (a write past `dirty_bytes_max` still starts a
+    /// flush; the paced cleaner and the demoter keep their own limits).
+    pub periodic_flush_and_checkpoint_off: bool,
+}
+
+impl TestHooks {
+    /// Hooks with the periodic flush-and-checkpoint task off, for tests that
+    /// flush and checkpoint themselves.
+    pub fn without_periodic_flush_and_checkpoint() -> Self {
+        Self {
+            periodic_flush_and_checkpoint_off: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// A limit outside the range the engine works in.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LimitsError {
+    /// An interval, a count of things in flight or a read size that must not
+    /// be 0 (or a fraction of a block).
+    #[error("{field} must be at least {minimum} (got {value})")]
+    TooSmall {
+        field: &'static str,
+        value: u64,
+        minimum: u64,
+    },
+    #[error("{field} must be at most {maximum} (got {value})")]
+    TooLarge {
+        field: &'static str,
+        value: u64,
+        maximum: u64,
+    },
+    #[error("{field}: {value} is not a percentage from 1 to 100")]
+    NotAPercentage { field: &'static str, value: u8 },
+    #[error("{field} must be a finite number of at least 0 (got {value})")]
+    NotANonNegativeNumber { field: &'static str, value: f64 },
+}
+
+/// Share of flash the demoter may keep free at most, in percent: the rest is
+/// what the pool's data can use on flash.
+pub const TIER_FLASH_FREE_PERCENT_MAX: u8 = 90;
+
+/// `value` is at least `minimum`, or the error naming `field`.
+fn at_least(field: &'static str, value: u64, minimum: u64) -> Result<(), LimitsError> {
+    if value < minimum {
+        return Err(LimitsError::TooSmall {
+            field,
+            value,
+            minimum,
+        });
+    }
+    Ok(())
+}
+
+impl PoolLimits {
+    /// Checks every limit against the range the engine works in; the first
+    /// one outside it is the error. Intervals must be at least 1 ms (a timer
+    /// of 0 would spin), counts of things in flight at least 1 (0 would stall
+    /// every writer or the cleaner), a cleaner read at least one block.
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        at_least("flush_interval_ms", self.flush_interval_ms, 1)?;
+        at_least("cleaner_interval_ms", self.cleaner_interval_ms, 1)?;
+        at_least(
+            "tier_demotion_interval_ms",
+            self.tier_demotion_interval_ms,
+            1,
+        )?;
+        at_least(
+            "device_full_retry_interval_ms",
+            self.device_full_retry_interval_ms,
+            1,
+        )?;
+        at_least(
+            "in_flight_batches_max",
+            self.in_flight_batches_max as u64,
+            1,
+        )?;
+        at_least("read_run_blocks_max", self.read_run_blocks_max, 1)?;
+        at_least(
+            "cleaner_read_bytes_max",
+            self.cleaner_read_bytes_max,
+            BLOCK_SIZE_BYTES,
+        )?;
+        at_least(
+            "cleaner_in_flight_reads_max",
+            self.cleaner_in_flight_reads_max as u64,
+            1,
+        )?;
+        at_least(
+            "cleaner_in_flight_batches_max",
+            self.cleaner_in_flight_batches_max as u64,
+            1,
+        )?;
+        let relocation = self.cleaner_relocation_blocks_per_client_block_max;
+        if !relocation.is_finite() || relocation < 0.0 {
+            return Err(LimitsError::NotANonNegativeNumber {
+                field: "cleaner_relocation_blocks_per_client_block_max",
+                value: relocation,
+            });
+        }
+        if self.tier_flash_free_percent > TIER_FLASH_FREE_PERCENT_MAX {
+            return Err(LimitsError::TooLarge {
+                field: "tier_flash_free_percent",
+                value: u64::from(self.tier_flash_free_percent),
+                maximum: u64::from(TIER_FLASH_FREE_PERCENT_MAX),
+            });
+        }
+        if let Some(percent) = self
+            .usage_warning_percents
+            .iter()
+            .find(|percent| !(1..=100).contains(*percent))
+        {
+            return Err(LimitsError::NotAPercentage {
+                field: "usage_warning_percents",
+                value: *percent,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Default for PoolLimits {
@@ -137,5 +266,70 @@ impl Default for PoolLimits {
             relocation_streams_by_age_segment_count_min: 512,
             test_hooks: TestHooks::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(PoolLimits::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_limit_out_of_range_is_named_with_its_value_and_range() {
+        let refused = |limits: PoolLimits| limits.validate().unwrap_err().to_string();
+        let zero_flush_interval = PoolLimits {
+            flush_interval_ms: 0,
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(zero_flush_interval),
+            "flush_interval_ms must be at least 1 (got 0)"
+        );
+        let small_reads = PoolLimits {
+            cleaner_read_bytes_max: 512,
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(small_reads),
+            "cleaner_read_bytes_max must be at least 4096 (got 512)"
+        );
+        let no_batches = PoolLimits {
+            cleaner_in_flight_batches_max: 0,
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(no_batches),
+            "cleaner_in_flight_batches_max must be at least 1 (got 0)"
+        );
+        let negative = PoolLimits {
+            cleaner_relocation_blocks_per_client_block_max: -1.0,
+            ..PoolLimits::default()
+        };
+        assert!(refused(negative).starts_with("cleaner_relocation_blocks_per_client_block_max"));
+        let not_a_number = PoolLimits {
+            cleaner_relocation_blocks_per_client_block_max: f64::NAN,
+            ..PoolLimits::default()
+        };
+        assert!(not_a_number.validate().is_err());
+        let too_much_free = PoolLimits {
+            tier_flash_free_percent: 95,
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(too_much_free),
+            "tier_flash_free_percent must be at most 90 (got 95)"
+        );
+        let warning = PoolLimits {
+            usage_warning_percents: vec![80, 0],
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(warning),
+            "usage_warning_percents: 0 is not a percentage from 1 to 100"
+        );
     }
 }

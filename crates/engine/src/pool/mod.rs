@@ -10,6 +10,7 @@
 //! flush. Unflushed data is bounded by `dirty_bytes_max` and `flush_interval_ms`,
 //! enforced by a background task that flushes when either is exceeded.
 
+mod background;
 mod checkpoint;
 pub mod cleaner;
 mod counters;
@@ -17,7 +18,7 @@ mod device_full;
 mod flush_marker;
 mod inner;
 pub mod integrity;
-mod limits;
+pub(crate) mod limits;
 mod read;
 mod recovery;
 pub mod space;
@@ -28,9 +29,6 @@ mod tiering;
 mod write;
 mod writer;
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
-
 use crate::error::EngineError;
 use crate::log::batch::Record;
 use crate::volume::{
@@ -38,9 +36,8 @@ use crate::volume::{
     validate_volume_name, validate_volume_size,
 };
 pub use device_full::DeviceFullStatus;
-use inner::Inner;
 pub use inner::Pool;
-pub use limits::{PoolLimits, PoolOptions, TestHooks};
+pub use limits::{LimitsError, PoolLimits, PoolOptions, TestHooks};
 pub use read::Extent;
 use read::PROMOTION_HEADROOM_SEGMENT_COUNT;
 use state::State;
@@ -490,24 +487,6 @@ impl Pool {
         self.inner.flush_marker.settled().await;
     }
 
-    fn maybe_flush_in_background(&self) {
-        let over = {
-            let state = self.inner.lock();
-            state.counters().unflushed_bytes() > self.inner.limits.dirty_bytes_max
-        };
-        // On a full device a flush cannot finish; writers are held back by
-        // the in-flight limit instead, and the next client flush reports it.
-        let over = over && !self.inner.device_full.is_full();
-        if over && self.inner.flush_lock.try_lock().is_ok() {
-            let pool = self.clone();
-            tokio::spawn(async move {
-                if let Err(error) = pool.flush().await {
-                    tracing::error!(%error, "background flush failed");
-                }
-            });
-        }
-    }
-
     /// Changes a volume's tier policy, durably; it applies to the volume's
     /// snapshots too, and from the next read or cleaning on.
     pub async fn set_volume_policy(
@@ -523,110 +502,5 @@ impl Pool {
         })
         .await?;
         self.volume_info(name)
-    }
-
-    /// Background work: flush when unflushed data gets too old, checkpoint when
-    /// enough log has accumulated or enough time has passed.
-    fn start_background(&self) {
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let interval_ms = self.inner.limits.flush_interval_ms.max(1);
-        tokio::spawn(async move {
-            let mut last_checkpoint = tokio::time::Instant::now();
-            let mut warned_percent = 0u8;
-            loop {
-                tokio::time::sleep(Duration::from_millis(interval_ms)).await;
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.shutdown.load(std::sync::atomic::Ordering::Acquire) {
-                    return;
-                }
-                let pool = Pool { inner };
-                if pool.inner.device_full.is_full() {
-                    // Flushing or checkpointing would only wait for space.
-                    continue;
-                }
-                let (dirty, log_bytes, space_waiting) = {
-                    let state = pool.inner.lock();
-                    if state.writer().failed().is_some() {
-                        return;
-                    }
-                    // Dead segments written since the older checkpoint become
-                    // free only through checkpoints (the others through the
-                    // flush below); an idle pool must still take them, or
-                    // trimmed space never returns.
-                    let space_waiting = state.space().segments().iter().any(|segment| {
-                        matches!(segment.state, space::SegmentState::Dead { .. })
-                            && state.space().dead_segment_waits_for_checkpoints(segment)
-                    });
-                    let dirty = state.writer().has_unsealed_records()
-                        || state.writer().sealed_through() > state.writer().durable_through();
-                    (
-                        dirty,
-                        state
-                            .checkpoint_schedule()
-                            .bytes_since_last(state.counters().sealed_bytes()),
-                        space_waiting,
-                    )
-                };
-                if dirty && let Err(error) = pool.flush().await {
-                    tracing::error!(%error, "background flush failed");
-                }
-                if let Err(error) = pool.flush_marker_durably().await {
-                    tracing::error!(%error, "background flush of the flush marker failed");
-                }
-                let due_by_time = (log_bytes > 0 || space_waiting)
-                    && last_checkpoint.elapsed()
-                        >= Duration::from_millis(pool.inner.limits.checkpoint_interval_ms);
-                pool.warn_about_usage(&mut warned_percent);
-                if let Err(error) = pool.clean_in_background().await {
-                    tracing::error!(%error, "background cleaning failed");
-                }
-                if log_bytes >= pool.inner.limits.checkpoint_interval_bytes || due_by_time {
-                    last_checkpoint = tokio::time::Instant::now();
-                    if let Err(error) = pool.checkpoint().await {
-                        tracing::error!(%error, "background checkpoint failed");
-                    }
-                }
-            }
-        });
-    }
-
-    /// Logs a warning when used space crosses a configured threshold upward,
-    /// and a note when it falls back below.
-    fn warn_about_usage(&self, warned_percent: &mut u8) {
-        let status = self.status();
-        let crossed = status.usage_warning_percent;
-        if crossed > *warned_percent {
-            tracing::warn!(
-                used_percent = format!("{:.1}", status.used_percent),
-                threshold_percent = crossed,
-                free_bytes = status.free_bytes,
-                "pool space is running low: trim or delete data, or add capacity"
-            );
-        } else if crossed < *warned_percent {
-            tracing::info!(
-                used_percent = format!("{:.1}", status.used_percent),
-                "pool space usage dropped"
-            );
-        }
-        *warned_percent = crossed;
-    }
-
-    /// Flushes, writes a final checkpoint (so the next open replays nothing) and
-    /// stops background work.
-    pub async fn close(&self) -> Result<(), EngineError> {
-        self.flush().await?;
-        self.inner.flush_marker.settled().await;
-        self.checkpoint().await?;
-        self.inner
-            .shutdown
-            .store(true, std::sync::atomic::Ordering::Release);
-        Ok(())
-    }
-
-    /// Stops background work without flushing: what a crash leaves behind, for tests.
-    pub fn abandon(&self) {
-        self.inner
-            .shutdown
-            .store(true, std::sync::atomic::Ordering::Release);
     }
 }

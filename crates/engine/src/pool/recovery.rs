@@ -89,6 +89,7 @@ impl Pool {
         options: PoolOptions,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
+        limits.validate()?;
         let geometry = geometry_for_device(&*device, &options)?;
         if geometry.has_capacity_tier() {
             check_tier_sizes(device.name(), &geometry)?;
@@ -126,6 +127,7 @@ impl Pool {
         device: Arc<dyn BlockDevice>,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
+        limits.validate()?;
         let name = device.name().to_string();
         let started = std::time::Instant::now();
         let checked = check_device(&*device, &name).await?;

@@ -7,10 +7,13 @@
 //! written since the older checkpoint. The paced cleaner and a blocked
 //! writer's reclaim call the same `clean`, so all three agree on what moves.
 
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::inner::{Inner, Pool};
+use tokio::time::Instant;
+
+use super::background::{Periodic, spawn_periodic};
+use super::inner::Pool;
+use super::limits::TIER_FLASH_FREE_PERCENT_MAX;
 use super::space::Allocation;
 use super::state::State;
 use crate::error::EngineError;
@@ -27,42 +30,47 @@ const DEMOTER_CHECKPOINT_INTERVAL_MS: u64 = 250;
 /// Free flash segments the demoter keeps: the target share of flash, and at
 /// least enough for the clients' reserve plus room for promotions.
 pub(crate) fn flash_free_target_segment_count(state: &State, free_percent: u8) -> usize {
+    debug_assert!(
+        free_percent <= TIER_FLASH_FREE_PERCENT_MAX,
+        "PoolLimits::validate refuses more"
+    );
     let flash_segments = state.geometry().flash_segment_count as usize;
-    let share = flash_segments * usize::from(free_percent.min(90)) / 100;
+    let share = flash_segments * usize::from(free_percent) / 100;
     share.max(
         state.space().reserve_for(Allocation::Client) + super::PROMOTION_HEADROOM_SEGMENT_COUNT + 2,
     )
 }
 
+/// The demoter's state between two looks at free flash.
+struct Demoter {
+    /// When the demoter last took a checkpoint.
+    last_checkpoint: Option<Instant>,
+}
+
+impl Periodic for Demoter {
+    const NAME: &'static str = "demotion";
+
+    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
+        pool.demote_once(&mut self.last_checkpoint).await
+    }
+}
+
 impl Pool {
     /// Starts the demoter in a two-tier pool. It stops when the pool is
-    /// closed, abandoned or dropped.
+    /// closed, abandoned, dropped or failed.
     pub(crate) fn start_demoter(&self) {
         if !self.inner.geometry.has_capacity_tier()
             || self.inner.limits.tier_flash_free_percent == 0
         {
             return;
         }
-        let interval = Duration::from_millis(self.inner.limits.tier_demotion_interval_ms.max(1));
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut last_checkpoint = None;
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.shutdown.load(std::sync::atomic::Ordering::Acquire) {
-                    return;
-                }
-                let pool = Pool { inner };
-                if pool.inner.lock().writer().failed().is_some() {
-                    return;
-                }
-                match pool.demote_once(&mut last_checkpoint).await {
-                    Ok(()) | Err(EngineError::NoSpace) => {}
-                    Err(error) => tracing::error!(%error, "demotion failed"),
-                }
-            }
-        });
+        spawn_periodic(
+            self,
+            self.inner.limits.tier_demotion_interval_ms,
+            Demoter {
+                last_checkpoint: None,
+            },
+        );
     }
 
     /// One look: while free flash is under its target, free what flushes

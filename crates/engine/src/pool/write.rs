@@ -13,15 +13,15 @@ use super::read::{BlockSpan, check_range};
 use super::writer::InFlightBatch;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::Record;
+use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record};
 use crate::volume::View;
 
-/// Blocks a write appends per hold of the state lock: about one batch, so
-/// that a long write lets reads and other writers in between.
-const APPEND_PER_LOCK_HOLD_BLOCKS_MAX: u64 = 128;
+/// Blocks a write appends per hold of the state lock: one batch, so that a
+/// long write lets reads and other writers in between.
+const APPEND_PER_LOCK_HOLD_BLOCKS_MAX: u64 = BATCH_DATA_BLOCKS_MAX as u64;
 
-/// Blocks of zeros per write when zeroing without punching a hole.
-const ZEROES_PER_WRITE_BLOCKS_MAX: u64 = 128;
+/// Blocks of zeros per write when zeroing without punching a hole: one batch.
+const ZEROES_PER_WRITE_BLOCKS_MAX: u64 = BATCH_DATA_BLOCKS_MAX as u64;
 
 const BLOCK_BYTES: usize = BLOCK_SIZE_BYTES as usize;
 

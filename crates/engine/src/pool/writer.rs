@@ -16,9 +16,26 @@ use crate::error::EngineError;
 use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
 };
+use crate::log::chain::BATCH_TAIL_BLOCKS_MAX;
+use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, SEGMENT_SIZE_BLOCKS_MIN};
 
 use super::space::LogProgress;
 use super::stream::{OPEN_BATCH_COUNT, RELOCATION_STREAMS, STREAM_COUNT, Stream, lane_of};
+
+// The longest batch recovery's walk expects after a summary (its data and the
+// summary's copy) is the longest batch the writer lays out.
+const _: () = assert!(
+    BATCH_TAIL_BLOCKS_MAX as usize + 1 == BATCH_DATA_BLOCKS_MAX + BATCH_OVERHEAD_BLOCKS as usize
+);
+// An empty segment of the smallest size has room for a batch of one data
+// block, so that a new log head can always take the write it was opened for.
+const _: () = assert!(SEGMENT_SIZE_BLOCKS_MIN > BATCH_OVERHEAD_BLOCKS as u64);
+// A full batch fits in a segment of the default size, so that batches reach
+// their full size there.
+const _: () = assert!(
+    DEFAULT_SEGMENT_SIZE_BYTES / BLOCK_SIZE_BYTES
+        >= (BATCH_DATA_BLOCKS_MAX + BATCH_OVERHEAD_BLOCKS as usize) as u64
+);
 
 #[derive(Clone, Copy, Debug)]
 pub struct Head {

@@ -24,12 +24,10 @@
 //! same `clean` and `checkpoint` as a blocked writer's reclaim, and a writer
 //! never waits for it.
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
-
 use serde::Serialize;
 
-use super::super::inner::{Inner, Pool};
+use super::super::background::{Periodic, spawn_periodic};
+use super::super::inner::Pool;
 use super::super::limits::PoolLimits;
 use super::super::space::Allocation;
 use super::super::state::State;
@@ -152,7 +150,7 @@ pub(crate) fn cleaner_state(state: &State, limits: &PoolLimits) -> (CleanerState
 
 /// The paced cleaner's state between two looks at the pool.
 #[derive(Default)]
-struct Pacer {
+pub(in crate::pool) struct Pacer {
     /// Blocks the cleaner may still relocate.
     budget_blocks: f64,
     /// Client blocks written when the pool was last looked at.
@@ -173,51 +171,30 @@ enum Step {
     Clean,
 }
 
+impl Periodic for Pacer {
+    const NAME: &'static str = "paced cleaning";
+
+    /// Steps until the budget or the need runs out, so that the cleaner keeps
+    /// up however fast clients write between looks.
+    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
+        for _ in 0..STEPS_PER_LOOK_MAX {
+            if pool.pace_once(self).await? == Step::Idle || pool.background_stopped() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Pool {
     /// Starts the paced cleaner unless `cleaner_relocation_blocks_per_client_block_max`
-    /// is 0. It stops when the pool is closed, abandoned or dropped.
+    /// is 0. It stops when the pool is closed, abandoned, dropped or failed.
     pub(crate) fn start_paced_cleaner(&self) {
         let limits = &self.inner.limits;
         if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
             return;
         }
-        let interval = Duration::from_millis(limits.cleaner_interval_ms.max(1));
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut pacer = Pacer::default();
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.shutdown.load(std::sync::atomic::Ordering::Acquire) {
-                    return;
-                }
-                let pool = Pool { inner };
-                // Steps until the budget or the need runs out, so that the
-                // cleaner keeps up however fast clients write between looks.
-                for _ in 0..STEPS_PER_LOOK_MAX {
-                    match pool.pace_once(&mut pacer).await {
-                        Ok(Step::Idle) => break,
-                        Ok(_) => {}
-                        // Space ran out under the cleaner too: blocked writers reclaim.
-                        Err(EngineError::NoSpace) => break,
-                        Err(error) => {
-                            tracing::error!(%error, "paced cleaning failed");
-                            break;
-                        }
-                    }
-                    if pool
-                        .inner
-                        .shutdown
-                        .load(std::sync::atomic::Ordering::Acquire)
-                    {
-                        return;
-                    }
-                }
-                if pool.inner.lock().writer().failed().is_some() {
-                    return;
-                }
-            }
-        });
+        spawn_periodic(self, limits.cleaner_interval_ms, Pacer::default());
     }
 
     /// One look at the pool: update the budget, then at most one step, which

@@ -1,0 +1,216 @@
+//! Background activity: one scaffold ([`spawn_periodic`]) runs each of the
+//! pool's periodic tasks — the flush-and-checkpoint loop here, the paced
+//! cleaner (`cleaner::pacing`) and the demoter (`tiering`) — and owns what they
+//! share: the tokio timer (so that tests can pause and advance time), holding
+//! the pool only weakly between steps (its own tasks must not keep a dropped
+//! pool alive), stopping once the pool is closed, abandoned, dropped or failed,
+//! and logging a failed step. The tasks are the steps.
+//!
+//! Also here: the flush a write starts when unflushed data exceeds
+//! `dirty_bytes_max`, the usage warnings, and `close`/`abandon`, which stop
+//! background work.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::inner::{Inner, Pool};
+use super::space;
+use crate::error::EngineError;
+
+/// A periodic background task: what it does on each tick, and the state it
+/// keeps between ticks.
+pub(super) trait Periodic: Send + 'static {
+    /// What the task does, for its error messages ("{NAME} failed").
+    const NAME: &'static str;
+
+    /// One tick's work. Errors are logged and the task goes on at the next
+    /// tick; `EngineError::NoSpace` is not logged (space ran out under the
+    /// task too: blocked writers reclaim for themselves).
+    fn step(&mut self, pool: &Pool) -> impl Future<Output = Result<(), EngineError>> + Send;
+}
+
+/// Runs `task` every `interval_ms` (tokio's clock; a step that takes longer
+/// delays the next tick, ticks are not made up) until the pool is shut down,
+/// dropped or failed. Between ticks the task holds the pool only weakly.
+pub(super) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64, mut task: T) {
+    assert!(
+        interval_ms > 0,
+        "PoolLimits::validate refuses 0 ms intervals"
+    );
+    let interval = Duration::from_millis(interval_ms);
+    let weak: Weak<Inner> = Arc::downgrade(&pool.inner);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let pool = Pool { inner };
+            if pool.background_stopped() || pool.inner.lock().writer().failed().is_some() {
+                return;
+            }
+            match task.step(&pool).await {
+                Ok(()) | Err(EngineError::NoSpace) => {}
+                Err(error) => tracing::error!(%error, "{} failed", T::NAME),
+            }
+        }
+    });
+}
+
+/// The flush-and-checkpoint loop: flushes when unflushed data gets older than
+/// `flush_interval_ms`, checkpoints when `checkpoint_interval_bytes` of log
+/// has accumulated or `checkpoint_interval_ms` has passed, warns about used
+/// space, and cleans in passes when the paced cleaner is off.
+struct FlushAndCheckpoint {
+    last_checkpoint: Instant,
+    /// The usage warning threshold last crossed (0: none).
+    warned_percent: u8,
+}
+
+/// What the flush-and-checkpoint loop sees of the pool at a tick.
+struct Dirt {
+    /// Records not yet durable.
+    unflushed: bool,
+    log_bytes_since_checkpoint: u64,
+    /// Dead segments that only checkpoints free.
+    dead_segments_wait_for_checkpoints: bool,
+}
+
+impl Periodic for FlushAndCheckpoint {
+    const NAME: &'static str = "background flush and checkpoint";
+
+    /// Each part logs its own error, so that a failed flush does not keep the
+    /// checkpoint from being tried.
+    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
+        if pool.inner.device_full.is_full() {
+            // Flushing or checkpointing would only wait for space.
+            return Ok(());
+        }
+        let dirt = pool.dirt();
+        if dirt.unflushed
+            && let Err(error) = pool.flush().await
+        {
+            tracing::error!(%error, "background flush failed");
+        }
+        if let Err(error) = pool.flush_marker_durably().await {
+            tracing::error!(%error, "background flush of the flush marker failed");
+        }
+        let limits = &pool.inner.limits;
+        let due_by_time = (dirt.log_bytes_since_checkpoint > 0
+            || dirt.dead_segments_wait_for_checkpoints)
+            && self.last_checkpoint.elapsed()
+                >= Duration::from_millis(limits.checkpoint_interval_ms);
+        pool.warn_about_usage(&mut self.warned_percent);
+        if let Err(error) = pool.clean_in_background().await {
+            tracing::error!(%error, "background cleaning failed");
+        }
+        if dirt.log_bytes_since_checkpoint >= limits.checkpoint_interval_bytes || due_by_time {
+            self.last_checkpoint = Instant::now();
+            if let Err(error) = pool.checkpoint().await {
+                tracing::error!(%error, "background checkpoint failed");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Starts the pool's periodic background tasks.
+    pub(super) fn start_background(&self) {
+        let limits = &self.inner.limits;
+        if !limits.test_hooks.periodic_flush_and_checkpoint_off {
+            spawn_periodic(
+                self,
+                limits.flush_interval_ms,
+                FlushAndCheckpoint {
+                    last_checkpoint: Instant::now(),
+                    warned_percent: 0,
+                },
+            );
+        }
+        self.start_paced_cleaner();
+        self.start_demoter();
+    }
+
+    /// Whether the pool was closed or abandoned: background work stops.
+    pub(super) fn background_stopped(&self) -> bool {
+        self.inner.shutdown.load(Ordering::Acquire)
+    }
+
+    fn dirt(&self) -> Dirt {
+        let state = self.inner.lock();
+        // Dead segments written since the older checkpoint become free only
+        // through checkpoints (the others through the flush); an idle pool
+        // must still take them, or trimmed space never returns.
+        let dead_segments_wait_for_checkpoints = state.space().segments().iter().any(|segment| {
+            matches!(segment.state, space::SegmentState::Dead { .. })
+                && state.space().dead_segment_waits_for_checkpoints(segment)
+        });
+        Dirt {
+            unflushed: state.writer().has_unsealed_records()
+                || state.writer().sealed_through() > state.writer().durable_through(),
+            log_bytes_since_checkpoint: state
+                .checkpoint_schedule()
+                .bytes_since_last(state.counters().sealed_bytes()),
+            dead_segments_wait_for_checkpoints,
+        }
+    }
+
+    /// Starts a flush in the background when unflushed data exceeds
+    /// `dirty_bytes_max` and no flush is running (writers call this).
+    pub(super) fn maybe_flush_in_background(&self) {
+        let over = {
+            let state = self.inner.lock();
+            state.counters().unflushed_bytes() > self.inner.limits.dirty_bytes_max
+        };
+        // On a full device a flush cannot finish; writers are held back by
+        // the in-flight limit instead, and the next client flush reports it.
+        let over = over && !self.inner.device_full.is_full();
+        if over && self.inner.flush_lock.try_lock().is_ok() {
+            let pool = self.clone();
+            tokio::spawn(async move {
+                if let Err(error) = pool.flush().await {
+                    tracing::error!(%error, "background flush failed");
+                }
+            });
+        }
+    }
+
+    /// Logs a warning when used space crosses a configured threshold upward,
+    /// and a note when it falls back below.
+    fn warn_about_usage(&self, warned_percent: &mut u8) {
+        let status = self.status();
+        let crossed = status.usage_warning_percent;
+        if crossed > *warned_percent {
+            tracing::warn!(
+                used_percent = format!("{:.1}", status.used_percent),
+                threshold_percent = crossed,
+                free_bytes = status.free_bytes,
+                "pool space is running low: trim or delete data, or add capacity"
+            );
+        } else if crossed < *warned_percent {
+            tracing::info!(
+                used_percent = format!("{:.1}", status.used_percent),
+                "pool space usage dropped"
+            );
+        }
+        *warned_percent = crossed;
+    }
+
+    /// Flushes, writes a final checkpoint (so the next open replays nothing) and
+    /// stops background work.
+    pub async fn close(&self) -> Result<(), EngineError> {
+        self.flush().await?;
+        self.inner.flush_marker.settled().await;
+        self.checkpoint().await?;
+        self.inner.shutdown.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Stops background work without flushing: what a crash leaves behind, for tests.
+    pub fn abandon(&self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+    }
+}
