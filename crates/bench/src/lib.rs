@@ -8,11 +8,16 @@
 //! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd;
 //! `tiers` measures all-flash, flash + modelled disk and the modelled disk alone;
 //! `write-amplification` measures the cleaner's write amplification through fio.
+//! The in-process commands ([`in_process`]) drive the engine or the device layer
+//! from this process, without NBD: `engine` (IOPS against fio, recovery time, memory
+//! per block), `flush-latency`, `cleaner-latency`, `snapshot-create`,
+//! `engine-write-amplification` and `device-iops`.
 //! See docs/bench.md for the method and its limits.
 
 mod charts;
 pub mod fio;
 pub mod fs;
+pub mod in_process;
 pub mod plot;
 pub mod process;
 pub mod report;
@@ -56,6 +61,18 @@ pub enum BenchCommand {
     Tiers(tiers::TiersArgs),
     /// Cleaner write amplification of 4 KiB random overwrites, through fio over NBD.
     WriteAmplification(write_amplification::WriteAmplificationArgs),
+    /// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
+    Engine(in_process::iops_recovery_memory::EngineArgs),
+    /// In process on a file: the latency of a 4 KiB write followed by a flush.
+    FlushLatency(in_process::flush_latency::FlushLatencyArgs),
+    /// In process on files: client latency with the cleaner busy versus idle.
+    CleanerLatency(in_process::cleaner_latency::CleanerLatencyArgs),
+    /// In process on a file: how long creating a snapshot takes.
+    SnapshotCreate(in_process::snapshot_create::SnapshotCreateArgs),
+    /// In process on a memory device: the cleaner's write amplification.
+    EngineWriteAmplification(in_process::write_amplification::EngineWriteAmplificationArgs),
+    /// The file device alone: 4 KiB random IOPS, optionally against fio.
+    DeviceIops(in_process::device_iops::DeviceIopsArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -203,6 +220,20 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::WriteAmplification(arguments) => {
             write_amplification::run_write_amplification(&arguments)
         }
+        BenchCommand::Engine(arguments) => in_process::iops_recovery_memory::run_engine(&arguments),
+        BenchCommand::FlushLatency(arguments) => {
+            in_process::flush_latency::run_flush_latency(&arguments)
+        }
+        BenchCommand::CleanerLatency(arguments) => {
+            in_process::cleaner_latency::run_cleaner_latency(&arguments)
+        }
+        BenchCommand::SnapshotCreate(arguments) => {
+            in_process::snapshot_create::run_snapshot_create(&arguments)
+        }
+        BenchCommand::EngineWriteAmplification(arguments) => {
+            in_process::write_amplification::run_engine_write_amplification(&arguments)
+        }
+        BenchCommand::DeviceIops(arguments) => in_process::device_iops::run_device_iops(&arguments),
     }
 }
 

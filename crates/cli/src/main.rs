@@ -51,7 +51,7 @@ enum Command {
     },
     /// Size a pool from a workload trace.
     Plan(lamina_plan::PlanArgs),
-    /// Latency-versus-load benchmarks against peer servers.
+    /// Benchmarks: latency versus load against peer servers, and the engine in process.
     Bench(lamina_bench::BenchArgs),
 }
 

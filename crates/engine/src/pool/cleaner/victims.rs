@@ -18,8 +18,9 @@ pub enum VictimPolicy {
     /// amplification 2.76 instead of 2.89 counting relocations only).
     CostBenefit,
     /// Emptiest first. Measured worse than cost-benefit on skewed (Zipf)
-    /// overwrites and no better on uniform ones (examples/write_amplification.rs),
-    /// so blocked writers use cost-benefit too; kept for comparison.
+    /// overwrites and no better on uniform ones
+    /// (`lamina bench engine-write-amplification`), so blocked writers use
+    /// cost-benefit too; kept for comparison.
     Greedy,
 }
 

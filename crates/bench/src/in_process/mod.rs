@@ -1,0 +1,13 @@
+//! In-process benchmarks of the storage engine and the device layer: the engine's
+//! `Pool` driven from this process on a real file (FileDevice: io_uring, O_DIRECT) or
+//! on a memory device, with no NBD or process start in the measured path. Each
+//! subcommand is one module; [`common`] holds what they share (runtimes, pools on
+//! files, concurrent fills, memory readings).
+
+pub mod cleaner_latency;
+pub mod common;
+pub mod device_iops;
+pub mod flush_latency;
+pub mod iops_recovery_memory;
+pub mod snapshot_create;
+pub mod write_amplification;
