@@ -31,7 +31,7 @@ mod writer;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::Record;
 use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
@@ -148,10 +148,10 @@ impl Pool {
                 .snapshot_named(snapshot)
                 .is_some()
             {
-                return Err(EngineError::SnapshotExists {
+                return Err(EngineError::Volume(VolumeError::SnapshotExists {
                     volume: volume.to_string(),
                     snapshot: snapshot.to_string(),
-                });
+                }));
             }
             Ok(Record::SnapshotCreate {
                 volume_id,
@@ -185,10 +185,10 @@ impl Pool {
                 snapshot_id,
             });
             if !clones.is_empty() {
-                return Err(EngineError::HasClones {
+                return Err(EngineError::Volume(VolumeError::HasClones {
                     what: format!("snapshot {volume}@{snapshot}"),
                     clones: clones.join(", "),
-                });
+                }));
             }
             Ok(Record::SnapshotDelete {
                 volume_id,
@@ -219,11 +219,11 @@ impl Pool {
                 .map(|candidate| candidate.name.as_str())
                 .collect();
             if !newer.is_empty() {
-                return Err(EngineError::NotNewestSnapshot {
+                return Err(EngineError::Volume(VolumeError::NotNewestSnapshot {
                     volume: volume.to_string(),
                     snapshot: snapshot.to_string(),
                     newer: newer.join(", "),
-                });
+                }));
             }
             Ok(Record::SnapshotRollback {
                 volume_id,
@@ -247,7 +247,9 @@ impl Pool {
             let (origin_volume_id, origin_snapshot_id) =
                 Self::snapshot_ids(state, volume, snapshot)?;
             if state.volumes().id_of(new_volume).is_ok() {
-                return Err(EngineError::VolumeExists(new_volume.to_string()));
+                return Err(EngineError::Volume(VolumeError::VolumeExists(
+                    new_volume.to_string(),
+                )));
             }
             Ok(Record::VolumeClone {
                 volume_id: state.volumes().next_volume_id,
@@ -294,7 +296,7 @@ impl Pool {
                     self.spawn_writes(sealed);
                     return Ok(());
                 }
-                Err(EngineError::NoSpace) if self.reclaim().await? => continue,
+                Err(EngineError::Io(IoError::NoSpace)) if self.reclaim().await? => continue,
                 Err(error) => return Err(error),
             }
         }
@@ -318,7 +320,9 @@ impl Pool {
         validate_volume_size(size_bytes)?;
         self.control(|state| {
             if state.volumes().id_of(name).is_ok() {
-                return Err(EngineError::VolumeExists(name.to_string()));
+                return Err(EngineError::Volume(VolumeError::VolumeExists(
+                    name.to_string(),
+                )));
             }
             Ok(Record::VolumeCreate {
                 volume_id: state.volumes().next_volume_id,
@@ -347,11 +351,11 @@ impl Pool {
                 .expect("id from name")
                 .size_bytes;
             if size_bytes < current && !force {
-                return Err(EngineError::ShrinkNeedsForce {
+                return Err(EngineError::Volume(VolumeError::ShrinkNeedsForce {
                     volume: name.to_string(),
                     from_bytes: current,
                     to_bytes: size_bytes,
-                });
+                }));
             }
             Ok(Record::VolumeResize {
                 volume_id,
@@ -371,7 +375,9 @@ impl Pool {
         self.control(|state| {
             let volume_id = state.volumes().id_of(name)?;
             if state.volumes().id_of(new_name).is_ok() {
-                return Err(EngineError::VolumeExists(new_name.to_string()));
+                return Err(EngineError::Volume(VolumeError::VolumeExists(
+                    new_name.to_string(),
+                )));
             }
             Ok(Record::VolumeRename {
                 volume_id,
@@ -389,10 +395,10 @@ impl Pool {
             let volume_id = state.volumes().id_of(name)?;
             let clones = state.volumes().clone_names_of_volume(volume_id);
             if !clones.is_empty() {
-                return Err(EngineError::HasClones {
+                return Err(EngineError::Volume(VolumeError::HasClones {
                     what: format!("volume {name}"),
                     clones: clones.join(", "),
-                });
+                }));
             }
             Ok(Record::VolumeDelete { volume_id })
         })

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::inner::{Inner, Pool};
 use super::space::Allocation;
 use super::state::State;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 
 /// Flash victims cleaned per look at most, so that the demoter yields to the
 /// writers it competes with for the state lock and the devices.
@@ -58,7 +58,7 @@ impl Pool {
                     return;
                 }
                 match pool.demote_once(&mut last_checkpoint).await {
-                    Ok(()) | Err(EngineError::NoSpace) => {}
+                    Ok(()) | Err(EngineError::Io(IoError::NoSpace)) => {}
                     Err(error) => tracing::error!(%error, "demotion failed"),
                 }
             }

@@ -34,7 +34,7 @@ use super::super::limits::PoolLimits;
 use super::super::space::Allocation;
 use super::super::state::State;
 use super::victims::{VictimPolicy, pick_victims};
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 
 /// Dead segments that need a checkpoint (written since the newest one) before
 /// the paced cleaner takes another: each checkpoint writes the whole map, so it is shared by several
@@ -199,7 +199,7 @@ impl Pool {
                         Ok(Step::Idle) => break,
                         Ok(_) => {}
                         // Space ran out under the cleaner too: blocked writers reclaim.
-                        Err(EngineError::NoSpace) => break,
+                        Err(EngineError::Io(IoError::NoSpace)) => break,
                         Err(error) => {
                             tracing::error!(%error, "paced cleaning failed");
                             break;
