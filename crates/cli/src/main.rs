@@ -7,11 +7,13 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use lamina_control::admin::Operation;
+use lamina_api::{Deleted, IntegrityStatus, PoolStatus, SnapshotInfo, VolumeInfo, VolumeTierStats};
+use lamina_control::admin::{Operation, OperationError, VOLUME_IN_USE_KIND};
 use lamina_control::client::run_operation;
 use lamina_control::config::Config;
 use lamina_control::size::{format_size, parse_size};
-use lamina_engine::{CachePriority, Pin, PoolLimits, PoolOptions};
+use lamina_control::store::PoolAlreadyDescribed;
+use lamina_engine::{CachePriority, EngineError, Pin, PoolLimits, PoolOptions};
 
 #[derive(Parser)]
 #[command(
@@ -278,40 +280,32 @@ fn parse_snapshot_argument(argument: &str) -> Result<(String, String), String> {
     }
 }
 
-fn print_snapshots(value: &serde_json::Value) {
-    let snapshots: Vec<serde_json::Value> = match value {
-        serde_json::Value::Array(items) => items.clone(),
-        other => vec![other.clone()],
-    };
+fn print_snapshots(snapshots: &[SnapshotInfo]) {
     println!(
         "{:<40} {:>10} {:>12} {:>12}  CLONES",
         "NAME", "SIZE", "REFERENCED", "UNIQUE"
     );
     for snapshot in snapshots {
-        let clones: Vec<&str> = snapshot["clones"]
-            .as_array()
-            .map(|clones| clones.iter().filter_map(|clone| clone.as_str()).collect())
-            .unwrap_or_default();
         println!(
             "{:<40} {:>10} {:>12} {:>12}  {}",
-            snapshot["full_name"].as_str().unwrap_or("?"),
-            format_size(snapshot["size_bytes"].as_u64().unwrap_or(0)),
-            format_size(snapshot["referenced_bytes"].as_u64().unwrap_or(0)),
-            format_size(snapshot["unique_bytes"].as_u64().unwrap_or(0)),
-            if clones.is_empty() {
+            snapshot.full_name,
+            format_size(snapshot.size_bytes),
+            format_size(snapshot.referenced_bytes),
+            format_size(snapshot.unique_bytes),
+            if snapshot.clones.is_empty() {
                 "-".to_string()
             } else {
-                clones.join(",")
+                snapshot.clones.join(",")
             },
         );
     }
 }
 
-fn print_volumes(value: &serde_json::Value) {
-    let volumes: Vec<serde_json::Value> = match value {
-        serde_json::Value::Array(items) => items.clone(),
-        other => vec![other.clone()],
-    };
+fn print_snapshot(snapshot: &SnapshotInfo) {
+    print_snapshots(std::slice::from_ref(snapshot));
+}
+
+fn print_volumes(volumes: &[VolumeInfo]) {
     println!(
         "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8}  ORIGIN",
         "NAME", "SIZE", "ALLOCATED", "UNIQUE", "USED", "SNAPSHOTS", "PRIORITY", "PIN"
@@ -319,179 +313,221 @@ fn print_volumes(value: &serde_json::Value) {
     for volume in volumes {
         println!(
             "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8}  {}",
-            volume["name"].as_str().unwrap_or("?"),
-            format_size(volume["size_bytes"].as_u64().unwrap_or(0)),
-            format_size(volume["allocated_bytes"].as_u64().unwrap_or(0)),
-            format_size(volume["unique_bytes"].as_u64().unwrap_or(0)),
-            format_size(volume["used_bytes"].as_u64().unwrap_or(0)),
-            volume["snapshot_count"].as_u64().unwrap_or(0),
-            volume["policy"]["priority"].as_str().unwrap_or("?"),
-            volume["policy"]["pin"].as_str().unwrap_or("?"),
-            volume["origin"].as_str().unwrap_or("-"),
+            volume.name,
+            format_size(volume.size_bytes),
+            format_size(volume.allocated_bytes),
+            format_size(volume.unique_bytes),
+            format_size(volume.used_bytes),
+            volume.snapshot_count,
+            json_name(&volume.policy.priority),
+            json_name(&volume.policy.pin),
+            volume.origin.as_deref().unwrap_or("-"),
         );
     }
 }
 
-fn print_status(value: &serde_json::Value) {
-    let field = |name: &str| format_size(value[name].as_u64().unwrap_or(0));
+fn print_volume(volume: &VolumeInfo) {
+    print_volumes(std::slice::from_ref(volume));
+}
+
+fn print_deleted(deleted: &Deleted) {
+    println!("deleted {}", deleted.deleted);
+}
+
+/// The name a unit enum variant has in the admin API's JSON (`"high"`, `"idle"`).
+fn json_name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name,
+        _ => "?".to_string(),
+    }
+}
+
+fn print_status(status: &PoolStatus) {
+    println!("device               {}", status.device);
     println!(
-        "device               {}",
-        value["device"].as_str().unwrap_or("?")
+        "capacity             {}",
+        format_size(status.capacity_bytes)
     );
-    println!("capacity             {}", field("capacity_bytes"));
-    println!("used                 {}", field("used_bytes"));
-    println!("free                 {}", field("free_bytes"));
-    println!("reserved             {}", field("reserved_bytes"));
-    let warning = match value["usage_warning_percent"].as_u64().unwrap_or(0) {
+    println!("used                 {}", format_size(status.used_bytes));
+    println!("free                 {}", format_size(status.free_bytes));
+    println!(
+        "reserved             {}",
+        format_size(status.reserved_bytes)
+    );
+    let warning = match status.usage_warning_percent {
         0 => String::new(),
         threshold => format!(" (warning: above {threshold}%; trim, delete or add capacity)"),
     };
     println!(
         "used percent         {:.1}% of what clients can fill{warning}",
-        value["used_percent"].as_f64().unwrap_or(0.0)
+        status.used_percent
     );
-    println!("volumes              {}", value["volume_count"]);
+    println!("volumes              {}", status.volume_count);
     println!(
         "write amplification  {}",
-        value["write_amplification"]
-            .as_f64()
+        status
+            .write_amplification
             .map_or("- (no client writes yet)".to_owned(), |amplification| {
                 format!("{amplification:.2} over the pool's life")
             })
     );
     println!(
         "cleaner              {} (pressure {:.2})",
-        value["cleaner_state"].as_str().unwrap_or("?"),
-        value["cleaner_pressure"].as_f64().unwrap_or(0.0)
+        json_name(&status.cleaner_state),
+        status.cleaner_pressure
     );
     println!(
         "cleaner relocated    {} blocks",
-        value["cleaner_relocated_blocks"]
+        status.cleaner_relocated_blocks
     );
     println!(
         "dead segments        {} (freed by the next checkpoints)",
-        value["dead_segment_count"]
+        status.dead_segment_count
     );
-    if value["capacity"].is_object() {
-        for tier in ["flash", "capacity"] {
-            let space = |name: &str| format_size(value[tier][name].as_u64().unwrap_or(0));
+    if let Some(capacity) = &status.capacity {
+        for (tier, space) in [("flash", &status.flash), ("capacity", capacity)] {
             println!(
                 "{:<21}{} ({} used, {} free)",
                 format!("{tier} tier"),
-                space("size_bytes"),
-                space("used_bytes"),
-                space("free_bytes")
+                format_size(space.size_bytes),
+                format_size(space.used_bytes),
+                format_size(space.free_bytes)
             );
         }
-        println!("promoted             {} blocks", value["promoted_blocks"]);
-        println!("demoted              {} blocks", value["demoted_blocks"]);
+        println!("promoted             {} blocks", status.promoted_blocks);
+        println!("demoted              {} blocks", status.demoted_blocks);
     }
-    print_integrity(&value["integrity"]);
-    if value["device_full"].is_object() {
+    print_integrity(&status.integrity);
+    if let Some(device_full) = &status.device_full {
         println!(
             "DEVICE FULL          {} batches wait for space: {}",
-            value["device_full"]["waiting_batch_count"],
-            value["device_full"]["reason"].as_str().unwrap_or("?")
+            device_full.waiting_batch_count, device_full.reason
         );
     }
-    if let Some(reason) = value["failed"].as_str() {
+    if let Some(reason) = &status.failed {
         println!("FAILED               {reason}");
     }
 }
 
 /// Damage the pool found: one line when there is none, each finding otherwise.
-fn print_integrity(integrity: &serde_json::Value) {
-    let count = |name: &str| integrity[name].as_u64().unwrap_or(0);
+fn print_integrity(integrity: &IntegrityStatus) {
     let findings = [
         (
-            "read_checksum_errors",
+            integrity.read_checksum_errors,
             "checksum errors on read (I/O errors returned)",
         ),
         (
-            "damaged_flushed_blocks",
+            integrity.damaged_flushed_blocks,
             "flushed blocks found damaged at recovery (reads fail)",
         ),
         (
-            "lost_batches",
+            integrity.lost_batches,
             "flushed batches lost (both summary copies damaged): DATA LOSS",
         ),
         (
-            "summaries_repaired",
+            integrity.summaries_repaired,
             "damaged summaries read from their copies",
         ),
         (
-            "torn_blocks_dropped",
+            integrity.torn_blocks_dropped,
             "unflushed blocks torn by a crash, dropped",
         ),
         (
-            "segments_set_aside",
+            integrity.segments_set_aside,
             "segments set aside by the cleaner (unreadable summaries)",
         ),
     ];
-    let found: Vec<_> = findings
-        .iter()
-        .filter(|(name, _)| count(name) > 0)
-        .collect();
+    let found: Vec<_> = findings.iter().filter(|(count, _)| *count > 0).collect();
     if found.is_empty() {
         println!("integrity            no damage found");
     }
-    for (name, what) in found {
-        println!("integrity            {} {what}", count(name));
+    for (count, what) in found {
+        println!("integrity            {count} {what}");
     }
 }
 
-fn print_volume_stats(value: &serde_json::Value) {
-    let counter = |name: &str| value["counters"][name].as_u64().unwrap_or(0);
-    let percent = |name: &str| 100.0 * value[name].as_f64().unwrap_or(0.0);
-    println!(
-        "volume               {}",
-        value["volume"].as_str().unwrap_or("?")
-    );
+fn print_volume_stats(stats: &VolumeTierStats) {
+    let counters = &stats.counters;
+    println!("volume               {}", stats.volume);
     println!(
         "policy               priority {}, pin {}",
-        value["policy"]["priority"].as_str().unwrap_or("?"),
-        value["policy"]["pin"].as_str().unwrap_or("?")
+        json_name(&stats.policy.priority),
+        json_name(&stats.policy.pin)
     );
-    println!(
-        "on flash             {}",
-        format_size(value["flash_bytes"].as_u64().unwrap_or(0))
-    );
-    println!(
-        "on capacity          {}",
-        format_size(value["capacity_bytes"].as_u64().unwrap_or(0))
-    );
+    println!("on flash             {}", format_size(stats.flash_bytes));
+    println!("on capacity          {}", format_size(stats.capacity_bytes));
     println!(
         "reads from memory    {} blocks ({:.1}%)",
-        counter("memory_read_blocks"),
-        percent("memory_hit_ratio")
+        counters.memory_read_blocks,
+        100.0 * stats.memory_hit_ratio
     );
     println!(
         "reads from flash     {} blocks ({:.1}%)",
-        counter("flash_read_blocks"),
-        percent("flash_hit_ratio")
+        counters.flash_read_blocks,
+        100.0 * stats.flash_hit_ratio
     );
     println!(
         "reads from capacity  {} blocks ({:.1}%)",
-        counter("capacity_read_blocks"),
-        percent("capacity_read_ratio")
+        counters.capacity_read_blocks,
+        100.0 * stats.capacity_read_ratio
     );
-    println!("promoted             {} blocks", counter("promoted_blocks"));
-    println!("demoted              {} blocks", counter("demoted_blocks"));
+    println!("promoted             {} blocks", counters.promoted_blocks);
+    println!("demoted              {} blocks", counters.demoted_blocks);
 }
 
-async fn admin(
+/// Runs an admin operation and prints its answer: as the daemon's JSON with
+/// `--json`, else as text from the answer read as its typed document `T` (a
+/// field the answer lacks is an error, never a silent zero).
+async fn admin<T: serde::de::DeserializeOwned>(
     data: DataArgs,
     operation: Operation,
     json: bool,
-    print: fn(&serde_json::Value),
+    print: fn(&T),
 ) -> anyhow::Result<()> {
-    let value = run_operation(&data.data_dir, operation).await?;
+    let value = run_operation(&data.data_dir, operation)
+        .await
+        .map_err(with_flag_hint)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print(&value);
+        let document: T = serde_json::from_value(value)
+            .context("the admin API's answer is not the document this lamina reads")?;
+        print(&document);
     }
     Ok(())
+}
+
+/// The command-line flag that overrides a refusal, by the refusal's kind (an
+/// engine error's [`EngineError::kind`], or the admin API's
+/// [`OperationError::kind`]): the engine and the control plane say only that
+/// the operation must be forced, the CLI says how.
+fn flag_hint_for_kind(kind: &str) -> Option<&'static str> {
+    match kind {
+        "device_not_empty" => Some("pass --force to overwrite it"),
+        "shrink_needs_force" => Some("pass --force to shrink it"),
+        VOLUME_IN_USE_KIND => Some("pass --force to roll back under them"),
+        _ => None,
+    }
+}
+
+/// Adds to `error` the flag that overrides it, when it is a refusal a flag of
+/// the command overrides (found anywhere in its chain of causes).
+fn with_flag_hint(error: anyhow::Error) -> anyhow::Error {
+    let hint = error.chain().find_map(|cause| {
+        if let Some(refused) = cause.downcast_ref::<OperationError>() {
+            flag_hint_for_kind(&refused.kind)
+        } else if let Some(engine) = cause.downcast_ref::<EngineError>() {
+            flag_hint_for_kind(engine.kind())
+        } else if cause.is::<PoolAlreadyDescribed>() {
+            Some("pass --force to replace it")
+        } else {
+            None
+        }
+    });
+    match hint {
+        Some(hint) => anyhow::anyhow!("{error:#} ({hint})"),
+        None => error,
+    }
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -544,11 +580,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 PoolLimits::default(),
             )
             .await
-            .with_context(|| format!("cannot create a pool on {devices}"))?;
-            let status = serde_json::to_value(lamina_control::api::pool_status(pool.status()))?;
+            .with_context(|| format!("cannot create a pool on {devices}"))
+            .map_err(with_flag_hint)?;
+            let status = lamina_control::api::pool_status(pool.status());
             pool.close().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
+                // Through a `Value`, as the other commands print, so that the
+                // keys come in the same order.
+                let value = serde_json::to_value(&status)?;
+                println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 println!("created pool on {devices}");
                 print_status(&status);
@@ -578,7 +618,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     pin: policy.pin,
                 },
                 json,
-                print_volumes,
+                print_volume,
             )
             .await
         }
@@ -596,7 +636,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     pin: policy.pin,
                 },
                 json,
-                print_volumes,
+                print_volume,
             )
             .await
         }
@@ -610,7 +650,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             .await
         }
         Command::Volume(VolumeCommand::List { data, json }) => {
-            admin(data, Operation::VolumeList, json, print_volumes).await
+            admin(
+                data,
+                Operation::VolumeList,
+                json,
+                |volumes: &Vec<VolumeInfo>| print_volumes(volumes),
+            )
+            .await
         }
         Command::Volume(VolumeCommand::Resize {
             name,
@@ -627,7 +673,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     force,
                 },
                 json,
-                print_volumes,
+                print_volume,
             )
             .await
         }
@@ -641,15 +687,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 data,
                 Operation::VolumeRename { name, new_name },
                 json,
-                print_volumes,
+                print_volume,
             )
             .await
         }
         Command::Volume(VolumeCommand::Delete { name, data, json }) => {
-            admin(data, Operation::VolumeDelete { name }, json, |value| {
-                println!("deleted {}", value["deleted"].as_str().unwrap_or("?"));
-            })
-            .await
+            admin(data, Operation::VolumeDelete { name }, json, print_deleted).await
         }
         Command::Snapshot(SnapshotCommand::Create {
             snapshot: (volume, snapshot),
@@ -660,7 +703,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 data,
                 Operation::SnapshotCreate { volume, snapshot },
                 json,
-                print_snapshots,
+                print_snapshot,
             )
             .await
         }
@@ -669,7 +712,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 data,
                 Operation::SnapshotList { volume },
                 json,
-                print_snapshots,
+                |snapshots: &Vec<SnapshotInfo>| print_snapshots(snapshots),
             )
             .await
         }
@@ -682,7 +725,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 data,
                 Operation::SnapshotDelete { volume, snapshot },
                 json,
-                |value| println!("deleted {}", value["deleted"].as_str().unwrap_or("?")),
+                print_deleted,
             )
             .await
         }
@@ -700,7 +743,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     force,
                 },
                 json,
-                print_volumes,
+                print_volume,
             )
             .await
         }
@@ -718,7 +761,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     new_name,
                 },
                 json,
-                print_volumes,
+                print_volume,
             )
             .await
         }

@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lamina_engine::{CachePriority, CleanerState, EngineError, Pin, Pool, TierPolicy};
+use lamina_engine::{
+    CachePriority, CleanerState, EngineError, IoError, Pin, Pool, TierPolicy, VolumeError,
+};
 use lamina_nbd::NbdServer;
 use std::sync::Arc;
 
@@ -98,30 +100,46 @@ pub struct AdminContext {
     pub nbd_server: Option<Arc<NbdServer>>,
 }
 
-/// A failed operation: an HTTP status and a message for the user.
-#[derive(Debug, Serialize, Deserialize)]
+/// A failed operation: an HTTP status, a message for the user, and what kind
+/// of error it is, for clients that act on it (the CLI adds which flag
+/// overrides a refusal) without reading the message.
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+#[error("{error}")]
 pub struct OperationError {
     pub status: u16,
     pub error: String,
+    /// The engine error's [`EngineError::kind`] (`"shrink_needs_force"`), one
+    /// of the control plane's own (`"volume_in_use"`), or empty when unknown
+    /// (answers of daemons from before kinds were sent).
+    #[serde(default)]
+    pub kind: String,
 }
+
+/// [`OperationError::kind`] of a rollback refused because NBD clients have the
+/// volume open.
+pub const VOLUME_IN_USE_KIND: &str = "volume_in_use";
 
 impl From<EngineError> for OperationError {
     fn from(error: EngineError) -> Self {
         let status = match &error {
-            EngineError::NoSuchVolume(_) | EngineError::NoSuchSnapshot { .. } => 404,
-            EngineError::VolumeExists(_)
-            | EngineError::SnapshotExists { .. }
-            | EngineError::HasClones { .. }
-            | EngineError::NotNewestSnapshot { .. } => 409,
-            EngineError::InvalidName { .. }
-            | EngineError::InvalidSize { .. }
-            | EngineError::ShrinkNeedsForce { .. } => 400,
-            EngineError::NoSpace | EngineError::DeviceFull { .. } => 507,
+            EngineError::Volume(error) => match error {
+                VolumeError::NoSuchVolume(_) | VolumeError::NoSuchSnapshot { .. } => 404,
+                VolumeError::VolumeExists(_)
+                | VolumeError::SnapshotExists { .. }
+                | VolumeError::HasClones { .. }
+                | VolumeError::NotNewestSnapshot { .. } => 409,
+                VolumeError::InvalidName { .. }
+                | VolumeError::InvalidSize { .. }
+                | VolumeError::ShrinkNeedsForce { .. } => 400,
+                VolumeError::ReadOnly(_) => 500,
+            },
+            EngineError::Io(IoError::NoSpace | IoError::DeviceFull { .. }) => 507,
             _ => 500,
         };
         Self {
             status,
             error: error.to_string(),
+            kind: error.kind().to_string(),
         }
     }
 }
@@ -201,8 +219,9 @@ pub async fn execute(
                 return Err(OperationError {
                     status: 409,
                     error: format!(
-                        "volume {volume} has {connected} NBD connection(s) open; disconnect them, or pass --force (clients then read {volume}@{snapshot}'s contents from their next request, and their caches go stale)"
+                        "volume {volume} has {connected} NBD connection(s) open; disconnect them, or force the rollback (clients then read {volume}@{snapshot}'s contents from their next request, and their caches go stale)"
                     ),
+                    kind: VOLUME_IN_USE_KIND.to_string(),
                 });
             }
             serde_json::to_value(api::volume_info(
@@ -592,4 +611,29 @@ pub fn router(context: AdminContext) -> Router {
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_refusal_carries_its_kind_and_an_old_answer_without_one_reads() {
+        let refused = OperationError::from(EngineError::Volume(VolumeError::ShrinkNeedsForce {
+            volume: "db".into(),
+            from_bytes: 2,
+            to_bytes: 1,
+        }));
+        assert_eq!(
+            (refused.status, refused.kind.as_str()),
+            (400, "shrink_needs_force")
+        );
+        let answer = serde_json::to_value(&refused).expect("serialises");
+        assert_eq!(answer["kind"], "shrink_needs_force");
+        let old: OperationError =
+            serde_json::from_str(r#"{"status": 404, "error": "no such volume: db"}"#)
+                .expect("an answer without a kind reads");
+        assert_eq!((old.status, old.kind.as_str()), (404, ""));
+        assert_eq!(old.to_string(), "no such volume: db");
+    }
 }

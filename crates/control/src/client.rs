@@ -18,7 +18,9 @@ use crate::admin::{AdminContext, Operation, OperationError, execute};
 use crate::store::{ADMIN_SOCKET_FILE, DirectoryInUse, lock_directory, open_pool};
 use lamina_device::{DeviceError, DeviceErrorKind};
 
-/// Runs `operation` against the pool in `data_dir`, through the daemon when one runs.
+/// Runs `operation` against the pool in `data_dir`, through the daemon when one
+/// runs. A refused operation is an [`OperationError`] (callers may downcast to
+/// it for its kind), the same through the daemon and directly.
 pub async fn run_operation(
     data_dir: &Path,
     operation: Operation,
@@ -38,7 +40,7 @@ pub async fn run_operation(
     };
     let result = execute(&context, operation).await;
     pool.close().await.context("closing the pool")?;
-    result.map_err(|error| anyhow::anyhow!(error.error))
+    result.map_err(anyhow::Error::new)
 }
 
 /// Adds to an error about a pool held by another process, when that process
@@ -103,7 +105,8 @@ async fn send(stream: UnixStream, operation: &Operation) -> anyhow::Result<serde
         let error: OperationError = serde_json::from_slice(&bytes).unwrap_or(OperationError {
             status: status.as_u16(),
             error: String::from_utf8_lossy(&bytes).into_owned(),
+            kind: String::new(),
         });
-        anyhow::bail!(error.error)
+        Err(error.into())
     }
 }

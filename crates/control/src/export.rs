@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use lamina_engine::{EngineError, Pool, View};
+use lamina_engine::{EngineError, IoError, Pool, View, VolumeError};
 use lamina_nbd::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 
 /// The name served to clients that ask for the default (empty) export name.
@@ -13,12 +13,15 @@ pub const DEFAULT_EXPORT_NAME: &str = "default";
 
 fn to_export_error(error: EngineError) -> ExportError {
     match error {
-        EngineError::NoSpace | EngineError::DeviceFull { .. } => ExportError::NoSpace,
-        EngineError::OutOfRange { .. } | EngineError::InvalidSize { .. } => {
+        EngineError::Io(IoError::NoSpace | IoError::DeviceFull { .. }) => ExportError::NoSpace,
+        EngineError::Io(IoError::OutOfRange { .. })
+        | EngineError::Volume(VolumeError::InvalidSize { .. }) => {
             ExportError::Invalid(error.to_string())
         }
-        EngineError::NoSuchVolume(_) | EngineError::NoSuchSnapshot { .. } => ExportError::Shutdown,
-        EngineError::ReadOnly(_) => ExportError::ReadOnly,
+        EngineError::Volume(VolumeError::NoSuchVolume(_) | VolumeError::NoSuchSnapshot { .. }) => {
+            ExportError::Shutdown
+        }
+        EngineError::Volume(VolumeError::ReadOnly(_)) => ExportError::ReadOnly,
         other => ExportError::Io(other.to_string()),
     }
 }

@@ -177,6 +177,20 @@ pub struct DirectoryInUse {
     pub holder: Option<LockHolder>,
 }
 
+/// `pool create` refused: the data directory already describes a pool (the
+/// CLI adds which flag replaces it).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{} already describes a pool on {}; it is replaced only when forced",
+    data_dir.display(),
+    flash.display()
+)]
+pub struct PoolAlreadyDescribed {
+    pub data_dir: PathBuf,
+    /// The flash device of the pool it describes.
+    pub flash: PathBuf,
+}
+
 fn holder_text(holder: &Option<LockHolder>) -> String {
     holder.as_ref().map_or_else(
         || "another lamina process".to_string(),
@@ -350,11 +364,11 @@ async fn create_described_pool(
     if let Some(existing) = read_description(data_dir)?
         && !options.force
     {
-        anyhow::bail!(
-            "{} already describes a pool on {}; use --force to replace it",
-            data_dir.display(),
-            existing.flash.display()
-        );
+        return Err(PoolAlreadyDescribed {
+            data_dir: data_dir.to_path_buf(),
+            flash: existing.flash,
+        }
+        .into());
     }
     let segment_size_bytes = options.segment_size_bytes;
     if !segment_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)

@@ -1,12 +1,40 @@
-//! Typed engine errors. Each carries enough context (device, volume, offsets) to
-//! say what failed where; each maps to one NBD error code at the protocol edge.
+//! Typed engine errors, one type per kind of operation: opening a pool
+//! ([`OpenError`]), creating one ([`CreateError`]), volume and snapshot
+//! operations ([`VolumeError`]) and reading and writing data ([`IoError`]).
+//! Each carries enough context (device, volume, offsets) to say what failed
+//! where; each maps to one NBD error code at the protocol edge. [`EngineError`]
+//! is the umbrella the engine's functions return, so that `?` works across
+//! operations and a caller that needs only "an engine error" keeps one type.
+//!
+//! The messages describe the engine's refusal in the engine's terms; they name
+//! no command-line flag. Where a user can override a refusal, the CLI adds how
+//! (it recognises the error by its variant, or by [`EngineError::kind`] through
+//! the admin API).
 
 use lamina_device::DeviceError;
 
+/// Any engine error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
     Device(#[from] DeviceError),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Create(#[from] CreateError),
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// The pool's runtime limits are out of range (`PoolLimits::validate`).
+    #[error("invalid pool limits: {0}")]
+    InvalidLimits(#[from] crate::pool::limits::LimitsError),
+}
+
+/// Opening a pool: the device holds no pool, a pool this lamina cannot read,
+/// or a damaged one.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
     #[error("{device} is not a lamina pool (no lamina superblock at offset 0)")]
     NotAPool { device: String },
     #[error(
@@ -41,13 +69,18 @@ pub enum EngineError {
         reason: String,
     },
     #[error(
-        "{device} already holds data (found non-zero bytes at offset {offset}); use --force to overwrite it"
-    )]
-    DeviceNotEmpty { device: String, offset: u64 },
-    #[error(
         "{device}: the capacity tier's device does not belong to this pool (no matching label at offset {offset}); give the capacity device the pool was created with"
     )]
     WrongCapacityDevice { device: String, offset: u64 },
+}
+
+/// Creating a pool: the device is not one to create it on.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error(
+        "{device} already holds data (found non-zero bytes at offset {offset}); the pool is created only over an empty device unless forced"
+    )]
+    DeviceNotEmpty { device: String, offset: u64 },
     #[error(
         "{device} is too small for a pool: {size_bytes} bytes, at least {minimum_bytes} needed"
     )]
@@ -56,14 +89,11 @@ pub enum EngineError {
         size_bytes: u64,
         minimum_bytes: u64,
     },
-    #[error(
-        "checksum mismatch reading volume {volume} block {logical_block} (device block {physical_block}): data is corrupt and there is no redundancy to repair it"
-    )]
-    ChecksumMismatch {
-        volume: String,
-        logical_block: u64,
-        physical_block: u64,
-    },
+}
+
+/// Volume and snapshot operations: names, sizes, and what depends on what.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
     #[error("no such volume: {0}")]
     NoSuchVolume(String),
     #[error("no such snapshot: {volume}@{snapshot}")]
@@ -89,12 +119,26 @@ pub enum EngineError {
     #[error("invalid size {size_bytes}: {reason}")]
     InvalidSize { size_bytes: u64, reason: String },
     #[error(
-        "shrinking volume {volume} from {from_bytes} to {to_bytes} bytes discards its tail; pass --force to do it"
+        "shrinking volume {volume} from {from_bytes} to {to_bytes} bytes discards its tail; the resize must be forced"
     )]
     ShrinkNeedsForce {
         volume: String,
         from_bytes: u64,
         to_bytes: u64,
+    },
+}
+
+/// Reading and writing data: damaged blocks, requests out of range, no space,
+/// and a pool that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    #[error(
+        "checksum mismatch reading volume {volume} block {logical_block} (device block {physical_block}): data is corrupt and there is no redundancy to repair it"
+    )]
+    ChecksumMismatch {
+        volume: String,
+        logical_block: u64,
+        physical_block: u64,
     },
     #[error(
         "request beyond the end of volume {volume}: offset {offset} length {length}, size {size_bytes}"
@@ -115,22 +159,112 @@ pub enum EngineError {
     DeviceFull { device: String, waited_ms: u64 },
     #[error("the pool has failed after an earlier write error and refuses further writes: {0}")]
     Failed(String),
-    #[error("invalid pool limits: {0}")]
-    InvalidLimits(#[from] crate::pool::limits::LimitsError),
 }
 
 impl EngineError {
+    /// A corrupt structure found while opening a pool.
     pub fn corrupt(
         device: &str,
         structure: &'static str,
         offset: u64,
         reason: impl Into<String>,
     ) -> Self {
-        Self::Corrupt {
+        Self::Open(OpenError::Corrupt {
             device: device.to_string(),
             structure,
             offset,
             reason: reason.into(),
+        })
+    }
+
+    /// The error's variant in snake case (`"shrink_needs_force"`,
+    /// `"device_not_empty"`, `"device"` for a device error): a stable,
+    /// machine-readable name for the admin API, so that its clients need not
+    /// read the message.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Device(_) => "device",
+            Self::Open(error) => error.kind(),
+            Self::Create(error) => error.kind(),
+            Self::Volume(error) => error.kind(),
+            Self::Io(error) => error.kind(),
+            Self::InvalidLimits(_) => "invalid_limits",
+        }
+    }
+}
+
+impl OpenError {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::NotAPool { .. } => "not_a_pool",
+            Self::NewerFormat { .. } => "newer_format",
+            Self::OlderFormat { .. } => "older_format",
+            Self::Truncated { .. } => "truncated",
+            Self::Corrupt { .. } => "corrupt",
+            Self::WrongCapacityDevice { .. } => "wrong_capacity_device",
+        }
+    }
+}
+
+impl CreateError {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::DeviceNotEmpty { .. } => "device_not_empty",
+            Self::DeviceTooSmall { .. } => "device_too_small",
+        }
+    }
+}
+
+impl VolumeError {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::NoSuchVolume(_) => "no_such_volume",
+            Self::NoSuchSnapshot { .. } => "no_such_snapshot",
+            Self::SnapshotExists { .. } => "snapshot_exists",
+            Self::HasClones { .. } => "has_clones",
+            Self::NotNewestSnapshot { .. } => "not_newest_snapshot",
+            Self::ReadOnly(_) => "read_only",
+            Self::VolumeExists(_) => "volume_exists",
+            Self::InvalidName { .. } => "invalid_name",
+            Self::InvalidSize { .. } => "invalid_size",
+            Self::ShrinkNeedsForce { .. } => "shrink_needs_force",
+        }
+    }
+}
+
+impl IoError {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::ChecksumMismatch { .. } => "checksum_mismatch",
+            Self::OutOfRange { .. } => "out_of_range",
+            Self::NoSpace => "no_space",
+            Self::DeviceFull { .. } => "device_full",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_no_command_line_flag() {
+        let errors: [EngineError; 2] = [
+            CreateError::DeviceNotEmpty {
+                device: "flash".into(),
+                offset: 7,
+            }
+            .into(),
+            VolumeError::ShrinkNeedsForce {
+                volume: "db".into(),
+                from_bytes: 2,
+                to_bytes: 1,
+            }
+            .into(),
+        ];
+        for error in errors {
+            assert!(!error.to_string().contains("--"), "{error}");
         }
     }
 }

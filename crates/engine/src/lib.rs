@@ -20,7 +20,7 @@ pub mod pool;
 pub mod tier;
 pub mod volume;
 
-pub use error::EngineError;
+pub use error::{CreateError, EngineError, IoError, OpenError, VolumeError};
 pub use log::geometry::Tier;
 pub use pool::cleaner::CleanerState;
 pub use pool::{

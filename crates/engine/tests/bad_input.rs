@@ -13,7 +13,10 @@ use lamina_device::{FileDevice, FileDeviceOptions, MemoryDevice};
 use lamina_engine::log::geometry::{Geometry, SUPERBLOCK_COPY_BLOCK};
 use lamina_engine::log::superblock::{SUPERBLOCK_MAGIC, Superblock};
 use lamina_engine::log::{FORMAT_VERSION, frame};
-use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{
+    BLOCK_SIZE_BYTES, CreateError, EngineError, IoError, OpenError, Pool, PoolLimits, PoolOptions,
+    VolumeError,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -61,7 +64,7 @@ async fn pool_image() -> Vec<u8> {
 async fn zeros_are_not_a_pool() {
     let error = open_must_fail(vec![0u8; DEVICE_BYTES as usize]).await;
     assert!(
-        matches!(&error, EngineError::NotAPool { device } if device == "memory"),
+        matches!(&error, EngineError::Open(OpenError::NotAPool { device }) if device == "memory"),
         "{error:?}"
     );
     assert!(error.to_string().contains("not a lamina pool"), "{error}");
@@ -74,7 +77,10 @@ async fn random_bytes_are_not_a_pool() {
         let mut image = vec![0u8; DEVICE_BYTES as usize];
         rng.fill(&mut image[..]);
         let error = open_must_fail(image).await;
-        assert!(matches!(error, EngineError::NotAPool { .. }), "{error:?}");
+        assert!(
+            matches!(error, EngineError::Open(OpenError::NotAPool { .. })),
+            "{error:?}"
+        );
         assert!(error.to_string().contains("not a lamina pool"), "{error}");
     }
 }
@@ -91,11 +97,11 @@ async fn garbage_after_the_magic_is_a_corrupt_superblock() {
     assert!(
         matches!(
             &error,
-            EngineError::Corrupt {
+            EngineError::Open(OpenError::Corrupt {
                 structure: "superblock",
                 offset: 0,
                 ..
-            }
+            })
         ),
         "{error:?}"
     );
@@ -126,7 +132,10 @@ async fn an_ext4_image_is_not_a_pool() {
         Ok(_) => panic!("an ext4 image opened as a pool"),
         Err(error) => error,
     };
-    assert!(matches!(error, EngineError::NotAPool { .. }), "{error:?}");
+    assert!(
+        matches!(error, EngineError::Open(OpenError::NotAPool { .. })),
+        "{error:?}"
+    );
     let message = error.to_string();
     assert!(
         message.contains("not a lamina pool") && message.contains("ext4.img"),
@@ -138,8 +147,16 @@ async fn an_ext4_image_is_not_a_pool() {
         Err(error) => error,
     };
     assert!(
-        matches!(error, EngineError::DeviceNotEmpty { .. }),
+        matches!(
+            error,
+            EngineError::Create(CreateError::DeviceNotEmpty { .. })
+        ),
         "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("unless forced") && !message.contains("--force"),
+        "{message}"
     );
     drop(device);
     assert!(
@@ -167,11 +184,11 @@ async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
     assert!(
         matches!(
             error,
-            EngineError::NewerFormat {
+            EngineError::Open(OpenError::NewerFormat {
                 found,
                 supported: FORMAT_VERSION,
                 ..
-            } if found == newer_version
+            }) if found == newer_version
         ),
         "{error:?}"
     );
@@ -187,11 +204,11 @@ async fn newer_and_older_format_versions_are_refused_naming_both_versions() {
     assert!(
         matches!(
             error,
-            EngineError::OlderFormat {
+            EngineError::Open(OpenError::OlderFormat {
                 found: 1,
                 supported: 2,
                 ..
-            }
+            })
         ),
         "{error:?}"
     );
@@ -263,11 +280,11 @@ async fn a_truncated_file_is_refused_and_left_alone() {
     assert!(
         matches!(
             error,
-            EngineError::Truncated {
+            EngineError::Open(OpenError::Truncated {
                 expected_bytes: DEVICE_BYTES,
                 actual_bytes,
                 ..
-            } if actual_bytes == truncated_bytes
+            }) if actual_bytes == truncated_bytes
         ),
         "{error:?}"
     );
@@ -306,18 +323,18 @@ async fn every_bit_flip_in_the_superblock_and_its_copy_is_refused() {
         };
         if bit < 64 {
             assert!(
-                matches!(error, EngineError::NotAPool { .. }),
+                matches!(error, EngineError::Open(OpenError::NotAPool { .. })),
                 "bit {bit}: {error:?}"
             );
         } else {
             assert!(
                 matches!(
                     &error,
-                    EngineError::Corrupt {
+                    EngineError::Open(OpenError::Corrupt {
                         structure: "superblock",
                         offset: 0,
                         ..
-                    }
+                    })
                 ),
                 "bit {bit}: {error:?}"
             );
@@ -361,7 +378,7 @@ async fn a_bit_flip_in_the_superblock_alone_is_repaired_from_its_copy() {
                 );
             }
             Err(error) => assert!(
-                bit < 64 && matches!(error, EngineError::NotAPool { .. }),
+                bit < 64 && matches!(error, EngineError::Open(OpenError::NotAPool { .. })),
                 "bit {bit}: {error:?}"
             ),
         }
@@ -387,10 +404,10 @@ async fn a_superblock_naming_more_segments_than_the_device_holds_is_refused() {
     assert!(
         matches!(
             error,
-            EngineError::Corrupt {
+            EngineError::Open(OpenError::Corrupt {
                 structure: "superblock",
                 ..
-            } | EngineError::Device(_)
+            }) | EngineError::Device(_)
         ),
         "{error:?}"
     );
@@ -405,10 +422,10 @@ async fn a_superblock_with_a_zero_segment_size_is_corrupt() {
     assert!(
         matches!(
             &error,
-            EngineError::Corrupt {
+            EngineError::Open(OpenError::Corrupt {
                 structure: "superblock",
                 ..
-            }
+            })
         ),
         "{error:?}"
     );
@@ -424,7 +441,10 @@ async fn create_refuses_a_device_holding_data_unless_forced() {
         Err(error) => error,
     };
     assert!(
-        matches!(error, EngineError::DeviceNotEmpty { offset: 12345, .. }),
+        matches!(
+            error,
+            EngineError::Create(CreateError::DeviceNotEmpty { offset: 12345, .. })
+        ),
         "{error:?}"
     );
     let message = error.to_string();
@@ -442,7 +462,10 @@ async fn create_refuses_a_device_holding_data_unless_forced() {
         Err(error) => error,
     };
     assert!(
-        matches!(error, EngineError::DeviceNotEmpty { offset: 0, .. }),
+        matches!(
+            error,
+            EngineError::Create(CreateError::DeviceNotEmpty { offset: 0, .. })
+        ),
         "{error:?}"
     );
     assert!(device.snapshot() == existing);
@@ -474,7 +497,7 @@ async fn create_refuses_a_device_too_small() {
     assert!(
         matches!(
             error,
-            EngineError::DeviceTooSmall { size_bytes, minimum_bytes: minimum, .. }
+            EngineError::Create(CreateError::DeviceTooSmall { size_bytes, minimum_bytes: minimum, .. })
                 if size_bytes == minimum_bytes - 4096 && minimum == minimum_bytes
         ),
         "{error:?}"
@@ -513,7 +536,7 @@ async fn invalid_volume_names_and_sizes_are_refused() {
     ] {
         let error = pool.create_volume(name, 1 << 20).await.unwrap_err();
         assert!(
-            matches!(&error, EngineError::InvalidName { name: refused, .. } if refused == name),
+            matches!(&error, EngineError::Volume(VolumeError::InvalidName { name: refused, .. }) if refused == name),
             "{name:?}: {error:?}"
         );
         assert!(
@@ -529,7 +552,7 @@ async fn invalid_volume_names_and_sizes_are_refused() {
     for size_bytes in [0, 1, 4095, 4097, (1 << 50) + 4096, u64::MAX] {
         let error = pool.create_volume("sized", size_bytes).await.unwrap_err();
         assert!(
-            matches!(error, EngineError::InvalidSize { size_bytes: refused, .. } if refused == size_bytes),
+            matches!(error, EngineError::Volume(VolumeError::InvalidSize { size_bytes: refused, .. }) if refused == size_bytes),
             "{size_bytes}: {error:?}"
         );
         assert!(error.to_string().contains("invalid size"), "{error}");
@@ -537,12 +560,12 @@ async fn invalid_volume_names_and_sizes_are_refused() {
     pool.create_volume("sized", 1 << 20).await.unwrap();
     let error = pool.resize_volume("sized", 4095, true).await.unwrap_err();
     assert!(
-        matches!(error, EngineError::InvalidSize { .. }),
+        matches!(error, EngineError::Volume(VolumeError::InvalidSize { .. })),
         "{error:?}"
     );
     let error = pool.rename_volume("sized", "bad/name").await.unwrap_err();
     assert!(
-        matches!(error, EngineError::InvalidName { .. }),
+        matches!(error, EngineError::Volume(VolumeError::InvalidName { .. })),
         "{error:?}"
     );
     // Nothing refused was created.
@@ -563,20 +586,20 @@ async fn duplicate_and_unknown_volumes_are_refused() {
     pool.create_volume("two", 2 << 20).await.unwrap();
     let error = pool.create_volume("one", 4096).await.unwrap_err();
     assert!(
-        matches!(&error, EngineError::VolumeExists(name) if name == "one"),
+        matches!(&error, EngineError::Volume(VolumeError::VolumeExists(name)) if name == "one"),
         "{error:?}"
     );
     assert!(error.to_string().contains("already exists"), "{error}");
     assert_eq!(pool.volume_info("one").unwrap().size_bytes, 1 << 20);
     let error = pool.rename_volume("one", "two").await.unwrap_err();
     assert!(
-        matches!(&error, EngineError::VolumeExists(name) if name == "two"),
+        matches!(&error, EngineError::Volume(VolumeError::VolumeExists(name)) if name == "two"),
         "{error:?}"
     );
 
     let unknown = |error: EngineError| {
         assert!(
-            matches!(&error, EngineError::NoSuchVolume(name) if name == "ghost"),
+            matches!(&error, EngineError::Volume(VolumeError::NoSuchVolume(name)) if name == "ghost"),
             "{error:?}"
         );
         assert!(
@@ -597,19 +620,19 @@ async fn duplicate_and_unknown_volumes_are_refused() {
         let mut buffer = [0u8; 4096];
         assert!(matches!(
             pool.read(volume_id, 0, &mut buffer).await.unwrap_err(),
-            EngineError::NoSuchVolume(_)
+            EngineError::Volume(VolumeError::NoSuchVolume(_))
         ));
         assert!(matches!(
             pool.write(volume_id, 0, &buffer, false).await.unwrap_err(),
-            EngineError::NoSuchVolume(_)
+            EngineError::Volume(VolumeError::NoSuchVolume(_))
         ));
         assert!(matches!(
             pool.trim(volume_id, 0, 4096, false).await.unwrap_err(),
-            EngineError::NoSuchVolume(_)
+            EngineError::Volume(VolumeError::NoSuchVolume(_))
         ));
         assert!(matches!(
             pool.extents(volume_id, 0, 4096).unwrap_err(),
-            EngineError::NoSuchVolume(_)
+            EngineError::Volume(VolumeError::NoSuchVolume(_))
         ));
     }
     assert_eq!(pool.volume_size_bytes(deleted), None);
@@ -629,12 +652,17 @@ async fn shrinking_needs_force() {
     assert!(
         matches!(
             &error,
-            EngineError::ShrinkNeedsForce { volume, from_bytes: 1_048_576, to_bytes: 524_288 }
+            EngineError::Volume(VolumeError::ShrinkNeedsForce { volume, from_bytes: 1_048_576, to_bytes: 524_288 })
                 if volume == "shrink"
         ),
         "{error:?}"
     );
-    assert!(error.to_string().contains("force"), "{error}");
+    // The engine says the resize must be forced, not how: the CLI names its flag.
+    let message = error.to_string();
+    assert!(
+        message.contains("must be forced") && !message.contains("--force"),
+        "{message}"
+    );
     // Nothing changed: the size and the tail are still there.
     assert_eq!(pool.volume_info("shrink").unwrap().size_bytes, 1 << 20);
     let mut tail = [0u8; 4096];
@@ -660,7 +688,7 @@ async fn requests_beyond_the_end_are_out_of_range() {
         assert!(
             matches!(
                 &error,
-                EngineError::OutOfRange { volume, offset: o, length: l, size_bytes: s }
+                EngineError::Io(IoError::OutOfRange { volume, offset: o, length: l, size_bytes: s })
                     if volume == "edge" && *o == offset && *l == length && *s == size_bytes
             ),
             "offset {offset} length {length}: {error:?}"
@@ -742,5 +770,8 @@ async fn a_read_whose_end_overflows_is_out_of_range() {
         .read(volume_id, u64::MAX - 10, &mut buffer)
         .await
         .unwrap_err();
-    assert!(matches!(error, EngineError::OutOfRange { .. }), "{error:?}");
+    assert!(
+        matches!(error, EngineError::Io(IoError::OutOfRange { .. })),
+        "{error:?}"
+    );
 }

@@ -20,7 +20,9 @@ use std::time::Duration;
 use lamina_device::{FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::log::batch::Summary;
 use lamina_engine::log::geometry::{DATA_START_BLOCK, SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK};
-use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{
+    BLOCK_SIZE_BYTES, EngineError, IoError, OpenError, Pool, PoolLimits, PoolOptions,
+};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -326,7 +328,7 @@ async fn rot_after_the_last_flush(limits: PoolLimits, cut: Option<PowerCutStyle>
                 "block {logical_block}: wrong data (version 1: {})",
                 read == contents(1, logical_block)
             ),
-            Err(EngineError::ChecksumMismatch { .. }) => {
+            Err(EngineError::Io(IoError::ChecksumMismatch { .. })) => {
                 assert!(rotted.contains(&logical_block), "block {logical_block}")
             }
             Err(error) => panic!("block {logical_block}: {error}"),
@@ -505,7 +507,10 @@ async fn a_damaged_capacity_label_is_read_from_its_copy_and_repaired() {
         .err()
         .expect("both labels damaged");
     assert!(
-        matches!(error, EngineError::WrongCapacityDevice { .. }),
+        matches!(
+            error,
+            EngineError::Open(OpenError::WrongCapacityDevice { .. })
+        ),
         "{error:?}"
     );
 }

@@ -15,7 +15,9 @@ use std::time::Duration;
 use lamina_device::{FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::log::checkpoint::Slot;
 use lamina_engine::log::geometry::{CHECKPOINT_SLOT_BLOCKS, DATA_START_BLOCK};
-use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{
+    BLOCK_SIZE_BYTES, EngineError, IoError, OpenError, Pool, PoolLimits, PoolOptions,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -130,7 +132,7 @@ async fn a_flipped_bit_in_a_data_block_is_a_checksum_error() {
         assert!(
             matches!(
                 &error,
-                EngineError::ChecksumMismatch { volume, logical_block, physical_block }
+                EngineError::Io(IoError::ChecksumMismatch { volume, logical_block, physical_block })
                     if volume == "data" && *logical_block == victim && *physical_block == physical
             ),
             "offset {offset} length {length}: {error:?}"
@@ -153,7 +155,7 @@ async fn a_flipped_bit_in_a_data_block_is_a_checksum_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(error, EngineError::ChecksumMismatch { .. }),
+        matches!(error, EngineError::Io(IoError::ChecksumMismatch { .. })),
         "{error:?}"
     );
     // Still detected after a clean close and reopen (the checksum is in the map).
@@ -164,7 +166,7 @@ async fn a_flipped_bit_in_a_data_block_is_a_checksum_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(error, EngineError::ChecksumMismatch { logical_block, .. } if logical_block == victim),
+        matches!(error, EngineError::Io(IoError::ChecksumMismatch { logical_block, .. }) if logical_block == victim),
         "{error:?}"
     );
     let start = victim as usize * BLOCK;
@@ -230,7 +232,7 @@ async fn bit_flips_anywhere_in_the_segments_never_return_wrong_data() {
                     buffer == contents[logical * BLOCK..(logical + 1) * BLOCK],
                     "device block {physical}: logical block {logical} read wrong data"
                 ),
-                Err(EngineError::ChecksumMismatch { logical_block, .. }) => {
+                Err(EngineError::Io(IoError::ChecksumMismatch { logical_block, .. })) => {
                     assert_eq!(logical_block, logical as u64);
                     failed_blocks += 1;
                 }
@@ -383,10 +385,10 @@ async fn both_checkpoint_bodies_corrupt_is_refused_without_writing() {
     assert!(
         matches!(
             error,
-            EngineError::Corrupt {
+            EngineError::Open(OpenError::Corrupt {
                 structure: "checkpoint",
                 ..
-            }
+            })
         ),
         "{error:?}"
     );
@@ -430,7 +432,10 @@ async fn assert_old_new_or_error(pool: &Pool, volume_id: u32, durable: &[u8], ne
 
 async fn assert_refuses_writes(pool: &Pool, volume_id: u32) {
     let failed = |error: EngineError| {
-        assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+        assert!(
+            matches!(error, EngineError::Io(IoError::Failed(_))),
+            "{error:?}"
+        );
         assert!(error.to_string().contains("has failed"), "{error}");
     };
     failed(
@@ -466,7 +471,10 @@ async fn a_failed_batch_write_fails_the_flush_and_the_pool() {
     // The write itself is acknowledged (it is in memory); the flush must fail.
     pool.write(volume_id, 0, &newer, false).await.unwrap();
     let error = pool.flush().await.unwrap_err();
-    assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+    assert!(
+        matches!(error, EngineError::Io(IoError::Failed(_))),
+        "{error:?}"
+    );
     assert_refuses_writes(&pool, volume_id).await;
     assert_old_new_or_error(&pool, volume_id, &durable, &newer).await;
     pool.abandon();
@@ -505,7 +513,10 @@ async fn random_write_errors_fail_the_pool_and_keep_durable_data() {
             {
                 Ok(()) => newer[range].copy_from_slice(&fresh),
                 Err(error) => {
-                    assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+                    assert!(
+                        matches!(error, EngineError::Io(IoError::Failed(_))),
+                        "{error:?}"
+                    );
                     surfaced = true;
                     break;
                 }
@@ -514,7 +525,10 @@ async fn random_write_errors_fail_the_pool_and_keep_durable_data() {
                 Ok(()) => durable_now.clone_from(&newer),
                 Err(error) => {
                     assert!(
-                        matches!(error, EngineError::Failed(_) | EngineError::Device(_)),
+                        matches!(
+                            error,
+                            EngineError::Io(IoError::Failed(_)) | EngineError::Device(_)
+                        ),
                         "{error:?}"
                     );
                     surfaced = true;
@@ -625,7 +639,10 @@ async fn a_failed_background_flush_is_reported_to_the_next_flush() {
     );
     faulty.fail_flushes(false).await;
     let error = pool.flush().await.unwrap_err();
-    assert!(matches!(error, EngineError::Failed(_)), "{error:?}");
+    assert!(
+        matches!(error, EngineError::Io(IoError::Failed(_))),
+        "{error:?}"
+    );
 }
 
 #[tokio::test]
@@ -696,7 +713,10 @@ async fn a_verified_checkpoint_body_with_an_impossible_block_is_not_trusted() {
             pool.read(volume_id, 0, &mut buffer).await.unwrap();
             assert!(buffer.iter().all(|byte| *byte == 4));
         }
-        Err(error) => assert!(matches!(error, EngineError::Corrupt { .. }), "{error:?}"),
+        Err(error) => assert!(
+            matches!(error, EngineError::Open(OpenError::Corrupt { .. })),
+            "{error:?}"
+        ),
     }
 }
 
@@ -744,7 +764,7 @@ fn device_full_limits() -> PoolLimits {
 
 fn assert_device_full(error: EngineError) {
     assert!(
-        matches!(error, EngineError::DeviceFull { .. }),
+        matches!(error, EngineError::Io(IoError::DeviceFull { .. })),
         "a full device fails a flush or a held-back write with ENOSPC, not the pool: {error:?}"
     );
 }

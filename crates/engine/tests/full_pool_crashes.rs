@@ -93,7 +93,10 @@ async fn overwrite_until_the_cut(
             .await;
         if let Err(error) = result {
             assert!(
-                !matches!(error, lamina_engine::EngineError::NoSpace),
+                !matches!(
+                    error,
+                    lamina_engine::EngineError::Io(lamina_engine::IoError::NoSpace)
+                ),
                 "seed {seed}: the pool filled up before the cut"
             );
             return;

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use lamina_device::MemoryDevice;
-use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, Extent, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{
+    BLOCK_SIZE_BYTES, EngineError, Extent, IoError, Pool, PoolLimits, PoolOptions, VolumeError,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -459,7 +461,7 @@ async fn resizing_grows_keeping_data_and_shrinks_discarding_the_tail() {
         pool.read(volume_id, 8 * BLOCK_SIZE_BYTES, &mut buffer)
             .await
             .unwrap_err(),
-        EngineError::OutOfRange { .. }
+        EngineError::Io(IoError::OutOfRange { .. })
     ));
 
     // Growing again exposes zeros, never the discarded tail, also after reopen.
@@ -511,7 +513,7 @@ async fn rename_and_delete_and_the_volume_list_survive_reopen() {
     assert_eq!(renamed.created_unix_seconds, alpha.created_unix_seconds);
     assert!(matches!(
         pool.volume_info("alpha").unwrap_err(),
-        EngineError::NoSuchVolume(_)
+        EngineError::Volume(VolumeError::NoSuchVolume(_))
     ));
     assert_eq!(
         read_volume(&pool, "omega").await[..3 * BLOCK],
@@ -532,7 +534,7 @@ async fn rename_and_delete_and_the_volume_list_survive_reopen() {
         pool.read(beta.volume_id, 4096, &mut buffer)
             .await
             .unwrap_err(),
-        EngineError::NoSuchVolume(_)
+        EngineError::Volume(VolumeError::NoSuchVolume(_))
     ));
     // A new volume of a deleted one's name is a new, empty volume.
     let beta_again = pool.create_volume("beta", 2 << 20).await.unwrap();
@@ -783,7 +785,10 @@ async fn a_full_pool_says_no_space_and_trimming_makes_room() {
         }
         assert!(offset < 4 * capacity, "never ran out of space");
     };
-    assert!(matches!(error, EngineError::NoSpace), "{error:?}");
+    assert!(
+        matches!(error, EngineError::Io(IoError::NoSpace)),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("full"), "{error}");
     assert!(
         pool.status().failed.is_none(),

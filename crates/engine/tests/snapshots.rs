@@ -10,7 +10,7 @@ use std::time::Instant;
 use lamina_device::{BlockDevice, MemoryDevice};
 mod common;
 
-use lamina_engine::{EngineError, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{EngineError, Pool, PoolLimits, PoolOptions, VolumeError};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 256 << 10;
@@ -152,54 +152,77 @@ async fn bad_snapshot_operations_are_refused_and_change_nothing() {
     let volumes_before = pool.list_volumes();
 
     let error = pool.create_snapshot("nope", "x").await.unwrap_err();
-    assert!(matches!(error, EngineError::NoSuchVolume(_)), "{error}");
+    assert!(
+        matches!(error, EngineError::Volume(VolumeError::NoSuchVolume(_))),
+        "{error}"
+    );
     let error = pool.create_snapshot("db", "a").await.unwrap_err();
     assert!(
-        matches!(error, EngineError::SnapshotExists { .. }),
+        matches!(
+            error,
+            EngineError::Volume(VolumeError::SnapshotExists { .. })
+        ),
         "{error}"
     );
     for bad in ["", "has space", "a@b", ".hidden", "-dash", &"x".repeat(65)] {
         let error = pool.create_snapshot("db", bad).await.unwrap_err();
         assert!(
-            matches!(error, EngineError::InvalidName { .. }),
+            matches!(error, EngineError::Volume(VolumeError::InvalidName { .. })),
             "{bad:?}: {error}"
         );
     }
     let error = pool.delete_snapshot("db", "zzz").await.unwrap_err();
     assert!(
-        matches!(error, EngineError::NoSuchSnapshot { .. }),
+        matches!(
+            error,
+            EngineError::Volume(VolumeError::NoSuchSnapshot { .. })
+        ),
         "{error}"
     );
     let error = pool.delete_snapshot("db", "a").await.unwrap_err();
     assert!(
-        matches!(error, EngineError::HasClones { .. }) && error.to_string().contains("child"),
+        matches!(error, EngineError::Volume(VolumeError::HasClones { .. }))
+            && error.to_string().contains("child"),
         "{error}"
     );
     let error = pool.delete_volume("db").await.unwrap_err();
     assert!(
-        matches!(error, EngineError::HasClones { .. }) && error.to_string().contains("child"),
+        matches!(error, EngineError::Volume(VolumeError::HasClones { .. }))
+            && error.to_string().contains("child"),
         "{error}"
     );
     let error = pool.rollback_snapshot("db", "a").await.unwrap_err();
     assert!(
-        matches!(error, EngineError::NotNewestSnapshot { .. }) && error.to_string().contains('b'),
+        matches!(
+            error,
+            EngineError::Volume(VolumeError::NotNewestSnapshot { .. })
+        ) && error.to_string().contains('b'),
         "{error}"
     );
     let error = pool.clone_snapshot("db", "b", "child").await.unwrap_err();
-    assert!(matches!(error, EngineError::VolumeExists(_)), "{error}");
+    assert!(
+        matches!(error, EngineError::Volume(VolumeError::VolumeExists(_))),
+        "{error}"
+    );
     let error = pool
         .clone_snapshot("db", "nope", "other")
         .await
         .unwrap_err();
     assert!(
-        matches!(error, EngineError::NoSuchSnapshot { .. }),
+        matches!(
+            error,
+            EngineError::Volume(VolumeError::NoSuchSnapshot { .. })
+        ),
         "{error}"
     );
     let error = pool
         .clone_snapshot("db", "b", "bad name")
         .await
         .unwrap_err();
-    assert!(matches!(error, EngineError::InvalidName { .. }), "{error}");
+    assert!(
+        matches!(error, EngineError::Volume(VolumeError::InvalidName { .. })),
+        "{error}"
+    );
     assert!(pool.resolve_view("db@nope").is_err());
 
     assert_eq!(pool.list_snapshots(None).unwrap(), before);

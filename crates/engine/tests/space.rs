@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use lamina_device::MemoryDevice;
-use lamina_engine::{CleanerState, EngineError, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{CleanerState, EngineError, IoError, Pool, PoolLimits, PoolOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -94,7 +94,10 @@ async fn a_full_pool_says_no_space_keeps_data_and_recovers_after_trim() {
         }
         assert!(written < 16384, "the pool never filled");
     };
-    assert!(matches!(error, EngineError::NoSpace), "{error}");
+    assert!(
+        matches!(error, EngineError::Io(IoError::NoSpace)),
+        "{error}"
+    );
     assert!(
         written > 256,
         "a useful amount fit before the pool filled: {written}"

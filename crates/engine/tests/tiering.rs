@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use lamina_device::{BlockDevice, ConcatenatedDevice, MemoryDevice};
 use lamina_engine::{
-    BLOCK_SIZE_BYTES, CachePriority, EngineError, Pin, Pool, PoolLimits, PoolOptions, TierPolicy,
+    BLOCK_SIZE_BYTES, CachePriority, CreateError, EngineError, OpenError, Pin, Pool, PoolLimits,
+    PoolOptions, TierPolicy,
 };
 
 const SEGMENT_BYTES: u64 = 256 << 10;
@@ -258,7 +259,10 @@ async fn another_capacity_device_is_refused_and_left_alone() {
             Err(error) => error,
         };
         assert!(
-            matches!(error, EngineError::WrongCapacityDevice { .. }),
+            matches!(
+                error,
+                EngineError::Open(OpenError::WrongCapacityDevice { .. })
+            ),
             "{error:?}"
         );
         assert!(error.to_string().contains("capacity"), "{error}");
@@ -285,11 +289,11 @@ async fn tiers_too_small_for_their_reserves_are_refused() {
         Err(error) => error,
     };
     match &error {
-        EngineError::DeviceTooSmall {
+        EngineError::Create(CreateError::DeviceTooSmall {
             device,
             minimum_bytes,
             ..
-        } => {
+        }) => {
             assert!(device.contains("flash tier"), "{error}");
             assert!(*minimum_bytes > small_flash, "{error}");
         }
@@ -306,7 +310,7 @@ async fn tiers_too_small_for_their_reserves_are_refused() {
         Err(error) => error,
     };
     assert!(
-        matches!(&error, EngineError::DeviceTooSmall { device, .. } if device.contains("checkpoints")),
+        matches!(&error, EngineError::Create(CreateError::DeviceTooSmall { device, .. }) if device.contains("checkpoints")),
         "{error:?}"
     );
 }
@@ -321,7 +325,7 @@ async fn a_capacity_device_too_small_is_refused() {
         Err(error) => error,
     };
     assert!(
-        matches!(&error, EngineError::DeviceTooSmall { device, .. } if device.contains("capacity")),
+        matches!(&error, EngineError::Create(CreateError::DeviceTooSmall { device, .. }) if device.contains("capacity")),
         "{error:?}"
     );
 }

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::inner::{Inner, Pool};
 use super::space;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 
 /// A periodic background task: what it does on each tick, and the state it
 /// keeps between ticks.
@@ -52,7 +52,7 @@ pub(super) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64, mut tas
                 return;
             }
             match task.step(&pool).await {
-                Ok(()) | Err(EngineError::NoSpace) => {}
+                Ok(()) | Err(EngineError::Io(IoError::NoSpace)) => {}
                 Err(error) => tracing::error!(%error, "{} failed", T::NAME),
             }
         }

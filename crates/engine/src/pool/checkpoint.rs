@@ -13,7 +13,7 @@ use lamina_device::AlignedBuffer;
 use super::inner::Pool;
 use super::space::{DurableCheckpoint, SegmentState};
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 use crate::log::checkpoint::{
     Body, ChunkImage, CountersImage, HeadImage, MapImage, PlacementImage, Slot, SnapshotImage,
     VolumeImage, VolumePolicyImage,
@@ -261,7 +261,7 @@ impl Pool {
         // A body that found the device full was abandoned before any slot
         // named it: the pool goes on with its previous checkpoints.
         if let Err(error) = &result
-            && !matches!(error, EngineError::DeviceFull { .. })
+            && !matches!(error, EngineError::Io(IoError::DeviceFull { .. }))
         {
             self.inner
                 .lock()
@@ -366,7 +366,7 @@ impl Pool {
         let body_segments = state
             .space_mut()
             .take_checkpoint_body_segments(needed, target.checkpoint_sequence)
-            .ok_or(EngineError::NoSpace)?;
+            .ok_or(EngineError::Io(IoError::NoSpace))?;
         // Taken from the free lists (the allocator checks each was free):
         // distinct, and none holds a body a durable checkpoint names.
         assert_eq!(body_segments.len(), needed);
@@ -413,10 +413,10 @@ impl Pool {
                     .space_mut()
                     .return_checkpoint_body_segments(body_segments);
                 tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
-                return Err(EngineError::DeviceFull {
+                return Err(EngineError::Io(IoError::DeviceFull {
                     device: device.name().to_string(),
                     waited_ms: 0,
-                });
+                }));
             }
         }
         Ok(())

@@ -37,7 +37,7 @@ use super::state::{Relocation, State};
 use super::stream::Stream;
 use super::writer::InFlightBatch;
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 use crate::log::chain;
 use crate::log::geometry::Tier;
 
@@ -258,7 +258,7 @@ impl Pool {
                 Ok(false) => {}
                 // The cleaner's reserve is used up: what was emptied so far must
                 // be checkpointed free before cleaning can go on.
-                Err(EngineError::NoSpace) => break,
+                Err(EngineError::Io(IoError::NoSpace)) => break,
                 Err(error) => return Err(error),
             }
         }
@@ -287,7 +287,7 @@ impl Pool {
             };
             match self.clean_victim(victim).await {
                 Ok(_) => {}
-                Err(EngineError::NoSpace) => return Ok(()),
+                Err(EngineError::Io(IoError::NoSpace)) => return Ok(()),
                 Err(error) => return Err(error),
             }
         }

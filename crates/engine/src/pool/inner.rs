@@ -29,7 +29,7 @@ use super::limits::PoolLimits;
 use super::state::State;
 use super::writer::InFlightBatch;
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 use crate::log::geometry::Geometry;
 use crate::tier::memory_cache::MemoryCache;
 
@@ -178,7 +178,7 @@ impl Pool {
     /// Waits until `condition` holds, re-checking whenever a batch completes,
     /// like [`Pool::wait_for`]; but while the device is full this waits at
     /// most `device_full_wait_ms_max` from the call, then fails with
-    /// [`EngineError::DeviceFull`] (ENOSPC to NBD clients). For a flush
+    /// [`IoError::DeviceFull`] (ENOSPC to NBD clients). For a flush
     /// waiting for its batches and a writer waiting for an in-flight slot; the
     /// batches stay in flight, so a later flush can still make them durable.
     pub(super) async fn wait_unless_device_full(
@@ -200,10 +200,10 @@ impl Pool {
             }
             let waited = started.elapsed();
             if waited >= wait_max {
-                return Err(EngineError::DeviceFull {
+                return Err(EngineError::Io(IoError::DeviceFull {
                     device: self.inner.device.name().to_string(),
                     waited_ms: waited.as_millis() as u64,
-                });
+                }));
             }
             // Progress wakes this early; the deadline ends the wait otherwise.
             let _ = tokio::time::timeout(wait_max - waited, notified).await;

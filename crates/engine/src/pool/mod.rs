@@ -29,7 +29,7 @@ mod tiering;
 mod write;
 mod writer;
 
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::Record;
 use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
@@ -145,10 +145,10 @@ impl Pool {
                 .snapshot_named(snapshot)
                 .is_some()
             {
-                return Err(EngineError::SnapshotExists {
+                return Err(EngineError::Volume(VolumeError::SnapshotExists {
                     volume: volume.to_string(),
                     snapshot: snapshot.to_string(),
-                });
+                }));
             }
             Ok(Record::SnapshotCreate {
                 volume_id,
@@ -182,10 +182,10 @@ impl Pool {
                 snapshot_id,
             });
             if !clones.is_empty() {
-                return Err(EngineError::HasClones {
+                return Err(EngineError::Volume(VolumeError::HasClones {
                     what: format!("snapshot {volume}@{snapshot}"),
                     clones: clones.join(", "),
-                });
+                }));
             }
             Ok(Record::SnapshotDelete {
                 volume_id,
@@ -216,11 +216,11 @@ impl Pool {
                 .map(|candidate| candidate.name.as_str())
                 .collect();
             if !newer.is_empty() {
-                return Err(EngineError::NotNewestSnapshot {
+                return Err(EngineError::Volume(VolumeError::NotNewestSnapshot {
                     volume: volume.to_string(),
                     snapshot: snapshot.to_string(),
                     newer: newer.join(", "),
-                });
+                }));
             }
             Ok(Record::SnapshotRollback {
                 volume_id,
@@ -244,7 +244,9 @@ impl Pool {
             let (origin_volume_id, origin_snapshot_id) =
                 Self::snapshot_ids(state, volume, snapshot)?;
             if state.volumes().id_of(new_volume).is_ok() {
-                return Err(EngineError::VolumeExists(new_volume.to_string()));
+                return Err(EngineError::Volume(VolumeError::VolumeExists(
+                    new_volume.to_string(),
+                )));
             }
             Ok(Record::VolumeClone {
                 volume_id: state.volumes().next_volume_id,
@@ -291,7 +293,7 @@ impl Pool {
                     self.spawn_writes(sealed);
                     return Ok(());
                 }
-                Err(EngineError::NoSpace) if self.reclaim().await? => continue,
+                Err(EngineError::Io(IoError::NoSpace)) if self.reclaim().await? => continue,
                 Err(error) => return Err(error),
             }
         }
@@ -315,7 +317,9 @@ impl Pool {
         validate_volume_size(size_bytes)?;
         self.control(|state| {
             if state.volumes().id_of(name).is_ok() {
-                return Err(EngineError::VolumeExists(name.to_string()));
+                return Err(EngineError::Volume(VolumeError::VolumeExists(
+                    name.to_string(),
+                )));
             }
             Ok(Record::VolumeCreate {
                 volume_id: state.volumes().next_volume_id,
@@ -344,11 +348,11 @@ impl Pool {
                 .expect("id from name")
                 .size_bytes;
             if size_bytes < current && !force {
-                return Err(EngineError::ShrinkNeedsForce {
+                return Err(EngineError::Volume(VolumeError::ShrinkNeedsForce {
                     volume: name.to_string(),
                     from_bytes: current,
                     to_bytes: size_bytes,
-                });
+                }));
             }
             Ok(Record::VolumeResize {
                 volume_id,
@@ -368,7 +372,9 @@ impl Pool {
         self.control(|state| {
             let volume_id = state.volumes().id_of(name)?;
             if state.volumes().id_of(new_name).is_ok() {
-                return Err(EngineError::VolumeExists(new_name.to_string()));
+                return Err(EngineError::Volume(VolumeError::VolumeExists(
+                    new_name.to_string(),
+                )));
             }
             Ok(Record::VolumeRename {
                 volume_id,
@@ -386,10 +392,10 @@ impl Pool {
             let volume_id = state.volumes().id_of(name)?;
             let clones = state.volumes().clone_names_of_volume(volume_id);
             if !clones.is_empty() {
-                return Err(EngineError::HasClones {
+                return Err(EngineError::Volume(VolumeError::HasClones {
                     what: format!("volume {name}"),
                     clones: clones.join(", "),
-                });
+                }));
             }
             Ok(Record::VolumeDelete { volume_id })
         })

@@ -20,7 +20,7 @@ use super::space::{Allocation, SpaceAllocator};
 use super::state::{ReadParts, Relocation};
 use super::stream::Stream;
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
 use crate::log::geometry::Tier;
 use crate::tier::heat::VolumeTierCounters;
@@ -128,17 +128,17 @@ pub(super) fn check_range(
 ) -> Result<ViewRef<'_>, EngineError> {
     let found = volumes
         .view(view)
-        .ok_or_else(|| EngineError::NoSuchVolume(format!("{view:?}")))?;
+        .ok_or_else(|| EngineError::Volume(VolumeError::NoSuchVolume(format!("{view:?}"))))?;
     if offset
         .checked_add(length)
         .is_none_or(|end| end > found.size_bytes)
     {
-        return Err(EngineError::OutOfRange {
+        return Err(EngineError::Io(IoError::OutOfRange {
             volume: found.full_name(),
             offset,
             length,
             size_bytes: found.size_bytes,
-        });
+        }));
     }
     Ok(found)
 }
@@ -511,11 +511,11 @@ impl Pool {
             if block_checksum(contents) == block.checksum {
                 continue;
             }
-            let mismatch = EngineError::ChecksumMismatch {
+            let mismatch = EngineError::Io(IoError::ChecksumMismatch {
                 volume: view_name.to_string(),
                 logical_block: block.logical_block,
                 physical_block: block.physical_block,
-            };
+            });
             if self.moved_since_planned(view, block) {
                 return Ok(ReadOutcome::Moved(mismatch));
             }

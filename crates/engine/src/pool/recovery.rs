@@ -20,7 +20,7 @@ use super::limits::{PoolLimits, PoolOptions};
 use super::space::{self, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::chain;
 use crate::log::checkpoint::{Body, Slot};
@@ -51,7 +51,7 @@ const CAPACITY_WORKING_SEGMENT_COUNT_MIN: usize = 4;
 const SCAN_CONCURRENCY_MAX: usize = 64;
 
 /// Bytes of the device's start that must be zero before a pool is created on it
-/// without `--force`.
+/// without `PoolOptions::force`.
 const EMPTY_CHECK_BYTES: u64 = 1 << 20;
 
 fn new_inner(
@@ -206,11 +206,11 @@ fn geometry_for_device(
     let segment_size_bytes = options.segment_size_bytes;
     let Some(flash_bytes) = options.flash_region_bytes else {
         return Geometry::for_device(size_bytes, segment_size_bytes).ok_or_else(|| {
-            EngineError::DeviceTooSmall {
+            EngineError::Create(CreateError::DeviceTooSmall {
                 device: device.name().to_string(),
                 size_bytes,
                 minimum_bytes: Geometry::minimum_device_bytes(segment_size_bytes),
-            }
+            })
         });
     };
     assert!(
@@ -218,19 +218,19 @@ fn geometry_for_device(
         "the flash region must be whole blocks of the device"
     );
     if Geometry::for_device(flash_bytes, segment_size_bytes).is_none() {
-        return Err(EngineError::DeviceTooSmall {
+        return Err(EngineError::Create(CreateError::DeviceTooSmall {
             device: format!("{} (flash tier)", device.name()),
             size_bytes: flash_bytes,
             minimum_bytes: Geometry::minimum_device_bytes(segment_size_bytes),
-        });
+        }));
     }
     let capacity_bytes = size_bytes - flash_bytes;
     Geometry::for_tiers(flash_bytes, capacity_bytes, segment_size_bytes).ok_or_else(|| {
-        EngineError::DeviceTooSmall {
+        EngineError::Create(CreateError::DeviceTooSmall {
             device: format!("{} (capacity tier)", device.name()),
             size_bytes: capacity_bytes,
             minimum_bytes: Geometry::minimum_capacity_bytes(segment_size_bytes),
-        }
+        })
     })
 }
 
@@ -245,25 +245,25 @@ fn check_tier_sizes(device_name: &str, geometry: &Geometry) -> Result<(), Engine
         + space::cleaner_reserve_segment_count(geometry)
         + FLASH_WORKING_SEGMENT_COUNT_MIN;
     if (geometry.flash_segment_count as usize) < flash_needed {
-        return Err(EngineError::DeviceTooSmall {
+        return Err(EngineError::Create(CreateError::DeviceTooSmall {
             device: format!("{device_name} (flash tier)"),
             size_bytes: geometry.flash_region_bytes(),
             minimum_bytes: crate::log::geometry::DATA_START_BLOCK * BLOCK_SIZE_BYTES
                 + flash_needed as u64 * geometry.segment_size_bytes(),
-        });
+        }));
     }
     let capacity_needed = space::checkpoint_reserve_segment_count(geometry)
         + space::CAPACITY_RESERVE_SEGMENT_COUNT
         + CAPACITY_WORKING_SEGMENT_COUNT_MIN;
     if (geometry.capacity_segment_count() as usize) < capacity_needed {
-        return Err(EngineError::DeviceTooSmall {
+        return Err(EngineError::Create(CreateError::DeviceTooSmall {
             device: format!(
                 "{device_name} (capacity tier, which holds the checkpoints of both tiers)"
             ),
             size_bytes: geometry.tier_data_bytes(Tier::Capacity),
             minimum_bytes: crate::log::geometry::CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES
                 + capacity_needed as u64 * geometry.segment_size_bytes(),
-        });
+        }));
     }
     Ok(())
 }
@@ -289,10 +289,10 @@ async fn check_device_starts_empty(
         let length = EMPTY_CHECK_BYTES.min(size_bytes - start);
         let head = device.read(start, length as usize).await?;
         if let Some(position) = head.iter().position(|byte| *byte != 0) {
-            return Err(EngineError::DeviceNotEmpty {
+            return Err(EngineError::Create(CreateError::DeviceNotEmpty {
                 device: device.name().to_string(),
                 offset: start + position as u64,
-            });
+            }));
         }
     }
     Ok(())
@@ -367,11 +367,11 @@ async fn check_device(device: &dyn BlockDevice, name: &str) -> Result<CheckedDev
         return Err(EngineError::corrupt(name, "superblock", 0, reason));
     }
     if device.size_bytes() < geometry.device_size_bytes {
-        return Err(EngineError::Truncated {
+        return Err(EngineError::Open(OpenError::Truncated {
             device: name.to_string(),
             expected_bytes: geometry.device_size_bytes,
             actual_bytes: device.size_bytes(),
-        });
+        }));
     }
     let label = if geometry.has_capacity_tier() {
         Some(check_capacity_label(device, &superblock, name).await?)
@@ -756,10 +756,10 @@ async fn check_capacity_label(
             copy_stale: false,
         });
     }
-    Err(EngineError::WrongCapacityDevice {
+    Err(EngineError::Open(OpenError::WrongCapacityDevice {
         device: name.to_string(),
         offset: label_offset,
-    })
+    }))
 }
 
 /// Reads the superblock, falling back to its copy when block 0 holds a
@@ -780,11 +780,11 @@ async fn read_superblock(
     let copy = Superblock::decode(&copy_bytes).ok();
     let primary_error = match Superblock::decode(&primary_bytes) {
         Ok((version, _)) if version < FORMAT_VERSION_READ_MIN => {
-            return Err(EngineError::OlderFormat {
+            return Err(EngineError::Open(OpenError::OlderFormat {
                 device: name.to_string(),
                 found: version,
                 supported: FORMAT_VERSION_READ_MIN,
-            });
+            }));
         }
         Ok((_, superblock)) => {
             let copy_stale = copy.is_none_or(|(_, copy)| copy != superblock);
@@ -795,16 +795,16 @@ async fn read_superblock(
             });
         }
         Err(FrameError::WrongMagic) => {
-            return Err(EngineError::NotAPool {
+            return Err(EngineError::Open(OpenError::NotAPool {
                 device: name.to_string(),
-            });
+            }));
         }
         Err(FrameError::NewerVersion(found)) => {
-            return Err(EngineError::NewerFormat {
+            return Err(EngineError::Open(OpenError::NewerFormat {
                 device: name.to_string(),
                 found,
                 supported: FORMAT_VERSION,
-            });
+            }));
         }
         Err(error) => error,
     };

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 use crate::log::batch::{Record, block_checksum};
 use crate::log::geometry::Geometry;
 use crate::tier::heat::{Heat, VolumeTierCounters};
@@ -302,7 +302,7 @@ impl State {
             return self
                 .space
                 .take_free_capacity_segment()
-                .ok_or(EngineError::NoSpace);
+                .ok_or(EngineError::Io(IoError::NoSpace));
         }
         // Records without data (trims, deletes) may use the cleaner's reserve:
         // they are tiny, and they are how a user frees a full pool.
@@ -317,7 +317,7 @@ impl State {
         let relocation_head_has_room = self.writer.relocation_head_has_room();
         self.space
             .take_free_segment(allocation, relocation_head_has_room)
-            .ok_or(EngineError::NoSpace)
+            .ok_or(EngineError::Io(IoError::NoSpace))
     }
 
     /// Closes the head segment of `stream`: sealed, or dead if nothing in it lives.

@@ -12,7 +12,7 @@ use super::inner::{Pool, RMW_LOCK_COUNT};
 use super::read::{BlockSpan, check_range};
 use super::writer::InFlightBatch;
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record};
 use crate::volume::View;
 
@@ -194,7 +194,7 @@ impl Pool {
             let result = self.append_under_lock(request, merged, &mut next_block, &mut sealed);
             self.spawn_writes(sealed);
             if let Err(error) = result {
-                if matches!(error, EngineError::NoSpace) && self.reclaim().await? {
+                if matches!(error, EngineError::Io(IoError::NoSpace)) && self.reclaim().await? {
                     continue;
                 }
                 return Err(error);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use lamina_device::AlignedBuffer;
 
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, IoError};
 use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
 };
@@ -255,7 +255,7 @@ impl LogWriter {
 
     pub fn check_failed(&self) -> Result<(), EngineError> {
         match &self.failed {
-            Some(reason) => Err(EngineError::Failed(reason.clone())),
+            Some(reason) => Err(EngineError::Io(IoError::Failed(reason.clone()))),
             None => Ok(()),
         }
     }

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
-use crate::error::EngineError;
+use crate::error::{EngineError, VolumeError};
 use map::BlockMap;
 pub use policy::{CachePriority, Pin, TierPolicy};
 
@@ -40,10 +40,10 @@ pub const VOLUME_SIZE_BYTES_MAX: u64 = 1 << 50;
 /// `VOL@SNAP`, `/` is reserved for paths.)
 pub fn validate_volume_name(name: &str) -> Result<(), EngineError> {
     let invalid = |reason: &str| {
-        Err(EngineError::InvalidName {
+        Err(EngineError::Volume(VolumeError::InvalidName {
             name: name.to_string(),
             reason: reason.to_string(),
-        })
+        }))
     };
     if name.is_empty() || name.len() > VOLUME_NAME_LENGTH_MAX {
         return invalid("must be 1 to 64 characters");
@@ -62,10 +62,10 @@ pub fn validate_volume_name(name: &str) -> Result<(), EngineError> {
 
 pub fn validate_volume_size(size_bytes: u64) -> Result<(), EngineError> {
     let invalid = |reason: &str| {
-        Err(EngineError::InvalidSize {
+        Err(EngineError::Volume(VolumeError::InvalidSize {
             size_bytes,
             reason: reason.to_string(),
-        })
+        }))
     };
     if size_bytes == 0 {
         return invalid("must be greater than zero");
@@ -294,7 +294,7 @@ impl VolumeTable {
         self.by_name
             .get(name)
             .copied()
-            .ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+            .ok_or_else(|| EngineError::Volume(VolumeError::NoSuchVolume(name.to_string())))
     }
 
     /// The volume and the position in its snapshot list of `volume@snapshot`.
@@ -304,9 +304,11 @@ impl VolumeTable {
             .snapshots
             .iter()
             .position(|candidate| candidate.name == snapshot)
-            .ok_or_else(|| EngineError::NoSuchSnapshot {
-                volume: volume.to_string(),
-                snapshot: snapshot.to_string(),
+            .ok_or_else(|| {
+                EngineError::Volume(VolumeError::NoSuchSnapshot {
+                    volume: volume.to_string(),
+                    snapshot: snapshot.to_string(),
+                })
             })?;
         Ok((volume_id, index))
     }
