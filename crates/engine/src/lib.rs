@@ -13,7 +13,12 @@
 //!   and checkpoints, and the volume operations that clients and the control plane
 //!   call.
 
+// Issue 17: numeric conversions are explicit (`try_from` with a typed error for
+// values from the device or a user, helpers in `convert` for bounded values).
+#![deny(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 pub mod clock;
+mod convert;
 pub mod error;
 pub mod log;
 pub mod pool;
@@ -48,4 +53,8 @@ pub mod model_api {
 
 /// Size in bytes of a logical and of a physical block: the unit of mapping,
 /// checksumming and allocation.
-pub const BLOCK_SIZE_BYTES: u64 = 4096;
+pub const BLOCK_SIZE_BYTES: u64 = BLOCK_BYTES as u64;
+
+/// [`BLOCK_SIZE_BYTES`] as a `usize`: the length of one block's buffer and the
+/// stride for slicing blocks out of a larger buffer.
+pub const BLOCK_BYTES: usize = 4096;

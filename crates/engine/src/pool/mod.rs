@@ -24,6 +24,9 @@ pub mod space;
 mod state;
 mod status;
 pub mod stream;
+// Issue 17: tiering.rs is being reworked on another branch; its one cast
+// (`flash_segment_count as usize`, line 30) becomes `crate::convert::to_usize` there.
+#[allow(clippy::cast_possible_truncation)]
 mod tiering;
 mod write;
 mod writer;
