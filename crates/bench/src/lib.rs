@@ -10,9 +10,6 @@
 //! `write-amplification` measures the cleaner's write amplification through fio.
 //! See docs/bench.md for the method and its limits.
 
-// Issue 17: numeric conversions are explicit (helpers in `convert`).
-#![deny(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-
 mod charts;
 mod convert;
 pub mod fio;
