@@ -15,6 +15,7 @@
 //! See docs/bench.md for the method and its limits.
 
 mod charts;
+mod convert;
 pub mod fio;
 pub mod fs;
 pub mod in_process;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 
+use crate::convert::{saturating_u64, saturating_usize};
 use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::process::{check_interrupted, run_helper};
 use crate::report::{Skipped, align, format_number, ratio};
@@ -607,7 +608,7 @@ pub fn percentile_of_sorted(sorted: &[u64], percentile: f64) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }
-    let rank = ((percentile / 100.0) * sorted.len() as f64).ceil() as usize;
+    let rank = saturating_usize(((percentile / 100.0) * sorted.len() as f64).ceil());
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
@@ -904,11 +905,9 @@ impl TiersReport {
                 mebibytes(reaction.after.flash_bytes),
             ));
             let mut timeline = Vec::new();
-            for window in reaction
-                .windows
-                .iter()
-                .filter(|window| ((window.end_seconds * 10.0).round() as u64).is_multiple_of(10))
-            {
+            for window in reaction.windows.iter().filter(|window| {
+                saturating_u64((window.end_seconds * 10.0).round()).is_multiple_of(10)
+            }) {
                 timeline.push(format!(
                     "{:.0}s:{}",
                     window.end_seconds,

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::convert::saturating_u64;
 use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::process::check_interrupted;
 
@@ -189,7 +190,7 @@ impl RateSweepControl {
         );
         let mut targets: Vec<u64> = RATE_FRACTIONS
             .iter()
-            .map(|fraction| ((peak_iops * fraction).round() as u64).max(1))
+            .map(|fraction| saturating_u64((peak_iops * fraction).round()).max(1))
             .collect();
         targets.dedup();
         Self::from_targets(targets)
@@ -409,7 +410,7 @@ pub(crate) mod tests {
             iodepth: 64,
             jobs: 4,
             block_size_bytes: 4096,
-            target_iops: Some(iops as u64),
+            target_iops: Some(saturating_u64(iops.floor())),
             saturated,
             measurement: measurement(iops, p99_us),
         }

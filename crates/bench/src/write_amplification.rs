@@ -18,6 +18,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use crate::convert::saturating_u64;
 use crate::fio;
 use crate::lamina_program;
 use crate::process::check_interrupted;
@@ -233,8 +234,8 @@ pub fn volume_size_bytes(
     reserved_bytes: u64,
 ) -> Result<u64, WriteAmplificationError> {
     let usable_bytes = capacity_bytes.saturating_sub(reserved_bytes);
-    let size =
-        (live * usable_bytes as f64) as u64 / VOLUME_ALIGNMENT_BYTES * VOLUME_ALIGNMENT_BYTES;
+    let size = saturating_u64((live * usable_bytes as f64).floor()) / VOLUME_ALIGNMENT_BYTES
+        * VOLUME_ALIGNMENT_BYTES;
     if size == 0 {
         return Err(WriteAmplificationError::VolumeTooSmall { live, usable_bytes });
     }
@@ -243,7 +244,8 @@ pub fn volume_size_bytes(
 
 /// Bytes of `passes` volume sizes, rounded down to whole blocks (at least one).
 pub fn pass_bytes(volume_size_bytes: u64, passes: f64) -> u64 {
-    let bytes = (passes * volume_size_bytes as f64) as u64 / BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES;
+    let bytes = saturating_u64((passes * volume_size_bytes as f64).floor()) / BLOCK_SIZE_BYTES
+        * BLOCK_SIZE_BYTES;
     bytes.max(BLOCK_SIZE_BYTES)
 }
 
@@ -360,7 +362,8 @@ fn window_figures(
     if fio_bytes == 0 {
         return Err(WriteAmplificationError::NothingWritten);
     }
-    let tolerance_bytes = (fio_bytes as f64 * CLIENT_BYTES_TOLERANCE_FRACTION) as u64;
+    let tolerance_bytes =
+        saturating_u64((fio_bytes as f64 * CLIENT_BYTES_TOLERANCE_FRACTION).floor());
     if client_bytes.abs_diff(fio_bytes) > tolerance_bytes {
         return Err(WriteAmplificationError::ClientBytesMismatch {
             pool_bytes: client_bytes,

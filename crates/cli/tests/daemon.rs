@@ -7,6 +7,10 @@
 //! is intact; and stalled handshakes against the `[server]` handshake limits,
 //! with their `/metrics` counters.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 

@@ -6,6 +6,10 @@
 //! the restart every block reads back as version 2 or fails with an I/O error,
 //! never as version 1, and `pool status` and `/metrics` count the damage.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 mod common;
 
 use std::process::Command;

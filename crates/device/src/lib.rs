@@ -5,10 +5,6 @@
 //! wrapper that simulates I/O errors, bit flips and power cuts in tests, or behind a
 //! rotating-disk latency model that makes any device behave like a capacity disk.
 
-// Issue 17: numeric conversions are explicit; the workspace-wide switch
-// comes once every crate is clean.
-#![deny(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-
 mod buffer;
 mod concatenated;
 mod error;

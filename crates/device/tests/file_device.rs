@@ -4,6 +4,10 @@
 //! is chosen the way the module documentation promises on each kind of filesystem,
 //! and a device is open once (through any name) and created owner-only.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::ffi::CString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;

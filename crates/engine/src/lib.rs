@@ -14,6 +14,7 @@
 //!   call.
 
 pub mod clock;
+mod convert;
 pub mod error;
 pub mod log;
 pub mod pool;
@@ -48,4 +49,8 @@ pub mod model_api {
 
 /// Size in bytes of a logical and of a physical block: the unit of mapping,
 /// checksumming and allocation.
-pub const BLOCK_SIZE_BYTES: u64 = 4096;
+pub const BLOCK_SIZE_BYTES: u64 = BLOCK_BYTES as u64;
+
+/// [`BLOCK_SIZE_BYTES`] as a `usize`: the length of one block's buffer and the
+/// stride for slicing blocks out of a larger buffer.
+pub const BLOCK_BYTES: usize = 4096;

@@ -2,6 +2,8 @@
 //! write durable once `flush_interval_ms` has passed, and not before, without
 //! the test sleeping for real; the test hook keeps it from starting. And limits
 //! outside their range are refused when a pool is created or opened.
+// Test arithmetic on small, known values.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 use std::sync::Arc;
 use std::time::Duration;

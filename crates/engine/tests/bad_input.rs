@@ -5,6 +5,10 @@
 //! must leave every byte of the device as it was (a full snapshot is compared),
 //! because an operator who points lamina at the wrong disk must not lose it.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;

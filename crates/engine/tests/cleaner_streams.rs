@@ -7,6 +7,10 @@
 //! content or anything written since), cuts power at an arbitrary point
 //! (unflushed writes kept, dropped or torn), recovers and compares every block.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -9,6 +9,10 @@
 //! taken, so that a segment freed too early is rewritten before the cut.
 //! `LAMINA_CRASH_RUNS` sets the number of seeds (default 1000).
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};

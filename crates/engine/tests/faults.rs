@@ -8,6 +8,10 @@
 //! system filled up (ENOSPC) is the exception: writes wait for space, flushes
 //! fail with ENOSPC meanwhile, and the pool resumes by itself once space returns.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,6 +5,10 @@
 //! that all of it survives a clean close and a replay after a crash, and that
 //! the numbers `status()` reports are consistent.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 
 use lamina_device::MemoryDevice;

@@ -15,6 +15,10 @@
 //!   be rewritten: a power cut may keep the rewrite and lose the overwrites, and
 //!   the recovered map would point into the rewritten segment (condition b).
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, MemoryDevice};

@@ -4,6 +4,10 @@
 //! are deleted), the cleaner moving blocks that many snapshots share, a
 //! thousand snapshots and clones in one family surviving a reopen, and bad input.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -3,6 +3,10 @@
 //! fails writes with NoSpace, keeps every earlier write, and accepts writes again
 //! once data is trimmed or a volume is deleted.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 
 use lamina_device::MemoryDevice;

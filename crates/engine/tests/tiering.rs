@@ -5,6 +5,10 @@
 //! also after a clean reopen and after a crash. The devices are in memory; the
 //! rotating-disk model is exercised by the daemon tests and the benchmarks.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, ConcatenatedDevice, MemoryDevice};

@@ -162,7 +162,7 @@ fn drive<P: CachePolicy + ?Sized>(
     let mut evicted = Vec::new();
     let (mut requests, mut hits, mut zipf_requests, mut zipf_hits) = (0u64, 0u64, 0u64, 0u64);
     let mut writes_at_warmup = 0;
-    for (position, key) in trace.take(settings.requests as usize).enumerate() {
+    for (position, key) in trace.take(request_count(settings.requests)).enumerate() {
         if position as u64 == settings.warmup_requests {
             writes_at_warmup = flash_writes.map_or(0, |writes| writes(policy));
         }
@@ -213,8 +213,8 @@ fn top_keys_bound(
 ) -> Outcome {
     let (mut requests, mut hits, mut zipf_requests) = (0u64, 0u64, 0u64);
     for key in trace
-        .take(settings.requests as usize)
-        .skip(settings.warmup_requests as usize)
+        .take(request_count(settings.requests))
+        .skip(request_count(settings.warmup_requests))
     {
         requests += 1;
         hits += u64::from(key < capacity_entries as u64);
@@ -314,6 +314,12 @@ fn draw(points: &[Point], settings: &Settings) -> Result<(), Box<dyn std::error:
     Ok(())
 }
 
+/// A request count from the command line as an iterator length: past the
+/// address space it means "all of them".
+fn request_count(requests: u64) -> usize {
+    usize::try_from(requests).unwrap_or(usize::MAX)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings = parse_arguments();
     let scan_length_keys = settings.key_count * settings.scan_length_percent / 100;
@@ -325,7 +331,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(" {:>12}", "heat writes/request");
     for trace in ["zipf", "scan-polluted zipf"] {
         for cache_percent in CACHE_PERCENTS {
-            let capacity_entries = (settings.key_count as f64 * cache_percent / 100.0) as usize;
+            // Rounded down; `as` saturates out of range.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let capacity_entries =
+                (settings.key_count as f64 * cache_percent / 100.0).floor() as usize;
             let mut row = Vec::new();
             let mut flash_writes = None;
             let measured = settings

@@ -33,7 +33,9 @@ fn main() {
     let live: f64 = argument("--live", "0.85").parse().expect("--live");
     let theta: f64 = argument("--zipf", "0.99").parse().expect("--zipf");
     let verbose = std::env::args().any(|argument| argument == "--verbose");
-    let block_count = (segment_count * segment_block_count * live) as usize;
+    // The space's live blocks, rounded down; `as` saturates out of range.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let block_count = (segment_count * segment_block_count * live).floor() as usize;
     let zipf = Zipf::new(block_count, theta);
     println!(
         "{block_count} blocks (live {live}) in {segment_count} segments of \

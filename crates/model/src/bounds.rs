@@ -3,6 +3,7 @@
 //! overwrites. They are the yardsticks the engine's measured write
 //! amplification is read against (BENCHMARKS.md, write amplification).
 
+use crate::convert::saturating_usize;
 use crate::zipf::Zipf;
 
 /// Iterations of the bisection for greedy's victim live fraction.
@@ -114,9 +115,11 @@ pub fn rank_groups(zipf: &Zipf, block_count: usize, group_count: u32) -> Vec<Ran
     assert!(block_count <= zipf.count(), "a block per rank");
     let mut bounds: Vec<usize> = (0..=group_count)
         .map(|index| {
-            (block_count as f64)
-                .powf(f64::from(index) / f64::from(group_count))
-                .round() as usize
+            saturating_usize(
+                (block_count as f64)
+                    .powf(f64::from(index) / f64::from(group_count))
+                    .round(),
+            )
         })
         .collect();
     bounds[0] = 0;

@@ -25,6 +25,7 @@ use lamina_engine::model_api::{
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::convert::{saturating_u64, saturating_usize};
 use crate::zipf::Zipf;
 
 /// A segment or location that does not exist.
@@ -240,7 +241,7 @@ impl Simulation {
             .collect();
         let stream_count = stream_count(&settings);
         Self {
-            free: (0..settings.segment_count as u32).collect(),
+            free: (0..model_index(settings.segment_count)).collect(),
             settings,
             segments,
             heads: vec![NONE; stream_count],
@@ -270,7 +271,7 @@ impl Simulation {
     /// The engine's class of an interval or age, out of `class_count`.
     fn class_of(&self, interval: f64, class_count: usize) -> usize {
         interval_class(
-            interval as u64,
+            saturating_u64(interval.floor()),
             lifespan_threshold_blocks(&self.lifespans),
             self.settings.class_bound_factor,
             class_count,
@@ -450,12 +451,12 @@ impl Simulation {
         self.blocks.write_rates[block] = write_rate;
         let segment = &mut self.segments[head];
         segment.write_rate += write_rate;
-        segment.blocks.push(block as u32);
+        segment.blocks.push(model_index(block));
         segment.live_blocks += 1;
         segment.last_written_at = self.client_writes;
         self.blocks.locations[block] = Location {
-            segment: head as u32,
-            position: (segment.blocks.len() - 1) as u32,
+            segment: model_index(head),
+            position: model_index(segment.blocks.len() - 1),
         };
     }
 
@@ -490,7 +491,7 @@ impl Simulation {
                 && score > best_score
             {
                 best_score = score;
-                best = index as u32;
+                best = model_index(index);
             }
         }
         assert!(best != NONE, "no segment can be cleaned");
@@ -516,8 +517,8 @@ impl Simulation {
         for (position, block) in blocks.iter().enumerate() {
             let block = *block as usize;
             let here = Location {
-                segment: victim as u32,
-                position: position as u32,
+                segment: model_index(victim),
+                position: model_index(position),
             };
             if self.blocks.locations[block] == here {
                 let stream = self.relocation_stream(victim_stream, block);
@@ -528,7 +529,7 @@ impl Simulation {
         assert_eq!(self.segments[victim].live_blocks, 0);
         self.segments[victim].blocks = blocks;
         self.segments[victim].state = SegmentState::Free;
-        self.free.push_back(victim as u32);
+        self.free.push_back(model_index(victim));
     }
 
     fn client_write(&mut self, block: usize) {
@@ -550,6 +551,12 @@ fn stream_count(settings: &CleanerModelSettings) -> usize {
     }
 }
 
+/// A segment, block or position of the simulation as stored in its tables:
+/// [`simulate_cleaner`] checks that the space has fewer than 2^32 blocks.
+fn model_index(value: usize) -> u32 {
+    u32::try_from(value).expect("simulate_cleaner checks blocks fit in 32 bits")
+}
+
 /// Fills `live_fraction` of the space, overwrites it twice to reach a steady
 /// state, then measures `measured_pass_count` passes of overwrites.
 pub fn simulate_cleaner(settings: &CleanerModelSettings) -> CleanerModelReport {
@@ -558,9 +565,19 @@ pub fn simulate_cleaner(settings: &CleanerModelSettings) -> CleanerModelReport {
         "live fraction {} is not a fraction",
         settings.live_fraction
     );
-    let block_count = (settings.segment_count as f64
-        * settings.segment_block_count as f64
-        * settings.live_fraction) as usize;
+    assert!(
+        settings
+            .segment_count
+            .checked_mul(settings.segment_block_count)
+            .is_some_and(|blocks| u32::try_from(blocks).is_ok()),
+        "the model indexes segments and blocks in 32 bits"
+    );
+    let block_count = saturating_usize(
+        (settings.segment_count as f64
+            * settings.segment_block_count as f64
+            * settings.live_fraction)
+            .floor(),
+    );
     let theta = match settings.workload {
         Workload::Zipf { theta } => theta,
         Workload::Uniform => 0.0,

@@ -21,4 +21,5 @@
 pub mod bounds;
 pub mod cache;
 pub mod cleaner;
+mod convert;
 pub mod zipf;

@@ -7,6 +7,8 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::convert::to_usize;
+
 /// Ranks `0..count` with probability proportional to `1 / (rank + 1)^theta`:
 /// rank 0 is the most popular. The table costs 8 bytes per rank.
 #[derive(Clone, Debug)]
@@ -70,7 +72,7 @@ impl ZipfKeys {
     pub fn new(key_count: u64, theta: f64, seed: u64) -> Self {
         assert!(key_count > 0, "a Zipf trace needs at least one key");
         Self {
-            zipf: Zipf::new(key_count as usize, theta),
+            zipf: Zipf::new(to_usize(key_count), theta),
             rng: SmallRng::seed_from_u64(seed),
         }
     }
@@ -147,6 +149,7 @@ impl Iterator for ScanPollutedZipfKeys {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test sizes
 mod tests {
     use super::*;
 

@@ -10,6 +10,7 @@
 
 use serde::Serialize;
 
+use crate::convert::saturating_usize;
 use crate::trace::Trace;
 
 /// Knobs of the analysis; `Default` gives the documented defaults.
@@ -137,8 +138,8 @@ pub fn percentile(values: &[f64], percentile: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let rank = percentile / 100.0 * (sorted.len() - 1) as f64;
-    let below = rank.floor() as usize;
-    let above = rank.ceil() as usize;
+    let below = saturating_usize(rank.floor());
+    let above = saturating_usize(rank.ceil());
     sorted[below] + (sorted[above] - sorted[below]) * (rank - below as f64)
 }
 
@@ -199,7 +200,7 @@ pub fn analyse(trace: &Trace, options: &AnalysisOptions) -> Analysis {
 
     // Clamped to the trace so that odd intervals (near zero) cannot overflow the count.
     let window_count =
-        ((options.busy_window_seconds / interval).round() as usize).clamp(1, samples.len());
+        saturating_usize((options.busy_window_seconds / interval).round()).clamp(1, samples.len());
     if window_count * 2 > samples.len() {
         warnings.push(format!(
             "the trace ({} samples) is short for a {:.0}-minute busy window; busy periods are rough",

@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::convert::saturating_u64;
+
 /// How the pool protects data, which sets the device operations per client write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "scheme", rename_all = "kebab-case")]
@@ -189,7 +191,7 @@ impl FromStr for DriveModel {
 /// Rounds up, forgiving the last bits of floating-point error (13.0000000001 is 13).
 pub fn ceil_count(value: f64) -> u64 {
     const TOLERANCE: f64 = 1e-9;
-    (value - TOLERANCE).ceil().max(0.0) as u64
+    saturating_u64((value - TOLERANCE).ceil())
 }
 
 /// The back-end load and drive count for one front-end load.

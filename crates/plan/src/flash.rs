@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::analysis::Analysis;
 use crate::backend::{BackendSizing, Redundancy, size_backend};
+use crate::convert::{saturating_u64, saturating_usize};
 use crate::parse::addresses::AddressTrace;
 
 /// Cache granularity: lamina caches 4 KiB blocks.
@@ -118,7 +119,7 @@ impl HitCurve for StackDistances {
             return None;
         }
         // The tolerance keeps 1/6 of 6 reads at one read despite rounding.
-        let needed = (hit_ratio * self.read_count as f64 - 1e-9).ceil().max(0.0) as usize;
+        let needed = saturating_usize((hit_ratio * self.read_count as f64 - 1e-9).ceil());
         if needed == 0 {
             return Some(0.0);
         }
@@ -184,7 +185,9 @@ pub fn stack_distances(trace: &AddressTrace) -> StackDistances {
             // Distinct blocks whose latest access lies strictly between the two.
             let between = prefix(&tree, position - 1) - prefix(&tree, previous);
             if is_read {
-                result.distances.push(between as u64);
+                result.distances.push(
+                    u64::try_from(between).expect("a count of distinct blocks is not negative"),
+                );
             }
             add(&mut tree, previous, -1);
         }
@@ -208,7 +211,7 @@ pub fn busiest_hour_blocks(trace: &AddressTrace) -> (u64, usize) {
         if access.length_bytes == 0 {
             continue;
         }
-        let hour = ((access.time_seconds - start) / HOUR_SECONDS).floor() as u64;
+        let hour = saturating_u64(((access.time_seconds - start) / HOUR_SECONDS).floor());
         let first = access.offset_bytes / BLOCK_SIZE_BYTES;
         let last = access.offset_bytes.saturating_add(access.length_bytes - 1) / BLOCK_SIZE_BYTES;
         hours.entry(hour).or_default().extend(first..=last);

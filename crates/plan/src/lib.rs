@@ -10,6 +10,7 @@
 
 pub mod analysis;
 pub mod backend;
+mod convert;
 pub mod error;
 pub mod flash;
 pub mod parse;

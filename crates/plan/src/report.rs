@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::analysis::{Analysis, AnalysisOptions};
 use crate::backend::{BackendSizing, DriveModel, ProposalCheck, Redundancy};
+use crate::convert::saturating_u64;
 use crate::flash::{FlashOptions, FlashSizing, WorkingSet};
 use crate::trace::{Trace, TraceFormat};
 
@@ -66,8 +67,8 @@ pub fn thousands(value: f64) -> String {
     if !value.is_finite() {
         return "∞".to_string();
     }
-    let rounded = value.round() as i64;
-    let digits = rounded.unsigned_abs().to_string();
+    let rounded = value.round();
+    let digits = saturating_u64(rounded.abs()).to_string();
     let mut grouped = String::new();
     for (index, digit) in digits.chars().enumerate() {
         if index > 0 && (digits.len() - index).is_multiple_of(3) {
@@ -75,7 +76,8 @@ pub fn thousands(value: f64) -> String {
         }
         grouped.push(digit);
     }
-    if rounded < 0 {
+    // -0.4 rounds to -0.0, which is not below zero: printed as 0.
+    if rounded < 0.0 {
         format!("-{grouped}")
     } else {
         grouped
@@ -100,7 +102,7 @@ pub fn bytes(value: f64) -> String {
 
 /// Seconds as `+H:MM` since the first sample.
 fn offset(seconds: f64) -> String {
-    let minutes = (seconds / 60.0).round() as u64;
+    let minutes = saturating_u64((seconds / 60.0).round());
     format!("+{}:{:02}", minutes / 60, minutes % 60)
 }
 

@@ -2,6 +2,10 @@
 //! method comes from, the idle/spike/busy trace where the mean misleads, every
 //! parser on realistic and malformed input, and the text, JSON and SVG renderings.
 
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::path::{Path, PathBuf};
 
 use lamina_plan::analysis::GIB;

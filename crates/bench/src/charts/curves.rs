@@ -7,6 +7,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::convert::saturating_usize;
 use crate::plot::{Chart, draw_curve, draw_legend, legend_line};
 use crate::report::{Report, format_number};
 use crate::workload::Profile;
@@ -135,7 +136,7 @@ fn draw_curves<DB: DrawingBackend>(
             if percentile_axis {
                 let index = x.round();
                 if (x - index).abs() < 0.01 && (0.0..4.0).contains(&index) {
-                    percentile_names[index as usize].to_owned()
+                    percentile_names[saturating_usize(index)].to_owned()
                 } else {
                     String::new()
                 }

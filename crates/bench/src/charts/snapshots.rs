@@ -4,6 +4,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use crate::convert::saturating_usize;
 use crate::plot::{Chart, draw_legend};
 use crate::report::format_number;
 use crate::snapshots::{CaseResult, SnapshotsReport};
@@ -71,7 +72,7 @@ fn draw_bars<DB: DrawingBackend>(
             // Row i is drawn at y = count - 1 - i, so the first case is on top.
             let index = y.round();
             if (y - index).abs() < 0.01 && (0.0..count as f64).contains(&index) {
-                labels[count - 1 - index as usize].clone()
+                labels[count - 1 - saturating_usize(index)].clone()
             } else {
                 String::new()
             }

@@ -195,7 +195,7 @@ async fn set_up(
 async fn request(pool: &Pool, volume_id: u32, volume_blocks: u64, seed: u64) -> anyhow::Result<()> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let offset = rng.random_range(0..volume_blocks) * BLOCK_SIZE_BYTES;
-    let mut buffer = vec![0u8; BLOCK_SIZE_BYTES as usize];
+    let mut buffer = vec![0u8; lamina_engine::BLOCK_BYTES];
     if rng.random_range(0..100) < READ_PERCENT {
         pool.read(volume_id, offset, &mut buffer).await?;
     } else {
@@ -345,7 +345,8 @@ async fn one_run(
     // The idle pool must absorb the ageing pass and the window's writes without
     // cleaning: room for both twice over, beyond the volume.
     let window_writes = rate * arguments.seconds as f64 * f64::from(100 - READ_PERCENT) / 100.0;
-    let window_write_bytes = window_writes as u64 * BLOCK_SIZE_BYTES;
+    let window_write_bytes =
+        crate::convert::saturating_u64(window_writes.floor()) * BLOCK_SIZE_BYTES;
     let idle_device_bytes = busy_device_bytes
         + 2 * (volume_blocks * BLOCK_SIZE_BYTES * AGEING_PASSES + window_write_bytes);
     let idle = set_up(arguments, directory, idle_device_bytes, volume_blocks).await?;
@@ -369,7 +370,9 @@ fn medians(runs: &[Run]) -> Medians {
     let busy_p99_us = median_of(runs, |run| run.busy.p99_us);
     let idle_p99_us = median_of(runs, |run| run.idle.p99_us);
     Medians {
-        offered_per_second: median_of(runs, |run| run.offered_per_second as u64),
+        offered_per_second: median_of(runs, |run| {
+            crate::convert::saturating_u64(run.offered_per_second.floor())
+        }),
         busy_p50_us: median_of(runs, |run| run.busy.p50_us),
         busy_p99_us,
         busy_p999_us: median_of(runs, |run| run.busy.p999_us),
@@ -386,7 +389,8 @@ async fn measure_async(arguments: &CleanerLatencyArgs) -> anyhow::Result<Cleaner
         .clone()
         .unwrap_or_else(std::env::temp_dir);
     let usable = usable_bytes(arguments, &directory, arguments.pool_size + METADATA_BYTES).await?;
-    let volume_blocks = (usable as f64 * arguments.live) as u64 / BLOCK_SIZE_BYTES;
+    let volume_blocks =
+        crate::convert::saturating_u64((usable as f64 * arguments.live).floor()) / BLOCK_SIZE_BYTES;
     let mut runs = Vec::new();
     for run in 1..=arguments.runs {
         crate::process::check_interrupted()?;

@@ -149,7 +149,7 @@ pub async fn write_blocks(pool: &Pool, volume_id: u32, blocks: Vec<u64>) -> anyh
     for writer in 0..FILL_WRITERS {
         let (pool, blocks, next) = (pool.clone(), blocks.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
-            let mut data = vec![0u8; BLOCK_SIZE_BYTES as usize];
+            let mut data = vec![0u8; lamina_engine::BLOCK_BYTES];
             let mut rng = SmallRng::seed_from_u64(writer as u64);
             rng.fill(&mut data[..]);
             loop {

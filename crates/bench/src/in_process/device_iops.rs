@@ -130,7 +130,7 @@ async fn measure_lamina(
         let device = device.clone();
         workers.spawn(async move {
             let mut random = SmallRng::seed_from_u64(worker as u64 + 1);
-            let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+            let mut data = AlignedBuffer::zeroed(lamina_engine::BLOCK_BYTES);
             random.fill_bytes(&mut data);
             let data = Arc::new(data);
             let mut operations: u64 = 0;
@@ -138,7 +138,7 @@ async fn measure_lamina(
                 let offset = random.random_range(0..block_count) * BLOCK_BYTES;
                 match pattern {
                     RandomPattern::RandomRead => {
-                        device.read(offset, BLOCK_BYTES as usize).await?;
+                        device.read(offset, lamina_engine::BLOCK_BYTES).await?;
                     }
                     RandomPattern::RandomWrite => device.write(offset, data.clone()).await?,
                 }

@@ -73,7 +73,7 @@ async fn measure_async(arguments: &FlushLatencyArgs) -> anyhow::Result<FlushLate
         .await?
         .volume_id;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-    let mut block = vec![0u8; BLOCK_SIZE_BYTES as usize];
+    let mut block = vec![0u8; lamina_engine::BLOCK_BYTES];
     let before = pool.status();
     let mut nanoseconds = Vec::with_capacity(usize::try_from(arguments.count)?);
     for _ in 0..arguments.count {

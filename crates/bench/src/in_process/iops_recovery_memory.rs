@@ -169,7 +169,7 @@ async fn engine_run(
         let pool = pool.clone();
         tasks.push(tokio::spawn(async move {
             let mut rng = SmallRng::seed_from_u64(1000 + task_index as u64);
-            let mut buffer = vec![0u8; BLOCK_SIZE_BYTES as usize];
+            let mut buffer = vec![0u8; lamina_engine::BLOCK_BYTES];
             rng.fill(&mut buffer[..]);
             let mut latencies_ns: Vec<u64> = Vec::with_capacity(1 << 16);
             while Instant::now() < deadline {

@@ -147,7 +147,7 @@ async fn longest_read(
         })
     });
     let mut rng = SmallRng::seed_from_u64(77);
-    let mut buffer = vec![0u8; BLOCK_SIZE_BYTES as usize];
+    let mut buffer = vec![0u8; lamina_engine::BLOCK_BYTES];
     let block_count = volume.size_bytes / BLOCK_SIZE_BYTES;
     let mut longest_read_ms: f64 = 0.0;
     let mut reads = 0u64;

@@ -195,7 +195,7 @@ struct Volume {
 
 impl Volume {
     fn contents(block: u64, generation: u32) -> Vec<u8> {
-        let mut data = vec![0x5au8; BLOCK_SIZE_BYTES as usize];
+        let mut data = vec![0x5au8; lamina_engine::BLOCK_BYTES];
         data[..8].copy_from_slice(&block.to_le_bytes());
         data[8..12].copy_from_slice(&generation.to_le_bytes());
         data
@@ -211,7 +211,7 @@ impl Volume {
     }
 
     async fn check(&self, pool: &Pool) -> anyhow::Result<()> {
-        let mut read_back = vec![0u8; BLOCK_SIZE_BYTES as usize];
+        let mut read_back = vec![0u8; lamina_engine::BLOCK_BYTES];
         for (block, generation) in (0u64..).zip(&self.generations) {
             pool.read(self.volume_id, block * BLOCK_SIZE_BYTES, &mut read_back)
                 .await?;
@@ -243,7 +243,8 @@ async fn prepare(
     let pool = Pool::create(device.clone(), options, limits.clone()).await?;
     let status = pool.status();
     let usable_bytes = status.capacity_bytes - status.reserved_bytes;
-    let volume_blocks = (usable_bytes as f64 * live) as u64 / BLOCK_SIZE_BYTES;
+    let volume_blocks =
+        crate::convert::saturating_u64((usable_bytes as f64 * live).floor()) / BLOCK_SIZE_BYTES;
     let volume_id = pool
         .create_volume("wa", volume_blocks * BLOCK_SIZE_BYTES)
         .await?

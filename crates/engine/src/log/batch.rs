@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::frame::{self, FRAME_HEADER_BYTES, FrameError};
-use crate::BLOCK_SIZE_BYTES;
+use crate::BLOCK_BYTES;
 
 /// "LAMINALG" in ASCII, read as a little-endian u64.
 pub const BATCH_MAGIC: u64 = u64::from_le_bytes(*b"LAMINALG");
@@ -21,7 +21,7 @@ pub const BATCH_DATA_BLOCKS_MAX: usize = 128;
 pub const BATCH_OVERHEAD_BLOCKS: u32 = 2;
 
 /// Bytes of records a summary block can hold (the frame header takes the rest).
-pub const SUMMARY_RECORD_BYTES_MAX: usize = BLOCK_SIZE_BYTES as usize - FRAME_HEADER_BYTES - 64;
+pub const SUMMARY_RECORD_BYTES_MAX: usize = BLOCK_BYTES - FRAME_HEADER_BYTES - 64;
 
 /// One change to the pool, in log order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,17 +202,8 @@ impl Summary {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let bytes = frame::encode(
-            BATCH_MAGIC,
-            super::FORMAT_VERSION,
-            self,
-            BLOCK_SIZE_BYTES as usize,
-        );
-        assert_eq!(
-            bytes.len(),
-            BLOCK_SIZE_BYTES as usize,
-            "summary overflowed its block"
-        );
+        let bytes = frame::encode(BATCH_MAGIC, super::FORMAT_VERSION, self, BLOCK_BYTES);
+        assert_eq!(bytes.len(), BLOCK_BYTES, "summary overflowed its block");
         bytes
     }
 
@@ -237,7 +228,7 @@ impl Summary {
 
 /// The checksum recorded for a data block.
 pub fn block_checksum(block: &[u8]) -> u32 {
-    debug_assert_eq!(block.len(), BLOCK_SIZE_BYTES as usize);
+    debug_assert_eq!(block.len(), BLOCK_BYTES);
     crc32c::crc32c(block)
 }
 

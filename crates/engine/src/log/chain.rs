@@ -13,14 +13,21 @@
 use std::future::Future;
 
 use super::batch::{BATCH_DATA_BLOCKS_MAX, Summary};
-use crate::BLOCK_SIZE_BYTES;
+use crate::BLOCK_BYTES;
+use crate::convert::block_in_segment;
 
 /// The first format version whose batches end with a copy of their summary.
 pub const SUMMARY_COPY_VERSION_MIN: u32 = 5;
 
 /// Blocks after a batch's first block that the batch can cover at most (its
 /// data and the summary's copy).
-pub const BATCH_TAIL_BLOCKS_MAX: u32 = BATCH_DATA_BLOCKS_MAX as u32 + 1;
+// A constant far below `u32::MAX` (the assertion keeps it so), converted at
+// compile time where `try_from` is not available.
+#[allow(clippy::cast_possible_truncation)]
+pub const BATCH_TAIL_BLOCKS_MAX: u32 = {
+    assert!(BATCH_DATA_BLOCKS_MAX < u32::MAX as usize);
+    BATCH_DATA_BLOCKS_MAX as u32 + 1
+};
 
 /// How far a walk looks past a summary it cannot read, for its copy or for the
 /// next batch: the longest batch's tail, and the block after it, where the
@@ -84,7 +91,9 @@ struct Link {
 fn decode_link(bytes: &[u8]) -> Option<Link> {
     let (version, summary) = Summary::decode_versioned(bytes).ok()?;
     let has_copy = version >= SUMMARY_COPY_VERSION_MIN;
-    let span_blocks = 1 + summary.data_block_count() as u32 + u32::from(has_copy);
+    let data_block_count = u32::try_from(summary.data_block_count())
+        .expect("decoding checks at most BATCH_DATA_BLOCKS_MAX data records");
+    let span_blocks = 1 + data_block_count + u32::from(has_copy);
     Some(Link {
         summary,
         span_blocks,
@@ -127,11 +136,11 @@ async fn resync<S: SegmentBlocks>(
         return Ok(Resync::End);
     }
     let window = source.read_blocks(first, count).await?;
-    let block = BLOCK_SIZE_BYTES as usize;
+    let block = BLOCK_BYTES;
     let links: Vec<(u32, Link)> = window
         .chunks_exact(block)
         .enumerate()
-        .filter_map(|(index, bytes)| Some((first + index as u32, decode_link(bytes)?)))
+        .filter_map(|(index, bytes)| Some((first + block_in_segment(index), decode_link(bytes)?)))
         .collect();
     // A copy is the last block of its batch.
     let copy = links.iter().position(|(position, link)| {
@@ -253,7 +262,7 @@ pub struct InMemorySegment<'a> {
 
 impl<'a> InMemorySegment<'a> {
     pub fn new(bytes: &'a [u8]) -> Self {
-        assert!(bytes.len().is_multiple_of(BLOCK_SIZE_BYTES as usize));
+        assert!(bytes.len().is_multiple_of(BLOCK_BYTES));
         Self { bytes }
     }
 }
@@ -266,7 +275,7 @@ impl SegmentBlocks for InMemorySegment<'_> {
         first_block_in_segment: u32,
         block_count: u32,
     ) -> Result<Vec<u8>, Self::Error> {
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let start = first_block_in_segment as usize * block;
         let end = start + block_count as usize * block;
         assert!(end <= self.bytes.len(), "read past the segment");
@@ -275,6 +284,7 @@ impl SegmentBlocks for InMemorySegment<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // test patterns: small indexes, wrapping bytes
 mod tests {
     use super::*;
     use crate::log::batch::Record;
@@ -307,7 +317,7 @@ mod tests {
     }
 
     fn segment_of(segment_blocks: u32, batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let mut bytes = vec![0u8; segment_blocks as usize * block];
         let mut starts = Vec::new();
         let mut position = 0u32;
@@ -347,7 +357,7 @@ mod tests {
     fn a_damaged_summary_is_read_from_its_copy() {
         for damaged in 0..3 {
             let (mut bytes, starts) = segment(&[3, 5, 1]);
-            let offset = starts[damaged] as usize * BLOCK_SIZE_BYTES as usize + 26;
+            let offset = starts[damaged] as usize * BLOCK_BYTES + 26;
             bytes[offset] ^= 0x10;
             let chain = walk_bytes(&bytes);
             let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
@@ -360,7 +370,7 @@ mod tests {
     #[test]
     fn a_batch_with_both_summaries_damaged_is_reported_and_the_walk_goes_on() {
         let (mut bytes, starts) = segment(&[3, 5, 1]);
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         bytes[starts[1] as usize * block + 26] ^= 1;
         bytes[(starts[1] as usize + 6) * block + 26] ^= 1;
         let chain = walk_bytes(&bytes);
@@ -383,7 +393,7 @@ mod tests {
     #[test]
     fn random_damage_to_summaries_is_repaired_or_reported() {
         use rand::{Rng, SeedableRng};
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         for seed in 0..2_000u64 {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
             let mut data_counts = Vec::new();
@@ -450,7 +460,7 @@ mod tests {
         let segment_blocks = 512;
         let data_max = BATCH_DATA_BLOCKS_MAX as u32;
         let (mut bytes, starts) = segment_of(segment_blocks, &[data_max, data_max, 3]);
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let copy = starts[0] as usize + 1 + data_max as usize;
         bytes[starts[0] as usize * block + 26] ^= 1;
         bytes[copy * block + 26] ^= 1;
@@ -467,7 +477,7 @@ mod tests {
     #[test]
     fn version_4_batches_are_walked_without_copies() {
         use crate::log::batch::BATCH_MAGIC;
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let mut bytes = vec![0u8; SEGMENT_BLOCKS as usize * block];
         let mut position = 0u32;
         let mut starts = Vec::new();

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::batch::PolicyRecord;
 use super::frame::{self, FrameError};
-use crate::BLOCK_SIZE_BYTES;
+use crate::BLOCK_BYTES;
 
 /// "LAMINACP" in ASCII, read as a little-endian u64.
 pub const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"LAMINACP");
@@ -30,12 +30,7 @@ pub struct Slot {
 
 impl Slot {
     pub fn encode(&self) -> Vec<u8> {
-        frame::encode(
-            SLOT_MAGIC,
-            super::FORMAT_VERSION,
-            self,
-            BLOCK_SIZE_BYTES as usize,
-        )
+        frame::encode(SLOT_MAGIC, super::FORMAT_VERSION, self, BLOCK_BYTES)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
@@ -185,12 +180,7 @@ struct BodyVersion2 {
 
 impl Body {
     pub fn encode(&self) -> Vec<u8> {
-        frame::encode(
-            BODY_MAGIC,
-            super::FORMAT_VERSION,
-            self,
-            BLOCK_SIZE_BYTES as usize,
-        )
+        frame::encode(BODY_MAGIC, super::FORMAT_VERSION, self, BLOCK_BYTES)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
@@ -252,7 +242,7 @@ mod tests {
             Vec::<VolumeImage>::new(),
             vec![0u64, 7, 40],
         );
-        let bytes = frame::encode(BODY_MAGIC, 2, &old, BLOCK_SIZE_BYTES as usize);
+        let bytes = frame::encode(BODY_MAGIC, 2, &old, BLOCK_BYTES);
         let body = Body::decode(&bytes).unwrap();
         assert_eq!(body.checkpoint_sequence, 5);
         assert_eq!(body.covered_batch_sequence, 40);
@@ -281,7 +271,7 @@ mod tests {
             vec![0u64, 41],
             policies.clone(),
         );
-        let bytes = frame::encode(BODY_MAGIC, 3, &old, BLOCK_SIZE_BYTES as usize);
+        let bytes = frame::encode(BODY_MAGIC, 3, &old, BLOCK_BYTES);
         let body = Body::decode(&bytes).unwrap();
         assert_eq!(body.checkpoint_sequence, 6);
         assert_eq!(body.segment_last_batch_sequences, vec![0, 41]);

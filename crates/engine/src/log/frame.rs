@@ -55,18 +55,20 @@ pub fn peek_header(magic: u64, bytes: &[u8]) -> Result<(u32, usize), FrameError>
     if bytes.len() < FRAME_HEADER_BYTES {
         return Err(FrameError::PayloadTooLong(bytes.len() as u64));
     }
-    let field = |range: std::ops::Range<usize>| -> u64 {
-        let mut raw = [0u8; 8];
-        raw[..range.len()].copy_from_slice(&bytes[range]);
-        u64::from_le_bytes(raw)
+    let field = |start: usize| -> u32 {
+        u32::from_le_bytes(bytes[start..start + 4].try_into().expect("four bytes"))
     };
-    if field(0..8) != magic {
+    let stored_magic = u64::from_le_bytes(bytes[0..8].try_into().expect("eight bytes"));
+    if stored_magic != magic {
         return Err(FrameError::WrongMagic);
     }
-    if field(20..24) as u32 != crc32c::crc32c(&bytes[..20]) {
+    if field(20) != crc32c::crc32c(&bytes[..20]) {
         return Err(FrameError::HeaderChecksum);
     }
-    Ok((field(8..12) as u32, field(12..16) as usize))
+    let length = field(12);
+    let length =
+        usize::try_from(length).map_err(|_| FrameError::PayloadTooLong(u64::from(length)))?;
+    Ok((field(8), length))
 }
 
 /// Decodes a frame, checking magic, header checksum, version, length and payload

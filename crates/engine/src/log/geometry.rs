@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::BLOCK_SIZE_BYTES;
+use crate::convert::segment_index;
 
 /// Device block of the superblock.
 pub const SUPERBLOCK_BLOCK: u64 = 0;
@@ -246,7 +247,7 @@ impl Geometry {
                 index
             }
         };
-        index as u32
+        segment_index(index)
     }
 
     pub fn segment_size_bytes(&self) -> u64 {

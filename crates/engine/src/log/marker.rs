@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::frame::{self, FrameError};
-use crate::BLOCK_SIZE_BYTES;
+use crate::BLOCK_BYTES;
 
 /// "LAMINAFM" in ASCII, read as a little-endian u64.
 pub const MARKER_MAGIC: u64 = u64::from_le_bytes(*b"LAMINAFM");
@@ -29,12 +29,7 @@ pub struct FlushMarkerRecord {
 
 impl FlushMarkerRecord {
     pub fn encode(&self) -> Vec<u8> {
-        frame::encode(
-            MARKER_MAGIC,
-            super::FORMAT_VERSION,
-            self,
-            BLOCK_SIZE_BYTES as usize,
-        )
+        frame::encode(MARKER_MAGIC, super::FORMAT_VERSION, self, BLOCK_BYTES)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {

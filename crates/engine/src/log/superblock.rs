@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::frame;
 use super::geometry::{Geometry, GeometryVersion2};
-use crate::BLOCK_SIZE_BYTES;
+use crate::BLOCK_BYTES;
 
 /// "LAMINASB" in ASCII, read as a little-endian u64.
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"LAMINASB");
@@ -19,12 +19,7 @@ pub struct Superblock {
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
-        frame::encode(
-            SUPERBLOCK_MAGIC,
-            super::FORMAT_VERSION,
-            self,
-            BLOCK_SIZE_BYTES as usize,
-        )
+        frame::encode(SUPERBLOCK_MAGIC, super::FORMAT_VERSION, self, BLOCK_BYTES)
     }
 
     /// The superblock and the format version it was written with.

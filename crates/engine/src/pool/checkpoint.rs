@@ -12,7 +12,7 @@ use lamina_device::AlignedBuffer;
 
 use super::inner::Pool;
 use super::space::{DurableCheckpoint, SegmentState};
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::checkpoint::{
     Body, ChunkImage, CountersImage, HeadImage, MapImage, PlacementImage, Slot, SnapshotImage,
@@ -21,6 +21,7 @@ use crate::log::checkpoint::{
 use crate::log::geometry::CHECKPOINT_SLOT_BLOCKS;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
 use crate::volume::{TierPolicy, VolumeTable};
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// A volume's maps, copied under the state lock (cheap: chunks are shared) and
 /// encoded outside it.
@@ -100,14 +101,18 @@ impl ChunkTable {
             };
             let base_checksum = if base_physical == 0 { 0 } else { base_checksum };
             if (physical, checksum) != (base_physical, base_checksum) {
-                chunk_image.entries.push(entry as u16);
+                chunk_image.entries.push(
+                    u16::try_from(entry).expect("entry indexes are below CHUNK_ENTRY_COUNT (512)"),
+                );
                 chunk_image.physical_blocks.push(physical);
                 chunk_image.checksums.push(checksum);
             }
         }
         self.chunks.push(chunk_image);
         self.held.push(chunk.clone());
-        let reference = (self.chunks.len() - 1) as u32;
+        let reference = u32::try_from(self.chunks.len() - 1).expect(
+            "a checkpoint holds fewer than 2^32 distinct chunks (the format's reference width)",
+        );
         self.by_identity.insert(Arc::as_ptr(chunk), reference);
         reference
     }
@@ -334,8 +339,7 @@ impl Pool {
         self.inner.device.flush().await?;
         let mut state = self.inner.lock();
         // Device bytes, as written: each body piece padded to whole blocks, and the slot.
-        let body_bytes =
-            encoded.len().div_ceil(BLOCK_SIZE_BYTES as usize) as u64 * BLOCK_SIZE_BYTES;
+        let body_bytes = encoded.len().div_ceil(BLOCK_BYTES) as u64 * BLOCK_SIZE_BYTES;
         state
             .counters_mut()
             .checkpoint_written(body_bytes + BLOCK_SIZE_BYTES);
@@ -360,7 +364,7 @@ impl Pool {
         target: CheckpointTarget,
         body_bytes: usize,
     ) -> Result<Vec<u32>, EngineError> {
-        let segment_bytes = self.inner.geometry.segment_size_bytes() as usize;
+        let segment_bytes = to_usize(self.inner.geometry.segment_size_bytes());
         let needed = body_bytes.div_ceil(segment_bytes);
         let mut state = self.inner.lock();
         let body_segments = state
@@ -396,7 +400,7 @@ impl Pool {
     /// checkpoint is skipped with `DeviceFull`.
     async fn write_body(&self, encoded: &[u8], body_segments: &[u32]) -> Result<(), EngineError> {
         let geometry = self.inner.geometry;
-        let segment_bytes = geometry.segment_size_bytes() as usize;
+        let segment_bytes = to_usize(geometry.segment_size_bytes());
         let device = &self.inner.device;
         for (piece, segment_index) in encoded.chunks(segment_bytes).zip(body_segments) {
             let offset = geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES;
@@ -441,7 +445,7 @@ impl Pool {
         // all still this checkpoint's.
         let segment_bytes = self.inner.geometry.segment_size_bytes();
         assert_eq!(
-            slot.body_bytes.div_ceil(segment_bytes) as usize,
+            to_usize(slot.body_bytes.div_ceil(segment_bytes)),
             slot.body_segments.len()
         );
         {

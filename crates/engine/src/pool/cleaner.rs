@@ -36,10 +36,11 @@ use super::space::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState};
 use super::state::{Relocation, State};
 use super::stream::Stream;
 use super::writer::InFlightBatch;
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::{block_in_segment, to_usize};
 use crate::error::{EngineError, IoError};
 use crate::log::chain;
 use crate::log::geometry::Tier;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Free and dead capacity segments beyond the demotions' reserve under which
 /// the cleaner cleans a capacity victim before demoting more.
@@ -87,7 +88,7 @@ struct VictimContents {
 impl VictimContents {
     /// The block that starts `offset` bytes into the segment.
     fn block_at(&self, offset: usize) -> &[u8] {
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         assert!(
             offset.is_multiple_of(block),
             "victim block offset {offset} is not block-aligned"
@@ -108,7 +109,7 @@ impl chain::SegmentBlocks for VictimBlocks<'_> {
         first_block_in_segment: u32,
         block_count: u32,
     ) -> Result<Vec<u8>, Self::Error> {
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let mut bytes = Vec::with_capacity(block_count as usize * block);
         for index in 0..block_count {
             let offset = (first_block_in_segment + index) as usize * block;
@@ -321,10 +322,12 @@ impl Pool {
         let geometry = self.inner.geometry;
         let limits = &self.inner.limits;
         let offset = geometry.segment_first_block(segment_index) * BLOCK_SIZE_BYTES;
-        let length_bytes = geometry.segment_size_bytes() as usize;
-        let block = BLOCK_SIZE_BYTES as usize;
+        let length_bytes = to_usize(geometry.segment_size_bytes());
+        let block = BLOCK_BYTES;
         let piece_bytes_max = match geometry.tier_of_segment(segment_index) {
-            Tier::Flash => limits.cleaner_read_bytes_max as usize,
+            // A limit past the address space reads whole segments, as
+            // any limit above the segment size does.
+            Tier::Flash => usize::try_from(limits.cleaner_read_bytes_max).unwrap_or(usize::MAX),
             Tier::Capacity => length_bytes,
         };
         // At least one block: `PoolLimits::validate` refuses less.
@@ -416,7 +419,7 @@ impl Pool {
     /// Walks the batch chain of a victim read into memory, counting the
     /// summaries that had to be read from their copies.
     async fn walk_victim(&self, segment_index: u32, contents: &VictimContents) -> chain::Chain {
-        let segment_size_blocks = self.inner.geometry.segment_size_blocks as u32;
+        let segment_size_blocks = block_in_segment(self.inner.geometry.segment_size_blocks);
         let chain =
             match chain::walk(&mut VictimBlocks(contents), segment_size_blocks, 0, None).await {
                 Ok(chain) => chain,
@@ -441,7 +444,7 @@ impl Pool {
     fn list_candidates(&self, segment_index: u32, chain: &chain::Chain) -> Vec<Candidate> {
         let geometry = self.inner.geometry;
         let first_block = geometry.segment_first_block(segment_index);
-        let segment_size_blocks = geometry.segment_size_blocks as u32;
+        let segment_size_blocks = block_in_segment(geometry.segment_size_blocks);
         let destination = match geometry.tier_of_segment(segment_index) {
             Tier::Flash => Stream::Cleaner,
             Tier::Capacity => Stream::Capacity,
@@ -454,7 +457,7 @@ impl Pool {
                 .iter()
                 .filter_map(|record| record.data_target());
             for (data_index, (volume_id, logical_block)) in targets.enumerate() {
-                let block_in_segment = batch.data_block_in_segment(data_index as u32);
+                let block_in_segment = batch.data_block_in_segment(block_in_segment(data_index));
                 assert!(
                     block_in_segment < segment_size_blocks,
                     "segment {segment_index}: data block {block_in_segment} beyond the segment"
@@ -463,7 +466,7 @@ impl Pool {
                     volume_id,
                     logical_block,
                     physical_block: first_block + u64::from(block_in_segment),
-                    data_offset_bytes: block_in_segment as usize * BLOCK_SIZE_BYTES as usize,
+                    data_offset_bytes: block_in_segment as usize * BLOCK_BYTES,
                     destination,
                 });
             }
@@ -609,7 +612,7 @@ impl Pool {
         // Each round either frees what earlier rounds emptied or empties a
         // victim (which gains at least 3% of a segment), so a pool with little
         // slack may need many rounds; they stop when neither happens.
-        let rounds_max = RECLAIM_ROUNDS_MAX.max(self.inner.geometry.segment_count as usize);
+        let rounds_max = RECLAIM_ROUNDS_MAX.max(to_usize(self.inner.geometry.segment_count));
         let mut progress = ReclaimProgress {
             last_pass_emptied: true,
             fruitless_round: false,
@@ -680,7 +683,8 @@ impl Pool {
         }
         let below_watermark = |state: &State| {
             let low_watermark = state.space().reserve_for(Allocation::Client)
-                + (state.geometry().flash_segment_count as usize / 10).max(CLEAN_PASS_SEGMENTS_MAX);
+                + (to_usize(state.geometry().flash_segment_count) / 10)
+                    .max(CLEAN_PASS_SEGMENTS_MAX);
             state.space().free_flash_segment_count() < low_watermark
         };
         {

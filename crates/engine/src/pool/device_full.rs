@@ -25,6 +25,8 @@ use lamina_device::DeviceError;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::convert::milliseconds_saturating;
+
 /// The first wait before a batch write that found the device full is retried;
 /// each later wait doubles, up to `device_full_retry_interval_ms`.
 /// The first wait before a batch write that found the device full is tried
@@ -124,7 +126,7 @@ impl DeviceFull {
         if condition.waiting_batch_count == 0 {
             if written {
                 tracing::info!(
-                    full_for_ms = condition.since.elapsed().as_millis() as u64,
+                    full_for_ms = milliseconds_saturating(condition.since.elapsed()),
                     "space returned under the pool: waiting batch writes completed"
                 );
             }

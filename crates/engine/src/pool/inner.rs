@@ -28,10 +28,11 @@ use super::integrity::Integrity;
 use super::limits::PoolLimits;
 use super::state::State;
 use super::writer::InFlightBatch;
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::milliseconds_saturating;
 use crate::error::{EngineError, IoError};
 use crate::log::geometry::Geometry;
 use crate::tier::memory_cache::MemoryCache;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Number of striped locks serialising read-modify-write of partial blocks.
 pub(super) const RMW_LOCK_COUNT: usize = 1024;
@@ -98,12 +99,7 @@ impl Pool {
                 let result = write_batch(&inner, &batch).await;
                 if result.is_ok() {
                     // Recently written blocks are the likeliest to be read soon.
-                    for (index, block) in batch
-                        .buffer
-                        .chunks(BLOCK_SIZE_BYTES as usize)
-                        .enumerate()
-                        .skip(1)
-                    {
+                    for (index, block) in batch.buffer.chunks(BLOCK_BYTES).enumerate().skip(1) {
                         inner
                             .cache
                             .insert(batch.summary_block + index as u64, block);
@@ -202,7 +198,7 @@ impl Pool {
             if waited >= wait_max {
                 return Err(EngineError::Io(IoError::DeviceFull {
                     device: self.inner.device.name().to_string(),
-                    waited_ms: waited.as_millis() as u64,
+                    waited_ms: milliseconds_saturating(waited),
                 }));
             }
             // Progress wakes this early; the deadline ends the wait otherwise.

@@ -19,7 +19,7 @@ use super::inner::Pool;
 use super::space::{Allocation, SpaceAllocator};
 use super::state::{ReadParts, Relocation};
 use super::stream::Stream;
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::to_usize;
 use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
 use crate::log::geometry::Tier;
@@ -27,6 +27,7 @@ use crate::tier::heat::VolumeTierCounters;
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::map::{BlockMap, Mapping};
 use crate::volume::{TierPolicy, View, ViewRef, VolumeTable};
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Times a read starts again because a block it was reading moved and its old
 /// place was rewritten meanwhile (each retry reads the block's new home).
@@ -39,8 +40,6 @@ const PROMOTION_NEIGHBOUR_BLOCKS_MAX: u64 = 15;
 /// Free flash segments beyond the clients' reserve that promotions leave to
 /// client writes: a promotion never pushes a writer into reclaiming.
 pub(super) const PROMOTION_HEADROOM_SEGMENT_COUNT: usize = 2;
-
-const BLOCK_BYTES: usize = BLOCK_SIZE_BYTES as usize;
 
 /// One run of [`Pool::extents`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,9 +98,9 @@ impl BlockSpan {
             "block {logical_block} is outside the request of {request_length} bytes at {offset}"
         );
         let span = Self {
-            within_block: (start - block_start) as usize,
-            within_request: (start - offset) as usize,
-            length: (end - start) as usize,
+            within_block: to_usize(start - block_start),
+            within_request: to_usize(start - offset),
+            length: to_usize(end - start),
         };
         assert!(span.within_block + span.length <= BLOCK_BYTES);
         assert!(span.within_request + span.length <= request_length);
@@ -552,7 +551,7 @@ impl Pool {
         let spans = neighbour_spans(neighbours);
         let reads = spans.iter().map(|span| {
             let first = span[0].physical_block;
-            let span_blocks = (span[span.len() - 1].physical_block - first + 1) as usize;
+            let span_blocks = to_usize(span[span.len() - 1].physical_block - first + 1);
             self.inner
                 .device
                 .read(first * BLOCK_SIZE_BYTES, span_blocks * BLOCK_BYTES)
@@ -562,7 +561,7 @@ impl Pool {
             let Ok(data) = result else { continue };
             let first = span[0].physical_block;
             for block in span.iter() {
-                let position = (block.physical_block - first) as usize;
+                let position = to_usize(block.physical_block - first);
                 assert!(
                     (position + 1) * BLOCK_BYTES <= data.len(),
                     "a neighbour lies inside its span's read"

@@ -19,7 +19,7 @@ use super::integrity::RecoveryFindings;
 use super::limits::{PoolLimits, PoolOptions};
 use super::space::{self, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::{block_in_segment, segment_index, to_usize};
 use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::chain;
@@ -33,6 +33,7 @@ use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
 use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
 use crate::volume::VolumeTable;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Sequence numbers skipped after a recovery, so that new batches and segments
 /// can never share a sequence with a stale, unreachable one left by the crash.
@@ -244,7 +245,7 @@ fn check_tier_sizes(device_name: &str, geometry: &Geometry) -> Result<(), Engine
     let flash_needed = space::RECORD_RESERVE_SEGMENT_COUNT
         + space::cleaner_reserve_segment_count(geometry)
         + FLASH_WORKING_SEGMENT_COUNT_MIN;
-    if (geometry.flash_segment_count as usize) < flash_needed {
+    if to_usize(geometry.flash_segment_count) < flash_needed {
         return Err(EngineError::Create(CreateError::DeviceTooSmall {
             device: format!("{device_name} (flash tier)"),
             size_bytes: geometry.flash_region_bytes(),
@@ -255,7 +256,7 @@ fn check_tier_sizes(device_name: &str, geometry: &Geometry) -> Result<(), Engine
     let capacity_needed = space::checkpoint_reserve_segment_count(geometry)
         + space::CAPACITY_RESERVE_SEGMENT_COUNT
         + CAPACITY_WORKING_SEGMENT_COUNT_MIN;
-    if (geometry.capacity_segment_count() as usize) < capacity_needed {
+    if to_usize(geometry.capacity_segment_count()) < capacity_needed {
         return Err(EngineError::Create(CreateError::DeviceTooSmall {
             device: format!(
                 "{device_name} (capacity tier, which holds the checkpoints of both tiers)"
@@ -287,7 +288,7 @@ async fn check_device_starts_empty(
     let size_bytes = device.size_bytes();
     for start in device_starts.iter().copied() {
         let length = EMPTY_CHECK_BYTES.min(size_bytes - start);
-        let head = device.read(start, length as usize).await?;
+        let head = device.read(start, to_usize(length)).await?;
         if let Some(position) = head.iter().position(|byte| *byte != 0) {
             return Err(EngineError::Create(CreateError::DeviceNotEmpty {
                 device: device.name().to_string(),
@@ -318,7 +319,7 @@ async fn write_new_pool(
     }
     // The flush markers' blocks are written now, so that a pool file on a
     // file system that later runs full never needs space for them.
-    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize;
+    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_BYTES;
     device
         .write(
             FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
@@ -328,10 +329,7 @@ async fn write_new_pool(
     // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
     for slot_block in CHECKPOINT_SLOT_BLOCKS {
         device
-            .write(
-                slot_block * BLOCK_SIZE_BYTES,
-                aligned(&[0u8; BLOCK_SIZE_BYTES as usize]),
-            )
+            .write(slot_block * BLOCK_SIZE_BYTES, aligned(&[0u8; BLOCK_BYTES]))
             .await?;
     }
     device.flush().await?;
@@ -393,11 +391,11 @@ async fn read_flush_marker(
     let marker_bytes = device
         .read(
             FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
-            FLUSH_MARKER_BLOCKS.len() * BLOCK_SIZE_BYTES as usize,
+            FLUSH_MARKER_BLOCKS.len() * BLOCK_BYTES,
         )
         .await?;
     Ok(FlushMarkerRecord::newest(
-        marker_bytes.chunks(BLOCK_SIZE_BYTES as usize),
+        marker_bytes.chunks(BLOCK_BYTES),
         superblock.pool_identifier,
     ))
 }
@@ -474,7 +472,7 @@ async fn read_slots(
         let bytes = device
             .read(
                 slot_block * BLOCK_SIZE_BYTES,
-                (CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES) as usize,
+                to_usize(CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES),
             )
             .await?;
         match Slot::decode(&bytes) {
@@ -726,7 +724,7 @@ async fn check_capacity_label(
     name: &str,
 ) -> Result<FoundLabel, EngineError> {
     let start_block = superblock.geometry.capacity_start_block;
-    let block = BLOCK_SIZE_BYTES as usize;
+    let block = BLOCK_BYTES;
     let label_offset = start_block * BLOCK_SIZE_BYTES;
     let label = device.read(label_offset, block).await?;
     let copy_offset = (start_block + SUPERBLOCK_COPY_BLOCK) * BLOCK_SIZE_BYTES;
@@ -770,7 +768,7 @@ async fn read_superblock(
     device: &dyn BlockDevice,
     name: &str,
 ) -> Result<FoundSuperblock, EngineError> {
-    let block = BLOCK_SIZE_BYTES as usize;
+    let block = BLOCK_BYTES;
     let primary_bytes = device
         .read(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, block)
         .await?;
@@ -920,9 +918,7 @@ async fn read_unflushed_data(
         return Ok(None);
     }
     let offset = (batch.summary_block + 1) * BLOCK_SIZE_BYTES;
-    let data = device
-        .read(offset, data_count * BLOCK_SIZE_BYTES as usize)
-        .await?;
+    let data = device.read(offset, data_count * BLOCK_BYTES).await?;
     Ok(Some(data))
 }
 
@@ -938,8 +934,8 @@ fn replay_records(state: &mut State, replayed: &BatchToReplay, outcome: &mut Rep
         };
         let physical_block = summary_block + 1 + data_index;
         let intact = replayed.checked_data.as_ref().is_none_or(|data| {
-            let start = (data_index * BLOCK_SIZE_BYTES) as usize;
-            block_checksum(&data[start..start + BLOCK_SIZE_BYTES as usize]) == checksum
+            let start = to_usize(data_index * BLOCK_SIZE_BYTES);
+            block_checksum(&data[start..start + BLOCK_BYTES]) == checksum
         });
         data_index += 1;
         if !intact && !replayed.flushed {
@@ -1101,18 +1097,22 @@ async fn read_body(
     {
         return Err("slot names an impossible set of segments".to_string());
     }
-    let mut bytes = Vec::with_capacity(slot.body_bytes as usize);
+    // The slot is read from the device: a length past the address space is
+    // corrupt, not a reason to panic.
+    let body_bytes = usize::try_from(slot.body_bytes)
+        .map_err(|_| format!("body of {} bytes does not fit in memory", slot.body_bytes))?;
+    let mut bytes = Vec::with_capacity(body_bytes);
     for segment_index in &slot.body_segments {
         let remaining = slot.body_bytes - bytes.len() as u64;
         let piece = remaining.min(segment_bytes);
         let data = device
             .read(
                 geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES,
-                piece.next_multiple_of(BLOCK_SIZE_BYTES) as usize,
+                to_usize(piece.next_multiple_of(BLOCK_SIZE_BYTES)),
             )
             .await
             .map_err(|error| error.to_string())?;
-        bytes.extend_from_slice(&data[..piece as usize]);
+        bytes.extend_from_slice(&data[..to_usize(piece)]);
     }
     if crc32c::crc32c(&bytes) != slot.body_checksum {
         return Err("body checksum does not match the slot".to_string());
@@ -1145,7 +1145,7 @@ impl chain::SegmentBlocks for DeviceSegment<'_> {
         let offset = (self.first_block + u64::from(first_block_in_segment)) * BLOCK_SIZE_BYTES;
         let bytes = self
             .device
-            .read(offset, block_count as usize * BLOCK_SIZE_BYTES as usize)
+            .read(offset, block_count as usize * BLOCK_BYTES)
             .await?;
         Ok(bytes.to_vec())
     }
@@ -1207,9 +1207,9 @@ async fn walk_starts(
     held: &HashSet<u32>,
     body: &Body,
 ) -> Result<Vec<WalkStart>, EngineError> {
-    let segment_size_blocks = geometry.segment_size_blocks as u32;
+    let segment_size_blocks = block_in_segment(geometry.segment_size_blocks);
     let mut starts: Vec<WalkStart> = Vec::new();
-    let candidates: Vec<u32> = (0..geometry.segment_count as u32)
+    let candidates: Vec<u32> = (0..segment_index(geometry.segment_count))
         .filter(|index| !held.contains(index))
         .collect();
     for group in candidates.chunks(SCAN_CONCURRENCY_MAX) {
@@ -1266,7 +1266,7 @@ async fn walk_segments(
     geometry: &Geometry,
     starts: &[WalkStart],
 ) -> Result<ScannedLog, EngineError> {
-    let segment_size_blocks = geometry.segment_size_blocks as u32;
+    let segment_size_blocks = block_in_segment(geometry.segment_size_blocks);
     let walks = starts.iter().map(|start| async move {
         let mut source = DeviceSegment {
             device,

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 
 use crate::BLOCK_SIZE_BYTES;
+use crate::convert::{segment_index, to_usize};
 use crate::log::batch::BATCH_OVERHEAD_BLOCKS;
 use crate::log::geometry::{Geometry, Tier};
 
@@ -167,7 +168,7 @@ pub struct SpaceAllocator {
 /// little more: 2% of flash, at least 2 segments.
 pub fn cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
     if geometry.has_capacity_tier() {
-        return (geometry.flash_segment_count as usize / 50).max(2);
+        return (to_usize(geometry.flash_segment_count) / 50).max(2);
     }
     one_tier_cleaner_reserve_segment_count(geometry)
 }
@@ -418,11 +419,6 @@ impl SpaceAllocator {
     }
 }
 
-/// A segment index from a count or position that the geometry bounds.
-fn segment_index(value: u64) -> u32 {
-    u32::try_from(value).expect("segment indexes fit in 32 bits (Geometry checks)")
-}
-
 impl SpaceAllocator {
     /// Free segments that `allocation` must leave untouched.
     pub fn reserve_for(&self, allocation: Allocation) -> usize {
@@ -454,7 +450,7 @@ impl SpaceAllocator {
     /// restarts. See [`SpaceAllocator::cleaner_restart_reserve`].
     pub fn cleaner_must_restart(&self, relocation_head_has_room: bool) -> bool {
         !relocation_head_has_room
-            && !self.segments[..self.geometry.flash_segment_count as usize]
+            && !self.segments[..to_usize(self.geometry.flash_segment_count)]
                 .iter()
                 .any(|segment| matches!(segment.state, SegmentState::Dead { .. }))
     }
@@ -799,7 +795,7 @@ impl SpaceAllocator {
             .last()
             .map_or(0, |checkpoint| checkpoint.covered_batch_sequence);
         let mut counts = DeadSegmentCounts::default();
-        for segment in &self.segments[..self.geometry.flash_segment_count as usize] {
+        for segment in &self.segments[..to_usize(self.geometry.flash_segment_count)] {
             if matches!(segment.state, SegmentState::Dead { died_at } if died_at <= sealed_through)
             {
                 if !self.dead_segment_waits_for_checkpoints(segment) {

@@ -34,7 +34,7 @@ pub(crate) fn flash_free_target_segment_count(state: &State, free_percent: u8) -
         free_percent <= TIER_FLASH_FREE_PERCENT_MAX,
         "PoolLimits::validate refuses more"
     );
-    let flash_segments = state.geometry().flash_segment_count as usize;
+    let flash_segments = crate::convert::to_usize(state.geometry().flash_segment_count);
     let share = flash_segments * usize::from(free_percent) / 100;
     share.max(
         state.space().reserve_for(Allocation::Client) + super::PROMOTION_HEADROOM_SEGMENT_COUNT + 2,

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use super::inner::{Pool, RMW_LOCK_COUNT};
 use super::read::{BlockSpan, check_range};
 use super::writer::InFlightBatch;
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record};
 use crate::volume::View;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Blocks a write appends per hold of the state lock: one batch, so that a
 /// long write lets reads and other writers in between.
@@ -22,8 +23,6 @@ const APPEND_PER_LOCK_HOLD_BLOCKS_MAX: u64 = BATCH_DATA_BLOCKS_MAX as u64;
 
 /// Blocks of zeros per write when zeroing without punching a hole: one batch.
 const ZEROES_PER_WRITE_BLOCKS_MAX: u64 = BATCH_DATA_BLOCKS_MAX as u64;
-
-const BLOCK_BYTES: usize = BLOCK_SIZE_BYTES as usize;
 
 /// A client write: `data` at byte `offset` of volume `volume_id`.
 #[derive(Clone, Copy)]
@@ -81,7 +80,7 @@ impl WriteRequest<'_> {
                 && block_start + BLOCK_SIZE_BYTES <= self.offset + self.data.len() as u64,
             "block {logical_block} is not merged, so the write covers all of it"
         );
-        let start = (block_start - self.offset) as usize;
+        let start = to_usize(block_start - self.offset);
         &self.data[start..start + BLOCK_BYTES]
     }
 }
@@ -89,7 +88,7 @@ impl WriteRequest<'_> {
 /// Which striped lock serialises read-modify-write of `logical_block`.
 fn rmw_lock_index(volume_id: u32, logical_block: u64) -> usize {
     let mixed = (u64::from(volume_id) << 48) ^ logical_block.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (mixed % RMW_LOCK_COUNT as u64) as usize
+    to_usize(mixed % RMW_LOCK_COUNT as u64)
 }
 
 impl Pool {
@@ -244,7 +243,7 @@ impl Pool {
         let end = offset + length;
         let whole = offset.next_multiple_of(BLOCK_SIZE_BYTES)..end - end % BLOCK_SIZE_BYTES;
         if whole.is_empty() {
-            let zeros = vec![0u8; length as usize];
+            let zeros = vec![0u8; to_usize(length)];
             return self.write(volume_id, offset, &zeros, fua).await;
         }
         self.zero_edges(volume_id, offset..end, &whole).await?;
@@ -271,11 +270,11 @@ impl Pool {
     ) -> Result<(), EngineError> {
         assert!(range.start <= whole.start && whole.end <= range.end);
         if range.start < whole.start {
-            let zeros = vec![0u8; (whole.start - range.start) as usize];
+            let zeros = vec![0u8; to_usize(whole.start - range.start)];
             self.write(volume_id, range.start, &zeros, false).await?;
         }
         if whole.end < range.end {
-            let zeros = vec![0u8; (range.end - whole.end) as usize];
+            let zeros = vec![0u8; to_usize(range.end - whole.end)];
             self.write(volume_id, whole.end, &zeros, false).await?;
         }
         Ok(())
@@ -292,11 +291,11 @@ impl Pool {
                 && whole.end.is_multiple_of(BLOCK_SIZE_BYTES)
         );
         let chunk_bytes = ZEROES_PER_WRITE_BLOCKS_MAX * BLOCK_SIZE_BYTES;
-        let zeros = vec![0u8; chunk_bytes as usize];
+        let zeros = vec![0u8; to_usize(chunk_bytes)];
         let mut position = whole.start;
         while position < whole.end {
             let step = (whole.end - position).min(chunk_bytes);
-            self.write(volume_id, position, &zeros[..step as usize], false)
+            self.write(volume_id, position, &zeros[..to_usize(step)], false)
                 .await?;
             position += step;
         }
@@ -317,6 +316,7 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // test patterns: small indexes, wrapping bytes
 mod tests {
     use super::*;
 

@@ -11,13 +11,14 @@ use std::sync::Arc;
 
 use lamina_device::AlignedBuffer;
 
-use crate::BLOCK_SIZE_BYTES;
+use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
 };
 use crate::log::chain::BATCH_TAIL_BLOCKS_MAX;
 use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, SEGMENT_SIZE_BLOCKS_MIN};
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 use super::space::LogProgress;
 use super::stream::{OPEN_BATCH_COUNT, RELOCATION_STREAMS, STREAM_COUNT, Stream, lane_of};
@@ -152,9 +153,9 @@ impl InFlightBatch {
 impl OpenBatch {
     /// Appends `record` with its 4 KiB data block; returns the block's address.
     pub fn append_block(&mut self, record: Record, data: &[u8]) -> u64 {
-        assert_eq!(data.len(), BLOCK_SIZE_BYTES as usize);
+        assert_eq!(data.len(), BLOCK_BYTES);
         assert!(record.carries_data() && self.has_room_for(&record));
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let start = (1 + self.data_count) * block;
         self.buffer[start..start + block].copy_from_slice(data);
         let physical_block = self.summary_block + 1 + self.data_count as u64;
@@ -376,7 +377,7 @@ impl LogWriter {
             records: Vec::new(),
             record_bytes: 0,
             buffer: AlignedBuffer::zeroed(
-                (BATCH_OVERHEAD_BLOCKS as usize + data_capacity) * BLOCK_SIZE_BYTES as usize,
+                (BATCH_OVERHEAD_BLOCKS as usize + data_capacity) * BLOCK_BYTES,
             ),
             data_count: 0,
             data_capacity,
@@ -404,7 +405,7 @@ impl LogWriter {
         // The summary goes first and again last (format version 5), so that
         // one damaged sector never loses the batch's records (`log::chain`).
         let encoded = summary.encode();
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         let block_count = BATCH_OVERHEAD_BLOCKS as usize + batch.data_count;
         batch.buffer[..block].copy_from_slice(&encoded);
         batch.buffer[(block_count - 1) * block..block_count * block].copy_from_slice(&encoded);
@@ -456,12 +457,12 @@ impl LogWriter {
     /// Copies block `physical_block` from memory if it has not reached the device
     /// yet (open batch or in flight). Returns false when it must be read from disk.
     pub fn copy_unwritten_block(&self, physical_block: u64, destination: &mut [u8]) -> bool {
-        let block = BLOCK_SIZE_BYTES as usize;
+        let block = BLOCK_BYTES;
         for batch in self.open_batches.iter().flatten() {
             if physical_block > batch.summary_block
                 && physical_block <= batch.summary_block + batch.data_count as u64
             {
-                let start = (physical_block - batch.summary_block) as usize * block;
+                let start = to_usize(physical_block - batch.summary_block) * block;
                 destination.copy_from_slice(&batch.buffer[start..start + block]);
                 return true;
             }
@@ -469,7 +470,7 @@ impl LogWriter {
         if let Some((_, batch)) = self.in_flight.range(..=physical_block).next_back()
             && physical_block < batch.summary_block + batch.block_count()
         {
-            let start = (physical_block - batch.summary_block) as usize * block;
+            let start = to_usize(physical_block - batch.summary_block) * block;
             destination.copy_from_slice(&batch.buffer[start..start + block]);
             return true;
         }

@@ -21,6 +21,7 @@
 //! before promotion. Everything here is memory only: heat is a hint for where
 //! blocks go, never for what they contain, so a restart starts cold.
 
+use crate::convert::to_usize;
 use crate::volume::{CachePriority, Pin, TierPolicy};
 
 /// Cleanings a block survives without being accessed, at most, per priority.
@@ -115,7 +116,8 @@ impl Ghost {
         let bucket = (((hash >> 32) * bucket_count as u64) >> 32) as usize;
         let start = bucket * GHOST_BUCKET_ENTRIES;
         let end = (start + GHOST_BUCKET_ENTRIES).min(self.entries.len());
-        let fingerprint = (hash as u32 >> GHOST_READ_BITS).max(1);
+        let low_bits = u32::try_from(hash & u64::from(u32::MAX)).expect("masked to 32 bits");
+        let fingerprint = (low_bits >> GHOST_READ_BITS).max(1);
         (start..end, fingerprint)
     }
 
@@ -187,9 +189,9 @@ impl Heat {
     /// (4 bytes each).
     pub fn new(flash_data_block_count: u64, ghost_entries_max: usize) -> Self {
         Self {
-            counters: vec![0; flash_data_block_count as usize],
+            counters: vec![0; to_usize(flash_data_block_count)],
             ghost: Ghost::new(ghost_entries_max.min(
-                (flash_data_block_count as usize).saturating_mul(GHOST_ENTRIES_PERCENT_OF_FLASH)
+                to_usize(flash_data_block_count).saturating_mul(GHOST_ENTRIES_PERCENT_OF_FLASH)
                     / 100,
             )),
         }
@@ -197,12 +199,12 @@ impl Heat {
 
     /// The counter of flash block `flash_index`.
     pub fn counter(&self, flash_index: u64) -> u8 {
-        self.counters[flash_index as usize]
+        self.counters[to_usize(flash_index)]
     }
 
     /// A read or write hit a flash block.
     pub fn flash_accessed(&mut self, flash_index: u64, policy: TierPolicy) {
-        let counter = &mut self.counters[flash_index as usize];
+        let counter = &mut self.counters[to_usize(flash_index)];
         *counter = counter
             .saturating_add(access_increment(policy))
             .min(counter_max(policy));
@@ -212,7 +214,7 @@ impl Heat {
     /// heat of the flash block it replaces, if any), a relocation within flash
     /// (the counter it keeps) or a promotion.
     pub fn flash_written(&mut self, flash_index: u64, counter: u8, policy: TierPolicy) {
-        self.counters[flash_index as usize] = counter.min(counter_max(policy));
+        self.counters[to_usize(flash_index)] = counter.min(counter_max(policy));
     }
 
     /// The heat a rewrite of a block with `replaced_counter` starts with: a
@@ -227,7 +229,7 @@ impl Heat {
         if policy.pin == Pin::Flash {
             return true;
         }
-        let counter = &mut self.counters[flash_index as usize];
+        let counter = &mut self.counters[to_usize(flash_index)];
         *counter = (*counter).min(counter_max(policy));
         if *counter == 0 {
             return false;

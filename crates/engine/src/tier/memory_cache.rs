@@ -10,9 +10,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::BLOCK_SIZE_BYTES;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
-const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+const BLOCK: usize = BLOCK_BYTES;
 
 struct Slot {
     physical_block: u64,

@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::convert::to_usize;
+
 /// Entries per chunk.
 pub const CHUNK_ENTRY_COUNT: usize = 512;
 
@@ -50,7 +52,7 @@ pub struct BlockMap {
 fn split(logical_block: u64) -> (u64, usize) {
     (
         logical_block / CHUNK_ENTRY_COUNT as u64,
-        (logical_block % CHUNK_ENTRY_COUNT as u64) as usize,
+        to_usize(logical_block % CHUNK_ENTRY_COUNT as u64),
     )
 }
 
@@ -116,7 +118,7 @@ impl BlockMap {
             let from = logical_block.max(chunk_start) - chunk_start;
             let to = end.min(chunk_start + CHUNK_ENTRY_COUNT as u64) - chunk_start;
             let chunk = Arc::make_mut(chunks.get_mut(&chunk_index).expect("chunk listed above"));
-            for entry in from as usize..to as usize {
+            for entry in to_usize(from)..to_usize(to) {
                 let old = chunk.physical_blocks[entry];
                 if old != 0 {
                     displaced(chunk_start + entry as u64, old);
@@ -277,7 +279,9 @@ impl BlockMap {
         let mut chunk = Chunk::empty();
         chunk.physical_blocks.copy_from_slice(physical_blocks);
         chunk.checksums.copy_from_slice(checksums);
-        chunk.mapped_count = physical_blocks.iter().filter(|block| **block != 0).count() as u32;
+        let mapped_count = physical_blocks.iter().filter(|block| **block != 0).count();
+        chunk.mapped_count =
+            u32::try_from(mapped_count).expect("a chunk has CHUNK_ENTRY_COUNT (512) entries");
         if chunk.mapped_count > 0 {
             self.mapped_count += u64::from(chunk.mapped_count);
             let previous = Arc::make_mut(&mut self.chunks).insert(chunk_index, Arc::new(chunk));
@@ -290,6 +294,7 @@ impl BlockMap {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // test patterns: small indexes, wrapping bytes
 mod tests {
     use super::*;
 

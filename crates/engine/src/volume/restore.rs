@@ -224,11 +224,13 @@ fn restore_chunk(
         chunk.physical_blocks[*entry as usize] = *physical;
         chunk.checksums[*entry as usize] = *checksum;
     }
-    chunk.mapped_count = chunk
+    let mapped_count = chunk
         .physical_blocks
         .iter()
         .filter(|block| **block != 0)
-        .count() as u32;
+        .count();
+    chunk.mapped_count =
+        u32::try_from(mapped_count).expect("a chunk has CHUNK_ENTRY_COUNT (512) entries");
     Ok(chunk)
 }
 

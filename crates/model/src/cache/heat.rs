@@ -7,6 +7,7 @@ use lamina_engine::tier::heat::Heat;
 use lamina_engine::{Pin, TierPolicy};
 
 use super::policy::CachePolicy;
+use crate::convert::to_usize;
 
 /// "No key": a free or dead flash slot of [`HeatPolicy`].
 const NO_KEY: u64 = u64::MAX;
@@ -104,6 +105,10 @@ impl HeatPolicy {
         let segment_count = capacity_entries / segment_slots;
         assert!(segment_count > 0, "flash needs room for one segment");
         let slot_count = segment_count * segment_slots;
+        assert!(
+            u32::try_from(slot_count).is_ok(),
+            "slots are indexed in 32 bits: {slot_count} is too many"
+        );
         Self {
             heat: Heat::new(slot_count as u64, ghost_entries_max),
             tier_policy,
@@ -137,16 +142,19 @@ impl HeatPolicy {
     }
 
     fn free_slots(&self) -> usize {
-        self.slots.len() - (self.head_position - self.tail_position) as usize
+        self.slots.len() - to_usize(self.head_position - self.tail_position)
     }
 
     /// Writes `key` at the head of the log with `counter`; a slot must be free.
     fn append(&mut self, key: u64, counter: u8) {
         assert!(self.free_slots() > 0, "append to a full flash");
-        let slot = (self.head_position % self.slots.len() as u64) as usize;
+        let slot = to_usize(self.head_position % self.slots.len() as u64);
         self.head_position += 1;
         self.slots[slot] = key;
-        self.slot_of.insert(key, slot as u32);
+        self.slot_of.insert(
+            key,
+            u32::try_from(slot).expect("with_layout checks slots fit in 32 bits"),
+        );
         self.heat
             .flash_written(slot as u64, counter, self.tier_policy);
     }
@@ -160,7 +168,7 @@ impl HeatPolicy {
         );
         self.kept.clear();
         for position in self.tail_position..self.tail_position + self.segment_slots as u64 {
-            let slot = (position % self.slots.len() as u64) as usize;
+            let slot = to_usize(position % self.slots.len() as u64);
             let key = std::mem::replace(&mut self.slots[slot], NO_KEY);
             if key == NO_KEY {
                 continue;

@@ -65,7 +65,7 @@ impl<const LISTS: usize> KeyLists<LISTS> {
         let old_front = self.fronts[list];
         {
             let node = self.node_mut(index);
-            node.list = list as u8;
+            node.list = u8::try_from(list).expect("list indexes are below LISTS");
             node.previous = NO_NODE;
             node.next = old_front;
         }
@@ -102,7 +102,7 @@ impl<const LISTS: usize> KeyLists<LISTS> {
             key,
             previous: NO_NODE,
             next: NO_NODE,
-            list: list as u8,
+            list: u8::try_from(list).expect("list indexes are below LISTS"),
             counter,
         };
         let index = match self.free_nodes.pop() {
@@ -113,7 +113,7 @@ impl<const LISTS: usize> KeyLists<LISTS> {
             None => {
                 assert!(self.nodes.len() < NO_NODE as usize, "key list arena full");
                 self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
+                u32::try_from(self.nodes.len() - 1).expect("asserted below NO_NODE")
             }
         };
         let previous = self.node_of.insert(key, index);

@@ -90,6 +90,7 @@ pub fn simulate(
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test sizes
 mod tests {
     use super::*;
     use crate::zipf::{ScanPollutedZipfKeys, ZipfKeys};

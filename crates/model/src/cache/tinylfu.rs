@@ -4,6 +4,7 @@
 
 use super::key_lists::KeyLists;
 use super::policy::CachePolicy;
+use crate::convert::to_usize;
 
 /// A count-min sketch of recent access frequencies with 4-bit saturating counters
 /// (kept one per byte for simplicity) behind a doorkeeper, halved every
@@ -62,8 +63,8 @@ impl FrequencySketch {
     }
 
     fn slot(&self, key: u64, row: usize) -> usize {
-        row * (self.width_mask as usize + 1)
-            + (mix(key, SKETCH_SEEDS[row]) & self.width_mask) as usize
+        row * (to_usize(self.width_mask) + 1)
+            + to_usize(mix(key, SKETCH_SEEDS[row]) & self.width_mask)
     }
 
     fn doorkeeper_bits(&self, key: u64) -> [u64; 2] {

@@ -91,7 +91,7 @@ struct Outlook {
 
 impl Outlook {
     fn of(state: &State, limits: &PoolLimits) -> Outlook {
-        let flash_segment_count = state.geometry().flash_segment_count as usize;
+        let flash_segment_count = crate::convert::to_usize(state.geometry().flash_segment_count);
         let headroom =
             headroom_segment_count(limits.cleaner_headroom_segment_count, flash_segment_count);
         let reserve = state.space().reserve_for(Allocation::Client);

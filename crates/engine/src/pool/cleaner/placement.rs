@@ -34,6 +34,7 @@
 //! pools, whose flash is a FIFO), a relocated block goes one stream colder
 //! per cleaning it survives instead.
 
+use crate::convert::{saturating_u64, to_usize};
 use crate::log::checkpoint::PlacementImage;
 use crate::pool::stream::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
 
@@ -66,13 +67,17 @@ const INTERVAL_LEVELS_PER_DOUBLING: f64 = 8.0;
 /// 1 for 1 block, 255 from about 2^31.75 blocks (13 TiB) on; 0 means unknown.
 pub fn interval_level(blocks: u64) -> u8 {
     let level = 1.0 + (blocks.max(1) as f64).log2() * INTERVAL_LEVELS_PER_DOUBLING;
-    level.round().min(255.0) as u8
+    u8::try_from(saturating_u64(level.round())).unwrap_or(u8::MAX)
 }
 
 /// The interval, in client blocks written, that `level` (not 0) stands for.
 pub fn interval_of_level(level: u8) -> u64 {
     assert!(level > 0, "level 0 is an unknown interval");
-    (f64::from(level - 1) / INTERVAL_LEVELS_PER_DOUBLING).exp2() as u64
+    saturating_u64(
+        (f64::from(level - 1) / INTERVAL_LEVELS_PER_DOUBLING)
+            .exp2()
+            .floor(),
+    )
 }
 
 /// The interval level a rewritten block carries: the replaced data's age
@@ -85,7 +90,8 @@ pub fn rewrite_interval_level(previous_level: u8, replaced_data_age_blocks: u64)
         sample
     } else {
         // The mean of two levels is the geometric mean of the intervals.
-        (u16::from(previous_level) + u16::from(sample)).div_ceil(2) as u8
+        u8::try_from((u16::from(previous_level) + u16::from(sample)).div_ceil(2))
+            .expect("the mean of two u8 levels fits in a u8")
     }
 }
 
@@ -131,7 +137,8 @@ pub fn relocated_data_written_at_blocks(
     let count = u128::from(relocated_block_count);
     let mean = u128::from(data_written_at_blocks);
     let victim = u128::from(victim_data_written_at_blocks);
-    ((mean * count + victim) / (count + 1)) as u64
+    u64::try_from((mean * count + victim) / (count + 1))
+        .expect("a weighted mean of u64 values is at most their maximum")
 }
 
 /// Where a client write goes, and the interval level its new block carries.
@@ -377,7 +384,7 @@ impl Placement {
 
     fn interval_level_of(&self, physical_block: u64) -> u8 {
         self.interval_levels
-            .get(physical_block as usize)
+            .get(to_usize(physical_block))
             .copied()
             .unwrap_or(0)
     }
@@ -385,7 +392,7 @@ impl Placement {
     /// Records that `physical_block` now holds data rewritten every
     /// `interval_of_level(level)` client blocks or so.
     pub fn set_interval_level(&mut self, physical_block: u64, level: u8) {
-        let index = physical_block as usize;
+        let index = to_usize(physical_block);
         if self.interval_levels.len() <= index {
             self.interval_levels.resize(index + 1, 0);
         }
@@ -433,6 +440,7 @@ impl Placement {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // test patterns: small indexes, wrapping bytes
 mod tests {
     use super::*;
 
