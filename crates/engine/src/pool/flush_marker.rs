@@ -102,9 +102,15 @@ impl FlushMarker {
         let slot = FLUSH_MARKER_BLOCKS[(record.marker_sequence % 2) as usize];
         let device = device.clone();
         let write = tokio::spawn(async move {
-            let buffer = std::sync::Arc::new(lamina_device::AlignedBuffer::from_slice_padded(
-                &record.encode(),
-            ));
+            let encoded = record.encode();
+            // Paired check: recovery verifies the marker after reading it.
+            assert_eq!(
+                FlushMarkerRecord::decode(&encoded).ok(),
+                Some(record),
+                "a flush marker does not round-trip"
+            );
+            let buffer =
+                std::sync::Arc::new(lamina_device::AlignedBuffer::from_slice_padded(&encoded));
             if let Err(error) = device.write(slot * BLOCK_SIZE_BYTES, buffer).await {
                 // The marker only narrows what recovery must treat as possibly
                 // torn; without it recovery falls back to what the log says.

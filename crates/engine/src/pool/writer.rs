@@ -405,6 +405,14 @@ impl LogWriter {
         // The summary goes first and again last (format version 5), so that
         // one damaged sector never loses the batch's records (`log::chain`).
         let encoded = summary.encode();
+        // Paired check: the walk verifies a summary after reading it; here it
+        // is verified before it is written (one decode per batch, of at most
+        // one block, against a write of up to 130).
+        let decoded = Summary::decode(&encoded).expect("a summary just encoded decodes");
+        assert!(
+            decoded == summary,
+            "batch {sequence}: the summary does not round-trip"
+        );
         let block = BLOCK_BYTES;
         let block_count = BATCH_OVERHEAD_BLOCKS as usize + batch.data_count;
         batch.buffer[..block].copy_from_slice(&encoded);
