@@ -309,8 +309,8 @@ impl Pool {
                 covered_batch_sequence: state.writer().sealed_through(),
             },
             next_segment_sequence: state.writer().next_segment_sequence(),
-            next_volume_id: state.volumes().next_volume_id,
-            next_snapshot_id: state.volumes().next_snapshot_id,
+            next_volume_id: state.volumes().next_volume_id(),
+            next_snapshot_id: state.volumes().next_snapshot_id(),
             heads,
             volumes: copy_volumes(state.volumes()),
             segment_last_batch_sequences: state

@@ -203,7 +203,7 @@ impl Pool {
 
     /// Victims cleaned so far and their live blocks, per stream that wrote them.
     pub fn cleaner_victim_counts(&self) -> placement::VictimCounts {
-        self.inner.lock().placement().counts
+        self.inner.lock().placement().counts()
     }
 
     /// The placement hints a checkpoint would keep now (tests).

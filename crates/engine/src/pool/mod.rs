@@ -152,7 +152,7 @@ impl Pool {
             }
             Ok(Record::SnapshotCreate {
                 volume_id,
-                snapshot_id: state.volumes().next_snapshot_id,
+                snapshot_id: state.volumes().next_snapshot_id(),
                 name: snapshot.to_string(),
                 created_unix_seconds: crate::clock::now_unix_seconds(),
             })
@@ -249,7 +249,7 @@ impl Pool {
                 )));
             }
             Ok(Record::VolumeClone {
-                volume_id: state.volumes().next_volume_id,
+                volume_id: state.volumes().next_volume_id(),
                 name: new_volume.to_string(),
                 origin_volume_id,
                 origin_snapshot_id,
@@ -322,7 +322,7 @@ impl Pool {
                 )));
             }
             Ok(Record::VolumeCreate {
-                volume_id: state.volumes().next_volume_id,
+                volume_id: state.volumes().next_volume_id(),
                 name: name.to_string(),
                 size_bytes,
                 created_unix_seconds: crate::clock::now_unix_seconds(),

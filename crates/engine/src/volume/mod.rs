@@ -272,11 +272,21 @@ pub struct VolumeTable {
     by_name: BTreeMap<String, u32>,
     /// Clone volumes by the snapshot they came from.
     clones: BTreeMap<Origin, BTreeSet<u32>>,
-    pub next_volume_id: u32,
-    pub next_snapshot_id: u32,
+    next_volume_id: u32,
+    next_snapshot_id: u32,
 }
 
 impl VolumeTable {
+    /// The identifier the next new volume gets (identifiers are never reused).
+    pub fn next_volume_id(&self) -> u32 {
+        self.next_volume_id
+    }
+
+    /// The identifier the next new snapshot gets.
+    pub fn next_snapshot_id(&self) -> u32 {
+        self.next_snapshot_id
+    }
+
     /// An empty table; identifiers start at 1.
     pub fn new() -> Self {
         Self {

@@ -180,7 +180,7 @@ pub struct Placement {
     lifespan_samples_blocks: std::collections::VecDeque<u64>,
     /// Where the victim being cleaned sends its live blocks.
     relocation_stream: Stream,
-    pub counts: VictimCounts,
+    counts: VictimCounts,
 }
 
 impl Default for Placement {
@@ -190,6 +190,11 @@ impl Default for Placement {
 }
 
 impl Placement {
+    /// Victims cleaned so far and their live blocks, per stream that wrote them.
+    pub fn counts(&self) -> VictimCounts {
+        self.counts
+    }
+
     /// Placement that splits relocations by the age of their data when
     /// `relocations_by_age`, or by cleanings survived.
     pub fn new(relocations_by_age: bool) -> Self {
