@@ -62,7 +62,7 @@ const RELOCATION_CHUNK_BLOCKS: usize = 64;
 
 /// Segments emptied and waiting for a flush or checkpoints to be freed.
 fn dead_segment_count(state: &State) -> usize {
-    state.space().dead_segment_count(Tier::Flash) + state.space().dead_segment_count(Tier::Capacity)
+    state.space().all_dead_segment_count()
 }
 
 /// What [`Pool::segment_table`] returns.

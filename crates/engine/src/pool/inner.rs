@@ -137,6 +137,7 @@ impl Pool {
 /// partial one does no harm); any other error, or the pool shutting down, ends
 /// the attempts with that error.
 pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
+    batch.check_summary();
     let offset = batch.summary_block * BLOCK_SIZE_BYTES;
     let retry_interval_ms = inner.limits.device_full_retry_interval_ms;
     let mut delay_ms = DEVICE_FULL_FIRST_RETRY_DELAY_MS.min(retry_interval_ms);

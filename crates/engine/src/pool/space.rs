@@ -811,6 +811,14 @@ impl SpaceAllocator {
         counts
     }
 
+    /// Dead segments of both tiers, whatever frees them.
+    pub fn all_dead_segment_count(&self) -> usize {
+        self.segments
+            .iter()
+            .filter(|segment| matches!(segment.state, SegmentState::Dead { .. }))
+            .count()
+    }
+
     /// Dead segments of `tier`, whatever frees them.
     pub fn dead_segment_count(&self, tier: Tier) -> usize {
         self.segments_of(tier)

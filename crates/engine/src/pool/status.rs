@@ -138,8 +138,7 @@ impl SpaceFigures {
             free_segment_count,
             reserved_segment_count,
             used_percent,
-            dead_segment_count: (space.dead_segment_count(Tier::Flash)
-                + space.dead_segment_count(Tier::Capacity)) as u64,
+            dead_segment_count: space.all_dead_segment_count() as u64,
         }
     }
 
