@@ -135,6 +135,19 @@ impl BlockDevice for ConcatenatedDevice {
         let (first, second) = futures_join(self.first.flush(), self.second.flush()).await;
         first.and(second)
     }
+
+    async fn recover_block(
+        &self,
+        offset: u64,
+        is_valid: crate::BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        if offset < self.first_region_bytes {
+            self.first.recover_block(offset, is_valid).await
+        } else {
+            let offset = offset - self.first_region_bytes;
+            self.second.recover_block(offset, is_valid).await
+        }
+    }
 }
 
 /// Runs two futures concurrently (tokio's `join!` as a function).

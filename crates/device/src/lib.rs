@@ -63,7 +63,24 @@ pub trait BlockDevice: Send + Sync + 'static {
 
     /// Makes every write that completed before this call durable.
     async fn flush(&self) -> Result<(), DeviceError>;
+
+    /// The block at `offset` failed the caller's check (its checksum): rebuilds
+    /// it from the device's redundancy, returns the first candidate that passes
+    /// `is_valid`, and rewrites the damaged copy. `Ok(None)` when the device has
+    /// no redundancy (the default) or no candidate passes.
+    async fn recover_block(
+        &self,
+        offset: u64,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        let _ = (offset, is_valid);
+        Ok(None)
+    }
 }
+
+/// What the layer above knows a block must hold (its checksum): how a device
+/// with redundancy tells a good reconstruction from a bad one.
+pub type BlockCheck<'a> = &'a (dyn Fn(&[u8]) -> bool + Send + Sync);
 
 /// Checks an I/O request against the device's geometry. Misaligned requests are
 /// programmer errors in the layers above, so they panic; out-of-range requests are

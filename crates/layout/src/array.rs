@@ -1,0 +1,278 @@
+//! A tier's devices as one [`BlockDevice`]: the engine writes and reads the
+//! array like a single device, and the array stripes, mirrors, computes
+//! parity, reconstructs what a lost or failing member held, and repairs blocks
+//! that fail the engine's checksum (`recover_block`).
+//!
+//! The contract with the writer (the engine's log): a write into the striped
+//! region starts at a row boundary, and no later write touches the rest of
+//! its last row until the segment holding it is reused. The array pads that
+//! row with zeros and writes whole rows, so parity is never read, modified and
+//! written back: a row's parity is computed once, from data in memory.
+//!
+//! Reading, writing and recovering live in `read.rs`, `write.rs` and
+//! `recover.rs`; assembling an array from labelled devices in `assemble.rs`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lamina_device::{AlignedBuffer, BlockCheck, BlockDevice, DeviceError, DeviceErrorKind};
+use serde::Serialize;
+
+use crate::codec::ParityCodec;
+use crate::geometry::{ArrayGeometry, BLOCK_SIZE_BYTES, LABEL_BLOCK, LABEL_COPY_BLOCK};
+use crate::label::MemberLabel;
+use crate::member::{Member, MemberState, MemberStatus};
+
+/// The array's state, named the way zpool names a pool's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArrayState {
+    Online,
+    /// Members are lost, but no more than the parity covers.
+    Degraded,
+    /// More members lost than the parity covers: I/O fails.
+    Faulted,
+}
+
+impl ArrayState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Online => "online",
+            Self::Degraded => "degraded",
+            Self::Faulted => "faulted",
+        }
+    }
+}
+
+/// See the module documentation.
+pub struct RedundantArray {
+    pub(crate) name: String,
+    pub(crate) geometry: ArrayGeometry,
+    pub(crate) codec: ParityCodec,
+    pub(crate) members: Vec<Member>,
+    /// The label written to members, raised a generation whenever a member
+    /// leaves; guarded for the label writes in `flush`.
+    pub(crate) label: tokio::sync::Mutex<MemberLabel>,
+    /// A member left the array since the labels were last written.
+    pub(crate) labels_stale: AtomicBool,
+}
+
+impl RedundantArray {
+    pub(crate) fn new(geometry: ArrayGeometry, members: Vec<Member>, label: MemberLabel) -> Self {
+        assert_eq!(members.len(), geometry.member_count);
+        let name = format!(
+            "{} {} array of {} devices",
+            label.tier.name(),
+            geometry.redundancy,
+            geometry.member_count
+        );
+        let labels_stale = members.iter().any(|member| !member.state().is_usable());
+        Self {
+            name,
+            codec: ParityCodec::new(geometry.redundancy, geometry.member_count),
+            geometry,
+            members,
+            label: tokio::sync::Mutex::new(label),
+            labels_stale: AtomicBool::new(labels_stale),
+        }
+    }
+
+    pub fn geometry(&self) -> ArrayGeometry {
+        self.geometry
+    }
+
+    /// Blocks per row of data: the alignment of every write into the
+    /// striped region, which starts at block `prefix_blocks`.
+    pub fn row_data_blocks(&self) -> u64 {
+        self.geometry.row_data_blocks()
+    }
+
+    pub fn member_status(&self) -> Vec<MemberStatus> {
+        self.members.iter().map(Member::status).collect()
+    }
+
+    /// Members out of use (faulted or missing).
+    pub fn lost_member_count(&self) -> usize {
+        self.members
+            .iter()
+            .filter(|member| !member.state().is_usable())
+            .count()
+    }
+
+    pub fn state(&self) -> ArrayState {
+        match self.lost_member_count() {
+            0 => ArrayState::Online,
+            lost if lost <= self.geometry.parity_columns() => ArrayState::Degraded,
+            _ => ArrayState::Faulted,
+        }
+    }
+
+    /// Takes a member out by hand (`device fail`), as if it had failed.
+    pub fn fail_member(&self, index: usize) {
+        if self.members[index].fault("taken out by hand") {
+            self.labels_stale.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Records a failed member I/O: the member leaves the array.
+    pub(crate) fn member_failed(&self, index: usize, error: &DeviceError) {
+        if self.members[index].fault(&error.to_string()) {
+            self.labels_stale.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The error for I/O the remaining members cannot serve.
+    pub(crate) fn too_many_lost(&self, offset: u64, length: u64) -> DeviceError {
+        let lost: Vec<String> = self
+            .members
+            .iter()
+            .filter(|member| !member.state().is_usable())
+            .map(|member| format!("{} ({})", member.path(), member.state().name()))
+            .collect();
+        DeviceError::new(
+            DeviceErrorKind::Io(std::io::Error::other(format!(
+                "{} members lost, the parity covers {}: {}",
+                lost.len(),
+                self.geometry.parity_columns(),
+                lost.join(", ")
+            ))),
+            &self.name,
+            offset,
+            length,
+        )
+    }
+
+    /// Writes the label, one generation on, to every usable member and
+    /// flushes them, when a member left since the last time: a member that
+    /// missed writes never comes back as current.
+    async fn write_labels_if_stale(&self) -> Result<(), DeviceError> {
+        let mut label = self.label.lock().await;
+        if !self.labels_stale.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        label.generation += 1;
+        label.faulted_members = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, member)| !member.state().is_usable())
+            .map(|(index, _)| u32::try_from(index).expect("member indexes fit in u32"))
+            .collect();
+        let writes = self.members.iter().enumerate().map(|(index, member)| {
+            let mut own = label.clone();
+            own.member_index = u32::try_from(index).expect("member indexes fit in u32");
+            async move {
+                let device = member.usable_device()?;
+                Some((index, write_label(device.as_ref(), &own).await))
+            }
+        });
+        for (index, result) in futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            if let Err(error) = result {
+                self.member_failed(index, &error);
+            }
+        }
+        tracing::warn!(
+            array = %self.name,
+            generation = label.generation,
+            faulted = ?label.faulted_members,
+            "member labels rewritten"
+        );
+        self.check_tolerance(0, 0)
+    }
+
+    /// Ok while the lost members are within the parity.
+    pub(crate) fn check_tolerance(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
+        if self.lost_member_count() > self.geometry.parity_columns() {
+            return Err(self.too_many_lost(offset, length));
+        }
+        Ok(())
+    }
+}
+
+/// Writes `label` to its two places on `device` and flushes it.
+pub(crate) async fn write_label(
+    device: &dyn BlockDevice,
+    label: &MemberLabel,
+) -> Result<(), DeviceError> {
+    let block = Arc::new(AlignedBuffer::from_slice_padded(&label.encode()));
+    device
+        .write(LABEL_BLOCK * BLOCK_SIZE_BYTES, block.clone())
+        .await?;
+    device
+        .write(LABEL_COPY_BLOCK * BLOCK_SIZE_BYTES, block)
+        .await?;
+    device.flush().await
+}
+
+#[async_trait::async_trait]
+impl BlockDevice for RedundantArray {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.geometry.size_blocks() * BLOCK_SIZE_BYTES
+    }
+
+    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+        self.read_range(offset, length).await
+    }
+
+    async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, data.len() as u64)?;
+        self.write_range(offset, &data).await
+    }
+
+    async fn flush(&self) -> Result<(), DeviceError> {
+        let flushes = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(index, member)| async move {
+                let device = member.usable_device()?;
+                Some((index, device.flush().await))
+            });
+        for (index, result) in futures::future::join_all(flushes)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            if let Err(error) = result {
+                self.member_failed(index, &error);
+            }
+        }
+        self.check_tolerance(0, 0)?;
+        self.write_labels_if_stale().await
+    }
+
+    async fn recover_block(
+        &self,
+        offset: u64,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, BLOCK_SIZE_BYTES)?;
+        self.recover(offset / BLOCK_SIZE_BYTES, is_valid).await
+    }
+}
+
+impl MemberState {
+    /// Whether a member in this state counts as lost to the array.
+    pub fn is_lost(self) -> bool {
+        !self.is_usable()
+    }
+}
+
+impl std::fmt::Debug for RedundantArray {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("RedundantArray")
+            .field("name", &self.name)
+            .field("geometry", &self.geometry)
+            .finish_non_exhaustive()
+    }
+}

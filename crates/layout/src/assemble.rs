@@ -1,0 +1,359 @@
+//! Making an array from devices (`create`: labels written) and putting one
+//! together again from its labelled devices at any paths, in any order
+//! (`assemble`): each device's label says which member it is; a device of
+//! another pool or another tier is refused, naming it; a stale member (an
+//! older generation, or one the others list as faulted) is left out, named;
+//! and with more members missing than the parity covers, assembling refuses,
+//! naming the missing members where they were last seen.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use lamina_device::{BlockDevice, DeviceError};
+
+use crate::array::{RedundantArray, write_label};
+use crate::geometry::{
+    ArrayGeometry, BLOCK_BYTES, BLOCK_SIZE_BYTES, LABEL_BLOCK, LABEL_COPY_BLOCK,
+};
+use crate::label::{LabelError, MemberLabel, TierRole};
+use crate::member::Member;
+use crate::redundancy::{MEMBER_COUNT_MAX, Redundancy};
+
+/// A device offered as a member, with the path it was found at.
+#[derive(Clone)]
+pub struct MemberDevice {
+    pub path: String,
+    pub device: Arc<dyn BlockDevice>,
+}
+
+/// What an array is part of.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayIdentity {
+    /// Shared by the arrays of every tier of one pool.
+    pub array_identifier: u128,
+    pub tier: TierRole,
+}
+
+/// Why an array cannot be made or put together.
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("{redundancy} needs at least {needed} devices, {given} given")]
+    TooFewMembers {
+        redundancy: Redundancy,
+        needed: usize,
+        given: usize,
+    },
+    #[error("at most {MEMBER_COUNT_MAX} devices per tier, {given} given")]
+    TooManyMembers { given: usize },
+    #[error("device {path} is too small: {size_bytes} bytes, at least {needed_bytes} needed")]
+    TooSmall {
+        path: String,
+        size_bytes: u64,
+        needed_bytes: u64,
+    },
+    #[error(
+        "device {path} belongs to another pool (array {found:032x}, this pool's is {expected:032x})"
+    )]
+    ForeignMember {
+        path: String,
+        found: u128,
+        expected: u128,
+    },
+    #[error("device {path} is a {found} device, not a {expected} one")]
+    WrongTier {
+        path: String,
+        found: &'static str,
+        expected: &'static str,
+    },
+    #[error("devices {path} and {other} both claim to be {tier} member {index}")]
+    DuplicateMember {
+        path: String,
+        other: String,
+        tier: &'static str,
+        index: u32,
+    },
+    #[error(
+        "device {path}'s label describes another array shape than the rest of the {tier} tier's"
+    )]
+    InconsistentShape { path: String, tier: &'static str },
+    #[error(
+        "the {tier} tier ({redundancy} over {member_count} devices) survives the loss of {parity}, but {} are missing: {}",
+        missing.len(),
+        missing.join(", ")
+    )]
+    TooManyMissing {
+        tier: &'static str,
+        redundancy: Redundancy,
+        member_count: usize,
+        parity: usize,
+        missing: Vec<String>,
+    },
+    #[error(
+        "no device of the {tier} tier has a readable member label: {}",
+        unreadable.join("; ")
+    )]
+    NoLabelledMember {
+        tier: &'static str,
+        unreadable: Vec<String>,
+    },
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// A member left out when the array was assembled, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExcludedMember {
+    pub path: String,
+    pub reason: String,
+}
+
+/// An assembled array and what was left out.
+pub struct Assembled {
+    pub array: RedundantArray,
+    pub excluded: Vec<ExcludedMember>,
+}
+
+impl std::fmt::Debug for Assembled {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Assembled")
+            .field("excluded", &self.excluded)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes labels to `members` (in member order) and returns the new array.
+/// Members of different sizes are used up to the smallest one's size.
+pub async fn create(
+    identity: ArrayIdentity,
+    redundancy: Redundancy,
+    prefix_blocks: u64,
+    members: Vec<MemberDevice>,
+) -> Result<RedundantArray, ArrayError> {
+    check_member_count(redundancy, members.len())?;
+    let smallest = members
+        .iter()
+        .min_by_key(|member| member.device.size_bytes())
+        .expect("at least one member");
+    let geometry = ArrayGeometry::for_members(
+        redundancy,
+        members.len(),
+        prefix_blocks,
+        smallest.device.size_bytes(),
+    )
+    .ok_or_else(|| ArrayError::TooSmall {
+        path: smallest.path.clone(),
+        size_bytes: smallest.device.size_bytes(),
+        needed_bytes: (crate::geometry::LABEL_AREA_BLOCKS + prefix_blocks + 1) * BLOCK_SIZE_BYTES,
+    })?;
+    let label = MemberLabel {
+        array_identifier: identity.array_identifier,
+        tier: identity.tier,
+        member_index: 0,
+        member_count: u32::try_from(members.len()).expect("checked above"),
+        redundancy,
+        prefix_blocks,
+        row_count: geometry.row_count,
+        generation: 1,
+        faulted_members: Vec::new(),
+        member_paths: members.iter().map(|member| member.path.clone()).collect(),
+    };
+    for (index, member) in members.iter().enumerate() {
+        let mut own = label.clone();
+        own.member_index = u32::try_from(index).expect("checked above");
+        write_label(member.device.as_ref(), &own).await?;
+    }
+    let members = members
+        .into_iter()
+        .enumerate()
+        .map(|(index, member)| Member::present(index, member.path, member.device))
+        .collect();
+    Ok(RedundantArray::new(geometry, members, label))
+}
+
+fn check_member_count(redundancy: Redundancy, given: usize) -> Result<(), ArrayError> {
+    if given < redundancy.member_count_min() {
+        return Err(ArrayError::TooFewMembers {
+            redundancy,
+            needed: redundancy.member_count_min(),
+            given,
+        });
+    }
+    if given > MEMBER_COUNT_MAX {
+        return Err(ArrayError::TooManyMembers { given });
+    }
+    Ok(())
+}
+
+/// A device's member label: block 0, or its copy when block 0 is damaged.
+pub async fn read_label(device: &dyn BlockDevice) -> Result<MemberLabel, ArrayLabelReadError> {
+    let first = device
+        .read(LABEL_BLOCK * BLOCK_SIZE_BYTES, BLOCK_BYTES)
+        .await?;
+    match MemberLabel::decode(&first) {
+        Ok(label) => Ok(label),
+        Err(LabelError::Checksum | LabelError::Undecodable) => {
+            let copy = device
+                .read(LABEL_COPY_BLOCK * BLOCK_SIZE_BYTES, BLOCK_BYTES)
+                .await?;
+            Ok(MemberLabel::decode(&copy)?)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Why a label could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayLabelReadError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Label(#[from] LabelError),
+}
+
+/// A candidate with its label read.
+struct Labelled {
+    member: MemberDevice,
+    label: MemberLabel,
+}
+
+/// Puts the `tier` array together from `candidates` (any order).
+pub async fn assemble(
+    tier: TierRole,
+    candidates: Vec<MemberDevice>,
+) -> Result<Assembled, ArrayError> {
+    let mut labelled = Vec::new();
+    let mut unreadable = Vec::new();
+    for member in candidates {
+        let label = match read_label(member.device.as_ref()).await {
+            Ok(label) => label,
+            Err(error) => {
+                // A member whose label cannot be read (failing, or overwritten)
+                // is as good as missing: left out, named, and the array
+                // assembles if the others suffice.
+                tracing::error!(path = %member.path, %error, "array member left out: its label cannot be read");
+                unreadable.push(ExcludedMember {
+                    reason: format!("its label cannot be read: {error}"),
+                    path: member.path,
+                });
+                continue;
+            }
+        };
+        if label.tier != tier {
+            return Err(ArrayError::WrongTier {
+                path: member.path,
+                found: label.tier.name(),
+                expected: tier.name(),
+            });
+        }
+        labelled.push(Labelled { member, label });
+    }
+    let reference = labelled
+        .iter()
+        .max_by_key(|candidate| candidate.label.generation)
+        .map(|candidate| candidate.label.clone())
+        .ok_or_else(|| ArrayError::NoLabelledMember {
+            tier: tier.name(),
+            unreadable: unreadable
+                .iter()
+                .map(|member| format!("{}: {}", member.path, member.reason))
+                .collect(),
+        })?;
+    let (current, mut excluded) = sort_members(tier, &reference, labelled)?;
+    excluded.extend(unreadable);
+    build(tier, reference, current, excluded)
+}
+
+/// The current member at each index, and the stale ones left out.
+fn sort_members(
+    tier: TierRole,
+    reference: &MemberLabel,
+    labelled: Vec<Labelled>,
+) -> Result<(BTreeMap<u32, MemberDevice>, Vec<ExcludedMember>), ArrayError> {
+    let mut current: BTreeMap<u32, MemberDevice> = BTreeMap::new();
+    let mut excluded = Vec::new();
+    for Labelled { member, label } in labelled {
+        if label.array_identifier != reference.array_identifier {
+            return Err(ArrayError::ForeignMember {
+                path: member.path,
+                found: label.array_identifier,
+                expected: reference.array_identifier,
+            });
+        }
+        if label.geometry() != reference.geometry() || label.member_index >= label.member_count {
+            return Err(ArrayError::InconsistentShape {
+                path: member.path,
+                tier: tier.name(),
+            });
+        }
+        let stale = label.generation < reference.generation
+            || reference.faulted_members.contains(&label.member_index);
+        if stale {
+            excluded.push(ExcludedMember {
+                reason: format!(
+                    "stale member {} (generation {}, the array is at {}): it missed writes",
+                    label.member_index, label.generation, reference.generation
+                ),
+                path: member.path,
+            });
+            continue;
+        }
+        if let Some(other) = current.get(&label.member_index) {
+            return Err(ArrayError::DuplicateMember {
+                path: member.path,
+                other: other.path.clone(),
+                tier: tier.name(),
+                index: label.member_index,
+            });
+        }
+        current.insert(label.member_index, member);
+    }
+    Ok((current, excluded))
+}
+
+fn build(
+    tier: TierRole,
+    reference: MemberLabel,
+    mut current: BTreeMap<u32, MemberDevice>,
+    excluded: Vec<ExcludedMember>,
+) -> Result<Assembled, ArrayError> {
+    let geometry = reference.geometry();
+    let needed_bytes = geometry.member_size_blocks() * BLOCK_SIZE_BYTES;
+    let mut members = Vec::new();
+    let mut missing = Vec::new();
+    for index in 0..geometry.member_count {
+        let key = u32::try_from(index).expect("member indexes fit in u32");
+        let last_seen = reference
+            .member_paths
+            .get(index)
+            .cloned()
+            .unwrap_or_default();
+        match current.remove(&key) {
+            Some(member) => {
+                if member.device.size_bytes() < needed_bytes {
+                    return Err(ArrayError::TooSmall {
+                        path: member.path,
+                        size_bytes: member.device.size_bytes(),
+                        needed_bytes,
+                    });
+                }
+                members.push(Member::present(index, member.path, member.device));
+            }
+            None => {
+                missing.push(format!("member {index} (last seen at {last_seen})"));
+                members.push(Member::missing(index, last_seen));
+            }
+        }
+    }
+    if missing.len() > geometry.parity_columns() {
+        return Err(ArrayError::TooManyMissing {
+            tier: tier.name(),
+            redundancy: geometry.redundancy,
+            member_count: geometry.member_count,
+            parity: geometry.parity_columns(),
+            missing,
+        });
+    }
+    let array = RedundantArray::new(geometry, members, reference);
+    Ok(Assembled { array, excluded })
+}

@@ -1,0 +1,173 @@
+//! The label every member device carries (at its block 0, with a copy at
+//! block 32): which array and tier it belongs to, its index, the array's
+//! shape, and the generation, so that an array assembles from its devices at
+//! any paths in any order, and refuses a device of another array or a stale
+//! member, naming it. See `docs/format.md`, "Member labels".
+
+use serde::{Deserialize, Serialize};
+
+use crate::geometry::{ArrayGeometry, BLOCK_BYTES};
+use crate::redundancy::Redundancy;
+
+/// The label's magic: "LAMINAML" read as a little-endian u64.
+pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"LAMINAML");
+/// The label format this build writes and reads.
+pub const LABEL_VERSION: u32 = 1;
+/// Bytes of the label's frame header.
+const HEADER_BYTES: usize = 24;
+
+/// Which tier an array serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TierRole {
+    Flash,
+    Capacity,
+}
+
+impl TierRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flash => "flash",
+            Self::Capacity => "capacity",
+        }
+    }
+}
+
+/// One member's label.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberLabel {
+    /// Shared by every member of every tier of one pool.
+    pub array_identifier: u128,
+    pub tier: TierRole,
+    pub member_index: u32,
+    pub member_count: u32,
+    pub redundancy: Redundancy,
+    pub prefix_blocks: u64,
+    pub row_count: u64,
+    /// Raised, on every member still in the array, each time a member leaves
+    /// it (faulted): a member with an older generation missed writes.
+    pub generation: u64,
+    /// Members out of the array as of this generation.
+    pub faulted_members: Vec<u32>,
+    /// Where each member was last seen, for messages about missing ones.
+    pub member_paths: Vec<String>,
+}
+
+/// A label that cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LabelError {
+    #[error("no lamina member label")]
+    NoLabel,
+    #[error("member label version {found} is newer than this build's {supported}")]
+    NewerVersion { found: u32, supported: u32 },
+    #[error("member label fails its checksum")]
+    Checksum,
+    #[error("member label does not decode")]
+    Undecodable,
+}
+
+impl MemberLabel {
+    pub fn geometry(&self) -> ArrayGeometry {
+        ArrayGeometry {
+            redundancy: self.redundancy,
+            member_count: to_usize(self.member_count),
+            prefix_blocks: self.prefix_blocks,
+            row_count: self.row_count,
+        }
+    }
+
+    /// The label as one block.
+    pub fn encode(&self) -> Vec<u8> {
+        let payload = postcard::to_stdvec(self).expect("a label serialises");
+        assert!(
+            HEADER_BYTES + payload.len() <= BLOCK_BYTES,
+            "a label fits one block"
+        );
+        let mut block = vec![0_u8; BLOCK_BYTES];
+        block[0..8].copy_from_slice(&LABEL_MAGIC.to_le_bytes());
+        block[8..12].copy_from_slice(&LABEL_VERSION.to_le_bytes());
+        let length = u32::try_from(payload.len()).expect("fits one block");
+        block[12..16].copy_from_slice(&length.to_le_bytes());
+        block[16..20].copy_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+        let header_checksum = crc32c::crc32c(&block[0..20]);
+        block[20..24].copy_from_slice(&header_checksum.to_le_bytes());
+        block[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+        // Checked in pairs: what is written must read back as itself.
+        assert_eq!(Self::decode(&block).as_ref(), Ok(self));
+        block
+    }
+
+    pub fn decode(block: &[u8]) -> Result<Self, LabelError> {
+        let field = |range: std::ops::Range<usize>| -> u32 {
+            u32::from_le_bytes(block[range].try_into().expect("four bytes"))
+        };
+        if block.len() < HEADER_BYTES
+            || u64::from_le_bytes(block[0..8].try_into().expect("eight bytes")) != LABEL_MAGIC
+        {
+            return Err(LabelError::NoLabel);
+        }
+        if crc32c::crc32c(&block[0..20]) != field(20..24) {
+            return Err(LabelError::Checksum);
+        }
+        let version = field(8..12);
+        if version > LABEL_VERSION {
+            return Err(LabelError::NewerVersion {
+                found: version,
+                supported: LABEL_VERSION,
+            });
+        }
+        let length = to_usize(field(12..16));
+        let payload = block
+            .get(HEADER_BYTES..HEADER_BYTES + length)
+            .ok_or(LabelError::Undecodable)?;
+        if crc32c::crc32c(payload) != field(16..20) {
+            return Err(LabelError::Checksum);
+        }
+        postcard::from_bytes(payload).map_err(|_| LabelError::Undecodable)
+    }
+}
+
+fn to_usize(value: u32) -> usize {
+    usize::try_from(value).expect("a u32 fits in a usize on the platforms lamina runs on")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn a_label() -> MemberLabel {
+        MemberLabel {
+            array_identifier: 0x1234,
+            tier: TierRole::Flash,
+            member_index: 2,
+            member_count: 6,
+            redundancy: Redundancy::Raid6,
+            prefix_blocks: 1024,
+            row_count: 5000,
+            generation: 3,
+            faulted_members: vec![4],
+            member_paths: (0..6).map(|index| format!("/dev/f{index}")).collect(),
+        }
+    }
+
+    #[test]
+    fn a_label_round_trips_and_damage_is_named() {
+        let label = a_label();
+        let mut block = label.encode();
+        assert_eq!(MemberLabel::decode(&block), Ok(label));
+        block[40] ^= 1;
+        assert_eq!(MemberLabel::decode(&block), Err(LabelError::Checksum));
+        assert_eq!(MemberLabel::decode(&[0_u8; 4096]), Err(LabelError::NoLabel));
+    }
+
+    #[test]
+    fn random_bytes_never_decode_as_a_label() {
+        use rand::{Rng, SeedableRng};
+        let mut random = rand::rngs::SmallRng::seed_from_u64(9);
+        let mut block = a_label().encode();
+        for _ in 0..2000 {
+            let position = random.random_range(0..200);
+            block[position] = random.random();
+            let _ = MemberLabel::decode(&block);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Self-healing: a block that failed the engine's checksum is rebuilt from the
+//! other copies (prefix) or from parity (striped region), checked with the
+//! engine's own check, and the bad copy is rewritten in place with the good
+//! contents. Rewriting a data block with the contents its row's parity was
+//! computed from changes no parity. With two parity columns a silently bad
+//! second column is found by trying each one as lost in turn.
+
+use std::sync::Arc;
+
+use lamina_device::{AlignedBuffer, BlockCheck, DeviceError};
+
+use crate::array::RedundantArray;
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, Location};
+
+impl RedundantArray {
+    pub(crate) async fn recover(
+        &self,
+        block: u64,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        match self.geometry.locate(block) {
+            Location::Prefix { member_block } => self.recover_prefix(member_block, is_valid).await,
+            Location::Striped { row, column } => self.recover_striped(row, column, is_valid).await,
+        }
+    }
+
+    async fn recover_prefix(
+        &self,
+        member_block: u64,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        let offset = member_block * BLOCK_SIZE_BYTES;
+        let reads = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(index, member)| async move {
+                let device = member.usable_device()?;
+                Some((index, device.read(offset, BLOCK_BYTES).await))
+            });
+        let mut copies = Vec::new();
+        for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
+            match result {
+                Ok(data) => copies.push((index, data)),
+                Err(error) => self.member_failed(index, &error),
+            }
+        }
+        let Some(good) = copies
+            .iter()
+            .find(|(_, data)| is_valid(data))
+            .map(|(_, data)| data.clone())
+        else {
+            return Ok(None);
+        };
+        let bad: Vec<usize> = copies
+            .iter()
+            .filter(|(_, data)| !is_valid(data))
+            .map(|(index, _)| *index)
+            .collect();
+        self.rewrite(&bad, offset, &good).await?;
+        Ok(Some(good))
+    }
+
+    async fn recover_striped(
+        &self,
+        row: u64,
+        column: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        let rows = self.read_rows(row, 1).await?;
+        let target = self.geometry.member_of(row, Column::Data(column));
+        for erased in self.erasure_candidates(&rows, target) {
+            let Ok(data) = self.rebuild_row(&rows, row, row, Some(&erased)) else {
+                continue;
+            };
+            if !is_valid(&data[column]) {
+                continue;
+            }
+            let good = AlignedBuffer::from_slice_padded(&data[column]);
+            if rows[target].is_some() {
+                let offset = self.geometry.member_block_of_row(row) * BLOCK_SIZE_BYTES;
+                self.rewrite(&[target], offset, &good).await?;
+            }
+            return Ok(Some(good));
+        }
+        Ok(None)
+    }
+
+    /// Sets of members to treat as lost, most likely first: the target
+    /// alone, then the target with each other member (while the parity
+    /// allows).
+    fn erasure_candidates(&self, rows: &[Option<AlignedBuffer>], target: usize) -> Vec<Vec<usize>> {
+        let lost: Vec<usize> = (0..rows.len())
+            .filter(|index| rows[*index].is_none())
+            .collect();
+        let mut base = lost.clone();
+        if !base.contains(&target) {
+            base.push(target);
+        }
+        let parity = self.geometry.parity_columns();
+        if base.len() > parity {
+            return Vec::new();
+        }
+        let mut candidates = vec![base.clone()];
+        if base.len() < parity {
+            for other in (0..rows.len()).filter(|index| !base.contains(index)) {
+                let mut with_other = base.clone();
+                with_other.push(other);
+                candidates.push(with_other);
+            }
+        }
+        candidates
+    }
+
+    /// Rewrites one block at member `offset` of each of `members` with
+    /// `good`, counting a repair against each.
+    async fn rewrite(
+        &self,
+        members: &[usize],
+        offset: u64,
+        good: &AlignedBuffer,
+    ) -> Result<(), DeviceError> {
+        let good = Arc::new(good.clone());
+        let writes = members.iter().map(|index| (*index, offset, good.clone()));
+        self.write_members(writes).await?;
+        for index in members {
+            if self.members[*index].state().is_usable() {
+                tracing::warn!(
+                    array = %self.name,
+                    member = index,
+                    path = %self.members[*index].path(),
+                    offset,
+                    "block failed its checksum and was repaired from redundancy"
+                );
+                self.members[*index].repaired();
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! Writing an array: the mirrored prefix to every usable member; the striped
+//! region as whole rows, parity computed from the data in memory (never read
+//! back, never modified later). A write that ends inside a row pads the row
+//! with zeros: the writer never writes into the rest of that row (see
+//! `array.rs`). A member that fails the write is faulted; the write succeeds
+//! while the members lost stay within the parity.
+
+use std::sync::Arc;
+
+use lamina_device::{AlignedBuffer, DeviceError};
+
+use crate::array::RedundantArray;
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS, Location};
+use crate::read::to_usize;
+
+impl RedundantArray {
+    pub(crate) async fn write_range(
+        &self,
+        offset: u64,
+        data: &Arc<AlignedBuffer>,
+    ) -> Result<(), DeviceError> {
+        let first_block = offset / BLOCK_SIZE_BYTES;
+        let block_count = data.len() as u64 / BLOCK_SIZE_BYTES;
+        let prefix_blocks = self
+            .geometry
+            .prefix_blocks
+            .saturating_sub(first_block)
+            .min(block_count);
+        if prefix_blocks == block_count {
+            return self.write_prefix(first_block, data.clone()).await;
+        }
+        let split = to_usize(prefix_blocks) * BLOCK_BYTES;
+        if prefix_blocks > 0 {
+            let prefix = Arc::new(AlignedBuffer::from_slice_padded(&data[..split]));
+            self.write_prefix(first_block, prefix).await?;
+        }
+        self.write_striped(first_block + prefix_blocks, &data[split..])
+            .await
+    }
+
+    /// Writes prefix blocks to every usable member.
+    async fn write_prefix(
+        &self,
+        first_block: u64,
+        data: Arc<AlignedBuffer>,
+    ) -> Result<(), DeviceError> {
+        let offset = (LABEL_AREA_BLOCKS + first_block) * BLOCK_SIZE_BYTES;
+        let writes = (0..self.members.len()).map(|index| (index, offset, data.clone()));
+        self.write_members(writes).await?;
+        self.check_tolerance(first_block * BLOCK_SIZE_BYTES, data.len() as u64)
+    }
+
+    /// Writes whole rows from `first_block` (a row's first block).
+    async fn write_striped(&self, first_block: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let Location::Striped {
+            row: first_row,
+            column,
+        } = self.geometry.locate(first_block)
+        else {
+            unreachable!("the caller passes striped blocks");
+        };
+        assert_eq!(
+            column, 0,
+            "a write into the striped region starts at a row boundary (block {first_block})"
+        );
+        let row_bytes = to_usize(self.geometry.row_data_blocks()) * BLOCK_BYTES;
+        let row_count = data.len().div_ceil(row_bytes);
+        let mut member_buffers: Vec<AlignedBuffer> = (0..self.members.len())
+            .map(|_| AlignedBuffer::zeroed(row_count * BLOCK_BYTES))
+            .collect();
+        for (index, row_data) in data.chunks(row_bytes).enumerate() {
+            let row = first_row + index as u64;
+            self.lay_out_row(row, row_data, index, &mut member_buffers)
+                .map_err(|error| self.codec_failed(first_block, data.len(), &error))?;
+        }
+        let offset = self.geometry.member_block_of_row(first_row) * BLOCK_SIZE_BYTES;
+        let writes = member_buffers
+            .into_iter()
+            .enumerate()
+            .map(|(index, buffer)| (index, offset, Arc::new(buffer)));
+        self.write_members(writes).await?;
+        self.check_tolerance(first_block * BLOCK_SIZE_BYTES, data.len() as u64)
+    }
+
+    /// Puts one row's data (zero-padded to the whole row) and its parity
+    /// into the members' buffers at position `index`.
+    fn lay_out_row(
+        &self,
+        row: u64,
+        row_data: &[u8],
+        index: usize,
+        member_buffers: &mut [AlignedBuffer],
+    ) -> Result<(), crate::codec::CodecError> {
+        let data_columns = self.geometry.data_columns();
+        let padded;
+        let whole_row = if row_data.len() == data_columns * BLOCK_BYTES {
+            row_data
+        } else {
+            let mut row = vec![0_u8; data_columns * BLOCK_BYTES];
+            row[..row_data.len()].copy_from_slice(row_data);
+            padded = row;
+            &padded
+        };
+        let columns: Vec<&[u8]> = whole_row.chunks_exact(BLOCK_BYTES).collect();
+        let parity = self.codec.encode(&columns)?;
+        let at = index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES;
+        for (column, contents) in columns.iter().enumerate() {
+            let member = self.geometry.member_of(row, Column::Data(column));
+            member_buffers[member][at.clone()].copy_from_slice(contents);
+        }
+        for (column, contents) in parity.iter().enumerate() {
+            let member = self.geometry.member_of(row, Column::Parity(column));
+            member_buffers[member][at.clone()].copy_from_slice(contents);
+        }
+        Ok(())
+    }
+
+    /// Issues member writes at once to every usable member named; a failure
+    /// faults its member. Errors only when no member is left to write.
+    pub(crate) async fn write_members(
+        &self,
+        writes: impl Iterator<Item = (usize, u64, Arc<AlignedBuffer>)>,
+    ) -> Result<(), DeviceError> {
+        let writes = writes.filter_map(|(index, offset, buffer)| {
+            let device = self.members[index].usable_device()?.clone();
+            Some(async move {
+                let length = buffer.len();
+                (index, length, device.write(offset, buffer).await)
+            })
+        });
+        for (index, length, result) in futures::future::join_all(writes).await {
+            match result {
+                Ok(()) => self.members[index].counted_write(length),
+                Err(error) if matches!(error.kind, lamina_device::DeviceErrorKind::NoSpace(_)) => {
+                    // The store under a member is full: not a failed device,
+                    // and the engine waits for space (a sparse file filling).
+                    return Err(error);
+                }
+                Err(error) => self.member_failed(index, &error),
+            }
+        }
+        Ok(())
+    }
+}
