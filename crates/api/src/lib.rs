@@ -72,6 +72,68 @@ pub struct PoolStatus {
     pub promoted_blocks: u64,
     pub demoted_blocks: u64,
     pub integrity: IntegrityStatus,
+    /// The latest scrub since the pool opened.
+    pub scrub: ScrubStatus,
+    /// The pool's devices, when a tier is an array (several devices or a
+    /// redundancy scheme); absent for a pool on one device per tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<LayoutStatus>,
+}
+
+/// What scrub is doing, named as zpool names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubState {
+    None,
+    Scrubbing,
+    Finished,
+}
+
+/// `pool status`'s scrub section (see the engine's `ScrubStatus`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    pub state: ScrubState,
+    pub blocks_total: u64,
+    pub blocks_scrubbed: u64,
+    pub blocks_repaired: u64,
+    pub blocks_unrepairable: u64,
+    pub elapsed_ms: u64,
+}
+
+/// The pool's state and its devices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutStatus {
+    /// `online`, `degraded` (devices lost, within what the redundancy
+    /// covers) or `faulted` (more lost: I/O fails).
+    pub state: String,
+    pub tiers: Vec<TierLayoutStatus>,
+}
+
+/// One tier's array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierLayoutStatus {
+    /// `flash` or `capacity`.
+    pub tier: String,
+    /// `none`, `mirror`, `raid5` or `raid6`.
+    pub redundancy: String,
+    pub state: String,
+    /// Devices of the tier that may be lost without losing data.
+    pub parity_devices: usize,
+    pub devices: Vec<DeviceStatus>,
+}
+
+/// One device of an array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    pub path: String,
+    pub tier: String,
+    pub index: usize,
+    /// `online`, `degraded` (checksum errors repaired), `faulted` or `missing`.
+    pub state: String,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub io_errors: u64,
+    pub checksum_errors_repaired: u64,
 }
 
 /// What the paced cleaner is doing.
@@ -113,6 +175,7 @@ pub struct TierSpace {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IntegrityStatus {
     pub read_checksum_errors: u64,
+    pub checksum_errors_repaired: u64,
     pub summaries_repaired: u64,
     pub lost_batches: u64,
     pub torn_blocks_dropped: u64,

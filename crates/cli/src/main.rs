@@ -565,6 +565,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 segment_size_bytes: segment_size,
                 force,
                 flash_region_bytes: None,
+                ..PoolOptions::default()
             };
             let devices = match &capacity {
                 Some(capacity) => {

@@ -42,6 +42,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         promoted_blocks,
         demoted_blocks,
         integrity,
+        scrub,
     } = status;
     api::PoolStatus {
         device,
@@ -81,12 +82,39 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         demoted_blocks,
         integrity: api::IntegrityStatus {
             read_checksum_errors: integrity.read_checksum_errors,
+            checksum_errors_repaired: integrity.checksum_errors_repaired,
             summaries_repaired: integrity.summaries_repaired,
             lost_batches: integrity.lost_batches,
             torn_blocks_dropped: integrity.torn_blocks_dropped,
             damaged_flushed_blocks: integrity.damaged_flushed_blocks,
             segments_set_aside: integrity.segments_set_aside,
         },
+        scrub: scrub_status(scrub),
+        layout: None,
+    }
+}
+
+/// `pool status`'s scrub section, and the answer to `pool scrub`.
+pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
+    let engine::ScrubStatus {
+        state,
+        blocks_total,
+        blocks_scrubbed,
+        blocks_repaired,
+        blocks_unrepairable,
+        elapsed_ms,
+    } = status;
+    api::ScrubStatus {
+        state: match state {
+            engine::ScrubState::None => api::ScrubState::None,
+            engine::ScrubState::Scrubbing => api::ScrubState::Scrubbing,
+            engine::ScrubState::Finished => api::ScrubState::Finished,
+        },
+        blocks_total,
+        blocks_scrubbed,
+        blocks_repaired,
+        blocks_unrepairable,
+        elapsed_ms,
     }
 }
 

@@ -89,6 +89,14 @@ pub enum CreateError {
         size_bytes: u64,
         minimum_bytes: u64,
     },
+    #[error(
+        "the segment size ({segment_size_blocks} blocks) is not a multiple of the tiers' rows ({flash_row_blocks} blocks on flash, {capacity_row_blocks} on capacity)"
+    )]
+    SegmentNotWholeRows {
+        segment_size_blocks: u64,
+        flash_row_blocks: u64,
+        capacity_row_blocks: u64,
+    },
 }
 
 /// Volume and snapshot operations: names, sizes, and what depends on what.
@@ -133,7 +141,7 @@ pub enum VolumeError {
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     #[error(
-        "checksum mismatch reading volume {volume} block {logical_block} (device block {physical_block}): data is corrupt and there is no redundancy to repair it"
+        "checksum mismatch reading volume {volume} block {logical_block} (device block {physical_block}): data is corrupt and no redundancy could repair it"
     )]
     ChecksumMismatch {
         volume: String,
@@ -159,6 +167,8 @@ pub enum IoError {
     DeviceFull { device: String, waited_ms: u64 },
     #[error("the pool has failed after an earlier write error and refuses further writes: {0}")]
     Failed(String),
+    #[error("a scrub is already running (see `lamina pool status`)")]
+    ScrubRunning,
 }
 
 impl EngineError {
@@ -211,6 +221,7 @@ impl CreateError {
         match self {
             Self::DeviceNotEmpty { .. } => "device_not_empty",
             Self::DeviceTooSmall { .. } => "device_too_small",
+            Self::SegmentNotWholeRows { .. } => "segment_not_whole_rows",
         }
     }
 }
@@ -240,6 +251,7 @@ impl IoError {
             Self::NoSpace => "no_space",
             Self::DeviceFull { .. } => "device_full",
             Self::Failed(_) => "failed",
+            Self::ScrubRunning => "scrub_running",
         }
     }
 }

@@ -40,6 +40,7 @@ fn options() -> PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     }
 }
 

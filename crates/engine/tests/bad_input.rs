@@ -32,6 +32,7 @@ fn options(force: bool) -> PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     }
 }
 

@@ -538,6 +538,7 @@ async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(faulty.clone(), options, limits(seed))
         .await

@@ -75,6 +75,7 @@ async fn rig_with_version_1(limits: PoolLimits) -> Rig {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(faulty.clone(), options, quiet_limits())
         .await
@@ -485,6 +486,7 @@ async fn a_damaged_capacity_label_is_read_from_its_copy_and_repaired() {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: Some(flash_bytes),
+        ..PoolOptions::default()
     };
     let pool = Pool::create(faulty.clone(), options, quiet_limits())
         .await

@@ -56,6 +56,7 @@ async fn rig(seed: u64, limits: PoolLimits) -> Rig {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
             flash_region_bytes: None,
+            ..PoolOptions::default()
         },
         limits,
     )

@@ -148,6 +148,7 @@ async fn crash_run(seed: u64) -> bool {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(faulty.clone(), options, limits())
         .await

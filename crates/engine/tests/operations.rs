@@ -37,6 +37,7 @@ async fn new_pool(segment_count: u64) -> (Arc<MemoryDevice>, Pool) {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
             flash_region_bytes: None,
+            ..PoolOptions::default()
         },
         quiet_limits(),
     )

@@ -71,6 +71,7 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(memory.clone(), options, limits())
         .await
@@ -161,6 +162,7 @@ async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: boo
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(memory.clone(), options, limits())
         .await
@@ -293,6 +295,7 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
             segment_size_bytes: SEGMENT_BYTES,
             force: false,
             flash_region_bytes: None,
+            ..PoolOptions::default()
         };
         let pool = Pool::create(faulty.clone(), options, paced.clone())
             .await
@@ -365,6 +368,7 @@ async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let limits = PoolLimits {
         memory_cache_bytes: 0,

@@ -32,6 +32,7 @@ async fn new_pool(device_bytes: u64) -> (Arc<MemoryDevice>, Pool) {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(memory.clone(), options, limits())
         .await

@@ -23,6 +23,7 @@ async fn small_pool(segment_count: u64) -> Pool {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     Pool::create(device, options, PoolLimits::default())
         .await
@@ -167,6 +168,7 @@ async fn an_idle_pool_frees_trimmed_segments_in_the_background() {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let limits = PoolLimits {
         flush_interval_ms: 20,

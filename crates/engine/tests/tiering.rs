@@ -37,6 +37,7 @@ fn options() -> PoolOptions {
         segment_size_bytes: SEGMENT_BYTES,
         force: false,
         flash_region_bytes: Some(FLASH_BYTES),
+        ..PoolOptions::default()
     }
 }
 

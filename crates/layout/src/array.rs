@@ -55,6 +55,11 @@ pub struct RedundantArray {
     pub(crate) label: tokio::sync::Mutex<MemberLabel>,
     /// A member left the array since the labels were last written.
     pub(crate) labels_stale: AtomicBool,
+    /// Striped writes hold it shared, a repair exclusively: a repair reads
+    /// its row, rebuilds and rewrites one block, and must not interleave with
+    /// a new write of that row (the segment freed and reused meanwhile), or
+    /// it could put back a block the new write replaced.
+    pub(crate) repair_lock: tokio::sync::RwLock<()>,
 }
 
 impl RedundantArray {
@@ -66,7 +71,10 @@ impl RedundantArray {
             geometry.redundancy,
             geometry.member_count
         );
-        let labels_stale = members.iter().any(|member| !member.state().is_usable());
+        // Members lost, or labels of several generations (a crash while they
+        // were rewritten): the next flush writes them all afresh.
+        let labels_stale =
+            members.iter().any(|member| !member.state().is_usable()) || label.generation > 1;
         Self {
             name,
             codec: ParityCodec::new(geometry.redundancy, geometry.member_count),
@@ -74,6 +82,7 @@ impl RedundantArray {
             members,
             label: tokio::sync::Mutex::new(label),
             labels_stale: AtomicBool::new(labels_stale),
+            repair_lock: tokio::sync::RwLock::new(()),
         }
     }
 

@@ -286,13 +286,14 @@ fn sort_members(
                 tier: tier.name(),
             });
         }
-        let stale = label.generation < reference.generation
-            || reference.faulted_members.contains(&label.member_index);
-        if stale {
+        // The newest label lists every member that left the array; a member
+        // with an older label that is not listed only missed the label
+        // update (a crash while labels were rewritten), not data.
+        if reference.faulted_members.contains(&label.member_index) {
             excluded.push(ExcludedMember {
                 reason: format!(
-                    "stale member {} (generation {}, the array is at {}): it missed writes",
-                    label.member_index, label.generation, reference.generation
+                    "stale member {}: it left the array at generation {} (its label says {}) and missed writes since",
+                    label.member_index, reference.generation, label.generation
                 ),
                 path: member.path,
             });

@@ -74,6 +74,7 @@ impl RedundantArray {
                 .map_err(|error| self.codec_failed(first_block, data.len(), &error))?;
         }
         let offset = self.geometry.member_block_of_row(first_row) * BLOCK_SIZE_BYTES;
+        let _no_repair_meanwhile = self.repair_lock.read().await;
         let writes = member_buffers
             .into_iter()
             .enumerate()

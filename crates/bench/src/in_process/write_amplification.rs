@@ -239,6 +239,7 @@ async fn prepare(
         segment_size_bytes: SEGMENT_SIZE_BYTES,
         force: false,
         flash_region_bytes: None,
+        ..PoolOptions::default()
     };
     let pool = Pool::create(device.clone(), options, limits.clone()).await?;
     let status = pool.status();

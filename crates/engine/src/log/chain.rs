@@ -34,6 +34,23 @@ pub const BATCH_TAIL_BLOCKS_MAX: u32 = {
 /// next batch begins.
 pub const RESYNC_WINDOW_BLOCKS: u32 = BATCH_TAIL_BLOCKS_MAX + 1;
 
+/// The segment a walk follows: its size, and the row its batches are
+/// aligned to (format version 6: a batch on a striped tier starts at a
+/// multiple of the tier's data blocks per row, see `lamina_layout`; 1 on a
+/// single device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentShape {
+    pub size_blocks: u32,
+    pub row_blocks: u32,
+}
+
+impl SegmentShape {
+    /// Where the batch after one that ends before `end` begins.
+    pub fn next_batch_start(&self, end: u32) -> u32 {
+        end.next_multiple_of(self.row_blocks).min(self.size_blocks)
+    }
+}
+
 /// Where a walk reads a segment's blocks from: the device at recovery, a victim
 /// read into memory for the cleaner.
 pub trait SegmentBlocks {
@@ -128,10 +145,13 @@ async fn resync<S: SegmentBlocks>(
     source: &mut S,
     start: u32,
     incarnation: Option<u64>,
-    segment_size_blocks: u32,
+    shape: SegmentShape,
 ) -> Result<Resync, S::Error> {
+    let segment_size_blocks = shape.size_blocks;
     let first = start + 1;
-    let count = RESYNC_WINDOW_BLOCKS.min(segment_size_blocks.saturating_sub(first));
+    // A batch may be followed by padding to the next row.
+    let window = RESYNC_WINDOW_BLOCKS + shape.row_blocks - 1;
+    let count = window.min(segment_size_blocks.saturating_sub(first));
     if count == 0 {
         return Ok(Resync::End);
     }
@@ -178,7 +198,7 @@ async fn resync<S: SegmentBlocks>(
 /// (`incarnation` unknown: the first batch found names it).
 pub async fn walk<S: SegmentBlocks>(
     source: &mut S,
-    segment_size_blocks: u32,
+    shape: SegmentShape,
     first_block: u32,
     incarnation: Option<u64>,
 ) -> Result<Chain, S::Error> {
@@ -186,6 +206,7 @@ pub async fn walk<S: SegmentBlocks>(
         segment_sequence: incarnation,
         ..Chain::default()
     };
+    let segment_size_blocks = shape.size_blocks;
     let mut position = first_block;
     while position + 2 <= segment_size_blocks {
         let bytes = source.read_blocks(position, 1).await?;
@@ -193,14 +214,7 @@ pub async fn walk<S: SegmentBlocks>(
             Some(link) if belongs(&link, position, chain.segment_sequence, segment_size_blocks) => {
                 (link, false)
             }
-            _ => match resync(
-                source,
-                position,
-                chain.segment_sequence,
-                segment_size_blocks,
-            )
-            .await?
-            {
+            _ => match resync(source, position, chain.segment_sequence, shape).await? {
                 Resync::Copy(link) => (link, true),
                 Resync::Next {
                     position: next,
@@ -224,7 +238,7 @@ pub async fn walk<S: SegmentBlocks>(
             block_in_segment: position,
             from_copy,
         });
-        position += span;
+        position = shape.next_batch_start(position + span);
     }
     Ok(chain)
 }
@@ -234,8 +248,9 @@ pub async fn walk<S: SegmentBlocks>(
 /// written since a checkpoint even when their first summary is damaged.
 pub async fn first_incarnation<S: SegmentBlocks>(
     source: &mut S,
-    segment_size_blocks: u32,
+    shape: SegmentShape,
 ) -> Result<Option<u64>, S::Error> {
+    let segment_size_blocks = shape.size_blocks;
     let bytes = source.read_blocks(0, 1).await?;
     if let Some(link) = decode_link(&bytes)
         && belongs(&link, 0, None, segment_size_blocks)
@@ -246,7 +261,7 @@ pub async fn first_incarnation<S: SegmentBlocks>(
         // Never written (a damaged block is not all zeros).
         return Ok(None);
     }
-    Ok(match resync(source, 0, None, segment_size_blocks).await? {
+    Ok(match resync(source, 0, None, shape).await? {
         Resync::Copy(link) => Some(link.summary.segment_sequence),
         Resync::Next {
             segment_sequence, ..
@@ -312,11 +327,19 @@ mod tests {
         }
     }
 
-    fn segment(batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
-        segment_of(SEGMENT_BLOCKS, batches)
+    fn shape(size_blocks: u32) -> SegmentShape {
+        SegmentShape {
+            size_blocks,
+            row_blocks: 1,
+        }
     }
 
-    fn segment_of(segment_blocks: u32, batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
+    fn segment(batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
+        segment_of(shape(SEGMENT_BLOCKS), batches)
+    }
+
+    fn segment_of(shape: SegmentShape, batches: &[u32]) -> (Vec<u8>, Vec<u32>) {
+        let segment_blocks = shape.size_blocks;
         let block = BLOCK_BYTES;
         let mut bytes = vec![0u8; segment_blocks as usize * block];
         let mut starts = Vec::new();
@@ -332,14 +355,49 @@ mod tests {
                 bytes[start..start + block].fill(0xAB);
             }
             starts.push(position);
-            position = copy + 1;
+            position = shape.next_batch_start(copy + 1);
         }
         (bytes, starts)
     }
 
+    /// Batches aligned to rows of 4 (a 4+2 array's), the padding zero:
+    /// walked whole, and past a batch whose summary and copy are both damaged.
+    #[test]
+    fn row_aligned_batches_are_walked_across_their_padding() {
+        let aligned = SegmentShape {
+            size_blocks: SEGMENT_BLOCKS,
+            row_blocks: 4,
+        };
+        let (mut bytes, starts) = segment_of(aligned, &[1, 2, 6, 3]);
+        assert_eq!(starts, vec![0, 4, 8, 16]);
+        let walk_aligned = |bytes: &[u8]| {
+            let mut source = InMemorySegment::new(bytes);
+            futures::executor::block_on(walk(&mut source, aligned, 0, Some(9))).expect("in memory")
+        };
+        let chain = walk_aligned(&bytes);
+        let found: Vec<u32> = chain
+            .batches
+            .iter()
+            .map(|batch| batch.block_in_segment)
+            .collect();
+        assert_eq!(found, starts);
+        // Both summaries of the second batch damaged: the walk finds the third.
+        let block = BLOCK_BYTES;
+        bytes[4 * block + 30] ^= 1;
+        bytes[7 * block + 30] ^= 1;
+        let chain = walk_aligned(&bytes);
+        let found: Vec<u32> = chain
+            .batches
+            .iter()
+            .map(|batch| batch.block_in_segment)
+            .collect();
+        assert_eq!(found, vec![0, 8, 16]);
+        assert_eq!(chain.damaged[0].first_block_in_segment, 4);
+    }
+
     fn walk_bytes(bytes: &[u8]) -> Chain {
         let mut source = InMemorySegment::new(bytes);
-        futures::executor::block_on(walk(&mut source, SEGMENT_BLOCKS, 0, Some(9)))
+        futures::executor::block_on(walk(&mut source, shape(SEGMENT_BLOCKS), 0, Some(9)))
             .expect("in memory")
     }
 
@@ -459,14 +517,15 @@ mod tests {
     fn past_the_largest_batch_with_both_summaries_damaged_the_next_is_found() {
         let segment_blocks = 512;
         let data_max = BATCH_DATA_BLOCKS_MAX as u32;
-        let (mut bytes, starts) = segment_of(segment_blocks, &[data_max, data_max, 3]);
+        let (mut bytes, starts) = segment_of(shape(segment_blocks), &[data_max, data_max, 3]);
         let block = BLOCK_BYTES;
         let copy = starts[0] as usize + 1 + data_max as usize;
         bytes[starts[0] as usize * block + 26] ^= 1;
         bytes[copy * block + 26] ^= 1;
         let mut source = InMemorySegment::new(&bytes);
         let chain =
-            futures::executor::block_on(walk(&mut source, segment_blocks, 0, Some(9))).unwrap();
+            futures::executor::block_on(walk(&mut source, shape(segment_blocks), 0, Some(9)))
+                .unwrap();
         let found: Vec<u32> = chain.batches.iter().map(|b| b.block_in_segment).collect();
         assert_eq!(found, starts[1..].to_vec());
         assert_eq!(chain.damaged.len(), 1);
@@ -503,7 +562,8 @@ mod tests {
         let (bytes, _) = segment(&[3]);
         let mut source = InMemorySegment::new(&bytes);
         let chain =
-            futures::executor::block_on(walk(&mut source, SEGMENT_BLOCKS, 0, Some(8))).unwrap();
+            futures::executor::block_on(walk(&mut source, shape(SEGMENT_BLOCKS), 0, Some(8)))
+                .unwrap();
         assert!(chain.batches.is_empty() && chain.damaged.is_empty());
     }
 }

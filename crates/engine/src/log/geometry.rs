@@ -75,6 +75,37 @@ pub struct Geometry {
     /// First block of the capacity device in the address space (its label);
     /// 0 for a pool without a capacity tier.
     pub capacity_start_block: u64,
+    /// Format version 6: every batch on flash starts at a multiple of this
+    /// many blocks from its segment's start (the flash array's data blocks
+    /// per row, so that the array only ever writes whole rows; 1 for a
+    /// single device). Segment sizes are multiples of it.
+    pub flash_row_blocks: u64,
+    /// The same for the capacity tier (1 without one).
+    pub capacity_row_blocks: u64,
+}
+
+/// Geometry as format versions 3 to 5 stored it (no row alignment).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct GeometryVersion5 {
+    pub device_size_bytes: u64,
+    pub segment_size_blocks: u64,
+    pub segment_count: u64,
+    pub flash_segment_count: u64,
+    pub capacity_start_block: u64,
+}
+
+impl From<GeometryVersion5> for Geometry {
+    fn from(old: GeometryVersion5) -> Self {
+        Self {
+            device_size_bytes: old.device_size_bytes,
+            segment_size_blocks: old.segment_size_blocks,
+            segment_count: old.segment_count,
+            flash_segment_count: old.flash_segment_count,
+            capacity_start_block: old.capacity_start_block,
+            flash_row_blocks: 1,
+            capacity_row_blocks: 1,
+        }
+    }
 }
 
 /// Geometry as format version 2 stored it (one tier).
@@ -93,6 +124,8 @@ impl From<GeometryVersion2> for Geometry {
             segment_count: old.segment_count,
             flash_segment_count: old.segment_count,
             capacity_start_block: 0,
+            flash_row_blocks: 1,
+            capacity_row_blocks: 1,
         }
     }
 }
@@ -112,7 +145,36 @@ impl Geometry {
             segment_count,
             flash_segment_count: segment_count,
             capacity_start_block: 0,
+            flash_row_blocks: 1,
+            capacity_row_blocks: 1,
         })
+    }
+
+    /// This geometry with batches aligned to rows of `flash_row_blocks` and
+    /// `capacity_row_blocks`, or `None` when the segment size is not a
+    /// multiple of both.
+    pub fn with_rows(self, flash_row_blocks: u64, capacity_row_blocks: u64) -> Option<Self> {
+        let fits = |row_blocks: u64| {
+            row_blocks >= 1 && self.segment_size_blocks.is_multiple_of(row_blocks)
+        };
+        (fits(flash_row_blocks) && fits(capacity_row_blocks)).then_some(Self {
+            flash_row_blocks,
+            capacity_row_blocks,
+            ..self
+        })
+    }
+
+    /// Segment `segment_index`'s size and row alignment, for walking it.
+    pub fn segment_shape(&self, segment_index: u32) -> crate::log::chain::SegmentShape {
+        let row_blocks = match self.tier_of_segment(segment_index) {
+            Tier::Flash => self.flash_row_blocks,
+            Tier::Capacity => self.capacity_row_blocks,
+        };
+        crate::log::chain::SegmentShape {
+            size_blocks: u32::try_from(self.segment_size_blocks)
+                .expect("segment sizes fit in 32 bits of blocks"),
+            row_blocks: u32::try_from(row_blocks).expect("a row is smaller than a segment"),
+        }
     }
 
     /// A two-tier pool: a flash region of `flash_bytes` (a multiple of the block

@@ -11,7 +11,8 @@ pub mod geometry;
 pub mod marker;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 5 writes every batch
+/// The on-disk format version this build writes. Version 6 adds row alignment to the geometry (batches on a striped tier
+/// start at row boundaries; 1 elsewhere). Version 5 writes every batch's
 /// summary twice (first and last block of the batch, `chain`), and adds the
 /// superblock's copy and the flush markers (blocks before the checkpoint
 /// slots, which older versions left zero). Version 4 added the write
@@ -20,7 +21,7 @@ pub mod superblock;
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

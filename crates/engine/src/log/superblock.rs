@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::frame;
-use super::geometry::{Geometry, GeometryVersion2};
+use super::geometry::{Geometry, GeometryVersion2, GeometryVersion5};
 use crate::BLOCK_BYTES;
 
 /// "LAMINASB" in ASCII, read as a little-endian u64.
@@ -37,8 +37,31 @@ impl Superblock {
                 },
             ));
         }
+        if version < ROW_ALIGNMENT_VERSION {
+            let (version, old): (u32, SuperblockVersion5) =
+                frame::decode(SUPERBLOCK_MAGIC, super::FORMAT_VERSION, bytes)?;
+            return Ok((
+                version,
+                Self {
+                    pool_identifier: old.pool_identifier,
+                    geometry: old.geometry.into(),
+                    created_unix_seconds: old.created_unix_seconds,
+                },
+            ));
+        }
         frame::decode(SUPERBLOCK_MAGIC, super::FORMAT_VERSION, bytes)
     }
+}
+
+/// The first format version whose geometry has row alignments.
+pub const ROW_ALIGNMENT_VERSION: u32 = 6;
+
+/// The superblock as format versions 3 to 5 wrote it (no row alignment).
+#[derive(Deserialize)]
+struct SuperblockVersion5 {
+    pool_identifier: u128,
+    geometry: GeometryVersion5,
+    created_unix_seconds: u64,
 }
 
 /// The superblock as format version 2 wrote it (one tier).

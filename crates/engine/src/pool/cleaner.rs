@@ -419,12 +419,11 @@ impl Pool {
     /// Walks the batch chain of a victim read into memory, counting the
     /// summaries that had to be read from their copies.
     async fn walk_victim(&self, segment_index: u32, contents: &VictimContents) -> chain::Chain {
-        let segment_size_blocks = block_in_segment(self.inner.geometry.segment_size_blocks);
-        let chain =
-            match chain::walk(&mut VictimBlocks(contents), segment_size_blocks, 0, None).await {
-                Ok(chain) => chain,
-                Err(never) => match never {},
-            };
+        let shape = self.inner.geometry.segment_shape(segment_index);
+        let chain = match chain::walk(&mut VictimBlocks(contents), shape, 0, None).await {
+            Ok(chain) => chain,
+            Err(never) => match never {},
+        };
         let repaired = chain.batches.iter().filter(|batch| batch.from_copy).count();
         if repaired > 0 {
             tracing::warn!(

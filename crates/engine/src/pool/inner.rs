@@ -26,6 +26,7 @@ use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
 use super::integrity::Integrity;
 use super::limits::PoolLimits;
+use super::scrub::Scrubber;
 use super::state::State;
 use super::writer::InFlightBatch;
 use crate::convert::milliseconds_saturating;
@@ -61,6 +62,8 @@ pub(crate) struct Inner {
     pub(super) integrity: Integrity,
     /// The durable record of how far completed flushes reached.
     pub(super) flush_marker: FlushMarker,
+    /// Scrub's progress (one scrub at a time).
+    pub(super) scrub: Scrubber,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.

@@ -16,6 +16,10 @@ pub struct IntegrityStatus {
     /// Blocks whose contents failed their checksum when read (each answered
     /// with an I/O error, never with data).
     pub read_checksum_errors: u64,
+    /// Blocks that failed their checksum when read or scrubbed and were
+    /// rebuilt from the device's redundancy (an array's parity or copies),
+    /// served right and rewritten: damage the pool healed.
+    pub checksum_errors_repaired: u64,
     /// Batch summaries that failed their checksum and were read from their
     /// copy (recovery and cleaning).
     pub summaries_repaired: u64,
@@ -39,6 +43,7 @@ pub struct IntegrityStatus {
 #[derive(Debug, Default)]
 pub struct Integrity {
     read_checksum_errors: AtomicU64,
+    checksum_errors_repaired: AtomicU64,
     summaries_repaired: AtomicU64,
     lost_batches: AtomicU64,
     torn_blocks_dropped: AtomicU64,
@@ -48,6 +53,11 @@ pub struct Integrity {
 impl Integrity {
     pub fn read_checksum_error(&self) {
         self.read_checksum_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn checksum_error_repaired(&self) {
+        self.checksum_errors_repaired
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn summaries_repaired(&self, count: u64) {
@@ -69,6 +79,7 @@ impl Integrity {
     pub fn status(&self, segments_set_aside: u64) -> IntegrityStatus {
         IntegrityStatus {
             read_checksum_errors: self.read_checksum_errors.load(Ordering::Relaxed),
+            checksum_errors_repaired: self.checksum_errors_repaired.load(Ordering::Relaxed),
             summaries_repaired: self.summaries_repaired.load(Ordering::Relaxed),
             lost_batches: self.lost_batches.load(Ordering::Relaxed),
             torn_blocks_dropped: self.torn_blocks_dropped.load(Ordering::Relaxed),

@@ -19,6 +19,13 @@ pub struct PoolOptions {
     /// A two-tier pool: the device's first this many bytes are the flash tier
     /// and the rest is the capacity tier (see `lamina_device::ConcatenatedDevice`).
     pub flash_region_bytes: Option<u64>,
+    /// Blocks per row of the flash tier's device (an array's data blocks per
+    /// row, `lamina_layout`; 1 for a single device): every batch starts at a
+    /// multiple of it, so the array writes whole rows only. The segment size
+    /// must be a multiple of it.
+    pub flash_row_blocks: u64,
+    /// The same for the capacity tier.
+    pub capacity_row_blocks: u64,
 }
 
 impl Default for PoolOptions {
@@ -27,6 +34,8 @@ impl Default for PoolOptions {
             segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
             force: false,
             flash_region_bytes: None,
+            flash_row_blocks: 1,
+            capacity_row_blocks: 1,
         }
     }
 }
@@ -100,6 +109,9 @@ pub struct PoolLimits {
     /// two more partly filled heads cost them more space than the split saves
     /// (see `cleaner::placement`).
     pub relocation_streams_by_age_segment_count_min: u64,
+    /// Bytes per second scrub reads at most (0: as fast as the device
+    /// serves, still yielding to other tasks between reads).
+    pub scrub_bytes_per_second_max: u64,
     /// Hooks for tests, never read from a configuration file.
     #[serde(skip)]
     pub test_hooks: TestHooks,
@@ -264,6 +276,7 @@ impl Default for PoolLimits {
             device_full_wait_ms_max: 10_000,
             separate_client_writes_by_lifespan: true,
             relocation_streams_by_age_segment_count_min: 512,
+            scrub_bytes_per_second_max: 512 << 20,
             test_hooks: TestHooks::default(),
         }
     }

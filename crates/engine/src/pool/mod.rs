@@ -21,6 +21,7 @@ pub mod integrity;
 pub(crate) mod limits;
 mod read;
 mod recovery;
+pub mod scrub;
 pub mod space;
 mod state;
 mod status;

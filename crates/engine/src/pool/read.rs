@@ -420,9 +420,10 @@ impl Pool {
         );
         plan.promotions.extend(neighbour_promotions);
         for (run, result) in runs.iter().zip(results) {
-            let data = result?;
-            if let ReadOutcome::Moved(mismatch) =
-                self.verify_run(view, &plan.view_name, run, &data)?
+            let mut data = result?;
+            if let ReadOutcome::Moved(mismatch) = self
+                .verify_run(view, &plan.view_name, run, &mut data)
+                .await?
             {
                 return Ok(ReadOutcome::Moved(mismatch));
             }
@@ -498,15 +499,22 @@ impl Pool {
 
     /// Checks the blocks of a run just read against their checksums. A
     /// mismatch on a block the map no longer points to is a move (the read
-    /// starts again); on one it still points to, damage: an error, counted.
-    fn verify_run(
+    /// starts again); on one it still points to, damage: rebuilt from the
+    /// device's redundancy when it has any (and the bad copy rewritten),
+    /// otherwise an error, counted.
+    async fn verify_run(
         &self,
         view: View,
         view_name: &str,
         run: &[DeviceBlock],
-        data: &[u8],
+        data: &mut [u8],
     ) -> Result<ReadOutcome, EngineError> {
-        for (block, contents) in run_contents(run, data) {
+        assert_eq!(
+            data.len(),
+            run.len() * BLOCK_BYTES,
+            "a device read returns the run's blocks"
+        );
+        for (block, contents) in run.iter().zip(data.chunks_exact_mut(BLOCK_BYTES)) {
             if block_checksum(contents) == block.checksum {
                 continue;
             }
@@ -518,6 +526,13 @@ impl Pool {
             if self.moved_since_planned(view, block) {
                 return Ok(ReadOutcome::Moved(mismatch));
             }
+            if let Some(good) = self
+                .recover_block(block.physical_block, block.logical_block, block.checksum)
+                .await
+            {
+                contents.copy_from_slice(&good);
+                continue;
+            }
             let DeviceBlock {
                 logical_block,
                 physical_block,
@@ -528,6 +543,42 @@ impl Pool {
             return Err(mismatch);
         }
         Ok(ReadOutcome::Done)
+    }
+
+    /// A block (at `physical_block`, `logical_block` for the log) failed its
+    /// checksum: its contents rebuilt from the device's redundancy and
+    /// checked against `checksum` (the device rewrites the bad copy), or
+    /// `None` when the device has none or cannot.
+    pub(super) async fn recover_block(
+        &self,
+        physical_block: u64,
+        logical_block: u64,
+        checksum: u32,
+    ) -> Option<AlignedBuffer> {
+        let is_valid = move |contents: &[u8]| block_checksum(contents) == checksum;
+        let offset = physical_block * BLOCK_SIZE_BYTES;
+        match self.inner.device.recover_block(offset, &is_valid).await {
+            Ok(Some(good)) => {
+                // Checked in pairs: the device checked it, and so do we.
+                assert_eq!(
+                    block_checksum(&good),
+                    checksum,
+                    "a recovered block passes its checksum"
+                );
+                tracing::warn!(
+                    physical_block,
+                    logical_block,
+                    "block failed its checksum and was repaired from redundancy"
+                );
+                self.inner.integrity.checksum_error_repaired();
+                Some(good)
+            }
+            Ok(None) => None,
+            Err(error) => {
+                tracing::error!(%error, physical_block, "rebuilding a damaged block failed");
+                None
+            }
+        }
     }
 
     /// Whether the view's map no longer points `block`'s logical block at its

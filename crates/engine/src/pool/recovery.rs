@@ -19,7 +19,7 @@ use super::integrity::RecoveryFindings;
 use super::limits::{PoolLimits, PoolOptions};
 use super::space::{self, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
-use crate::convert::{block_in_segment, segment_index, to_usize};
+use crate::convert::{segment_index, to_usize};
 use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::chain;
@@ -78,6 +78,7 @@ fn new_inner(
         device_full: Default::default(),
         shutdown: std::sync::atomic::AtomicBool::new(false),
         integrity: Default::default(),
+        scrub: Default::default(),
         flush_marker,
     })
 }
@@ -200,6 +201,21 @@ impl Pool {
 /// on the whole device, or a flash tier on its first
 /// `options.flash_region_bytes` and a capacity tier on the rest.
 fn geometry_for_device(
+    device: &dyn BlockDevice,
+    options: &PoolOptions,
+) -> Result<Geometry, EngineError> {
+    let geometry = tiers_for_device(device, options)?;
+    geometry
+        .with_rows(options.flash_row_blocks, options.capacity_row_blocks)
+        .ok_or(EngineError::Create(CreateError::SegmentNotWholeRows {
+            segment_size_blocks: geometry.segment_size_blocks,
+            flash_row_blocks: options.flash_row_blocks,
+            capacity_row_blocks: options.capacity_row_blocks,
+        }))
+}
+
+/// [`geometry_for_device`] before row alignment.
+fn tiers_for_device(
     device: &dyn BlockDevice,
     options: &PoolOptions,
 ) -> Result<Geometry, EngineError> {
@@ -1068,6 +1084,8 @@ fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
         && geometry.flash_segment_count >= 8
         && geometry.flash_segment_count <= geometry.segment_count
         && geometry.segment_count <= u64::from(u32::MAX)
+        && geometry.with_rows(geometry.flash_row_blocks, geometry.capacity_row_blocks)
+            == Some(*geometry)
         && tiers_valid;
     if valid {
         Ok(())
@@ -1207,7 +1225,6 @@ async fn walk_starts(
     held: &HashSet<u32>,
     body: &Body,
 ) -> Result<Vec<WalkStart>, EngineError> {
-    let segment_size_blocks = block_in_segment(geometry.segment_size_blocks);
     let mut starts: Vec<WalkStart> = Vec::new();
     let candidates: Vec<u32> = (0..segment_index(geometry.segment_count))
         .filter(|index| !held.contains(index))
@@ -1218,7 +1235,7 @@ async fn walk_starts(
                 device,
                 first_block: geometry.segment_first_block(*index),
             };
-            chain::first_incarnation(&mut source, segment_size_blocks).await
+            chain::first_incarnation(&mut source, geometry.segment_shape(*index)).await
         });
         for (index, result) in group.iter().zip(futures::future::join_all(probes).await) {
             starts.extend(walk_start(*index, result?, body));
@@ -1266,7 +1283,6 @@ async fn walk_segments(
     geometry: &Geometry,
     starts: &[WalkStart],
 ) -> Result<ScannedLog, EngineError> {
-    let segment_size_blocks = block_in_segment(geometry.segment_size_blocks);
     let walks = starts.iter().map(|start| async move {
         let mut source = DeviceSegment {
             device,
@@ -1274,7 +1290,7 @@ async fn walk_segments(
         };
         let chain = chain::walk(
             &mut source,
-            segment_size_blocks,
+            geometry.segment_shape(start.segment_index),
             start.first_block,
             Some(start.segment_sequence),
         )

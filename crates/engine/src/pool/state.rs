@@ -64,7 +64,7 @@ impl State {
             geometry,
             volumes: VolumeTable::new(),
             space: SpaceAllocator::new(geometry, limits.test_hooks.reuse_freed_segments_first),
-            writer: LogWriter::new(geometry.segment_size_blocks),
+            writer: LogWriter::new(geometry),
             placement: Placement::new(
                 limits.separate_client_writes_by_lifespan
                     && one_tier

@@ -10,6 +10,7 @@ use super::device_full::DeviceFullStatus;
 use super::inner::Pool;
 use super::integrity::IntegrityStatus;
 use super::limits::PoolLimits;
+use super::scrub::ScrubStatus;
 use super::space::Allocation;
 use super::state::State;
 use crate::BLOCK_SIZE_BYTES;
@@ -77,6 +78,8 @@ pub struct PoolStatus {
     /// Damage found (checksum errors, repaired summaries, lost batches,
     /// segments set aside) since the pool opened.
     pub integrity: IntegrityStatus,
+    /// The latest scrub's progress and findings.
+    pub scrub: ScrubStatus,
 }
 
 /// One tier's space.
@@ -276,6 +279,7 @@ impl Pool {
             promoted_blocks: moves.promoted_blocks,
             demoted_blocks: moves.demoted_blocks,
             integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
+            scrub: self.inner.scrub.status(),
         }
     }
 

@@ -17,7 +17,7 @@ use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
 };
 use crate::log::chain::BATCH_TAIL_BLOCKS_MAX;
-use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, SEGMENT_SIZE_BLOCKS_MIN};
+use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry, SEGMENT_SIZE_BLOCKS_MIN};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 use super::space::LogProgress;
@@ -201,6 +201,8 @@ pub struct SealedBatch {
 
 /// Heads, open batches, batches in flight and the log's sequences.
 pub struct LogWriter {
+    /// Where segments are and how their batches align to rows.
+    geometry: Geometry,
     segment_size_blocks: u32,
     /// Log heads, indexed by [`Stream`].
     heads: [Option<Head>; STREAM_COUNT],
@@ -219,9 +221,10 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    pub fn new(segment_size_blocks: u64) -> Self {
+    pub fn new(geometry: Geometry) -> Self {
         Self {
-            segment_size_blocks: u32::try_from(segment_size_blocks)
+            geometry,
+            segment_size_blocks: u32::try_from(geometry.segment_size_blocks)
                 .expect("segment sizes fit in 32 bits of blocks (Geometry checks)"),
             heads: [None; STREAM_COUNT],
             open_batches: Default::default(),
@@ -439,7 +442,12 @@ impl LogWriter {
             .expect("an open batch has a head");
         assert_eq!(head.segment_index, batch.segment_index);
         assert_eq!(head.next_block_in_segment, batch.block_in_segment);
-        head.next_block_in_segment += block_count;
+        // The next batch starts at the next row: a striped tier's array
+        // writes whole rows only, so the rest of this batch's last row stays
+        // padding (format version 6, `log::chain::SegmentShape`).
+        let shape = self.geometry.segment_shape(batch.segment_index);
+        head.next_block_in_segment =
+            shape.next_batch_start(head.next_block_in_segment + block_count);
         assert!(head.next_block_in_segment <= self.segment_size_blocks);
         let head_full = !head.has_room_for_a_data_block(self.segment_size_blocks);
         let in_flight = Arc::new(InFlightBatch {

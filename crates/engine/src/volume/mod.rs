@@ -427,6 +427,28 @@ impl VolumeTable {
         }
     }
 
+    /// Calls `visit` with every mapping of every map, skipping chunks already
+    /// visited through another map (scrub's list of live blocks).
+    pub fn for_each_distinct_mapping(&self, visit: &mut dyn FnMut(map::Mapping)) {
+        let mut seen: std::collections::HashSet<*const map::Chunk> = Default::default();
+        for volume in self.volumes.values() {
+            for map in volume.maps() {
+                for (_, chunk) in map.shared_chunks() {
+                    if !seen.insert(std::sync::Arc::as_ptr(chunk)) {
+                        continue;
+                    }
+                    let entries = chunk.physical_blocks.iter().zip(&chunk.checksums);
+                    for (physical_block, checksum) in entries.filter(|(block, _)| **block != 0) {
+                        visit(map::Mapping {
+                            physical_block: *physical_block,
+                            checksum: *checksum,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
     /// Names of the volumes cloned from a snapshot.
     pub fn clone_names(&self, origin: Origin) -> Vec<String> {
         self.clones

@@ -1,0 +1,281 @@
+//! Scrub: reads every live block of every tier, checks it against its
+//! checksum, and rebuilds what fails from the device's redundancy (an
+//! array's parity or copies; the device rewrites the bad copy). It owns its
+//! progress counters, takes the state lock only to list the live blocks and,
+//! on a mismatch, to check that the block is still live (a block the cleaner
+//! moved away since the list was made is no damage), and paces itself to
+//! `scrub_bytes_per_second_max` so that clients keep the device.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::error::{EngineError, IoError};
+use crate::log::batch::block_checksum;
+use crate::volume::map::Mapping;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
+
+use super::Pool;
+
+/// What scrub is doing, named as zpool names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubState {
+    /// Never ran since the pool opened.
+    #[default]
+    None,
+    Scrubbing,
+    Finished,
+}
+
+/// Scrub's progress and findings (the latest scrub since the pool opened).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ScrubStatus {
+    pub state: ScrubState,
+    /// Live blocks to check.
+    pub blocks_total: u64,
+    pub blocks_scrubbed: u64,
+    /// Blocks that failed their checksum and were rebuilt and rewritten.
+    pub blocks_repaired: u64,
+    /// Blocks that failed their checksum (or could not be read) and could
+    /// not be rebuilt: reading them is an I/O error.
+    pub blocks_unrepairable: u64,
+    pub elapsed_ms: u64,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct Scrubber {
+    running: AtomicBool,
+    ran: AtomicBool,
+    blocks_total: AtomicU64,
+    blocks_scrubbed: AtomicU64,
+    blocks_repaired: AtomicU64,
+    blocks_unrepairable: AtomicU64,
+    timing: Mutex<ScrubTiming>,
+}
+
+#[derive(Debug, Default)]
+struct ScrubTiming {
+    started: Option<Instant>,
+    elapsed: Duration,
+}
+
+impl Scrubber {
+    /// Starts a scrub; false if one is running.
+    fn start(&self) -> bool {
+        if self.running.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.ran.store(true, Ordering::SeqCst);
+        for counter in [
+            &self.blocks_total,
+            &self.blocks_scrubbed,
+            &self.blocks_repaired,
+            &self.blocks_unrepairable,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        *self.timing.lock().expect("scrub timing lock") = ScrubTiming {
+            started: Some(Instant::now()),
+            elapsed: Duration::ZERO,
+        };
+        true
+    }
+
+    fn finish(&self) {
+        let mut timing = self.timing.lock().expect("scrub timing lock");
+        timing.elapsed = timing
+            .started
+            .map(|started| started.elapsed())
+            .unwrap_or_default();
+        timing.started = None;
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    pub fn status(&self) -> ScrubStatus {
+        let running = self.running.load(Ordering::SeqCst);
+        let state = match (running, self.ran.load(Ordering::SeqCst)) {
+            (true, _) => ScrubState::Scrubbing,
+            (false, true) => ScrubState::Finished,
+            (false, false) => ScrubState::None,
+        };
+        let timing = self.timing.lock().expect("scrub timing lock");
+        let elapsed = timing
+            .started
+            .map_or(timing.elapsed, |started| started.elapsed());
+        ScrubStatus {
+            state,
+            blocks_total: self.blocks_total.load(Ordering::Relaxed),
+            blocks_scrubbed: self.blocks_scrubbed.load(Ordering::Relaxed),
+            blocks_repaired: self.blocks_repaired.load(Ordering::Relaxed),
+            blocks_unrepairable: self.blocks_unrepairable.load(Ordering::Relaxed),
+            elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// Blocks scrub reads in one device request at most.
+pub const SCRUB_RUN_BLOCKS_MAX: usize = 64;
+
+impl Pool {
+    /// Scrubs the whole pool and returns what it found; refused while a
+    /// scrub is running. Flushes first, so that every live block is on the
+    /// device.
+    pub async fn scrub(&self) -> Result<ScrubStatus, EngineError> {
+        if !self.inner.scrub.start() {
+            return Err(EngineError::Io(IoError::ScrubRunning));
+        }
+        let result = self.scrub_all().await;
+        self.inner.scrub.finish();
+        result.map(|()| self.inner.scrub.status())
+    }
+
+    /// Scrub's progress (also in `pool status`).
+    pub fn scrub_status(&self) -> ScrubStatus {
+        self.inner.scrub.status()
+    }
+
+    async fn scrub_all(&self) -> Result<(), EngineError> {
+        self.flush().await?;
+        let mappings = self.live_mappings();
+        let scrubber = &self.inner.scrub;
+        scrubber
+            .blocks_total
+            .store(mappings.len() as u64, Ordering::Relaxed);
+        let started = Instant::now();
+        for run in physical_runs(&mappings) {
+            self.scrub_run(run).await;
+            scrubber
+                .blocks_scrubbed
+                .fetch_add(run.len() as u64, Ordering::Relaxed);
+            self.pace_scrub(started).await;
+        }
+        Ok(())
+    }
+
+    /// Every distinct live block (physical order), with its checksum.
+    fn live_mappings(&self) -> Vec<Mapping> {
+        let state = self.inner.lock();
+        let mut mappings = Vec::new();
+        state
+            .volumes()
+            .for_each_distinct_mapping(&mut |mapping| mappings.push(mapping));
+        drop(state);
+        mappings.sort_unstable_by_key(|mapping| mapping.physical_block);
+        mappings.dedup_by_key(|mapping| mapping.physical_block);
+        mappings
+    }
+
+    async fn scrub_run(&self, run: &[Mapping]) {
+        let offset = run[0].physical_block * BLOCK_SIZE_BYTES;
+        let read = self
+            .inner
+            .device
+            .read(offset, run.len() * BLOCK_BYTES)
+            .await;
+        let scrubber = &self.inner.scrub;
+        let data = match read {
+            Ok(data) => data,
+            Err(error) => {
+                tracing::error!(%error, "scrub could not read live blocks");
+                scrubber
+                    .blocks_unrepairable
+                    .fetch_add(run.len() as u64, Ordering::Relaxed);
+                return;
+            }
+        };
+        for (mapping, contents) in run.iter().zip(data.chunks_exact(BLOCK_BYTES)) {
+            if block_checksum(contents) == mapping.checksum || !self.still_live(mapping) {
+                continue;
+            }
+            if self
+                .recover_block(mapping.physical_block, 0, mapping.checksum)
+                .await
+                .is_some()
+            {
+                scrubber.blocks_repaired.fetch_add(1, Ordering::Relaxed);
+            } else {
+                tracing::error!(
+                    physical_block = mapping.physical_block,
+                    "scrub found a block that fails its checksum and cannot be rebuilt"
+                );
+                self.inner.integrity.read_checksum_error();
+                scrubber.blocks_unrepairable.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether some map still holds `mapping` (a mismatch on a block moved
+    /// away and overwritten since the list was made is no damage). Rare: only
+    /// on a mismatch.
+    fn still_live(&self, mapping: &Mapping) -> bool {
+        let state = self.inner.lock();
+        let mut live = false;
+        state.volumes().for_each_distinct_mapping(&mut |held| {
+            live |= held == *mapping;
+        });
+        live
+    }
+
+    /// Sleeps as long as scrub is ahead of `scrub_bytes_per_second_max`, and
+    /// yields to other tasks in any case.
+    async fn pace_scrub(&self, started: Instant) {
+        let rate = self.inner.limits.scrub_bytes_per_second_max;
+        let scrubbed = self.inner.scrub.blocks_scrubbed.load(Ordering::Relaxed);
+        if rate > 0 {
+            let due = Duration::from_secs_f64((scrubbed * BLOCK_SIZE_BYTES) as f64 / rate as f64);
+            if let Some(ahead) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(ahead).await;
+                return;
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Runs of physically consecutive blocks, each at most
+/// [`SCRUB_RUN_BLOCKS_MAX`] long.
+fn physical_runs(mappings: &[Mapping]) -> Vec<&[Mapping]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for index in 1..=mappings.len() {
+        let breaks = index == mappings.len()
+            || mappings[index].physical_block != mappings[index - 1].physical_block + 1
+            || index - start == SCRUB_RUN_BLOCKS_MAX;
+        if breaks {
+            runs.push(&mappings[start..index]);
+            start = index;
+        }
+    }
+    assert_eq!(
+        runs.iter().map(|run| run.len()).sum::<usize>(),
+        mappings.len(),
+        "runs cover every block once"
+    );
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(physical_block: u64) -> Mapping {
+        Mapping {
+            physical_block,
+            checksum: 0,
+        }
+    }
+
+    #[test]
+    fn runs_break_at_gaps_and_at_their_length() {
+        let mut mappings: Vec<Mapping> = (10..80).map(mapping).collect();
+        mappings.push(mapping(100));
+        let runs = physical_runs(&mappings);
+        let lengths: Vec<usize> = runs.iter().map(|run| run.len()).collect();
+        assert_eq!(lengths, vec![64, 6, 1]);
+        assert!(physical_runs(&[]).is_empty());
+    }
+}
