@@ -3,6 +3,8 @@
 //! the benchmark. Volume and pool commands talk to the running daemon over its
 //! admin socket, or open the pool directly when no daemon runs.
 
+mod pool_commands;
+
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -84,13 +86,21 @@ enum PoolCommand {
     Create {
         #[command(flatten)]
         data: DataArgs,
-        /// The flash device: PATH or PATH:SIZE (e.g. /dev/nvme0n1, ./pool.img:64G).
+        /// The flash device: PATH or PATH:SIZE (e.g. /dev/nvme0n1, ./pool.img:64G),
+        /// or several, comma-separated, striped under --redundancy.
         #[arg(long)]
         flash: String,
-        /// The capacity device of a two-tier pool: PATH or PATH:SIZE. Cold
-        /// data moves there; data read again moves back to flash.
+        /// The capacity device(s) of a two-tier pool: PATH or PATH:SIZE, or a
+        /// comma-separated list. Cold data moves there; data read again moves
+        /// back to flash.
         #[arg(long)]
         capacity: Option<String>,
+        /// How a tier's devices protect each other: raid6 (any two may fail),
+        /// raid5 (any one), mirror (all but one), none (striped, no
+        /// protection). Required with several devices; one device per tier
+        /// without it is a pool on plain devices.
+        #[arg(long, value_parser = pool_commands::parse_redundancy)]
+        redundancy: Option<lamina_layout::Redundancy>,
         /// A latency model for the flash device: none, or hdd-7200 (a 7,200 rpm
         /// SATA disk; with no --capacity, a pool on a modelled disk alone).
         #[arg(long, value_name = "MODEL", value_parser = lamina_control::store::BUILT_IN_DEVICE_MODELS)]
@@ -107,8 +117,20 @@ enum PoolCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Read every live block, check it against its checksum and repair what
+    /// fails from redundancy (parity or copies), in the background.
+    Scrub {
+        #[command(flatten)]
+        data: DataArgs,
+        /// Wait for the end, with a progress bar.
+        #[arg(long)]
+        wait: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Capacity, used, free and reserved space, write amplification; per-tier
-    /// space, promotions and demotions in a two-tier pool.
+    /// space, promotions and demotions in a two-tier pool; the state of each
+    /// device of an array pool.
     Status {
         #[command(flatten)]
         data: DataArgs,
@@ -342,6 +364,20 @@ fn json_name<T: serde::Serialize>(value: &T) -> String {
     }
 }
 
+/// What `pool create` prints: the new pool's status.
+fn print_created(status: &PoolStatus, devices: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        // Through a `Value`, as the other commands print, so that the keys
+        // come in the same order.
+        let value = serde_json::to_value(status)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        println!("created pool on {devices}");
+        print_status(status);
+    }
+    Ok(())
+}
+
 fn print_status(status: &PoolStatus) {
     println!("device               {}", status.device);
     println!(
@@ -398,6 +434,12 @@ fn print_status(status: &PoolStatus) {
         println!("demoted              {} blocks", status.demoted_blocks);
     }
     print_integrity(&status.integrity);
+    if status.scrub.state != lamina_api::ScrubState::None {
+        pool_commands::print_scrub(&status.scrub);
+    }
+    if let Some(layout) = &status.layout {
+        pool_commands::print_layout(layout);
+    }
     if let Some(device_full) = &status.device_full {
         println!(
             "DEVICE FULL          {} batches wait for space: {}",
@@ -423,6 +465,10 @@ fn print_integrity(integrity: &IntegrityStatus) {
         (
             integrity.lost_batches,
             "flushed batches lost (both summary copies damaged): DATA LOSS",
+        ),
+        (
+            integrity.checksum_errors_repaired,
+            "damaged blocks rebuilt from redundancy and rewritten",
         ),
         (
             integrity.summaries_repaired,
@@ -551,12 +597,36 @@ async fn run(command: Command) -> anyhow::Result<()> {
             capacity,
             flash_model,
             capacity_model,
+            redundancy,
             segment_size,
             force,
             json,
         }) => {
             use lamina_control::store::TierDevice;
             let _lock = lamina_control::store::lock_directory(&data.data_dir)?;
+            let flash_list = pool_commands::split_devices(&flash);
+            let capacity_list = capacity
+                .as_deref()
+                .map(pool_commands::split_devices)
+                .unwrap_or_default();
+            let array = pool_commands::array_request(
+                &flash_list,
+                &capacity_list,
+                redundancy,
+                [flash_model.as_deref(), capacity_model.as_deref()],
+            )?;
+            if let Some(request) = array {
+                let options = PoolOptions {
+                    segment_size_bytes: segment_size,
+                    force,
+                    ..PoolOptions::default()
+                };
+                let status = pool_commands::create_arrays(&data.data_dir, &request, options)
+                    .await
+                    .with_context(|| format!("cannot create a pool on {flash}"))
+                    .map_err(with_flag_hint)?;
+                return print_created(&status, &flash, json);
+            }
             let flash = TierDevice::from_argument(&flash, flash_model.as_deref())?;
             let capacity = capacity
                 .map(|capacity| TierDevice::from_argument(&capacity, capacity_model.as_deref()))
@@ -585,16 +655,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             .map_err(with_flag_hint)?;
             let status = lamina_control::api::pool_status(pool.status());
             pool.close().await?;
-            if json {
-                // Through a `Value`, as the other commands print, so that the
-                // keys come in the same order.
-                let value = serde_json::to_value(&status)?;
-                println!("{}", serde_json::to_string_pretty(&value)?);
-            } else {
-                println!("created pool on {devices}");
-                print_status(&status);
-            }
-            Ok(())
+            print_created(&status, &devices, json)
+        }
+        Command::Pool(PoolCommand::Scrub { data, wait, json }) => {
+            pool_commands::scrub(&data.data_dir, wait, json).await
         }
         Command::Pool(PoolCommand::Status { data, json }) => {
             admin(data, Operation::PoolStatus, json, print_status).await

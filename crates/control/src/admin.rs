@@ -75,6 +75,12 @@ pub enum Operation {
         volume: String,
         snapshot: String,
     },
+    /// Reads every live block, checks it, repairs what fails from redundancy.
+    PoolScrub {
+        /// Scrub to the end before answering (otherwise in the background).
+        #[serde(default)]
+        wait: bool,
+    },
     /// Refused while NBD clients have the volume open, unless `force`.
     SnapshotRollback {
         volume: String,
@@ -96,6 +102,8 @@ pub enum Operation {
 #[derive(Clone)]
 pub struct AdminContext {
     pub pool: Pool,
+    /// The arrays under the pool (empty for plain devices).
+    pub layout: crate::layout::PoolLayout,
     pub open_exports: OpenExports,
     pub nbd_server: Option<Arc<NbdServer>>,
 }
@@ -235,7 +243,8 @@ pub async fn execute(
         } => serde_json::to_value(api::volume_info(
             pool.clone_snapshot(&volume, &snapshot, &new_name).await?,
         )),
-        Operation::PoolStatus => serde_json::to_value(api::pool_status(pool.status())),
+        Operation::PoolStatus => serde_json::to_value(pool_status(context)),
+        Operation::PoolScrub { wait } => serde_json::to_value(scrub(pool, wait).await?),
     };
     Ok(value.expect("admin results serialise"))
 }
@@ -267,6 +276,39 @@ async fn operations(
         )
             .into_response(),
     }
+}
+
+/// `pool status`: the engine's figures and, for arrays, the devices.
+fn pool_status(context: &AdminContext) -> lamina_api::PoolStatus {
+    let mut status = api::pool_status(context.pool.status());
+    status.layout = context.layout.status();
+    status
+}
+
+/// Scrubs the pool: to the end when `wait`, otherwise in the background
+/// (progress in `pool status`). A scrub already running is refused.
+async fn scrub(pool: &Pool, wait: bool) -> Result<lamina_api::ScrubStatus, OperationError> {
+    if wait {
+        return Ok(api::scrub_status(pool.scrub().await?));
+    }
+    if pool.scrub_status().state == lamina_engine::ScrubState::Scrubbing {
+        return Err(lamina_engine::EngineError::Io(IoError::ScrubRunning).into());
+    }
+    let background = pool.clone();
+    tokio::spawn(async move {
+        match background.scrub().await {
+            Ok(found) => tracing::info!(
+                scrubbed = found.blocks_scrubbed,
+                repaired = found.blocks_repaired,
+                unrepairable = found.blocks_unrepairable,
+                "scrub finished"
+            ),
+            Err(error) => tracing::error!(%error, "scrub failed"),
+        }
+    });
+    // Let the scrub start, so that the answer shows it running.
+    tokio::task::yield_now().await;
+    Ok(api::scrub_status(pool.scrub_status()))
 }
 
 async fn health() -> &'static str {
@@ -421,10 +463,56 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
         ));
     }
     tier_metrics(pool, &status, &volumes, &mut text);
+    scrub_metrics(
+        &status.scrub,
+        status.integrity.checksum_errors_repaired,
+        &mut text,
+    );
+    context.layout.metrics(&mut text);
     if let Some(server) = &context.nbd_server {
         nbd_metrics(server, &mut text);
     }
     ([("content-type", "text/plain; version=0.0.4")], text)
+}
+
+/// Scrub's progress and the blocks repaired from redundancy.
+fn scrub_metrics(scrub: &lamina_engine::ScrubStatus, repaired: u64, text: &mut String) {
+    let series = [
+        (
+            "lamina_scrub_blocks_total",
+            "gauge",
+            "Live blocks the latest scrub checks.",
+            scrub.blocks_total,
+        ),
+        (
+            "lamina_scrub_blocks_scrubbed",
+            "gauge",
+            "Live blocks the latest scrub has checked.",
+            scrub.blocks_scrubbed,
+        ),
+        (
+            "lamina_scrub_blocks_repaired",
+            "gauge",
+            "Blocks the latest scrub rebuilt from redundancy.",
+            scrub.blocks_repaired,
+        ),
+        (
+            "lamina_scrub_blocks_unrepairable",
+            "gauge",
+            "Blocks the latest scrub found damaged beyond repair.",
+            scrub.blocks_unrepairable,
+        ),
+        (
+            "lamina_checksum_errors_repaired_total",
+            "counter",
+            "Blocks that failed their checksum and were rebuilt from redundancy since the pool opened.",
+            repaired,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        metric_header(text, name, kind, help);
+        text.push_str(&format!("{name} {value}\n"));
+    }
 }
 
 /// The NBD server's connections, handshakes in progress, and the connections

@@ -18,6 +18,13 @@ use crate::admin::{AdminContext, Operation, OperationError, execute};
 use crate::store::{ADMIN_SOCKET_FILE, DirectoryInUse, lock_directory, open_pool};
 use lamina_device::{DeviceError, DeviceErrorKind};
 
+/// Whether a daemon serves the pool in `data_dir` (its admin socket answers).
+pub async fn daemon_running(data_dir: &Path) -> bool {
+    UnixStream::connect(data_dir.join(ADMIN_SOCKET_FILE))
+        .await
+        .is_ok()
+}
+
 /// Runs `operation` against the pool in `data_dir`, through the daemon when one
 /// runs. A refused operation is an [`OperationError`] (callers may downcast to
 /// it for its kind), the same through the daemon and directly.
@@ -34,12 +41,13 @@ pub async fn run_operation(
         .await
         .map_err(point_at_daemon)?;
     let context = AdminContext {
-        pool: pool.clone(),
+        pool: pool.pool.clone(),
+        layout: pool.layout.clone(),
         open_exports: Default::default(),
         nbd_server: None,
     };
     let result = execute(&context, operation).await;
-    pool.close().await.context("closing the pool")?;
+    pool.pool.close().await.context("closing the pool")?;
     result.map_err(anyhow::Error::new)
 }
 

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use lamina_engine::Pool;
 use lamina_nbd::{CancellationToken, NbdServer};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -16,7 +15,7 @@ use crate::store::{self, ADMIN_SOCKET_FILE, EMBEDDED_POOL_FILE};
 
 /// Opens the pool in the data directory, creating the embedded default when the
 /// directory has none.
-async fn open_or_create(config: &Config) -> anyhow::Result<Pool> {
+async fn open_or_create(config: &Config) -> anyhow::Result<store::OpenedPool> {
     let data_dir = &config.data_dir;
     if store::read_description(data_dir)?.is_some() {
         return store::open_pool_with_models(
@@ -44,7 +43,10 @@ async fn open_or_create(config: &Config) -> anyhow::Result<Pool> {
         pool.create_volume(DEFAULT_EXPORT_NAME, config.pool.default_volume_bytes)
             .await?;
     }
-    Ok(pool)
+    Ok(store::OpenedPool {
+        pool,
+        layout: Default::default(),
+    })
 }
 
 fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
@@ -57,7 +59,7 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
 /// Runs the daemon until a signal asks it to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let _lock = store::lock_directory(&config.data_dir)?;
-    let pool = open_or_create(&config).await?;
+    let store::OpenedPool { pool, layout } = open_or_create(&config).await?;
     let open_exports = crate::export::OpenExports::default();
     let catalog = Arc::new(PoolCatalog {
         pool: pool.clone(),
@@ -90,6 +92,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     {
         let router = crate::admin::router(crate::admin::AdminContext {
             pool: pool.clone(),
+            layout,
             open_exports,
             nbd_server: Some(server.clone()),
         });

@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod export;
+pub mod layout;
 pub mod store;
 
 pub use lamina_api::size;

@@ -20,6 +20,10 @@ use lamina_device::{
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
 use serde::{Deserialize, Serialize};
 
+mod array;
+
+pub use array::{ArrayPoolRequest, OpenedPool, create_array_pool};
+
 pub const POOL_DESCRIPTION_FILE: &str = "pool.toml";
 pub const LOCK_FILE: &str = "lock";
 pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
@@ -49,6 +53,17 @@ pub struct PoolDescription {
     /// The latency model the capacity device runs behind (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_model: Option<String>,
+    /// An array pool's flash devices, where they were last seen (the array
+    /// finds each one's place from its label); empty for one device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flash_devices: Vec<PathBuf>,
+    /// An array pool's capacity devices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity_devices: Vec<PathBuf>,
+    /// An array pool's redundancy (`none`, `mirror`, `raid5`, `raid6`);
+    /// absent for a pool on one device per tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redundancy: Option<String>,
 }
 
 /// A device model name that is neither built in nor defined in the config.
@@ -426,6 +441,9 @@ async fn create_described_pool(
         flash_model: recorded_model(flash.model.as_deref()),
         capacity: capacity.map(|capacity| canonical(&capacity.path)),
         capacity_model: capacity.and_then(|capacity| recorded_model(capacity.model.as_deref())),
+        flash_devices: Vec::new(),
+        capacity_devices: Vec::new(),
+        redundancy: None,
     };
     std::fs::write(
         description_path(data_dir),
@@ -478,7 +496,7 @@ async fn create_on_devices(
 
 /// Opens the pool described in `data_dir`, each device behind the model
 /// `pool.toml` names (built-in parameters).
-pub async fn open_pool(data_dir: &Path, limits: PoolLimits) -> anyhow::Result<Pool> {
+pub async fn open_pool(data_dir: &Path, limits: PoolLimits) -> anyhow::Result<OpenedPool> {
     open_pool_with_models(data_dir, limits, &DeviceModels::default()).await
 }
 
@@ -488,7 +506,7 @@ pub async fn open_pool_with_models(
     data_dir: &Path,
     limits: PoolLimits,
     models: &DeviceModels,
-) -> anyhow::Result<Pool> {
+) -> anyhow::Result<OpenedPool> {
     let description = read_description(data_dir)?.ok_or_else(|| {
         anyhow::anyhow!(
             "no pool in {} (create one with `lamina pool create --data {} --flash PATH[:SIZE]`, or run `lamina serve` to create the embedded default)",
@@ -506,27 +524,36 @@ pub async fn open_pool_with_models(
             .with_context(|| format!("the {tier} tier's device model"))
     };
     let flash_model = model("flash", &description.flash_model, &models.flash_override)?;
-    let flash = open_tier_device(&description.flash, None, flash_model)?;
-    let device: Arc<dyn BlockDevice> = match &description.capacity {
+    let capacity_model = match description.capacity {
+        Some(_) => model(
+            "capacity",
+            &description.capacity_model,
+            &models.capacity_override,
+        )?,
         None => {
             if models.capacity_override.is_some() {
                 tracing::warn!(
                     "the config sets a capacity device model, but the pool has no capacity tier"
                 );
             }
-            flash
+            None
         }
+    };
+    if description.redundancy.is_some() {
+        return array::open_array_pool(&description, limits, [flash_model, capacity_model]).await;
+    }
+    let flash = open_tier_device(&description.flash, None, flash_model)?;
+    let device: Arc<dyn BlockDevice> = match &description.capacity {
+        None => flash,
         Some(path) => {
-            let capacity_model = model(
-                "capacity",
-                &description.capacity_model,
-                &models.capacity_override,
-            )?;
             let capacity = open_tier_device(path, None, capacity_model)?;
             Arc::new(ConcatenatedDevice::new(flash, capacity))
         }
     };
-    Ok(Pool::open(device, limits).await?)
+    Ok(OpenedPool {
+        pool: Pool::open(device, limits).await?,
+        layout: Default::default(),
+    })
 }
 
 #[cfg(test)]
@@ -550,6 +577,9 @@ mod tests {
             flash_model: None,
             capacity: Some(PathBuf::from("/dev/sda")),
             capacity_model: recorded_model(Some(HDD_7200_DEVICE_MODEL)),
+            flash_devices: Vec::new(),
+            capacity_devices: Vec::new(),
+            redundancy: None,
         };
         let text = toml::to_string(&two_tier).unwrap();
         let read: PoolDescription = toml::from_str(&text).unwrap();

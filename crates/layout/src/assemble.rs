@@ -248,9 +248,22 @@ pub async fn assemble(
         }
         labelled.push(Labelled { member, label });
     }
+    // The array most devices belong to is the one being assembled (a device
+    // of another pool among them is the odd one out), at its newest label.
+    let members_of = |identifier: u128| {
+        labelled
+            .iter()
+            .filter(|candidate| candidate.label.array_identifier == identifier)
+            .count()
+    };
     let reference = labelled
         .iter()
-        .max_by_key(|candidate| candidate.label.generation)
+        .max_by_key(|candidate| {
+            (
+                members_of(candidate.label.array_identifier),
+                candidate.label.generation,
+            )
+        })
         .map(|candidate| candidate.label.clone())
         .ok_or_else(|| ArrayError::NoLabelledMember {
             tier: tier.name(),

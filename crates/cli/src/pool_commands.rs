@@ -1,0 +1,182 @@
+//! `lamina pool create` on several devices per tier (arrays), `lamina pool
+//! scrub`, and the device table of `lamina pool status`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use lamina_api::{LayoutStatus, PoolStatus, ScrubState, ScrubStatus};
+use lamina_control::admin::Operation;
+use lamina_control::client::{daemon_running, run_operation};
+use lamina_control::size::format_size;
+use lamina_control::store::{ArrayPoolRequest, TierDevice};
+use lamina_engine::PoolOptions;
+use lamina_layout::Redundancy;
+
+/// How often `pool scrub --wait` asks the daemon for progress.
+const SCRUB_POLL_INTERVAL_MS: u64 = 200;
+
+/// `--flash`/`--capacity` as given: one `PATH[:SIZE]` or a comma-separated list.
+pub fn split_devices(argument: &str) -> Vec<&str> {
+    argument
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .collect()
+}
+
+/// The redundancy names `--redundancy` accepts.
+pub fn parse_redundancy(text: &str) -> Result<Redundancy, String> {
+    Redundancy::parse(text).ok_or_else(|| {
+        let known: Vec<&str> = Redundancy::ALL.iter().map(|scheme| scheme.name()).collect();
+        format!("unknown redundancy {text:?} (known: {})", known.join(", "))
+    })
+}
+
+/// Whether `pool create` makes arrays: several devices in a tier, or a
+/// redundancy scheme named. With several devices the scheme must be named.
+pub fn array_request(
+    flash: &[&str],
+    capacity: &[&str],
+    redundancy: Option<Redundancy>,
+    models: [Option<&str>; 2],
+) -> anyhow::Result<Option<ArrayPoolRequest>> {
+    let several = flash.len() > 1 || capacity.len() > 1;
+    let redundancy = match redundancy {
+        None if several => anyhow::bail!(
+            "{} flash and {} capacity devices given: say how they protect each other with --redundancy raid6, raid5, mirror or none",
+            flash.len(),
+            capacity.len()
+        ),
+        None | Some(Redundancy::None) if !several => return Ok(None),
+        None => unreachable!("handled above"),
+        Some(redundancy) => redundancy,
+    };
+    let tier = |arguments: &[&str], model: Option<&str>| -> anyhow::Result<Vec<TierDevice>> {
+        arguments
+            .iter()
+            .map(|argument| TierDevice::from_argument(argument, model))
+            .collect()
+    };
+    Ok(Some(ArrayPoolRequest {
+        flash: tier(flash, models[0])?,
+        capacity: tier(capacity, models[1])?,
+        redundancy,
+    }))
+}
+
+/// `pool create` for arrays; returns the new pool's status.
+pub async fn create_arrays(
+    data_dir: &std::path::Path,
+    request: &ArrayPoolRequest,
+    options: PoolOptions,
+) -> anyhow::Result<PoolStatus> {
+    let opened =
+        lamina_control::store::create_array_pool(data_dir, request, options, Default::default())
+            .await?;
+    let mut status = lamina_control::api::pool_status(opened.pool.status());
+    status.layout = opened.layout.status();
+    opened.pool.close().await?;
+    Ok(status)
+}
+
+/// `lamina pool scrub [--wait] [--json]`.
+pub async fn scrub(data_dir: &std::path::Path, wait: bool, json: bool) -> anyhow::Result<()> {
+    let through_daemon = daemon_running(data_dir).await;
+    // Offline, the scrub must finish before the pool closes.
+    let wait_here = wait && !through_daemon;
+    let started = run_operation(data_dir, Operation::PoolScrub { wait: wait_here }).await?;
+    let mut status: ScrubStatus = serde_json::from_value(started)
+        .context("the admin API's answer is not the document this lamina reads")?;
+    if wait && through_daemon {
+        status = follow_scrub(data_dir, json).await?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print_scrub(&status);
+    }
+    if status.blocks_unrepairable > 0 {
+        anyhow::bail!(
+            "{} blocks are damaged beyond repair (reading them is an I/O error)",
+            status.blocks_unrepairable
+        );
+    }
+    Ok(())
+}
+
+/// Polls the daemon until the scrub finishes, drawing a progress bar
+/// (percent, rate, ETA) unless the output is JSON.
+async fn follow_scrub(data_dir: &std::path::Path, json: bool) -> anyhow::Result<ScrubStatus> {
+    let bar = if json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "scrub [{bar:40}] {percent:>3}% {pos}/{len} blocks {per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    loop {
+        let value = run_operation(data_dir, Operation::PoolStatus).await?;
+        let status: PoolStatus = serde_json::from_value(value)
+            .context("the admin API's answer is not the document this lamina reads")?;
+        bar.set_length(status.scrub.blocks_total);
+        bar.set_position(status.scrub.blocks_scrubbed);
+        if status.scrub.state != ScrubState::Scrubbing {
+            bar.finish_and_clear();
+            return Ok(status.scrub);
+        }
+        tokio::time::sleep(Duration::from_millis(SCRUB_POLL_INTERVAL_MS)).await;
+    }
+}
+
+pub fn print_scrub(scrub: &ScrubStatus) {
+    let state = match scrub.state {
+        ScrubState::None => "none since the pool opened",
+        ScrubState::Scrubbing => "scrubbing",
+        ScrubState::Finished => "finished",
+    };
+    println!(
+        "scrub                {state}: {} of {} live blocks checked, {} repaired, {} unrepairable ({:.1} s)",
+        scrub.blocks_scrubbed,
+        scrub.blocks_total,
+        scrub.blocks_repaired,
+        scrub.blocks_unrepairable,
+        scrub.elapsed_ms as f64 / 1000.0
+    );
+}
+
+/// The state and device table of `pool status`, zpool-style.
+pub fn print_layout(layout: &LayoutStatus) {
+    println!("state                {}", layout.state);
+    for tier in &layout.tiers {
+        println!(
+            "{:<21}{} over {} devices, {} ({} may be lost)",
+            format!("{} array", tier.tier),
+            tier.redundancy,
+            tier.devices.len(),
+            tier.state,
+            tier.parity_devices
+        );
+        println!(
+            "  {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  path",
+            "index", "state", "read", "written", "errors", "repaired"
+        );
+        for device in &tier.devices {
+            println!(
+                "  {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  {}",
+                device.index,
+                device.state,
+                format_size(device.bytes_read),
+                format_size(device.bytes_written),
+                device.io_errors,
+                device.checksum_errors_repaired,
+                device.path
+            );
+        }
+    }
+}

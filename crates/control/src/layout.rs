@@ -1,0 +1,159 @@
+//! The pool's devices when a tier is an array (`lamina_layout`): the arrays
+//! the pool runs on, kept beside the pool so that `pool status`, `/metrics`
+//! and the device commands can show and act on each device. A pool on one
+//! device per tier has no layout.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use lamina_api as api;
+use lamina_layout::{ArrayState, RedundantArray, TierRole};
+
+/// One tier's array.
+#[derive(Clone, Debug)]
+pub struct TierArray {
+    pub tier: TierRole,
+    pub array: Arc<RedundantArray>,
+}
+
+/// The arrays of a pool, flash first (empty for a pool on plain devices).
+#[derive(Clone, Debug, Default)]
+pub struct PoolLayout {
+    tiers: Vec<TierArray>,
+}
+
+impl PoolLayout {
+    pub fn new(tiers: Vec<TierArray>) -> Self {
+        Self { tiers }
+    }
+
+    pub fn tiers(&self) -> &[TierArray] {
+        &self.tiers
+    }
+
+    /// The worst of the tiers' states.
+    pub fn state(&self) -> Option<ArrayState> {
+        let rank = |state: ArrayState| match state {
+            ArrayState::Online => 0,
+            ArrayState::Degraded => 1,
+            ArrayState::Faulted => 2,
+        };
+        self.tiers
+            .iter()
+            .map(|tier| tier.array.state())
+            .max_by_key(|state| rank(*state))
+    }
+
+    /// `pool status`'s layout section.
+    pub fn status(&self) -> Option<api::LayoutStatus> {
+        let state = self.state()?;
+        let tiers = self.tiers.iter().map(tier_status).collect();
+        Some(api::LayoutStatus {
+            state: state.name().to_string(),
+            tiers,
+        })
+    }
+
+    /// Per-device series in the Prometheus text format.
+    pub fn metrics(&self, text: &mut String) {
+        let Some(status) = self.status() else {
+            return;
+        };
+        let devices: Vec<&api::DeviceStatus> = status
+            .tiers
+            .iter()
+            .flat_map(|tier| tier.devices.iter())
+            .collect();
+        type Field = fn(&api::DeviceStatus) -> u64;
+        let series: [(&str, &str, &str, Field); 5] = [
+            (
+                "lamina_device_read_bytes_total",
+                "counter",
+                "Bytes read from the device since the pool opened.",
+                |device| device.bytes_read,
+            ),
+            (
+                "lamina_device_written_bytes_total",
+                "counter",
+                "Bytes written to the device since the pool opened.",
+                |device| device.bytes_written,
+            ),
+            (
+                "lamina_device_io_errors_total",
+                "counter",
+                "I/O errors of the device since the pool opened (the first faults it).",
+                |device| device.io_errors,
+            ),
+            (
+                "lamina_device_checksum_errors_repaired_total",
+                "counter",
+                "Blocks of the device that failed their checksum and were rewritten from redundancy.",
+                |device| device.checksum_errors_repaired,
+            ),
+            (
+                "lamina_device_online",
+                "gauge",
+                "1 while the device is in use (online or degraded), 0 when faulted or missing.",
+                |device| u64::from(matches!(device.state.as_str(), "online" | "degraded")),
+            ),
+        ];
+        for (name, kind, help, field) in series {
+            let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for device in &devices {
+                let _ = writeln!(
+                    text,
+                    "{name}{{tier=\"{}\",index=\"{}\",path=\"{}\",state=\"{}\"}} {}",
+                    device.tier,
+                    device.index,
+                    escape_label(&device.path),
+                    device.state,
+                    field(device)
+                );
+            }
+        }
+        let name = "lamina_pool_degraded";
+        let _ = writeln!(
+            text,
+            "# HELP {name} 0 online, 1 degraded (devices lost within the redundancy), 2 faulted.\n# TYPE {name} gauge\n{name} {}",
+            match status.state.as_str() {
+                "online" => 0,
+                "degraded" => 1,
+                _ => 2,
+            }
+        );
+    }
+}
+
+fn tier_status(tier: &TierArray) -> api::TierLayoutStatus {
+    let geometry = tier.array.geometry();
+    let devices = tier
+        .array
+        .member_status()
+        .into_iter()
+        .map(|member| api::DeviceStatus {
+            path: member.path,
+            tier: tier.tier.name().to_string(),
+            index: member.index,
+            state: member.state.name().to_string(),
+            bytes_read: member.bytes_read,
+            bytes_written: member.bytes_written,
+            io_errors: member.io_errors,
+            checksum_errors_repaired: member.checksum_errors_repaired,
+        })
+        .collect();
+    api::TierLayoutStatus {
+        tier: tier.tier.name().to_string(),
+        redundancy: geometry.redundancy.name().to_string(),
+        state: tier.array.state().name().to_string(),
+        parity_devices: geometry.parity_columns(),
+        devices,
+    }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

@@ -1,0 +1,368 @@
+//! Pools whose tiers are arrays (`lamina pool create --flash f1,f2,...
+//! --redundancy raid6`): checking the device lists, making the arrays and the
+//! pool on them, and opening them again from their labelled devices, which
+//! may be at new paths or in another order, with some missing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use lamina_device::{BlockDevice, ConcatenatedDevice, RotatingDiskModel};
+use lamina_engine::log::geometry::{CAPACITY_DATA_START_BLOCKS, DATA_START_BLOCK};
+use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
+use lamina_layout::{ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole};
+
+use super::{
+    DeviceModels, NO_DEVICE_MODEL, PoolAlreadyDescribed, PoolDescription, TierDevice, behind_model,
+    description_path, open_device, read_description, recorded_model, same_file,
+};
+use crate::layout::{PoolLayout, TierArray};
+
+/// A pool with the arrays it runs on (none for plain devices).
+#[derive(Clone)]
+pub struct OpenedPool {
+    pub pool: Pool,
+    pub layout: PoolLayout,
+}
+
+/// What `pool create` asks for when a tier has several devices or a
+/// redundancy scheme is named.
+#[derive(Clone, Debug)]
+pub struct ArrayPoolRequest {
+    pub flash: Vec<TierDevice>,
+    /// Empty for a one-tier pool.
+    pub capacity: Vec<TierDevice>,
+    pub redundancy: Redundancy,
+}
+
+/// Refuses device lists that name one device twice (through symlinks and
+/// hard links alike), and devices that neither exist nor have a size.
+fn check_devices(request: &ArrayPoolRequest) -> anyhow::Result<()> {
+    let all: Vec<(&str, &TierDevice)> = request
+        .flash
+        .iter()
+        .map(|device| ("flash", device))
+        .chain(request.capacity.iter().map(|device| ("capacity", device)))
+        .collect();
+    for (index, (tier, device)) in all.iter().enumerate() {
+        if let Some((other_tier, _)) = all[..index]
+            .iter()
+            .find(|(_, other)| same_file(&other.path, &device.path))
+        {
+            anyhow::bail!(
+                "device {} is listed twice (as {other_tier} and as {tier}); every device may hold one member",
+                device.path.display()
+            );
+        }
+    }
+    for (tier, device) in all {
+        if device.create_size_bytes.is_none() && !device.path.exists() {
+            anyhow::bail!(
+                "the {tier} device {} does not exist; give its size as PATH:SIZE to create a file",
+                device.path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The segment size nearest above `requested` that is whole rows of both
+/// tiers (their data blocks per row).
+fn segment_size_for_rows(requested: u64, flash_rows: u64, capacity_rows: u64) -> u64 {
+    let lcm = flash_rows / gcd(flash_rows, capacity_rows) * capacity_rows;
+    let blocks = (requested / BLOCK_SIZE_BYTES).next_multiple_of(lcm);
+    blocks * BLOCK_SIZE_BYTES
+}
+
+fn gcd(first: u64, second: u64) -> u64 {
+    if second == 0 {
+        first
+    } else {
+        gcd(second, first % second)
+    }
+}
+
+/// `pool create` on arrays: labels every device, creates the pool and
+/// records it in `data_dir`. Files this call creates are removed again when
+/// it fails.
+pub async fn create_array_pool(
+    data_dir: &Path,
+    request: &ArrayPoolRequest,
+    options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<OpenedPool> {
+    if let Some(existing) = read_description(data_dir)?
+        && !options.force
+    {
+        return Err(PoolAlreadyDescribed {
+            data_dir: data_dir.to_path_buf(),
+            flash: existing.flash,
+        }
+        .into());
+    }
+    check_devices(request)?;
+    let created: Vec<PathBuf> = request
+        .flash
+        .iter()
+        .chain(&request.capacity)
+        .filter(|device| !device.path.exists())
+        .map(|device| device.path.clone())
+        .collect();
+    let result = create_arrays_and_pool(data_dir, request, options, limits).await;
+    if result.is_err() {
+        for path in created {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    result
+}
+
+async fn create_arrays_and_pool(
+    data_dir: &Path,
+    request: &ArrayPoolRequest,
+    mut options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<OpenedPool> {
+    let array_identifier: u128 = rand::random();
+    let models = DeviceModels::default();
+    let flash = create_tier_array(
+        TierRole::Flash,
+        &request.flash,
+        array_identifier,
+        request.redundancy,
+        &models,
+    )
+    .await?;
+    let capacity = match request.capacity.is_empty() {
+        true => None,
+        false => Some(
+            create_tier_array(
+                TierRole::Capacity,
+                &request.capacity,
+                array_identifier,
+                request.redundancy,
+                &models,
+            )
+            .await?,
+        ),
+    };
+    options.flash_row_blocks = flash.row_data_blocks();
+    options.capacity_row_blocks = capacity.as_ref().map_or(1, |array| array.row_data_blocks());
+    let segment_size_bytes = segment_size_for_rows(
+        options.segment_size_bytes,
+        options.flash_row_blocks,
+        options.capacity_row_blocks,
+    );
+    if segment_size_bytes != options.segment_size_bytes {
+        tracing::info!(
+            requested = options.segment_size_bytes,
+            segment_size_bytes,
+            "segment size rounded up to whole rows of the arrays"
+        );
+        options.segment_size_bytes = segment_size_bytes;
+    }
+    let (device, layout) = pool_device(flash, capacity, &mut options);
+    let pool = Pool::create(device, options, limits).await?;
+    write_array_description(data_dir, request)?;
+    Ok(OpenedPool { pool, layout })
+}
+
+/// The pool's device over its arrays, and the layout that shows them.
+fn pool_device(
+    flash: Arc<RedundantArray>,
+    capacity: Option<Arc<RedundantArray>>,
+    options: &mut PoolOptions,
+) -> (Arc<dyn BlockDevice>, PoolLayout) {
+    let mut tiers = vec![TierArray {
+        tier: TierRole::Flash,
+        array: flash.clone(),
+    }];
+    let device: Arc<dyn BlockDevice> = match capacity {
+        None => flash,
+        Some(capacity) => {
+            tiers.push(TierArray {
+                tier: TierRole::Capacity,
+                array: capacity.clone(),
+            });
+            options.flash_region_bytes = Some(ConcatenatedDevice::first_region_bytes_of(
+                flash.size_bytes(),
+            ));
+            Arc::new(ConcatenatedDevice::new(flash, capacity))
+        }
+    };
+    (device, PoolLayout::new(tiers))
+}
+
+async fn create_tier_array(
+    tier: TierRole,
+    devices: &[TierDevice],
+    array_identifier: u128,
+    redundancy: Redundancy,
+    models: &DeviceModels,
+) -> anyhow::Result<Arc<RedundantArray>> {
+    let mut members = Vec::new();
+    for device in devices {
+        let model = models
+            .resolve(device.model.as_deref().unwrap_or(NO_DEVICE_MODEL))
+            .with_context(|| format!("the {} device {}", tier.name(), device.path.display()))?;
+        members.push(member(&device.path, device.create_size_bytes, model)?);
+    }
+    warn_about_mixed_sizes(tier, &members);
+    let identity = ArrayIdentity {
+        array_identifier,
+        tier,
+    };
+    let prefix_blocks = prefix_blocks_of(tier);
+    let array = lamina_layout::create(identity, redundancy, prefix_blocks, members)
+        .await
+        .with_context(|| format!("cannot make the {} tier's array", tier.name()))?;
+    Ok(Arc::new(array))
+}
+
+/// Blocks of a tier's device that the engine rewrites in place (superblock,
+/// flush markers, checkpoint slots; the capacity label): mirrored on every
+/// member, never striped.
+fn prefix_blocks_of(tier: TierRole) -> u64 {
+    match tier {
+        TierRole::Flash => DATA_START_BLOCK,
+        TierRole::Capacity => CAPACITY_DATA_START_BLOCKS,
+    }
+}
+
+fn member(
+    path: &Path,
+    create_size_bytes: Option<u64>,
+    model: Option<RotatingDiskModel>,
+) -> anyhow::Result<MemberDevice> {
+    let device = behind_model(open_device(path, create_size_bytes)?, model);
+    // Named by its full path in labels, status and messages (it exists now).
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok(MemberDevice {
+        path: path.display().to_string(),
+        device,
+    })
+}
+
+/// Members of different sizes are used up to the smallest one's size: says
+/// how much of the larger ones is left unused.
+fn warn_about_mixed_sizes(tier: TierRole, members: &[MemberDevice]) {
+    let smallest = members
+        .iter()
+        .map(|member| member.device.size_bytes())
+        .min()
+        .unwrap_or(0);
+    for member in members {
+        let unused = member.device.size_bytes() - smallest;
+        if unused > 0 {
+            tracing::warn!(
+                tier = tier.name(),
+                path = %member.path,
+                unused_bytes = unused,
+                "array members differ in size: each is used up to the smallest one's size"
+            );
+        }
+    }
+}
+
+fn write_array_description(data_dir: &Path, request: &ArrayPoolRequest) -> anyhow::Result<()> {
+    let canonical =
+        |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let paths = |devices: &[TierDevice]| -> Vec<PathBuf> {
+        devices
+            .iter()
+            .map(|device| canonical(&device.path))
+            .collect()
+    };
+    let first_model = |devices: &[TierDevice]| {
+        devices
+            .first()
+            .and_then(|device| recorded_model(device.model.as_deref()))
+    };
+    let description = PoolDescription {
+        flash: canonical(&request.flash[0].path),
+        flash_model: first_model(&request.flash),
+        capacity: request
+            .capacity
+            .first()
+            .map(|device| canonical(&device.path)),
+        capacity_model: first_model(&request.capacity),
+        flash_devices: paths(&request.flash),
+        capacity_devices: paths(&request.capacity),
+        redundancy: Some(request.redundancy.name().to_string()),
+    };
+    std::fs::write(
+        description_path(data_dir),
+        toml::to_string(&description).expect("pool description serialises"),
+    )
+    .with_context(|| format!("cannot write {}", description_path(data_dir).display()))
+}
+
+/// Opens an array pool from its description: each tier's devices that exist
+/// are assembled by their labels (order and paths do not matter; the array
+/// names what is missing or stale).
+pub(super) async fn open_array_pool(
+    description: &PoolDescription,
+    limits: PoolLimits,
+    models: [Option<RotatingDiskModel>; 2],
+) -> anyhow::Result<OpenedPool> {
+    let [flash_model, capacity_model] = models;
+    let flash = assemble_tier(TierRole::Flash, &description.flash_devices, flash_model).await?;
+    let capacity = match description.capacity_devices.is_empty() {
+        true => None,
+        false => Some(
+            assemble_tier(
+                TierRole::Capacity,
+                &description.capacity_devices,
+                capacity_model,
+            )
+            .await?,
+        ),
+    };
+    let mut options = PoolOptions::default();
+    let (device, layout) = pool_device(flash, capacity, &mut options);
+    let pool = Pool::open(device, limits).await?;
+    if let Some(state) = layout.state() {
+        tracing::info!(state = state.name(), "array pool opened");
+    }
+    Ok(OpenedPool { pool, layout })
+}
+
+async fn assemble_tier(
+    tier: TierRole,
+    paths: &[PathBuf],
+    model: Option<RotatingDiskModel>,
+) -> anyhow::Result<Arc<RedundantArray>> {
+    let mut members = Vec::new();
+    for path in paths {
+        if !path.exists() {
+            tracing::error!(tier = tier.name(), path = %path.display(), "array device missing");
+            continue;
+        }
+        members.push(member(path, None, model.clone())?);
+    }
+    let assembled = lamina_layout::assemble(tier, members)
+        .await
+        .with_context(|| format!("cannot open the {} tier's array", tier.name()))?;
+    for excluded in &assembled.excluded {
+        tracing::error!(
+            tier = tier.name(),
+            path = %excluded.path,
+            reason = %excluded.reason,
+            "array device left out"
+        );
+    }
+    Ok(Arc::new(assembled.array))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_whole_rows_of_both_tiers() {
+        let four_mib = 4 << 20;
+        assert_eq!(segment_size_for_rows(four_mib, 4, 1), four_mib);
+        assert_eq!(segment_size_for_rows(four_mib, 3, 1), 1026 * 4096);
+        assert_eq!(segment_size_for_rows(four_mib, 4, 6), 1032 * 4096);
+    }
+}
