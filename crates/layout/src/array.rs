@@ -267,6 +267,11 @@ impl BlockDevice for RedundantArray {
         lamina_device::check_request(&self.name, self.size_bytes(), offset, BLOCK_SIZE_BYTES)?;
         self.recover(offset / BLOCK_SIZE_BYTES, is_valid).await
     }
+
+    async fn resync(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length)?;
+        self.resync_range(offset, length).await
+    }
 }
 
 impl MemberState {
