@@ -149,6 +149,26 @@ impl BlockDevice for ConcatenatedDevice {
         }
     }
 
+    async fn recover_range(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: crate::BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        let split = self.split(offset, length);
+        match (split.first.length, split.second.length) {
+            (_, 0) => self.first.recover_range(offset, length, is_valid).await,
+            (0, _) => {
+                let second = &split.second;
+                self.second
+                    .recover_range(second.offset, second.length, is_valid)
+                    .await
+            }
+            // Metadata never straddles the two devices.
+            _ => Ok(None),
+        }
+    }
+
     async fn resync(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
         let split = self.split(offset, crate::buffer_length(length));
         if split.first.length > 0 {

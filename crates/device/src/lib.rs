@@ -77,6 +77,22 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// [`BlockDevice::recover_block`] for a range read as a whole (a
+    /// metadata frame of several blocks): the first stored copy of the whole
+    /// range that passes `is_valid`, the bad copies rewritten. By default a
+    /// single block is recovered as such and longer ranges not at all.
+    async fn recover_range(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        if length as u64 == DEVICE_ALIGNMENT_BYTES {
+            return self.recover_block(offset, is_valid).await;
+        }
+        Ok(None)
+    }
+
     /// After a crash, makes the redundancy of `offset..offset + length`
     /// agree with the data now stored there (a write torn by the crash may
     /// have reached some devices of an array and not others). Called by

@@ -237,3 +237,27 @@ async fn bit_flips_are_served_right_repaired_and_found_by_scrub() {
     check(&pool, volume.volume_id, &blocks).await;
     pool.close().await.unwrap();
 }
+
+/// The metadata blocks (superblock, its copy, both checkpoint slots) are
+/// mirrored on every member: damaged on the member read first, the pool
+/// still opens from another member's copies, with nothing lost.
+#[tokio::test]
+async fn damaged_metadata_on_one_member_is_read_from_another() {
+    let members = members();
+    let (pool, _array) = new_pool(&members).await;
+    let volume = pool.create_volume("v", 4 << 20).await.unwrap();
+    let mut blocks = vec![vec![0_u8; BLOCK]; 1024];
+    write_random(&pool, volume.volume_id, &mut blocks, 300, 6).await;
+    pool.close().await.unwrap();
+    drop(pool);
+    let label_area = lamina_layout::LABEL_AREA_BLOCKS;
+    for block in [0, 128, 256, 512] {
+        members[0]
+            .flip_bit((label_area + block) * 4096 + 40, 2)
+            .await
+            .unwrap();
+    }
+    let (pool, _array) = reopen(&members, &[0, 1, 2, 3, 4, 5]).await;
+    check(&pool, volume.volume_id, &blocks).await;
+    pool.close().await.unwrap();
+}

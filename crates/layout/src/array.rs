@@ -268,6 +268,25 @@ impl BlockDevice for RedundantArray {
         self.recover(offset / BLOCK_SIZE_BYTES, is_valid).await
     }
 
+    async fn recover_range(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+        let first_block = offset / BLOCK_SIZE_BYTES;
+        let end_block = first_block + length as u64 / BLOCK_SIZE_BYTES;
+        if end_block <= self.geometry.prefix_blocks {
+            let member_offset = offset + crate::geometry::LABEL_AREA_BLOCKS * BLOCK_SIZE_BYTES;
+            return self.recover_copies(member_offset, length, is_valid).await;
+        }
+        if length as u64 == BLOCK_SIZE_BYTES {
+            return self.recover(first_block, is_valid).await;
+        }
+        Ok(None)
+    }
+
     async fn resync(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
         lamina_device::check_request(&self.name, self.size_bytes(), offset, length)?;
         self.resync_range(offset, length).await

@@ -19,24 +19,29 @@ impl RedundantArray {
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
         match self.geometry.locate(block) {
-            Location::Prefix { member_block } => self.recover_prefix(member_block, is_valid).await,
+            Location::Prefix { member_block } => {
+                self.recover_copies(member_block * BLOCK_SIZE_BYTES, BLOCK_BYTES, is_valid)
+                    .await
+            }
             Location::Striped { row, column } => self.recover_striped(row, column, is_valid).await,
         }
     }
 
-    async fn recover_prefix(
+    /// The mirrored prefix at member `offset`: the first member's copy that
+    /// passes `is_valid`, written over the copies that do not.
+    pub(crate) async fn recover_copies(
         &self,
-        member_block: u64,
+        offset: u64,
+        length: usize,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let offset = member_block * BLOCK_SIZE_BYTES;
         let reads = self
             .members
             .iter()
             .enumerate()
             .map(|(index, member)| async move {
                 let device = member.usable_device()?;
-                Some((index, device.read(offset, BLOCK_BYTES).await))
+                Some((index, device.read(offset, length).await))
             });
         let mut copies = Vec::new();
         for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
@@ -113,8 +118,8 @@ impl RedundantArray {
         candidates
     }
 
-    /// Rewrites one block at member `offset` of each of `members` with
-    /// `good`, counting a repair against each.
+    /// Rewrites member `offset` of each of `members` with `good`, counting a
+    /// repair against each.
     async fn rewrite(
         &self,
         members: &[usize],

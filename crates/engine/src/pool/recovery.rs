@@ -486,12 +486,14 @@ async fn read_slots(
 ) -> Result<Vec<FoundSlot>, EngineError> {
     let mut slots = Vec::new();
     for (slot_index, slot_block) in CHECKPOINT_SLOT_BLOCKS.iter().enumerate() {
-        let bytes = device
-            .read(
-                slot_block * BLOCK_SIZE_BYTES,
-                to_usize(CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES),
-            )
-            .await?;
+        let decodes = |bytes: &[u8]| Slot::decode(bytes).is_ok();
+        let bytes = read_metadata(
+            device,
+            slot_block * BLOCK_SIZE_BYTES,
+            to_usize(CHECKPOINT_SLOT_SIZE_BLOCKS * BLOCK_SIZE_BYTES),
+            &decodes,
+        )
+        .await?;
         match Slot::decode(&bytes) {
             Ok(slot) if slot_segments_valid(&slot, geometry) => {
                 slots.push(FoundSlot { slot_index, slot });
@@ -777,6 +779,33 @@ async fn check_capacity_label(
     }))
 }
 
+/// Reads metadata at `offset`; when it fails `is_valid` (its frame's
+/// checks), the device's redundancy is asked for a copy that passes (another
+/// member of an array: the metadata blocks are mirrored on every member),
+/// which also rewrites the bad copy. Without one, the bytes as read.
+async fn read_metadata(
+    device: &dyn BlockDevice,
+    offset: u64,
+    length: usize,
+    is_valid: lamina_device::BlockCheck<'_>,
+) -> Result<AlignedBuffer, EngineError> {
+    let bytes = device.read(offset, length).await?;
+    if is_valid(&bytes) {
+        return Ok(bytes);
+    }
+    match device.recover_range(offset, length, is_valid).await? {
+        Some(good) => {
+            tracing::warn!(
+                offset,
+                length,
+                "damaged metadata read from another device's copy"
+            );
+            Ok(good)
+        }
+        None => Ok(bytes),
+    }
+}
+
 /// Reads the superblock, falling back to its copy when block 0 holds a
 /// lamina superblock that fails its checksum. A block 0 without the magic is
 /// not a pool, whatever block 128 holds: the device may have been reused
@@ -786,12 +815,16 @@ async fn read_superblock(
     name: &str,
 ) -> Result<FoundSuperblock, EngineError> {
     let block = BLOCK_BYTES;
-    let primary_bytes = device
-        .read(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, block)
-        .await?;
-    let copy_bytes = device
-        .read(SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES, block)
-        .await?;
+    let decodes = |bytes: &[u8]| Superblock::decode(bytes).is_ok();
+    let primary_bytes =
+        read_metadata(device, SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, block, &decodes).await?;
+    let copy_bytes = read_metadata(
+        device,
+        SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES,
+        block,
+        &decodes,
+    )
+    .await?;
     let copy = Superblock::decode(&copy_bytes).ok();
     let primary_error = match Superblock::decode(&primary_bytes) {
         Ok((version, _)) if version < FORMAT_VERSION_READ_MIN => {
