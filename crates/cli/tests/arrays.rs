@@ -269,12 +269,9 @@ fn bad_device_lists_are_refused_with_clear_errors() {
     assert_eq!(layout_state(&created), "online");
     // A device of another pool joined to this one's list.
     let other_data = setup.root.join("other");
-    let other_members = format!(
-        "{},{},{}",
-        format!("{}:64M", setup.root.join("g0.img").display()),
-        format!("{}:64M", setup.root.join("g1.img").display()),
-        format!("{}:64M", setup.root.join("g2.img").display())
-    );
+    let other_members = ["g0.img", "g1.img", "g2.img"]
+        .map(|name| format!("{}:64M", setup.root.join(name).display()))
+        .join(",");
     lamina_ok(
         &other_data,
         &[
