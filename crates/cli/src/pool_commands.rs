@@ -7,9 +7,10 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use lamina_api::{LayoutStatus, PoolStatus, ScrubState, ScrubStatus};
 use lamina_control::admin::Operation;
+use lamina_control::arrays::ArrayPoolRequest;
 use lamina_control::client::{daemon_running, run_operation};
 use lamina_control::size::format_size;
-use lamina_control::store::{ArrayPoolRequest, TierDevice};
+use lamina_control::store::TierDevice;
 use lamina_engine::PoolOptions;
 use lamina_layout::Redundancy;
 
@@ -72,7 +73,7 @@ pub async fn create_arrays(
     options: PoolOptions,
 ) -> anyhow::Result<PoolStatus> {
     let opened =
-        lamina_control::store::create_array_pool(data_dir, request, options, Default::default())
+        lamina_control::arrays::create_array_pool(data_dir, request, options, Default::default())
             .await?;
     let mut status = lamina_control::api::pool_status(opened.pool.status());
     status.layout = opened.layout.status();

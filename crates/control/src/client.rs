@@ -15,7 +15,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::admin::{AdminContext, Operation, OperationError, execute};
-use crate::store::{ADMIN_SOCKET_FILE, DirectoryInUse, lock_directory, open_pool};
+use crate::arrays::open_pool;
+use crate::store::{ADMIN_SOCKET_FILE, DirectoryInUse, lock_directory};
 use lamina_device::{DeviceError, DeviceErrorKind};
 
 /// Whether a daemon serves the pool in `data_dir` (its admin socket answers).

@@ -15,10 +15,10 @@ use crate::store::{self, ADMIN_SOCKET_FILE, EMBEDDED_POOL_FILE};
 
 /// Opens the pool in the data directory, creating the embedded default when the
 /// directory has none.
-async fn open_or_create(config: &Config) -> anyhow::Result<store::OpenedPool> {
+async fn open_or_create(config: &Config) -> anyhow::Result<crate::arrays::OpenedPool> {
     let data_dir = &config.data_dir;
     if store::read_description(data_dir)?.is_some() {
-        return store::open_pool_with_models(
+        return crate::arrays::open_pool_with_models(
             data_dir,
             config.limits.clone(),
             &config.device_models(),
@@ -43,7 +43,7 @@ async fn open_or_create(config: &Config) -> anyhow::Result<store::OpenedPool> {
         pool.create_volume(DEFAULT_EXPORT_NAME, config.pool.default_volume_bytes)
             .await?;
     }
-    Ok(store::OpenedPool {
+    Ok(crate::arrays::OpenedPool {
         pool,
         layout: Default::default(),
     })
@@ -59,7 +59,7 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
 /// Runs the daemon until a signal asks it to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let _lock = store::lock_directory(&config.data_dir)?;
-    let store::OpenedPool { pool, layout } = open_or_create(&config).await?;
+    let crate::arrays::OpenedPool { pool, layout } = open_or_create(&config).await?;
     let open_exports = crate::export::OpenExports::default();
     let catalog = Arc::new(PoolCatalog {
         pool: pool.clone(),

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod arrays;
 pub mod client;
 pub mod config;
 pub mod daemon;

@@ -20,10 +20,6 @@ use lamina_device::{
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
 use serde::{Deserialize, Serialize};
 
-mod array;
-
-pub use array::{ArrayPoolRequest, OpenedPool, create_array_pool};
-
 pub const POOL_DESCRIPTION_FILE: &str = "pool.toml";
 pub const LOCK_FILE: &str = "lock";
 pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
@@ -135,7 +131,7 @@ fn validate_model(name: &str, model: &RotatingDiskModel) -> Result<(), DeviceMod
 }
 
 /// `none` is recorded as no model at all.
-fn recorded_model(name: Option<&str>) -> Option<String> {
+pub(crate) fn recorded_model(name: Option<&str>) -> Option<String> {
     name.filter(|name| *name != NO_DEVICE_MODEL)
         .map(str::to_string)
 }
@@ -244,7 +240,7 @@ pub fn parse_device_argument(argument: &str) -> anyhow::Result<(PathBuf, Option<
     }
 }
 
-fn open_device(
+pub(crate) fn open_device(
     path: &Path,
     create_size_bytes: Option<u64>,
 ) -> anyhow::Result<Arc<dyn BlockDevice>> {
@@ -274,7 +270,7 @@ fn open_tier_device(
     Ok(behind_model(open_device(path, create_size_bytes)?, model))
 }
 
-fn behind_model(
+pub(crate) fn behind_model(
     device: Arc<dyn BlockDevice>,
     model: Option<RotatingDiskModel>,
 ) -> Arc<dyn BlockDevice> {
@@ -455,7 +451,7 @@ async fn create_described_pool(
 
 /// Whether two paths name one file, through symlinks and hard links alike
 /// (only decidable when both exist).
-fn same_file(first: &Path, second: &Path) -> bool {
+pub(crate) fn same_file(first: &Path, second: &Path) -> bool {
     first == second
         || matches!(
             (std::fs::metadata(first), std::fs::metadata(second)),
@@ -494,26 +490,43 @@ async fn create_on_devices(
     })
 }
 
-/// Opens the pool described in `data_dir`, each device behind the model
-/// `pool.toml` names (built-in parameters).
-pub async fn open_pool(data_dir: &Path, limits: PoolLimits) -> anyhow::Result<OpenedPool> {
-    open_pool_with_models(data_dir, limits, &DeviceModels::default()).await
+/// Opens the pool on plain devices described in `data_dir` (one per tier),
+/// with the daemon config's model overrides and definitions; see
+/// `crate::arrays::open_pool_with_models` for every kind of pool.
+pub async fn open_plain_pool(
+    description: &PoolDescription,
+    limits: PoolLimits,
+    models: [Option<RotatingDiskModel>; 2],
+) -> anyhow::Result<Pool> {
+    let [flash_model, capacity_model] = models;
+    let flash = open_tier_device(&description.flash, None, flash_model)?;
+    let device: Arc<dyn BlockDevice> = match &description.capacity {
+        None => flash,
+        Some(path) => {
+            let capacity = open_tier_device(path, None, capacity_model)?;
+            Arc::new(ConcatenatedDevice::new(flash, capacity))
+        }
+    };
+    Ok(Pool::open(device, limits).await?)
 }
 
-/// Opens the pool described in `data_dir`, with the daemon config's model
-/// overrides and definitions.
-pub async fn open_pool_with_models(
-    data_dir: &Path,
-    limits: PoolLimits,
-    models: &DeviceModels,
-) -> anyhow::Result<OpenedPool> {
-    let description = read_description(data_dir)?.ok_or_else(|| {
+/// The pool described in `data_dir`, which must exist.
+pub fn existing_description(data_dir: &Path) -> anyhow::Result<PoolDescription> {
+    read_description(data_dir)?.ok_or_else(|| {
         anyhow::anyhow!(
             "no pool in {} (create one with `lamina pool create --data {} --flash PATH[:SIZE]`, or run `lamina serve` to create the embedded default)",
             data_dir.display(),
             data_dir.display()
         )
-    })?;
+    })
+}
+
+/// The models each tier's devices run behind: `pool.toml`'s, unless the
+/// daemon's config overrides them.
+pub fn tier_models(
+    description: &PoolDescription,
+    models: &DeviceModels,
+) -> anyhow::Result<[Option<RotatingDiskModel>; 2]> {
     let model = |tier: &str, recorded: &Option<String>, overridden: &Option<String>| {
         let name = overridden
             .as_deref()
@@ -539,21 +552,7 @@ pub async fn open_pool_with_models(
             None
         }
     };
-    if description.redundancy.is_some() {
-        return array::open_array_pool(&description, limits, [flash_model, capacity_model]).await;
-    }
-    let flash = open_tier_device(&description.flash, None, flash_model)?;
-    let device: Arc<dyn BlockDevice> = match &description.capacity {
-        None => flash,
-        Some(path) => {
-            let capacity = open_tier_device(path, None, capacity_model)?;
-            Arc::new(ConcatenatedDevice::new(flash, capacity))
-        }
-    };
-    Ok(OpenedPool {
-        pool: Pool::open(device, limits).await?,
-        layout: Default::default(),
-    })
+    Ok([flash_model, capacity_model])
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
 use super::integrity::Integrity;
 use super::limits::PoolLimits;
-use super::scrub::Scrubber;
+use super::scrub_progress::Scrubber;
 use super::state::State;
 use super::writer::InFlightBatch;
 use crate::convert::milliseconds_saturating;

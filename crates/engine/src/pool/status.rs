@@ -10,7 +10,7 @@ use super::device_full::DeviceFullStatus;
 use super::inner::Pool;
 use super::integrity::IntegrityStatus;
 use super::limits::PoolLimits;
-use super::scrub::ScrubStatus;
+use super::scrub_progress::ScrubStatus;
 use super::space::Allocation;
 use super::state::State;
 use crate::BLOCK_SIZE_BYTES;

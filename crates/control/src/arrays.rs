@@ -1,4 +1,4 @@
-//! Pools whose tiers are arrays (`lamina pool create --flash f1,f2,...
+//! Opening any pool (`open_pool_with_models`), and pools whose tiers are arrays (`lamina pool create --flash f1,f2,...
 //! --redundancy raid6`): checking the device lists, making the arrays and the
 //! pool on them, and opening them again from their labelled devices, which
 //! may be at new paths or in another order, with some missing.
@@ -12,11 +12,11 @@ use lamina_engine::log::geometry::{CAPACITY_DATA_START_BLOCKS, DATA_START_BLOCK}
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
 use lamina_layout::{ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole};
 
-use super::{
+use crate::layout::{PoolLayout, TierArray};
+use crate::store::{
     DeviceModels, NO_DEVICE_MODEL, PoolAlreadyDescribed, PoolDescription, TierDevice, behind_model,
     description_path, open_device, read_description, recorded_model, same_file,
 };
-use crate::layout::{PoolLayout, TierArray};
 
 /// A pool with the arrays it runs on (none for plain devices).
 #[derive(Clone)]
@@ -297,10 +297,34 @@ fn write_array_description(data_dir: &Path, request: &ArrayPoolRequest) -> anyho
     .with_context(|| format!("cannot write {}", description_path(data_dir).display()))
 }
 
+/// Opens the pool described in `data_dir`, each device behind the model
+/// `pool.toml` names (built-in parameters).
+pub async fn open_pool(data_dir: &Path, limits: PoolLimits) -> anyhow::Result<OpenedPool> {
+    open_pool_with_models(data_dir, limits, &DeviceModels::default()).await
+}
+
+/// Opens the pool described in `data_dir`, with the daemon config's model
+/// overrides and definitions: on plain devices, or on arrays.
+pub async fn open_pool_with_models(
+    data_dir: &Path,
+    limits: PoolLimits,
+    models: &DeviceModels,
+) -> anyhow::Result<OpenedPool> {
+    let description = crate::store::existing_description(data_dir)?;
+    let tier_models = crate::store::tier_models(&description, models)?;
+    if description.redundancy.is_some() {
+        return open_array_pool(&description, limits, tier_models).await;
+    }
+    Ok(OpenedPool {
+        pool: crate::store::open_plain_pool(&description, limits, tier_models).await?,
+        layout: PoolLayout::default(),
+    })
+}
+
 /// Opens an array pool from its description: each tier's devices that exist
 /// are assembled by their labels (order and paths do not matter; the array
 /// names what is missing or stale).
-pub(super) async fn open_array_pool(
+async fn open_array_pool(
     description: &PoolDescription,
     limits: PoolLimits,
     models: [Option<RotatingDiskModel>; 2],
