@@ -392,7 +392,7 @@ impl ParityReport {
         for scheme in &self.schemes {
             for operation in &scheme.operations {
                 out.push_str(&format!(
-                    "{:<12} {:<16} {:>14.2} {:>16.2} {:>14.2}\n",
+                    "{:<12} {:<16} {:>14.3} {:>16.3} {:>14.3}\n",
                     scheme.scheme,
                     operation.operation,
                     gigabytes(operation.codec_per_row),
