@@ -11,7 +11,7 @@
 //! The in-process commands ([`in_process`]) drive the engine or the device layer
 //! from this process, without NBD: `engine` (IOPS against fio, recovery time, memory
 //! per block), `flush-latency`, `cleaner-latency`, `snapshot-create`,
-//! `engine-write-amplification` and `device-iops`.
+//! `engine-write-amplification`, `device-iops`, `array-write-cost` and `parity`.
 //! See docs/bench.md for the method and its limits.
 
 mod charts;
@@ -74,6 +74,10 @@ pub enum BenchCommand {
     EngineWriteAmplification(in_process::write_amplification::EngineWriteAmplificationArgs),
     /// The file device alone: 4 KiB random IOPS, optionally against fio.
     DeviceIops(in_process::device_iops::DeviceIopsArgs),
+    /// In process on memory devices: what 4 KiB random writes cost on arrays.
+    ArrayWriteCost(in_process::array_write_cost::ArrayWriteCostArgs),
+    /// Parity encode and decode throughput per core, and the array's write path.
+    Parity(in_process::parity::ParityArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -235,6 +239,10 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
             in_process::write_amplification::run_engine_write_amplification(&arguments)
         }
         BenchCommand::DeviceIops(arguments) => in_process::device_iops::run_device_iops(&arguments),
+        BenchCommand::ArrayWriteCost(arguments) => {
+            in_process::array_write_cost::run_array_write_cost(&arguments)
+        }
+        BenchCommand::Parity(arguments) => in_process::parity::run_parity(&arguments),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Smoke test of the in-process subcommands (`engine`, `flush-latency`,
 //! `cleaner-latency`, `snapshot-create`, `engine-write-amplification`,
-//! `device-iops`): each parsed from its command line as `lamina bench` parses it, run
+//! `device-iops`, `array-write-cost`, `parity`): each parsed from its command line as `lamina bench` parses it, run
 //! with tiny sizes and one-second windows, and its table and JSON checked for the
 //! fields they promise, never for how fast anything was. fio is left out (the
 //! `--with-fio` peer and phase a of `engine` need it and take longer).
@@ -253,4 +253,74 @@ fn cleaner_latency_reports_busy_and_idle_windows() {
         0,
         "the pool files are removed"
     );
+}
+
+#[test]
+fn array_write_cost_reports_every_cell_without_member_reads() {
+    let BenchCommand::ArrayWriteCost(arguments) = parse(&[
+        "array-write-cost",
+        "--configurations",
+        "single,raid6,raid5",
+        "--flush-every",
+        "1,16",
+        "--writes",
+        "256",
+        "--volume-size",
+        "4M",
+        "--runs",
+        "1",
+    ]) else {
+        panic!("not array-write-cost");
+    };
+    let report = in_process::array_write_cost::measure(&arguments).expect("measures");
+    let table = report.table();
+    assert!(table.contains("flush every 16 writes:"), "{table}");
+    assert!(table.contains("raid6 4+2"), "{table}");
+    let document = json_with(&report, &["writes_per_cell", "summaries", "measurements"]);
+    let summaries = document["summaries"].as_array().unwrap();
+    assert_eq!(summaries.len(), 6);
+    for summary in summaries {
+        // Whole rows only: nothing is read while clients write.
+        assert_eq!(summary["member_read_bytes_max"], 0, "{summary}");
+        assert!(summary["write_amplification"].as_f64().unwrap() >= 1.0);
+    }
+    let raid6_flushing_each_write = &summaries[1];
+    assert_eq!(raid6_flushing_each_write["configuration"], "raid6");
+    // A lone block and its two summary copies fill three of a row's four
+    // data blocks: one block of padding per write.
+    assert_eq!(
+        raid6_flushing_each_write["padding_blocks_per_client_block"],
+        1.0
+    );
+    assert!(
+        raid6_flushing_each_write["ratio_to_single"]
+            .as_f64()
+            .unwrap()
+            >= 1.5
+    );
+}
+
+#[test]
+fn parity_reports_encode_and_decode_rates_and_the_write_path() {
+    let BenchCommand::Parity(arguments) = parse(&["parity", "--window-ms", "20", "--windows", "1"])
+    else {
+        panic!("not parity");
+    };
+    let report = in_process::parity::measure(&arguments).expect("measures");
+    let table = report.table();
+    assert!(table.contains("raid6 4+2    decode, 2 lost"), "{table}");
+    assert!(table.contains("array write path"), "{table}");
+    let document = json_with(&report, &["column_bytes", "schemes"]);
+    let schemes = document["schemes"].as_array().unwrap();
+    assert_eq!(schemes.len(), 2);
+    assert_eq!(schemes[0]["operations"].as_array().unwrap().len(), 3);
+    assert_eq!(schemes[1]["operations"].as_array().unwrap().len(), 2);
+    for scheme in schemes {
+        assert!(
+            scheme["write_path"]["array_bytes_per_second"]
+                .as_f64()
+                .unwrap()
+                > 0.0
+        );
+    }
 }

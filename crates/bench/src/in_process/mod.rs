@@ -4,10 +4,13 @@
 //! subcommand is one module; [`common`] holds what they share (runtimes, pools on
 //! files, concurrent fills, memory readings).
 
+pub mod array_write_cost;
 pub mod cleaner_latency;
 pub mod common;
+pub mod counting_device;
 pub mod device_iops;
 pub mod flush_latency;
 pub mod iops_recovery_memory;
+pub mod parity;
 pub mod snapshot_create;
 pub mod write_amplification;
