@@ -239,8 +239,9 @@ async fn bit_flips_are_served_right_repaired_and_found_by_scrub() {
 }
 
 /// The metadata blocks (superblock, its copy, both checkpoint slots) are
-/// mirrored on every member: damaged on the member read first, the pool
-/// still opens from another member's copies, with nothing lost.
+/// copied on parity + 1 members: damaged on the member read first, the pool
+/// still opens from another member's copies, and with two of those members
+/// gone from the third, with nothing lost.
 #[tokio::test]
 async fn damaged_metadata_on_one_member_is_read_from_another() {
     let members = members();
@@ -258,6 +259,12 @@ async fn damaged_metadata_on_one_member_is_read_from_another() {
             .unwrap();
     }
     let (pool, _array) = reopen(&members, &[0, 1, 2, 3, 4, 5]).await;
+    check(&pool, volume.volume_id, &blocks).await;
+    pool.close().await.unwrap();
+    drop(pool);
+    // The metadata has parity + 1 copies (members 0 to 2): with the first
+    // two gone, the third serves it.
+    let (pool, _array) = reopen(&members, &[2, 3, 4, 5]).await;
     check(&pool, volume.volume_id, &blocks).await;
     pool.close().await.unwrap();
 }

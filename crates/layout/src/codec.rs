@@ -1,10 +1,17 @@
 //! Parity: computing a row's parity columns from its data columns, and any
-//! lost data columns from what is left. raid5 and raid6 use Reed-Solomon from
-//! the `reed-solomon-simd` crate (systematic, so data columns are stored as
-//! they are); a mirror's "parity" is copies. Columns may hold many rows at
+//! lost data columns from what is left. raid5 and raid6 use Reed-Solomon over
+//! GF(2^8) from the `reed-solomon-erasure` crate (systematic, so data columns
+//! are stored as they are); a mirror's "parity" is copies. (`reed-solomon-simd`
+//! encodes as fast but needs about 0.2–0.9 ms to decode one 4 KiB row of a
+//! 4+2 code, a fixed cost of its transform over GF(2^16) that a degraded read
+//! pays per row; see BENCHMARKS.md.) Columns may hold many rows at
 //! once (each column the concatenation of its blocks in row order): the code
 //! works position by position, so encoding rows together equals encoding
 //! them one by one (a test checks it).
+
+use std::sync::Arc;
+
+use reed_solomon_erasure::galois_8::ReedSolomon;
 
 use crate::redundancy::Redundancy;
 
@@ -20,24 +27,47 @@ pub enum CodecError {
         available: usize,
         needed: usize,
     },
-    #[error("parity library: {0}")]
-    Library(#[from] reed_solomon_simd::Error),
+    #[error("parity library: {0:?}")]
+    Library(reed_solomon_erasure::Error),
 }
 
-/// The code of one array.
-#[derive(Clone, Copy, Debug)]
+impl From<reed_solomon_erasure::Error> for CodecError {
+    fn from(error: reed_solomon_erasure::Error) -> Self {
+        Self::Library(error)
+    }
+}
+
+/// The code of one array (its matrices built once).
+#[derive(Clone, Debug)]
 pub struct ParityCodec {
     redundancy: Redundancy,
     member_count: usize,
+    /// raid5 and raid6 only.
+    reed_solomon: Option<Arc<ReedSolomon>>,
 }
 
 impl ParityCodec {
     pub fn new(redundancy: Redundancy, member_count: usize) -> Self {
         assert!(member_count >= redundancy.member_count_min());
+        let reed_solomon = matches!(redundancy, Redundancy::Raid5 | Redundancy::Raid6).then(|| {
+            let data = redundancy.data_columns(member_count);
+            let parity = redundancy.parity_columns(member_count);
+            Arc::new(
+                ReedSolomon::new(data, parity)
+                    .expect("data and parity counts within GF(2^8)'s 256 columns"),
+            )
+        });
         Self {
             redundancy,
             member_count,
+            reed_solomon,
         }
+    }
+
+    fn reed_solomon(&self) -> &ReedSolomon {
+        self.reed_solomon
+            .as_deref()
+            .expect("raid5 and raid6 have a Reed-Solomon code")
     }
 
     pub fn data_columns(&self) -> usize {
@@ -58,7 +88,9 @@ impl ParityCodec {
             Redundancy::None => Vec::new(),
             Redundancy::Mirror => vec![data[0].to_vec(); self.parity_columns()],
             Redundancy::Raid5 | Redundancy::Raid6 => {
-                reed_solomon_simd::encode(self.data_columns(), self.parity_columns(), data)?
+                let mut parity = vec![vec![0_u8; length]; self.parity_columns()];
+                self.reed_solomon().encode_sep(data, &mut parity)?;
+                parity
             }
         })
     }
@@ -96,28 +128,16 @@ impl ParityCodec {
         data: &[Option<&[u8]>],
         parity: &[Option<&[u8]>],
     ) -> Result<Vec<Vec<u8>>, CodecError> {
-        let present = |columns: &[Option<&[u8]>]| -> Vec<(usize, Vec<u8>)> {
-            columns
-                .iter()
-                .enumerate()
-                .filter_map(|(index, column)| column.map(|bytes| (index, bytes.to_vec())))
-                .collect()
-        };
-        let mut restored = reed_solomon_simd::decode(
-            self.data_columns(),
-            self.parity_columns(),
-            present(data),
-            present(parity),
-        )?;
-        Ok(data
+        let mut shards: Vec<Option<Vec<u8>>> = data
             .iter()
-            .enumerate()
-            .map(|(index, column)| match column {
-                Some(bytes) => bytes.to_vec(),
-                None => restored
-                    .remove(&index)
-                    .expect("the library restores every missing original"),
-            })
+            .chain(parity)
+            .map(|column| column.map(<[u8]>::to_vec))
+            .collect();
+        self.reed_solomon().reconstruct_data(&mut shards)?;
+        Ok(shards
+            .into_iter()
+            .take(self.data_columns())
+            .map(|column| column.expect("the library restores every data column"))
             .collect())
     }
 }

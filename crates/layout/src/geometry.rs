@@ -2,9 +2,10 @@
 //! arithmetic, no I/O, so that every reader and writer of the array agrees.
 //!
 //! A member device holds, in order: its label area, the **mirrored prefix**
-//! (the array's first `prefix_blocks` blocks, the same on every member: the
-//! engine's superblock, flush markers and checkpoint slots, which are
-//! rewritten in place and so must never be striped under parity), then the
+//! (the array's first `prefix_blocks` blocks, copied on the first
+//! `parity_columns + 1` members and unused on the others: the engine's
+//! superblock, flush markers and checkpoint slots, which are rewritten in
+//! place and so must never be striped under parity), then the
 //! **striped region**, one block of each row per member. Row `r` holds
 //! `data_columns` data blocks and `parity_columns` parity blocks, one per
 //! member, at member block `label_area + prefix + r`; parity rotates by one
@@ -88,6 +89,14 @@ impl ArrayGeometry {
     /// region starts at a multiple of it (counted from the prefix's end).
     pub fn row_data_blocks(&self) -> u64 {
         self.data_columns() as u64
+    }
+
+    /// The members holding a copy of the mirrored prefix: one more than the
+    /// parity columns (the first ones), so that losing as many members as the
+    /// parity covers leaves a copy. Every flush rewrites a flush marker in the
+    /// prefix, so copies beyond that would cost a block per member per flush.
+    pub fn prefix_members(&self) -> std::ops::Range<usize> {
+        0..(self.parity_columns() + 1).min(self.member_count)
     }
 
     /// Blocks the array presents.

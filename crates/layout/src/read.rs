@@ -50,7 +50,8 @@ impl RedundantArray {
     ) -> Result<AlignedBuffer, DeviceError> {
         let offset = (LABEL_AREA_BLOCKS + first_block) * BLOCK_SIZE_BYTES;
         let length = to_usize(block_count) * BLOCK_BYTES;
-        for (index, member) in self.members.iter().enumerate() {
+        for index in self.geometry.prefix_members() {
+            let member = &self.members[index];
             let Some(device) = member.usable_device() else {
                 continue;
             };

@@ -35,14 +35,10 @@ impl RedundantArray {
         length: usize,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let reads = self
-            .members
-            .iter()
-            .enumerate()
-            .map(|(index, member)| async move {
-                let device = member.usable_device()?;
-                Some((index, device.read(offset, length).await))
-            });
+        let reads = self.geometry.prefix_members().map(|index| async move {
+            let device = self.members[index].usable_device()?;
+            Some((index, device.read(offset, length).await))
+        });
         let mut copies = Vec::new();
         for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
             match result {

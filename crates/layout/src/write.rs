@@ -38,14 +38,17 @@ impl RedundantArray {
             .await
     }
 
-    /// Writes prefix blocks to every usable member.
+    /// Writes prefix blocks to every usable member that keeps a copy.
     async fn write_prefix(
         &self,
         first_block: u64,
         data: Arc<AlignedBuffer>,
     ) -> Result<(), DeviceError> {
         let offset = (LABEL_AREA_BLOCKS + first_block) * BLOCK_SIZE_BYTES;
-        let writes = (0..self.members.len()).map(|index| (index, offset, data.clone()));
+        let writes = self
+            .geometry
+            .prefix_members()
+            .map(|index| (index, offset, data.clone()));
         self.write_members(writes).await?;
         self.check_tolerance(first_block * BLOCK_SIZE_BYTES, data.len() as u64)
     }
