@@ -38,6 +38,7 @@ use super::stream::Stream;
 use super::writer::InFlightBatch;
 use crate::convert::{block_in_segment, to_usize};
 use crate::error::{EngineError, IoError};
+use crate::log::batch::block_checksum;
 use crate::log::chain;
 use crate::log::geometry::Tier;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
@@ -96,6 +97,12 @@ impl VictimContents {
         let within = offset % self.piece_bytes;
         &self.pieces[offset / self.piece_bytes][within..within + block]
     }
+
+    fn block_at_mut(&mut self, offset: usize) -> &mut [u8] {
+        let block = BLOCK_BYTES;
+        let within = offset % self.piece_bytes;
+        &mut self.pieces[offset / self.piece_bytes][within..within + block]
+    }
 }
 
 /// A victim in memory as a walk reads it.
@@ -139,6 +146,8 @@ struct Candidate {
     physical_block: u64,
     /// Where its data starts in the victim's [`VictimContents`].
     data_offset_bytes: usize,
+    /// The checksum its batch's summary gives it.
+    checksum: u32,
     /// The stream it goes to (a demotion to `Stream::Capacity` falls back to
     /// the cleaner's flash stream while capacity has no room).
     destination: Stream,
@@ -391,9 +400,11 @@ impl Pool {
         if !self.victim_written(segment_index).await {
             return Ok(false);
         }
-        let contents = self.read_victim(segment_index).await?;
+        let mut contents = self.read_victim(segment_index).await?;
         let chain = self.walk_victim(segment_index, &contents).await;
         let mut candidates = self.list_candidates(segment_index, &chain);
+        self.repair_damaged_candidates(&mut contents, &candidates)
+            .await;
         self.choose_destinations(segment_index, &mut candidates);
         self.relocate(segment_index, &contents, &candidates).await?;
         Ok(self.finish_victim(segment_index, &chain.damaged))
@@ -454,8 +465,8 @@ impl Pool {
                 .summary
                 .records
                 .iter()
-                .filter_map(|record| record.data_target());
-            for (data_index, (volume_id, logical_block)) in targets.enumerate() {
+                .filter_map(|record| Some((record.data_target()?, record.data_checksum()?)));
+            for (data_index, ((volume_id, logical_block), checksum)) in targets.enumerate() {
                 let block_in_segment = batch.data_block_in_segment(block_in_segment(data_index));
                 assert!(
                     block_in_segment < segment_size_blocks,
@@ -466,11 +477,62 @@ impl Pool {
                     logical_block,
                     physical_block: first_block + u64::from(block_in_segment),
                     data_offset_bytes: block_in_segment as usize * BLOCK_BYTES,
+                    checksum,
                     destination,
                 });
             }
         }
         candidates
+    }
+
+    /// Rebuilds, from the device's redundancy, the live blocks of the victim
+    /// that fail their checksum (silent damage), before they move: a block
+    /// copied as it is would carry the damage to its new home, under fresh
+    /// parity that could no longer repair it. One that cannot be rebuilt
+    /// moves as it is (reading it stays an error, as it was).
+    async fn repair_damaged_candidates(
+        &self,
+        contents: &mut VictimContents,
+        candidates: &[Candidate],
+    ) {
+        let damaged: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|candidate| {
+                block_checksum(contents.block_at(candidate.data_offset_bytes)) != candidate.checksum
+            })
+            .collect();
+        if damaged.is_empty() {
+            return;
+        }
+        // Dead blocks (most candidates, and any a crash tore) stay as they are.
+        let live: Vec<&Candidate> = {
+            let state = self.inner.lock();
+            damaged
+                .into_iter()
+                .filter(|candidate| {
+                    let family = state.volumes().family(candidate.volume_id);
+                    state.volumes().holder_checksum(
+                        &family,
+                        candidate.logical_block,
+                        candidate.physical_block,
+                    ) == Some(candidate.checksum)
+                })
+                .collect()
+        };
+        for candidate in live {
+            if let Some(good) = self
+                .recover_block(
+                    candidate.physical_block,
+                    candidate.logical_block,
+                    candidate.checksum,
+                )
+                .await
+            {
+                contents
+                    .block_at_mut(candidate.data_offset_bytes)
+                    .copy_from_slice(&good);
+            }
+        }
     }
 
     /// Where each block of a flash victim goes (heat decides, in a two-tier

@@ -940,8 +940,42 @@ async fn replay_batches(
         };
         replay_records(state, &replayed, &mut outcome);
         batch_replayed(geometry, state, batch, &mut outcome);
+        if sequence > bounds.log_flushed_through {
+            rewrite_unflushed_rows(device, geometry, batch, replayed.checked_data.as_ref()).await?;
+        }
     }
     Ok(outcome)
+}
+
+/// On a striped tier (rows of several blocks, `lamina_layout`), the crash
+/// may have torn an unflushed batch's rows across the members: some members
+/// hold the new blocks, some the old, so that the parity no longer matches
+/// the data replay just accepted (the write hole). The batch is written back
+/// (summary, data and copy: whole rows from the row boundary it starts at),
+/// which gives its rows parity that matches, before anything depends on it:
+/// a member lost later is rebuilt from that parity. The data written is
+/// `checked_data`, as replay checked and rebuilt it, not a second read: with
+/// a member lost, that would rebuild its blocks from the torn parity. On a
+/// single device (rows of one block) there is no parity to mend.
+async fn rewrite_unflushed_rows(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    batch: &ScannedBatch,
+    checked_data: Option<&AlignedBuffer>,
+) -> Result<(), EngineError> {
+    let segment_index = geometry.segment_of(batch.summary_block);
+    if geometry.segment_shape(segment_index).row_blocks <= 1 {
+        return Ok(());
+    }
+    // The summary, the data blocks and the summary's copy (format version 5 on).
+    let block_count = batch.summary.data_block_count() + 2;
+    let offset = batch.summary_block * BLOCK_SIZE_BYTES;
+    let mut contents = device.read(offset, block_count * BLOCK_BYTES).await?;
+    if let Some(data) = checked_data {
+        contents[BLOCK_BYTES..BLOCK_BYTES + data.len()].copy_from_slice(data);
+    }
+    device.write(offset, Arc::new(contents)).await?;
+    Ok(())
 }
 
 /// A batch being replayed.
@@ -981,8 +1015,44 @@ async fn read_unflushed_data(
         return Ok(None);
     }
     let offset = (batch.summary_block + 1) * BLOCK_SIZE_BYTES;
-    let data = device.read(offset, data_count * BLOCK_BYTES).await?;
+    let mut data = device.read(offset, data_count * BLOCK_BYTES).await?;
+    rebuild_failing_blocks(device, batch, &mut data).await;
     Ok(Some(data))
+}
+
+/// A block beyond what the log vouches for that fails its checksum was torn
+/// by the crash, or damaged after a flush the log does not record (one that
+/// completed just before the crash): a device with redundancy rebuilds it
+/// when it can (and repairs its copy), so that only a block it cannot
+/// rebuild is dropped as torn. On a single device nothing changes.
+async fn rebuild_failing_blocks(
+    device: &dyn BlockDevice,
+    batch: &ScannedBatch,
+    data: &mut AlignedBuffer,
+) {
+    let checksums = batch
+        .summary
+        .records
+        .iter()
+        .filter_map(crate::log::batch::Record::data_checksum);
+    for (index, checksum) in checksums.enumerate() {
+        let block = &mut data[index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES];
+        if block_checksum(block) == checksum {
+            continue;
+        }
+        let is_valid = move |contents: &[u8]| block_checksum(contents) == checksum;
+        let physical_block = batch.summary_block + 1 + index as u64;
+        match device
+            .recover_block(physical_block * BLOCK_SIZE_BYTES, &is_valid)
+            .await
+        {
+            Ok(Some(good)) => block.copy_from_slice(&good),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, physical_block, "rebuilding a block of the log's tail failed");
+            }
+        }
+    }
 }
 
 /// Applies a batch's records to the volumes: a torn block (failing its

@@ -1,8 +1,11 @@
 //! Helpers shared by the engine's integration tests: finding the newest
 //! checkpoint slot on a memory device, and corrupting it so that recovery must
-//! fall back to the older checkpoint.
+//! fall back to the older checkpoint; the crash tests' shadow model lives in
+//! `shadow.rs`.
 
 #![allow(dead_code)]
+
+pub mod shadow;
 
 use lamina_device::MemoryDevice;
 use lamina_engine::log::checkpoint::Slot;
