@@ -168,21 +168,6 @@ impl BlockDevice for ConcatenatedDevice {
             _ => Ok(None),
         }
     }
-
-    async fn resync(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
-        let split = self.split(offset, crate::buffer_length(length));
-        if split.first.length > 0 {
-            self.first
-                .resync(split.first.offset, split.first.length as u64)
-                .await?;
-        }
-        if split.second.length > 0 {
-            self.second
-                .resync(split.second.offset, split.second.length as u64)
-                .await?;
-        }
-        Ok(())
-    }
 }
 
 /// Runs two futures concurrently (tokio's `join!` as a function).

@@ -92,16 +92,6 @@ pub trait BlockDevice: Send + Sync + 'static {
         }
         Ok(None)
     }
-
-    /// After a crash, makes the redundancy of `offset..offset + length`
-    /// agree with the data now stored there (a write torn by the crash may
-    /// have reached some devices of an array and not others). Called by
-    /// recovery for the log's unflushed tail. A no-op without redundancy
-    /// (the default).
-    async fn resync(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
-        let _ = (offset, length);
-        Ok(())
-    }
 }
 
 /// What the layer above knows a block must hold (its checksum): how a device

@@ -286,11 +286,6 @@ impl BlockDevice for RedundantArray {
         }
         Ok(None)
     }
-
-    async fn resync(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
-        lamina_device::check_request(&self.name, self.size_bytes(), offset, length)?;
-        self.resync_range(offset, length).await
-    }
 }
 
 impl MemberState {

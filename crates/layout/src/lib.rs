@@ -11,8 +11,7 @@
 //! - `codec.rs`: parity (Reed-Solomon from `reed-solomon-simd`);
 //! - `label.rs`: the label on each member; `assemble.rs`: create and assemble;
 //! - `member.rs`: member state and counters;
-//! - `array.rs`, `read.rs`, `write.rs`, `recover.rs`, `resync.rs`: the array
-//!   itself.
+//! - `array.rs`, `read.rs`, `write.rs`, `recover.rs`: the array itself.
 
 mod array;
 mod assemble;
@@ -23,7 +22,6 @@ mod member;
 mod read;
 mod recover;
 mod redundancy;
-mod resync;
 mod write;
 
 pub use array::{ArrayState, RedundantArray};

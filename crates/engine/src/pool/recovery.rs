@@ -21,7 +21,6 @@ use super::space::{self, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
 use crate::convert::{segment_index, to_usize};
 use crate::error::{CreateError, EngineError, OpenError};
-use crate::log::batch::BATCH_OVERHEAD_BLOCKS;
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::chain;
 use crate::log::checkpoint::{Body, Slot};
@@ -1001,16 +1000,6 @@ async fn read_unflushed_data(
     if batch.summary.batch_sequence <= bounds.log_flushed_through {
         return Ok(None);
     }
-    // A torn write may have reached some devices of an array and not others:
-    // its parity is made to agree with the data as stored before any of it
-    // is trusted (a no-op on a single device).
-    let batch_blocks = data_count as u64 + u64::from(BATCH_OVERHEAD_BLOCKS);
-    device
-        .resync(
-            batch.summary_block * BLOCK_SIZE_BYTES,
-            batch_blocks * BLOCK_SIZE_BYTES,
-        )
-        .await?;
     if data_count == 0 {
         return Ok(None);
     }
