@@ -316,3 +316,81 @@ async fn qemu_img_and_qemu_io_work_with_tls_creds_x509() {
     assert!(stored.iter().all(|&byte| byte == 0x5a), "qemu-io's write landed");
     server.stop().await;
 }
+
+/// The first bytes a real TLS client sends (its ClientHello), to cut short.
+fn client_hello(directory: &Path) -> Vec<u8> {
+    let config = connector(directory).config().clone();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut client = rustls::ClientConnection::new(config, name).unwrap();
+    let mut hello = Vec::new();
+    client.write_tls(&mut hello).unwrap();
+    hello
+}
+
+/// One misbehaving client, of the kind `round % 4` picks.
+async fn misbehave(port: u16, round: usize, hello: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    greet(&mut stream, CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).await;
+    match round % 4 {
+        // A plain client on a TLS-required port.
+        0 => {
+            send_option(&mut stream, OPT_GO, &go_data("disk")).await;
+            assert_eq!(option_reply(&mut stream).await.1, REP_ERR_TLS_REQD);
+        }
+        // Garbage after STARTTLS: the server closes.
+        1 => {
+            send_option(&mut stream, OPT_STARTTLS, &[]).await;
+            assert_eq!(option_reply(&mut stream).await.1, REP_ACK);
+            let garbage = pattern(300, round as u8);
+            let _ = stream.write_all(&garbage).await;
+            // The server may send a TLS alert; then it must close.
+            let mut rest = Vec::new();
+            use tokio::io::AsyncReadExt;
+            let _ = within(stream.read_to_end(&mut rest)).await;
+            assert!(rest.len() < 100, "only an alert before the close");
+        }
+        // A TLS handshake cut in the middle of the ClientHello.
+        2 => {
+            send_option(&mut stream, OPT_STARTTLS, &[]).await;
+            assert_eq!(option_reply(&mut stream).await.1, REP_ACK);
+            let _ = stream.write_all(&hello[..hello.len() / 2]).await;
+        }
+        // A whole ClientHello, then gone before the server's answer is read.
+        _ => {
+            send_option(&mut stream, OPT_STARTTLS, &[]).await;
+            assert_eq!(option_reply(&mut stream).await.1, REP_ACK);
+            let _ = stream.write_all(hello).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_bad_tls_clients_leave_the_server_and_other_clients_working() {
+    let Some(certificates) = TestCertificates::make() else {
+        return;
+    };
+    let (catalog, _exports) = catalog_with(&[("disk", MIB)]);
+    let security = Security {
+        tls: required_tls(&certificates),
+        access: None,
+    };
+    let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
+    let port = server.tcp_port.unwrap();
+    let mut steady = start_tls(port, &certificates.alice).await;
+    raw_go_after_greeting(&mut steady, "disk").await;
+    let hello = client_hello(&certificates.alice);
+    for round in 0..1000 {
+        misbehave(port, round, &hello).await;
+        if round % 100 == 0 {
+            raw::round_trip(&mut steady, round as u64 * 2 + 10).await;
+        }
+    }
+    raw::round_trip(&mut steady, 5000).await;
+    let mut fresh = start_tls(port, &certificates.alice).await;
+    raw_go_after_greeting(&mut fresh, "disk").await;
+    raw::round_trip(&mut fresh, 6000).await;
+    let counters = server.server.counters();
+    assert!(counters.tls_handshakes_failed >= 250, "{counters:?}");
+    server.stop().await;
+}
