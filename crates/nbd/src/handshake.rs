@@ -376,11 +376,22 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let Some(tls) = state.security.tls.clone() else {
-        return send(stream, option, wire::REP_ERR_UNSUP, b"TLS is not enabled on this listener")
-            .await;
+        return send(
+            stream,
+            option,
+            wire::REP_ERR_UNSUP,
+            b"TLS is not enabled on this listener",
+        )
+        .await;
     };
     if stream.is_tls() {
-        return send(stream, option, wire::REP_ERR_INVALID, b"TLS is already running").await;
+        return send(
+            stream,
+            option,
+            wire::REP_ERR_INVALID,
+            b"TLS is already running",
+        )
+        .await;
     }
     send(stream, option, wire::REP_ACK, &[]).await?;
     stream.start_tls(&tls).await.map_err(ConnectionError::Tls)?;

@@ -84,7 +84,10 @@ impl ServerTls {
     /// `verify_peer`, the CA client certificates must be signed by). `mode`
     /// must not be [`TlsMode::Off`].
     pub fn load(directory: &Path, mode: TlsMode, verify_peer: bool) -> Result<Self, TlsError> {
-        assert!(mode != TlsMode::Off, "ServerTls::load needs TLS on or required");
+        assert!(
+            mode != TlsMode::Off,
+            "ServerTls::load needs TLS on or required"
+        );
         let certificates = read_certificates(&directory.join(SERVER_CERTIFICATE_FILE))?;
         let key_path = directory.join(SERVER_KEY_FILE);
         let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|error| TlsError::Read {
@@ -106,10 +109,12 @@ impl ServerTls {
                     .add(certificate)
                     .map_err(|error| unusable(format!("{CA_CERTIFICATE_FILE}: {error}")))?;
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .map_err(|error| unusable(error.to_string()))?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|error| unusable(error.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         } else {
             builder.with_no_client_auth()

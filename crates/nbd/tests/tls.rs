@@ -67,12 +67,13 @@ fn connector(directory: &Path) -> tokio_rustls::TlsConnector {
 }
 
 /// Greets, sends STARTTLS, and returns the TLS stream.
-async fn start_tls(
-    port: u16,
-    directory: &Path,
-) -> tokio_rustls::client::TlsStream<TcpStream> {
+async fn start_tls(port: u16, directory: &Path) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    greet(&mut stream, CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).await;
+    greet(
+        &mut stream,
+        CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES,
+    )
+    .await;
     send_option(&mut stream, OPT_STARTTLS, &[]).await;
     assert_eq!(option_reply(&mut stream).await.1, REP_ACK);
     let name = ServerName::try_from("localhost").unwrap();
@@ -118,8 +119,14 @@ async fn nbdinfo_works_over_tls_and_plain_or_foreign_clients_are_refused() {
             .arg(server.tls_uri("disk", &certificates.alice)),
     )
     .await;
-    assert!(json.contains(&format!("\"export-size\": {}", 4 * MIB)), "{json}");
-    assert!(json.contains("\"tls\": true") || json.contains("TLS"), "{json}");
+    assert!(
+        json.contains(&format!("\"export-size\": {}", 4 * MIB)),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"tls\": true") || json.contains("TLS"),
+        "{json}"
+    );
 
     let plain = run(Command::new(&nbdinfo).arg(server.uri("disk"))).await;
     assert!(!plain.status.success(), "a plain client must be refused");
@@ -128,8 +135,12 @@ async fn nbdinfo_works_over_tls_and_plain_or_foreign_clients_are_refused() {
     let message = String::from_utf8_lossy(&plain.stderr);
     assert!(message.contains("opt_go"), "{message}");
 
-    let stranger = run(Command::new(&nbdinfo).arg(server.tls_uri("disk", &certificates.stranger))).await;
-    assert!(!stranger.status.success(), "a certificate of another CA must be refused");
+    let stranger =
+        run(Command::new(&nbdinfo).arg(server.tls_uri("disk", &certificates.stranger))).await;
+    assert!(
+        !stranger.status.success(),
+        "a certificate of another CA must be refused"
+    );
     let counters = server.server.counters();
     assert!(counters.tls_handshakes_failed >= 1, "{counters:?}");
     server.stop().await;
@@ -148,7 +159,11 @@ async fn plain_options_get_tls_required_and_export_name_is_closed() {
     let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
     let port = server.tcp_port.unwrap();
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    greet(&mut stream, CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).await;
+    greet(
+        &mut stream,
+        CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES,
+    )
+    .await;
     for (option, data) in [
         (OPT_LIST, Vec::new()),
         (OPT_GO, go_data("disk")),
@@ -240,7 +255,11 @@ async fn certificate_dn_rules_hide_exports_and_grant_read_only() {
 
     let mut bob = start_tls(port, &certificates.bob).await;
     let (_, flags) = raw_go_after_greeting(&mut bob, "disk").await;
-    assert_ne!(flags & TRANSMISSION_FLAG_READ_ONLY, 0, "bob's grant is read-only");
+    assert_ne!(
+        flags & TRANSMISSION_FLAG_READ_ONLY,
+        0,
+        "bob's grant is read-only"
+    );
     raw::send_request(&mut bob, 0, CMD_WRITE, 2, 0, 512, &[0xee; 512]).await;
     let (error, cookie) = raw::simple_reply(&mut bob).await;
     assert_eq!((error, cookie), (1, 2), "EPERM for a read-only grant");
@@ -271,7 +290,10 @@ async fn nbdcopy_round_trips_data_over_tls() {
     exports[0].read(0, &mut stored).await.unwrap();
     assert!(stored == data, "the export holds what nbdcopy wrote");
     run_ok(Command::new(&nbdcopy).arg(&uri).arg(&copy)).await;
-    assert!(std::fs::read(&copy).unwrap() == data, "nbdcopy read it back");
+    assert!(
+        std::fs::read(&copy).unwrap() == data,
+        "nbdcopy read it back"
+    );
     server.stop().await;
 }
 
@@ -296,11 +318,9 @@ async fn qemu_img_and_qemu_io_work_with_tls_creds_x509() {
         "driver=nbd,server.type=inet,server.host=localhost,server.port={},export=disk,tls-creds=tls0",
         server.tcp_port.unwrap()
     );
-    let info = run_ok(
-        Command::new(&qemu_img)
-            .args(["info", "--object", &object, "--image-opts", &image]),
-    )
-    .await;
+    let info =
+        run_ok(Command::new(&qemu_img).args(["info", "--object", &object, "--image-opts", &image]))
+            .await;
     assert!(info.contains("4 MiB"), "{info}");
     run_ok(Command::new(&qemu_io).args([
         "--object",
@@ -313,7 +333,10 @@ async fn qemu_img_and_qemu_io_work_with_tls_creds_x509() {
     .await;
     let mut stored = vec![0u8; 65536];
     exports[0].read(65536, &mut stored).await.unwrap();
-    assert!(stored.iter().all(|&byte| byte == 0x5a), "qemu-io's write landed");
+    assert!(
+        stored.iter().all(|&byte| byte == 0x5a),
+        "qemu-io's write landed"
+    );
     server.stop().await;
 }
 
@@ -331,7 +354,11 @@ fn client_hello(directory: &Path) -> Vec<u8> {
 async fn misbehave(port: u16, round: usize, hello: &[u8]) {
     use tokio::io::AsyncWriteExt;
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    greet(&mut stream, CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).await;
+    greet(
+        &mut stream,
+        CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES,
+    )
+    .await;
     match round % 4 {
         // A plain client on a TLS-required port.
         0 => {

@@ -45,10 +45,25 @@ fn make_ca(directory: &Path, name: &str) {
     let (certificate, key) = (format!("{name}-cert.pem"), format!("{name}-key.pem"));
     openssl(
         &[
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", &key, "-out", &certificate, "-days", "2", "-subj",
-            &format!("/CN=Lamina test {name}"), "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &certificate,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=Lamina test {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
         ],
         directory,
     );
@@ -72,16 +87,38 @@ fn make_signed(
     let text = |path: &Path| path.to_str().expect("UTF-8 path").to_string();
     openssl(
         &[
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-            &text(&key), "-out", &text(&request), "-subj", subject,
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &text(&key),
+            "-out",
+            &text(&request),
+            "-subj",
+            subject,
         ],
         directory,
     );
     openssl(
         &[
-            "x509", "-req", "-in", &text(&request), "-CA", &format!("{ca}-cert.pem"), "-CAkey",
-            &format!("{ca}-key.pem"), "-CAcreateserial", "-out", &text(&certificate), "-days",
-            "2", "-extfile", &text(&extension_file),
+            "x509",
+            "-req",
+            "-in",
+            &text(&request),
+            "-CA",
+            &format!("{ca}-cert.pem"),
+            "-CAkey",
+            &format!("{ca}-key.pem"),
+            "-CAcreateserial",
+            "-out",
+            &text(&certificate),
+            "-days",
+            "2",
+            "-extfile",
+            &text(&extension_file),
         ],
         directory,
     );
@@ -89,8 +126,7 @@ fn make_signed(
 
 // qemu insists on keyEncipherment in both certificates.
 const SERVER_EXTENSIONS: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n";
-const CLIENT_EXTENSIONS: &str =
-    "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n";
+const CLIENT_EXTENSIONS: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n";
 
 impl TestCertificates {
     /// Makes every certificate; `None` (after saying why) without `openssl`.
@@ -111,10 +147,38 @@ impl TestCertificates {
             directory("bob"),
             directory("stranger"),
         );
-        make_signed(&work, "ca", "/CN=localhost", SERVER_EXTENSIONS, &server, "server");
-        make_signed(&work, "ca", "/O=Lamina test/CN=alice", CLIENT_EXTENSIONS, &alice, "client");
-        make_signed(&work, "ca", "/O=Lamina test/CN=bob", CLIENT_EXTENSIONS, &bob, "client");
-        make_signed(&work, "other", "/O=Lamina test/CN=alice", CLIENT_EXTENSIONS, &stranger, "client");
+        make_signed(
+            &work,
+            "ca",
+            "/CN=localhost",
+            SERVER_EXTENSIONS,
+            &server,
+            "server",
+        );
+        make_signed(
+            &work,
+            "ca",
+            "/O=Lamina test/CN=alice",
+            CLIENT_EXTENSIONS,
+            &alice,
+            "client",
+        );
+        make_signed(
+            &work,
+            "ca",
+            "/O=Lamina test/CN=bob",
+            CLIENT_EXTENSIONS,
+            &bob,
+            "client",
+        );
+        make_signed(
+            &work,
+            "other",
+            "/O=Lamina test/CN=alice",
+            CLIENT_EXTENSIONS,
+            &stranger,
+            "client",
+        );
         for directory in [&server, &alice, &bob, &stranger] {
             std::fs::copy(work.join("ca-cert.pem"), directory.join("ca-cert.pem"))
                 .expect("copy the CA certificate");
