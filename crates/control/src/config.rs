@@ -309,6 +309,44 @@ mod tests {
     }
 
     #[test]
+    fn exposure_needs_tls_off_loopback_and_says_how_to_enable_it() {
+        let parse = |text: &str| toml::from_str::<Config>(text).unwrap();
+        assert!(Config::default().check_exposure().is_ok());
+        let open = parse("[server]\ntcp_address = \"0.0.0.0:10809\"\n");
+        let error = open.check_exposure().unwrap_err();
+        assert!(
+            error.contains("without TLS") && error.contains("insecure_tcp = true"),
+            "{error}"
+        );
+        assert!(
+            parse("[server]\ntcp_address = \"0.0.0.0:10809\"\ninsecure_tcp = true\n")
+                .check_exposure()
+                .is_ok()
+        );
+        let required = parse("[server]\ntcp_address = \"0.0.0.0:10809\"\ntls = \"require\"\n");
+        assert!(
+            required
+                .check_exposure()
+                .unwrap_err()
+                .contains("tls_certificates")
+        );
+        let required = parse(
+            "[server]\ntcp_address = \"0.0.0.0:10809\"\ntls = \"require\"\ntls_certificates = \"/x\"\n",
+        );
+        assert!(required.check_exposure().is_ok());
+        assert!(
+            parse("[server]\ntcp_address = \"[::1]:10809\"\n")
+                .check_exposure()
+                .is_ok()
+        );
+        let groups = parse("[server]\nsocket_group = \"a\"\nadmin_group = \"b\"\n");
+        assert!(groups.check_exposure().unwrap_err().contains("one group"));
+        assert!(toml::from_str::<Config>("[server]\ntls = \"maybe\"\n").is_err());
+        let bad_rule = parse("[[access]]\nexports = [\"x\"]\naddress = \"nowhere\"\n");
+        assert!(bad_rule.check().unwrap_err().contains("rule 1"));
+    }
+
+    #[test]
     fn device_models_are_overridden_and_defined_in_the_config() {
         let config: Config = toml::from_str(
             "[pool]\ncapacity_model = \"slow\"\n[disk_models.slow]\nrotation_rpm = 5400\n[disk_models.hdd-7200]\nseek_full_stroke_ms = 20.0\n",
