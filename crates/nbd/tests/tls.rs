@@ -421,3 +421,27 @@ async fn a_thousand_bad_tls_clients_leave_the_server_and_other_clients_working()
     assert!(counters.tls_handshakes_failed >= 250, "{counters:?}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_works_on_a_unix_socket_too() {
+    let (Some(nbdinfo), Some(certificates)) = (tool("nbdinfo"), TestCertificates::make()) else {
+        return;
+    };
+    let (catalog, _exports) = catalog_with(&[("disk", 2 * MIB)]);
+    let security = Security {
+        tls: required_tls(&certificates),
+        access: None,
+    };
+    let server = TestServer::unix_with(catalog, ServerConfig::default(), security).await;
+    // The server certificate names localhost; libnbd checks it against the
+    // URI's host, which a Unix URI does not have, so name it.
+    let uri = format!(
+        "{}&tls-hostname=localhost",
+        server.tls_uri("disk", &certificates.alice)
+    );
+    let size = run_ok(Command::new(&nbdinfo).arg("--size").arg(&uri)).await;
+    assert_eq!(size.trim(), (2 * MIB).to_string());
+    let plain = run(Command::new(&nbdinfo).arg(server.uri("disk"))).await;
+    assert!(!plain.status.success(), "a plain client must be refused");
+    server.stop().await;
+}
