@@ -281,3 +281,37 @@ fn common_tool_missing(program: &str) -> bool {
     }
     !found
 }
+
+#[test]
+fn the_admin_socket_checks_the_peer_even_when_its_mode_lets_others_in() {
+    if common_tool_missing("setpriv") {
+        return;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(directory.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data_dir = directory.path().join("data");
+    let daemon = start(&data_dir, &pool_config("tcp_address = \"\"", ""));
+    // Someone loosens the modes by hand: the peer check still keeps others out.
+    std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let admin_socket = data_dir.join("admin.sock");
+    std::fs::set_permissions(&admin_socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let data = data_dir.to_str().unwrap();
+    let refused = as_other_user(
+        STRANGER_GID,
+        LAMINA,
+        &["volume", "create", "sneaky", "8M", "--data", data],
+    );
+    assert!(!refused.status.success(), "{}", text(&refused));
+    let metrics = daemon.metrics();
+    assert!(
+        metrics.contains("lamina_admin_connections_refused_total 1"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("sneaky"), "{metrics}");
+    assert!(
+        daemon.log().contains("admin connection refused"),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.terminate().success());
+}
