@@ -7,6 +7,10 @@
 //! grants, read-only, and its admin requests are audited with its uid and
 //! counted on `/metrics`.
 
+// The NBD crate's test certificates (openssl), shared rather than copied.
+#[allow(dead_code)]
+#[path = "../../nbd/tests/common/certificates.rs"]
+mod certificates;
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -32,6 +36,11 @@ fn pool_config(server_lines: &str, rest: &str) -> String {
 /// `lamina serve` with `config`, audit lines in its log, stdout kept; ready
 /// once root's `nbdinfo` reaches `default`.
 fn start(data_dir: &Path, config: &str) -> Daemon {
+    start_with_arguments(data_dir, config, &[])
+}
+
+/// [`start`] with more `lamina serve` arguments.
+fn start_with_arguments(data_dir: &Path, config: &str, arguments: &[&str]) -> Daemon {
     let config_path = data_dir.with_extension("toml");
     std::fs::write(&config_path, config).unwrap();
     let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
@@ -41,6 +50,7 @@ fn start(data_dir: &Path, config: &str) -> Daemon {
         .arg(data_dir)
         .arg("--config")
         .arg(&config_path)
+        .args(arguments)
         .env("LAMINA_LOG", "warn,lamina::audit=info")
         .stdout(out)
         .stderr(log)
@@ -312,6 +322,79 @@ fn the_admin_socket_checks_the_peer_even_when_its_mode_lets_others_in() {
         daemon.log().contains("admin connection refused"),
         "{}",
         daemon.log()
+    );
+    assert!(daemon.terminate().success());
+}
+
+/// The path of `program` on the system PATH, or `None` after saying why the
+/// test is skipped (what `certificates.rs` asks its parent module for).
+fn tool(program: &str) -> Option<std::path::PathBuf> {
+    if common_tool_missing(program) {
+        return None;
+    }
+    std::env::split_paths(&system_path())
+        .map(|directory| directory.join(program))
+        .find(|path| path.is_file())
+}
+
+#[test]
+fn serve_with_tls_required_on_every_address_serves_nbds_and_refuses_plain() {
+    let Some(certificates) = certificates::TestCertificates::make() else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let server_directory = certificates.server.to_str().unwrap().to_string();
+    // Not loopback, but TLS is required: allowed.
+    let daemon = start_with_arguments(
+        &data_dir,
+        &pool_config(&format!("tcp_address = \"0.0.0.0:{port}\""), ""),
+        &[
+            "--tls",
+            "require",
+            "--tls-certificates",
+            &server_directory,
+            "--tls-verify-peer",
+        ],
+    );
+    let printed = std::fs::read_to_string(data_dir.with_extension("out")).unwrap();
+    assert!(
+        printed.contains(&format!(
+            "NBD on tcp 0.0.0.0:{port}: TLS required, client certificates checked against"
+        )),
+        "{printed}"
+    );
+    let secure = format!(
+        "nbds://localhost:{port}/default?tls-certificates={}",
+        certificates.alice.display()
+    );
+    let size = common::run(Command::new("nbdinfo").arg("--size").arg(&secure));
+    assert_eq!(size.trim(), (64u64 << 20).to_string());
+    let plain = Command::new("nbdinfo")
+        .arg(format!("nbd://127.0.0.1:{port}/default"))
+        .env("PATH", system_path())
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "{}", text(&plain));
+    let stranger = format!(
+        "nbds://localhost:{port}/default?tls-certificates={}",
+        certificates.stranger.display()
+    );
+    let foreign = Command::new("nbdinfo")
+        .arg(&stranger)
+        .env("PATH", system_path())
+        .output()
+        .unwrap();
+    assert!(!foreign.status.success(), "{}", text(&foreign));
+    let metrics = daemon.metrics();
+    assert!(
+        metrics.contains("lamina_nbd_handshakes_closed_total{reason=\"tls_failed\"} 1"),
+        "{metrics}"
     );
     assert!(daemon.terminate().success());
 }
