@@ -9,10 +9,11 @@ use anyhow::Context;
 use lamina_engine::Pool;
 use lamina_nbd::{CancellationToken, NbdServer};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use lamina_nbd::ServerTls;
 use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinSet;
 
 use crate::access::AccessRules;
 use crate::admin::{AdminAudit, AdminGate, AdminListener, AdminPeer};
@@ -176,6 +177,116 @@ fn exports_description(config: &Config) -> String {
     }
 }
 
+/// What starting the listeners needs: each prints its exposure line, binds,
+/// and spawns its accept loop into the daemon's tasks.
+struct Listeners<'a> {
+    config: &'a Config,
+    server: &'a Arc<NbdServer>,
+    shutdown: &'a CancellationToken,
+    /// Which exports the access rules leave visible, for the exposure lines.
+    exports: String,
+    /// The group of the data directory and sockets, if configured.
+    group: Option<u32>,
+}
+
+impl Listeners<'_> {
+    /// NBD over TCP, unless `tcp_address` is empty.
+    async fn start_tcp(
+        &self,
+        tasks: &mut JoinSet<()>,
+        tls: Option<Arc<ServerTls>>,
+    ) -> anyhow::Result<()> {
+        let configured = &self.config.server.tcp_address;
+        if configured.is_empty() {
+            return Ok(());
+        }
+        let listener = TcpListener::bind(configured)
+            .await
+            .with_context(|| format!("cannot listen on {configured}"))?;
+        let address = listener.local_addr()?;
+        let reach = if address.ip().is_loopback() {
+            "processes on this host (loopback)"
+        } else {
+            "any host that reaches it"
+        };
+        println!(
+            "lamina: NBD on tcp {address}: {}; to {reach}; {}",
+            tls_description(tls.as_ref()),
+            self.exports
+        );
+        tracing::info!(address = %address, tls = %self.config.server.tls.mode(), "serving NBD over TCP");
+        let (server, shutdown) = (self.server.clone(), self.shutdown.clone());
+        tasks.spawn(async move { server.serve_tcp_with_tls(listener, tls, shutdown).await });
+        Ok(())
+    }
+
+    /// NBD over the Unix socket; returns its path.
+    fn start_unix(
+        &self,
+        tasks: &mut JoinSet<()>,
+        tls: Option<Arc<ServerTls>>,
+    ) -> anyhow::Result<PathBuf> {
+        let path = self.config.unix_socket_path();
+        let group = self.config.server.socket_group.as_ref().and(self.group);
+        let listener = bind_unix(&path, group)?;
+        println!(
+            "lamina: NBD on unix {}: {}; to {}; {}",
+            path.display(),
+            tls_description(tls.as_ref()),
+            socket_audience(&path, group),
+            self.exports
+        );
+        tracing::info!(path = %path.display(), "serving NBD over a Unix socket");
+        let (server, shutdown) = (self.server.clone(), self.shutdown.clone());
+        tasks.spawn(async move { server.serve_unix_with_tls(listener, tls, shutdown).await });
+        Ok(path)
+    }
+
+    /// The admin API on its socket, gated by the peer's credentials; returns
+    /// the socket's path.
+    fn start_admin(
+        &self,
+        tasks: &mut JoinSet<()>,
+        pool: &Pool,
+        open_exports: crate::export::OpenExports,
+    ) -> anyhow::Result<PathBuf> {
+        let path = self.config.data_dir.join(ADMIN_SOCKET_FILE);
+        let group = self.config.server.admin_group.as_ref().and(self.group);
+        let socket = bind_unix(&path, group)?;
+        let owner_uid = std::fs::metadata(&path)?.uid();
+        println!(
+            "lamina: admin API on unix {}: to uid {owner_uid}, root{} (checked per connection); changing requests audited",
+            path.display(),
+            group
+                .map(|gid| format!(" and group {gid}"))
+                .unwrap_or_default()
+        );
+        let audit = Arc::new(AdminAudit::default());
+        let context = crate::admin::AdminContext {
+            pool: pool.clone(),
+            open_exports,
+            nbd_server: Some(self.server.clone()),
+        };
+        let router = crate::admin::router(context, audit.clone());
+        let listener = AdminListener {
+            listener: socket,
+            gate: AdminGate { owner_uid, group },
+            audit,
+        };
+        let shutdown = self.shutdown.clone();
+        tasks.spawn(async move {
+            let service = router.into_make_service_with_connect_info::<AdminPeer>();
+            if let Err(error) = axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+            {
+                tracing::error!(%error, "admin API stopped");
+            }
+        });
+        Ok(path)
+    }
+}
+
 /// Runs the daemon until a signal asks it to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     config
@@ -201,80 +312,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = Arc::new(server);
     let shutdown = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
-    let exports = exports_description(&config);
 
-    if !config.server.tcp_address.is_empty() {
-        let listener = TcpListener::bind(&config.server.tcp_address)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.server.tcp_address))?;
-        let address = listener.local_addr()?;
-        let reach = if address.ip().is_loopback() {
-            "processes on this host (loopback)"
-        } else {
-            "any host that reaches it"
-        };
-        println!(
-            "lamina: NBD on tcp {address}: {}; to {reach}; {exports}",
-            tls_description(tls.tcp.as_ref())
-        );
-        tracing::info!(address = %address, tls = %config.server.tls.mode(), "serving NBD over TCP");
-        let (server, shutdown, tls) = (server.clone(), shutdown.clone(), tls.tcp.clone());
-        tasks.spawn(async move { server.serve_tcp_with_tls(listener, tls, shutdown).await });
-    }
-    let unix_path = config.unix_socket_path();
-    let socket_group = config.server.socket_group.as_ref().and(group);
-    let listener = bind_unix(&unix_path, socket_group)?;
-    println!(
-        "lamina: NBD on unix {}: {}; to {}; {exports}",
-        unix_path.display(),
-        tls_description(tls.unix.as_ref()),
-        socket_audience(&unix_path, socket_group)
-    );
-    tracing::info!(path = %unix_path.display(), "serving NBD over a Unix socket");
-    {
-        let (server, shutdown, tls) = (server.clone(), shutdown.clone(), tls.unix.clone());
-        tasks.spawn(async move { server.serve_unix_with_tls(listener, tls, shutdown).await });
-    }
-    let admin_path = config.data_dir.join(ADMIN_SOCKET_FILE);
-    let admin_group = config.server.admin_group.as_ref().and(group);
-    let admin_listener = bind_unix(&admin_path, admin_group)?;
-    let owner_uid = std::fs::metadata(&admin_path)?.uid();
-    println!(
-        "lamina: admin API on unix {}: to uid {owner_uid}, root{} (checked per connection); changing requests audited",
-        admin_path.display(),
-        admin_group
-            .map(|gid| format!(" and group {gid}"))
-            .unwrap_or_default()
-    );
-    {
-        let audit = Arc::new(AdminAudit::default());
-        let router = crate::admin::router(
-            crate::admin::AdminContext {
-                pool: pool.clone(),
-                open_exports,
-                nbd_server: Some(server.clone()),
-            },
-            audit.clone(),
-        );
-        let listener = AdminListener {
-            listener: admin_listener,
-            gate: AdminGate {
-                owner_uid,
-                group: admin_group,
-            },
-            audit,
-        };
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move {
-            let service = router.into_make_service_with_connect_info::<AdminPeer>();
-            if let Err(error) = axum::serve(listener, service)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-            {
-                tracing::error!(%error, "admin API stopped");
-            }
-        });
-    }
+    let listeners = Listeners {
+        config: &config,
+        server: &server,
+        shutdown: &shutdown,
+        exports: exports_description(&config),
+        group,
+    };
+    listeners.start_tcp(&mut tasks, tls.tcp).await?;
+    let unix_path = listeners.start_unix(&mut tasks, tls.unix)?;
+    let admin_path = listeners.start_admin(&mut tasks, &pool, open_exports)?;
     let volumes = pool.list_volumes();
     tracing::info!(
         volumes = volumes.len(),
