@@ -254,8 +254,9 @@ impl Listeners<'_> {
         let group = self.config.server.admin_group.as_ref().and(self.group);
         let socket = bind_unix(&path, group)?;
         let owner_uid = std::fs::metadata(&path)?.uid();
+        let root = if owner_uid == 0 { "" } else { ", root" };
         println!(
-            "lamina: admin API on unix {}: to uid {owner_uid}, root{} (checked per connection); changing requests audited",
+            "lamina: admin API on unix {}: to uid {owner_uid}{root}{} (checked per connection); changing requests audited",
             path.display(),
             group
                 .map(|gid| format!(" and group {gid}"))
