@@ -77,6 +77,15 @@ struct ServeArgs {
     /// TCP listen address (empty string disables TCP); overrides the config file.
     #[arg(long)]
     tcp_address: Option<String>,
+    /// TLS on the TCP listener (as nbdkit's --tls); overrides the config file.
+    #[arg(long, value_parser = ["off", "on", "require"])]
+    tls: Option<String>,
+    /// A directory with ca-cert.pem, server-cert.pem and server-key.pem.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+    /// Clients must present a certificate signed by ca-cert.pem.
+    #[arg(long)]
+    tls_verify_peer: bool,
 }
 
 #[derive(Subcommand)]
@@ -589,6 +598,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
             if let Some(address) = arguments.tcp_address {
                 config.server.tcp_address = address;
             }
+            if let Some(tls) = arguments.tls {
+                config.server.tls = match tls.as_str() {
+                    "on" => lamina_control::config::TlsSetting::On,
+                    "require" => lamina_control::config::TlsSetting::Require,
+                    _ => lamina_control::config::TlsSetting::Off,
+                };
+            }
+            if let Some(directory) = arguments.tls_certificates {
+                config.server.tls_certificates = Some(directory);
+            }
+            config.server.tls_verify_peer |= arguments.tls_verify_peer;
             lamina_control::daemon::run(config).await
         }
         Command::Pool(PoolCommand::Create {

@@ -4,9 +4,12 @@
 //! executed against a pool, either by the daemon (HTTP + JSON on the Unix socket
 //! `DIR/admin.sock`, `POST /v1/operations` with one [`Operation`] as the body) or
 //! directly by the CLI when no daemon runs. One `execute` serves both, so the two
-//! paths cannot drift apart.
+//! paths cannot drift apart. The daemon's socket admits only its owner, root
+//! and a configured group ([`AdminListener`], checked with `SO_PEERCRED`), and
+//! every operation that changes something is logged with the peer's uid (an
+//! audit line, target `lamina::audit`) and counted on `/metrics`.
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -15,7 +18,10 @@ use lamina_engine::{
     CachePriority, CleanerState, EngineError, IoError, Pin, Pool, TierPolicy, VolumeError,
 };
 use lamina_nbd::NbdServer;
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::api;
 use crate::export::OpenExports;
@@ -95,6 +101,158 @@ pub enum Operation {
         new_name: String,
     },
     PoolStatus,
+}
+
+impl Operation {
+    /// The operation's name as sent (`volume_create`).
+    pub fn name(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|value| value["operation"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    /// Whether the operation changes the pool (and is therefore audited).
+    pub fn changes_state(&self) -> bool {
+        !matches!(
+            self,
+            Operation::VolumeList
+                | Operation::VolumeStats { .. }
+                | Operation::SnapshotList { .. }
+                | Operation::PoolStatus
+        )
+    }
+}
+
+/// Who is on the other end of an admin connection (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdminPeer {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: Option<i32>,
+}
+
+/// Who may use the admin socket: its owner (the daemon's user), root, and the
+/// members of `group`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdminGate {
+    pub owner_uid: u32,
+    pub group: Option<u32>,
+}
+
+impl AdminGate {
+    pub fn admits(&self, peer: &AdminPeer) -> bool {
+        if peer.uid == self.owner_uid || peer.uid == 0 {
+            return true;
+        }
+        self.group.is_some_and(|group| {
+            peer.gid == group || crate::access::supplementary_groups(peer.pid).contains(&group)
+        })
+    }
+}
+
+/// What the admin socket has refused and done: connections from peers the
+/// gate does not admit, and changing operations by name and outcome.
+#[derive(Debug, Default)]
+pub struct AdminAudit {
+    refused_connections: AtomicU64,
+    /// (operation, succeeded) → count.
+    operations: Mutex<BTreeMap<(String, bool), u64>>,
+}
+
+impl AdminAudit {
+    fn record(&self, peer: &AdminPeer, operation: &Operation, outcome: &Result<(), String>) {
+        let name = operation.name();
+        let detail = serde_json::to_string(operation).unwrap_or_default();
+        match outcome {
+            Ok(()) => {
+                tracing::info!(target: "lamina::audit", uid = peer.uid, gid = peer.gid, pid = peer.pid, operation = %name, request = %detail, outcome = "ok", "admin operation")
+            }
+            Err(error) => {
+                tracing::info!(target: "lamina::audit", uid = peer.uid, gid = peer.gid, pid = peer.pid, operation = %name, request = %detail, outcome = "error", %error, "admin operation")
+            }
+        }
+        let mut operations = self
+            .operations
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        *operations.entry((name, outcome.is_ok())).or_insert(0) += 1;
+    }
+
+    /// Connections refused because the peer is not the owner, root or in the group.
+    pub fn refused_connection_count(&self) -> u64 {
+        self.refused_connections.load(Ordering::Relaxed)
+    }
+}
+
+/// The admin socket's listener: accepts like a Unix listener, but closes
+/// connections from peers the gate does not admit, before any request is read.
+pub struct AdminListener {
+    pub listener: tokio::net::UnixListener,
+    pub gate: AdminGate,
+    pub audit: Arc<AdminAudit>,
+}
+
+/// Pause after a failed accept, so the loop does not spin.
+const ADMIN_ACCEPT_ERROR_PAUSE_MS: u64 = 100;
+
+impl axum::serve::Listener for AdminListener {
+    type Io = tokio::net::UnixStream;
+    type Addr = AdminPeer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let stream = match self.listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "admin socket accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(
+                        ADMIN_ACCEPT_ERROR_PAUSE_MS,
+                    ))
+                    .await;
+                    continue;
+                }
+            };
+            let Ok(credentials) = stream.peer_cred() else {
+                continue;
+            };
+            let peer = AdminPeer {
+                uid: credentials.uid(),
+                gid: credentials.gid(),
+                pid: credentials.pid(),
+            };
+            if self.gate.admits(&peer) {
+                return (stream, peer);
+            }
+            self.audit
+                .refused_connections
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "lamina::audit", uid = peer.uid, gid = peer.gid, pid = peer.pid, "admin connection refused: not the owner, root or a member of admin_group");
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(AdminPeer {
+            uid: self.gate.owner_uid,
+            gid: 0,
+            pid: None,
+        })
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, AdminListener>>
+    for AdminPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, AdminListener>) -> Self {
+        *stream.remote_addr()
+    }
+}
+
+/// What the daemon's admin handlers share: the operations' context and the audit.
+#[derive(Clone)]
+struct Served {
+    context: AdminContext,
+    audit: Arc<AdminAudit>,
 }
 
 /// What operations run against: the pool, and (in the daemon) which volumes
@@ -265,10 +423,20 @@ async fn set_policy(
 }
 
 async fn operations(
-    State(context): State<AdminContext>,
+    State(served): State<Served>,
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
     Json(operation): Json<Operation>,
 ) -> impl IntoResponse {
-    match execute(&context, operation).await {
+    let audited = operation.changes_state().then(|| operation.clone());
+    let result = execute(&served.context, operation).await;
+    if let Some(operation) = audited {
+        let outcome = match &result {
+            Ok(_) => Ok(()),
+            Err(error) => Err(error.error.clone()),
+        };
+        served.audit.record(&peer, &operation, &outcome);
+    }
+    match result {
         Ok(value) => (StatusCode::OK, Json(value)).into_response(),
         Err(error) => (
             StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -316,7 +484,8 @@ async fn health() -> &'static str {
 }
 
 /// Pool and volume figures in the Prometheus text format.
-async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
+async fn metrics(State(served): State<Served>) -> impl IntoResponse {
+    let context = &served.context;
     let pool = &context.pool;
     let status = pool.status();
     let mut text = String::new();
@@ -472,6 +641,7 @@ async fn metrics(State(context): State<AdminContext>) -> impl IntoResponse {
     if let Some(server) = &context.nbd_server {
         nbd_metrics(server, &mut text);
     }
+    admin_metrics(&served.audit, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text)
 }
 
@@ -553,15 +723,47 @@ fn nbd_metrics(server: &NbdServer, text: &mut String) {
         text,
         "lamina_nbd_handshakes_closed_total",
         "counter",
-        "Unfinished NBD handshakes closed, by reason: peer_limit (handshakes_per_peer_max), total_limit (handshakes_in_progress_max), timeout (handshake_timeout_ms).",
+        "Unfinished NBD handshakes closed, by reason: peer_limit (handshakes_per_peer_max), total_limit (handshakes_in_progress_max), timeout (handshake_timeout_ms), tls_failed (the TLS handshake failed), tls_required (NBD_OPT_EXPORT_NAME before STARTTLS where TLS is required).",
     );
     for (reason, count) in [
         ("peer_limit", counters.handshakes_closed_for_peer_limit),
         ("total_limit", counters.handshakes_closed_for_total_limit),
         ("timeout", counters.handshakes_timed_out),
+        ("tls_failed", counters.tls_handshakes_failed),
+        ("tls_required", counters.tls_required_closed),
     ] {
         text.push_str(&format!(
             "lamina_nbd_handshakes_closed_total{{reason=\"{reason}\"}} {count}\n"
+        ));
+    }
+}
+
+/// The admin socket's refusals and its changing operations.
+fn admin_metrics(audit: &AdminAudit, text: &mut String) {
+    metric_header(
+        text,
+        "lamina_admin_connections_refused_total",
+        "counter",
+        "Admin socket connections closed because the peer is not the owner, root or in admin_group.",
+    );
+    text.push_str(&format!(
+        "lamina_admin_connections_refused_total {}\n",
+        audit.refused_connection_count()
+    ));
+    metric_header(
+        text,
+        "lamina_admin_operations_total",
+        "counter",
+        "Changing admin operations (each also an audit log line), by operation and outcome.",
+    );
+    let operations = audit
+        .operations
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
+    for ((operation, succeeded), count) in operations.iter() {
+        let outcome = if *succeeded { "ok" } else { "error" };
+        text.push_str(&format!(
+            "lamina_admin_operations_total{{operation=\"{operation}\",outcome=\"{outcome}\"}} {count}\n"
         ));
     }
 }
@@ -693,12 +895,14 @@ fn tier_metrics(
     }
 }
 
-pub fn router(context: AdminContext) -> Router {
+/// The admin API; serve it on an [`AdminListener`] with
+/// `into_make_service_with_connect_info::<AdminPeer>()` (operations need the peer).
+pub fn router(context: AdminContext, audit: Arc<AdminAudit>) -> Router {
     Router::new()
         .route("/v1/operations", post(operations))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
-        .with_state(context)
+        .with_state(Served { context, audit })
 }
 
 #[cfg(test)]

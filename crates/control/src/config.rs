@@ -26,6 +26,28 @@ pub struct Config {
     /// with the 7,200 rpm defaults): a name here replaces the built-in
     /// `hdd-7200`'s parameters or adds a model `[pool]` can select.
     pub disk_models: BTreeMap<String, RotatingDiskModel>,
+    /// Who may open which exports (`[[access]]`); none: every client that
+    /// reaches a socket may open every export.
+    pub access: Vec<crate::access::AccessRule>,
+}
+
+/// Whether a listener offers or requires TLS (`tls`, `unix_tls`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsSetting {
+    Off,
+    On,
+    Require,
+}
+
+impl TlsSetting {
+    pub fn mode(self) -> lamina_nbd::TlsMode {
+        match self {
+            TlsSetting::Off => lamina_nbd::TlsMode::Off,
+            TlsSetting::On => lamina_nbd::TlsMode::On,
+            TlsSetting::Require => lamina_nbd::TlsMode::Require,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -47,6 +69,25 @@ pub struct ServerSection {
     pub handshakes_per_peer_max: usize,
     /// Time a client has to finish the handshake.
     pub handshake_timeout_ms: u64,
+    /// TLS on the TCP listener: `off`, `on` (offered) or `require`.
+    pub tls: TlsSetting,
+    /// TLS on the Unix socket (default `off`: the socket's permissions and the
+    /// peer's uid already say who connects).
+    pub unix_tls: TlsSetting,
+    /// A directory as nbdkit's `--tls-certificates`: `ca-cert.pem`,
+    /// `server-cert.pem`, `server-key.pem`.
+    pub tls_certificates: Option<PathBuf>,
+    /// Clients must present a certificate signed by `ca-cert.pem`; its DN can
+    /// then be matched by `[[access]]` rules.
+    pub tls_verify_peer: bool,
+    /// Serve plain-text NBD on a non-loopback TCP address anyway (refused at
+    /// start otherwise).
+    pub insecure_tcp: bool,
+    /// A group (name or gid) whose members may use the NBD Unix socket (mode
+    /// 0660); none: the owner only (0600).
+    pub socket_group: Option<String>,
+    /// A group whose members may use the admin API socket; none: the owner only.
+    pub admin_group: Option<String>,
 }
 
 impl ServerSection {
@@ -87,6 +128,7 @@ impl Default for Config {
             pool: PoolSection::default(),
             limits: PoolLimits::default(),
             disk_models: BTreeMap::new(),
+            access: Vec::new(),
         }
     }
 }
@@ -103,6 +145,13 @@ impl Default for ServerSection {
             handshakes_in_progress_max: server.handshakes_in_progress_max,
             handshakes_per_peer_max: server.handshakes_per_peer_max,
             handshake_timeout_ms: server.handshake_timeout_ms,
+            tls: TlsSetting::Off,
+            unix_tls: TlsSetting::Off,
+            tls_certificates: None,
+            tls_verify_peer: false,
+            insecure_tcp: false,
+            socket_group: None,
+            admin_group: None,
         }
     }
 }
@@ -141,6 +190,41 @@ impl Config {
         self.limits
             .validate()
             .map_err(|error| format!("[limits] {error}"))?;
+        crate::access::AccessRules::new(&self.access)?;
+        Ok(())
+    }
+
+    /// Checks who the listeners expose the volumes to, at start (after the
+    /// command line's overrides): TLS needs its certificate directory; a TCP
+    /// address that is not loopback needs `tls = "require"` or an explicit
+    /// `insecure_tcp = true`; the two socket groups share the data directory.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        let server = &self.server;
+        let tls_used = server.tls != TlsSetting::Off || server.unix_tls != TlsSetting::Off;
+        if tls_used && server.tls_certificates.is_none() {
+            return Err("[server] tls needs tls_certificates = \"DIR\" (a directory holding ca-cert.pem, server-cert.pem and server-key.pem)".to_string());
+        }
+        if let (Some(socket), Some(admin)) = (&server.socket_group, &server.admin_group)
+            && socket != admin
+        {
+            return Err(format!(
+                "[server] socket_group {socket:?} and admin_group {admin:?} must be one group: the data directory holding both sockets can belong to one group only"
+            ));
+        }
+        if server.tcp_address.is_empty() || server.tls == TlsSetting::Require || server.insecure_tcp
+        {
+            return Ok(());
+        }
+        let addresses = std::net::ToSocketAddrs::to_socket_addrs(server.tcp_address.as_str())
+            .map_err(|error| format!("[server] tcp_address {:?}: {error}", server.tcp_address))?;
+        if let Some(exposed) = addresses
+            .into_iter()
+            .find(|address| !address.ip().is_loopback())
+        {
+            return Err(format!(
+                "refusing to serve NBD on {exposed} without TLS: any host that reaches it could read and overwrite every volume. Require TLS with [server] tls = \"require\" and tls_certificates = \"DIR\" (ca-cert.pem, server-cert.pem, server-key.pem; add tls_verify_peer = true to demand client certificates), listen on 127.0.0.1, or set [server] insecure_tcp = true to serve plain text on a network you trust"
+            ));
+        }
         Ok(())
     }
 
@@ -222,6 +306,44 @@ mod tests {
         .unwrap();
         let error = config.check().unwrap_err();
         assert!(error.contains("handshakes_per_peer_max"), "{error}");
+    }
+
+    #[test]
+    fn exposure_needs_tls_off_loopback_and_says_how_to_enable_it() {
+        let parse = |text: &str| toml::from_str::<Config>(text).unwrap();
+        assert!(Config::default().check_exposure().is_ok());
+        let open = parse("[server]\ntcp_address = \"0.0.0.0:10809\"\n");
+        let error = open.check_exposure().unwrap_err();
+        assert!(
+            error.contains("without TLS") && error.contains("insecure_tcp = true"),
+            "{error}"
+        );
+        assert!(
+            parse("[server]\ntcp_address = \"0.0.0.0:10809\"\ninsecure_tcp = true\n")
+                .check_exposure()
+                .is_ok()
+        );
+        let required = parse("[server]\ntcp_address = \"0.0.0.0:10809\"\ntls = \"require\"\n");
+        assert!(
+            required
+                .check_exposure()
+                .unwrap_err()
+                .contains("tls_certificates")
+        );
+        let required = parse(
+            "[server]\ntcp_address = \"0.0.0.0:10809\"\ntls = \"require\"\ntls_certificates = \"/x\"\n",
+        );
+        assert!(required.check_exposure().is_ok());
+        assert!(
+            parse("[server]\ntcp_address = \"[::1]:10809\"\n")
+                .check_exposure()
+                .is_ok()
+        );
+        let groups = parse("[server]\nsocket_group = \"a\"\nadmin_group = \"b\"\n");
+        assert!(groups.check_exposure().unwrap_err().contains("one group"));
+        assert!(toml::from_str::<Config>("[server]\ntls = \"maybe\"\n").is_err());
+        let bad_rule = parse("[[access]]\nexports = [\"x\"]\naddress = \"nowhere\"\n");
+        assert!(bad_rule.check().unwrap_err().contains("rule 1"));
     }
 
     #[test]

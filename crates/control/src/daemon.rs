@@ -7,9 +7,16 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use lamina_nbd::{CancellationToken, NbdServer};
-use tokio::net::{TcpListener, UnixListener};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
-use crate::config::Config;
+use lamina_nbd::ServerTls;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinSet;
+
+use crate::access::AccessRules;
+use crate::admin::{AdminAudit, AdminGate, AdminListener, AdminPeer};
+use crate::config::{Config, TlsSetting};
 use crate::export::{DEFAULT_EXPORT_NAME, PoolCatalog};
 use crate::store::{self, ADMIN_SOCKET_FILE, EMBEDDED_POOL_FILE};
 
@@ -49,16 +56,251 @@ async fn open_or_create(config: &Config) -> anyhow::Result<crate::arrays::Opened
     })
 }
 
-fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+/// The TLS of the TCP listener and of the Unix socket, loaded once when both
+/// use it.
+struct ListenerTls {
+    tcp: Option<Arc<ServerTls>>,
+    unix: Option<Arc<ServerTls>>,
+}
+
+fn load_tls(config: &Config) -> anyhow::Result<ListenerTls> {
+    let server = &config.server;
+    let load = |setting: TlsSetting| -> anyhow::Result<Option<Arc<ServerTls>>> {
+        if setting == TlsSetting::Off {
+            return Ok(None);
+        }
+        let directory = server
+            .tls_certificates
+            .as_ref()
+            .context("[server] tls needs tls_certificates")?;
+        let tls = ServerTls::load(directory, setting.mode(), server.tls_verify_peer)?;
+        Ok(Some(Arc::new(tls)))
+    };
+    Ok(ListenerTls {
+        tcp: load(server.tls)?,
+        unix: load(server.unix_tls)?,
+    })
+}
+
+/// The Unix group the data directory and the sockets belong to, when
+/// `socket_group` or `admin_group` names one.
+fn configured_group(config: &Config) -> anyhow::Result<Option<u32>> {
+    let server = &config.server;
+    server
+        .socket_group
+        .as_ref()
+        .or(server.admin_group.as_ref())
+        .map(|group| crate::access::resolve_group(group).map_err(|error| anyhow::anyhow!(error)))
+        .transpose()
+}
+
+/// Only the owner may enter the data directory (0700), or with a group, its
+/// members too, without listing it (0710): the pool's files are in it and the
+/// sockets are created there before their own modes are set.
+fn protect_data_directory(data_dir: &Path, group: Option<u32>) -> anyhow::Result<()> {
+    let mode = match group {
+        Some(gid) => {
+            std::os::unix::fs::chown(data_dir, None, Some(gid))
+                .with_context(|| format!("cannot give {} to group {gid}", data_dir.display()))?;
+            DATA_DIRECTORY_GROUP_MODE
+        }
+        None => DATA_DIRECTORY_OWNER_MODE,
+    };
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", data_dir.display()))
+}
+
+const DATA_DIRECTORY_OWNER_MODE: u32 = 0o700;
+const DATA_DIRECTORY_GROUP_MODE: u32 = 0o710;
+const SOCKET_OWNER_MODE: u32 = 0o600;
+const SOCKET_GROUP_MODE: u32 = 0o660;
+
+/// Binds a Unix socket readable and writable by its owner only, or also by
+/// `group`.
+fn bind_unix(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
     // A socket file left by a killed daemon is stale: the directory lock proves
     // that no live daemon owns it.
     let _ = std::fs::remove_file(path);
-    UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let mode = match group {
+        Some(gid) => {
+            std::os::unix::fs::chown(path, None, Some(gid))
+                .with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+            SOCKET_GROUP_MODE
+        }
+        None => SOCKET_OWNER_MODE,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    Ok(listener)
+}
+
+/// How a listener's TLS reads in the exposure line.
+fn tls_description(tls: Option<&Arc<ServerTls>>) -> String {
+    match tls {
+        None => "plain text (no TLS)".to_string(),
+        Some(tls) => {
+            let mode = if tls.required() {
+                "TLS required"
+            } else {
+                "TLS offered, plain text allowed"
+            };
+            if tls.verify_peer() {
+                format!(
+                    "{mode}, client certificates checked against {}",
+                    tls.directory()
+                        .join(lamina_nbd::tls::CA_CERTIFICATE_FILE)
+                        .display()
+                )
+            } else {
+                format!("{mode}, no client certificates")
+            }
+        }
+    }
+}
+
+/// Who may reach a Unix socket, as the exposure line says it.
+fn socket_audience(path: &Path, group: Option<u32>) -> String {
+    let owner = std::fs::metadata(path)
+        .map(|metadata| metadata.uid())
+        .unwrap_or(u32::MAX);
+    match group {
+        Some(gid) => format!("uid {owner} and group {gid} (mode 0660)"),
+        None => format!("uid {owner} only (mode 0600)"),
+    }
+}
+
+/// Which exports the access rules leave visible, as the exposure line says it.
+fn exports_description(config: &Config) -> String {
+    match config.access.len() {
+        0 => "every export".to_string(),
+        count => format!("exports as {count} [[access]] rule(s) allow"),
+    }
+}
+
+/// What starting the listeners needs: each prints its exposure line, binds,
+/// and spawns its accept loop into the daemon's tasks.
+struct Listeners<'a> {
+    config: &'a Config,
+    server: &'a Arc<NbdServer>,
+    shutdown: &'a CancellationToken,
+    /// Which exports the access rules leave visible, for the exposure lines.
+    exports: String,
+    /// The group of the data directory and sockets, if configured.
+    group: Option<u32>,
+}
+
+impl Listeners<'_> {
+    /// NBD over TCP, unless `tcp_address` is empty.
+    async fn start_tcp(
+        &self,
+        tasks: &mut JoinSet<()>,
+        tls: Option<Arc<ServerTls>>,
+    ) -> anyhow::Result<()> {
+        let configured = &self.config.server.tcp_address;
+        if configured.is_empty() {
+            return Ok(());
+        }
+        let listener = TcpListener::bind(configured)
+            .await
+            .with_context(|| format!("cannot listen on {configured}"))?;
+        let address = listener.local_addr()?;
+        let reach = if address.ip().is_loopback() {
+            "processes on this host (loopback)"
+        } else {
+            "any host that reaches it"
+        };
+        println!(
+            "lamina: NBD on tcp {address}: {}; to {reach}; {}",
+            tls_description(tls.as_ref()),
+            self.exports
+        );
+        tracing::info!(address = %address, tls = %self.config.server.tls.mode(), "serving NBD over TCP");
+        let (server, shutdown) = (self.server.clone(), self.shutdown.clone());
+        tasks.spawn(async move { server.serve_tcp_with_tls(listener, tls, shutdown).await });
+        Ok(())
+    }
+
+    /// NBD over the Unix socket; returns its path.
+    fn start_unix(
+        &self,
+        tasks: &mut JoinSet<()>,
+        tls: Option<Arc<ServerTls>>,
+    ) -> anyhow::Result<PathBuf> {
+        let path = self.config.unix_socket_path();
+        let group = self.config.server.socket_group.as_ref().and(self.group);
+        let listener = bind_unix(&path, group)?;
+        println!(
+            "lamina: NBD on unix {}: {}; to {}; {}",
+            path.display(),
+            tls_description(tls.as_ref()),
+            socket_audience(&path, group),
+            self.exports
+        );
+        tracing::info!(path = %path.display(), "serving NBD over a Unix socket");
+        let (server, shutdown) = (self.server.clone(), self.shutdown.clone());
+        tasks.spawn(async move { server.serve_unix_with_tls(listener, tls, shutdown).await });
+        Ok(path)
+    }
+
+    /// The admin API on its socket, gated by the peer's credentials; returns
+    /// the socket's path.
+    fn start_admin(
+        &self,
+        tasks: &mut JoinSet<()>,
+        pool: &lamina_engine::Pool,
+        layout: crate::layout::PoolLayout,
+        open_exports: crate::export::OpenExports,
+    ) -> anyhow::Result<PathBuf> {
+        let path = self.config.data_dir.join(ADMIN_SOCKET_FILE);
+        let group = self.config.server.admin_group.as_ref().and(self.group);
+        let socket = bind_unix(&path, group)?;
+        let owner_uid = std::fs::metadata(&path)?.uid();
+        let root = if owner_uid == 0 { "" } else { ", root" };
+        println!(
+            "lamina: admin API on unix {}: to uid {owner_uid}{root}{} (checked per connection); changing requests audited",
+            path.display(),
+            group
+                .map(|gid| format!(" and group {gid}"))
+                .unwrap_or_default()
+        );
+        let audit = Arc::new(AdminAudit::default());
+        let context = crate::admin::AdminContext {
+            pool: pool.clone(),
+            layout,
+            open_exports,
+            nbd_server: Some(self.server.clone()),
+        };
+        let router = crate::admin::router(context, audit.clone());
+        let listener = AdminListener {
+            listener: socket,
+            gate: AdminGate { owner_uid, group },
+            audit,
+        };
+        let shutdown = self.shutdown.clone();
+        tasks.spawn(async move {
+            let service = router.into_make_service_with_connect_info::<AdminPeer>();
+            if let Err(error) = axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+            {
+                tracing::error!(%error, "admin API stopped");
+            }
+        });
+        Ok(path)
+    }
 }
 
 /// Runs the daemon until a signal asks it to stop.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    config
+        .check_exposure()
+        .map_err(|error| anyhow::anyhow!(error))?;
+    let tls = load_tls(&config)?;
+    let group = configured_group(&config)?;
     let _lock = store::lock_directory(&config.data_dir)?;
+    protect_data_directory(&config.data_dir, group)?;
     let crate::arrays::OpenedPool { pool, layout } = open_or_create(&config).await?;
     let open_exports = crate::export::OpenExports::default();
     let catalog = Arc::new(PoolCatalog {
@@ -66,46 +308,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         open_exports: open_exports.clone(),
     });
     let server_config = config.server.server_config();
-    let server = Arc::new(
-        NbdServer::new(catalog, server_config).map_err(|error| anyhow::anyhow!("{error}"))?,
-    );
+    let mut server =
+        NbdServer::new(catalog, server_config).map_err(|error| anyhow::anyhow!("{error}"))?;
+    if !config.access.is_empty() {
+        let rules = AccessRules::new(&config.access).map_err(|error| anyhow::anyhow!(error))?;
+        server = server.with_access_policy(Arc::new(rules));
+    }
+    let server = Arc::new(server);
     let shutdown = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    if !config.server.tcp_address.is_empty() {
-        let listener = TcpListener::bind(&config.server.tcp_address)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.server.tcp_address))?;
-        tracing::info!(address = %listener.local_addr()?, "serving NBD over TCP");
-        let (server, shutdown) = (server.clone(), shutdown.clone());
-        tasks.spawn(async move { server.serve_tcp(listener, shutdown).await });
-    }
-    let unix_path = config.unix_socket_path();
-    let listener = bind_unix(&unix_path)?;
-    tracing::info!(path = %unix_path.display(), "serving NBD over a Unix socket");
-    {
-        let (server, shutdown) = (server.clone(), shutdown.clone());
-        tasks.spawn(async move { server.serve_unix(listener, shutdown).await });
-    }
-    let admin_path = config.data_dir.join(ADMIN_SOCKET_FILE);
-    let admin_listener = bind_unix(&admin_path)?;
-    {
-        let router = crate::admin::router(crate::admin::AdminContext {
-            pool: pool.clone(),
-            layout,
-            open_exports,
-            nbd_server: Some(server.clone()),
-        });
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move {
-            if let Err(error) = axum::serve(admin_listener, router)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-            {
-                tracing::error!(%error, "admin API stopped");
-            }
-        });
-    }
+    let listeners = Listeners {
+        config: &config,
+        server: &server,
+        shutdown: &shutdown,
+        exports: exports_description(&config),
+        group,
+    };
+    listeners.start_tcp(&mut tasks, tls.tcp).await?;
+    let unix_path = listeners.start_unix(&mut tasks, tls.unix)?;
+    let admin_path = listeners.start_admin(&mut tasks, &pool, layout, open_exports)?;
     let volumes = pool.list_volumes();
     tracing::info!(
         volumes = volumes.len(),

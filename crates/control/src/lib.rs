@@ -3,6 +3,7 @@
 //! daemon runs, the offline path used when it does not, and the adapter that
 //! exposes engine volumes as NBD exports.
 
+pub mod access;
 pub mod admin;
 pub mod api;
 pub mod arrays;

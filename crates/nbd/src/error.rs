@@ -31,4 +31,8 @@ pub enum ConnectionError {
     ConnectionLimit(usize),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("NBD_OPT_EXPORT_NAME before STARTTLS on a listener that requires TLS")]
+    TlsRequired,
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
 }

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::access::{Access, ConnectionSecurity, ReadOnlyExport};
 use crate::backend::{Export, ExportCatalog, ExportSummary};
 use crate::config::{PREFERRED_BLOCK_BYTES, ServerConfig};
 use crate::error::ConnectionError;
 use crate::negotiated::Negotiated;
+use crate::tls::Transport;
 use crate::wire::{self, InfoRequest, MetaContextRequest, OptionRequest, TransmissionContext};
 
 /// How the handshake ended.
@@ -51,9 +53,53 @@ struct State {
     /// The slots a connection takes one of when it enters transmission; `None`
     /// when the caller sets no limit.
     transmission_slots: Option<Arc<Semaphore>>,
+    /// TLS, the access policy and who the client is.
+    security: ConnectionSecurity,
 }
 
 impl State {
+    /// The export `name` if it exists and this client may open it, read-only
+    /// when that is all it was granted.
+    fn open(
+        &self,
+        catalog: &dyn ExportCatalog,
+        name: &str,
+    ) -> Option<(ExportSummary, Arc<dyn Export>)> {
+        let (summary, export) = catalog.open(name)?;
+        let Some(policy) = &self.security.access else {
+            return Some((summary, export));
+        };
+        match policy.access(&self.security.identity, &summary.name)? {
+            Access::ReadWrite => Some((summary, export)),
+            Access::ReadOnly => {
+                let read_only: Arc<dyn Export> = Arc::new(ReadOnlyExport { inner: export });
+                Some((summary, read_only))
+            }
+        }
+    }
+
+    /// Whether this client may see the export `name` in a listing.
+    fn may_list(&self, name: &str) -> bool {
+        match &self.security.access {
+            None => true,
+            Some(policy) => policy.access(&self.security.identity, name).is_some(),
+        }
+    }
+
+    /// The reply to an option naming an export [`State::open`] refused: with
+    /// an access policy, `NBD_REP_ERR_POLICY` whether it exists or not (so a
+    /// client cannot probe for names); without one, `NBD_REP_ERR_UNKNOWN`.
+    fn refusal(&self, name: &str) -> (u32, String) {
+        if self.security.access.is_some() {
+            (
+                wire::REP_ERR_POLICY,
+                format!("export {name:?} does not exist or this client may not open it"),
+            )
+        } else {
+            (wire::REP_ERR_UNKNOWN, format!("no export named {name:?}"))
+        }
+    }
+
     /// Takes a transmission slot for a handshake about to complete. Taken only
     /// now, so that connections still haggling never hold one.
     fn claim_transmission_slot(
@@ -74,9 +120,10 @@ impl State {
 /// A handshake that chooses an export takes one of `transmission_slots` (when
 /// given) before its final reply, and fails if none is left.
 pub(crate) async fn run<S>(
-    stream: &mut S,
+    stream: &mut Transport<S>,
     catalog: &dyn ExportCatalog,
     config: &ServerConfig,
+    security: ConnectionSecurity,
     transmission_slots: Option<Arc<Semaphore>>,
 ) -> Result<HandshakeOutcome, ConnectionError>
 where
@@ -92,6 +139,7 @@ where
         structured_replies: false,
         base_allocation_export: None,
         transmission_slots,
+        security,
     };
     let mut option_count: u32 = 0;
     loop {
@@ -108,6 +156,9 @@ where
             })?;
         let mut data = vec![0u8; data_len];
         stream.read_exact(&mut data).await?;
+        if refuse_before_tls(stream, &state.security, header.option).await? {
+            continue;
+        }
         let Some(request) = parse_or_refuse(stream, header.option, &data).await? else {
             continue;
         };
@@ -117,6 +168,34 @@ where
             return Ok(outcome);
         }
     }
+}
+
+/// Under `tls = "require"`, before STARTTLS: answers every option other than
+/// STARTTLS and ABORT with `NBD_REP_ERR_TLS_REQD` and returns true (the option
+/// is done). `NBD_OPT_EXPORT_NAME` has no error reply, so it closes instead.
+async fn refuse_before_tls<S>(
+    stream: &mut Transport<S>,
+    security: &ConnectionSecurity,
+    option: u32,
+) -> Result<bool, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let required = security.tls.as_ref().is_some_and(|tls| tls.required());
+    if !required || stream.is_tls() || matches!(option, wire::OPT_STARTTLS | wire::OPT_ABORT) {
+        return Ok(false);
+    }
+    if option == wire::OPT_EXPORT_NAME {
+        return Err(ConnectionError::TlsRequired);
+    }
+    send(
+        stream,
+        option,
+        wire::REP_ERR_TLS_REQD,
+        b"this server requires TLS: send NBD_OPT_STARTTLS first",
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Reads the next option header; `None` when the client hung up between
@@ -227,7 +306,7 @@ where
 
 /// Handles one parsed option; `Some` ends the handshake.
 async fn handle<S>(
-    stream: &mut S,
+    stream: &mut Transport<S>,
     catalog: &dyn ExportCatalog,
     config: &ServerConfig,
     state: &mut State,
@@ -248,11 +327,11 @@ where
             Ok(Some(HandshakeOutcome::Closed))
         }
         OptionRequest::List => {
-            list(stream, catalog, option).await?;
+            list(stream, catalog, state, option).await?;
             Ok(None)
         }
         OptionRequest::StartTls => {
-            send(stream, option, wire::REP_ERR_UNSUP, b"TLS is not supported").await?;
+            start_tls(stream, state, option).await?;
             Ok(None)
         }
         OptionRequest::StructuredReply => {
@@ -283,6 +362,47 @@ where
     }
 }
 
+/// `NBD_OPT_STARTTLS`: without TLS configured, `NBD_REP_ERR_UNSUP`; a second
+/// one, `NBD_REP_ERR_INVALID`; otherwise the ACK and the TLS handshake, whose
+/// failure closes the connection (the spec: no way back to plain text). What
+/// was negotiated in plain text is forgotten, so that a man in the middle
+/// cannot have chosen it.
+async fn start_tls<S>(
+    stream: &mut Transport<S>,
+    state: &mut State,
+    option: u32,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some(tls) = state.security.tls.clone() else {
+        return send(
+            stream,
+            option,
+            wire::REP_ERR_UNSUP,
+            b"TLS is not enabled on this listener",
+        )
+        .await;
+    };
+    if stream.is_tls() {
+        return send(
+            stream,
+            option,
+            wire::REP_ERR_INVALID,
+            b"TLS is already running",
+        )
+        .await;
+    }
+    send(stream, option, wire::REP_ACK, &[]).await?;
+    stream.start_tls(&tls).await.map_err(ConnectionError::Tls)?;
+    state.structured_replies = false;
+    state.base_allocation_export = None;
+    state.security.identity.tls = true;
+    state.security.identity.certificate_dn = stream.peer_certificate_dn();
+    tracing::debug!(identity = %state.security.identity, "TLS started");
+    Ok(())
+}
+
 /// `NBD_OPT_EXPORT_NAME`: chooses the export and ends the handshake. It has
 /// no error reply, so an unknown export or a missing slot closes.
 async fn export_name<S>(
@@ -295,7 +415,7 @@ async fn export_name<S>(
 where
     S: AsyncWrite + Unpin,
 {
-    let Some((summary, export)) = catalog.open(name) else {
+    let Some((summary, export)) = state.open(catalog, name) else {
         return Err(ConnectionError::UnknownExport(name.to_string()));
     };
     let slot = state.claim_transmission_slot(config)?;
@@ -317,6 +437,7 @@ where
 async fn list<S>(
     stream: &mut S,
     catalog: &dyn ExportCatalog,
+    state: &State,
     option: u32,
 ) -> Result<(), ConnectionError>
 where
@@ -324,6 +445,9 @@ where
 {
     let mut out = Vec::new();
     for entry in catalog.list() {
+        if !state.may_list(&entry.name) {
+            continue;
+        }
         out.extend_from_slice(&wire::encode_option_reply(
             option,
             wire::REP_SERVER,
@@ -373,9 +497,9 @@ async fn info_or_go<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let Some((summary, export)) = catalog.open(info.export_name) else {
-        let message = format!("no export named {:?}", info.export_name);
-        send(stream, option, wire::REP_ERR_UNKNOWN, message.as_bytes()).await?;
+    let Some((summary, export)) = state.open(catalog, info.export_name) else {
+        let (reply, message) = state.refusal(info.export_name);
+        send(stream, option, reply, message.as_bytes()).await?;
         return Ok(None);
     };
     let mut negotiated = negotiated(state, config, summary, export);
@@ -455,9 +579,9 @@ where
         let message = format!("query {query:?} has no namespace");
         return send(stream, option, wire::REP_ERR_INVALID, message.as_bytes()).await;
     }
-    let Some((summary, _export)) = catalog.open(request.export_name) else {
-        let message = format!("no export named {:?}", request.export_name);
-        return send(stream, option, wire::REP_ERR_UNKNOWN, message.as_bytes()).await;
+    let Some((summary, _export)) = state.open(catalog, request.export_name) else {
+        let (reply, message) = state.refusal(request.export_name);
+        return send(stream, option, reply, message.as_bytes()).await;
     };
     let selected = if set {
         request.queries.contains(&wire::BASE_ALLOCATION)

@@ -71,6 +71,7 @@
 //! `parse_request_header`, `validate_request`), fuzzed by the targets in the
 //! repository's `fuzz/` directory and by a randomized unit test.
 
+mod access;
 mod admission;
 mod backend;
 mod config;
@@ -79,9 +80,11 @@ mod handshake;
 pub mod memory;
 mod negotiated;
 mod server;
+pub mod tls;
 mod transmission;
 pub mod wire;
 
+pub use access::{Access, AccessPolicy, ClientIdentity, UnixCredentials};
 pub use backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
 pub use config::{
     ConfigError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT, PREFERRED_BLOCK_BYTES,
@@ -89,6 +92,9 @@ pub use config::{
 };
 pub use error::ConnectionError;
 pub use handshake::transmission_flags;
-pub use server::{NbdServer, ServerCounters, serve_connection, serve_connection_until};
+pub use server::{
+    NbdServer, ServerCounters, serve_connection, serve_connection_until, serve_connection_with,
+};
+pub use tls::{ServerTls, TlsError, TlsMode};
 pub use tokio_util::sync::CancellationToken;
 pub use transmission::{block_status_descriptors, errno_for};

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::{AccessPolicy, ClientIdentity, ConnectionSecurity, UnixCredentials};
 use crate::admission::{
     Eviction, EvictionReason, HandshakeTicket, Handshakes, PeerKey, RateLimitedWarning,
 };
@@ -20,6 +21,7 @@ use crate::backend::ExportCatalog;
 use crate::config::{ConfigError, ServerConfig};
 use crate::error::ConnectionError;
 use crate::handshake::{self, HandshakeOutcome};
+use crate::tls::{ServerTls, Transport};
 use crate::transmission;
 
 /// Serves one connection (handshake, then transmission) until the client leaves.
@@ -47,7 +49,38 @@ where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     config.validate()?;
-    serve_admitted(stream, catalog, config, shutdown, None).await
+    serve_admitted(
+        stream,
+        catalog,
+        config,
+        shutdown,
+        None,
+        ConnectionSecurity::default(),
+    )
+    .await
+}
+
+/// Like [`serve_connection_until`], with a listener's TLS, an access policy
+/// and the client's identity (as the accept loops gather it).
+pub async fn serve_connection_with<S>(
+    stream: S,
+    catalog: Arc<dyn ExportCatalog>,
+    config: &ServerConfig,
+    tls: Option<Arc<ServerTls>>,
+    access: Option<Arc<dyn AccessPolicy>>,
+    identity: ClientIdentity,
+    shutdown: CancellationToken,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    config.validate()?;
+    let security = ConnectionSecurity {
+        tls,
+        access,
+        identity,
+    };
+    serve_admitted(stream, catalog, config, shutdown, None, security).await
 }
 
 /// What the accept loop gives a connection: its place among the handshakes in
@@ -61,15 +94,17 @@ struct Admitted {
 /// Runs the handshake (bounded by the timeout, by shutdown and, for an
 /// admitted connection, by eviction), then the transmission phase.
 async fn serve_admitted<S>(
-    mut stream: S,
+    stream: S,
     catalog: Arc<dyn ExportCatalog>,
     config: &ServerConfig,
     shutdown: CancellationToken,
     admitted: Option<Admitted>,
+    security: ConnectionSecurity,
 ) -> Result<(), ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    let mut stream = Transport::Plain(stream);
     let (ticket, transmission_slots) = match admitted {
         Some(admitted) => (Some(admitted.ticket), Some(admitted.transmission_slots)),
         None => (None, None),
@@ -82,7 +117,13 @@ where
                 None => std::future::pending().await,
             }
         };
-        let handshake = handshake::run(&mut stream, catalog.as_ref(), config, transmission_slots);
+        let handshake = handshake::run(
+            &mut stream,
+            catalog.as_ref(),
+            config,
+            security,
+            transmission_slots,
+        );
         tokio::select! {
             _ = shutdown.cancelled() => {
                 tracing::debug!("shutdown during handshake");
@@ -134,6 +175,12 @@ pub struct ServerCounters {
     pub handshakes_closed_for_total_limit: u64,
     /// Handshakes closed by `handshake_timeout_ms`.
     pub handshakes_timed_out: u64,
+    /// Connections closed because their TLS handshake failed (bad or missing
+    /// client certificate, garbage after STARTTLS, a client that went away).
+    pub tls_handshakes_failed: u64,
+    /// Connections closed because they chose an export with
+    /// `NBD_OPT_EXPORT_NAME` before STARTTLS on a listener requiring TLS.
+    pub tls_required_closed: u64,
 }
 
 /// Interval between two warnings of one kind about refused or closed
@@ -146,9 +193,12 @@ struct Counters {
     handshakes_closed_for_peer_limit: AtomicU64,
     handshakes_closed_for_total_limit: AtomicU64,
     handshakes_timed_out: AtomicU64,
+    tls_handshakes_failed: AtomicU64,
+    tls_required_closed: AtomicU64,
     refused_warning: RateLimitedWarning,
     eviction_warning: RateLimitedWarning,
     timeout_warning: RateLimitedWarning,
+    tls_warning: RateLimitedWarning,
 }
 
 impl Counters {
@@ -159,9 +209,12 @@ impl Counters {
             handshakes_closed_for_peer_limit: AtomicU64::new(0),
             handshakes_closed_for_total_limit: AtomicU64::new(0),
             handshakes_timed_out: AtomicU64::new(0),
+            tls_handshakes_failed: AtomicU64::new(0),
+            tls_required_closed: AtomicU64::new(0),
             refused_warning: warning(),
             eviction_warning: warning(),
             timeout_warning: warning(),
+            tls_warning: warning(),
         }
     }
 
@@ -222,6 +275,17 @@ impl Counters {
                 }
             }
             Err(ConnectionError::ConnectionLimit(_)) => self.record_refusal(peer, config),
+            Err(error @ (ConnectionError::Tls(_) | ConnectionError::TlsRequired)) => {
+                let counter = if matches!(error, ConnectionError::Tls(_)) {
+                    &self.tls_handshakes_failed
+                } else {
+                    &self.tls_required_closed
+                };
+                let total = counter.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(suppressed) = self.tls_warning.allow() {
+                    tracing::warn!(peer, %error, total, suppressed, "connection closed");
+                }
+            }
             // Counted and logged when it was chosen.
             Err(error @ ConnectionError::HandshakeEvicted) => {
                 tracing::debug!(peer, %error, "connection closed")
@@ -240,6 +304,8 @@ pub struct NbdServer {
     connections: Arc<Semaphore>,
     handshakes: Arc<Handshakes>,
     counters: Arc<Counters>,
+    /// Who may open which export; `None` lets every client open every one.
+    access: Option<Arc<dyn AccessPolicy>>,
 }
 
 impl std::fmt::Debug for NbdServer {
@@ -252,11 +318,12 @@ impl std::fmt::Debug for NbdServer {
     }
 }
 
-/// Who a new connection comes from: the key its limits are counted under and
-/// a description for the log.
+/// Who a new connection comes from: the key its limits are counted under, a
+/// description for the log, and its identity for the access policy.
 struct Peer {
     key: PeerKey,
     description: String,
+    identity: ClientIdentity,
 }
 
 /// A connection just accepted, with who it comes from.
@@ -280,6 +347,10 @@ impl Accept for TcpListener {
         let peer = Peer {
             key: PeerKey::Address(address.ip().to_canonical()),
             description: address.to_string(),
+            identity: ClientIdentity {
+                address: Some(address.ip().to_canonical()),
+                ..ClientIdentity::default()
+            },
         };
         Ok(Accepted { stream, peer })
     }
@@ -289,17 +360,32 @@ impl Accept for UnixListener {
     type Stream = tokio::net::UnixStream;
     async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, _address) = self.accept().await?;
-        let key = match stream.peer_cred() {
-            Ok(credentials) => PeerKey::Uid(credentials.uid()),
+        let (key, unix) = match stream.peer_cred() {
+            Ok(credentials) => (
+                PeerKey::Uid(credentials.uid()),
+                Some(UnixCredentials {
+                    uid: credentials.uid(),
+                    gid: credentials.gid(),
+                    pid: credentials.pid(),
+                }),
+            ),
             Err(error) => {
                 tracing::debug!(%error, "cannot read the Unix peer's credentials");
-                PeerKey::Unknown
+                (PeerKey::Unknown, None)
             }
         };
         let description = key.to_string();
+        let identity = ClientIdentity {
+            unix,
+            ..ClientIdentity::default()
+        };
         Ok(Accepted {
             stream,
-            peer: Peer { key, description },
+            peer: Peer {
+                key,
+                description,
+                identity,
+            },
         })
     }
 }
@@ -323,7 +409,14 @@ impl NbdServer {
             connections,
             handshakes,
             counters: Arc::new(Counters::new()),
+            access: None,
         })
+    }
+
+    /// The server with `policy` deciding which exports each client may open.
+    pub fn with_access_policy(mut self, policy: Arc<dyn AccessPolicy>) -> Self {
+        self.access = Some(policy);
+        self
     }
 
     pub fn config(&self) -> &ServerConfig {
@@ -352,18 +445,41 @@ impl NbdServer {
                 &self.counters.handshakes_closed_for_total_limit,
             ),
             handshakes_timed_out: load(&self.counters.handshakes_timed_out),
+            tls_handshakes_failed: load(&self.counters.tls_handshakes_failed),
+            tls_required_closed: load(&self.counters.tls_required_closed),
         }
     }
 
     /// Accepts TCP connections until `shutdown` is cancelled, then waits for every
     /// connection to finish its in-flight requests and returns.
     pub async fn serve_tcp(&self, listener: TcpListener, shutdown: CancellationToken) {
-        self.serve(listener, shutdown).await;
+        self.serve(listener, None, shutdown).await;
     }
 
     /// Accepts Unix-socket connections; see [`NbdServer::serve_tcp`].
     pub async fn serve_unix(&self, listener: UnixListener, shutdown: CancellationToken) {
-        self.serve(listener, shutdown).await;
+        self.serve(listener, None, shutdown).await;
+    }
+
+    /// Like [`NbdServer::serve_tcp`], offering or requiring `tls` (`None`:
+    /// STARTTLS is refused).
+    pub async fn serve_tcp_with_tls(
+        &self,
+        listener: TcpListener,
+        tls: Option<Arc<ServerTls>>,
+        shutdown: CancellationToken,
+    ) {
+        self.serve(listener, tls, shutdown).await;
+    }
+
+    /// Like [`NbdServer::serve_unix`], offering or requiring `tls`.
+    pub async fn serve_unix_with_tls(
+        &self,
+        listener: UnixListener,
+        tls: Option<Arc<ServerTls>>,
+        shutdown: CancellationToken,
+    ) {
+        self.serve(listener, tls, shutdown).await;
     }
 
     /// Admits a new connection and starts serving it, unless every transmission
@@ -374,6 +490,7 @@ impl NbdServer {
         connections: &mut JoinSet<()>,
         stream: S,
         peer: Peer,
+        tls: Option<Arc<ServerTls>>,
         shutdown: &CancellationToken,
     ) where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -396,6 +513,11 @@ impl NbdServer {
         let config = Arc::clone(&self.config);
         let counters = Arc::clone(&self.counters);
         let connection_shutdown = shutdown.child_token();
+        let security = ConnectionSecurity {
+            tls,
+            access: self.access.clone(),
+            identity: peer.identity,
+        };
         connections.spawn(async move {
             let peer = peer.description;
             tracing::debug!(peer, "connection accepted");
@@ -405,13 +527,19 @@ impl NbdServer {
                 &config,
                 connection_shutdown,
                 Some(admitted),
+                security,
             )
             .await;
             counters.record_end(&peer, &result, &config);
         });
     }
 
-    async fn serve<L: Accept>(&self, listener: L, shutdown: CancellationToken) {
+    async fn serve<L: Accept>(
+        &self,
+        listener: L,
+        tls: Option<Arc<ServerTls>>,
+        shutdown: CancellationToken,
+    ) {
         let mut connections = JoinSet::new();
         loop {
             let accepted = tokio::select! {
@@ -422,7 +550,8 @@ impl NbdServer {
             };
             match accepted {
                 Ok(Accepted { stream, peer }) => {
-                    self.start_connection(&mut connections, stream, peer, &shutdown)
+                    let tls = tls.clone();
+                    self.start_connection(&mut connections, stream, peer, tls, &shutdown)
                 }
                 Err(error) => {
                     tracing::warn!(%error, "accept failed");

@@ -7,6 +7,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 #![allow(dead_code)]
 
+pub mod certificates;
 pub mod raw;
 
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lamina_nbd::memory::{MemoryCatalog, MemoryExport};
-use lamina_nbd::{CancellationToken, NbdServer, ServerConfig};
+use lamina_nbd::{AccessPolicy, CancellationToken, NbdServer, ServerConfig, ServerTls};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 
@@ -31,18 +32,36 @@ pub struct TestServer {
     task: JoinHandle<()>,
 }
 
+/// What a test server offers besides its exports: TLS on its listener and an
+/// access policy.
+#[derive(Default, Clone)]
+pub struct Security {
+    pub tls: Option<Arc<ServerTls>>,
+    pub access: Option<Arc<dyn AccessPolicy>>,
+}
+
 impl TestServer {
     /// Serves `catalog` on a fresh Unix socket in a temporary directory.
     pub async fn unix(catalog: Arc<MemoryCatalog>, config: ServerConfig) -> Self {
+        Self::unix_with(catalog, config, Security::default()).await
+    }
+
+    /// Like [`TestServer::unix`], with TLS and an access policy.
+    pub async fn unix_with(
+        catalog: Arc<MemoryCatalog>,
+        config: ServerConfig,
+        security: Security,
+    ) -> Self {
         let directory = tempfile::tempdir().expect("temporary directory");
         let socket = directory.path().join("nbd.sock");
         let listener = UnixListener::bind(&socket).expect("bind unix socket");
-        let server = Arc::new(NbdServer::new(catalog, config).expect("valid config"));
+        let server = Arc::new(server_with(catalog, config, security.access));
         let shutdown = CancellationToken::new();
         let task = {
             let server = Arc::clone(&server);
             let shutdown = shutdown.clone();
-            tokio::spawn(async move { server.serve_unix(listener, shutdown).await })
+            let tls = security.tls;
+            tokio::spawn(async move { server.serve_unix_with_tls(listener, tls, shutdown).await })
         };
         TestServer {
             directory,
@@ -56,15 +75,25 @@ impl TestServer {
 
     /// Serves `catalog` on 127.0.0.1 with a port chosen by the kernel.
     pub async fn tcp(catalog: Arc<MemoryCatalog>, config: ServerConfig) -> Self {
+        Self::tcp_with(catalog, config, Security::default()).await
+    }
+
+    /// Like [`TestServer::tcp`], with TLS and an access policy.
+    pub async fn tcp_with(
+        catalog: Arc<MemoryCatalog>,
+        config: ServerConfig,
+        security: Security,
+    ) -> Self {
         let directory = tempfile::tempdir().expect("temporary directory");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind tcp");
         let port = listener.local_addr().expect("local address").port();
-        let server = Arc::new(NbdServer::new(catalog, config).expect("valid config"));
+        let server = Arc::new(server_with(catalog, config, security.access));
         let shutdown = CancellationToken::new();
         let task = {
             let server = Arc::clone(&server);
             let shutdown = shutdown.clone();
-            tokio::spawn(async move { server.serve_tcp(listener, shutdown).await })
+            let tls = security.tls;
+            tokio::spawn(async move { server.serve_tcp_with_tls(listener, tls, shutdown).await })
         };
         TestServer {
             socket: directory.path().join("unused.sock"),
@@ -73,6 +102,22 @@ impl TestServer {
             server,
             shutdown,
             task,
+        }
+    }
+
+    /// The TLS URI of export `name` (`nbds://localhost:PORT/NAME` or
+    /// `nbds+unix`) for a client whose certificates are in `certificates`.
+    pub fn tls_uri(&self, name: &str, certificates: &Path) -> String {
+        match self.tcp_port {
+            Some(port) => format!(
+                "nbds://localhost:{port}/{name}?tls-certificates={}",
+                certificates.display()
+            ),
+            None => format!(
+                "nbds+unix:///{name}?socket={}&tls-certificates={}",
+                self.socket.display(),
+                certificates.display()
+            ),
         }
     }
 
@@ -91,6 +136,18 @@ impl TestServer {
             .await
             .expect("server stops within 20 s")
             .expect("server task did not panic");
+    }
+}
+
+fn server_with(
+    catalog: Arc<MemoryCatalog>,
+    config: ServerConfig,
+    access: Option<Arc<dyn AccessPolicy>>,
+) -> NbdServer {
+    let server = NbdServer::new(catalog, config).expect("valid config");
+    match access {
+        Some(policy) => server.with_access_policy(policy),
+        None => server,
     }
 }
 
