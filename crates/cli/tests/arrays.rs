@@ -13,7 +13,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{Daemon, lamina, lamina_error, lamina_ok, run};
+use common::{Daemon, Setup, lamina, lamina_error, lamina_ok, run};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_COUNT: usize = 6;
@@ -23,24 +23,7 @@ const VOLUME_BYTES: usize = 32 << 20;
 const CONFIG: &str =
     "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
 
-struct Setup {
-    _directory: tempfile::TempDir,
-    root: PathBuf,
-    data_dir: PathBuf,
-}
-
 impl Setup {
-    fn new() -> Setup {
-        let directory = tempfile::tempdir().unwrap();
-        let root = directory.path().to_path_buf();
-        let data_dir = root.join("data");
-        Setup {
-            _directory: directory,
-            root,
-            data_dir,
-        }
-    }
-
     fn member(&self, index: usize) -> PathBuf {
         self.root.join(format!("f{index}.img"))
     }

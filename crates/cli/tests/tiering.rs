@@ -12,13 +12,13 @@
 // the library and binaries only).
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Daemon, lamina_error, lamina_ok, run};
+use common::{Daemon, Setup, lamina_error, lamina_ok, run};
 
 const FLASH_ARGUMENT: &str = "flash.img:64M";
 const CAPACITY_ARGUMENT: &str = "capacity.img:256M";
@@ -35,29 +35,7 @@ const WORKING_SET_PASSES_MAX: usize = 60;
 const CONFIG: &str =
     "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
 
-struct Setup {
-    _directory: tempfile::TempDir,
-    root: PathBuf,
-    data_dir: PathBuf,
-}
-
 impl Setup {
-    fn new() -> Setup {
-        let directory = tempfile::tempdir().unwrap();
-        let root = directory.path().to_path_buf();
-        let data_dir = root.join("data");
-        Setup {
-            _directory: directory,
-            root,
-            data_dir,
-        }
-    }
-
-    /// `ARGUMENT` with a relative `PATH:SIZE` made absolute in the temporary directory.
-    fn device(&self, argument: &str) -> String {
-        self.root.join(argument).display().to_string()
-    }
-
     /// A two-tier pool: 64 MiB of flash, 256 MiB of capacity, 1 MiB segments.
     fn create_two_tier_pool(&self, extra: &[&str]) {
         let flash = self.device(FLASH_ARGUMENT);

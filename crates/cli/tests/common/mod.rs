@@ -254,3 +254,28 @@ impl Daemon {
         body.to_string()
     }
 }
+
+/// A temporary directory for a test's devices, with the data directory in it.
+pub struct Setup {
+    _directory: tempfile::TempDir,
+    pub root: PathBuf,
+    pub data_dir: PathBuf,
+}
+
+impl Setup {
+    pub fn new() -> Setup {
+        let directory = tempfile::tempdir().unwrap();
+        let root = directory.path().to_path_buf();
+        let data_dir = root.join("data");
+        Setup {
+            _directory: directory,
+            root,
+            data_dir,
+        }
+    }
+
+    /// `ARGUMENT` with a relative `PATH:SIZE` made absolute in the temporary directory.
+    pub fn device(&self, argument: &str) -> String {
+        self.root.join(argument).display().to_string()
+    }
+}
