@@ -18,6 +18,10 @@ mod common;
 use common::{Daemon, EXIT_TIMEOUT_MS, LAMINA, POLL_INTERVAL_MS, wait_with_timeout};
 
 /// How long nbdfuse gets to expose the export as a file.
+/// Attempts at unmounting a filesystem the kernel reports busy.
+const UNMOUNT_ATTEMPTS_MAX: u32 = 50;
+/// Pause between two of those attempts.
+const UNMOUNT_RETRY_INTERVAL_MS: u64 = 100;
 const FUSE_READY_TIMEOUT_MS: u64 = 15_000;
 /// How long a helper program (mkfs, fsck, mount, postmark...) may run.
 const HELPER_TIMEOUT_MS: u64 = 60_000;
@@ -193,8 +197,18 @@ impl BlockStack {
         self.mount_point = Some(mount_point.to_path_buf());
     }
 
+    /// Unmounts, retrying while the kernel reports the mount busy: a
+    /// process that just exited (postmark, a shell) can hold it for a moment
+    /// on a loaded machine. The last attempt must succeed.
     fn unmount(&mut self) {
         let mount_point = self.mount_point.take().expect("mounted");
+        for _ in 1..UNMOUNT_ATTEMPTS_MAX {
+            let output = run_limited(Command::new("umount").arg(&mount_point), None);
+            if output.status.success() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(UNMOUNT_RETRY_INTERVAL_MS));
+        }
         run_ok(Command::new("umount").arg(&mount_point));
     }
 

@@ -1,7 +1,7 @@
 //! Parity: computing a row's parity columns from its data columns, and any
 //! lost data columns from what is left. raid5 and raid6 use Reed-Solomon over
-//! GF(2^8) from the `reed-solomon-erasure` crate (systematic, so data columns
-//! are stored as they are); a mirror's "parity" is copies. (`reed-solomon-simd`
+//! GF(2^8) from the `reed-solomon-erasure` crate with its `simd-accel` kernels
+//! (systematic, so data columns are stored as they are); a mirror's "parity" is copies. (`reed-solomon-simd`
 //! encodes as fast but needs about 0.2–0.9 ms to decode one 4 KiB row of a
 //! 4+2 code, a fixed cost of its transform over GF(2^16) that a degraded read
 //! pays per row; see BENCHMARKS.md.) Columns may hold many rows at
