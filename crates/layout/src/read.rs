@@ -9,7 +9,39 @@ use std::collections::BTreeMap;
 use lamina_device::{AlignedBuffer, DeviceError};
 
 use crate::array::RedundantArray;
-use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS, Location};
+use crate::geometry::{
+    ArrayGeometry, BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS, Location,
+};
+
+/// The rows a striped read covers, and which of their blocks it asks for.
+#[derive(Clone, Copy, Debug)]
+struct RowRange {
+    first_block: u64,
+    block_count: u64,
+    first_row: u64,
+    last_row: u64,
+}
+
+impl RowRange {
+    fn of(geometry: &ArrayGeometry, first_block: u64, length: usize) -> Self {
+        let block_count = (length / BLOCK_BYTES) as u64;
+        let row_of = |block: u64| (block - geometry.prefix_blocks) / geometry.row_data_blocks();
+        Self {
+            first_block,
+            block_count,
+            first_row: row_of(first_block),
+            last_row: row_of(first_block + block_count - 1),
+        }
+    }
+
+    /// The data columns of `row` the request asks for.
+    fn wanted_columns(&self, geometry: &ArrayGeometry, row: u64) -> Vec<usize> {
+        let range = self.first_block..self.first_block + self.block_count;
+        (0..geometry.data_columns())
+            .filter(|column| range.contains(&geometry.block_of(row, *column)))
+            .collect()
+    }
+}
 
 /// The member blocks one member must read for a request (inclusive rows).
 #[derive(Clone, Copy, Debug)]
@@ -147,63 +179,159 @@ impl RedundantArray {
         true
     }
 
-    /// Reads the rows of the request whole from every usable member and
-    /// rebuilds the columns of lost members.
+    /// Reads the rows of the request from the members it needs and rebuilds
+    /// the columns of lost members: in each row, the blocks asked for, and
+    /// where one of them is lost, as many other members as the row has data
+    /// columns (not every survivor: on 4+2 with one lost, four reads, not
+    /// five). A member failing meanwhile is faulted and the choice made again.
     async fn read_degraded(
         &self,
         first_block: u64,
         destination: &mut [u8],
     ) -> Result<(), DeviceError> {
-        let block_count = (destination.len() / BLOCK_BYTES) as u64;
-        let row_data_blocks = self.geometry.row_data_blocks();
-        let first_row = (first_block - self.geometry.prefix_blocks) / row_data_blocks;
-        let last_row =
-            (first_block + block_count - 1 - self.geometry.prefix_blocks) / row_data_blocks;
-        let rows = self.read_rows(first_row, last_row - first_row + 1).await?;
-        for row in first_row..=last_row {
-            let data = self
-                .rebuild_row(&rows, row, first_row, None)
-                .map_err(|error| self.codec_failed(first_block, destination.len(), &error))?;
-            for (column, contents) in data.iter().enumerate() {
-                let block = self.geometry.block_of(row, column);
-                if (first_block..first_block + block_count).contains(&block) {
-                    let start = to_usize(block - first_block) * BLOCK_BYTES;
-                    destination[start..start + BLOCK_BYTES].copy_from_slice(contents);
+        let request = RowRange::of(&self.geometry, first_block, destination.len());
+        for _ in 0..=self.members.len() {
+            let chosen = self.members_for(&request);
+            let Some(rows) = self.read_rows_from(&request, &chosen).await? else {
+                continue;
+            };
+            for row in request.first_row..=request.last_row {
+                self.copy_row(&request, &rows, row, destination)?;
+            }
+            return Ok(());
+        }
+        Err(self.too_many_lost(first_block * BLOCK_SIZE_BYTES, destination.len() as u64))
+    }
+
+    /// The members a degraded read of `request` reads (see `read_degraded`).
+    fn members_for(&self, request: &RowRange) -> Vec<bool> {
+        let usable = |member: usize| self.members[member].usable_device().is_some();
+        let data_columns = self.geometry.data_columns();
+        let mut chosen = vec![false; self.members.len()];
+        for row in request.first_row..=request.last_row {
+            let wanted = request.wanted_columns(&self.geometry, row);
+            let mut picked: Vec<usize> = wanted
+                .iter()
+                .map(|column| self.geometry.member_of(row, Column::Data(*column)))
+                .filter(|member| usable(*member))
+                .collect();
+            if picked.len() < wanted.len() {
+                let others = (0..data_columns)
+                    .map(Column::Data)
+                    .chain((0..self.geometry.parity_columns()).map(Column::Parity))
+                    .map(|column| self.geometry.member_of(row, column))
+                    .filter(|member| usable(*member) && !picked.contains(member))
+                    .collect::<Vec<_>>();
+                for member in others {
+                    if picked.len() >= data_columns {
+                        break;
+                    }
+                    picked.push(member);
                 }
             }
+            for member in picked {
+                chosen[member] = true;
+            }
+        }
+        chosen
+    }
+
+    /// Copies the blocks of `row` that `request` asks for into `destination`:
+    /// as read when all of them were read, otherwise rebuilt.
+    fn copy_row(
+        &self,
+        request: &RowRange,
+        rows: &[Option<AlignedBuffer>],
+        row: u64,
+        destination: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let start = to_usize(row - request.first_row) * BLOCK_BYTES;
+        let wanted = request.wanted_columns(&self.geometry, row);
+        let read: Option<Vec<&[u8]>> = wanted
+            .iter()
+            .map(|column| {
+                let member = self.geometry.member_of(row, Column::Data(*column));
+                rows[member]
+                    .as_ref()
+                    .map(|data| &data[start..start + BLOCK_BYTES])
+            })
+            .collect();
+        let rebuilt;
+        let contents: Vec<&[u8]> = match read {
+            Some(read) => read,
+            None => {
+                rebuilt = self
+                    .rebuild_row(rows, row, request.first_row, None)
+                    .map_err(|error| self.codec_failed(request.first_block, BLOCK_BYTES, &error))?;
+                wanted
+                    .iter()
+                    .map(|column| rebuilt[*column].as_slice())
+                    .collect()
+            }
+        };
+        for (column, block) in wanted.iter().zip(contents) {
+            let at =
+                to_usize(self.geometry.block_of(row, *column) - request.first_block) * BLOCK_BYTES;
+            destination[at..at + BLOCK_BYTES].copy_from_slice(block);
         }
         Ok(())
     }
 
-    /// `row_count` rows from `first_row` of every usable member (`None` for
-    /// a member lost or failing now).
-    pub(crate) async fn read_rows(
+    /// `row` from every usable member (`None` for a member lost or failing
+    /// now): what a repair tries its candidates on.
+    pub(crate) async fn read_row(
         &self,
-        first_row: u64,
-        row_count: u64,
+        row: u64,
     ) -> Result<Vec<Option<AlignedBuffer>>, DeviceError> {
-        let offset = self.geometry.member_block_of_row(first_row) * BLOCK_SIZE_BYTES;
+        let request = RowRange {
+            first_block: self.geometry.block_of(row, 0),
+            block_count: self.geometry.row_data_blocks(),
+            first_row: row,
+            last_row: row,
+        };
+        let every_member = vec![true; self.members.len()];
+        loop {
+            // A member that fails is faulted, so each retry reads fewer.
+            if let Some(rows) = self.read_rows_from(&request, &every_member).await? {
+                return Ok(rows);
+            }
+        }
+    }
+
+    /// The rows of `request` from the `chosen` members; `None` when one of
+    /// them failed (it is faulted: choose again).
+    async fn read_rows_from(
+        &self,
+        request: &RowRange,
+        chosen: &[bool],
+    ) -> Result<Option<Vec<Option<AlignedBuffer>>>, DeviceError> {
+        let row_count = request.last_row - request.first_row + 1;
+        let offset = self.geometry.member_block_of_row(request.first_row) * BLOCK_SIZE_BYTES;
         let length = to_usize(row_count) * BLOCK_BYTES;
         let reads = self
             .members
             .iter()
             .enumerate()
             .map(|(index, member)| async move {
-                let device = member.usable_device()?;
+                let device = member.usable_device().filter(|_| chosen[index])?;
                 Some((index, device.read(offset, length).await))
             });
         let mut rows: Vec<Option<AlignedBuffer>> = vec![None; self.members.len()];
+        let mut all_read = true;
         for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
             match result {
                 Ok(data) => {
                     self.members[index].counted_read(length);
                     rows[index] = Some(data);
                 }
-                Err(error) => self.member_failed(index, &error),
+                Err(error) => {
+                    self.member_failed(index, &error);
+                    all_read = false;
+                }
             }
         }
         self.check_tolerance(offset, length as u64)?;
-        Ok(rows)
+        Ok(all_read.then_some(rows))
     }
 
     /// The data columns of `row` from `rows` (read from `first_row` on), with

@@ -69,7 +69,7 @@ impl RedundantArray {
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
         let _no_write_meanwhile = self.repair_lock.write().await;
-        let rows = self.read_rows(row, 1).await?;
+        let rows = self.read_row(row).await?;
         let target = self.geometry.member_of(row, Column::Data(column));
         for erased in self.erasure_candidates(&rows, target) {
             let Ok(data) = self.rebuild_row(&rows, row, row, Some(&erased)) else {

@@ -383,3 +383,45 @@ async fn bad_member_lists_are_refused_with_clear_errors() {
         .unwrap_err();
     assert!(error.to_string().contains("too small"), "{error}");
 }
+
+/// A degraded read of one lost block reads as many members as the row has
+/// data columns (four of the five survivors of a 4+2 row), not all of them.
+#[tokio::test]
+async fn a_degraded_read_reads_only_as_many_members_as_data_columns() {
+    let members = Members::new(6);
+    let array = create(
+        identity(),
+        Redundancy::Raid6,
+        PREFIX_BLOCKS,
+        members.devices(),
+    )
+    .await
+    .unwrap();
+    let data = random_blocks(4, 30);
+    write(&array, PREFIX_BLOCKS, &data).await;
+    // The member holding data column 0 of row 0 is lost.
+    let lost = (0..6)
+        .find(|member| {
+            let mut contents = vec![0; BLOCK];
+            let offset = (lamina_layout::LABEL_AREA_BLOCKS + PREFIX_BLOCKS) * 4096;
+            members.faulty[*member]
+                .inner()
+                .read_sync(offset, &mut contents);
+            contents == data[..BLOCK]
+        })
+        .unwrap();
+    array.fail_member(lost);
+    let before: Vec<u64> = array
+        .member_status()
+        .iter()
+        .map(|member| member.bytes_read)
+        .collect();
+    assert_eq!(read(&array, PREFIX_BLOCKS, 1).await, data[..BLOCK]);
+    let members_read = array
+        .member_status()
+        .iter()
+        .zip(&before)
+        .filter(|(member, before)| member.bytes_read > **before)
+        .count();
+    assert_eq!(members_read, 4);
+}
