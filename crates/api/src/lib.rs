@@ -289,9 +289,28 @@ mod tests {
             "memory_cache": {"capacity_bytes": 0, "cached_bytes": 0, "hits": 0, "misses": 0},
             "flash": {"size_bytes": 100, "used_bytes": 10, "free_bytes": 90},
             "capacity": null, "promoted_blocks": 0, "demoted_blocks": 0,
-            "integrity": {"read_checksum_errors": 0, "summaries_repaired": 0, "lost_batches": 0,
-                "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0}
+            "integrity": {"read_checksum_errors": 0, "checksum_errors_repaired": 0,
+                "summaries_repaired": 0, "lost_batches": 0,
+                "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0},
+            "scrub": {"state": "none", "blocks_total": 0, "blocks_scrubbed": 0,
+                "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0}
         })
+    }
+
+    #[test]
+    fn an_array_pool_status_carries_its_devices() {
+        let mut document = status_json();
+        document["layout"] = serde_json::json!({
+            "state": "degraded",
+            "tiers": [{"tier": "flash", "redundancy": "raid6", "state": "degraded",
+                "parity_devices": 2, "devices": [{"path": "/d/f0", "tier": "flash", "index": 0,
+                "state": "missing", "bytes_read": 0, "bytes_written": 0, "io_errors": 0,
+                "checksum_errors_repaired": 0}]}]
+        });
+        let status: PoolStatus = serde_json::from_value(document.clone()).expect("reads");
+        let layout = status.layout.as_ref().expect("a layout");
+        assert_eq!(layout.tiers[0].devices[0].state, "missing");
+        assert_eq!(serde_json::to_value(&status).expect("writes"), document);
     }
 
     #[test]
