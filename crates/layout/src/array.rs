@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::codec::ParityCodec;
 use crate::geometry::{ArrayGeometry, BLOCK_SIZE_BYTES, LABEL_BLOCK, LABEL_COPY_BLOCK};
 use crate::label::MemberLabel;
-use crate::member::{Member, MemberState, MemberStatus};
+use crate::member::{Member, MemberStatus};
 
 /// The array's state, named the way zpool names a pool's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -71,10 +71,12 @@ impl RedundantArray {
             geometry.redundancy,
             geometry.member_count
         );
-        // Members lost, or labels of several generations (a crash while they
-        // were rewritten): the next flush writes them all afresh.
-        let labels_stale =
-            members.iter().any(|member| !member.state().is_usable()) || label.generation > 1;
+        // Members out of use that the label does not list yet: the next
+        // flush writes every label afresh.
+        let labels_stale = members.iter().enumerate().any(|(index, member)| {
+            let index = u32::try_from(index).expect("member indexes fit in u32");
+            !member.state().is_usable() && !label.faulted_members.contains(&index)
+        });
         Self {
             name,
             codec: ParityCodec::new(geometry.redundancy, geometry.member_count),
@@ -114,6 +116,12 @@ impl RedundantArray {
             lost if lost <= self.geometry.parity_columns() => ArrayState::Degraded,
             _ => ArrayState::Faulted,
         }
+    }
+
+    /// Has the next flush rewrite every label (assembly found labels of
+    /// several generations: a crash while they were rewritten).
+    pub(crate) fn labels_out_of_date(&self) {
+        self.labels_stale.store(true, Ordering::SeqCst);
     }
 
     /// Takes a member out by hand (`device fail`), as if it had failed.
@@ -285,13 +293,6 @@ impl BlockDevice for RedundantArray {
             return self.recover(first_block, is_valid).await;
         }
         Ok(None)
-    }
-}
-
-impl MemberState {
-    /// Whether a member in this state counts as lost to the array.
-    pub fn is_lost(self) -> bool {
-        !self.is_usable()
     }
 }
 

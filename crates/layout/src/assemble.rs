@@ -272,9 +272,16 @@ pub async fn assemble(
                 .map(|member| format!("{}: {}", member.path, member.reason))
                 .collect(),
         })?;
+    let generations_differ = labelled
+        .iter()
+        .any(|candidate| candidate.label.generation != reference.generation);
     let (current, mut excluded) = sort_members(tier, &reference, labelled)?;
     excluded.extend(unreadable);
-    build(tier, reference, current, excluded)
+    let assembled = build(tier, reference, current, excluded)?;
+    if generations_differ {
+        assembled.array.labels_out_of_date();
+    }
+    Ok(assembled)
 }
 
 /// The current member at each index, and the stale ones left out.
