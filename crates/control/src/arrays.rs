@@ -14,8 +14,8 @@ use lamina_layout::{ArrayIdentity, MemberDevice, Redundancy, RedundantArray, Tie
 
 use crate::layout::{PoolLayout, TierArray};
 use crate::store::{
-    DeviceModels, NO_DEVICE_MODEL, PoolAlreadyDescribed, PoolDescription, TierDevice, behind_model,
-    description_path, open_device, read_description, recorded_model, same_file,
+    DeviceModels, NO_DEVICE_MODEL, PoolDescription, TierDevice, behind_model, description_path,
+    open_device, recorded_model, refuse_if_described, same_file,
 };
 
 /// A pool with the arrays it runs on (none for plain devices).
@@ -91,15 +91,7 @@ pub async fn create_array_pool(
     options: PoolOptions,
     limits: PoolLimits,
 ) -> anyhow::Result<OpenedPool> {
-    if let Some(existing) = read_description(data_dir)?
-        && !options.force
-    {
-        return Err(PoolAlreadyDescribed {
-            data_dir: data_dir.to_path_buf(),
-            flash: existing.flash,
-        }
-        .into());
-    }
+    refuse_if_described(data_dir, options.force)?;
     check_devices(request)?;
     let created: Vec<PathBuf> = request
         .flash

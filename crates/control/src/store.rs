@@ -202,6 +202,19 @@ pub struct PoolAlreadyDescribed {
     pub flash: PathBuf,
 }
 
+/// `pool create` over a data directory that already describes a pool is
+/// refused unless forced.
+pub(crate) fn refuse_if_described(data_dir: &Path, force: bool) -> anyhow::Result<()> {
+    match read_description(data_dir)? {
+        Some(existing) if !force => Err(PoolAlreadyDescribed {
+            data_dir: data_dir.to_path_buf(),
+            flash: existing.flash,
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 fn holder_text(holder: &Option<LockHolder>) -> String {
     holder.as_ref().map_or_else(
         || "another lamina process".to_string(),
@@ -372,15 +385,7 @@ async fn create_described_pool(
     options: PoolOptions,
     limits: PoolLimits,
 ) -> anyhow::Result<CreatedPool> {
-    if let Some(existing) = read_description(data_dir)?
-        && !options.force
-    {
-        return Err(PoolAlreadyDescribed {
-            data_dir: data_dir.to_path_buf(),
-            flash: existing.flash,
-        }
-        .into());
-    }
+    refuse_if_described(data_dir, options.force)?;
     let segment_size_bytes = options.segment_size_bytes;
     if !segment_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
         || segment_size_bytes < 16 * BLOCK_SIZE_BYTES

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, BlockDevice, FaultyDevice, MemoryDevice};
 use lamina_layout::{
-    ArrayError, ArrayIdentity, ArrayState, MemberDevice, MemberState, Redundancy, TierRole,
-    assemble, create,
+    ArrayError, ArrayIdentity, ArrayState, MemberDevice, MemberState, Redundancy, RedundantArray,
+    TierRole, assemble, create,
 };
 use rand::{Rng, SeedableRng};
 
@@ -33,6 +33,26 @@ impl Members {
                 })
                 .collect(),
         }
+    }
+
+    /// The member whose block at `member_offset` holds `contents`.
+    fn holding(&self, member_offset: u64, contents: &[u8]) -> usize {
+        (0..self.faulty.len())
+            .find(|index| {
+                let mut stored = vec![0; contents.len()];
+                self.faulty[*index]
+                    .inner()
+                    .read_sync(member_offset, &mut stored);
+                stored == contents
+            })
+            .expect("one member holds the block")
+    }
+
+    /// A raid6 array over these (six) members.
+    async fn raid6(&self) -> RedundantArray {
+        create(identity(), Redundancy::Raid6, PREFIX_BLOCKS, self.devices())
+            .await
+            .unwrap()
     }
 
     fn devices(&self) -> Vec<MemberDevice> {
@@ -148,14 +168,7 @@ async fn every_scheme_reads_back_what_it_wrote_and_survives_its_parity_in_lost_m
 #[tokio::test]
 async fn with_more_members_lost_than_the_parity_io_fails_and_nothing_wrong_is_returned() {
     let members = Members::new(6);
-    let array = create(
-        identity(),
-        Redundancy::Raid6,
-        PREFIX_BLOCKS,
-        members.devices(),
-    )
-    .await
-    .unwrap();
+    let array = members.raid6().await;
     let written = fill(&array, array.row_data_blocks()).await;
     for index in [0, 3, 5] {
         members.faulty[index].fail_at_rate(1.0, 1.0).await;
@@ -169,14 +182,7 @@ async fn with_more_members_lost_than_the_parity_io_fails_and_nothing_wrong_is_re
 #[tokio::test]
 async fn a_bit_flip_is_repaired_from_parity_and_counted_against_its_member() {
     let members = Members::new(6);
-    let array = create(
-        identity(),
-        Redundancy::Raid6,
-        PREFIX_BLOCKS,
-        members.devices(),
-    )
-    .await
-    .unwrap();
+    let array = members.raid6().await;
     let written = fill(&array, array.row_data_blocks()).await;
     array.flush().await.unwrap();
     let (block, data) = &written[3];
@@ -187,15 +193,7 @@ async fn a_bit_flip_is_repaired_from_parity_and_counted_against_its_member() {
     let geometry = array.geometry();
     let row = (block - geometry.prefix_blocks) / geometry.row_data_blocks();
     let member_offset = (lamina_layout::LABEL_AREA_BLOCKS + geometry.prefix_blocks + row) * 4096;
-    let holder = (0..6)
-        .find(|index| {
-            let mut contents = vec![0; BLOCK];
-            members.faulty[*index]
-                .inner()
-                .read_sync(member_offset, &mut contents);
-            contents == good
-        })
-        .expect("one member holds the block");
+    let holder = members.holding(member_offset, &good);
     members.faulty[holder]
         .flip_bit(member_offset + 100, 3)
         .await
@@ -222,14 +220,7 @@ async fn a_bit_flip_is_repaired_from_parity_and_counted_against_its_member() {
 #[tokio::test]
 async fn two_silently_bad_columns_are_found_with_double_parity() {
     let members = Members::new(6);
-    let array = create(
-        identity(),
-        Redundancy::Raid6,
-        PREFIX_BLOCKS,
-        members.devices(),
-    )
-    .await
-    .unwrap();
+    let array = members.raid6().await;
     let data = random_blocks(4, 5);
     write(&array, PREFIX_BLOCKS, &data).await;
     let member_offset = (lamina_layout::LABEL_AREA_BLOCKS + PREFIX_BLOCKS) * 4096;
@@ -259,14 +250,7 @@ async fn two_silently_bad_columns_are_found_with_double_parity() {
 #[tokio::test]
 async fn a_damaged_prefix_copy_is_repaired_from_another_member() {
     let members = Members::new(4);
-    let array = create(
-        identity(),
-        Redundancy::Raid6,
-        PREFIX_BLOCKS,
-        members.devices(),
-    )
-    .await
-    .unwrap();
+    let array = members.raid6().await;
     let data = random_blocks(1, 8);
     write(&array, 3, &data).await;
     let member_offset = (lamina_layout::LABEL_AREA_BLOCKS + 3) * 4096;
@@ -285,14 +269,7 @@ async fn a_damaged_prefix_copy_is_repaired_from_another_member() {
 #[tokio::test]
 async fn an_array_assembles_in_any_order_and_refuses_foreign_stale_and_too_few_members() {
     let members = Members::new(6);
-    let array = create(
-        identity(),
-        Redundancy::Raid6,
-        PREFIX_BLOCKS,
-        members.devices(),
-    )
-    .await
-    .unwrap();
+    let array = members.raid6().await;
     let written = fill(&array, array.row_data_blocks()).await;
     array.flush().await.unwrap();
     let mut devices = members.devices();
@@ -389,27 +366,12 @@ async fn bad_member_lists_are_refused_with_clear_errors() {
 #[tokio::test]
 async fn a_degraded_read_reads_only_as_many_members_as_data_columns() {
     let members = Members::new(6);
-    let array = create(
-        identity(),
-        Redundancy::Raid6,
-        PREFIX_BLOCKS,
-        members.devices(),
-    )
-    .await
-    .unwrap();
+    let array = members.raid6().await;
     let data = random_blocks(4, 30);
     write(&array, PREFIX_BLOCKS, &data).await;
     // The member holding data column 0 of row 0 is lost.
-    let lost = (0..6)
-        .find(|member| {
-            let mut contents = vec![0; BLOCK];
-            let offset = (lamina_layout::LABEL_AREA_BLOCKS + PREFIX_BLOCKS) * 4096;
-            members.faulty[*member]
-                .inner()
-                .read_sync(offset, &mut contents);
-            contents == data[..BLOCK]
-        })
-        .unwrap();
+    let row_offset = (lamina_layout::LABEL_AREA_BLOCKS + PREFIX_BLOCKS) * 4096;
+    let lost = members.holding(row_offset, &data[..BLOCK]);
     array.fail_member(lost);
     let before: Vec<u64> = array
         .member_status()
