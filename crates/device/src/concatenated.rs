@@ -168,6 +168,49 @@ impl BlockDevice for ConcatenatedDevice {
             _ => Ok(None),
         }
     }
+
+    fn rebuild_pending(&self) -> bool {
+        self.first.rebuild_pending() || self.second.rebuild_pending()
+    }
+
+    async fn rebuild_range(
+        &self,
+        offset: u64,
+        length: u64,
+        is_valid: crate::PlacedBlockCheck<'_>,
+    ) -> Result<crate::RebuildReport, DeviceError> {
+        let split = self.split(offset, crate::buffer_length(length));
+        let mut report = crate::RebuildReport::default();
+        if split.first.length > 0 {
+            let first = &split.first;
+            report.add(
+                self.first
+                    .rebuild_range(first.offset, first.length as u64, is_valid)
+                    .await?,
+            );
+        }
+        if split.second.length > 0 {
+            let shift_blocks = self.first_region_bytes / crate::DEVICE_ALIGNMENT_BYTES;
+            let shifted = |block: u64, contents: &[u8]| is_valid(block + shift_blocks, contents);
+            let second = &split.second;
+            report.add(
+                self.second
+                    .rebuild_range(second.offset, second.length as u64, &shifted)
+                    .await?,
+            );
+        }
+        Ok(report)
+    }
+
+    async fn finish_rebuild(&self) -> Result<(), DeviceError> {
+        if self.first.rebuild_pending() {
+            self.first.finish_rebuild().await?;
+        }
+        if self.second.rebuild_pending() {
+            self.second.finish_rebuild().await?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs two futures concurrently (tokio's `join!` as a function).

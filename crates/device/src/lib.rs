@@ -92,7 +92,59 @@ pub trait BlockDevice: Send + Sync + 'static {
         }
         Ok(None)
     }
+
+    /// Whether a replacement device beneath this one is being rebuilt (an
+    /// array member being replaced): the layer above then calls
+    /// [`BlockDevice::rebuild_range`] over everything it keeps and
+    /// [`BlockDevice::finish_rebuild`] at the end. False by default.
+    fn rebuild_pending(&self) -> bool {
+        false
+    }
+
+    /// Writes to the replacement what it must hold of `offset..offset +
+    /// length`, rebuilt from the other members and checked block by block
+    /// with `is_valid` (a block the layer above does not know passes).
+    /// Idempotent, and ranges are given in ascending order. Nothing to do by
+    /// default.
+    async fn rebuild_range(
+        &self,
+        offset: u64,
+        length: u64,
+        is_valid: PlacedBlockCheck<'_>,
+    ) -> Result<RebuildReport, DeviceError> {
+        let _ = (offset, length, is_valid);
+        Ok(RebuildReport::default())
+    }
+
+    /// Every range was rebuilt: the replacement takes its member's place.
+    async fn finish_rebuild(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
+
+/// What [`BlockDevice::rebuild_range`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Blocks written to the replacement.
+    pub blocks_rebuilt: u64,
+    /// Blocks checked with the caller's check and found good.
+    pub blocks_verified: u64,
+    /// Blocks that no reconstruction made pass the check (written as
+    /// reconstructed; the layer above reports them as errors when read).
+    pub blocks_unrepairable: u64,
+}
+
+impl RebuildReport {
+    pub fn add(&mut self, other: RebuildReport) {
+        self.blocks_rebuilt += other.blocks_rebuilt;
+        self.blocks_verified += other.blocks_verified;
+        self.blocks_unrepairable += other.blocks_unrepairable;
+    }
+}
+
+/// What the layer above knows the block at a device block index must hold:
+/// `is_valid(block_index, contents)`.
+pub type PlacedBlockCheck<'a> = &'a (dyn Fn(u64, &[u8]) -> bool + Send + Sync);
 
 /// What the layer above knows a block must hold (its checksum): how a device
 /// with redundancy tells a good reconstruction from a bad one.

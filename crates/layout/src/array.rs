@@ -15,7 +15,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lamina_device::{AlignedBuffer, BlockCheck, BlockDevice, DeviceError, DeviceErrorKind};
+use lamina_device::{
+    AlignedBuffer, BlockCheck, BlockDevice, DeviceError, DeviceErrorKind, PlacedBlockCheck,
+    RebuildReport,
+};
 use serde::Serialize;
 
 use crate::codec::ParityCodec;
@@ -60,6 +63,12 @@ pub struct RedundantArray {
     /// a new write of that row (the segment freed and reused meanwhile), or
     /// it could put back a block the new write replaced.
     pub(crate) repair_lock: tokio::sync::RwLock<()>,
+    /// Prefix writes hold it shared; copying the prefix to a replacement
+    /// holds it exclusively, a chunk at a time, so that no write lands
+    /// between a chunk's read and its copy (which would undo the write).
+    pub(crate) prefix_lock: tokio::sync::RwLock<()>,
+    /// Why the last replacement was dropped, for status and the engine.
+    pub(crate) rebuild_failure: std::sync::Mutex<Option<String>>,
 }
 
 impl RedundantArray {
@@ -85,6 +94,8 @@ impl RedundantArray {
             label: tokio::sync::Mutex::new(label),
             labels_stale: AtomicBool::new(labels_stale),
             repair_lock: tokio::sync::RwLock::new(()),
+            prefix_lock: tokio::sync::RwLock::new(()),
+            rebuild_failure: std::sync::Mutex::new(None),
         }
     }
 
@@ -161,35 +172,41 @@ impl RedundantArray {
 
     /// Writes the label, one generation on, to every usable member and
     /// flushes them, when a member left since the last time: a member that
-    /// missed writes never comes back as current.
+    /// missed writes never comes back as current. A replacement's label is
+    /// written too, with the rows it holds durably.
     async fn write_labels_if_stale(&self) -> Result<(), DeviceError> {
         let mut label = self.label.lock().await;
         if !self.labels_stale.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
         label.generation += 1;
-        label.faulted_members = self
-            .members
-            .iter()
-            .enumerate()
-            .filter(|(_, member)| !member.state().is_usable())
-            .map(|(index, _)| u32::try_from(index).expect("member indexes fit in u32"))
-            .collect();
-        let writes = self.members.iter().enumerate().map(|(index, member)| {
+        label.faulted_members = self.lost_members_but(usize::MAX);
+        let writes = self.members.iter().enumerate().flat_map(|(index, member)| {
             let mut own = label.clone();
             own.member_index = u32::try_from(index).expect("member indexes fit in u32");
-            async move {
-                let device = member.usable_device()?;
-                Some((index, write_label(device.as_ref(), &own).await))
-            }
+            let replacement = member.replacement().map(|replacement| {
+                let mut theirs = own.clone();
+                theirs.rebuilding_rows_done =
+                    Some(replacement.rows_persisted.load(Ordering::SeqCst));
+                (index, true, replacement.device.clone(), theirs)
+            });
+            let device = member
+                .usable_device()
+                .map(|device| (index, false, device, own));
+            device.into_iter().chain(replacement)
         });
-        for (index, result) in futures::future::join_all(writes)
-            .await
-            .into_iter()
-            .flatten()
-        {
-            if let Err(error) = result {
-                self.member_failed(index, &error);
+        let writes = writes.map(|(index, is_replacement, device, own)| async move {
+            (
+                index,
+                is_replacement,
+                write_label(device.as_ref(), &own).await,
+            )
+        });
+        for (index, is_replacement, result) in futures::future::join_all(writes).await {
+            match result {
+                Err(error) if is_replacement => self.replacement_failed(index, &error),
+                Err(error) => self.member_failed(index, &error),
+                Ok(()) => {}
             }
         }
         tracing::warn!(
@@ -199,6 +216,40 @@ impl RedundantArray {
             "member labels rewritten"
         );
         self.check_tolerance(0, 0)
+    }
+
+    /// Indexes of the members out of use, leaving out `except`.
+    pub(crate) fn lost_members_but(&self, except: usize) -> Vec<u32> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(index, member)| *index != except && !member.state().is_usable())
+            .map(|(index, _)| u32::try_from(index).expect("member indexes fit in u32"))
+            .collect()
+    }
+
+    /// Flushes every usable member, then rewrites the labels if a member
+    /// left (see `write_labels_if_stale`).
+    pub(crate) async fn flush_members_and_labels(&self) -> Result<(), DeviceError> {
+        let flushes = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(index, member)| async move {
+                let device = member.usable_device()?;
+                Some((index, device.flush().await))
+            });
+        for (index, result) in futures::future::join_all(flushes)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            if let Err(error) = result {
+                self.member_failed(index, &error);
+            }
+        }
+        self.check_tolerance(0, 0)?;
+        self.write_labels_if_stale().await
     }
 
     /// Ok while the lost members are within the parity.
@@ -246,25 +297,18 @@ impl BlockDevice for RedundantArray {
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {
-        let flushes = self
+        // A replacement is flushed too: rows written to it count as rebuilt.
+        let replacing = self
             .members
             .iter()
             .enumerate()
-            .map(|(index, member)| async move {
-                let device = member.usable_device()?;
-                Some((index, device.flush().await))
-            });
-        for (index, result) in futures::future::join_all(flushes)
-            .await
-            .into_iter()
-            .flatten()
+            .find_map(|(index, member)| Some((index, member.replacement()?)));
+        if let Some((index, replacement)) = replacing
+            && let Err(error) = replacement.device.flush().await
         {
-            if let Err(error) = result {
-                self.member_failed(index, &error);
-            }
+            self.replacement_failed(index, &error);
         }
-        self.check_tolerance(0, 0)?;
-        self.write_labels_if_stale().await
+        self.flush_members_and_labels().await
     }
 
     async fn recover_block(
@@ -293,6 +337,24 @@ impl BlockDevice for RedundantArray {
             return self.recover(first_block, is_valid).await;
         }
         Ok(None)
+    }
+
+    fn rebuild_pending(&self) -> bool {
+        self.replacement_pending()
+    }
+
+    async fn rebuild_range(
+        &self,
+        offset: u64,
+        length: u64,
+        is_valid: PlacedBlockCheck<'_>,
+    ) -> Result<RebuildReport, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length)?;
+        self.rebuild(offset, length, is_valid).await
+    }
+
+    async fn finish_rebuild(&self) -> Result<(), DeviceError> {
+        self.finish().await
     }
 }
 

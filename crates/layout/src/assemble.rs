@@ -96,6 +96,21 @@ pub enum ArrayError {
         tier: &'static str,
         unreadable: Vec<String>,
     },
+    #[error(
+        "a device of the {tier} tier is already being replaced; wait for its rebuild to finish"
+    )]
+    ReplacementInProgress { tier: &'static str },
+    #[error("{path} is not a member of the {array}")]
+    NotAMember { path: String, array: String },
+    #[error("{path} is already a member of this array")]
+    AlreadyAMember { path: String },
+    #[error(
+        "{path} carries a lamina member label (array {array_identifier:032x}); use a blank device"
+    )]
+    LabelledDevice {
+        path: String,
+        array_identifier: u128,
+    },
     #[error(transparent)]
     Device(#[from] DeviceError),
 }
@@ -157,6 +172,7 @@ pub async fn create(
         generation: 1,
         faulted_members: Vec::new(),
         member_paths: members.iter().map(|member| member.path.clone()).collect(),
+        rebuilding_rows_done: None,
     };
     for (index, member) in members.iter().enumerate() {
         let mut own = label.clone();
@@ -275,69 +291,120 @@ pub async fn assemble(
     let generations_differ = labelled
         .iter()
         .any(|candidate| candidate.label.generation != reference.generation);
-    let (current, mut excluded) = sort_members(tier, &reference, labelled)?;
-    excluded.extend(unreadable);
-    let assembled = build(tier, reference, current, excluded)?;
+    let mut sorted = sort_members(tier, &reference, labelled)?;
+    sorted.excluded.extend(unreadable);
+    let assembled = build(tier, reference, sorted)?;
     if generations_differ {
         assembled.array.labels_out_of_date();
     }
     Ok(assembled)
 }
 
-/// The current member at each index, and the stale ones left out.
+/// What assembly sorted the devices into.
+struct Sorted {
+    /// The current member at each index.
+    current: BTreeMap<u32, Labelled>,
+    /// Replacements being rebuilt, by the index they replace.
+    replacements: BTreeMap<u32, Labelled>,
+    excluded: Vec<ExcludedMember>,
+}
+
+/// The current member at each index, the replacements being rebuilt, and
+/// the stale members left out.
 fn sort_members(
     tier: TierRole,
     reference: &MemberLabel,
     labelled: Vec<Labelled>,
-) -> Result<(BTreeMap<u32, MemberDevice>, Vec<ExcludedMember>), ArrayError> {
-    let mut current: BTreeMap<u32, MemberDevice> = BTreeMap::new();
-    let mut excluded = Vec::new();
-    for Labelled { member, label } in labelled {
-        if label.array_identifier != reference.array_identifier {
-            return Err(ArrayError::ForeignMember {
-                path: member.path,
-                found: label.array_identifier,
-                expected: reference.array_identifier,
-            });
-        }
-        if label.geometry() != reference.geometry() || label.member_index >= label.member_count {
-            return Err(ArrayError::InconsistentShape {
-                path: member.path,
-                tier: tier.name(),
-            });
+) -> Result<Sorted, ArrayError> {
+    let mut sorted = Sorted {
+        current: BTreeMap::new(),
+        replacements: BTreeMap::new(),
+        excluded: Vec::new(),
+    };
+    for candidate in labelled {
+        check_belongs(tier, reference, &candidate)?;
+        let index = candidate.label.member_index;
+        if candidate.label.is_rebuilding() {
+            if let Some(other) = sorted.replacements.insert(index, candidate) {
+                return Err(duplicate(tier, &other, &sorted.replacements[&index]));
+            }
+            continue;
         }
         // The newest label lists every member that left the array; a member
         // with an older label that is not listed only missed the label
         // update (a crash while labels were rewritten), not data.
-        if reference.faulted_members.contains(&label.member_index) {
-            excluded.push(ExcludedMember {
+        if reference.faulted_members.contains(&index) {
+            sorted.excluded.push(ExcludedMember {
                 reason: format!(
-                    "stale member {}: it left the array at generation {} (its label says {}) and missed writes since",
-                    label.member_index, reference.generation, label.generation
+                    "stale member {index}: it left the array at generation {} (its label says {}) and missed writes since",
+                    reference.generation, candidate.label.generation
                 ),
-                path: member.path,
+                path: candidate.member.path,
             });
             continue;
         }
-        if let Some(other) = current.get(&label.member_index) {
-            return Err(ArrayError::DuplicateMember {
-                path: member.path,
-                other: other.path.clone(),
-                tier: tier.name(),
-                index: label.member_index,
-            });
-        }
-        current.insert(label.member_index, member);
+        let Some(other) = sorted.current.remove(&index) else {
+            sorted.current.insert(index, candidate);
+            continue;
+        };
+        // Two devices at one index: a replacement that took the member's
+        // place (one generation on) and the old device, whose label could
+        // not be wiped. The newer wins.
+        let (newer, older) = match other.label.generation.cmp(&candidate.label.generation) {
+            std::cmp::Ordering::Less => (candidate, other),
+            std::cmp::Ordering::Greater => (other, candidate),
+            std::cmp::Ordering::Equal => return Err(duplicate(tier, &other, &candidate)),
+        };
+        sorted.excluded.push(ExcludedMember {
+            reason: format!(
+                "replaced member {index}: {} took its place at generation {}",
+                newer.member.path, newer.label.generation
+            ),
+            path: older.member.path,
+        });
+        sorted.current.insert(index, newer);
     }
-    Ok((current, excluded))
+    Ok(sorted)
 }
 
-fn build(
+fn duplicate(tier: TierRole, one: &Labelled, other: &Labelled) -> ArrayError {
+    ArrayError::DuplicateMember {
+        path: one.member.path.clone(),
+        other: other.member.path.clone(),
+        tier: tier.name(),
+        index: one.label.member_index,
+    }
+}
+
+/// Refuses a device of another pool or of another shape.
+fn check_belongs(
     tier: TierRole,
-    reference: MemberLabel,
-    mut current: BTreeMap<u32, MemberDevice>,
-    excluded: Vec<ExcludedMember>,
-) -> Result<Assembled, ArrayError> {
+    reference: &MemberLabel,
+    candidate: &Labelled,
+) -> Result<(), ArrayError> {
+    let label = &candidate.label;
+    if label.array_identifier != reference.array_identifier {
+        return Err(ArrayError::ForeignMember {
+            path: candidate.member.path.clone(),
+            found: label.array_identifier,
+            expected: reference.array_identifier,
+        });
+    }
+    if label.geometry() != reference.geometry() || label.member_index >= label.member_count {
+        return Err(ArrayError::InconsistentShape {
+            path: candidate.member.path.clone(),
+            tier: tier.name(),
+        });
+    }
+    Ok(())
+}
+
+fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assembled, ArrayError> {
+    let Sorted {
+        mut current,
+        replacements,
+        excluded,
+    } = sorted;
     let geometry = reference.geometry();
     let needed_bytes = geometry.member_size_blocks() * BLOCK_SIZE_BYTES;
     let mut members = Vec::new();
@@ -350,14 +417,8 @@ fn build(
             .cloned()
             .unwrap_or_default();
         match current.remove(&key) {
-            Some(member) => {
-                if member.device.size_bytes() < needed_bytes {
-                    return Err(ArrayError::TooSmall {
-                        path: member.path,
-                        size_bytes: member.device.size_bytes(),
-                        needed_bytes,
-                    });
-                }
+            Some(Labelled { member, .. }) => {
+                check_size(&member, needed_bytes)?;
                 members.push(Member::present(index, member.path, member.device));
             }
             None => {
@@ -376,5 +437,26 @@ fn build(
         });
     }
     let array = RedundantArray::new(geometry, members, reference);
+    for (index, Labelled { member, label }) in replacements {
+        check_size(&member, needed_bytes)?;
+        let rows_done = label.rebuilding_rows_done.expect("a replacement's label");
+        tracing::warn!(path = %member.path, member = index, rows_done, "resuming the rebuild of a replacement");
+        array.resume_replacement(
+            usize::try_from(index).expect("member indexes fit in usize"),
+            member,
+            rows_done,
+        );
+    }
     Ok(Assembled { array, excluded })
+}
+
+fn check_size(member: &MemberDevice, needed_bytes: u64) -> Result<(), ArrayError> {
+    if member.device.size_bytes() < needed_bytes {
+        return Err(ArrayError::TooSmall {
+            path: member.path.clone(),
+            size_bytes: member.device.size_bytes(),
+            needed_bytes,
+        });
+    }
+    Ok(())
 }

@@ -11,8 +11,9 @@ use crate::redundancy::Redundancy;
 
 /// The label's magic: "LAMINAML" read as a little-endian u64.
 pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"LAMINAML");
-/// The label format this build writes and reads.
-pub const LABEL_VERSION: u32 = 1;
+/// The label format this build writes; it reads this and every earlier one.
+/// Version 2 added `rebuilding_rows_done` (a replacement being rebuilt).
+pub const LABEL_VERSION: u32 = 2;
 /// Bytes of the label's frame header.
 const HEADER_BYTES: usize = 24;
 
@@ -50,6 +51,43 @@ pub struct MemberLabel {
     pub faulted_members: Vec<u32>,
     /// Where each member was last seen, for messages about missing ones.
     pub member_paths: Vec<String>,
+    /// Set on a replacement device while it is rebuilt: it takes member
+    /// `member_index`'s place once rebuilt, and holds every row below this
+    /// one that the pool kept when its rebuild passed it (version 2).
+    pub rebuilding_rows_done: Option<u64>,
+}
+
+/// A label as version 1 wrote it (no rebuild state).
+#[derive(Deserialize)]
+struct MemberLabelVersion1 {
+    array_identifier: u128,
+    tier: TierRole,
+    member_index: u32,
+    member_count: u32,
+    redundancy: Redundancy,
+    prefix_blocks: u64,
+    row_count: u64,
+    generation: u64,
+    faulted_members: Vec<u32>,
+    member_paths: Vec<String>,
+}
+
+impl From<MemberLabelVersion1> for MemberLabel {
+    fn from(old: MemberLabelVersion1) -> Self {
+        Self {
+            array_identifier: old.array_identifier,
+            tier: old.tier,
+            member_index: old.member_index,
+            member_count: old.member_count,
+            redundancy: old.redundancy,
+            prefix_blocks: old.prefix_blocks,
+            row_count: old.row_count,
+            generation: old.generation,
+            faulted_members: old.faulted_members,
+            member_paths: old.member_paths,
+            rebuilding_rows_done: None,
+        }
+    }
 }
 
 /// A label that cannot be used.
@@ -122,7 +160,17 @@ impl MemberLabel {
         if crc32c::crc32c(payload) != field(16..20) {
             return Err(LabelError::Checksum);
         }
+        if version == 1 {
+            return postcard::from_bytes::<MemberLabelVersion1>(payload)
+                .map(MemberLabel::from)
+                .map_err(|_| LabelError::Undecodable);
+        }
         postcard::from_bytes(payload).map_err(|_| LabelError::Undecodable)
+    }
+
+    /// Whether this is a replacement's label, still being rebuilt.
+    pub fn is_rebuilding(&self) -> bool {
+        self.rebuilding_rows_done.is_some()
     }
 }
 
@@ -146,7 +194,49 @@ mod tests {
             generation: 3,
             faulted_members: vec![4],
             member_paths: (0..6).map(|index| format!("/dev/f{index}")).collect(),
+            rebuilding_rows_done: None,
         }
+    }
+
+    #[test]
+    fn a_version_1_label_reads_as_not_rebuilding() {
+        #[derive(Serialize)]
+        struct Version1<'a> {
+            array_identifier: u128,
+            tier: TierRole,
+            member_index: u32,
+            member_count: u32,
+            redundancy: Redundancy,
+            prefix_blocks: u64,
+            row_count: u64,
+            generation: u64,
+            faulted_members: &'a [u32],
+            member_paths: &'a [String],
+        }
+        let label = a_label();
+        let payload = postcard::to_stdvec(&Version1 {
+            array_identifier: label.array_identifier,
+            tier: label.tier,
+            member_index: label.member_index,
+            member_count: label.member_count,
+            redundancy: label.redundancy,
+            prefix_blocks: label.prefix_blocks,
+            row_count: label.row_count,
+            generation: label.generation,
+            faulted_members: &label.faulted_members,
+            member_paths: &label.member_paths,
+        })
+        .unwrap();
+        let mut block = label.encode();
+        block[8..12].copy_from_slice(&1_u32.to_le_bytes());
+        let length = u32::try_from(payload.len()).unwrap();
+        block[12..16].copy_from_slice(&length.to_le_bytes());
+        block[16..20].copy_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+        let header_checksum = crc32c::crc32c(&block[0..20]);
+        block[20..24].copy_from_slice(&header_checksum.to_le_bytes());
+        block[HEADER_BYTES..].fill(0);
+        block[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+        assert_eq!(MemberLabel::decode(&block), Ok(label));
     }
 
     #[test]

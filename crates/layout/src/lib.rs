@@ -11,7 +11,8 @@
 //! - `codec.rs`: parity (Reed-Solomon from `reed-solomon-simd`);
 //! - `label.rs`: the label on each member; `assemble.rs`: create and assemble;
 //! - `member.rs`: member state and counters;
-//! - `array.rs`, `read.rs`, `write.rs`, `recover.rs`: the array itself.
+//! - `array.rs`, `read.rs`, `write.rs`, `recover.rs`: the array itself;
+//! - `replace.rs`: a replacement device and its rebuild.
 
 mod array;
 mod assemble;
@@ -22,6 +23,7 @@ mod member;
 mod read;
 mod recover;
 mod redundancy;
+mod replace;
 mod write;
 
 pub use array::{ArrayState, RedundantArray};
@@ -32,5 +34,5 @@ pub use assemble::{
 pub use codec::{CodecError, ParityCodec};
 pub use geometry::{ArrayGeometry, LABEL_AREA_BLOCKS};
 pub use label::{LabelError, MemberLabel, TierRole};
-pub use member::{MemberState, MemberStatus};
+pub use member::{MemberState, MemberStatus, ReplacementStatus};
 pub use redundancy::{MEMBER_COUNT_MAX, Redundancy};

@@ -48,12 +48,37 @@ pub struct MemberStatus {
     pub bytes_written: u64,
     pub io_errors: u64,
     pub checksum_errors_repaired: u64,
+    /// A device being rebuilt to take this member's place.
+    pub replacement: Option<ReplacementStatus>,
+}
+
+/// A device being rebuilt to take a member's place (`device replace`): every
+/// write to the member's rows goes to it too, and the rebuild writes the rows
+/// written before; it is never read until it takes the member's place.
+pub(crate) struct Replacement {
+    pub(crate) device: Arc<dyn BlockDevice>,
+    pub(crate) path: String,
+    /// Rows below this one hold what the pool kept when the rebuild passed
+    /// them (the label's `rebuilding_rows_done`, once persisted).
+    pub(crate) rows_done: AtomicU64,
+    /// Rows done as recorded in its label (durable).
+    pub(crate) rows_persisted: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+}
+
+/// What `pool status` shows of a replacement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplacementStatus {
+    pub path: String,
+    pub rows_done: u64,
+    pub bytes_written: u64,
 }
 
 /// See the module documentation.
 pub(crate) struct Member {
-    device: Option<Arc<dyn BlockDevice>>,
-    path: String,
+    device: Mutex<Option<Arc<dyn BlockDevice>>>,
+    path: Mutex<String>,
+    replacement: Mutex<Option<Arc<Replacement>>>,
     index: usize,
     state: Mutex<MemberState>,
     bytes_read: AtomicU64,
@@ -78,8 +103,9 @@ impl Member {
         state: MemberState,
     ) -> Self {
         Self {
-            device,
-            path,
+            device: Mutex::new(device),
+            path: Mutex::new(path),
+            replacement: Mutex::new(None),
             index,
             state: Mutex::new(state),
             bytes_read: AtomicU64::new(0),
@@ -89,8 +115,8 @@ impl Member {
         }
     }
 
-    pub fn path(&self) -> &str {
-        &self.path
+    pub fn path(&self) -> String {
+        self.path.lock().expect("member path lock").clone()
     }
 
     pub fn state(&self) -> MemberState {
@@ -98,8 +124,72 @@ impl Member {
     }
 
     /// The device, while the member is usable.
-    pub fn usable_device(&self) -> Option<&Arc<dyn BlockDevice>> {
-        self.state().is_usable().then_some(self.device.as_ref()?)
+    pub fn usable_device(&self) -> Option<Arc<dyn BlockDevice>> {
+        if !self.state().is_usable() {
+            return None;
+        }
+        self.device.lock().expect("member device lock").clone()
+    }
+
+    /// The device, usable or not (to wipe the label of a replaced one).
+    pub fn any_device(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.device.lock().expect("member device lock").clone()
+    }
+
+    pub fn replacement(&self) -> Option<Arc<Replacement>> {
+        self.replacement
+            .lock()
+            .expect("member replacement lock")
+            .clone()
+    }
+
+    /// Starts writing to `replacement` too; false if one is already set.
+    pub fn set_replacement(&self, replacement: Arc<Replacement>) -> bool {
+        let mut slot = self.replacement.lock().expect("member replacement lock");
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(replacement);
+        true
+    }
+
+    /// Stops using the replacement (it failed); true if there was one.
+    pub fn drop_replacement(&self, reason: &str) -> bool {
+        let Some(replacement) = self
+            .replacement
+            .lock()
+            .expect("member replacement lock")
+            .take()
+        else {
+            return false;
+        };
+        tracing::error!(
+            member = self.index,
+            path = %replacement.path,
+            %reason,
+            "replacement device failed: the rebuild onto it stops and the member stays as it was"
+        );
+        true
+    }
+
+    /// The replacement takes the member's place: usable, at its path.
+    pub fn promote_replacement(&self) {
+        let replacement = self
+            .replacement
+            .lock()
+            .expect("member replacement lock")
+            .take()
+            .expect("a member being replaced has a replacement");
+        *self.device.lock().expect("member device lock") = Some(replacement.device.clone());
+        *self.path.lock().expect("member path lock") = replacement.path.clone();
+        *self.state.lock().expect("member state lock") = MemberState::Online;
+        self.io_errors.store(0, Ordering::Relaxed);
+        self.checksum_errors_repaired.store(0, Ordering::Relaxed);
+        tracing::warn!(
+            member = self.index,
+            path = %replacement.path,
+            "replacement rebuilt: it takes the member's place"
+        );
     }
 
     /// Takes the member out after a failed I/O; true if it was in use until now.
@@ -110,7 +200,7 @@ impl Member {
         if was_usable {
             tracing::error!(
                 member = self.index,
-                path = %self.path,
+                path = %self.path(),
                 %reason,
                 "array member faulted: its data is now reconstructed from the other members"
             );
@@ -140,13 +230,18 @@ impl Member {
 
     pub fn status(&self) -> MemberStatus {
         MemberStatus {
-            path: self.path.clone(),
+            path: self.path(),
             index: self.index,
             state: self.state(),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             io_errors: self.io_errors.load(Ordering::Relaxed),
             checksum_errors_repaired: self.checksum_errors_repaired.load(Ordering::Relaxed),
+            replacement: self.replacement().map(|replacement| ReplacementStatus {
+                path: replacement.path.clone(),
+                rows_done: replacement.rows_done.load(Ordering::Relaxed),
+                bytes_written: replacement.bytes_written.load(Ordering::Relaxed),
+            }),
         }
     }
 }

@@ -298,6 +298,23 @@ impl RedundantArray {
         }
     }
 
+    /// Rows `first_row..=last_row` from every usable member; `None` when
+    /// one failed (it is faulted: read again).
+    pub(crate) async fn read_all_rows(
+        &self,
+        first_row: u64,
+        last_row: u64,
+    ) -> Result<Option<Vec<Option<AlignedBuffer>>>, DeviceError> {
+        let request = RowRange {
+            first_block: self.geometry.block_of(first_row, 0),
+            block_count: (last_row - first_row + 1) * self.geometry.row_data_blocks(),
+            first_row,
+            last_row,
+        };
+        self.read_rows_from(&request, &vec![true; self.members.len()])
+            .await
+    }
+
     /// The rows of `request` from the `chosen` members; `None` when one of
     /// them failed (it is faulted: choose again).
     async fn read_rows_from(

@@ -45,6 +45,7 @@ impl RedundantArray {
         data: Arc<AlignedBuffer>,
     ) -> Result<(), DeviceError> {
         let offset = (LABEL_AREA_BLOCKS + first_block) * BLOCK_SIZE_BYTES;
+        let _no_prefix_copy_meanwhile = self.prefix_lock.read().await;
         let writes = self
             .geometry
             .prefix_members()
@@ -125,14 +126,39 @@ impl RedundantArray {
         &self,
         writes: impl Iterator<Item = (usize, u64, Arc<AlignedBuffer>)>,
     ) -> Result<(), DeviceError> {
-        let writes = writes.filter_map(|(index, offset, buffer)| {
-            let device = self.members[index].usable_device()?.clone();
+        let writes: Vec<(usize, u64, Arc<AlignedBuffer>)> = writes.collect();
+        let replacements = writes.iter().filter_map(|(index, offset, buffer)| {
+            let replacement = self.members[*index].replacement()?;
+            let buffer = buffer.clone();
             Some(async move {
-                let length = buffer.len();
-                (index, length, device.write(offset, buffer).await)
+                let result = replacement.device.write(*offset, buffer.clone()).await;
+                (*index, replacement, buffer.len(), result)
             })
         });
-        for (index, length, result) in futures::future::join_all(writes).await {
+        let writes = writes.iter().filter_map(|(index, offset, buffer)| {
+            let device = self.members[*index].usable_device()?;
+            let buffer = buffer.clone();
+            Some(async move {
+                let length = buffer.len();
+                (*index, length, device.write(*offset, buffer).await)
+            })
+        });
+        let (results, replacement_results) = futures::future::join(
+            futures::future::join_all(writes),
+            futures::future::join_all(replacements),
+        )
+        .await;
+        for (index, replacement, length, result) in replacement_results {
+            match result {
+                Ok(()) => {
+                    replacement
+                        .bytes_written
+                        .fetch_add(length as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(error) => self.replacement_failed(index, &error),
+            }
+        }
+        for (index, length, result) in results {
             match result {
                 Ok(()) => self.members[index].counted_write(length),
                 Err(error) if matches!(error.kind, lamina_device::DeviceErrorKind::NoSpace(_)) => {
