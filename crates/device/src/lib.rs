@@ -127,8 +127,8 @@ pub trait BlockDevice: Send + Sync + 'static {
 pub struct RebuildReport {
     /// Blocks written to the replacement.
     pub blocks_rebuilt: u64,
-    /// Blocks checked with the caller's check and found good.
-    pub blocks_verified: u64,
+    /// Rows whose data blocks all passed the caller's check.
+    pub rows_verified: u64,
     /// Blocks that no reconstruction made pass the check (written as
     /// reconstructed; the layer above reports them as errors when read).
     pub blocks_unrepairable: u64,
@@ -137,7 +137,7 @@ pub struct RebuildReport {
 impl RebuildReport {
     pub fn add(&mut self, other: RebuildReport) {
         self.blocks_rebuilt += other.blocks_rebuilt;
-        self.blocks_verified += other.blocks_verified;
+        self.rows_verified += other.rows_verified;
         self.blocks_unrepairable += other.blocks_unrepairable;
     }
 }

@@ -169,6 +169,10 @@ pub enum IoError {
     Failed(String),
     #[error("a scrub is already running (see `lamina pool status`)")]
     ScrubRunning,
+    #[error("a rebuild is already running (see `lamina pool status`)")]
+    RebuildRunning,
+    #[error("the pool was closed while a rebuild ran; it resumes when the pool opens")]
+    RebuildInterrupted,
 }
 
 impl EngineError {
@@ -252,6 +256,8 @@ impl IoError {
             Self::DeviceFull { .. } => "device_full",
             Self::Failed(_) => "failed",
             Self::ScrubRunning => "scrub_running",
+            Self::RebuildRunning => "rebuild_running",
+            Self::RebuildInterrupted => "rebuild_interrupted",
         }
     }
 }

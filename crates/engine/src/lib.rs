@@ -24,6 +24,7 @@ pub mod volume;
 pub use error::{CreateError, EngineError, IoError, OpenError, VolumeError};
 pub use log::geometry::Tier;
 pub use pool::cleaner::CleanerState;
+pub use pool::rebuild_progress::{RebuildState, RebuildStatus};
 pub use pool::scrub_progress::{ScrubState, ScrubStatus};
 pub use pool::{
     DeviceFullStatus, Extent, LimitsError, Pool, PoolLimits, PoolOptions, PoolStatus, TestHooks,

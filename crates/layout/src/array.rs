@@ -69,6 +69,9 @@ pub struct RedundantArray {
     pub(crate) prefix_lock: tokio::sync::RwLock<()>,
     /// Why the last replacement was dropped, for status and the engine.
     pub(crate) rebuild_failure: std::sync::Mutex<Option<String>>,
+    /// Rows rebuilt between two records of progress in the replacement's
+    /// label ([`crate::replace::REBUILD_PERSIST_ROWS`]; tests lower it).
+    pub(crate) rebuild_persist_rows: std::sync::atomic::AtomicU64,
 }
 
 impl RedundantArray {
@@ -96,6 +99,7 @@ impl RedundantArray {
             repair_lock: tokio::sync::RwLock::new(()),
             prefix_lock: tokio::sync::RwLock::new(()),
             rebuild_failure: std::sync::Mutex::new(None),
+            rebuild_persist_rows: crate::replace::REBUILD_PERSIST_ROWS.into(),
         }
     }
 

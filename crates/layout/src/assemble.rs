@@ -278,9 +278,14 @@ pub async fn assemble(
             (
                 members_of(candidate.label.array_identifier),
                 candidate.label.generation,
+                !candidate.label.is_rebuilding(),
             )
         })
-        .map(|candidate| candidate.label.clone())
+        .map(|candidate| MemberLabel {
+            // A replacement's own rebuild state is not the array's.
+            rebuilding_rows_done: None,
+            ..candidate.label.clone()
+        })
         .ok_or_else(|| ArrayError::NoLabelledMember {
             tier: tier.name(),
             unreadable: unreadable

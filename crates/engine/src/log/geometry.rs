@@ -237,7 +237,7 @@ impl Geometry {
     }
 
     /// First block of the capacity tier's first segment.
-    fn capacity_data_start_block(&self) -> u64 {
+    pub fn capacity_data_start_block(&self) -> u64 {
         self.capacity_start_block + CAPACITY_DATA_START_BLOCKS
     }
 

@@ -132,6 +132,8 @@ impl Pool {
         }
         self.start_paced_cleaner();
         self.start_demoter();
+        // A rebuild cut short by a crash or a close resumes.
+        self.start_rebuild();
     }
 
     /// Whether the pool was closed or abandoned: background work stops.

@@ -26,6 +26,7 @@ use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
 use super::integrity::Integrity;
 use super::limits::PoolLimits;
+use super::rebuild_progress::Rebuilder;
 use super::scrub_progress::Scrubber;
 use super::state::State;
 use super::writer::InFlightBatch;
@@ -64,6 +65,8 @@ pub(crate) struct Inner {
     pub(super) flush_marker: FlushMarker,
     /// Scrub's progress (one scrub at a time).
     pub(super) scrub: Scrubber,
+    /// The rebuild's progress (one rebuild at a time).
+    pub(super) rebuild: Rebuilder,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.

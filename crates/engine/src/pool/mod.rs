@@ -20,6 +20,8 @@ mod inner;
 pub mod integrity;
 pub(crate) mod limits;
 mod read;
+mod rebuild;
+pub mod rebuild_progress;
 mod recovery;
 mod scrub;
 pub mod scrub_progress;

@@ -79,6 +79,7 @@ fn new_inner(
         shutdown: std::sync::atomic::AtomicBool::new(false),
         integrity: Default::default(),
         scrub: Default::default(),
+        rebuild: Default::default(),
         flush_marker,
     })
 }

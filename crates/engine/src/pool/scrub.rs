@@ -57,7 +57,7 @@ impl Pool {
     }
 
     /// Every distinct live block (physical order), with its checksum.
-    fn live_mappings(&self) -> Vec<Mapping> {
+    pub(super) fn live_mappings(&self) -> Vec<Mapping> {
         let state = self.inner.lock();
         let mut mappings = Vec::new();
         state
@@ -111,7 +111,7 @@ impl Pool {
     /// Whether some map still holds `mapping` (a mismatch on a block moved
     /// away and overwritten since the list was made is no damage). Rare: only
     /// on a mismatch.
-    fn still_live(&self, mapping: &Mapping) -> bool {
+    pub(super) fn still_live(&self, mapping: &Mapping) -> bool {
         let state = self.inner.lock();
         let mut live = false;
         state.volumes().for_each_distinct_mapping(&mut |held| {

@@ -10,6 +10,7 @@ use super::device_full::DeviceFullStatus;
 use super::inner::Pool;
 use super::integrity::IntegrityStatus;
 use super::limits::PoolLimits;
+use super::rebuild_progress::RebuildStatus;
 use super::scrub_progress::ScrubStatus;
 use super::space::Allocation;
 use super::state::State;
@@ -80,6 +81,8 @@ pub struct PoolStatus {
     pub integrity: IntegrityStatus,
     /// The latest scrub's progress and findings.
     pub scrub: ScrubStatus,
+    /// The latest rebuild's progress (a replacement device being rebuilt).
+    pub rebuild: RebuildStatus,
 }
 
 /// One tier's space.
@@ -280,6 +283,7 @@ impl Pool {
             demoted_blocks: moves.demoted_blocks,
             integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
             scrub: self.inner.scrub.status(),
+            rebuild: self.inner.rebuild.status(),
         }
     }
 

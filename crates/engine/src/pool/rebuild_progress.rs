@@ -1,0 +1,133 @@
+//! The rebuild's progress and findings: counters the rebuild (`rebuild.rs`)
+//! updates and `pool status` reads (bytes done and to do, rate, time left),
+//! owned here so that the pool's shared state needs nothing of the rebuild.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// What the rebuild is doing, named as mdadm and zpool name it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RebuildState {
+    /// No rebuild since the pool opened.
+    #[default]
+    None,
+    Rebuilding,
+    Finished,
+    /// The rebuild stopped: see `error`.
+    Failed,
+}
+
+/// The latest rebuild's progress (since the pool opened).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RebuildStatus {
+    pub state: RebuildState,
+    /// Bytes the pool keeps (metadata and segments in use) to rebuild.
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    /// Over the rebuild so far.
+    pub bytes_per_second: u64,
+    /// At the rate so far; absent until there is a rate.
+    pub seconds_left: Option<u64>,
+    /// Rows whose data passed every checksum the pool knows.
+    pub rows_verified: u64,
+    /// Blocks no reconstruction made pass their checksum (reading them is an
+    /// I/O error, as before the rebuild).
+    pub blocks_unrepairable: u64,
+    pub elapsed_ms: u64,
+    pub error: Option<String>,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct Rebuilder {
+    running: AtomicBool,
+    pub(super) bytes_total: AtomicU64,
+    pub(super) bytes_done: AtomicU64,
+    pub(super) rows_verified: AtomicU64,
+    pub(super) blocks_unrepairable: AtomicU64,
+    outcome: Mutex<RebuildOutcome>,
+}
+
+#[derive(Debug, Default)]
+struct RebuildOutcome {
+    state: RebuildState,
+    started: Option<Instant>,
+    elapsed: Duration,
+    error: Option<String>,
+}
+
+impl Rebuilder {
+    /// Starts a rebuild; false if one is running.
+    pub(super) fn start(&self) -> bool {
+        if self.running.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        for counter in [
+            &self.bytes_total,
+            &self.bytes_done,
+            &self.rows_verified,
+            &self.blocks_unrepairable,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        *self.outcome.lock().expect("rebuild outcome lock") = RebuildOutcome {
+            state: RebuildState::Rebuilding,
+            started: Some(Instant::now()),
+            elapsed: Duration::ZERO,
+            error: None,
+        };
+        true
+    }
+
+    pub(super) fn finish(&self, error: Option<String>) {
+        let mut outcome = self.outcome.lock().expect("rebuild outcome lock");
+        outcome.elapsed = outcome
+            .started
+            .map(|started| started.elapsed())
+            .unwrap_or_default();
+        outcome.started = None;
+        outcome.state = match error {
+            Some(_) => RebuildState::Failed,
+            None => RebuildState::Finished,
+        };
+        outcome.error = error;
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    pub fn status(&self) -> RebuildStatus {
+        let outcome = self.outcome.lock().expect("rebuild outcome lock");
+        let elapsed = outcome
+            .started
+            .map_or(outcome.elapsed, |started| started.elapsed());
+        let bytes_total = self.bytes_total.load(Ordering::Relaxed);
+        let bytes_done = self.bytes_done.load(Ordering::Relaxed);
+        let seconds = elapsed.as_secs_f64();
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let bytes_per_second = if seconds > 0.0 {
+            (bytes_done as f64 / seconds) as u64
+        } else {
+            0
+        };
+        let seconds_left = (outcome.state == RebuildState::Rebuilding && bytes_per_second > 0)
+            .then(|| bytes_total.saturating_sub(bytes_done) / bytes_per_second);
+        RebuildStatus {
+            state: outcome.state,
+            bytes_total,
+            bytes_done,
+            bytes_per_second,
+            seconds_left,
+            rows_verified: self.rows_verified.load(Ordering::Relaxed),
+            blocks_unrepairable: self.blocks_unrepairable.load(Ordering::Relaxed),
+            elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            error: outcome.error.clone(),
+        }
+    }
+}

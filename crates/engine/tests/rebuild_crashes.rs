@@ -1,0 +1,440 @@
+//! Crash consistency with rebuilds in the operation mix: a pool on a raid6
+//! array of six fault-injecting members (`lamina_layout`), one member
+//! replaced by a new device while the crash tests' seeded random operations
+//! run (`common/shadow.rs`), the power cut at a random point of the rebuild
+//! (every member and the replacement tearing and losing their unflushed
+//! writes independently), assembly from whatever the devices hold, recovery,
+//! and the rebuild resumed from the replacement's label. Each seed draws the
+//! case: the old member lost before the replacement (reconstruction), the
+//! old member still working (copy first), or lost with a second member
+//! vanishing during the rebuild (raid6 rebuilding with two lost). Every
+//! block must hold what the shadow allows after each cut; at the end, with
+//! as many other members taken out as the parity still covers, every block
+//! must read back through the rebuilt device, and a scrub must find nothing
+//! beyond repair. `LAMINA_CRASH_RUNS` sets the number of seeds (default
+//! 1000), `LAMINA_CRASH_FIRST_SEED` the first one.
+
+#![allow(clippy::cast_possible_truncation)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
+use lamina_engine::log::geometry::DATA_START_BLOCK;
+use lamina_engine::{Pool, PoolLimits, PoolOptions, RebuildState};
+use lamina_layout::{
+    ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, Redundancy, RedundantArray, TierRole, assemble,
+    create,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+mod common;
+
+use common::shadow::{
+    BLOCK, ShadowVolume, approach_the_cut, check_recovered, crash_runs, create_volumes, first_seed,
+    limits, run_operations, verify,
+};
+
+const MEMBER_COUNT: usize = 6;
+/// Raid6 over six members: four data columns and two parity columns a row.
+const DATA_COLUMNS: u64 = 4;
+const SEGMENT_BYTES: u64 = 64 << 10;
+const SEGMENT_COUNT: u64 = 128;
+const STRIPED_START_BYTES: u64 = (LABEL_AREA_BLOCKS + DATA_START_BLOCK) * BLOCK as u64;
+const MEMBER_BYTES: u64 = STRIPED_START_BYTES + SEGMENT_COUNT * SEGMENT_BYTES / DATA_COLUMNS;
+/// The index of the replacement among the devices (after the members).
+const REPLACEMENT: usize = MEMBER_COUNT;
+/// Rows between two records of rebuild progress: small, so that cuts land
+/// between records and resumption starts from a recorded row.
+const PERSIST_ROWS: u64 = 64;
+/// How long a test waits for a resumed rebuild, at most.
+const REBUILD_WAIT_MS_MAX: u64 = 60_000;
+
+/// What a seed does to the member it replaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Case {
+    /// The old member is lost first: its rows are reconstructed.
+    Lost,
+    /// The old member still works: its rows are copied.
+    CopyFirst,
+    /// Lost, and a second member vanishes during the rebuild.
+    SecondLoss,
+}
+
+/// The six members and the replacement: memory that outlives power cuts,
+/// and the fault-injecting wrappers of the current power-on.
+struct Devices {
+    memories: Vec<Arc<MemoryDevice>>,
+    faulty: Vec<Arc<FaultyDevice<MemoryDevice>>>,
+}
+
+impl Devices {
+    fn new(seed: u64) -> Self {
+        let memories = (0..=MEMBER_COUNT)
+            .map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES)))
+            .collect();
+        let mut devices = Self {
+            memories,
+            faulty: Vec::new(),
+        };
+        devices.power_on(seed);
+        devices
+    }
+
+    fn power_on(&mut self, seed: u64) {
+        self.faulty = self
+            .memories
+            .iter()
+            .enumerate()
+            .map(|(index, memory)| {
+                Arc::new(FaultyDevice::new(memory.clone(), seed * 8 + index as u64))
+            })
+            .collect();
+    }
+
+    fn path(index: usize) -> String {
+        if index == REPLACEMENT {
+            "replacement".to_owned()
+        } else {
+            format!("member{index}")
+        }
+    }
+
+    fn device(&self, index: usize) -> MemberDevice {
+        let faulty = self.faulty[index].clone();
+        MemberDevice {
+            path: Self::path(index),
+            device: if index == REPLACEMENT {
+                Arc::new(Yielding(faulty))
+            } else {
+                faulty as Arc<dyn BlockDevice>
+            },
+        }
+    }
+
+    async fn vanish(&self, index: usize) {
+        self.faulty[index].fail_at_rate(1.0, 1.0).await;
+        self.faulty[index].fail_flushes(true).await;
+    }
+
+    /// Every device loses power at the same instant (see `array_crashes.rs`).
+    async fn power_cut(&self) {
+        tokio::task::unconstrained(async {
+            for device in &self.faulty {
+                device
+                    .power_cut(PowerCutStyle::Random)
+                    .await
+                    .expect("power cut");
+            }
+        })
+        .await;
+    }
+}
+
+/// The replacement yields to other tasks before each write, as a real
+/// device's I/O would: the rebuild's steps then interleave with client
+/// operations, and the power cuts land in the middle of rebuilds.
+struct Yielding(Arc<FaultyDevice<MemoryDevice>>);
+
+#[async_trait::async_trait]
+impl BlockDevice for Yielding {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+
+    async fn read(
+        &self,
+        offset: u64,
+        length: usize,
+    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
+        self.0.read(offset, length).await
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: Arc<lamina_device::AlignedBuffer>,
+    ) -> Result<(), lamina_device::DeviceError> {
+        tokio::task::yield_now().await;
+        self.0.write(offset, data).await
+    }
+
+    async fn flush(&self) -> Result<(), lamina_device::DeviceError> {
+        self.0.flush().await
+    }
+}
+
+fn rebuild_limits(seed: u64) -> PoolLimits {
+    PoolLimits {
+        memory_cache_bytes: 0,
+        scrub_bytes_per_second_max: 0,
+        ..limits(seed)
+    }
+}
+
+struct RebuildRun {
+    seed: u64,
+    rng: SmallRng,
+    case: Case,
+    devices: Devices,
+    pool: Pool,
+    array: Arc<RedundantArray>,
+    shadows: Vec<ShadowVolume>,
+    names_used: usize,
+    /// The member replaced.
+    replaced: usize,
+    /// Members that vanished (the replaced one in `Lost` and `SecondLoss`).
+    vanished: Vec<usize>,
+    counts: RunCounts,
+}
+
+/// What the runs met, for the final check that they prove something.
+#[derive(Default)]
+struct RunCounts {
+    resumed: u64,
+    resumed_from_a_recorded_row: u64,
+    second_losses: u64,
+}
+
+impl RebuildRun {
+    async fn new(seed: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = [Case::Lost, Case::CopyFirst, Case::SecondLoss][rng.random_range(0..3)];
+        let devices = Devices::new(seed);
+        let identity = ArrayIdentity {
+            array_identifier: u128::from(seed) + 7,
+            tier: TierRole::Flash,
+        };
+        let members = (0..MEMBER_COUNT)
+            .map(|index| devices.device(index))
+            .collect();
+        let array = Arc::new(
+            create(identity, Redundancy::Raid6, DATA_START_BLOCK, members)
+                .await
+                .expect("create the array"),
+        );
+        let options = PoolOptions {
+            segment_size_bytes: SEGMENT_BYTES,
+            flash_row_blocks: array.row_data_blocks(),
+            ..PoolOptions::default()
+        };
+        let pool = Pool::create(array.clone(), options, rebuild_limits(seed))
+            .await
+            .expect("create the pool");
+        let shadows = create_volumes(&pool, &mut rng).await;
+        let replaced = rng.random_range(0..MEMBER_COUNT);
+        Self {
+            seed,
+            rng,
+            case,
+            devices,
+            pool,
+            array,
+            shadows,
+            names_used: 0,
+            replaced,
+            vanished: Vec::new(),
+            counts: RunCounts::default(),
+        }
+    }
+
+    async fn operations(&mut self, count: usize) {
+        run_operations(
+            &self.pool,
+            &mut self.shadows,
+            &mut self.rng,
+            count,
+            &mut self.names_used,
+        )
+        .await;
+    }
+
+    /// Operations, the replacement begun and its rebuild running among more
+    /// operations (and a second member vanishing, in that case), then the cut.
+    async fn first_cycle(&mut self) {
+        let count = self.rng.random_range(20..120);
+        self.operations(count).await;
+        if self.case != Case::CopyFirst {
+            self.devices.vanish(self.replaced).await;
+            self.vanished.push(self.replaced);
+        }
+        self.array.set_rebuild_persist_rows(PERSIST_ROWS);
+        self.array
+            .begin_replacement(
+                &Devices::path(self.replaced),
+                self.devices.device(REPLACEMENT),
+            )
+            .await
+            .unwrap_or_else(|error| panic!("seed {}: replace: {error}", self.seed));
+        self.pool.start_rebuild();
+        let count = self.rng.random_range(0..80);
+        let second_loss_at = self.rng.random_range(0..=count);
+        for done in 0..count {
+            if done == second_loss_at && self.case == Case::SecondLoss {
+                self.vanish_another().await;
+            }
+            self.operations(1).await;
+        }
+        self.cut(0).await;
+    }
+
+    async fn vanish_another(&mut self) {
+        let others: Vec<usize> = (0..MEMBER_COUNT)
+            .filter(|index| !self.vanished.contains(index))
+            .collect();
+        let victim = others[self.rng.random_range(0..others.len())];
+        self.devices.vanish(victim).await;
+        self.vanished.push(victim);
+        self.counts.second_losses += 1;
+    }
+
+    async fn cut(&mut self, cycle: u64) {
+        let pending =
+            approach_the_cut(&self.pool, &self.shadows, &mut self.rng, cycle, self.seed).await;
+        self.devices.power_cut().await;
+        let interrupted = match pending {
+            Some(pending) => Some(pending.interrupted().await),
+            None => None,
+        };
+        self.pool.abandon();
+        self.reassemble(cycle).await;
+        check_recovered(&self.pool, &mut self.shadows, interrupted, self.seed).await;
+        self.wait_for_rebuild().await;
+        verify(&self.pool, &self.shadows, self.seed, "after the rebuild").await;
+    }
+
+    /// Powers on, assembles from every device but the vanished ones (offered
+    /// again half of the time) and opens the pool, which resumes the rebuild.
+    async fn reassemble(&mut self, cycle: u64) {
+        let seed = self.seed;
+        self.devices.power_on(seed + 1000 * (cycle + 1));
+        let offer_vanished = self.rng.random_bool(0.5);
+        let offered: Vec<MemberDevice> = (0..=MEMBER_COUNT)
+            .filter(|index| offer_vanished || !self.vanished.contains(index))
+            .map(|index| self.devices.device(index))
+            .collect();
+        let assembled = assemble(TierRole::Flash, offered)
+            .await
+            .unwrap_or_else(|error| panic!("seed {seed}: the array does not assemble: {error}"));
+        for excluded in &assembled.excluded {
+            let index = (0..MEMBER_COUNT).find(|index| excluded.path == Devices::path(*index));
+            assert!(
+                index.is_some_and(|index| self.vanished.contains(&index) || index == self.replaced),
+                "seed {seed}: {} left out: {}",
+                excluded.path,
+                excluded.reason
+            );
+        }
+        self.array = Arc::new(assembled.array);
+        self.array.set_rebuild_persist_rows(PERSIST_ROWS);
+        if let Some(replacement) = &self.array.member_status()[self.replaced].replacement {
+            self.counts.resumed += 1;
+            if replacement.rows_done > 0 {
+                self.counts.resumed_from_a_recorded_row += 1;
+            }
+        }
+        self.pool = Pool::open(self.array.clone(), rebuild_limits(seed))
+            .await
+            .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
+    }
+
+    /// Waits for the rebuild the open resumed (if the cut came before its
+    /// end) and checks that the replacement took the member's place.
+    async fn wait_for_rebuild(&self) {
+        let seed = self.seed;
+        for _ in 0..REBUILD_WAIT_MS_MAX {
+            let status = self.pool.rebuild_status();
+            if !self.pool.rebuild_pending() && status.state != RebuildState::Rebuilding {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !self.pool.rebuild_pending(),
+            "seed {seed}: rebuild still pending"
+        );
+        let status = self.pool.rebuild_status();
+        assert_ne!(
+            status.state,
+            RebuildState::Failed,
+            "seed {seed}: {status:?}"
+        );
+        assert_eq!(status.blocks_unrepairable, 0, "seed {seed}: {status:?}");
+        let members = self.array.member_status();
+        assert_eq!(
+            members[self.replaced].path,
+            Devices::path(REPLACEMENT),
+            "seed {seed} ({:?}): the replacement holds member {}",
+            self.case,
+            self.replaced
+        );
+    }
+
+    /// Takes out as many other members as the parity still covers, so that
+    /// every row needs the rebuilt device, and checks every block; then
+    /// scrubs.
+    async fn finish(mut self) -> RunCounts {
+        let seed = self.seed;
+        self.operations(20).await;
+        let lost = self.array.lost_member_count();
+        let others: Vec<usize> = (0..MEMBER_COUNT)
+            .filter(|index| *index != self.replaced && !self.vanished.contains(index))
+            .collect();
+        for index in others.into_iter().take(2 - lost) {
+            self.array.fail_member(index);
+        }
+        verify(
+            &self.pool,
+            &self.shadows,
+            seed,
+            "through the rebuilt device",
+        )
+        .await;
+        let scrub = self.pool.scrub().await.expect("scrub");
+        assert_eq!(
+            scrub.blocks_unrepairable, 0,
+            "seed {seed} ({:?}): {scrub:?}",
+            self.case
+        );
+        self.pool.close().await.expect("close");
+        self.counts
+    }
+}
+
+async fn rebuild_run(seed: u64) -> RunCounts {
+    let mut run = RebuildRun::new(seed).await;
+    run.first_cycle().await;
+    let count = run.rng.random_range(5..60);
+    run.operations(count).await;
+    run.cut(1).await;
+    run.finish().await
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn power_cuts_and_a_second_loss_during_rebuilds_never_lose_flushed_data() {
+    let (first, runs) = (first_seed(), crash_runs());
+    let mut totals = RunCounts::default();
+    for seed in first..first + runs {
+        let counts = rebuild_run(seed).await;
+        totals.resumed += counts.resumed;
+        totals.resumed_from_a_recorded_row += counts.resumed_from_a_recorded_row;
+        totals.second_losses += counts.second_losses;
+    }
+    eprintln!(
+        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild",
+        totals.resumed, totals.resumed_from_a_recorded_row, totals.second_losses
+    );
+    // The runs must have met each case, or they prove nothing.
+    assert!(
+        runs < 20
+            || (totals.resumed > 0
+                && totals.resumed_from_a_recorded_row > 0
+                && totals.second_losses > 0),
+        "too few cases met in {runs} runs"
+    );
+}
