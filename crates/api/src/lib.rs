@@ -74,10 +74,38 @@ pub struct PoolStatus {
     pub integrity: IntegrityStatus,
     /// The latest scrub since the pool opened.
     pub scrub: ScrubStatus,
+    /// The latest rebuild since the pool opened (a device being replaced).
+    #[serde(default)]
+    pub rebuild: RebuildStatus,
     /// The pool's devices, when a tier is an array (several devices or a
     /// redundancy scheme); absent for a pool on one device per tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<LayoutStatus>,
+}
+
+/// What the rebuild is doing, named as mdadm and zpool name it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RebuildState {
+    #[default]
+    None,
+    Rebuilding,
+    Finished,
+    Failed,
+}
+
+/// `pool status`'s rebuild section (see the engine's `RebuildStatus`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildStatus {
+    pub state: RebuildState,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub bytes_per_second: u64,
+    pub seconds_left: Option<u64>,
+    pub rows_verified: u64,
+    pub blocks_unrepairable: u64,
+    pub elapsed_ms: u64,
+    pub error: Option<String>,
 }
 
 /// What scrub is doing, named as zpool names it.
@@ -134,6 +162,9 @@ pub struct DeviceStatus {
     pub bytes_written: u64,
     pub io_errors: u64,
     pub checksum_errors_repaired: u64,
+    /// A device being rebuilt to take this one's place (`device replace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<String>,
 }
 
 /// What the paced cleaner is doing.

@@ -3,6 +3,7 @@
 //! the benchmark. Volume and pool commands talk to the running daemon over its
 //! admin socket, or open the pool directly when no daemon runs.
 
+mod device_commands;
 mod pool_commands;
 
 use std::path::PathBuf;
@@ -41,6 +42,9 @@ enum Command {
     /// Create, list, delete and roll back to read-only snapshots (VOL@SNAP).
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// List, fail and replace the devices of an array pool.
+    #[command(subcommand)]
+    Device(device_commands::DeviceCommand),
     /// Create a writable volume from a snapshot: `lamina clone VOL@SNAP NEWVOL`.
     Clone {
         /// The snapshot to start from, as VOL@SNAP.
@@ -446,6 +450,7 @@ fn print_status(status: &PoolStatus) {
     if status.scrub.state != lamina_api::ScrubState::None {
         pool_commands::print_scrub(&status.scrub);
     }
+    device_commands::print_rebuild(&status.rebuild);
     if let Some(layout) = &status.layout {
         pool_commands::print_layout(layout);
     }
@@ -677,6 +682,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             pool.close().await?;
             print_created(&status, &devices, json)
         }
+        Command::Device(command) => device_commands::run(command).await,
         Command::Pool(PoolCommand::Scrub { data, wait, json }) => {
             pool_commands::scrub(&data.data_dir, wait, json).await
         }

@@ -101,6 +101,21 @@ pub enum Operation {
         new_name: String,
     },
     PoolStatus,
+    /// Every device of an array pool.
+    DeviceList,
+    /// Takes a device out by hand, as if it had failed.
+    DeviceFail {
+        path: String,
+    },
+    /// Rebuilds `old`'s contents onto `new` (`PATH[:SIZE]`), which then
+    /// takes its place.
+    DeviceReplace {
+        old: String,
+        new: String,
+        /// Rebuild to the end before answering (otherwise in the background).
+        #[serde(default)]
+        wait: bool,
+    },
 }
 
 impl Operation {
@@ -120,6 +135,7 @@ impl Operation {
                 | Operation::VolumeStats { .. }
                 | Operation::SnapshotList { .. }
                 | Operation::PoolStatus
+                | Operation::DeviceList
         )
     }
 }
@@ -264,6 +280,8 @@ pub struct AdminContext {
     pub layout: crate::layout::PoolLayout,
     pub open_exports: OpenExports,
     pub nbd_server: Option<Arc<NbdServer>>,
+    /// Where `pool.toml` is and the device models, for the device commands.
+    pub devices: crate::devices::DeviceContext,
 }
 
 /// A failed operation: an HTTP status, a message for the user, and what kind
@@ -403,6 +421,18 @@ pub async fn execute(
         )),
         Operation::PoolStatus => serde_json::to_value(pool_status(context)),
         Operation::PoolScrub { wait } => serde_json::to_value(scrub(pool, wait).await?),
+        Operation::DeviceList => {
+            serde_json::to_value(crate::devices::list(&context.layout).map_err(device_error)?)
+        }
+        Operation::DeviceFail { path } => {
+            crate::devices::fail(pool, &context.layout, &path)
+                .await
+                .map_err(device_error)?;
+            serde_json::to_value(crate::devices::list(&context.layout).map_err(device_error)?)
+        }
+        Operation::DeviceReplace { old, new, wait } => {
+            serde_json::to_value(replace(context, &old, &new, wait).await?)
+        }
     };
     Ok(value.expect("admin results serialise"))
 }
@@ -451,6 +481,48 @@ fn pool_status(context: &AdminContext) -> lamina_api::PoolStatus {
     let mut status = api::pool_status(context.pool.status());
     status.layout = context.layout.status();
     status
+}
+
+/// Replaces a device: the rebuild runs to the end when `wait`, otherwise in
+/// the background (progress in `pool status`).
+async fn replace(
+    context: &AdminContext,
+    old: &str,
+    new: &str,
+    wait: bool,
+) -> Result<lamina_api::RebuildStatus, OperationError> {
+    let (pool, layout, devices) = (&context.pool, &context.layout, &context.devices);
+    crate::devices::begin_replace(layout, devices, old, new)
+        .await
+        .map_err(device_error)?;
+    if wait {
+        return crate::devices::rebuild_and_record(pool, layout, &devices.data_dir)
+            .await
+            .map_err(device_error);
+    }
+    pool.start_rebuild();
+    crate::devices::follow_rebuild(pool.clone(), layout.clone(), devices.data_dir.clone());
+    // Let the rebuild start, so that the answer shows it running.
+    tokio::task::yield_now().await;
+    Ok(api::rebuild_status(pool.rebuild_status()))
+}
+
+/// A refused device command: the user's mistake (400) or the device's (500).
+fn device_error(error: impl Into<anyhow::Error>) -> OperationError {
+    let error: anyhow::Error = error.into();
+    let refused = error.chain().any(|cause| {
+        cause.is::<crate::devices::DeviceCommandError>() || cause.is::<lamina_layout::ArrayError>()
+    });
+    OperationError {
+        status: if refused { 400 } else { 500 },
+        error: format!("{error:#}"),
+        kind: if refused {
+            "device_refused"
+        } else {
+            "device_failed"
+        }
+        .to_string(),
+    }
 }
 
 /// Scrubs the pool: to the end when `wait`, otherwise in the background

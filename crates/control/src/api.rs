@@ -43,6 +43,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         demoted_blocks,
         integrity,
         scrub,
+        rebuild,
     } = status;
     api::PoolStatus {
         device,
@@ -90,7 +91,28 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             segments_set_aside: integrity.segments_set_aside,
         },
         scrub: scrub_status(scrub),
+        rebuild: rebuild_status(rebuild),
         layout: None,
+    }
+}
+
+/// `pool status`'s rebuild section, and the answer to `device replace --wait`.
+pub fn rebuild_status(status: engine::RebuildStatus) -> api::RebuildStatus {
+    api::RebuildStatus {
+        state: match status.state {
+            engine::RebuildState::None => api::RebuildState::None,
+            engine::RebuildState::Rebuilding => api::RebuildState::Rebuilding,
+            engine::RebuildState::Finished => api::RebuildState::Finished,
+            engine::RebuildState::Failed => api::RebuildState::Failed,
+        },
+        bytes_total: status.bytes_total,
+        bytes_done: status.bytes_done,
+        bytes_per_second: status.bytes_per_second,
+        seconds_left: status.seconds_left,
+        rows_verified: status.rows_verified,
+        blocks_unrepairable: status.blocks_unrepairable,
+        elapsed_ms: status.elapsed_ms,
+        error: status.error,
     }
 }
 

@@ -221,7 +221,7 @@ fn prefix_blocks_of(tier: TierRole) -> u64 {
     }
 }
 
-fn member(
+pub(crate) fn member(
     path: &Path,
     create_size_bytes: Option<u64>,
     model: Option<RotatingDiskModel>,

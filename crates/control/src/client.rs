@@ -46,6 +46,10 @@ pub async fn run_operation(
         layout: pool.layout.clone(),
         open_exports: Default::default(),
         nbd_server: None,
+        devices: crate::devices::DeviceContext {
+            data_dir: data_dir.to_path_buf(),
+            models: Default::default(),
+        },
     };
     let result = execute(&context, operation).await;
     pool.pool.close().await.context("closing the pool")?;

@@ -266,11 +266,18 @@ impl Listeners<'_> {
                 .unwrap_or_default()
         );
         let audit = Arc::new(AdminAudit::default());
+        // A rebuild resumed at open: `pool.toml` is brought up to date when
+        // it ends.
+        crate::devices::follow_rebuild(pool.clone(), layout.clone(), self.config.data_dir.clone());
         let context = crate::admin::AdminContext {
             pool: pool.clone(),
             layout,
             open_exports,
             nbd_server: Some(self.server.clone()),
+            devices: crate::devices::DeviceContext {
+                data_dir: self.config.data_dir.clone(),
+                models: self.config.device_models(),
+            },
         };
         let router = crate::admin::router(context, audit.clone());
         let listener = AdminListener {

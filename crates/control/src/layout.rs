@@ -139,6 +139,7 @@ fn tier_status(tier: &TierArray) -> api::TierLayoutStatus {
             bytes_written: member.bytes_written,
             io_errors: member.io_errors,
             checksum_errors_repaired: member.checksum_errors_repaired,
+            replacement: member.replacement.map(|replacement| replacement.path),
         })
         .collect();
     api::TierLayoutStatus {

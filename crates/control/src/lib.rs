@@ -10,6 +10,7 @@ pub mod arrays;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod devices;
 pub mod export;
 pub mod layout;
 pub mod store;

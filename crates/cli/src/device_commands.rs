@@ -1,0 +1,227 @@
+//! `lamina device list|fail|replace`: the devices of an array pool, through
+//! the daemon while it runs or on the pool directly when it does not. A
+//! replacement's rebuild is followed with a progress bar (`--wait`), and
+//! `pool status` shows it as `rebuilding` with bytes done, rate and time left.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use lamina_api::{DeviceStatus, PoolStatus, RebuildState, RebuildStatus};
+use lamina_control::admin::Operation;
+use lamina_control::client::{daemon_running, run_operation};
+use lamina_control::size::format_size;
+
+/// How often `--wait` asks the daemon for the rebuild's progress.
+const REBUILD_POLL_INTERVAL_MS: u64 = 500;
+
+#[derive(Args)]
+pub struct DeviceData {
+    /// The data directory holding the pool description and the daemon's sockets.
+    #[arg(long = "data", default_value = "lamina-data", env = "LAMINA_DATA")]
+    data_dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+pub enum DeviceCommand {
+    /// Every device of the pool's arrays, with its state and counters.
+    List {
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a device out by hand, as if it had failed (its data is then
+    /// reconstructed from the others).
+    Fail {
+        path: String,
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild OLD's contents onto NEW, which then takes its place. While OLD
+    /// works it stays in use until NEW is whole (no loss of redundancy).
+    Replace {
+        old: String,
+        /// The new device, or PATH:SIZE to create a file of that size.
+        new: String,
+        /// Wait for the rebuild to finish, drawing a progress bar.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(command: DeviceCommand) -> anyhow::Result<()> {
+    match command {
+        DeviceCommand::List { data, json } => {
+            let devices = list(&data).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&devices)?);
+            } else {
+                print_devices(&devices);
+            }
+            Ok(())
+        }
+        DeviceCommand::Fail { path, data, json } => {
+            let value =
+                run_operation(&data.data_dir, Operation::DeviceFail { path: path.clone() }).await?;
+            let devices: Vec<DeviceStatus> = parse(value)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&devices)?);
+            } else {
+                println!("device {path} taken out");
+                print_devices(&devices);
+            }
+            Ok(())
+        }
+        DeviceCommand::Replace {
+            old,
+            new,
+            wait,
+            data,
+            json,
+        } => replace(&data, old, new, wait, json).await,
+    }
+}
+
+async fn list(data: &DeviceData) -> anyhow::Result<Vec<DeviceStatus>> {
+    parse(run_operation(&data.data_dir, Operation::DeviceList).await?)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
+    serde_json::from_value(value)
+        .context("the admin API's answer is not the document this lamina reads")
+}
+
+/// `device replace`: offline the rebuild runs to the end before the pool
+/// closes; through the daemon it runs in the background and `--wait`
+/// follows it.
+async fn replace(
+    data: &DeviceData,
+    old: String,
+    new: String,
+    wait: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let through_daemon = daemon_running(&data.data_dir).await;
+    let wait_here = !through_daemon;
+    let operation = Operation::DeviceReplace {
+        old: old.clone(),
+        new: new.clone(),
+        wait: wait_here,
+    };
+    let mut status: RebuildStatus = parse(run_operation(&data.data_dir, operation).await?)?;
+    if wait && through_daemon {
+        status = follow_rebuild(data, json).await?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        println!("replacing {old} with {new}");
+        print_rebuild(&status);
+    }
+    match status.state {
+        RebuildState::Failed => {
+            anyhow::bail!("the rebuild failed: {}", status.error.unwrap_or_default())
+        }
+        _ if status.blocks_unrepairable > 0 => anyhow::bail!(
+            "{} blocks could not be rebuilt (reading them is an I/O error)",
+            status.blocks_unrepairable
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Polls the daemon until the rebuild ends, drawing a progress bar.
+async fn follow_rebuild(data: &DeviceData, json: bool) -> anyhow::Result<RebuildStatus> {
+    let bar = if json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "rebuild [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    loop {
+        let status: PoolStatus =
+            parse(run_operation(&data.data_dir, Operation::PoolStatus).await?)?;
+        bar.set_length(status.rebuild.bytes_total);
+        bar.set_position(status.rebuild.bytes_done);
+        let replacing = status
+            .layout
+            .iter()
+            .flat_map(|layout| layout.tiers.iter())
+            .flat_map(|tier| tier.devices.iter())
+            .any(|device| device.replacement.is_some());
+        if status.rebuild.state != RebuildState::Rebuilding && !replacing {
+            bar.finish_and_clear();
+            return Ok(status.rebuild);
+        }
+        tokio::time::sleep(Duration::from_millis(REBUILD_POLL_INTERVAL_MS)).await;
+    }
+}
+
+fn print_devices(devices: &[DeviceStatus]) {
+    println!(
+        "{:<9} {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  path",
+        "tier", "index", "state", "read", "written", "errors", "repaired"
+    );
+    for device in devices {
+        println!(
+            "{:<9} {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  {}",
+            device.tier,
+            device.index,
+            device.state,
+            format_size(device.bytes_read),
+            format_size(device.bytes_written),
+            device.io_errors,
+            device.checksum_errors_repaired,
+            device.path
+        );
+        if let Some(replacement) = &device.replacement {
+            println!(
+                "{:<9} {:<5} {:<9}  replacing it: {replacement}",
+                "", "", "rebuilding"
+            );
+        }
+    }
+}
+
+/// `pool status`'s rebuild line (also after `device replace`).
+pub fn print_rebuild(rebuild: &RebuildStatus) {
+    let state = match rebuild.state {
+        RebuildState::None => return,
+        RebuildState::Rebuilding => "rebuilding",
+        RebuildState::Finished => "finished",
+        RebuildState::Failed => "failed",
+    };
+    let percent = (rebuild.bytes_done * 100)
+        .checked_div(rebuild.bytes_total)
+        .unwrap_or(100);
+    let left = rebuild
+        .seconds_left
+        .map(|seconds| format!(", {seconds} s left"))
+        .unwrap_or_default();
+    println!(
+        "rebuild              {state}: {} of {} ({percent}%), {}/s{left}, {} rows verified, {} blocks unrepairable",
+        format_size(rebuild.bytes_done),
+        format_size(rebuild.bytes_total),
+        format_size(rebuild.bytes_per_second),
+        rebuild.rows_verified,
+        rebuild.blocks_unrepairable
+    );
+    if let Some(error) = &rebuild.error {
+        println!("rebuild error        {error}");
+    }
+}

@@ -1,0 +1,249 @@
+//! Losing and replacing devices under a running daemon on six file devices
+//! (raid6), with real clients: fio writing and verifying while a device is
+//! taken out (`device fail`) and replaced (`device replace --wait`); a second
+//! replacement started in the background, a second device failing during
+//! its rebuild, `kill -9` of the daemon mid-rebuild, the rebuild resumed
+//! after the restart; the last failed device replaced; then every byte
+//! checked (nbdcopy and fio's verification), `pool.toml` naming the new
+//! devices, and the refusals of unfit replacements.
+
+#![allow(clippy::cast_possible_truncation)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{Daemon, Setup, lamina_error, lamina_ok, run, wait_with_timeout};
+use rand::{Rng, SeedableRng};
+
+const MEMBER_COUNT: usize = 6;
+const MEMBER_SIZE: &str = "64M";
+const VOLUME_BYTES: usize = 48 << 20;
+/// No TCP; no memory cache, so that reads reach the devices.
+const CONFIG: &str =
+    "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
+/// How long the test waits for a resumed rebuild, at most.
+const REBUILD_WAIT_MS_MAX: u64 = 120_000;
+/// How long fio may run, at most.
+const FIO_TIMEOUT_MS: u64 = 300_000;
+
+fn member(root: &Path, name: &str) -> PathBuf {
+    root.join(format!("{name}.img"))
+}
+
+fn canonical(path: &Path) -> String {
+    std::fs::canonicalize(path).unwrap().display().to_string()
+}
+
+/// fio's job on the `scratch` volume: random writes, verified by checksum.
+fn fio(daemon: &Daemon, verify_only: bool) -> Command {
+    let mut command = Command::new("fio");
+    command.args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={}", daemon.uri("scratch")),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=12M",
+        "--iodepth=8",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_state_save=0",
+    ]);
+    if verify_only {
+        command.arg("--verify_only");
+    }
+    command
+}
+
+fn assert_volume_reads(daemon: &Daemon, root: &Path, expected: &[u8], phase: &str) {
+    let copy = root.join("copy.img");
+    let _ = std::fs::remove_file(&copy);
+    run(Command::new("nbdcopy").arg(daemon.uri("v")).arg(&copy));
+    let copied = std::fs::read(&copy).unwrap();
+    assert!(copied == expected, "{phase}: the volume reads back changed");
+}
+
+fn devices(status: &serde_json::Value) -> Vec<serde_json::Value> {
+    status["layout"]["tiers"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Polls `pool status` until no rebuild runs and no device is being replaced.
+fn wait_for_rebuild(data_dir: &Path) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let status = lamina_ok(data_dir, &["pool", "status"]);
+        let replacing = devices(&status)
+            .iter()
+            .any(|device| device.get("replacement").is_some());
+        if status["rebuild"]["state"] != "rebuilding" && !replacing {
+            return status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(REBUILD_WAIT_MS_MAX),
+            "the rebuild does not end: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn devices_fail_and_are_replaced_under_load_and_across_a_kill() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let members = (0..MEMBER_COUNT)
+        .map(|index| {
+            format!(
+                "{}:{MEMBER_SIZE}",
+                member(root, &format!("f{index}")).display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    lamina_ok(
+        data_dir,
+        &[
+            "pool",
+            "create",
+            "--flash",
+            &members,
+            "--redundancy",
+            "raid6",
+            "--segment-size",
+            "1M",
+        ],
+    );
+    lamina_ok(data_dir, &["volume", "create", "v", "48M"]);
+    lamina_ok(data_dir, &["volume", "create", "scratch", "16M"]);
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let mut expected = vec![0_u8; VOLUME_BYTES];
+    rand::rngs::SmallRng::seed_from_u64(3).fill(&mut expected[..]);
+    let source = root.join("source.img");
+    std::fs::write(&source, &expected).unwrap();
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+
+    // fio writes and verifies while f0 fails and is replaced.
+    let mut load = fio(&daemon, false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let f0 = member(root, "f0");
+    lamina_ok(data_dir, &["device", "fail", &f0.display().to_string()]);
+    let new0 = member(root, "new0");
+    let replaced = lamina_ok(
+        data_dir,
+        &[
+            "device",
+            "replace",
+            &f0.display().to_string(),
+            &format!("{}:{MEMBER_SIZE}", new0.display()),
+            "--wait",
+        ],
+    );
+    assert_eq!(replaced["state"], "finished", "{replaced}");
+    assert_eq!(replaced["blocks_unrepairable"], 0, "{replaced}");
+    assert!(replaced["bytes_done"].as_u64().unwrap() > 0, "{replaced}");
+    let finished = wait_with_timeout(&mut load, FIO_TIMEOUT_MS).expect("fio ends");
+    assert!(
+        finished.success(),
+        "fio failed its verification during the rebuild"
+    );
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    assert_eq!(status["layout"]["state"], "online", "{status}");
+    assert_eq!(devices(&status)[0]["path"], canonical(&new0));
+
+    // A second replacement in the background; f2 fails during it; kill -9.
+    let f1 = member(root, "f1");
+    let new1 = member(root, "new1");
+    let started = lamina_ok(
+        data_dir,
+        &[
+            "device",
+            "replace",
+            &f1.display().to_string(),
+            &format!("{}:{MEMBER_SIZE}", new1.display()),
+        ],
+    );
+    let f2 = member(root, "f2");
+    lamina_ok(data_dir, &["device", "fail", &f2.display().to_string()]);
+    let at_kill = lamina_ok(data_dir, &["pool", "status"]);
+    eprintln!(
+        "at the kill: {} (replace answered {started})",
+        at_kill["rebuild"]
+    );
+    daemon.kill_hard();
+
+    // The restart resumes the rebuild (from the new device's label) if the
+    // kill cut it; f2 stays out.
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let status = wait_for_rebuild(data_dir);
+    assert_ne!(status["rebuild"]["state"], "failed", "{status}");
+    let listed = devices(&status);
+    assert_eq!(listed[1]["path"], canonical(&new1), "{status}");
+    assert_eq!(listed[1]["state"], "online", "{status}");
+    assert_ne!(listed[2]["state"], "online", "{status}");
+    assert_eq!(status["layout"]["state"], "degraded", "{status}");
+    assert_volume_reads(
+        &daemon,
+        root,
+        &expected,
+        "after the kill and the resumed rebuild",
+    );
+
+    // Unfit replacements are refused, clearly.
+    let small = format!("{}:8M", member(root, "small").display());
+    let error = lamina_error(
+        data_dir,
+        &["device", "replace", &f2.display().to_string(), &small],
+    );
+    assert!(error.contains("too small"), "{error}");
+    let error = lamina_error(
+        data_dir,
+        &["device", "replace", "/nonexistent/device", &small],
+    );
+    assert!(error.contains("not a device of this pool"), "{error}");
+
+    // The last failed device replaced: online again, every byte intact.
+    let new2 = member(root, "new2");
+    let replaced = lamina_ok(
+        data_dir,
+        &[
+            "device",
+            "replace",
+            &f2.display().to_string(),
+            &format!("{}:{MEMBER_SIZE}", new2.display()),
+            "--wait",
+        ],
+    );
+    assert_eq!(replaced["state"], "finished", "{replaced}");
+    let status = wait_for_rebuild(data_dir);
+    assert_eq!(status["layout"]["state"], "online", "{status}");
+    assert_volume_reads(&daemon, root, &expected, "after three replacements");
+    let verified = fio(&daemon, true).output().unwrap();
+    assert!(
+        verified.status.success(),
+        "fio's verification of its data failed: {}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
+    let list = lamina_ok(data_dir, &["device", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), MEMBER_COUNT, "{list}");
+    assert!(daemon.terminate().success());
+
+    // pool.toml names the new devices, not the old ones.
+    let description = std::fs::read_to_string(data_dir.join("pool.toml")).unwrap();
+    for new in [&new0, &new1, &new2] {
+        assert!(description.contains(&canonical(new)), "{description}");
+    }
+    for old in [&f0, &f1, &f2] {
+        assert!(
+            !description.contains(&old.display().to_string()),
+            "{description}"
+        );
+    }
+}
