@@ -6,7 +6,7 @@
 //! checksums of the live blocks it holds (a block moved away since the list
 //! was made is no damage). It runs in the background, paced between steps,
 //! and resumes after a restart from the replacement's label (the device
-//! keeps its progress); see `docs/decisions/0020-rebuild-onto-a-replacement.md`.
+//! keeps its progress); see `docs/decisions/0023-rebuild-onto-a-replacement.md`.
 
 use std::sync::atomic::Ordering;
 
