@@ -70,7 +70,7 @@ pub struct RedundantArray {
     /// Why the last replacement was dropped, for status and the engine.
     pub(crate) rebuild_failure: std::sync::Mutex<Option<String>>,
     /// Rows rebuilt between two records of progress in the replacement's
-    /// label ([`crate::replace::REBUILD_PERSIST_ROWS`]; tests lower it).
+    /// label ([`crate::member::REBUILD_PERSIST_ROWS`]; tests lower it).
     pub(crate) rebuild_persist_rows: std::sync::atomic::AtomicU64,
 }
 
@@ -99,7 +99,7 @@ impl RedundantArray {
             repair_lock: tokio::sync::RwLock::new(()),
             prefix_lock: tokio::sync::RwLock::new(()),
             rebuild_failure: std::sync::Mutex::new(None),
-            rebuild_persist_rows: crate::replace::REBUILD_PERSIST_ROWS.into(),
+            rebuild_persist_rows: crate::member::REBUILD_PERSIST_ROWS.into(),
         }
     }
 

@@ -52,6 +52,10 @@ pub struct MemberStatus {
     pub replacement: Option<ReplacementStatus>,
 }
 
+/// Rows rebuilt between two records of progress in a replacement's label
+/// (each costs two flushes of it): what a crash makes the rebuild redo.
+pub const REBUILD_PERSIST_ROWS: u64 = 4096;
+
 /// A device being rebuilt to take a member's place (`device replace`): every
 /// write to the member's rows goes to it too, and the rebuild writes the rows
 /// written before; it is never read until it takes the member's place.

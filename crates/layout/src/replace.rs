@@ -24,15 +24,12 @@ use lamina_device::{
 use crate::array::{RedundantArray, write_label};
 use crate::assemble::{ArrayError, MemberDevice, read_label};
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS};
-use crate::member::Replacement;
+use crate::member::{REBUILD_PERSIST_ROWS, Replacement};
 use crate::read::to_usize;
 
 /// Rows rebuilt under one hold of the repair lock (client writes to those
 /// rows wait meanwhile): 64 rows of a 4+2 array are 1 MiB of data.
 pub const REBUILD_ROWS_PER_STEP: u64 = 64;
-/// Rows rebuilt between two records of progress in the new device's label
-/// (each costs two flushes of it): what a crash makes the rebuild redo.
-pub const REBUILD_PERSIST_ROWS: u64 = 4096;
 /// Blocks of the mirrored prefix copied under one hold of the prefix lock.
 pub const PREFIX_COPY_BLOCKS_MAX: u64 = 256;
 
