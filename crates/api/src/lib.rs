@@ -324,8 +324,19 @@ mod tests {
                 "summaries_repaired": 0, "lost_batches": 0,
                 "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0},
             "scrub": {"state": "none", "blocks_total": 0, "blocks_scrubbed": 0,
-                "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0}
+                "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0},
+            "rebuild": {"state": "rebuilding", "bytes_total": 100, "bytes_done": 40,
+                "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
+                "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null}
         })
+    }
+
+    #[test]
+    fn a_status_without_a_rebuild_section_reads_as_no_rebuild() {
+        let mut document = status_json();
+        document.as_object_mut().unwrap().remove("rebuild");
+        let status: PoolStatus = serde_json::from_value(document).expect("reads");
+        assert_eq!(status.rebuild.state, RebuildState::None);
     }
 
     #[test]
@@ -336,11 +347,15 @@ mod tests {
             "tiers": [{"tier": "flash", "redundancy": "raid6", "state": "degraded",
                 "parity_devices": 2, "devices": [{"path": "/d/f0", "tier": "flash", "index": 0,
                 "state": "missing", "bytes_read": 0, "bytes_written": 0, "io_errors": 0,
-                "checksum_errors_repaired": 0}]}]
+                "checksum_errors_repaired": 0, "replacement": "/d/new0"}]}]
         });
         let status: PoolStatus = serde_json::from_value(document.clone()).expect("reads");
         let layout = status.layout.as_ref().expect("a layout");
         assert_eq!(layout.tiers[0].devices[0].state, "missing");
+        assert_eq!(
+            layout.tiers[0].devices[0].replacement.as_deref(),
+            Some("/d/new0")
+        );
         assert_eq!(serde_json::to_value(&status).expect("writes"), document);
     }
 
