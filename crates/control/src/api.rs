@@ -43,6 +43,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         demoted_blocks,
         integrity,
         scrub,
+        background,
     } = status;
     api::PoolStatus {
         device,
@@ -90,6 +91,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             segments_set_aside: integrity.segments_set_aside,
         },
         scrub: scrub_status(scrub),
+        background: background_of(background),
         layout: None,
     }
 }
@@ -115,6 +117,45 @@ pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
         blocks_repaired,
         blocks_unrepairable,
         elapsed_ms,
+    }
+}
+
+/// `pool status`'s background section.
+fn background_of(status: engine::BackgroundBudgetStatus) -> api::BackgroundBudgetStatus {
+    let engine::BackgroundBudgetStatus {
+        impact,
+        bytes_per_second,
+        bytes_per_second_min,
+        bytes_per_second_max,
+        client_latency_target_us,
+        client_latency_us,
+        granted_bytes,
+        urgent_bytes,
+    } = status;
+    let engine::GrantedBytes {
+        rebuild,
+        cleaner,
+        demoter,
+        scrub,
+    } = granted_bytes;
+    api::BackgroundBudgetStatus {
+        impact: match impact {
+            engine::BackgroundImpact::Low => api::BackgroundImpact::Low,
+            engine::BackgroundImpact::Medium => api::BackgroundImpact::Medium,
+            engine::BackgroundImpact::High => api::BackgroundImpact::High,
+        },
+        bytes_per_second,
+        bytes_per_second_min,
+        bytes_per_second_max,
+        client_latency_target_us,
+        client_latency_us,
+        granted_bytes: api::GrantedBytes {
+            rebuild,
+            cleaner,
+            demoter,
+            scrub,
+        },
+        urgent_bytes,
     }
 }
 

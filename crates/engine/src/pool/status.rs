@@ -1,10 +1,12 @@
 //! What the pool reports about itself: [`PoolStatus`] (`pool status`, read
 //! by the daemon and the tests as JSON, so its field names and meanings are
 //! an interface) and [`VolumeTierStats`] (`volume stats`). Each is assembled
-//! from figures computed apart: space, lifetime write counters, tiering.
+//! from figures computed apart: space, lifetime write counters, tiering,
+//! the background budget.
 
 use serde::Serialize;
 
+use super::budget::BackgroundBudgetStatus;
 use super::cleaner::{self, CleanerState};
 use super::device_full::DeviceFullStatus;
 use super::inner::Pool;
@@ -80,6 +82,9 @@ pub struct PoolStatus {
     pub integrity: IntegrityStatus,
     /// The latest scrub's progress and findings.
     pub scrub: ScrubStatus,
+    /// The rate background work may issue, the client latency it follows,
+    /// and the bytes granted to each kind of work since the pool opened.
+    pub background: BackgroundBudgetStatus,
 }
 
 /// One tier's space.
@@ -233,6 +238,7 @@ fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
 
 impl Pool {
     pub fn status(&self) -> PoolStatus {
+        let background = self.inner.budget.status();
         let state = self.inner.lock();
         let geometry = &self.inner.geometry;
         let segment_bytes = geometry.segment_size_bytes();
@@ -280,6 +286,7 @@ impl Pool {
             demoted_blocks: moves.demoted_blocks,
             integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
             scrub: self.inner.scrub.status(),
+            background,
         }
     }
 
