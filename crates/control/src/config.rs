@@ -287,6 +287,27 @@ mod tests {
     }
 
     #[test]
+    fn the_background_impact_gives_the_budget_limits_not_set_one_by_one() {
+        let config: Config = toml::from_str(
+            "[limits]\nbackground_impact = \"low\"\nbackground_bytes_per_second_min = 1048576\n",
+        )
+        .unwrap();
+        assert!(config.check().is_ok());
+        let budget = config.limits.background_budget();
+        assert_eq!(budget.bytes_per_second_min, 1 << 20);
+        assert_eq!(budget.bytes_per_second_max, 128 << 20);
+        assert_eq!(budget.client_latency_target_us, 2000);
+        let config: Config =
+            toml::from_str("[limits]\nbackground_bytes_per_second_min = 1000000000000\n").unwrap();
+        let error = config.check().unwrap_err();
+        assert!(
+            error.contains("background_bytes_per_second_max must be at least"),
+            "{error}"
+        );
+        assert!(toml::from_str::<Config>("[limits]\nbackground_impact = \"extreme\"\n").is_err());
+    }
+
+    #[test]
     fn handshake_limits_reach_the_server_and_are_checked() {
         let defaults = Config::default().server.server_config();
         assert_eq!(defaults, lamina_nbd::ServerConfig::default());
