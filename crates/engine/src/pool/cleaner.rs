@@ -781,11 +781,16 @@ impl Pool {
             next_victims_live_bytes(&state, CLEAN_PASS_SEGMENTS_MAX)
         };
         // Under the low watermark, not yet short: writers that find no free
-        // segment clean for themselves, outside the budget.
-        self.inner
+        // segment clean for themselves, outside the budget. Not waiting: the
+        // flush-and-checkpoint loop runs this, and its checkpoints must not
+        // wait for the budget; the next tick tries again.
+        if !self
+            .inner
             .budget
-            .acquire(BackgroundWork::Cleaner, pass_bytes)
-            .await;
+            .try_acquire(BackgroundWork::Cleaner, pass_bytes)
+        {
+            return Ok(());
+        }
         if self.clean(CLEAN_PASS_SEGMENTS_MAX).await? > 0 {
             self.flush().await?;
             for _ in 0..2 {

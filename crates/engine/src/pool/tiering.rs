@@ -86,6 +86,11 @@ impl Pool {
             .budget
             .acquire(BackgroundWork::Demoter, bytes)
             .await;
+        // The pool may have been closed while this waited: a closed pool's
+        // device may already belong to the next open.
+        if self.background_stopped() {
+            return Ok(0);
+        }
         self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await
     }
 

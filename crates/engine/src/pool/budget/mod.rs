@@ -191,7 +191,8 @@ impl Scheduler {
         if self.next_turn() != Some(work) {
             return Decision::NotItsTurn;
         }
-        if self.tokens_bytes < 0.0 {
+        // Less than a byte owed is the rounding of credit added in pieces.
+        if self.tokens_bytes <= -1.0 {
             let seconds = -self.tokens_bytes / self.rate.bytes_per_second();
             return Decision::PayOff(Duration::from_secs_f64(seconds));
         }
@@ -296,6 +297,25 @@ impl BackgroundBudget {
             };
             let _ = tokio::time::timeout(wait, notified).await;
         }
+    }
+
+    /// Grants `bytes` of `work` if they may be issued now, without waiting:
+    /// for work run by a task that has other steps to take on time (the
+    /// flush-and-checkpoint loop's cleaning pass), which tries again at its
+    /// next tick.
+    pub fn try_acquire(&self, work: BackgroundWork, bytes: u64) -> bool {
+        let mut scheduler = self.lock();
+        scheduler.refill(Instant::now(), &self.latency);
+        scheduler.accounts[work.index()].waiting += 1;
+        let granted = matches!(scheduler.decide(work, bytes), Decision::Granted);
+        if !granted {
+            scheduler.accounts[work.index()].waiting -= 1;
+        }
+        drop(scheduler);
+        if granted {
+            self.turn.notify_waiters();
+        }
+        granted
     }
 
     /// Charges `bytes` of `work` that must go now (writers are about to find

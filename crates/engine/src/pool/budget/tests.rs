@@ -232,3 +232,18 @@ async fn a_request_given_up_does_not_hold_up_the_others() {
         2 * CEILING_BYTES_PER_SECOND
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn trying_never_waits_and_succeeds_once_the_debt_is_paid() {
+    let budget = budget();
+    assert!(budget.try_acquire(BackgroundWork::Cleaner, CEILING_BYTES_PER_SECOND));
+    assert!(!budget.try_acquire(BackgroundWork::Cleaner, RUN_BYTES));
+    tokio::time::sleep(Duration::from_millis(999)).await;
+    assert!(!budget.try_acquire(BackgroundWork::Cleaner, RUN_BYTES));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(budget.try_acquire(BackgroundWork::Cleaner, RUN_BYTES));
+    assert_eq!(
+        granted(&budget, BackgroundWork::Cleaner),
+        CEILING_BYTES_PER_SECOND + RUN_BYTES
+    );
+}

@@ -271,6 +271,11 @@ impl Pool {
             budget.charge_urgent(BackgroundWork::Cleaner, bytes);
         } else {
             budget.acquire(BackgroundWork::Cleaner, bytes).await;
+            // The pool may have been closed while this waited: a closed
+            // pool's device may already belong to the next open.
+            if self.background_stopped() {
+                return Ok(());
+            }
         }
         let before = self.inner.lock().counters().relocated_blocks();
         self.clean(1).await?;
