@@ -77,6 +77,8 @@ pub struct PoolStatus {
     /// The latest rebuild since the pool opened (a device being replaced).
     #[serde(default)]
     pub rebuild: RebuildStatus,
+    /// The budget rebuild, cleaner, demoter and scrub share.
+    pub background: BackgroundBudgetStatus,
     /// The pool's devices, when a tier is an array (several devices or a
     /// redundancy scheme); absent for a pool on one device per tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +128,44 @@ pub struct ScrubStatus {
     pub blocks_repaired: u64,
     pub blocks_unrepairable: u64,
     pub elapsed_ms: u64,
+}
+
+/// How much background work may take from clients (`background_impact`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackgroundImpact {
+    Low,
+    Medium,
+    High,
+}
+
+/// `pool status`'s background section (see the engine's
+/// `BackgroundBudgetStatus`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackgroundBudgetStatus {
+    pub impact: BackgroundImpact,
+    /// The rate background work may issue now.
+    pub bytes_per_second: u64,
+    pub bytes_per_second_min: u64,
+    pub bytes_per_second_max: u64,
+    pub client_latency_target_us: u64,
+    /// The 99th percentile of client reads and writes over the latest
+    /// window; none when no client request came in it.
+    #[serde(deserialize_with = "required")]
+    pub client_latency_us: Option<u64>,
+    /// Bytes granted per kind of work since the pool opened.
+    pub granted_bytes: GrantedBytes,
+    /// Of those, bytes the cleaner issued without waiting (space short).
+    pub urgent_bytes: u64,
+}
+
+/// Bytes the background budget granted each kind of work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantedBytes {
+    pub rebuild: u64,
+    pub cleaner: u64,
+    pub demoter: u64,
+    pub scrub: u64,
 }
 
 /// The pool's state and its devices.
@@ -308,7 +348,7 @@ mod tests {
     use super::*;
 
     fn status_json() -> serde_json::Value {
-        serde_json::json!({
+        let mut document = serde_json::json!({
             "device": "/p/flash", "capacity_bytes": 100, "used_bytes": 10, "free_bytes": 80,
             "reserved_bytes": 10, "used_percent": 11.1, "usage_warning_percent": 0,
             "segment_size_bytes": 4, "segment_count": 25, "free_segment_count": 20,
@@ -324,11 +364,20 @@ mod tests {
                 "summaries_repaired": 0, "lost_batches": 0,
                 "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0},
             "scrub": {"state": "none", "blocks_total": 0, "blocks_scrubbed": 0,
-                "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0},
-            "rebuild": {"state": "rebuilding", "bytes_total": 100, "bytes_done": 40,
-                "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
-                "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null}
-        })
+                "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0}
+        });
+        // Apart: one literal this deep passes the json! macro's recursion limit.
+        document["background"] = serde_json::json!({
+            "impact": "medium", "bytes_per_second": 16777216,
+            "bytes_per_second_min": 16777216, "bytes_per_second_max": 536870912,
+            "client_latency_target_us": 10000, "client_latency_us": 12000,
+            "granted_bytes": {"rebuild": 0, "cleaner": 4096, "demoter": 0, "scrub": 8192},
+            "urgent_bytes": 0
+        });
+        document["rebuild"] = serde_json::json!({"state": "rebuilding", "bytes_total": 100,
+            "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
+            "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null});
+        document
     }
 
     #[test]
@@ -372,7 +421,12 @@ mod tests {
 
     #[test]
     fn a_renamed_or_missing_field_is_an_error_that_names_it() {
-        for field in ["device_bytes_written", "write_amplification", "capacity"] {
+        for field in [
+            "device_bytes_written",
+            "write_amplification",
+            "capacity",
+            "background",
+        ] {
             let mut document = status_json();
             let value = document
                 .as_object_mut()

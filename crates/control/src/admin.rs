@@ -709,6 +709,7 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
         status.integrity.checksum_errors_repaired,
         &mut text,
     );
+    background_metrics(&status.background, &mut text);
     context.layout.metrics(&mut text);
     if let Some(server) = &context.nbd_server {
         nbd_metrics(server, &mut text);
@@ -755,6 +756,71 @@ fn scrub_metrics(scrub: &lamina_engine::ScrubStatus, repaired: u64, text: &mut S
         metric_header(text, name, kind, help);
         text.push_str(&format!("{name} {value}\n"));
     }
+}
+
+/// The background budget: the rate it allows, the client latency it
+/// follows (no sample while no client request came in the latest window),
+/// and the bytes it granted each kind of work.
+fn background_metrics(budget: &lamina_engine::BackgroundBudgetStatus, text: &mut String) {
+    let gauges = [
+        (
+            "lamina_background_bytes_per_second",
+            "Bytes per second background work (rebuild, cleaner, demoter, scrub) may issue now.",
+            Some(budget.bytes_per_second),
+        ),
+        (
+            "lamina_background_bytes_per_second_min",
+            "The background budget's floor (background_bytes_per_second_min).",
+            Some(budget.bytes_per_second_min),
+        ),
+        (
+            "lamina_background_bytes_per_second_max",
+            "The background budget's ceiling (background_bytes_per_second_max).",
+            Some(budget.bytes_per_second_max),
+        ),
+        (
+            "lamina_client_latency_target_us",
+            "Client latency above which background work backs off (client_latency_target_us).",
+            Some(budget.client_latency_target_us),
+        ),
+        (
+            "lamina_client_latency_us",
+            "The 99th percentile of client reads and writes over the latest window, in microseconds.",
+            budget.client_latency_us,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        metric_header(text, name, "gauge", help);
+        if let Some(value) = value {
+            text.push_str(&format!("{name} {value}\n"));
+        }
+    }
+    metric_header(
+        text,
+        "lamina_background_granted_bytes_total",
+        "counter",
+        "Bytes the background budget granted, by kind of work, since the pool opened.",
+    );
+    for work in lamina_engine::BackgroundWork::ALL {
+        let name = serde_json::to_value(work)
+            .ok()
+            .and_then(|value| value.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "lamina_background_granted_bytes_total{{work=\"{name}\"}} {}\n",
+            budget.granted_bytes.of(work)
+        ));
+    }
+    metric_header(
+        text,
+        "lamina_background_urgent_bytes_total",
+        "counter",
+        "Of those, bytes the cleaner issued without waiting because free space was short.",
+    );
+    text.push_str(&format!(
+        "lamina_background_urgent_bytes_total {}\n",
+        budget.urgent_bytes
+    ));
 }
 
 /// The NBD server's connections, handshakes in progress, and the connections

@@ -44,6 +44,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         integrity,
         scrub,
         rebuild,
+        background,
     } = status;
     api::PoolStatus {
         device,
@@ -92,6 +93,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         },
         scrub: scrub_status(scrub),
         rebuild: rebuild_status(rebuild),
+        background: background_of(background),
         layout: None,
     }
 }
@@ -137,6 +139,45 @@ pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
         blocks_repaired,
         blocks_unrepairable,
         elapsed_ms,
+    }
+}
+
+/// `pool status`'s background section.
+fn background_of(status: engine::BackgroundBudgetStatus) -> api::BackgroundBudgetStatus {
+    let engine::BackgroundBudgetStatus {
+        impact,
+        bytes_per_second,
+        bytes_per_second_min,
+        bytes_per_second_max,
+        client_latency_target_us,
+        client_latency_us,
+        granted_bytes,
+        urgent_bytes,
+    } = status;
+    let engine::GrantedBytes {
+        rebuild,
+        cleaner,
+        demoter,
+        scrub,
+    } = granted_bytes;
+    api::BackgroundBudgetStatus {
+        impact: match impact {
+            engine::BackgroundImpact::Low => api::BackgroundImpact::Low,
+            engine::BackgroundImpact::Medium => api::BackgroundImpact::Medium,
+            engine::BackgroundImpact::High => api::BackgroundImpact::High,
+        },
+        bytes_per_second,
+        bytes_per_second_min,
+        bytes_per_second_max,
+        client_latency_target_us,
+        client_latency_us,
+        granted_bytes: api::GrantedBytes {
+            rebuild,
+            cleaner,
+            demoter,
+            scrub,
+        },
+        urgent_bytes,
     }
 }
 

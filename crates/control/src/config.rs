@@ -264,6 +264,11 @@ mod tests {
             toml::from_str("[limits]\nusage_warning_percents = [80, 190]\n").unwrap();
         assert!(config.check().unwrap_err().contains("190"));
         assert!(toml::from_str::<Config>("[server]\ntcp_adress = \"x\"\n").is_err());
+        // A misspelt or retired limit is refused by name, not ignored.
+        let error = toml::from_str::<Config>("[limits]\nscrub_bytes_per_second_max = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("scrub_bytes_per_second_max"), "{error}");
     }
 
     #[test]
@@ -284,6 +289,27 @@ mod tests {
         std::fs::write(&path, "[limits]\ncleaner_interval_ms = 1\n").unwrap();
         assert_eq!(Config::load(&path).unwrap().limits.cleaner_interval_ms, 1);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_background_impact_gives_the_budget_limits_not_set_one_by_one() {
+        let config: Config = toml::from_str(
+            "[limits]\nbackground_impact = \"low\"\nbackground_bytes_per_second_min = 1048576\n",
+        )
+        .unwrap();
+        assert!(config.check().is_ok());
+        let budget = config.limits.background_budget();
+        assert_eq!(budget.bytes_per_second_min, 1 << 20);
+        assert_eq!(budget.bytes_per_second_max, 128 << 20);
+        assert_eq!(budget.client_latency_target_us, 2000);
+        let config: Config =
+            toml::from_str("[limits]\nbackground_bytes_per_second_min = 1000000000000\n").unwrap();
+        let error = config.check().unwrap_err();
+        assert!(
+            error.contains("background_bytes_per_second_max must be at least"),
+            "{error}"
+        );
+        assert!(toml::from_str::<Config>("[limits]\nbackground_impact = \"extreme\"\n").is_err());
     }
 
     #[test]

@@ -23,12 +23,13 @@ pub mod volume;
 
 pub use error::{CreateError, EngineError, IoError, OpenError, VolumeError};
 pub use log::geometry::Tier;
+pub use pool::budget::{BackgroundBudgetStatus, BackgroundWork, ClientOperation, GrantedBytes};
 pub use pool::cleaner::CleanerState;
 pub use pool::rebuild_progress::{RebuildState, RebuildStatus};
 pub use pool::scrub_progress::{ScrubState, ScrubStatus};
 pub use pool::{
-    DeviceFullStatus, Extent, LimitsError, Pool, PoolLimits, PoolOptions, PoolStatus, TestHooks,
-    TierSpace, VolumeTierStats,
+    BackgroundImpact, DeviceFullStatus, Extent, LimitsError, Pool, PoolLimits, PoolOptions,
+    PoolStatus, TestHooks, TierSpace, VolumeTierStats,
 };
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{

@@ -49,7 +49,7 @@ fn member_devices(members: &[Member]) -> Vec<MemberDevice> {
 fn limits() -> PoolLimits {
     PoolLimits {
         test_hooks: TestHooks::without_periodic_flush_and_checkpoint(),
-        scrub_bytes_per_second_max: 0,
+        background_bytes_per_second_max: Some(1 << 40),
         // Reads reach the members, not a cache of what was written.
         memory_cache_bytes: 0,
         ..PoolLimits::default()

@@ -152,11 +152,11 @@ impl Members {
 }
 
 /// The pool's limits: the crash tests', with no cache (reads reach the
-/// members, flips included) and scrub at full speed.
+/// members, flips included) and background work (scrub) at full speed.
 fn array_limits(seed: u64) -> PoolLimits {
     PoolLimits {
         memory_cache_bytes: 0,
-        scrub_bytes_per_second_max: 0,
+        background_bytes_per_second_max: Some(1 << 40),
         ..limits(seed)
     }
 }

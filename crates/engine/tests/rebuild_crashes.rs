@@ -172,7 +172,7 @@ impl BlockDevice for Yielding {
 fn rebuild_limits(seed: u64) -> PoolLimits {
     PoolLimits {
         memory_cache_bytes: 0,
-        scrub_bytes_per_second_max: 0,
+        background_bytes_per_second_max: Some(1 << 40),
         ..limits(seed)
     }
 }

@@ -31,6 +31,7 @@ use lamina_device::AlignedBuffer;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::budget::BackgroundWork;
 use super::inner::Pool;
 use super::space::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState};
 use super::state::{Relocation, State};
@@ -60,6 +61,18 @@ const RECLAIM_ROUNDS_MAX: usize = 32;
 
 /// Blocks relocated per hold of the state lock.
 const RELOCATION_CHUNK_BLOCKS: usize = 64;
+
+/// Live bytes of the victims a pass over at most `segment_count_max` would
+/// take now: what background cleaning asks the budget for before it starts
+/// (the victims may change by then; the budget needs the size, not the
+/// segments).
+pub(crate) fn next_victims_live_bytes(state: &State, segment_count_max: usize) -> u64 {
+    pick_victims(state, segment_count_max, VictimPolicy::CostBenefit)
+        .iter()
+        .map(|victim| u64::from(state.space().segment(*victim).live_blocks))
+        .sum::<u64>()
+        * BLOCK_SIZE_BYTES
+}
 
 /// Segments emptied and waiting for a flush or checkpoints to be freed.
 fn dead_segment_count(state: &State) -> usize {
@@ -748,7 +761,7 @@ impl Pool {
                     .max(CLEAN_PASS_SEGMENTS_MAX);
             state.space().free_flash_segment_count() < low_watermark
         };
-        {
+        let pass_bytes = {
             let mut state = self.inner.lock();
             state.free_reusable_dead_segments();
             // The paced cleaner cleans in step with client writes; a pass here
@@ -765,6 +778,18 @@ impl Pool {
             {
                 return Ok(());
             }
+            next_victims_live_bytes(&state, CLEAN_PASS_SEGMENTS_MAX)
+        };
+        // Under the low watermark, not yet short: writers that find no free
+        // segment clean for themselves, outside the budget. Not waiting: the
+        // flush-and-checkpoint loop runs this, and its checkpoints must not
+        // wait for the budget; the next tick tries again.
+        if !self
+            .inner
+            .budget
+            .try_acquire(BackgroundWork::Cleaner, pass_bytes)
+        {
+            return Ok(());
         }
         if self.clean(CLEAN_PASS_SEGMENTS_MAX).await? > 0 {
             self.flush().await?;

@@ -14,6 +14,10 @@
 //! 5. `state` (std mutex): never held across an `.await`, and never while
 //!    taking another lock; the memory cache's and the device-full condition's
 //!    own mutexes are leaves taken inside or outside it.
+//!
+//! The background budget's mutex (`budget`) is a leaf too; its `acquire` is
+//! awaited holding none of the locks above (work waiting for its turn
+//! must not hold up a writer's reclaim or a flush).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -22,6 +26,7 @@ use lamina_device::{AlignedBuffer, BlockDevice, DeviceError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::budget::BackgroundBudget;
 use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
 use super::integrity::Integrity;
@@ -67,6 +72,9 @@ pub(crate) struct Inner {
     pub(super) scrub: Scrubber,
     /// The rebuild's progress (one rebuild at a time).
     pub(super) rebuild: Rebuilder,
+    /// The rate background work (rebuild, cleaner, demoter, scrub) may
+    /// issue, following client latency.
+    pub(super) budget: BackgroundBudget,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.

@@ -42,7 +42,7 @@ impl Default for PoolOptions {
 
 /// Runtime limits; each bounds a queue, a buffer or an amount of unflushed data.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PoolLimits {
     /// Sealed-but-unflushed bytes that trigger a background flush.
     pub dirty_bytes_max: u64,
@@ -109,9 +109,25 @@ pub struct PoolLimits {
     /// two more partly filled heads cost them more space than the split saves
     /// (see `cleaner::placement`).
     pub relocation_streams_by_age_segment_count_min: u64,
-    /// Bytes per second scrub reads at most (0: as fast as the device
-    /// serves, still yielding to other tasks between reads).
-    pub scrub_bytes_per_second_max: u64,
+    /// How much background work (rebuild, cleaning, demotion, scrub) may
+    /// take from clients: `low`, `medium` or `high`, as NetApp's
+    /// reconstruction impact setting. Each gives the three figures below
+    /// that are not set (see [`BackgroundImpact::budget`]).
+    pub background_impact: BackgroundImpact,
+    /// Bytes per second the background budget allows at least, however slow
+    /// clients are: the floor that keeps rebuild and the cleaner moving (none:
+    /// `background_impact`'s).
+    pub background_bytes_per_second_min: Option<u64>,
+    /// Bytes per second the background budget allows at most, reached while
+    /// clients stay under `client_latency_target_us` or are idle (none:
+    /// `background_impact`'s).
+    pub background_bytes_per_second_max: Option<u64>,
+    /// Client latency (the 99th percentile of reads and writes over a window)
+    /// above which background work backs off (none: `background_impact`'s).
+    pub client_latency_target_us: Option<u64>,
+    /// The window over which client latency is measured; the background rate
+    /// is adjusted once per window.
+    pub client_latency_window_ms: u64,
     /// Hooks for tests, never read from a configuration file.
     #[serde(skip)]
     pub test_hooks: TestHooks,
@@ -169,6 +185,52 @@ pub enum LimitsError {
     NotANonNegativeNumber { field: &'static str, value: f64 },
 }
 
+/// How much background work may take from clients, as a profile of the
+/// background budget's floor, ceiling and latency target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackgroundImpact {
+    /// Clients first: background work backs off at 2 ms and may fall to
+    /// 4 MiB/s.
+    Low,
+    /// The default: backs off at 10 ms, between 16 MiB/s and 512 MiB/s.
+    #[default]
+    Medium,
+    /// Background work first (a rebuild to finish soon): backs off only at
+    /// 50 ms, and keeps at least 64 MiB/s.
+    High,
+}
+
+impl BackgroundImpact {
+    /// The profile's floor, ceiling and latency target.
+    pub fn budget(self) -> BackgroundBudgetLimits {
+        let (floor_mib, ceiling_mib, target_us) = match self {
+            BackgroundImpact::Low => (4, 128, 2_000),
+            BackgroundImpact::Medium => (16, 512, 10_000),
+            BackgroundImpact::High => (64, 2048, 50_000),
+        };
+        BackgroundBudgetLimits {
+            bytes_per_second_min: floor_mib << 20,
+            bytes_per_second_max: ceiling_mib << 20,
+            client_latency_target_us: target_us,
+            client_latency_window_ms: CLIENT_LATENCY_WINDOW_MS_DEFAULT,
+        }
+    }
+}
+
+/// The default of `client_latency_window_ms`: ten adjustments a second, each
+/// over enough client requests for a 99th percentile under load.
+pub const CLIENT_LATENCY_WINDOW_MS_DEFAULT: u64 = 100;
+
+/// The background budget's limits, the impact profile's unless set one by one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackgroundBudgetLimits {
+    pub bytes_per_second_min: u64,
+    pub bytes_per_second_max: u64,
+    pub client_latency_target_us: u64,
+    pub client_latency_window_ms: u64,
+}
+
 /// Share of flash the demoter may keep free at most, in percent: the rest is
 /// what the pool's data can use on flash.
 pub const TIER_FLASH_FREE_PERCENT_MAX: u8 = 90;
@@ -186,6 +248,51 @@ fn at_least(field: &'static str, value: u64, minimum: u64) -> Result<(), LimitsE
 }
 
 impl PoolLimits {
+    /// The background budget's limits: those set here, the rest from
+    /// `background_impact`.
+    pub fn background_budget(&self) -> BackgroundBudgetLimits {
+        let profile = self.background_impact.budget();
+        BackgroundBudgetLimits {
+            bytes_per_second_min: self
+                .background_bytes_per_second_min
+                .unwrap_or(profile.bytes_per_second_min),
+            bytes_per_second_max: self
+                .background_bytes_per_second_max
+                .unwrap_or(profile.bytes_per_second_max),
+            client_latency_target_us: self
+                .client_latency_target_us
+                .unwrap_or(profile.client_latency_target_us),
+            client_latency_window_ms: self.client_latency_window_ms,
+        }
+    }
+
+    /// Checks the background budget: a floor of at least a block a second
+    /// (0 would stop a rebuild under load for good), a ceiling at least the
+    /// floor, a latency target and a window of at least 1.
+    fn validate_background_budget(&self) -> Result<(), LimitsError> {
+        let budget = self.background_budget();
+        at_least(
+            "background_bytes_per_second_min",
+            budget.bytes_per_second_min,
+            BLOCK_SIZE_BYTES,
+        )?;
+        at_least(
+            "background_bytes_per_second_max",
+            budget.bytes_per_second_max,
+            budget.bytes_per_second_min,
+        )?;
+        at_least(
+            "client_latency_target_us",
+            budget.client_latency_target_us,
+            1,
+        )?;
+        at_least(
+            "client_latency_window_ms",
+            budget.client_latency_window_ms,
+            1,
+        )
+    }
+
     /// Checks every limit against the range the engine works in; the first
     /// one outside it is the error. Intervals must be at least 1 ms (a timer
     /// of 0 would spin), counts of things in flight at least 1 (0 would stall
@@ -238,6 +345,7 @@ impl PoolLimits {
                 maximum: u64::from(TIER_FLASH_FREE_PERCENT_MAX),
             });
         }
+        self.validate_background_budget()?;
         if let Some(percent) = self
             .usage_warning_percents
             .iter()
@@ -276,7 +384,11 @@ impl Default for PoolLimits {
             device_full_wait_ms_max: 10_000,
             separate_client_writes_by_lifespan: true,
             relocation_streams_by_age_segment_count_min: 512,
-            scrub_bytes_per_second_max: 512 << 20,
+            background_impact: BackgroundImpact::Medium,
+            background_bytes_per_second_min: None,
+            background_bytes_per_second_max: None,
+            client_latency_target_us: None,
+            client_latency_window_ms: CLIENT_LATENCY_WINDOW_MS_DEFAULT,
             test_hooks: TestHooks::default(),
         }
     }
@@ -344,5 +456,39 @@ mod tests {
             refused(warning),
             "usage_warning_percents: 0 is not a percentage from 1 to 100"
         );
+        let ceiling_under_floor = PoolLimits {
+            background_impact: BackgroundImpact::High,
+            background_bytes_per_second_max: Some(1 << 20),
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(ceiling_under_floor),
+            "background_bytes_per_second_max must be at least 67108864 (got 1048576)"
+        );
+        let no_floor = PoolLimits {
+            background_bytes_per_second_min: Some(0),
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            refused(no_floor),
+            "background_bytes_per_second_min must be at least 4096 (got 0)"
+        );
+    }
+
+    #[test]
+    fn the_impact_profile_gives_what_is_not_set_one_by_one() {
+        let low = PoolLimits {
+            background_impact: BackgroundImpact::Low,
+            client_latency_target_us: Some(500),
+            ..PoolLimits::default()
+        };
+        let budget = low.background_budget();
+        assert_eq!(budget.bytes_per_second_min, 4 << 20);
+        assert_eq!(budget.bytes_per_second_max, 128 << 20);
+        assert_eq!(budget.client_latency_target_us, 500);
+        let medium = PoolLimits::default().background_budget();
+        let high = BackgroundImpact::High.budget();
+        assert!(medium.bytes_per_second_min < high.bytes_per_second_min);
+        assert!(medium.client_latency_target_us < high.client_latency_target_us);
     }
 }

@@ -11,6 +11,7 @@
 //! enforced by a background task that flushes when either is exceeded.
 
 mod background;
+pub mod budget;
 mod checkpoint;
 pub mod cleaner;
 mod counters;
@@ -41,7 +42,9 @@ use crate::volume::{
 };
 pub use device_full::DeviceFullStatus;
 pub use inner::Pool;
-pub use limits::{LimitsError, PoolLimits, PoolOptions, TestHooks};
+pub use limits::{
+    BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
+};
 pub use read::Extent;
 use read::PROMOTION_HEADROOM_SEGMENT_COUNT;
 use state::State;

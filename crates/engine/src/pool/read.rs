@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use lamina_device::{AlignedBuffer, DeviceError};
 
+use super::budget::ClientOperation;
 use super::inner::Pool;
 use super::space::{Allocation, SpaceAllocator};
 use super::state::{ReadParts, Relocation};
@@ -373,8 +374,25 @@ impl Pool {
             .await
     }
 
-    /// Reads from a volume or a snapshot (see [`Pool::read`]).
+    /// Reads from a volume or a snapshot (see [`Pool::read`]). Its latency
+    /// goes to the background budget, which yields to slow clients.
     pub async fn read_view(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let started = tokio::time::Instant::now();
+        let result = self.read_view_attempts(view, offset, buffer).await;
+        self.inner
+            .budget
+            .record_client_latency(ClientOperation::Read, started.elapsed());
+        result
+    }
+
+    /// [`Pool::read_view`]'s attempts (again while blocks move under it),
+    /// untimed.
+    pub(super) async fn read_view_attempts(
         &self,
         view: View,
         offset: u64,

@@ -4,9 +4,10 @@
 //! ascending order. Rebuild time is proportional to the data stored, not to
 //! the device's size. Every reconstructed row is checked against the
 //! checksums of the live blocks it holds (a block moved away since the list
-//! was made is no damage). It runs in the background, paced between steps,
-//! and resumes after a restart from the replacement's label (the device
-//! keeps its progress); see `docs/decisions/0023-rebuild-onto-a-replacement.md`.
+//! was made is no damage). It runs in the background, paced by the shared
+//! background budget (`budget/`) at the rebuild's weight, and resumes after
+//! a restart from the replacement's label (the device keeps its progress);
+//! see `docs/decisions/0023-rebuild-onto-a-replacement.md`.
 
 use std::sync::atomic::Ordering;
 
@@ -18,6 +19,7 @@ use crate::log::batch::block_checksum;
 use crate::log::geometry::DATA_START_BLOCK;
 use crate::volume::map::Mapping;
 
+use super::budget::BackgroundWork;
 use super::inner::Pool;
 use super::rebuild_progress::RebuildStatus;
 use super::space::SegmentState;
@@ -92,6 +94,12 @@ impl Pool {
                     return Err(EngineError::Io(crate::error::IoError::RebuildInterrupted));
                 }
                 let length = (end - offset).min(REBUILD_STEP_BYTES_MAX);
+                // Paced with the cleaner, the demoter and scrub, behind
+                // client latency, never below the budget's floor.
+                self.inner
+                    .budget
+                    .acquire(BackgroundWork::Rebuild, length)
+                    .await;
                 let report = self
                     .inner
                     .device
@@ -100,7 +108,6 @@ impl Pool {
                     .map_err(EngineError::Device)?;
                 self.count_rebuilt(length, report);
                 offset += length;
-                tokio::task::yield_now().await;
             }
         }
         self.inner

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use lamina_device::{AlignedBuffer, BlockDevice};
 use tokio::sync::Notify;
 
+use super::budget::BackgroundBudget;
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::flush_marker::FlushMarker;
 use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
@@ -61,6 +62,7 @@ fn new_inner(
     state: State,
     flush_marker: FlushMarker,
 ) -> Arc<Inner> {
+    let budget = BackgroundBudget::new(limits.background_impact, limits.background_budget());
     Arc::new(Inner {
         cache: state.cache().clone(),
         device,
@@ -80,6 +82,7 @@ fn new_inner(
         integrity: Default::default(),
         scrub: Default::default(),
         rebuild: Default::default(),
+        budget,
         flush_marker,
     })
 }

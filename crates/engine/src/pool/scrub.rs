@@ -3,17 +3,18 @@
 //! array's parity or copies; the device rewrites the bad copy). It owns its
 //! progress counters, takes the state lock only to list the live blocks and,
 //! on a mismatch, to check that the block is still live (a block the cleaner
-//! moved away since the list was made is no damage), and paces itself to
-//! `scrub_bytes_per_second_max` so that clients keep the device.
+//! moved away since the list was made is no damage), and asks the
+//! background budget (`budget`) for each run it reads, so that clients keep
+//! the device: scrub has the smallest share of it.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, IoError};
 use crate::log::batch::block_checksum;
 use crate::volume::map::Mapping;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
+use super::budget::BackgroundWork;
 use super::inner::Pool;
 use super::scrub_progress::ScrubStatus;
 
@@ -45,13 +46,19 @@ impl Pool {
         scrubber
             .blocks_total
             .store(mappings.len() as u64, Ordering::Relaxed);
-        let started = Instant::now();
         for run in physical_runs(&mappings) {
+            let run_bytes = run.len() as u64 * BLOCK_SIZE_BYTES;
+            self.inner
+                .budget
+                .acquire(BackgroundWork::Scrub, run_bytes)
+                .await;
             self.scrub_run(run).await;
             scrubber
                 .blocks_scrubbed
                 .fetch_add(run.len() as u64, Ordering::Relaxed);
-            self.pace_scrub(started).await;
+            // A budget with credit and a device that answers at once would
+            // not let other tasks run between runs otherwise.
+            tokio::task::yield_now().await;
         }
         Ok(())
     }
@@ -118,21 +125,6 @@ impl Pool {
             live |= held == *mapping;
         });
         live
-    }
-
-    /// Sleeps as long as scrub is ahead of `scrub_bytes_per_second_max`, and
-    /// yields to other tasks in any case.
-    async fn pace_scrub(&self, started: Instant) {
-        let rate = self.inner.limits.scrub_bytes_per_second_max;
-        let scrubbed = self.inner.scrub.blocks_scrubbed.load(Ordering::Relaxed);
-        if rate > 0 {
-            let due = Duration::from_secs_f64((scrubbed * BLOCK_SIZE_BYTES) as f64 / rate as f64);
-            if let Some(ahead) = due.checked_sub(started.elapsed()) {
-                tokio::time::sleep(ahead).await;
-                return;
-            }
-        }
-        tokio::task::yield_now().await;
     }
 }
 

@@ -1,10 +1,12 @@
 //! What the pool reports about itself: [`PoolStatus`] (`pool status`, read
 //! by the daemon and the tests as JSON, so its field names and meanings are
 //! an interface) and [`VolumeTierStats`] (`volume stats`). Each is assembled
-//! from figures computed apart: space, lifetime write counters, tiering.
+//! from figures computed apart: space, lifetime write counters, tiering,
+//! the background budget.
 
 use serde::Serialize;
 
+use super::budget::BackgroundBudgetStatus;
 use super::cleaner::{self, CleanerState};
 use super::device_full::DeviceFullStatus;
 use super::inner::Pool;
@@ -83,6 +85,9 @@ pub struct PoolStatus {
     pub scrub: ScrubStatus,
     /// The latest rebuild's progress (a replacement device being rebuilt).
     pub rebuild: RebuildStatus,
+    /// The rate background work may issue, the client latency it follows,
+    /// and the bytes granted to each kind of work since the pool opened.
+    pub background: BackgroundBudgetStatus,
 }
 
 /// One tier's space.
@@ -236,6 +241,7 @@ fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
 
 impl Pool {
     pub fn status(&self) -> PoolStatus {
+        let background = self.inner.budget.status();
         let state = self.inner.lock();
         let geometry = &self.inner.geometry;
         let segment_bytes = geometry.segment_size_bytes();
@@ -284,6 +290,7 @@ impl Pool {
             integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
             scrub: self.inner.scrub.status(),
             rebuild: self.inner.rebuild.status(),
+            background,
         }
     }
 

@@ -6,12 +6,16 @@
 //! the emptied segments (decision 0006), and takes a checkpoint only for those
 //! written since the older checkpoint. The paced cleaner and a blocked
 //! writer's reclaim call the same `clean`, so all three agree on what moves.
+//! Each clean first waits for the background budget (`budget`) to allow the
+//! victims' live bytes: demotion is background work like any other.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::background::{Periodic, spawn_periodic};
+use super::budget::BackgroundWork;
+use super::cleaner::next_victims_live_bytes;
 use super::inner::Pool;
 use super::limits::TIER_FLASH_FREE_PERCENT_MAX;
 use super::space::Allocation;
@@ -73,6 +77,23 @@ impl Pool {
         );
     }
 
+    /// Cleans up to `DEMOTION_VICTIMS_PER_LOOK_MAX` flash victims once the
+    /// background budget allows their live bytes (asked for holding no
+    /// lock). Returns how many were emptied.
+    async fn demote_victims(&self) -> Result<usize, EngineError> {
+        let bytes = next_victims_live_bytes(&self.inner.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
+        self.inner
+            .budget
+            .acquire(BackgroundWork::Demoter, bytes)
+            .await;
+        // The pool may have been closed while this waited: a closed pool's
+        // device may already belong to the next open.
+        if self.background_stopped() {
+            return Ok(0);
+        }
+        self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await
+    }
+
     /// One look: while free flash is under its target, free what flushes
     /// free, clean flash victims (which demotes their cold blocks), and take a
     /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
@@ -92,7 +113,7 @@ impl Pool {
         if free >= target {
             return Ok(());
         }
-        if free + dead.total() < target && self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await? > 0 {
+        if free + dead.total() < target && self.demote_victims().await? > 0 {
             // The victims' deaths become durable, which frees those that both
             // checkpoints cover.
             self.flush().await?;

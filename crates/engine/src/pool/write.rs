@@ -8,6 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::budget::ClientOperation;
 use super::inner::{Pool, RMW_LOCK_COUNT};
 use super::read::{BlockSpan, check_range};
 use super::writer::InFlightBatch;
@@ -94,8 +95,25 @@ fn rmw_lock_index(volume_id: u32, logical_block: u64) -> usize {
 impl Pool {
     /// Writes `data` at byte `offset`. Partial blocks at either end are merged
     /// with their current contents under a per-block lock. With `fua`, the write
-    /// (and everything before it) is durable when this returns.
+    /// (and everything before it) is durable when this returns. Its latency
+    /// goes to the background budget, which yields to slow clients.
     pub async fn write(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let started = tokio::time::Instant::now();
+        let result = self.write_untimed(volume_id, offset, data, fua).await;
+        self.inner
+            .budget
+            .record_client_latency(ClientOperation::Write, started.elapsed());
+        result
+    }
+
+    /// [`Pool::write`] without the timing.
+    async fn write_untimed(
         &self,
         volume_id: u32,
         offset: u64,
@@ -158,8 +176,9 @@ impl Pool {
         let mut merged = Vec::with_capacity(partial_blocks.len());
         for logical_block in partial_blocks {
             let mut contents = vec![0u8; BLOCK_BYTES];
-            self.read(
-                request.volume_id,
+            // Untimed: the write's own latency covers it.
+            self.read_view_attempts(
+                View::Volume(request.volume_id),
                 logical_block * BLOCK_SIZE_BYTES,
                 &mut contents,
             )

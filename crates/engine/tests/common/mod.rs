@@ -46,6 +46,7 @@ pub struct InstrumentedDevice {
     pub recording: std::sync::atomic::AtomicBool,
     pub longest_read_bytes: std::sync::atomic::AtomicUsize,
     flush_delay: std::time::Duration,
+    read_delay: std::time::Duration,
     read_gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
@@ -56,6 +57,7 @@ impl InstrumentedDevice {
             recording: false.into(),
             longest_read_bytes: 0.into(),
             flush_delay: std::time::Duration::ZERO,
+            read_delay: std::time::Duration::ZERO,
             read_gate: None,
         }
     }
@@ -63,6 +65,13 @@ impl InstrumentedDevice {
     /// Every flush first sleeps for `delay`.
     pub fn with_flush_delay(mut self, delay: std::time::Duration) -> Self {
         self.flush_delay = delay;
+        self
+    }
+
+    /// Every read first sleeps for `delay` (tokio's clock): a slow device,
+    /// for clients and background work alike.
+    pub fn with_read_delay(mut self, delay: std::time::Duration) -> Self {
+        self.read_delay = delay;
         self
     }
 
@@ -93,6 +102,9 @@ impl lamina_device::BlockDevice for InstrumentedDevice {
             gate.wait_for(|open| *open)
                 .await
                 .expect("gate sender alive");
+        }
+        if !self.read_delay.is_zero() {
+            tokio::time::sleep(self.read_delay).await;
         }
         if self.recording.load(std::sync::atomic::Ordering::Relaxed) {
             self.longest_read_bytes

@@ -27,11 +27,13 @@
 use serde::Serialize;
 
 use super::super::background::{Periodic, spawn_periodic};
+use super::super::budget::BackgroundWork;
 use super::super::inner::Pool;
 use super::super::limits::PoolLimits;
 use super::super::space::Allocation;
 use super::super::state::State;
 use super::victims::{VictimPolicy, pick_victims};
+use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 
 /// Dead segments that need a checkpoint (written since the newest one) before
@@ -200,56 +202,96 @@ impl Pool {
     /// One look at the pool: update the budget, then at most one step, which
     /// is returned.
     async fn pace_once(&self, pacer: &mut Pacer) -> Result<Step, EngineError> {
-        let step = {
-            let mut state = self.inner.lock();
-            if state.writer().failed().is_some() {
-                return Ok(Step::Idle);
-            }
-            // Deaths made durable since the last look (by any flush) free their
-            // segments now rather than at the next checkpoint.
-            state.free_reusable_dead_segments();
-            let limits = &self.inner.limits;
-            let outlook = Outlook::of(&state, limits);
-            let client_blocks = state.client_blocks_written();
-            let written = client_blocks - pacer.client_blocks_seen.unwrap_or(client_blocks);
-            pacer.client_blocks_seen = Some(client_blocks);
-            let pressure = outlook.pressure();
-            let budget_max =
-                (BUDGET_SEGMENT_COUNT_MAX * self.inner.geometry.segment_size_blocks) as f64;
-            pacer.budget_blocks = (pacer.budget_blocks
-                + written as f64
-                    * pressure
-                    * limits.cleaner_relocation_blocks_per_client_block_max)
-                .min(budget_max);
-            let next_victim_live_blocks = || {
-                pick_victims(&state, 1, VictimPolicy::CostBenefit)
-                    .first()
-                    .map(|victim| f64::from(state.space().segment(*victim).live_blocks))
-            };
-            choose_step(
-                pressure,
-                outlook.short(),
-                outlook.dead,
-                pacer.budget_blocks,
-                next_victim_live_blocks,
-            )
+        let Some(look) = self.look(pacer) else {
+            return Ok(Step::Idle);
         };
-        match step {
+        match look.step {
             Step::Idle => {}
             Step::Flush => {
                 self.flush().await?;
                 self.inner.lock().free_reusable_dead_segments();
             }
             Step::Checkpoint => self.checkpoint().await?,
-            Step::Clean => {
-                let before = self.inner.lock().counters().relocated_blocks();
-                self.clean(1).await?;
-                let relocated = self.inner.lock().counters().relocated_blocks() - before;
-                pacer.budget_blocks = (pacer.budget_blocks - relocated as f64).max(0.0);
+            Step::Clean => self.clean_paced(pacer, &look).await?,
+        }
+        Ok(look.step)
+    }
+
+    /// Updates the budget and chooses the next step; none once the pool has
+    /// failed.
+    fn look(&self, pacer: &mut Pacer) -> Option<Look> {
+        let mut state = self.inner.lock();
+        if state.writer().failed().is_some() {
+            return None;
+        }
+        // Deaths made durable since the last look (by any flush) free their
+        // segments now rather than at the next checkpoint.
+        state.free_reusable_dead_segments();
+        let limits = &self.inner.limits;
+        let outlook = Outlook::of(&state, limits);
+        let client_blocks = state.client_blocks_written();
+        let written = client_blocks - pacer.client_blocks_seen.unwrap_or(client_blocks);
+        pacer.client_blocks_seen = Some(client_blocks);
+        let pressure = outlook.pressure();
+        let budget_max =
+            (BUDGET_SEGMENT_COUNT_MAX * self.inner.geometry.segment_size_blocks) as f64;
+        pacer.budget_blocks = (pacer.budget_blocks
+            + written as f64 * pressure * limits.cleaner_relocation_blocks_per_client_block_max)
+            .min(budget_max);
+        let mut victim_live_blocks = 0;
+        let next_victim_live_blocks = || {
+            let live_blocks = pick_victims(&state, 1, VictimPolicy::CostBenefit)
+                .first()
+                .map(|victim| state.space().segment(*victim).live_blocks);
+            victim_live_blocks = live_blocks.unwrap_or(0);
+            live_blocks.map(f64::from)
+        };
+        let step = choose_step(
+            pressure,
+            outlook.short(),
+            outlook.dead,
+            pacer.budget_blocks,
+            next_victim_live_blocks,
+        );
+        Some(Look {
+            step,
+            short: outlook.short(),
+            victim_live_blocks,
+        })
+    }
+
+    /// Cleans one victim. It first asks the background budget for the
+    /// victim's live bytes (what it reads and rewrites), holding no lock;
+    /// while space is short they are charged without waiting, since writers
+    /// are about to find no free segment (docs/decisions/0022).
+    async fn clean_paced(&self, pacer: &mut Pacer, look: &Look) -> Result<(), EngineError> {
+        let bytes = u64::from(look.victim_live_blocks) * BLOCK_SIZE_BYTES;
+        let budget = &self.inner.budget;
+        if look.short {
+            budget.charge_urgent(BackgroundWork::Cleaner, bytes);
+        } else {
+            budget.acquire(BackgroundWork::Cleaner, bytes).await;
+            // The pool may have been closed while this waited: a closed
+            // pool's device may already belong to the next open.
+            if self.background_stopped() {
+                return Ok(());
             }
         }
-        Ok(step)
+        let before = self.inner.lock().counters().relocated_blocks();
+        self.clean(1).await?;
+        let relocated = self.inner.lock().counters().relocated_blocks() - before;
+        pacer.budget_blocks = (pacer.budget_blocks - relocated as f64).max(0.0);
+        Ok(())
     }
+}
+
+/// What one look at the pool decided.
+struct Look {
+    step: Step,
+    /// Free space is short: writers are about to clean for themselves.
+    short: bool,
+    /// Live blocks of the victim a `Step::Clean` takes.
+    victim_live_blocks: u32,
 }
 
 /// The headroom in segments: the configured count, but at most 2% of the pool
