@@ -105,11 +105,7 @@ impl Devices {
         let faulty = self.faulty[index].clone();
         MemberDevice {
             path: Self::path(index),
-            device: if index == REPLACEMENT {
-                Arc::new(Yielding(faulty))
-            } else {
-                faulty as Arc<dyn BlockDevice>
-            },
+            device: Arc::new(Yielding(faulty)),
         }
     }
 
@@ -132,7 +128,7 @@ impl Devices {
     }
 }
 
-/// The replacement yields to other tasks before each write, as a real
+/// Every device yields to other tasks before each read and write, as a real
 /// device's I/O would: the rebuild's steps then interleave with client
 /// operations, and the power cuts land in the middle of rebuilds.
 struct Yielding(Arc<FaultyDevice<MemoryDevice>>);
@@ -152,6 +148,7 @@ impl BlockDevice for Yielding {
         offset: u64,
         length: usize,
     ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
+        tokio::task::yield_now().await;
         self.0.read(offset, length).await
     }
 
@@ -272,7 +269,9 @@ impl RebuildRun {
             .await
             .unwrap_or_else(|error| panic!("seed {}: replace: {error}", self.seed));
         self.pool.start_rebuild();
-        let count = self.rng.random_range(0..80);
+        // Half of the runs cut soon after the start, to land mid-rebuild.
+        let count_max = if self.rng.random_bool(0.5) { 4 } else { 80 };
+        let count = self.rng.random_range(0..count_max);
         let second_loss_at = self.rng.random_range(0..=count);
         for done in 0..count {
             if done == second_loss_at && self.case == Case::SecondLoss {
