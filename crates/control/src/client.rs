@@ -46,6 +46,7 @@ pub async fn run_operation(
         layout: pool.layout.clone(),
         open_exports: Default::default(),
         nbd_server: None,
+        volume_statistics: None,
     };
     let result = execute(&context, operation).await;
     pool.pool.close().await.context("closing the pool")?;

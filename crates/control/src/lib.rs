@@ -13,6 +13,8 @@ pub mod daemon;
 pub mod export;
 pub mod layout;
 pub mod store;
+pub mod volume_statistics;
+pub mod web;
 
 pub use lamina_api::size;
 
