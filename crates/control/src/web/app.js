@@ -113,7 +113,7 @@ function renderArrays(layout) {
     table.append(head);
     for (const device of tier.devices) {
       const row = element("tr", null, { "data-device": device.path, "data-state": device.state });
-      row.append(element("td", device.path), element("td", device.state),
+      row.append(element("td", device.path.split("/").pop(), { title: device.path }), element("td", device.state),
         element("td", bytes(device.bytes_read), { class: "number" }),
         element("td", bytes(device.bytes_written), { class: "number" }),
         element("td", device.io_errors, { class: "number" }));
@@ -198,13 +198,24 @@ function drawChart(canvas, series, colours) {
     context.strokeStyle = colours[index];
     context.lineWidth = 2;
     context.beginPath();
+    let drawing = false;
     points.forEach((value, position) => {
+      // A second without requests has no latency: a gap, not a zero.
+      if (!Number.isFinite(value)) { drawing = false; return; }
       const x = 40 + (width - 42) * position / Math.max(1, points.length - 1);
-      const y = height - 16 - (height - 26) * (Number.isFinite(value) ? value : 0) / top;
-      if (position === 0) context.moveTo(x, y); else context.lineTo(x, y);
+      const y = height - 16 - (height - 26) * value / top;
+      if (drawing) context.lineTo(x, y); else context.moveTo(x, y);
+      drawing = true;
     });
     context.stroke();
   });
+  context.fillStyle = "#555";
+  const seconds = Math.round(pointsSpan(series) * (overview.sample_interval_ms || 1000) / 1000);
+  context.fillText(`last ${seconds} s`, width - 70, height - 3);
+}
+
+function pointsSpan(series) {
+  return Math.max(0, ...series.map((points) => points.length - 1));
 }
 
 function renderCharts() {
@@ -215,7 +226,7 @@ function renderCharts() {
   drawChart(document.getElementById("chart-iops"),
     [samples.map((sample) => sample.read_iops), samples.map((sample) => sample.write_iops)], colours);
   drawChart(document.getElementById("chart-latency"),
-    [samples.map((sample) => sample.read_p99_us), samples.map((sample) => sample.write_p99_us)], colours);
+    [samples.map((sample) => sample.read_p99_us ?? NaN), samples.map((sample) => sample.write_p99_us ?? NaN)], colours);
 }
 
 async function refresh() {
