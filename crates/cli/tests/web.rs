@@ -216,10 +216,10 @@ fn the_page_shows_the_pool_in_a_browser_and_acts_with_token_and_confirmation() {
         "the page's script did not render:\n{dom}"
     );
     let status = lamina_ok(&setup.data_dir, &["pool", "status"]);
-    for (id, field) in [("id=\"pool-capacity\"", "capacity_bytes")] {
-        let shown: u64 = attribute_after(&dom, id, "data-bytes").parse().unwrap();
-        assert_eq!(shown, status[field].as_u64().unwrap(), "{field}");
-    }
+    let capacity: u64 = attribute_after(&dom, "id=\"pool-capacity\"", "data-bytes")
+        .parse()
+        .unwrap();
+    assert_eq!(capacity, status["capacity_bytes"].as_u64().unwrap());
     let flash_size = row_cell_bytes(&dom, "data-tier=\"flash\"", 1);
     assert_eq!(flash_size, status["flash"]["size_bytes"].as_u64().unwrap());
     assert!(dom.contains("class=\"badge healthy\""), "{dom}");
@@ -235,6 +235,10 @@ fn the_page_shows_the_pool_in_a_browser_and_acts_with_token_and_confirmation() {
     assert_eq!(
         row_cell_bytes(&dom, "data-volume=\"default\"", 1),
         default["size_bytes"].as_u64().unwrap()
+    );
+    assert_eq!(
+        row_cell_bytes(&dom, "data-volume=\"default\"", 2),
+        default["allocated_bytes"].as_u64().unwrap()
     );
 
     // The screenshot has the page on it, not a blank canvas.

@@ -45,7 +45,7 @@ pub struct Sample {
 pub struct OperationTotals {
     pub requests: u64,
     pub bytes: u64,
-    pub latency_sum_seconds: f64,
+    pub latency_sum_ns: u64,
     /// Request counts per latency bucket (see `lamina_nbd::statistics`).
     pub latency_buckets: Vec<u64>,
 }
@@ -55,7 +55,7 @@ impl OperationTotals {
         Self {
             requests: snapshot.requests,
             bytes: snapshot.bytes,
-            latency_sum_seconds: snapshot.latency_sum_ns as f64 / 1e9,
+            latency_sum_ns: snapshot.latency_sum_ns,
             latency_buckets: snapshot.buckets.clone(),
         }
     }
@@ -65,7 +65,7 @@ impl OperationTotals {
         OperationSnapshot {
             requests: self.requests,
             bytes: self.bytes,
-            latency_sum_ns: (self.latency_sum_seconds * 1e9) as u64,
+            latency_sum_ns: self.latency_sum_ns,
             buckets: self.latency_buckets.clone(),
         }
     }
@@ -297,7 +297,7 @@ fn histogram_series(volume: &str, operation: &str, figures: &OperationTotals, te
     ));
     text.push_str(&format!(
         "lamina_volume_request_seconds_sum{{{labels}}} {}\n",
-        figures.latency_sum_seconds
+        figures.latency_sum_ns as f64 / 1e9
     ));
     text.push_str(&format!(
         "lamina_volume_request_seconds_count{{{labels}}} {count}\n"

@@ -59,12 +59,13 @@ pub fn quantile_ns(buckets: &[u64], quantile: f64) -> Option<u64> {
     if total == 0 {
         return None;
     }
-    // The rank of the request that the quantile names, 1-based.
-    let rank = ((quantile.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+    // The first bucket by which `quantile` of the requests have been seen
+    // (at least one request).
+    let wanted = (quantile.clamp(0.0, 1.0) * total as f64).max(1.0);
     let mut seen = 0u64;
     for (index, count) in buckets.iter().enumerate() {
         seen += count;
-        if seen >= rank {
+        if seen as f64 >= wanted {
             let lower = bucket_lower_bound_ns(index);
             let upper = bucket_upper_bound_ns(index);
             if upper == u64::MAX {
@@ -73,7 +74,9 @@ pub fn quantile_ns(buckets: &[u64], quantile: f64) -> Option<u64> {
             return Some(lower + (upper - lower) / 2);
         }
     }
-    unreachable!("the rank is at most the total")
+    // Rounding left `wanted` a hair above the total: the last bucket used.
+    let last = buckets.iter().rposition(|count| *count > 0)?;
+    Some(bucket_lower_bound_ns(last))
 }
 
 /// The kind of request a statistic counts.
