@@ -136,13 +136,15 @@ pub async fn volume_stats(
     let io = volume_io(&data, Some(name)).await?.into_iter().next();
     if json {
         let mut document = tiers;
-        let io_document = io.as_ref().map(|io| {
-            serde_json::to_value(interval_figures(io, None, 1.0)).expect("figures serialise")
-        });
-        document["io"] = serde_json::json!({
-            "totals": io,
-            "percentiles": io_document,
-        });
+        // Since the daemon started; null without a daemon.
+        document["io"] = match &io {
+            Some(io) => serde_json::json!({
+                "totals": io,
+                "read_latency_us": Percentiles::of(&io.reads.snapshot()),
+                "write_latency_us": Percentiles::of(&io.writes.snapshot()),
+            }),
+            None => serde_json::Value::Null,
+        };
         println!("{}", serde_json::to_string_pretty(&document)?);
         return Ok(());
     }
