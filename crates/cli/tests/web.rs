@@ -465,12 +465,7 @@ fn metrics_volume_stats_and_top_count_what_a_client_sent() {
     let stats = lamina_ok(&setup.data_dir, &["volume", "stats", "default"]);
     assert_eq!(stats["volume"], "default", "the tier statistics stay");
     assert_eq!(stats["io"]["totals"]["writes"]["requests"], 3);
-    assert!(
-        stats["io"]["write_latency_us"]["p99"]
-            .as_f64()
-            .unwrap()
-            > 0.0
-    );
+    assert!(stats["io"]["write_latency_us"]["p99"].as_f64().unwrap() > 0.0);
 
     let mut fio = load(&daemon, 4);
     std::thread::sleep(Duration::from_millis(500));

@@ -970,15 +970,12 @@ fn tier_metrics(
 
 /// The admin API; serve it on an [`AdminListener`] with
 /// `into_make_service_with_connect_info::<AdminPeer>()` (operations need the peer).
-/// The web page is served on the admin socket too, behind the same gate.
 pub fn router(context: AdminContext, audit: Arc<AdminAudit>) -> Router {
-    let web = crate::web::admin_socket_router(context.clone(), audit.clone());
     Router::new()
         .route("/v1/operations", post(operations))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(Served { context, audit })
-        .merge(web)
 }
 
 #[cfg(test)]

@@ -321,7 +321,9 @@ impl Listeners<'_> {
                 .map(|gid| format!(" and group {gid}"))
                 .unwrap_or_default()
         );
-        let router = crate::admin::router(context, audit.clone());
+        // The web page is served on the admin socket too, behind the same gate.
+        let router = crate::admin::router(context.clone(), audit.clone())
+            .merge(crate::web::admin_socket_router(context, audit.clone()));
         let listener = AdminListener {
             listener: socket,
             gate: AdminGate { owner_uid, group },

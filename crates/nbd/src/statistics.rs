@@ -252,12 +252,9 @@ mod tests {
             let statistics = ExportStatistics::new(histograms);
             let started = std::time::Instant::now();
             for _ in 0..RECORDS {
-                let arrived = statistics
-                    .measures_latency()
-                    .then(std::time::Instant::now);
-                let latency_ns = arrived.map(|arrived| {
-                    u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX)
-                });
+                let arrived = statistics.measures_latency().then(std::time::Instant::now);
+                let latency_ns = arrived
+                    .map(|arrived| u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX));
                 statistics.record(Operation::Read, 4096, std::hint::black_box(latency_ns));
             }
             let per_record_ns = started.elapsed().as_nanos() as f64 / f64::from(RECORDS);
