@@ -180,7 +180,19 @@ pub async fn volume_stats(
     Ok(())
 }
 
-const WATCH_HEADER: &str = "time      read/s  write/s  read MB/s write MB/s  read µs p50/p99/p99.9  write µs p50/p99/p99.9";
+/// The header of `watch_line`'s columns (the same widths).
+fn watch_header() -> String {
+    format!(
+        "{:<8} {:>8} {:>8} {:>10} {:>10}  {:>22}  {:>23}",
+        "time",
+        "read/s",
+        "write/s",
+        "read MB/s",
+        "write MB/s",
+        "read µs p50/p99/p99.9",
+        "write µs p50/p99/p99.9"
+    )
+}
 
 fn watch_line(figures: &IntervalFigures) -> String {
     let clock = std::time::SystemTime::now()
@@ -211,7 +223,7 @@ async fn watch_volume(
     let mut previous = volume_io(&data, Some(name.clone())).await?;
     let mut last = std::time::Instant::now();
     if !json {
-        println!("{WATCH_HEADER}");
+        println!("{}", watch_header());
     }
     let mut printed = 0u64;
     while watch.count == 0 || printed < watch.count {
@@ -267,7 +279,8 @@ pub async fn top(arguments: TopArgs) -> anyhow::Result<()> {
                 // Clear the screen and go home, as top does.
                 print!("\x1b[2J\x1b[H");
             }
-            println!("{:<24} {}", "volume", &WATCH_HEADER[9..]);
+            // The time column gives way to the volume's name.
+            println!("{:<24} {}", "volume", &watch_header()[9..]);
             for row in &rows {
                 println!("{:<24} {}", row.volume, &watch_line(row)[9..]);
             }
