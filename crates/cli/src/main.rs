@@ -5,6 +5,7 @@
 
 mod device_commands;
 mod pool_commands;
+mod volume_stats_commands;
 
 use std::path::PathBuf;
 
@@ -57,6 +58,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The busiest volumes, live: IOPS, MB/s and latency per interval.
+    Top(volume_stats_commands::TopArgs),
     /// Size a pool from a workload trace.
     Plan(lamina_plan::PlanArgs),
     /// Benchmarks: latency versus load against peer servers, and the engine in process.
@@ -180,13 +183,16 @@ enum VolumeCommand {
         json: bool,
     },
     /// Where a volume's blocks live (bytes per tier) and which tier served its
-    /// reads (hit ratios, promotions, demotions) since the pool opened.
+    /// reads (hit ratios, promotions, demotions) since the pool opened, and
+    /// its NBD I/O (IOPS, MB/s, latency percentiles) while a daemon runs.
     Stats {
         name: String,
         #[command(flatten)]
         data: DataArgs,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        watch: volume_stats_commands::WatchArgs,
     },
     /// List volumes.
     List {
@@ -731,15 +737,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Volume(VolumeCommand::Stats { name, data, json }) => {
-            admin(
-                data,
-                Operation::VolumeStats { name },
-                json,
-                print_volume_stats,
-            )
-            .await
-        }
+        Command::Volume(VolumeCommand::Stats {
+            name,
+            data,
+            json,
+            watch,
+        }) => volume_stats_commands::volume_stats(name, data, json, watch).await,
+        Command::Top(arguments) => volume_stats_commands::top(arguments).await,
         Command::Volume(VolumeCommand::List { data, json }) => {
             admin(
                 data,

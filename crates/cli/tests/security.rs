@@ -155,7 +155,7 @@ fn sockets_are_owner_only_and_serve_prints_one_line_per_listener() {
         .lines()
         .filter(|line| line.starts_with("lamina: "))
         .collect();
-    assert_eq!(lines.len(), 3, "{printed}");
+    assert_eq!(lines.len(), 4, "{printed}");
     assert!(
         lines[0].starts_with("lamina: NBD on tcp 127.0.0.1:"),
         "{printed}"
@@ -167,6 +167,7 @@ fn sockets_are_owner_only_and_serve_prints_one_line_per_listener() {
     assert!(lines[1].contains("NBD on unix"), "{printed}");
     assert!(lines[1].contains("uid 0 only (mode 0600)"), "{printed}");
     assert!(lines[2].contains("admin API on unix"), "{printed}");
+    assert!(lines[3].contains("web page"), "{printed}");
     assert!(daemon.terminate().success());
 }
 

@@ -55,6 +55,12 @@ pub enum Operation {
     VolumeStats {
         name: String,
     },
+    /// NBD reads, writes, bytes and latency histograms since the daemon
+    /// started, of one volume or of all (empty without a daemon).
+    VolumeIo {
+        #[serde(default)]
+        name: Option<String>,
+    },
     VolumeResize {
         name: String,
         size_bytes: u64,
@@ -133,6 +139,7 @@ impl Operation {
             self,
             Operation::VolumeList
                 | Operation::VolumeStats { .. }
+                | Operation::VolumeIo { .. }
                 | Operation::SnapshotList { .. }
                 | Operation::PoolStatus
                 | Operation::DeviceList
@@ -177,7 +184,12 @@ pub struct AdminAudit {
 }
 
 impl AdminAudit {
-    fn record(&self, peer: &AdminPeer, operation: &Operation, outcome: &Result<(), String>) {
+    pub(crate) fn record(
+        &self,
+        peer: &AdminPeer,
+        operation: &Operation,
+        outcome: &Result<(), String>,
+    ) {
         let name = operation.name();
         let detail = serde_json::to_string(operation).unwrap_or_default();
         match outcome {
@@ -188,11 +200,35 @@ impl AdminAudit {
                 tracing::info!(target: "lamina::audit", uid = peer.uid, gid = peer.gid, pid = peer.pid, operation = %name, request = %detail, outcome = "error", %error, "admin operation")
             }
         }
+        self.count(name, outcome.is_ok());
+    }
+
+    /// Logs and counts a changing operation from the web page's TCP listener.
+    pub(crate) fn record_from_address(
+        &self,
+        address: std::net::SocketAddr,
+        operation: &Operation,
+        outcome: &Result<(), String>,
+    ) {
+        let name = operation.name();
+        let detail = serde_json::to_string(operation).unwrap_or_default();
+        match outcome {
+            Ok(()) => {
+                tracing::info!(target: "lamina::audit", %address, operation = %name, request = %detail, outcome = "ok", "admin operation from the web page")
+            }
+            Err(error) => {
+                tracing::info!(target: "lamina::audit", %address, operation = %name, request = %detail, outcome = "error", %error, "admin operation from the web page")
+            }
+        }
+        self.count(name, outcome.is_ok());
+    }
+
+    fn count(&self, name: String, succeeded: bool) {
         let mut operations = self
             .operations
             .lock()
             .unwrap_or_else(|poison| poison.into_inner());
-        *operations.entry((name, outcome.is_ok())).or_insert(0) += 1;
+        *operations.entry((name, succeeded)).or_insert(0) += 1;
     }
 
     /// Connections refused because the peer is not the owner, root or in the group.
@@ -282,6 +318,8 @@ pub struct AdminContext {
     pub nbd_server: Option<Arc<NbdServer>>,
     /// Where `pool.toml` is and the device models, for the device commands.
     pub devices: crate::devices::DeviceContext,
+    /// Each volume's NBD statistics (in the daemon).
+    pub volume_statistics: Option<Arc<crate::volume_statistics::VolumeStatistics>>,
 }
 
 /// A failed operation: an HTTP status, a message for the user, and what kind
@@ -364,6 +402,7 @@ pub async fn execute(
         Operation::VolumeStats { name } => {
             serde_json::to_value(api::volume_tier_stats(pool.volume_tier_stats(&name)?))
         }
+        Operation::VolumeIo { name } => serde_json::to_value(volume_io(context, name)?),
         Operation::VolumeResize {
             name,
             size_bytes,
@@ -435,6 +474,33 @@ pub async fn execute(
         }
     };
     Ok(value.expect("admin results serialise"))
+}
+
+/// The NBD statistics of volume `name`, or of every volume.
+fn volume_io(
+    context: &AdminContext,
+    name: Option<String>,
+) -> Result<Vec<crate::volume_statistics::VolumeIo>, OperationError> {
+    let pool = &context.pool;
+    let names = match name {
+        Some(name) => vec![(pool.volume_id(&name)?, name)],
+        None => volume_names(pool),
+    };
+    let Some(statistics) = &context.volume_statistics else {
+        return Ok(Vec::new());
+    };
+    Ok(names
+        .into_iter()
+        .map(|(volume_id, name)| statistics.totals(volume_id, &name))
+        .collect())
+}
+
+/// Every volume's identifier and name; a volume deleted meanwhile is left out.
+pub(crate) fn volume_names(pool: &Pool) -> Vec<(u32, String)> {
+    pool.list_volumes()
+        .into_iter()
+        .map(|volume| (volume.volume_id, volume.name))
+        .collect()
 }
 
 /// Sets the given parts of a volume's policy, keeping the others.
@@ -710,6 +776,13 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
         &mut text,
     );
     background_metrics(&status.background, &mut text);
+    if let Some(statistics) = &context.volume_statistics {
+        let names: Vec<(u32, String)> = volumes
+            .iter()
+            .map(|volume| (volume.volume_id, volume.name.clone()))
+            .collect();
+        crate::volume_statistics::metrics(statistics, &names, &mut text);
+    }
     context.layout.metrics(&mut text);
     if let Some(server) = &context.nbd_server {
         nbd_metrics(server, &mut text);

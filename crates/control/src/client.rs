@@ -50,6 +50,7 @@ pub async fn run_operation(
             data_dir: data_dir.to_path_buf(),
             models: Default::default(),
         },
+        volume_statistics: None,
     };
     let result = execute(&context, operation).await;
     pool.pool.close().await.context("closing the pool")?;

@@ -29,6 +29,32 @@ pub struct Config {
     /// Who may open which exports (`[[access]]`); none: every client that
     /// reaches a socket may open every export.
     pub access: Vec<crate::access::AccessRule>,
+    /// The management web page (`[web]`).
+    pub web: WebSection,
+}
+
+/// Where the management web page listens besides the admin socket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebSection {
+    /// TCP address of the web page; empty: only on the admin socket. An
+    /// address that is not loopback needs a token on every request.
+    pub address: String,
+    /// The file holding the token (created with a random one, mode 0600, when
+    /// missing); relative paths are inside the data directory.
+    pub token_file: PathBuf,
+}
+
+/// The web page's default TCP address (loopback only).
+pub const DEFAULT_WEB_ADDRESS: &str = "127.0.0.1:10810";
+
+impl Default for WebSection {
+    fn default() -> Self {
+        Self {
+            address: DEFAULT_WEB_ADDRESS.to_string(),
+            token_file: PathBuf::from("web.token"),
+        }
+    }
 }
 
 /// Whether a listener offers or requires TLS (`tls`, `unix_tls`).
@@ -88,6 +114,9 @@ pub struct ServerSection {
     pub socket_group: Option<String>,
     /// A group whose members may use the admin API socket; none: the owner only.
     pub admin_group: Option<String>,
+    /// Measure each NBD read's and write's latency into its volume's
+    /// histogram (a clock read per request); off: only counts and bytes.
+    pub volume_latency_histograms: bool,
 }
 
 impl ServerSection {
@@ -129,6 +158,7 @@ impl Default for Config {
             limits: PoolLimits::default(),
             disk_models: BTreeMap::new(),
             access: Vec::new(),
+            web: WebSection::default(),
         }
     }
 }
@@ -152,6 +182,7 @@ impl Default for ServerSection {
             insecure_tcp: false,
             socket_group: None,
             admin_group: None,
+            volume_latency_histograms: true,
         }
     }
 }

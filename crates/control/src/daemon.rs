@@ -244,14 +244,70 @@ impl Listeners<'_> {
         Ok(path)
     }
 
+    /// The web page on its TCP address, unless `[web] address` is empty.
+    async fn start_web(
+        &self,
+        tasks: &mut JoinSet<()>,
+        context: crate::admin::AdminContext,
+        audit: Arc<AdminAudit>,
+    ) -> anyhow::Result<()> {
+        let configured = &self.config.web.address;
+        if configured.is_empty() {
+            return Ok(());
+        }
+        let token_path = self.config.data_dir.join(&self.config.web.token_file);
+        let token = crate::web::load_or_create_token(&token_path)?;
+        let listener = match TcpListener::bind(configured).await {
+            Ok(listener) => listener,
+            // The page is a convenience: a default port someone else holds
+            // (another daemon on this host) must not keep the volumes from
+            // being served. An address the config names must work.
+            Err(error)
+                if error.kind() == std::io::ErrorKind::AddrInUse
+                    && configured == crate::config::DEFAULT_WEB_ADDRESS =>
+            {
+                println!(
+                    "lamina: web page not on tcp {configured} (in use; set [web] address); on the admin socket only"
+                );
+                tracing::warn!(address = %configured, "web page address in use: serving the page on the admin socket only");
+                return Ok(());
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error)
+                    .context(format!("cannot listen on {configured} ([web] address)")));
+            }
+        };
+        let address = listener.local_addr()?;
+        let reach = if address.ip().is_loopback() {
+            "processes on this host (loopback); changes need the token"
+        } else {
+            "any host that reaches it; every request needs the token"
+        };
+        println!(
+            "lamina: web page on http://{address}/: plain HTTP; to {reach} (open http://{address}/#token=TOKEN with the token in {})",
+            token_path.display()
+        );
+        let router = crate::web::tcp_router(context, audit, address, token);
+        let shutdown = self.shutdown.clone();
+        tasks.spawn(async move {
+            let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            if let Err(error) = axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+            {
+                tracing::error!(%error, "web page stopped");
+            }
+        });
+        Ok(())
+    }
+
     /// The admin API on its socket, gated by the peer's credentials; returns
     /// the socket's path.
     fn start_admin(
         &self,
         tasks: &mut JoinSet<()>,
-        pool: &lamina_engine::Pool,
-        layout: crate::layout::PoolLayout,
-        open_exports: crate::export::OpenExports,
+        context: crate::admin::AdminContext,
+        audit: Arc<AdminAudit>,
     ) -> anyhow::Result<PathBuf> {
         let path = self.config.data_dir.join(ADMIN_SOCKET_FILE);
         let group = self.config.server.admin_group.as_ref().and(self.group);
@@ -265,21 +321,9 @@ impl Listeners<'_> {
                 .map(|gid| format!(" and group {gid}"))
                 .unwrap_or_default()
         );
-        let audit = Arc::new(AdminAudit::default());
-        // A rebuild resumed at open: `pool.toml` is brought up to date when
-        // it ends.
-        crate::devices::follow_rebuild(pool.clone(), layout.clone(), self.config.data_dir.clone());
-        let context = crate::admin::AdminContext {
-            pool: pool.clone(),
-            layout,
-            open_exports,
-            nbd_server: Some(self.server.clone()),
-            devices: crate::devices::DeviceContext {
-                data_dir: self.config.data_dir.clone(),
-                models: self.config.device_models(),
-            },
-        };
-        let router = crate::admin::router(context, audit.clone());
+        // The web page is served on the admin socket too, behind the same gate.
+        let router = crate::admin::router(context.clone(), audit.clone())
+            .merge(crate::web::admin_socket_router(context, audit.clone()));
         let listener = AdminListener {
             listener: socket,
             gate: AdminGate { owner_uid, group },
@@ -310,9 +354,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     protect_data_directory(&config.data_dir, group)?;
     let crate::arrays::OpenedPool { pool, layout } = open_or_create(&config).await?;
     let open_exports = crate::export::OpenExports::default();
+    let volume_statistics = Arc::new(crate::volume_statistics::VolumeStatistics::new(
+        config.server.volume_latency_histograms,
+    ));
     let catalog = Arc::new(PoolCatalog {
         pool: pool.clone(),
         open_exports: open_exports.clone(),
+        statistics: Some(volume_statistics.clone()),
     });
     let server_config = config.server.server_config();
     let mut server =
@@ -334,7 +382,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     listeners.start_tcp(&mut tasks, tls.tcp).await?;
     let unix_path = listeners.start_unix(&mut tasks, tls.unix)?;
-    let admin_path = listeners.start_admin(&mut tasks, &pool, layout, open_exports)?;
+    let context = crate::admin::AdminContext {
+        pool: pool.clone(),
+        layout,
+        open_exports,
+        nbd_server: Some(server.clone()),
+        volume_statistics: Some(volume_statistics.clone()),
+        devices: crate::devices::DeviceContext {
+            data_dir: config.data_dir.clone(),
+            models: config.device_models(),
+        },
+    };
+    // A rebuild resumed at open: `pool.toml` is brought up to date when it
+    // ends.
+    crate::devices::follow_rebuild(
+        pool.clone(),
+        context.layout.clone(),
+        config.data_dir.clone(),
+    );
+    let audit = Arc::new(AdminAudit::default());
+    let admin_path = listeners.start_admin(&mut tasks, context.clone(), audit.clone())?;
+    listeners.start_web(&mut tasks, context, audit).await?;
+    tasks.spawn(volume_statistics.run_sampler(pool.clone(), shutdown.clone()));
     let volumes = pool.list_volumes();
     tracing::info!(
         volumes = volumes.len(),

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use lamina_engine::{EngineError, IoError, Pool, View, VolumeError};
-use lamina_nbd::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
+use lamina_nbd::{Export, ExportCatalog, ExportError, ExportStatistics, ExportSummary, Extent};
+
+use crate::volume_statistics::VolumeStatistics;
 
 /// The name served to clients that ask for the default (empty) export name.
 pub const DEFAULT_EXPORT_NAME: &str = "default";
@@ -81,6 +83,8 @@ impl Drop for OpenGuard {
 pub struct PoolCatalog {
     pub pool: Pool,
     pub open_exports: OpenExports,
+    /// Where each volume's reads and writes are counted (snapshots are not).
+    pub statistics: Option<Arc<VolumeStatistics>>,
 }
 
 impl ExportCatalog for PoolCatalog {
@@ -111,12 +115,15 @@ impl ExportCatalog for PoolCatalog {
             name
         };
         let view = self.pool.resolve_view(name).ok()?;
-        let (description, guard) = match view {
+        let (description, guard, statistics) = match view {
             View::Volume(volume_id) => (
                 format!("lamina volume {name}"),
                 Some(self.open_exports.open(volume_id)),
+                self.statistics
+                    .as_ref()
+                    .map(|statistics| statistics.for_volume(volume_id)),
             ),
-            View::Snapshot { .. } => (format!("lamina snapshot {name} (read-only)"), None),
+            View::Snapshot { .. } => (format!("lamina snapshot {name} (read-only)"), None, None),
         };
         let summary = ExportSummary {
             name: name.to_string(),
@@ -128,6 +135,7 @@ impl ExportCatalog for PoolCatalog {
                 pool: self.pool.clone(),
                 view,
                 _guard: guard,
+                statistics,
             }),
         ))
     }
@@ -138,6 +146,7 @@ pub struct VolumeExport {
     pool: Pool,
     view: View,
     _guard: Option<OpenGuard>,
+    statistics: Option<Arc<ExportStatistics>>,
 }
 
 impl VolumeExport {
@@ -229,5 +238,9 @@ impl Export for VolumeExport {
     async fn cache(&self, _offset: u64, _length: u64) -> Result<(), ExportError> {
         // Everything is on flash already; there is no slower tier to prefetch from yet.
         Ok(())
+    }
+
+    fn statistics(&self) -> Option<Arc<ExportStatistics>> {
+        self.statistics.clone()
     }
 }

@@ -14,6 +14,8 @@ pub mod devices;
 pub mod export;
 pub mod layout;
 pub mod store;
+pub mod volume_statistics;
+pub mod web;
 
 pub use lamina_api::size;
 

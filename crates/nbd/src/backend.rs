@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::statistics::ExportStatistics;
+
 /// Errors a backend reports; each maps to one NBD error code.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -84,6 +86,12 @@ pub trait Export: Send + Sync + 'static {
 
     /// A hint to prefetch `length` bytes at `offset` (NBD_CMD_CACHE).
     async fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError>;
+
+    /// Where the server counts this export's reads and writes and their
+    /// latencies; none (the default): not counted.
+    fn statistics(&self) -> Option<Arc<ExportStatistics>> {
+        None
+    }
 }
 
 /// The set of exports a server offers, looked up by name at handshake time.

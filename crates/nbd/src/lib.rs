@@ -80,6 +80,7 @@ mod handshake;
 pub mod memory;
 mod negotiated;
 mod server;
+pub mod statistics;
 pub mod tls;
 mod transmission;
 pub mod wire;
@@ -95,6 +96,7 @@ pub use handshake::transmission_flags;
 pub use server::{
     NbdServer, ServerCounters, serve_connection, serve_connection_until, serve_connection_with,
 };
+pub use statistics::ExportStatistics;
 pub use tls::{ServerTls, TlsError, TlsMode};
 pub use tokio_util::sync::CancellationToken;
 pub use transmission::{block_status_descriptors, errno_for};

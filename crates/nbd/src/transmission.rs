@@ -6,6 +6,7 @@
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures_util::FutureExt;
 use tokio::io::{
@@ -18,6 +19,7 @@ use crate::backend::{Export, ExportError, Extent};
 use crate::config::ServerConfig;
 use crate::error::ConnectionError;
 use crate::negotiated::Negotiated;
+use crate::statistics::{ExportStatistics, Operation};
 use crate::wire::{self, BlockStatusDescriptor, Command, RequestHeader, TransmissionContext};
 
 /// Socket read buffer: enough for many small request headers per system call.
@@ -55,6 +57,41 @@ struct Outgoing {
     data: Vec<u8>,
     /// Released when the reply has been written, which bounds buffered replies.
     _permits: Vec<OwnedSemaphorePermit>,
+    /// A read or write to count in the export's statistics once written.
+    counted: Option<Counted>,
+}
+
+/// A read or write request as the export's statistics count it.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    operation: Operation,
+    bytes: u32,
+    /// When its header arrived; none when latency is not measured.
+    arrived: Option<Instant>,
+}
+
+impl Counted {
+    /// What to count of `command`, which arrived at `arrived`: reads and
+    /// writes only.
+    fn of(command: Command, arrived: Option<Instant>) -> Option<Counted> {
+        let (operation, bytes) = match command {
+            Command::Read { length, .. } => (Operation::Read, length),
+            Command::Write { length, .. } => (Operation::Write, length),
+            _ => return None,
+        };
+        Some(Counted {
+            operation,
+            bytes,
+            arrived,
+        })
+    }
+
+    fn record(&self, statistics: &ExportStatistics) {
+        let latency_ns = self
+            .arrived
+            .map(|arrived| u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        statistics.record(self.operation, u64::from(self.bytes), latency_ns);
+    }
 }
 
 impl Outgoing {
@@ -63,6 +100,7 @@ impl Outgoing {
             pieces: vec![Piece::Bytes(bytes)],
             data: Vec::new(),
             _permits: Vec::new(),
+            counted: None,
         }
     }
 }
@@ -82,11 +120,22 @@ where
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let (sender, receiver) = mpsc::channel::<Outgoing>(config.in_flight_requests_max + 1);
     let broken = CancellationToken::new();
-    let writer = tokio::spawn(write_replies(write_half, receiver, broken.clone()));
+    let statistics = negotiated.export.statistics();
+    let measures_latency = statistics
+        .as_ref()
+        .is_some_and(|statistics| statistics.measures_latency());
+    let writer = tokio::spawn(write_replies(
+        write_half,
+        receiver,
+        broken.clone(),
+        statistics.clone(),
+    ));
 
     let requests = RequestReader {
         export: negotiated.export,
         context: negotiated.context,
+        counts: statistics.is_some(),
+        measures_latency,
         config,
         sender,
         requests_in_flight: Arc::new(Semaphore::new(config.in_flight_requests_max)),
@@ -120,6 +169,9 @@ enum NextStep {
 struct RequestReader<'a> {
     export: Arc<dyn Export>,
     context: TransmissionContext,
+    /// Whether the export keeps statistics, and whether they measure latency.
+    counts: bool,
+    measures_latency: bool,
     config: &'a ServerConfig,
     sender: mpsc::Sender<Outgoing>,
     /// `in_flight_requests_max` permits, one per request.
@@ -146,6 +198,8 @@ impl RequestReader<'_> {
             }
             let mut header_bytes = [0u8; wire::REQUEST_HEADER_BYTES];
             read_exact_or_truncated(reader, &mut header_bytes, "request header").await?;
+            // A request arrives when its header has been read.
+            let arrived = self.measures_latency.then(Instant::now);
             let header = wire::parse_request_header(&header_bytes)?;
             let command = match wire::validate_request(&header, &self.context) {
                 Ok(command) => command,
@@ -168,7 +222,12 @@ impl RequestReader<'_> {
             } else {
                 Vec::new()
             };
-            self.start(header, command, payload, permits);
+            let counted = if self.counts {
+                Counted::of(command, arrived)
+            } else {
+                None
+            };
+            self.start(header, command, payload, permits, counted);
         }
     }
 
@@ -235,6 +294,7 @@ impl RequestReader<'_> {
         command: Command,
         payload: Vec<u8>,
         permits: Vec<OwnedSemaphorePermit>,
+        counted: Option<Counted>,
     ) {
         let export = Arc::clone(&self.export);
         let context = self.context;
@@ -257,6 +317,7 @@ impl RequestReader<'_> {
                 }
             };
             outgoing._permits = permits;
+            outgoing.counted = counted;
             // The writer is gone only when the connection broke; nobody to tell.
             let _ = sender.send(outgoing).await;
         });
@@ -332,6 +393,7 @@ async fn write_replies<W>(
     write_half: W,
     mut receiver: mpsc::Receiver<Outgoing>,
     broken: CancellationToken,
+    statistics: Option<Arc<ExportStatistics>>,
 ) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
@@ -344,6 +406,10 @@ where
                     Piece::Bytes(bytes) => writer.write_all(bytes).await?,
                     Piece::Data(range) => writer.write_all(&outgoing.data[range.clone()]).await?,
                 }
+            }
+            // The reply is in the socket's buffer: the request is answered.
+            if let (Some(counted), Some(statistics)) = (&outgoing.counted, &statistics) {
+                counted.record(statistics);
             }
             drop(outgoing);
             // Flush only when nothing else is ready, so bursts of small replies
@@ -576,6 +642,7 @@ async fn read(
         pieces: read_chunks(header.cookie, offset, runs),
         data,
         _permits: Vec::new(),
+        counted: None,
     }
 }
 
@@ -600,6 +667,7 @@ async fn read_simple(
         ],
         data,
         _permits: Vec::new(),
+        counted: None,
     }
 }
 
