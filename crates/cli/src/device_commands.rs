@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use lamina_api::{DeviceStatus, PoolStatus, RebuildState, RebuildStatus};
+use lamina_api::{
+    BackgroundBudgetStatus, BackgroundImpact, DeviceStatus, PoolStatus, RebuildState, RebuildStatus,
+};
 use lamina_control::admin::Operation;
 use lamina_control::client::{daemon_running, run_operation};
 use lamina_control::size::format_size;
@@ -224,4 +226,34 @@ pub fn print_rebuild(rebuild: &RebuildStatus) {
     if let Some(error) = &rebuild.error {
         println!("rebuild error        {error}");
     }
+}
+
+/// `pool status`'s background budget line: the rate rebuild, the cleaner,
+/// the demoter and scrub may use now, and why (client latency).
+pub fn print_background(background: &BackgroundBudgetStatus) {
+    let latency = background.client_latency_us.map_or_else(
+        || "no client I/O".to_string(),
+        |us| format!("client p99 {us} µs"),
+    );
+    let impact = match background.impact {
+        BackgroundImpact::Low => "low",
+        BackgroundImpact::Medium => "medium",
+        BackgroundImpact::High => "high",
+    };
+    println!(
+        "background           {}/s of {}–{}/s ({impact} impact; {latency}, target {} µs)",
+        format_size(background.bytes_per_second),
+        format_size(background.bytes_per_second_min),
+        format_size(background.bytes_per_second_max),
+        background.client_latency_target_us
+    );
+    let granted = &background.granted_bytes;
+    println!(
+        "background granted   rebuild {}, cleaner {}, demoter {}, scrub {} (urgent cleaning {})",
+        format_size(granted.rebuild),
+        format_size(granted.cleaner),
+        format_size(granted.demoter),
+        format_size(granted.scrub),
+        format_size(background.urgent_bytes)
+    );
 }

@@ -457,6 +457,7 @@ fn print_status(status: &PoolStatus) {
         pool_commands::print_scrub(&status.scrub);
     }
     device_commands::print_rebuild(&status.rebuild);
+    device_commands::print_background(&status.background);
     if let Some(layout) = &status.layout {
         pool_commands::print_layout(layout);
     }

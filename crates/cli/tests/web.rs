@@ -390,6 +390,32 @@ fn a_degraded_array_shows_degraded_with_its_missing_device() {
             .iter()
             .any(|volume| volume["name"] == "viasocket")
     );
+    // The missing device replaced: the page shows the rebuild finished and
+    // the array online with the new device.
+    let new = setup.root.join("new2.img");
+    lamina_ok(
+        &setup.data_dir,
+        &[
+            "device",
+            "replace",
+            &member(&setup, 2).display().to_string(),
+            &format!("{}:96M", new.display()),
+            "--wait",
+        ],
+    );
+    let status = lamina_ok(&setup.data_dir, &["pool", "status"]);
+    assert_eq!(status["layout"]["state"], "online", "{status}");
+    let dom = chromium(
+        &profile,
+        &format!("http://127.0.0.1:{port}/"),
+        &["--dump-dom"],
+    );
+    assert_eq!(
+        attribute_after(&dom, "id=\"rebuild-state\"", "data-rebuild-state"),
+        "finished",
+        "{dom}"
+    );
+    assert_devices_shown(&dom, &status);
     assert!(daemon.terminate().success());
 }
 

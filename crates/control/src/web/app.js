@@ -95,6 +95,14 @@ function renderPool(pool) {
   const scrub = pool.scrub || {};
   document.getElementById("scrub-state").textContent =
     (scrub.state || "-") + (scrub.blocks_total ? ` (${scrub.blocks_scrubbed}/${scrub.blocks_total})` : "");
+  const rebuild = pool.rebuild || {};
+  const percent = rebuild.bytes_total ? Math.floor((100 * rebuild.bytes_done) / rebuild.bytes_total) : 0;
+  const left = rebuild.seconds_left != null ? `, ${rebuild.seconds_left} s left` : "";
+  document.getElementById("rebuild-state").textContent = rebuild.state && rebuild.state !== "none"
+    ? `${rebuild.state}: ${bytes(rebuild.bytes_done)} of ${bytes(rebuild.bytes_total)} (${percent}%), ${bytes(rebuild.bytes_per_second)}/s${left}`
+      + (rebuild.error ? ` (${rebuild.error})` : "")
+    : "-";
+  document.getElementById("rebuild-state").dataset.rebuildState = rebuild.state || "none";
   renderArrays(pool.layout);
 }
 
@@ -113,7 +121,8 @@ function renderArrays(layout) {
     table.append(head);
     for (const device of tier.devices) {
       const row = element("tr", null, { "data-device": device.path, "data-state": device.state });
-      row.append(element("td", device.path.split("/").pop(), { title: device.path }), element("td", device.state),
+      const state = device.replacement ? `${device.state}, replacing with ${device.replacement.split("/").pop()}` : device.state;
+      row.append(element("td", device.path.split("/").pop(), { title: device.path }), element("td", state),
         element("td", bytes(device.bytes_read), { class: "number" }),
         element("td", bytes(device.bytes_written), { class: "number" }),
         element("td", device.io_errors, { class: "number" }));
