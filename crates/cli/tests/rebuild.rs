@@ -247,3 +247,87 @@ fn devices_fail_and_are_replaced_under_load_and_across_a_kill() {
         );
     }
 }
+
+/// A capacity array's device replaced with no daemon running (the commands
+/// open the pool themselves): data demoted to capacity reads back through the
+/// new device with two other capacity devices taken out.
+#[test]
+fn a_capacity_device_is_replaced_offline_and_carries_the_demoted_data() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let devices = |prefix: &str, count: usize, size: &str| {
+        (0..count)
+            .map(|index| {
+                format!(
+                    "{}:{size}",
+                    member(root, &format!("{prefix}{index}")).display()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    lamina_ok(
+        data_dir,
+        &[
+            "pool",
+            "create",
+            "--flash",
+            &devices("flash", 4, "24M"),
+            "--capacity",
+            &devices("cap", 5, "96M"),
+            "--redundancy",
+            "raid6",
+            "--segment-size",
+            "1M",
+        ],
+    );
+    let volume_bytes = 96_usize << 20;
+    lamina_ok(
+        data_dir,
+        &["volume", "create", "v", &volume_bytes.to_string()],
+    );
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let mut expected = vec![0_u8; volume_bytes];
+    rand::rngs::SmallRng::seed_from_u64(4).fill(&mut expected[..]);
+    let source = root.join("source.img");
+    std::fs::write(&source, &expected).unwrap();
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+    let started = Instant::now();
+    while lamina_ok(data_dir, &["volume", "stats", "v"])["capacity_bytes"]
+        .as_u64()
+        .unwrap()
+        == 0
+    {
+        assert!(started.elapsed() < Duration::from_millis(REBUILD_WAIT_MS_MAX));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(daemon.terminate().success());
+
+    let cap = |index: usize| member(root, &format!("cap{index}")).display().to_string();
+    lamina_ok(data_dir, &["device", "fail", &cap(1)]);
+    let new = member(root, "newcap");
+    let replaced = lamina_ok(
+        data_dir,
+        &[
+            "device",
+            "replace",
+            &cap(1),
+            &format!("{}:96M", new.display()),
+            "--wait",
+        ],
+    );
+    assert_eq!(replaced["state"], "finished", "{replaced}");
+    assert!(
+        replaced["rows_verified"].as_u64().unwrap() > 0,
+        "{replaced}"
+    );
+    lamina_ok(data_dir, &["device", "fail", &cap(0)]);
+    lamina_ok(data_dir, &["device", "fail", &cap(2)]);
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    let capacity = &status["layout"]["tiers"][1];
+    assert_eq!(capacity["state"], "degraded", "{status}");
+    assert_eq!(capacity["devices"][1]["path"], canonical(&new), "{status}");
+    assert_volume_reads(&daemon, root, &expected, "through the new capacity device");
+    assert!(daemon.terminate().success());
+}
