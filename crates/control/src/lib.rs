@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod export;
 pub mod layout;
 pub mod store;
+pub mod systemd;
 
 pub use lamina_api::size;
 
