@@ -13,7 +13,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .unwrap_or(trimmed.len());
     let (digits, suffix) = trimmed.split_at(split);
     let number: u64 = digits.parse().map_err(|_| {
-        format!("invalid size {text:?}: expected a number with an optional K, M, G, T or P suffix")
+        format!("invalid size {text:?}: expected a number with an optional K, M, G, T or P suffix, as in 20G")
     })?;
     let shift = match suffix.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 0,
@@ -22,7 +22,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
         "P" | "PB" | "PIB" => 50,
-        other => return Err(format!("invalid size {text:?}: unknown suffix {other:?}")),
+        other => {
+            return Err(format!(
+                "invalid size {text:?}: unknown suffix {other:?} (use K, M, G, T or P, as in 20G)"
+            ));
+        }
     };
     number
         .checked_mul(1u64 << shift)

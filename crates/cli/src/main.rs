@@ -3,21 +3,24 @@
 //! the benchmark. Volume and pool commands talk to the running daemon over its
 //! admin socket, or open the pool directly when no daemon runs.
 
+mod completions;
 mod device_commands;
+mod errors;
+mod logging;
 mod pool_commands;
 mod volume_stats_commands;
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use errors::with_flag_hint;
 use lamina_api::{Deleted, IntegrityStatus, PoolStatus, SnapshotInfo, VolumeInfo, VolumeTierStats};
-use lamina_control::admin::{Operation, OperationError, VOLUME_IN_USE_KIND};
+use lamina_control::admin::Operation;
 use lamina_control::client::run_operation;
 use lamina_control::config::Config;
 use lamina_control::size::{format_size, parse_size};
-use lamina_control::store::PoolAlreadyDescribed;
-use lamina_engine::{CachePriority, EngineError, Pin, PoolLimits, PoolOptions};
+use lamina_engine::{CachePriority, Pin, PoolLimits, PoolOptions};
 
 #[derive(Parser)]
 #[command(
@@ -64,6 +67,10 @@ enum Command {
     Plan(lamina_plan::PlanArgs),
     /// Benchmarks: latency versus load against peer servers, and the engine in process.
     Bench(lamina_bench::BenchArgs),
+    /// Print the shell completion script: `source <(lamina completions bash)`.
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page lamina(1), or write every page with --output DIR.
+    Man(completions::ManArgs),
 }
 
 #[derive(Args)]
@@ -161,7 +168,7 @@ enum VolumeCommand {
     Create {
         name: String,
         /// The volume's size (e.g. 20G).
-        #[arg(value_parser = parse_size, required_unless_present = "size", conflicts_with = "size")]
+        #[arg(value_name = "SIZE", value_parser = parse_size, required_unless_present = "size", conflicts_with = "size")]
         size_argument: Option<u64>,
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
@@ -553,7 +560,7 @@ async fn admin<T: serde::de::DeserializeOwned>(
 ) -> anyhow::Result<()> {
     let value = run_operation(&data.data_dir, operation)
         .await
-        .map_err(with_flag_hint)?;
+        .map_err(|error| errors::with_hint(error, &data.data_dir))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -564,39 +571,6 @@ async fn admin<T: serde::de::DeserializeOwned>(
     Ok(())
 }
 
-/// The command-line flag that overrides a refusal, by the refusal's kind (an
-/// engine error's [`EngineError::kind`], or the admin API's
-/// [`OperationError::kind`]): the engine and the control plane say only that
-/// the operation must be forced, the CLI says how.
-fn flag_hint_for_kind(kind: &str) -> Option<&'static str> {
-    match kind {
-        "device_not_empty" => Some("pass --force to overwrite it"),
-        "shrink_needs_force" => Some("pass --force to shrink it"),
-        VOLUME_IN_USE_KIND => Some("pass --force to roll back under them"),
-        _ => None,
-    }
-}
-
-/// Adds to `error` the flag that overrides it, when it is a refusal a flag of
-/// the command overrides (found anywhere in its chain of causes).
-fn with_flag_hint(error: anyhow::Error) -> anyhow::Error {
-    let hint = error.chain().find_map(|cause| {
-        if let Some(refused) = cause.downcast_ref::<OperationError>() {
-            flag_hint_for_kind(&refused.kind)
-        } else if let Some(engine) = cause.downcast_ref::<EngineError>() {
-            flag_hint_for_kind(engine.kind())
-        } else if cause.is::<PoolAlreadyDescribed>() {
-            Some("pass --force to replace it")
-        } else {
-            None
-        }
-    });
-    match hint {
-        Some(hint) => anyhow::anyhow!("{error:#} ({hint})"),
-        None => error,
-    }
-}
-
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(arguments) => {
@@ -604,6 +578,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 Some(path) => Config::load(path)?,
                 None => Config::default(),
             };
+            let reload = lamina_control::systemd::ReloadSource {
+                config_path: arguments.config.clone(),
+                file_config: Some(config.clone()),
+                log_filter: logging::filter_setter(),
+            };
+            if let (Some(level), Some(set_filter)) = (&config.log.level, &reload.log_filter)
+                && !logging::set_by_environment()
+            {
+                set_filter(level)
+                    .map_err(|error| anyhow::anyhow!("[log] level {level:?}: {error}"))?;
+            }
             if let Some(data_dir) = arguments.data_dir {
                 config.data_dir = data_dir;
             }
@@ -621,7 +606,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 config.server.tls_certificates = Some(directory);
             }
             config.server.tls_verify_peer |= arguments.tls_verify_peer;
-            lamina_control::daemon::run(config).await
+            lamina_control::daemon::run_service(config, reload).await
         }
         Command::Pool(PoolCommand::Create {
             data,
@@ -861,7 +846,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Plan(_) | Command::Bench(_) => unreachable!("handled before the runtime starts"),
+        Command::Plan(_) | Command::Bench(_) | Command::Completions(_) | Command::Man(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 
@@ -874,16 +861,14 @@ fn main() -> std::process::ExitCode {
         Command::Serve(_) | Command::Plan(_) | Command::Bench(_) => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LAMINA_LOG")
-                .unwrap_or_else(|_| default_level.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init(default_level);
     let result = match cli.command {
         Command::Plan(arguments) => lamina_plan::run(arguments),
         Command::Bench(arguments) => lamina_bench::run(arguments),
+        Command::Completions(arguments) => {
+            completions::print_completions(&arguments, Cli::command())
+        }
+        Command::Man(arguments) => completions::write_man_pages(&arguments, Cli::command()),
         command => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -27,10 +27,12 @@ pub struct Config {
     /// `hdd-7200`'s parameters or adds a model `[pool]` can select.
     pub disk_models: BTreeMap<String, RotatingDiskModel>,
     /// Who may open which exports (`[[access]]`); none: every client that
-    /// reaches a socket may open every export.
+    /// reaches a socket may open every export. Reloaded on SIGHUP.
     pub access: Vec<crate::access::AccessRule>,
     /// The management web page (`[web]`).
     pub web: WebSection,
+    /// The daemon's logging (`[log]`).
+    pub log: LogSection,
 }
 
 /// Where the management web page listens besides the admin socket.
@@ -55,6 +57,16 @@ impl Default for WebSection {
             token_file: PathBuf::from("web.token"),
         }
     }
+}
+
+/// The daemon's logging (`[log]`), reloaded on SIGHUP.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// What the daemon logs, as `LAMINA_LOG` takes it (`info`, `warn`,
+    /// `warn,lamina::audit=info`); none: `info`. `LAMINA_LOG`, when set,
+    /// wins at start; a SIGHUP applies this one.
+    pub level: Option<String>,
 }
 
 /// Whether a listener offers or requires TLS (`tls`, `unix_tls`).
@@ -159,6 +171,7 @@ impl Default for Config {
             disk_models: BTreeMap::new(),
             access: Vec::new(),
             web: WebSection::default(),
+            log: LogSection::default(),
         }
     }
 }
@@ -199,11 +212,25 @@ impl Default for PoolSection {
 }
 
 impl Config {
+    /// Reads, parses and checks the file at `path`; every failure is one line
+    /// naming the file (and, for a parse error, the line and column).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| anyhow::anyhow!("cannot read config {}: {error}", path.display()))?;
-        let config: Config = toml::from_str(&text)
-            .map_err(|error| anyhow::anyhow!("invalid config {}: {error}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            let reason = match error.kind() {
+                std::io::ErrorKind::NotFound => {
+                    "no such file (give --config the path of an existing TOML file, or leave it out for the defaults)".to_string()
+                }
+                _ => error.to_string(),
+            };
+            anyhow::anyhow!("cannot read config {}: {reason}", path.display())
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|error| {
+            anyhow::anyhow!(
+                "invalid config {}: {} (fix the file; README's Configuration lists every key)",
+                path.display(),
+                toml_error_line(&text, &error)
+            )
+        })?;
         config
             .check()
             .map_err(|error| anyhow::anyhow!("invalid config {}: {error}", path.display()))?;
@@ -222,6 +249,10 @@ impl Config {
             .validate()
             .map_err(|error| format!("[limits] {error}"))?;
         crate::access::AccessRules::new(&self.access)?;
+        if let Some(level) = &self.log.level {
+            tracing_subscriber::EnvFilter::try_new(level)
+                .map_err(|error| format!("[log] level {level:?}: {error}"))?;
+        }
         Ok(())
     }
 
@@ -271,6 +302,19 @@ impl Config {
             definitions: self.disk_models.clone(),
         }
     }
+}
+
+/// A TOML error on one line: where (line and column, from 1) and what,
+/// instead of the parser's multi-line excerpt of the file.
+fn toml_error_line(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim().replace('\n', " ");
+    let Some(span) = error.span() else {
+        return message;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |newline| newline + 1) + 1;
+    format!("line {line}, column {column}: {message}")
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `lamina serve`: opens (or, with an empty data directory, creates) the pool,
 //! serves every volume over NBD on TCP and a Unix socket, serves the admin API,
-//! and on SIGINT or SIGTERM stops accepting, lets in-flight requests finish,
-//! flushes, checkpoints and exits 0.
+//! tells a service manager when it is ready (`systemd.rs`), reloads what can
+//! change live on SIGHUP, and on SIGINT or SIGTERM stops accepting, lets
+//! in-flight requests finish, flushes, checkpoints and exits 0.
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use crate::admin::{AdminAudit, AdminGate, AdminListener, AdminPeer};
 use crate::config::{Config, TlsSetting};
 use crate::export::{DEFAULT_EXPORT_NAME, PoolCatalog};
 use crate::store::{self, ADMIN_SOCKET_FILE, EMBEDDED_POOL_FILE};
+use crate::systemd::{self, LiveAccessRules, ReloadSource, Reloader};
 
 /// Opens the pool in the data directory, creating the embedded default when the
 /// directory has none.
@@ -343,8 +345,15 @@ impl Listeners<'_> {
     }
 }
 
-/// Runs the daemon until a signal asks it to stop.
+/// Runs the daemon until a signal asks it to stop; SIGHUP has nothing to
+/// reload.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    run_service(config, ReloadSource::default()).await
+}
+
+/// Runs the daemon until a signal asks it to stop, reloading `reload`'s
+/// configuration file on SIGHUP.
+pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result<()> {
     config
         .check_exposure()
         .map_err(|error| anyhow::anyhow!(error))?;
@@ -365,10 +374,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let server_config = config.server.server_config();
     let mut server =
         NbdServer::new(catalog, server_config).map_err(|error| anyhow::anyhow!("{error}"))?;
-    if !config.access.is_empty() {
-        let rules = AccessRules::new(&config.access).map_err(|error| anyhow::anyhow!(error))?;
-        server = server.with_access_policy(Arc::new(rules));
-    }
+    let rules = match config.access.is_empty() {
+        true => None,
+        false => Some(AccessRules::new(&config.access).map_err(|error| anyhow::anyhow!(error))?),
+    };
+    // Always the live policy, even without rules, so that a SIGHUP can add some.
+    let access = Arc::new(LiveAccessRules::new(rules));
+    server = server.with_access_policy(access.clone());
     let server = Arc::new(server);
     let shutdown = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -411,11 +423,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "lamina is ready"
     );
 
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
-    }
+    // Handlers first: a SIGHUP sent as soon as READY=1 arrives must reload,
+    // not kill.
+    let signals = StopSignals::register()?;
+    systemd::notify_ready(&format!("serving {} volumes", volumes.len()));
+    signals.wait(Reloader::new(reload, access)).await;
+    systemd::notify_stopping();
     shutdown.cancel();
     while tasks.join_next().await.is_some() {}
     pool.close()
@@ -425,4 +438,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&admin_path);
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// The signals the daemon handles once it serves.
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn register() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Waits for SIGINT or SIGTERM, reloading the configuration on each
+    /// SIGHUP meanwhile.
+    async fn wait(mut self, mut reloader: Reloader) {
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => {
+                    tracing::info!("SIGINT: shutting down");
+                    return;
+                }
+                _ = self.terminate.recv() => {
+                    tracing::info!("SIGTERM: shutting down");
+                    return;
+                }
+                _ = self.hangup.recv() => reloader.reload(),
+            }
+        }
+    }
 }

@@ -14,6 +14,7 @@ pub mod devices;
 pub mod export;
 pub mod layout;
 pub mod store;
+pub mod systemd;
 pub mod volume_statistics;
 pub mod web;
 

@@ -270,6 +270,22 @@ pub(crate) fn open_device(
                 ..
             },
         ) => Err(error.into()),
+        // The error names the device and says why it did not open; add
+        // what to do about it.
+        Err(
+            error @ DeviceError {
+                kind: DeviceErrorKind::Open(_),
+                ..
+            },
+        ) => {
+            let advice = match create_size_bytes {
+                Some(_) => "create its directory first, or give another path",
+                None => {
+                    "the pool's description (pool.toml in the data directory) names it: attach it again, or correct the path there"
+                }
+            };
+            Err(anyhow::anyhow!("{error}; {advice}"))
+        }
         Err(error) => Err(error).with_context(|| format!("cannot open device {}", path.display())),
     }
 }

@@ -8,6 +8,10 @@
 pub enum DeviceErrorKind {
     #[error("I/O error: {0}")]
     Io(std::io::Error),
+    /// The device could not be opened at all (no such file, no permission):
+    /// no request was made, so there is no offset or length to report.
+    #[error("{}", open_failure_message(.0))]
+    Open(std::io::Error),
     /// The file system or quota under the device has no room for the write
     /// (a sparse file or a thin device being filled); nothing else is wrong with
     /// it, and the write can succeed once space is freed.
@@ -37,6 +41,18 @@ impl From<std::io::Error> for DeviceErrorKind {
     }
 }
 
+/// Why an open failed, in the words an operator looks for: "no such file"
+/// rather than the errno's text with its number.
+fn open_failure_message(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        std::io::ErrorKind::PermissionDenied => {
+            "permission denied (run as a user that may read and write it)".to_string()
+        }
+        _ => format!("cannot open: {error}"),
+    }
+}
+
 /// A failed device request with its context.
 #[derive(Debug, thiserror::Error)]
 #[error("device {device}: {kind}{}", self.request_context())]
@@ -52,7 +68,7 @@ impl DeviceError {
     /// device is in use does not have.
     fn request_context(&self) -> String {
         match self.kind {
-            DeviceErrorKind::InUse { .. } => String::new(),
+            DeviceErrorKind::InUse { .. } | DeviceErrorKind::Open(_) => String::new(),
             _ => format!(" (offset {}, length {})", self.offset, self.length),
         }
     }
@@ -75,6 +91,13 @@ impl DeviceError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_open_names_the_device_and_says_no_such_file_without_a_request() {
+        let kind = DeviceErrorKind::Open(std::io::Error::from_raw_os_error(libc::ENOENT));
+        let error = DeviceError::new(kind, "/dev/gone", 0, 0);
+        assert_eq!(error.to_string(), "device /dev/gone: no such file");
+    }
 
     #[test]
     fn enospc_and_edquot_are_out_of_space_and_eio_is_not() {

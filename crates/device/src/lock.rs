@@ -117,7 +117,7 @@ impl DeviceLock {
                     holder: find_flock_holder(path),
                 });
             }
-            Err(error) => return Err(DeviceErrorKind::Io(error)),
+            Err(error) => return Err(DeviceErrorKind::Open(error)),
         };
         // SAFETY: flock on a descriptor this function owns; it touches no memory.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
