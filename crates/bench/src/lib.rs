@@ -7,7 +7,8 @@
 //! server); `fs` builds a filesystem on each server's export and runs postmark;
 //! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd;
 //! `tiers` measures all-flash, flash + modelled disk and the modelled disk alone;
-//! `write-amplification` measures the cleaner's write amplification through fio.
+//! `write-amplification` measures the cleaner's write amplification through fio;
+//! `rebuild` measures client latency through a device failure and its rebuild.
 //! The in-process commands ([`in_process`]) drive the engine or the device layer
 //! from this process, without NBD: `engine` (IOPS against fio, recovery time, memory
 //! per block), `flush-latency`, `cleaner-latency`, `snapshot-create`,
@@ -21,6 +22,7 @@ pub mod fs;
 pub mod in_process;
 pub mod plot;
 pub mod process;
+pub mod rebuild;
 pub mod report;
 pub mod servers;
 pub mod snapshots;
@@ -60,6 +62,8 @@ pub enum BenchCommand {
     Snapshots(snapshots::SnapshotsArgs),
     /// All-flash, flash + modelled disk and modelled disk alone: curves and reaction.
     Tiers(tiers::TiersArgs),
+    /// Client IOPS and p99 through a device failure and its rebuild; idle rebuild times.
+    Rebuild(rebuild::RebuildArgs),
     /// Cleaner write amplification of 4 KiB random overwrites, through fio over NBD.
     WriteAmplification(write_amplification::WriteAmplificationArgs),
     /// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
@@ -222,6 +226,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Fs(arguments) => run_fs(&arguments),
         BenchCommand::Snapshots(arguments) => snapshots::run_snapshots(&arguments),
         BenchCommand::Tiers(arguments) => tiers::run_tiers(&arguments),
+        BenchCommand::Rebuild(arguments) => rebuild::run_rebuild(&arguments),
         BenchCommand::WriteAmplification(arguments) => {
             write_amplification::run_write_amplification(&arguments)
         }

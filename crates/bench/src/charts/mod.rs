@@ -4,5 +4,6 @@
 //! their drawings and the shared primitives depend on neither.
 
 mod curves;
+mod rebuild;
 mod snapshots;
 mod tiers;

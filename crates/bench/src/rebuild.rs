@@ -1,0 +1,1297 @@
+//! `lamina bench rebuild`: losing a device and rebuilding it onto a replacement,
+//! measured through real clients (issue 19's "Measure").
+//!
+//! Each run creates a raid6 pool on six file devices (optionally behind a disk
+//! model such as `hdd-7200`), fills a volume to a share of the usable space with
+//! sequential writes over NBD and serves it with `lamina serve`. Under load (the
+//! default), the healthy closed-loop peak of a 70/30 random 4 KiB mix is measured
+//! first; then the same mix runs open-loop at a share of that peak with a per-I/O
+//! latency log while the bench takes a device out (`device fail`), replaces it
+//! (`device replace` onto a new file), waits for the rebuild and lets the load
+//! run on. Per-second IOPS and p99 come from fio's log, the rebuild's progress
+//! from `pool status --json` each second; the phases' p99 are of all their I/Os.
+//! With `--idle-fills` no client runs: the rebuild's duration at each fill, and
+//! the survivors' bytes read per second against their aggregate sequential read
+//! bandwidth (fio, O_DIRECT, one stream per survivor, on files of the same disk).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::convert::saturating_u64;
+use crate::fio::{self, Measurement, Pattern, StepSpec};
+use crate::lamina_program;
+use crate::process::{ManagedChild, check_interrupted, run_helper};
+use crate::report::median;
+use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
+use crate::tiers::{parse_latency_log, percentile_of_sorted, sliding_windows};
+use lamina_api::size::parse_size;
+use lamina_api::{PoolStatus, RebuildState};
+
+/// Devices of the pool: raid6 over six, as the issue's daemon test.
+const DEVICE_COUNT: usize = 6;
+/// The device taken out and replaced.
+const FAILED_DEVICE_INDEX: usize = 0;
+/// Client block size of the load, in bytes.
+const BLOCK_SIZE_BYTES: u64 = 4096;
+/// Reads in the load's mix, in percent.
+const READ_PERCENT: u8 = 70;
+/// Volume sizes are rounded down to a multiple of this, in bytes.
+const VOLUME_ALIGNMENT_BYTES: u64 = 1 << 20;
+/// Block size and depth of the sequential fill.
+const FILL_BLOCK_SIZE_BYTES: u64 = 1 << 20;
+const FILL_IODEPTH: u32 = 4;
+/// Seconds of the peak measurement not counted (the pool warms up).
+const PEAK_RAMP_SECONDS: u64 = 2;
+/// Seconds at the start of the loaded run left out of the healthy phase.
+const LOAD_WARM_UP_SECONDS: f64 = 2.0;
+/// The loaded fio runs this long at most; the bench stops it earlier.
+const LOAD_RUNTIME_SECONDS_MAX: u64 = 7200;
+/// How long the bench waits for a rebuild to end, at most.
+const REBUILD_WAIT_SECONDS_MAX: u64 = 3600;
+/// How often `pool status` is read during a loaded run, in milliseconds.
+const STATUS_INTERVAL_MS: u64 = 1000;
+/// How often it is read while a rebuild runs, in milliseconds (the rebuild's
+/// end, and so the phases' boundary, is known to this much).
+const REBUILD_STATUS_INTERVAL_MS: u64 = 200;
+/// Width of the windows of the timeline, in milliseconds.
+const WINDOW_MS: u64 = 1000;
+/// The issue's goal: client p99 during the rebuild at most this times healthy.
+pub const P99_GOAL_FACTOR: f64 = 1.5;
+/// The issue's goal: the 25% pool rebuilds in at most this share of the 90% one's time.
+pub const PROPORTIONALITY_GOAL: f64 = 0.35;
+/// Block size, depth and file size of the survivors' bandwidth measurement.
+const BANDWIDTH_BLOCK_SIZE_BYTES: u64 = 1 << 20;
+const BANDWIDTH_IODEPTH: u32 = 4;
+/// The measured volume (and its NBD export).
+const VOLUME_NAME: &str = "load";
+
+/// How much background work may take from clients (the daemon's `background_impact`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Impact {
+    Low,
+    Medium,
+    High,
+}
+
+impl Impact {
+    /// The name in the daemon's configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Impact::Low => "low",
+            Impact::Medium => "medium",
+            Impact::High => "high",
+        }
+    }
+}
+
+/// Arguments of `lamina bench rebuild`.
+#[derive(Debug, Clone, Args)]
+pub struct RebuildArgs {
+    /// Size of each of the six device files (e.g. 512M, 2G).
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    pub device_size: u64,
+    /// Segment size of the pool.
+    #[arg(long, value_parser = parse_size, default_value = "1M")]
+    pub segment_size: u64,
+    /// The devices' model (`pool create --flash-model`), e.g. hdd-7200; none: the files as they are.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Share of the usable space the volume fills, under load.
+    #[arg(long, default_value_t = 0.5)]
+    pub fill: f64,
+    /// The daemon's `background_impact`, one loaded run each (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Impact::Medium])]
+    pub impact: Vec<Impact>,
+    /// The daemon's `client_latency_target_us`, overriding the impact's (the
+    /// client p99 above which background work backs off).
+    #[arg(long)]
+    pub client_latency_target_us: Option<u64>,
+    /// In-flight requests of the load.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iodepth: u32,
+    /// Share of the healthy peak offered during the loaded run.
+    #[arg(long, default_value_t = 0.5)]
+    pub load_share: f64,
+    /// Seconds of the closed-loop peak measurement.
+    #[arg(long, default_value_t = 10)]
+    pub peak_seconds: u64,
+    /// Seconds of load before `device fail`.
+    #[arg(long, default_value_t = 20)]
+    pub healthy_seconds: u64,
+    /// Seconds between `device fail` and `device replace`.
+    #[arg(long, default_value_t = 10)]
+    pub degraded_seconds: u64,
+    /// Seconds of load after the rebuild ends.
+    #[arg(long, default_value_t = 20)]
+    pub after_seconds: u64,
+    /// No client load: rebuild durations at these fills instead (comma-separated),
+    /// under the first --impact (whose ceiling bounds the rebuild's rate).
+    #[arg(long, value_delimiter = ',')]
+    pub idle_fills: Option<Vec<f64>>,
+    /// Runs per idle fill (the table gives medians).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Size of each file of the survivors' bandwidth measurement (idle runs, no model).
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    pub bandwidth_file_size: u64,
+    /// Where the pools go (default: a temporary directory, removed).
+    #[arg(long)]
+    pub directory: Option<PathBuf>,
+    /// The fio program.
+    #[arg(long, default_value = "fio")]
+    pub fio: String,
+    /// The lamina binary (default: this program).
+    #[arg(long, env = "LAMINA_BIN")]
+    pub lamina_bin: Option<PathBuf>,
+    /// Print one JSON document instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw the loaded runs' IOPS and p99 over time to this file (.png or .svg).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// Errors that make a rebuild figure impossible.
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildBenchError {
+    #[error("lamina binary {} not found (set --lamina-bin or LAMINA_BIN)", .path.display())]
+    LaminaMissing { path: PathBuf },
+    #[error("--{name} {value} is not a fraction strictly between 0 and 1")]
+    FractionOutOfRange { name: &'static str, value: f64 },
+    #[error("the rebuild did not end within {seconds_max} s: {status}")]
+    RebuildTooLong { seconds_max: u64, status: String },
+    #[error("the rebuild failed: {reason}")]
+    RebuildFailed { reason: String },
+    #[error("the pool failed during the run: {reason}")]
+    PoolFailed { reason: String },
+    #[error("fio's latency log of the loaded run is empty")]
+    EmptyLatencyLog,
+}
+
+/// One second of the loaded run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Second {
+    /// End of the window, seconds since the load started.
+    pub seconds: f64,
+    pub iops: f64,
+    pub p99_us: Option<f64>,
+}
+
+/// One reading of `pool status` during a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusSample {
+    pub seconds: f64,
+    pub rebuild_state: RebuildState,
+    pub rebuild_bytes_done: u64,
+    pub rebuild_bytes_total: u64,
+    pub background_bytes_per_second: u64,
+    pub client_latency_us: Option<u64>,
+}
+
+/// When things happened, in seconds since the load (or the replace) started.
+#[derive(Debug, Clone, Serialize)]
+pub struct Events {
+    pub fail_seconds: f64,
+    pub replace_seconds: f64,
+    pub rebuild_end_seconds: f64,
+    pub end_seconds: f64,
+}
+
+/// Client figures of one phase of the loaded run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub name: &'static str,
+    pub from_seconds: f64,
+    pub to_seconds: f64,
+    pub completed_ios: usize,
+    pub iops: f64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}
+
+/// What one rebuild did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebuildFigures {
+    /// Bytes of the pool's address space rebuilt (metadata and the segments
+    /// in use, dead blocks not yet cleaned included).
+    pub bytes_total: u64,
+    /// The pool's used bytes (client data, live) when the replace began.
+    pub pool_used_bytes: u64,
+    /// The engine's own count from start to end.
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    /// Bytes read from the five survivors between the replace and the end
+    /// (under load, client reads included).
+    pub survivors_bytes_read: u64,
+    pub survivors_bytes_read_per_second: f64,
+    pub rows_verified: u64,
+    pub blocks_unrepairable: u64,
+}
+
+/// One run under load.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadRun {
+    pub impact: Impact,
+    pub volume_bytes: u64,
+    pub peak: Measurement,
+    pub target_iops: u64,
+    pub phases: Vec<Phase>,
+    /// p99 during the rebuild ÷ healthy p99.
+    pub p99_ratio: Option<f64>,
+    /// The lowest IOPS of a 1 s window inside the rebuild ÷ IOPS offered
+    /// (the whole phase's when it is shorter than two windows): under 1 when
+    /// fio's queue was full, and the p99 then leaves out the time requests
+    /// waited to be issued (fio catches up afterwards).
+    pub rebuild_iops_share: f64,
+    pub goal_met: Option<bool>,
+    pub rebuild: RebuildFigures,
+    pub events: Events,
+    pub seconds: Vec<Second>,
+    pub status: Vec<StatusSample>,
+}
+
+/// One idle rebuild.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleRun {
+    pub fill: f64,
+    /// The budget's profile: with no client its ceiling is the rebuild's limit.
+    pub impact: Impact,
+    pub volume_bytes: u64,
+    pub rebuild: RebuildFigures,
+}
+
+/// The idle rebuilds of one fill.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleFill {
+    pub fill: f64,
+    pub runs: Vec<IdleRun>,
+    pub median_seconds: f64,
+    pub median_bytes_per_second: f64,
+    pub median_survivors_bytes_read_per_second: f64,
+}
+
+/// The survivors' aggregate sequential read bandwidth.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bandwidth {
+    /// How it was obtained.
+    pub method: String,
+    pub streams: usize,
+    pub bytes_per_second: f64,
+}
+
+/// The settings every run shared.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub device_count: usize,
+    pub device_size_bytes: u64,
+    pub segment_size_bytes: u64,
+    pub model: Option<String>,
+    pub fill: f64,
+    pub iodepth: u32,
+    pub load_share: f64,
+    pub read_percent: u8,
+    pub healthy_seconds: u64,
+    pub degraded_seconds: u64,
+    pub after_seconds: u64,
+    pub client_latency_target_us: Option<u64>,
+}
+
+/// What `lamina bench rebuild --json` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebuildReport {
+    pub fio_version: String,
+    pub settings: Settings,
+    pub load: Vec<LoadRun>,
+    pub idle: Vec<IdleFill>,
+    pub bandwidth: Option<Bandwidth>,
+    /// Median rebuild time at the smallest idle fill ÷ at the largest.
+    pub proportionality: Option<f64>,
+}
+
+impl RebuildArgs {
+    fn check(&self) -> Result<(), RebuildBenchError> {
+        let fills = self
+            .idle_fills
+            .iter()
+            .flatten()
+            .map(|fill| ("idle-fills", *fill));
+        for (name, value) in [("fill", self.fill), ("load-share", self.load_share)]
+            .into_iter()
+            .chain(fills)
+        {
+            if !(value > 0.0 && value < 1.0) {
+                return Err(RebuildBenchError::FractionOutOfRange { name, value });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The volume: `fill` of the usable space, rounded down to whole MiB.
+pub fn volume_size_bytes(fill: f64, status: &PoolStatus) -> u64 {
+    let usable_bytes = status.capacity_bytes.saturating_sub(status.reserved_bytes);
+    (saturating_u64((fill * usable_bytes as f64).floor()) / VOLUME_ALIGNMENT_BYTES
+        * VOLUME_ALIGNMENT_BYTES)
+        .max(VOLUME_ALIGNMENT_BYTES)
+}
+
+/// A pool on six device files, served, its volume filled.
+struct FilledPool {
+    server: RunningServer,
+    data: PathBuf,
+    directory: PathBuf,
+    volume_bytes: u64,
+}
+
+impl FilledPool {
+    fn device(&self, index: usize) -> String {
+        self.directory
+            .join(format!("d{index}.img"))
+            .display()
+            .to_string()
+    }
+
+    fn status(&self, program: &Path) -> anyhow::Result<PoolStatus> {
+        let status: PoolStatus = lamina_json(program, &self.data, &["pool", "status", "--json"])?;
+        if let Some(reason) = &status.failed {
+            return Err(RebuildBenchError::PoolFailed {
+                reason: reason.clone(),
+            }
+            .into());
+        }
+        Ok(status)
+    }
+}
+
+/// Bytes read so far from every device but the failed one.
+fn survivors_bytes_read(status: &PoolStatus) -> u64 {
+    status
+        .layout
+        .iter()
+        .flat_map(|layout| layout.tiers.iter())
+        .flat_map(|tier| tier.devices.iter())
+        .filter(|device| device.index != FAILED_DEVICE_INDEX)
+        .map(|device| device.bytes_read)
+        .sum()
+}
+
+/// Whether the rebuild is over: not rebuilding, no device being replaced.
+fn rebuild_over(status: &PoolStatus) -> bool {
+    let replacing = status
+        .layout
+        .iter()
+        .flat_map(|layout| layout.tiers.iter())
+        .flat_map(|tier| tier.devices.iter())
+        .any(|device| device.replacement.is_some());
+    status.rebuild.state != RebuildState::Rebuilding && !replacing
+}
+
+struct Bench<'a> {
+    arguments: &'a RebuildArgs,
+    program: PathBuf,
+}
+
+impl Bench<'_> {
+    fn lamina(&self, data: &Path, arguments: &[&str]) -> anyhow::Result<()> {
+        let mut command = Command::new(&self.program);
+        command.args(arguments).arg("--data").arg(data);
+        run_helper(command)?;
+        Ok(())
+    }
+
+    /// Creates the pool in `directory`, serves it and fills `fill` of it.
+    fn filled_pool(
+        &self,
+        directory: &Path,
+        fill: f64,
+        impact: Impact,
+    ) -> anyhow::Result<FilledPool> {
+        let arguments = self.arguments;
+        let server_directory = directory.join("server");
+        let data = server_directory.join("data");
+        std::fs::create_dir_all(&data)?;
+        let devices = (0..DEVICE_COUNT)
+            .map(|index| {
+                format!(
+                    "{}:{}",
+                    directory.join(format!("d{index}.img")).display(),
+                    arguments.device_size
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let segment = arguments.segment_size.to_string();
+        let mut create = vec![
+            "pool",
+            "create",
+            "--flash",
+            &devices,
+            "--redundancy",
+            "raid6",
+            "--segment-size",
+            &segment,
+            "--json",
+        ];
+        if let Some(model) = &arguments.model {
+            create.extend(["--flash-model", model.as_str()]);
+        }
+        let created: PoolStatus = lamina_json(&self.program, &data, &create)?;
+        let volume_bytes = volume_size_bytes(fill, &created);
+        self.lamina(
+            &data,
+            &["volume", "create", VOLUME_NAME, &volume_bytes.to_string()],
+        )?;
+        // No memory cache: client reads reach the devices, as the rebuild's do.
+        let mut config = format!(
+            "[limits]\nmemory_cache_bytes = 0\nbackground_impact = \"{}\"\n",
+            impact.name()
+        );
+        if let Some(target) = arguments.client_latency_target_us {
+            config.push_str(&format!("client_latency_target_us = {target}\n"));
+        }
+        let server = serve_lamina_data(
+            &self.program,
+            &server_directory,
+            &data,
+            &config,
+            VOLUME_NAME,
+        )?;
+        eprintln!(
+            "filling {} MiB ({fill} of the usable space)",
+            volume_bytes >> 20
+        );
+        fio::run(
+            &arguments.fio,
+            &server.uri,
+            &[
+                "--name=fill".to_owned(),
+                "--rw=write".to_owned(),
+                format!("--bs={FILL_BLOCK_SIZE_BYTES}"),
+                format!("--size={volume_bytes}"),
+                format!("--iodepth={FILL_IODEPTH}"),
+                "--end_fsync=1".to_owned(),
+            ],
+        )?;
+        Ok(FilledPool {
+            server,
+            data,
+            directory: directory.to_owned(),
+            volume_bytes,
+        })
+    }
+
+    fn step(&self, volume_bytes: u64, target_iops: Option<u64>, runtime_seconds: u64) -> StepSpec {
+        StepSpec {
+            pattern: Pattern::RandomMix {
+                read_percent: READ_PERCENT,
+            },
+            block_size_bytes: BLOCK_SIZE_BYTES,
+            iodepth: self.arguments.iodepth,
+            jobs: 1,
+            target_iops,
+            runtime_seconds,
+            ramp_seconds: 0,
+            region_bytes: volume_bytes,
+        }
+    }
+
+    fn replace(&self, pool: &FilledPool) -> anyhow::Result<()> {
+        let old = pool.device(FAILED_DEVICE_INDEX);
+        let new = format!(
+            "{}:{}",
+            pool.directory.join("new.img").display(),
+            self.arguments.device_size
+        );
+        self.lamina(&pool.data, &["device", "replace", &old, &new])
+    }
+
+    /// Reads `pool status` every `interval` until the rebuild is over; the last status.
+    fn wait_for_rebuild(
+        &self,
+        pool: &FilledPool,
+        start: Instant,
+        interval: Duration,
+        samples: &mut Vec<StatusSample>,
+    ) -> anyhow::Result<PoolStatus> {
+        loop {
+            check_interrupted()?;
+            let status = pool.status(&self.program)?;
+            samples.push(sample(&status, start));
+            if status.rebuild.state == RebuildState::Failed {
+                return Err(RebuildBenchError::RebuildFailed {
+                    reason: status.rebuild.error.clone().unwrap_or_default(),
+                }
+                .into());
+            }
+            if rebuild_over(&status) {
+                return Ok(status);
+            }
+            if start.elapsed() > Duration::from_secs(REBUILD_WAIT_SECONDS_MAX) {
+                return Err(RebuildBenchError::RebuildTooLong {
+                    seconds_max: REBUILD_WAIT_SECONDS_MAX,
+                    status: format!("{:?}", status.rebuild),
+                }
+                .into());
+            }
+            std::thread::sleep(interval);
+        }
+    }
+}
+
+fn sample(status: &PoolStatus, start: Instant) -> StatusSample {
+    StatusSample {
+        seconds: start.elapsed().as_secs_f64(),
+        rebuild_state: status.rebuild.state,
+        rebuild_bytes_done: status.rebuild.bytes_done,
+        rebuild_bytes_total: status.rebuild.bytes_total,
+        background_bytes_per_second: status.background.bytes_per_second,
+        client_latency_us: status.background.client_latency_us,
+    }
+}
+
+fn rebuild_figures(before: &PoolStatus, after: &PoolStatus) -> RebuildFigures {
+    let seconds = after.rebuild.elapsed_ms as f64 / 1_000.0;
+    let survivors = survivors_bytes_read(after).saturating_sub(survivors_bytes_read(before));
+    let per_second = |bytes: u64| {
+        if seconds > 0.0 {
+            bytes as f64 / seconds
+        } else {
+            f64::NAN
+        }
+    };
+    RebuildFigures {
+        bytes_total: after.rebuild.bytes_total,
+        pool_used_bytes: before.used_bytes,
+        seconds,
+        bytes_per_second: per_second(after.rebuild.bytes_total),
+        survivors_bytes_read: survivors,
+        survivors_bytes_read_per_second: per_second(survivors),
+        rows_verified: after.rebuild.rows_verified,
+        blocks_unrepairable: after.rebuild.blocks_unrepairable,
+    }
+}
+
+/// Sleeps until `seconds` after `start`, reading `pool status` every interval.
+fn poll_until(
+    bench: &Bench,
+    pool: &FilledPool,
+    start: Instant,
+    seconds: f64,
+    samples: &mut Vec<StatusSample>,
+) -> anyhow::Result<()> {
+    while start.elapsed().as_secs_f64() < seconds {
+        check_interrupted()?;
+        samples.push(sample(&pool.status(&bench.program)?, start));
+        let left = seconds - start.elapsed().as_secs_f64();
+        std::thread::sleep(
+            Duration::from_millis(STATUS_INTERVAL_MS).min(Duration::from_secs_f64(left.max(0.0))),
+        );
+    }
+    Ok(())
+}
+
+/// The figures of the I/Os completed in [from, to) seconds.
+fn phase(name: &'static str, samples: &[(u64, u64)], from: f64, to: f64) -> Phase {
+    let from_ms = saturating_u64((from * 1_000.0).round());
+    let to_ms = saturating_u64((to * 1_000.0).round());
+    let mut latencies: Vec<u64> = samples
+        .iter()
+        .filter(|(time, _)| (from_ms..to_ms).contains(time))
+        .map(|(_, ns)| *ns)
+        .collect();
+    latencies.sort_unstable();
+    let microseconds = |ns: Option<u64>| ns.map(|ns| ns as f64 / 1_000.0);
+    Phase {
+        name,
+        from_seconds: from,
+        to_seconds: to,
+        completed_ios: latencies.len(),
+        iops: if to > from {
+            latencies.len() as f64 / (to - from)
+        } else {
+            f64::NAN
+        },
+        p50_us: microseconds(percentile_of_sorted(&latencies, 50.0)),
+        p99_us: microseconds(percentile_of_sorted(&latencies, 99.0)),
+    }
+}
+
+/// The four phases of a loaded run from its latency samples and events.
+pub fn phases(samples: &[(u64, u64)], events: &Events) -> Vec<Phase> {
+    vec![
+        phase(
+            "healthy",
+            samples,
+            LOAD_WARM_UP_SECONDS,
+            events.fail_seconds,
+        ),
+        phase(
+            "degraded",
+            samples,
+            events.fail_seconds,
+            events.replace_seconds,
+        ),
+        phase(
+            "rebuilding",
+            samples,
+            events.replace_seconds,
+            events.rebuild_end_seconds,
+        ),
+        phase(
+            "after",
+            samples,
+            events.rebuild_end_seconds,
+            events.end_seconds,
+        ),
+    ]
+}
+
+/// The lowest IOPS of the 1 s windows wholly inside the rebuild; none when
+/// there are fewer than two.
+fn lowest_iops(seconds: &[Second], events: &Events) -> Option<f64> {
+    let window_seconds = WINDOW_MS as f64 / 1_000.0;
+    let inside: Vec<f64> = seconds
+        .iter()
+        .filter(|second| {
+            second.seconds - window_seconds >= events.replace_seconds
+                && second.seconds <= events.rebuild_end_seconds
+        })
+        .map(|second| second.iops)
+        .collect();
+    (inside.len() >= 2).then(|| inside.iter().copied().fold(f64::INFINITY, f64::min))
+}
+
+/// Starts the open-loop load with a per-I/O latency log under `log_prefix`.
+fn start_load(
+    bench: &Bench,
+    uri: &str,
+    step: &StepSpec,
+    log_prefix: &Path,
+) -> anyhow::Result<ManagedChild> {
+    let mut command = Command::new(&bench.arguments.fio);
+    command
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={uri}"))
+        .arg("--output-format=json")
+        .args(step.fio_arguments())
+        .arg(format!("--write_lat_log={}", log_prefix.display()))
+        .arg("--log_avg_msec=0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(ManagedChild::spawn(command)?)
+}
+
+/// Stops fio as Ctrl-C would (it then writes its logs) and waits for it.
+fn finish_load(mut load: ManagedChild) -> anyhow::Result<()> {
+    if let Some(status) = load.try_wait()? {
+        let output = load.wait()?;
+        anyhow::bail!(
+            "fio's load stopped before the run ended ({status}): {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let pid = libc::pid_t::try_from(load.id())?;
+    // SAFETY: kill(2) on our own child's PID, which is not yet reaped.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    let output = load.wait()?;
+    // fio exits non-zero when stopped by a signal; what matters is its log
+    // (checked by the caller) and that it did not stop by itself earlier.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() && !stdout.contains("\"fio version\"") {
+        anyhow::bail!(
+            "fio's load failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// What the timeline of a loaded run produced.
+struct Timeline {
+    events: Events,
+    status: Vec<StatusSample>,
+    before: PoolStatus,
+    after: PoolStatus,
+}
+
+/// Drives the loaded run's timeline: healthy, `device fail`, degraded,
+/// `device replace`, the rebuild, after; `pool status` read all along.
+fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::Result<Timeline> {
+    let arguments = bench.arguments;
+    let mut status = Vec::new();
+    poll_until(
+        bench,
+        pool,
+        start,
+        arguments.healthy_seconds as f64,
+        &mut status,
+    )?;
+    let fail_seconds = start.elapsed().as_secs_f64();
+    bench.lamina(
+        &pool.data,
+        &["device", "fail", &pool.device(FAILED_DEVICE_INDEX)],
+    )?;
+    eprintln!("device failed at {fail_seconds:.1} s");
+    let until = fail_seconds + arguments.degraded_seconds as f64;
+    poll_until(bench, pool, start, until, &mut status)?;
+    let before = pool.status(&bench.program)?;
+    let replace_seconds = start.elapsed().as_secs_f64();
+    bench.replace(pool)?;
+    eprintln!("replace started at {replace_seconds:.1} s");
+    let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
+    let after = bench.wait_for_rebuild(pool, start, interval, &mut status)?;
+    let rebuild_end_seconds = start.elapsed().as_secs_f64();
+    eprintln!("rebuild over at {rebuild_end_seconds:.1} s");
+    let until = rebuild_end_seconds + arguments.after_seconds as f64;
+    poll_until(bench, pool, start, until, &mut status)?;
+    Ok(Timeline {
+        events: Events {
+            fail_seconds,
+            replace_seconds,
+            rebuild_end_seconds,
+            end_seconds: start.elapsed().as_secs_f64(),
+        },
+        status,
+        before,
+        after,
+    })
+}
+
+/// The closed-loop peak of the mix on the healthy pool.
+fn healthy_peak(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Measurement> {
+    let step = bench.step(pool.volume_bytes, None, bench.arguments.peak_seconds);
+    fio::run_step_with(
+        &bench.arguments.fio,
+        &pool.server.uri,
+        &StepSpec {
+            ramp_seconds: PEAK_RAMP_SECONDS,
+            ..step
+        },
+        &[],
+    )
+}
+
+fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<LoadRun> {
+    let arguments = bench.arguments;
+    let pool = bench.filled_pool(directory, arguments.fill, impact)?;
+    let peak = healthy_peak(bench, &pool)?;
+    let target_iops = saturating_u64((peak.total_iops * arguments.load_share).round()).max(1);
+    eprintln!(
+        "impact {}: healthy peak {:.0} IOPS (p99 {:.0} µs); load at {target_iops} IOPS",
+        impact.name(),
+        peak.total_iops,
+        peak.p99_us
+    );
+    let log_prefix = directory.join("load");
+    let step = bench.step(
+        pool.volume_bytes,
+        Some(target_iops),
+        LOAD_RUNTIME_SECONDS_MAX,
+    );
+    let load = start_load(bench, &pool.server.uri, &step, &log_prefix)?;
+    let timeline = drive_timeline(bench, &pool, Instant::now());
+    // fio is stopped (and its log written) whether or not the timeline ran through.
+    let finished = finish_load(load);
+    let timeline = timeline?;
+    finished?;
+    let volume_bytes = pool.volume_bytes;
+    pool.server.stop();
+    let text = std::fs::read_to_string(format!("{}_lat.1.log", log_prefix.display()))?;
+    let samples = parse_latency_log(&text);
+    if samples.is_empty() {
+        return Err(RebuildBenchError::EmptyLatencyLog.into());
+    }
+    let phases = phases(&samples, &timeline.events);
+    let p99_ratio = match (phases[0].p99_us, phases[2].p99_us) {
+        (Some(healthy), Some(rebuilding)) if healthy > 0.0 => Some(rebuilding / healthy),
+        _ => None,
+    };
+    let seconds: Vec<Second> = sliding_windows(&samples, WINDOW_MS, WINDOW_MS)
+        .into_iter()
+        .map(|window| Second {
+            seconds: window.end_seconds,
+            iops: window.completed_ios as f64 * 1_000.0 / WINDOW_MS as f64,
+            p99_us: window.p99_us,
+        })
+        .collect();
+    let rebuild_iops_share =
+        lowest_iops(&seconds, &timeline.events).unwrap_or(phases[2].iops) / target_iops as f64;
+    Ok(LoadRun {
+        impact,
+        volume_bytes,
+        rebuild_iops_share,
+        peak,
+        target_iops,
+        phases,
+        p99_ratio,
+        goal_met: p99_ratio.map(|ratio| ratio <= P99_GOAL_FACTOR),
+        rebuild: rebuild_figures(&timeline.before, &timeline.after),
+        events: timeline.events,
+        seconds,
+        status: timeline.status,
+    })
+}
+
+fn idle_run(bench: &Bench, directory: &Path, fill: f64, impact: Impact) -> anyhow::Result<IdleRun> {
+    let pool = bench.filled_pool(directory, fill, impact)?;
+    bench.lamina(
+        &pool.data,
+        &["device", "fail", &pool.device(FAILED_DEVICE_INDEX)],
+    )?;
+    let before = pool.status(&bench.program)?;
+    let start = Instant::now();
+    bench.replace(&pool)?;
+    let mut samples = Vec::new();
+    let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
+    let after = bench.wait_for_rebuild(&pool, start, interval, &mut samples)?;
+    let rebuild = rebuild_figures(&before, &after);
+    eprintln!(
+        "fill {fill}: {:.0} MiB rebuilt in {:.2} s ({:.0} MiB/s; survivors read {:.0} MiB/s)",
+        rebuild.bytes_total as f64 / f64::from(1 << 20),
+        rebuild.seconds,
+        rebuild.bytes_per_second / f64::from(1 << 20),
+        rebuild.survivors_bytes_read_per_second / f64::from(1 << 20),
+    );
+    let volume_bytes = pool.volume_bytes;
+    pool.server.stop();
+    Ok(IdleRun {
+        fill,
+        impact,
+        volume_bytes,
+        rebuild,
+    })
+}
+
+/// The survivors' aggregate sequential read bandwidth: one O_DIRECT stream per
+/// survivor, each on its own dense file in `directory` (the files fio lays out).
+fn measure_bandwidth(bench: &Bench, directory: &Path) -> anyhow::Result<Bandwidth> {
+    let streams = DEVICE_COUNT - 1;
+    let mut command = Command::new(&bench.arguments.fio);
+    command.args([
+        "--output-format=json".to_owned(),
+        "--name=survivors".to_owned(),
+        format!("--directory={}", directory.display()),
+        "--ioengine=libaio".to_owned(),
+        "--direct=1".to_owned(),
+        "--rw=read".to_owned(),
+        format!("--bs={BANDWIDTH_BLOCK_SIZE_BYTES}"),
+        format!("--iodepth={BANDWIDTH_IODEPTH}"),
+        format!("--size={}", bench.arguments.bandwidth_file_size),
+        format!("--numjobs={streams}"),
+        "--group_reporting".to_owned(),
+    ]);
+    let output = run_helper(command)?;
+    let report = fio::parse_output(&String::from_utf8_lossy(&output.stdout))?;
+    Ok(Bandwidth {
+        method: format!(
+            "fio: {streams} concurrent sequential readers, {} MiB each, 1 MiB blocks, QD{BANDWIDTH_IODEPTH}, O_DIRECT, libaio, files on the pool's filesystem",
+            bench.arguments.bandwidth_file_size >> 20
+        ),
+        streams,
+        bytes_per_second: report.job()?.read.bw_bytes as f64,
+    })
+}
+
+fn idle_fills(bench: &Bench, fills: &[f64], impact: Impact) -> anyhow::Result<Vec<IdleFill>> {
+    let mut results = Vec::new();
+    for &fill in fills {
+        let mut runs = Vec::new();
+        for _ in 0..bench.arguments.runs {
+            check_interrupted()?;
+            let directory = crate::work_directory(bench.arguments.directory.as_ref())?;
+            runs.push(idle_run(bench, directory.path(), fill, impact)?);
+        }
+        let of = |figure: fn(&IdleRun) -> f64| median(&runs.iter().map(figure).collect::<Vec<_>>());
+        results.push(IdleFill {
+            fill,
+            median_seconds: of(|run| run.rebuild.seconds),
+            median_bytes_per_second: of(|run| run.rebuild.bytes_per_second),
+            median_survivors_bytes_read_per_second: of(|run| {
+                run.rebuild.survivors_bytes_read_per_second
+            }),
+            runs,
+        });
+    }
+    Ok(results)
+}
+
+/// Runs the benchmark and returns the report (the CLI prints it).
+pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
+    arguments.check()?;
+    fio::check_nbd_engine(&arguments.fio)?;
+    let fio_version = fio::version(&arguments.fio)?;
+    let program = lamina_program(arguments.lamina_bin.as_ref());
+    if !program.is_file() {
+        return Err(RebuildBenchError::LaminaMissing { path: program }.into());
+    }
+    if let Some(directory) = &arguments.directory {
+        std::fs::create_dir_all(directory)?;
+    }
+    let bench = Bench { arguments, program };
+    let mut report = RebuildReport {
+        fio_version,
+        settings: Settings {
+            device_count: DEVICE_COUNT,
+            device_size_bytes: arguments.device_size,
+            segment_size_bytes: arguments.segment_size,
+            model: arguments.model.clone(),
+            fill: arguments.fill,
+            iodepth: arguments.iodepth,
+            load_share: arguments.load_share,
+            read_percent: READ_PERCENT,
+            healthy_seconds: arguments.healthy_seconds,
+            degraded_seconds: arguments.degraded_seconds,
+            after_seconds: arguments.after_seconds,
+            client_latency_target_us: arguments.client_latency_target_us,
+        },
+        load: vec![],
+        idle: vec![],
+        bandwidth: None,
+        proportionality: None,
+    };
+    if let Some(fills) = &arguments.idle_fills {
+        // The first impact given (medium by default): its ceiling bounds an idle rebuild.
+        let impact = arguments.impact.first().copied().unwrap_or(Impact::Medium);
+        report.idle = idle_fills(&bench, fills, impact)?;
+        if arguments.model.is_none() {
+            let directory = crate::work_directory(arguments.directory.as_ref())?;
+            report.bandwidth = Some(measure_bandwidth(&bench, directory.path())?);
+        }
+        let smallest = report.idle.iter().min_by(|a, b| a.fill.total_cmp(&b.fill));
+        let largest = report.idle.iter().max_by(|a, b| a.fill.total_cmp(&b.fill));
+        if let (Some(smallest), Some(largest)) = (smallest, largest)
+            && largest.fill > smallest.fill
+        {
+            report.proportionality = Some(smallest.median_seconds / largest.median_seconds);
+        }
+        return Ok(report);
+    }
+    let mut impacts: Vec<Impact> = Vec::new();
+    for impact in &arguments.impact {
+        if !impacts.contains(impact) {
+            impacts.push(*impact);
+        }
+    }
+    for impact in impacts {
+        check_interrupted()?;
+        let directory = crate::work_directory(arguments.directory.as_ref())?;
+        report
+            .load
+            .push(load_run(&bench, directory.path(), impact)?);
+    }
+    Ok(report)
+}
+
+/// "(min–max)" of the runs' rebuild seconds.
+fn range_seconds(runs: &[IdleRun]) -> String {
+    let seconds = runs.iter().map(|run| run.rebuild.seconds);
+    let low = seconds.clone().fold(f64::INFINITY, f64::min);
+    let high = seconds.fold(0.0, f64::max);
+    if low.is_finite() {
+        format!("({low:.2}–{high:.2})")
+    } else {
+        String::new()
+    }
+}
+
+fn mebibytes(bytes: f64) -> String {
+    format!("{:.0}", bytes / f64::from(1 << 20))
+}
+
+fn optional(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.decimals$}"))
+}
+
+impl RebuildReport {
+    /// The human-readable tables (markdown).
+    pub fn table(&self) -> String {
+        let settings = &self.settings;
+        let mut out = format!(
+            "rebuild: raid6 over {} files of {} MiB{}, {} KiB segments, {}\n\n",
+            settings.device_count,
+            settings.device_size_bytes >> 20,
+            settings
+                .model
+                .as_ref()
+                .map_or(String::new(), |model| format!(" behind {model}")),
+            settings.segment_size_bytes >> 10,
+            self.fio_version
+        );
+        if !self.load.is_empty() {
+            out.push_str(&self.load_table());
+        }
+        if !self.idle.is_empty() {
+            out.push_str(&self.idle_table());
+        }
+        out
+    }
+
+    fn load_table(&self) -> String {
+        let mut out = format!(
+            "70/30 random 4 KiB at QD{}, {} of the healthy peak, volume {} of the usable space{}\n\n\
+             | impact | peak IOPS | load IOPS | healthy p99 µs | degraded p99 µs | rebuilding p99 µs | after p99 µs | ratio | goal ≤ {P99_GOAL_FACTOR} | lowest 1 s IOPS in rebuild ÷ offered | used MiB | rebuilt MiB | seconds | MiB/s |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            self.settings.iodepth,
+            self.settings.load_share,
+            self.settings.fill,
+            self.settings
+                .client_latency_target_us
+                .map_or(String::new(), |target| format!(
+                    ", client_latency_target_us {target}"
+                ))
+        );
+        for run in &self.load {
+            let p99 = |index: usize| optional(run.phases[index].p99_us, 0);
+            out.push_str(&format!(
+                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {} |\n",
+                run.impact.name(),
+                run.peak.total_iops,
+                run.target_iops,
+                p99(0),
+                p99(1),
+                p99(2),
+                p99(3),
+                optional(run.p99_ratio, 2),
+                run.goal_met
+                    .map_or("-", |met| if met { "met" } else { "missed" }),
+                run.rebuild_iops_share,
+                mebibytes(run.rebuild.pool_used_bytes as f64),
+                mebibytes(run.rebuild.bytes_total as f64),
+                run.rebuild.seconds,
+                mebibytes(run.rebuild.bytes_per_second),
+            ));
+        }
+        out.push('\n');
+        out
+    }
+
+    fn idle_table(&self) -> String {
+        let mut out = format!(
+            "no client load, background_impact {}, medians of {} run(s) per fill\n\n\
+             | fill | volume MiB | used MiB | rebuilt MiB | seconds, median (range) | MiB/s | survivors read MiB/s | share of survivors' bandwidth |\n\
+             |---|---|---|---|---|---|---|---|\n",
+            self.idle
+                .first()
+                .and_then(|fill| fill.runs.first())
+                .map_or("-", |run| run.impact.name()),
+            self.idle.first().map_or(0, |fill| fill.runs.len())
+        );
+        for fill in &self.idle {
+            let first = fill.runs.first();
+            let share = self.bandwidth.as_ref().map(|bandwidth| {
+                fill.median_survivors_bytes_read_per_second / bandwidth.bytes_per_second
+            });
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {:.2} {} | {} | {} | {} |\n",
+                fill.fill,
+                first.map_or("-".to_owned(), |run| mebibytes(run.volume_bytes as f64)),
+                first.map_or("-".to_owned(), |run| {
+                    mebibytes(run.rebuild.pool_used_bytes as f64)
+                }),
+                first.map_or("-".to_owned(), |run| mebibytes(
+                    run.rebuild.bytes_total as f64
+                )),
+                fill.median_seconds,
+                range_seconds(&fill.runs),
+                mebibytes(fill.median_bytes_per_second),
+                mebibytes(fill.median_survivors_bytes_read_per_second),
+                optional(share, 2),
+            ));
+        }
+        if let Some(bandwidth) = &self.bandwidth {
+            out.push_str(&format!(
+                "\nsurvivors' aggregate sequential read bandwidth: {} MiB/s ({})\n",
+                mebibytes(bandwidth.bytes_per_second),
+                bandwidth.method
+            ));
+        }
+        if let Some(ratio) = self.proportionality {
+            out.push_str(&format!(
+                "smallest fill's time ÷ largest's: {ratio:.2} (goal ≤ {PROPORTIONALITY_GOAL} for 25% against 90%)\n"
+            ));
+        }
+        out
+    }
+}
+
+/// Runs `lamina bench rebuild` and prints the tables or the JSON.
+pub fn run_rebuild(arguments: &RebuildArgs) -> anyhow::Result<()> {
+    crate::process::become_subreaper();
+    let report = measure(arguments)?;
+    if let Some(path) = &arguments.plot
+        && !report.load.is_empty()
+    {
+        crate::plot::render(&report, path)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    if arguments.json {
+        // The tables go to stderr, so that one run gives both.
+        eprint!("{}", report.table());
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_split_the_samples_at_the_events() {
+        // One I/O every 10 ms for 60 s: 100 µs, then 300 µs from 30 s to 40 s.
+        let samples: Vec<(u64, u64)> = (0..6_000)
+            .map(|index| {
+                let time = index * 10;
+                let latency = if (30_000..40_000).contains(&time) {
+                    300_000
+                } else {
+                    100_000
+                };
+                (time, latency)
+            })
+            .collect();
+        let events = Events {
+            fail_seconds: 20.0,
+            replace_seconds: 30.0,
+            rebuild_end_seconds: 40.0,
+            end_seconds: 60.0,
+        };
+        let phases = phases(&samples, &events);
+        assert_eq!(
+            phases.iter().map(|phase| phase.name).collect::<Vec<_>>(),
+            ["healthy", "degraded", "rebuilding", "after"]
+        );
+        assert_eq!(phases[0].completed_ios, 1_800);
+        assert!((phases[0].iops - 100.0).abs() < 1e-9);
+        assert_eq!(phases[0].p99_us, Some(100.0));
+        assert_eq!(phases[2].p99_us, Some(300.0));
+        assert_eq!(phases[3].p99_us, Some(100.0));
+    }
+
+    #[test]
+    fn fractions_outside_zero_to_one_are_refused() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            arguments: RebuildArgs,
+        }
+        let cli = Cli::try_parse_from(["rebuild", "--idle-fills", "0.25,0.5,0.9"]).unwrap();
+        assert!(cli.arguments.check().is_ok());
+        assert_eq!(cli.arguments.impact, vec![Impact::Medium]);
+        let cli = Cli::try_parse_from(["rebuild", "--idle-fills", "0.25,1.5"]).unwrap();
+        assert!(matches!(
+            cli.arguments.check(),
+            Err(RebuildBenchError::FractionOutOfRange { value, .. }) if value == 1.5
+        ));
+    }
+
+    fn sample_report() -> RebuildReport {
+        let events = Events {
+            fail_seconds: 20.0,
+            replace_seconds: 30.0,
+            rebuild_end_seconds: 40.0,
+            end_seconds: 60.0,
+        };
+        let samples: Vec<(u64, u64)> = (0..6_000).map(|index| (index * 10, 200_000)).collect();
+        let peak = Measurement {
+            read_iops: 140.0,
+            write_iops: 60.0,
+            total_iops: 200.0,
+            read_megabytes_per_second: 0.5,
+            write_megabytes_per_second: 0.2,
+            p50_us: 100.0,
+            p90_us: 150.0,
+            p99_us: 200.0,
+            p999_us: 300.0,
+            mean_us: 110.0,
+            max_us: 400.0,
+            full_queue_percent: 0.0,
+            completed_ios: 2_000,
+        };
+        let rebuild = RebuildFigures {
+            bytes_total: 64 << 20,
+            pool_used_bytes: 60 << 20,
+            seconds: 10.0,
+            bytes_per_second: f64::from(64 << 20) / 10.0,
+            survivors_bytes_read: 80 << 20,
+            survivors_bytes_read_per_second: f64::from(80 << 20) / 10.0,
+            rows_verified: 4_096,
+            blocks_unrepairable: 0,
+        };
+        RebuildReport {
+            fio_version: "fio-3.33".into(),
+            settings: Settings {
+                device_count: DEVICE_COUNT,
+                device_size_bytes: 64 << 20,
+                segment_size_bytes: 1 << 20,
+                model: Some("hdd-7200".into()),
+                fill: 0.5,
+                iodepth: 16,
+                load_share: 0.5,
+                read_percent: READ_PERCENT,
+                healthy_seconds: 20,
+                degraded_seconds: 10,
+                after_seconds: 20,
+                client_latency_target_us: None,
+            },
+            load: vec![LoadRun {
+                impact: Impact::Medium,
+                volume_bytes: 32 << 20,
+                peak,
+                target_iops: 100,
+                phases: phases(&samples, &events),
+                p99_ratio: Some(1.0),
+                rebuild_iops_share: 1.0,
+                goal_met: Some(true),
+                rebuild,
+                events,
+                seconds: (1..=60)
+                    .map(|second| Second {
+                        seconds: f64::from(second),
+                        iops: 100.0,
+                        p99_us: Some(200.0),
+                    })
+                    .collect(),
+                status: vec![],
+            }],
+            idle: vec![],
+            bandwidth: None,
+            proportionality: None,
+        }
+    }
+
+    #[test]
+    fn the_table_and_the_plot_show_the_phases_and_the_events() {
+        let report = sample_report();
+        let table = report.table();
+        assert!(
+            table.contains("| medium | 200 | 100 | 200 | 200 | 200 | 200 | 1.00 | met |"),
+            "{table}"
+        );
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("rebuild.svg");
+        crate::plot::render(&report, &path).expect("draws");
+        let svg = std::fs::read_to_string(&path).expect("reads");
+        for text in [
+            "device fail",
+            "device replace",
+            "rebuild over",
+            "goal: 1.5 x healthy",
+            "hdd-7200",
+        ] {
+            assert!(svg.contains(text), "{text:?} missing from the plot");
+        }
+    }
+}
