@@ -99,18 +99,26 @@ impl RedundantArray {
         if !base.contains(&target) {
             base.push(target);
         }
-        let parity = self.geometry.parity_columns();
-        if base.len() > parity {
+        if base.len() > self.geometry.parity_columns() {
             return Vec::new();
         }
-        let mut candidates = vec![base.clone()];
-        if base.len() < parity {
-            for other in (0..rows.len()).filter(|index| !base.contains(index)) {
+        self.erasures_from(base)
+    }
+
+    /// `base` (members known lost), then, while the parity allows one more,
+    /// `base` with each other member: the sets a repair or a rebuild tries
+    /// as erased, most likely first.
+    pub(crate) fn erasures_from(&self, base: Vec<usize>) -> Vec<Vec<usize>> {
+        let member_count = self.members.len();
+        let mut candidates = Vec::new();
+        if base.len() < self.geometry.parity_columns() {
+            for other in (0..member_count).filter(|index| !base.contains(index)) {
                 let mut with_other = base.clone();
                 with_other.push(other);
                 candidates.push(with_other);
             }
         }
+        candidates.insert(0, base);
         candidates
     }
 

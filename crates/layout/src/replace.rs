@@ -289,14 +289,7 @@ impl RedundantArray {
         let lost: Vec<usize> = (0..rows.len())
             .filter(|member| rows[*member].is_none())
             .collect();
-        let mut candidates = vec![lost.clone()];
-        if lost.len() < self.geometry.parity_columns() {
-            for other in (0..rows.len()).filter(|member| !lost.contains(member)) {
-                let mut with_other = lost.clone();
-                with_other.push(other);
-                candidates.push(with_other);
-            }
-        }
+        let candidates = self.erasures_from(lost.clone());
         let failing = |data: &[Vec<u8>]| {
             data.iter()
                 .enumerate()
