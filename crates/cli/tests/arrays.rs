@@ -13,7 +13,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{Daemon, Setup, lamina, lamina_error, lamina_ok, run};
+use common::{Daemon, Setup, assert_volume_reads, lamina, lamina_error, lamina_ok, run};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_COUNT: usize = 6;
@@ -51,15 +51,6 @@ fn overwrite_with_random_bytes(path: &Path, seed: u64) {
         written += take;
     }
     file.sync_all().unwrap();
-}
-
-/// The volume `v` read whole with nbdcopy equals `expected`.
-fn assert_volume_reads(daemon: &Daemon, root: &Path, expected: &[u8], phase: &str) {
-    let copy = root.join("copy.img");
-    let _ = std::fs::remove_file(&copy);
-    run(Command::new("nbdcopy").arg(daemon.uri("v")).arg(&copy));
-    let copied = std::fs::read(&copy).unwrap();
-    assert!(copied == expected, "{phase}: the volume reads back changed");
 }
 
 fn layout_state(status: &serde_json::Value) -> String {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Daemon, Setup, lamina_error, lamina_ok, run, wait_with_timeout};
+use common::{Daemon, Setup, assert_volume_reads, lamina_error, lamina_ok, run, wait_with_timeout};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_COUNT: usize = 6;
@@ -56,14 +56,6 @@ fn fio(daemon: &Daemon, verify_only: bool) -> Command {
         command.arg("--verify_only");
     }
     command
-}
-
-fn assert_volume_reads(daemon: &Daemon, root: &Path, expected: &[u8], phase: &str) {
-    let copy = root.join("copy.img");
-    let _ = std::fs::remove_file(&copy);
-    run(Command::new("nbdcopy").arg(daemon.uri("v")).arg(&copy));
-    let copied = std::fs::read(&copy).unwrap();
-    assert!(copied == expected, "{phase}: the volume reads back changed");
 }
 
 fn devices(status: &serde_json::Value) -> Vec<serde_json::Value> {

@@ -279,3 +279,13 @@ impl Setup {
         self.root.join(argument).display().to_string()
     }
 }
+
+/// The volume `v` read whole with nbdcopy (into `root/copy.img`) equals
+/// `expected`.
+pub fn assert_volume_reads(daemon: &Daemon, root: &Path, expected: &[u8], phase: &str) {
+    let copy = root.join("copy.img");
+    let _ = std::fs::remove_file(&copy);
+    run(Command::new("nbdcopy").arg(daemon.uri("v")).arg(&copy));
+    let copied = std::fs::read(&copy).unwrap();
+    assert!(copied == expected, "{phase}: the volume reads back changed");
+}
