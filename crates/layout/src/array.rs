@@ -302,12 +302,7 @@ impl BlockDevice for RedundantArray {
 
     async fn flush(&self) -> Result<(), DeviceError> {
         // A replacement is flushed too: rows written to it count as rebuilt.
-        let replacing = self
-            .members
-            .iter()
-            .enumerate()
-            .find_map(|(index, member)| Some((index, member.replacement()?)));
-        if let Some((index, replacement)) = replacing
+        if let Some((index, replacement)) = self.replacing()
             && let Err(error) = replacement.device.flush().await
         {
             self.replacement_failed(index, &error);

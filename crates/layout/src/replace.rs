@@ -129,7 +129,7 @@ impl RedundantArray {
     }
 
     /// The member being replaced and its replacement, if any.
-    fn replacing(&self) -> Option<(usize, Arc<Replacement>)> {
+    pub(crate) fn replacing(&self) -> Option<(usize, Arc<Replacement>)> {
         self.members
             .iter()
             .enumerate()
