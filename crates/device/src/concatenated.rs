@@ -202,6 +202,28 @@ impl BlockDevice for ConcatenatedDevice {
         Ok(report)
     }
 
+    fn region_shape(&self, offset: u64, length: u64) -> Option<crate::RegionShape> {
+        match offset.checked_sub(self.first_region_bytes) {
+            None => self.first.region_shape(offset, length),
+            Some(second_offset) => self.second.region_shape(second_offset, length),
+        }
+    }
+
+    async fn open_region(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<crate::RegionShape>, DeviceError> {
+        match offset.checked_sub(self.first_region_bytes) {
+            None => self.first.open_region(offset, length).await,
+            Some(second_offset) => self.second.open_region(second_offset, length).await,
+        }
+    }
+
+    fn new_regions_redundant(&self) -> bool {
+        self.first.new_regions_redundant() && self.second.new_regions_redundant()
+    }
+
     async fn finish_rebuild(&self) -> Result<(), DeviceError> {
         if self.first.rebuild_pending() {
             self.first.finish_rebuild().await?;

@@ -120,6 +120,57 @@ pub trait BlockDevice: Send + Sync + 'static {
     async fn finish_rebuild(&self) -> Result<(), DeviceError> {
         Ok(())
     }
+
+    /// How the region `offset..offset + length` (one of the layer above's
+    /// segments) is laid out now: how much of it holds data, the alignment of
+    /// writes into it, and whether it lost redundancy. `None` (the default)
+    /// when the device lays every region out alike: all of it usable, at the
+    /// alignment the layer above was created with.
+    fn region_shape(&self, offset: u64, length: u64) -> Option<RegionShape> {
+        let _ = (offset, length);
+        None
+    }
+
+    /// The region `offset..offset + length` holds nothing the layer above
+    /// needs and is about to be written from its start: the device lays it
+    /// out over the devices in use now (an array narrowed to its surviving
+    /// or widened to its added members), durably before returning, and
+    /// returns the shape every later read and write of the region follows
+    /// until the region is opened again. `None` (the default) as for
+    /// [`BlockDevice::region_shape`].
+    async fn open_region(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<RegionShape>, DeviceError> {
+        let _ = (offset, length);
+        Ok(None)
+    }
+
+    /// Whether a region opened now would have the device's full redundancy:
+    /// false while members are lost and too few remain to lay a region out
+    /// without them. Moving data out of degraded regions restores redundancy
+    /// only while this holds. True by default.
+    fn new_regions_redundant(&self) -> bool {
+        true
+    }
+}
+
+/// What [`BlockDevice::region_shape`] and [`BlockDevice::open_region`] say of
+/// one region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionShape {
+    /// Bytes from the region's start that hold data; the rest of the region
+    /// is neither read nor written. At most the region's length, a multiple
+    /// of `row_bytes`.
+    pub usable_bytes: u64,
+    /// Every write into the region starts at a multiple of this many bytes
+    /// from the region's start (an array's data bytes per row).
+    pub row_bytes: u64,
+    /// Part of the region lives on a device out of use (lost, or being
+    /// removed): its data is readable but has less redundancy than the
+    /// device offers, until it is moved to a region opened since.
+    pub degraded: bool,
 }
 
 /// What [`BlockDevice::rebuild_range`] did.
