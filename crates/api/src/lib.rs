@@ -100,6 +100,10 @@ pub enum RebuildState {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RebuildStatus {
     pub state: RebuildState,
+    /// `replacement` (onto a new device) or `distributed-spare` (into the
+    /// free space of the devices left).
+    #[serde(default)]
+    pub kind: RebuildKind,
     pub bytes_total: u64,
     pub bytes_done: u64,
     pub bytes_per_second: u64,
@@ -108,6 +112,25 @@ pub struct RebuildStatus {
     pub blocks_unrepairable: u64,
     pub elapsed_ms: u64,
     pub error: Option<String>,
+}
+
+/// Where a rebuild puts what the lost device held (see the engine's
+/// `RebuildKind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebuildKind {
+    #[default]
+    Replacement,
+    DistributedSpare,
+}
+
+impl RebuildKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Replacement => "onto the replacement",
+            Self::DistributedSpare => "onto distributed spare space",
+        }
+    }
 }
 
 /// What scrub is doing, named as zpool names it.

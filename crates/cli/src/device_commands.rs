@@ -216,7 +216,8 @@ pub fn print_rebuild(rebuild: &RebuildStatus) {
         .map(|seconds| format!(", {seconds} s left"))
         .unwrap_or_default();
     println!(
-        "rebuild              {state}: {} of {} ({percent}%), {}/s{left}, {} rows verified, {} blocks unrepairable",
+        "rebuild              {state} {}: {} of {} ({percent}%), {}/s{left}, {} rows verified, {} blocks unrepairable",
+        rebuild.kind.name(),
         format_size(rebuild.bytes_done),
         format_size(rebuild.bytes_total),
         format_size(rebuild.bytes_per_second),

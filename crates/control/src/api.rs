@@ -107,6 +107,10 @@ pub fn rebuild_status(status: engine::RebuildStatus) -> api::RebuildStatus {
             engine::RebuildState::Finished => api::RebuildState::Finished,
             engine::RebuildState::Failed => api::RebuildState::Failed,
         },
+        kind: match status.kind {
+            engine::RebuildKind::Replacement => api::RebuildKind::Replacement,
+            engine::RebuildKind::DistributedSpare => api::RebuildKind::DistributedSpare,
+        },
         bytes_total: status.bytes_total,
         bytes_done: status.bytes_done,
         bytes_per_second: status.bytes_per_second,

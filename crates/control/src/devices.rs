@@ -88,6 +88,16 @@ pub async fn fail(pool: &Pool, layout: &PoolLayout, path: &str) -> anyhow::Resul
     // restart, and cannot come back stale.
     pool.flush().await?;
     lamina_device::BlockDevice::flush(tier.array.as_ref()).await?;
+    // With `rebuild_automatic`, the data it held moves onto the others
+    // when they have room (distributed spare space).
+    match pool.start_rebuild() {
+        lamina_engine::RebuildStart::LacksSpace(need) => tracing::warn!(
+            live_bytes = need.live_bytes,
+            free_bytes = need.free_bytes,
+            "the other devices lack the free space for its data: replace it"
+        ),
+        started => tracing::info!(?started, "rebuild after a device was taken out"),
+    }
     Ok(())
 }
 

@@ -25,7 +25,9 @@ pub use error::{CreateError, EngineError, IoError, OpenError, VolumeError};
 pub use log::geometry::Tier;
 pub use pool::budget::{BackgroundBudgetStatus, BackgroundWork, ClientOperation, GrantedBytes};
 pub use pool::cleaner::CleanerState;
-pub use pool::rebuild_progress::{RebuildState, RebuildStatus};
+pub use pool::evacuation::EvacuationNeed;
+pub use pool::rebuild::RebuildStart;
+pub use pool::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 pub use pool::scrub_progress::{ScrubState, ScrubStatus};
 pub use pool::{
     BackgroundImpact, DeviceFullStatus, Extent, LimitsError, Pool, PoolLimits, PoolOptions,

@@ -67,6 +67,48 @@ struct FlushAndCheckpoint {
     last_checkpoint: Instant,
     /// The usage warning threshold last crossed (0: none).
     warned_percent: u8,
+    /// When the loop last looked for a rebuild to start.
+    last_rebuild_check: Instant,
+    /// Whether it warned that a lost device's data has no room elsewhere.
+    warned_lacking_space: bool,
+}
+
+/// How often the background loop looks for lost redundancy to restore
+/// (a device lost by an I/O error, rather than `lamina device fail`).
+pub const REBUILD_CHECK_INTERVAL_MS: u64 = 5_000;
+
+impl FlushAndCheckpoint {
+    fn new() -> Self {
+        Self {
+            last_checkpoint: Instant::now(),
+            warned_percent: 0,
+            last_rebuild_check: Instant::now(),
+            warned_lacking_space: false,
+        }
+    }
+
+    /// Starts a rebuild the devices beneath call for, every
+    /// [`REBUILD_CHECK_INTERVAL_MS`], warning once while it lacks room.
+    fn check_rebuild(&mut self, pool: &Pool) {
+        if self.last_rebuild_check.elapsed() < Duration::from_millis(REBUILD_CHECK_INTERVAL_MS) {
+            return;
+        }
+        self.last_rebuild_check = Instant::now();
+        match pool.start_rebuild() {
+            super::rebuild::RebuildStart::LacksSpace(need) => {
+                if !self.warned_lacking_space {
+                    tracing::warn!(
+                        live_bytes = need.live_bytes,
+                        free_bytes = need.free_bytes,
+                        "a device is lost and the others lack the free space to hold its data: \
+                         redundancy stays reduced until a device is replaced or data is freed"
+                    );
+                }
+                self.warned_lacking_space = true;
+            }
+            _ => self.warned_lacking_space = false,
+        }
+    }
 }
 
 /// What the flush-and-checkpoint loop sees of the pool at a tick.
@@ -103,6 +145,7 @@ impl Periodic for FlushAndCheckpoint {
             && self.last_checkpoint.elapsed()
                 >= Duration::from_millis(limits.checkpoint_interval_ms);
         pool.warn_about_usage(&mut self.warned_percent);
+        self.check_rebuild(pool);
         if let Err(error) = pool.clean_in_background().await {
             tracing::error!(%error, "background cleaning failed");
         }
@@ -121,14 +164,7 @@ impl Pool {
     pub(super) fn start_background(&self) {
         let limits = &self.inner.limits;
         if !limits.test_hooks.periodic_flush_and_checkpoint_off {
-            spawn_periodic(
-                self,
-                limits.flush_interval_ms,
-                FlushAndCheckpoint {
-                    last_checkpoint: Instant::now(),
-                    warned_percent: 0,
-                },
-            );
+            spawn_periodic(self, limits.flush_interval_ms, FlushAndCheckpoint::new());
         }
         self.start_paced_cleaner();
         self.start_demoter();

@@ -364,16 +364,26 @@ impl Pool {
         target: CheckpointTarget,
         body_bytes: usize,
     ) -> Result<Vec<u32>, EngineError> {
-        let segment_bytes = to_usize(self.inner.geometry.segment_size_bytes());
-        let needed = body_bytes.div_ceil(segment_bytes);
+        let shapes = &self.inner.shapes;
         let mut state = self.inner.lock();
         let body_segments = state
             .space_mut()
-            .take_checkpoint_body_segments(needed, target.checkpoint_sequence)
+            .take_checkpoint_body_segments(
+                body_bytes as u64,
+                |segment| shapes.size_bytes(segment),
+                target.checkpoint_sequence,
+            )
             .ok_or(EngineError::Io(IoError::NoSpace))?;
         // Taken from the free lists (the allocator checks each was free):
-        // distinct, and none holds a body a durable checkpoint names.
-        assert_eq!(body_segments.len(), needed);
+        // distinct, none holds a body a durable checkpoint names, and they
+        // hold the body exactly.
+        assert!(
+            shapes
+                .body_pieces(&body_segments, body_bytes as u64)
+                .is_some(),
+            "checkpoint {} body segments {body_segments:?} do not hold {body_bytes} bytes",
+            target.checkpoint_sequence
+        );
         let distinct: HashSet<u32> = body_segments.iter().copied().collect();
         assert_eq!(
             distinct.len(),
@@ -400,10 +410,16 @@ impl Pool {
     /// checkpoint is skipped with `DeviceFull`.
     async fn write_body(&self, encoded: &[u8], body_segments: &[u32]) -> Result<(), EngineError> {
         let geometry = self.inner.geometry;
-        let segment_bytes = to_usize(geometry.segment_size_bytes());
         let device = &self.inner.device;
-        for (piece, segment_index) in encoded.chunks(segment_bytes).zip(body_segments) {
-            let offset = geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES;
+        let pieces = self
+            .inner
+            .shapes
+            .body_pieces(body_segments, encoded.len() as u64)
+            .expect("the body's segments were taken to hold it");
+        for body_piece in pieces {
+            let start = to_usize(body_piece.body_offset);
+            let piece = &encoded[start..start + to_usize(body_piece.length_bytes)];
+            let offset = geometry.segment_first_block(body_piece.segment_index) * BLOCK_SIZE_BYTES;
             let written = device
                 .write(offset, Arc::new(AlignedBuffer::from_slice_padded(piece)))
                 .await;
@@ -443,10 +459,11 @@ impl Pool {
         };
         // The slot names exactly the segments the body was written into,
         // all still this checkpoint's.
-        let segment_bytes = self.inner.geometry.segment_size_bytes();
-        assert_eq!(
-            to_usize(slot.body_bytes.div_ceil(segment_bytes)),
-            slot.body_segments.len()
+        assert!(
+            self.inner
+                .shapes
+                .body_pieces(&slot.body_segments, slot.body_bytes)
+                .is_some()
         );
         {
             let state = self.inner.lock();

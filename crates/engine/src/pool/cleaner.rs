@@ -317,6 +317,13 @@ impl Pool {
         Ok(())
     }
 
+    /// Cleans a segment the evacuation (`evacuation.rs`) moves off a lost
+    /// device; the caller holds the cleaner lock. Returns whether it is now
+    /// empty.
+    pub(super) async fn clean_degraded_victim(&self, victim: u32) -> Result<bool, EngineError> {
+        self.clean_victim(victim).await
+    }
+
     /// Cleans one victim of either tier. Returns whether it is now empty.
     async fn clean_victim(&self, victim: u32) -> Result<bool, EngineError> {
         {
@@ -344,7 +351,10 @@ impl Pool {
         let geometry = self.inner.geometry;
         let limits = &self.inner.limits;
         let offset = geometry.segment_first_block(segment_index) * BLOCK_SIZE_BYTES;
-        let length_bytes = to_usize(geometry.segment_size_bytes());
+        // Only the blocks the segment's layout uses: on an array narrowed
+        // after a loss, the rest of its address range holds nothing.
+        let size_blocks = self.inner.shapes.shape(segment_index).size_blocks;
+        let length_bytes = to_usize(u64::from(size_blocks) * BLOCK_SIZE_BYTES);
         let block = BLOCK_BYTES;
         let piece_bytes_max = match geometry.tier_of_segment(segment_index) {
             // A limit past the address space reads whole segments, as
@@ -443,7 +453,7 @@ impl Pool {
     /// Walks the batch chain of a victim read into memory, counting the
     /// summaries that had to be read from their copies.
     async fn walk_victim(&self, segment_index: u32, contents: &VictimContents) -> chain::Chain {
-        let shape = self.inner.geometry.segment_shape(segment_index);
+        let shape = self.inner.shapes.shape(segment_index);
         let chain = match chain::walk(&mut VictimBlocks(contents), shape, 0, None).await {
             Ok(chain) => chain,
             Err(never) => match never {},
@@ -467,7 +477,7 @@ impl Pool {
     fn list_candidates(&self, segment_index: u32, chain: &chain::Chain) -> Vec<Candidate> {
         let geometry = self.inner.geometry;
         let first_block = geometry.segment_first_block(segment_index);
-        let segment_size_blocks = block_in_segment(geometry.segment_size_blocks);
+        let segment_size_blocks = self.inner.shapes.shape(segment_index).size_blocks;
         let destination = match geometry.tier_of_segment(segment_index) {
             Tier::Flash => Stream::Cleaner,
             Tier::Capacity => Stream::Capacity,

@@ -33,6 +33,7 @@ use super::integrity::Integrity;
 use super::limits::PoolLimits;
 use super::rebuild_progress::Rebuilder;
 use super::scrub_progress::Scrubber;
+use super::segment_shapes::SegmentShapes;
 use super::state::State;
 use super::writer::InFlightBatch;
 use crate::convert::milliseconds_saturating;
@@ -47,6 +48,9 @@ pub(super) const RMW_LOCK_COUNT: usize = 1024;
 pub(crate) struct Inner {
     pub(super) device: Arc<dyn BlockDevice>,
     pub(super) geometry: Geometry,
+    /// Each segment's size and row on the device (narrower on an array
+    /// after a loss).
+    pub(super) shapes: SegmentShapes,
     pub(super) limits: PoolLimits,
     pub(super) state: Mutex<State>,
     /// Woken whenever an in-flight batch completes.

@@ -100,6 +100,12 @@ pub struct PoolLimits {
     /// write for an in-flight slot, before it fails with ENOSPC (written data
     /// stays queued; a later flush can still succeed).
     pub device_full_wait_ms_max: u64,
+    /// Restore redundancy by itself when a device beneath the pool is lost
+    /// and the others can hold its data: the data of every segment with a
+    /// column on it is moved into segments laid out over the devices left
+    /// (an array one column narrower), paced by the background budget. Off:
+    /// only `lamina device replace` (or `device rebuild`) restores it.
+    pub rebuild_automatic: bool,
     /// Split client writes between three log heads by how often their blocks
     /// are rewritten (one-tier pools; see `cleaner::placement`).
     pub separate_client_writes_by_lifespan: bool,
@@ -382,6 +388,7 @@ impl Default for PoolLimits {
             tier_demotion_interval_ms: 20,
             device_full_retry_interval_ms: 1000,
             device_full_wait_ms_max: 10_000,
+            rebuild_automatic: true,
             separate_client_writes_by_lifespan: true,
             relocation_streams_by_age_segment_count_min: 512,
             background_impact: BackgroundImpact::Medium,

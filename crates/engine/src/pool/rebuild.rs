@@ -20,12 +20,25 @@ use crate::log::geometry::DATA_START_BLOCK;
 use crate::volume::map::Mapping;
 
 use super::budget::BackgroundWork;
+use super::evacuation::EvacuationNeed;
 use super::inner::Pool;
-use super::rebuild_progress::RebuildStatus;
+use super::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 use super::space::SegmentState;
 
 /// Bytes the rebuild asks the device for in one step (it then yields).
 pub const REBUILD_STEP_BYTES_MAX: u64 = 1 << 20;
+
+/// What [`Pool::start_rebuild`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RebuildStart {
+    Started,
+    /// A rebuild runs already.
+    Running,
+    /// Nothing to rebuild (or `rebuild_automatic` is off).
+    Nothing,
+    /// A device is lost and the others lack the free space for its data.
+    LacksSpace(EvacuationNeed),
+}
 
 /// A byte range of the pool's device to rebuild.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,17 +58,40 @@ impl Pool {
         self.inner.rebuild.status()
     }
 
-    /// Starts the rebuild in the background if one is pending and none runs.
-    pub fn start_rebuild(&self) {
-        if !self.rebuild_pending() {
-            return;
+    /// Starts a rebuild in the background if none runs: onto a replacement
+    /// when one is pending; otherwise, with `rebuild_automatic`, by moving
+    /// the data of degraded segments onto the devices left, when they can
+    /// hold it (`evacuation.rs`).
+    pub fn start_rebuild(&self) -> RebuildStart {
+        if self.rebuild_status().state == RebuildState::Rebuilding {
+            return RebuildStart::Running;
+        }
+        if self.rebuild_pending() {
+            let pool = self.clone();
+            tokio::spawn(async move {
+                if let Err(error) = pool.rebuild().await {
+                    tracing::debug!(%error, "rebuild did not run");
+                }
+            });
+            return RebuildStart::Started;
+        }
+        if !self.inner.limits.rebuild_automatic {
+            return RebuildStart::Nothing;
+        }
+        let need = self.evacuation_need();
+        if need.is_empty() {
+            return RebuildStart::Nothing;
+        }
+        if need.live_bytes > need.free_bytes {
+            return RebuildStart::LacksSpace(need);
         }
         let pool = self.clone();
         tokio::spawn(async move {
-            if let Err(error) = pool.rebuild().await {
+            if let Err(error) = pool.evacuate().await {
                 tracing::debug!(%error, "rebuild did not run");
             }
         });
+        RebuildStart::Started
     }
 
     /// Rebuilds every range the pool keeps onto the replacement, then lets
@@ -65,7 +101,7 @@ impl Pool {
         if !self.rebuild_pending() {
             return Ok(self.rebuild_status());
         }
-        if !self.inner.rebuild.start() {
+        if !self.inner.rebuild.start(RebuildKind::Replacement) {
             return Err(EngineError::Io(crate::error::IoError::RebuildRunning));
         }
         tracing::warn!("rebuild started");

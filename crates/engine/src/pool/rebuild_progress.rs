@@ -21,10 +21,24 @@ pub enum RebuildState {
     Failed,
 }
 
+/// Where a rebuild puts what the lost device held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebuildKind {
+    /// Onto a new device taking the lost one's place (`device replace`).
+    #[default]
+    Replacement,
+    /// Into the free space of the devices left: the data of every segment
+    /// with a column on the lost device moves to segments laid out over the
+    /// others (`evacuation.rs`).
+    DistributedSpare,
+}
+
 /// The latest rebuild's progress (since the pool opened).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RebuildStatus {
     pub state: RebuildState,
+    pub kind: RebuildKind,
     /// Bytes the pool keeps (metadata and segments in use) to rebuild.
     pub bytes_total: u64,
     pub bytes_done: u64,
@@ -55,6 +69,7 @@ pub struct Rebuilder {
 #[derive(Debug, Default)]
 struct RebuildOutcome {
     state: RebuildState,
+    kind: RebuildKind,
     started: Option<Instant>,
     elapsed: Duration,
     error: Option<String>,
@@ -62,7 +77,7 @@ struct RebuildOutcome {
 
 impl Rebuilder {
     /// Starts a rebuild; false if one is running.
-    pub(super) fn start(&self) -> bool {
+    pub(super) fn start(&self, kind: RebuildKind) -> bool {
         if self.running.swap(true, Ordering::SeqCst) {
             return false;
         }
@@ -76,6 +91,7 @@ impl Rebuilder {
         }
         *self.outcome.lock().expect("rebuild outcome lock") = RebuildOutcome {
             state: RebuildState::Rebuilding,
+            kind,
             started: Some(Instant::now()),
             elapsed: Duration::ZERO,
             error: None,
@@ -120,6 +136,7 @@ impl Rebuilder {
             .then(|| bytes_total.saturating_sub(bytes_done) / bytes_per_second);
         RebuildStatus {
             state: outcome.state,
+            kind: outcome.kind,
             bytes_total,
             bytes_done,
             bytes_per_second,

@@ -18,6 +18,7 @@ use super::flush_marker::FlushMarker;
 use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
 use super::integrity::RecoveryFindings;
 use super::limits::{PoolLimits, PoolOptions};
+use super::segment_shapes::SegmentShapes;
 use super::space::{self, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
 use crate::convert::{segment_index, to_usize};
@@ -65,6 +66,7 @@ fn new_inner(
     let budget = BackgroundBudget::new(limits.background_impact, limits.background_budget());
     Arc::new(Inner {
         cache: state.cache().clone(),
+        shapes: state.shapes().clone(),
         device,
         geometry: *state.geometry(),
         limits,
@@ -112,7 +114,11 @@ impl Pool {
             created_unix_seconds: crate::clock::now_unix_seconds(),
         };
         write_new_pool(&*device, &superblock, &device_starts).await?;
-        let state = State::new(geometry, &limits);
+        let state = State::new(
+            geometry,
+            SegmentShapes::of_device(geometry, device.clone()),
+            &limits,
+        );
         let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
         let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker));
         // Both slots hold a checkpoint from the start, so that one can always fall back.
@@ -139,8 +145,9 @@ impl Pool {
         let checked = check_device(&*device, &name).await?;
         let geometry = checked.superblock.geometry;
         let marker = read_flush_marker(&*device, &checked.superblock).await?;
-        let mut kept = load_checkpoints(&*device, &geometry, &name).await?;
-        let mut state = State::new(geometry, &limits);
+        let shapes = SegmentShapes::of_device(geometry, device.clone());
+        let mut kept = load_checkpoints(&*device, &shapes, &name).await?;
+        let mut state = State::new(geometry, shapes.clone(), &limits);
         restore_from_checkpoint(&mut state, &mut kept.newest);
         let held = kept.held_segments();
         let covered = kept.newest.slot.covered_batch_sequence;
@@ -148,7 +155,7 @@ impl Pool {
         // Find every batch appended after the checkpoint, and how far
         // completed flushes reached: what the log's summaries say, or the
         // flush marker written after the last flush, whichever is further.
-        let scanned = scan_log(&*device, &geometry, &held, &kept.newest.body).await?;
+        let scanned = scan_log(&*device, &shapes, &held, &kept.newest.body).await?;
         let bounds = replay_bounds(&scanned, covered, marker);
         let replay = replay_batches(&*device, &geometry, &mut state, &scanned, bounds).await?;
         let findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
@@ -517,13 +524,13 @@ async fn read_slots(
 /// slot), and the older one if its body verifies too.
 async fn load_checkpoints(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    shapes: &SegmentShapes,
     name: &str,
 ) -> Result<KeptCheckpoints, EngineError> {
-    let slots = read_slots(device, geometry, name).await?;
+    let slots = read_slots(device, shapes.geometry(), name).await?;
     let mut newest = None;
     for found in &slots {
-        match read_body(device, geometry, &found.slot).await {
+        match read_body(device, shapes, &found.slot).await {
             Ok((body, volumes)) => {
                 newest = Some(NewestCheckpoint {
                     slot_index: found.slot_index,
@@ -548,7 +555,7 @@ async fn load_checkpoints(
             "neither checkpoint slot holds a valid checkpoint",
         ));
     };
-    let older = usable_older_checkpoint(device, geometry, name, &slots, &newest).await;
+    let older = usable_older_checkpoint(device, shapes, name, &slots, &newest).await;
     let next_checkpoint_sequence = slots
         .iter()
         .map(|found| found.slot.checkpoint_sequence)
@@ -569,7 +576,7 @@ async fn load_checkpoints(
 /// hold data) and it shares no segment with `newest`.
 async fn usable_older_checkpoint(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    shapes: &SegmentShapes,
     name: &str,
     slots: &[FoundSlot],
     newest: &NewestCheckpoint,
@@ -577,7 +584,7 @@ async fn usable_older_checkpoint(
     let older = slots
         .iter()
         .find(|found| found.slot.checkpoint_sequence < newest.slot.checkpoint_sequence)?;
-    if let Err(error) = read_body(device, geometry, &older.slot).await {
+    if let Err(error) = read_body(device, shapes, &older.slot).await {
         tracing::warn!(
             device = %name, slot_index = older.slot_index,
             checkpoint = older.slot.checkpoint_sequence, %error,
@@ -944,7 +951,12 @@ async fn replay_batches(
         replay_records(state, &replayed, &mut outcome);
         batch_replayed(geometry, state, batch, &mut outcome);
         if sequence > bounds.log_flushed_through {
-            rewrite_unflushed_rows(device, geometry, batch, replayed.checked_data.as_ref()).await?;
+            let row_blocks = state
+                .shapes()
+                .shape(geometry.segment_of(batch.summary_block))
+                .row_blocks;
+            rewrite_unflushed_rows(device, row_blocks, batch, replayed.checked_data.as_ref())
+                .await?;
         }
     }
     Ok(outcome)
@@ -962,12 +974,11 @@ async fn replay_batches(
 /// single device (rows of one block) there is no parity to mend.
 async fn rewrite_unflushed_rows(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    row_blocks: u32,
     batch: &ScannedBatch,
     checked_data: Option<&AlignedBuffer>,
 ) -> Result<(), EngineError> {
-    let segment_index = geometry.segment_of(batch.summary_block);
-    if geometry.segment_shape(segment_index).row_blocks <= 1 {
+    if row_blocks <= 1 {
         return Ok(());
     }
     // The summary, the data blocks and the summary's copy (format version 5 on).
@@ -1212,35 +1223,27 @@ fn slot_segments_valid(slot: &Slot, geometry: &Geometry) -> bool {
 
 async fn read_body(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    shapes: &SegmentShapes,
     slot: &Slot,
 ) -> Result<(Body, VolumeTable), String> {
-    let segment_bytes = geometry.segment_size_bytes();
-    if slot.body_segments.is_empty()
-        || slot.body_segments.len() as u64 != slot.body_bytes.div_ceil(segment_bytes)
-        || slot
-            .body_segments
-            .iter()
-            .any(|segment| u64::from(*segment) >= geometry.segment_count)
-    {
-        return Err("slot names an impossible set of segments".to_string());
-    }
+    let geometry = shapes.geometry();
+    let pieces = shapes
+        .body_pieces(&slot.body_segments, slot.body_bytes)
+        .ok_or_else(|| "slot names an impossible set of segments".to_string())?;
     // The slot is read from the device: a length past the address space is
     // corrupt, not a reason to panic.
     let body_bytes = usize::try_from(slot.body_bytes)
         .map_err(|_| format!("body of {} bytes does not fit in memory", slot.body_bytes))?;
     let mut bytes = Vec::with_capacity(body_bytes);
-    for segment_index in &slot.body_segments {
-        let remaining = slot.body_bytes - bytes.len() as u64;
-        let piece = remaining.min(segment_bytes);
+    for piece in pieces {
         let data = device
             .read(
-                geometry.segment_first_block(*segment_index) * BLOCK_SIZE_BYTES,
-                to_usize(piece.next_multiple_of(BLOCK_SIZE_BYTES)),
+                geometry.segment_first_block(piece.segment_index) * BLOCK_SIZE_BYTES,
+                to_usize(piece.length_bytes.next_multiple_of(BLOCK_SIZE_BYTES)),
             )
             .await
             .map_err(|error| error.to_string())?;
-        bytes.extend_from_slice(&data[..to_usize(piece)]);
+        bytes.extend_from_slice(&data[..to_usize(piece.length_bytes)]);
     }
     if crc32c::crc32c(&bytes) != slot.body_checksum {
         return Err("body checksum does not match the slot".to_string());
@@ -1312,12 +1315,12 @@ struct WalkStart {
 /// Every valid batch that may be newer than the checkpoint.
 async fn scan_log(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    shapes: &SegmentShapes,
     held: &HashSet<u32>,
     body: &Body,
 ) -> Result<ScannedLog, EngineError> {
-    let starts = walk_starts(device, geometry, held, body).await?;
-    let mut scanned = walk_segments(device, geometry, &starts).await?;
+    let starts = walk_starts(device, shapes, held, body).await?;
+    let mut scanned = walk_segments(device, shapes, &starts).await?;
     scanned
         .batches
         .sort_by_key(|batch| batch.summary.batch_sequence);
@@ -1331,10 +1334,11 @@ async fn scan_log(
 /// first blocks of [`SCAN_CONCURRENCY_MAX`] segments at a time.
 async fn walk_starts(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    shapes: &SegmentShapes,
     held: &HashSet<u32>,
     body: &Body,
 ) -> Result<Vec<WalkStart>, EngineError> {
+    let geometry = shapes.geometry();
     let mut starts: Vec<WalkStart> = Vec::new();
     let candidates: Vec<u32> = (0..segment_index(geometry.segment_count))
         .filter(|index| !held.contains(index))
@@ -1345,7 +1349,7 @@ async fn walk_starts(
                 device,
                 first_block: geometry.segment_first_block(*index),
             };
-            chain::first_incarnation(&mut source, geometry.segment_shape(*index)).await
+            chain::first_incarnation(&mut source, shapes.shape(*index)).await
         });
         for (index, result) in group.iter().zip(futures::future::join_all(probes).await) {
             starts.extend(walk_start(*index, result?, body));
@@ -1390,9 +1394,10 @@ fn walk_start(
 /// walks found (batches in no particular order).
 async fn walk_segments(
     device: &dyn BlockDevice,
-    geometry: &Geometry,
+    shapes: &SegmentShapes,
     starts: &[WalkStart],
 ) -> Result<ScannedLog, EngineError> {
+    let geometry = shapes.geometry();
     let walks = starts.iter().map(|start| async move {
         let mut source = DeviceSegment {
             device,
@@ -1400,7 +1405,7 @@ async fn walk_segments(
         };
         let chain = chain::walk(
             &mut source,
-            geometry.segment_shape(start.segment_index),
+            shapes.shape(start.segment_index),
             start.first_block,
             Some(start.segment_sequence),
         )

@@ -561,6 +561,58 @@ impl SpaceAllocator {
         assert_eq!(self.geometry.tier_of_segment(segment_index), tier);
     }
 
+    /// Takes free segment `segment_index` out of its free list so that it
+    /// can be laid out again (`SegmentShapes::open`) with nothing writing
+    /// it; false when it is not free (taken meanwhile). It goes back with
+    /// [`SpaceAllocator::return_free_segment`].
+    pub fn take_free_segment_to_lay_out(&mut self, segment_index: u32) -> bool {
+        let free_list = match self.geometry.tier_of_segment(segment_index) {
+            Tier::Flash => &mut self.free_flash,
+            Tier::Capacity => &mut self.free_capacity,
+        };
+        match free_list.iter().position(|index| *index == segment_index) {
+            Some(position) => {
+                free_list.remove(position);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `taken`, just taken from its free list, or, when `usable_now` is
+    /// false for it, the first free segment of its tier for which it holds
+    /// (`taken` goes back first in line): a segment that must be laid out
+    /// again after a device loss is written only when no other is free.
+    pub fn prefer_free_segment(&mut self, taken: u32, usable_now: impl Fn(u32) -> bool) -> u32 {
+        if usable_now(taken) {
+            return taken;
+        }
+        // Never a settled segment for an unsettled one: the checkpoints'
+        // reserve of settled segments (`pop_free_keeping_settled`) stays.
+        let covered = self.covered_by_every_checkpoint();
+        let free_list = match self.geometry.tier_of_segment(taken) {
+            Tier::Flash => &mut self.free_flash,
+            Tier::Capacity => &mut self.free_capacity,
+        };
+        let segments = &self.segments;
+        let settled = |index: u32| segments[index as usize].last_batch_sequence <= covered;
+        let taken_settled = settled(taken);
+        let Some(position) = free_list
+            .iter()
+            .position(|index| usable_now(*index) && (taken_settled || !settled(*index)))
+        else {
+            return taken;
+        };
+        let chosen = free_list.remove(position).expect("found above");
+        free_list.push_front(taken);
+        chosen
+    }
+
+    /// The free segments of both tiers.
+    pub fn free_segments(&self) -> impl Iterator<Item = u32> + '_ {
+        self.free_flash.iter().chain(&self.free_capacity).copied()
+    }
+
     /// Gives back a free segment taken but not used, first in line again.
     pub fn return_free_segment(&mut self, segment_index: u32) {
         assert_eq!(
@@ -604,17 +656,23 @@ impl SpaceAllocator {
         }
     }
 
-    /// Takes `segment_count` free segments for the body of checkpoint
-    /// `checkpoint_sequence`, or none when there are not that many.
+    /// Takes free segments enough to hold a body of `body_bytes` for
+    /// checkpoint `checkpoint_sequence` (each segment holding
+    /// `size_bytes(segment)`), or none when there are not that many.
     pub fn take_checkpoint_body_segments(
         &mut self,
-        segment_count: usize,
+        body_bytes: u64,
+        size_bytes: impl Fn(u32) -> u64,
         checkpoint_sequence: u64,
     ) -> Option<Vec<u32>> {
-        let mut taken = Vec::with_capacity(segment_count);
-        for _ in 0..segment_count {
+        let mut taken = Vec::new();
+        let mut held_bytes = 0;
+        while held_bytes < body_bytes {
             match self.take_free_checkpoint_segment() {
-                Some(index) => taken.push(index),
+                Some(index) => {
+                    held_bytes += size_bytes(index);
+                    taken.push(index);
+                }
                 None => {
                     for index in taken.into_iter().rev() {
                         self.return_free_segment(index);

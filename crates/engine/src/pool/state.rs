@@ -29,8 +29,11 @@ use crate::volume::VolumeTable;
 use super::cleaner::placement::Placement;
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::limits::PoolLimits;
+use super::segment_shapes::SegmentShapes;
 use super::space::{Allocation, DurableCheckpoint, SpaceAllocator};
-use super::stream::{CLIENT_STREAMS, OPEN_BATCH_COUNT, RELOCATION_STREAMS, Stream, lane_of};
+use super::stream::{
+    ALL_STREAMS, CLIENT_STREAMS, OPEN_BATCH_COUNT, RELOCATION_STREAMS, Stream, lane_of,
+};
 use super::writer::{InFlightBatch, LogWriter, OpenBatch};
 
 /// The pool's in-memory state.
@@ -54,17 +57,19 @@ pub struct State {
     heat: Option<Heat>,
     /// Per volume: reads per tier, promotions and demotions since the pool opened.
     tier_counters: HashMap<u32, VolumeTierCounters>,
+    /// Each segment's size and row on the device.
+    shapes: SegmentShapes,
 }
 
 impl State {
     /// The state of an empty pool on `geometry`.
-    pub fn new(geometry: Geometry, limits: &PoolLimits) -> Self {
+    pub fn new(geometry: Geometry, shapes: SegmentShapes, limits: &PoolLimits) -> Self {
         let one_tier = !geometry.has_capacity_tier();
         Self {
             geometry,
             volumes: VolumeTable::new(),
             space: SpaceAllocator::new(geometry, limits.test_hooks.reuse_freed_segments_first),
-            writer: LogWriter::new(geometry),
+            writer: LogWriter::new(shapes.clone()),
             placement: Placement::new(
                 limits.separate_client_writes_by_lifespan
                     && one_tier
@@ -81,7 +86,13 @@ impl State {
                 )
             }),
             tier_counters: HashMap::new(),
+            shapes,
         }
+    }
+
+    /// How each segment is laid out on the device.
+    pub fn shapes(&self) -> &SegmentShapes {
+        &self.shapes
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -283,7 +294,11 @@ impl State {
             self.close_head_segment(stream);
         }
         if self.writer.head(stream).is_none() {
-            let segment_index = self.take_head_segment(stream, with_data)?;
+            let taken = self.take_head_segment(stream, with_data)?;
+            let shapes = &self.shapes;
+            let segment_index = self
+                .space
+                .prefer_free_segment(taken, |index| !shapes.needs_layout(index));
             self.space.open_head_segment(segment_index);
             self.writer.open_head(stream, segment_index);
             let now = self.client_blocks_written();
@@ -327,6 +342,29 @@ impl State {
             self.space
                 .close_head_segment(head.segment_index, head.next_block_in_segment, progress);
         }
+    }
+
+    /// Seals the open batches and closes every head whose segment is
+    /// degraded (laid out over a device since lost), so that nothing more
+    /// is written there and the evacuation can move it. Returns the sealed
+    /// batches, to be written.
+    pub fn close_degraded_heads(&mut self) -> Vec<Arc<InFlightBatch>> {
+        let degraded: Vec<Stream> = ALL_STREAMS
+            .into_iter()
+            .filter(|stream| {
+                self.writer
+                    .head(*stream)
+                    .is_some_and(|head| self.shapes.layout(head.segment_index).degraded)
+            })
+            .collect();
+        if degraded.is_empty() {
+            return Vec::new();
+        }
+        let sealed = self.seal_open_batch();
+        for stream in degraded {
+            self.close_head_segment(stream);
+        }
+        sealed
     }
 
     /// Appends a non-data record and applies it to the volumes.

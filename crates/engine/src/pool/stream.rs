@@ -47,6 +47,18 @@ pub enum Stream {
 /// Number of log heads (one per [`Stream`]).
 pub const STREAM_COUNT: usize = 8;
 
+/// Every stream, by number.
+pub const ALL_STREAMS: [Stream; STREAM_COUNT] = [
+    Stream::Client,
+    Stream::Cleaner,
+    Stream::Cold,
+    Stream::Capacity,
+    Stream::ClientCold,
+    Stream::Colder,
+    Stream::Coldest,
+    Stream::ClientWarm,
+];
+
 /// The client streams of a one-tier pool, most often rewritten first.
 pub const CLIENT_STREAMS: [Stream; 3] = [Stream::Client, Stream::ClientWarm, Stream::ClientCold];
 

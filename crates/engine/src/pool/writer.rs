@@ -16,10 +16,11 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
 };
-use crate::log::chain::BATCH_TAIL_BLOCKS_MAX;
-use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, Geometry, SEGMENT_SIZE_BLOCKS_MIN};
+use crate::log::chain::{BATCH_TAIL_BLOCKS_MAX, SegmentShape};
+use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, SEGMENT_SIZE_BLOCKS_MIN};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
+use super::segment_shapes::SegmentShapes;
 use super::space::LogProgress;
 use super::stream::{OPEN_BATCH_COUNT, RELOCATION_STREAMS, STREAM_COUNT, Stream, lane_of};
 
@@ -43,14 +44,16 @@ pub struct Head {
     pub segment_index: u32,
     pub segment_sequence: u64,
     pub next_block_in_segment: u32,
+    /// The segment's size and row as laid out when it was opened (a
+    /// segment on an array narrowed after a loss holds fewer blocks).
+    pub shape: SegmentShape,
 }
 
 impl Head {
     /// Whether the segment still has room for a batch of one data block (its
-    /// summary, the block and the summary's copy) in a segment of
-    /// `segment_size_blocks`.
-    pub fn has_room_for_a_data_block(&self, segment_size_blocks: u32) -> bool {
-        self.next_block_in_segment + BATCH_OVERHEAD_BLOCKS < segment_size_blocks
+    /// summary, the block and the summary's copy).
+    pub fn has_room_for_a_data_block(&self) -> bool {
+        self.next_block_in_segment + BATCH_OVERHEAD_BLOCKS < self.shape.size_blocks
     }
 }
 
@@ -201,9 +204,8 @@ pub struct SealedBatch {
 
 /// Heads, open batches, batches in flight and the log's sequences.
 pub struct LogWriter {
-    /// Where segments are and how their batches align to rows.
-    geometry: Geometry,
-    segment_size_blocks: u32,
+    /// How each segment is laid out (its size and row).
+    shapes: SegmentShapes,
     /// Log heads, indexed by [`Stream`].
     heads: [Option<Head>; STREAM_COUNT],
     /// Per lane ([`lane_of`]): the main batch (any stream but the two below),
@@ -221,11 +223,9 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
-    pub fn new(geometry: Geometry) -> Self {
+    pub fn new(shapes: SegmentShapes) -> Self {
         Self {
-            geometry,
-            segment_size_blocks: u32::try_from(geometry.segment_size_blocks)
-                .expect("segment sizes fit in 32 bits of blocks (Geometry checks)"),
+            shapes,
             heads: [None; STREAM_COUNT],
             open_batches: Default::default(),
             in_flight: BTreeMap::new(),
@@ -325,8 +325,7 @@ impl LogWriter {
     /// Whether a data block appended to `stream` fits in its head segment
     /// without a new batch being opened in a new segment.
     pub fn head_has_room(&self, stream: Stream) -> bool {
-        self.heads[stream as usize]
-            .is_some_and(|head| head.has_room_for_a_data_block(self.segment_size_blocks))
+        self.heads[stream as usize].is_some_and(|head| head.has_room_for_a_data_block())
     }
 
     /// Whether some relocation head has room for a data block.
@@ -352,7 +351,8 @@ impl LogWriter {
         self.heads[stream as usize].take()
     }
 
-    /// Makes `segment_index` the head of `stream`, with a new segment sequence.
+    /// Makes `segment_index` the head of `stream`, with a new segment
+    /// sequence, at the shape the device lays it out at now.
     pub fn open_head(&mut self, stream: Stream, segment_index: u32) {
         assert!(self.heads[stream as usize].is_none());
         let segment_sequence = self.next_segment_sequence;
@@ -361,6 +361,7 @@ impl LogWriter {
             segment_index,
             segment_sequence,
             next_block_in_segment: 0,
+            shape: self.shapes.shape(segment_index),
         });
     }
 
@@ -391,8 +392,8 @@ impl LogWriter {
             "lane {lane} has a batch open"
         );
         let head = self.heads[stream as usize].expect("a batch opens at a head");
-        assert!(head.has_room_for_a_data_block(self.segment_size_blocks));
-        let remaining = (self.segment_size_blocks - head.next_block_in_segment) as usize;
+        assert!(head.has_room_for_a_data_block());
+        let remaining = (head.shape.size_blocks - head.next_block_in_segment) as usize;
         let data_capacity = BATCH_DATA_BLOCKS_MAX.min(remaining - BATCH_OVERHEAD_BLOCKS as usize);
         self.open_batches[lane].insert(OpenBatch {
             stream,
@@ -445,11 +446,11 @@ impl LogWriter {
         // The next batch starts at the next row: a striped tier's array
         // writes whole rows only, so the rest of this batch's last row stays
         // padding (format version 6, `log::chain::SegmentShape`).
-        let shape = self.geometry.segment_shape(batch.segment_index);
-        head.next_block_in_segment =
-            shape.next_batch_start(head.next_block_in_segment + block_count);
-        assert!(head.next_block_in_segment <= self.segment_size_blocks);
-        let head_full = !head.has_room_for_a_data_block(self.segment_size_blocks);
+        head.next_block_in_segment = head
+            .shape
+            .next_batch_start(head.next_block_in_segment + block_count);
+        assert!(head.next_block_in_segment <= head.shape.size_blocks);
+        let head_full = !head.has_room_for_a_data_block();
         let in_flight = Arc::new(InFlightBatch {
             sequence,
             summary_block: batch.summary_block,

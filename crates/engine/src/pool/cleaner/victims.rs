@@ -53,7 +53,6 @@ pub fn pick_victims(state: &State, count: usize, policy: VictimPolicy) -> Vec<u3
 /// cleaning it demotes the cold blocks and so frees flash even when every
 /// block is live.
 pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPolicy) -> Vec<u32> {
-    let segment_blocks = state.geometry().segment_size_blocks as f64;
     let now = state.writer().next_batch_sequence();
     let now_blocks = state.client_blocks_written();
     let fifo = tier == Tier::Flash && state.geometry().has_capacity_tier();
@@ -62,6 +61,9 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
         .segments_of(tier)
         .filter(|(_, segment)| segment.state == SegmentState::Sealed && !segment.set_aside)
         .filter_map(|(index, segment)| {
+            // Of the blocks the segment's layout holds (fewer on an array
+            // narrowed after a loss).
+            let segment_blocks = f64::from(state.shapes().shape(index).size_blocks);
             let utilization = f64::from(segment.live_blocks) / segment_blocks;
             if fifo {
                 // Oldest first: batch sequences keep the order across restarts.

@@ -1,0 +1,243 @@
+//! Restoring redundancy without a new device (issue 19, decision 0024): when
+//! a device beneath the pool is lost (or being removed) and enough others
+//! remain, every segment with a column on it is *degraded*. Rebuilding is
+//! cleaning: the live blocks of each degraded segment are moved, through the
+//! cleaner, into segments laid out over the devices in use (an array's rows
+//! one column narrower), and the degraded segment is freed. Only live data
+//! moves, checked against its checksums as the cleaner always checks it, so
+//! the time follows the data stored. Free segments still laid out over the
+//! lost device are laid out again first, so that nothing new is written with
+//! less redundancy. It is paced by the shared background budget at the
+//! rebuild's weight, shows its progress as the rebuild's, and needs no
+//! record of its own to resume: after a restart the degraded segments are
+//! still degraded, and the next pass takes them.
+
+use std::sync::atomic::Ordering;
+
+use crate::BLOCK_SIZE_BYTES;
+use crate::error::{EngineError, IoError};
+
+use super::budget::BackgroundWork;
+use super::inner::Pool;
+use super::rebuild_progress::{RebuildKind, RebuildStatus};
+use super::space::SegmentState;
+
+/// Passes over the degraded segments before an evacuation gives up: a pass
+/// moves every segment degraded when it starts; data written meanwhile into
+/// segments laid out before the loss (when none other was free) is what the
+/// next pass takes.
+pub const EVACUATION_PASSES_MAX: usize = 8;
+
+/// What an evacuation would move now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvacuationNeed {
+    /// Segments in use that have a column on a device out of use.
+    pub degraded_segment_count: usize,
+    /// Their live blocks, in bytes.
+    pub live_bytes: u64,
+    /// Free segments to lay out again before they are written.
+    pub free_segments_to_lay_out: usize,
+    /// Bytes the free segments hold once laid out over the devices in use,
+    /// less the reserves the cleaner and checkpoints keep.
+    pub free_bytes: u64,
+}
+
+impl EvacuationNeed {
+    pub fn is_empty(&self) -> bool {
+        self.degraded_segment_count == 0 && self.free_segments_to_lay_out == 0
+    }
+}
+
+impl Pool {
+    /// What restoring redundancy by moving data would take now; nothing
+    /// while the devices in use are too few to lay segments out without the
+    /// lost one.
+    pub fn evacuation_need(&self) -> EvacuationNeed {
+        let shapes = &self.inner.shapes;
+        if !shapes.new_segments_redundant() {
+            return EvacuationNeed::default();
+        }
+        let state = self.inner.lock();
+        let mut need = EvacuationNeed::default();
+        for (index, segment) in state.space().segments().iter().enumerate() {
+            let index = u32::try_from(index).expect("segment indexes fit in u32");
+            let degraded = matches!(segment.state, SegmentState::Sealed | SegmentState::Open)
+                && shapes.layout(index).degraded;
+            if degraded {
+                need.degraded_segment_count += 1;
+                need.live_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+            }
+        }
+        let reserve_segment_count = state.space().cleaner_reserve_segment_count()
+            + state.space().reserve_for(super::space::Allocation::Client);
+        let free: Vec<u32> = state.space().free_segments().collect();
+        need.free_segments_to_lay_out = free
+            .iter()
+            .filter(|index| shapes.needs_layout(**index))
+            .count();
+        // Laid out again, a free segment holds what a new one holds: the
+        // size of one opened now, which the device tells only on opening, so
+        // the smallest segment laid out since the loss stands for it.
+        let new_segment_bytes = free
+            .iter()
+            .filter(|index| !shapes.layout(**index).degraded)
+            .map(|index| shapes.size_bytes(*index))
+            .min()
+            .unwrap_or(shapes.geometry().segment_size_bytes());
+        need.free_bytes =
+            free.len().saturating_sub(reserve_segment_count) as u64 * new_segment_bytes;
+        need
+    }
+
+    /// Moves the data of every degraded segment into segments laid out over
+    /// the devices in use. Refused while a rebuild runs.
+    pub async fn evacuate(&self) -> Result<RebuildStatus, EngineError> {
+        if !self.inner.rebuild.start(RebuildKind::DistributedSpare) {
+            return Err(EngineError::Io(IoError::RebuildRunning));
+        }
+        tracing::warn!(need = ?self.evacuation_need(), "rebuild by moving data off the lost device started");
+        let result = self.evacuate_all().await;
+        let error = result.as_ref().err().map(ToString::to_string);
+        match &error {
+            Some(error) => tracing::error!(%error, "rebuild failed"),
+            None => tracing::warn!(status = ?self.inner.rebuild.status(), "rebuild finished"),
+        }
+        self.inner.rebuild.finish(error);
+        result.map(|()| self.rebuild_status())
+    }
+
+    async fn evacuate_all(&self) -> Result<(), EngineError> {
+        let need = self.evacuation_need();
+        self.inner
+            .rebuild
+            .bytes_total
+            .store(need.live_bytes, Ordering::Relaxed);
+        for _ in 0..EVACUATION_PASSES_MAX {
+            self.lay_out_free_segments().await?;
+            let sealed = self.inner.lock().close_degraded_heads();
+            self.spawn_writes(sealed);
+            let victims = self.degraded_victims();
+            if victims.is_empty() {
+                // Checkpoint bodies in degraded segments move with the next
+                // two checkpoints; then nothing degraded is left.
+                if self.degraded_checkpoint_bodies() {
+                    self.checkpoint().await?;
+                    self.checkpoint().await?;
+                    continue;
+                }
+                return Ok(());
+            }
+            for victim in victims {
+                self.evacuate_segment(victim).await?;
+            }
+            // Emptied victims become free through the flush and checkpoints.
+            self.flush().await?;
+            self.checkpoint().await?;
+            self.checkpoint().await?;
+        }
+        let left = self.evacuation_need();
+        if left.degraded_segment_count == 0 {
+            return Ok(());
+        }
+        Err(EngineError::Io(IoError::Failed(format!(
+            "{} segments still hold data on the lost device after {EVACUATION_PASSES_MAX} passes",
+            left.degraded_segment_count
+        ))))
+    }
+
+    /// Lays every free segment still laid out over the lost device out
+    /// again, one at a time, each out of the free list meanwhile.
+    async fn lay_out_free_segments(&self) -> Result<(), EngineError> {
+        let shapes = &self.inner.shapes;
+        let candidates: Vec<u32> = {
+            let state = self.inner.lock();
+            state
+                .space()
+                .free_segments()
+                .filter(|index| shapes.needs_layout(*index))
+                .collect()
+        };
+        for segment_index in candidates {
+            if self.background_stopped() {
+                return Err(EngineError::Io(IoError::RebuildInterrupted));
+            }
+            if !self
+                .inner
+                .lock()
+                .space_mut()
+                .take_free_segment_to_lay_out(segment_index)
+            {
+                continue;
+            }
+            let opened = shapes.open(segment_index).await;
+            self.inner
+                .lock()
+                .space_mut()
+                .return_free_segment(segment_index);
+            opened.map_err(EngineError::Device)?;
+        }
+        Ok(())
+    }
+
+    /// Sealed degraded segments, fewest live blocks first (each frees the
+    /// most space for its cost, so that the move needs the least room).
+    fn degraded_victims(&self) -> Vec<u32> {
+        let shapes = &self.inner.shapes;
+        let state = self.inner.lock();
+        let mut victims: Vec<(u32, u32)> = state
+            .space()
+            .segments()
+            .iter()
+            .enumerate()
+            .filter(|(_, segment)| segment.state == SegmentState::Sealed)
+            .map(|(index, segment)| {
+                let index = u32::try_from(index).expect("segment indexes fit in u32");
+                (index, segment.live_blocks)
+            })
+            .filter(|(index, _)| shapes.layout(*index).degraded)
+            .collect();
+        victims.sort_by_key(|(index, live_blocks)| (*live_blocks, *index));
+        victims.into_iter().map(|(index, _)| index).collect()
+    }
+
+    fn degraded_checkpoint_bodies(&self) -> bool {
+        let shapes = &self.inner.shapes;
+        let state = self.inner.lock();
+        state
+            .space()
+            .segments()
+            .iter()
+            .enumerate()
+            .any(|(index, segment)| {
+                let index = u32::try_from(index).expect("segment indexes fit in u32");
+                matches!(segment.state, SegmentState::Checkpoint { .. })
+                    && shapes.layout(index).degraded
+            })
+    }
+
+    /// Moves one degraded segment's live blocks, paced by the budget.
+    async fn evacuate_segment(&self, victim: u32) -> Result<(), EngineError> {
+        if self.background_stopped() {
+            return Err(EngineError::Io(IoError::RebuildInterrupted));
+        }
+        let live_bytes =
+            u64::from(self.inner.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
+        self.inner
+            .budget
+            .acquire(BackgroundWork::Rebuild, live_bytes.max(BLOCK_SIZE_BYTES))
+            .await;
+        let _guard = self.inner.cleaner_lock.lock().await;
+        match self.clean_degraded_victim(victim).await {
+            Ok(_) => {}
+            // The cleaner's reserve is used up: the flush and checkpoints
+            // after this pass free what was emptied.
+            Err(EngineError::Io(IoError::NoSpace)) => {}
+            Err(error) => return Err(error),
+        }
+        self.inner
+            .rebuild
+            .bytes_done
+            .fetch_add(live_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+}
