@@ -561,3 +561,47 @@ async fn a_version_2_array_assembles_and_works_without_zones() {
         .unwrap();
     assert_eq!(read.to_vec(), data);
 }
+
+#[tokio::test]
+async fn a_replacement_is_rebuilt_zone_by_zone_and_receives_the_table() {
+    let faulty: Vec<Faulty> = (0..6).map(blank).collect();
+    let devices = dynamic(&faulty);
+    let array = zoned_raid6(&devices).await;
+    let full = open_and_fill(&array, 0, 21).await;
+    array.fail_member(1);
+    let narrowed = open_and_fill(&array, 1, 22).await;
+    let new = blank(60) as Arc<dyn BlockDevice>;
+    array
+        .begin_replacement(
+            "/test/member1",
+            MemberDevice {
+                path: "/test/new1".into(),
+                device: new.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    // The member being replaced is in the write set again.
+    assert_eq!(array.write_set().members, vec![0, 1, 2, 3, 4, 5]);
+    let wide = open_and_fill(&array, 2, 23).await;
+    let everything = array.size_bytes();
+    array
+        .rebuild_range(0, everything, &|_, _| true)
+        .await
+        .unwrap();
+    array.finish_rebuild().await.unwrap();
+    drop(array);
+    let mut after = devices.clone();
+    after[1] = new;
+    // Without two others, the rebuilt member's columns are needed.
+    let array = assemble(TierRole::Flash, as_members(&after, &[0, 2]))
+        .await
+        .unwrap()
+        .array;
+    assert_eq!(read_zone(&array, 0, full.len()).await.unwrap(), full);
+    assert_eq!(
+        read_zone(&array, 1, narrowed.len()).await.unwrap(),
+        narrowed
+    );
+    assert_eq!(read_zone(&array, 2, wide.len()).await.unwrap(), wide);
+}
