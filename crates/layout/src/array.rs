@@ -12,8 +12,8 @@
 //! Reading, writing and recovering live in `read.rs`, `write.rs` and
 //! `recover.rs`; assembling an array from labelled devices in `assemble.rs`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use lamina_device::{
     AlignedBuffer, BlockCheck, BlockDevice, DeviceError, DeviceErrorKind, PlacedBlockCheck,
@@ -25,6 +25,8 @@ use crate::codec::ParityCodec;
 use crate::geometry::{ArrayGeometry, BLOCK_SIZE_BYTES, LABEL_BLOCK, LABEL_COPY_BLOCK};
 use crate::label::MemberLabel;
 use crate::member::{Member, MemberStatus};
+use crate::stripe::{SetMask, Stripe, full_set, members_of};
+use crate::zones::ZoneState;
 
 /// The array's state, named the way zpool names a pool's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -47,12 +49,33 @@ impl ArrayState {
     }
 }
 
+/// Who holds the mirrored prefix.
+#[derive(Clone, Debug)]
+pub(crate) struct PrefixCopies {
+    /// Members holding a valid copy (the label's `prefix_members`): read.
+    pub holders: Vec<usize>,
+    /// A member the prefix is being copied to: written, not read.
+    pub pending: Option<usize>,
+}
+
 /// See the module documentation.
 pub struct RedundantArray {
     pub(crate) name: String,
     pub(crate) geometry: ArrayGeometry,
-    pub(crate) codec: ParityCodec,
+    pub(crate) array_identifier: u128,
     pub(crate) members: Vec<Member>,
+    /// The parity code of each width, built once when first needed.
+    pub(crate) codecs: Vec<OnceLock<ParityCodec>>,
+    /// Each zone's member set (a version 2 array: one zone, the full set).
+    pub(crate) zones: std::sync::RwLock<ZoneState>,
+    /// The sequence the next table block write carries.
+    pub(crate) next_table_sequence: AtomicU64,
+    /// Serialises what changes sets, the table and membership
+    /// (`open_region`, removal, addition, the prefix's copies).
+    pub(crate) open_lock: tokio::sync::Mutex<()>,
+    pub(crate) prefix: std::sync::Mutex<PrefixCopies>,
+    /// Members being removed: out of the write set, still read.
+    pub(crate) removing: std::sync::Mutex<Vec<bool>>,
     /// The label written to members, raised a generation whenever a member
     /// leaves; guarded for the label writes in `flush`.
     pub(crate) label: tokio::sync::Mutex<MemberLabel>,
@@ -87,20 +110,61 @@ impl RedundantArray {
         // flush writes every label afresh.
         let labels_stale = members.iter().enumerate().any(|(index, member)| {
             let index = u32::try_from(index).expect("member indexes fit in u32");
-            !member.state().is_usable() && !label.faulted_members.contains(&index)
+            member.is_lost() && !label.faulted_members.contains(&index)
         });
-        Self {
+        let to_indexes =
+            |list: &[u32]| -> Vec<usize> { list.iter().map(|index| to_index(*index)).collect() };
+        let mut removing = vec![false; geometry.member_count];
+        for index in to_indexes(&label.removing_members) {
+            removing[index] = true;
+        }
+        let prefix = PrefixCopies {
+            holders: to_indexes(&label.prefix_members),
+            pending: None,
+        };
+        let mut array = Self {
             name,
-            codec: ParityCodec::new(geometry.redundancy, geometry.member_count),
+            array_identifier: label.array_identifier,
+            codecs: (0..=geometry.member_count)
+                .map(|_| OnceLock::new())
+                .collect(),
+            zones: std::sync::RwLock::new(ZoneState {
+                sets: Vec::new(),
+                table: vec![0; crate::read::to_usize(geometry.zone_count())],
+                sequences: vec![0; crate::read::to_usize(geometry.table_blocks)],
+            }),
+            next_table_sequence: AtomicU64::new(1),
+            open_lock: tokio::sync::Mutex::new(()),
+            prefix: std::sync::Mutex::new(prefix),
+            removing: std::sync::Mutex::new(removing),
             geometry,
             members,
-            label: tokio::sync::Mutex::new(label),
             labels_stale: AtomicBool::new(labels_stale),
             repair_lock: tokio::sync::RwLock::new(()),
             prefix_lock: tokio::sync::RwLock::new(()),
             rebuild_failure: std::sync::Mutex::new(None),
             rebuild_persist_rows: crate::member::REBUILD_PERSIST_ROWS.into(),
-        }
+            label: tokio::sync::Mutex::new(label.clone()),
+        };
+        let masks = match &label.zones {
+            Some(zones) => zones.member_sets.clone(),
+            None => vec![full_set(array.geometry.member_count)],
+        };
+        let sets = masks
+            .into_iter()
+            .map(|mask| (mask != 0).then(|| array.stripe_for(mask)))
+            .collect();
+        array.zones.get_mut().expect("zone state lock").sets = sets;
+        array
+    }
+
+    /// The layout over member set `mask`, with the code for its width.
+    pub(crate) fn stripe_for(&self, mask: SetMask) -> Arc<Stripe> {
+        let width = members_of(mask).len();
+        let codec = self.codecs[width]
+            .get_or_init(|| ParityCodec::new(self.geometry.redundancy, width))
+            .clone();
+        Arc::new(Stripe::new(self.geometry.redundancy, mask, codec))
     }
 
     pub fn geometry(&self) -> ArrayGeometry {
@@ -117,20 +181,62 @@ impl RedundantArray {
         self.members.iter().map(Member::status).collect()
     }
 
-    /// Members out of use (faulted or missing).
+    /// Members out of use (faulted or missing; an empty slot is neither).
     pub fn lost_member_count(&self) -> usize {
         self.members
             .iter()
-            .filter(|member| !member.state().is_usable())
+            .filter(|member| member.is_lost())
             .count()
     }
 
+    /// Members of `mask` that cannot be read (lost, or an empty slot).
+    pub(crate) fn unreadable_in(&self, mask: SetMask) -> usize {
+        members_of(mask)
+            .into_iter()
+            .filter(|index| !self.members[*index].state().is_usable())
+            .count()
+    }
+
+    /// Online with nothing lost. A version 2 array is faulted when more
+    /// members are lost than the parity covers; a zoned one when no copy of
+    /// the prefix is left or no zone can be written any more (too few
+    /// members for a narrowed set, too many lost for the full one): zones
+    /// at sets with too many lost fail their own reads, but may be free.
     pub fn state(&self) -> ArrayState {
-        match self.lost_member_count() {
-            0 => ArrayState::Online,
-            lost if lost <= self.geometry.parity_columns() => ArrayState::Degraded,
-            _ => ArrayState::Faulted,
+        let lost = self.lost_member_count();
+        let parity = self.geometry.parity_columns();
+        let faulted = if self.geometry.is_zoned() {
+            let full = full_set(self.geometry.member_count);
+            self.usable_prefix_holders().is_empty()
+                || (self.narrowed_write_set().is_none() && self.unreadable_in(full) > parity)
+        } else {
+            lost > parity
+        };
+        match (lost, faulted) {
+            (_, true) => ArrayState::Faulted,
+            (0, false) => ArrayState::Online,
+            _ => ArrayState::Degraded,
         }
+    }
+
+    /// The usable members holding a copy of the prefix, in order.
+    pub(crate) fn usable_prefix_holders(&self) -> Vec<usize> {
+        let holders = self.prefix.lock().expect("prefix lock").holders.clone();
+        holders
+            .into_iter()
+            .filter(|index| self.members[*index].state().is_usable())
+            .collect()
+    }
+
+    /// The members prefix writes go to: the holders and a copy in progress.
+    pub(crate) fn prefix_write_targets(&self) -> Vec<usize> {
+        let prefix = self.prefix.lock().expect("prefix lock");
+        prefix
+            .holders
+            .iter()
+            .copied()
+            .chain(prefix.pending)
+            .collect()
     }
 
     /// Has the next flush rewrite every label (assembly found labels of
@@ -158,7 +264,7 @@ impl RedundantArray {
         let lost: Vec<String> = self
             .members
             .iter()
-            .filter(|member| !member.state().is_usable())
+            .filter(|member| member.is_lost())
             .map(|member| format!("{} ({})", member.path(), member.state().name()))
             .collect();
         DeviceError::new(
@@ -222,12 +328,13 @@ impl RedundantArray {
         self.check_tolerance(0, 0)
     }
 
-    /// Indexes of the members out of use, leaving out `except`.
+    /// Indexes of the members out of use, leaving out `except` (and the
+    /// empty slots, which are not members).
     pub(crate) fn lost_members_but(&self, except: usize) -> Vec<u32> {
         self.members
             .iter()
             .enumerate()
-            .filter(|(index, member)| *index != except && !member.state().is_usable())
+            .filter(|(index, member)| *index != except && member.is_lost())
             .map(|(index, _)| u32::try_from(index).expect("member indexes fit in u32"))
             .collect()
     }
@@ -256,13 +363,44 @@ impl RedundantArray {
         self.write_labels_if_stale().await
     }
 
-    /// Ok while the lost members are within the parity.
+    /// Ok while the array can still serve I/O: for a version 2 array, the
+    /// lost members within the parity; for a zoned one, a copy of the
+    /// prefix left (each zone's I/O checks its own set: `check_set`).
     pub(crate) fn check_tolerance(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
-        if self.lost_member_count() > self.geometry.parity_columns() {
+        let too_many = if self.geometry.is_zoned() {
+            self.usable_prefix_holders().is_empty()
+        } else {
+            self.lost_member_count() > self.geometry.parity_columns()
+        };
+        if too_many {
             return Err(self.too_many_lost(offset, length));
         }
         Ok(())
     }
+
+    /// Ok while the members of `stripe` that cannot be read are within its
+    /// parity.
+    pub(crate) fn check_set(
+        &self,
+        stripe: &Stripe,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), DeviceError> {
+        if self.unreadable_in(stripe.mask()) > stripe.parity_columns() {
+            return Err(self.too_many_lost(offset, length));
+        }
+        Ok(())
+    }
+}
+
+/// A member index from a label.
+pub(crate) fn to_index(index: u32) -> usize {
+    usize::try_from(index).expect("member indexes fit in usize")
+}
+
+/// A member index for a label.
+pub(crate) fn to_label_index(index: usize) -> u32 {
+    u32::try_from(index).expect("member indexes fit in u32")
 }
 
 /// Writes `label` to its two places on `device` and flushes it.
@@ -329,7 +467,7 @@ impl BlockDevice for RedundantArray {
         let first_block = offset / BLOCK_SIZE_BYTES;
         let end_block = first_block + length as u64 / BLOCK_SIZE_BYTES;
         if end_block <= self.geometry.prefix_blocks {
-            let member_offset = offset + crate::geometry::LABEL_AREA_BLOCKS * BLOCK_SIZE_BYTES;
+            let member_offset = self.geometry.prefix_member_block(first_block) * BLOCK_SIZE_BYTES;
             return self.recover_copies(member_offset, length, is_valid).await;
         }
         if length as u64 == BLOCK_SIZE_BYTES {
@@ -354,6 +492,22 @@ impl BlockDevice for RedundantArray {
 
     async fn finish_rebuild(&self) -> Result<(), DeviceError> {
         self.finish().await
+    }
+
+    fn region_shape(&self, offset: u64, length: u64) -> Option<lamina_device::RegionShape> {
+        self.shape_of_region(offset, length)
+    }
+
+    async fn open_region(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<lamina_device::RegionShape>, DeviceError> {
+        self.open_zone(offset, length).await
+    }
+
+    fn new_regions_redundant(&self) -> bool {
+        self.narrowing_restores_redundancy()
     }
 }
 

@@ -37,6 +37,23 @@ pub struct ArrayIdentity {
 /// Why an array cannot be made or put together.
 #[derive(Debug, thiserror::Error)]
 pub enum ArrayError {
+    #[error("a segment of {segment_blocks} blocks is not whole rows of {row_blocks} data blocks")]
+    SegmentNotWholeRows {
+        segment_blocks: u64,
+        row_blocks: u64,
+    },
+    #[error(
+        "the {tier} tier's zone table cannot be read: no member holds a valid copy of every block"
+    )]
+    ZoneTableUnreadable { tier: &'static str },
+    #[error(
+        "no member holding the {tier} tier's mirrored prefix is present (holders: {})",
+        holders.join(", ")
+    )]
+    NoPrefixCopy {
+        tier: &'static str,
+        holders: Vec<String>,
+    },
     #[error("{redundancy} needs at least {needed} devices, {given} given")]
     TooFewMembers {
         redundancy: Redundancy,
@@ -111,6 +128,61 @@ pub enum ArrayError {
         path: String,
         array_identifier: u128,
     },
+    #[error(
+        "the {array} has no zones (made before version 3 labels, or without a segment size): {operation} needs zones"
+    )]
+    NotZoned {
+        array: String,
+        operation: &'static str,
+    },
+    #[error(
+        "the {array} already lists {limit} member sets, all used by zones; reopen zones of old sets first (moving their data)"
+    )]
+    TooManyMemberSets { array: String, limit: usize },
+    #[error(
+        "member {index} of the {array} cannot be removed: {remaining} members would remain, {redundancy} needs {needed}"
+    )]
+    RemovalTooNarrow {
+        array: String,
+        index: usize,
+        remaining: usize,
+        redundancy: Redundancy,
+        needed: usize,
+    },
+    #[error("member {index} of the {array} is {state}: {operation} needs {needed}")]
+    WrongMemberState {
+        array: String,
+        index: usize,
+        state: String,
+        operation: &'static str,
+        needed: &'static str,
+    },
+    #[error(
+        "member {index} of the {array} is still part of {zones} zones' member sets; move their data out first"
+    )]
+    MemberStillInZones {
+        array: String,
+        index: usize,
+        zones: u64,
+    },
+    #[error(
+        "the {array} has no empty slot for {path} (it has {slots} slots, fixed at creation; widening is not supported)"
+    )]
+    NoEmptySlot {
+        array: String,
+        path: String,
+        slots: usize,
+    },
+    #[error("member index {index} is beyond the {array}'s {slots} slots")]
+    NoSuchMember {
+        array: String,
+        index: usize,
+        slots: usize,
+    },
+    #[error(
+        "the {array} keeps its prefix's copies on {holders:?}; no other usable member can take one"
+    )]
+    NoMemberForPrefix { array: String, holders: Vec<usize> },
     #[error(transparent)]
     Device(#[from] DeviceError),
 }
@@ -137,8 +209,10 @@ impl std::fmt::Debug for Assembled {
     }
 }
 
-/// Writes labels to `members` (in member order) and returns the new array.
-/// Members of different sizes are used up to the smallest one's size.
+/// Writes labels to `members` (in member order) and returns the new array,
+/// without zones: every row over every member, as version 2 labels made
+/// them (no narrowing after a loss, no removal or addition). Members of
+/// different sizes are used up to the smallest one's size.
 pub async fn create(
     identity: ArrayIdentity,
     redundancy: Redundancy,
@@ -146,21 +220,74 @@ pub async fn create(
     members: Vec<MemberDevice>,
 ) -> Result<RedundantArray, ArrayError> {
     check_member_count(redundancy, members.len())?;
-    let smallest = members
-        .iter()
-        .min_by_key(|member| member.device.size_bytes())
-        .expect("at least one member");
+    let smallest = smallest(&members);
     let geometry = ArrayGeometry::for_members(
         redundancy,
         members.len(),
         prefix_blocks,
         smallest.device.size_bytes(),
     )
-    .ok_or_else(|| ArrayError::TooSmall {
-        path: smallest.path.clone(),
-        size_bytes: smallest.device.size_bytes(),
-        needed_bytes: (crate::geometry::LABEL_AREA_BLOCKS + prefix_blocks + 1) * BLOCK_SIZE_BYTES,
-    })?;
+    .ok_or_else(|| too_small(smallest, prefix_blocks + 1))?;
+    create_with(identity, geometry, members).await
+}
+
+/// [`create`] with zones (label version 3): the striped region is cut into
+/// zones of `segment_blocks / data columns` rows, one per engine segment of
+/// `segment_blocks` blocks (a multiple of the full set's data columns), each
+/// with its own member set, so that zones opened after a loss are striped
+/// over the survivors, and members can be removed and added.
+pub async fn create_zoned(
+    identity: ArrayIdentity,
+    redundancy: Redundancy,
+    prefix_blocks: u64,
+    segment_blocks: u64,
+    members: Vec<MemberDevice>,
+) -> Result<RedundantArray, ArrayError> {
+    check_member_count(redundancy, members.len())?;
+    let data_columns = redundancy.data_columns(members.len()) as u64;
+    if segment_blocks == 0 || !segment_blocks.is_multiple_of(data_columns) {
+        return Err(ArrayError::SegmentNotWholeRows {
+            segment_blocks,
+            row_blocks: data_columns,
+        });
+    }
+    let smallest = smallest(&members);
+    let zone_rows = segment_blocks / data_columns;
+    let geometry = ArrayGeometry::for_members_zoned(
+        redundancy,
+        members.len(),
+        prefix_blocks,
+        smallest.device.size_bytes(),
+        zone_rows,
+    )
+    .ok_or_else(|| too_small(smallest, prefix_blocks + 2 + zone_rows))?;
+    create_with(identity, geometry, members).await
+}
+
+fn smallest(members: &[MemberDevice]) -> &MemberDevice {
+    members
+        .iter()
+        .min_by_key(|member| member.device.size_bytes())
+        .expect("at least one member")
+}
+
+fn too_small(member: &MemberDevice, blocks_after_labels: u64) -> ArrayError {
+    ArrayError::TooSmall {
+        path: member.path.clone(),
+        size_bytes: member.device.size_bytes(),
+        needed_bytes: (crate::geometry::LABEL_AREA_BLOCKS + blocks_after_labels) * BLOCK_SIZE_BYTES,
+    }
+}
+
+/// Labels `members` for `geometry` (after writing the zone table, so that a
+/// labelled member always has one) and returns the array.
+async fn create_with(
+    identity: ArrayIdentity,
+    geometry: ArrayGeometry,
+    members: Vec<MemberDevice>,
+) -> Result<RedundantArray, ArrayError> {
+    let redundancy = geometry.redundancy;
+    let prefix_blocks = geometry.prefix_blocks;
     let label = MemberLabel {
         array_identifier: identity.array_identifier,
         tier: identity.tier,
@@ -173,18 +300,29 @@ pub async fn create(
         faulted_members: Vec::new(),
         member_paths: members.iter().map(|member| member.path.clone()).collect(),
         rebuilding_rows_done: None,
+        zones: crate::membership::initial_zone_label(&geometry),
+        prefix_members: crate::label::initial_prefix_members(
+            geometry.parity_columns(),
+            u32::try_from(members.len()).expect("checked above"),
+        ),
+        removing_members: Vec::new(),
+        empty_members: Vec::new(),
     };
-    for (index, member) in members.iter().enumerate() {
-        let mut own = label.clone();
-        own.member_index = u32::try_from(index).expect("checked above");
-        write_label(member.device.as_ref(), &own).await?;
-    }
+    let devices: Vec<Arc<dyn BlockDevice>> =
+        members.iter().map(|member| member.device.clone()).collect();
     let members = members
         .into_iter()
         .enumerate()
         .map(|(index, member)| Member::present(index, member.path, member.device))
         .collect();
-    Ok(RedundantArray::new(geometry, members, label))
+    let array = RedundantArray::new(geometry, members, label.clone());
+    for (index, device) in devices.iter().enumerate() {
+        array.write_whole_table(device.as_ref()).await?;
+        let mut own = label.clone();
+        own.member_index = u32::try_from(index).expect("checked above");
+        write_label(device.as_ref(), &own).await?;
+    }
+    Ok(array)
 }
 
 fn check_member_count(redundancy: Redundancy, given: usize) -> Result<(), ArrayError> {
@@ -302,6 +440,9 @@ pub async fn assemble(
     if generations_differ {
         assembled.array.labels_out_of_date();
     }
+    if assembled.array.geometry().is_zoned() && !assembled.array.load_zone_table().await? {
+        return Err(ArrayError::ZoneTableUnreadable { tier: tier.name() });
+    }
     Ok(assembled)
 }
 
@@ -408,7 +549,7 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
     let Sorted {
         mut current,
         replacements,
-        excluded,
+        mut excluded,
     } = sorted;
     let geometry = reference.geometry();
     let needed_bytes = geometry.member_size_blocks() * BLOCK_SIZE_BYTES;
@@ -421,26 +562,33 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
             .get(index)
             .cloned()
             .unwrap_or_default();
+        if reference.empty_members.contains(&key) {
+            // A removed member whose label could not be wiped.
+            if let Some(Labelled { member, .. }) = current.remove(&key) {
+                excluded.push(ExcludedMember {
+                    reason: format!("removed member {index}: its slot is empty"),
+                    path: member.path,
+                });
+            }
+            members.push(Member::empty(index));
+            continue;
+        }
         match current.remove(&key) {
             Some(Labelled { member, .. }) => {
                 check_size(&member, needed_bytes)?;
                 members.push(Member::present(index, member.path, member.device));
             }
             None => {
-                missing.push(format!("member {index} (last seen at {last_seen})"));
+                let recorded = reference.faulted_members.contains(&key);
+                missing.push(Missing {
+                    recorded,
+                    text: format!("member {index} (last seen at {last_seen})"),
+                });
                 members.push(Member::missing(index, last_seen));
             }
         }
     }
-    if missing.len() > geometry.parity_columns() {
-        return Err(ArrayError::TooManyMissing {
-            tier: tier.name(),
-            redundancy: geometry.redundancy,
-            member_count: geometry.member_count,
-            parity: geometry.parity_columns(),
-            missing,
-        });
-    }
+    check_missing(tier, &reference, &members, missing)?;
     let array = RedundantArray::new(geometry, members, reference);
     for (index, Labelled { member, label }) in replacements {
         check_size(&member, needed_bytes)?;
@@ -453,6 +601,64 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
         );
     }
     Ok(Assembled { array, excluded })
+}
+
+/// A member not found at assembly.
+struct Missing {
+    /// The newest label lists it as faulted (it left while the array ran).
+    recorded: bool,
+    text: String,
+}
+
+/// Refuses to assemble with more members missing than the parity covers
+/// (a version 2 array); a zoned array counts only members that went missing
+/// without the array noticing (zones opened since a recorded loss do not
+/// hold the lost member, and each zone's reads check their own set), and
+/// needs a present holder of the prefix.
+fn check_missing(
+    tier: TierRole,
+    reference: &MemberLabel,
+    members: &[Member],
+    missing: Vec<Missing>,
+) -> Result<(), ArrayError> {
+    let geometry = reference.geometry();
+    let counted = missing
+        .iter()
+        .filter(|member| !geometry.is_zoned() || !member.recorded)
+        .count();
+    if counted > geometry.parity_columns() {
+        return Err(ArrayError::TooManyMissing {
+            tier: tier.name(),
+            redundancy: geometry.redundancy,
+            member_count: geometry.member_count,
+            parity: geometry.parity_columns(),
+            missing: missing.into_iter().map(|member| member.text).collect(),
+        });
+    }
+    let holders: Vec<usize> = reference
+        .prefix_members
+        .iter()
+        .map(|index| usize::try_from(*index).expect("member indexes fit in usize"))
+        .collect();
+    if !holders
+        .iter()
+        .any(|index| members[*index].state().is_usable())
+    {
+        return Err(ArrayError::NoPrefixCopy {
+            tier: tier.name(),
+            holders: holders
+                .iter()
+                .map(|index| {
+                    reference
+                        .member_paths
+                        .get(*index)
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect(),
+        });
+    }
+    Ok(())
 }
 
 fn check_size(member: &MemberDevice, needed_bytes: u64) -> Result<(), ArrayError> {

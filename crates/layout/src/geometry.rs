@@ -1,17 +1,16 @@
 //! Where each block of an array lives: which device, which block of it. Pure
 //! arithmetic, no I/O, so that every reader and writer of the array agrees.
 //!
-//! A member device holds, in order: its label area, the **mirrored prefix**
-//! (the array's first `prefix_blocks` blocks, copied on the first
-//! `parity_columns + 1` members and unused on the others: the engine's
-//! superblock, flush markers and checkpoint slots, which are rewritten in
-//! place and so must never be striped under parity), then the
-//! **striped region**, one block of each row per member. Row `r` holds
-//! `data_columns` data blocks and `parity_columns` parity blocks, one per
-//! member, at member block `label_area + prefix + r`; parity rotates by one
-//! member per row so that every member takes its share of parity writes and
-//! of reads. The array's block `prefix + s` is data column `s % data_columns`
-//! of row `s / data_columns`.
+//! A member device holds, in order: its label area, the zone table's two
+//! copies (version 3 arrays), the **mirrored prefix** (the array's first
+//! `prefix_blocks` blocks, copied on the prefix's holders and unused on the
+//! others: the engine's superblock, flush markers and checkpoint slots,
+//! which are rewritten in place and so must never be striped under parity),
+//! then the **striped region**, one block of each row per member of the
+//! row's set, at member block `label_area + 2·table + prefix + r`. The
+//! striped region is cut into zones of `zone_rows` rows (one engine segment
+//! each), each striped over its own member set (`stripe.rs`); a version 2
+//! array is one zone at the full set.
 
 use crate::redundancy::Redundancy;
 
@@ -39,16 +38,16 @@ pub struct ArrayGeometry {
     pub prefix_blocks: u64,
     /// Rows of the striped region (blocks of it on each member).
     pub row_count: u64,
+    /// Rows per zone (version 3; a version 2 array is one zone of
+    /// `row_count` rows).
+    pub zone_rows: u64,
+    /// Blocks of one copy of the zone table (0: no table, version 2).
+    pub table_blocks: u64,
 }
 
-/// Where an array block is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Location {
-    /// In the mirrored prefix: the same member block on every member.
-    Prefix { member_block: u64 },
-    /// Data column `column` of row `row`.
-    Striped { row: u64, column: usize },
-}
+/// Zone table entries per table block (one byte each, after a 64-byte
+/// header; `docs/format.md`, "Zone table").
+pub const ZONE_TABLE_ENTRIES_PER_BLOCK: u64 = 4032;
 
 /// What a member holds in one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +73,66 @@ impl ArrayGeometry {
             member_count,
             prefix_blocks,
             row_count,
+            zone_rows: row_count,
+            table_blocks: 0,
         })
+    }
+
+    /// The geometry of a version 3 array with zones of `zone_rows` rows:
+    /// as many whole zones as fit beside their table. `None` when not one
+    /// fits.
+    pub fn for_members_zoned(
+        redundancy: Redundancy,
+        member_count: usize,
+        prefix_blocks: u64,
+        member_size_bytes: u64,
+        zone_rows: u64,
+    ) -> Option<Self> {
+        assert!(member_count >= redundancy.member_count_min() && zone_rows > 0);
+        let member_blocks = member_size_bytes / BLOCK_SIZE_BYTES;
+        let available = member_blocks.checked_sub(LABEL_AREA_BLOCKS + prefix_blocks)?;
+        let table_blocks_for = |zones: u64| zones.div_ceil(ZONE_TABLE_ENTRIES_PER_BLOCK).max(1);
+        let mut zones = available / zone_rows;
+        // The table takes a few blocks from the rows: give up zones until
+        // both fit (a handful of steps: a table block serves 4032 zones).
+        while zones > 0 && 2 * table_blocks_for(zones) + zones * zone_rows > available {
+            zones -= 1;
+        }
+        (zones > 0).then_some(Self {
+            redundancy,
+            member_count,
+            prefix_blocks,
+            row_count: zones * zone_rows,
+            zone_rows,
+            table_blocks: table_blocks_for(zones),
+        })
+    }
+
+    /// Whether the array has zones of their own sets (version 3).
+    pub fn is_zoned(&self) -> bool {
+        self.table_blocks > 0
+    }
+
+    pub fn zone_count(&self) -> u64 {
+        self.row_count / self.zone_rows
+    }
+
+    /// Array blocks of one zone's address range: its rows at the full
+    /// set's data columns.
+    pub fn zone_address_blocks(&self) -> u64 {
+        self.zone_rows * self.row_data_blocks()
+    }
+
+    /// Member block of block `index` of table copy `copy` (0: A, 1: B).
+    pub fn table_member_block(&self, copy: u64, index: u64) -> u64 {
+        assert!(copy < 2 && index < self.table_blocks);
+        LABEL_AREA_BLOCKS + copy * self.table_blocks + index
+    }
+
+    /// Member block holding prefix block `block` (on the prefix's holders).
+    pub fn prefix_member_block(&self, block: u64) -> u64 {
+        assert!(block <= self.prefix_blocks);
+        LABEL_AREA_BLOCKS + 2 * self.table_blocks + block
     }
 
     pub fn data_columns(&self) -> usize {
@@ -91,12 +149,12 @@ impl ArrayGeometry {
         self.data_columns() as u64
     }
 
-    /// The members holding a copy of the mirrored prefix: one more than the
-    /// parity columns (the first ones), so that losing as many members as the
-    /// parity covers leaves a copy. Every flush rewrites a flush marker in the
-    /// prefix, so copies beyond that would cost a block per member per flush.
-    pub fn prefix_members(&self) -> std::ops::Range<usize> {
-        0..(self.parity_columns() + 1).min(self.member_count)
+    /// Copies of the mirrored prefix the array keeps: one more than the
+    /// parity columns, so that losing as many members as the parity covers
+    /// leaves a copy. Every flush rewrites a flush marker in the prefix, so
+    /// copies beyond that would cost a block per member per flush.
+    pub fn prefix_copies(&self) -> usize {
+        (self.parity_columns() + 1).min(self.member_count)
     }
 
     /// Blocks the array presents.
@@ -106,61 +164,12 @@ impl ArrayGeometry {
 
     /// Blocks each member needs.
     pub fn member_size_blocks(&self) -> u64 {
-        LABEL_AREA_BLOCKS + self.prefix_blocks + self.row_count
-    }
-
-    pub fn locate(&self, block: u64) -> Location {
-        assert!(block < self.size_blocks(), "block {block} beyond the array");
-        match block.checked_sub(self.prefix_blocks) {
-            None => Location::Prefix {
-                member_block: LABEL_AREA_BLOCKS + block,
-            },
-            Some(striped) => Location::Striped {
-                row: striped / self.row_data_blocks(),
-                column: usize::try_from(striped % self.row_data_blocks())
-                    .expect("a column index is below the member count"),
-            },
-        }
-    }
-
-    /// The array block of data column `column` of `row`.
-    pub fn block_of(&self, row: u64, column: usize) -> u64 {
-        self.prefix_blocks + row * self.row_data_blocks() + column as u64
+        LABEL_AREA_BLOCKS + 2 * self.table_blocks + self.prefix_blocks + self.row_count
     }
 
     /// Member block holding every member's part of `row`.
     pub fn member_block_of_row(&self, row: u64) -> u64 {
-        LABEL_AREA_BLOCKS + self.prefix_blocks + row
-    }
-
-    /// The member holding `column` of `row`.
-    pub fn member_of(&self, row: u64, column: Column) -> usize {
-        let rotation =
-            usize::try_from(row % self.member_count as u64).expect("below the member count");
-        let position = match column {
-            Column::Parity(index) => {
-                assert!(index < self.parity_columns());
-                index
-            }
-            Column::Data(index) => {
-                assert!(index < self.data_columns());
-                self.parity_columns() + index
-            }
-        };
-        (rotation + position) % self.member_count
-    }
-
-    /// What `member` holds in `row`.
-    pub fn column_of(&self, row: u64, member: usize) -> Column {
-        assert!(member < self.member_count);
-        let rotation =
-            usize::try_from(row % self.member_count as u64).expect("below the member count");
-        let position = (member + self.member_count - rotation) % self.member_count;
-        if position < self.parity_columns() {
-            Column::Parity(position)
-        } else {
-            Column::Data(position - self.parity_columns())
-        }
+        LABEL_AREA_BLOCKS + 2 * self.table_blocks + self.prefix_blocks + row
     }
 }
 
@@ -173,38 +182,10 @@ mod tests {
     }
 
     #[test]
-    fn every_member_holds_one_column_of_every_row() {
-        for scheme in Redundancy::ALL {
-            for members in scheme.member_count_min()..=8 {
-                let geometry = ArrayGeometry::for_members(scheme, members, 16, 1 << 20).unwrap();
-                for row in 0..20 {
-                    let mut seen = vec![false; members];
-                    for (member, seen) in seen.iter_mut().enumerate() {
-                        let column = geometry.column_of(row, member);
-                        assert_eq!(geometry.member_of(row, column), member);
-                        assert!(!std::mem::replace(seen, true));
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn blocks_locate_to_rows_and_columns_and_back() {
+    fn a_version_2_geometry_uses_the_whole_member() {
         let geometry = raid6_of_six();
         assert_eq!(geometry.row_data_blocks(), 4);
-        assert_eq!(
-            geometry.locate(5),
-            Location::Prefix {
-                member_block: LABEL_AREA_BLOCKS + 5
-            }
-        );
-        for block in 1024..1100 {
-            let Location::Striped { row, column } = geometry.locate(block) else {
-                panic!("striped");
-            };
-            assert_eq!(geometry.block_of(row, column), block);
-        }
+        assert_eq!(geometry.prefix_member_block(5), LABEL_AREA_BLOCKS + 5);
         assert_eq!(
             geometry.member_size_blocks() * BLOCK_SIZE_BYTES,
             64 << 20,
@@ -213,13 +194,23 @@ mod tests {
     }
 
     #[test]
-    fn parity_rotates_over_every_member() {
-        let geometry = raid6_of_six();
-        let mut parity_rows = [0_u32; 6];
-        for row in 0..60 {
-            parity_rows[geometry.member_of(row, Column::Parity(0))] += 1;
-        }
-        assert!(parity_rows.iter().all(|count| *count == 10));
+    fn zones_and_their_table_fit_the_member() {
+        let member_bytes = 64 << 20;
+        let geometry =
+            ArrayGeometry::for_members_zoned(Redundancy::Raid6, 6, 1024, member_bytes, 256)
+                .unwrap();
+        assert!(geometry.is_zoned());
+        assert_eq!(geometry.row_count % 256, 0);
+        assert!(geometry.member_size_blocks() * BLOCK_SIZE_BYTES <= member_bytes);
+        assert!(
+            (geometry.member_size_blocks() + 256) * BLOCK_SIZE_BYTES > member_bytes,
+            "no room for one more zone"
+        );
+        assert_eq!(geometry.prefix_member_block(0), LABEL_AREA_BLOCKS + 2);
+        assert_eq!(
+            geometry.member_block_of_row(0),
+            LABEL_AREA_BLOCKS + 2 + 1024
+        );
     }
 
     #[test]

@@ -12,8 +12,9 @@ use crate::redundancy::Redundancy;
 /// The label's magic: "LAMINAML" read as a little-endian u64.
 pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"LAMINAML");
 /// The label format this build writes; it reads this and every earlier one.
-/// Version 2 added `rebuilding_rows_done` (a replacement being rebuilt).
-pub const LABEL_VERSION: u32 = 2;
+/// Version 2 added `rebuilding_rows_done` (a replacement being rebuilt);
+/// version 3 zones, the prefix's holders, removed and empty slots.
+pub const LABEL_VERSION: u32 = 3;
 /// Bytes of the label's frame header.
 const HEADER_BYTES: usize = 24;
 
@@ -55,6 +56,73 @@ pub struct MemberLabel {
     /// `member_index`'s place once rebuilt, and holds every row below this
     /// one that the pool kept when its rebuild passed it (version 2).
     pub rebuilding_rows_done: Option<u64>,
+    /// The zones and their member sets (version 3, arrays made with a
+    /// segment size); `None`: one zone at the full set (version 2 layout).
+    pub zones: Option<ZoneLabel>,
+    /// Members holding a valid copy of the mirrored prefix.
+    pub prefix_members: Vec<u32>,
+    /// Members being removed: out of the write set, still read.
+    pub removing_members: Vec<u32>,
+    /// Slots whose member was removed and not yet filled (not missing).
+    pub empty_members: Vec<u32>,
+}
+
+/// The zone part of a version 3 label (`docs/format.md`, "Zones").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneLabel {
+    /// Rows per zone: the engine's segment size over the full set's data
+    /// columns.
+    pub zone_rows: u64,
+    pub zone_count: u64,
+    /// Blocks of one copy of the zone table.
+    pub table_blocks: u64,
+    /// Bitmasks of member indexes; 0 marks an unused index.
+    pub member_sets: Vec<u64>,
+}
+
+/// A label as version 2 wrote it (no zones).
+#[derive(Deserialize)]
+struct MemberLabelVersion2 {
+    array_identifier: u128,
+    tier: TierRole,
+    member_index: u32,
+    member_count: u32,
+    redundancy: Redundancy,
+    prefix_blocks: u64,
+    row_count: u64,
+    generation: u64,
+    faulted_members: Vec<u32>,
+    member_paths: Vec<String>,
+    rebuilding_rows_done: Option<u64>,
+}
+
+impl From<MemberLabelVersion2> for MemberLabel {
+    fn from(old: MemberLabelVersion2) -> Self {
+        let parity = old.redundancy.parity_columns(to_usize(old.member_count));
+        Self {
+            array_identifier: old.array_identifier,
+            tier: old.tier,
+            member_index: old.member_index,
+            member_count: old.member_count,
+            redundancy: old.redundancy,
+            prefix_blocks: old.prefix_blocks,
+            row_count: old.row_count,
+            generation: old.generation,
+            faulted_members: old.faulted_members,
+            member_paths: old.member_paths,
+            rebuilding_rows_done: old.rebuilding_rows_done,
+            zones: None,
+            prefix_members: initial_prefix_members(parity, old.member_count),
+            removing_members: Vec::new(),
+            empty_members: Vec::new(),
+        }
+    }
+}
+
+/// The prefix's holders at creation: the first `parity + 1` members.
+pub(crate) fn initial_prefix_members(parity: usize, member_count: u32) -> Vec<u32> {
+    let holders = u32::try_from(parity + 1).expect("parity fits in u32");
+    (0..holders.min(member_count)).collect()
 }
 
 /// A label as version 1 wrote it (no rebuild state).
@@ -74,7 +142,7 @@ struct MemberLabelVersion1 {
 
 impl From<MemberLabelVersion1> for MemberLabel {
     fn from(old: MemberLabelVersion1) -> Self {
-        Self {
+        MemberLabelVersion2 {
             array_identifier: old.array_identifier,
             tier: old.tier,
             member_index: old.member_index,
@@ -87,6 +155,7 @@ impl From<MemberLabelVersion1> for MemberLabel {
             member_paths: old.member_paths,
             rebuilding_rows_done: None,
         }
+        .into()
     }
 }
 
@@ -110,6 +179,11 @@ impl MemberLabel {
             member_count: to_usize(self.member_count),
             prefix_blocks: self.prefix_blocks,
             row_count: self.row_count,
+            zone_rows: self
+                .zones
+                .as_ref()
+                .map_or(self.row_count, |zones| zones.zone_rows),
+            table_blocks: self.zones.as_ref().map_or(0, |zones| zones.table_blocks),
         }
     }
 
@@ -165,6 +239,11 @@ impl MemberLabel {
                 .map(MemberLabel::from)
                 .map_err(|_| LabelError::Undecodable);
         }
+        if version == 2 {
+            return postcard::from_bytes::<MemberLabelVersion2>(payload)
+                .map(MemberLabel::from)
+                .map_err(|_| LabelError::Undecodable);
+        }
         postcard::from_bytes(payload).map_err(|_| LabelError::Undecodable)
     }
 
@@ -195,7 +274,25 @@ mod tests {
             faulted_members: vec![4],
             member_paths: (0..6).map(|index| format!("/dev/f{index}")).collect(),
             rebuilding_rows_done: None,
+            zones: None,
+            prefix_members: vec![0, 1, 2],
+            removing_members: Vec::new(),
+            empty_members: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_zoned_label_round_trips() {
+        let mut label = a_label();
+        label.zones = Some(ZoneLabel {
+            zone_rows: 256,
+            zone_count: 19,
+            table_blocks: 1,
+            member_sets: vec![0b11_1111, 0b10_1111],
+        });
+        label.prefix_members = vec![0, 1, 3];
+        label.removing_members = vec![5];
+        assert_eq!(MemberLabel::decode(&label.encode()), Ok(label));
     }
 
     #[test]

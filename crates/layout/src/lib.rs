@@ -7,11 +7,15 @@
 //! row boundary (see `array.rs`): the array then only ever writes whole rows
 //! and never reads parity to update it.
 //!
-//! - `redundancy.rs`: the schemes; `geometry.rs`: where each block lives;
-//! - `codec.rs`: parity (Reed-Solomon from `reed-solomon-simd`);
+//! - `redundancy.rs`: the schemes; `geometry.rs`: where each member area
+//!   and row lives; `stripe.rs`: a zone's rows over its member set;
+//! - `codec.rs`: parity (Reed-Solomon from `reed-solomon-erasure`);
 //! - `label.rs`: the label on each member; `assemble.rs`: create and assemble;
+//! - `zones.rs`: the zone table (each zone's member set), on disk and in memory;
 //! - `member.rs`: member state and counters;
 //! - `array.rs`, `read.rs`, `write.rs`, `recover.rs`: the array itself;
+//! - `membership.rs`: the write set, `open_region`, member removal and
+//!   addition, the prefix's copies after a loss;
 //! - `replace.rs`: a replacement device and its rebuild.
 
 mod array;
@@ -20,19 +24,25 @@ mod codec;
 mod geometry;
 mod label;
 mod member;
+mod membership;
 mod read;
 mod recover;
 mod redundancy;
 mod replace;
+mod stripe;
 mod write;
+mod zones;
 
 pub use array::{ArrayState, RedundantArray};
 pub use assemble::{
     ArrayError, ArrayIdentity, ArrayLabelReadError, Assembled, ExcludedMember, MemberDevice,
-    assemble, create, read_label,
+    assemble, create, create_zoned, read_label,
 };
 pub use codec::{CodecError, ParityCodec};
+pub use geometry::ZONE_TABLE_ENTRIES_PER_BLOCK;
 pub use geometry::{ArrayGeometry, LABEL_AREA_BLOCKS};
-pub use label::{LabelError, MemberLabel, TierRole};
+pub use label::{LabelError, MemberLabel, TierRole, ZoneLabel};
 pub use member::{MemberState, MemberStatus, ReplacementStatus};
+pub use membership::WriteSet;
 pub use redundancy::{MEMBER_COUNT_MAX, Redundancy};
+pub use zones::MEMBER_SETS_MAX;

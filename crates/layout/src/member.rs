@@ -21,6 +21,9 @@ pub enum MemberState {
     Faulted,
     /// Not found when the array was opened (or a stale member, left out).
     Missing,
+    /// An empty slot: its member was removed (`device remove`); a device
+    /// may be added into it. Not lost: nothing is expected there.
+    Removed,
 }
 
 impl MemberState {
@@ -30,11 +33,17 @@ impl MemberState {
             Self::Degraded => "degraded",
             Self::Faulted => "faulted",
             Self::Missing => "missing",
+            Self::Removed => "removed",
         }
     }
 
     pub fn is_usable(self) -> bool {
         matches!(self, Self::Online | Self::Degraded)
+    }
+
+    /// Out of use although the array counts on it (not an empty slot).
+    pub fn is_lost(self) -> bool {
+        matches!(self, Self::Faulted | Self::Missing)
     }
 }
 
@@ -100,6 +109,31 @@ impl Member {
         Self::with(index, path, None, MemberState::Missing)
     }
 
+    /// An empty slot (its member was removed).
+    pub fn empty(index: usize) -> Self {
+        Self::with(index, String::new(), None, MemberState::Removed)
+    }
+
+    /// Whether the array counts on this member and cannot use it.
+    pub fn is_lost(&self) -> bool {
+        self.state().is_lost()
+    }
+
+    /// The member is removed: the slot is empty. Returns the device it had.
+    pub fn empty_out(&self) -> Option<Arc<dyn BlockDevice>> {
+        *self.state.lock().expect("member state lock") = MemberState::Removed;
+        *self.path.lock().expect("member path lock") = String::new();
+        self.device.lock().expect("member device lock").take()
+    }
+
+    /// A device added into this empty slot: usable, at `path`.
+    pub fn fill(&self, path: String, device: Arc<dyn BlockDevice>) {
+        *self.device.lock().expect("member device lock") = Some(device);
+        *self.path.lock().expect("member path lock") = path;
+        *self.state.lock().expect("member state lock") = MemberState::Online;
+        self.io_errors.store(0, Ordering::Relaxed);
+        self.checksum_errors_repaired.store(0, Ordering::Relaxed);
+    }
     fn with(
         index: usize,
         path: String,

@@ -1,44 +1,57 @@
-//! Reading an array: the mirrored prefix from the first usable member; the
-//! striped region from the members that hold the blocks asked for, one read
-//! per member. When a member is lost or a read fails, the rows asked for are
-//! read whole from every usable member and the missing columns rebuilt from
-//! parity (a degraded read).
+//! Reading an array: the mirrored prefix from the first usable member
+//! holding it; the striped region zone by zone, from the members of the
+//! zone's set that hold the blocks asked for, one read per member. When a
+//! member is lost or a read fails, the rows asked for are read whole from
+//! usable members of the set and the missing columns rebuilt from parity (a
+//! degraded read). Blocks of a zone past its usable ones read as zeros.
 
 use std::collections::BTreeMap;
 
 use lamina_device::{AlignedBuffer, DeviceError};
 
 use crate::array::RedundantArray;
-use crate::geometry::{
-    ArrayGeometry, BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS, Location,
-};
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
+use crate::stripe::ZoneView;
 
-/// The rows a striped read covers, and which of their blocks it asks for.
-#[derive(Clone, Copy, Debug)]
-struct RowRange {
-    first_block: u64,
-    block_count: u64,
-    first_row: u64,
-    last_row: u64,
+/// The rows of one zone a striped read covers, and which of their blocks
+/// it asks for.
+#[derive(Clone, Debug)]
+pub(crate) struct RowRange {
+    pub zone: ZoneView,
+    pub first_block: u64,
+    pub block_count: u64,
+    pub first_row: u64,
+    pub last_row: u64,
 }
 
 impl RowRange {
-    fn of(geometry: &ArrayGeometry, first_block: u64, length: usize) -> Self {
+    fn of(zone: &ZoneView, first_block: u64, length: usize) -> Self {
         let block_count = (length / BLOCK_BYTES) as u64;
-        let row_of = |block: u64| (block - geometry.prefix_blocks) / geometry.row_data_blocks();
         Self {
+            zone: zone.clone(),
             first_block,
             block_count,
-            first_row: row_of(first_block),
-            last_row: row_of(first_block + block_count - 1),
+            first_row: zone.locate(first_block).0,
+            last_row: zone.locate(first_block + block_count - 1).0,
+        }
+    }
+
+    /// Whole rows `first_row..=last_row` of `zone`.
+    pub fn rows(zone: &ZoneView, first_row: u64, last_row: u64) -> Self {
+        Self {
+            zone: zone.clone(),
+            first_block: zone.block_of(first_row, 0),
+            block_count: (last_row - first_row + 1) * zone.row_data_blocks(),
+            first_row,
+            last_row,
         }
     }
 
     /// The data columns of `row` the request asks for.
-    fn wanted_columns(&self, geometry: &ArrayGeometry, row: u64) -> Vec<usize> {
+    fn wanted_columns(&self, row: u64) -> Vec<usize> {
         let range = self.first_block..self.first_block + self.block_count;
-        (0..geometry.data_columns())
-            .filter(|column| range.contains(&geometry.block_of(row, *column)))
+        (0..self.zone.stripe.data_columns())
+            .filter(|column| range.contains(&self.zone.block_of(row, *column)))
             .collect()
     }
 }
@@ -80,9 +93,9 @@ impl RedundantArray {
         first_block: u64,
         block_count: u64,
     ) -> Result<AlignedBuffer, DeviceError> {
-        let offset = (LABEL_AREA_BLOCKS + first_block) * BLOCK_SIZE_BYTES;
+        let offset = self.geometry.prefix_member_block(first_block) * BLOCK_SIZE_BYTES;
         let length = to_usize(block_count) * BLOCK_BYTES;
-        for index in self.geometry.prefix_members() {
+        for index in self.usable_prefix_holders() {
             let member = &self.members[index];
             let Some(device) = member.usable_device() else {
                 continue;
@@ -98,45 +111,59 @@ impl RedundantArray {
         Err(self.too_many_lost(first_block * BLOCK_SIZE_BYTES, length as u64))
     }
 
-    /// Fills `destination` from the striped region, from `first_block` on.
+    /// Fills `destination` from the striped region, from `first_block` on,
+    /// zone by zone.
     async fn read_striped(
         &self,
         first_block: u64,
         destination: &mut [u8],
     ) -> Result<(), DeviceError> {
+        let mut block = first_block;
+        let mut rest = destination;
+        while !rest.is_empty() {
+            let zone = self.zone_of_block(block);
+            let zone_end = zone.first_block + self.geometry.zone_address_blocks();
+            let blocks_here = (zone_end - block).min((rest.len() / BLOCK_BYTES) as u64);
+            let (here, after) = rest.split_at_mut(to_usize(blocks_here) * BLOCK_BYTES);
+            // Past the zone's usable blocks nothing is stored: zeros.
+            let usable = zone.usable_end().saturating_sub(block).min(blocks_here);
+            let (stored, unstored) = here.split_at_mut(to_usize(usable) * BLOCK_BYTES);
+            unstored.fill(0);
+            if !stored.is_empty() {
+                self.read_in_zone(&zone, block, stored).await?;
+            }
+            block += blocks_here;
+            rest = after;
+        }
+        Ok(())
+    }
+
+    /// Fills `destination` from usable blocks of `zone` from `first_block`.
+    async fn read_in_zone(
+        &self,
+        zone: &ZoneView,
+        first_block: u64,
+        destination: &mut [u8],
+    ) -> Result<(), DeviceError> {
         let block_count = (destination.len() / BLOCK_BYTES) as u64;
-        let spans = self.member_spans(first_block, block_count);
+        let spans = member_spans(zone, first_block, block_count);
         let all_usable = spans
             .keys()
             .all(|member| self.members[*member].usable_device().is_some());
-        if all_usable && self.read_direct(first_block, &spans, destination).await {
+        if all_usable
+            && self
+                .read_direct(zone, first_block, &spans, destination)
+                .await
+        {
             return Ok(());
         }
-        self.read_degraded(first_block, destination).await
-    }
-
-    /// Which rows each member holds of the blocks asked for.
-    fn member_spans(&self, first_block: u64, block_count: u64) -> BTreeMap<usize, MemberSpan> {
-        let mut spans: BTreeMap<usize, MemberSpan> = BTreeMap::new();
-        for block in first_block..first_block + block_count {
-            let Location::Striped { row, column } = self.geometry.locate(block) else {
-                unreachable!("the caller passes striped blocks only");
-            };
-            let member = self.geometry.member_of(row, Column::Data(column));
-            spans
-                .entry(member)
-                .and_modify(|span| span.last_row = row)
-                .or_insert(MemberSpan {
-                    first_row: row,
-                    last_row: row,
-                });
-        }
-        spans
+        self.read_degraded(zone, first_block, destination).await
     }
 
     /// One read per member; false (members faulted) if any failed.
     async fn read_direct(
         &self,
+        zone: &ZoneView,
         first_block: u64,
         spans: &BTreeMap<usize, MemberSpan>,
         destination: &mut [u8],
@@ -167,12 +194,8 @@ impl RedundantArray {
             return false;
         }
         for (index, target) in destination.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-            let Location::Striped { row, column } =
-                self.geometry.locate(first_block + index as u64)
-            else {
-                unreachable!("striped blocks only");
-            };
-            let member = self.geometry.member_of(row, Column::Data(column));
+            let (row, column) = zone.locate(first_block + index as u64);
+            let member = zone.stripe.member_of(row, Column::Data(column));
             let start = to_usize(row - spans[&member].first_row) * BLOCK_BYTES;
             target.copy_from_slice(&results[&member][start..start + BLOCK_BYTES]);
         }
@@ -186,10 +209,11 @@ impl RedundantArray {
     /// five). A member failing meanwhile is faulted and the choice made again.
     async fn read_degraded(
         &self,
+        zone: &ZoneView,
         first_block: u64,
         destination: &mut [u8],
     ) -> Result<(), DeviceError> {
-        let request = RowRange::of(&self.geometry, first_block, destination.len());
+        let request = RowRange::of(zone, first_block, destination.len());
         for _ in 0..=self.members.len() {
             let chosen = self.members_for(&request);
             let Some(rows) = self.read_rows_from(&request, &chosen).await? else {
@@ -206,20 +230,19 @@ impl RedundantArray {
     /// The members a degraded read of `request` reads (see `read_degraded`).
     fn members_for(&self, request: &RowRange) -> Vec<bool> {
         let usable = |member: usize| self.members[member].usable_device().is_some();
-        let data_columns = self.geometry.data_columns();
+        let stripe = &request.zone.stripe;
+        let data_columns = stripe.data_columns();
         let mut chosen = vec![false; self.members.len()];
         for row in request.first_row..=request.last_row {
-            let wanted = request.wanted_columns(&self.geometry, row);
+            let wanted = request.wanted_columns(row);
             let mut picked: Vec<usize> = wanted
                 .iter()
-                .map(|column| self.geometry.member_of(row, Column::Data(*column)))
+                .map(|column| stripe.member_of(row, Column::Data(*column)))
                 .filter(|member| usable(*member))
                 .collect();
             if picked.len() < wanted.len() {
-                let others = (0..data_columns)
-                    .map(Column::Data)
-                    .chain((0..self.geometry.parity_columns()).map(Column::Parity))
-                    .map(|column| self.geometry.member_of(row, column))
+                let others = stripe
+                    .codec_order(row)
                     .filter(|member| usable(*member) && !picked.contains(member))
                     .collect::<Vec<_>>();
                 for member in others {
@@ -246,11 +269,12 @@ impl RedundantArray {
         destination: &mut [u8],
     ) -> Result<(), DeviceError> {
         let start = to_usize(row - request.first_row) * BLOCK_BYTES;
-        let wanted = request.wanted_columns(&self.geometry, row);
+        let wanted = request.wanted_columns(row);
+        let stripe = &request.zone.stripe;
         let read: Option<Vec<&[u8]>> = wanted
             .iter()
             .map(|column| {
-                let member = self.geometry.member_of(row, Column::Data(*column));
+                let member = stripe.member_of(row, Column::Data(*column));
                 rows[member]
                     .as_ref()
                     .map(|data| &data[start..start + BLOCK_BYTES])
@@ -261,7 +285,7 @@ impl RedundantArray {
             Some(read) => read,
             None => {
                 rebuilt = self
-                    .rebuild_row(rows, row, request.first_row, None)
+                    .rebuild_row(&request.zone, rows, row, request.first_row, None)
                     .map_err(|error| self.codec_failed(request.first_block, BLOCK_BYTES, &error))?;
                 wanted
                     .iter()
@@ -271,25 +295,22 @@ impl RedundantArray {
         };
         for (column, block) in wanted.iter().zip(contents) {
             let at =
-                to_usize(self.geometry.block_of(row, *column) - request.first_block) * BLOCK_BYTES;
+                to_usize(request.zone.block_of(row, *column) - request.first_block) * BLOCK_BYTES;
             destination[at..at + BLOCK_BYTES].copy_from_slice(block);
         }
         Ok(())
     }
 
-    /// `row` from every usable member (`None` for a member lost or failing
-    /// now): what a repair tries its candidates on.
+    /// `row` from every usable member of its set (`None` for a member lost
+    /// or failing now, or outside the set): what a repair tries its
+    /// candidates on.
     pub(crate) async fn read_row(
         &self,
+        zone: &ZoneView,
         row: u64,
     ) -> Result<Vec<Option<AlignedBuffer>>, DeviceError> {
-        let request = RowRange {
-            first_block: self.geometry.block_of(row, 0),
-            block_count: self.geometry.row_data_blocks(),
-            first_row: row,
-            last_row: row,
-        };
-        let every_member = vec![true; self.members.len()];
+        let request = RowRange::rows(zone, row, row);
+        let every_member = self.set_members(zone);
         loop {
             // A member that fails is faulted, so each retry reads fewer.
             if let Some(rows) = self.read_rows_from(&request, &every_member).await? {
@@ -298,21 +319,23 @@ impl RedundantArray {
         }
     }
 
-    /// Rows `first_row..=last_row` from every usable member; `None` when
-    /// one failed (it is faulted: read again).
+    /// Rows `first_row..=last_row` of `zone` from every usable member of
+    /// its set; `None` when one failed (it is faulted: read again).
     pub(crate) async fn read_all_rows(
         &self,
+        zone: &ZoneView,
         first_row: u64,
         last_row: u64,
     ) -> Result<Option<Vec<Option<AlignedBuffer>>>, DeviceError> {
-        let request = RowRange {
-            first_block: self.geometry.block_of(first_row, 0),
-            block_count: (last_row - first_row + 1) * self.geometry.row_data_blocks(),
-            first_row,
-            last_row,
-        };
-        self.read_rows_from(&request, &vec![true; self.members.len()])
-            .await
+        let request = RowRange::rows(zone, first_row, last_row);
+        self.read_rows_from(&request, &self.set_members(zone)).await
+    }
+
+    /// Which members, by index, are in `zone`'s set.
+    fn set_members(&self, zone: &ZoneView) -> Vec<bool> {
+        (0..self.members.len())
+            .map(|index| zone.stripe.contains(index))
+            .collect()
     }
 
     /// The rows of `request` from the `chosen` members; `None` when one of
@@ -347,7 +370,7 @@ impl RedundantArray {
                 }
             }
         }
-        self.check_tolerance(offset, length as u64)?;
+        self.check_set(&request.zone.stripe, offset, length as u64)?;
         Ok(all_read.then_some(rows))
     }
 
@@ -355,21 +378,17 @@ impl RedundantArray {
     /// the members in `erased` treated as lost too.
     pub(crate) fn rebuild_row(
         &self,
+        zone: &ZoneView,
         rows: &[Option<AlignedBuffer>],
         row: u64,
         first_row: u64,
         erased: Option<&[usize]>,
     ) -> Result<Vec<Vec<u8>>, crate::codec::CodecError> {
         let start = to_usize(row - first_row) * BLOCK_BYTES;
-        let data_columns = self.geometry.data_columns();
-        let columns: Vec<Option<&[u8]>> = (0..self.geometry.member_count)
-            .map(|position| {
-                let column = if position < data_columns {
-                    Column::Data(position)
-                } else {
-                    Column::Parity(position - data_columns)
-                };
-                let member = self.geometry.member_of(row, column);
+        let columns: Vec<Option<&[u8]>> = zone
+            .stripe
+            .codec_order(row)
+            .map(|member| {
                 if erased.is_some_and(|erased| erased.contains(&member)) {
                     return None;
                 }
@@ -378,7 +397,7 @@ impl RedundantArray {
                     .map(|data| &data[start..start + BLOCK_BYTES])
             })
             .collect();
-        self.codec.reconstruct(&columns)
+        zone.stripe.codec().reconstruct(&columns)
     }
 
     pub(crate) fn codec_failed(
@@ -394,6 +413,27 @@ impl RedundantArray {
             length as u64,
         )
     }
+}
+
+/// Which rows each member holds of the blocks asked for.
+fn member_spans(
+    zone: &ZoneView,
+    first_block: u64,
+    block_count: u64,
+) -> BTreeMap<usize, MemberSpan> {
+    let mut spans: BTreeMap<usize, MemberSpan> = BTreeMap::new();
+    for block in first_block..first_block + block_count {
+        let (row, column) = zone.locate(block);
+        let member = zone.stripe.member_of(row, Column::Data(column));
+        spans
+            .entry(member)
+            .and_modify(|span| span.last_row = row)
+            .or_insert(MemberSpan {
+                first_row: row,
+                last_row: row,
+            });
+    }
+    spans
 }
 
 pub(crate) fn to_usize(value: u64) -> usize {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use lamina_device::{AlignedBuffer, BlockCheck, DeviceError};
 
 use crate::array::RedundantArray;
-use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, Location};
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
+use crate::stripe::ZoneView;
 
 impl RedundantArray {
     pub(crate) async fn recover(
@@ -18,13 +19,19 @@ impl RedundantArray {
         block: u64,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        match self.geometry.locate(block) {
-            Location::Prefix { member_block } => {
-                self.recover_copies(member_block * BLOCK_SIZE_BYTES, BLOCK_BYTES, is_valid)
-                    .await
-            }
-            Location::Striped { row, column } => self.recover_striped(row, column, is_valid).await,
+        if block < self.geometry.prefix_blocks {
+            let member_block = self.geometry.prefix_member_block(block);
+            return self
+                .recover_copies(member_block * BLOCK_SIZE_BYTES, BLOCK_BYTES, is_valid)
+                .await;
         }
+        let zone = self.zone_of_block(block);
+        if block >= zone.usable_end() {
+            // Nothing is stored past a zone's usable blocks.
+            return Ok(None);
+        }
+        let (row, column) = zone.locate(block);
+        self.recover_striped(&zone, row, column, is_valid).await
     }
 
     /// The mirrored prefix at member `offset`: the first member's copy that
@@ -35,10 +42,13 @@ impl RedundantArray {
         length: usize,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let reads = self.geometry.prefix_members().map(|index| async move {
-            let device = self.members[index].usable_device()?;
-            Some((index, device.read(offset, length).await))
-        });
+        let reads = self
+            .usable_prefix_holders()
+            .into_iter()
+            .map(|index| async move {
+                let device = self.members[index].usable_device()?;
+                Some((index, device.read(offset, length).await))
+            });
         let mut copies = Vec::new();
         for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
             match result {
@@ -64,15 +74,21 @@ impl RedundantArray {
 
     async fn recover_striped(
         &self,
+        zone: &ZoneView,
         row: u64,
         column: usize,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
         let _no_write_meanwhile = self.repair_lock.write().await;
-        let rows = self.read_row(row).await?;
-        let target = self.geometry.member_of(row, Column::Data(column));
-        for erased in self.erasure_candidates(&rows, target) {
-            let Ok(data) = self.rebuild_row(&rows, row, row, Some(&erased)) else {
+        // The zone may have been reopened at another set meanwhile.
+        let zone = &self.zone(zone.index);
+        if zone.block_of(row, 0) >= zone.usable_end() || column >= zone.stripe.data_columns() {
+            return Ok(None);
+        }
+        let rows = self.read_row(zone, row).await?;
+        let target = zone.stripe.member_of(row, Column::Data(column));
+        for erased in self.erasure_candidates(zone, &rows, target) {
+            let Ok(data) = self.rebuild_row(zone, &rows, row, row, Some(&erased)) else {
                 continue;
             };
             if !is_valid(&data[column]) {
@@ -91,37 +107,56 @@ impl RedundantArray {
     /// Sets of members to treat as lost, most likely first: the target
     /// alone, then the target with each other member (while the parity
     /// allows).
-    fn erasure_candidates(&self, rows: &[Option<AlignedBuffer>], target: usize) -> Vec<Vec<usize>> {
-        let lost: Vec<usize> = (0..rows.len())
-            .filter(|index| rows[*index].is_none())
-            .collect();
-        let mut base = lost.clone();
+    fn erasure_candidates(
+        &self,
+        zone: &ZoneView,
+        rows: &[Option<AlignedBuffer>],
+        target: usize,
+    ) -> Vec<Vec<usize>> {
+        let mut base = lost_in_set(zone, rows);
         if !base.contains(&target) {
             base.push(target);
         }
-        if base.len() > self.geometry.parity_columns() {
+        if base.len() > zone.stripe.parity_columns() {
             return Vec::new();
         }
-        self.erasures_from(base)
+        erasures_from(zone, base)
     }
+}
 
-    /// `base` (members known lost), then, while the parity allows one more,
-    /// `base` with each other member: the sets a repair or a rebuild tries
-    /// as erased, most likely first.
-    pub(crate) fn erasures_from(&self, base: Vec<usize>) -> Vec<Vec<usize>> {
-        let member_count = self.members.len();
-        let mut candidates = Vec::new();
-        if base.len() < self.geometry.parity_columns() {
-            for other in (0..member_count).filter(|index| !base.contains(index)) {
-                let mut with_other = base.clone();
-                with_other.push(other);
-                candidates.push(with_other);
-            }
+/// The members of `zone`'s set that `rows` has nothing from.
+pub(crate) fn lost_in_set(zone: &ZoneView, rows: &[Option<AlignedBuffer>]) -> Vec<usize> {
+    zone.stripe
+        .members()
+        .iter()
+        .copied()
+        .filter(|index| rows[*index].is_none())
+        .collect()
+}
+
+/// `base` (members known lost), then, while the zone's parity allows one
+/// more, `base` with each other member of its set: the sets a repair or a
+/// rebuild tries as erased, most likely first.
+pub(crate) fn erasures_from(zone: &ZoneView, base: Vec<usize>) -> Vec<Vec<usize>> {
+    let mut candidates = Vec::new();
+    if base.len() < zone.stripe.parity_columns() {
+        for other in zone
+            .stripe
+            .members()
+            .iter()
+            .copied()
+            .filter(|index| !base.contains(index))
+        {
+            let mut with_other = base.clone();
+            with_other.push(other);
+            candidates.push(with_other);
         }
-        candidates.insert(0, base);
-        candidates
     }
+    candidates.insert(0, base);
+    candidates
+}
 
+impl RedundantArray {
     /// Rewrites member `offset` of each of `members` with `good`, counting a
     /// repair against each.
     async fn rewrite(

@@ -23,9 +23,11 @@ use lamina_device::{
 
 use crate::array::{RedundantArray, write_label};
 use crate::assemble::{ArrayError, MemberDevice, read_label};
-use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS};
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
 use crate::member::{REBUILD_PERSIST_ROWS, Replacement};
 use crate::read::to_usize;
+use crate::recover::{erasures_from, lost_in_set};
+use crate::stripe::ZoneView;
 
 /// Rows rebuilt under one hold of the repair lock (client writes to those
 /// rows wait meanwhile): 64 rows of a 4+2 array are 1 MiB of data.
@@ -34,6 +36,14 @@ pub const REBUILD_ROWS_PER_STEP: u64 = 64;
 pub const PREFIX_COPY_BLOCKS_MAX: u64 = 256;
 
 const _: () = assert!(REBUILD_PERSIST_ROWS.is_multiple_of(REBUILD_ROWS_PER_STEP));
+
+/// Where a rebuilt row is: its zone, the row, and the first row read.
+#[derive(Clone, Copy)]
+struct RowPlace<'a> {
+    zone: &'a ZoneView,
+    row: u64,
+    first_row: u64,
+}
 
 /// The rows a rebuild step covers (inclusive).
 #[derive(Clone, Copy, Debug)]
@@ -94,8 +104,8 @@ impl RedundantArray {
             })
     }
 
-    /// Refuses a device too small, one already in the array, one carrying
-    /// a label, or a second replacement while one is rebuilt.
+    /// Refuses a second replacement while one is rebuilt, and a device
+    /// `check_new_device` refuses.
     async fn check_replacement(&self, new: &MemberDevice) -> Result<(), ArrayError> {
         if self
             .members
@@ -106,6 +116,12 @@ impl RedundantArray {
                 tier: self.label.lock().await.tier.name(),
             });
         }
+        self.check_new_device(new).await
+    }
+
+    /// Refuses a device too small, one already in the array, or one
+    /// carrying a label.
+    pub(crate) async fn check_new_device(&self, new: &MemberDevice) -> Result<(), ArrayError> {
         if self.members.iter().any(|member| member.path() == new.path) {
             return Err(ArrayError::AlreadyAMember {
                 path: new.path.clone(),
@@ -177,7 +193,8 @@ impl RedundantArray {
         let first_block = offset / BLOCK_SIZE_BYTES;
         let end_block = first_block + length / BLOCK_SIZE_BYTES;
         let prefix_end = self.geometry.prefix_blocks;
-        if first_block < prefix_end && self.geometry.prefix_members().contains(&index) {
+        let holds_prefix = self.prefix_write_targets().contains(&index);
+        if first_block < prefix_end && holds_prefix {
             let copied = self
                 .copy_prefix(index, &replacement, first_block, end_block.min(prefix_end))
                 .await?;
@@ -186,7 +203,7 @@ impl RedundantArray {
         if end_block <= prefix_end {
             return Ok(report);
         }
-        let row_of = |block: u64| (block - prefix_end) / self.geometry.row_data_blocks();
+        let row_of = |block: u64| self.zone_of_block(block).row_of_clamped(block);
         let first_row = row_of(first_block.max(prefix_end));
         let last_row = row_of(end_block - 1);
         let mut row = first_row.max(replacement.rows_done.load(Ordering::SeqCst));
@@ -195,14 +212,20 @@ impl RedundantArray {
             if !current.is_some_and(|current| Arc::ptr_eq(&current, &replacement)) {
                 return Err(replacement_gone(&self.name));
             }
+            let zone = self.zone_of_row(row);
             let span = RowSpan {
                 first_row: row,
-                last_row: (row + REBUILD_ROWS_PER_STEP - 1).min(last_row),
+                last_row: (row + REBUILD_ROWS_PER_STEP - 1)
+                    .min(last_row)
+                    .min(zone.last_row()),
             };
-            report.add(
-                self.rebuild_rows(index, &replacement, span, is_valid)
-                    .await?,
-            );
+            // A zone whose set leaves the member out holds nothing of it.
+            if zone.stripe.contains(index) {
+                report.add(
+                    self.rebuild_rows(index, &replacement, span, is_valid)
+                        .await?,
+                );
+            }
             row = span.last_row + 1;
             replacement.rows_done.fetch_max(row, Ordering::SeqCst);
             let persisted = replacement.rows_persisted.load(Ordering::SeqCst);
@@ -226,12 +249,12 @@ impl RedundantArray {
         let mut block = first;
         while block < end {
             let count = (end - block).min(PREFIX_COPY_BLOCKS_MAX);
-            let member_offset = (LABEL_AREA_BLOCKS + block) * BLOCK_SIZE_BYTES;
+            let member_offset = self.geometry.prefix_member_block(block) * BLOCK_SIZE_BYTES;
             let length = to_usize(count) * BLOCK_BYTES;
             let _no_prefix_write_meanwhile = self.prefix_lock.write().await;
             let source = self
-                .geometry
-                .prefix_members()
+                .usable_prefix_holders()
+                .into_iter()
                 .filter_map(|member| self.members[member].usable_device())
                 .next()
                 .ok_or_else(|| self.too_many_lost(block * BLOCK_SIZE_BYTES, length as u64))?;
@@ -252,16 +275,24 @@ impl RedundantArray {
         is_valid: PlacedBlockCheck<'_>,
     ) -> Result<RebuildReport, DeviceError> {
         let _no_write_meanwhile = self.repair_lock.write().await;
-        let rows = self.read_rows(span.first_row, span.last_row).await?;
+        // Read under the lock: the zone may have been reopened meanwhile.
+        let zone = self.zone_of_row(span.first_row);
+        if !zone.stripe.contains(index) {
+            return Ok(RebuildReport::default());
+        }
+        let rows = self.read_rows(&zone, span.first_row, span.last_row).await?;
         let row_count = to_usize(span.last_row - span.first_row + 1);
         let mut buffer = AlignedBuffer::zeroed(row_count * BLOCK_BYTES);
         let mut report = RebuildReport::default();
         for (position, row) in (span.first_row..=span.last_row).enumerate() {
-            let contents =
-                self.rebuilt_column(&rows, row, span.first_row, index, is_valid, &mut report);
-            let contents = contents.map_err(|error| {
-                self.codec_failed(self.geometry.block_of(row, 0), BLOCK_BYTES, &error)
-            })?;
+            let place = RowPlace {
+                zone: &zone,
+                row,
+                first_row: span.first_row,
+            };
+            let contents = self.rebuilt_column(&rows, place, index, is_valid, &mut report);
+            let contents = contents
+                .map_err(|error| self.codec_failed(zone.block_of(row, 0), BLOCK_BYTES, &error))?;
             buffer[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES].copy_from_slice(&contents);
         }
         let offset = self.geometry.member_block_of_row(span.first_row) * BLOCK_SIZE_BYTES;
@@ -280,28 +311,28 @@ impl RedundantArray {
     fn rebuilt_column(
         &self,
         rows: &[Option<AlignedBuffer>],
-        row: u64,
-        first_row: u64,
+        place: RowPlace<'_>,
         index: usize,
         is_valid: PlacedBlockCheck<'_>,
         report: &mut RebuildReport,
     ) -> Result<Vec<u8>, crate::codec::CodecError> {
-        let lost: Vec<usize> = (0..rows.len())
-            .filter(|member| rows[*member].is_none())
-            .collect();
-        let candidates = self.erasures_from(lost.clone());
+        let RowPlace {
+            zone,
+            row,
+            first_row,
+        } = place;
+        let lost = lost_in_set(zone, rows);
+        let candidates = erasures_from(zone, lost.clone());
         let failing = |data: &[Vec<u8>]| {
             data.iter()
                 .enumerate()
-                .filter(|(column, contents)| {
-                    !is_valid(self.geometry.block_of(row, *column), contents)
-                })
+                .filter(|(column, contents)| !is_valid(zone.block_of(row, *column), contents))
                 .count() as u64
         };
         let mut fallback = None;
         let mut chosen = None;
         for erased in &candidates {
-            let Ok(data) = self.rebuild_row(rows, row, first_row, Some(erased)) else {
+            let Ok(data) = self.rebuild_row(zone, rows, row, first_row, Some(erased)) else {
                 continue;
             };
             let failed = failing(&data);
@@ -321,13 +352,17 @@ impl RedundantArray {
                 report.blocks_unrepairable += failed;
                 data
             }
-            (None, None) => self.rebuild_row(rows, row, first_row, Some(&lost))?,
+            (None, None) => self.rebuild_row(zone, rows, row, first_row, Some(&lost))?,
         };
-        Ok(match self.geometry.column_of(row, index) {
+        let column = zone
+            .stripe
+            .column_of(row, index)
+            .expect("the caller rebuilds members of the zone's set only");
+        Ok(match column {
             Column::Data(column) => data[column].clone(),
             Column::Parity(column) => {
                 let columns: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-                self.codec.encode(&columns)?[column].clone()
+                zone.stripe.codec().encode(&columns)?[column].clone()
             }
         })
     }
@@ -336,11 +371,12 @@ impl RedundantArray {
     /// fail, each failure faulting one).
     async fn read_rows(
         &self,
+        zone: &ZoneView,
         first_row: u64,
         last_row: u64,
     ) -> Result<Vec<Option<AlignedBuffer>>, DeviceError> {
         loop {
-            if let Some(rows) = self.read_all_rows(first_row, last_row).await? {
+            if let Some(rows) = self.read_all_rows(zone, first_row, last_row).await? {
                 return Ok(rows);
             }
         }
@@ -414,7 +450,10 @@ impl RedundantArray {
             label.faulted_members = self.lost_members_but(index);
             let mut own = label.clone();
             own.member_index = u32::try_from(index).expect("member indexes fit in u32");
+            // The zone table first: a member without it could not serve
+            // its zones' layout at the next assembly.
             let result = async {
+                self.write_whole_table(replacement.device.as_ref()).await?;
                 replacement.device.flush().await?;
                 write_label(replacement.device.as_ref(), &own).await
             }
@@ -436,7 +475,7 @@ impl RedundantArray {
 
 /// Best effort: an old member's label is wiped so that it is not offered
 /// to the array again (a leftover label loses anyway: an older generation).
-async fn wipe_label(device: &dyn BlockDevice) {
+pub(crate) async fn wipe_label(device: &dyn BlockDevice) {
     let zeros = Arc::new(AlignedBuffer::zeroed(BLOCK_BYTES));
     for block in [
         crate::geometry::LABEL_BLOCK,

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use lamina_device::{AlignedBuffer, DeviceError};
 
 use crate::array::RedundantArray;
-use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, LABEL_AREA_BLOCKS, Location};
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
 use crate::read::to_usize;
+use crate::stripe::ZoneView;
 
 impl RedundantArray {
     pub(crate) async fn write_range(
@@ -38,43 +39,74 @@ impl RedundantArray {
             .await
     }
 
-    /// Writes prefix blocks to every usable member that keeps a copy.
+    /// Writes prefix blocks to every usable member that keeps a copy (and
+    /// to one the prefix is being copied to).
     async fn write_prefix(
         &self,
         first_block: u64,
         data: Arc<AlignedBuffer>,
     ) -> Result<(), DeviceError> {
-        let offset = (LABEL_AREA_BLOCKS + first_block) * BLOCK_SIZE_BYTES;
+        let offset = self.geometry.prefix_member_block(first_block) * BLOCK_SIZE_BYTES;
         let _no_prefix_copy_meanwhile = self.prefix_lock.read().await;
         let writes = self
-            .geometry
-            .prefix_members()
+            .prefix_write_targets()
+            .into_iter()
             .map(|index| (index, offset, data.clone()));
         self.write_members(writes).await?;
+        if self.usable_prefix_holders().is_empty() {
+            return Err(self.too_many_lost(first_block * BLOCK_SIZE_BYTES, data.len() as u64));
+        }
         self.check_tolerance(first_block * BLOCK_SIZE_BYTES, data.len() as u64)
     }
 
-    /// Writes whole rows from `first_block` (a row's first block).
+    /// Writes `data` from `first_block` on, zone by zone.
     async fn write_striped(&self, first_block: u64, data: &[u8]) -> Result<(), DeviceError> {
-        let Location::Striped {
-            row: first_row,
-            column,
-        } = self.geometry.locate(first_block)
-        else {
-            unreachable!("the caller passes striped blocks");
-        };
+        let mut block = first_block;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let zone = self.zone_of_block(block);
+            let zone_end = zone.first_block + self.geometry.zone_address_blocks();
+            let blocks_here = (zone_end - block).min((rest.len() / BLOCK_BYTES) as u64);
+            let (here, after) = rest.split_at(to_usize(blocks_here) * BLOCK_BYTES);
+            self.write_in_zone(&zone, block, here).await?;
+            block += blocks_here;
+            rest = after;
+        }
+        Ok(())
+    }
+
+    /// Writes whole rows of `zone` from `first_block` (a row's first block).
+    async fn write_in_zone(
+        &self,
+        zone: &ZoneView,
+        first_block: u64,
+        data: &[u8],
+    ) -> Result<(), DeviceError> {
+        let block_count = (data.len() / BLOCK_BYTES) as u64;
+        assert!(
+            first_block + block_count <= zone.usable_end(),
+            "a write past zone {}'s usable blocks (block {first_block}, {block_count} blocks, \
+             the zone's usable blocks end at {}): the writer must follow the region's shape",
+            zone.index,
+            zone.usable_end()
+        );
+        let (first_row, column) = zone.locate(first_block);
         assert_eq!(
             column, 0,
             "a write into the striped region starts at a row boundary (block {first_block})"
         );
-        let row_bytes = to_usize(self.geometry.row_data_blocks()) * BLOCK_BYTES;
+        let row_bytes = to_usize(zone.row_data_blocks()) * BLOCK_BYTES;
         let row_count = data.len().div_ceil(row_bytes);
-        let mut member_buffers: Vec<AlignedBuffer> = (0..self.members.len())
-            .map(|_| AlignedBuffer::zeroed(row_count * BLOCK_BYTES))
+        let mut member_buffers: Vec<Option<AlignedBuffer>> = (0..self.members.len())
+            .map(|index| {
+                zone.stripe
+                    .contains(index)
+                    .then(|| AlignedBuffer::zeroed(row_count * BLOCK_BYTES))
+            })
             .collect();
         for (index, row_data) in data.chunks(row_bytes).enumerate() {
             let row = first_row + index as u64;
-            self.lay_out_row(row, row_data, index, &mut member_buffers)
+            self.lay_out_row(zone, row, row_data, index, &mut member_buffers)
                 .map_err(|error| self.codec_failed(first_block, data.len(), &error))?;
         }
         let offset = self.geometry.member_block_of_row(first_row) * BLOCK_SIZE_BYTES;
@@ -82,21 +114,26 @@ impl RedundantArray {
         let writes = member_buffers
             .into_iter()
             .enumerate()
-            .map(|(index, buffer)| (index, offset, Arc::new(buffer)));
+            .filter_map(|(index, buffer)| Some((index, offset, Arc::new(buffer?))));
         self.write_members(writes).await?;
-        self.check_tolerance(first_block * BLOCK_SIZE_BYTES, data.len() as u64)
+        self.check_set(
+            &zone.stripe,
+            first_block * BLOCK_SIZE_BYTES,
+            data.len() as u64,
+        )
     }
 
     /// Puts one row's data (zero-padded to the whole row) and its parity
     /// into the members' buffers at position `index`.
     fn lay_out_row(
         &self,
+        zone: &ZoneView,
         row: u64,
         row_data: &[u8],
         index: usize,
-        member_buffers: &mut [AlignedBuffer],
+        member_buffers: &mut [Option<AlignedBuffer>],
     ) -> Result<(), crate::codec::CodecError> {
-        let data_columns = self.geometry.data_columns();
+        let data_columns = zone.stripe.data_columns();
         let padded;
         let whole_row = if row_data.len() == data_columns * BLOCK_BYTES {
             row_data
@@ -107,15 +144,22 @@ impl RedundantArray {
             &padded
         };
         let columns: Vec<&[u8]> = whole_row.chunks_exact(BLOCK_BYTES).collect();
-        let parity = self.codec.encode(&columns)?;
+        let parity = zone.stripe.codec().encode(&columns)?;
         let at = index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES;
-        for (column, contents) in columns.iter().enumerate() {
-            let member = self.geometry.member_of(row, Column::Data(column));
-            member_buffers[member][at.clone()].copy_from_slice(contents);
-        }
-        for (column, contents) in parity.iter().enumerate() {
-            let member = self.geometry.member_of(row, Column::Parity(column));
-            member_buffers[member][at.clone()].copy_from_slice(contents);
+        let data = columns
+            .iter()
+            .enumerate()
+            .map(|(column, contents)| (Column::Data(column), *contents));
+        let parity = parity
+            .iter()
+            .enumerate()
+            .map(|(column, contents)| (Column::Parity(column), contents.as_slice()));
+        for (column, contents) in data.chain(parity) {
+            let member = zone.stripe.member_of(row, column);
+            let buffer = member_buffers[member]
+                .as_mut()
+                .expect("a buffer for every member of the set");
+            buffer[at.clone()].copy_from_slice(contents);
         }
         Ok(())
     }
