@@ -117,29 +117,16 @@ async fn create_arrays_and_pool(
 ) -> anyhow::Result<OpenedPool> {
     let array_identifier: u128 = rand::random();
     let models = DeviceModels::default();
-    let flash = create_tier_array(
-        TierRole::Flash,
-        &request.flash,
-        array_identifier,
-        request.redundancy,
-        &models,
-    )
-    .await?;
-    let capacity = match request.capacity.is_empty() {
-        true => None,
-        false => Some(
-            create_tier_array(
-                TierRole::Capacity,
-                &request.capacity,
-                array_identifier,
-                request.redundancy,
-                &models,
-            )
-            .await?,
-        ),
+    // Segments are whole rows of both tiers (their data blocks per row), and
+    // each array learns the segment size: every segment is one zone, laid
+    // out over the members in use when it is opened (distributed spare
+    // space after a loss, issue 19).
+    let rows_of = |devices: &[TierDevice]| match devices.len() {
+        0 => 1,
+        count => request.redundancy.data_columns(count) as u64,
     };
-    options.flash_row_blocks = flash.row_data_blocks();
-    options.capacity_row_blocks = capacity.as_ref().map_or(1, |array| array.row_data_blocks());
+    options.flash_row_blocks = rows_of(&request.flash);
+    options.capacity_row_blocks = rows_of(&request.capacity);
     let segment_size_bytes = segment_size_for_rows(
         options.segment_size_bytes,
         options.flash_row_blocks,
@@ -153,6 +140,25 @@ async fn create_arrays_and_pool(
         );
         options.segment_size_bytes = segment_size_bytes;
     }
+    let tier_array = |tier, devices| TierArrayRequest {
+        tier,
+        devices,
+        array_identifier,
+        redundancy: request.redundancy,
+        segment_blocks: segment_size_bytes / BLOCK_SIZE_BYTES,
+    };
+    let flash = create_tier_array(tier_array(TierRole::Flash, &request.flash), &models).await?;
+    let capacity = match request.capacity.is_empty() {
+        true => None,
+        false => Some(
+            create_tier_array(tier_array(TierRole::Capacity, &request.capacity), &models).await?,
+        ),
+    };
+    assert_eq!(flash.row_data_blocks(), options.flash_row_blocks);
+    assert_eq!(
+        capacity.as_ref().map_or(1, |array| array.row_data_blocks()),
+        options.capacity_row_blocks
+    );
     let (device, layout) = pool_device(flash, capacity, &mut options);
     let pool = Pool::create(device, options, limits).await?;
     write_array_description(data_dir, request)?;
@@ -185,15 +191,23 @@ fn pool_device(
     (device, PoolLayout::new(tiers))
 }
 
-async fn create_tier_array(
+/// One tier's array to create.
+struct TierArrayRequest<'a> {
     tier: TierRole,
-    devices: &[TierDevice],
+    devices: &'a [TierDevice],
     array_identifier: u128,
     redundancy: Redundancy,
+    /// The engine's segment size: each segment is one zone of the array.
+    segment_blocks: u64,
+}
+
+async fn create_tier_array(
+    request: TierArrayRequest<'_>,
     models: &DeviceModels,
 ) -> anyhow::Result<Arc<RedundantArray>> {
+    let tier = request.tier;
     let mut members = Vec::new();
-    for device in devices {
+    for device in request.devices {
         let model = models
             .resolve(device.model.as_deref().unwrap_or(NO_DEVICE_MODEL))
             .with_context(|| format!("the {} device {}", tier.name(), device.path.display()))?;
@@ -201,13 +215,19 @@ async fn create_tier_array(
     }
     warn_about_mixed_sizes(tier, &members);
     let identity = ArrayIdentity {
-        array_identifier,
+        array_identifier: request.array_identifier,
         tier,
     };
     let prefix_blocks = prefix_blocks_of(tier);
-    let array = lamina_layout::create(identity, redundancy, prefix_blocks, members)
-        .await
-        .with_context(|| format!("cannot make the {} tier's array", tier.name()))?;
+    let array = lamina_layout::create_zoned(
+        identity,
+        request.redundancy,
+        prefix_blocks,
+        request.segment_blocks,
+        members,
+    )
+    .await
+    .with_context(|| format!("cannot make the {} tier's array", tier.name()))?;
     Ok(Arc::new(array))
 }
 

@@ -220,6 +220,11 @@ impl BlockDevice for ConcatenatedDevice {
         }
     }
 
+    async fn restore_metadata_redundancy(&self) -> Result<(), DeviceError> {
+        self.first.restore_metadata_redundancy().await?;
+        self.second.restore_metadata_redundancy().await
+    }
+
     fn new_regions_redundant(&self) -> bool {
         self.first.new_regions_redundant() && self.second.new_regions_redundant()
     }

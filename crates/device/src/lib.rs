@@ -147,6 +147,14 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Restores the redundancy of what the device keeps outside regions (an
+    /// array's mirrored metadata, copied again onto a member in use after a
+    /// holder was lost), so that it survives as many more losses as new
+    /// regions do. Nothing to do by default.
+    async fn restore_metadata_redundancy(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
     /// Whether a region opened now would have the device's full redundancy:
     /// false while members are lost and too few remain to lay a region out
     /// without them. Moving data out of degraded regions restores redundancy
@@ -171,6 +179,11 @@ pub struct RegionShape {
     /// removed): its data is readable but has less redundancy than the
     /// device offers, until it is moved to a region opened since.
     pub degraded: bool,
+    /// The region is laid out over exactly the devices a region opened now
+    /// would use; false after a loss (it holds a lost device) or an
+    /// addition (it lacks the new one): opened again before it is written,
+    /// it gets the full redundancy or width of the devices in use.
+    pub current: bool,
 }
 
 /// What [`BlockDevice::rebuild_range`] did.

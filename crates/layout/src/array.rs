@@ -509,6 +509,17 @@ impl BlockDevice for RedundantArray {
     fn new_regions_redundant(&self) -> bool {
         self.narrowing_restores_redundancy()
     }
+
+    async fn restore_metadata_redundancy(&self) -> Result<(), DeviceError> {
+        match self.restore_prefix_redundancy().await {
+            Ok(added) if !added.is_empty() => {
+                tracing::warn!(array = %self.name, members = ?added, "mirrored metadata copied onto members in use");
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(error) => Err(self.as_device_error(error, 0, 0)),
+        }
+    }
 }
 
 impl std::fmt::Debug for RedundantArray {

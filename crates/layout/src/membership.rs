@@ -106,10 +106,16 @@ impl RedundantArray {
             .members()
             .iter()
             .any(|index| !self.members[*index].state().is_usable() || removing[*index]);
+        let mask = view
+            .stripe
+            .members()
+            .iter()
+            .fold(0, |mask, index| mask | (1 << index));
         RegionShape {
             usable_bytes: view.usable_blocks() * BLOCK_SIZE_BYTES,
             row_bytes: view.row_data_blocks() * BLOCK_SIZE_BYTES,
             degraded,
+            current: mask == self.set_for_new_zone(),
         }
     }
 
@@ -145,7 +151,7 @@ impl RedundantArray {
         Ok(Some(self.shape_of_zone(zone)))
     }
 
-    fn as_device_error(&self, error: ArrayError, offset: u64, length: u64) -> DeviceError {
+    pub(crate) fn as_device_error(&self, error: ArrayError, offset: u64, length: u64) -> DeviceError {
         match error {
             ArrayError::Device(error) => error,
             other => DeviceError::new(

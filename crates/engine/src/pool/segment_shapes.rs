@@ -35,6 +35,8 @@ pub struct SegmentLayout {
     /// Part of it is on a device out of use: its data has less redundancy
     /// than the device offers until it is moved to a segment opened since.
     pub degraded: bool,
+    /// Laid out over the devices a segment opened now would use.
+    pub current: bool,
 }
 
 impl SegmentShapes {
@@ -75,6 +77,7 @@ impl SegmentShapes {
         let default = SegmentLayout {
             shape: self.geometry.segment_shape(segment_index),
             degraded: false,
+            current: true,
         };
         let Some(device) = &self.device else {
             return default;
@@ -96,9 +99,10 @@ impl SegmentShapes {
 
     /// Whether free segment `segment_index` must be laid out again
     /// ([`SegmentShapes::open`]) before it is written, so that what is
-    /// written there gets the device's full redundancy.
+    /// written there gets the device's full redundancy (after a loss) and
+    /// width (after an addition).
     pub fn needs_layout(&self, segment_index: u32) -> bool {
-        self.layout(segment_index).degraded && self.new_segments_redundant()
+        !self.layout(segment_index).current && self.new_segments_redundant()
     }
 
     /// Lays free segment `segment_index` out over the devices in use now,
@@ -132,7 +136,7 @@ impl SegmentShapes {
                 && row_blocks >= 1
                 && size_blocks.is_multiple_of(row_blocks)
                 && size_blocks <= self.geometry.segment_size_blocks
-                && size_blocks >= crate::log::geometry::SEGMENT_SIZE_BLOCKS_MIN,
+                && size_blocks > u64::from(crate::log::batch::BATCH_OVERHEAD_BLOCKS),
             "segment {segment_index}: the device lays it out as {region:?}, which the log cannot use"
         );
         SegmentLayout {
@@ -141,6 +145,7 @@ impl SegmentShapes {
                 row_blocks: u32::try_from(row_blocks).expect("at most the segment size"),
             },
             degraded: region.degraded,
+            current: region.current,
         }
     }
 }

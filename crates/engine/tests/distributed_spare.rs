@@ -1,0 +1,248 @@
+//! Rebuilding onto distributed spare space (issue 19): a pool on a zoned
+//! raid6 array of six members (`lamina_layout::create_zoned`, each segment
+//! one zone) loses a member; the evacuation moves the live data of every
+//! segment that had a column on it into segments laid out over the five
+//! left (rows one column narrower), copies the mirrored metadata onto a
+//! member in use, and then the pool survives two more losses — at runtime
+//! and across a reopen — with every block read back. The rebuild also
+//! starts by itself at open, and a member taken out of an evacuated array
+//! can be removed and a new device added into its slot.
+
+#![allow(clippy::cast_possible_truncation)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice};
+use lamina_engine::log::geometry::DATA_START_BLOCK;
+use lamina_engine::{Pool, PoolLimits, PoolOptions, RebuildKind, RebuildState, TestHooks};
+use lamina_layout::{
+    ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole, assemble, create_zoned,
+};
+use rand::{Rng, SeedableRng};
+
+const BLOCK: usize = 4096;
+const MEMBER_BYTES: u64 = 24 << 20;
+const MEMBER_COUNT: usize = 6;
+/// Four data blocks per row at full width, three once narrowed: 64 KiB
+/// segments are 4 rows, 16 blocks, then 12.
+const SEGMENT_BYTES: u64 = 64 << 10;
+/// How long a test waits for a rebuild started in the background.
+const REBUILD_WAIT_MS_MAX: u64 = 60_000;
+
+type Member = Arc<FaultyDevice<MemoryDevice>>;
+
+fn members() -> Vec<Member> {
+    (0..MEMBER_COUNT)
+        .map(|index| {
+            Arc::new(FaultyDevice::new(
+                Arc::new(MemoryDevice::new(MEMBER_BYTES)),
+                index as u64,
+            ))
+        })
+        .collect()
+}
+
+fn member_device(index: usize, member: &Member) -> MemberDevice {
+    MemberDevice {
+        path: format!("member{index}"),
+        device: member.clone() as Arc<dyn BlockDevice>,
+    }
+}
+
+fn limits(rebuild_automatic: bool) -> PoolLimits {
+    PoolLimits {
+        test_hooks: TestHooks::without_periodic_flush_and_checkpoint(),
+        background_bytes_per_second_max: Some(1 << 40),
+        memory_cache_bytes: 0,
+        rebuild_automatic,
+        ..PoolLimits::default()
+    }
+}
+
+async fn new_pool(members: &[Member], rebuild_automatic: bool) -> (Pool, Arc<RedundantArray>) {
+    let identity = ArrayIdentity {
+        array_identifier: 9,
+        tier: TierRole::Flash,
+    };
+    let devices = members
+        .iter()
+        .enumerate()
+        .map(|(index, member)| member_device(index, member))
+        .collect();
+    let array = Arc::new(
+        create_zoned(
+            identity,
+            Redundancy::Raid6,
+            DATA_START_BLOCK,
+            SEGMENT_BYTES / BLOCK as u64,
+            devices,
+        )
+        .await
+        .expect("array"),
+    );
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        flash_row_blocks: array.row_data_blocks(),
+        ..PoolOptions::default()
+    };
+    let pool = Pool::create(array.clone(), options, limits(rebuild_automatic))
+        .await
+        .expect("pool");
+    (pool, array)
+}
+
+async fn reopen(
+    members: &[Member],
+    present: &[usize],
+    rebuild_automatic: bool,
+) -> (Pool, Arc<RedundantArray>) {
+    let devices: Vec<MemberDevice> = present
+        .iter()
+        .map(|index| member_device(*index, &members[*index]))
+        .collect();
+    let array = Arc::new(
+        assemble(TierRole::Flash, devices)
+            .await
+            .expect("assembles")
+            .array,
+    );
+    let pool = Pool::open(array.clone(), limits(rebuild_automatic))
+        .await
+        .expect("opens");
+    (pool, array)
+}
+
+/// Writes `count` random blocks at random places, flushing now and then.
+async fn write_random(pool: &Pool, volume_id: u32, blocks: &mut [Vec<u8>], count: usize, seed: u64) {
+    let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
+    for index in 0..count {
+        let block = random.random_range(0..blocks.len());
+        let data: Vec<u8> = (0..BLOCK).map(|_| random.random()).collect();
+        pool.write(volume_id, (block * BLOCK) as u64, &data, false)
+            .await
+            .unwrap();
+        blocks[block] = data;
+        if index % 7 == 0 {
+            pool.flush().await.unwrap();
+        }
+    }
+    pool.flush().await.unwrap();
+}
+
+async fn check(pool: &Pool, volume_id: u32, blocks: &[Vec<u8>], when: &str) {
+    let mut contents = vec![0_u8; blocks.len() * BLOCK];
+    pool.read(volume_id, 0, &mut contents)
+        .await
+        .unwrap_or_else(|error| panic!("{when}: {error}"));
+    for (index, expected) in blocks.iter().enumerate() {
+        assert!(
+            contents[index * BLOCK..(index + 1) * BLOCK] == expected[..],
+            "{when}: block {index}"
+        );
+    }
+}
+
+async fn lose(members: &[Member], array: &RedundantArray, index: usize) {
+    members[index].fail_at_rate(1.0, 1.0).await;
+    members[index].fail_flushes(true).await;
+    array.fail_member(index);
+}
+
+async fn wait_for_rebuild(pool: &Pool) {
+    for _ in 0..REBUILD_WAIT_MS_MAX {
+        if pool.rebuild_status().state != RebuildState::Rebuilding
+            && pool.evacuation_need().is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the rebuild did not end: {:?}", pool.rebuild_status());
+}
+
+#[tokio::test]
+async fn a_lost_member_is_rebuilt_onto_the_others_and_two_more_losses_lose_nothing() {
+    let members = members();
+    let (pool, array) = new_pool(&members, false).await;
+    let volume = pool.create_volume("v", 4 << 20).await.unwrap();
+    let mut blocks = vec![vec![0_u8; BLOCK]; 1024];
+    write_random(&pool, volume.volume_id, &mut blocks, 700, 1).await;
+    pool.checkpoint().await.unwrap();
+
+    // Member 1 holds a copy of the metadata and a column of every segment.
+    lose(&members, &array, 1).await;
+    write_random(&pool, volume.volume_id, &mut blocks, 150, 2).await;
+    let need = pool.evacuation_need();
+    assert!(need.degraded_segment_count > 0, "{need:?}");
+    assert!(need.live_bytes <= need.free_bytes, "{need:?}");
+
+    let status = pool.evacuate().await.expect("rebuild onto the others");
+    assert_eq!(status.state, RebuildState::Finished, "{status:?}");
+    assert_eq!(status.kind, RebuildKind::DistributedSpare);
+    assert!(status.bytes_done > 0, "{status:?}");
+    assert!(
+        pool.evacuation_need().is_empty(),
+        "{:?}",
+        pool.evacuation_need()
+    );
+    assert_eq!(array.zones_containing(1), 0, "no zone in use holds member 1");
+    assert!(!array.prefix_holders().contains(&1));
+    check(&pool, volume.volume_id, &blocks, "after the rebuild").await;
+
+    // Writes go on over the five; then two more members are lost, one of
+    // them the first metadata holder: nothing is lost.
+    write_random(&pool, volume.volume_id, &mut blocks, 150, 3).await;
+    lose(&members, &array, 0).await;
+    lose(&members, &array, 4).await;
+    check(&pool, volume.volume_id, &blocks, "with three members lost").await;
+    pool.close().await.expect("close with three members lost");
+    drop(pool);
+
+    let (pool, _array) = reopen(&members, &[2, 3, 5], false).await;
+    check(&pool, volume.volume_id, &blocks, "reopened on three members").await;
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_rebuild_starts_by_itself_when_the_pool_opens_without_a_member() {
+    let members = members();
+    let (pool, _array) = new_pool(&members, true).await;
+    let volume = pool.create_volume("v", 4 << 20).await.unwrap();
+    let mut blocks = vec![vec![0_u8; BLOCK]; 1024];
+    write_random(&pool, volume.volume_id, &mut blocks, 500, 4).await;
+    pool.close().await.unwrap();
+    drop(pool);
+
+    // Member 3 is missing at open: the pool rebuilds onto the others.
+    let (pool, array) = reopen(&members, &[0, 1, 2, 4, 5], true).await;
+    wait_for_rebuild(&pool).await;
+    let status = pool.rebuild_status();
+    assert_eq!(status.state, RebuildState::Finished, "{status:?}");
+    assert_eq!(status.kind, RebuildKind::DistributedSpare);
+    assert_eq!(array.zones_containing(3), 0);
+    check(&pool, volume.volume_id, &blocks, "after the automatic rebuild").await;
+
+    // The slot is then emptied and a new device added into it: new
+    // segments use all six again.
+    array.finish_removal(3).await.expect("remove the lost member");
+    let fresh: Member = Arc::new(FaultyDevice::new(
+        Arc::new(MemoryDevice::new(MEMBER_BYTES)),
+        33,
+    ));
+    let slot = array
+        .add_member(member_device(3, &fresh))
+        .await
+        .expect("add a device into the empty slot");
+    assert_eq!(slot, 3);
+    // The free segments are laid out over the six again.
+    assert!(pool.evacuation_need().free_segments_to_lay_out > 0);
+    pool.start_rebuild();
+    wait_for_rebuild(&pool).await;
+    write_random(&pool, volume.volume_id, &mut blocks, 300, 5).await;
+    assert!(array.zones_containing(3) > 0, "new segments use the added device");
+    // Any two lost still lose nothing.
+    lose(&members, &array, 0).await;
+    lose(&members, &array, 5).await;
+    check(&pool, volume.volume_id, &blocks, "with the added device and two lost").await;
+}
