@@ -114,7 +114,13 @@ async fn reopen(
 }
 
 /// Writes `count` random blocks at random places, flushing now and then.
-async fn write_random(pool: &Pool, volume_id: u32, blocks: &mut [Vec<u8>], count: usize, seed: u64) {
+async fn write_random(
+    pool: &Pool,
+    volume_id: u32,
+    blocks: &mut [Vec<u8>],
+    count: usize,
+    seed: u64,
+) {
     let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
     for index in 0..count {
         let block = random.random_range(0..blocks.len());
@@ -186,7 +192,11 @@ async fn a_lost_member_is_rebuilt_onto_the_others_and_two_more_losses_lose_nothi
         "{:?}",
         pool.evacuation_need()
     );
-    assert_eq!(array.zones_containing(1), 0, "no zone in use holds member 1");
+    assert_eq!(
+        array.zones_containing(1),
+        0,
+        "no zone in use holds member 1"
+    );
     assert!(!array.prefix_holders().contains(&1));
     check(&pool, volume.volume_id, &blocks, "after the rebuild").await;
 
@@ -200,7 +210,13 @@ async fn a_lost_member_is_rebuilt_onto_the_others_and_two_more_losses_lose_nothi
     drop(pool);
 
     let (pool, _array) = reopen(&members, &[2, 3, 5], false).await;
-    check(&pool, volume.volume_id, &blocks, "reopened on three members").await;
+    check(
+        &pool,
+        volume.volume_id,
+        &blocks,
+        "reopened on three members",
+    )
+    .await;
     pool.close().await.unwrap();
 }
 
@@ -221,11 +237,20 @@ async fn the_rebuild_starts_by_itself_when_the_pool_opens_without_a_member() {
     assert_eq!(status.state, RebuildState::Finished, "{status:?}");
     assert_eq!(status.kind, RebuildKind::DistributedSpare);
     assert_eq!(array.zones_containing(3), 0);
-    check(&pool, volume.volume_id, &blocks, "after the automatic rebuild").await;
+    check(
+        &pool,
+        volume.volume_id,
+        &blocks,
+        "after the automatic rebuild",
+    )
+    .await;
 
     // The slot is then emptied and a new device added into it: new
     // segments use all six again.
-    array.finish_removal(3).await.expect("remove the lost member");
+    array
+        .finish_removal(3)
+        .await
+        .expect("remove the lost member");
     let fresh: Member = Arc::new(FaultyDevice::new(
         Arc::new(MemoryDevice::new(MEMBER_BYTES)),
         33,
@@ -240,9 +265,18 @@ async fn the_rebuild_starts_by_itself_when_the_pool_opens_without_a_member() {
     pool.start_rebuild();
     wait_for_rebuild(&pool).await;
     write_random(&pool, volume.volume_id, &mut blocks, 300, 5).await;
-    assert!(array.zones_containing(3) > 0, "new segments use the added device");
+    assert!(
+        array.zones_containing(3) > 0,
+        "new segments use the added device"
+    );
     // Any two lost still lose nothing.
     lose(&members, &array, 0).await;
     lose(&members, &array, 5).await;
-    check(&pool, volume.volume_id, &blocks, "with the added device and two lost").await;
+    check(
+        &pool,
+        volume.volume_id,
+        &blocks,
+        "with the added device and two lost",
+    )
+    .await;
 }

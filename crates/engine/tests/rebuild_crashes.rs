@@ -7,7 +7,11 @@
 //! and the rebuild resumed from the replacement's label. Each seed draws the
 //! case: the old member lost before the replacement (reconstruction), the
 //! old member still working (copy first), or lost with a second member
-//! vanishing during the rebuild (raid6 rebuilding with two lost). Every
+//! vanishing during the rebuild (raid6 rebuilding with two lost), or lost
+//! with no replacement at all: the pool rebuilds onto distributed spare
+//! space, moving the data of every segment that had a column on it into
+//! segments laid out over the members left (a second member may vanish
+//! during that too), and must then survive two more losses. Every
 //! block must hold what the shadow allows after each cut; at the end, with
 //! as many other members taken out as the parity still covers, every block
 //! must read back through the rebuilt device, and a scrub must find nothing
@@ -24,7 +28,7 @@ use lamina_engine::log::geometry::DATA_START_BLOCK;
 use lamina_engine::{Pool, PoolLimits, PoolOptions, RebuildState};
 use lamina_layout::{
     ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, Redundancy, RedundantArray, TierRole, assemble,
-    create,
+    create_zoned,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -42,7 +46,10 @@ const DATA_COLUMNS: u64 = 4;
 const SEGMENT_BYTES: u64 = 64 << 10;
 const SEGMENT_COUNT: u64 = 128;
 const STRIPED_START_BYTES: u64 = (LABEL_AREA_BLOCKS + DATA_START_BLOCK) * BLOCK as u64;
-const MEMBER_BYTES: u64 = STRIPED_START_BYTES + SEGMENT_COUNT * SEGMENT_BYTES / DATA_COLUMNS;
+/// Room for the zone table's two copies besides the rows.
+const ZONE_TABLE_ROOM_BYTES: u64 = 64 << 10;
+const MEMBER_BYTES: u64 =
+    STRIPED_START_BYTES + ZONE_TABLE_ROOM_BYTES + SEGMENT_COUNT * SEGMENT_BYTES / DATA_COLUMNS;
 /// The index of the replacement among the devices (after the members).
 const REPLACEMENT: usize = MEMBER_COUNT;
 /// Rows between two records of rebuild progress: small, so that cuts land
@@ -60,6 +67,9 @@ enum Case {
     CopyFirst,
     /// Lost, and a second member vanishes during the rebuild.
     SecondLoss,
+    /// Lost with no replacement: rebuilt onto distributed spare space (a
+    /// second member vanishing during it half of the time).
+    Spare,
 }
 
 /// The six members and the replacement: memory that outlives power cuts,
@@ -166,10 +176,12 @@ impl BlockDevice for Yielding {
     }
 }
 
-fn rebuild_limits(seed: u64) -> PoolLimits {
+fn rebuild_limits(seed: u64, case: Case) -> PoolLimits {
     PoolLimits {
         memory_cache_bytes: 0,
         background_bytes_per_second_max: Some(1 << 40),
+        // The replacement cases test the replacement alone.
+        rebuild_automatic: case == Case::Spare,
         ..limits(seed)
     }
 }
@@ -196,12 +208,17 @@ struct RunCounts {
     resumed: u64,
     resumed_from_a_recorded_row: u64,
     second_losses: u64,
+    /// Rebuilds onto distributed spare space that moved data.
+    spare_rebuilds: u64,
+    /// Power cuts in the middle of one.
+    spare_rebuilds_cut: u64,
 }
 
 impl RebuildRun {
     async fn new(seed: u64) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let case = [Case::Lost, Case::CopyFirst, Case::SecondLoss][rng.random_range(0..3)];
+        let case =
+            [Case::Lost, Case::CopyFirst, Case::SecondLoss, Case::Spare][rng.random_range(0..4)];
         let devices = Devices::new(seed);
         let identity = ArrayIdentity {
             array_identifier: u128::from(seed) + 7,
@@ -211,16 +228,22 @@ impl RebuildRun {
             .map(|index| devices.device(index))
             .collect();
         let array = Arc::new(
-            create(identity, Redundancy::Raid6, DATA_START_BLOCK, members)
-                .await
-                .expect("create the array"),
+            create_zoned(
+                identity,
+                Redundancy::Raid6,
+                DATA_START_BLOCK,
+                SEGMENT_BYTES / BLOCK as u64,
+                members,
+            )
+            .await
+            .expect("create the array"),
         );
         let options = PoolOptions {
             segment_size_bytes: SEGMENT_BYTES,
             flash_row_blocks: array.row_data_blocks(),
             ..PoolOptions::default()
         };
-        let pool = Pool::create(array.clone(), options, rebuild_limits(seed))
+        let pool = Pool::create(array.clone(), options, rebuild_limits(seed, case))
             .await
             .expect("create the pool");
         let shadows = create_volumes(&pool, &mut rng).await;
@@ -256,6 +279,9 @@ impl RebuildRun {
     async fn first_cycle(&mut self) {
         let count = self.rng.random_range(20..120);
         self.operations(count).await;
+        if self.case == Case::Spare {
+            return self.first_spare_cycle().await;
+        }
         if self.case != Case::CopyFirst {
             self.devices.vanish(self.replaced).await;
             self.vanished.push(self.replaced);
@@ -282,6 +308,30 @@ impl RebuildRun {
         self.cut(0).await;
     }
 
+    /// The member lost and taken out (as `device fail` does), the rebuild
+    /// onto the others started among more operations, perhaps a second
+    /// loss, then the cut.
+    async fn first_spare_cycle(&mut self) {
+        self.devices.vanish(self.replaced).await;
+        self.vanished.push(self.replaced);
+        self.array.fail_member(self.replaced);
+        self.pool.start_rebuild();
+        let count_max = if self.rng.random_bool(0.5) { 4 } else { 80 };
+        let count = self.rng.random_range(0..count_max);
+        let second_loss_at = self.rng.random_range(0..=count);
+        let second_loss = self.rng.random_bool(0.5);
+        for done in 0..count {
+            if done == second_loss_at && second_loss {
+                self.vanish_another().await;
+                let lost = *self.vanished.last().expect("just vanished");
+                self.array.fail_member(lost);
+                self.pool.start_rebuild();
+            }
+            self.operations(1).await;
+        }
+        self.cut(0).await;
+    }
+
     async fn vanish_another(&mut self) {
         let others: Vec<usize> = (0..MEMBER_COUNT)
             .filter(|index| !self.vanished.contains(index))
@@ -295,6 +345,10 @@ impl RebuildRun {
     async fn cut(&mut self, cycle: u64) {
         let pending =
             approach_the_cut(&self.pool, &self.shadows, &mut self.rng, cycle, self.seed).await;
+        if self.case == Case::Spare && self.pool.rebuild_status().state == RebuildState::Rebuilding
+        {
+            self.counts.spare_rebuilds_cut += 1;
+        }
         self.devices.power_cut().await;
         let interrupted = match pending {
             Some(pending) => Some(pending.interrupted().await),
@@ -315,6 +369,7 @@ impl RebuildRun {
         let offer_vanished = self.rng.random_bool(0.5);
         let offered: Vec<MemberDevice> = (0..=MEMBER_COUNT)
             .filter(|index| offer_vanished || !self.vanished.contains(index))
+            .filter(|index| *index != REPLACEMENT || self.case != Case::Spare)
             .map(|index| self.devices.device(index))
             .collect();
         let assembled = assemble(TierRole::Flash, offered)
@@ -337,14 +392,17 @@ impl RebuildRun {
                 self.counts.resumed_from_a_recorded_row += 1;
             }
         }
-        self.pool = Pool::open(self.array.clone(), rebuild_limits(seed))
+        self.pool = Pool::open(self.array.clone(), rebuild_limits(seed, self.case))
             .await
             .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
     }
 
     /// Waits for the rebuild the open resumed (if the cut came before its
     /// end) and checks that the replacement took the member's place.
-    async fn wait_for_rebuild(&self) {
+    async fn wait_for_rebuild(&mut self) {
+        if self.case == Case::Spare {
+            return self.wait_for_spare_rebuild().await;
+        }
         let seed = self.seed;
         for _ in 0..REBUILD_WAIT_MS_MAX {
             let status = self.pool.rebuild_status();
@@ -372,6 +430,62 @@ impl RebuildRun {
             self.case,
             self.replaced
         );
+    }
+
+    /// Waits for the rebuild onto the members left (started again at open)
+    /// and checks that no segment in use keeps a column on a lost member.
+    async fn wait_for_spare_rebuild(&mut self) {
+        let seed = self.seed;
+        for _ in 0..REBUILD_WAIT_MS_MAX {
+            if self.pool.rebuild_status().state != RebuildState::Rebuilding
+                && self.pool.evacuation_need().is_empty()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let status = self.pool.rebuild_status();
+        assert_ne!(
+            status.state,
+            RebuildState::Failed,
+            "seed {seed}: {status:?}"
+        );
+        assert!(
+            self.pool.evacuation_need().is_empty(),
+            "seed {seed}: {:?} after {status:?}",
+            self.pool.evacuation_need()
+        );
+        if status.state == RebuildState::Finished && status.bytes_done > 0 {
+            self.counts.spare_rebuilds += 1;
+        }
+    }
+
+    /// After a rebuild onto distributed spare space: two more members out
+    /// (the parity of every segment in use covers them), every block
+    /// checked, a scrub, and the pool reopened without them.
+    async fn finish_spare(mut self) -> RunCounts {
+        let seed = self.seed;
+        self.operations(20).await;
+        self.wait_for_spare_rebuild().await;
+        let usable: Vec<usize> = (0..MEMBER_COUNT)
+            .filter(|index| self.array.member_status()[*index].state.is_usable())
+            .collect();
+        for index in usable.iter().take(2) {
+            self.devices.vanish(*index).await;
+            self.vanished.push(*index);
+            self.array.fail_member(*index);
+        }
+        verify(
+            &self.pool,
+            &self.shadows,
+            seed,
+            "two more lost after the spare rebuild",
+        )
+        .await;
+        let scrub = self.pool.scrub().await.expect("scrub");
+        assert_eq!(scrub.blocks_unrepairable, 0, "seed {seed}: {scrub:?}");
+        self.pool.close().await.expect("close");
+        self.counts
     }
 
     /// Takes out as many other members as the parity still covers, so that
@@ -411,6 +525,9 @@ async fn rebuild_run(seed: u64) -> RunCounts {
     let count = run.rng.random_range(5..60);
     run.operations(count).await;
     run.cut(1).await;
+    if run.case == Case::Spare {
+        return run.finish_spare().await;
+    }
     run.finish().await
 }
 
@@ -423,17 +540,25 @@ async fn power_cuts_and_a_second_loss_during_rebuilds_never_lose_flushed_data() 
         totals.resumed += counts.resumed;
         totals.resumed_from_a_recorded_row += counts.resumed_from_a_recorded_row;
         totals.second_losses += counts.second_losses;
+        totals.spare_rebuilds += counts.spare_rebuilds;
+        totals.spare_rebuilds_cut += counts.spare_rebuilds_cut;
     }
     eprintln!(
-        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild",
-        totals.resumed, totals.resumed_from_a_recorded_row, totals.second_losses
+        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild, {} rebuilds onto distributed spare space ({} cut)",
+        totals.resumed,
+        totals.resumed_from_a_recorded_row,
+        totals.second_losses,
+        totals.spare_rebuilds,
+        totals.spare_rebuilds_cut
     );
     // The runs must have met each case, or they prove nothing.
     assert!(
         runs < 20
             || (totals.resumed > 0
                 && totals.resumed_from_a_recorded_row > 0
-                && totals.second_losses > 0),
+                && totals.second_losses > 0
+                && totals.spare_rebuilds > 0
+                && totals.spare_rebuilds_cut > 0),
         "too few cases met in {runs} runs"
     );
 }

@@ -151,7 +151,12 @@ impl RedundantArray {
         Ok(Some(self.shape_of_zone(zone)))
     }
 
-    pub(crate) fn as_device_error(&self, error: ArrayError, offset: u64, length: u64) -> DeviceError {
+    pub(crate) fn as_device_error(
+        &self,
+        error: ArrayError,
+        offset: u64,
+        length: u64,
+    ) -> DeviceError {
         match error {
             ArrayError::Device(error) => error,
             other => DeviceError::new(

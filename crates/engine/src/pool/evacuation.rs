@@ -112,13 +112,14 @@ impl Pool {
             .rebuild
             .bytes_total
             .store(need.live_bytes, Ordering::Relaxed);
-        // The metadata first: it is small, and every flush writes it.
-        self.inner
-            .device
-            .restore_metadata_redundancy()
-            .await
-            .map_err(EngineError::Device)?;
         for _ in 0..EVACUATION_PASSES_MAX {
+            // The metadata first: it is small, and every flush writes it.
+            // Again at every pass, for a device lost during the last one.
+            self.inner
+                .device
+                .restore_metadata_redundancy()
+                .await
+                .map_err(EngineError::Device)?;
             self.lay_out_free_segments().await?;
             let sealed = self.inner.lock().close_degraded_heads();
             self.spawn_writes(sealed);
