@@ -36,6 +36,14 @@ pub enum DeviceCommandError {
     NoArrays,
     #[error("{path} is not a device of this pool (see `lamina device list`)")]
     UnknownDevice { path: String },
+    #[error(
+        "cannot remove {path}: the other devices lack the room for its data ({live_bytes} bytes to move, {free_bytes} bytes free); free space or add a device first"
+    )]
+    NoRoom {
+        path: String,
+        live_bytes: u64,
+        free_bytes: u64,
+    },
 }
 
 /// Every device of every tier (members and replacements being rebuilt).
@@ -75,12 +83,7 @@ fn tier_of<'a>(
 /// `device fail PATH`: takes a device out as if it had failed.
 pub async fn fail(pool: &Pool, layout: &PoolLayout, path: &str) -> anyhow::Result<()> {
     let (tier, member_path) = tier_of(layout, path)?;
-    let index = tier
-        .array
-        .member_status()
-        .iter()
-        .position(|member| member.path == member_path)
-        .expect("found above");
+    let index = member_index(tier, &member_path);
     tier.array.fail_member(index);
     tracing::warn!(path = %member_path, "device taken out by hand");
     // The labels record it before the answer (the array's flush rewrites
@@ -101,6 +104,136 @@ pub async fn fail(pool: &Pool, layout: &PoolLayout, path: &str) -> anyhow::Resul
     Ok(())
 }
 
+/// How many times `device remove` lets the flush and checkpoints free the
+/// segments the evacuation emptied before it gives up on dropping the
+/// member (each round frees what the previous ones emptied).
+pub const REMOVAL_ROUNDS_MAX: usize = 8;
+
+/// The index of the device at `path` in its tier's array.
+fn member_index(tier: &TierArray, member_path: &str) -> usize {
+    tier.array
+        .member_status()
+        .iter()
+        .position(|member| member.path == member_path)
+        .expect("found by tier_of")
+}
+
+/// `device remove PATH`: the member leaves the write set, the data of every
+/// segment with a column on it moves to the others (refused, and the
+/// member kept, when they cannot hold it), and its slot is emptied.
+pub async fn remove(
+    pool: &Pool,
+    layout: &PoolLayout,
+    data_dir: &Path,
+    path: &str,
+) -> anyhow::Result<api::RebuildStatus> {
+    let (tier, member_path) = tier_of(layout, path)?;
+    let index = member_index(tier, &member_path);
+    tier.array
+        .begin_removal(index)
+        .await
+        .with_context(|| format!("cannot remove {member_path}"))?;
+    let need = pool.evacuation_need();
+    if need.live_bytes > need.free_bytes {
+        tier.array.cancel_removal(index).await?;
+        return Err(DeviceCommandError::NoRoom {
+            path: member_path,
+            live_bytes: need.live_bytes,
+            free_bytes: need.free_bytes,
+        }
+        .into());
+    }
+    let status = evacuate_waiting(pool).await?;
+    for _ in 0..REMOVAL_ROUNDS_MAX {
+        match tier.array.finish_removal(index).await {
+            Ok(()) => {
+                tracing::warn!(path = %member_path, "device removed");
+                record_devices(data_dir, layout)?;
+                return Ok(crate::api::rebuild_status(status));
+            }
+            Err(lamina_layout::ArrayError::MemberStillInZones { .. }) => {
+                // Segments emptied but not yet free: the flush and two
+                // checkpoints free them, and the next pass lays them out.
+                pool.flush().await?;
+                pool.checkpoint().await?;
+                pool.checkpoint().await?;
+                evacuate_waiting(pool).await?;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    tier.array.finish_removal(index).await.with_context(|| {
+        format!("the data moved off {member_path}, but segments still name it")
+    })?;
+    record_devices(data_dir, layout)?;
+    Ok(crate::api::rebuild_status(status))
+}
+
+/// Runs an evacuation to its end, after the one running (an automatic
+/// rebuild) if any.
+async fn evacuate_waiting(pool: &Pool) -> anyhow::Result<lamina_engine::RebuildStatus> {
+    loop {
+        match pool.evacuate().await {
+            Err(lamina_engine::EngineError::Io(lamina_engine::IoError::RebuildRunning)) => {
+                tokio::time::sleep(Duration::from_millis(REBUILD_FOLLOW_INTERVAL_MS)).await;
+            }
+            result => return Ok(result?),
+        }
+    }
+}
+
+/// `device add --tier TIER NEW[:SIZE]`: NEW joins the tier's array in an
+/// empty slot (a removed member's, or a lost one's whose data moved away);
+/// segments opened from then on use it.
+pub async fn add(
+    pool: &Pool,
+    layout: &PoolLayout,
+    context: &DeviceContext,
+    tier_role: TierRole,
+    new: &str,
+) -> anyhow::Result<Vec<api::DeviceStatus>> {
+    let tier = layout
+        .tiers()
+        .iter()
+        .find(|tier| tier.tier == tier_role)
+        .ok_or(DeviceCommandError::NoArrays)?;
+    let (new_path, create_size_bytes) = parse_device_argument(new)?;
+    if create_size_bytes.is_none() && !new_path.exists() {
+        anyhow::bail!(
+            "the new device {} does not exist; give its size as PATH:SIZE to create a file",
+            new_path.display()
+        );
+    }
+    let member = new_member(context, tier_role, &new_path, create_size_bytes)?;
+    let index = tier
+        .array
+        .add_member(member)
+        .await
+        .with_context(|| format!("cannot add {} to the {} tier", new_path.display(), tier_role.name()))?;
+    tracing::warn!(path = %new_path.display(), index, "device added");
+    record_devices(&context.data_dir, layout)?;
+    // Free segments are laid out again to use it.
+    let started = pool.start_rebuild();
+    tracing::info!(?started, "free segments laid out over the added device");
+    list(layout).map_err(Into::into)
+}
+
+/// A new device behind its tier's model.
+fn new_member(
+    context: &DeviceContext,
+    tier: TierRole,
+    path: &Path,
+    create_size_bytes: Option<u64>,
+) -> anyhow::Result<lamina_layout::MemberDevice> {
+    let description = crate::store::existing_description(&context.data_dir)?;
+    let [flash_model, capacity_model] = crate::store::tier_models(&description, &context.models)?;
+    let model = match tier {
+        TierRole::Flash => flash_model,
+        TierRole::Capacity => capacity_model,
+    };
+    crate::arrays::member(path, create_size_bytes, model)
+}
+
 /// `device replace OLD NEW[:SIZE]`: labels NEW as OLD's replacement and
 /// starts the rebuild (the caller waits for it or follows it).
 pub async fn begin_replace(
@@ -117,13 +250,7 @@ pub async fn begin_replace(
             new_path.display()
         );
     }
-    let description = crate::store::existing_description(&context.data_dir)?;
-    let [flash_model, capacity_model] = crate::store::tier_models(&description, &context.models)?;
-    let model = match tier.tier {
-        TierRole::Flash => flash_model,
-        TierRole::Capacity => capacity_model,
-    };
-    let member = crate::arrays::member(&new_path, create_size_bytes, model)?;
+    let member = new_member(context, tier.tier, &new_path, create_size_bytes)?;
     tier.array
         .begin_replacement(&old_path, member)
         .await
@@ -173,6 +300,10 @@ pub fn record_devices(data_dir: &Path, layout: &PoolLayout) -> anyhow::Result<()
     for tier in layout.tiers() {
         let mut paths: Vec<PathBuf> = Vec::new();
         for member in tier.array.member_status() {
+            // An empty slot (a removed member) has no device to list.
+            if member.state == lamina_layout::MemberState::Removed {
+                continue;
+            }
             paths.push(PathBuf::from(member.path));
             if let Some(replacement) = member.replacement {
                 paths.push(PathBuf::from(replacement.path));

@@ -317,6 +317,28 @@ impl RedundantArray {
         Ok(())
     }
 
+    /// Undoes [`RedundantArray::begin_removal`] (the others turned out to
+    /// lack the room for its data): the member joins the write set again.
+    /// Zones opened meanwhile stay without it until they are opened again.
+    pub async fn cancel_removal(&self, index: usize) -> Result<(), ArrayError> {
+        self.check_index(index)?;
+        let _one_change_at_a_time = self.open_lock.lock().await;
+        if !self.removing.lock().expect("removing lock")[index] {
+            return Err(self.wrong_state(index, "cancelling its removal", "a member being removed"));
+        }
+        self.removing.lock().expect("removing lock")[index] = false;
+        let label_index = to_label_index(index);
+        self.label
+            .lock()
+            .await
+            .removing_members
+            .retain(|member| *member != label_index);
+        self.labels_out_of_date();
+        self.flush_members_and_labels().await?;
+        tracing::warn!(array = %self.name, member = index, "member removal cancelled");
+        Ok(())
+    }
+
     fn wrong_state(
         &self,
         index: usize,
