@@ -38,6 +38,9 @@ fn compare_randread_against_nbdkit_and_lamina() {
         size: 16 << 20,
         lamina_bin: lamina.clone(),
         work_dir: Some(directory.path().to_owned()),
+        cache_miss: false,
+        restart: false,
+        device_row: false,
         step: StepOptions {
             profile: Profile::Randread4k,
             runtime: 2,
