@@ -183,6 +183,36 @@ pub fn run_step(fio_program: &str, uri: &str, step: &StepSpec) -> anyhow::Result
     run_step_with(fio_program, uri, step, &[])
 }
 
+/// What a step's I/O goes to: an NBD export, or a local file (the device row: fio's
+/// io_uring engine with O_DIRECT, the ceiling any server on that file could reach).
+#[derive(Debug, Clone, Copy)]
+pub enum FioTarget<'a> {
+    Nbd { uri: &'a str },
+    File { path: &'a std::path::Path },
+}
+
+/// Runs fio for one step on `target` and returns its summarised figures.
+pub fn run_step_on(
+    fio_program: &str,
+    target: FioTarget,
+    step: &StepSpec,
+) -> anyhow::Result<Measurement> {
+    match target {
+        FioTarget::Nbd { uri } => run_step(fio_program, uri, step),
+        FioTarget::File { path } => {
+            let mut command = Command::new(fio_program);
+            command
+                .arg("--ioengine=io_uring")
+                .arg("--direct=1")
+                .arg(format!("--filename={}", path.display()))
+                .arg("--output-format=json")
+                .args(step.fio_arguments());
+            let report = run_command(command, &path.display().to_string())?;
+            Ok(Measurement::from_report(&report, step.iodepth)?)
+        }
+    }
+}
+
 /// Runs fio for one step with `extra_arguments` appended (latency logs, a random
 /// distribution) and returns its summarised figures.
 pub fn run_step_with(

@@ -8,7 +8,9 @@
 //! `snapshots` measures what snapshots and clones cost against qcow2 under qemu-nbd;
 //! `tiers` measures all-flash, flash + modelled disk and the modelled disk alone;
 //! `write-amplification` measures the cleaner's write amplification through fio;
-//! `rebuild` measures client latency through a device failure and its rebuild.
+//! `rebuild` measures client latency through a device failure and its rebuild;
+//! `open-loop` sweeps offered rates with lamina's own NBD load generator, timing each
+//! request from its intended arrival ([`open_loop`]).
 //! The in-process commands ([`in_process`]) drive the engine or the device layer
 //! from this process, without NBD: `engine` (IOPS against fio, recovery time, memory
 //! per block), `flush-latency`, `cleaner-latency`, `snapshot-create`,
@@ -17,9 +19,12 @@
 
 mod charts;
 mod convert;
+pub mod cpu;
 pub mod fio;
 pub mod fs;
 pub mod in_process;
+pub mod nbd_client;
+pub mod open_loop;
 pub mod plot;
 pub mod process;
 pub mod rebuild;
@@ -56,6 +61,8 @@ pub enum BenchCommand {
     Run(RunArgs),
     /// Measure lamina and peer servers on the same data, side by side.
     Compare(CompareArgs),
+    /// Open-loop rate sweep timed from each request's intended arrival (own generator).
+    OpenLoop(open_loop::OpenLoopArgs),
     /// Build a filesystem on each server's export and run postmark on it (needs root).
     Fs(FsArgs),
     /// What snapshots and clones cost: lamina and qemu-nbd on qcow2, side by side.
@@ -159,6 +166,10 @@ pub struct RunArgs {
     /// Bytes of the export the I/O covers (default: the whole export, from nbdinfo).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
+    /// The server's PID: each step then reports the CPU time of its process tree per
+    /// operation.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
     #[command(flatten)]
     pub step: StepOptions,
 }
@@ -178,6 +189,19 @@ pub struct CompareArgs {
     /// Directory for the data copies (default: the system temporary directory).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// Every server without its cache: lamina with `memory_cache_bytes = 0`, nbdkit's
+    /// file plugin with `cache=none`, qemu-nbd with `--cache=none` (as always);
+    /// implies `--device-row`.
+    #[arg(long)]
+    pub cache_miss: bool,
+    /// Restart each server after the prefill and measure the restarted server (the
+    /// host page cache is not dropped).
+    #[arg(long)]
+    pub restart: bool,
+    /// Add a `device` row: fio with io_uring and O_DIRECT straight on a file holding
+    /// the same data, the ceiling of any server on that file.
+    #[arg(long)]
+    pub device_row: bool,
     #[command(flatten)]
     pub step: StepOptions,
 }
@@ -223,6 +247,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
             let report = compare(&arguments)?;
             emit(&report, &arguments.step)
         }
+        BenchCommand::OpenLoop(arguments) => open_loop::run_open_loop(&arguments),
         BenchCommand::Fs(arguments) => run_fs(&arguments),
         BenchCommand::Snapshots(arguments) => snapshots::run_snapshots(&arguments),
         BenchCommand::Tiers(arguments) => tiers::run_tiers(&arguments),
@@ -285,7 +310,10 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
         &arguments.step.fio,
         profile,
         &settings,
-        &arguments.uri,
+        fio::FioTarget::Nbd {
+            uri: &arguments.uri,
+        },
+        arguments.server_pid,
         &mut |label| {
             bar.set_message(label.to_owned());
             bar.inc(1);
@@ -371,70 +399,47 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
             None => candidates.push(*kind),
         }
     }
+    let device_row = arguments.device_row || arguments.cache_miss;
     let data_file = work.path().join("data.raw");
-    if !candidates.is_empty() {
+    if !candidates.is_empty() || device_row {
         servers::write_random_data(&data_file, arguments.size)?;
     }
     let options = ServerOptions {
         lamina_program: lamina,
-        data_file,
+        data_file: data_file.clone(),
         data_size_bytes: arguments.size,
         max_connections: settings.max_connections(),
+        cache_miss: arguments.cache_miss,
     };
     let per_server = workload::planned_step_count(step.profile, &settings);
-    let bar = progress_bar(per_server * candidates.len() as u64);
+    let rows = candidates.len() as u64 + u64::from(device_row);
+    let bar = progress_bar(per_server * rows);
     let mut results = Vec::new();
     for kind in candidates {
         check_interrupted()?;
         bar.set_message(format!("{}: starting", kind.name()));
-        let server = match servers::start(kind, &options, work.path()) {
-            Ok(server) => server,
-            Err(error) => {
-                check_interrupted()?;
-                bar.inc(per_server);
-                skipped.push(Skipped {
-                    server: kind.name().into(),
-                    reason: format!("did not come up: {error:#}"),
-                });
-                continue;
-            }
-        };
-        let mut completed = 0;
-        let points = workload::execute(
-            &step.fio,
-            step.profile,
-            &settings,
-            &server.uri,
-            &mut |label| {
-                bar.set_message(format!("{}: {label}", kind.name()));
-                bar.inc(1);
-                completed += 1;
-            },
-        );
-        bar.inc(per_server.saturating_sub(completed));
-        let uri = server.uri.clone();
-        let notes = server.notes.clone();
-        server.stop();
-        match points {
-            Ok(points) => {
-                let headline = step
-                    .profile
-                    .is_sweep()
-                    .then(|| workload::headline(&points, settings.slo_us));
-                results.push(ServerResult {
-                    server: kind.name().into(),
-                    uri,
-                    notes,
-                    points,
-                    headline,
-                    figures: vec![],
-                });
-            }
-            Err(error) => {
+        let outcome = measure_server(kind, &options, arguments, &settings, work.path(), &bar);
+        match outcome {
+            Ok(result) => results.push(result),
+            Err(reason) => {
                 check_interrupted()?;
                 skipped.push(Skipped {
                     server: kind.name().into(),
-                    reason: format!("benchmark failed: {error:#}"),
+                    reason,
+                });
+            }
+        }
+    }
+    if device_row {
+        // Last, because write profiles overwrite the file every server was copied from.
+        check_interrupted()?;
+        match measure_device(&data_file, step, &settings, &bar) {
+            Ok(result) => results.push(result),
+            Err(error) => {
+                check_interrupted()?;
+                skipped.push(Skipped {
+                    server: "device".into(),
+                    reason: format!("fio on the file failed: {error:#}"),
                 });
             }
         }
@@ -448,6 +453,102 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
         reference,
         servers: results,
         skipped,
+    })
+}
+
+/// Starts one server (restarting it after the prefill with `--restart`), runs the
+/// profile against it with its CPU watched, and stops it; `Err` is why it was skipped.
+fn measure_server(
+    kind: ServerKind,
+    options: &ServerOptions,
+    arguments: &CompareArgs,
+    settings: &Settings,
+    work: &Path,
+    bar: &ProgressBar,
+) -> Result<ServerResult, String> {
+    let step = &arguments.step;
+    let per_server = workload::planned_step_count(step.profile, settings);
+    let mut server = match servers::start(kind, options, work) {
+        Ok(server) => server,
+        Err(error) => {
+            bar.inc(per_server);
+            return Err(format!("did not come up: {error:#}"));
+        }
+    };
+    if arguments.restart {
+        bar.set_message(format!("{}: restarting", kind.name()));
+        let started = std::time::Instant::now();
+        if let Err(error) = server.restart() {
+            bar.inc(per_server);
+            return Err(format!("did not come back after a restart: {error:#}"));
+        }
+        server.notes.push(format!(
+            "restarted after the prefill (stopped and serving again in {} ms; page cache kept)",
+            started.elapsed().as_millis()
+        ));
+    }
+    let mut completed = 0;
+    let points = workload::execute(
+        &step.fio,
+        step.profile,
+        settings,
+        fio::FioTarget::Nbd { uri: &server.uri },
+        server.pid(),
+        &mut |label| {
+            bar.set_message(format!("{}: {label}", kind.name()));
+            bar.inc(1);
+            completed += 1;
+        },
+    );
+    bar.inc(per_server.saturating_sub(completed));
+    let uri = server.uri.clone();
+    let notes = server.notes.clone();
+    server.stop();
+    let points = points.map_err(|error| format!("benchmark failed: {error:#}"))?;
+    let headline = step
+        .profile
+        .is_sweep()
+        .then(|| workload::headline(&points, settings.slo_us));
+    Ok(ServerResult {
+        server: kind.name().into(),
+        uri,
+        notes,
+        points,
+        headline,
+        figures: vec![],
+    })
+}
+
+/// The device row: the same profile with fio's io_uring engine and O_DIRECT on the file
+/// of the data.
+fn measure_device(
+    data_file: &Path,
+    step: &StepOptions,
+    settings: &Settings,
+    bar: &ProgressBar,
+) -> anyhow::Result<ServerResult> {
+    let points = workload::execute(
+        &step.fio,
+        step.profile,
+        settings,
+        fio::FioTarget::File { path: data_file },
+        None,
+        &mut |label| {
+            bar.set_message(format!("device: {label}"));
+            bar.inc(1);
+        },
+    )?;
+    let headline = step
+        .profile
+        .is_sweep()
+        .then(|| workload::headline(&points, settings.slo_us));
+    Ok(ServerResult {
+        server: "device".into(),
+        uri: data_file.display().to_string(),
+        notes: vec!["fio --ioengine=io_uring --direct=1 on a file of the same data".into()],
+        points,
+        headline,
+        figures: vec![],
     })
 }
 
@@ -481,6 +582,7 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
         data_file,
         data_size_bytes: arguments.size,
         max_connections: 4,
+        cache_miss: false,
     };
     let mut report = FsReport {
         filesystem: arguments.filesystem,

@@ -256,6 +256,11 @@ impl DaemonProcess {
         }
     }
 
+    /// The daemon's PID, until it is stopped.
+    pub fn id(&self) -> Option<u32> {
+        self.pid
+    }
+
     /// SIGTERM, then SIGKILL after [`STOP_GRACE_MS`]; reaps it when it is our child.
     pub fn stop(&mut self) {
         let Some(pid) = self.pid.take() else {

@@ -105,6 +105,11 @@ pub fn summary_figures(
             ("p50 us".into(), first.map(|m| m.p50_us), false),
             ("p99 us".into(), first.map(|m| m.p99_us), false),
             ("p99.9 us".into(), first.map(|m| m.p999_us), false),
+            (
+                "CPU us/op".into(),
+                points.first().and_then(|point| point.server_cpu_us_per_op),
+                false,
+            ),
         ],
         Profile::Seq1m => {
             let step = |label: &str| points.iter().find(|point| point.label == label);
@@ -303,6 +308,7 @@ impl Report {
                 "p50 us",
                 "p99 us",
                 "p99.9 us",
+                "CPU us/op",
                 "saturated",
             ]
             .map(str::to_owned)
@@ -319,6 +325,7 @@ impl Report {
                 format_number(measurement.p50_us),
                 format_number(measurement.p99_us),
                 format_number(measurement.p999_us),
+                point.server_cpu_us_per_op.map_or("-".into(), format_number),
                 if point.saturated { "yes" } else { "" }.to_owned(),
             ]);
         }

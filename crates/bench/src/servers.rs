@@ -117,6 +117,9 @@ pub struct ServerOptions {
     pub data_size_bytes: u64,
     /// Largest number of concurrent connections the workload opens.
     pub max_connections: u32,
+    /// Every server without its cache: lamina's memory cache off, nbdkit's file plugin
+    /// with `cache=none`; qemu-nbd runs with `--cache=none` (O_DIRECT) in every mode.
+    pub cache_miss: bool,
 }
 
 /// A running server: its process, its URI and the notes about how it was run.
@@ -128,6 +131,57 @@ pub struct RunningServer {
     pub notes: Vec<String>,
     process: ServerProcess,
     directory: PathBuf,
+    /// How the process was started, so that [`RunningServer::restart`] can start it again.
+    launch: Launch,
+}
+
+/// A server's command line and how it runs: what a restart repeats.
+#[derive(Debug, Clone)]
+struct Launch {
+    program: std::ffi::OsString,
+    arguments: Vec<std::ffi::OsString>,
+    socket: PathBuf,
+    /// nbd-server daemonizes and writes its PID here; the others are our children.
+    daemon_pid_file: Option<PathBuf>,
+}
+
+impl Launch {
+    fn from_command(command: &Command, socket: &Path, daemon_pid_file: Option<&Path>) -> Self {
+        Self {
+            program: command.get_program().to_owned(),
+            arguments: command.get_args().map(ToOwned::to_owned).collect(),
+            socket: socket.to_owned(),
+            daemon_pid_file: daemon_pid_file.map(Path::to_owned),
+        }
+    }
+
+    /// Starts the process, its output appended to `directory/server.log`.
+    fn spawn(&self, directory: &Path) -> anyhow::Result<ServerProcess> {
+        // A stopped nbdkit or nbd-server leaves its socket file behind, and binding
+        // to an existing path fails.
+        if self.socket.exists() {
+            std::fs::remove_file(&self.socket)?;
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(directory.join("server.log"))?;
+        let mut command = Command::new(&self.program);
+        command.args(&self.arguments);
+        match &self.daemon_pid_file {
+            None => Ok(ServerProcess::Child(spawn_logged(command, &log)?)),
+            Some(pid_file) => {
+                let _ = std::fs::remove_file(pid_file);
+                run_helper(command)?;
+                Ok(ServerProcess::Daemon(
+                    crate::process::DaemonProcess::from_pid_file(
+                        pid_file,
+                        Duration::from_millis(READY_TIMEOUT_MS),
+                    )?,
+                ))
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -144,13 +198,35 @@ impl RunningServer {
         self.stop_process();
     }
 
-    fn stop_process(&mut self) {
+    /// The server's PID (nbd-server: the daemon that forks one process per connection).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.process {
+            ServerProcess::Child(child) => Some(child.id()).filter(|pid| *pid != 0),
+            ServerProcess::Daemon(daemon) => daemon.id(),
+        }
+    }
+
+    /// Stops the server cleanly (SIGTERM: lamina shuts down as on any clean stop) and
+    /// starts it again on the same data with the same command, then waits until it
+    /// serves. Nothing else is touched: the host page cache keeps what it held.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.terminate();
+        self.process = self.launch.spawn(&self.directory)?;
+        let socket = self.launch.socket.clone();
+        wait_ready(self, &socket)
+    }
+
+    fn terminate(&mut self) {
         match &mut self.process {
             ServerProcess::Child(child) => {
                 child.stop();
             }
             ServerProcess::Daemon(daemon) => daemon.stop(),
         }
+    }
+
+    fn stop_process(&mut self) {
+        self.terminate();
         let _ = std::fs::remove_dir_all(&self.directory);
     }
 }
@@ -205,15 +281,25 @@ pub fn start(
     let mut notes = Vec::new();
     let raw_image = directory.join("image.raw");
     let log = std::fs::File::create(directory.join("server.log"))?;
+    let launch: Launch;
     let process = match kind {
         ServerKind::Lamina => {
             drop(log);
-            let mut server = start_lamina_daemon(&options.lamina_program, &directory, "")?;
+            let extra_config = if options.cache_miss {
+                "[limits]\nmemory_cache_bytes = 0\n"
+            } else {
+                ""
+            };
+            let mut server =
+                start_lamina_daemon(&options.lamina_program, &directory, extra_config)?;
             // lamina starts empty, so the data is written through NBD like a client would.
             prefill_over_nbd(&server.uri, &options.data_file)?;
             server
                 .notes
                 .push("data written over NBD with nbdcopy".to_owned());
+            if options.cache_miss {
+                server.notes.push("memory_cache_bytes = 0".to_owned());
+            }
             return Ok(server);
         }
         ServerKind::Nbdkit => {
@@ -224,7 +310,15 @@ pub fn start(
                 .arg(&socket)
                 .args(["--foreground", "--exit-with-parent", "file"])
                 .arg(&raw_image);
-            notes.push("file plugin, page cache".to_owned());
+            if options.cache_miss {
+                // nbdkit's file plugin has no O_DIRECT; cache=none evicts what it
+                // touched with posix_fadvise, the nearest it has to a miss.
+                command.arg("cache=none");
+                notes.push("file plugin, cache=none (posix_fadvise, no O_DIRECT)".to_owned());
+            } else {
+                notes.push("file plugin, page cache".to_owned());
+            }
+            launch = Launch::from_command(&command, &socket, None);
             ServerProcess::Child(spawn_logged(command, &log)?)
         }
         ServerKind::QemuNbd | ServerKind::QemuNbdQcow2 => {
@@ -261,12 +355,15 @@ pub fn start(
             )?;
             let mut command = Command::new("nbd-server");
             command.arg("-C").arg(&config).arg("-p").arg(&pid_file);
-            run_helper(command)?;
             notes.push("daemon mode (one process per connection)".to_owned());
-            ServerProcess::Daemon(crate::process::DaemonProcess::from_pid_file(
-                &pid_file,
-                Duration::from_millis(READY_TIMEOUT_MS),
-            )?)
+            if options.cache_miss {
+                notes.push("no O_DIRECT option: page cache".to_owned());
+            }
+            drop(log);
+            let recipe = Launch::from_command(&command, &socket, Some(&pid_file));
+            let process = recipe.spawn(&directory)?;
+            launch = recipe;
+            process
         }
     };
     let mut server = RunningServer {
@@ -275,6 +372,7 @@ pub fn start(
         notes,
         process,
         directory,
+        launch,
     };
     wait_ready(&mut server, &socket)?;
     Ok(server)
@@ -328,6 +426,7 @@ pub(crate) fn serve_lamina_data(
         .arg(&config);
     let socket = data.join("nbd.sock");
     let uri = format!("nbd+unix:///{export}?socket={}", socket.display());
+    let launch = Launch::from_command(&command, &socket, None);
     let child = spawn_logged(command, &log)?;
     let mut server = RunningServer {
         kind: ServerKind::Lamina,
@@ -335,6 +434,7 @@ pub(crate) fn serve_lamina_data(
         notes: Vec::new(),
         process: ServerProcess::Child(child),
         directory: directory.to_owned(),
+        launch,
     };
     wait_ready(&mut server, &socket)?;
     Ok(server)
@@ -362,7 +462,7 @@ pub(crate) fn serve_qemu_nbd(
         notes.push("O_DIRECT refused by this filesystem: page cache".to_owned());
         ("writeback", "threads")
     };
-    let spawn_qemu = |aio: &str| -> anyhow::Result<ManagedChild> {
+    let qemu_command = |aio: &str| -> Command {
         let mut command = Command::new("qemu-nbd");
         command
             .arg(format!("--socket={}", socket.display()))
@@ -376,13 +476,15 @@ pub(crate) fn serve_qemu_nbd(
             command.arg("--read-only");
         }
         command.arg(image);
-        spawn_logged(command, &log)
+        command
     };
-    let mut child = spawn_qemu(aio)?;
+    let mut launch = Launch::from_command(&qemu_command(aio), &socket, None);
+    let mut child = spawn_logged(qemu_command(aio), &log)?;
     std::thread::sleep(Duration::from_millis(200));
     if aio == "io_uring" && child.try_wait()?.is_some() {
         notes.push("io_uring refused: --aio=threads".to_owned());
-        child = spawn_qemu("threads")?;
+        launch = Launch::from_command(&qemu_command("threads"), &socket, None);
+        child = spawn_logged(qemu_command("threads"), &log)?;
         notes.push(format!("--cache={cache} --aio=threads"));
     } else {
         notes.push(format!("--cache={cache} --aio={aio}"));
@@ -393,6 +495,7 @@ pub(crate) fn serve_qemu_nbd(
         notes,
         process: ServerProcess::Child(child),
         directory: directory.to_owned(),
+        launch,
     };
     wait_ready(&mut server, &socket)?;
     Ok(server)

@@ -1214,6 +1214,7 @@ fn measure_curve(
                 target_iops: Some(offered),
                 saturated,
                 measurement,
+                server_cpu_us_per_op: None,
             },
             reads,
         });
@@ -1598,6 +1599,7 @@ pub(crate) mod tests {
                 target_iops: Some(target),
                 saturated,
                 measurement: measurement(target as f64, p99_us),
+                server_cpu_us_per_op: None,
             },
             reads: Some(ReadSources {
                 flash_read_blocks: 100 - capacity,

@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::convert::saturating_u64;
-use crate::fio::{Measurement, Pattern, StepSpec};
+use crate::cpu::{CpuUsage, sample_tree};
+use crate::fio::{FioTarget, Measurement, Pattern, StepSpec};
 use crate::process::check_interrupted;
 
 /// Achieved IOPS below this share of the target mean the server is saturated.
@@ -243,6 +244,10 @@ pub struct Point {
     /// Open-loop step that did not keep up (see [`is_saturated`]).
     pub saturated: bool,
     pub measurement: Measurement,
+    /// Microseconds of server CPU (user + system of its process tree) per operation
+    /// over the measured part of the step; `None` when no server process was watched.
+    #[serde(default)]
+    pub server_cpu_us_per_op: Option<f64>,
 }
 
 /// The highest IOPS a curve sustained within the latency objective.
@@ -321,21 +326,65 @@ pub fn knee_index(curve: &[(f64, f64)]) -> Option<usize> {
         .map(|(index, _)| index)
 }
 
-/// Runs every step of `profile` against `uri`, calling `progress` before each step
-/// with its label.
+/// One fio step's figures and the server CPU it cost.
+struct MeasuredStep {
+    measurement: Measurement,
+    server_cpu_us_per_op: Option<f64>,
+}
+
+/// Runs one fio step; with `server_pid`, samples the server's CPU time when the ramp
+/// is over and when fio has finished, and divides its rate by the achieved IOPS.
+fn run_measured_step(
+    fio_program: &str,
+    target: FioTarget,
+    step: &StepSpec,
+    server_pid: Option<u32>,
+) -> anyhow::Result<MeasuredStep> {
+    let Some(pid) = server_pid else {
+        let measurement = crate::fio::run_step_on(fio_program, target, step)?;
+        return Ok(MeasuredStep {
+            measurement,
+            server_cpu_us_per_op: None,
+        });
+    };
+    let ramp = std::time::Duration::from_secs(step.ramp_seconds);
+    std::thread::scope(|scope| {
+        let start_sampler = scope.spawn(move || {
+            std::thread::sleep(ramp);
+            sample_tree(pid)
+        });
+        let measurement = crate::fio::run_step_on(fio_program, target, step);
+        let end = sample_tree(pid);
+        let start = start_sampler.join().ok().flatten();
+        let measurement = measurement?;
+        let server_cpu_us_per_op = match (start, end) {
+            (Some(start), Some(end)) => CpuUsage::between(&start, &end)
+                .and_then(|usage| usage.microseconds_per_operation(measurement.total_iops)),
+            _ => None,
+        };
+        Ok(MeasuredStep {
+            measurement,
+            server_cpu_us_per_op,
+        })
+    })
+}
+
+/// Runs every step of `profile` against `target`, calling `progress` before each step
+/// with its label; with `server_pid`, each point carries the server's CPU per operation.
 pub fn execute(
     fio_program: &str,
     profile: Profile,
     settings: &Settings,
-    uri: &str,
+    target: FioTarget,
+    server_pid: Option<u32>,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Vec<Point>> {
     let mut points = Vec::new();
     for (label, step) in closed_loop_steps(profile, settings) {
         check_interrupted()?;
         progress(&label);
-        let measurement = crate::fio::run_step(fio_program, uri, &step)?;
-        points.push(point(label, &step, false, measurement));
+        let measured = run_measured_step(fio_program, target, &step, server_pid)?;
+        points.push(point(label, &step, false, measured));
     }
     if profile != Profile::RateSweep {
         return Ok(points);
@@ -347,15 +396,15 @@ pub fn execute(
         Some(targets) => RateSweepControl::from_targets(targets.clone()),
         None => RateSweepControl::from_peak(peak),
     };
-    while let Some(target) = control.next_target() {
+    while let Some(target_iops) = control.next_target() {
         check_interrupted()?;
-        let label = format!("rate{target}");
+        let label = format!("rate{target_iops}");
         progress(&label);
-        let step = settings.rate_step(Some(target));
-        let measurement = crate::fio::run_step(fio_program, uri, &step)?;
-        let saturated = is_saturated(target, &measurement);
+        let step = settings.rate_step(Some(target_iops));
+        let measured = run_measured_step(fio_program, target, &step, server_pid)?;
+        let saturated = is_saturated(target_iops, &measured.measurement);
         control.record(saturated);
-        points.push(point(label, &step, saturated, measurement));
+        points.push(point(label, &step, saturated, measured));
     }
     Ok(points)
 }
@@ -370,7 +419,7 @@ pub fn planned_step_count(profile: Profile, settings: &Settings) -> u64 {
     }
 }
 
-fn point(label: String, step: &StepSpec, saturated: bool, measurement: Measurement) -> Point {
+fn point(label: String, step: &StepSpec, saturated: bool, measured: MeasuredStep) -> Point {
     Point {
         label,
         iodepth: step.iodepth,
@@ -378,7 +427,8 @@ fn point(label: String, step: &StepSpec, saturated: bool, measurement: Measureme
         block_size_bytes: step.block_size_bytes,
         target_iops: step.target_iops,
         saturated,
-        measurement,
+        measurement: measured.measurement,
+        server_cpu_us_per_op: measured.server_cpu_us_per_op,
     }
 }
 
@@ -413,6 +463,7 @@ pub(crate) mod tests {
             target_iops: Some(saturating_u64(iops.floor())),
             saturated,
             measurement: measurement(iops, p99_us),
+            server_cpu_us_per_op: None,
         }
     }
 

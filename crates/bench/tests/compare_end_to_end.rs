@@ -38,6 +38,9 @@ fn compare_randread_against_nbdkit_and_lamina() {
         size: 16 << 20,
         lamina_bin: lamina.clone(),
         work_dir: Some(directory.path().to_owned()),
+        cache_miss: false,
+        restart: false,
+        device_row: false,
         step: StepOptions {
             profile: Profile::Randread4k,
             runtime: 2,
@@ -96,12 +99,17 @@ fn compare_randread_against_nbdkit_and_lamina() {
     assert!(lines[1].starts_with("server") && lines[1].contains("p99 us"));
     for (index, server) in report.servers.iter().enumerate() {
         assert!(lines[2 + index].starts_with(&server.server));
+        // IOPS, MB/s, p50, p99, p99.9 and the server's CPU per operation.
         assert_eq!(
             lines[2 + index].matches("x)").count(),
-            5,
+            6,
             "{}",
             lines[2 + index]
         );
+        let cpu = server.points[0]
+            .server_cpu_us_per_op
+            .expect("the started server's CPU is measured");
+        assert!(cpu > 0.0, "{} used no CPU for its I/O", server.server);
     }
 
     // JSON: the fields users script against.
@@ -147,4 +155,51 @@ fn compare_randread_against_nbdkit_and_lamina() {
             .any(|entry| entry.file_name() == kind.name());
         assert!(!leftover, "{} directory left behind", kind.name());
     }
+}
+
+#[test]
+fn cache_miss_restart_mode_adds_the_device_row_and_restarts_each_server() {
+    assert!(peers_available(), "fio and nbdkit must be installed");
+    let directory = tempfile::tempdir().expect("tempdir");
+    let arguments = CompareArgs {
+        servers: vec![ServerKind::Nbdkit],
+        size: 16 << 20,
+        lamina_bin: None,
+        work_dir: Some(directory.path().to_owned()),
+        cache_miss: true,
+        restart: true,
+        device_row: false,
+        step: StepOptions {
+            profile: Profile::Randread4k,
+            runtime: 1,
+            ramp: 0,
+            iodepth: 4,
+            jobs: 1,
+            max_jobs: 1,
+            mix: Mix::Randread4k,
+            rate_jobs: 1,
+            rate_iodepth: 4,
+            rate_targets: None,
+            slo_us: 1000.0,
+            fio: "fio".into(),
+            json: true,
+            plot: None,
+        },
+    };
+    let report = compare(&arguments).expect("compare runs");
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let names: Vec<&str> = report.servers.iter().map(|s| s.server.as_str()).collect();
+    assert_eq!(names, vec!["nbdkit", "device"], "the device row comes last");
+    let nbdkit = &report.servers[0];
+    assert!(nbdkit.notes.iter().any(|note| note.contains("cache=none")));
+    assert!(
+        nbdkit
+            .notes
+            .iter()
+            .any(|note| note.starts_with("restarted"))
+    );
+    assert!(nbdkit.points[0].measurement.completed_ios > 0);
+    let device = &report.servers[1];
+    assert!(device.points[0].measurement.completed_ios > 0);
+    assert_eq!(device.points[0].server_cpu_us_per_op, None);
 }
