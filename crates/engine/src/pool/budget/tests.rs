@@ -290,7 +290,8 @@ async fn the_baseline_is_learned_while_background_work_is_idle() {
     assert_eq!(status.client_latency_baseline_us, Some(HEALTHY_EDGE_US));
     assert_eq!(
         status.client_latency_target_us,
-        Some((HEALTHY_EDGE_US as f64 * 1.5).round() as u64)
+        // 1.5 × 447, rounded.
+        Some(671)
     );
     assert_eq!(status.bytes_per_second, CEILING_BYTES_PER_SECOND);
 }
