@@ -164,16 +164,25 @@ pub enum BackgroundImpact {
 
 /// `pool status`'s background section (see the engine's
 /// `BackgroundBudgetStatus`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BackgroundBudgetStatus {
     pub impact: BackgroundImpact,
     /// The rate background work may issue now.
     pub bytes_per_second: u64,
     pub bytes_per_second_min: u64,
     pub bytes_per_second_max: u64,
-    pub client_latency_target_us: u64,
+    /// The client latency over which background work backs off now (the
+    /// ratio over the baseline, or the absolute target if lower); none
+    /// while neither is known.
+    #[serde(deserialize_with = "required")]
+    pub client_latency_target_us: Option<u64>,
+    pub client_latency_target_ratio: f64,
+    /// The clients' latency learned while background work was idle or at
+    /// its floor; none until learned.
+    #[serde(deserialize_with = "required")]
+    pub client_latency_baseline_us: Option<u64>,
     /// The 99th percentile of client reads and writes over the latest
-    /// window; none when no client request came in it.
+    /// window judged; none when no client request came in it.
     #[serde(deserialize_with = "required")]
     pub client_latency_us: Option<u64>,
     /// Bytes granted per kind of work since the pool opened.
@@ -393,7 +402,8 @@ mod tests {
         document["background"] = serde_json::json!({
             "impact": "medium", "bytes_per_second": 16777216,
             "bytes_per_second_min": 16777216, "bytes_per_second_max": 536870912,
-            "client_latency_target_us": 10000, "client_latency_us": 12000,
+            "client_latency_target_us": 10000, "client_latency_target_ratio": 1.5,
+            "client_latency_baseline_us": 6667, "client_latency_us": 12000,
             "granted_bytes": {"rebuild": 0, "cleaner": 4096, "demoter": 0, "scrub": 8192},
             "urgent_bytes": 0
         });

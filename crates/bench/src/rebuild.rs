@@ -29,7 +29,7 @@ use crate::report::median;
 use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
 use crate::tiers::{parse_latency_log, percentile_of_sorted, sliding_windows};
 use lamina_api::size::parse_size;
-use lamina_api::{PoolStatus, RebuildState};
+use lamina_api::{CleanerState, PoolStatus, RebuildState};
 
 /// Devices of the pool: raid6 over six, as the daemon test.
 const DEVICE_COUNT: usize = 6;
@@ -191,6 +191,14 @@ pub struct StatusSample {
     pub rebuild_bytes_total: u64,
     pub background_bytes_per_second: u64,
     pub client_latency_us: Option<u64>,
+    /// The budget's target then, and the baseline it is a ratio over.
+    pub client_latency_target_us: Option<u64>,
+    pub client_latency_baseline_us: Option<u64>,
+    /// Free space and the cleaner, to tell pacing from cleaning stalls.
+    pub free_bytes: u64,
+    pub cleaner_state: CleanerState,
+    pub cleaner_granted_bytes: u64,
+    pub urgent_bytes: u64,
 }
 
 /// When things happened, in seconds since the load (or the replace) started.
@@ -551,6 +559,12 @@ fn sample(status: &PoolStatus, start: Instant) -> StatusSample {
         rebuild_bytes_total: status.rebuild.bytes_total,
         background_bytes_per_second: status.background.bytes_per_second,
         client_latency_us: status.background.client_latency_us,
+        client_latency_target_us: status.background.client_latency_target_us,
+        client_latency_baseline_us: status.background.client_latency_baseline_us,
+        free_bytes: status.free_bytes,
+        cleaner_state: status.cleaner_state,
+        cleaner_granted_bytes: status.background.granted_bytes.cleaner,
+        urgent_bytes: status.background.urgent_bytes,
     }
 }
 

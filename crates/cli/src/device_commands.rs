@@ -241,12 +241,25 @@ pub fn print_background(background: &BackgroundBudgetStatus) {
         BackgroundImpact::Medium => "medium",
         BackgroundImpact::High => "high",
     };
+    let target = match (
+        background.client_latency_target_us,
+        background.client_latency_baseline_us,
+    ) {
+        (Some(target), Some(baseline)) => format!(
+            "target {target} µs, {} × baseline {baseline} µs",
+            background.client_latency_target_ratio
+        ),
+        (Some(target), None) => format!("target {target} µs"),
+        (None, _) => format!(
+            "target {} × a baseline not learned yet",
+            background.client_latency_target_ratio
+        ),
+    };
     println!(
-        "background           {}/s of {}–{}/s ({impact} impact; {latency}, target {} µs)",
+        "background           {}/s of {}–{}/s ({impact} impact; {latency}, {target})",
         format_size(background.bytes_per_second),
         format_size(background.bytes_per_second_min),
         format_size(background.bytes_per_second_max),
-        background.client_latency_target_us
     );
     let granted = &background.granted_bytes;
     println!(

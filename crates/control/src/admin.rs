@@ -853,8 +853,13 @@ fn background_metrics(budget: &lamina_engine::BackgroundBudgetStatus, text: &mut
         ),
         (
             "lamina_client_latency_target_us",
-            "Client latency above which background work backs off (client_latency_target_us).",
-            Some(budget.client_latency_target_us),
+            "Client latency above which background work backs off now (client_latency_target_ratio times the baseline, or client_latency_target_us if lower).",
+            budget.client_latency_target_us,
+        ),
+        (
+            "lamina_client_latency_baseline_us",
+            "Client latency learned while background work was idle or at its floor, in microseconds.",
+            budget.client_latency_baseline_us,
         ),
         (
             "lamina_client_latency_us",

@@ -154,6 +154,8 @@ fn background_of(status: engine::BackgroundBudgetStatus) -> api::BackgroundBudge
         bytes_per_second_min,
         bytes_per_second_max,
         client_latency_target_us,
+        client_latency_target_ratio,
+        client_latency_baseline_us,
         client_latency_us,
         granted_bytes,
         urgent_bytes,
@@ -174,6 +176,8 @@ fn background_of(status: engine::BackgroundBudgetStatus) -> api::BackgroundBudge
         bytes_per_second_min,
         bytes_per_second_max,
         client_latency_target_us,
+        client_latency_target_ratio,
+        client_latency_baseline_us,
         client_latency_us,
         granted_bytes: api::GrantedBytes {
             rebuild,

@@ -376,7 +376,7 @@ mod tests {
         let budget = config.limits.background_budget();
         assert_eq!(budget.bytes_per_second_min, 1 << 20);
         assert_eq!(budget.bytes_per_second_max, 128 << 20);
-        assert_eq!(budget.client_latency_target_us, 2000);
+        assert_eq!(budget.client_latency_target_ratio, 1.3);
         let config: Config =
             toml::from_str("[limits]\nbackground_bytes_per_second_min = 1000000000000\n").unwrap();
         let error = config.check().unwrap_err();

@@ -125,11 +125,17 @@ pub struct PoolLimits {
     /// `background_impact`'s).
     pub background_bytes_per_second_min: Option<u64>,
     /// Bytes per second the background budget allows at most, reached while
-    /// clients stay under `client_latency_target_us` or are idle (none:
+    /// clients stay under their latency target or are idle (none:
     /// `background_impact`'s).
     pub background_bytes_per_second_max: Option<u64>,
-    /// Client latency (the 99th percentile of reads and writes over a window)
-    /// above which background work backs off (none: `background_impact`'s).
+    /// How many times the clients' baseline latency (the 99th percentile of
+    /// reads and writes per window, learned while background work is idle or
+    /// at its floor) client latency may reach before background work backs
+    /// off (none: `background_impact`'s, 1.3, 1.5 or 2.0).
+    pub client_latency_target_ratio: Option<f64>,
+    /// An absolute client latency (the 99th percentile of reads and writes
+    /// over a window) above which background work backs off as well, whatever
+    /// the baseline (none: no absolute target; the profiles set none).
     pub client_latency_target_us: Option<u64>,
     /// The window over which client latency is measured; the background rate
     /// is adjusted once per window.
@@ -189,36 +195,46 @@ pub enum LimitsError {
     NotAPercentage { field: &'static str, value: u8 },
     #[error("{field} must be a finite number of at least 0 (got {value})")]
     NotANonNegativeNumber { field: &'static str, value: f64 },
+    #[error("{field} must be a finite number of at least {minimum} (got {value})")]
+    RatioTooSmall {
+        field: &'static str,
+        value: f64,
+        minimum: f64,
+    },
 }
 
 /// How much background work may take from clients, as a profile of the
-/// background budget's floor, ceiling and latency target.
+/// background budget's floor, ceiling and latency target ratio.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackgroundImpact {
-    /// Clients first: background work backs off at 2 ms and may fall to
-    /// 4 MiB/s.
+    /// Clients first: background work backs off when client latency
+    /// reaches 1.3 × its baseline, and may fall to 4 MiB/s.
     Low,
-    /// The default: backs off at 10 ms, between 16 MiB/s and 512 MiB/s.
+    /// The default: backs off at 1.5 × the baseline, between 16 MiB/s and
+    /// 512 MiB/s.
     #[default]
     Medium,
     /// Background work first (a rebuild to finish soon): backs off only at
-    /// 50 ms, and keeps at least 64 MiB/s.
+    /// 2 × the baseline, and keeps at least 64 MiB/s.
     High,
 }
 
 impl BackgroundImpact {
-    /// The profile's floor, ceiling and latency target.
+    /// The profile's floor, ceiling and latency target ratio (no absolute
+    /// target: what fits a disk is far too loose for flash, and what fits
+    /// flash holds a disk at its floor for good).
     pub fn budget(self) -> BackgroundBudgetLimits {
-        let (floor_mib, ceiling_mib, target_us) = match self {
-            BackgroundImpact::Low => (4, 128, 2_000),
-            BackgroundImpact::Medium => (16, 512, 10_000),
-            BackgroundImpact::High => (64, 2048, 50_000),
+        let (floor_mib, ceiling_mib, ratio) = match self {
+            BackgroundImpact::Low => (4, 128, 1.3),
+            BackgroundImpact::Medium => (16, 512, 1.5),
+            BackgroundImpact::High => (64, 2048, 2.0),
         };
         BackgroundBudgetLimits {
             bytes_per_second_min: floor_mib << 20,
             bytes_per_second_max: ceiling_mib << 20,
-            client_latency_target_us: target_us,
+            client_latency_target_ratio: ratio,
+            client_latency_target_us: None,
             client_latency_window_ms: CLIENT_LATENCY_WINDOW_MS_DEFAULT,
         }
     }
@@ -229,13 +245,20 @@ impl BackgroundImpact {
 pub const CLIENT_LATENCY_WINDOW_MS_DEFAULT: u64 = 100;
 
 /// The background budget's limits, the impact profile's unless set one by one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BackgroundBudgetLimits {
     pub bytes_per_second_min: u64,
     pub bytes_per_second_max: u64,
-    pub client_latency_target_us: u64,
+    /// Client latency may reach this many times its baseline.
+    pub client_latency_target_ratio: f64,
+    /// And never more than this, if set.
+    pub client_latency_target_us: Option<u64>,
     pub client_latency_window_ms: u64,
 }
+
+/// The smallest `client_latency_target_ratio`: under 1, background work
+/// would back off from the very latency it learned as the baseline.
+pub const CLIENT_LATENCY_TARGET_RATIO_MIN: f64 = 1.0;
 
 /// Share of flash the demoter may keep free at most, in percent: the rest is
 /// what the pool's data can use on flash.
@@ -265,16 +288,20 @@ impl PoolLimits {
             bytes_per_second_max: self
                 .background_bytes_per_second_max
                 .unwrap_or(profile.bytes_per_second_max),
+            client_latency_target_ratio: self
+                .client_latency_target_ratio
+                .unwrap_or(profile.client_latency_target_ratio),
             client_latency_target_us: self
                 .client_latency_target_us
-                .unwrap_or(profile.client_latency_target_us),
+                .or(profile.client_latency_target_us),
             client_latency_window_ms: self.client_latency_window_ms,
         }
     }
 
     /// Checks the background budget: a floor of at least a block a second
     /// (0 would stop a rebuild under load for good), a ceiling at least the
-    /// floor, a latency target and a window of at least 1.
+    /// floor, a latency target ratio of at least 1, an absolute target (if
+    /// set) and a window of at least 1.
     fn validate_background_budget(&self) -> Result<(), LimitsError> {
         let budget = self.background_budget();
         at_least(
@@ -287,11 +314,17 @@ impl PoolLimits {
             budget.bytes_per_second_max,
             budget.bytes_per_second_min,
         )?;
-        at_least(
-            "client_latency_target_us",
-            budget.client_latency_target_us,
-            1,
-        )?;
+        let ratio = budget.client_latency_target_ratio;
+        if !ratio.is_finite() || ratio < CLIENT_LATENCY_TARGET_RATIO_MIN {
+            return Err(LimitsError::RatioTooSmall {
+                field: "client_latency_target_ratio",
+                value: ratio,
+                minimum: CLIENT_LATENCY_TARGET_RATIO_MIN,
+            });
+        }
+        if let Some(target_us) = budget.client_latency_target_us {
+            at_least("client_latency_target_us", target_us, 1)?;
+        }
         at_least(
             "client_latency_window_ms",
             budget.client_latency_window_ms,
@@ -394,6 +427,7 @@ impl Default for PoolLimits {
             background_impact: BackgroundImpact::Medium,
             background_bytes_per_second_min: None,
             background_bytes_per_second_max: None,
+            client_latency_target_ratio: None,
             client_latency_target_us: None,
             client_latency_window_ms: CLIENT_LATENCY_WINDOW_MS_DEFAULT,
             test_hooks: TestHooks::default(),
@@ -492,10 +526,20 @@ mod tests {
         let budget = low.background_budget();
         assert_eq!(budget.bytes_per_second_min, 4 << 20);
         assert_eq!(budget.bytes_per_second_max, 128 << 20);
-        assert_eq!(budget.client_latency_target_us, 500);
+        assert_eq!(budget.client_latency_target_us, Some(500));
+        assert_eq!(budget.client_latency_target_ratio, 1.3);
         let medium = PoolLimits::default().background_budget();
         let high = BackgroundImpact::High.budget();
         assert!(medium.bytes_per_second_min < high.bytes_per_second_min);
-        assert!(medium.client_latency_target_us < high.client_latency_target_us);
+        assert!(medium.client_latency_target_ratio < high.client_latency_target_ratio);
+        assert_eq!(medium.client_latency_target_us, None);
+        let under_one = PoolLimits {
+            client_latency_target_ratio: Some(0.9),
+            ..PoolLimits::default()
+        };
+        assert_eq!(
+            under_one.validate().unwrap_err().to_string(),
+            "client_latency_target_ratio must be a finite number of at least 1 (got 0.9)"
+        );
     }
 }

@@ -59,12 +59,31 @@ impl ClientLatency {
     }
 }
 
-/// One window's requests by latency bucket.
+/// One window's requests by latency bucket (or several windows' together).
 pub(super) struct LatencyWindow {
     counts: Vec<u64>,
 }
 
 impl LatencyWindow {
+    /// A window with no request.
+    pub(super) fn empty() -> Self {
+        Self {
+            counts: vec![0; BUCKET_COUNT],
+        }
+    }
+
+    /// Requests counted.
+    pub(super) fn request_count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Adds `other`'s requests to this window's.
+    pub(super) fn add(&mut self, other: &LatencyWindow) {
+        for (count, more) in self.counts.iter_mut().zip(&other.counts) {
+            *count += more;
+        }
+    }
+
     /// The latency `percent` of the window's requests took at most, in
     /// microseconds (the upper edge of its bucket: rounded up, so that a
     /// target is never met by rounding); none without requests.

@@ -6,7 +6,9 @@
 //! ([`BackgroundBudget::record_client_latency`], lock-free). The allowed
 //! rate moves between a floor and a ceiling with that latency (`rate`), so
 //! that background work always progresses at least at the floor and runs
-//! at the ceiling while no client is there.
+//! at the ceiling while no client is there; the latency it is held to is a
+//! ratio over the clients' own baseline, learned while background work is
+//! idle or at its floor.
 //!
 //! The rate is one token bucket for all the work: a grant may overdraw it,
 //! and the next grant waits until the debt is paid off at the current rate
@@ -116,9 +118,17 @@ pub struct BackgroundBudgetStatus {
     pub bytes_per_second: u64,
     pub bytes_per_second_min: u64,
     pub bytes_per_second_max: u64,
-    pub client_latency_target_us: u64,
+    /// The client latency over which background work backs off now: the
+    /// lower of `client_latency_target_ratio` × the baseline and the
+    /// absolute target if one is set; none while neither is known.
+    pub client_latency_target_us: Option<u64>,
+    pub client_latency_target_ratio: f64,
+    /// The clients' latency (a low quantile of the windows' 99th
+    /// percentiles) learned while background work was idle or at its
+    /// floor; none until learned.
+    pub client_latency_baseline_us: Option<u64>,
     /// The 99th percentile of client reads and writes over the latest
-    /// window; none when no client request came in it.
+    /// window judged; none when no client request came in it.
     pub client_latency_us: Option<u64>,
     /// Bytes granted per kind of work, urgent work included.
     pub granted_bytes: GrantedBytes,
@@ -203,6 +213,7 @@ impl Scheduler {
         account.granted_bytes += bytes;
         account.waiting -= 1;
         self.tokens_bytes -= bytes as f64;
+        self.rate.count_background(work, bytes);
         Decision::Granted
     }
 }
@@ -324,6 +335,7 @@ impl BackgroundBudget {
         let mut scheduler = self.lock();
         scheduler.refill(Instant::now(), &self.latency);
         scheduler.tokens_bytes -= bytes as f64;
+        scheduler.rate.count_background(work, bytes);
         let account = &mut scheduler.accounts[work.index()];
         // Not in the fair-queueing tag: urgent work should not cost the
         // same kind its turn once it is paced again.
@@ -341,7 +353,9 @@ impl BackgroundBudget {
             bytes_per_second: saturating_u64(scheduler.rate.bytes_per_second().round()),
             bytes_per_second_min: limits.bytes_per_second_min,
             bytes_per_second_max: limits.bytes_per_second_max,
-            client_latency_target_us: limits.client_latency_target_us,
+            client_latency_target_us: scheduler.rate.target_us(),
+            client_latency_target_ratio: limits.client_latency_target_ratio,
+            client_latency_baseline_us: scheduler.rate.baseline_us(),
             client_latency_us: scheduler.rate.latency_us(),
             granted_bytes: GrantedBytes {
                 rebuild: granted(BackgroundWork::Rebuild),

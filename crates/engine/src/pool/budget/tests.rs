@@ -21,7 +21,8 @@ fn budget() -> Arc<BackgroundBudget> {
         BackgroundBudgetLimits {
             bytes_per_second_min: FLOOR_BYTES_PER_SECOND,
             bytes_per_second_max: CEILING_BYTES_PER_SECOND,
-            client_latency_target_us: TARGET_US,
+            client_latency_target_ratio: 1.5,
+            client_latency_target_us: Some(TARGET_US),
             client_latency_window_ms: 100,
         },
     ))
@@ -246,4 +247,167 @@ async fn trying_never_waits_and_succeeds_once_the_debt_is_paid() {
         granted(&budget, BackgroundWork::Cleaner),
         CEILING_BYTES_PER_SECOND + RUN_BYTES
     );
+}
+
+/// A budget held to 1.5 × the clients' baseline only (no absolute target).
+fn relative_budget() -> Arc<BackgroundBudget> {
+    Arc::new(BackgroundBudget::new(
+        BackgroundImpact::Medium,
+        BackgroundBudgetLimits {
+            bytes_per_second_min: FLOOR_BYTES_PER_SECOND,
+            bytes_per_second_max: CEILING_BYTES_PER_SECOND,
+            client_latency_target_ratio: 1.5,
+            client_latency_target_us: None,
+            client_latency_window_ms: 100,
+        },
+    ))
+}
+
+/// Healthy client latency in the tests of the relative target; the
+/// histogram reads it as its bucket's upper edge, 447 µs.
+const HEALTHY_US: u64 = 400;
+const HEALTHY_EDGE_US: u64 = 447;
+
+/// Clients at `HEALTHY_US` (their latency, and the task to stop them)
+/// after two seconds with no background work: the baseline is learned.
+async fn learned_baseline(
+    budget: &Arc<BackgroundBudget>,
+) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    let latency_us = Arc::new(AtomicU64::new(HEALTHY_US));
+    let load = clients(budget, &latency_us);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (latency_us, load)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_baseline_is_learned_while_background_work_is_idle() {
+    let budget = relative_budget();
+    assert_eq!(budget.status().client_latency_baseline_us, None);
+    assert_eq!(budget.status().client_latency_target_us, None);
+    let (_, load) = learned_baseline(&budget).await;
+    load.abort();
+    let status = budget.status();
+    assert_eq!(status.client_latency_baseline_us, Some(HEALTHY_EDGE_US));
+    assert_eq!(
+        status.client_latency_target_us,
+        // 1.5 × 447, rounded.
+        Some(671)
+    );
+    assert_eq!(status.bytes_per_second, CEILING_BYTES_PER_SECOND);
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_backs_off_past_the_ratio_over_the_baseline_down_to_the_floor() {
+    let budget = relative_budget();
+    let (latency_us, load) = learned_baseline(&budget).await;
+    let rebuild = work(&budget, BackgroundWork::Rebuild);
+    // 1.25 × healthy (its bucket's edge, 575 µs, 1.29 × the baseline):
+    // under the ratio, far under any absolute target a disk would need.
+    latency_us.store(500, Ordering::Relaxed);
+    let under = rates_over(&budget, 2).await;
+    assert!(
+        under.iter().all(|rate| *rate == CEILING_BYTES_PER_SECOND),
+        "{under:?}"
+    );
+    // Twice healthy: over 1.5 × the baseline, still under a millisecond.
+    latency_us.store(2 * HEALTHY_US, Ordering::Relaxed);
+    let over = rates_over(&budget, 2).await;
+    assert_eq!(
+        *over.last().expect("rates"),
+        FLOOR_BYTES_PER_SECOND,
+        "{over:?}"
+    );
+    // The floor holds: the rebuild still goes at it.
+    let before = granted(&budget, BackgroundWork::Rebuild);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during = granted(&budget, BackgroundWork::Rebuild) - before;
+    rebuild.abort();
+    load.abort();
+    assert_near(
+        during as f64,
+        (FLOOR_BYTES_PER_SECOND * 10) as f64,
+        0.05,
+        "rebuild at the floor for 10 s",
+    );
+    // A rebuild at the floor teaches the baseline nothing of its cost.
+    assert_eq!(
+        budget.status().client_latency_baseline_us,
+        Some(HEALTHY_EDGE_US)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_baseline_does_not_rise_while_background_runs_above_its_floor() {
+    let budget = relative_budget();
+    let (latency_us, load) = learned_baseline(&budget).await;
+    let rebuild = work(&budget, BackgroundWork::Rebuild);
+    // 1.4 × healthy (its edge, 639 µs, is under 1.5 × the baseline): the
+    // rebuild keeps its ceiling, and what it costs clients must not become
+    // the baseline.
+    latency_us.store(560, Ordering::Relaxed);
+    let rates = rates_over(&budget, 5).await;
+    assert!(
+        rates.iter().all(|rate| *rate == CEILING_BYTES_PER_SECOND),
+        "{rates:?}"
+    );
+    assert_eq!(
+        budget.status().client_latency_baseline_us,
+        Some(HEALTHY_EDGE_US)
+    );
+    // With background work idle the same latency is the clients' own: the
+    // baseline follows it.
+    rebuild.abort();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(budget.status().client_latency_baseline_us, Some(639));
+    load.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn windows_with_too_few_requests_are_not_judged() {
+    let budget = relative_budget();
+    let (_, dense) = learned_baseline(&budget).await;
+    dense.abort();
+    let rebuild = work(&budget, BackgroundWork::Rebuild);
+    // Clients now take 50 ms, once every 20 ms: five a window, 50 a second,
+    // too few for a 99th percentile.
+    let sparse = {
+        let budget = budget.clone();
+        tokio::spawn(async move {
+            loop {
+                budget.record_client_latency(ClientOperation::Write, Duration::from_millis(50));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let rates = rates_over(&budget, 3).await;
+    sparse.abort();
+    rebuild.abort();
+    assert!(
+        rates.iter().all(|rate| *rate == CEILING_BYTES_PER_SECOND),
+        "{rates:?}"
+    );
+    assert_eq!(
+        budget.status().client_latency_baseline_us,
+        Some(HEALTHY_EDGE_US)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn busy_background_with_no_baseline_drops_to_the_floor_to_learn_one() {
+    let budget = relative_budget();
+    let latency_us = Arc::new(AtomicU64::new(HEALTHY_US));
+    let load = clients(&budget, &latency_us);
+    // A rebuild resumed as the pool opened: busy from the first window.
+    let rebuild = work(&budget, BackgroundWork::Rebuild);
+    let rates = rates_over(&budget, 3).await;
+    assert!(rates.contains(&FLOOR_BYTES_PER_SECOND), "{rates:?}");
+    assert_eq!(
+        budget.status().client_latency_baseline_us,
+        Some(HEALTHY_EDGE_US)
+    );
+    // Learned, and latency is under the target: back to the ceiling.
+    let rates = rates_over(&budget, 2).await;
+    assert_eq!(*rates.last().expect("rates"), CEILING_BYTES_PER_SECOND);
+    rebuild.abort();
+    load.abort();
 }
