@@ -114,6 +114,14 @@ pub struct RebuildStatus {
     pub error: Option<String>,
 }
 
+/// A tier of an array pool, as the device commands name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierName {
+    Flash,
+    Capacity,
+}
+
 /// Where a rebuild puts what the lost device held (see the engine's
 /// `RebuildKind`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

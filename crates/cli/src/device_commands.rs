@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use lamina_api::{
-    BackgroundBudgetStatus, BackgroundImpact, DeviceStatus, PoolStatus, RebuildState, RebuildStatus,
+    BackgroundBudgetStatus, BackgroundImpact, DeviceStatus, PoolStatus, RebuildState,
+    RebuildStatus, TierName,
 };
 use lamina_control::admin::Operation;
 use lamina_control::client::{daemon_running, run_operation};
@@ -58,6 +59,48 @@ pub enum DeviceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move a device's data onto the tier's other devices, then drop it
+    /// from the array (refused when they lack the room). Waits, drawing a
+    /// progress bar.
+    Remove {
+        path: String,
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a device to a tier's array, into the slot of a removed device
+    /// (or a lost one whose data was rebuilt onto the others): new
+    /// segments are striped over it too.
+    Add {
+        /// The new device, or PATH:SIZE to create a file of that size.
+        path: String,
+        #[arg(long, value_enum)]
+        tier: TierArgument,
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild onto distributed spare space now: the data a lost device held
+    /// is striped again over the devices left (what `rebuild_automatic`
+    /// does by itself).
+    Rebuild {
+        /// Wait for the rebuild to finish, drawing a progress bar.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The tier `device add` puts a device in.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum TierArgument {
+    Flash,
+    Capacity,
 }
 
 pub async fn run(command: DeviceCommand) -> anyhow::Result<()> {
@@ -90,6 +133,69 @@ pub async fn run(command: DeviceCommand) -> anyhow::Result<()> {
             data,
             json,
         } => replace(&data, old, new, wait, json).await,
+        DeviceCommand::Remove { path, data, json } => remove(&data, path, json).await,
+        DeviceCommand::Add {
+            path,
+            tier,
+            data,
+            json,
+        } => {
+            let tier = match tier {
+                TierArgument::Flash => TierName::Flash,
+                TierArgument::Capacity => TierName::Capacity,
+            };
+            let operation = Operation::DeviceAdd {
+                path: path.clone(),
+                tier,
+            };
+            let devices: Vec<DeviceStatus> =
+                parse(run_operation(&data.data_dir, operation).await?)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&devices)?);
+            } else {
+                println!("device {path} added");
+                print_devices(&devices);
+            }
+            Ok(())
+        }
+        DeviceCommand::Rebuild { wait, data, json } => {
+            let mut status: RebuildStatus =
+                parse(run_operation(&data.data_dir, Operation::DeviceRebuild).await?)?;
+            if wait && daemon_running(&data.data_dir).await {
+                status = follow_rebuild(&data, json).await?;
+            }
+            finish_rebuild_report(&status, json, "rebuild")
+        }
+    }
+}
+
+/// `device remove`: the operation runs to its end; through the daemon a
+/// progress bar follows it meanwhile.
+async fn remove(data: &DeviceData, path: String, json: bool) -> anyhow::Result<()> {
+    let operation = Operation::DeviceRemove { path: path.clone() };
+    let data_dir = data.data_dir.clone();
+    let through_daemon = daemon_running(&data.data_dir).await;
+    let removal = tokio::spawn(async move { run_operation(&data_dir, operation).await });
+    if through_daemon && !json {
+        draw_progress_until(data, &removal).await;
+    }
+    let status: RebuildStatus = parse(removal.await.context("the removal task")??)?;
+    finish_rebuild_report(&status, json, &format!("removing {path}"))
+}
+
+fn finish_rebuild_report(status: &RebuildStatus, json: bool, what: &str) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(status)?);
+    } else {
+        println!("{what}");
+        print_rebuild(status);
+    }
+    match status.state {
+        RebuildState::Failed => anyhow::bail!(
+            "the rebuild failed: {}",
+            status.error.clone().unwrap_or_default()
+        ),
+        _ => Ok(()),
     }
 }
 
@@ -139,6 +245,28 @@ async fn replace(
         ),
         _ => Ok(()),
     }
+}
+
+/// Draws the rebuild's progress from the daemon's status until `task` ends.
+async fn draw_progress_until<T>(data: &DeviceData, task: &tokio::task::JoinHandle<T>) {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "moving data [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    while !task.is_finished() {
+        if let Ok(value) = run_operation(&data.data_dir, Operation::PoolStatus).await
+            && let Ok(status) = parse::<PoolStatus>(value)
+        {
+            bar.set_length(status.rebuild.bytes_total);
+            bar.set_position(status.rebuild.bytes_done);
+        }
+        tokio::time::sleep(Duration::from_millis(REBUILD_POLL_INTERVAL_MS)).await;
+    }
+    bar.finish_and_clear();
 }
 
 /// Polls the daemon until the rebuild ends, drawing a progress bar.

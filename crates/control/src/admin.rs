@@ -122,6 +122,20 @@ pub enum Operation {
         #[serde(default)]
         wait: bool,
     },
+    /// Moves the data of `path` onto the tier's other devices, then empties
+    /// its slot (answers when done).
+    DeviceRemove {
+        path: String,
+    },
+    /// `path` (`PATH[:SIZE]`) joins `tier`'s array in an empty slot.
+    DeviceAdd {
+        path: String,
+        tier: lamina_api::TierName,
+    },
+    /// Rebuilds onto distributed spare space now (what `rebuild_automatic`
+    /// does by itself): the data of segments on a lost device moves to the
+    /// others.
+    DeviceRebuild,
 }
 
 impl Operation {
@@ -472,6 +486,27 @@ pub async fn execute(
         Operation::DeviceReplace { old, new, wait } => {
             serde_json::to_value(replace(context, &old, &new, wait).await?)
         }
+        Operation::DeviceRemove { path } => serde_json::to_value(
+            crate::devices::remove(pool, &context.layout, &context.devices.data_dir, &path)
+                .await
+                .map_err(device_error)?,
+        ),
+        Operation::DeviceAdd { path, tier } => serde_json::to_value(
+            crate::devices::add(
+                pool,
+                &context.layout,
+                &context.devices,
+                tier_role(tier),
+                &path,
+            )
+            .await
+            .map_err(device_error)?,
+        ),
+        Operation::DeviceRebuild => serde_json::to_value(
+            crate::devices::rebuild_now(pool)
+                .await
+                .map_err(device_error)?,
+        ),
     };
     Ok(value.expect("admin results serialise"))
 }
@@ -571,6 +606,13 @@ async fn replace(
     // Let the rebuild start, so that the answer shows it running.
     tokio::task::yield_now().await;
     Ok(api::rebuild_status(pool.rebuild_status()))
+}
+
+fn tier_role(tier: lamina_api::TierName) -> lamina_layout::TierRole {
+    match tier {
+        lamina_api::TierName::Flash => lamina_layout::TierRole::Flash,
+        lamina_api::TierName::Capacity => lamina_layout::TierRole::Capacity,
+    }
 }
 
 /// A refused device command: the user's mistake (400) or the device's (500).

@@ -162,11 +162,40 @@ pub async fn remove(
             Err(error) => return Err(error.into()),
         }
     }
-    tier.array.finish_removal(index).await.with_context(|| {
-        format!("the data moved off {member_path}, but segments still name it")
-    })?;
+    tier.array
+        .finish_removal(index)
+        .await
+        .with_context(|| format!("the data moved off {member_path}, but segments still name it"))?;
     record_devices(data_dir, layout)?;
     Ok(crate::api::rebuild_status(status))
+}
+
+/// `device rebuild`: starts the rebuild onto distributed spare space (or
+/// onto a pending replacement) now, whatever `rebuild_automatic` says.
+/// Refused with the figures when the others lack the room.
+pub async fn rebuild_now(pool: &Pool) -> anyhow::Result<api::RebuildStatus> {
+    if pool.rebuild_pending() {
+        pool.start_rebuild();
+    } else {
+        let need = pool.evacuation_need();
+        if need.live_bytes > need.free_bytes {
+            anyhow::bail!(
+                "the devices left lack the room for the lost device's data ({} bytes to move, {} bytes free): replace it, or free space",
+                need.live_bytes,
+                need.free_bytes
+            );
+        }
+        if !need.is_empty() && pool.rebuild_status().state != RebuildState::Rebuilding {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                if let Err(error) = pool.evacuate().await {
+                    tracing::error!(%error, "rebuild onto distributed spare space failed");
+                }
+            });
+        }
+    }
+    tokio::task::yield_now().await;
+    Ok(crate::api::rebuild_status(pool.rebuild_status()))
 }
 
 /// Runs an evacuation to its end, after the one running (an automatic
@@ -205,11 +234,13 @@ pub async fn add(
         );
     }
     let member = new_member(context, tier_role, &new_path, create_size_bytes)?;
-    let index = tier
-        .array
-        .add_member(member)
-        .await
-        .with_context(|| format!("cannot add {} to the {} tier", new_path.display(), tier_role.name()))?;
+    let index = tier.array.add_member(member).await.with_context(|| {
+        format!(
+            "cannot add {} to the {} tier",
+            new_path.display(),
+            tier_role.name()
+        )
+    })?;
     tracing::warn!(path = %new_path.display(), index, "device added");
     record_devices(&context.data_dir, layout)?;
     // Free segments are laid out again to use it.

@@ -437,10 +437,13 @@ impl RebuildRun {
     async fn wait_for_spare_rebuild(&mut self) {
         let seed = self.seed;
         for _ in 0..REBUILD_WAIT_MS_MAX {
-            if self.pool.rebuild_status().state != RebuildState::Rebuilding
-                && self.pool.evacuation_need().is_empty()
-            {
-                break;
+            if self.pool.rebuild_status().state != RebuildState::Rebuilding {
+                if self.pool.evacuation_need().is_empty() {
+                    break;
+                }
+                // As the daemon's periodic check does: segments that died
+                // on the lost member and were freed since are laid out again.
+                self.pool.start_rebuild();
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
