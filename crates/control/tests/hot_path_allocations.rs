@@ -71,8 +71,10 @@ const MEASURED_REQUEST_COUNT: u64 = 4000;
 /// (async-trait), the ring's reply channel (a oneshot), the extents and runs
 /// of the structured reply, its list of pieces and the read plan's list of
 /// device blocks. No data buffer is allocated any more (see BENCHMARKS.md,
-/// "Cache-miss read path (issue 20)").
-const READ_ALLOCATIONS_PER_REQUEST_MAX: f64 = 9.0;
+/// "Cache-miss read path (issue 20)"). The half beyond the nine leaves room
+/// for the background tasks' timers and windows, which allocate a few times
+/// while the requests are counted.
+const READ_ALLOCATIONS_PER_REQUEST_MAX: f64 = 9.5;
 /// The same for a 4 KiB write (measured: 3.25; 7.25 before): the task, the trait future,
 /// the reply's list of pieces, and a share of each sealed batch.
 const WRITE_ALLOCATIONS_PER_REQUEST_MAX: f64 = 4.0;
