@@ -277,7 +277,10 @@ impl BlockDevice for FileDevice {
 
     async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
         crate::check_request(&self.name, self.size_bytes, offset, length as u64)?;
-        let buffer = AlignedBuffer::zeroed(length);
+        // Not cleared: the buffer is returned only once the device has filled
+        // every byte (the ring resubmits short reads; read_exact_at fills or
+        // fails), and a failed read drops it unseen.
+        let buffer = AlignedBuffer::for_overwrite(length);
         if length == 0 {
             return Ok(buffer);
         }

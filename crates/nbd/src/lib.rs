@@ -74,6 +74,7 @@
 mod access;
 mod admission;
 mod backend;
+mod buffer_pool;
 mod config;
 mod error;
 mod handshake;

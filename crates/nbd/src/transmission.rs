@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Export, ExportError, Extent};
+use crate::buffer_pool::BufferPool;
 use crate::config::ServerConfig;
 use crate::error::ConnectionError;
 use crate::negotiated::Negotiated;
@@ -44,19 +45,64 @@ pub fn errno_for(error: &ExportError) -> u32 {
     }
 }
 
-/// One piece of an outgoing message: bytes of its own, or a range of the
-/// message's data buffer (so read data is never copied on the way out).
+/// The longest reply header kept inline in a [`Piece`]: a hole chunk (32
+/// bytes) or a data chunk's header with its offset (28).
+const INLINE_PIECE_BYTES_MAX: usize = 32;
+
+/// A short reply header held in place, so that answering a request does not
+/// allocate for it.
+struct InlineBytes {
+    bytes: [u8; INLINE_PIECE_BYTES_MAX],
+    length: usize,
+}
+
+impl InlineBytes {
+    fn of(parts: &[&[u8]]) -> Self {
+        let mut inline = InlineBytes {
+            bytes: [0; INLINE_PIECE_BYTES_MAX],
+            length: 0,
+        };
+        for part in parts {
+            let end = inline.length + part.len();
+            assert!(
+                end <= INLINE_PIECE_BYTES_MAX,
+                "an inline piece is a reply header"
+            );
+            inline.bytes[inline.length..end].copy_from_slice(part);
+            inline.length = end;
+        }
+        inline
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.length]
+    }
+}
+
+/// One piece of an outgoing message: bytes of its own (a short header held
+/// inline, or longer bytes), or a range of the message's data buffer (so
+/// read data is never copied on the way out).
 enum Piece {
+    Inline(InlineBytes),
     Bytes(Vec<u8>),
     Data(Range<usize>),
+}
+
+/// What a request holds of its connection's budgets until its reply is written.
+struct Permits {
+    _request: OwnedSemaphorePermit,
+    /// Its buffer's bytes; none for requests without a buffer.
+    _bytes: Option<OwnedSemaphorePermit>,
 }
 
 /// A complete reply, written to the socket without interleaving.
 struct Outgoing {
     pieces: Vec<Piece>,
+    /// Read data (from the connection's [`BufferPool`], returned to it once
+    /// written).
     data: Vec<u8>,
     /// Released when the reply has been written, which bounds buffered replies.
-    _permits: Vec<OwnedSemaphorePermit>,
+    _permits: Option<Permits>,
     /// A read or write to count in the export's statistics once written.
     counted: Option<Counted>,
 }
@@ -99,7 +145,16 @@ impl Outgoing {
         Outgoing {
             pieces: vec![Piece::Bytes(bytes)],
             data: Vec::new(),
-            _permits: Vec::new(),
+            _permits: None,
+            counted: None,
+        }
+    }
+
+    fn inline(bytes: &[u8]) -> Self {
+        Outgoing {
+            pieces: vec![Piece::Inline(InlineBytes::of(&[bytes]))],
+            data: Vec::new(),
+            _permits: None,
             counted: None,
         }
     }
@@ -120,6 +175,7 @@ where
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let (sender, receiver) = mpsc::channel::<Outgoing>(config.in_flight_requests_max + 1);
     let broken = CancellationToken::new();
+    let buffers = BufferPool::default();
     let statistics = negotiated.export.statistics();
     let measures_latency = statistics
         .as_ref()
@@ -129,6 +185,7 @@ where
         receiver,
         broken.clone(),
         statistics.clone(),
+        buffers.clone(),
     ));
 
     let requests = RequestReader {
@@ -138,6 +195,7 @@ where
         measures_latency,
         config,
         sender,
+        buffers,
         requests_in_flight: Arc::new(Semaphore::new(config.in_flight_requests_max)),
         bytes_in_flight: Arc::new(Semaphore::new(
             usize::try_from(config.in_flight_bytes_max)
@@ -174,6 +232,8 @@ struct RequestReader<'a> {
     measures_latency: bool,
     config: &'a ServerConfig,
     sender: mpsc::Sender<Outgoing>,
+    /// Payload buffers, recycled through the writer.
+    buffers: BufferPool,
     /// `in_flight_requests_max` permits, one per request.
     requests_in_flight: Arc<Semaphore>,
     /// `in_flight_bytes_max` permits, one per byte of read or write buffer.
@@ -216,7 +276,7 @@ impl RequestReader<'_> {
             }
             let permits = self.acquire_permits(command).await;
             let payload = if let Command::Write { length, .. } = command {
-                let mut payload = vec![0u8; buffer_len(length)];
+                let mut payload = self.buffers.for_overwrite(buffer_len(length));
                 read_exact_or_truncated(reader, &mut payload, "write payload").await?;
                 payload
             } else {
@@ -264,19 +324,22 @@ impl RequestReader<'_> {
     /// Waits for room for one more request and for its buffer. One request
     /// alone may always proceed, even if it is larger than the per-connection
     /// byte budget.
-    async fn acquire_permits(&self, command: Command) -> Vec<OwnedSemaphorePermit> {
+    async fn acquire_permits(&self, command: Command) -> Permits {
         let request_permit = Arc::clone(&self.requests_in_flight)
             .acquire_owned()
             .await
             .expect("the request semaphore is never closed");
-        let mut permits = vec![request_permit];
+        let mut permits = Permits {
+            _request: request_permit,
+            _bytes: None,
+        };
         let buffer_bytes = match command {
             Command::Read { length, .. } | Command::Write { length, .. } => length,
             _ => 0,
         };
         if buffer_bytes > 0 {
             let wanted = buffer_bytes.min(self.config.in_flight_bytes_max);
-            permits.push(
+            permits._bytes = Some(
                 Arc::clone(&self.bytes_in_flight)
                     .acquire_many_owned(wanted)
                     .await
@@ -293,22 +356,22 @@ impl RequestReader<'_> {
         header: RequestHeader,
         command: Command,
         payload: Vec<u8>,
-        permits: Vec<OwnedSemaphorePermit>,
+        permits: Permits,
         counted: Option<Counted>,
     ) {
         let export = Arc::clone(&self.export);
+        let buffers = self.buffers.clone();
         let context = self.context;
         let sender = self.sender.clone();
         let block_status_descriptors_max = self.config.block_status_descriptors_max;
         tokio::spawn(async move {
-            let execution = execute(
-                export.as_ref(),
-                &context,
-                &header,
-                command,
-                payload,
-                block_status_descriptors_max,
-            );
+            let request = Request {
+                export: export.as_ref(),
+                context: &context,
+                header: &header,
+                buffers: &buffers,
+            };
+            let execution = execute(&request, command, &payload, block_status_descriptors_max);
             let mut outgoing = match AssertUnwindSafe(execution).catch_unwind().await {
                 Ok(outgoing) => outgoing,
                 Err(_) => {
@@ -316,7 +379,8 @@ impl RequestReader<'_> {
                     Outgoing::bytes(error_reply(&context, &header, wire::EIO, "internal error"))
                 }
             };
-            outgoing._permits = permits;
+            buffers.give_back(payload);
+            outgoing._permits = Some(permits);
             outgoing.counted = counted;
             // The writer is gone only when the connection broke; nobody to tell.
             let _ = sender.send(outgoing).await;
@@ -394,6 +458,7 @@ async fn write_replies<W>(
     mut receiver: mpsc::Receiver<Outgoing>,
     broken: CancellationToken,
     statistics: Option<Arc<ExportStatistics>>,
+    buffers: BufferPool,
 ) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
@@ -403,6 +468,7 @@ where
         while let Some(outgoing) = receiver.recv().await {
             for piece in &outgoing.pieces {
                 match piece {
+                    Piece::Inline(inline) => writer.write_all(inline.as_slice()).await?,
                     Piece::Bytes(bytes) => writer.write_all(bytes).await?,
                     Piece::Data(range) => writer.write_all(&outgoing.data[range.clone()]).await?,
                 }
@@ -411,7 +477,9 @@ where
             if let (Some(counted), Some(statistics)) = (&outgoing.counted, &statistics) {
                 counted.record(statistics);
             }
-            drop(outgoing);
+            buffers.give_back(outgoing.data);
+            // The permits go now, not after the flush below.
+            drop(outgoing._permits);
             // Flush only when nothing else is ready, so bursts of small replies
             // share system calls.
             if receiver.is_empty() {
@@ -446,24 +514,37 @@ fn error_reply(
 
 fn success_reply(header: &RequestHeader) -> Outgoing {
     // A simple reply is allowed for every payload-less success, structured or not.
-    Outgoing::bytes(wire::encode_simple_reply(0, header.cookie).to_vec())
+    Outgoing::inline(&wire::encode_simple_reply(0, header.cookie))
+}
+
+/// What every command of one request runs with.
+struct Request<'a> {
+    export: &'a dyn Export,
+    context: &'a TransmissionContext,
+    header: &'a RequestHeader,
+    /// Where read buffers come from.
+    buffers: &'a BufferPool,
 }
 
 async fn execute(
-    export: &dyn Export,
-    context: &TransmissionContext,
-    header: &RequestHeader,
+    request: &Request<'_>,
     command: Command,
-    payload: Vec<u8>,
+    payload: &[u8],
     block_status_descriptors_max: u32,
 ) -> Outgoing {
+    let Request {
+        export,
+        context,
+        header,
+        ..
+    } = *request;
     let result = match command {
         Command::Read {
             offset,
             length,
             dont_fragment,
             ..
-        } => return read(export, context, header, offset, length, dont_fragment).await,
+        } => return read(request, offset, length, dont_fragment).await,
         Command::BlockStatus {
             offset,
             length,
@@ -478,7 +559,7 @@ async fn execute(
             return block_status(export, context, header, request).await;
         }
         Command::Disconnect => unreachable!("disconnect is handled by the reader"),
-        update => run_update(export, update, &payload).await,
+        update => run_update(export, update, payload).await,
     };
     match result {
         Ok(()) => success_reply(header),
@@ -601,27 +682,23 @@ fn zero_runs(extents: &[Extent], length: u32) -> Vec<Run> {
     runs
 }
 
-async fn read(
-    export: &dyn Export,
-    context: &TransmissionContext,
-    header: &RequestHeader,
-    offset: u64,
-    length: u32,
-    dont_fragment: bool,
-) -> Outgoing {
+async fn read(request: &Request<'_>, offset: u64, length: u32, dont_fragment: bool) -> Outgoing {
+    let Request {
+        export,
+        context,
+        header,
+        buffers,
+    } = *request;
     if !context.structured_replies {
-        return read_simple(export, context, header, offset, length).await;
+        return read_simple(request, offset, length).await;
     }
     if length == 0 {
-        return Outgoing::bytes(
-            wire::encode_chunk_header(
-                wire::REPLY_FLAG_DONE,
-                wire::REPLY_TYPE_NONE,
-                header.cookie,
-                0,
-            )
-            .to_vec(),
-        );
+        return Outgoing::inline(&wire::encode_chunk_header(
+            wire::REPLY_FLAG_DONE,
+            wire::REPLY_TYPE_NONE,
+            header.cookie,
+            0,
+        ));
     }
     let runs = if dont_fragment {
         vec![Run {
@@ -633,40 +710,45 @@ async fn read(
     };
     let mut data = Vec::new();
     if runs.iter().any(|run| !run.zero) {
-        data = vec![0u8; buffer_len(length)];
+        data = buffers.zeroed(buffer_len(length));
         if let Err(error) = export.read(offset, &mut data).await {
+            buffers.give_back(data);
             return backend_error(context, header, &error);
         }
     }
     Outgoing {
         pieces: read_chunks(header.cookie, offset, runs),
         data,
-        _permits: Vec::new(),
+        _permits: None,
         counted: None,
     }
 }
 
 /// A read answered with a simple reply: the header, then all the data.
-async fn read_simple(
-    export: &dyn Export,
-    context: &TransmissionContext,
-    header: &RequestHeader,
-    offset: u64,
-    length: u32,
-) -> Outgoing {
-    let mut data = vec![0u8; buffer_len(length)];
+async fn read_simple(request: &Request<'_>, offset: u64, length: u32) -> Outgoing {
+    let Request {
+        export,
+        context,
+        header,
+        buffers,
+    } = *request;
+    let mut data = buffers.zeroed(buffer_len(length));
     if length > 0
         && let Err(error) = export.read(offset, &mut data).await
     {
+        buffers.give_back(data);
         return backend_error(context, header, &error);
     }
     Outgoing {
         pieces: vec![
-            Piece::Bytes(wire::encode_simple_reply(0, header.cookie).to_vec()),
+            Piece::Inline(InlineBytes::of(&[&wire::encode_simple_reply(
+                0,
+                header.cookie,
+            )])),
             Piece::Data(0..data.len()),
         ],
         data,
-        _permits: Vec::new(),
+        _permits: None,
         counted: None,
     }
 }
@@ -696,19 +778,20 @@ fn read_chunks(cookie: u64, offset: u64, runs: Vec<Run>) -> Vec<Piece> {
         let run_bytes = run.range.end - run.range.start;
         let run_offset = offset + u64::from(run.range.start);
         if run.zero {
-            pieces.push(Piece::Bytes(
-                wire::encode_hole_chunk(cookie, done, run_offset, run_bytes).to_vec(),
-            ));
+            pieces.push(Piece::Inline(InlineBytes::of(&[&wire::encode_hole_chunk(
+                cookie, done, run_offset, run_bytes,
+            )])));
         } else {
-            let mut chunk = Vec::with_capacity(28);
-            chunk.extend_from_slice(&wire::encode_chunk_header(
+            let chunk_header = wire::encode_chunk_header(
                 if done { wire::REPLY_FLAG_DONE } else { 0 },
                 wire::REPLY_TYPE_OFFSET_DATA,
                 cookie,
                 8 + run_bytes,
-            ));
-            chunk.extend_from_slice(&run_offset.to_be_bytes());
-            pieces.push(Piece::Bytes(chunk));
+            );
+            pieces.push(Piece::Inline(InlineBytes::of(&[
+                &chunk_header,
+                &run_offset.to_be_bytes(),
+            ])));
             pieces.push(Piece::Data(
                 buffer_len(run.range.start)..buffer_len(run.range.end),
             ));

@@ -152,8 +152,6 @@ fn flash_has_room_for_promotions(space: &SpaceAllocator) -> bool {
 
 /// What one read attempt does once the state lock is released.
 struct ReadPlan {
-    /// The view's full name (`VOL` or `VOL@SNAP`), for errors.
-    view_name: String,
     /// Blocks to read from the device, in logical order.
     from_device: Vec<DeviceBlock>,
     /// Capacity blocks heat says to promote; those found in memory already
@@ -426,6 +424,13 @@ impl Pool {
             return Ok(ReadOutcome::Done);
         }
         let mut plan = self.plan_read(view, offset, buffer)?;
+        if plan.neighbours.is_empty()
+            && let [block] = plan.from_device[..]
+        {
+            return self
+                .read_one_block(view, offset, block, buffer, plan.promotions)
+                .await;
+        }
         let runs = device_runs(&plan.from_device, self.inner.limits.read_run_blocks_max);
         // Neighbours of promoted blocks are read in the same go, issued right
         // after the blocks they follow, so that a disk serves them in sequence
@@ -438,20 +443,64 @@ impl Pool {
         );
         plan.promotions.extend(neighbour_promotions);
         for (run, result) in runs.iter().zip(results) {
-            let mut data = result?;
-            if let ReadOutcome::Moved(mismatch) = self
-                .verify_run(view, &plan.view_name, run, &mut data)
-                .await?
-            {
-                return Ok(ReadOutcome::Moved(mismatch));
+            let outcome = self
+                .verify_and_copy(view, offset, run, result, buffer, &mut plan.promotions)
+                .await?;
+            if let ReadOutcome::Moved(_) = outcome {
+                return Ok(outcome);
             }
-            copy_run(offset, run, &data, buffer);
-            attach_contents(&mut plan.promotions, run, &data);
         }
         if !plan.promotions.is_empty() {
             self.promote(view.volume_id(), plan.promotions);
         }
         Ok(ReadOutcome::Done)
+    }
+
+    /// The common cache miss: one block from the device and nothing read
+    /// alongside it, so no runs to split and no reads to join.
+    async fn read_one_block(
+        &self,
+        view: View,
+        offset: u64,
+        block: DeviceBlock,
+        buffer: &mut [u8],
+        mut promotions: Vec<Promotion>,
+    ) -> Result<ReadOutcome, EngineError> {
+        let run = [block];
+        let result = self
+            .inner
+            .device
+            .read(block.physical_block * BLOCK_SIZE_BYTES, BLOCK_BYTES)
+            .await;
+        let outcome = self
+            .verify_and_copy(view, offset, &run, result, buffer, &mut promotions)
+            .await?;
+        if let ReadOutcome::Done = outcome
+            && !promotions.is_empty()
+        {
+            self.promote(view.volume_id(), promotions);
+        }
+        Ok(outcome)
+    }
+
+    /// Checks the blocks of a run just read, copies them into the request's
+    /// buffer and gives their contents to the promotions waiting for them.
+    async fn verify_and_copy(
+        &self,
+        view: View,
+        offset: u64,
+        run: &[DeviceBlock],
+        result: Result<AlignedBuffer, DeviceError>,
+        buffer: &mut [u8],
+        promotions: &mut [Promotion],
+    ) -> Result<ReadOutcome, EngineError> {
+        let mut data = result?;
+        let outcome = self.verify_run(view, run, &mut data).await?;
+        if let ReadOutcome::Done = outcome {
+            copy_run(offset, run, &data, buffer);
+            attach_contents(promotions, run, &data);
+        }
+        Ok(outcome)
     }
 
     /// Plans a read under the state lock (see [`ReadPlanner`]): blocks in
@@ -484,7 +533,6 @@ impl Pool {
             promotion_room: flash_has_room_for_promotions(parts.space),
             counters: VolumeTierCounters::default(),
             plan: ReadPlan {
-                view_name: found.full_name(),
                 from_device: Vec::new(),
                 promotions: Vec::new(),
                 neighbours: Vec::new(),
@@ -523,7 +571,6 @@ impl Pool {
     async fn verify_run(
         &self,
         view: View,
-        view_name: &str,
         run: &[DeviceBlock],
         data: &mut [u8],
     ) -> Result<ReadOutcome, EngineError> {
@@ -536,8 +583,10 @@ impl Pool {
             if block_checksum(contents) == block.checksum {
                 continue;
             }
+            // Named only now: a read that passes its checksums allocates no name.
+            let view_name = self.view_name(view);
             let mismatch = EngineError::Io(IoError::ChecksumMismatch {
-                volume: view_name.to_string(),
+                volume: view_name.clone(),
                 logical_block: block.logical_block,
                 physical_block: block.physical_block,
             });
@@ -597,6 +646,16 @@ impl Pool {
                 None
             }
         }
+    }
+
+    /// The full name of `view` (`VOL` or `VOL@SNAP`) for errors, or its
+    /// identifier if it was deleted meanwhile.
+    fn view_name(&self, view: View) -> String {
+        let state = self.inner.lock();
+        state
+            .volumes()
+            .view(view)
+            .map_or_else(|| format!("{view:?}"), |found| found.full_name())
     }
 
     /// Whether the view's map no longer points `block`'s logical block at its
