@@ -20,8 +20,10 @@ const MEMBER_COUNT: usize = 6;
 const MEMBER_SIZE: &str = "96M";
 const VOLUME_BYTES: usize = 32 << 20;
 /// No TCP; no memory cache, so that reads reach the devices.
-const CONFIG: &str =
-    "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
+/// No automatic rebuild onto the devices left: the third loss below must
+/// meet segments still striped over all six (`distributed_spare` in
+/// rebuild.rs covers the rebuild).
+const CONFIG: &str = "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\nrebuild_automatic = false\n";
 
 impl Setup {
     fn member(&self, index: usize) -> PathBuf {

@@ -356,11 +356,33 @@ async fn open_array_pool(
     };
     let mut options = PoolOptions::default();
     let (device, layout) = pool_device(flash, capacity, &mut options);
-    let pool = Pool::open(device, limits).await?;
+    let pool = Pool::open(device, limits)
+        .await
+        .with_context(|| lost_devices(&layout))?;
     if let Some(state) = layout.state() {
         tracing::info!(state = state.name(), "array pool opened");
     }
     Ok(OpenedPool { pool, layout })
+}
+
+/// The devices out of use, for an open that failed: which to bring back.
+fn lost_devices(layout: &PoolLayout) -> String {
+    let lost: Vec<String> = layout
+        .tiers()
+        .iter()
+        .flat_map(|tier| tier.array.member_status())
+        .filter(|member| {
+            !member.state.is_usable() && member.state != lamina_layout::MemberState::Removed
+        })
+        .map(|member| format!("{} ({})", member.path, member.state.name()))
+        .collect();
+    match lost.len() {
+        0 => "cannot open the pool".to_owned(),
+        count => format!(
+            "cannot open the pool: {count} are missing or faulted: {}",
+            lost.join(", ")
+        ),
+    }
 }
 
 async fn assemble_tier(

@@ -184,6 +184,9 @@ pub struct RegionShape {
     /// addition (it lacks the new one): opened again before it is written,
     /// it gets the full redundancy or width of the devices in use.
     pub current: bool,
+    /// Its data can be read: no more of its devices are lost than its
+    /// redundancy covers. False means what the region holds is lost.
+    pub readable: bool,
 }
 
 /// What [`BlockDevice::rebuild_range`] did.

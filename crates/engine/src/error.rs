@@ -72,6 +72,17 @@ pub enum OpenError {
         "{device}: the capacity tier's device does not belong to this pool (no matching label at offset {offset}); give the capacity device the pool was created with"
     )]
     WrongCapacityDevice { device: String, offset: u64 },
+    /// Segments that hold data are striped over more lost devices than
+    /// their redundancy covers (an array after more losses than it was
+    /// rebuilt for): opening would serve errors for their blocks.
+    #[error(
+        "{device}: {segment_count} segments holding data ({live_bytes} bytes) lie on more lost devices than their parity covers; bring the missing devices back"
+    )]
+    SegmentsLost {
+        device: String,
+        segment_count: usize,
+        live_bytes: u64,
+    },
 }
 
 /// Creating a pool: the device is not one to create it on.
@@ -216,6 +227,7 @@ impl OpenError {
             Self::Truncated { .. } => "truncated",
             Self::Corrupt { .. } => "corrupt",
             Self::WrongCapacityDevice { .. } => "wrong_capacity_device",
+            Self::SegmentsLost { .. } => "segments_lost",
         }
     }
 }

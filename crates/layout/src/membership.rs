@@ -116,6 +116,7 @@ impl RedundantArray {
             row_bytes: view.row_data_blocks() * BLOCK_SIZE_BYTES,
             degraded,
             current: mask == self.set_for_new_zone(),
+            readable: self.unreadable_in(mask) <= view.stripe.parity_columns(),
         }
     }
 

@@ -28,6 +28,10 @@ use super::space::SegmentState;
 /// next pass takes.
 pub const EVACUATION_PASSES_MAX: usize = 8;
 
+/// How often a replacement's rebuild looks whether the rebuild onto spare
+/// space it takes over from has stopped.
+pub const EVACUATION_YIELD_POLL_MS: u64 = 10;
+
 /// What an evacuation would move now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EvacuationNeed {
@@ -135,6 +139,10 @@ impl Pool {
                 return Ok(());
             }
             for victim in victims {
+                if self.evacuation_must_stop()? {
+                    tracing::warn!("rebuild onto spare space stopped: a replacement takes over");
+                    return Ok(());
+                }
                 self.evacuate_segment(victim).await?;
             }
             // Emptied victims become free through the flush and checkpoints.
@@ -165,8 +173,8 @@ impl Pool {
                 .collect()
         };
         for segment_index in candidates {
-            if self.background_stopped() {
-                return Err(EngineError::Io(IoError::RebuildInterrupted));
+            if self.evacuation_must_stop()? {
+                return Ok(());
             }
             if !self
                 .inner
@@ -222,11 +230,17 @@ impl Pool {
             })
     }
 
-    /// Moves one degraded segment's live blocks, paced by the budget.
-    async fn evacuate_segment(&self, victim: u32) -> Result<(), EngineError> {
+    /// Whether the evacuation must stop: the pool closes, or a replacement
+    /// was begun (its rebuild restores the lost member instead).
+    fn evacuation_must_stop(&self) -> Result<bool, EngineError> {
         if self.background_stopped() {
             return Err(EngineError::Io(IoError::RebuildInterrupted));
         }
+        Ok(self.rebuild_pending())
+    }
+
+    /// Moves one degraded segment's live blocks, paced by the budget.
+    async fn evacuate_segment(&self, victim: u32) -> Result<(), EngineError> {
         let live_bytes =
             u64::from(self.inner.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
         self.inner

@@ -63,9 +63,13 @@ impl Pool {
     /// the data of degraded segments onto the devices left, when they can
     /// hold it (`evacuation.rs`).
     pub fn start_rebuild(&self) -> RebuildStart {
-        if self.rebuild_status().state == RebuildState::Rebuilding {
+        let status = self.rebuild_status();
+        let running = status.state == RebuildState::Rebuilding;
+        if running && (status.kind == RebuildKind::Replacement || !self.rebuild_pending()) {
             return RebuildStart::Running;
         }
+        // A replacement takes over from a rebuild onto spare space, which
+        // stops at its next step (`Pool::rebuild` waits for that).
         if self.rebuild_pending() {
             let pool = self.clone();
             tokio::spawn(async move {
@@ -101,8 +105,16 @@ impl Pool {
         if !self.rebuild_pending() {
             return Ok(self.rebuild_status());
         }
-        if !self.inner.rebuild.start(RebuildKind::Replacement) {
-            return Err(EngineError::Io(crate::error::IoError::RebuildRunning));
+        while !self.inner.rebuild.start(RebuildKind::Replacement) {
+            if self.rebuild_status().kind == RebuildKind::Replacement {
+                return Err(EngineError::Io(crate::error::IoError::RebuildRunning));
+            }
+            // A rebuild onto spare space: it stops at its next step now
+            // that a replacement is pending.
+            tokio::time::sleep(std::time::Duration::from_millis(
+                super::evacuation::EVACUATION_YIELD_POLL_MS,
+            ))
+            .await;
         }
         tracing::warn!("rebuild started");
         let result = self.rebuild_all().await;

@@ -160,6 +160,7 @@ impl Pool {
         let replay = replay_batches(&*device, &geometry, &mut state, &scanned, bounds).await?;
         let findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
         rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
+        refuse_lost_segments(&state, &name)?;
         let highest_segment_sequence = replay
             .highest_segment_sequence
             .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
@@ -1257,6 +1258,31 @@ async fn read_body(
     let volumes =
         VolumeTable::from_checkpoint(&body, geometry).map_err(|error| error.to_string())?;
     Ok((body, volumes))
+}
+
+/// Refuses to open when segments holding data (live blocks or a kept
+/// checkpoint's body) cannot be read: their devices are lost beyond their
+/// redundancy. Their blocks would be read errors; the devices may still
+/// come back, so nothing is changed.
+fn refuse_lost_segments(state: &State, name: &str) -> Result<(), EngineError> {
+    let mut lost = (0_usize, 0_u64);
+    for (index, segment) in state.space().segments().iter().enumerate() {
+        let index = segment_index(index as u64);
+        let holds_data = segment.live_blocks > 0
+            || matches!(segment.state, space::SegmentState::Checkpoint { .. });
+        if holds_data && !state.shapes().layout(index).readable {
+            lost.0 += 1;
+            lost.1 += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+        }
+    }
+    if lost.0 == 0 {
+        return Ok(());
+    }
+    Err(EngineError::Open(OpenError::SegmentsLost {
+        device: name.to_string(),
+        segment_count: lost.0,
+        live_bytes: lost.1,
+    }))
 }
 
 /// A segment on the device, as a chain walk reads it.

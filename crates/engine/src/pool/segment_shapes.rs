@@ -37,6 +37,8 @@ pub struct SegmentLayout {
     pub degraded: bool,
     /// Laid out over the devices a segment opened now would use.
     pub current: bool,
+    /// Its data can be read (no more devices lost than it has redundancy).
+    pub readable: bool,
 }
 
 impl SegmentShapes {
@@ -78,6 +80,7 @@ impl SegmentShapes {
             shape: self.geometry.segment_shape(segment_index),
             degraded: false,
             current: true,
+            readable: true,
         };
         let Some(device) = &self.device else {
             return default;
@@ -146,6 +149,7 @@ impl SegmentShapes {
             },
             degraded: region.degraded,
             current: region.current,
+            readable: region.readable,
         }
     }
 }
