@@ -323,3 +323,147 @@ fn a_capacity_device_is_replaced_offline_and_carries_the_demoted_data() {
     assert_volume_reads(&daemon, root, &expected, "through the new capacity device");
     assert!(daemon.terminate().success());
 }
+
+/// The rebuild onto distributed spare space under the daemon: with fio
+/// writing and verifying, f0 is taken out and the daemon moves the data of
+/// every segment it held onto the five others by itself; f1 fails during
+/// that rebuild and the daemon is killed with `kill -9`; after the restart
+/// the rebuild resumes (onto the four left) and ends; every byte reads back
+/// and then two more devices can be lost. Then f3 is removed (its data moved
+/// to the others, its slot emptied) and a new device added into a slot.
+#[test]
+fn a_lost_device_is_rebuilt_onto_the_others_by_itself_across_a_kill() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let members = (0..MEMBER_COUNT)
+        .map(|index| {
+            format!(
+                "{}:{MEMBER_SIZE}",
+                member(root, &format!("f{index}")).display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    lamina_ok(
+        data_dir,
+        &[
+            "pool",
+            "create",
+            "--flash",
+            &members,
+            "--redundancy",
+            "raid6",
+            "--segment-size",
+            "1M",
+        ],
+    );
+    lamina_ok(data_dir, &["volume", "create", "v", "48M"]);
+    lamina_ok(data_dir, &["volume", "create", "scratch", "16M"]);
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let mut expected = vec![0_u8; VOLUME_BYTES];
+    rand::rngs::SmallRng::seed_from_u64(5).fill(&mut expected[..]);
+    let source = root.join("source.img");
+    std::fs::write(&source, &expected).unwrap();
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+
+    // fio writes and verifies while f0 is lost and rebuilt onto the others.
+    let mut load = fio(&daemon, false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let path = |name: &str| member(root, name).display().to_string();
+    lamina_ok(data_dir, &["device", "fail", &path("f0")]);
+    let status = wait_for_rebuild(data_dir);
+    assert_eq!(status["rebuild"]["state"], "finished", "{status}");
+    assert_eq!(status["rebuild"]["kind"], "distributed-spare", "{status}");
+    assert!(
+        status["rebuild"]["bytes_done"].as_u64().unwrap() > 0,
+        "{status}"
+    );
+    let finished = wait_with_timeout(&mut load, FIO_TIMEOUT_MS).expect("fio ends");
+    assert!(
+        finished.success(),
+        "fio failed its verification during the rebuild"
+    );
+    assert_volume_reads(
+        &daemon,
+        root,
+        &expected,
+        "after the rebuild onto the others",
+    );
+
+    // f1 fails while the data written since is rebuilt; kill -9 at once.
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+    lamina_ok(data_dir, &["device", "fail", &path("f1")]);
+    let at_kill = lamina_ok(data_dir, &["pool", "status"]);
+    eprintln!("at the kill: {}", at_kill["rebuild"]);
+    daemon.kill_hard();
+
+    // The restart rebuilds onto the four left by itself; then two more
+    // devices can go with nothing lost.
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let started = Instant::now();
+    let status = loop {
+        let status = wait_for_rebuild(data_dir);
+        if status["rebuild"]["state"] == "finished" {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(REBUILD_WAIT_MS_MAX),
+            "no rebuild after the restart: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status["rebuild"]["kind"], "distributed-spare", "{status}");
+    assert_volume_reads(&daemon, root, &expected, "after the kill and the rebuild");
+    let verified = fio(&daemon, true).output().unwrap();
+    assert!(verified.status.success(), "fio's data after the kill");
+
+    // Four are left, the fewest raid6 stripes over: f3 cannot go.
+    let error = lamina_error(data_dir, &["device", "remove", &path("f3")]);
+    assert!(error.contains("raid6 needs 4"), "{error}");
+    // The lost f0's slot is emptied, a new device goes into it (new
+    // segments use it), and then f3 can be removed: its data moves to the
+    // others and its slot is emptied.
+    lamina_ok(data_dir, &["device", "remove", &path("f0")]);
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    assert_eq!(devices(&status)[0]["state"], "removed", "{status}");
+    let added = lamina_ok(
+        data_dir,
+        &[
+            "device",
+            "add",
+            "--tier",
+            "flash",
+            &format!("{}:{MEMBER_SIZE}", path("new3")),
+        ],
+    );
+    assert!(
+        added
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|device| device["path"] == canonical(&member(root, "new3"))),
+        "{added}"
+    );
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+    let removed = lamina_ok(data_dir, &["device", "remove", &path("f3")]);
+    assert_eq!(removed["state"], "finished", "{removed}");
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    assert_eq!(devices(&status)[3]["state"], "removed", "{status}");
+    assert_volume_reads(
+        &daemon,
+        root,
+        &expected,
+        "after the addition and the removal",
+    );
+    let verified = fio(&daemon, true).output().unwrap();
+    assert!(verified.status.success(), "fio's data after the removal");
+    assert!(daemon.terminate().success());
+    let description = std::fs::read_to_string(data_dir.join("pool.toml")).unwrap();
+    assert!(
+        description.contains(&canonical(&member(root, "new3"))),
+        "{description}"
+    );
+}

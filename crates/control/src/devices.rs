@@ -129,13 +129,20 @@ pub async fn remove(
 ) -> anyhow::Result<api::RebuildStatus> {
     let (tier, member_path) = tier_of(layout, path)?;
     let index = member_index(tier, &member_path);
-    tier.array
-        .begin_removal(index)
-        .await
-        .with_context(|| format!("cannot remove {member_path}"))?;
+    // A lost member is out of the write set already: its slot is emptied
+    // once its data is rebuilt onto the others.
+    let in_use = tier.array.member_status()[index].state.is_usable();
+    if in_use {
+        tier.array
+            .begin_removal(index)
+            .await
+            .with_context(|| format!("cannot remove {member_path}"))?;
+    }
     let need = pool.evacuation_need();
     if need.live_bytes > need.free_bytes {
-        tier.array.cancel_removal(index).await?;
+        if in_use {
+            tier.array.cancel_removal(index).await?;
+        }
         return Err(DeviceCommandError::NoRoom {
             path: member_path,
             live_bytes: need.live_bytes,

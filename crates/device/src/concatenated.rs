@@ -225,6 +225,13 @@ impl BlockDevice for ConcatenatedDevice {
         self.second.restore_metadata_redundancy().await
     }
 
+    fn new_region_usable_bytes(&self, offset: u64, length: u64) -> Option<u64> {
+        match offset.checked_sub(self.first_region_bytes) {
+            None => self.first.new_region_usable_bytes(offset, length),
+            Some(second_offset) => self.second.new_region_usable_bytes(second_offset, length),
+        }
+    }
+
     fn new_regions_redundant(&self) -> bool {
         self.first.new_regions_redundant() && self.second.new_regions_redundant()
     }

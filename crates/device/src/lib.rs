@@ -155,6 +155,15 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Bytes a region `offset..offset + length` opened now would hold (what
+    /// [`BlockDevice::open_region`] would make of it), for the layer above's
+    /// estimate of its room after a loss, removal or addition. `None` as
+    /// for [`BlockDevice::region_shape`].
+    fn new_region_usable_bytes(&self, offset: u64, length: u64) -> Option<u64> {
+        let _ = (offset, length);
+        None
+    }
+
     /// Whether a region opened now would have the device's full redundancy:
     /// false while members are lost and too few remain to lay a region out
     /// without them. Moving data out of degraded regions restores redundancy

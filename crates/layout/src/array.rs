@@ -510,6 +510,11 @@ impl BlockDevice for RedundantArray {
         self.narrowing_restores_redundancy()
     }
 
+    fn new_region_usable_bytes(&self, offset: u64, length: u64) -> Option<u64> {
+        self.shape_of_region(offset, length)?;
+        Some(self.usable_bytes_of_new_zone())
+    }
+
     async fn restore_metadata_redundancy(&self) -> Result<(), DeviceError> {
         match self.restore_prefix_redundancy().await {
             Ok(added) if !added.is_empty() => {

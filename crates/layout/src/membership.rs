@@ -120,6 +120,14 @@ impl RedundantArray {
         }
     }
 
+    /// Bytes a zone opened now holds: its rows times the data columns of
+    /// the set it would get.
+    pub(crate) fn usable_bytes_of_new_zone(&self) -> u64 {
+        let width = members_of(self.set_for_new_zone()).len();
+        let parity = self.geometry.parity_columns();
+        self.geometry.zone_rows * (width - parity) as u64 * BLOCK_SIZE_BYTES
+    }
+
     pub(crate) fn shape_of_region(&self, offset: u64, length: u64) -> Option<RegionShape> {
         if !self.geometry.is_zoned() {
             return None;

@@ -74,23 +74,33 @@ impl Pool {
         }
         let reserve_segment_count = state.space().cleaner_reserve_segment_count()
             + state.space().reserve_for(super::space::Allocation::Client);
-        let free: Vec<u32> = state.space().free_segments().collect();
-        need.free_segments_to_lay_out = free
-            .iter()
-            .filter(|index| shapes.needs_layout(**index))
+        need.free_segments_to_lay_out = state
+            .space()
+            .free_segments()
+            .filter(|index| shapes.needs_layout(*index))
             .count();
-        // Laid out again, a free segment holds what a new one holds: the
-        // size of one opened now, which the device tells only on opening, so
-        // the smallest segment laid out since the loss stands for it.
-        let new_segment_bytes = free
-            .iter()
-            .filter(|index| !shapes.layout(**index).degraded)
-            .map(|index| shapes.size_bytes(*index))
-            .min()
-            .unwrap_or(shapes.geometry().segment_size_bytes());
-        need.free_bytes =
-            free.len().saturating_sub(reserve_segment_count) as u64 * new_segment_bytes;
+        need.free_bytes = Self::room_for_degraded_data(&state, reserve_segment_count);
         need
+    }
+
+    /// The room the data of degraded segments can move into: every segment
+    /// at the size one opened now holds (the degraded ones too, reused once
+    /// emptied), less the reserves and the live data of the segments that
+    /// are not degraded (the cleaner makes room of whatever else is dead or
+    /// free).
+    fn room_for_degraded_data(state: &super::state::State, reserve_segment_count: usize) -> u64 {
+        let shapes = state.shapes();
+        let mut capacity_bytes = 0_u64;
+        let mut live_elsewhere_bytes = 0_u64;
+        for (index, segment) in state.space().segments().iter().enumerate() {
+            let index = u32::try_from(index).expect("segment indexes fit in u32");
+            capacity_bytes += shapes.new_size_bytes(index);
+            if !shapes.layout(index).degraded {
+                live_elsewhere_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+            }
+        }
+        let reserve_bytes = reserve_segment_count as u64 * shapes.geometry().segment_size_bytes();
+        capacity_bytes.saturating_sub(reserve_bytes + live_elsewhere_bytes)
     }
 
     /// Moves the data of every degraded segment into segments laid out over

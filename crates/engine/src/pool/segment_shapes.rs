@@ -92,6 +92,15 @@ impl SegmentShapes {
         }
     }
 
+    /// Bytes segment `segment_index` would hold if it were opened now.
+    pub fn new_size_bytes(&self, segment_index: u32) -> u64 {
+        let (offset, length) = self.region_of(segment_index);
+        self.device
+            .as_ref()
+            .and_then(|device| device.new_region_usable_bytes(offset, length))
+            .unwrap_or_else(|| self.size_bytes(segment_index))
+    }
+
     /// Whether moving a degraded segment's data into a segment opened now
     /// restores its redundancy (the device has enough members in use).
     pub fn new_segments_redundant(&self) -> bool {
