@@ -255,15 +255,16 @@ impl Pool {
         );
         Some(Look {
             step,
-            short: outlook.short(),
+            short: outlook.short() || pressure >= CLEANER_UNPACED_PRESSURE_MIN,
             victim_live_blocks,
         })
     }
 
     /// Cleans one victim. It first asks the background budget for the
     /// victim's live bytes (what it reads and rewrites), holding no lock;
-    /// while space is short they are charged without waiting, since writers
-    /// are about to find no free segment (docs/decisions/0022).
+    /// once the pressure reaches [`CLEANER_UNPACED_PRESSURE_MIN`] they are
+    /// charged without waiting, since writers are then close to finding no
+    /// free segment (docs/decisions/0022).
     async fn clean_paced(&self, pacer: &mut Pacer, look: &Look) -> Result<(), EngineError> {
         let bytes = u64::from(look.victim_live_blocks) * BLOCK_SIZE_BYTES;
         let budget = &self.inner.budget;
@@ -285,10 +286,19 @@ impl Pool {
     }
 }
 
+/// Free-space pressure (0 at the headroom, 1 with nothing free) from which
+/// the paced cleaner no longer waits for the background budget. Waiting
+/// there let a rebuild held at the budget's floor starve it: free space
+/// ran out, writers cleaned for themselves and client p99 rose 5–40×
+/// (measured with `lamina bench rebuild`, BENCHMARKS.md, issue 19).
+pub const CLEANER_UNPACED_PRESSURE_MIN: f64 = 0.5;
+
 /// What one look at the pool decided.
 struct Look {
     step: Step,
-    /// Free space is short: writers are about to clean for themselves.
+    /// Free space is short, or the pressure is past
+    /// [`CLEANER_UNPACED_PRESSURE_MIN`]: the cleaner does not wait for the
+    /// budget.
     short: bool,
     /// Live blocks of the victim a `Step::Clean` takes.
     victim_live_blocks: u32,
