@@ -25,8 +25,8 @@ use crate::codec::ParityCodec;
 use crate::geometry::{ArrayGeometry, BLOCK_SIZE_BYTES, LABEL_BLOCK, LABEL_COPY_BLOCK};
 use crate::label::MemberLabel;
 use crate::member::{Member, MemberStatus};
+use crate::stripe::ZoneState;
 use crate::stripe::{SetMask, Stripe, full_set, members_of};
-use crate::zones::ZoneState;
 
 /// The array's state, named the way zpool names a pool's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -130,8 +130,8 @@ impl RedundantArray {
                 .collect(),
             zones: std::sync::RwLock::new(ZoneState {
                 sets: Vec::new(),
-                table: vec![0; crate::read::to_usize(geometry.zone_count())],
-                sequences: vec![0; crate::read::to_usize(geometry.table_blocks)],
+                table: vec![0; crate::geometry::to_usize(geometry.zone_count())],
+                sequences: vec![0; crate::geometry::to_usize(geometry.table_blocks)],
             }),
             next_table_sequence: AtomicU64::new(1),
             open_lock: tokio::sync::Mutex::new(()),

@@ -300,7 +300,7 @@ async fn create_with(
         faulted_members: Vec::new(),
         member_paths: members.iter().map(|member| member.path.clone()).collect(),
         rebuilding_rows_done: None,
-        zones: crate::membership::initial_zone_label(&geometry),
+        zones: crate::label::initial_zone_label(&geometry),
         prefix_members: crate::label::initial_prefix_members(
             geometry.parity_columns(),
             u32::try_from(members.len()).expect("checked above"),

@@ -29,6 +29,11 @@ pub const BLOCK_SIZE_BYTES: u64 = 4096;
 const _: () = assert!(LABEL_BLOCK < LABEL_COPY_BLOCK && LABEL_COPY_BLOCK < LABEL_AREA_BLOCKS);
 const _: () = assert!(BLOCK_SIZE_BYTES == lamina_device::DEVICE_ALIGNMENT_BYTES);
 
+/// A block count or index within memory, as a `usize`.
+pub(crate) fn to_usize(value: u64) -> usize {
+    usize::try_from(value).expect("a block count within a request fits in a usize")
+}
+
 /// The shape of one array, fixed at creation (stored in every label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArrayGeometry {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::geometry::{ArrayGeometry, BLOCK_BYTES};
 use crate::redundancy::Redundancy;
+use crate::stripe::full_set;
 
 /// The label's magic: "LAMINAML" read as a little-endian u64.
 pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"LAMINAML");
@@ -255,6 +256,16 @@ impl MemberLabel {
 
 fn to_usize(value: u32) -> usize {
     usize::try_from(value).expect("a u32 fits in a usize on the platforms lamina runs on")
+}
+
+/// The label's `zones` for a new array: one set, the full one.
+pub(crate) fn initial_zone_label(geometry: &crate::geometry::ArrayGeometry) -> Option<ZoneLabel> {
+    geometry.is_zoned().then(|| ZoneLabel {
+        zone_rows: geometry.zone_rows,
+        zone_count: geometry.zone_count(),
+        table_blocks: geometry.table_blocks,
+        member_sets: vec![full_set(geometry.member_count)],
+    })
 }
 
 #[cfg(test)]

@@ -19,9 +19,8 @@ use lamina_device::{DeviceError, DeviceErrorKind, RegionShape};
 use crate::array::{RedundantArray, to_label_index, write_label};
 use crate::assemble::{ArrayError, MemberDevice};
 use crate::geometry::BLOCK_SIZE_BYTES;
-use crate::label::ZoneLabel;
+use crate::geometry::to_usize;
 use crate::member::MemberState;
-use crate::read::to_usize;
 use crate::stripe::{SetMask, full_set, members_of};
 use crate::zones::MEMBER_SETS_MAX;
 
@@ -278,16 +277,6 @@ impl RedundantArray {
         }
         Ok(())
     }
-}
-
-/// The label's `zones` for a new array: one set, the full one.
-pub(crate) fn initial_zone_label(geometry: &crate::geometry::ArrayGeometry) -> Option<ZoneLabel> {
-    geometry.is_zoned().then(|| ZoneLabel {
-        zone_rows: geometry.zone_rows,
-        zone_count: geometry.zone_count(),
-        table_blocks: geometry.table_blocks,
-        member_sets: vec![full_set(geometry.member_count)],
-    })
 }
 
 impl RedundantArray {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use lamina_device::{AlignedBuffer, DeviceError};
 
 use crate::array::RedundantArray;
-use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
+use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column, to_usize};
 use crate::stripe::ZoneView;
 
 /// The rows of one zone a striped read covers, and which of their blocks
@@ -434,8 +434,4 @@ fn member_spans(
             });
     }
     spans
-}
-
-pub(crate) fn to_usize(value: u64) -> usize {
-    usize::try_from(value).expect("a block count within a request fits in a usize")
 }

@@ -23,9 +23,9 @@ use lamina_device::{
 
 use crate::array::{RedundantArray, write_label};
 use crate::assemble::{ArrayError, MemberDevice, read_label};
+use crate::geometry::to_usize;
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
 use crate::member::{REBUILD_PERSIST_ROWS, Replacement};
-use crate::read::to_usize;
 use crate::recover::{erasures_from, lost_in_set};
 use crate::stripe::ZoneView;
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::codec::ParityCodec;
-use crate::geometry::{ArrayGeometry, Column};
+use crate::geometry::{ArrayGeometry, Column, ZONE_TABLE_ENTRIES_PER_BLOCK, to_usize};
 use crate::redundancy::Redundancy;
 
 /// A member set: bit `i` set for member `i` (at most 64 members).
@@ -260,5 +260,42 @@ mod tests {
             assert_eq!(zone.block_of(row, column), block);
         }
         assert_eq!(zone.row_of_clamped(zone.usable_end() + 3), 23);
+    }
+}
+
+/// The zones' sets, in memory (the table's latest intended state: an entry
+/// is set before its block is written, so a failed write keeps the new
+/// entry, and its set index from reuse).
+#[derive(Debug)]
+pub(crate) struct ZoneState {
+    /// By set index; `None` for an unused index.
+    pub sets: Vec<Option<Arc<Stripe>>>,
+    /// Set index of each zone.
+    pub table: Vec<u8>,
+    /// Per table block, the sequence it was last written with.
+    pub sequences: Vec<u64>,
+}
+
+impl ZoneState {
+    pub fn stripe_of(&self, zone: u64) -> Arc<Stripe> {
+        let set = self.table[to_usize(zone)];
+        self.sets[usize::from(set)]
+            .clone()
+            .expect("every zone names a set the label lists")
+    }
+
+    /// Whether any zone names set `index`.
+    pub fn set_in_use(&self, index: usize) -> bool {
+        self.table.iter().any(|set| usize::from(*set) == index)
+    }
+
+    /// The entries of table block `index`, padded with zeros.
+    pub(crate) fn entries_of_block(&self, index: u64) -> Vec<u8> {
+        let per_block = to_usize(ZONE_TABLE_ENTRIES_PER_BLOCK);
+        let start = (to_usize(index) * per_block).min(self.table.len());
+        let end = (start + per_block).min(self.table.len());
+        let mut entries = self.table[start..end].to_vec();
+        entries.resize(per_block, 0);
+        entries
     }
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use lamina_device::{AlignedBuffer, DeviceError};
 
 use crate::array::RedundantArray;
+use crate::geometry::to_usize;
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
-use crate::read::to_usize;
 use crate::stripe::ZoneView;
 
 impl RedundantArray {

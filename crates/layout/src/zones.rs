@@ -11,9 +11,9 @@ use std::sync::Arc;
 use lamina_device::{AlignedBuffer, BlockDevice, DeviceError};
 
 use crate::array::RedundantArray;
+use crate::geometry::to_usize;
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, ZONE_TABLE_ENTRIES_PER_BLOCK};
-use crate::read::to_usize;
-use crate::stripe::{Stripe, ZoneView};
+use crate::stripe::ZoneView;
 
 /// The table block's magic: "LAMINAZT" read as a little-endian u64.
 const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"LAMINAZT");
@@ -29,43 +29,6 @@ const _: () =
 /// label, with its member paths, must fit one block: 64 sets of a u64 mask
 /// take at most 640 of its bytes). An index no zone uses is reused first.
 pub const MEMBER_SETS_MAX: usize = 64;
-
-/// The zones' sets, in memory (the table's latest intended state: an entry
-/// is set before its block is written, so a failed write keeps the new
-/// entry, and its set index from reuse).
-#[derive(Debug)]
-pub(crate) struct ZoneState {
-    /// By set index; `None` for an unused index.
-    pub sets: Vec<Option<Arc<Stripe>>>,
-    /// Set index of each zone.
-    pub table: Vec<u8>,
-    /// Per table block, the sequence it was last written with.
-    pub sequences: Vec<u64>,
-}
-
-impl ZoneState {
-    pub fn stripe_of(&self, zone: u64) -> Arc<Stripe> {
-        let set = self.table[to_usize(zone)];
-        self.sets[usize::from(set)]
-            .clone()
-            .expect("every zone names a set the label lists")
-    }
-
-    /// Whether any zone names set `index`.
-    pub fn set_in_use(&self, index: usize) -> bool {
-        self.table.iter().any(|set| usize::from(*set) == index)
-    }
-
-    /// The entries of table block `index`, padded with zeros.
-    fn entries_of_block(&self, index: u64) -> Vec<u8> {
-        let per_block = to_usize(ZONE_TABLE_ENTRIES_PER_BLOCK);
-        let start = (to_usize(index) * per_block).min(self.table.len());
-        let end = (start + per_block).min(self.table.len());
-        let mut entries = self.table[start..end].to_vec();
-        entries.resize(per_block, 0);
-        entries
-    }
-}
 
 /// Table block `index` as stored.
 pub(crate) fn encode_table_block(

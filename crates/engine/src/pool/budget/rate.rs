@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::BackgroundWork;
 use super::latency::{ClientLatency, LatencyWindow};
+use super::work::BackgroundWork;
 use crate::convert::saturating_u64;
 use crate::pool::limits::BackgroundBudgetLimits;
 
