@@ -455,8 +455,10 @@ impl Bench<'_> {
             &["volume", "create", VOLUME_NAME, &volume_bytes.to_string()],
         )?;
         // No memory cache: client reads reach the devices, as the rebuild's do.
+        // No automatic rebuild onto the devices left after `device fail`:
+        // this measures the rebuild onto the replacement alone.
         let mut config = format!(
-            "[limits]\nmemory_cache_bytes = 0\nbackground_impact = \"{}\"\n",
+            "[limits]\nmemory_cache_bytes = 0\nrebuild_automatic = false\nbackground_impact = \"{}\"\n",
             impact.name()
         );
         if let Some(target) = arguments.client_latency_target_us {
