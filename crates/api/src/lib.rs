@@ -416,7 +416,7 @@ mod tests {
             "urgent_bytes": 0
         });
         document["rebuild"] = serde_json::json!({"state": "rebuilding", "bytes_total": 100,
-            "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
+            "kind": "replacement", "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
             "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null});
         document
     }
