@@ -84,9 +84,10 @@ fn wait_for_rebuild(data_dir: &Path) -> serde_json::Value {
     }
 }
 
-#[test]
-fn devices_fail_and_are_replaced_under_load_and_across_a_kill() {
-    let setup = Setup::new();
+/// A raid6 pool over six file devices f0..f5 with volumes `v` (filled with
+/// random bytes from `seed` through nbdcopy) and `scratch`, served by a
+/// daemon. Returns the daemon, `v`'s contents and the file they came from.
+fn six_device_pool_with_data(setup: &Setup, seed: u64) -> (Daemon, Vec<u8>, PathBuf) {
     let (root, data_dir) = (&setup.root, &setup.data_dir);
     let members = (0..MEMBER_COUNT)
         .map(|index| {
@@ -114,10 +115,18 @@ fn devices_fail_and_are_replaced_under_load_and_across_a_kill() {
     lamina_ok(data_dir, &["volume", "create", "scratch", "16M"]);
     let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
     let mut expected = vec![0_u8; VOLUME_BYTES];
-    rand::rngs::SmallRng::seed_from_u64(3).fill(&mut expected[..]);
+    rand::rngs::SmallRng::seed_from_u64(seed).fill(&mut expected[..]);
     let source = root.join("source.img");
     std::fs::write(&source, &expected).unwrap();
     run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+    (daemon, expected, source)
+}
+
+#[test]
+fn devices_fail_and_are_replaced_under_load_and_across_a_kill() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let (daemon, expected, _source) = six_device_pool_with_data(&setup, 3);
 
     // fio writes and verifies while f0 fails and is replaced.
     let mut load = fio(&daemon, false)
@@ -335,36 +344,7 @@ fn a_capacity_device_is_replaced_offline_and_carries_the_demoted_data() {
 fn a_lost_device_is_rebuilt_onto_the_others_by_itself_across_a_kill() {
     let setup = Setup::new();
     let (root, data_dir) = (&setup.root, &setup.data_dir);
-    let members = (0..MEMBER_COUNT)
-        .map(|index| {
-            format!(
-                "{}:{MEMBER_SIZE}",
-                member(root, &format!("f{index}")).display()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(",");
-    lamina_ok(
-        data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members,
-            "--redundancy",
-            "raid6",
-            "--segment-size",
-            "1M",
-        ],
-    );
-    lamina_ok(data_dir, &["volume", "create", "v", "48M"]);
-    lamina_ok(data_dir, &["volume", "create", "scratch", "16M"]);
-    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
-    let mut expected = vec![0_u8; VOLUME_BYTES];
-    rand::rngs::SmallRng::seed_from_u64(5).fill(&mut expected[..]);
-    let source = root.join("source.img");
-    std::fs::write(&source, &expected).unwrap();
-    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+    let (daemon, expected, source) = six_device_pool_with_data(&setup, 5);
 
     // fio writes and verifies while f0 is lost and rebuilt onto the others.
     let mut load = fio(&daemon, false)

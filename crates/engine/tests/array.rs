@@ -16,6 +16,10 @@ use lamina_layout::{
 };
 use rand::{Rng, SeedableRng};
 
+mod common;
+
+use common::blocks::{check, write_random};
+
 const BLOCK: usize = 4096;
 const MEMBER_BYTES: u64 = 24 << 20;
 const MEMBER_COUNT: usize = 6;
@@ -99,41 +103,6 @@ async fn reopen(members: &[Member], present: &[usize]) -> (Pool, Arc<RedundantAr
     (pool, array)
 }
 
-/// Writes `count` random blocks at random places, flushing every
-/// `flush_every`, and returns the volume's expected contents.
-async fn write_random(
-    pool: &Pool,
-    volume_id: u32,
-    blocks: &mut [Vec<u8>],
-    count: usize,
-    seed: u64,
-) {
-    let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
-    for index in 0..count {
-        let block = random.random_range(0..blocks.len());
-        let data: Vec<u8> = (0..BLOCK).map(|_| random.random()).collect();
-        pool.write(volume_id, (block * BLOCK) as u64, &data, false)
-            .await
-            .unwrap();
-        blocks[block] = data;
-        if index % 7 == 0 {
-            pool.flush().await.unwrap();
-        }
-    }
-    pool.flush().await.unwrap();
-}
-
-async fn check(pool: &Pool, volume_id: u32, blocks: &[Vec<u8>]) {
-    let mut contents = vec![0_u8; blocks.len() * BLOCK];
-    pool.read(volume_id, 0, &mut contents).await.unwrap();
-    for (index, expected) in blocks.iter().enumerate() {
-        assert!(
-            contents[index * BLOCK..(index + 1) * BLOCK] == expected[..],
-            "block {index}"
-        );
-    }
-}
-
 #[tokio::test]
 async fn a_raid6_pool_writes_whole_rows_and_survives_two_lost_members() {
     let members = members();
@@ -152,12 +121,12 @@ async fn a_raid6_pool_writes_whole_rows_and_survives_two_lost_members() {
         .map(|member| member.bytes_read)
         .sum();
     assert_eq!(reads_after, reads_before, "writes never read a member");
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
 
     // One member fails at runtime: reads and writes go on.
     members[2].fail_at_rate(1.0, 1.0).await;
     write_random(&pool, volume.volume_id, &mut blocks, 200, 2).await;
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     assert_eq!(array.state(), lamina_layout::ArrayState::Degraded);
     pool.close().await.unwrap();
     drop(pool);
@@ -166,9 +135,9 @@ async fn a_raid6_pool_writes_whole_rows_and_survives_two_lost_members() {
     members[2].heal().await;
     let (pool, array) = reopen(&members, &[0, 1, 2, 3, 5]).await;
     assert_eq!(array.lost_member_count(), 2);
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     write_random(&pool, volume.volume_id, &mut blocks, 100, 3).await;
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     pool.close().await.unwrap();
 }
 
@@ -214,7 +183,7 @@ async fn bit_flips_are_served_right_repaired_and_found_by_scrub() {
         again.blocks_repaired, 0,
         "the first pass repaired everything"
     );
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     assert_eq!(
         pool.status().integrity.checksum_errors_repaired,
         scrub.blocks_repaired
@@ -222,7 +191,7 @@ async fn bit_flips_are_served_right_repaired_and_found_by_scrub() {
 
     // Reads find and repair flips too.
     flip_bits(&members, &[0, 3], 11).await;
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     let repaired = pool.status().integrity.checksum_errors_repaired;
     assert!(repaired > scrub.blocks_repaired, "reads repaired flips");
     let per_member: u64 = array
@@ -234,7 +203,7 @@ async fn bit_flips_are_served_right_repaired_and_found_by_scrub() {
         per_member, repaired,
         "each repair is counted against its member"
     );
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     pool.close().await.unwrap();
 }
 
@@ -259,12 +228,12 @@ async fn damaged_metadata_on_one_member_is_read_from_another() {
             .unwrap();
     }
     let (pool, _array) = reopen(&members, &[0, 1, 2, 3, 4, 5]).await;
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     pool.close().await.unwrap();
     drop(pool);
     // The metadata has parity + 1 copies (members 0 to 2): with the first
     // two gone, the third serves it.
     let (pool, _array) = reopen(&members, &[2, 3, 4, 5]).await;
-    check(&pool, volume.volume_id, &blocks).await;
+    check(&pool, volume.volume_id, &blocks, "read back").await;
     pool.close().await.unwrap();
 }

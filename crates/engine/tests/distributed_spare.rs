@@ -19,7 +19,10 @@ use lamina_engine::{Pool, PoolLimits, PoolOptions, RebuildKind, RebuildState, Te
 use lamina_layout::{
     ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole, assemble, create_zoned,
 };
-use rand::{Rng, SeedableRng};
+
+mod common;
+
+use common::blocks::{check, write_random};
 
 const BLOCK: usize = 4096;
 const MEMBER_BYTES: u64 = 24 << 20;
@@ -111,42 +114,6 @@ async fn reopen(
         .await
         .expect("opens");
     (pool, array)
-}
-
-/// Writes `count` random blocks at random places, flushing now and then.
-async fn write_random(
-    pool: &Pool,
-    volume_id: u32,
-    blocks: &mut [Vec<u8>],
-    count: usize,
-    seed: u64,
-) {
-    let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
-    for index in 0..count {
-        let block = random.random_range(0..blocks.len());
-        let data: Vec<u8> = (0..BLOCK).map(|_| random.random()).collect();
-        pool.write(volume_id, (block * BLOCK) as u64, &data, false)
-            .await
-            .unwrap();
-        blocks[block] = data;
-        if index % 7 == 0 {
-            pool.flush().await.unwrap();
-        }
-    }
-    pool.flush().await.unwrap();
-}
-
-async fn check(pool: &Pool, volume_id: u32, blocks: &[Vec<u8>], when: &str) {
-    let mut contents = vec![0_u8; blocks.len() * BLOCK];
-    pool.read(volume_id, 0, &mut contents)
-        .await
-        .unwrap_or_else(|error| panic!("{when}: {error}"));
-    for (index, expected) in blocks.iter().enumerate() {
-        assert!(
-            contents[index * BLOCK..(index + 1) * BLOCK] == expected[..],
-            "{when}: block {index}"
-        );
-    }
 }
 
 async fn lose(members: &[Member], array: &RedundantArray, index: usize) {

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod blocks;
 pub mod shadow;
 
 use lamina_device::MemoryDevice;
