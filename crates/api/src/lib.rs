@@ -64,6 +64,10 @@ pub struct PoolStatus {
     pub device_full: Option<DeviceFullStatus>,
     pub device_full_retries: u64,
     pub memory_cache: CacheStatistics,
+    /// The memory cache's warm-up after a restart (absent from daemons that
+    /// predate it: no warm-up).
+    #[serde(default)]
+    pub cache_warmup: CacheWarmupStatus,
     /// Space of the flash tier (all of a one-tier pool).
     pub flash: TierSpace,
     /// Space of the capacity tier, in a two-tier pool.
@@ -150,6 +154,29 @@ pub struct ScrubStatus {
     pub blocks_scrubbed: u64,
     pub blocks_repaired: u64,
     pub blocks_unrepairable: u64,
+    pub elapsed_ms: u64,
+}
+
+/// What the memory cache's warm-up is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheWarmupState {
+    /// No record of the cache's contents was loaded since the pool opened.
+    #[default]
+    None,
+    Loading,
+    Finished,
+}
+
+/// `pool status`'s cache warm-up section (see the engine's
+/// `CacheWarmupStatus`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheWarmupStatus {
+    pub state: CacheWarmupState,
+    pub blocks_listed: u64,
+    pub blocks_to_load: u64,
+    pub blocks_loaded: u64,
+    pub blocks_skipped: u64,
     pub elapsed_ms: u64,
 }
 

@@ -162,9 +162,10 @@ pub async fn remove(
             Err(error) => return Err(error.into()),
         }
     }
-    tier.array.finish_removal(index).await.with_context(|| {
-        format!("the data moved off {member_path}, but segments still name it")
-    })?;
+    tier.array
+        .finish_removal(index)
+        .await
+        .with_context(|| format!("the data moved off {member_path}, but segments still name it"))?;
     record_devices(data_dir, layout)?;
     Ok(crate::api::rebuild_status(status))
 }
@@ -205,11 +206,13 @@ pub async fn add(
         );
     }
     let member = new_member(context, tier_role, &new_path, create_size_bytes)?;
-    let index = tier
-        .array
-        .add_member(member)
-        .await
-        .with_context(|| format!("cannot add {} to the {} tier", new_path.display(), tier_role.name()))?;
+    let index = tier.array.add_member(member).await.with_context(|| {
+        format!(
+            "cannot add {} to the {} tier",
+            new_path.display(),
+            tier_role.name()
+        )
+    })?;
     tracing::warn!(path = %new_path.display(), index, "device added");
     record_devices(&context.data_dir, layout)?;
     // Free segments are laid out again to use it.

@@ -324,7 +324,11 @@ impl RedundantArray {
         self.check_index(index)?;
         let _one_change_at_a_time = self.open_lock.lock().await;
         if !self.removing.lock().expect("removing lock")[index] {
-            return Err(self.wrong_state(index, "cancelling its removal", "a member being removed"));
+            return Err(self.wrong_state(
+                index,
+                "cancelling its removal",
+                "a member being removed",
+            ));
         }
         self.removing.lock().expect("removing lock")[index] = false;
         let label_index = to_label_index(index);
