@@ -434,7 +434,9 @@ mod tests {
             "granted_bytes": {"rebuild": 0, "cleaner": 4096, "demoter": 0, "scrub": 8192},
             "urgent_bytes": 0
         });
-        document["rebuild"] = serde_json::json!({"state": "rebuilding", "bytes_total": 100,
+        document["cache_warmup"] = serde_json::json!({"state": "loading", "blocks_listed": 10,
+            "blocks_to_load": 8, "blocks_loaded": 5, "blocks_skipped": 1, "elapsed_ms": 300});
+        document["rebuild"] = serde_json::json!({"state": "rebuilding", "kind": "replacement", "bytes_total": 100,
             "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
             "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null});
         document
@@ -446,6 +448,14 @@ mod tests {
         document.as_object_mut().unwrap().remove("rebuild");
         let status: PoolStatus = serde_json::from_value(document).expect("reads");
         assert_eq!(status.rebuild.state, RebuildState::None);
+    }
+
+    #[test]
+    fn a_status_without_a_cache_warmup_section_reads_as_no_warmup() {
+        let mut document = status_json();
+        document.as_object_mut().unwrap().remove("cache_warmup");
+        let status: PoolStatus = serde_json::from_value(document).expect("reads");
+        assert_eq!(status.cache_warmup, CacheWarmupStatus::default());
     }
 
     #[test]
