@@ -64,6 +64,10 @@ pub struct PoolStatus {
     pub device_full: Option<DeviceFullStatus>,
     pub device_full_retries: u64,
     pub memory_cache: CacheStatistics,
+    /// The memory cache's warm-up after a restart (absent from daemons that
+    /// predate it: no warm-up).
+    #[serde(default)]
+    pub cache_warmup: CacheWarmupStatus,
     /// Space of the flash tier (all of a one-tier pool).
     pub flash: TierSpace,
     /// Space of the capacity tier, in a two-tier pool.
@@ -158,6 +162,29 @@ pub struct ScrubStatus {
     pub blocks_scrubbed: u64,
     pub blocks_repaired: u64,
     pub blocks_unrepairable: u64,
+    pub elapsed_ms: u64,
+}
+
+/// What the memory cache's warm-up is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheWarmupState {
+    /// No record of the cache's contents was loaded since the pool opened.
+    #[default]
+    None,
+    Loading,
+    Finished,
+}
+
+/// `pool status`'s cache warm-up section (see the engine's
+/// `CacheWarmupStatus`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheWarmupStatus {
+    pub state: CacheWarmupState,
+    pub blocks_listed: u64,
+    pub blocks_to_load: u64,
+    pub blocks_loaded: u64,
+    pub blocks_skipped: u64,
     pub elapsed_ms: u64,
 }
 
@@ -415,8 +442,10 @@ mod tests {
             "granted_bytes": {"rebuild": 0, "cleaner": 4096, "demoter": 0, "scrub": 8192},
             "urgent_bytes": 0
         });
-        document["rebuild"] = serde_json::json!({"state": "rebuilding", "bytes_total": 100,
-            "kind": "replacement", "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
+        document["cache_warmup"] = serde_json::json!({"state": "loading", "blocks_listed": 10,
+            "blocks_to_load": 8, "blocks_loaded": 5, "blocks_skipped": 1, "elapsed_ms": 300});
+        document["rebuild"] = serde_json::json!({"state": "rebuilding", "kind": "replacement", "bytes_total": 100,
+            "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
             "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null});
         document
     }
@@ -427,6 +456,14 @@ mod tests {
         document.as_object_mut().unwrap().remove("rebuild");
         let status: PoolStatus = serde_json::from_value(document).expect("reads");
         assert_eq!(status.rebuild.state, RebuildState::None);
+    }
+
+    #[test]
+    fn a_status_without_a_cache_warmup_section_reads_as_no_warmup() {
+        let mut document = status_json();
+        document.as_object_mut().unwrap().remove("cache_warmup");
+        let status: PoolStatus = serde_json::from_value(document).expect("reads");
+        assert_eq!(status.cache_warmup, CacheWarmupStatus::default());
     }
 
     #[test]

@@ -463,6 +463,9 @@ fn print_status(status: &PoolStatus) {
     if status.scrub.state != lamina_api::ScrubState::None {
         pool_commands::print_scrub(&status.scrub);
     }
+    if status.cache_warmup.state != lamina_api::CacheWarmupState::None {
+        pool_commands::print_cache_warmup(&status.cache_warmup);
+    }
     device_commands::print_rebuild(&status.rebuild);
     device_commands::print_background(&status.background);
     if let Some(layout) = &status.layout {

@@ -151,6 +151,23 @@ pub fn print_scrub(scrub: &ScrubStatus) {
     );
 }
 
+/// `pool status`'s line on the memory cache's warm-up after a restart.
+pub fn print_cache_warmup(warmup: &lamina_api::CacheWarmupStatus) {
+    let state = match warmup.state {
+        lamina_api::CacheWarmupState::None => "none since the pool opened",
+        lamina_api::CacheWarmupState::Loading => "loading",
+        lamina_api::CacheWarmupState::Finished => "finished",
+    };
+    println!(
+        "cache warm-up        {state}: {} of {} blocks loaded, {} skipped ({} listed, {:.1} s)",
+        warmup.blocks_loaded,
+        warmup.blocks_to_load,
+        warmup.blocks_skipped,
+        warmup.blocks_listed,
+        warmup.elapsed_ms as f64 / 1000.0
+    );
+}
+
 /// The state and device table of `pool status`, zpool-style.
 pub fn print_layout(layout: &LayoutStatus) {
     println!("state                {}", layout.state);

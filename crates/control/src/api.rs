@@ -37,6 +37,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         device_full,
         device_full_retries,
         memory_cache,
+        cache_warmup,
         flash,
         capacity,
         promoted_blocks,
@@ -78,6 +79,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             hits: memory_cache.hits,
             misses: memory_cache.misses,
         },
+        cache_warmup: cache_warmup_of(cache_warmup),
         flash: tier_space_of(flash),
         capacity: capacity.map(tier_space_of),
         promoted_blocks,
@@ -95,6 +97,22 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         rebuild: rebuild_status(rebuild),
         background: background_of(background),
         layout: None,
+    }
+}
+
+/// `pool status`'s cache warm-up section.
+fn cache_warmup_of(status: engine::CacheWarmupStatus) -> api::CacheWarmupStatus {
+    api::CacheWarmupStatus {
+        state: match status.state {
+            engine::CacheWarmupState::None => api::CacheWarmupState::None,
+            engine::CacheWarmupState::Loading => api::CacheWarmupState::Loading,
+            engine::CacheWarmupState::Finished => api::CacheWarmupState::Finished,
+        },
+        blocks_listed: status.blocks_listed,
+        blocks_to_load: status.blocks_to_load,
+        blocks_loaded: status.blocks_loaded,
+        blocks_skipped: status.blocks_skipped,
+        elapsed_ms: status.elapsed_ms,
     }
 }
 

@@ -2,7 +2,8 @@
 //! serves every volume over NBD on TCP and a Unix socket, serves the admin API,
 //! tells a service manager when it is ready (`systemd.rs`), reloads what can
 //! change live on SIGHUP, and on SIGINT or SIGTERM stops accepting, lets
-//! in-flight requests finish, flushes, checkpoints and exits 0.
+//! in-flight requests finish, flushes, checkpoints, records the memory
+//! cache's contents (`cache_contents.rs`) and exits 0.
 
 use std::sync::Arc;
 
@@ -416,6 +417,13 @@ pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result
     let admin_path = listeners.start_admin(&mut tasks, context.clone(), audit.clone())?;
     listeners.start_web(&mut tasks, context, audit).await?;
     tasks.spawn(volume_statistics.run_sampler(pool.clone(), shutdown.clone()));
+    // The memory cache's contents of the last run load behind client I/O.
+    crate::cache_contents::warm(&pool, &config.data_dir);
+    tasks.spawn(crate::cache_contents::run_recorder(
+        pool.clone(),
+        config.data_dir.clone(),
+        shutdown.clone(),
+    ));
     let volumes = pool.list_volumes();
     tracing::info!(
         volumes = volumes.len(),
@@ -434,6 +442,7 @@ pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result
     pool.close()
         .await
         .context("flushing the pool at shutdown")?;
+    crate::cache_contents::record_at_shutdown(&pool, &config.data_dir);
     let _ = std::fs::remove_file(&unix_path);
     let _ = std::fs::remove_file(&admin_path);
     tracing::info!("stopped cleanly");

@@ -7,6 +7,7 @@ pub mod access;
 pub mod admin;
 pub mod api;
 pub mod arrays;
+pub mod cache_contents;
 pub mod client;
 pub mod config;
 pub mod daemon;

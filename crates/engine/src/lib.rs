@@ -24,6 +24,9 @@ pub mod volume;
 pub use error::{CreateError, EngineError, IoError, OpenError, VolumeError};
 pub use log::geometry::Tier;
 pub use pool::budget::{BackgroundBudgetStatus, BackgroundWork, ClientOperation, GrantedBytes};
+pub use pool::cache_warmup::{
+    CacheContents, CacheContentsError, CacheWarmupState, CacheWarmupStatus, CachedBlock,
+};
 pub use pool::cleaner::CleanerState;
 pub use pool::evacuation::EvacuationNeed;
 pub use pool::rebuild::RebuildStart;

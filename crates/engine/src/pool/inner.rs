@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::budget::BackgroundBudget;
+use super::cache_warmup::CacheWarmer;
 use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
 use super::integrity::Integrity;
@@ -76,6 +77,8 @@ pub(crate) struct Inner {
     pub(super) scrub: Scrubber,
     /// The rebuild's progress (one rebuild at a time).
     pub(super) rebuild: Rebuilder,
+    /// The memory cache's warm-up after a restart (one per opening).
+    pub(super) cache_warmup: CacheWarmer,
     /// The rate background work (rebuild, cleaner, demoter, scrub) may
     /// issue, following client latency.
     pub(super) budget: BackgroundBudget,

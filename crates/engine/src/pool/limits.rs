@@ -59,6 +59,18 @@ pub struct PoolLimits {
     pub read_run_blocks_max: u64,
     /// Bytes of memory caching device blocks (0 disables the cache).
     pub memory_cache_bytes: u64,
+    /// Warm the memory cache after a restart: the daemon records which
+    /// blocks it holds (volume and logical block, hottest first) at clean
+    /// shutdown and every `memory_cache_record_interval_ms`, and the pool
+    /// reloads them in the background after it opens (see
+    /// `pool::cache_warmup`).
+    pub memory_cache_warm_restart: bool,
+    /// Time between two records of the memory cache's contents while the
+    /// daemon runs (what a crash leaves for the next start to warm).
+    pub memory_cache_record_interval_ms: u64,
+    /// Device reads the warm-up has in flight at once at most: it yields to
+    /// clients by never queueing more than this ahead of them.
+    pub memory_cache_warm_reads_in_flight_max: usize,
     /// Used-space percentages at which a warning is logged once per crossing
     /// (thin pools may be over-committed, so users need a warning before ENOSPC).
     pub usage_warning_percents: Vec<u8>,
@@ -340,6 +352,16 @@ impl PoolLimits {
         at_least("flush_interval_ms", self.flush_interval_ms, 1)?;
         at_least("cleaner_interval_ms", self.cleaner_interval_ms, 1)?;
         at_least(
+            "memory_cache_record_interval_ms",
+            self.memory_cache_record_interval_ms,
+            1,
+        )?;
+        at_least(
+            "memory_cache_warm_reads_in_flight_max",
+            self.memory_cache_warm_reads_in_flight_max as u64,
+            1,
+        )?;
+        at_least(
             "tier_demotion_interval_ms",
             self.tier_demotion_interval_ms,
             1,
@@ -410,6 +432,9 @@ impl Default for PoolLimits {
             read_run_blocks_max: 64,
             usage_warning_percents: vec![80, 90],
             memory_cache_bytes: 1 << 30,
+            memory_cache_warm_restart: true,
+            memory_cache_record_interval_ms: 60_000,
+            memory_cache_warm_reads_in_flight_max: 4,
             cleaner_relocation_blocks_per_client_block_max: 32.0,
             cleaner_headroom_segment_count: 4,
             cleaner_interval_ms: 5,

@@ -12,6 +12,7 @@
 
 mod background;
 pub mod budget;
+pub mod cache_warmup;
 mod checkpoint;
 pub mod cleaner;
 mod counters;

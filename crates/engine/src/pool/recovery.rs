@@ -84,6 +84,7 @@ fn new_inner(
         integrity: Default::default(),
         scrub: Default::default(),
         rebuild: Default::default(),
+        cache_warmup: Default::default(),
         budget,
         flush_marker,
     })

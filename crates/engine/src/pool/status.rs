@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 use super::budget::BackgroundBudgetStatus;
+use super::cache_warmup::CacheWarmupStatus;
 use super::cleaner::{self, CleanerState};
 use super::device_full::DeviceFullStatus;
 use super::inner::Pool;
@@ -70,6 +71,8 @@ pub struct PoolStatus {
     /// Batch writes retried after finding the device full, since the pool opened.
     pub device_full_retries: u64,
     pub memory_cache: CacheStatistics,
+    /// The memory cache's warm-up after a restart.
+    pub cache_warmup: CacheWarmupStatus,
     /// Space of the flash tier (all of a one-tier pool).
     pub flash: TierSpace,
     /// Space of the capacity tier, in a two-tier pool.
@@ -276,6 +279,7 @@ impl Pool {
             device_full: self.inner.device_full.status(),
             device_full_retries: self.inner.device_full.retries_total(),
             memory_cache: self.inner.cache.statistics(),
+            cache_warmup: self.inner.cache_warmup.status(),
             flash: tier_space(
                 geometry,
                 Tier::Flash,

@@ -6,6 +6,10 @@
 //! Eviction is CLOCK (second chance): a hit sets a reference bit, the hand clears
 //! bits and evicts the first unreferenced slot. Readers still verify every block
 //! they take from the cache against the checksum in the map, as for device reads.
+//!
+//! For a warm restart (`pool::cache_warmup`) the cache lists what it holds,
+//! hottest first, and takes blocks loaded in the background only into room it
+//! has: a warm-up never evicts what clients brought in since the start.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -133,6 +137,55 @@ impl MemoryCache {
         state.data[index * BLOCK..(index + 1) * BLOCK].copy_from_slice(contents);
     }
 
+    /// Caches a block's contents only if the cache has room for it without
+    /// evicting anything (or already holds it); returns whether it is cached.
+    /// For background loading, which must not push out what clients use.
+    pub fn insert_if_room(&self, physical_block: u64, contents: &[u8]) -> bool {
+        assert_eq!(contents.len(), BLOCK);
+        if self.capacity_blocks == 0 {
+            return false;
+        }
+        {
+            let state = self.lock();
+            let has_room = state.index_of.contains_key(&physical_block)
+                || !state.free_slots.is_empty()
+                || state.slots.len() < self.capacity_blocks;
+            if !has_room {
+                return false;
+            }
+        }
+        // Nothing else evicts under `insert` while room is left, and a
+        // concurrent insert that took the last room costs one eviction at most.
+        self.insert(physical_block, contents);
+        true
+    }
+
+    /// The physical blocks cached, hottest first: those referenced since the
+    /// hand last passed them, then the others from the one the hand would
+    /// evict last to the one it would evict next.
+    pub fn physical_blocks_hottest_first(&self) -> Vec<u64> {
+        let state = self.lock();
+        let slot_count = state.slots.len();
+        let mut referenced = Vec::new();
+        let mut unreferenced = Vec::new();
+        // Walking backwards from just behind the hand visits the slots the hand
+        // reaches last first.
+        for step in 1..=slot_count {
+            let index = (state.hand + slot_count - step) % slot_count;
+            let slot = &state.slots[index];
+            if slot.physical_block == u64::MAX {
+                continue;
+            }
+            if slot.referenced {
+                referenced.push(slot.physical_block);
+            } else {
+                unreferenced.push(slot.physical_block);
+            }
+        }
+        referenced.extend(unreferenced);
+        referenced
+    }
+
     /// Forgets every block in `first_block..first_block + block_count` (a segment
     /// about to be reused).
     pub fn invalidate_range(&self, first_block: u64, block_count: u64) {
@@ -189,8 +242,33 @@ mod tests {
         assert!(cache.get(10, &mut out) && out == block(1));
         let statistics = cache.statistics();
         assert_eq!(statistics.cached_bytes, 2 * BLOCK_SIZE_BYTES);
+        assert_eq!(cache.physical_blocks_hottest_first().len(), 2);
         let disabled = MemoryCache::new(0);
         disabled.insert(1, &block(1));
         assert!(!disabled.get(1, &mut out));
+        assert!(!disabled.insert_if_room(1, &block(1)));
+    }
+
+    #[test]
+    fn lists_referenced_blocks_first_and_loads_only_into_room() {
+        let cache = MemoryCache::new(3 * BLOCK_SIZE_BYTES);
+        let mut out = block(0);
+        for physical_block in [20, 21, 22] {
+            assert!(cache.insert_if_room(physical_block, &block(1)));
+        }
+        assert!(cache.get(21, &mut out));
+        let listed = cache.physical_blocks_hottest_first();
+        assert_eq!(listed[0], 21, "the referenced block leads");
+        assert_eq!(listed.len(), 3);
+        // Full: a background load is refused, nothing is evicted.
+        assert!(!cache.insert_if_room(23, &block(2)));
+        for physical_block in [20, 21, 22] {
+            assert!(cache.get(physical_block, &mut out));
+        }
+        // Already cached blocks are still accepted (same contents).
+        assert!(cache.insert_if_room(20, &block(1)));
+        cache.invalidate_range(22, 1);
+        assert!(cache.insert_if_room(23, &block(2)));
+        assert!(cache.get(23, &mut out) && out == block(2));
     }
 }
