@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::budget::BackgroundBudget;
-use super::cache_warmup::CacheWarmer;
+use super::cache_warmup_progress::CacheWarmer;
 use super::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use super::flush_marker::FlushMarker;
 use super::integrity::Integrity;

@@ -13,6 +13,7 @@
 mod background;
 pub mod budget;
 pub mod cache_warmup;
+mod cache_warmup_progress;
 mod checkpoint;
 pub mod cleaner;
 mod counters;
