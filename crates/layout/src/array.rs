@@ -511,7 +511,10 @@ impl BlockDevice for RedundantArray {
     }
 
     fn new_region_usable_bytes(&self, offset: u64, length: u64) -> Option<u64> {
-        self.shape_of_region(offset, length)?;
+        if !self.geometry.is_zoned() {
+            return None;
+        }
+        self.zone_of_region(offset, length);
         Some(self.usable_bytes_of_new_zone())
     }
 

@@ -79,7 +79,7 @@ impl RedundantArray {
 
     /// The zone of the region `offset..offset + length`, which must be one
     /// whole zone (one engine segment).
-    fn zone_of_region(&self, offset: u64, length: u64) -> u64 {
+    pub(crate) fn zone_of_region(&self, offset: u64, length: u64) -> u64 {
         let zone_bytes = self.geometry.zone_address_blocks() * BLOCK_SIZE_BYTES;
         let prefix_bytes = self.geometry.prefix_blocks * BLOCK_SIZE_BYTES;
         assert!(
@@ -99,17 +99,14 @@ impl RedundantArray {
     /// The shape of zone `zone` now.
     fn shape_of_zone(&self, zone: u64) -> RegionShape {
         let view = self.zone(zone);
-        let removing = self.removing.lock().expect("removing lock").clone();
-        let degraded = view
-            .stripe
-            .members()
-            .iter()
-            .any(|index| !self.members[*index].state().is_usable() || removing[*index]);
-        let mask = view
-            .stripe
-            .members()
-            .iter()
-            .fold(0, |mask, index| mask | (1 << index));
+        let degraded = {
+            let removing = self.removing.lock().expect("removing lock");
+            view.stripe
+                .members()
+                .iter()
+                .any(|index| !self.members[*index].state().is_usable() || removing[*index])
+        };
+        let mask = view.stripe.mask();
         RegionShape {
             usable_bytes: view.usable_blocks() * BLOCK_SIZE_BYTES,
             row_bytes: view.row_data_blocks() * BLOCK_SIZE_BYTES,

@@ -111,13 +111,7 @@ impl Pool {
         }
         tracing::warn!(need = ?self.evacuation_need(), "rebuild by moving data off the lost device started");
         let result = self.evacuate_all().await;
-        let error = result.as_ref().err().map(ToString::to_string);
-        match &error {
-            Some(error) => tracing::error!(%error, "rebuild failed"),
-            None => tracing::warn!(status = ?self.inner.rebuild.status(), "rebuild finished"),
-        }
-        self.inner.rebuild.finish(error);
-        result.map(|()| self.rebuild_status())
+        self.rebuild_ended(result)
     }
 
     async fn evacuate_all(&self) -> Result<(), EngineError> {

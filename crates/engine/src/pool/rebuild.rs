@@ -118,6 +118,15 @@ impl Pool {
         }
         tracing::warn!("rebuild started");
         let result = self.rebuild_all().await;
+        self.rebuild_ended(result)
+    }
+
+    /// Logs how a rebuild of either kind ended, records it for status, and
+    /// answers with the final status.
+    pub(super) fn rebuild_ended(
+        &self,
+        result: Result<(), EngineError>,
+    ) -> Result<RebuildStatus, EngineError> {
         let error = result.as_ref().err().map(ToString::to_string);
         match &error {
             Some(error) => tracing::error!(%error, "rebuild failed"),
