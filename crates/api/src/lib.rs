@@ -134,6 +134,9 @@ pub enum RebuildKind {
     #[default]
     Replacement,
     DistributedSpare,
+    /// After `device add --rebalance`: existing data spreads over the
+    /// widened array.
+    Rebalance,
 }
 
 impl RebuildKind {
@@ -141,6 +144,7 @@ impl RebuildKind {
         match self {
             Self::Replacement => "onto the replacement",
             Self::DistributedSpare => "onto distributed spare space",
+            Self::Rebalance => "rebalancing over the added device",
         }
     }
 }

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use lamina_api::{
-    BackgroundBudgetStatus, BackgroundImpact, DeviceStatus, PoolStatus, RebuildState,
+    BackgroundBudgetStatus, BackgroundImpact, DeviceStatus, PoolStatus, RebuildKind, RebuildState,
     RebuildStatus, TierName,
 };
 use lamina_control::admin::Operation;
@@ -77,6 +77,19 @@ pub enum DeviceCommand {
         path: String,
         #[arg(long, value_enum)]
         tier: TierArgument,
+        /// Then spread the data already stored over it (`device
+        /// rebalance`), drawing a progress bar.
+        #[arg(long)]
+        rebalance: bool,
+        #[command(flatten)]
+        data: DeviceData,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Spread the data stored over every device in use: segments laid out
+    /// before a device was added move to segments striped over it too
+    /// (waits, drawing a progress bar).
+    Rebalance {
         #[command(flatten)]
         data: DeviceData,
         #[arg(long)]
@@ -137,6 +150,7 @@ pub async fn run(command: DeviceCommand) -> anyhow::Result<()> {
         DeviceCommand::Add {
             path,
             tier,
+            rebalance: rebalance_after,
             data,
             json,
         } => {
@@ -150,14 +164,18 @@ pub async fn run(command: DeviceCommand) -> anyhow::Result<()> {
             };
             let devices: Vec<DeviceStatus> =
                 parse(run_operation(&data.data_dir, operation).await?)?;
-            if json {
+            if json && !rebalance_after {
                 println!("{}", serde_json::to_string_pretty(&devices)?);
-            } else {
+            } else if !json {
                 println!("device {path} added");
                 print_devices(&devices);
             }
-            Ok(())
+            match rebalance_after {
+                true => rebalance(&data, json).await,
+                false => Ok(()),
+            }
         }
+        DeviceCommand::Rebalance { data, json } => rebalance(&data, json).await,
         DeviceCommand::Rebuild { wait, data, json } => {
             let mut status: RebuildStatus =
                 parse(run_operation(&data.data_dir, Operation::DeviceRebuild).await?)?;
@@ -181,6 +199,20 @@ async fn remove(data: &DeviceData, path: String, json: bool) -> anyhow::Result<(
     }
     let status: RebuildStatus = parse(removal.await.context("the removal task")??)?;
     finish_rebuild_report(&status, json, &format!("removing {path}"))
+}
+
+/// `device rebalance`: the operation runs to its end; through the daemon
+/// a progress bar follows it meanwhile.
+async fn rebalance(data: &DeviceData, json: bool) -> anyhow::Result<()> {
+    let data_dir = data.data_dir.clone();
+    let through_daemon = daemon_running(&data.data_dir).await;
+    let running =
+        tokio::spawn(async move { run_operation(&data_dir, Operation::DeviceRebalance).await });
+    if through_daemon && !json {
+        draw_progress_until(data, &running).await;
+    }
+    let status: RebuildStatus = parse(running.await.context("the rebalance task")??)?;
+    finish_rebuild_report(&status, json, "rebalanced")
 }
 
 fn finish_rebuild_report(status: &RebuildStatus, json: bool, what: &str) -> anyhow::Result<()> {
@@ -332,6 +364,7 @@ fn print_devices(devices: &[DeviceStatus]) {
 pub fn print_rebuild(rebuild: &RebuildStatus) {
     let state = match rebuild.state {
         RebuildState::None => return,
+        RebuildState::Rebuilding if rebuild.kind == RebuildKind::Rebalance => "rebalancing",
         RebuildState::Rebuilding => "rebuilding",
         RebuildState::Finished => "finished",
         RebuildState::Failed => "failed",

@@ -124,6 +124,15 @@ enum PoolCommand {
         /// without it is a pool on plain devices.
         #[arg(long, value_parser = pool_commands::parse_redundancy)]
         redundancy: Option<lamina_layout::Redundancy>,
+        /// Member slots of the flash array (raid5, raid6): more than the
+        /// devices leaves room for `device add` to widen it later. Each
+        /// segment's address range is sized for every slot, so this costs
+        /// address space, not bytes. Default: the devices given.
+        #[arg(long, value_name = "COUNT", requires = "redundancy")]
+        flash_slots: Option<usize>,
+        /// Member slots of the capacity array, as --flash-slots.
+        #[arg(long, value_name = "COUNT", requires_all = ["redundancy", "capacity"])]
+        capacity_slots: Option<usize>,
         /// A latency model for the flash device: none, or hdd-7200 (a 7,200 rpm
         /// SATA disk; with no --capacity, a pool on a modelled disk alone).
         #[arg(long, value_name = "MODEL", value_parser = lamina_control::store::BUILT_IN_DEVICE_MODELS)]
@@ -618,6 +627,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             flash_model,
             capacity_model,
             redundancy,
+            flash_slots,
+            capacity_slots,
             segment_size,
             force,
             json,
@@ -634,7 +645,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 &capacity_list,
                 redundancy,
                 [flash_model.as_deref(), capacity_model.as_deref()],
-            )?;
+            )?
+            .map(|mut request| {
+                request.slot_counts = lamina_control::arrays::TierSlotCounts {
+                    flash: flash_slots,
+                    capacity: capacity_slots,
+                };
+                request
+            });
+            if array.is_none() && (flash_slots.is_some() || capacity_slots.is_some()) {
+                anyhow::bail!(
+                    "--flash-slots and --capacity-slots leave room in an array: give --redundancy raid5 or raid6"
+                );
+            }
             if let Some(request) = array {
                 let options = PoolOptions {
                     segment_size_bytes: segment_size,

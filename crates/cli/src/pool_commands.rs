@@ -63,6 +63,7 @@ pub fn array_request(
         flash: tier(flash, models[0])?,
         capacity: tier(capacity, models[1])?,
         redundancy,
+        slot_counts: Default::default(),
     }))
 }
 

@@ -87,7 +87,11 @@ fn wait_for_rebuild(data_dir: &Path) -> serde_json::Value {
 /// A raid6 pool over six file devices f0..f5 with volumes `v` (filled with
 /// random bytes from `seed` through nbdcopy) and `scratch`, served by a
 /// daemon. Returns the daemon, `v`'s contents and the file they came from.
-fn six_device_pool_with_data(setup: &Setup, seed: u64) -> (Daemon, Vec<u8>, PathBuf) {
+fn six_device_pool_with_data(
+    setup: &Setup,
+    seed: u64,
+    create_options: &[&str],
+) -> (Daemon, Vec<u8>, PathBuf) {
     let (root, data_dir) = (&setup.root, &setup.data_dir);
     let members = (0..MEMBER_COUNT)
         .map(|index| {
@@ -98,19 +102,18 @@ fn six_device_pool_with_data(setup: &Setup, seed: u64) -> (Daemon, Vec<u8>, Path
         })
         .collect::<Vec<_>>()
         .join(",");
-    lamina_ok(
-        data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members,
-            "--redundancy",
-            "raid6",
-            "--segment-size",
-            "1M",
-        ],
-    );
+    let mut create = vec![
+        "pool",
+        "create",
+        "--flash",
+        &members,
+        "--redundancy",
+        "raid6",
+        "--segment-size",
+        "1M",
+    ];
+    create.extend_from_slice(create_options);
+    lamina_ok(data_dir, &create);
     lamina_ok(data_dir, &["volume", "create", "v", "48M"]);
     lamina_ok(data_dir, &["volume", "create", "scratch", "16M"]);
     let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
@@ -126,7 +129,7 @@ fn six_device_pool_with_data(setup: &Setup, seed: u64) -> (Daemon, Vec<u8>, Path
 fn devices_fail_and_are_replaced_under_load_and_across_a_kill() {
     let setup = Setup::new();
     let (root, data_dir) = (&setup.root, &setup.data_dir);
-    let (daemon, expected, _source) = six_device_pool_with_data(&setup, 3);
+    let (daemon, expected, _source) = six_device_pool_with_data(&setup, 3, &[]);
 
     // fio writes and verifies while f0 fails and is replaced.
     let mut load = fio(&daemon, false)
@@ -344,7 +347,7 @@ fn a_capacity_device_is_replaced_offline_and_carries_the_demoted_data() {
 fn a_lost_device_is_rebuilt_onto_the_others_by_itself_across_a_kill() {
     let setup = Setup::new();
     let (root, data_dir) = (&setup.root, &setup.data_dir);
-    let (daemon, expected, source) = six_device_pool_with_data(&setup, 5);
+    let (daemon, expected, source) = six_device_pool_with_data(&setup, 5, &[]);
 
     // fio writes and verifies while f0 is lost and rebuilt onto the others.
     let mut load = fio(&daemon, false)
@@ -446,4 +449,106 @@ fn a_lost_device_is_rebuilt_onto_the_others_by_itself_across_a_kill() {
         description.contains(&canonical(&member(root, "new3"))),
         "{description}"
     );
+}
+
+#[test]
+fn a_pool_created_with_empty_slots_widens_and_rebalances_under_load() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let (daemon, expected, source) = six_device_pool_with_data(&setup, 8, &["--flash-slots", "8"]);
+    let path = |name: &str| member(root, name).display().to_string();
+    let capacity = |status: &serde_json::Value| status["capacity_bytes"].as_u64().unwrap();
+    let six_wide = capacity(&lamina_ok(data_dir, &["pool", "status"]));
+
+    // fio writes and verifies while a seventh device is added and the data
+    // spread over it.
+    let mut load = fio(&daemon, false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let seventh = format!("{}:{MEMBER_SIZE}", path("new6"));
+    let rebalanced = lamina_ok(
+        data_dir,
+        &["device", "add", "--tier", "flash", &seventh, "--rebalance"],
+    );
+    assert_eq!(rebalanced["state"], "finished", "{rebalanced}");
+    assert_eq!(rebalanced["kind"], "rebalance", "{rebalanced}");
+    assert!(
+        rebalanced["bytes_done"].as_u64().unwrap() >= VOLUME_BYTES as u64 / 2,
+        "the stored data moved: {rebalanced}"
+    );
+    let finished = wait_with_timeout(&mut load, FIO_TIMEOUT_MS).expect("fio ends");
+    assert!(
+        finished.success(),
+        "fio failed its verification during the rebalance"
+    );
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    // Raid6 rows of four data columns become rows of five.
+    let seven_wide = capacity(&status);
+    assert!(
+        seven_wide * 4 > six_wide * 5 * 99 / 100 && seven_wide * 4 <= six_wide * 5,
+        "{six_wide} bytes over six, {seven_wide} over seven"
+    );
+    assert_eq!(devices(&status)[6]["state"], "online", "{status}");
+    assert_volume_reads(&daemon, root, &expected, "after the rebalance");
+
+    // The eighth fills the last slot (rebalanced by hand); a ninth is
+    // refused, naming the slots.
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+    let eighth = format!("{}:{MEMBER_SIZE}", path("new7"));
+    lamina_ok(data_dir, &["device", "add", "--tier", "flash", &eighth]);
+    let rebalanced = lamina_ok(data_dir, &["device", "rebalance"]);
+    assert_eq!(rebalanced["state"], "finished", "{rebalanced}");
+    let ninth = format!("{}:{MEMBER_SIZE}", path("new8"));
+    let error = lamina_error(data_dir, &["device", "add", "--tier", "flash", &ninth]);
+    assert!(error.contains("slots are all in use"), "{error}");
+
+    // Any two lost, an added one among them, lose nothing.
+    lamina_ok(data_dir, &["device", "fail", &path("new6")]);
+    lamina_ok(data_dir, &["device", "fail", &path("f2")]);
+    assert_volume_reads(&daemon, root, &expected, "with two of eight lost");
+    let verified = fio(&daemon, true).output().unwrap();
+    assert!(verified.status.success(), "fio's data with two lost");
+    assert!(daemon.terminate().success());
+}
+
+#[test]
+fn empty_slots_are_refused_where_they_cannot_widen() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let devices = |count: usize| {
+        (0..count)
+            .map(|index| format!("{}:16M", member(root, &format!("s{index}")).display()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let error = lamina_error(
+        data_dir,
+        &[
+            "pool",
+            "create",
+            "--flash",
+            &devices(6),
+            "--redundancy",
+            "raid6",
+            "--flash-slots",
+            "5",
+        ],
+    );
+    assert!(error.contains("5 slots for 6 devices"), "{error}");
+    let error = lamina_error(
+        data_dir,
+        &[
+            "pool",
+            "create",
+            "--flash",
+            &devices(3),
+            "--redundancy",
+            "mirror",
+            "--flash-slots",
+            "4",
+        ],
+    );
+    assert!(error.contains("only raid5 and raid6 widen"), "{error}");
 }

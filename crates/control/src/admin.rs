@@ -136,6 +136,10 @@ pub enum Operation {
     /// does by itself): the data of segments on a lost device moves to the
     /// others.
     DeviceRebuild,
+    /// Moves the data of segments narrower than the arrays now are (after
+    /// `device add`) to segments laid out over every device in use
+    /// (answers when done).
+    DeviceRebalance,
 }
 
 impl Operation {
@@ -504,6 +508,11 @@ pub async fn execute(
         ),
         Operation::DeviceRebuild => serde_json::to_value(
             crate::devices::rebuild_now(pool)
+                .await
+                .map_err(device_error)?,
+        ),
+        Operation::DeviceRebalance => serde_json::to_value(
+            crate::devices::rebalance(pool)
                 .await
                 .map_err(device_error)?,
         ),

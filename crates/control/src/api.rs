@@ -128,6 +128,7 @@ pub fn rebuild_status(status: engine::RebuildStatus) -> api::RebuildStatus {
         kind: match status.kind {
             engine::RebuildKind::Replacement => api::RebuildKind::Replacement,
             engine::RebuildKind::DistributedSpare => api::RebuildKind::DistributedSpare,
+            engine::RebuildKind::Rebalance => api::RebuildKind::Rebalance,
         },
         bytes_total: status.bytes_total,
         bytes_done: status.bytes_done,

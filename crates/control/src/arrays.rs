@@ -33,6 +33,17 @@ pub struct ArrayPoolRequest {
     /// Empty for a one-tier pool.
     pub capacity: Vec<TierDevice>,
     pub redundancy: Redundancy,
+    /// Member slots per tier (`--flash-slots`, `--capacity-slots`): at least
+    /// the devices given; the rest start empty for `device add` to fill,
+    /// widening the array. `None`: as many as the devices.
+    pub slot_counts: TierSlotCounts,
+}
+
+/// Member slots asked for each tier's array.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierSlotCounts {
+    pub flash: Option<usize>,
+    pub capacity: Option<usize>,
 }
 
 /// Refuses device lists that name one device twice (through symlinks and
@@ -121,12 +132,13 @@ async fn create_arrays_and_pool(
     // each array learns the segment size: every segment is one zone, laid
     // out over the members in use when it is opened (distributed spare
     // space after a loss, issue 19).
-    let rows_of = |devices: &[TierDevice]| match devices.len() {
+    let slots = SlotCounts::of(request);
+    let rows_of = |slot_count: usize| match slot_count {
         0 => 1,
         count => request.redundancy.data_columns(count) as u64,
     };
-    options.flash_row_blocks = rows_of(&request.flash);
-    options.capacity_row_blocks = rows_of(&request.capacity);
+    options.flash_row_blocks = rows_of(slots.flash);
+    options.capacity_row_blocks = rows_of(slots.capacity);
     let segment_size_bytes = segment_size_for_rows(
         options.segment_size_bytes,
         options.flash_row_blocks,
@@ -140,19 +152,22 @@ async fn create_arrays_and_pool(
         );
         options.segment_size_bytes = segment_size_bytes;
     }
-    let tier_array = |tier, devices| TierArrayRequest {
+    let tier_array = |tier, devices, slot_count| TierArrayRequest {
         tier,
         devices,
         array_identifier,
         redundancy: request.redundancy,
         segment_blocks: segment_size_bytes / BLOCK_SIZE_BYTES,
+        slot_count,
     };
-    let flash = create_tier_array(tier_array(TierRole::Flash, &request.flash), &models).await?;
+    let flash = tier_array(TierRole::Flash, &request.flash, slots.flash);
+    let flash = create_tier_array(flash, &models).await?;
     let capacity = match request.capacity.is_empty() {
         true => None,
-        false => Some(
-            create_tier_array(tier_array(TierRole::Capacity, &request.capacity), &models).await?,
-        ),
+        false => {
+            let capacity = tier_array(TierRole::Capacity, &request.capacity, slots.capacity);
+            Some(create_tier_array(capacity, &models).await?)
+        }
     };
     assert_eq!(flash.row_data_blocks(), options.flash_row_blocks);
     assert_eq!(
@@ -191,6 +206,24 @@ fn pool_device(
     (device, PoolLayout::new(tiers))
 }
 
+/// Each tier's slots: those asked for, or its devices (0 for no tier).
+struct SlotCounts {
+    flash: usize,
+    capacity: usize,
+}
+
+impl SlotCounts {
+    fn of(request: &ArrayPoolRequest) -> Self {
+        Self {
+            flash: request.slot_counts.flash.unwrap_or(request.flash.len()),
+            capacity: match request.capacity.len() {
+                0 => 0,
+                count => request.slot_counts.capacity.unwrap_or(count),
+            },
+        }
+    }
+}
+
 /// One tier's array to create.
 struct TierArrayRequest<'a> {
     tier: TierRole,
@@ -199,6 +232,8 @@ struct TierArrayRequest<'a> {
     redundancy: Redundancy,
     /// The engine's segment size: each segment is one zone of the array.
     segment_blocks: u64,
+    /// Member slots, at least the devices.
+    slot_count: usize,
 }
 
 async fn create_tier_array(
@@ -219,15 +254,15 @@ async fn create_tier_array(
         tier,
     };
     let prefix_blocks = prefix_blocks_of(tier);
-    let array = lamina_layout::create_zoned(
-        identity,
-        request.redundancy,
+    let shape = lamina_layout::ZonedArrayRequest {
+        redundancy: request.redundancy,
         prefix_blocks,
-        request.segment_blocks,
-        members,
-    )
-    .await
-    .with_context(|| format!("cannot make the {} tier's array", tier.name()))?;
+        segment_blocks: request.segment_blocks,
+        slot_count: request.slot_count,
+    };
+    let array = lamina_layout::create_zoned_with_slots(identity, shape, members)
+        .await
+        .with_context(|| format!("cannot make the {} tier's array", tier.name()))?;
     Ok(Arc::new(array))
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lamina_api as api;
-use lamina_engine::{Pool, RebuildState};
+use lamina_engine::{EvacuationGoal, Pool, RebuildState};
 use lamina_layout::TierRole;
 
 use crate::layout::{PoolLayout, TierArray};
@@ -150,7 +150,7 @@ pub async fn remove(
         }
         .into());
     }
-    let status = evacuate_waiting(pool).await?;
+    let status = evacuate_waiting(pool, EvacuationGoal::Redundancy).await?;
     for _ in 0..REMOVAL_ROUNDS_MAX {
         match tier.array.finish_removal(index).await {
             Ok(()) => {
@@ -164,7 +164,7 @@ pub async fn remove(
                 pool.flush().await?;
                 pool.checkpoint().await?;
                 pool.checkpoint().await?;
-                evacuate_waiting(pool).await?;
+                evacuate_waiting(pool, EvacuationGoal::Redundancy).await?;
             }
             Err(error) => return Err(error.into()),
         }
@@ -205,11 +205,26 @@ pub async fn rebuild_now(pool: &Pool) -> anyhow::Result<api::RebuildStatus> {
     Ok(crate::api::rebuild_status(pool.rebuild_status()))
 }
 
+/// `device rebalance` (and `device add --rebalance`): moves the data of
+/// segments narrower than the arrays now are onto every device in use, to
+/// its end, after a rebuild running meanwhile.
+pub async fn rebalance(pool: &Pool) -> anyhow::Result<api::RebuildStatus> {
+    let status = evacuate_waiting(pool, EvacuationGoal::Width).await?;
+    Ok(crate::api::rebuild_status(status))
+}
+
 /// Runs an evacuation to its end, after the one running (an automatic
 /// rebuild) if any.
-async fn evacuate_waiting(pool: &Pool) -> anyhow::Result<lamina_engine::RebuildStatus> {
+async fn evacuate_waiting(
+    pool: &Pool,
+    goal: EvacuationGoal,
+) -> anyhow::Result<lamina_engine::RebuildStatus> {
     loop {
-        match pool.evacuate().await {
+        let result = match goal {
+            EvacuationGoal::Redundancy => pool.evacuate().await,
+            EvacuationGoal::Width => pool.rebalance().await,
+        };
+        match result {
             Err(lamina_engine::EngineError::Io(lamina_engine::IoError::RebuildRunning)) => {
                 tokio::time::sleep(Duration::from_millis(REBUILD_FOLLOW_INTERVAL_MS)).await;
             }

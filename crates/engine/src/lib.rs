@@ -28,7 +28,7 @@ pub use pool::cache_warmup::{
     CacheContents, CacheContentsError, CacheWarmupState, CacheWarmupStatus, CachedBlock,
 };
 pub use pool::cleaner::CleanerState;
-pub use pool::evacuation::EvacuationNeed;
+pub use pool::evacuation::{EvacuationGoal, EvacuationNeed};
 pub use pool::rebuild::RebuildStart;
 pub use pool::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 pub use pool::scrub_progress::{ScrubState, ScrubStatus};

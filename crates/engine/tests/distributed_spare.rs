@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice};
 use lamina_engine::log::geometry::DATA_START_BLOCK;
-use lamina_engine::{Pool, PoolLimits, PoolOptions, RebuildKind, RebuildState, TestHooks};
+use lamina_engine::{
+    EvacuationGoal, Pool, PoolLimits, PoolOptions, RebuildKind, RebuildState, TestHooks,
+};
 use lamina_layout::{
     ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole, assemble, create_zoned,
 };
@@ -246,4 +248,107 @@ async fn the_rebuild_starts_by_itself_when_the_pool_opens_without_a_member() {
         "with the added device and two lost",
     )
     .await;
+}
+
+/// Six members in eight slots: segments are four rows of six data blocks
+/// (96 KiB of range), sixteen blocks of them usable over the six.
+const SEGMENT_BYTES_EIGHT_SLOTS: u64 = 96 << 10;
+
+async fn new_pool_in_eight_slots(members: &[Member]) -> (Pool, Arc<RedundantArray>) {
+    let identity = ArrayIdentity {
+        array_identifier: 10,
+        tier: TierRole::Flash,
+    };
+    let devices = members
+        .iter()
+        .enumerate()
+        .map(|(index, member)| member_device(index, member))
+        .collect();
+    let request = lamina_layout::ZonedArrayRequest {
+        redundancy: Redundancy::Raid6,
+        prefix_blocks: DATA_START_BLOCK,
+        segment_blocks: SEGMENT_BYTES_EIGHT_SLOTS / BLOCK as u64,
+        slot_count: 8,
+    };
+    let array = Arc::new(
+        lamina_layout::create_zoned_with_slots(identity, request, devices)
+            .await
+            .expect("array"),
+    );
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES_EIGHT_SLOTS,
+        flash_row_blocks: array.row_data_blocks(),
+        ..PoolOptions::default()
+    };
+    let pool = Pool::create(array.clone(), options, limits(false))
+        .await
+        .expect("pool");
+    (pool, array)
+}
+
+#[tokio::test]
+async fn an_added_device_widens_the_pool_and_a_rebalance_spreads_the_data_over_it() {
+    let members = members();
+    let (pool, array) = new_pool_in_eight_slots(&members).await;
+    let segment_count = pool.status().segment_count;
+    // Space is counted at the width of the six, not the eight slots' range.
+    assert_eq!(
+        pool.status().capacity_bytes,
+        segment_count * 16 * BLOCK as u64
+    );
+    let volume = pool.create_volume("v", 4 << 20).await.unwrap();
+    let mut blocks = vec![vec![0_u8; BLOCK]; 1024];
+    write_random(&pool, volume.volume_id, &mut blocks, 900, 11).await;
+    pool.checkpoint().await.unwrap();
+
+    let seventh: Member = Arc::new(FaultyDevice::new(
+        Arc::new(MemoryDevice::new(MEMBER_BYTES)),
+        70,
+    ));
+    let slot = array
+        .add_member(member_device(6, &seventh))
+        .await
+        .expect("add into an empty slot");
+    assert_eq!(slot, 6);
+    assert_eq!(
+        pool.status().capacity_bytes,
+        segment_count * 20 * BLOCK as u64,
+        "segments opened now hold five rows' worth"
+    );
+    let before = pool.evacuation_need_for(EvacuationGoal::Width);
+    assert!(before.degraded_segment_count > 0, "{before:?}");
+    assert_eq!(
+        pool.evacuation_need().degraded_segment_count,
+        0,
+        "nothing is degraded"
+    );
+
+    let status = pool.rebalance().await.expect("rebalance");
+    assert_eq!(status.state, RebuildState::Finished, "{status:?}");
+    assert_eq!(status.kind, RebuildKind::Rebalance);
+    assert!(status.bytes_done > 0, "{status:?}");
+    let after = pool.evacuation_need_for(EvacuationGoal::Width);
+    assert_eq!(after.degraded_segment_count, 0, "{after:?}");
+    assert!(array.zones_containing(6) > 0, "data moved onto the seventh");
+    check(&pool, volume.volume_id, &blocks, "after the rebalance").await;
+
+    // Every segment in use is striped over the seven at raid6: any two
+    // lost, the added one among them, lose nothing, here and reopened.
+    write_random(&pool, volume.volume_id, &mut blocks, 100, 12).await;
+    let mut all = members.clone();
+    all.push(seventh);
+    lose(&all, &array, 6).await;
+    lose(&all, &array, 2).await;
+    check(
+        &pool,
+        volume.volume_id,
+        &blocks,
+        "two lost after the rebalance",
+    )
+    .await;
+    pool.close().await.unwrap();
+    drop(pool);
+    let (pool, _array) = reopen(&all, &[0, 1, 3, 4, 5], false).await;
+    check(&pool, volume.volume_id, &blocks, "reopened without them").await;
+    pool.close().await.unwrap();
 }

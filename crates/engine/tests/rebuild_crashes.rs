@@ -11,7 +11,10 @@
 //! with no replacement at all: the pool rebuilds onto distributed spare
 //! space, moving the data of every segment that had a column on it into
 //! segments laid out over the members left (a second member may vanish
-//! during that too), and must then survive two more losses. Every
+//! during that too), and must then survive two more losses; or, on an
+//! array created with a seventh slot empty, a device added into it and the
+//! data spread over all seven (`Pool::rebalance`, a member perhaps lost
+//! during it), then two more losses. Every
 //! block must hold what the shadow allows after each cut; at the end, with
 //! as many other members taken out as the parity still covers, every block
 //! must read back through the rebuilt device, and a scrub must find nothing
@@ -25,10 +28,10 @@ use std::time::Duration;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::log::geometry::DATA_START_BLOCK;
-use lamina_engine::{Pool, PoolLimits, PoolOptions, RebuildState};
+use lamina_engine::{EvacuationGoal, Pool, PoolLimits, PoolOptions, RebuildState};
 use lamina_layout::{
-    ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, Redundancy, RedundantArray, TierRole, assemble,
-    create_zoned,
+    ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, Redundancy, RedundantArray, TierRole,
+    ZonedArrayRequest, assemble, create_zoned, create_zoned_with_slots,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -44,6 +47,11 @@ const MEMBER_COUNT: usize = 6;
 /// Raid6 over six members: four data columns and two parity columns a row.
 const DATA_COLUMNS: u64 = 4;
 const SEGMENT_BYTES: u64 = 64 << 10;
+/// The rebalance case's array has seven slots (five data columns): its
+/// segments are four rows of five blocks, sixteen of them usable over the
+/// six members present at first, twenty once the seventh is added.
+const SLOTS_REBALANCE: usize = 7;
+const SEGMENT_BYTES_REBALANCE: u64 = 80 << 10;
 const SEGMENT_COUNT: u64 = 128;
 const STRIPED_START_BYTES: u64 = (LABEL_AREA_BLOCKS + DATA_START_BLOCK) * BLOCK as u64;
 /// Room for the zone table's two copies besides the rows.
@@ -70,7 +78,19 @@ enum Case {
     /// Lost with no replacement: rebuilt onto distributed spare space (a
     /// second member vanishing during it half of the time).
     Spare,
+    /// Created with a seventh slot empty; a device added into it and the
+    /// pool rebalanced onto all seven (a member vanishing during it half of
+    /// the time).
+    Rebalance,
 }
+
+const CASES: [Case; 5] = [
+    Case::Lost,
+    Case::CopyFirst,
+    Case::SecondLoss,
+    Case::Spare,
+    Case::Rebalance,
+];
 
 /// The six members and the replacement: memory that outlives power cuts,
 /// and the fault-injecting wrappers of the current power-on.
@@ -186,6 +206,40 @@ fn rebuild_limits(seed: u64, case: Case) -> PoolLimits {
     }
 }
 
+/// The raid6 array of six members: in six slots, or seven for the
+/// rebalance case.
+async fn new_array(devices: &Devices, seed: u64, case: Case) -> RedundantArray {
+    let identity = ArrayIdentity {
+        array_identifier: u128::from(seed) + 7,
+        tier: TierRole::Flash,
+    };
+    let members = (0..MEMBER_COUNT)
+        .map(|index| devices.device(index))
+        .collect();
+    let array = match case {
+        Case::Rebalance => {
+            let request = ZonedArrayRequest {
+                redundancy: Redundancy::Raid6,
+                prefix_blocks: DATA_START_BLOCK,
+                segment_blocks: SEGMENT_BYTES_REBALANCE / BLOCK as u64,
+                slot_count: SLOTS_REBALANCE,
+            };
+            create_zoned_with_slots(identity, request, members).await
+        }
+        _ => {
+            create_zoned(
+                identity,
+                Redundancy::Raid6,
+                DATA_START_BLOCK,
+                SEGMENT_BYTES / BLOCK as u64,
+                members,
+            )
+            .await
+        }
+    };
+    array.expect("create the array")
+}
+
 struct RebuildRun {
     seed: u64,
     rng: SmallRng,
@@ -212,34 +266,24 @@ struct RunCounts {
     spare_rebuilds: u64,
     /// Power cuts in the middle of one.
     spare_rebuilds_cut: u64,
+    /// Rebalances onto an added device that moved data.
+    rebalances: u64,
+    /// Power cuts in the middle of one.
+    rebalances_cut: u64,
 }
 
 impl RebuildRun {
     async fn new(seed: u64) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let case =
-            [Case::Lost, Case::CopyFirst, Case::SecondLoss, Case::Spare][rng.random_range(0..4)];
+        let case = CASES[rng.random_range(0..CASES.len())];
         let devices = Devices::new(seed);
-        let identity = ArrayIdentity {
-            array_identifier: u128::from(seed) + 7,
-            tier: TierRole::Flash,
+        let array = Arc::new(new_array(&devices, seed, case).await);
+        let segment_size_bytes = match case {
+            Case::Rebalance => SEGMENT_BYTES_REBALANCE,
+            _ => SEGMENT_BYTES,
         };
-        let members = (0..MEMBER_COUNT)
-            .map(|index| devices.device(index))
-            .collect();
-        let array = Arc::new(
-            create_zoned(
-                identity,
-                Redundancy::Raid6,
-                DATA_START_BLOCK,
-                SEGMENT_BYTES / BLOCK as u64,
-                members,
-            )
-            .await
-            .expect("create the array"),
-        );
         let options = PoolOptions {
-            segment_size_bytes: SEGMENT_BYTES,
+            segment_size_bytes,
             flash_row_blocks: array.row_data_blocks(),
             ..PoolOptions::default()
         };
@@ -281,6 +325,9 @@ impl RebuildRun {
         self.operations(count).await;
         if self.case == Case::Spare {
             return self.first_spare_cycle().await;
+        }
+        if self.case == Case::Rebalance {
+            return self.first_rebalance_cycle().await;
         }
         if self.case != Case::CopyFirst {
             self.devices.vanish(self.replaced).await;
@@ -332,6 +379,33 @@ impl RebuildRun {
         self.cut(0).await;
     }
 
+    /// The seventh device added into the empty slot and the rebalance
+    /// started among more operations, perhaps a member lost during it, then
+    /// the cut.
+    async fn first_rebalance_cycle(&mut self) {
+        let added = self
+            .array
+            .add_member(self.devices.device(REPLACEMENT))
+            .await
+            .unwrap_or_else(|error| panic!("seed {}: add: {error}", self.seed));
+        assert_eq!(added, MEMBER_COUNT);
+        let pool = self.pool.clone();
+        tokio::spawn(async move { pool.rebalance().await });
+        let count_max = if self.rng.random_bool(0.5) { 4 } else { 80 };
+        let count = self.rng.random_range(0..count_max);
+        let loss_at = self.rng.random_range(0..=count);
+        let loss = self.rng.random_bool(0.5);
+        for done in 0..count {
+            if done == loss_at && loss {
+                self.vanish_another().await;
+                let lost = *self.vanished.last().expect("just vanished");
+                self.array.fail_member(lost);
+            }
+            self.operations(1).await;
+        }
+        self.cut(0).await;
+    }
+
     async fn vanish_another(&mut self) {
         let others: Vec<usize> = (0..MEMBER_COUNT)
             .filter(|index| !self.vanished.contains(index))
@@ -345,9 +419,12 @@ impl RebuildRun {
     async fn cut(&mut self, cycle: u64) {
         let pending =
             approach_the_cut(&self.pool, &self.shadows, &mut self.rng, cycle, self.seed).await;
-        if self.case == Case::Spare && self.pool.rebuild_status().state == RebuildState::Rebuilding
-        {
-            self.counts.spare_rebuilds_cut += 1;
+        if self.pool.rebuild_status().state == RebuildState::Rebuilding {
+            match self.case {
+                Case::Spare => self.counts.spare_rebuilds_cut += 1,
+                Case::Rebalance => self.counts.rebalances_cut += 1,
+                _ => {}
+            }
         }
         self.devices.power_cut().await;
         let interrupted = match pending {
@@ -400,8 +477,10 @@ impl RebuildRun {
     /// Waits for the rebuild the open resumed (if the cut came before its
     /// end) and checks that the replacement took the member's place.
     async fn wait_for_rebuild(&mut self) {
-        if self.case == Case::Spare {
-            return self.wait_for_spare_rebuild().await;
+        match self.case {
+            Case::Spare => return self.wait_for_spare_rebuild().await,
+            Case::Rebalance => return self.rebalance_to_the_end().await,
+            _ => {}
         }
         let seed = self.seed;
         for _ in 0..REBUILD_WAIT_MS_MAX {
@@ -463,14 +542,39 @@ impl RebuildRun {
         }
     }
 
+    /// Runs the rebalance (after the one running, if any) to its end: no
+    /// segment in use is left laid out over anything but the members in
+    /// use, the added one among them.
+    async fn rebalance_to_the_end(&mut self) {
+        let seed = self.seed;
+        let status = loop {
+            match self.pool.rebalance().await {
+                Err(lamina_engine::EngineError::Io(lamina_engine::IoError::RebuildRunning)) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                result => break result.unwrap_or_else(|error| panic!("seed {seed}: {error}")),
+            }
+        };
+        assert_eq!(
+            status.state,
+            RebuildState::Finished,
+            "seed {seed}: {status:?}"
+        );
+        let left = self.pool.evacuation_need_for(EvacuationGoal::Width);
+        assert_eq!(left.degraded_segment_count, 0, "seed {seed}: {left:?}");
+        if status.bytes_done > 0 {
+            self.counts.rebalances += 1;
+        }
+    }
+
     /// After a rebuild onto distributed spare space: two more members out
     /// (the parity of every segment in use covers them), every block
     /// checked, a scrub, and the pool reopened without them.
     async fn finish_spare(mut self) -> RunCounts {
         let seed = self.seed;
         self.operations(20).await;
-        self.wait_for_spare_rebuild().await;
-        let usable: Vec<usize> = (0..MEMBER_COUNT)
+        self.wait_for_rebuild().await;
+        let usable: Vec<usize> = (0..self.array.member_status().len())
             .filter(|index| self.array.member_status()[*index].state.is_usable())
             .collect();
         for index in usable.iter().take(2) {
@@ -528,7 +632,7 @@ async fn rebuild_run(seed: u64) -> RunCounts {
     let count = run.rng.random_range(5..60);
     run.operations(count).await;
     run.cut(1).await;
-    if run.case == Case::Spare {
+    if matches!(run.case, Case::Spare | Case::Rebalance) {
         return run.finish_spare().await;
     }
     run.finish().await
@@ -545,14 +649,18 @@ async fn power_cuts_and_a_second_loss_during_rebuilds_never_lose_flushed_data() 
         totals.second_losses += counts.second_losses;
         totals.spare_rebuilds += counts.spare_rebuilds;
         totals.spare_rebuilds_cut += counts.spare_rebuilds_cut;
+        totals.rebalances += counts.rebalances;
+        totals.rebalances_cut += counts.rebalances_cut;
     }
     eprintln!(
-        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild, {} rebuilds onto distributed spare space ({} cut)",
+        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild, {} rebuilds onto distributed spare space ({} cut), {} rebalances onto an added device ({} cut)",
         totals.resumed,
         totals.resumed_from_a_recorded_row,
         totals.second_losses,
         totals.spare_rebuilds,
-        totals.spare_rebuilds_cut
+        totals.spare_rebuilds_cut,
+        totals.rebalances,
+        totals.rebalances_cut
     );
     // The runs must have met each case, or they prove nothing.
     assert!(
@@ -561,7 +669,9 @@ async fn power_cuts_and_a_second_loss_during_rebuilds_never_lose_flushed_data() 
                 && totals.resumed_from_a_recorded_row > 0
                 && totals.second_losses > 0
                 && totals.spare_rebuilds > 0
-                && totals.spare_rebuilds_cut > 0),
+                && totals.spare_rebuilds_cut > 0
+                && totals.rebalances > 0
+                && totals.rebalances_cut > 0),
         "too few cases met in {runs} runs"
     );
 }

@@ -166,13 +166,25 @@ pub enum ArrayError {
         zones: u64,
     },
     #[error(
-        "the {array} has no empty slot for {path} (it has {slots} slots, fixed at creation; widening is not supported)"
+        "the {array} has no empty slot for {path}: its {slots} slots are all in use (slots are fixed when the pool is created: leave room with --flash-slots or --capacity-slots)"
     )]
     NoEmptySlot {
         array: String,
         path: String,
         slots: usize,
     },
+    #[error(
+        "{slot_count} slots for {member_count} devices: give at least as many slots as devices, at most {slot_count_max}"
+    )]
+    BadSlotCount {
+        slot_count: usize,
+        member_count: usize,
+        slot_count_max: usize,
+    },
+    #[error(
+        "a {redundancy} array cannot leave slots empty to grow into: only raid5 and raid6 widen (a wider mirror is more copies, not more room)"
+    )]
+    SlotsNeedParity { redundancy: Redundancy },
     #[error("member index {index} is beyond the {array}'s {slots} slots")]
     NoSuchMember {
         array: String,
@@ -243,8 +255,50 @@ pub async fn create_zoned(
     segment_blocks: u64,
     members: Vec<MemberDevice>,
 ) -> Result<RedundantArray, ArrayError> {
+    let slot_count = members.len();
+    let request = ZonedArrayRequest {
+        redundancy,
+        prefix_blocks,
+        segment_blocks,
+        slot_count,
+    };
+    create_zoned_with_slots(identity, request, members).await
+}
+
+/// The shape of a zoned array to create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZonedArrayRequest {
+    pub redundancy: Redundancy,
+    pub prefix_blocks: u64,
+    /// The engine's segment size in blocks: one zone's address range, a
+    /// multiple of the data columns of all `slot_count` slots.
+    pub segment_blocks: u64,
+    /// Member slots, at least as many as the devices given: the slots past
+    /// them start empty, and `device add` fills them later, widening the
+    /// array. Every zone's address range is sized for all the slots, so a
+    /// zone striped over fewer members (all of them at first) holds that
+    /// fraction of its range: the headroom costs address space, not bytes.
+    pub slot_count: usize,
+}
+
+/// [`create_zoned`] with room to grow: `request.slot_count` slots of which
+/// the first `members.len()` are filled (see [`ZonedArrayRequest`]). Only
+/// parity redundancies (raid5, raid6) have slots to spare: a wider mirror
+/// is more copies, not more room.
+pub async fn create_zoned_with_slots(
+    identity: ArrayIdentity,
+    request: ZonedArrayRequest,
+    members: Vec<MemberDevice>,
+) -> Result<RedundantArray, ArrayError> {
+    let ZonedArrayRequest {
+        redundancy,
+        prefix_blocks,
+        segment_blocks,
+        slot_count,
+    } = request;
     check_member_count(redundancy, members.len())?;
-    let data_columns = redundancy.data_columns(members.len()) as u64;
+    check_slot_count(redundancy, members.len(), slot_count)?;
+    let data_columns = redundancy.data_columns(slot_count) as u64;
     if segment_blocks == 0 || !segment_blocks.is_multiple_of(data_columns) {
         return Err(ArrayError::SegmentNotWholeRows {
             segment_blocks,
@@ -255,13 +309,32 @@ pub async fn create_zoned(
     let zone_rows = segment_blocks / data_columns;
     let geometry = ArrayGeometry::for_members_zoned(
         redundancy,
-        members.len(),
+        slot_count,
         prefix_blocks,
         smallest.device.size_bytes(),
         zone_rows,
     )
     .ok_or_else(|| too_small(smallest, prefix_blocks + 2 + zone_rows))?;
     create_with(identity, geometry, members).await
+}
+
+fn check_slot_count(
+    redundancy: Redundancy,
+    member_count: usize,
+    slot_count: usize,
+) -> Result<(), ArrayError> {
+    if slot_count < member_count || slot_count > MEMBER_COUNT_MAX {
+        return Err(ArrayError::BadSlotCount {
+            slot_count,
+            member_count,
+            slot_count_max: MEMBER_COUNT_MAX,
+        });
+    }
+    let parity_code = matches!(redundancy, Redundancy::Raid5 | Redundancy::Raid6);
+    if slot_count > member_count && !parity_code {
+        return Err(ArrayError::SlotsNeedParity { redundancy });
+    }
+    Ok(())
 }
 
 fn smallest(members: &[MemberDevice]) -> &MemberDevice {
@@ -288,25 +361,29 @@ async fn create_with(
 ) -> Result<RedundantArray, ArrayError> {
     let redundancy = geometry.redundancy;
     let prefix_blocks = geometry.prefix_blocks;
+    let present_count = members.len();
+    let present = u32::try_from(present_count).expect("checked above");
+    let slots = u32::try_from(geometry.member_count).expect("checked above");
     let label = MemberLabel {
         array_identifier: identity.array_identifier,
         tier: identity.tier,
         member_index: 0,
-        member_count: u32::try_from(members.len()).expect("checked above"),
+        member_count: slots,
         redundancy,
         prefix_blocks,
         row_count: geometry.row_count,
         generation: 1,
         faulted_members: Vec::new(),
-        member_paths: members.iter().map(|member| member.path.clone()).collect(),
+        member_paths: members
+            .iter()
+            .map(|member| member.path.clone())
+            .chain((present_count..geometry.member_count).map(|_| String::new()))
+            .collect(),
         rebuilding_rows_done: None,
-        zones: crate::label::initial_zone_label(&geometry),
-        prefix_members: crate::label::initial_prefix_members(
-            geometry.parity_columns(),
-            u32::try_from(members.len()).expect("checked above"),
-        ),
+        zones: crate::label::initial_zone_label(&geometry, present_count),
+        prefix_members: crate::label::initial_prefix_members(geometry.parity_columns(), present),
         removing_members: Vec::new(),
-        empty_members: Vec::new(),
+        empty_members: (present..slots).collect(),
     };
     let devices: Vec<Arc<dyn BlockDevice>> =
         members.iter().map(|member| member.device.clone()).collect();
@@ -314,6 +391,7 @@ async fn create_with(
         .into_iter()
         .enumerate()
         .map(|(index, member)| Member::present(index, member.path, member.device))
+        .chain((present_count..geometry.member_count).map(Member::empty))
         .collect();
     let array = RedundantArray::new(geometry, members, label.clone());
     for (index, device) in devices.iter().enumerate() {

@@ -259,12 +259,18 @@ fn to_usize(value: u32) -> usize {
 }
 
 /// The label's `zones` for a new array: one set, the full one.
-pub(crate) fn initial_zone_label(geometry: &crate::geometry::ArrayGeometry) -> Option<ZoneLabel> {
+/// The zones' label at creation: one set, the `present_count` members
+/// given (the slots past them start empty).
+pub(crate) fn initial_zone_label(
+    geometry: &crate::geometry::ArrayGeometry,
+    present_count: usize,
+) -> Option<ZoneLabel> {
+    assert!(present_count <= geometry.member_count);
     geometry.is_zoned().then(|| ZoneLabel {
         zone_rows: geometry.zone_rows,
         zone_count: geometry.zone_count(),
         table_blocks: geometry.table_blocks,
-        member_sets: vec![full_set(geometry.member_count)],
+        member_sets: vec![full_set(present_count)],
     })
 }
 

@@ -36,7 +36,7 @@ mod zones;
 pub use array::{ArrayState, RedundantArray};
 pub use assemble::{
     ArrayError, ArrayIdentity, ArrayLabelReadError, Assembled, ExcludedMember, MemberDevice,
-    assemble, create, create_zoned, read_label,
+    ZonedArrayRequest, assemble, create, create_zoned, create_zoned_with_slots, read_label,
 };
 pub use codec::{CodecError, ParityCodec};
 pub use geometry::ZONE_TABLE_ENTRIES_PER_BLOCK;

@@ -605,3 +605,153 @@ async fn a_replacement_is_rebuilt_zone_by_zone_and_receives_the_table() {
     );
     assert_eq!(read_zone(&array, 2, wide.len()).await.unwrap(), wide);
 }
+
+/// A raid6 array of six devices in eight slots: zones are sized for eight
+/// (six data columns), so each holds four sixths of its range at first.
+async fn raid6_of_six_in_eight_slots(devices: &[Arc<dyn BlockDevice>]) -> RedundantArray {
+    lamina_layout::create_zoned_with_slots(
+        identity(),
+        lamina_layout::ZonedArrayRequest {
+            redundancy: Redundancy::Raid6,
+            prefix_blocks: PREFIX_BLOCKS,
+            segment_blocks: ZONE_ROWS * 6,
+            slot_count: 8,
+        },
+        as_members(devices, &[]),
+    )
+    .await
+    .unwrap()
+}
+
+/// Zone `zone` of the eight-slot array: its offset and length in bytes.
+fn wide_zone_range(zone: u64) -> (u64, u64) {
+    let offset = (PREFIX_BLOCKS + zone * ZONE_ROWS * 6) * BLOCK as u64;
+    (offset, ZONE_ROWS * 6 * BLOCK as u64)
+}
+
+async fn fill_wide_zone(array: &RedundantArray, zone: u64, seed: u64) -> Vec<u8> {
+    let (offset, length) = wide_zone_range(zone);
+    let shape = array.open_region(offset, length).await.unwrap().unwrap();
+    assert!(shape.current && !shape.degraded);
+    let data = random_blocks(shape.usable_bytes / BLOCK as u64, seed);
+    array
+        .write(offset, Arc::new(AlignedBuffer::from_slice_padded(&data)))
+        .await
+        .unwrap();
+    array.flush().await.unwrap();
+    data
+}
+
+async fn read_wide_zone(array: &RedundantArray, zone: u64, bytes: usize) -> Vec<u8> {
+    let (offset, _) = wide_zone_range(zone);
+    array.read(offset, bytes).await.unwrap().to_vec()
+}
+
+#[tokio::test]
+async fn an_array_with_empty_slots_widens_as_devices_are_added() {
+    let faulty: Vec<Faulty> = (0..6).map(blank).collect();
+    let devices = dynamic(&faulty);
+    let array = raid6_of_six_in_eight_slots(&devices).await;
+    assert_eq!(array.write_set().members, vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(array.state(), lamina_layout::ArrayState::Online);
+    let narrow = fill_wide_zone(&array, 0, 1).await;
+    assert_eq!(
+        narrow.len() as u64,
+        ZONE_ROWS * 4 * BLOCK as u64,
+        "six of eight slots"
+    );
+    let other = fill_wide_zone(&array, 1, 2).await;
+    // Reassembled from the six devices: the two slots are empty, not missing.
+    drop(array);
+    let array = assemble(TierRole::Flash, as_members(&devices, &[]))
+        .await
+        .unwrap()
+        .array;
+    assert_eq!(array.state(), lamina_layout::ArrayState::Online);
+    assert_eq!(array.member_status()[7].state, MemberState::Removed);
+    assert_eq!(read_wide_zone(&array, 0, narrow.len()).await, narrow);
+    // A seventh device: zone 0 is not current any more, and once opened
+    // again it holds five sixths; old zone 1 still reads.
+    let seventh = blank(60) as Arc<dyn BlockDevice>;
+    let index = array
+        .add_member(MemberDevice {
+            path: "/test/seventh".into(),
+            device: seventh.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(index, 6);
+    let (offset, length) = wide_zone_range(0);
+    assert!(!array.region_shape(offset, length).unwrap().current);
+    assert_eq!(
+        array.new_region_usable_bytes(offset, length),
+        Some(ZONE_ROWS * 5 * BLOCK as u64)
+    );
+    let wider = fill_wide_zone(&array, 0, 3).await;
+    assert_eq!(wider.len() as u64, ZONE_ROWS * 5 * BLOCK as u64);
+    assert_eq!(read_wide_zone(&array, 1, other.len()).await, other);
+    // The eighth fills the last slot: full width; a ninth is refused.
+    let eighth = blank(61) as Arc<dyn BlockDevice>;
+    array
+        .add_member(MemberDevice {
+            path: "/test/eighth".into(),
+            device: eighth.clone(),
+        })
+        .await
+        .unwrap();
+    let full = fill_wide_zone(&array, 2, 4).await;
+    assert_eq!(full.len() as u64, ZONE_ROWS * 6 * BLOCK as u64);
+    assert!(matches!(
+        array
+            .add_member(MemberDevice {
+                path: "/test/ninth".into(),
+                device: blank(62),
+            })
+            .await,
+        Err(ArrayError::NoEmptySlot { slots: 8, .. })
+    ));
+    // All eight reassemble, and the widest zone survives two losses.
+    drop(array);
+    let mut all = devices.clone();
+    all.push(seventh);
+    all.push(eighth);
+    let array = assemble(TierRole::Flash, as_members(&all, &[3, 7]))
+        .await
+        .unwrap()
+        .array;
+    assert_eq!(read_wide_zone(&array, 0, wider.len()).await, wider);
+    assert_eq!(read_wide_zone(&array, 1, other.len()).await, other);
+    assert_eq!(read_wide_zone(&array, 2, full.len()).await, full);
+}
+
+#[tokio::test]
+async fn slots_are_refused_below_the_device_count_and_for_mirrors() {
+    let devices = dynamic(&(0..4).map(blank).collect::<Vec<_>>());
+    let request = |redundancy, slot_count| lamina_layout::ZonedArrayRequest {
+        redundancy,
+        prefix_blocks: PREFIX_BLOCKS,
+        segment_blocks: 48,
+        slot_count,
+    };
+    let fewer = lamina_layout::create_zoned_with_slots(
+        identity(),
+        request(Redundancy::Raid6, 3),
+        as_members(&devices, &[]),
+    )
+    .await;
+    assert!(matches!(
+        fewer,
+        Err(ArrayError::BadSlotCount {
+            slot_count: 3,
+            member_count: 4,
+            ..
+        })
+    ));
+    let mirror = lamina_layout::create_zoned_with_slots(
+        identity(),
+        request(Redundancy::Mirror, 6),
+        as_members(&devices, &[]),
+    )
+    .await;
+    assert!(matches!(mirror, Err(ArrayError::SlotsNeedParity { .. })));
+}

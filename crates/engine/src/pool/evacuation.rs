@@ -11,6 +11,12 @@
 //! rebuild's weight, shows its progress as the rebuild's, and needs no
 //! record of its own to resume: after a restart the degraded segments are
 //! still degraded, and the next pass takes them.
+//!
+//! A **rebalance** (after a device is added to an array, `device add
+//! --rebalance`) is the same movement with a wider choice of victims: every
+//! segment not laid out over the devices in use now (narrower than the
+//! array has become), so that existing data spreads over the new device and
+//! each moved segment's space comes back at the new width.
 
 use std::sync::atomic::Ordering;
 
@@ -20,6 +26,7 @@ use crate::error::{EngineError, IoError};
 use super::budget::BackgroundWork;
 use super::inner::Pool;
 use super::rebuild_progress::{RebuildKind, RebuildStatus};
+use super::segment_shapes::SegmentLayout;
 use super::space::SegmentState;
 
 /// Passes over the degraded segments before an evacuation gives up: a pass
@@ -31,6 +38,32 @@ pub const EVACUATION_PASSES_MAX: usize = 8;
 /// How often a replacement's rebuild looks whether the rebuild onto spare
 /// space it takes over from has stopped.
 pub const EVACUATION_YIELD_POLL_MS: u64 = 10;
+
+/// Which segments an evacuation moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvacuationGoal {
+    /// Those with a column on a device out of use (the rebuild).
+    Redundancy,
+    /// Those not laid out over exactly the devices in use: the degraded
+    /// ones and those narrower than the array now is (the rebalance).
+    Width,
+}
+
+impl EvacuationGoal {
+    fn moves(self, layout: &SegmentLayout) -> bool {
+        match self {
+            Self::Redundancy => layout.degraded,
+            Self::Width => layout.degraded || !layout.current,
+        }
+    }
+
+    fn kind(self) -> RebuildKind {
+        match self {
+            Self::Redundancy => RebuildKind::DistributedSpare,
+            Self::Width => RebuildKind::Rebalance,
+        }
+    }
+}
 
 /// What an evacuation would move now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,6 +90,11 @@ impl Pool {
     /// while the devices in use are too few to lay segments out without the
     /// lost one.
     pub fn evacuation_need(&self) -> EvacuationNeed {
+        self.evacuation_need_for(EvacuationGoal::Redundancy)
+    }
+
+    /// What moving the segments `goal` names would take now.
+    pub fn evacuation_need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
         let shapes = &self.inner.shapes;
         if !shapes.new_segments_redundant() {
             return EvacuationNeed::default();
@@ -65,9 +103,9 @@ impl Pool {
         let mut need = EvacuationNeed::default();
         for (index, segment) in state.space().segments().iter().enumerate() {
             let index = u32::try_from(index).expect("segment indexes fit in u32");
-            let degraded = matches!(segment.state, SegmentState::Sealed | SegmentState::Open)
-                && shapes.layout(index).degraded;
-            if degraded {
+            let moves = matches!(segment.state, SegmentState::Sealed | SegmentState::Open)
+                && goal.moves(&shapes.layout(index));
+            if moves {
                 need.degraded_segment_count += 1;
                 need.live_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
             }
@@ -79,7 +117,7 @@ impl Pool {
             .free_segments()
             .filter(|index| shapes.needs_layout(*index))
             .count();
-        need.free_bytes = Self::room_for_degraded_data(&state, reserve_segment_count);
+        need.free_bytes = Self::room_for_moved_data(&state, goal, reserve_segment_count);
         need
     }
 
@@ -88,14 +126,18 @@ impl Pool {
     /// emptied), less the reserves and the live data of the segments that
     /// are not degraded (the cleaner makes room of whatever else is dead or
     /// free).
-    fn room_for_degraded_data(state: &super::state::State, reserve_segment_count: usize) -> u64 {
+    fn room_for_moved_data(
+        state: &super::state::State,
+        goal: EvacuationGoal,
+        reserve_segment_count: usize,
+    ) -> u64 {
         let shapes = state.shapes();
         let mut capacity_bytes = 0_u64;
         let mut live_elsewhere_bytes = 0_u64;
         for (index, segment) in state.space().segments().iter().enumerate() {
             let index = u32::try_from(index).expect("segment indexes fit in u32");
             capacity_bytes += shapes.new_size_bytes(index);
-            if !shapes.layout(index).degraded {
+            if !goal.moves(&shapes.layout(index)) {
                 live_elsewhere_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
             }
         }
@@ -106,16 +148,27 @@ impl Pool {
     /// Moves the data of every degraded segment into segments laid out over
     /// the devices in use. Refused while a rebuild runs.
     pub async fn evacuate(&self) -> Result<RebuildStatus, EngineError> {
-        if !self.inner.rebuild.start(RebuildKind::DistributedSpare) {
+        self.evacuate_for(EvacuationGoal::Redundancy).await
+    }
+
+    /// Moves the data of every segment not laid out over the devices in
+    /// use (after a device was added) into segments opened now, at the
+    /// array's new width. Refused while a rebuild or rebalance runs.
+    pub async fn rebalance(&self) -> Result<RebuildStatus, EngineError> {
+        self.evacuate_for(EvacuationGoal::Width).await
+    }
+
+    async fn evacuate_for(&self, goal: EvacuationGoal) -> Result<RebuildStatus, EngineError> {
+        if !self.inner.rebuild.start(goal.kind()) {
             return Err(EngineError::Io(IoError::RebuildRunning));
         }
-        tracing::warn!(need = ?self.evacuation_need(), "rebuild by moving data off the lost device started");
-        let result = self.evacuate_all().await;
+        tracing::warn!(?goal, need = ?self.evacuation_need_for(goal), "moving data to segments laid out over the devices in use");
+        let result = self.evacuate_all(goal).await;
         self.rebuild_ended(result)
     }
 
-    async fn evacuate_all(&self) -> Result<(), EngineError> {
-        let need = self.evacuation_need();
+    async fn evacuate_all(&self, goal: EvacuationGoal) -> Result<(), EngineError> {
+        let need = self.evacuation_need_for(goal);
         self.inner
             .rebuild
             .bytes_total
@@ -129,13 +182,16 @@ impl Pool {
                 .await
                 .map_err(EngineError::Device)?;
             self.lay_out_free_segments().await?;
-            let sealed = self.inner.lock().close_degraded_heads();
+            let sealed = self
+                .inner
+                .lock()
+                .close_heads_where(|layout| goal.moves(layout));
             self.spawn_writes(sealed);
-            let victims = self.degraded_victims();
+            let victims = self.victims(goal);
             if victims.is_empty() {
-                // Checkpoint bodies in degraded segments move with the next
-                // two checkpoints; then nothing degraded is left.
-                if self.degraded_checkpoint_bodies() {
+                // Checkpoint bodies in such segments move with the next two
+                // checkpoints; then none is left.
+                if self.checkpoint_bodies_to_move(goal) {
                     self.checkpoint().await?;
                     self.checkpoint().await?;
                     continue;
@@ -154,12 +210,12 @@ impl Pool {
             self.checkpoint().await?;
             self.checkpoint().await?;
         }
-        let left = self.evacuation_need();
+        let left = self.evacuation_need_for(goal);
         if left.degraded_segment_count == 0 {
             return Ok(());
         }
         Err(EngineError::Io(IoError::Failed(format!(
-            "{} segments still hold data on the lost device after {EVACUATION_PASSES_MAX} passes",
+            "{} segments still hold data to move ({goal:?}) after {EVACUATION_PASSES_MAX} passes",
             left.degraded_segment_count
         ))))
     }
@@ -198,9 +254,9 @@ impl Pool {
         Ok(())
     }
 
-    /// Sealed degraded segments, fewest live blocks first (each frees the
-    /// most space for its cost, so that the move needs the least room).
-    fn degraded_victims(&self) -> Vec<u32> {
+    /// Sealed segments `goal` moves, fewest live blocks first (each frees
+    /// the most space for its cost, so that the move needs the least room).
+    fn victims(&self, goal: EvacuationGoal) -> Vec<u32> {
         let shapes = &self.inner.shapes;
         let state = self.inner.lock();
         let mut victims: Vec<(u32, u32)> = state
@@ -213,13 +269,13 @@ impl Pool {
                 let index = u32::try_from(index).expect("segment indexes fit in u32");
                 (index, segment.live_blocks)
             })
-            .filter(|(index, _)| shapes.layout(*index).degraded)
+            .filter(|(index, _)| goal.moves(&shapes.layout(*index)))
             .collect();
         victims.sort_by_key(|(index, live_blocks)| (*live_blocks, *index));
         victims.into_iter().map(|(index, _)| index).collect()
     }
 
-    fn degraded_checkpoint_bodies(&self) -> bool {
+    fn checkpoint_bodies_to_move(&self, goal: EvacuationGoal) -> bool {
         let shapes = &self.inner.shapes;
         let state = self.inner.lock();
         state
@@ -230,7 +286,7 @@ impl Pool {
             .any(|(index, segment)| {
                 let index = u32::try_from(index).expect("segment indexes fit in u32");
                 matches!(segment.state, SegmentState::Checkpoint { .. })
-                    && shapes.layout(index).degraded
+                    && goal.moves(&shapes.layout(index))
             })
     }
 

@@ -32,6 +32,10 @@ pub enum RebuildKind {
     /// with a column on the lost device moves to segments laid out over the
     /// others (`evacuation.rs`).
     DistributedSpare,
+    /// After a device was added: the data of segments narrower than the
+    /// array now is moves to segments laid out over every device in use
+    /// (`device add --rebalance`).
+    Rebalance,
 }
 
 /// The latest rebuild's progress (since the pool opened).

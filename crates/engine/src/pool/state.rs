@@ -344,17 +344,21 @@ impl State {
         }
     }
 
-    /// Seals the open batches and closes every head whose segment is
-    /// degraded (laid out over a device since lost), so that nothing more
-    /// is written there and the evacuation can move it. Returns the sealed
-    /// batches, to be written.
-    pub fn close_degraded_heads(&mut self) -> Vec<Arc<InFlightBatch>> {
+    /// Seals the open batches and closes every head whose segment's layout
+    /// `closes` names (degraded: laid out over a device since lost; or
+    /// narrower than the devices in use), so that nothing more is written
+    /// there and the evacuation can move it. Returns the sealed batches, to
+    /// be written.
+    pub fn close_heads_where(
+        &mut self,
+        closes: impl Fn(&super::segment_shapes::SegmentLayout) -> bool,
+    ) -> Vec<Arc<InFlightBatch>> {
         let degraded: Vec<Stream> = ALL_STREAMS
             .into_iter()
             .filter(|stream| {
                 self.writer
                     .head(*stream)
-                    .is_some_and(|head| self.shapes.layout(head.segment_index).degraded)
+                    .is_some_and(|head| closes(&self.shapes.layout(head.segment_index)))
             })
             .collect();
         if degraded.is_empty() {

@@ -29,6 +29,9 @@ use crate::volume::map::BlockMap;
 #[derive(Clone, Debug, Serialize)]
 pub struct PoolStatus {
     pub device: String,
+    /// Every segment counted at the bytes it holds when opened now (on an
+    /// array, at the width of the devices in use), as are the figures
+    /// below.
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub free_bytes: u64,
@@ -174,10 +177,61 @@ impl SpaceFigures {
     }
 }
 
+/// Bytes a segment of each tier holds when opened now: its whole range on
+/// a single device; on an array, its rows at the width of the devices in
+/// use (less than the range while the array has empty slots to grow into,
+/// or after a loss). Space figures count segments at this size.
+#[derive(Clone, Copy)]
+struct SegmentBytes {
+    flash: u64,
+    capacity: u64,
+}
+
+impl SegmentBytes {
+    fn of(geometry: &Geometry, shapes: &super::segment_shapes::SegmentShapes) -> Self {
+        let flash = shapes.new_size_bytes(0);
+        let capacity = match geometry.has_capacity_tier() {
+            true => shapes.new_size_bytes(
+                u32::try_from(geometry.flash_segment_count).expect("segment indexes fit in u32"),
+            ),
+            false => 0,
+        };
+        Self { flash, capacity }
+    }
+
+    fn of_tier(self, tier: Tier) -> u64 {
+        match tier {
+            Tier::Flash => self.flash,
+            Tier::Capacity => self.capacity,
+        }
+    }
+
+    /// The pool's bytes, every segment at this size.
+    fn pool_bytes(self, geometry: &Geometry) -> u64 {
+        geometry.flash_segment_count * self.flash
+            + geometry.capacity_segment_count() * self.capacity
+    }
+
+    /// The mean bytes of a segment of either tier, for figures counted
+    /// over both (used, free beyond the reserve).
+    fn mean_bytes(self, geometry: &Geometry) -> u64 {
+        self.pool_bytes(geometry) / geometry.segment_count.max(1)
+    }
+}
+
 /// The space of `tier`, of which `free_segment_count` segments are free.
-fn tier_space(geometry: &Geometry, tier: Tier, free_segment_count: usize) -> TierSpace {
-    let size_bytes = geometry.tier_data_bytes(tier);
-    let free_bytes = free_segment_count as u64 * geometry.segment_size_bytes();
+fn tier_space(
+    geometry: &Geometry,
+    tier: Tier,
+    free_segment_count: usize,
+    segment_bytes: SegmentBytes,
+) -> TierSpace {
+    let segment_count = match tier {
+        Tier::Flash => geometry.flash_segment_count,
+        Tier::Capacity => geometry.capacity_segment_count(),
+    };
+    let size_bytes = segment_count * segment_bytes.of_tier(tier);
+    let free_bytes = free_segment_count as u64 * segment_bytes.of_tier(tier);
     TierSpace {
         size_bytes,
         used_bytes: size_bytes - free_bytes,
@@ -247,20 +301,22 @@ impl Pool {
         let background = self.inner.budget.status();
         let state = self.inner.lock();
         let geometry = &self.inner.geometry;
-        let segment_bytes = geometry.segment_size_bytes();
+        let sizes = SegmentBytes::of(geometry, &self.inner.shapes);
+        let capacity_bytes = sizes.pool_bytes(geometry);
+        let segment_bytes = sizes.mean_bytes(geometry);
         let space = SpaceFigures::of(&state);
         let moves = TierMoves::of(&state);
         let counters = state.counters().lifetime();
         let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, &self.inner.limits);
         PoolStatus {
             device: self.inner.device.name().to_string(),
-            capacity_bytes: geometry.data_capacity_bytes(),
+            capacity_bytes,
             used_bytes: space.used_segment_count * segment_bytes,
             free_bytes: space.fillable_free_segment_count() * segment_bytes,
             reserved_bytes: space.reserved_segment_count * segment_bytes,
             used_percent: space.used_percent,
             usage_warning_percent: space.usage_warning_percent(&self.inner.limits),
-            segment_size_bytes: segment_bytes,
+            segment_size_bytes: geometry.segment_size_bytes(),
             segment_count: geometry.segment_count,
             free_segment_count: space.free_segment_count,
             volume_count: state.volumes().iter().count(),
@@ -284,10 +340,11 @@ impl Pool {
                 geometry,
                 Tier::Flash,
                 state.space().free_flash_segment_count(),
+                sizes,
             ),
             capacity: geometry.has_capacity_tier().then(|| {
                 let free_segment_count = state.space().free_capacity_segment_count();
-                tier_space(geometry, Tier::Capacity, free_segment_count)
+                tier_space(geometry, Tier::Capacity, free_segment_count, sizes)
             }),
             promoted_blocks: moves.promoted_blocks,
             demoted_blocks: moves.demoted_blocks,
