@@ -90,7 +90,7 @@ pub fn limits(seed: u64) -> PoolLimits {
             // Two runs in three keep chains growing on these small pools
             // (the bytes rule would make most increments bases), so that
             // cuts and corruption meet increments and compactions.
-            checkpoint_increments_whatever_their_bytes: seed % 3 != 0,
+            checkpoint_increments_whatever_their_bytes: !seed.is_multiple_of(3),
         },
         dirty_bytes_max: u64::MAX / 2,
         relocation_streams_by_age_segment_count_min: if (seed / 2).is_multiple_of(2) {
