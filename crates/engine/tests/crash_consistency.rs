@@ -24,11 +24,12 @@ use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::corrupt_newest_checkpoint_slot;
 use common::shadow::{
     approach_the_cut, check_recovered, crash_runs, create_volumes, first_seed, limits,
     run_operations,
 };
+use common::{corrupt_newest_checkpoint_body, corrupt_newest_checkpoint_slot, newest_slot};
+use lamina_engine::log::checkpoint::CHECKPOINT_INCREMENTS_MAX;
 
 const SEGMENT_BYTES: u64 = 64 << 10;
 const DEVICE_BYTES: u64 = (4 << 20) + 128 * SEGMENT_BYTES;
@@ -37,7 +38,21 @@ const DEVICE_BYTES: u64 = (4 << 20) + 128 * SEGMENT_BYTES;
 const TWO_TIER_FLASH_BYTES: u64 = (4 << 20) + 24 * SEGMENT_BYTES;
 const TWO_TIER_DEVICE_BYTES: u64 = TWO_TIER_FLASH_BYTES + (1 << 20) + 104 * SEGMENT_BYTES;
 
-async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
+/// What the runs' power cuts interrupted and what they corrupted, so that
+/// the test can check that incremental checkpoints were in the mix.
+#[derive(Default, Debug)]
+struct CutTally {
+    /// Cuts during a checkpoint that extends a chain with room (an increment,
+    /// unless it grew past half its base), and during one that must start a
+    /// new chain (a compaction into a new base).
+    during_chain_with_room: u64,
+    during_compaction: u64,
+    /// Corrupted newest bodies that were increments, and bases.
+    corrupted_increments: u64,
+    corrupted_bases: u64,
+}
+
+async fn crash_run(seed: u64, two_tiers: bool, tally: &mut CutTally) -> (u64, u64) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let (device_bytes, flash_region_bytes) = if two_tiers {
         (TWO_TIER_DEVICE_BYTES, Some(TWO_TIER_FLASH_BYTES))
@@ -64,10 +79,31 @@ async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
         let count = rng.random_range(5..120);
         run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
         let pending = approach_the_cut(&pool, &shadows, &mut rng, cycle, seed).await;
+        // Half the cuts land around a checkpoint in flight: an increment, or
+        // a compaction when the chain is full.
+        let chain_links = newest_slot(&memory).1.chain().len();
+        let checkpoint = rng.random_bool(0.5).then(|| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.checkpoint().await })
+        });
+        for _ in 0..rng.random_range(0..16) {
+            tokio::task::yield_now().await;
+        }
         faulty
             .power_cut(PowerCutStyle::Random)
             .await
             .expect("power cut");
+        if let Some(checkpoint) = checkpoint {
+            if !checkpoint.is_finished() {
+                if chain_links > CHECKPOINT_INCREMENTS_MAX {
+                    tally.during_compaction += 1;
+                } else {
+                    tally.during_chain_with_room += 1;
+                }
+            }
+            // Interrupted by the cut or done before it: either is fine.
+            let _ = checkpoint.await.expect("checkpoint task");
+        }
         let interrupted = match pending {
             Some(pending) => Some(pending.interrupted().await),
             None => None,
@@ -81,6 +117,14 @@ async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
         drop(pool);
         if rng.random_bool(0.3) {
             corrupt_newest_checkpoint_slot(&memory);
+        } else if rng.random_bool(0.2) {
+            // A corrupt body (an increment or a base): recovery falls back to
+            // the older slot, one checkpoint earlier, and its log.
+            if corrupt_newest_checkpoint_body(&memory) {
+                tally.corrupted_increments += 1;
+            } else {
+                tally.corrupted_bases += 1;
+            }
         }
         faulty = Arc::new(FaultyDevice::new(memory.clone(), seed + 1000 * (cycle + 1)));
         pool = Pool::open(faulty.clone() as Arc<dyn BlockDevice>, limits(seed))
@@ -99,9 +143,20 @@ async fn crash_run(seed: u64, two_tiers: bool) -> (u64, u64) {
 #[tokio::test(flavor = "current_thread")]
 async fn seeded_power_cuts_never_lose_flushed_data() {
     let (first, runs) = (first_seed(), crash_runs());
+    let mut tally = CutTally::default();
     for seed in first..first + runs {
-        crash_run(seed, false).await;
+        crash_run(seed, false, &mut tally).await;
     }
+    eprintln!("{runs} runs: {tally:?}");
+    // Incremental checkpoints must have been in the mix, or the runs prove
+    // nothing about them.
+    assert!(
+        runs < 100
+            || (tally.during_chain_with_room > 0
+                && tally.during_compaction > 0
+                && tally.corrupted_increments > 0),
+        "{tally:?}"
+    );
 }
 
 /// The same with a flash tier small enough that the cleaner demotes blocks to
@@ -111,12 +166,13 @@ async fn seeded_power_cuts_never_lose_flushed_data() {
 async fn seeded_power_cuts_with_two_tiers_never_lose_flushed_data() {
     let (first, runs) = (first_seed(), crash_runs() / 2);
     let mut moved = (0, 0);
+    let mut tally = CutTally::default();
     for seed in first..first + runs {
-        let (promoted, demoted) = crash_run(seed, true).await;
+        let (promoted, demoted) = crash_run(seed, true, &mut tally).await;
         moved = (moved.0 + promoted, moved.1 + demoted);
     }
     eprintln!(
-        "{runs} two-tier runs: promoted {} and demoted {} blocks",
+        "{runs} two-tier runs: promoted {} and demoted {} blocks; {tally:?}",
         moved.0, moved.1
     );
     // The runs must have exercised both directions, or they prove nothing.

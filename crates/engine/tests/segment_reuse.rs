@@ -37,6 +37,7 @@ fn limits() -> PoolLimits {
         test_hooks: TestHooks {
             reuse_freed_segments_first: true,
             periodic_flush_and_checkpoint_off: true,
+            checkpoint_increments_whatever_their_bytes: false,
         },
         dirty_bytes_max: u64::MAX / 2,
         // No background cleaning: the test places every segment itself.

@@ -11,7 +11,8 @@ pub mod geometry;
 pub mod marker;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 6 adds row alignment to the geometry (batches on a striped tier
+/// The on-disk format version this build writes. Version 7 adds incremental
+/// checkpoints (increment bodies; slots naming their chain). Version 6 adds row alignment to the geometry (batches on a striped tier
 /// start at row boundaries; 1 elsewhere). Version 5 writes every batch's
 /// summary twice (first and last block of the batch, `chain`), and adds the
 /// superblock's copy and the flush markers (blocks before the checkpoint
@@ -21,7 +22,7 @@ pub mod superblock;
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

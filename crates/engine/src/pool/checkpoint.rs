@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use lamina_device::AlignedBuffer;
 
+use super::checkpoint_increment::{CheckpointChain, EncodedCheckpoint, encode_checkpoint};
 use super::inner::Pool;
-use super::space::{DurableCheckpoint, SegmentState};
+use super::space::{CheckpointBody, DurableCheckpoint, SegmentState};
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::checkpoint::{
-    Body, ChunkImage, CountersImage, HeadImage, MapImage, PlacementImage, Slot, SnapshotImage,
-    VolumeImage, VolumePolicyImage,
+    Body, ChunkImage, CountersImage, HeadImage, MapImage, PlacementImage, Slot, SlotLink,
+    SnapshotImage, VolumeImage, VolumePolicyImage,
 };
 use crate::log::geometry::CHECKPOINT_SLOT_BLOCKS;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
@@ -25,23 +26,23 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// A volume's maps, copied under the state lock (cheap: chunks are shared) and
 /// encoded outside it.
-struct VolumeCopy {
-    volume_id: u32,
-    name: String,
-    size_bytes: u64,
-    created_unix_seconds: u64,
-    origin: Option<(u32, u32)>,
-    map: BlockMap,
-    policy: TierPolicy,
-    snapshots: Vec<SnapshotCopy>,
+pub(super) struct VolumeCopy {
+    pub(super) volume_id: u32,
+    pub(super) name: String,
+    pub(super) size_bytes: u64,
+    pub(super) created_unix_seconds: u64,
+    pub(super) origin: Option<(u32, u32)>,
+    pub(super) map: BlockMap,
+    pub(super) policy: TierPolicy,
+    pub(super) snapshots: Vec<SnapshotCopy>,
 }
 
-struct SnapshotCopy {
-    snapshot_id: u32,
-    name: String,
-    size_bytes: u64,
-    created_unix_seconds: u64,
-    map: BlockMap,
+pub(super) struct SnapshotCopy {
+    pub(super) snapshot_id: u32,
+    pub(super) name: String,
+    pub(super) size_bytes: u64,
+    pub(super) created_unix_seconds: u64,
+    pub(super) map: BlockMap,
 }
 
 /// Distinct chunks, found by identity: maps that share a chunk in memory share
@@ -62,14 +63,25 @@ impl ChunkTable {
     fn image(&mut self, map: &BlockMap, base: Option<&BlockMap>) -> MapImage {
         let mut image = MapImage::default();
         for (chunk_index, chunk) in map.shared_chunks() {
-            let reference = match self.by_identity.get(&Arc::as_ptr(chunk)) {
-                Some(reference) => *reference,
-                None => self.add(chunk_index, chunk, base),
-            };
             image.chunk_indexes.push(chunk_index);
-            image.chunk_references.push(reference);
+            image
+                .chunk_references
+                .push(self.reference(chunk_index, chunk, base));
         }
         image
+    }
+
+    /// The reference of `chunk` (at `chunk_index`), stored now if the table
+    /// does not hold it yet.
+    fn reference(&mut self, chunk_index: u64, chunk: &Arc<Chunk>, base: Option<&BlockMap>) -> u32 {
+        match self.by_identity.get(&Arc::as_ptr(chunk)) {
+            Some(reference) => *reference,
+            None => self.add(chunk_index, chunk, base),
+        }
+    }
+
+    fn into_chunks(self) -> Vec<ChunkImage> {
+        self.chunks
     }
 
     /// Stores a chunk new to the table, as the entries where it differs from
@@ -120,27 +132,27 @@ impl ChunkTable {
 
 /// Which checkpoint is being written, and into which slot.
 #[derive(Clone, Copy, Debug)]
-struct CheckpointTarget {
-    checkpoint_sequence: u64,
+pub(super) struct CheckpointTarget {
+    pub(super) checkpoint_sequence: u64,
     /// The slot not holding the newest durable checkpoint.
     slot_index: usize,
     /// Every batch up to this one is sealed, and flushed before the body is
     /// written: the body's maps include them all.
-    covered_batch_sequence: u64,
+    pub(super) covered_batch_sequence: u64,
 }
 
 /// What a checkpoint copies of the state under the lock; the body is built
 /// from it outside the lock.
-struct CheckpointSnapshot {
-    target: CheckpointTarget,
-    next_segment_sequence: u64,
-    next_volume_id: u32,
-    next_snapshot_id: u32,
-    heads: Vec<HeadImage>,
-    volumes: Vec<VolumeCopy>,
-    segment_last_batch_sequences: Vec<u64>,
-    counters: CountersImage,
-    placement: PlacementImage,
+pub(super) struct CheckpointSnapshot {
+    pub(super) target: CheckpointTarget,
+    pub(super) next_segment_sequence: u64,
+    pub(super) next_volume_id: u32,
+    pub(super) next_snapshot_id: u32,
+    pub(super) heads: Vec<HeadImage>,
+    pub(super) volumes: Vec<VolumeCopy>,
+    pub(super) segment_last_batch_sequences: Vec<u64>,
+    pub(super) counters: CountersImage,
+    pub(super) placement: PlacementImage,
 }
 
 /// Copies every volume's and snapshot's map (cheap: chunks are shared).
@@ -179,16 +191,7 @@ fn volume_images(volumes: &[VolumeCopy]) -> (Vec<VolumeImage>, Vec<ChunkImage>) 
     let mut table = ChunkTable::default();
     let mut images: Vec<VolumeImage> = Vec::with_capacity(volumes.len());
     for volume in volumes {
-        let origin_map = volume.origin.and_then(|(origin_volume, origin_snapshot)| {
-            let origin = volumes
-                .iter()
-                .find(|candidate| candidate.volume_id == origin_volume)?;
-            origin
-                .snapshots
-                .iter()
-                .find(|snapshot| snapshot.snapshot_id == origin_snapshot)
-                .map(|snapshot| &snapshot.map)
-        });
+        let origin_map = origin_map(volumes, volume);
         // Each map is stored as its difference from the one before it in
         // the volume's chain: origin snapshot, own snapshots, live map.
         let mut before = origin_map;
@@ -213,21 +216,38 @@ fn volume_images(volumes: &[VolumeCopy]) -> (Vec<VolumeImage>, Vec<ChunkImage>) 
             snapshots,
         });
     }
-    (images, table.chunks)
+    (images, table.into_chunks())
 }
 
-/// The checkpoint body the snapshot describes, encoded.
-fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
-    let (volumes, chunks) = volume_images(&snapshot.volumes);
-    let volume_policies = snapshot
-        .volumes
+/// The tier policies of the volumes that do not have the default one.
+pub(super) fn volume_policies(volumes: &[VolumeCopy]) -> Vec<VolumePolicyImage> {
+    volumes
         .iter()
         .filter(|volume| volume.policy != TierPolicy::default())
         .map(|volume| VolumePolicyImage {
             volume_id: volume.volume_id,
             policy: volume.policy.into(),
         })
-        .collect();
+        .collect()
+}
+
+/// The map `volume`'s chain starts from: the snapshot it was cloned from.
+fn origin_map<'a>(volumes: &'a [VolumeCopy], volume: &VolumeCopy) -> Option<&'a BlockMap> {
+    let (origin_volume, origin_snapshot) = volume.origin?;
+    let origin = volumes
+        .iter()
+        .find(|candidate| candidate.volume_id == origin_volume)?;
+    origin
+        .snapshots
+        .iter()
+        .find(|snapshot| snapshot.snapshot_id == origin_snapshot)
+        .map(|snapshot| &snapshot.map)
+}
+
+/// The base body the snapshot describes, encoded.
+pub(super) fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
+    let (volumes, chunks) = volume_images(&snapshot.volumes);
+    let volume_policies = volume_policies(&snapshot.volumes);
     let body = Body {
         checkpoint_sequence: snapshot.target.checkpoint_sequence,
         covered_batch_sequence: snapshot.target.covered_batch_sequence,
@@ -255,14 +275,28 @@ fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
 impl Pool {
     /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
     pub async fn checkpoint(&self) -> Result<(), EngineError> {
-        let _guard = self.inner.checkpoint_lock.lock().await;
+        let mut chain_guard = self.inner.checkpoint_lock.lock().await;
+        // Taken out: a checkpoint that does not become durable leaves the
+        // chain empty, so that the next one is a base.
+        let chain = std::mem::take(&mut *chain_guard);
         let snapshot = self.take_checkpoint_snapshot()?;
         let target = snapshot.target;
         self.flush_through(target.covered_batch_sequence).await?;
-        let encoded = tokio::task::spawn_blocking(move || encode_body(snapshot))
-            .await
-            .expect("checkpoint encoding task");
+        let whatever_their_bytes = self
+            .inner
+            .limits
+            .test_hooks
+            .checkpoint_increments_whatever_their_bytes;
+        let encoded = tokio::task::spawn_blocking(move || {
+            encode_checkpoint(snapshot, chain, whatever_their_bytes)
+        })
+        .await
+        .expect("checkpoint encoding task");
         let result = self.write_checkpoint(target, &encoded).await;
+        if let Ok(newest) = &result {
+            *chain_guard = CheckpointChain::after(encoded.earlier_links, newest.clone());
+        }
+        let result = result.map(|_| ());
         // A body that found the device full was abandoned before any slot
         // named it: the pool goes on with its previous checkpoints.
         if let Err(error) = &result
@@ -302,7 +336,7 @@ impl Pool {
                 next_block_in_segment: head.next_block_in_segment,
             })
             .collect();
-        Ok(CheckpointSnapshot {
+        let snapshot = CheckpointSnapshot {
             target: CheckpointTarget {
                 checkpoint_sequence,
                 slot_index,
@@ -321,7 +355,11 @@ impl Pool {
                 .collect(),
             counters: state.counters().lifetime(),
             placement: state.placement().image(),
-        })
+        };
+        // In the same hold of the lock as the copy: every later change is
+        // the next checkpoint's.
+        state.volumes_mut().checkpoint_taken();
+        Ok(snapshot)
     }
 
     /// Writes the encoded body into free segments, then the slot that names
@@ -330,12 +368,21 @@ impl Pool {
     async fn write_checkpoint(
         &self,
         target: CheckpointTarget,
-        encoded: &[u8],
-    ) -> Result<(), EngineError> {
+        checkpoint: &EncodedCheckpoint,
+    ) -> Result<SlotLink, EngineError> {
+        let encoded = &checkpoint.bytes[..];
         let body_segments = self.take_body_segments(target, encoded.len())?;
         self.write_body(encoded, &body_segments).await?;
         self.inner.device.flush().await?;
-        self.write_slot(target, encoded, &body_segments).await?;
+        let slot = Slot {
+            checkpoint_sequence: target.checkpoint_sequence,
+            covered_batch_sequence: target.covered_batch_sequence,
+            body_bytes: encoded.len() as u64,
+            body_checksum: crc32c::crc32c(encoded),
+            body_segments: body_segments.clone(),
+            earlier_links: checkpoint.earlier_links.clone(),
+        };
+        self.write_slot(target, &slot).await?;
         self.inner.device.flush().await?;
         let mut state = self.inner.lock();
         // Device bytes, as written: each body piece padded to whole blocks, and the slot.
@@ -348,14 +395,23 @@ impl Pool {
             checkpoint_sequence: target.checkpoint_sequence,
             covered_batch_sequence: target.covered_batch_sequence,
             body_segments,
+            earlier_links: checkpoint
+                .earlier_links
+                .iter()
+                .map(|link| CheckpointBody {
+                    checkpoint_sequence: link.checkpoint_sequence,
+                    body_segments: link.body_segments.clone(),
+                })
+                .collect(),
         });
         tracing::debug!(
             checkpoint_sequence = target.checkpoint_sequence,
             covered = target.covered_batch_sequence,
             bytes = encoded.len(),
+            increment = !checkpoint.earlier_links.is_empty(),
             "checkpoint durable"
         );
-        Ok(())
+        Ok(slot.own_link())
     }
 
     /// Takes free segments enough for a body of `body_bytes`.
@@ -391,17 +447,12 @@ impl Pool {
             "checkpoint {} body segments {body_segments:?} are not distinct",
             target.checkpoint_sequence
         );
-        for durable in state.space().durable_checkpoints() {
-            assert!(
-                durable
-                    .body_segments
-                    .iter()
-                    .all(|segment| !distinct.contains(segment)),
-                "checkpoint {} body segments {body_segments:?} overlap durable checkpoint {}'s",
-                target.checkpoint_sequence,
-                durable.checkpoint_sequence
-            );
-        }
+        let held = state.space().held_body_segments();
+        assert!(
+            held.iter().all(|segment| !distinct.contains(segment)),
+            "checkpoint {} body segments {body_segments:?} overlap a kept checkpoint's",
+            target.checkpoint_sequence,
+        );
         Ok(body_segments)
     }
 
@@ -444,19 +495,7 @@ impl Pool {
 
     /// Writes the slot naming the body, into the slot not holding the newest
     /// durable checkpoint.
-    async fn write_slot(
-        &self,
-        target: CheckpointTarget,
-        encoded: &[u8],
-        body_segments: &[u32],
-    ) -> Result<(), EngineError> {
-        let slot = Slot {
-            checkpoint_sequence: target.checkpoint_sequence,
-            covered_batch_sequence: target.covered_batch_sequence,
-            body_bytes: encoded.len() as u64,
-            body_checksum: crc32c::crc32c(encoded),
-            body_segments: body_segments.to_vec(),
-        };
+    async fn write_slot(&self, target: CheckpointTarget, slot: &Slot) -> Result<(), EngineError> {
         // The slot names exactly the segments the body was written into,
         // all still this checkpoint's.
         assert!(
@@ -479,7 +518,7 @@ impl Pool {
             }
         }
         let encoded_slot = slot.encode();
-        debug_assert_eq!(Slot::decode(&encoded_slot).ok().as_ref(), Some(&slot));
+        debug_assert_eq!(Slot::decode(&encoded_slot).ok().as_ref(), Some(slot));
         let slot_offset = CHECKPOINT_SLOT_BLOCKS[target.slot_index] * BLOCK_SIZE_BYTES;
         self.inner
             .device

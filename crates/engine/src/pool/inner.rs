@@ -58,7 +58,8 @@ pub(crate) struct Inner {
     pub(super) progress: Notify,
     /// One device flush at a time, so that concurrent flushes coalesce.
     pub(super) flush_lock: tokio::sync::Mutex<()>,
-    pub(super) checkpoint_lock: tokio::sync::Mutex<()>,
+    /// One checkpoint at a time; holds the chain the next one may extend.
+    pub(super) checkpoint_lock: tokio::sync::Mutex<super::checkpoint_increment::CheckpointChain>,
     /// One cleaning pass at a time.
     pub(super) cleaner_lock: tokio::sync::Mutex<()>,
     /// One foreground reclaim at a time; other blocked writers wait for it.

@@ -173,6 +173,12 @@ pub struct TestHooks {
     /// checkpoint themselves (a write past `dirty_bytes_max` still starts a
     /// flush; the paced cleaner and the demoter keep their own limits).
     pub periodic_flush_and_checkpoint_off: bool,
+    /// Checkpoints are increments until the chain holds
+    /// `CHECKPOINT_INCREMENTS_MAX`, however large they are against their
+    /// base. Crash tests use it on small pools, where the segment table that
+    /// every increment carries whole would otherwise make most increments
+    /// pass half their base and become bases.
+    pub checkpoint_increments_whatever_their_bytes: bool,
 }
 
 impl TestHooks {

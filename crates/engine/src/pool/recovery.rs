@@ -13,19 +13,20 @@ use lamina_device::{AlignedBuffer, BlockDevice};
 use tokio::sync::Notify;
 
 use super::budget::BackgroundBudget;
+use super::checkpoint_increment::CheckpointChain;
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::flush_marker::FlushMarker;
 use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
 use super::integrity::RecoveryFindings;
 use super::limits::{PoolLimits, PoolOptions};
-use super::segment_shapes::SegmentShapes;
-use super::space::{self, DurableCheckpoint, RecoveredSegments};
+use super::segment_shapes::{BodyPiece, SegmentShapes};
+use super::space::{self, CheckpointBody, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
 use crate::convert::{segment_index, to_usize};
 use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::batch::{Summary, block_checksum};
 use crate::log::chain;
-use crate::log::checkpoint::{Body, Slot};
+use crate::log::checkpoint::{AnyBody, Body, Slot, SlotLink};
 use crate::log::frame::FrameError;
 use crate::log::geometry::{
     CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, FLUSH_MARKER_BLOCKS, Geometry,
@@ -73,7 +74,7 @@ fn new_inner(
         state: Mutex::new(state),
         progress: Notify::new(),
         flush_lock: tokio::sync::Mutex::new(()),
-        checkpoint_lock: tokio::sync::Mutex::new(()),
+        checkpoint_lock: tokio::sync::Mutex::new(CheckpointChain::default()),
         cleaner_lock: tokio::sync::Mutex::new(()),
         reclaim_lock: tokio::sync::Mutex::new(()),
         rmw_locks: (0..RMW_LOCK_COUNT)
@@ -197,12 +198,13 @@ impl Pool {
             elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "pool recovered"
         );
-        if replay.replayed > 0 || !kept.both_slots_valid {
+        if replay.replayed > 0 || !kept.both_slots_valid || checked.found.older_format() {
             // Two checkpoints, so that both slots cover the replayed batches. The
             // unflushed tail among them may hold torn blocks that this recovery
             // dropped; later batches claim everything before them as flushed, so
             // no future recovery may replay that tail again, even from the older slot.
-            // The same two checkpoints repair a slot found corrupt.
+            // The same two checkpoints repair a slot found corrupt, and
+            // write an older version's pool in this one (the first is a base).
             pool.checkpoint().await?;
             pool.checkpoint().await?;
         }
@@ -455,13 +457,14 @@ struct KeptCheckpoints {
 }
 
 impl KeptCheckpoints {
-    /// Segments holding a kept checkpoint's body.
+    /// Segments holding a body of a kept checkpoint's chain.
     fn held_segments(&self) -> HashSet<u32> {
-        let mut held: HashSet<u32> = self.newest.slot.body_segments.iter().copied().collect();
-        if let Some(older) = &self.older {
-            held.extend(older.slot.body_segments.iter().copied());
-        }
-        held
+        let slots =
+            std::iter::once(&self.newest.slot).chain(self.older.iter().map(|older| &older.slot));
+        slots
+            .flat_map(Slot::chain)
+            .flat_map(|link| link.body_segments)
+            .collect()
     }
 
     /// The batch both kept checkpoints cover.
@@ -474,19 +477,30 @@ impl KeptCheckpoints {
 
     /// The kept checkpoints as the space allocator holds them, oldest first.
     fn durable_checkpoints(&self) -> Vec<DurableCheckpoint> {
-        let older = self.older.iter().map(|older| DurableCheckpoint {
-            slot_index: older.slot_index,
-            checkpoint_sequence: older.slot.checkpoint_sequence,
-            covered_batch_sequence: older.slot.covered_batch_sequence,
-            body_segments: older.slot.body_segments.clone(),
-        });
-        let newest = DurableCheckpoint {
-            slot_index: self.newest.slot_index,
-            checkpoint_sequence: self.newest.slot.checkpoint_sequence,
-            covered_batch_sequence: self.newest.slot.covered_batch_sequence,
-            body_segments: self.newest.slot.body_segments.clone(),
-        };
+        let older = self
+            .older
+            .iter()
+            .map(|older| durable_checkpoint(older.slot_index, &older.slot));
+        let newest = durable_checkpoint(self.newest.slot_index, &self.newest.slot);
         older.chain(std::iter::once(newest)).collect()
+    }
+}
+
+/// A slot's checkpoint as the space allocator holds it: its body and its chain's.
+fn durable_checkpoint(slot_index: usize, slot: &Slot) -> DurableCheckpoint {
+    DurableCheckpoint {
+        slot_index,
+        checkpoint_sequence: slot.checkpoint_sequence,
+        covered_batch_sequence: slot.covered_batch_sequence,
+        body_segments: slot.body_segments.clone(),
+        earlier_links: slot
+            .earlier_links
+            .iter()
+            .map(|link| CheckpointBody {
+                checkpoint_sequence: link.checkpoint_sequence,
+                body_segments: link.body_segments.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -531,8 +545,9 @@ async fn load_checkpoints(
 ) -> Result<KeptCheckpoints, EngineError> {
     let slots = read_slots(device, shapes.geometry(), name).await?;
     let mut newest = None;
+    let mut failures = Vec::new();
     for found in &slots {
-        match read_body(device, shapes, &found.slot).await {
+        match read_chain(device, shapes, &found.slot).await {
             Ok((body, volumes)) => {
                 newest = Some(NewestCheckpoint {
                     slot_index: found.slot_index,
@@ -542,19 +557,35 @@ async fn load_checkpoints(
                 });
                 break;
             }
-            Err(error) => tracing::error!(
-                device = %name, slot_index = found.slot_index,
-                checkpoint = found.slot.checkpoint_sequence, %error,
-                "checkpoint body is corrupt; falling back to the previous checkpoint"
-            ),
+            Err(error) => {
+                tracing::error!(
+                    device = %name, slot_index = found.slot_index,
+                    checkpoint = found.slot.checkpoint_sequence, %error,
+                    "checkpoint body is corrupt; falling back to the previous checkpoint"
+                );
+                failures.push(format!(
+                    "checkpoint {}: {error}",
+                    found.slot.checkpoint_sequence
+                ));
+            }
         }
     }
     let Some(newest) = newest else {
+        // Falling back further than the older slot would need the log since
+        // an older checkpoint, which may have been reused: refused rather
+        // than recovered to older data.
         return Err(EngineError::corrupt(
             name,
             "checkpoint",
             CHECKPOINT_SLOT_BLOCKS[0] * BLOCK_SIZE_BYTES,
-            "neither checkpoint slot holds a valid checkpoint",
+            format!(
+                "neither checkpoint slot holds a valid checkpoint ({}); the log before them may have been reused, so no older state can be recovered",
+                if failures.is_empty() {
+                    "no slot verifies".to_string()
+                } else {
+                    failures.join("; ")
+                }
+            ),
         ));
     };
     let older = usable_older_checkpoint(device, shapes, name, &slots, &newest).await;
@@ -586,7 +617,20 @@ async fn usable_older_checkpoint(
     let older = slots
         .iter()
         .find(|found| found.slot.checkpoint_sequence < newest.slot.checkpoint_sequence)?;
-    if let Err(error) = read_body(device, shapes, &older.slot).await {
+    let newest_chain = newest.slot.chain();
+    // Usually the older slot's chain is a prefix of the newest's, already
+    // verified; otherwise it is read and checked whole.
+    let verified = older
+        .slot
+        .chain()
+        .iter()
+        .all(|link| newest_chain.contains(link));
+    let checked = if verified {
+        Ok(())
+    } else {
+        read_chain(device, shapes, &older.slot).await.map(|_| ())
+    };
+    if let Err(error) = checked {
         tracing::warn!(
             device = %name, slot_index = older.slot_index,
             checkpoint = older.slot.checkpoint_sequence, %error,
@@ -594,11 +638,23 @@ async fn usable_older_checkpoint(
         );
         return None;
     }
-    let shared = older
-        .slot
-        .body_segments
+    // Links both chains hold share their segments; no other segment may be
+    // claimed by both.
+    let newest_segments: std::collections::HashMap<u32, u64> = newest_chain
         .iter()
-        .any(|segment| newest.slot.body_segments.contains(segment));
+        .flat_map(|link| {
+            link.body_segments
+                .iter()
+                .map(|segment| (*segment, link.checkpoint_sequence))
+        })
+        .collect();
+    let shared = older.slot.chain().iter().any(|link| {
+        !newest_chain.contains(link)
+            && link
+                .body_segments
+                .iter()
+                .any(|segment| newest_segments.contains_key(segment))
+    });
     if shared {
         tracing::warn!(device = %name, "both checkpoints claim the same segments; keeping only the newer");
         return None;
@@ -691,13 +747,38 @@ struct FoundSuperblock {
     superblock: Superblock,
     primary_damaged: bool,
     copy_stale: bool,
+    /// The format version it was written with.
+    version: u32,
 }
 
 impl FoundSuperblock {
+    /// Whether an older format version wrote the pool: it is upgraded at open.
+    fn older_format(&self) -> bool {
+        self.version < FORMAT_VERSION
+    }
+
     /// Rewrites a damaged superblock from its copy, and writes the copy of a
     /// pool that has none (made before format version 5) or a damaged one.
+    /// An older version's superblock and copy are rewritten in this version,
+    /// so that builds older than this one refuse the pool (`NewerFormat`)
+    /// once its checkpoints are in this version.
     async fn repair(&self, device: &dyn BlockDevice, name: &str) -> Result<(), EngineError> {
         let encoded = aligned(&self.superblock.encode());
+        if self.older_format() {
+            device
+                .write(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, encoded.clone())
+                .await?;
+            device
+                .write(SUPERBLOCK_COPY_BLOCK * BLOCK_SIZE_BYTES, encoded)
+                .await?;
+            tracing::info!(
+                device = name,
+                from = self.version,
+                to = FORMAT_VERSION,
+                "pool format upgraded"
+            );
+            return Ok(());
+        }
         if self.primary_damaged {
             device
                 .write(SUPERBLOCK_BLOCK * BLOCK_SIZE_BYTES, encoded.clone())
@@ -846,12 +927,13 @@ async fn read_superblock(
                 supported: FORMAT_VERSION_READ_MIN,
             }));
         }
-        Ok((_, superblock)) => {
+        Ok((version, superblock)) => {
             let copy_stale = copy.is_none_or(|(_, copy)| copy != superblock);
             return Ok(FoundSuperblock {
                 superblock,
                 primary_damaged: false,
                 copy_stale,
+                version,
             });
         }
         Err(FrameError::WrongMagic) => {
@@ -879,6 +961,7 @@ async fn read_superblock(
                 superblock,
                 primary_damaged: true,
                 copy_stale: false,
+                version,
             })
         }
         _ => Err(EngineError::corrupt(
@@ -1218,26 +1301,71 @@ fn validate_geometry(geometry: &Geometry) -> Result<(), String> {
 }
 
 fn slot_segments_valid(slot: &Slot, geometry: &Geometry) -> bool {
-    slot.body_segments
-        .iter()
-        .all(|segment| u64::from(*segment) < geometry.segment_count)
+    slot.chain().iter().all(|link| {
+        link.body_segments
+            .iter()
+            .all(|segment| u64::from(*segment) < geometry.segment_count)
+    })
 }
 
-async fn read_body(
+/// Reads every body of the slot's chain, checks each against its link and
+/// the link before it, applies the increments to the base's image and
+/// rebuilds the volumes from the result.
+async fn read_chain(
     device: &dyn BlockDevice,
     shapes: &SegmentShapes,
     slot: &Slot,
 ) -> Result<(Body, VolumeTable), String> {
+    let mut image: Option<Body> = None;
+    for link in slot.chain() {
+        let failed = |error: String| {
+            format!(
+                "checkpoint {} of the chain: {error}",
+                link.checkpoint_sequence
+            )
+        };
+        let bytes = read_link(device, shapes, &link).await.map_err(failed)?;
+        let body = AnyBody::decode(&bytes).map_err(|error| failed(error.to_string()))?;
+        if body.checkpoint_sequence() != link.checkpoint_sequence
+            || body.covered_batch_sequence() != link.covered_batch_sequence
+        {
+            return Err(failed("body belongs to another checkpoint".to_string()));
+        }
+        match (&mut image, body) {
+            (None, AnyBody::Base(base)) => image = Some(base),
+            (Some(image), AnyBody::Increment(increment)) => {
+                image.apply(increment).map_err(failed)?
+            }
+            (None, AnyBody::Increment(_)) => {
+                return Err(failed("the chain starts with an increment".to_string()));
+            }
+            (Some(_), AnyBody::Base(_)) => {
+                return Err(failed("a base in the middle of a chain".to_string()));
+            }
+        }
+    }
+    let body = image.expect("a chain has at least its own link");
+    let volumes = VolumeTable::from_checkpoint(&body, shapes.geometry())
+        .map_err(|error| error.to_string())?;
+    Ok((body, volumes))
+}
+
+/// One body of a chain, read and checked against its link's checksum.
+async fn read_link(
+    device: &dyn BlockDevice,
+    shapes: &SegmentShapes,
+    link: &SlotLink,
+) -> Result<Vec<u8>, String> {
     let geometry = shapes.geometry();
     let pieces = shapes
-        .body_pieces(&slot.body_segments, slot.body_bytes)
-        .ok_or_else(|| "slot names an impossible set of segments".to_string())?;
+        .body_pieces(&link.body_segments, link.body_bytes)
+        .ok_or_else(|| "link names an impossible set of segments".to_string())?;
     // The slot is read from the device: a length past the address space is
     // corrupt, not a reason to panic.
-    let body_bytes = usize::try_from(slot.body_bytes)
-        .map_err(|_| format!("body of {} bytes does not fit in memory", slot.body_bytes))?;
+    let body_bytes = usize::try_from(link.body_bytes)
+        .map_err(|_| format!("body of {} bytes does not fit in memory", link.body_bytes))?;
     let mut bytes = Vec::with_capacity(body_bytes);
-    for piece in pieces {
+    for piece in &pieces {
         let data = device
             .read(
                 geometry.segment_first_block(piece.segment_index) * BLOCK_SIZE_BYTES,
@@ -1247,18 +1375,85 @@ async fn read_body(
             .map_err(|error| error.to_string())?;
         bytes.extend_from_slice(&data[..to_usize(piece.length_bytes)]);
     }
-    if crc32c::crc32c(&bytes) != slot.body_checksum {
-        return Err("body checksum does not match the slot".to_string());
-    }
-    let body = Body::decode(&bytes).map_err(|error| error.to_string())?;
-    if body.checkpoint_sequence != slot.checkpoint_sequence
-        || body.covered_batch_sequence != slot.covered_batch_sequence
+    if crc32c::crc32c(&bytes) != link.body_checksum
+        && !repair_body(device, geometry, &pieces, &mut bytes, link.body_checksum).await
     {
-        return Err("body belongs to another checkpoint".to_string());
+        return Err("body checksum does not match the link".to_string());
     }
-    let volumes =
-        VolumeTable::from_checkpoint(&body, geometry).map_err(|error| error.to_string())?;
-    Ok((body, volumes))
+    Ok(bytes)
+}
+
+/// Where one block of a body lies: its range in the body and its device offset.
+struct BodyBlock {
+    body_start: usize,
+    body_end: usize,
+    device_offset: u64,
+}
+
+/// A body that fails its checksum, on a device with redundancy (an array):
+/// each block in turn is rebuilt from the redundancy, and the first
+/// candidate that makes the whole body match its checksum replaces it (the
+/// device rewrites the damaged copy). A base is needed by both slots' chains,
+/// so unlike a body of the old format it has no other slot to fall back on
+/// when a member flips a bit in it. Without redundancy, or with more than
+/// one damaged block, it fails.
+async fn repair_body(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    pieces: &[BodyPiece],
+    bytes: &mut [u8],
+    expected_checksum: u32,
+) -> bool {
+    let block_bytes = BLOCK_BYTES;
+    let blocks: Vec<BodyBlock> = pieces
+        .iter()
+        .flat_map(|piece| {
+            let start = to_usize(piece.body_offset);
+            let end = start + to_usize(piece.length_bytes);
+            let first = geometry.segment_first_block(piece.segment_index) * BLOCK_SIZE_BYTES;
+            (start..end)
+                .step_by(block_bytes)
+                .map(move |body_start| BodyBlock {
+                    body_start,
+                    body_end: (body_start + block_bytes).min(end),
+                    device_offset: first + (body_start - start) as u64,
+                })
+        })
+        .collect();
+    // The checksum of everything after each block, so that a candidate is
+    // checked in O(block) rather than O(body).
+    let mut suffixes = vec![0u32; blocks.len()];
+    let mut suffix = 0u32;
+    for (index, block) in blocks.iter().enumerate().rev() {
+        suffixes[index] = suffix;
+        let length = bytes.len() - block.body_end;
+        suffix = crc32c::crc32c_combine(
+            crc32c::crc32c(&bytes[block.body_start..block.body_end]),
+            suffix,
+            length,
+        );
+    }
+    let mut prefix = 0u32;
+    for (index, block) in blocks.iter().enumerate() {
+        let length = block.body_end - block.body_start;
+        let suffix = suffixes[index];
+        let suffix_length = bytes.len() - block.body_end;
+        let check = move |candidate: &[u8]| {
+            let with_block = crc32c::crc32c_append(prefix, &candidate[..length]);
+            crc32c::crc32c_combine(with_block, suffix, suffix_length) == expected_checksum
+        };
+        if let Ok(Some(candidate)) = device.recover_block(block.device_offset, &check).await {
+            bytes[block.body_start..block.body_end].copy_from_slice(&candidate[..length]);
+            tracing::warn!(
+                device = device.name(),
+                offset = block.device_offset,
+                "checkpoint body block rebuilt from the device's redundancy"
+            );
+            return true;
+        }
+        prefix = crc32c::crc32c_append(prefix, &bytes[block.body_start..block.body_end]);
+    }
+    false
 }
 
 /// Refuses to open when segments holding data (live blocks or a kept

@@ -116,6 +116,28 @@ pub struct DurableCheckpoint {
     pub checkpoint_sequence: u64,
     pub covered_batch_sequence: u64,
     pub body_segments: Vec<u32>,
+    /// The bodies of the chain before it (base first; empty for a base),
+    /// which recovery from it needs as well (format version 7).
+    pub earlier_links: Vec<CheckpointBody>,
+}
+
+/// A body of an earlier link of a durable checkpoint's chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointBody {
+    pub checkpoint_sequence: u64,
+    pub body_segments: Vec<u32>,
+}
+
+impl DurableCheckpoint {
+    /// Whether recovery from this checkpoint reads the body of checkpoint
+    /// `checkpoint_sequence` (its own or an earlier link's).
+    fn needs_body_of(&self, checkpoint_sequence: u64) -> bool {
+        self.checkpoint_sequence == checkpoint_sequence
+            || self
+                .earlier_links
+                .iter()
+                .any(|link| link.checkpoint_sequence == checkpoint_sequence)
+    }
 }
 
 /// Where the log stands when a segment dies or a dead segment is looked at:
@@ -199,14 +221,20 @@ fn one_tier_cleaner_reserve_segment_count(geometry: &Geometry) -> usize {
 /// capacity in a two-tier pool (bodies are written and read sequentially, and
 /// their size follows both tiers' mappings, which flash should not pay for).
 pub fn checkpoint_reserve_segment_count(geometry: &Geometry) -> usize {
-    // Three checkpoint bodies can exist at once (two durable, one being written);
-    // a body needs at most about 16 bytes per distinct mapping (entry index,
+    // A base needs at most about 16 bytes per distinct mapping (entry index,
     // physical block and checksum as varints; shared chunks are stored once and
-    // snapshots' chunks as differences) plus the segment table.
+    // snapshots' chunks as differences) plus the segment table. The bodies that
+    // can exist at once (the older kept checkpoint's chain, the newer one's
+    // base when it started a new chain, the body being written: at most
+    // CHECKPOINT_INCREMENTS_MAX + 3 bodies) hold at most three bases' bytes,
+    // since a chain's increments hold at most half its base's; each body
+    // also leaves part of its last segment unused.
     let capacity_blocks = geometry.data_capacity_bytes() / BLOCK_SIZE_BYTES;
     let body_bytes_max = capacity_blocks * 16 + geometry.segment_count * 10 + (64 << 10);
-    let per_body = body_bytes_max.div_ceil(geometry.segment_size_bytes());
-    usize::try_from(3 * per_body + 1).expect("the reserve is smaller than the segment count")
+    let bodies_segments = (3 * body_bytes_max).div_ceil(geometry.segment_size_bytes());
+    let body_count_max = crate::log::checkpoint::CHECKPOINT_INCREMENTS_MAX as u64 + 3;
+    usize::try_from(bodies_segments + body_count_max + 1)
+        .expect("the reserve is smaller than the segment count")
 }
 
 /// Takes a free segment from `free_list` for anything but a checkpoint body,
@@ -334,6 +362,22 @@ impl SpaceAllocator {
 
     pub fn durable_checkpoints(&self) -> &[DurableCheckpoint] {
         &self.durable_checkpoints
+    }
+
+    /// Every segment holding a body that a kept checkpoint's chain needs,
+    /// once each.
+    pub fn held_body_segments(&self) -> std::collections::BTreeSet<u32> {
+        self.durable_checkpoints
+            .iter()
+            .flat_map(|checkpoint| {
+                let earlier = checkpoint
+                    .earlier_links
+                    .iter()
+                    .flat_map(|link| &link.body_segments);
+                checkpoint.body_segments.iter().chain(earlier)
+            })
+            .copied()
+            .collect()
     }
 
     /// Segments that hold blocks, checkpoint bodies or batches not yet reusable.
@@ -464,10 +508,9 @@ impl SpaceAllocator {
     /// relocations leave the whole reserve again ([`SpaceAllocator::reserve_for`]).
     pub fn cleaner_restart_reserve(&self) -> usize {
         let held_body_segment_count = self
-            .durable_checkpoints
-            .iter()
-            .flat_map(|checkpoint| &checkpoint.body_segments)
-            .filter(|segment| self.geometry.tier_of_segment(**segment) == Tier::Flash)
+            .held_body_segments()
+            .into_iter()
+            .filter(|segment| self.geometry.tier_of_segment(*segment) == Tier::Flash)
             .count();
         self.reserves
             .checkpoint_segment_count
@@ -749,9 +792,24 @@ impl SpaceAllocator {
         let mut freed = Vec::new();
         while self.durable_checkpoints.len() > 2 {
             let displaced = self.durable_checkpoints.remove(0);
-            for segment_index in displaced.body_segments {
-                self.free_segment(segment_index);
-                freed.push(segment_index);
+            // Its bodies, and those of its chain that no kept checkpoint's
+            // chain names (an increment's base stays while either needs it).
+            let bodies = displaced.earlier_links.into_iter().chain([CheckpointBody {
+                checkpoint_sequence: displaced.checkpoint_sequence,
+                body_segments: displaced.body_segments,
+            }]);
+            for body in bodies {
+                let still_needed = self
+                    .durable_checkpoints
+                    .iter()
+                    .any(|kept| kept.needs_body_of(body.checkpoint_sequence));
+                if still_needed {
+                    continue;
+                }
+                for segment_index in body.body_segments {
+                    self.free_segment(segment_index);
+                    freed.push(segment_index);
+                }
             }
         }
         freed.extend(self.free_reusable_dead_segments(durable_through));

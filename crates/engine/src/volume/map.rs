@@ -40,6 +40,46 @@ impl Chunk {
     }
 }
 
+/// A map as a checkpoint names it: a volume's live map (no snapshot) or one
+/// of its snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MapName {
+    pub volume_id: u32,
+    pub snapshot_id: Option<u32>,
+}
+
+/// What changed in a map since the previous checkpoint, so that an
+/// incremental checkpoint writes only that: the map of that checkpoint this
+/// one descends from (none: an empty map), and per changed chunk, which of
+/// its entries may differ from it. A copy of a map (a snapshot, a clone, a
+/// rollback) carries both, so a map made after the checkpoint is described
+/// as its origin plus its changes.
+#[derive(Clone, Debug, Default)]
+pub struct ChangesSinceCheckpoint {
+    pub source: Option<MapName>,
+    /// Shared, so that copying a map stays O(1).
+    pub changed_chunks: Arc<BTreeMap<u64, ChangedEntries>>,
+}
+
+/// A bit per entry of a chunk: set where the entry changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChangedEntries([u64; CHUNK_ENTRY_COUNT / 64]);
+
+impl ChangedEntries {
+    fn contains(&self, entry: usize) -> bool {
+        self.0[entry / 64] & (1 << (entry % 64)) != 0
+    }
+
+    fn insert(&mut self, entry: usize) {
+        self.0[entry / 64] |= 1 << (entry % 64);
+    }
+
+    /// The changed entries, in increasing order.
+    pub fn entries(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..CHUNK_ENTRY_COUNT).filter(|entry| self.contains(*entry))
+    }
+}
+
 /// See the module documentation. The chunk index itself is shared too, so that
 /// copying a map (a snapshot, a checkpoint, an accounting pass outside the pool
 /// lock) is O(1); the first change after a copy copies the index (O(chunks)).
@@ -47,6 +87,7 @@ impl Chunk {
 pub struct BlockMap {
     chunks: Arc<BTreeMap<u64, Arc<Chunk>>>,
     mapped_count: u64,
+    changes: ChangesSinceCheckpoint,
 }
 
 fn split(logical_block: u64) -> (u64, usize) {
@@ -57,6 +98,36 @@ fn split(logical_block: u64) -> (u64, usize) {
 }
 
 impl BlockMap {
+    /// Marks entry `entry` of chunk `chunk_index` as changed since the
+    /// previous checkpoint. Every method that changes an entry calls it.
+    fn mark_changed(&mut self, chunk_index: u64, entry: usize) {
+        let marked = self
+            .changes
+            .changed_chunks
+            .get(&chunk_index)
+            .is_some_and(|changed| changed.contains(entry));
+        if !marked {
+            Arc::make_mut(&mut self.changes.changed_chunks)
+                .entry(chunk_index)
+                .or_default()
+                .insert(entry);
+        }
+    }
+
+    /// What changed since the previous checkpoint (see [`ChangesSinceCheckpoint`]).
+    pub fn changes(&self) -> &ChangesSinceCheckpoint {
+        &self.changes
+    }
+
+    /// A checkpoint copied this map as `name`: from now on changes are
+    /// counted from that copy.
+    pub fn checkpointed_as(&mut self, name: MapName) {
+        self.changes.source = Some(name);
+        if !self.changes.changed_chunks.is_empty() {
+            self.changes.changed_chunks = Arc::default();
+        }
+    }
+
     pub fn get(&self, logical_block: u64) -> Option<Mapping> {
         let (chunk_index, entry) = split(logical_block);
         let chunk = self.chunks.get(&chunk_index)?;
@@ -71,6 +142,7 @@ impl BlockMap {
     pub fn set(&mut self, logical_block: u64, mapping: Mapping) -> Option<u64> {
         assert_ne!(mapping.physical_block, 0, "physical block 0 is never data");
         let (chunk_index, entry) = split(logical_block);
+        self.mark_changed(chunk_index, entry);
         let chunk = Arc::make_mut(
             Arc::make_mut(&mut self.chunks)
                 .entry(chunk_index)
@@ -112,6 +184,7 @@ impl BlockMap {
         if touched.is_empty() {
             return;
         }
+        let mut changed = Vec::new();
         let chunks = Arc::make_mut(&mut self.chunks);
         for chunk_index in touched {
             let chunk_start = chunk_index * CHUNK_ENTRY_COUNT as u64;
@@ -121,6 +194,7 @@ impl BlockMap {
             for entry in to_usize(from)..to_usize(to) {
                 let old = chunk.physical_blocks[entry];
                 if old != 0 {
+                    changed.push((chunk_index, entry));
                     displaced(chunk_start + entry as u64, old);
                     chunk.physical_blocks[entry] = 0;
                     chunk.mapped_count -= 1;
@@ -130,6 +204,9 @@ impl BlockMap {
             if chunk.mapped_count == 0 {
                 chunks.remove(&chunk_index);
             }
+        }
+        for (chunk_index, entry) in changed {
+            self.mark_changed(chunk_index, entry);
         }
     }
 
@@ -163,7 +240,8 @@ impl BlockMap {
         self.chunks.get(&chunk_index)
     }
 
-    /// Inserts a chunk shared with other maps (rebuilt from a checkpoint).
+    /// Inserts a chunk shared with other maps (rebuilt from a checkpoint;
+    /// not a change since it: the first checkpoint after recovery is a base).
     pub fn insert_shared_chunk(&mut self, chunk_index: u64, chunk: Arc<Chunk>) {
         if chunk.mapped_count == 0 {
             return;
@@ -249,6 +327,7 @@ pub fn relocate_in<'a>(
             continue;
         }
         held += 1;
+        map.mark_changed(chunk_index, entry);
         let slot = Arc::make_mut(&mut map.chunks)
             .get_mut(&chunk_index)
             .expect("checked above");
@@ -323,6 +402,34 @@ mod tests {
         map.unmap_range(0, u64::MAX, &mut |_, _| {});
         assert_eq!(map.mapped_count(), 0);
         assert_eq!(map.chunks().count(), 0);
+    }
+
+    #[test]
+    fn changes_are_counted_per_entry_from_the_checkpoint_and_travel_with_copies() {
+        let name = MapName {
+            volume_id: 1,
+            snapshot_id: None,
+        };
+        let changed = |map: &BlockMap| -> Vec<(u64, Vec<usize>)> {
+            map.changes()
+                .changed_chunks
+                .iter()
+                .map(|(index, entries)| (*index, entries.entries().collect()))
+                .collect()
+        };
+        let mut map = BlockMap::default();
+        map.set(3, mapping(100));
+        map.set(CHUNK_ENTRY_COUNT as u64 * 4 + 7, mapping(101));
+        assert_eq!(map.changes().source, None);
+        assert_eq!(changed(&map), vec![(0, vec![3]), (4, vec![7])]);
+        map.checkpointed_as(name);
+        assert!(map.changes().changed_chunks.is_empty());
+        let mut snapshot = map.clone();
+        map.unmap_range(CHUNK_ENTRY_COUNT as u64 * 4, 10, &mut |_, _| {});
+        relocate_in([&mut snapshot].into_iter(), 3, 100, mapping(200));
+        assert_eq!(snapshot.changes().source, Some(name));
+        assert_eq!(changed(&snapshot), vec![(0, vec![3])]);
+        assert_eq!(changed(&map), vec![(4, vec![7])]);
     }
 
     #[test]

@@ -370,6 +370,25 @@ impl VolumeTable {
         self.volumes.values()
     }
 
+    /// A checkpoint copied every map (in the same hold of the pool lock):
+    /// each map counts its changes from its own copy from now on
+    /// ([`map::ChangesSinceCheckpoint`]).
+    pub fn checkpoint_taken(&mut self) {
+        for volume in self.volumes.values_mut() {
+            let volume_id = volume.volume_id;
+            volume.map.checkpointed_as(map::MapName {
+                volume_id,
+                snapshot_id: None,
+            });
+            for snapshot in &mut volume.snapshots {
+                snapshot.map.checkpointed_as(map::MapName {
+                    volume_id,
+                    snapshot_id: Some(snapshot.snapshot_id),
+                });
+            }
+        }
+    }
+
     /// Adds a volume with its snapshots. Its identifier and name must be new,
     /// its snapshots in identifier order, and the snapshot it was cloned from
     /// must exist: the table's invariants, checked in release builds too.

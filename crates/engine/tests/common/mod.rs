@@ -11,6 +11,7 @@ pub mod shadow;
 use lamina_device::MemoryDevice;
 use lamina_engine::log::checkpoint::Slot;
 use lamina_engine::log::geometry::CHECKPOINT_SLOT_BLOCKS;
+use lamina_engine::log::superblock::Superblock;
 
 const BLOCK: usize = 4096;
 
@@ -25,6 +26,46 @@ pub fn newest_slot(memory: &MemoryDevice) -> (u64, Slot) {
         })
         .max_by_key(|(_, slot)| slot.checkpoint_sequence)
         .expect("a valid checkpoint slot")
+}
+
+/// The device block where checkpoint `checkpoint_sequence`'s body starts,
+/// if the newest slot's chain holds it.
+pub fn checkpoint_body_block(memory: &MemoryDevice, checkpoint_sequence: u64) -> Option<u64> {
+    let (_, slot) = newest_slot(memory);
+    let link = slot
+        .chain()
+        .into_iter()
+        .find(|link| link.checkpoint_sequence == checkpoint_sequence)?;
+    let mut bytes = vec![0u8; BLOCK];
+    memory.read_sync(0, &mut bytes);
+    let (_, superblock) = Superblock::decode(&bytes).expect("the superblock decodes");
+    Some(
+        superblock
+            .geometry
+            .segment_first_block(link.body_segments[0]),
+    )
+}
+
+/// Flips a bit in the payload of checkpoint `checkpoint_sequence`'s body (a
+/// base or an increment of the newest slot's chain), so that its checksum
+/// fails.
+pub fn corrupt_checkpoint_body(memory: &MemoryDevice, checkpoint_sequence: u64) {
+    let block = checkpoint_body_block(memory, checkpoint_sequence)
+        .expect("the newest slot's chain holds the checkpoint");
+    let mut bytes = vec![0u8; BLOCK];
+    memory.read_sync(block * BLOCK as u64, &mut bytes);
+    // Past the 24-byte frame header: every body is longer than that.
+    bytes[26] ^= 0x10;
+    memory.write_sync(block * BLOCK as u64, &bytes);
+}
+
+/// Flips a bit in the newest checkpoint's body (a base or an increment), so
+/// that recovery must fall back to the older slot. Returns whether it was an
+/// increment.
+pub fn corrupt_newest_checkpoint_body(memory: &MemoryDevice) -> bool {
+    let (_, slot) = newest_slot(memory);
+    corrupt_checkpoint_body(memory, slot.checkpoint_sequence);
+    !slot.earlier_links.is_empty()
 }
 
 /// Flips a bit in the newest checkpoint slot, so that recovery must fall back to
