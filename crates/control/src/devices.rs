@@ -162,8 +162,8 @@ pub async fn remove(
                 // Segments emptied but not yet free: the flush and two
                 // checkpoints free them, and the next pass lays them out.
                 pool.flush().await?;
-                pool.checkpoint().await?;
-                pool.checkpoint().await?;
+                pool.checkpoint_base().await?;
+                pool.checkpoint_base().await?;
                 evacuate_waiting(pool, EvacuationGoal::Redundancy).await?;
             }
             Err(error) => return Err(error.into()),

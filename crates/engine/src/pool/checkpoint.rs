@@ -272,13 +272,34 @@ pub(super) fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
     encoded
 }
 
+/// Whether a checkpoint may be an increment on the chain.
+#[derive(Clone, Copy)]
+enum CheckpointKind {
+    Any,
+    Base,
+}
+
 impl Pool {
     /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
     pub async fn checkpoint(&self) -> Result<(), EngineError> {
+        self.checkpoint_as(CheckpointKind::Any).await
+    }
+
+    /// Writes a base checkpoint now, whatever the chain: two in a row free
+    /// every older body (the evacuation moves checkpoint bodies off
+    /// degraded or narrow segments so).
+    pub async fn checkpoint_base(&self) -> Result<(), EngineError> {
+        self.checkpoint_as(CheckpointKind::Base).await
+    }
+
+    async fn checkpoint_as(&self, kind: CheckpointKind) -> Result<(), EngineError> {
         let mut chain_guard = self.inner.checkpoint_lock.lock().await;
         // Taken out: a checkpoint that does not become durable leaves the
         // chain empty, so that the next one is a base.
-        let chain = std::mem::take(&mut *chain_guard);
+        let chain = match kind {
+            CheckpointKind::Any => std::mem::take(&mut *chain_guard),
+            CheckpointKind::Base => CheckpointChain::default(),
+        };
         let snapshot = self.take_checkpoint_snapshot()?;
         let target = snapshot.target;
         self.flush_through(target.covered_batch_sequence).await?;

@@ -192,8 +192,8 @@ impl Pool {
                 // Checkpoint bodies in such segments move with the next two
                 // checkpoints; then none is left.
                 if self.checkpoint_bodies_to_move(goal) {
-                    self.checkpoint().await?;
-                    self.checkpoint().await?;
+                    self.checkpoint_base().await?;
+                    self.checkpoint_base().await?;
                     continue;
                 }
                 return Ok(());
