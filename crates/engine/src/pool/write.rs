@@ -50,6 +50,12 @@ impl WriteRequest<'_> {
         (self.offset + self.data.len() as u64 - 1) / BLOCK_SIZE_BYTES
     }
 
+    /// Whether the write covers whole blocks only.
+    fn is_whole_blocks(&self) -> bool {
+        self.offset.is_multiple_of(BLOCK_SIZE_BYTES)
+            && (self.data.len() as u64).is_multiple_of(BLOCK_SIZE_BYTES)
+    }
+
     /// The blocks the write covers only in part (at most two: the first and
     /// the last), which must be merged with their current contents.
     fn partial_blocks(&self) -> Vec<u64> {
@@ -158,15 +164,16 @@ impl Pool {
             offset,
             data,
         };
-        let partial_blocks = request.partial_blocks();
         // A write of whole blocks is checked under the state lock it appends
         // under (one hold for both); a partial one reads first, so it is
-        // checked before it reads.
-        let checked = !partial_blocks.is_empty();
+        // checked before it reads, and so is one whose end overflows (its
+        // blocks cannot even be named).
+        let checked = !request.is_whole_blocks() || offset.checked_add(data.len() as u64).is_none();
         if checked {
             let state = self.inner.lock();
             check_write(&state, &request)?;
         }
+        let partial_blocks = request.partial_blocks();
         let guards = self.lock_blocks(volume_id, &partial_blocks).await;
         let merged = self.merge_partial_blocks(&request, &partial_blocks).await?;
         self.append_blocks(&request, &merged, checked).await?;
