@@ -244,7 +244,7 @@ impl Pool {
             let stop = (next_block + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
             // Checksummed before the lock is taken: the lock's hold is the
             // bookkeeping and one copy per block.
-            let mut checksums = [0u32; APPEND_PER_LOCK_HOLD_BLOCKS_MAX as usize];
+            let mut checksums = [0u32; BATCH_DATA_BLOCKS_MAX];
             for (checksum, logical_block) in checksums.iter_mut().zip(next_block..stop) {
                 *checksum = block_checksum(request.contents_of(logical_block, merged));
             }

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::convert::to_usize;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 const BLOCK: usize = BLOCK_BYTES;
@@ -182,7 +183,7 @@ impl MemoryCache {
 
     fn shard_of(&self, physical_block: u64) -> &LockedShard {
         // A power of two, so the remainder is the low bits.
-        &self.shards[(physical_block % self.shards.len() as u64) as usize]
+        &self.shards[to_usize(physical_block % self.shards.len() as u64)]
     }
 
     fn lock(shard: &LockedShard) -> std::sync::MutexGuard<'_, Shard> {
@@ -415,7 +416,10 @@ mod tests {
         assert_eq!(cache.shards.len(), SHARD_COUNT_MAX);
         let mut out = block(0);
         for physical_block in 0..100 {
-            cache.insert(physical_block, &block(physical_block as u8));
+            cache.insert(
+                physical_block,
+                &block(u8::try_from(physical_block).unwrap()),
+            );
         }
         assert_eq!(cache.statistics().cached_bytes, 100 * BLOCK_SIZE_BYTES);
         cache.invalidate_range(10, 50);
