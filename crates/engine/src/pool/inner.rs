@@ -12,8 +12,14 @@
 //! 3. `flush_lock` (async; one device flush at a time);
 //! 4. an `rmw_locks` stripe (async; read-modify-write of one block);
 //! 5. `state` (std mutex): never held across an `.await`, and never while
-//!    taking another lock; the memory cache's and the device-full condition's
-//!    own mutexes are leaves taken inside or outside it.
+//!    taking another lock; the memory cache's shard mutexes and the
+//!    device-full condition's own mutex are leaves taken inside or outside it.
+//!
+//! `state` is the one global lock of the hot paths: a read takes it once to
+//! plan, a write once per batch of blocks appended (the checksums computed
+//! before), and the cache is looked in and filled outside it (one-tier
+//! pools). What each path takes, in order: docs/ARCHITECTURE.md, "What the
+//! hot paths take".
 //!
 //! The background budget's mutex (`budget`) is a leaf too; its `acquire` is
 //! awaited holding none of the locks above (work waiting for its turn

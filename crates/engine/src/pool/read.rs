@@ -25,7 +25,7 @@ use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
 use crate::log::geometry::Tier;
 use crate::tier::heat::VolumeTierCounters;
-use crate::tier::memory_cache::MemoryCache;
+use crate::tier::memory_cache::{CacheGeneration, MemoryCache};
 use crate::volume::map::{BlockMap, Mapping};
 use crate::volume::{TierPolicy, View, ViewRef, VolumeTable};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
@@ -66,6 +66,9 @@ struct DeviceBlock {
     physical_block: u64,
     /// The checksum its contents must have.
     checksum: u32,
+    /// Its memory cache shard's generation when the read was planned: the
+    /// block read is cached only if the shard has seen no invalidation since.
+    generation: CacheGeneration,
 }
 
 /// A capacity block a read moves to flash.
@@ -154,6 +157,9 @@ fn flash_has_room_for_promotions(space: &SpaceAllocator) -> bool {
 struct ReadPlan {
     /// Blocks to read from the device, in logical order.
     from_device: Vec<DeviceBlock>,
+    /// One-tier pools: blocks to take from the memory cache, or else from the
+    /// device, in logical order (looked up once the state lock is released).
+    from_cache_or_device: Vec<DeviceBlock>,
     /// Capacity blocks heat says to promote; those found in memory already
     /// have their contents.
     promotions: Vec<Promotion>,
@@ -193,6 +199,20 @@ impl<'a> ReadPlanner<'a> {
         };
         let tier = self.parts.geometry.tier_of_block(mapping.physical_block);
         let promote = self.heat_accessed(mapping.physical_block, tier);
+        let device_block = DeviceBlock {
+            logical_block,
+            physical_block: mapping.physical_block,
+            checksum: mapping.checksum,
+            generation: self.cache.generation(mapping.physical_block),
+        };
+        if self.parts.heat.is_none() {
+            // One tier: no promotion and no tier counters wait for the cache's
+            // answer, so the cache is asked after the state lock is released.
+            if !self.copy_unwritten(mapping, span, buffer) {
+                self.plan.from_cache_or_device.push(device_block);
+            }
+            return;
+        }
         let mut scratch = [0u8; BLOCK_BYTES];
         let in_memory = self.copy_from_memory(mapping, &mut scratch);
         if promote {
@@ -214,11 +234,24 @@ impl<'a> ReadPlanner<'a> {
             Tier::Flash => self.counters.flash_read_blocks += 1,
             Tier::Capacity => self.counters.capacity_read_blocks += 1,
         }
-        self.plan.from_device.push(DeviceBlock {
-            logical_block,
-            physical_block: mapping.physical_block,
-            checksum: mapping.checksum,
-        });
+        self.plan.from_device.push(device_block);
+    }
+
+    /// Copies the part `span` of the block `mapping` points to into `buffer`
+    /// if the block has not reached the device yet; a whole block goes
+    /// straight into `buffer`, without a scratch block to clear.
+    fn copy_unwritten(&self, mapping: Mapping, span: BlockSpan, buffer: &mut [u8]) -> bool {
+        let writer = self.parts.writer;
+        if span.length == BLOCK_BYTES {
+            return writer
+                .copy_unwritten_block(mapping.physical_block, &mut buffer[span.request_range()]);
+        }
+        let mut scratch = [0u8; BLOCK_BYTES];
+        let copied = writer.copy_unwritten_block(mapping.physical_block, &mut scratch);
+        if copied {
+            buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
+        }
+        copied
     }
 
     /// Tells the heat (two-tier pools) of an access to `physical_block` on
@@ -276,6 +309,7 @@ impl<'a> ReadPlanner<'a> {
                 logical_block: neighbour,
                 physical_block: next.physical_block,
                 checksum: next.checksum,
+                generation: self.cache.generation(next.physical_block),
             });
             previous = next.physical_block;
         }
@@ -424,6 +458,9 @@ impl Pool {
             return Ok(ReadOutcome::Done);
         }
         let mut plan = self.plan_read(view, offset, buffer)?;
+        if !plan.from_cache_or_device.is_empty() {
+            self.take_from_cache(&mut plan, offset, buffer);
+        }
         if plan.neighbours.is_empty()
             && let [block] = plan.from_device[..]
         {
@@ -499,8 +536,44 @@ impl Pool {
         if let ReadOutcome::Done = outcome {
             copy_run(offset, run, &data, buffer);
             attach_contents(promotions, run, &data);
+            for (block, contents) in run_contents(run, &data) {
+                // Unless the block died since the read was planned.
+                self.inner
+                    .cache
+                    .insert_read(block.physical_block, contents, block.generation);
+            }
         }
         Ok(outcome)
+    }
+
+    /// Copies the blocks of `plan.from_cache_or_device` found in the memory
+    /// cache (with the contents the map expected when planned) into
+    /// `buffer`, outside the state lock; the others become the plan's device
+    /// blocks, in the same order.
+    fn take_from_cache(&self, plan: &mut ReadPlan, offset: u64, buffer: &mut [u8]) {
+        assert!(
+            plan.from_device.is_empty(),
+            "a one-tier plan leaves every block to the cache or the device"
+        );
+        let cache = &self.inner.cache;
+        plan.from_cache_or_device.retain(|block| {
+            let span = BlockSpan::of(offset, buffer.len(), block.logical_block);
+            if span.length == BLOCK_BYTES {
+                let destination = &mut buffer[span.request_range()];
+                // A failed check leaves bytes the device read overwrites.
+                let hit = cache.get(block.physical_block, destination)
+                    && block_checksum(destination) == block.checksum;
+                return !hit;
+            }
+            let mut scratch = [0u8; BLOCK_BYTES];
+            let hit = cache.get(block.physical_block, &mut scratch)
+                && block_checksum(&scratch) == block.checksum;
+            if hit {
+                buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
+            }
+            !hit
+        });
+        plan.from_device = std::mem::take(&mut plan.from_cache_or_device);
     }
 
     /// Plans a read under the state lock (see [`ReadPlanner`]): blocks in
@@ -534,6 +607,7 @@ impl Pool {
             counters: VolumeTierCounters::default(),
             plan: ReadPlan {
                 from_device: Vec::new(),
+                from_cache_or_device: Vec::new(),
                 promotions: Vec::new(),
                 neighbours: Vec::new(),
             },
@@ -796,6 +870,7 @@ mod tests {
             logical_block,
             physical_block,
             checksum: 0,
+            generation: CacheGeneration::default(),
         }
     }
 

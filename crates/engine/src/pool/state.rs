@@ -427,19 +427,22 @@ struct ClientDestination {
 
 /// Client writes and moves of blocks.
 impl State {
-    /// Appends one 4 KiB data block for `logical_block` of `volume_id`.
+    /// Appends one 4 KiB data block for `logical_block` of `volume_id`, whose
+    /// crc32c `checksum` the caller computed before taking the lock.
     pub fn append_data(
         &mut self,
         volume_id: u32,
         logical_block: u64,
         data: &[u8],
+        checksum: u32,
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<(), EngineError> {
         self.check_failed()?;
+        debug_assert_eq!(checksum, block_checksum(data), "the data's own checksum");
         let record = Record::Data {
             volume_id,
             logical_block,
-            checksum: block_checksum(data),
+            checksum,
         };
         // The block this write replaces steers the split and carries heat;
         // without either, its lookup is skipped (a write is the hot path).

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use super::budget::ClientOperation;
 use super::inner::{Pool, RMW_LOCK_COUNT};
 use super::read::{BlockSpan, check_range};
+use super::state::State;
 use super::writer::InFlightBatch;
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
-use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record};
+use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record, block_checksum};
 use crate::volume::View;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
@@ -47,6 +48,12 @@ impl WriteRequest<'_> {
 
     fn last_block(&self) -> u64 {
         (self.offset + self.data.len() as u64 - 1) / BLOCK_SIZE_BYTES
+    }
+
+    /// Whether the write covers whole blocks only.
+    fn is_whole_blocks(&self) -> bool {
+        self.offset.is_multiple_of(BLOCK_SIZE_BYTES)
+            && (self.data.len() as u64).is_multiple_of(BLOCK_SIZE_BYTES)
     }
 
     /// The blocks the write covers only in part (at most two: the first and
@@ -86,6 +93,35 @@ impl WriteRequest<'_> {
     }
 }
 
+/// What one hold of the state lock appends: the write, its merged blocks,
+/// the checksums of the blocks from the next one on, and the in-flight limit.
+#[derive(Clone, Copy)]
+struct AppendStep<'request, 'data> {
+    request: &'request WriteRequest<'data>,
+    merged: &'request [MergedBlock],
+    checksums: &'request [u32],
+    in_flight_limit: usize,
+}
+
+/// What one hold of the state lock did.
+enum Appended {
+    /// Blocks were appended.
+    Blocks,
+    /// Every in-flight batch slot was taken: nothing was appended.
+    NoInFlightSlot,
+}
+
+/// Refuses a write outside its volume, or to a pool that failed.
+fn check_write(state: &State, request: &WriteRequest<'_>) -> Result<(), EngineError> {
+    check_range(
+        state.volumes(),
+        View::Volume(request.volume_id),
+        request.offset,
+        request.data.len() as u64,
+    )?;
+    state.check_failed()
+}
+
 /// Which striped lock serialises read-modify-write of `logical_block`.
 fn rmw_lock_index(volume_id: u32, logical_block: u64) -> usize {
     let mixed = (u64::from(volume_id) << 48) ^ logical_block.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -123,25 +159,24 @@ impl Pool {
         if data.is_empty() {
             return if fua { self.flush().await } else { Ok(()) };
         }
-        {
-            let state = self.inner.lock();
-            check_range(
-                state.volumes(),
-                View::Volume(volume_id),
-                offset,
-                data.len() as u64,
-            )?;
-            state.check_failed()?;
-        }
         let request = WriteRequest {
             volume_id,
             offset,
             data,
         };
+        // A write of whole blocks is checked under the state lock it appends
+        // under (one hold for both); a partial one reads first, so it is
+        // checked before it reads, and so is one whose end overflows (its
+        // blocks cannot even be named).
+        let checked = !request.is_whole_blocks() || offset.checked_add(data.len() as u64).is_none();
+        if checked {
+            let state = self.inner.lock();
+            check_write(&state, &request)?;
+        }
         let partial_blocks = request.partial_blocks();
         let guards = self.lock_blocks(volume_id, &partial_blocks).await;
         let merged = self.merge_partial_blocks(&request, &partial_blocks).await?;
-        self.append_blocks(&request, &merged).await?;
+        self.append_blocks(&request, &merged, checked).await?;
         drop(guards);
         self.maybe_flush_in_background();
         if fua { self.flush().await } else { Ok(()) }
@@ -193,52 +228,91 @@ impl Pool {
         Ok(merged)
     }
 
-    /// Appends every block of the write, waiting for an in-flight batch slot
-    /// before each lock hold, and reclaiming space when the pool is full.
+    /// Appends every block of the write, one lock hold per
+    /// [`APPEND_PER_LOCK_HOLD_BLOCKS_MAX`] blocks, waiting for an in-flight
+    /// batch slot when none is free, and reclaiming space when the pool is
+    /// full. `checked`: whether the write's range was checked already.
     async fn append_blocks(
         &self,
         request: &WriteRequest<'_>,
         merged: &[MergedBlock],
+        mut checked: bool,
     ) -> Result<(), EngineError> {
         let in_flight_limit = self.inner.limits.in_flight_batches_max;
         let mut next_block = request.first_block();
         while next_block <= request.last_block() {
-            self.wait_unless_device_full(|state| {
-                state.writer().in_flight_count() < in_flight_limit
-                    || state.writer().failed().is_some()
-            })
-            .await?;
+            let stop = (next_block + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
+            // Checksummed before the lock is taken: the lock's hold is the
+            // bookkeeping and one copy per block.
+            let mut checksums = [0u32; BATCH_DATA_BLOCKS_MAX];
+            for (checksum, logical_block) in checksums.iter_mut().zip(next_block..stop) {
+                *checksum = block_checksum(request.contents_of(logical_block, merged));
+            }
             let mut sealed = Vec::new();
-            let result = self.append_under_lock(request, merged, &mut next_block, &mut sealed);
+            let appended = self.append_under_lock(
+                AppendStep {
+                    request,
+                    merged,
+                    checksums: &checksums,
+                    in_flight_limit,
+                },
+                &mut checked,
+                &mut next_block,
+                &mut sealed,
+            );
             self.spawn_writes(sealed);
-            if let Err(error) = result {
-                if matches!(error, EngineError::Io(IoError::NoSpace)) && self.reclaim().await? {
-                    continue;
+            match appended {
+                Ok(Appended::Blocks) => {}
+                Ok(Appended::NoInFlightSlot) => {
+                    self.wait_unless_device_full(|state| {
+                        state.writer().in_flight_count() < in_flight_limit
+                            || state.writer().failed().is_some()
+                    })
+                    .await?;
                 }
-                return Err(error);
+                Err(EngineError::Io(IoError::NoSpace)) if self.reclaim().await? => {}
+                Err(error) => return Err(error),
             }
         }
         Ok(())
     }
 
     /// Appends blocks of the write from `*next_block` on under one hold of
-    /// the state lock, at most [`APPEND_PER_LOCK_HOLD_BLOCKS_MAX`];
-    /// `*next_block` moves past each block appended.
+    /// the state lock, at most [`APPEND_PER_LOCK_HOLD_BLOCKS_MAX`] (the
+    /// checksums of `step` are theirs, in order); `*next_block` moves past
+    /// each block appended. Checks the write first unless `*checked`, and
+    /// appends nothing while every in-flight batch slot is taken.
     fn append_under_lock(
         &self,
-        request: &WriteRequest<'_>,
-        merged: &[MergedBlock],
+        step: AppendStep<'_, '_>,
+        checked: &mut bool,
         next_block: &mut u64,
         sealed: &mut Vec<Arc<InFlightBatch>>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Appended, EngineError> {
+        let AppendStep {
+            request,
+            merged,
+            checksums,
+            in_flight_limit,
+        } = step;
         let mut state = self.inner.lock();
-        let stop = (*next_block + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
+        if !*checked {
+            check_write(&state, request)?;
+            *checked = true;
+        }
+        if state.writer().in_flight_count() >= in_flight_limit && state.writer().failed().is_none()
+        {
+            return Ok(Appended::NoInFlightSlot);
+        }
+        let first = *next_block;
+        let stop = (first + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
         while *next_block < stop {
             let contents = request.contents_of(*next_block, merged);
-            state.append_data(request.volume_id, *next_block, contents, sealed)?;
+            let checksum = checksums[to_usize(*next_block - first)];
+            state.append_data(request.volume_id, *next_block, contents, checksum, sealed)?;
             *next_block += 1;
         }
-        Ok(())
+        Ok(Appended::Blocks)
     }
 
     /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped

@@ -1,11 +1,23 @@
 //! A memory cache of device blocks, the top of the memory → flash → capacity
 //! hierarchy. It is keyed by *physical* block: in a log-structured store a
 //! physical block's contents never change while it is mapped, so the cache needs
-//! no invalidation on overwrite, only when a segment is freed for reuse.
+//! no invalidation on overwrite, only when a block dies or a segment is freed
+//! for reuse.
 //!
 //! Eviction is CLOCK (second chance): a hit sets a reference bit, the hand clears
 //! bits and evicts the first unreferenced slot. Readers still verify every block
 //! they take from the cache against the checksum in the map, as for device reads.
+//!
+//! The cache is split into shards by physical block (each its own mutex,
+//! slots and hand), so that connections reading and writing different blocks
+//! do not queue on one lock (decision 0028); a cache too small to split has
+//! one shard. Hits and misses are counted outside the locks.
+//!
+//! A block read from the device is inserted with the shard's *generation*
+//! taken when the read was planned (under the pool's state mutex, under which
+//! blocks die and segments are freed): every invalidation moves its shards'
+//! generations on, so a read that raced with its block's death inserts
+//! nothing, and a dead block's stale copy never takes a slot.
 //!
 //! For a warm restart (`pool::cache_warmup`) the cache lists what it holds,
 //! hottest first, and takes blocks loaded in the background only into room it
@@ -13,17 +25,28 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::convert::to_usize;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 const BLOCK: usize = BLOCK_BYTES;
+
+/// Shards of a cache large enough to split (a power of two: the shard of a
+/// block is its low bits, so a segment's blocks spread over all of them).
+const SHARD_COUNT_MAX: usize = 16;
+
+/// The fewest blocks a shard holds: a smaller cache has fewer shards, so that
+/// CLOCK's choice of victim stays cache-wide for small caches (and tests).
+const SHARD_BLOCKS_MIN: usize = 1024;
 
 struct Slot {
     physical_block: u64,
     referenced: bool,
 }
 
-struct State {
+/// One shard's blocks and its CLOCK.
+struct Shard {
     index_of: HashMap<u64, usize>,
     slots: Vec<Slot>,
     /// `slots.len()` blocks of data, slot `i` at `i * 4096`.
@@ -31,14 +54,27 @@ struct State {
     hand: usize,
     /// Slots emptied by invalidation.
     free_slots: Vec<usize>,
-    hits: u64,
-    misses: u64,
+    capacity_blocks: usize,
 }
+
+/// A shard behind its lock, with its invalidation count.
+struct LockedShard {
+    shard: Mutex<Shard>,
+    /// Invalidations so far; moved on under `shard`'s lock, read without it.
+    generation: AtomicU64,
+}
+
+/// What a cache shard had seen when a device read was planned: a block read
+/// then is inserted only if its shard has seen no invalidation since.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CacheGeneration(u64);
 
 /// See the module documentation.
 pub struct MemoryCache {
     capacity_blocks: usize,
-    state: Mutex<State>,
+    shards: Vec<LockedShard>,
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 /// Hit and miss counts, for statistics.
@@ -50,24 +86,108 @@ pub struct CacheStatistics {
     pub misses: u64,
 }
 
-impl MemoryCache {
-    pub fn new(capacity_bytes: u64) -> Self {
+impl Shard {
+    fn new(capacity_blocks: usize) -> Self {
         Self {
-            capacity_blocks: (capacity_bytes / BLOCK_SIZE_BYTES) as usize,
-            state: Mutex::new(State {
-                index_of: HashMap::new(),
-                slots: Vec::new(),
-                data: Vec::new(),
-                hand: 0,
-                free_slots: Vec::new(),
-                hits: 0,
-                misses: 0,
-            }),
+            index_of: HashMap::new(),
+            slots: Vec::new(),
+            data: Vec::new(),
+            hand: 0,
+            free_slots: Vec::new(),
+            capacity_blocks,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().expect("memory cache lock poisoned")
+    fn has_room_for(&self, physical_block: u64) -> bool {
+        self.index_of.contains_key(&physical_block)
+            || !self.free_slots.is_empty()
+            || self.slots.len() < self.capacity_blocks
+    }
+
+    /// The slot `physical_block` goes to: its own, a free one, a new one, or
+    /// the CLOCK's victim.
+    fn slot_for(&mut self, physical_block: u64) -> usize {
+        if let Some(index) = self.index_of.get(&physical_block).copied() {
+            return index;
+        }
+        let index = if let Some(index) = self.free_slots.pop() {
+            index
+        } else if self.slots.len() < self.capacity_blocks {
+            self.slots.push(Slot {
+                physical_block: u64::MAX,
+                referenced: false,
+            });
+            let new_length = self.data.len() + BLOCK;
+            self.data.resize(new_length, 0);
+            self.slots.len() - 1
+        } else {
+            self.victim()
+        };
+        self.slots[index] = Slot {
+            physical_block,
+            referenced: false,
+        };
+        self.index_of.insert(physical_block, index);
+        index
+    }
+
+    /// Advances the hand to the first unreferenced slot (clearing the bits it
+    /// passes) and forgets that slot's block.
+    fn victim(&mut self) -> usize {
+        loop {
+            let hand = self.hand;
+            self.hand = (hand + 1) % self.slots.len();
+            if self.slots[hand].referenced {
+                self.slots[hand].referenced = false;
+                continue;
+            }
+            let evicted = self.slots[hand].physical_block;
+            self.index_of.remove(&evicted);
+            return hand;
+        }
+    }
+
+    fn insert(&mut self, physical_block: u64, contents: &[u8]) {
+        let index = self.slot_for(physical_block);
+        self.data[index * BLOCK..(index + 1) * BLOCK].copy_from_slice(contents);
+    }
+}
+
+impl MemoryCache {
+    pub fn new(capacity_bytes: u64) -> Self {
+        let capacity_blocks = usize::try_from(capacity_bytes / BLOCK_SIZE_BYTES)
+            .expect("the cache's size fits in memory");
+        let shard_count = (capacity_blocks / SHARD_BLOCKS_MIN).clamp(1, SHARD_COUNT_MAX);
+        let shard_count = if shard_count.is_power_of_two() {
+            shard_count
+        } else {
+            shard_count.next_power_of_two() / 2
+        };
+        let shards = (0..shard_count)
+            .map(|shard| LockedShard {
+                // The first shards take the remainder, one block each.
+                shard: Mutex::new(Shard::new(
+                    capacity_blocks / shard_count
+                        + usize::from(shard < capacity_blocks % shard_count),
+                )),
+                generation: AtomicU64::new(0),
+            })
+            .collect();
+        Self {
+            capacity_blocks,
+            shards,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    fn shard_of(&self, physical_block: u64) -> &LockedShard {
+        // A power of two, so the remainder is the low bits.
+        &self.shards[to_usize(physical_block % self.shards.len() as u64)]
+    }
+
+    fn lock(shard: &LockedShard) -> std::sync::MutexGuard<'_, Shard> {
+        shard.shard.lock().expect("memory cache lock poisoned")
     }
 
     /// Copies the block into `destination` if cached.
@@ -75,19 +195,20 @@ impl MemoryCache {
         if self.capacity_blocks == 0 {
             return false;
         }
-        let mut state = self.lock();
-        match state.index_of.get(&physical_block).copied() {
-            Some(index) => {
-                state.slots[index].referenced = true;
-                destination.copy_from_slice(&state.data[index * BLOCK..(index + 1) * BLOCK]);
-                state.hits += 1;
-                true
+        let found = {
+            let mut shard = Self::lock(self.shard_of(physical_block));
+            match shard.index_of.get(&physical_block).copied() {
+                Some(index) => {
+                    shard.slots[index].referenced = true;
+                    destination.copy_from_slice(&shard.data[index * BLOCK..(index + 1) * BLOCK]);
+                    true
+                }
+                None => false,
             }
-            None => {
-                state.misses += 1;
-                false
-            }
-        }
+        };
+        let counter = if found { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
     }
 
     /// Caches a block's contents (replacing any copy).
@@ -96,45 +217,40 @@ impl MemoryCache {
         if self.capacity_blocks == 0 {
             return;
         }
-        let mut state = self.lock();
-        let index = if let Some(index) = state.index_of.get(&physical_block).copied() {
-            index
-        } else if let Some(index) = state.free_slots.pop() {
-            state.slots[index] = Slot {
-                physical_block,
-                referenced: false,
-            };
-            state.index_of.insert(physical_block, index);
-            index
-        } else if state.slots.len() < self.capacity_blocks {
-            state.slots.push(Slot {
-                physical_block,
-                referenced: false,
-            });
-            let new_length = state.data.len() + BLOCK;
-            state.data.resize(new_length, 0);
-            let index = state.slots.len() - 1;
-            state.index_of.insert(physical_block, index);
-            index
-        } else {
-            loop {
-                let hand = state.hand;
-                state.hand = (hand + 1) % state.slots.len();
-                if state.slots[hand].referenced {
-                    state.slots[hand].referenced = false;
-                    continue;
-                }
-                let evicted = state.slots[hand].physical_block;
-                state.index_of.remove(&evicted);
-                state.slots[hand] = Slot {
-                    physical_block,
-                    referenced: false,
-                };
-                state.index_of.insert(physical_block, hand);
-                break hand;
-            }
-        };
-        state.data[index * BLOCK..(index + 1) * BLOCK].copy_from_slice(contents);
+        Self::lock(self.shard_of(physical_block)).insert(physical_block, contents);
+    }
+
+    /// The generation of `physical_block`'s shard, taken when a device read
+    /// of it is planned (see the module documentation).
+    pub fn generation(&self, physical_block: u64) -> CacheGeneration {
+        CacheGeneration(
+            self.shard_of(physical_block)
+                .generation
+                .load(Ordering::Acquire),
+        )
+    }
+
+    /// Caches a block read from the device, unless its shard saw an
+    /// invalidation since `generation` was taken (the block may have died
+    /// meanwhile); returns whether it is cached.
+    pub fn insert_read(
+        &self,
+        physical_block: u64,
+        contents: &[u8],
+        generation: CacheGeneration,
+    ) -> bool {
+        assert_eq!(contents.len(), BLOCK);
+        if self.capacity_blocks == 0 {
+            return false;
+        }
+        let locked = self.shard_of(physical_block);
+        let mut shard = Self::lock(locked);
+        // Invalidations move the generation on under this lock.
+        if locked.generation.load(Ordering::Acquire) != generation.0 {
+            return false;
+        }
+        shard.insert(physical_block, contents);
+        true
     }
 
     /// Caches a block's contents only if the cache has room for it without
@@ -145,71 +261,77 @@ impl MemoryCache {
         if self.capacity_blocks == 0 {
             return false;
         }
-        {
-            let state = self.lock();
-            let has_room = state.index_of.contains_key(&physical_block)
-                || !state.free_slots.is_empty()
-                || state.slots.len() < self.capacity_blocks;
-            if !has_room {
-                return false;
-            }
+        let mut shard = Self::lock(self.shard_of(physical_block));
+        if !shard.has_room_for(physical_block) {
+            return false;
         }
-        // Nothing else evicts under `insert` while room is left, and a
-        // concurrent insert that took the last room costs one eviction at most.
-        self.insert(physical_block, contents);
+        shard.insert(physical_block, contents);
         true
     }
 
     /// The physical blocks cached, hottest first: those referenced since the
-    /// hand last passed them, then the others from the one the hand would
-    /// evict last to the one it would evict next.
+    /// hand last passed them, then the others, each shard from the one its
+    /// hand would evict last to the one it would evict next.
     pub fn physical_blocks_hottest_first(&self) -> Vec<u64> {
-        let state = self.lock();
-        let slot_count = state.slots.len();
         let mut referenced = Vec::new();
         let mut unreferenced = Vec::new();
-        // Walking backwards from just behind the hand visits the slots the hand
-        // reaches last first.
-        for step in 1..=slot_count {
-            let index = (state.hand + slot_count - step) % slot_count;
-            let slot = &state.slots[index];
-            if slot.physical_block == u64::MAX {
-                continue;
-            }
-            if slot.referenced {
-                referenced.push(slot.physical_block);
-            } else {
-                unreferenced.push(slot.physical_block);
+        for locked in &self.shards {
+            let shard = Self::lock(locked);
+            let slot_count = shard.slots.len();
+            // Walking backwards from just behind the hand visits the slots the
+            // hand reaches last first.
+            for step in 1..=slot_count {
+                let index = (shard.hand + slot_count - step) % slot_count;
+                let slot = &shard.slots[index];
+                if slot.physical_block == u64::MAX {
+                    continue;
+                }
+                if slot.referenced {
+                    referenced.push(slot.physical_block);
+                } else {
+                    unreferenced.push(slot.physical_block);
+                }
             }
         }
         referenced.extend(unreferenced);
         referenced
     }
 
-    /// Forgets every block in `first_block..first_block + block_count` (a segment
-    /// about to be reused).
+    /// Forgets every block in `first_block..first_block + block_count` (a dead
+    /// block, or a segment about to be reused).
     pub fn invalidate_range(&self, first_block: u64, block_count: u64) {
         if self.capacity_blocks == 0 {
             return;
         }
-        let mut state = self.lock();
-        for physical_block in first_block..first_block + block_count {
-            if let Some(index) = state.index_of.remove(&physical_block) {
-                // The slot goes on the free list, reused before anything is evicted.
-                state.slots[index].physical_block = u64::MAX;
-                state.slots[index].referenced = false;
-                state.free_slots.push(index);
+        let shard_count = self.shards.len() as u64;
+        let end = first_block + block_count;
+        for first_of_shard in first_block..end.min(first_block + shard_count) {
+            let locked = self.shard_of(first_of_shard);
+            let mut shard = Self::lock(locked);
+            locked.generation.fetch_add(1, Ordering::AcqRel);
+            for physical_block in (first_of_shard..end).step_by(self.shards.len()) {
+                if let Some(index) = shard.index_of.remove(&physical_block) {
+                    // The slot goes on the free list, reused before anything
+                    // is evicted.
+                    shard.slots[index].physical_block = u64::MAX;
+                    shard.slots[index].referenced = false;
+                    shard.free_slots.push(index);
+                }
             }
         }
     }
 
     pub fn statistics(&self) -> CacheStatistics {
-        let state = self.lock();
+        let cached_blocks: usize = self
+            .shards
+            .iter()
+            .map(|locked| Self::lock(locked).index_of.len())
+            .sum();
         CacheStatistics {
             capacity_bytes: self.capacity_blocks as u64 * BLOCK_SIZE_BYTES,
-            cached_bytes: state.index_of.len() as u64 * BLOCK_SIZE_BYTES,
-            hits: state.hits,
-            misses: state.misses,
+            cached_bytes: cached_blocks as u64 * BLOCK_SIZE_BYTES,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
         }
     }
 }
@@ -270,5 +392,55 @@ mod tests {
         cache.invalidate_range(22, 1);
         assert!(cache.insert_if_room(23, &block(2)));
         assert!(cache.get(23, &mut out) && out == block(2));
+    }
+
+    #[test]
+    fn a_read_inserts_only_if_its_shard_saw_no_invalidation_since_planned() {
+        let cache = MemoryCache::new(4 * BLOCK_SIZE_BYTES);
+        let mut out = block(0);
+        let planned = cache.generation(30);
+        assert!(cache.insert_read(30, &block(5), planned));
+        assert!(cache.get(30, &mut out) && out == block(5));
+        // The block dies (overwritten elsewhere) between the plan and the insert.
+        let planned = cache.generation(31);
+        cache.invalidate_range(31, 1);
+        assert!(!cache.insert_read(31, &block(6), planned));
+        assert!(!cache.get(31, &mut out));
+        assert!(cache.insert_read(31, &block(6), cache.generation(31)));
+    }
+
+    #[test]
+    fn a_large_cache_is_sharded_and_still_invalidates_whole_ranges() {
+        let capacity_blocks = SHARD_COUNT_MAX * SHARD_BLOCKS_MIN;
+        let cache = MemoryCache::new(capacity_blocks as u64 * BLOCK_SIZE_BYTES);
+        assert_eq!(cache.shards.len(), SHARD_COUNT_MAX);
+        let mut out = block(0);
+        for physical_block in 0..100 {
+            cache.insert(
+                physical_block,
+                &block(u8::try_from(physical_block).unwrap()),
+            );
+        }
+        assert_eq!(cache.statistics().cached_bytes, 100 * BLOCK_SIZE_BYTES);
+        cache.invalidate_range(10, 50);
+        for physical_block in 0..100 {
+            let cached = cache.get(physical_block, &mut out);
+            assert_eq!(
+                cached,
+                !(10..60).contains(&physical_block),
+                "{physical_block}"
+            );
+        }
+        assert_eq!(cache.physical_blocks_hottest_first().len(), 50);
+        let statistics = cache.statistics();
+        assert_eq!((statistics.hits, statistics.misses), (50, 50));
+        // Every block of a shard evicts within that shard when it is full.
+        for physical_block in 0..(2 * capacity_blocks) as u64 {
+            cache.insert(physical_block, &block(1));
+        }
+        assert_eq!(
+            cache.statistics().cached_bytes,
+            capacity_blocks as u64 * BLOCK_SIZE_BYTES
+        );
     }
 }
