@@ -5,7 +5,7 @@
 //! leaves it empty, and the next one is a base (the failed one had already
 //! reset the maps' change sets).
 
-use super::checkpoint::{CheckpointSnapshot, VolumeCopy, encode_body, volume_policies};
+use super::checkpoint_image::{CheckpointSnapshot, VolumeCopy, encode_body, volume_policies};
 use crate::log::checkpoint::{
     CHECKPOINT_INCREMENTS_MAX, CHECKPOINT_INCREMENTS_PERCENT_OF_BASE_MAX, ChunkPatch, Increment,
     MapDelta, MapSource, SlotLink, SnapshotDelta, VolumeDelta,

@@ -15,6 +15,7 @@ pub mod budget;
 pub mod cache_warmup;
 mod cache_warmup_progress;
 mod checkpoint;
+mod checkpoint_image;
 mod checkpoint_increment;
 pub mod cleaner;
 mod counters;
