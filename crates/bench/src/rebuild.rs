@@ -303,6 +303,9 @@ pub struct LoadRun {
     /// waited to be issued (fio catches up afterwards).
     pub rebuild_iops_share: f64,
     pub goal_met: Option<bool>,
+    /// The engine's error when the rebuild failed: the rebuilding phase then
+    /// ends at the failure, and `after` runs on the pool still degraded.
+    pub rebuild_error: Option<String>,
     pub rebuild: RebuildFigures,
     pub events: Events,
     pub seconds: Vec<Second>,
@@ -445,6 +448,16 @@ fn rebuild_over(status: &PoolStatus) -> bool {
         .flat_map(|tier| tier.devices.iter())
         .any(|device| device.replacement.is_some());
     status.rebuild.state != RebuildState::Rebuilding && !replacing
+}
+
+/// The engine's error when the rebuild failed.
+fn rebuild_error(rebuild: &RebuildStatus) -> Option<String> {
+    (rebuild.state == RebuildState::Failed).then(|| {
+        rebuild
+            .error
+            .clone()
+            .unwrap_or_else(|| "no reason given".to_owned())
+    })
 }
 
 /// The ended rebuild must be the kind the bench started: a status that
@@ -590,7 +603,8 @@ impl Bench<'_> {
         }
     }
 
-    /// Reads `pool status` every `interval` until the rebuild is over; the last status.
+    /// Reads `pool status` every `interval` until the rebuild is over,
+    /// finished or failed (the caller decides what a failure means); the last status.
     fn wait_for_rebuild(
         &self,
         pool: &FilledPool,
@@ -602,12 +616,6 @@ impl Bench<'_> {
             check_interrupted()?;
             let status = pool.status(&self.program)?;
             samples.push(sample(&status, start));
-            if status.rebuild.state == RebuildState::Failed {
-                return Err(RebuildBenchError::RebuildFailed {
-                    reason: status.rebuild.error.clone().unwrap_or_default(),
-                }
-                .into());
-            }
             if rebuild_over(&status) {
                 check_kind(&status.rebuild, self.arguments.kind)?;
                 return Ok(status);
@@ -847,7 +855,10 @@ fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::R
     let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
     let after = bench.wait_for_rebuild(pool, start, interval, &mut status)?;
     let rebuild_end_seconds = start.elapsed().as_secs_f64();
-    eprintln!("rebuild over at {rebuild_end_seconds:.1} s");
+    match rebuild_error(&after.rebuild) {
+        Some(error) => eprintln!("rebuild failed at {rebuild_end_seconds:.1} s: {error}"),
+        None => eprintln!("rebuild over at {rebuild_end_seconds:.1} s"),
+    }
     let until = rebuild_end_seconds + arguments.after_seconds as f64;
     poll_until(bench, pool, start, until, &mut status)?;
     Ok(Timeline {
@@ -932,6 +943,7 @@ fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<L
         phases,
         p99_ratio,
         goal_met: p99_ratio.map(|ratio| ratio <= P99_GOAL_FACTOR),
+        rebuild_error: rebuild_error(&timeline.after.rebuild),
         rebuild: rebuild_figures(&timeline.before, &timeline.after),
         events: timeline.events,
         seconds,
@@ -951,6 +963,9 @@ fn idle_run(bench: &Bench, directory: &Path, fill: f64, impact: Impact) -> anyho
     let mut samples = Vec::new();
     let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
     let after = bench.wait_for_rebuild(&pool, start, interval, &mut samples)?;
+    if let Some(reason) = rebuild_error(&after.rebuild) {
+        return Err(RebuildBenchError::RebuildFailed { reason }.into());
+    }
     let rebuild = rebuild_figures(&before, &after);
     eprintln!(
         "fill {fill}: {:.0} MiB rebuilt in {:.2} s ({:.0} MiB/s; survivors read {:.0} MiB/s)",
@@ -1105,6 +1120,16 @@ fn range_seconds(runs: &[IdleRun]) -> String {
     }
 }
 
+/// The goal column: met, missed, or the rebuild never ended.
+fn goal_label(run: &LoadRun) -> &'static str {
+    match (&run.rebuild_error, run.goal_met) {
+        (Some(_), _) => "rebuild failed",
+        (None, Some(true)) => "met",
+        (None, Some(false)) => "missed",
+        (None, None) => "-",
+    }
+}
+
 fn mebibytes(bytes: f64) -> String {
     format!("{:.0}", bytes / f64::from(1 << 20))
 }
@@ -1139,6 +1164,7 @@ impl RebuildReport {
     }
 
     fn load_table(&self) -> String {
+        let mut failures = String::new();
         let mut out = format!(
             "70/30 random 4 KiB at QD{}, {} of the healthy peak, volume {} of the usable space{}\n\n\
              | impact | peak IOPS | load IOPS | healthy p99 µs | degraded p99 µs | rebuilding p99 µs | after p99 µs | ratio | goal ≤ {P99_GOAL_FACTOR} | lowest 1 s IOPS in rebuild ÷ offered | used MiB | rebuilt MiB | seconds | MiB/s |\n\
@@ -1153,6 +1179,13 @@ impl RebuildReport {
                 ))
         );
         for run in &self.load {
+            if let Some(error) = &run.rebuild_error {
+                failures.push_str(&format!(
+                    "impact {}: the rebuild failed after {:.1} s: {error}\n",
+                    run.impact.name(),
+                    run.rebuild.seconds
+                ));
+            }
             let p99 = |index: usize| optional(run.phases[index].p99_us, 0);
             out.push_str(&format!(
                 "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {} |\n",
@@ -1164,8 +1197,7 @@ impl RebuildReport {
                 p99(2),
                 p99(3),
                 optional(run.p99_ratio, 2),
-                run.goal_met
-                    .map_or("-", |met| if met { "met" } else { "missed" }),
+                goal_label(run),
                 run.rebuild_iops_share,
                 mebibytes(run.rebuild.pool_used_bytes as f64),
                 mebibytes(run.rebuild.bytes_total as f64),
@@ -1174,6 +1206,7 @@ impl RebuildReport {
             ));
         }
         out.push('\n');
+        out.push_str(&failures);
         out
     }
 
@@ -1364,6 +1397,7 @@ mod tests {
                 p99_ratio: Some(1.0),
                 rebuild_iops_share: 1.0,
                 goal_met: Some(true),
+                rebuild_error: None,
                 rebuild,
                 events,
                 seconds: (1..=60)
@@ -1437,9 +1471,15 @@ mod tests {
         let mut report = sample_report();
         report.settings.kind = Kind::DistributedSpare;
         report.load[0].kind = Kind::DistributedSpare;
+        report.load[0].rebuild_error = Some("8 passes".to_owned());
         let table = report.table();
         assert!(
             table.starts_with("rebuild onto distributed spare space: raid6"),
+            "{table}"
+        );
+        assert!(table.contains("| 1.00 | rebuild failed |"), "{table}");
+        assert!(
+            table.contains("impact medium: the rebuild failed after 10.0 s: 8 passes"),
             "{table}"
         );
         let directory = tempfile::tempdir().expect("tempdir");
@@ -1447,6 +1487,7 @@ mod tests {
         crate::plot::render(&report, &path).expect("draws");
         let svg = std::fs::read_to_string(&path).expect("reads");
         assert!(svg.contains("device rebuild"), "the start is not marked");
+        assert!(svg.contains("rebuild failed"), "the failure is not marked");
         assert!(!svg.contains("device replace"), "no device was replaced");
     }
 }

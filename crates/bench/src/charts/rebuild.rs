@@ -49,7 +49,11 @@ fn events(run: &LoadRun) -> [(f64, &'static str, RGBColor); 3] {
         ),
         (
             run.events.rebuild_end_seconds,
-            "rebuild over",
+            if run.rebuild_error.is_some() {
+                "rebuild failed"
+            } else {
+                "rebuild over"
+            },
             RGBColor(0, 150, 0),
         ),
     ]
