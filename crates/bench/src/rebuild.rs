@@ -9,8 +9,9 @@
 //! first; then the same mix runs open-loop at a share of that peak with a per-I/O
 //! latency log while the bench takes a device out (`device fail`), starts the
 //! rebuild (`device replace` onto a new file, or `device rebuild` onto
-//! distributed spare space), waits for it and lets the load run on. Per-second IOPS and p99 come from fio's log, the rebuild's progress
-//! from `pool status --json` each second; the phases' p99 are of all their I/Os.
+//! distributed spare space), waits for it and lets the load run on. Per-second
+//! IOPS and p99 come from fio's log, the rebuild's progress from `pool status
+//! --json` each second; the phases' p99 are of all their I/Os.
 //! With `--idle-fills` no client runs: the rebuild's duration at each fill, and
 //! the survivors' bytes read per second against their aggregate sequential read
 //! bandwidth (fio, O_DIRECT, one stream per survivor, on files of the same disk).
