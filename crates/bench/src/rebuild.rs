@@ -1,15 +1,17 @@
-//! `lamina bench rebuild`: losing a device and rebuilding it onto a replacement,
-//! measured through real clients (issue 19's "Measure").
+//! `lamina bench rebuild`: losing a device and rebuilding what it held, onto a
+//! replacement or onto the survivors' free space (`--kind`), measured through
+//! real clients (issue 19's "Measure").
 //!
 //! Each run creates a raid6 pool on six file devices (optionally behind a disk
 //! model such as `hdd-7200`), fills a volume to a share of the usable space with
 //! sequential writes over NBD and serves it with `lamina serve`. Under load (the
 //! default), the healthy closed-loop peak of a 70/30 random 4 KiB mix is measured
 //! first; then the same mix runs open-loop at a share of that peak with a per-I/O
-//! latency log while the bench takes a device out (`device fail`), replaces it
-//! (`device replace` onto a new file), waits for the rebuild and lets the load
-//! run on. Per-second IOPS and p99 come from fio's log, the rebuild's progress
-//! from `pool status --json` each second; the phases' p99 are of all their I/Os.
+//! latency log while the bench takes a device out (`device fail`), starts the
+//! rebuild (`device replace` onto a new file, or `device rebuild` onto
+//! distributed spare space), waits for it and lets the load run on. Per-second
+//! IOPS and p99 come from fio's log, the rebuild's progress from `pool status
+//! --json` each second; the phases' p99 are of all their I/Os.
 //! With `--idle-fills` no client runs: the rebuild's duration at each fill, and
 //! the survivors' bytes read per second against their aggregate sequential read
 //! bandwidth (fio, O_DIRECT, one stream per survivor, on files of the same disk).
@@ -29,11 +31,13 @@ use crate::report::median;
 use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
 use crate::tiers::{parse_latency_log, percentile_of_sorted, sliding_windows};
 use lamina_api::size::parse_size;
-use lamina_api::{CleanerState, PoolStatus, RebuildState};
+use lamina_api::{
+    CleanerState, DeviceStatus, PoolStatus, RebuildKind, RebuildState, RebuildStatus,
+};
 
 /// Devices of the pool: raid6 over six, as the issue's daemon test.
 const DEVICE_COUNT: usize = 6;
-/// The device taken out and replaced.
+/// The device taken out (and, with `--kind replacement`, replaced).
 const FAILED_DEVICE_INDEX: usize = 0;
 /// Client block size of the load, in bytes.
 const BLOCK_SIZE_BYTES: u64 = 4096;
@@ -89,6 +93,34 @@ impl Impact {
     }
 }
 
+/// Which rebuild the bench starts after the failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// `device replace` onto a new file.
+    Replacement,
+    /// `device rebuild`: the lost device's live data striped over the survivors.
+    DistributedSpare,
+}
+
+impl Kind {
+    /// The kind `pool status` reports for this rebuild.
+    pub fn reported(self) -> RebuildKind {
+        match self {
+            Kind::Replacement => RebuildKind::Replacement,
+            Kind::DistributedSpare => RebuildKind::DistributedSpare,
+        }
+    }
+
+    /// The command that starts it, as the plot marks it.
+    pub fn start_label(self) -> &'static str {
+        match self {
+            Kind::Replacement => "device replace",
+            Kind::DistributedSpare => "device rebuild",
+        }
+    }
+}
+
 /// Arguments of `lamina bench rebuild`.
 #[derive(Debug, Clone, Args)]
 pub struct RebuildArgs {
@@ -98,6 +130,10 @@ pub struct RebuildArgs {
     /// Segment size of the pool.
     #[arg(long, value_parser = parse_size, default_value = "1M")]
     pub segment_size: u64,
+    /// The rebuild measured: onto a replacement device, or onto the survivors'
+    /// free space (distributed spare).
+    #[arg(long, value_enum, default_value_t = Kind::Replacement)]
+    pub kind: Kind,
     /// The devices' model (`pool create --flash-model`), e.g. hdd-7200; none: the files as they are.
     #[arg(long)]
     pub model: Option<String>,
@@ -123,7 +159,7 @@ pub struct RebuildArgs {
     /// Seconds of load before `device fail`.
     #[arg(long, default_value_t = 20)]
     pub healthy_seconds: u64,
-    /// Seconds between `device fail` and `device replace`.
+    /// Seconds between `device fail` and the rebuild's start.
     #[arg(long, default_value_t = 10)]
     pub degraded_seconds: u64,
     /// Seconds of load after the rebuild ends.
@@ -167,6 +203,11 @@ pub enum RebuildBenchError {
     RebuildTooLong { seconds_max: u64, status: String },
     #[error("the rebuild failed: {reason}")]
     RebuildFailed { reason: String },
+    #[error("pool status reports a rebuild {reported:?}, the bench started one {expected:?}")]
+    KindMismatch {
+        expected: RebuildKind,
+        reported: RebuildKind,
+    },
     #[error("the pool failed during the run: {reason}")]
     PoolFailed { reason: String },
     #[error("fio's latency log of the loaded run is empty")]
@@ -187,6 +228,7 @@ pub struct Second {
 pub struct StatusSample {
     pub seconds: f64,
     pub rebuild_state: RebuildState,
+    pub rebuild_kind: RebuildKind,
     pub rebuild_bytes_done: u64,
     pub rebuild_bytes_total: u64,
     pub background_bytes_per_second: u64,
@@ -201,11 +243,12 @@ pub struct StatusSample {
     pub urgent_bytes: u64,
 }
 
-/// When things happened, in seconds since the load (or the replace) started.
+/// When things happened, in seconds since the load started.
 #[derive(Debug, Clone, Serialize)]
 pub struct Events {
     pub fail_seconds: f64,
-    pub replace_seconds: f64,
+    /// `device replace` or `device rebuild` ran.
+    pub rebuild_start_seconds: f64,
     pub rebuild_end_seconds: f64,
     pub end_seconds: f64,
 }
@@ -225,18 +268,21 @@ pub struct Phase {
 /// What one rebuild did.
 #[derive(Debug, Clone, Serialize)]
 pub struct RebuildFigures {
-    /// Bytes of the pool's address space rebuilt (metadata and the segments
-    /// in use, dead blocks not yet cleaned included).
+    /// Bytes rebuilt: onto a replacement, the pool's address space in use
+    /// (metadata and the segments in use, dead blocks included); onto
+    /// distributed spare, the live data of the segments the lost device held.
     pub bytes_total: u64,
-    /// The pool's used bytes (client data, live) when the replace began.
+    /// The pool's used bytes when the rebuild began.
     pub pool_used_bytes: u64,
     /// The engine's own count from start to end.
     pub seconds: f64,
     pub bytes_per_second: f64,
-    /// Bytes read from the five survivors between the replace and the end
-    /// (under load, client reads included).
+    /// Bytes read from and written to the five survivors between the
+    /// rebuild's start and its end (under load, clients' included).
     pub survivors_bytes_read: u64,
     pub survivors_bytes_read_per_second: f64,
+    pub survivors_bytes_written: u64,
+    pub survivors_bytes_written_per_second: f64,
     pub rows_verified: u64,
     pub blocks_unrepairable: u64,
 }
@@ -244,6 +290,7 @@ pub struct RebuildFigures {
 /// One run under load.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadRun {
+    pub kind: Kind,
     pub impact: Impact,
     pub volume_bytes: u64,
     pub peak: Measurement,
@@ -257,6 +304,9 @@ pub struct LoadRun {
     /// waited to be issued (fio catches up afterwards).
     pub rebuild_iops_share: f64,
     pub goal_met: Option<bool>,
+    /// The engine's error when the rebuild failed: the rebuilding phase then
+    /// ends at the failure, and `after` runs on the pool still degraded.
+    pub rebuild_error: Option<String>,
     pub rebuild: RebuildFigures,
     pub events: Events,
     pub seconds: Vec<Second>,
@@ -281,6 +331,7 @@ pub struct IdleFill {
     pub median_seconds: f64,
     pub median_bytes_per_second: f64,
     pub median_survivors_bytes_read_per_second: f64,
+    pub median_survivors_bytes_written_per_second: f64,
 }
 
 /// The survivors' aggregate sequential read bandwidth.
@@ -295,6 +346,7 @@ pub struct Bandwidth {
 /// The settings every run shared.
 #[derive(Debug, Clone, Serialize)]
 pub struct Settings {
+    pub kind: Kind,
     pub device_count: usize,
     pub device_size_bytes: u64,
     pub segment_size_bytes: u64,
@@ -376,15 +428,15 @@ impl FilledPool {
     }
 }
 
-/// Bytes read so far from every device but the failed one.
-fn survivors_bytes_read(status: &PoolStatus) -> u64 {
+/// A counter summed over every device but the failed one.
+fn survivors_bytes(status: &PoolStatus, counter: fn(&DeviceStatus) -> u64) -> u64 {
     status
         .layout
         .iter()
         .flat_map(|layout| layout.tiers.iter())
         .flat_map(|tier| tier.devices.iter())
         .filter(|device| device.index != FAILED_DEVICE_INDEX)
-        .map(|device| device.bytes_read)
+        .map(counter)
         .sum()
 }
 
@@ -397,6 +449,30 @@ fn rebuild_over(status: &PoolStatus) -> bool {
         .flat_map(|tier| tier.devices.iter())
         .any(|device| device.replacement.is_some());
     status.rebuild.state != RebuildState::Rebuilding && !replacing
+}
+
+/// The engine's error when the rebuild failed.
+fn rebuild_error(rebuild: &RebuildStatus) -> Option<String> {
+    (rebuild.state == RebuildState::Failed).then(|| {
+        rebuild
+            .error
+            .clone()
+            .unwrap_or_else(|| "no reason given".to_owned())
+    })
+}
+
+/// The ended rebuild must be the kind the bench started: a status that
+/// reports the other would make every figure of the run wrong.
+fn check_kind(rebuild: &RebuildStatus, kind: Kind) -> Result<(), RebuildBenchError> {
+    let reported = rebuild.kind;
+    if reported == kind.reported() {
+        Ok(())
+    } else {
+        Err(RebuildBenchError::KindMismatch {
+            expected: kind.reported(),
+            reported,
+        })
+    }
 }
 
 struct Bench<'a> {
@@ -455,8 +531,9 @@ impl Bench<'_> {
             &["volume", "create", VOLUME_NAME, &volume_bytes.to_string()],
         )?;
         // No memory cache: client reads reach the devices, as the rebuild's do.
-        // No automatic rebuild onto the devices left after `device fail`:
-        // this measures the rebuild onto the replacement alone.
+        // No automatic rebuild onto the devices left after `device fail`: the
+        // bench starts the rebuild it measures (either kind) itself, after
+        // --degraded-seconds, so both kinds have the same degraded phase.
         let mut config = format!(
             "[limits]\nmemory_cache_bytes = 0\nrebuild_automatic = false\nbackground_impact = \"{}\"\n",
             impact.name()
@@ -510,17 +587,25 @@ impl Bench<'_> {
         }
     }
 
-    fn replace(&self, pool: &FilledPool) -> anyhow::Result<()> {
-        let old = pool.device(FAILED_DEVICE_INDEX);
-        let new = format!(
-            "{}:{}",
-            pool.directory.join("new.img").display(),
-            self.arguments.device_size
-        );
-        self.lamina(&pool.data, &["device", "replace", &old, &new])
+    /// Starts the rebuild of the failed device: `device replace` onto a new
+    /// file, or `device rebuild` onto the survivors (both return at once).
+    fn start_rebuild(&self, pool: &FilledPool) -> anyhow::Result<()> {
+        match self.arguments.kind {
+            Kind::Replacement => {
+                let old = pool.device(FAILED_DEVICE_INDEX);
+                let new = format!(
+                    "{}:{}",
+                    pool.directory.join("new.img").display(),
+                    self.arguments.device_size
+                );
+                self.lamina(&pool.data, &["device", "replace", &old, &new])
+            }
+            Kind::DistributedSpare => self.lamina(&pool.data, &["device", "rebuild"]),
+        }
     }
 
-    /// Reads `pool status` every `interval` until the rebuild is over; the last status.
+    /// Reads `pool status` every `interval` until the rebuild is over,
+    /// finished or failed (the caller decides what a failure means); the last status.
     fn wait_for_rebuild(
         &self,
         pool: &FilledPool,
@@ -532,13 +617,8 @@ impl Bench<'_> {
             check_interrupted()?;
             let status = pool.status(&self.program)?;
             samples.push(sample(&status, start));
-            if status.rebuild.state == RebuildState::Failed {
-                return Err(RebuildBenchError::RebuildFailed {
-                    reason: status.rebuild.error.clone().unwrap_or_default(),
-                }
-                .into());
-            }
             if rebuild_over(&status) {
+                check_kind(&status.rebuild, self.arguments.kind)?;
                 return Ok(status);
             }
             if start.elapsed() > Duration::from_secs(REBUILD_WAIT_SECONDS_MAX) {
@@ -557,6 +637,7 @@ fn sample(status: &PoolStatus, start: Instant) -> StatusSample {
     StatusSample {
         seconds: start.elapsed().as_secs_f64(),
         rebuild_state: status.rebuild.state,
+        rebuild_kind: status.rebuild.kind,
         rebuild_bytes_done: status.rebuild.bytes_done,
         rebuild_bytes_total: status.rebuild.bytes_total,
         background_bytes_per_second: status.background.bytes_per_second,
@@ -572,7 +653,11 @@ fn sample(status: &PoolStatus, start: Instant) -> StatusSample {
 
 fn rebuild_figures(before: &PoolStatus, after: &PoolStatus) -> RebuildFigures {
     let seconds = after.rebuild.elapsed_ms as f64 / 1_000.0;
-    let survivors = survivors_bytes_read(after).saturating_sub(survivors_bytes_read(before));
+    let grown = |counter: fn(&DeviceStatus) -> u64| {
+        survivors_bytes(after, counter).saturating_sub(survivors_bytes(before, counter))
+    };
+    let read = grown(|device| device.bytes_read);
+    let written = grown(|device| device.bytes_written);
     let per_second = |bytes: u64| {
         if seconds > 0.0 {
             bytes as f64 / seconds
@@ -585,8 +670,10 @@ fn rebuild_figures(before: &PoolStatus, after: &PoolStatus) -> RebuildFigures {
         pool_used_bytes: before.used_bytes,
         seconds,
         bytes_per_second: per_second(after.rebuild.bytes_total),
-        survivors_bytes_read: survivors,
-        survivors_bytes_read_per_second: per_second(survivors),
+        survivors_bytes_read: read,
+        survivors_bytes_read_per_second: per_second(read),
+        survivors_bytes_written: written,
+        survivors_bytes_written_per_second: per_second(written),
         rows_verified: after.rebuild.rows_verified,
         blocks_unrepairable: after.rebuild.blocks_unrepairable,
     }
@@ -650,12 +737,12 @@ pub fn phases(samples: &[(u64, u64)], events: &Events) -> Vec<Phase> {
             "degraded",
             samples,
             events.fail_seconds,
-            events.replace_seconds,
+            events.rebuild_start_seconds,
         ),
         phase(
             "rebuilding",
             samples,
-            events.replace_seconds,
+            events.rebuild_start_seconds,
             events.rebuild_end_seconds,
         ),
         phase(
@@ -674,7 +761,7 @@ fn lowest_iops(seconds: &[Second], events: &Events) -> Option<f64> {
     let inside: Vec<f64> = seconds
         .iter()
         .filter(|second| {
-            second.seconds - window_seconds >= events.replace_seconds
+            second.seconds - window_seconds >= events.rebuild_start_seconds
                 && second.seconds <= events.rebuild_end_seconds
         })
         .map(|second| second.iops)
@@ -739,8 +826,8 @@ struct Timeline {
     after: PoolStatus,
 }
 
-/// Drives the loaded run's timeline: healthy, `device fail`, degraded,
-/// `device replace`, the rebuild, after; `pool status` read all along.
+/// Drives the loaded run's timeline: healthy, `device fail`, degraded, the
+/// rebuild's start and the rebuild, after; `pool status` read all along.
 fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::Result<Timeline> {
     let arguments = bench.arguments;
     let mut status = Vec::new();
@@ -760,19 +847,25 @@ fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::R
     let until = fail_seconds + arguments.degraded_seconds as f64;
     poll_until(bench, pool, start, until, &mut status)?;
     let before = pool.status(&bench.program)?;
-    let replace_seconds = start.elapsed().as_secs_f64();
-    bench.replace(pool)?;
-    eprintln!("replace started at {replace_seconds:.1} s");
+    let rebuild_start_seconds = start.elapsed().as_secs_f64();
+    bench.start_rebuild(pool)?;
+    eprintln!(
+        "{} at {rebuild_start_seconds:.1} s",
+        arguments.kind.start_label()
+    );
     let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
     let after = bench.wait_for_rebuild(pool, start, interval, &mut status)?;
     let rebuild_end_seconds = start.elapsed().as_secs_f64();
-    eprintln!("rebuild over at {rebuild_end_seconds:.1} s");
+    match rebuild_error(&after.rebuild) {
+        Some(error) => eprintln!("rebuild failed at {rebuild_end_seconds:.1} s: {error}"),
+        None => eprintln!("rebuild over at {rebuild_end_seconds:.1} s"),
+    }
     let until = rebuild_end_seconds + arguments.after_seconds as f64;
     poll_until(bench, pool, start, until, &mut status)?;
     Ok(Timeline {
         events: Events {
             fail_seconds,
-            replace_seconds,
+            rebuild_start_seconds,
             rebuild_end_seconds,
             end_seconds: start.elapsed().as_secs_f64(),
         },
@@ -842,6 +935,7 @@ fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<L
     let rebuild_iops_share =
         lowest_iops(&seconds, &timeline.events).unwrap_or(phases[2].iops) / target_iops as f64;
     Ok(LoadRun {
+        kind: arguments.kind,
         impact,
         volume_bytes,
         rebuild_iops_share,
@@ -850,6 +944,7 @@ fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<L
         phases,
         p99_ratio,
         goal_met: p99_ratio.map(|ratio| ratio <= P99_GOAL_FACTOR),
+        rebuild_error: rebuild_error(&timeline.after.rebuild),
         rebuild: rebuild_figures(&timeline.before, &timeline.after),
         events: timeline.events,
         seconds,
@@ -865,10 +960,13 @@ fn idle_run(bench: &Bench, directory: &Path, fill: f64, impact: Impact) -> anyho
     )?;
     let before = pool.status(&bench.program)?;
     let start = Instant::now();
-    bench.replace(&pool)?;
+    bench.start_rebuild(&pool)?;
     let mut samples = Vec::new();
     let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
     let after = bench.wait_for_rebuild(&pool, start, interval, &mut samples)?;
+    if let Some(reason) = rebuild_error(&after.rebuild) {
+        return Err(RebuildBenchError::RebuildFailed { reason }.into());
+    }
     let rebuild = rebuild_figures(&before, &after);
     eprintln!(
         "fill {fill}: {:.0} MiB rebuilt in {:.2} s ({:.0} MiB/s; survivors read {:.0} MiB/s)",
@@ -934,6 +1032,9 @@ fn idle_fills(bench: &Bench, fills: &[f64], impact: Impact) -> anyhow::Result<Ve
             median_survivors_bytes_read_per_second: of(|run| {
                 run.rebuild.survivors_bytes_read_per_second
             }),
+            median_survivors_bytes_written_per_second: of(|run| {
+                run.rebuild.survivors_bytes_written_per_second
+            }),
             runs,
         });
     }
@@ -956,6 +1057,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
     let mut report = RebuildReport {
         fio_version,
         settings: Settings {
+            kind: arguments.kind,
             device_count: DEVICE_COUNT,
             device_size_bytes: arguments.device_size,
             segment_size_bytes: arguments.segment_size,
@@ -1019,6 +1121,16 @@ fn range_seconds(runs: &[IdleRun]) -> String {
     }
 }
 
+/// The goal column: met, missed, or the rebuild never ended.
+fn goal_label(run: &LoadRun) -> &'static str {
+    match (&run.rebuild_error, run.goal_met) {
+        (Some(_), _) => "rebuild failed",
+        (None, Some(true)) => "met",
+        (None, Some(false)) => "missed",
+        (None, None) => "-",
+    }
+}
+
 fn mebibytes(bytes: f64) -> String {
     format!("{:.0}", bytes / f64::from(1 << 20))
 }
@@ -1032,7 +1144,8 @@ impl RebuildReport {
     pub fn table(&self) -> String {
         let settings = &self.settings;
         let mut out = format!(
-            "rebuild: raid6 over {} files of {} MiB{}, {} KiB segments, {}\n\n",
+            "rebuild {}: raid6 over {} files of {} MiB{}, {} KiB segments, {}\n\n",
+            settings.kind.reported().name(),
             settings.device_count,
             settings.device_size_bytes >> 20,
             settings
@@ -1052,6 +1165,7 @@ impl RebuildReport {
     }
 
     fn load_table(&self) -> String {
+        let mut failures = String::new();
         let mut out = format!(
             "70/30 random 4 KiB at QD{}, {} of the healthy peak, volume {} of the usable space{}\n\n\
              | impact | peak IOPS | load IOPS | healthy p99 µs | degraded p99 µs | rebuilding p99 µs | after p99 µs | ratio | goal ≤ {P99_GOAL_FACTOR} | lowest 1 s IOPS in rebuild ÷ offered | used MiB | rebuilt MiB | seconds | MiB/s |\n\
@@ -1066,6 +1180,13 @@ impl RebuildReport {
                 ))
         );
         for run in &self.load {
+            if let Some(error) = &run.rebuild_error {
+                failures.push_str(&format!(
+                    "impact {}: the rebuild failed after {:.1} s: {error}\n",
+                    run.impact.name(),
+                    run.rebuild.seconds
+                ));
+            }
             let p99 = |index: usize| optional(run.phases[index].p99_us, 0);
             out.push_str(&format!(
                 "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {} |\n",
@@ -1077,8 +1198,7 @@ impl RebuildReport {
                 p99(2),
                 p99(3),
                 optional(run.p99_ratio, 2),
-                run.goal_met
-                    .map_or("-", |met| if met { "met" } else { "missed" }),
+                goal_label(run),
                 run.rebuild_iops_share,
                 mebibytes(run.rebuild.pool_used_bytes as f64),
                 mebibytes(run.rebuild.bytes_total as f64),
@@ -1087,14 +1207,15 @@ impl RebuildReport {
             ));
         }
         out.push('\n');
+        out.push_str(&failures);
         out
     }
 
     fn idle_table(&self) -> String {
         let mut out = format!(
             "no client load, background_impact {}, medians of {} run(s) per fill\n\n\
-             | fill | volume MiB | used MiB | rebuilt MiB | seconds, median (range) | MiB/s | survivors read MiB/s | share of survivors' bandwidth |\n\
-             |---|---|---|---|---|---|---|---|\n",
+             | fill | volume MiB | used MiB | rebuilt MiB | seconds, median (range) | MiB/s | survivors read MiB/s | survivors written MiB/s | share of survivors' bandwidth (read) |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
             self.idle
                 .first()
                 .and_then(|fill| fill.runs.first())
@@ -1107,7 +1228,7 @@ impl RebuildReport {
                 fill.median_survivors_bytes_read_per_second / bandwidth.bytes_per_second
             });
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} {} | {} | {} | {} | {} |\n",
                 fill.fill,
                 first.map_or("-".to_owned(), |run| mebibytes(run.volume_bytes as f64)),
                 first.map_or("-".to_owned(), |run| {
@@ -1120,6 +1241,7 @@ impl RebuildReport {
                 range_seconds(&fill.runs),
                 mebibytes(fill.median_bytes_per_second),
                 mebibytes(fill.median_survivors_bytes_read_per_second),
+                mebibytes(fill.median_survivors_bytes_written_per_second),
                 optional(share, 2),
             ));
         }
@@ -1179,7 +1301,7 @@ mod tests {
             .collect();
         let events = Events {
             fail_seconds: 20.0,
-            replace_seconds: 30.0,
+            rebuild_start_seconds: 30.0,
             rebuild_end_seconds: 40.0,
             end_seconds: 60.0,
         };
@@ -1206,6 +1328,7 @@ mod tests {
         let cli = Cli::try_parse_from(["rebuild", "--idle-fills", "0.25,0.5,0.9"]).unwrap();
         assert!(cli.arguments.check().is_ok());
         assert_eq!(cli.arguments.impact, vec![Impact::Medium]);
+        assert_eq!(cli.arguments.kind, Kind::Replacement);
         let cli = Cli::try_parse_from(["rebuild", "--idle-fills", "0.25,1.5"]).unwrap();
         assert!(matches!(
             cli.arguments.check(),
@@ -1216,7 +1339,7 @@ mod tests {
     fn sample_report() -> RebuildReport {
         let events = Events {
             fail_seconds: 20.0,
-            replace_seconds: 30.0,
+            rebuild_start_seconds: 30.0,
             rebuild_end_seconds: 40.0,
             end_seconds: 60.0,
         };
@@ -1243,12 +1366,15 @@ mod tests {
             bytes_per_second: f64::from(64 << 20) / 10.0,
             survivors_bytes_read: 80 << 20,
             survivors_bytes_read_per_second: f64::from(80 << 20) / 10.0,
+            survivors_bytes_written: 0,
+            survivors_bytes_written_per_second: 0.0,
             rows_verified: 4_096,
             blocks_unrepairable: 0,
         };
         RebuildReport {
             fio_version: "fio-3.33".into(),
             settings: Settings {
+                kind: Kind::Replacement,
                 device_count: DEVICE_COUNT,
                 device_size_bytes: 64 << 20,
                 segment_size_bytes: 1 << 20,
@@ -1263,6 +1389,7 @@ mod tests {
                 client_latency_target_us: None,
             },
             load: vec![LoadRun {
+                kind: Kind::Replacement,
                 impact: Impact::Medium,
                 volume_bytes: 32 << 20,
                 peak,
@@ -1271,6 +1398,7 @@ mod tests {
                 p99_ratio: Some(1.0),
                 rebuild_iops_share: 1.0,
                 goal_met: Some(true),
+                rebuild_error: None,
                 rebuild,
                 events,
                 seconds: (1..=60)
@@ -1309,5 +1437,58 @@ mod tests {
         ] {
             assert!(svg.contains(text), "{text:?} missing from the plot");
         }
+    }
+
+    #[test]
+    fn the_kind_is_chosen_by_name_and_checked_against_the_status() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            arguments: RebuildArgs,
+        }
+        let cli = Cli::try_parse_from(["rebuild", "--kind", "distributed-spare"]).unwrap();
+        assert_eq!(cli.arguments.kind, Kind::DistributedSpare);
+        assert!(Cli::try_parse_from(["rebuild", "--kind", "spare"]).is_err());
+        let spare = RebuildStatus {
+            state: RebuildState::Finished,
+            kind: RebuildKind::DistributedSpare,
+            ..RebuildStatus::default()
+        };
+        assert!(check_kind(&spare, Kind::DistributedSpare).is_ok());
+        assert!(matches!(
+            check_kind(&spare, Kind::Replacement),
+            Err(RebuildBenchError::KindMismatch {
+                expected: RebuildKind::Replacement,
+                reported: RebuildKind::DistributedSpare,
+            })
+        ));
+        let json = serde_json::to_value(Kind::DistributedSpare).expect("serialises");
+        assert_eq!(json, "distributed-spare");
+    }
+
+    #[test]
+    fn a_distributed_spare_run_is_named_in_the_table_and_the_plot() {
+        let mut report = sample_report();
+        report.settings.kind = Kind::DistributedSpare;
+        report.load[0].kind = Kind::DistributedSpare;
+        report.load[0].rebuild_error = Some("8 passes".to_owned());
+        let table = report.table();
+        assert!(
+            table.starts_with("rebuild onto distributed spare space: raid6"),
+            "{table}"
+        );
+        assert!(table.contains("| 1.00 | rebuild failed |"), "{table}");
+        assert!(
+            table.contains("impact medium: the rebuild failed after 10.0 s: 8 passes"),
+            "{table}"
+        );
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("rebuild.svg");
+        crate::plot::render(&report, &path).expect("draws");
+        let svg = std::fs::read_to_string(&path).expect("reads");
+        assert!(svg.contains("device rebuild"), "the start is not marked");
+        assert!(svg.contains("rebuild failed"), "the failure is not marked");
+        assert!(!svg.contains("device replace"), "no device was replaced");
     }
 }

@@ -1,7 +1,8 @@
 //! The plot of `lamina bench rebuild` ([`RebuildReport`]): for each loaded run,
 //! client IOPS per second above and p99 per second (log scale) below, with the
-//! device's failure, the replace and the rebuild's end marked, and the healthy
-//! p99 and the goal (1.5 × healthy) as horizontal lines.
+//! device's failure, the rebuild's start (`device replace` or `device rebuild`)
+//! and its end marked, and the healthy p99 and the goal (1.5 × healthy) as
+//! horizontal lines.
 
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
@@ -41,10 +42,18 @@ impl Chart for RebuildReport {
 fn events(run: &LoadRun) -> [(f64, &'static str, RGBColor); 3] {
     [
         (run.events.fail_seconds, "device fail", RED),
-        (run.events.replace_seconds, "device replace", BLUE),
+        (
+            run.events.rebuild_start_seconds,
+            run.kind.start_label(),
+            BLUE,
+        ),
         (
             run.events.rebuild_end_seconds,
-            "rebuild over",
+            if run.rebuild_error.is_some() {
+                "rebuild failed"
+            } else {
+                "rebuild over"
+            },
             RGBColor(0, 150, 0),
         ),
     ]
