@@ -184,6 +184,10 @@ pub enum IoError {
     RebuildRunning,
     #[error("the pool was closed while a rebuild ran; it resumes when the pool opens")]
     RebuildInterrupted,
+    #[error(
+        "{segment_count} segments still hold data to move after {passes} passes without progress (free space ran short: clients' writes outpaced the cleaner); the pool keeps serving, and the next rebuild check starts again"
+    )]
+    EvacuationStalled { segment_count: usize, passes: usize },
 }
 
 impl EngineError {
@@ -270,6 +274,7 @@ impl IoError {
             Self::ScrubRunning => "scrub_running",
             Self::RebuildRunning => "rebuild_running",
             Self::RebuildInterrupted => "rebuild_interrupted",
+            Self::EvacuationStalled { .. } => "evacuation_stalled",
         }
     }
 }

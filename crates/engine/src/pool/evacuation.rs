@@ -29,11 +29,19 @@ use super::rebuild_progress::{RebuildKind, RebuildStatus};
 use super::segment_shapes::SegmentLayout;
 use super::space::SegmentState;
 
-/// Passes over the degraded segments before an evacuation gives up: a pass
+/// Passes in a row that move nothing before an evacuation gives up: a pass
 /// moves every segment degraded when it starts; data written meanwhile into
 /// segments laid out before the loss (when none other was free) is what the
-/// next pass takes.
-pub const EVACUATION_PASSES_MAX: usize = 8;
+/// next pass takes, and a pass that found no free space to move into
+/// (clients writing faster than the cleaner frees) is followed by another
+/// once the flush and checkpoints have freed what it emptied. Passes that
+/// move data do not count: under steady writes the evacuation goes on as
+/// long as it gains.
+pub const EVACUATION_PASSES_WITHOUT_PROGRESS_MAX: usize = 8;
+
+/// How long a pass that found no free space waits before the next, so that
+/// the cleaner (which the evacuation's own cleaning holds off) frees some.
+pub const EVACUATION_NO_SPACE_WAIT_MS: u64 = 200;
 
 /// How often a replacement's rebuild looks whether the rebuild onto spare
 /// space it takes over from has stopped.
@@ -168,12 +176,16 @@ impl Pool {
     }
 
     async fn evacuate_all(&self, goal: EvacuationGoal) -> Result<(), EngineError> {
-        let need = self.evacuation_need_for(goal);
-        self.inner
-            .rebuild
-            .bytes_total
-            .store(need.live_bytes, Ordering::Relaxed);
-        for _ in 0..EVACUATION_PASSES_MAX {
+        let mut passes_without_progress = 0;
+        while passes_without_progress < EVACUATION_PASSES_WITHOUT_PROGRESS_MAX {
+            // What is left to move, on top of what moved: data written into
+            // such segments meanwhile counts too, so done never passes total.
+            let need = self.evacuation_need_for(goal);
+            let done = self.inner.rebuild.bytes_done.load(Ordering::Relaxed);
+            self.inner
+                .rebuild
+                .bytes_total
+                .store(done + need.live_bytes, Ordering::Relaxed);
             // The metadata first: it is small, and every flush writes it.
             // Again at every pass, for a device lost during the last one.
             self.inner
@@ -198,26 +210,55 @@ impl Pool {
                 }
                 return Ok(());
             }
-            for victim in victims {
-                if self.evacuation_must_stop()? {
-                    tracing::warn!("rebuild onto spare space stopped: a replacement takes over");
-                    return Ok(());
-                }
-                self.evacuate_segment(victim).await?;
-            }
+            let moved = self.evacuate_victims(victims).await?;
+            let Some(moved) = moved else {
+                tracing::warn!("rebuild onto spare space stopped: a replacement takes over");
+                return Ok(());
+            };
             // Emptied victims become free through the flush and checkpoints.
             self.flush().await?;
             self.checkpoint().await?;
             self.checkpoint().await?;
+            if moved.emptied_count == 0 {
+                passes_without_progress += 1;
+            } else {
+                passes_without_progress = 0;
+            }
+            if moved.out_of_space {
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    EVACUATION_NO_SPACE_WAIT_MS,
+                ))
+                .await;
+            }
         }
         let left = self.evacuation_need_for(goal);
         if left.degraded_segment_count == 0 {
             return Ok(());
         }
-        Err(EngineError::Io(IoError::Failed(format!(
-            "{} segments still hold data to move ({goal:?}) after {EVACUATION_PASSES_MAX} passes",
-            left.degraded_segment_count
-        ))))
+        Err(EngineError::Io(IoError::EvacuationStalled {
+            segment_count: left.degraded_segment_count,
+            passes: EVACUATION_PASSES_WITHOUT_PROGRESS_MAX,
+        }))
+    }
+
+    /// Moves `victims` in order, until one finds no free space to move
+    /// into (the rest would too). `None` when a replacement takes over.
+    async fn evacuate_victims(&self, victims: Vec<u32>) -> Result<Option<PassMoves>, EngineError> {
+        let mut moves = PassMoves::default();
+        for victim in victims {
+            if self.evacuation_must_stop()? {
+                return Ok(None);
+            }
+            match self.evacuate_segment(victim).await? {
+                SegmentMove::Emptied => moves.emptied_count += 1,
+                SegmentMove::Partly => {}
+                SegmentMove::OutOfSpace => {
+                    moves.out_of_space = true;
+                    break;
+                }
+            }
+        }
+        Ok(Some(moves))
     }
 
     /// Lays every free segment still laid out over the lost device out
@@ -299,8 +340,9 @@ impl Pool {
         Ok(self.rebuild_pending())
     }
 
-    /// Moves one degraded segment's live blocks, paced by the budget.
-    async fn evacuate_segment(&self, victim: u32) -> Result<(), EngineError> {
+    /// Moves one segment's live blocks, paced by the budget; counts them
+    /// done once the segment is empty.
+    async fn evacuate_segment(&self, victim: u32) -> Result<SegmentMove, EngineError> {
         let live_bytes =
             u64::from(self.inner.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
         self.inner
@@ -308,17 +350,38 @@ impl Pool {
             .acquire(BackgroundWork::Rebuild, live_bytes.max(BLOCK_SIZE_BYTES))
             .await;
         let _guard = self.inner.cleaner_lock.lock().await;
-        match self.clean_degraded_victim(victim).await {
-            Ok(_) => {}
+        let moved = match self.clean_degraded_victim(victim).await {
+            Ok(true) => SegmentMove::Emptied,
+            Ok(false) => SegmentMove::Partly,
             // The cleaner's reserve is used up: the flush and checkpoints
             // after this pass free what was emptied.
-            Err(EngineError::Io(IoError::NoSpace)) => {}
+            Err(EngineError::Io(IoError::NoSpace)) => SegmentMove::OutOfSpace,
             Err(error) => return Err(error),
+        };
+        if moved == SegmentMove::Emptied {
+            self.inner
+                .rebuild
+                .bytes_done
+                .fetch_add(live_bytes, Ordering::Relaxed);
         }
-        self.inner
-            .rebuild
-            .bytes_done
-            .fetch_add(live_bytes, Ordering::Relaxed);
-        Ok(())
+        Ok(moved)
     }
+}
+
+/// What moving one segment did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SegmentMove {
+    Emptied,
+    /// Some blocks stayed (written to it meanwhile, or it could not all be
+    /// read): the next pass takes it again.
+    Partly,
+    /// No free space to move into.
+    OutOfSpace,
+}
+
+/// What a pass over the victims did.
+#[derive(Clone, Copy, Debug, Default)]
+struct PassMoves {
+    emptied_count: usize,
+    out_of_space: bool,
 }
