@@ -249,6 +249,10 @@ impl Pool {
             if self.evacuation_must_stop()? {
                 return Ok(None);
             }
+            // Victims emptied earlier may have been freed since (by a
+            // periodic checkpoint): laid out again before anything writes
+            // them, they do not come back as victims of the next pass.
+            self.lay_out_free_segments().await?;
             match self.evacuate_segment(victim).await? {
                 SegmentMove::Emptied => moves.emptied_count += 1,
                 SegmentMove::Partly => {}
