@@ -1,5 +1,5 @@
 //! Rebuilding onto distributed spare space (issue 19): a pool on a zoned
-//! raid6 array of six members (`lamina_layout::create_zoned`, each segment
+//! raid6 array of six members (`lamina_layout::create_zoned_with_slots`, each segment
 //! one zone) loses a member; the evacuation moves the live data of every
 //! segment that had a column on it into segments laid out over the five
 //! left (rows one column narrower), copies the mirrored metadata onto a
@@ -18,9 +18,7 @@ use lamina_engine::log::geometry::DATA_START_BLOCK;
 use lamina_engine::{
     EvacuationGoal, Pool, PoolLimits, PoolOptions, RebuildKind, RebuildState, TestHooks,
 };
-use lamina_layout::{
-    ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole, assemble, create_zoned,
-};
+use lamina_layout::{ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole, assemble};
 
 mod common;
 
@@ -66,6 +64,17 @@ fn limits(rebuild_automatic: bool) -> PoolLimits {
 }
 
 async fn new_pool(members: &[Member], rebuild_automatic: bool) -> (Pool, Arc<RedundantArray>) {
+    new_pool_in_slots(members, MEMBER_COUNT, SEGMENT_BYTES, rebuild_automatic).await
+}
+
+/// A pool on the members in `slot_count` slots (the rest empty), whose
+/// segments are `segment_bytes` of range.
+async fn new_pool_in_slots(
+    members: &[Member],
+    slot_count: usize,
+    segment_bytes: u64,
+    rebuild_automatic: bool,
+) -> (Pool, Arc<RedundantArray>) {
     let identity = ArrayIdentity {
         array_identifier: 9,
         tier: TierRole::Flash,
@@ -75,19 +84,19 @@ async fn new_pool(members: &[Member], rebuild_automatic: bool) -> (Pool, Arc<Red
         .enumerate()
         .map(|(index, member)| member_device(index, member))
         .collect();
+    let request = lamina_layout::ZonedArrayRequest {
+        redundancy: Redundancy::Raid6,
+        prefix_blocks: DATA_START_BLOCK,
+        segment_blocks: segment_bytes / BLOCK as u64,
+        slot_count,
+    };
     let array = Arc::new(
-        create_zoned(
-            identity,
-            Redundancy::Raid6,
-            DATA_START_BLOCK,
-            SEGMENT_BYTES / BLOCK as u64,
-            devices,
-        )
-        .await
-        .expect("array"),
+        lamina_layout::create_zoned_with_slots(identity, request, devices)
+            .await
+            .expect("array"),
     );
     let options = PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
+        segment_size_bytes: segment_bytes,
         flash_row_blocks: array.row_data_blocks(),
         ..PoolOptions::default()
     };
@@ -254,42 +263,10 @@ async fn the_rebuild_starts_by_itself_when_the_pool_opens_without_a_member() {
 /// (96 KiB of range), sixteen blocks of them usable over the six.
 const SEGMENT_BYTES_EIGHT_SLOTS: u64 = 96 << 10;
 
-async fn new_pool_in_eight_slots(members: &[Member]) -> (Pool, Arc<RedundantArray>) {
-    let identity = ArrayIdentity {
-        array_identifier: 10,
-        tier: TierRole::Flash,
-    };
-    let devices = members
-        .iter()
-        .enumerate()
-        .map(|(index, member)| member_device(index, member))
-        .collect();
-    let request = lamina_layout::ZonedArrayRequest {
-        redundancy: Redundancy::Raid6,
-        prefix_blocks: DATA_START_BLOCK,
-        segment_blocks: SEGMENT_BYTES_EIGHT_SLOTS / BLOCK as u64,
-        slot_count: 8,
-    };
-    let array = Arc::new(
-        lamina_layout::create_zoned_with_slots(identity, request, devices)
-            .await
-            .expect("array"),
-    );
-    let options = PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES_EIGHT_SLOTS,
-        flash_row_blocks: array.row_data_blocks(),
-        ..PoolOptions::default()
-    };
-    let pool = Pool::create(array.clone(), options, limits(false))
-        .await
-        .expect("pool");
-    (pool, array)
-}
-
 #[tokio::test]
 async fn an_added_device_widens_the_pool_and_a_rebalance_spreads_the_data_over_it() {
     let members = members();
-    let (pool, array) = new_pool_in_eight_slots(&members).await;
+    let (pool, array) = new_pool_in_slots(&members, 8, SEGMENT_BYTES_EIGHT_SLOTS, false).await;
     let segment_count = pool.status().segment_count;
     // Space is counted at the width of the six, not the eight slots' range.
     assert_eq!(
