@@ -87,6 +87,38 @@ pub struct PoolStatus {
     /// redundancy scheme); absent for a pool on one device per tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<LayoutStatus>,
+    /// The capacity tier on object storage, when the pool has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_tier: Option<ObjectTierStatus>,
+}
+
+/// A capacity tier on S3-compatible object storage (issue 22).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectTierStatus {
+    /// `s3://bucket/prefix`.
+    pub url: String,
+    /// Objects the tier holds (parts of segments).
+    pub object_count: u64,
+    /// Bytes its objects hold.
+    pub stored_bytes: u64,
+    /// Bytes written and not yet stored: the next flush uploads them.
+    pub pending_bytes: u64,
+    /// Requests since the pool opened, by kind (`get`, `put`, `delete`, `list`).
+    pub requests: Vec<ObjectRequestStatistics>,
+}
+
+/// One kind of request to the object store since the pool opened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRequestStatistics {
+    pub kind: String,
+    pub count: u64,
+    /// Requests that failed after their retries.
+    pub errors: u64,
+    /// Bytes sent (put) or received (get).
+    pub bytes: u64,
+    pub latency_p50_us: u64,
+    pub latency_p99_us: u64,
+    pub latency_max_us: u64,
 }
 
 /// What the rebuild is doing, named as mdadm and zpool name it.

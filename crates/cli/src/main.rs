@@ -143,6 +143,8 @@ enum PoolCommand {
         /// Segment size: the unit of allocation and cleaning.
         #[arg(long, default_value = "4M", value_parser = parse_size)]
         segment_size: u64,
+        #[command(flatten)]
+        object_store: pool_commands::ObjectStoreArgs,
         /// Overwrite a device that already holds data.
         #[arg(long)]
         force: bool,
@@ -480,6 +482,9 @@ fn print_status(status: &PoolStatus) {
     if let Some(layout) = &status.layout {
         pool_commands::print_layout(layout);
     }
+    if let Some(object_tier) = &status.object_tier {
+        pool_commands::print_object_tier(object_tier);
+    }
     if let Some(device_full) = &status.device_full {
         println!(
             "DEVICE FULL          {} batches wait for space: {}",
@@ -630,11 +635,33 @@ async fn run(command: Command) -> anyhow::Result<()> {
             flash_slots,
             capacity_slots,
             segment_size,
+            object_store,
             force,
             json,
         }) => {
             use lamina_control::store::TierDevice;
             let _lock = lamina_control::store::lock_directory(&data.data_dir)?;
+            if let Some(url) = capacity
+                .as_deref()
+                .filter(|capacity| lamina_control::object_tier::is_object_url(capacity))
+            {
+                anyhow::ensure!(
+                    redundancy.is_none() && capacity_model.is_none(),
+                    "an object tier (--capacity {url}) takes neither --redundancy nor --capacity-model: the store keeps its own copies"
+                );
+                let flash = TierDevice::from_argument(&flash, flash_model.as_deref())?;
+                let request = pool_commands::ObjectTierPoolRequest {
+                    url,
+                    object_store,
+                    segment_size_bytes: segment_size,
+                    force,
+                };
+                let status = pool_commands::create_over_object_tier(&data.data_dir, &flash, &request)
+                    .await
+                    .with_context(|| format!("cannot create a pool on {} and {url}", flash.path.display()))
+                    .map_err(with_flag_hint)?;
+                return print_created(&status, &format!("{} and {url}", flash.path.display()), json);
+            }
             let flash_list = pool_commands::split_devices(&flash);
             let capacity_list = capacity
                 .as_deref()

@@ -82,6 +82,96 @@ pub async fn create_arrays(
     Ok(status)
 }
 
+/// Where an object tier (`--capacity s3://bucket/prefix[:SIZE]`) is
+/// reached; recorded in `pool.toml`. Credentials come from
+/// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the daemon config's
+/// `[object_store]` when it opens the pool), and are never recorded.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ObjectStoreArgs {
+    /// The object store's address, e.g. http://127.0.0.1:8333 (default:
+    /// AWS_ENDPOINT, or AWS itself).
+    #[arg(long, value_name = "URL", requires = "capacity")]
+    pub s3_endpoint: Option<String>,
+    /// The store's region (default: AWS_REGION, or us-east-1).
+    #[arg(long, value_name = "REGION", requires = "capacity")]
+    pub s3_region: Option<String>,
+    /// Address buckets as bucket.host rather than host/bucket.
+    #[arg(long, requires = "capacity")]
+    pub s3_virtual_hosted_style: bool,
+    /// Allow plain HTTP to an endpoint that is not loopback (credentials and
+    /// data cross the network unencrypted).
+    #[arg(long, requires = "capacity")]
+    pub s3_allow_http: bool,
+}
+
+/// `pool create` with its capacity tier on object storage.
+pub struct ObjectTierPoolRequest<'a> {
+    /// `s3://bucket/prefix[:SIZE]` as given.
+    pub url: &'a str,
+    pub object_store: ObjectStoreArgs,
+    pub segment_size_bytes: u64,
+    pub force: bool,
+}
+
+/// `pool create --capacity s3://...`; returns the new pool's status.
+pub async fn create_over_object_tier(
+    data_dir: &std::path::Path,
+    flash: &lamina_control::store::TierDevice,
+    request: &ObjectTierPoolRequest<'_>,
+) -> anyhow::Result<PoolStatus> {
+    use lamina_control::object_tier::{ObjectStoreSection, ObjectTierDescription, parse_argument};
+    let argument = parse_argument(request.url)?;
+    let arguments = &request.object_store;
+    let description = ObjectTierDescription {
+        url: argument.url,
+        endpoint: arguments.s3_endpoint.clone(),
+        region: arguments.s3_region.clone(),
+        virtual_hosted_style: arguments.s3_virtual_hosted_style,
+        allow_http: arguments.s3_allow_http,
+    };
+    let options = PoolOptions {
+        segment_size_bytes: request.segment_size_bytes,
+        force: request.force,
+        ..PoolOptions::default()
+    };
+    let opened = lamina_control::store::create_object_tier_pool(
+        data_dir,
+        flash,
+        &description,
+        argument.size_bytes,
+        &ObjectStoreSection::default(),
+        options,
+        Default::default(),
+    )
+    .await?;
+    let mut status = lamina_control::api::pool_status(opened.pool.status());
+    status.object_tier = opened.layout.object_tier().map(|tier| tier.status());
+    opened.pool.close().await?;
+    Ok(status)
+}
+
+/// `pool status`'s object tier: where, what it holds, and its requests.
+pub fn print_object_tier(tier: &lamina_api::ObjectTierStatus) {
+    println!("object tier          {}", tier.url);
+    println!(
+        "  stored             {} in {} objects, {} waiting for upload",
+        format_size(tier.stored_bytes),
+        tier.object_count,
+        format_size(tier.pending_bytes)
+    );
+    for request in &tier.requests {
+        println!(
+            "  {:<8} {:>10} requests {:>6} errors {:>10}  p50 {} us  p99 {} us",
+            request.kind,
+            request.count,
+            request.errors,
+            format_size(request.bytes),
+            request.latency_p50_us,
+            request.latency_p99_us
+        );
+    }
+}
+
 /// `lamina pool scrub [--wait] [--json]`.
 pub async fn scrub(data_dir: &std::path::Path, wait: bool, json: bool) -> anyhow::Result<()> {
     let through_daemon = daemon_running(data_dir).await;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Daemon, Setup, lamina_error, lamina_ok, run};
+use common::{Daemon, Setup, assert_same, lamina_error, lamina_ok, pattern_file, run, write_file};
 
 const FLASH_ARGUMENT: &str = "flash.img:64M";
 const CAPACITY_ARGUMENT: &str = "capacity.img:256M";
@@ -53,45 +53,6 @@ impl Setup {
         arguments.extend_from_slice(extra);
         lamina_ok(&self.data_dir, &arguments);
     }
-}
-
-/// A file of `bytes` whose every 4 KiB block is distinct and non-zero (zero
-/// blocks could be sent as holes, which would not exercise the tiers).
-fn pattern_file(path: &Path, bytes: u64, seed: u32) {
-    let contents: Vec<u8> = (0..bytes as u32)
-        .map(|index| {
-            let mixed = index.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13;
-            (mixed as u8) | 1
-        })
-        .collect();
-    std::fs::write(path, contents).unwrap();
-}
-
-fn write_file(daemon: &Daemon, export: &str, file: &Path) {
-    run(Command::new("nbdcopy")
-        .arg("--flush")
-        .arg(file)
-        .arg(daemon.uri(export)));
-}
-
-/// `qemu-img compare`: whether the export holds `file` (the export is as
-/// large as the file in these tests).
-fn assert_same(daemon: &Daemon, export: &str, file: &Path) {
-    let output = Command::new("qemu-img")
-        .env("PATH", common::system_path())
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(file)
-        .arg(daemon.uri(export))
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "export {export} differs from {}: {}{}",
-        file.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// Bytes per NBD request of the `nbdsh` range copies (under the daemon's

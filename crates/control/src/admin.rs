@@ -590,6 +590,10 @@ async fn operations(
 fn pool_status(context: &AdminContext) -> lamina_api::PoolStatus {
     let mut status = api::pool_status(context.pool.status());
     status.layout = context.layout.status();
+    status.object_tier = context
+        .layout
+        .object_tier()
+        .map(crate::object_tier::ObjectTier::status);
     status
 }
 

@@ -97,6 +97,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         rebuild: rebuild_status(rebuild),
         background: background_of(background),
         layout: None,
+        object_tier: None,
     }
 }
 

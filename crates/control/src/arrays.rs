@@ -335,6 +335,7 @@ fn write_array_description(data_dir: &Path, request: &ArrayPoolRequest) -> anyho
         capacity_model: first_model(&request.capacity),
         flash_devices: paths(&request.flash),
         capacity_devices: paths(&request.capacity),
+        capacity_object_store: None,
         redundancy: Some(request.redundancy.name().to_string()),
     };
     std::fs::write(
@@ -362,10 +363,7 @@ pub async fn open_pool_with_models(
     if description.redundancy.is_some() {
         return open_array_pool(&description, limits, tier_models).await;
     }
-    Ok(OpenedPool {
-        pool: crate::store::open_plain_pool(&description, limits, tier_models).await?,
-        layout: PoolLayout::default(),
-    })
+    crate::store::open_plain_pool(&description, limits, tier_models, &models.object_store).await
 }
 
 /// Opens an array pool from its description: each tier's devices that exist

@@ -33,6 +33,8 @@ pub struct Config {
     pub web: WebSection,
     /// The daemon's logging (`[log]`).
     pub log: LogSection,
+    /// A capacity tier on object storage: credentials, overrides, limits.
+    pub object_store: crate::object_tier::ObjectStoreSection,
 }
 
 /// Where the management web page listens besides the admin socket.
@@ -172,6 +174,7 @@ impl Default for Config {
             access: Vec::new(),
             web: WebSection::default(),
             log: LogSection::default(),
+            object_store: Default::default(),
         }
     }
 }
@@ -300,6 +303,7 @@ impl Config {
             flash_override: self.pool.flash_model.clone(),
             capacity_override: self.pool.capacity_model.clone(),
             definitions: self.disk_models.clone(),
+            object_store: self.object_store.clone(),
         }
     }
 }

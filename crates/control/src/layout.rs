@@ -20,11 +20,28 @@ pub struct TierArray {
 #[derive(Clone, Debug, Default)]
 pub struct PoolLayout {
     tiers: Vec<TierArray>,
+    /// The capacity tier on object storage, when the pool has one.
+    object_tier: Option<crate::object_tier::ObjectTier>,
 }
 
 impl PoolLayout {
     pub fn new(tiers: Vec<TierArray>) -> Self {
-        Self { tiers }
+        Self {
+            tiers,
+            object_tier: None,
+        }
+    }
+
+    /// A pool on plain devices whose capacity tier is on object storage.
+    pub fn with_object_tier(object_tier: crate::object_tier::ObjectTier) -> Self {
+        Self {
+            tiers: Vec::new(),
+            object_tier: Some(object_tier),
+        }
+    }
+
+    pub fn object_tier(&self) -> Option<&crate::object_tier::ObjectTier> {
+        self.object_tier.as_ref()
     }
 
     pub fn tiers(&self) -> &[TierArray] {
@@ -56,6 +73,9 @@ impl PoolLayout {
 
     /// Per-device series in the Prometheus text format.
     pub fn metrics(&self, text: &mut String) {
+        if let Some(object_tier) = &self.object_tier {
+            object_tier.metrics(text);
+        }
         let Some(status) = self.status() else {
             return;
         };

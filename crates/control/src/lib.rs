@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod devices;
 pub mod export;
 pub mod layout;
+pub mod object_tier;
 pub mod store;
 pub mod systemd;
 pub mod volume_statistics;

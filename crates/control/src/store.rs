@@ -60,6 +60,10 @@ pub struct PoolDescription {
     /// absent for a pool on one device per tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redundancy: Option<String>,
+    /// A capacity tier on S3-compatible object storage (in place of a
+    /// capacity device): where it is, never the credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_object_store: Option<crate::object_tier::ObjectTierDescription>,
 }
 
 /// A device model name that is neither built in nor defined in the config.
@@ -73,10 +77,11 @@ pub enum DeviceModelError {
     Invalid { name: String, reason: String },
 }
 
-/// Which latency model each tier's device runs behind when a pool opens: the
+/// How each tier's devices open. Which latency model each runs behind: the
 /// models named in `pool.toml`, unless the daemon's config overrides them, with
 /// the parameters of named models (the built-in `hdd-7200`, replaced or joined
-/// by the config's `[disk_models.NAME]` tables).
+/// by the config's `[disk_models.NAME]` tables); and an object tier's
+/// settings from the config.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceModels {
     /// Replaces the flash model recorded in `pool.toml`.
@@ -85,6 +90,9 @@ pub struct DeviceModels {
     pub capacity_override: Option<String>,
     /// Named rotating-disk models beyond (or replacing) the built-in ones.
     pub definitions: BTreeMap<String, RotatingDiskModel>,
+    /// What an object tier needs beyond `pool.toml` (the config's
+    /// `[object_store]`: credentials, overrides, limits).
+    pub object_store: crate::object_tier::ObjectStoreSection,
 }
 
 impl DeviceModels {
@@ -402,14 +410,7 @@ async fn create_described_pool(
     limits: PoolLimits,
 ) -> anyhow::Result<CreatedPool> {
     refuse_if_described(data_dir, options.force)?;
-    let segment_size_bytes = options.segment_size_bytes;
-    if !segment_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
-        || segment_size_bytes < 16 * BLOCK_SIZE_BYTES
-    {
-        anyhow::bail!(
-            "invalid segment size {segment_size_bytes}: a multiple of 4 KiB, at least 64 KiB"
-        );
-    }
+    check_segment_size(options.segment_size_bytes)?;
     let models = DeviceModels::default();
     let tiers: Vec<(&str, &TierDevice)> = std::iter::once(("flash", flash))
         .chain(capacity.map(|capacity| ("capacity", capacity)))
@@ -461,13 +462,124 @@ async fn create_described_pool(
         flash_devices: Vec::new(),
         capacity_devices: Vec::new(),
         redundancy: None,
+        capacity_object_store: None,
     };
+    write_description(data_dir, &description)?;
+    Ok(created_pool)
+}
+
+/// `lamina pool create --capacity s3://...`: the pool on `flash` with its
+/// capacity tier on object storage. The tier is created first (refused when
+/// its prefix already holds one), then the pool; a flash file this call
+/// created is removed again when it fails.
+pub async fn create_object_tier_pool(
+    data_dir: &Path,
+    flash: &TierDevice,
+    object_tier: &crate::object_tier::ObjectTierDescription,
+    object_tier_size_bytes: u64,
+    object_store: &crate::object_tier::ObjectStoreSection,
+    options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<crate::arrays::OpenedPool> {
+    refuse_if_described(data_dir, options.force)?;
+    check_segment_size(options.segment_size_bytes)?;
+    let flash_model = DeviceModels::default()
+        .resolve(flash.model.as_deref().unwrap_or(NO_DEVICE_MODEL))
+        .with_context(|| format!("the flash device {}", flash.path.display()))?;
+    if flash.create_size_bytes.is_none() && !flash.path.exists() {
+        anyhow::bail!(
+            "the flash device {} does not exist; give its size as PATH:SIZE to create a file",
+            flash.path.display()
+        );
+    }
+    let created_flash = !flash.path.exists();
+    let tier = ObjectTierCreation {
+        description: object_tier,
+        size_bytes: object_tier_size_bytes,
+        section: object_store,
+    };
+    let opened = match create_over_object_tier(flash, flash_model, &tier, options, limits).await {
+        Ok(opened) => opened,
+        Err(error) => {
+            if created_flash {
+                let _ = std::fs::remove_file(&flash.path);
+            }
+            return Err(error);
+        }
+    };
+    let description = PoolDescription {
+        flash: std::fs::canonicalize(&flash.path).unwrap_or_else(|_| flash.path.clone()),
+        flash_model: recorded_model(flash.model.as_deref()),
+        capacity: None,
+        capacity_model: None,
+        flash_devices: Vec::new(),
+        capacity_devices: Vec::new(),
+        redundancy: None,
+        capacity_object_store: Some(object_tier.clone()),
+    };
+    write_description(data_dir, &description)?;
+    Ok(opened)
+}
+
+/// The object tier `create_object_tier_pool` makes.
+struct ObjectTierCreation<'a> {
+    description: &'a crate::object_tier::ObjectTierDescription,
+    size_bytes: u64,
+    section: &'a crate::object_tier::ObjectStoreSection,
+}
+
+async fn create_over_object_tier(
+    flash: &TierDevice,
+    flash_model: Option<RotatingDiskModel>,
+    tier: &ObjectTierCreation<'_>,
+    mut options: PoolOptions,
+    limits: PoolLimits,
+) -> anyhow::Result<crate::arrays::OpenedPool> {
+    let bare_flash = open_device(&flash.path, flash.create_size_bytes)?;
+    let capacity = crate::object_tier::create_device(
+        tier.description,
+        tier.section,
+        tier.size_bytes,
+        options.segment_size_bytes,
+    )
+    .await?;
+    options.flash_region_bytes = Some(ConcatenatedDevice::first_region_bytes_of(
+        bare_flash.size_bytes(),
+    ));
+    let device = Arc::new(ConcatenatedDevice::new(
+        behind_model(bare_flash, flash_model),
+        capacity.clone(),
+    ));
+    Ok(crate::arrays::OpenedPool {
+        pool: Pool::create(device, options, limits).await?,
+        layout: crate::layout::PoolLayout::with_object_tier(crate::object_tier::ObjectTier::new(
+            capacity,
+        )),
+    })
+}
+
+/// Writes `pool.toml`.
+pub(crate) fn write_description(
+    data_dir: &Path,
+    description: &PoolDescription,
+) -> anyhow::Result<()> {
     std::fs::write(
         description_path(data_dir),
-        toml::to_string(&description).expect("pool description serialises"),
+        toml::to_string(description).expect("pool description serialises"),
     )
-    .with_context(|| format!("cannot write {}", description_path(data_dir).display()))?;
-    Ok(created_pool)
+    .with_context(|| format!("cannot write {}", description_path(data_dir).display()))
+}
+
+/// A segment size the engine can lay out, refused before anything is created.
+pub(crate) fn check_segment_size(segment_size_bytes: u64) -> anyhow::Result<()> {
+    if !segment_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
+        || segment_size_bytes < 16 * BLOCK_SIZE_BYTES
+    {
+        anyhow::bail!(
+            "invalid segment size {segment_size_bytes}: a multiple of 4 KiB, at least 64 KiB"
+        );
+    }
+    Ok(())
 }
 
 /// Whether two paths name one file, through symlinks and hard links alike
@@ -518,17 +630,35 @@ pub async fn open_plain_pool(
     description: &PoolDescription,
     limits: PoolLimits,
     models: [Option<RotatingDiskModel>; 2],
-) -> anyhow::Result<Pool> {
+    object_store: &crate::object_tier::ObjectStoreSection,
+) -> anyhow::Result<crate::arrays::OpenedPool> {
     let [flash_model, capacity_model] = models;
     let flash = open_tier_device(&description.flash, None, flash_model)?;
-    let device: Arc<dyn BlockDevice> = match &description.capacity {
-        None => flash,
-        Some(path) => {
+    let mut layout = crate::layout::PoolLayout::default();
+    let device: Arc<dyn BlockDevice> = match (&description.capacity, &description.capacity_object_store) {
+        (None, None) => flash,
+        (Some(path), None) => {
             let capacity = open_tier_device(path, None, capacity_model)?;
             Arc::new(ConcatenatedDevice::new(flash, capacity))
         }
+        (None, Some(object_tier)) => {
+            let capacity = crate::object_tier::open_device(object_tier, object_store).await?;
+            layout = crate::layout::PoolLayout::with_object_tier(
+                crate::object_tier::ObjectTier::new(capacity.clone()),
+            );
+            Arc::new(ConcatenatedDevice::new(flash, capacity))
+        }
+        (Some(path), Some(object_tier)) => anyhow::bail!(
+            "{} names two capacity tiers, the device {} and the object store {}: remove one",
+            POOL_DESCRIPTION_FILE,
+            path.display(),
+            object_tier.url
+        ),
     };
-    Ok(Pool::open(device, limits).await?)
+    Ok(crate::arrays::OpenedPool {
+        pool: Pool::open(device, limits).await?,
+        layout,
+    })
 }
 
 /// The pool described in `data_dir`, which must exist.
@@ -600,6 +730,7 @@ mod tests {
             flash_devices: Vec::new(),
             capacity_devices: Vec::new(),
             redundancy: None,
+            capacity_object_store: None,
         };
         let text = toml::to_string(&two_tier).unwrap();
         let read: PoolDescription = toml::from_str(&text).unwrap();

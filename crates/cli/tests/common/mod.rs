@@ -289,3 +289,43 @@ pub fn assert_volume_reads(daemon: &Daemon, root: &Path, expected: &[u8], phase:
     let copied = std::fs::read(&copy).unwrap();
     assert!(copied == expected, "{phase}: the volume reads back changed");
 }
+
+/// A file of `bytes` whose every 4 KiB block is distinct and non-zero (zero
+/// blocks could be sent as holes, which would not exercise the tiers).
+#[allow(clippy::cast_possible_truncation)]
+pub fn pattern_file(path: &Path, bytes: u64, seed: u32) {
+    let contents: Vec<u8> = (0..bytes as u32)
+        .map(|index| {
+            let mixed = index.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13;
+            (mixed as u8) | 1
+        })
+        .collect();
+    std::fs::write(path, contents).unwrap();
+}
+
+pub fn write_file(daemon: &Daemon, export: &str, file: &Path) {
+    run(Command::new("nbdcopy")
+        .arg("--flush")
+        .arg(file)
+        .arg(daemon.uri(export)));
+}
+
+/// `qemu-img compare`: whether the export holds `file` (the export is as
+/// large as the file in these tests).
+pub fn assert_same(daemon: &Daemon, export: &str, file: &Path) {
+    let output = Command::new("qemu-img")
+        .env("PATH", system_path())
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(file)
+        .arg(daemon.uri(export))
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "export {export} differs from {}: {}{}",
+        file.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

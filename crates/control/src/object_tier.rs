@@ -1,0 +1,373 @@
+//! A two-tier pool's capacity tier on S3-compatible object storage (issue 22,
+//! decision 0031): what `pool.toml` records of it (where it is, never the
+//! credentials), what the daemon's config adds (`[object_store]`: credentials,
+//! endpoint and region overrides, request limits), the rule that keeps plain
+//! HTTP on loopback unless allowed, and creating and opening the tier's device
+//! (`lamina_objects::ObjectStoreDevice`) under the flash device.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use anyhow::Context;
+use lamina_objects::{ObjectStoreConfig, ObjectStoreDevice, ObjectStoreLimits};
+use serde::{Deserialize, Serialize};
+
+/// The address space of an object tier created without a size: the engine
+/// lays segments over it, and only what is written costs anything in the
+/// store.
+pub const OBJECT_TIER_DEFAULT_SIZE_BYTES: u64 = 1 << 40;
+
+/// The scheme that names an object tier instead of a device path.
+const OBJECT_URL_SCHEME: &str = "s3://";
+
+/// What `pool.toml` records of an object tier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectTierDescription {
+    /// `s3://bucket` or `s3://bucket/prefix`.
+    pub url: String,
+    /// The store's address (`http://127.0.0.1:8333`); absent: AWS's, or
+    /// `AWS_ENDPOINT` from the environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// `bucket.host/key` rather than `host/bucket/key`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub virtual_hosted_style: bool,
+    /// Plain HTTP to an endpoint that is not loopback (never needed for
+    /// loopback).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_http: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// The daemon config's `[object_store]`: what an object tier needs beyond
+/// `pool.toml` when it opens. Every field is optional; credentials not given
+/// here come from the standard `AWS_*` environment variables.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObjectStoreSection {
+    /// Replaces the endpoint `pool.toml` records.
+    pub endpoint: Option<String>,
+    /// Replaces the region `pool.toml` records.
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Allows plain HTTP to an endpoint that is not loopback.
+    pub allow_http: bool,
+    /// Requests to the store in flight at once at most.
+    pub requests_in_flight_max: Option<usize>,
+    /// One request's time limit, retries apart.
+    pub request_timeout_ms: Option<u64>,
+    /// Retries of a failed request (5xx, timeouts, throttling) at most.
+    pub retries_max: Option<usize>,
+}
+
+impl std::fmt::Debug for ObjectStoreSection {
+    /// The secret never reaches a log line.
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ObjectStoreSection")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "(set)"),
+            )
+            .field("allow_http", &self.allow_http)
+            .field("requests_in_flight_max", &self.requests_in_flight_max)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("retries_max", &self.retries_max)
+            .finish()
+    }
+}
+
+/// `--capacity s3://bucket/prefix[:SIZE]` as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectTierArgument {
+    pub url: String,
+    pub size_bytes: u64,
+}
+
+/// Whether a `--capacity` argument names an object tier.
+pub fn is_object_url(argument: &str) -> bool {
+    argument.starts_with(OBJECT_URL_SCHEME)
+}
+
+/// `s3://bucket/prefix[:SIZE]`: a size is a trailing `:` and digits (object
+/// keys with a colon followed by a digit are not supported as prefixes).
+pub fn parse_argument(argument: &str) -> anyhow::Result<ObjectTierArgument> {
+    anyhow::ensure!(
+        is_object_url(argument),
+        "{argument:?} is not an object store address (s3://bucket/prefix)"
+    );
+    let (url, size_bytes) = match argument[OBJECT_URL_SCHEME.len()..].rsplit_once(':') {
+        Some((_, size)) if size.starts_with(|character: char| character.is_ascii_digit()) => {
+            let size_bytes = crate::size::parse_size(size)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("the object tier's size in {argument:?}"))?;
+            let url = &argument[..argument.len() - size.len() - 1];
+            (url, size_bytes)
+        }
+        _ => (argument, OBJECT_TIER_DEFAULT_SIZE_BYTES),
+    };
+    // Parsed here as well as when the tier opens, so that a bad address is
+    // refused before anything is created.
+    ObjectStoreConfig::from_url(url).with_context(|| format!("the object tier {url:?}"))?;
+    Ok(ObjectTierArgument {
+        url: url.to_string(),
+        size_bytes,
+    })
+}
+
+/// The store's settings: `pool.toml`'s, with the config's overrides and
+/// credentials, refused when they would send plain HTTP off the machine.
+fn store_config(
+    description: &ObjectTierDescription,
+    section: &ObjectStoreSection,
+) -> anyhow::Result<ObjectStoreConfig> {
+    let endpoint = section.endpoint.clone().or(description.endpoint.clone());
+    let allow_http = http_allowed(
+        endpoint.as_deref(),
+        description.allow_http || section.allow_http,
+    )?;
+    let mut config = ObjectStoreConfig::from_url(&description.url)
+        .with_context(|| format!("the object tier {:?}", description.url))?
+        .with_virtual_hosted_style(description.virtual_hosted_style)
+        .with_allow_http(allow_http)
+        .with_limits(limits(section)?);
+    if let Some(endpoint) = endpoint {
+        config = config.with_endpoint(endpoint);
+    }
+    if let Some(region) = section.region.clone().or(description.region.clone()) {
+        config = config.with_region(region);
+    }
+    match (&section.access_key_id, &section.secret_access_key) {
+        (Some(access_key_id), Some(secret_access_key)) => {
+            config = config.with_credentials(access_key_id.clone(), secret_access_key.clone());
+        }
+        (None, None) => {}
+        _ => anyhow::bail!(
+            "[object_store] needs both access_key_id and secret_access_key, or neither (then AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        ),
+    }
+    Ok(config)
+}
+
+fn limits(section: &ObjectStoreSection) -> anyhow::Result<ObjectStoreLimits> {
+    let mut limits = ObjectStoreLimits::default();
+    if let Some(count) = section.requests_in_flight_max {
+        limits.requests_in_flight_max = count;
+    }
+    if let Some(milliseconds) = section.request_timeout_ms {
+        limits.request_timeout_ms = milliseconds;
+    }
+    if let Some(count) = section.retries_max {
+        limits.retries_max = count;
+    }
+    limits
+        .validate()
+        .map_err(|error| anyhow::anyhow!("[object_store] {error}"))?;
+    Ok(limits)
+}
+
+/// Whether the client may speak plain HTTP: always to a loopback endpoint;
+/// elsewhere only when allowed, since credentials and data would cross the
+/// network unencrypted. Refuses the rest.
+fn http_allowed(endpoint: Option<&str>, allowed: bool) -> anyhow::Result<bool> {
+    let Some(rest) = endpoint.and_then(|endpoint| endpoint.strip_prefix("http://")) else {
+        return Ok(allowed);
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback());
+    if loopback || allowed {
+        return Ok(true);
+    }
+    anyhow::bail!(
+        "refusing plain HTTP to the object store at {host}: credentials and data would cross the network unencrypted. Use an https:// endpoint, or allow it with --s3-allow-http (pool create) or allow_http = true under [object_store]"
+    )
+}
+
+/// Creates the object tier (refused when its prefix already holds one).
+pub(crate) async fn create_device(
+    description: &ObjectTierDescription,
+    section: &ObjectStoreSection,
+    size_bytes: u64,
+    segment_size_bytes: u64,
+) -> anyhow::Result<Arc<ObjectStoreDevice>> {
+    let config = store_config(description, section)?;
+    ObjectStoreDevice::create(&config, size_bytes, segment_size_bytes)
+        .await
+        .with_context(|| format!("cannot create the object tier {}", description.url))
+}
+
+/// Opens the object tier `pool.toml` describes.
+pub(crate) async fn open_device(
+    description: &ObjectTierDescription,
+    section: &ObjectStoreSection,
+) -> anyhow::Result<Arc<ObjectStoreDevice>> {
+    let config = store_config(description, section)?;
+    let device = ObjectStoreDevice::open(&config)
+        .await
+        .with_context(|| format!("cannot open the object tier {}", description.url))?;
+    tracing::info!(url = %description.url, "object tier opened");
+    Ok(device)
+}
+
+/// The open object tier, for `pool status` and `/metrics`.
+#[derive(Clone)]
+pub struct ObjectTier {
+    device: Arc<ObjectStoreDevice>,
+}
+
+impl std::fmt::Debug for ObjectTier {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ObjectTier")
+            .field("url", &self.device.url())
+            .finish()
+    }
+}
+
+impl ObjectTier {
+    pub fn new(device: Arc<ObjectStoreDevice>) -> Self {
+        Self { device }
+    }
+
+    /// `pool status`'s object tier section.
+    pub fn status(&self) -> lamina_api::ObjectTierStatus {
+        let statistics = self.device.statistics();
+        let requests = statistics
+            .requests
+            .iter()
+            .map(|request| lamina_api::ObjectRequestStatistics {
+                kind: request.kind.to_string(),
+                count: request.count,
+                errors: request.errors,
+                bytes: request.bytes,
+                latency_p50_us: request.latency_p50_us,
+                latency_p99_us: request.latency_p99_us,
+                latency_max_us: request.latency_max_us,
+            })
+            .collect();
+        lamina_api::ObjectTierStatus {
+            url: self.device.url(),
+            object_count: statistics.object_count,
+            stored_bytes: statistics.stored_bytes,
+            pending_bytes: statistics.pending_bytes,
+            requests,
+        }
+    }
+
+    /// Series in the Prometheus text format.
+    pub fn metrics(&self, text: &mut String) {
+        let status = self.status();
+        let gauges = [
+            (
+                "lamina_object_tier_objects",
+                "Objects the object tier holds.",
+                status.object_count,
+            ),
+            (
+                "lamina_object_tier_stored_bytes",
+                "Bytes the object tier's objects hold.",
+                status.stored_bytes,
+            ),
+            (
+                "lamina_object_tier_pending_bytes",
+                "Bytes written to the object tier and not yet stored (the next flush uploads them).",
+                status.pending_bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(
+                text,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        }
+        type Field = fn(&lamina_api::ObjectRequestStatistics) -> u64;
+        let series: [(&str, &str, Field); 3] = [
+            (
+                "lamina_object_requests_total",
+                "Requests to the object store since the pool opened.",
+                |request| request.count,
+            ),
+            (
+                "lamina_object_request_errors_total",
+                "Requests to the object store that failed after their retries.",
+                |request| request.errors,
+            ),
+            (
+                "lamina_object_request_bytes_total",
+                "Bytes sent (put) or received (get) by requests to the object store.",
+                |request| request.bytes,
+            ),
+        ];
+        for (name, help, field) in series {
+            let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
+            for request in &status.requests {
+                let _ = writeln!(
+                    text,
+                    "{name}{{kind=\"{}\"}} {}",
+                    request.kind,
+                    field(request)
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_after_the_prefix_is_the_tiers_size() {
+        let argument = parse_argument("s3://bucket/pools/one:2T").unwrap();
+        assert_eq!(argument.url, "s3://bucket/pools/one");
+        assert_eq!(argument.size_bytes, 2 << 40);
+        let argument = parse_argument("s3://bucket").unwrap();
+        assert_eq!(argument.url, "s3://bucket");
+        assert_eq!(argument.size_bytes, OBJECT_TIER_DEFAULT_SIZE_BYTES);
+    }
+
+    #[test]
+    fn a_bad_size_or_address_is_refused() {
+        assert!(parse_argument("s3://bucket/prefix:12Q").is_err());
+        assert!(parse_argument("s3://").is_err());
+        assert!(parse_argument("/dev/sda").is_err());
+    }
+
+    #[test]
+    fn plain_http_stays_on_loopback_unless_allowed() {
+        assert!(http_allowed(Some("http://127.0.0.1:8333"), false).unwrap());
+        assert!(http_allowed(Some("http://localhost:8333/"), false).unwrap());
+        assert!(http_allowed(Some("http://[::1]:8333"), false).unwrap());
+        let refused = http_allowed(Some("http://10.0.0.5:8333"), false).unwrap_err();
+        assert!(refused.to_string().contains("10.0.0.5"), "{refused}");
+        assert!(http_allowed(Some("http://10.0.0.5:8333"), true).unwrap());
+        assert!(!http_allowed(Some("https://s3.example.com"), false).unwrap());
+        assert!(!http_allowed(None, false).unwrap());
+    }
+
+    #[test]
+    fn the_secret_is_not_debug_printed() {
+        let section = ObjectStoreSection {
+            secret_access_key: Some("hunter2".to_string()),
+            ..ObjectStoreSection::default()
+        };
+        assert!(!format!("{section:?}").contains("hunter2"));
+    }
+}
