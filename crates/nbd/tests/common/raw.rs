@@ -10,9 +10,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub const WAIT_MS: u64 = 5_000;
 
 pub async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_millis(WAIT_MS), future)
+    within_ms(WAIT_MS, future).await
+}
+
+/// Like [`within`], with a bound of the caller's (one derived from a server
+/// limit, where [`WAIT_MS`] is not the right one).
+pub async fn within_ms<T>(wait_ms: u64, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_millis(wait_ms), future)
         .await
-        .expect("server answered in time")
+        .unwrap_or_else(|_| panic!("server did not answer within {wait_ms} ms"))
 }
 
 /// Reads the greeting and sends client flags.
@@ -120,8 +126,13 @@ pub async fn send_request<S: AsyncWrite + Unpin>(
 
 /// Reads a simple reply header: (errno, cookie).
 pub async fn simple_reply<S: AsyncRead + Unpin>(stream: &mut S) -> (u32, u64) {
+    simple_reply_within(stream, WAIT_MS).await
+}
+
+/// Like [`simple_reply`], waiting at most `wait_ms`.
+pub async fn simple_reply_within<S: AsyncRead + Unpin>(stream: &mut S, wait_ms: u64) -> (u32, u64) {
     let mut header = [0u8; 16];
-    within(stream.read_exact(&mut header))
+    within_ms(wait_ms, stream.read_exact(&mut header))
         .await
         .expect("simple reply");
     assert_eq!(
@@ -146,13 +157,22 @@ pub async fn expect_closed<S: AsyncRead + Unpin>(stream: &mut S) {
 
 /// Writes and reads back on an established connection to prove it still works.
 pub async fn round_trip<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, cookie: u64) {
+    round_trip_within(stream, cookie, WAIT_MS).await;
+}
+
+/// Like [`round_trip`], waiting at most `wait_ms` for each answer.
+pub async fn round_trip_within<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    cookie: u64,
+    wait_ms: u64,
+) {
     let data = vec![cookie as u8; 512];
     send_request(stream, 0, CMD_WRITE, cookie, 4096, 512, &data).await;
-    assert_eq!(simple_reply(stream).await, (0, cookie));
+    assert_eq!(simple_reply_within(stream, wait_ms).await, (0, cookie));
     send_request(stream, 0, CMD_READ, cookie + 1, 4096, 512, &[]).await;
-    assert_eq!(simple_reply(stream).await, (0, cookie + 1));
+    assert_eq!(simple_reply_within(stream, wait_ms).await, (0, cookie + 1));
     let mut back = vec![0u8; 512];
-    within(stream.read_exact(&mut back))
+    within_ms(wait_ms, stream.read_exact(&mut back))
         .await
         .expect("read data");
     assert_eq!(back, data);
