@@ -852,6 +852,55 @@ mod tests {
         );
     }
 
+    /// As a two-tier pool sees it: flash, then the tier; the engine's
+    /// capacity segments start 1 MiB into the tier, which is the origin.
+    #[tokio::test]
+    async fn behind_a_concatenated_device_engine_segments_are_tier_segments() {
+        use lamina_device::{ConcatenatedDevice, MemoryDevice};
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let tier_geometry = TierGeometry::new(18 * MIB, 4 * MIB, MIB);
+        let tier = ObjectStoreDevice::create_in(store, location(), tier_geometry)
+            .await
+            .unwrap();
+        let flash_bytes = 8 * MIB;
+        let pool = ConcatenatedDevice::new(Arc::new(MemoryDevice::new(flash_bytes)), tier.clone());
+        let label = pattern(1, 1);
+        pool.write(flash_bytes, label.clone()).await.unwrap();
+        for segment in 0..4 {
+            let start = flash_bytes + MIB + segment * 4 * MIB;
+            pool.open_region(start, 4 * MIB).await.unwrap();
+            pool.write(start, pattern(1024, u8::try_from(segment).unwrap()))
+                .await
+                .unwrap();
+        }
+        pool.flush().await.unwrap();
+        // Opening engine segment 1 again touches neither its neighbours nor the label.
+        pool.open_region(flash_bytes + 5 * MIB, 4 * MIB)
+            .await
+            .unwrap();
+        assert_eq!(&pool.read(flash_bytes, 4096).await.unwrap()[..], &label[..]);
+        for segment in [0, 2, 3] {
+            let start = flash_bytes + MIB + segment * 4 * MIB;
+            let expected = pattern(1024, u8::try_from(segment).unwrap());
+            assert_eq!(
+                &pool.read(start, crate::to_usize(4 * MIB)).await.unwrap()[..],
+                &expected[..]
+            );
+        }
+        assert!(
+            pool.read(flash_bytes + 5 * MIB, crate::to_usize(4 * MIB))
+                .await
+                .unwrap()
+                .iter()
+                .all(|byte| *byte == 0)
+        );
+        assert!(
+            pool.open_region(flash_bytes + 3 * MIB, 4 * MIB)
+                .await
+                .is_err()
+        );
+    }
+
     #[tokio::test]
     async fn regions_other_than_one_segment_are_refused() {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
