@@ -1,0 +1,916 @@
+//! [`ObjectStoreDevice`]: a [`BlockDevice`] whose bytes live in an object
+//! store. Writes stay in memory (pending, visible to reads at once) until a
+//! flush stores each contiguous pending run of a segment as one part object;
+//! a read takes pending bytes from memory and stored bytes by ranged GETs of
+//! the parts that hold them; opening a segment again starts a new generation
+//! and deletes the old one's parts in the background. See
+//! docs/decisions/0031-object-store-capacity-tier.md.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use lamina_device::{AlignedBuffer, BlockDevice, DeviceError, RegionShape, check_request};
+
+use crate::deleter::{DeletionQueue, run_deleter};
+use crate::error::RequestKind;
+use crate::index::{PieceSource, SegmentIndex, UploadRun};
+use crate::key::{LABEL_OBJECT_NAME, PartKey, SEGMENTS_FOLDER_NAME, join_key, strip_prefix};
+use crate::label::{LabelLocation, TierLabel};
+use crate::requests::CountedStore;
+use crate::{
+    ObjectStoreConfig, ObjectStoreError, ObjectStoreLimits, ObjectStoreStatistics, TierGeometry,
+};
+
+/// Times a read resolves its pieces again when a part it was reading was
+/// deleted meanwhile (hidden by a newer part that was stored just then).
+const READ_ATTEMPTS_MAX: usize = 3;
+
+/// Where a tier lives in its store.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct TierLocation {
+    pub bucket: String,
+    pub prefix: String,
+    pub limits: ObjectStoreLimits,
+}
+
+impl TierLocation {
+    fn of(config: &ObjectStoreConfig) -> Self {
+        Self {
+            bucket: config.bucket.clone(),
+            prefix: config.prefix.clone(),
+            limits: config.limits.clone(),
+        }
+    }
+
+    fn url(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("s3://{}", self.bucket)
+        } else {
+            format!("s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+}
+
+/// The index and the write order, behind one mutex held only for memory work.
+#[derive(Default)]
+struct TierState {
+    segments: BTreeMap<u64, SegmentIndex>,
+    /// Sequence of the latest write.
+    write_sequence: u64,
+    /// Bumped whenever a stored part leaves the index, so that a read that
+    /// found a part gone can tell a race from a lost object.
+    index_version: u64,
+}
+
+/// A piece of a read to fetch from the store.
+struct Fetch {
+    key: String,
+    object_range: std::ops::Range<u64>,
+    buffer_start: usize,
+}
+
+/// See the module documentation.
+pub struct ObjectStoreDevice {
+    url: String,
+    prefix: String,
+    store: Arc<CountedStore>,
+    label: TierLabel,
+    limits: ObjectStoreLimits,
+    state: Mutex<TierState>,
+    /// Flushes run one at a time: a flush that waits for another then
+    /// stores whatever the other left pending (or failed to store), so it
+    /// never returns before everything written before it started is stored.
+    flush_lock: tokio::sync::Mutex<()>,
+    deletions: Arc<DeletionQueue>,
+    deleter: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ObjectStoreDevice {
+    fn drop(&mut self) {
+        self.deleter.abort();
+    }
+}
+
+impl ObjectStoreDevice {
+    /// Creates a tier at `config`'s location: refuses a prefix that already
+    /// holds a label or segment objects, then writes the label.
+    pub async fn create(
+        config: &ObjectStoreConfig,
+        geometry: TierGeometry,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
+        let store = config.build_store()?;
+        Self::create_in(store, TierLocation::of(config), geometry).await
+    }
+
+    /// Opens the tier at `config`'s location: reads its label and LISTs its
+    /// parts to build the index.
+    pub async fn open(config: &ObjectStoreConfig) -> Result<Arc<Self>, ObjectStoreError> {
+        let store = config.build_store()?;
+        Self::open_in(store, TierLocation::of(config)).await
+    }
+
+    /// [`ObjectStoreDevice::create`] over any store (tests use object_store's
+    /// in-memory store).
+    #[doc(hidden)]
+    pub async fn create_in(
+        store: Arc<dyn object_store::ObjectStore>,
+        location: TierLocation,
+        geometry: TierGeometry,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
+        geometry.validate()?;
+        location.limits.validate()?;
+        let counted = Arc::new(CountedStore::new(
+            store,
+            &location.bucket,
+            location.limits.requests_in_flight_max,
+        ));
+        let label_key = join_key(&location.prefix, LABEL_OBJECT_NAME);
+        match counted.get(&label_key).await {
+            Ok(_) => {
+                return Err(ObjectStoreError::LabelExists {
+                    bucket: location.bucket.clone(),
+                    key: label_key,
+                });
+            }
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Err(error),
+        }
+        let segments_key = join_key(&location.prefix, SEGMENTS_FOLDER_NAME);
+        if let Some(object) = counted.list(&segments_key).await?.first() {
+            return Err(ObjectStoreError::PrefixNotEmpty {
+                bucket: location.bucket.clone(),
+                prefix: location.prefix.clone(),
+                key: object.location.to_string(),
+            });
+        }
+        let label = TierLabel::new(geometry);
+        counted
+            .put(&label_key, Bytes::from(label.to_bytes()))
+            .await?;
+        tracing::info!(tier = %location.url(), tier_id = %label.tier_id, "created object-store tier");
+        Ok(Self::assemble(
+            counted,
+            location,
+            label,
+            TierState::default(),
+            Vec::new(),
+        ))
+    }
+
+    /// [`ObjectStoreDevice::open`] over any store.
+    #[doc(hidden)]
+    pub async fn open_in(
+        store: Arc<dyn object_store::ObjectStore>,
+        location: TierLocation,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
+        location.limits.validate()?;
+        let counted = Arc::new(CountedStore::new(
+            store,
+            &location.bucket,
+            location.limits.requests_in_flight_max,
+        ));
+        let label_key = join_key(&location.prefix, LABEL_OBJECT_NAME);
+        let label_bytes = match counted.get(&label_key).await {
+            Ok(bytes) => bytes,
+            Err(error) if error.is_not_found() => {
+                return Err(ObjectStoreError::LabelMissing {
+                    bucket: location.bucket.clone(),
+                    key: label_key,
+                });
+            }
+            Err(error) => return Err(error),
+        };
+        let label = TierLabel::parse(
+            &label_bytes,
+            &LabelLocation {
+                bucket: &location.bucket,
+                key: &label_key,
+            },
+        )?;
+        let listing = counted
+            .list(&join_key(&location.prefix, SEGMENTS_FOLDER_NAME))
+            .await?;
+        let (state, garbage) = build_index(&location, &label.geometry, &listing);
+        tracing::info!(
+            tier = %location.url(),
+            tier_id = %label.tier_id,
+            segments = state.segments.len(),
+            objects_to_delete = garbage.len(),
+            "opened object-store tier"
+        );
+        Ok(Self::assemble(counted, location, label, state, garbage))
+    }
+
+    fn assemble(
+        store: Arc<CountedStore>,
+        location: TierLocation,
+        label: TierLabel,
+        state: TierState,
+        garbage: Vec<String>,
+    ) -> Arc<Self> {
+        let url = location.url();
+        let deletions = Arc::new(DeletionQueue::default());
+        deletions.push(garbage);
+        let deleter = tokio::spawn(run_deleter(
+            deletions.clone(),
+            store.clone(),
+            location.limits.delete_batch_objects_max,
+            Duration::from_millis(location.limits.delete_retry_delay_ms),
+            url.clone(),
+        ));
+        Arc::new(Self {
+            url,
+            prefix: location.prefix,
+            store,
+            label,
+            limits: location.limits,
+            state: Mutex::new(state),
+            flush_lock: tokio::sync::Mutex::new(()),
+            deletions,
+            deleter,
+        })
+    }
+
+    /// `s3://bucket/prefix`.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    pub fn geometry(&self) -> TierGeometry {
+        self.label.geometry
+    }
+
+    /// The random id the tier's label was created with.
+    pub fn tier_id(&self) -> &str {
+        &self.label.tier_id
+    }
+
+    pub fn statistics(&self) -> ObjectStoreStatistics {
+        let (objects_stored, bytes_stored, pending_bytes) = {
+            let state = self.state.lock().expect("tier state lock");
+            let mut totals = (0, 0, 0);
+            for segment in state.segments.values() {
+                totals.0 += segment.parts().len() as u64;
+                totals.1 += segment.parts().iter().map(|part| part.length).sum::<u64>();
+                totals.2 += segment.pending_bytes();
+            }
+            totals
+        };
+        ObjectStoreStatistics {
+            url: self.url.clone(),
+            get: self.store.statistics(RequestKind::Get),
+            put: self.store.statistics(RequestKind::Put),
+            delete: self.store.statistics(RequestKind::Delete),
+            list: self.store.statistics(RequestKind::List),
+            objects_stored,
+            bytes_stored,
+            objects_awaiting_deletion: self.deletions.awaiting() as u64,
+            pending_bytes,
+        }
+    }
+
+    fn part_object_key(&self, key: &PartKey) -> String {
+        join_key(&self.prefix, &key.relative_key())
+    }
+
+    fn queue_deletions(&self, parts: Vec<PartKey>) {
+        self.deletions
+            .push(parts.iter().map(|part| self.part_object_key(part)));
+    }
+
+    /// Under the lock: the read's pending bytes copied into `buffer`, and
+    /// what is left to fetch from the store, with the index version seen.
+    fn plan_read(&self, offset: u64, buffer: &mut AlignedBuffer) -> (Vec<Fetch>, u64) {
+        let geometry = self.label.geometry;
+        let state = self.state.lock().expect("tier state lock");
+        let mut fetches = Vec::new();
+        for span in geometry.spans(offset, buffer.len() as u64) {
+            let Some(segment) = state.segments.get(&span.segment_index) else {
+                continue;
+            };
+            for piece in segment.resolve(span.range_in_segment.clone()) {
+                let buffer_start = crate::to_usize(
+                    span.request_start + piece.offset_in_segment - span.range_in_segment.start,
+                );
+                let length = crate::to_usize(piece.length);
+                match piece.source {
+                    PieceSource::Zeros => {}
+                    PieceSource::Pending { data, data_start } => buffer
+                        [buffer_start..buffer_start + length]
+                        .copy_from_slice(&data[data_start..data_start + length]),
+                    PieceSource::Stored { key, object_offset } => fetches.push(Fetch {
+                        key: self.part_object_key(&key),
+                        object_range: object_offset..object_offset + piece.length,
+                        buffer_start,
+                    }),
+                }
+            }
+        }
+        (fetches, state.index_version)
+    }
+
+    /// One attempt at a read; `Err(true)` when a part was missing while the
+    /// index changed (try again), `Err(false)` with the error otherwise.
+    async fn read_once(
+        &self,
+        offset: u64,
+        length: usize,
+    ) -> Result<AlignedBuffer, (bool, ObjectStoreError)> {
+        let mut buffer = AlignedBuffer::zeroed(length);
+        let (fetches, version) = self.plan_read(offset, &mut buffer);
+        let results = futures::stream::iter(fetches)
+            .map(|fetch| async move {
+                let bytes = self.store.get_range(&fetch.key, fetch.object_range).await;
+                (fetch.buffer_start, bytes)
+            })
+            .buffer_unordered(self.limits.requests_in_flight_max)
+            .collect::<Vec<_>>()
+            .await;
+        for (buffer_start, bytes) in results {
+            match bytes {
+                Ok(bytes) => {
+                    buffer[buffer_start..buffer_start + bytes.len()].copy_from_slice(&bytes)
+                }
+                Err(error) => {
+                    let raced = error.is_not_found()
+                        && self.state.lock().expect("tier state lock").index_version != version;
+                    return Err((raced, error));
+                }
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// Stores every pending run; the first error if any PUT failed (its
+    /// runs stay pending).
+    async fn flush_pending(&self) -> Result<(), ObjectStoreError> {
+        let (runs, write_sequence_max) = {
+            let mut state = self.state.lock().expect("tier state lock");
+            let mut runs: Vec<UploadRun> = Vec::new();
+            for (segment_index, segment) in &mut state.segments {
+                runs.extend(segment.take_runs(*segment_index, self.limits.part_bytes_max));
+            }
+            (runs, state.write_sequence)
+        };
+        let mut uploads = futures::stream::iter(runs)
+            .map(|run| async move {
+                let result = self
+                    .store
+                    .put(&self.part_object_key(&run.key), run.payload)
+                    .await;
+                (run.key, result)
+            })
+            .buffer_unordered(self.limits.requests_in_flight_max);
+        let mut first_error = None;
+        while let Some((key, result)) = uploads.next().await {
+            match result {
+                Ok(()) => {
+                    let garbage = {
+                        let mut state = self.state.lock().expect("tier state lock");
+                        let segment = state
+                            .segments
+                            .get_mut(&key.segment_index)
+                            .expect("segments are never removed");
+                        let garbage = segment.stored(key, write_sequence_max);
+                        if !garbage.is_empty() {
+                            state.index_version += 1;
+                        }
+                        garbage
+                    };
+                    self.queue_deletions(garbage);
+                }
+                Err(error) => {
+                    tracing::warn!(tier = %self.url, %error, "flush: a part could not be stored; it stays pending");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The index from a LIST of the tier's segments: for each segment the
+/// highest generation present wins; lower generations and parts hidden by
+/// newer ones are garbage (their object keys returned). Keys that do not
+/// parse, or name places outside the tier, are logged and left alone.
+fn build_index(
+    location: &TierLocation,
+    geometry: &TierGeometry,
+    listing: &[object_store::ObjectMeta],
+) -> (TierState, Vec<String>) {
+    let mut by_segment: BTreeMap<u64, Vec<PartKey>> = BTreeMap::new();
+    for object in listing {
+        let full_key = object.location.to_string();
+        let Some(part) =
+            strip_prefix(&location.prefix, &full_key).and_then(PartKey::parse_relative)
+        else {
+            tracing::warn!(tier = %location.url(), key = %full_key, "ignoring an object that is not a part");
+            continue;
+        };
+        if let Err(reason) = check_part(geometry, &part, object.size) {
+            tracing::warn!(tier = %location.url(), key = %full_key, reason, "ignoring a part that does not fit the tier");
+            continue;
+        }
+        by_segment.entry(part.segment_index).or_default().push(part);
+    }
+    let mut state = TierState::default();
+    let mut garbage = Vec::new();
+    for (segment_index, parts) in by_segment {
+        let generation = parts
+            .iter()
+            .map(|part| part.generation)
+            .max()
+            .expect("a segment listed has parts");
+        let (current, older): (Vec<PartKey>, Vec<PartKey>) = parts
+            .into_iter()
+            .partition(|part| part.generation == generation);
+        let (segment, hidden) = SegmentIndex::from_stored(generation, current);
+        garbage.extend(
+            older
+                .iter()
+                .chain(&hidden)
+                .map(|part| join_key(&location.prefix, &part.relative_key())),
+        );
+        state.segments.insert(segment_index, segment);
+    }
+    (state, garbage)
+}
+
+/// Why a parsed part cannot be one this tier wrote: outside the segments,
+/// misaligned, empty, or of another size than its key says.
+fn check_part(
+    geometry: &TierGeometry,
+    part: &PartKey,
+    object_bytes: u64,
+) -> Result<(), &'static str> {
+    if part.segment_index >= geometry.segment_count() {
+        return Err("segment beyond the end of the tier");
+    }
+    let window = geometry.window(part.segment_index);
+    let aligned = part
+        .offset_in_segment
+        .is_multiple_of(lamina_device::DEVICE_ALIGNMENT_BYTES)
+        && part
+            .length
+            .is_multiple_of(lamina_device::DEVICE_ALIGNMENT_BYTES);
+    if !aligned || part.length == 0 {
+        return Err("misaligned or empty");
+    }
+    let fits = part.offset_in_segment >= window.start
+        && part
+            .offset_in_segment
+            .checked_add(part.length)
+            .is_some_and(|end| end <= window.end);
+    if !fits {
+        return Err("outside its segment");
+    }
+    if object_bytes != part.length {
+        return Err("object size differs from the length in its key");
+    }
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl BlockDevice for ObjectStoreDevice {
+    fn name(&self) -> &str {
+        &self.url
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.label.geometry.size_bytes
+    }
+
+    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
+        check_request(&self.url, self.size_bytes(), offset, length as u64)?;
+        let mut attempt = 1;
+        loop {
+            match self.read_once(offset, length).await {
+                Ok(buffer) => return Ok(buffer),
+                Err((true, _)) if attempt < READ_ATTEMPTS_MAX => attempt += 1,
+                Err((_, error)) => {
+                    return Err(error.into_device_error(&self.url, offset, length as u64));
+                }
+            }
+        }
+    }
+
+    async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+        check_request(&self.url, self.size_bytes(), offset, data.len() as u64)?;
+        let mut state = self.state.lock().expect("tier state lock");
+        state.write_sequence += 1;
+        let write_sequence = state.write_sequence;
+        for span in self.label.geometry.spans(offset, data.len() as u64) {
+            let range = span.range_in_segment;
+            state.segments.entry(span.segment_index).or_default().write(
+                range.start,
+                range.end - range.start,
+                data.clone(),
+                crate::to_usize(span.request_start),
+                write_sequence,
+            );
+        }
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), DeviceError> {
+        let _one_at_a_time = self.flush_lock.lock().await;
+        self.flush_pending()
+            .await
+            .map_err(|error| error.into_device_error(&self.url, 0, 0))
+    }
+
+    /// Starts a new generation of the segment: its old parts are hidden at
+    /// once and deleted in the background. Nothing is written to the store,
+    /// so after a crash before the next flush the segment shows its old
+    /// generation again: old contents the layer above no longer needs (see
+    /// the decision).
+    async fn open_region(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<RegionShape>, DeviceError> {
+        check_request(&self.url, self.size_bytes(), offset, length)?;
+        let geometry = self.label.geometry;
+        let (segment_index, offset_in_segment) = geometry.locate(offset);
+        let window = geometry.window(segment_index);
+        if offset_in_segment != window.start || length != window.end - window.start {
+            let error = ObjectStoreError::RegionNotSegment {
+                offset,
+                length,
+                segment_size_bytes: geometry.segment_size_bytes,
+                segment_origin_bytes: geometry.segment_origin_bytes,
+            };
+            return Err(error.into_device_error(&self.url, offset, length));
+        }
+        let garbage = {
+            let mut state = self.state.lock().expect("tier state lock");
+            let garbage = state.segments.entry(segment_index).or_default().reopen();
+            state.index_version += 1;
+            garbage
+        };
+        self.queue_deletions(garbage);
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStore, ObjectStoreExt};
+
+    const MIB: u64 = 1 << 20;
+
+    fn location() -> TierLocation {
+        TierLocation {
+            bucket: "bucket".to_string(),
+            prefix: "pool/capacity".to_string(),
+            limits: ObjectStoreLimits {
+                delete_retry_delay_ms: 10,
+                ..ObjectStoreLimits::default()
+            },
+        }
+    }
+
+    fn geometry() -> TierGeometry {
+        TierGeometry::new(16 * MIB, MIB, 256 * 1024)
+    }
+
+    fn pattern(blocks: usize, seed: u8) -> Arc<AlignedBuffer> {
+        let mut buffer = AlignedBuffer::zeroed(blocks * 4096);
+        for (index, byte) in buffer.iter_mut().enumerate() {
+            *byte = seed.wrapping_add(u8::try_from(index % 253).unwrap());
+        }
+        Arc::new(buffer)
+    }
+
+    async fn keys(store: &Arc<dyn ObjectStore>) -> Vec<String> {
+        let mut keys: Vec<String> = store
+            .list(None)
+            .map(|meta| meta.unwrap().location.to_string())
+            .collect()
+            .await;
+        keys.sort();
+        keys
+    }
+
+    async fn wait_for_deletions(device: &ObjectStoreDevice) {
+        for _ in 0..500 {
+            if device.statistics().objects_awaiting_deletion == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("deletions did not finish");
+    }
+
+    #[tokio::test]
+    async fn flushed_writes_survive_a_reopen_and_unflushed_ones_do_not() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let device = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        // Across the short first segment's end and a whole segment.
+        let first = pattern(320, 1);
+        device.write(200 * 1024, first.clone()).await.unwrap();
+        assert_eq!(
+            &device.read(200 * 1024, 320 * 4096).await.unwrap()[..],
+            &first[..]
+        );
+        device.flush().await.unwrap();
+        assert_eq!(device.statistics().pending_bytes, 0);
+        let unflushed = pattern(2, 9);
+        device.write(8 * MIB, unflushed.clone()).await.unwrap();
+        assert_eq!(
+            &device.read(8 * MIB, 8192).await.unwrap()[..],
+            &unflushed[..]
+        );
+        assert_eq!(device.statistics().pending_bytes, 8192);
+        drop(device);
+        let reopened = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        assert_eq!(
+            &reopened.read(200 * 1024, 320 * 4096).await.unwrap()[..],
+            &first[..]
+        );
+        assert!(
+            reopened
+                .read(8 * MIB, 8192)
+                .await
+                .unwrap()
+                .iter()
+                .all(|byte| *byte == 0)
+        );
+        assert!(reopened.read(16 * MIB, 4096).await.is_err());
+        // The write spanned three segments: one part in each.
+        assert_eq!(reopened.statistics().objects_stored, 3);
+    }
+
+    #[tokio::test]
+    async fn a_reopened_segment_hides_its_old_parts_and_deletes_them() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let device = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024 + 2 * MIB;
+        device.write(segment_start, pattern(16, 3)).await.unwrap();
+        device
+            .write(segment_start + MIB, pattern(1, 4))
+            .await
+            .unwrap();
+        device.flush().await.unwrap();
+        assert_eq!(keys(&store).await.len(), 3);
+        assert!(
+            device
+                .open_region(segment_start, MIB)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            device
+                .read(segment_start, 16 * 4096)
+                .await
+                .unwrap()
+                .iter()
+                .all(|byte| *byte == 0)
+        );
+        assert_eq!(
+            &device.read(segment_start + MIB, 4096).await.unwrap()[..],
+            &pattern(1, 4)[..]
+        );
+        wait_for_deletions(&device).await;
+        assert_eq!(keys(&store).await.len(), 2);
+        let new = pattern(1, 5);
+        device
+            .write(segment_start + 4096, new.clone())
+            .await
+            .unwrap();
+        device.flush().await.unwrap();
+        let listing = keys(&store).await;
+        assert!(
+            listing
+                .iter()
+                .any(|key| key.contains("/00000003/00000001/00000000-0000004096-0000004096")),
+            "{listing:?}"
+        );
+        drop(device);
+        let reopened = ObjectStoreDevice::open_in(store, location()).await.unwrap();
+        assert!(
+            reopened
+                .read(segment_start, 4096)
+                .await
+                .unwrap()
+                .iter()
+                .all(|byte| *byte == 0)
+        );
+        assert_eq!(
+            &reopened.read(segment_start + 4096, 4096).await.unwrap()[..],
+            &new[..]
+        );
+    }
+
+    /// A crash after a segment was opened again but before anything new in
+    /// it was flushed: the old generation shows again (its deletion had not
+    /// run), as a disk shows old contents the log no longer needs.
+    #[tokio::test]
+    async fn a_crash_before_the_new_generation_is_flushed_shows_the_old_one() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let device = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024 + MIB;
+        let old = pattern(4, 7);
+        device.write(segment_start, old.clone()).await.unwrap();
+        device.flush().await.unwrap();
+        // The deleter is stopped, as a crash would stop it.
+        device.deleter.abort();
+        device.open_region(segment_start, MIB).await.unwrap();
+        device.write(segment_start, pattern(4, 8)).await.unwrap();
+        drop(device);
+        let reopened = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        assert_eq!(
+            &reopened.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &old[..]
+        );
+        // Opened again and flushed: the new generation wins at the next open,
+        // and that open deletes the old one.
+        reopened.open_region(segment_start, MIB).await.unwrap();
+        let new = pattern(1, 9);
+        reopened.write(segment_start, new.clone()).await.unwrap();
+        reopened.flush().await.unwrap();
+        reopened.deleter.abort();
+        drop(reopened);
+        let again = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        let expected: Vec<u8> = new
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n(0, 3 * 4096))
+            .collect();
+        assert_eq!(
+            &again.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &expected[..]
+        );
+        wait_for_deletions(&again).await;
+        assert_eq!(keys(&store).await.len(), 2, "the label and the new part");
+    }
+
+    #[tokio::test]
+    async fn parts_hidden_by_newer_ones_are_deleted() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let device = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        for seed in 0..5 {
+            device.write(0, pattern(2, seed)).await.unwrap();
+            device.flush().await.unwrap();
+        }
+        wait_for_deletions(&device).await;
+        assert_eq!(keys(&store).await.len(), 2);
+        assert_eq!(&device.read(0, 8192).await.unwrap()[..], &pattern(2, 4)[..]);
+    }
+
+    #[tokio::test]
+    async fn labels_are_required_once_and_foreign_objects_are_ignored() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let error = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(error, ObjectStoreError::LabelMissing { .. }),
+            "{error}"
+        );
+        let device = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let data = pattern(1, 1);
+        device.write(MIB + 256 * 1024, data.clone()).await.unwrap();
+        device.flush().await.unwrap();
+        drop(device);
+        let error = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(error, ObjectStoreError::LabelExists { .. }),
+            "{error}"
+        );
+        for (key, length) in [
+            ("pool/capacity/segments/junk", 4096),
+            (
+                "pool/capacity/segments/00000002/00000009/00000000-0000000000-0000008192",
+                4096,
+            ),
+            (
+                "pool/capacity/segments/00000099/00000000/00000000-0000000000-0000004096",
+                4096,
+            ),
+            (
+                "pool/capacity/segments/00000002/00000009/00000000-0000000100-0000004096",
+                4096,
+            ),
+        ] {
+            store
+                .put(
+                    &object_store::path::Path::from(key),
+                    vec![0xff; length].into(),
+                )
+                .await
+                .unwrap();
+        }
+        let reopened = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        assert_eq!(
+            &reopened.read(MIB + 256 * 1024, 4096).await.unwrap()[..],
+            &data[..]
+        );
+        // Segment objects without a label are not a place for a new tier.
+        store
+            .delete(&object_store::path::Path::from(
+                "pool/capacity/lamina-object-tier.json",
+            ))
+            .await
+            .unwrap();
+        let error = ObjectStoreDevice::create_in(store, location(), geometry())
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(error, ObjectStoreError::PrefixNotEmpty { .. }),
+            "{error}"
+        );
+    }
+
+    /// As a two-tier pool sees it: flash, then the tier; the engine's
+    /// capacity segments start 1 MiB into the tier, which is the origin.
+    #[tokio::test]
+    async fn behind_a_concatenated_device_engine_segments_are_tier_segments() {
+        use lamina_device::{ConcatenatedDevice, MemoryDevice};
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let tier_geometry = TierGeometry::new(18 * MIB, 4 * MIB, MIB);
+        let tier = ObjectStoreDevice::create_in(store, location(), tier_geometry)
+            .await
+            .unwrap();
+        let flash_bytes = 8 * MIB;
+        let pool = ConcatenatedDevice::new(Arc::new(MemoryDevice::new(flash_bytes)), tier.clone());
+        let label = pattern(1, 1);
+        pool.write(flash_bytes, label.clone()).await.unwrap();
+        for segment in 0..4 {
+            let start = flash_bytes + MIB + segment * 4 * MIB;
+            pool.open_region(start, 4 * MIB).await.unwrap();
+            pool.write(start, pattern(1024, u8::try_from(segment).unwrap()))
+                .await
+                .unwrap();
+        }
+        pool.flush().await.unwrap();
+        // Opening engine segment 1 again touches neither its neighbours nor the label.
+        pool.open_region(flash_bytes + 5 * MIB, 4 * MIB)
+            .await
+            .unwrap();
+        assert_eq!(&pool.read(flash_bytes, 4096).await.unwrap()[..], &label[..]);
+        for segment in [0, 2, 3] {
+            let start = flash_bytes + MIB + segment * 4 * MIB;
+            let expected = pattern(1024, u8::try_from(segment).unwrap());
+            assert_eq!(
+                &pool.read(start, crate::to_usize(4 * MIB)).await.unwrap()[..],
+                &expected[..]
+            );
+        }
+        assert!(
+            pool.read(flash_bytes + 5 * MIB, crate::to_usize(4 * MIB))
+                .await
+                .unwrap()
+                .iter()
+                .all(|byte| *byte == 0)
+        );
+        assert!(
+            pool.open_region(flash_bytes + 3 * MIB, 4 * MIB)
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn regions_other_than_one_segment_are_refused() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let device = ObjectStoreDevice::create_in(store, location(), geometry())
+            .await
+            .unwrap();
+        assert!(device.open_region(0, MIB).await.is_err());
+        assert!(device.open_region(256 * 1024, MIB / 2).await.is_err());
+        assert!(device.open_region(256 * 1024 + 4096, MIB).await.is_err());
+        device.open_region(256 * 1024, MIB).await.unwrap();
+        device.open_region(0, 256 * 1024).await.unwrap();
+    }
+}

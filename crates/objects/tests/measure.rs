@@ -1,0 +1,165 @@
+//! Measurements for decision 0031, not timed tests (ignored by default; run
+//! with `cargo test --release -p lamina-objects --test measure -- --ignored
+//! --nocapture`): PUT and GET latency against a local SeaweedFS for 64 KiB,
+//! 1 MiB and 4 MiB objects and a 4 KiB ranged GET, and the requests per GiB
+//! written with 4 MiB segments flushed every 8 MiB.
+
+// Sizes in tests are small constants: `as` between them is exact.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::sync::Arc;
+
+use lamina_device::{AlignedBuffer, BlockDevice};
+use lamina_objects::test_support::SeaweedServer;
+use lamina_objects::{
+    ObjectStoreConfig, ObjectStoreDevice, ObjectStoreLimits, RequestStatistics, TierGeometry,
+};
+
+const MIB: u64 = 1 << 20;
+
+fn line(label: &str, statistics: &RequestStatistics) {
+    println!(
+        "{label:<28} count {:>5}  p50 {:>7} us  p99 {:>7} us  max {:>7} us",
+        statistics.count,
+        statistics.latency_p50_us,
+        statistics.latency_p99_us,
+        statistics.latency_max_us
+    );
+}
+
+fn filled(length: usize, seed: u8) -> Arc<AlignedBuffer> {
+    let mut buffer = AlignedBuffer::zeroed(length);
+    for (index, byte) in buffer.iter_mut().enumerate() {
+        *byte = seed ^ (index % 251) as u8;
+    }
+    Arc::new(buffer)
+}
+
+/// `count` objects of `object_bytes` each: one PUT each (a write and a
+/// flush), then one whole-object GET each, then (if asked) 4 KiB ranged GETs.
+async fn object_latencies(config: &ObjectStoreConfig, object_bytes: u64, count: u64, ranged: bool) {
+    let size = (count * object_bytes).next_multiple_of(4 * MIB);
+    let device = ObjectStoreDevice::create(config, TierGeometry::new(size, 4 * MIB, 0))
+        .await
+        .unwrap();
+    for index in 0..count {
+        device
+            .write(
+                index * object_bytes,
+                filled(object_bytes as usize, index as u8),
+            )
+            .await
+            .unwrap();
+        device.flush().await.unwrap();
+    }
+    drop(device);
+    let device = ObjectStoreDevice::open(config).await.unwrap();
+    for index in 0..count {
+        device
+            .read(index * object_bytes, object_bytes as usize)
+            .await
+            .unwrap();
+    }
+    let statistics = device.statistics();
+    let size_label = format!("{} KiB", object_bytes / 1024);
+    let puts_device = ObjectStoreDevice::open(config).await.unwrap();
+    drop(puts_device);
+    line(&format!("GET {size_label} (whole part)"), &statistics.get);
+    if ranged {
+        let device = ObjectStoreDevice::open(config).await.unwrap();
+        for index in 0..count * 8 {
+            let offset =
+                (index % count) * object_bytes + (index * 37 % (object_bytes / 4096)) * 4096;
+            device.read(offset, 4096).await.unwrap();
+        }
+        line(
+            &format!("GET 4 KiB of {size_label}"),
+            &device.statistics().get,
+        );
+    }
+}
+
+async fn put_latencies(config: &ObjectStoreConfig, object_bytes: u64, count: u64) {
+    let size = (count * object_bytes).next_multiple_of(4 * MIB);
+    let device = ObjectStoreDevice::create(config, TierGeometry::new(size, 4 * MIB, 0))
+        .await
+        .unwrap();
+    for index in 0..count {
+        device
+            .write(
+                index * object_bytes,
+                filled(object_bytes as usize, index as u8),
+            )
+            .await
+            .unwrap();
+        device.flush().await.unwrap();
+    }
+    line(
+        &format!("PUT {} KiB", object_bytes / 1024),
+        &device.statistics().put,
+    );
+}
+
+#[tokio::test]
+#[ignore = "a measurement for the decision record, not a test"]
+async fn measure_request_latencies_and_requests_per_gib() {
+    let Some(server) = SeaweedServer::start_or_skip() else {
+        return;
+    };
+    server.create_bucket("measure").unwrap();
+    let limits = ObjectStoreLimits::default();
+    for (object_bytes, count, ranged) in [
+        (64 * 1024, 200, false),
+        (MIB, 100, false),
+        (4 * MIB, 50, true),
+    ] {
+        let put_config = server.config(&format!("s3://measure/put-{object_bytes}"), limits.clone());
+        put_latencies(&put_config, object_bytes, count).await;
+        object_latencies(
+            &server.config(&format!("s3://measure/get-{object_bytes}"), limits.clone()),
+            object_bytes,
+            count,
+            ranged,
+        )
+        .await;
+    }
+
+    // 1 GiB written as the engine writes a capacity tier: 256 KiB batches
+    // appended to 4 MiB segments, a flush every 8 MiB, each segment opened
+    // before it is written.
+    let config = server.config("s3://measure/requests-per-gib", limits);
+    let segment_origin_bytes = MIB;
+    let size = 1024 * MIB + 2 * segment_origin_bytes;
+    let device = ObjectStoreDevice::create(
+        &config,
+        TierGeometry::new(size, 4 * MIB, segment_origin_bytes),
+    )
+    .await
+    .unwrap();
+    let batch = filled(256 * 1024, 1);
+    let started = std::time::Instant::now();
+    let mut written = 0;
+    while written < 1024 * MIB {
+        let offset = segment_origin_bytes + written;
+        if written % (4 * MIB) == 0 {
+            device.open_region(offset, 4 * MIB).await.unwrap();
+        }
+        device.write(offset, batch.clone()).await.unwrap();
+        written += batch.len() as u64;
+        if written % (8 * MIB) == 0 {
+            device.flush().await.unwrap();
+        }
+    }
+    let elapsed = started.elapsed();
+    let statistics = device.statistics();
+    println!(
+        "1 GiB in 256 KiB writes, 4 MiB segments, flush every 8 MiB: {} PUT, {} GET, {} DELETE, {} LIST requests; {:.1} s ({:.0} MiB/s)",
+        statistics.put.count,
+        statistics.get.count,
+        statistics.delete.count,
+        statistics.list.count,
+        elapsed.as_secs_f64(),
+        1024.0 / elapsed.as_secs_f64()
+    );
+    line("PUT 4 MiB (flush of 8 MiB)", &statistics.put);
+}
