@@ -13,6 +13,7 @@ use crate::ObjectStoreError;
 /// with exponential backoff until `retries_max` retries or
 /// `retry_timeout_ms` since its first attempt, whichever comes first.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ObjectStoreLimits {
     /// Requests (PUT, GET, DELETE, LIST) in flight at once.
     pub requests_in_flight_max: usize,
@@ -224,6 +225,28 @@ impl ObjectStoreConfig {
         &self.prefix
     }
 
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref()
+    }
+
+    pub fn region(&self) -> Option<&str> {
+        self.region.as_deref()
+    }
+
+    /// Whether an access key was given (otherwise the `AWS_*` environment
+    /// variables, or the instance's credentials, are used).
+    pub fn has_explicit_credentials(&self) -> bool {
+        self.access_key_id.is_some() && self.secret_access_key.is_some()
+    }
+
+    pub fn virtual_hosted_style(&self) -> bool {
+        self.virtual_hosted_style
+    }
+
+    pub fn allow_http(&self) -> bool {
+        self.allow_http
+    }
+
     pub fn limits(&self) -> &ObjectStoreLimits {
         &self.limits
     }
@@ -379,6 +402,15 @@ mod tests {
             assert!(error.contains(words), "{url}: {error}");
             assert!(error.contains(url), "{url}: {error}");
         }
+    }
+
+    #[test]
+    fn limits_read_from_a_partial_document_keep_their_defaults() {
+        let limits: ObjectStoreLimits =
+            serde_json::from_str(r#"{"requests_in_flight_max": 8}"#).unwrap();
+        assert_eq!(limits.requests_in_flight_max, 8);
+        assert_eq!(limits.retries_max, ObjectStoreLimits::default().retries_max);
+        assert!(serde_json::from_str::<ObjectStoreLimits>(r#"{"requests_max": 8}"#).is_err());
     }
 
     #[test]

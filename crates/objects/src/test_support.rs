@@ -97,6 +97,8 @@ pub struct SeaweedServer {
     ports: Ports,
     access_key_id: String,
     secret_access_key: String,
+    /// The readiness probe file exists (see `volumes_ready`).
+    probe_written: bool,
 }
 
 impl std::fmt::Debug for SeaweedServer {
@@ -136,6 +138,7 @@ impl SeaweedServer {
             ports: Ports::free()?,
             access_key_id: format!("lamina{:08x}", suffix >> 32),
             secret_access_key: format!("secret{suffix:016x}"),
+            probe_written: false,
         };
         server.write_identities()?;
         server.launch()?;
@@ -288,7 +291,7 @@ impl SeaweedServer {
                     self.log_tail()
                 )));
             }
-            if http_answers(&address) {
+            if http_answers(&address) && self.volumes_ready() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(PROBE_INTERVAL_MS));
@@ -297,6 +300,35 @@ impl SeaweedServer {
             "no answer on {address} within {STARTUP_TIMEOUT_MS} ms; {}",
             self.log_tail()
         )))
+    }
+
+    /// Whether the data path works, not just the S3 port: after a restart
+    /// the S3 gateway answers before the master knows where the volumes
+    /// are, and reads fail with 500 for a moment. Ready when the master
+    /// lists as many volumes as the data directory holds and a probe file
+    /// written through the filer (before a restart, or now) reads back.
+    fn volumes_ready(&mut self) -> bool {
+        let master = format!("127.0.0.1:{}", self.ports.master);
+        let filer = format!("127.0.0.1:{}", self.ports.filer);
+        let Some(status) = http_request(&master, "GET", "/dir/status", b"") else {
+            return false;
+        };
+        let listed = serde_json::from_slice::<serde_json::Value>(&status.body)
+            .map(|value| count_listed_volumes(&value))
+            .unwrap_or(0);
+        if listed < count_volume_files(&self.data_path()) {
+            return false;
+        }
+        if !self.probe_written {
+            let written = http_request(&filer, "PUT", PROBE_PATH, PROBE_CONTENTS)
+                .is_some_and(|response| response.status == 201);
+            if !written {
+                return false;
+            }
+            self.probe_written = true;
+        }
+        http_request(&filer, "GET", PROBE_PATH, b"")
+            .is_some_and(|response| response.status == 200 && response.body == PROBE_CONTENTS)
     }
 
     fn log_tail(&self) -> String {
@@ -412,6 +444,110 @@ impl SeaweedServer {
 impl Drop for SeaweedServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The filer path of the readiness probe, outside every bucket.
+const PROBE_PATH: &str = "/lamina-readiness-probe";
+const PROBE_CONTENTS: &[u8] = b"lamina readiness probe";
+
+/// Volumes the master's `/dir/status` lists on its data nodes.
+fn count_listed_volumes(status: &serde_json::Value) -> u64 {
+    let empty = Vec::new();
+    let array = |value: &serde_json::Value, name: &str| -> Vec<serde_json::Value> {
+        value
+            .get(name)
+            .and_then(serde_json::Value::as_array)
+            .unwrap_or(&empty)
+            .clone()
+    };
+    let mut volumes = 0;
+    for center in array(&status["Topology"], "DataCenters") {
+        for rack in array(&center, "Racks") {
+            for node in array(&rack, "DataNodes") {
+                volumes += node
+                    .get("Volumes")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+            }
+        }
+    }
+    volumes
+}
+
+/// Volume files (`*.dat`) under `directory`.
+fn count_volume_files(directory: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(directory) else {
+        return 0;
+    };
+    let mut count = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            count += count_volume_files(&path);
+        } else if path.extension().is_some_and(|extension| extension == "dat") {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// An HTTP response's status and body.
+struct HttpResponse {
+    status: u16,
+    body: Vec<u8>,
+}
+
+/// One HTTP/1.1 request with `Connection: close`; `None` when the server
+/// does not answer in time or the answer is not HTTP.
+fn http_request(address: &str, method: &str, path: &str, body: &[u8]) -> Option<HttpResponse> {
+    use std::io::{Read, Write};
+    let socket_address = address.parse().ok()?;
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&socket_address, Duration::from_millis(500)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(2000)))
+        .ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(body).ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let header_end = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")?;
+    let status_line = std::str::from_utf8(&response[..header_end])
+        .ok()?
+        .lines()
+        .next()?
+        .to_string();
+    let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = std::str::from_utf8(&response[..header_end])
+        .ok()?
+        .to_ascii_lowercase();
+    let mut body = response[header_end + 4..].to_vec();
+    if headers.contains("transfer-encoding: chunked") {
+        body = dechunk(&body)?;
+    }
+    Some(HttpResponse { status, body })
+}
+
+/// A chunked HTTP body's bytes.
+fn dechunk(mut chunked: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = chunked.windows(2).position(|window| window == b"\r\n")?;
+        let size_text = std::str::from_utf8(&chunked[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        chunked = &chunked[line_end + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(chunked.get(..size)?);
+        chunked = chunked.get(size + 2..)?;
     }
 }
 

@@ -30,10 +30,12 @@ fn short_limits() -> ObjectStoreLimits {
     ObjectStoreLimits {
         request_timeout_ms: 2_000,
         connect_timeout_ms: 500,
-        retries_max: 2,
-        retry_timeout_ms: 2_000,
+        // Enough to ride over a store settling after a restart (a moment
+        // of HTTP 500), few enough to fail in about a second when it is down.
+        retries_max: 4,
+        retry_timeout_ms: 3_000,
         retry_backoff_initial_ms: 50,
-        retry_backoff_max_ms: 200,
+        retry_backoff_max_ms: 400,
         delete_retry_delay_ms: 200,
         ..ObjectStoreLimits::default()
     }
@@ -326,6 +328,49 @@ struct BlockHistory {
     durable: usize,
 }
 
+/// Writers at once, and the blocks each owns.
+const WRITERS: u32 = 6;
+const BLOCKS_PER_WRITER: usize = 96;
+
+/// Where writer `writer`'s block `index` is: writers' blocks interleave
+/// (writer w owns blocks w, w + WRITERS, ...), so their runs meet in parts.
+fn offset_of(writer: u32, index: usize) -> u64 {
+    (index * WRITERS as usize + writer as usize) as u64 * BLOCK as u64
+}
+
+/// One writer's random writes, read-backs and flushes; its model.
+async fn run_writer(device: Arc<ObjectStoreDevice>, writer: u32) -> Vec<BlockHistory> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(u64::from(writer));
+    let mut model = vec![BlockHistory::default(); BLOCKS_PER_WRITER];
+    for step in 0..150u32 {
+        let index = rng.random_range(0..BLOCKS_PER_WRITER);
+        match rng.random_range(0..10) {
+            0..6 => {
+                let version = writer << 24 | step;
+                let data = pattern(1, version);
+                device.write(offset_of(writer, index), data).await.unwrap();
+                model[index].versions.push(version);
+            }
+            6..8 => {
+                let got = device.read(offset_of(writer, index), BLOCK).await.unwrap();
+                match model[index].versions.last() {
+                    Some(version) => assert_eq!(&got[..], &pattern(1, *version)[..]),
+                    None => assert!(is_zero(&got)),
+                }
+            }
+            _ => {
+                let written: Vec<usize> = model.iter().map(|block| block.versions.len()).collect();
+                device.flush().await.unwrap();
+                for (block, count) in model.iter_mut().zip(written) {
+                    block.durable = count;
+                }
+            }
+        }
+    }
+    model
+}
+
 /// Writers own disjoint blocks (so that each block's history is exact),
 /// read their blocks back, and flush, all at once; a flush that returned
 /// covers everything its writer wrote before it, whoever uploads it. After
@@ -333,59 +378,18 @@ struct BlockHistory {
 /// its last durable one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_readers_and_flushers_match_a_model() {
-    use rand::{Rng, SeedableRng};
     let Some((_server, config)) = server_and_config("concurrency") else {
         return;
     };
     let device = ObjectStoreDevice::create(&config, geometry())
         .await
         .unwrap();
-    const WRITERS: u32 = 6;
-    const BLOCKS_PER_WRITER: usize = 96;
-    let mut tasks = Vec::new();
-    for writer in 0..WRITERS {
-        let device = device.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(u64::from(writer));
-            let mut model = vec![BlockHistory::default(); BLOCKS_PER_WRITER];
-            // Interleaved blocks: writer w owns blocks w, w + WRITERS, ...
-            let offset_of =
-                |index: usize| (index * WRITERS as usize + writer as usize) as u64 * BLOCK as u64;
-            for step in 0..150u32 {
-                match rng.random_range(0..10) {
-                    0..6 => {
-                        let index = rng.random_range(0..BLOCKS_PER_WRITER);
-                        let version = writer << 24 | step;
-                        device
-                            .write(offset_of(index), pattern(1, version))
-                            .await
-                            .unwrap();
-                        model[index].versions.push(version);
-                    }
-                    6..8 => {
-                        let index = rng.random_range(0..BLOCKS_PER_WRITER);
-                        let got = device.read(offset_of(index), BLOCK).await.unwrap();
-                        match model[index].versions.last() {
-                            Some(version) => assert_eq!(&got[..], &pattern(1, *version)[..]),
-                            None => assert!(is_zero(&got)),
-                        }
-                    }
-                    _ => {
-                        let written: Vec<usize> =
-                            model.iter().map(|block| block.versions.len()).collect();
-                        device.flush().await.unwrap();
-                        for (block, count) in model.iter_mut().zip(written) {
-                            block.durable = count;
-                        }
-                    }
-                }
-            }
-            (writer, model)
-        }));
-    }
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|writer| (writer, tokio::spawn(run_writer(device.clone(), writer))))
+        .collect();
     let mut models = Vec::new();
-    for task in tasks {
-        models.push(task.await.unwrap());
+    for (writer, task) in tasks {
+        models.push((writer, task.await.unwrap()));
     }
     let statistics = device.statistics();
     eprintln!("{}", serde_json::to_string(&statistics).unwrap());
@@ -397,7 +401,7 @@ async fn concurrent_writers_readers_and_flushers_match_a_model() {
         .unwrap();
     for (writer, model) in models {
         for (index, block) in model.iter().enumerate() {
-            let at = (index * WRITERS as usize + writer as usize) * BLOCK;
+            let at = offset_of(writer, index) as usize;
             let got = &everything[at..at + BLOCK];
             let acceptable = block.versions[block.durable.saturating_sub(1)..]
                 .iter()
