@@ -9,7 +9,11 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use anyhow::Context;
-use lamina_objects::{ObjectStoreConfig, ObjectStoreDevice, ObjectStoreLimits};
+use lamina_engine::BLOCK_SIZE_BYTES;
+use lamina_engine::log::geometry::CAPACITY_DATA_START_BLOCKS;
+use lamina_objects::{
+    ObjectStoreConfig, ObjectStoreDevice, ObjectStoreLimits, RequestStatistics, TierGeometry,
+};
 use serde::{Deserialize, Serialize};
 
 /// The address space of an object tier created without a size: the engine
@@ -151,12 +155,26 @@ fn store_config(
         (Some(access_key_id), Some(secret_access_key)) => {
             config = config.with_credentials(access_key_id.clone(), secret_access_key.clone());
         }
+        // The client would otherwise ask a cloud's instance metadata service
+        // for credentials, which no other store has, and fail with an error
+        // about that service.
+        (None, None) if config.endpoint().is_some() && !environment_has_credentials() => {
+            anyhow::bail!(
+                "no credentials for the object store at {}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or access_key_id and secret_access_key under [object_store] in the daemon's config",
+                config.endpoint().unwrap_or_default()
+            )
+        }
         (None, None) => {}
         _ => anyhow::bail!(
             "[object_store] needs both access_key_id and secret_access_key, or neither (then AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
         ),
     }
     Ok(config)
+}
+
+/// Whether the standard environment variables give the client a key.
+fn environment_has_credentials() -> bool {
+    std::env::var_os("AWS_ACCESS_KEY_ID").is_some_and(|key| !key.is_empty())
 }
 
 fn limits(section: &ObjectStoreSection) -> anyhow::Result<ObjectStoreLimits> {
@@ -208,7 +226,12 @@ pub(crate) async fn create_device(
     segment_size_bytes: u64,
 ) -> anyhow::Result<Arc<ObjectStoreDevice>> {
     let config = store_config(description, section)?;
-    ObjectStoreDevice::create(&config, size_bytes, segment_size_bytes)
+    // The engine's capacity segments start after the capacity device's
+    // label: the tier's segments start there too, one object key per
+    // engine segment.
+    let origin_bytes = CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES;
+    let geometry = TierGeometry::new(size_bytes, segment_size_bytes, origin_bytes);
+    ObjectStoreDevice::create(&config, geometry)
         .await
         .with_context(|| format!("cannot create the object tier {}", description.url))
 }
@@ -249,25 +272,28 @@ impl ObjectTier {
     /// `pool status`'s object tier section.
     pub fn status(&self) -> lamina_api::ObjectTierStatus {
         let statistics = self.device.statistics();
-        let requests = statistics
-            .requests
-            .iter()
-            .map(|request| lamina_api::ObjectRequestStatistics {
-                kind: request.kind.to_string(),
+        let request = |kind: &str, request: &RequestStatistics| {
+            lamina_api::ObjectRequestStatistics {
+                kind: kind.to_string(),
                 count: request.count,
                 errors: request.errors,
                 bytes: request.bytes,
                 latency_p50_us: request.latency_p50_us,
                 latency_p99_us: request.latency_p99_us,
                 latency_max_us: request.latency_max_us,
-            })
-            .collect();
+            }
+        };
         lamina_api::ObjectTierStatus {
             url: self.device.url(),
-            object_count: statistics.object_count,
-            stored_bytes: statistics.stored_bytes,
+            object_count: statistics.objects_stored,
+            stored_bytes: statistics.bytes_stored,
             pending_bytes: statistics.pending_bytes,
-            requests,
+            requests: vec![
+                request("get", &statistics.get),
+                request("put", &statistics.put),
+                request("delete", &statistics.delete),
+                request("list", &statistics.list),
+            ],
         }
     }
 
