@@ -656,11 +656,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     segment_size_bytes: segment_size,
                     force,
                 };
-                let status = pool_commands::create_over_object_tier(&data.data_dir, &flash, &request)
-                    .await
-                    .with_context(|| format!("cannot create a pool on {} and {url}", flash.path.display()))
-                    .map_err(with_flag_hint)?;
-                return print_created(&status, &format!("{} and {url}", flash.path.display()), json);
+                let status =
+                    pool_commands::create_over_object_tier(&data.data_dir, &flash, &request)
+                        .await
+                        .with_context(|| {
+                            format!("cannot create a pool on {} and {url}", flash.path.display())
+                        })
+                        .map_err(with_flag_hint)?;
+                return print_created(
+                    &status,
+                    &format!("{} and {url}", flash.path.display()),
+                    json,
+                );
             }
             let flash_list = pool_commands::split_devices(&flash);
             let capacity_list = capacity

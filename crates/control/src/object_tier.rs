@@ -204,7 +204,9 @@ fn http_allowed(endpoint: Option<&str>, allowed: bool) -> anyhow::Result<bool> {
     let authority = rest.split('/').next().unwrap_or_default();
     let host = match authority.strip_prefix('[') {
         Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
-        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
     };
     let loopback = host == "localhost"
         || host
@@ -272,8 +274,8 @@ impl ObjectTier {
     /// `pool status`'s object tier section.
     pub fn status(&self) -> lamina_api::ObjectTierStatus {
         let statistics = self.device.statistics();
-        let request = |kind: &str, request: &RequestStatistics| {
-            lamina_api::ObjectRequestStatistics {
+        let request =
+            |kind: &str, request: &RequestStatistics| lamina_api::ObjectRequestStatistics {
                 kind: kind.to_string(),
                 count: request.count,
                 errors: request.errors,
@@ -281,8 +283,7 @@ impl ObjectTier {
                 latency_p50_us: request.latency_p50_us,
                 latency_p99_us: request.latency_p99_us,
                 latency_max_us: request.latency_max_us,
-            }
-        };
+            };
         lamina_api::ObjectTierStatus {
             url: self.device.url(),
             object_count: statistics.objects_stored,

@@ -635,26 +635,27 @@ pub async fn open_plain_pool(
     let [flash_model, capacity_model] = models;
     let flash = open_tier_device(&description.flash, None, flash_model)?;
     let mut layout = crate::layout::PoolLayout::default();
-    let device: Arc<dyn BlockDevice> = match (&description.capacity, &description.capacity_object_store) {
-        (None, None) => flash,
-        (Some(path), None) => {
-            let capacity = open_tier_device(path, None, capacity_model)?;
-            Arc::new(ConcatenatedDevice::new(flash, capacity))
-        }
-        (None, Some(object_tier)) => {
-            let capacity = crate::object_tier::open_device(object_tier, object_store).await?;
-            layout = crate::layout::PoolLayout::with_object_tier(
-                crate::object_tier::ObjectTier::new(capacity.clone()),
-            );
-            Arc::new(ConcatenatedDevice::new(flash, capacity))
-        }
-        (Some(path), Some(object_tier)) => anyhow::bail!(
-            "{} names two capacity tiers, the device {} and the object store {}: remove one",
-            POOL_DESCRIPTION_FILE,
-            path.display(),
-            object_tier.url
-        ),
-    };
+    let device: Arc<dyn BlockDevice> =
+        match (&description.capacity, &description.capacity_object_store) {
+            (None, None) => flash,
+            (Some(path), None) => {
+                let capacity = open_tier_device(path, None, capacity_model)?;
+                Arc::new(ConcatenatedDevice::new(flash, capacity))
+            }
+            (None, Some(object_tier)) => {
+                let capacity = crate::object_tier::open_device(object_tier, object_store).await?;
+                layout = crate::layout::PoolLayout::with_object_tier(
+                    crate::object_tier::ObjectTier::new(capacity.clone()),
+                );
+                Arc::new(ConcatenatedDevice::new(flash, capacity))
+            }
+            (Some(path), Some(object_tier)) => anyhow::bail!(
+                "{} names two capacity tiers, the device {} and the object store {}: remove one",
+                POOL_DESCRIPTION_FILE,
+                path.display(),
+                object_tier.url
+            ),
+        };
     Ok(crate::arrays::OpenedPool {
         pool: Pool::open(device, limits).await?,
         layout,
