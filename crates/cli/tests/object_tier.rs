@@ -21,6 +21,13 @@ use common::{Daemon, LAMINA, Setup, assert_same, lamina_ok, pattern_file, write_
 
 const MIB: u64 = 1 << 20;
 const BUCKET: &str = "lamina-tests";
+/// The daemon's request limits toward the store in these tests, so that a
+/// store that is down turns into errors within seconds.
+const REQUEST_TIMEOUT_MS: u64 = 2_000;
+const RETRIES_MAX: usize = 2;
+/// How long a read of data held only in a store that is down may take to
+/// fail: the retries' backoff and timeouts, with room for a loaded machine.
+const STORE_DOWN_ERROR_MS: u64 = 30_000;
 /// Background demotion gets this long to show its effect.
 const DEMOTION_DEADLINE_MS: u64 = 180_000;
 
@@ -42,8 +49,13 @@ impl Store {
     /// 64 MiB of flash, 1 MiB segments, credentials from the environment as
     /// a user would give them.
     fn create_pool(&self, setup: &Setup, prefix: &str) -> std::process::Output {
+        self.create_pool_of(setup, &format!("{prefix}:1G"))
+    }
+
+    /// As `create_pool`, with the tier's `prefix:SIZE` given.
+    fn create_pool_of(&self, setup: &Setup, prefix_and_size: &str) -> std::process::Output {
         let flash = setup.device("flash.img:64M");
-        let capacity = format!("s3://{BUCKET}/{prefix}:1G");
+        let capacity = format!("s3://{BUCKET}/{prefix_and_size}");
         let endpoint = self.server.endpoint();
         self.lamina(
             &setup.data_dir,
@@ -82,7 +94,7 @@ impl Store {
     /// frequent flushes, and the store's credentials.
     fn config(&self) -> String {
         format!(
-            "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n[object_store]\naccess_key_id = {:?}\nsecret_access_key = {:?}\n",
+            "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n[object_store]\naccess_key_id = {:?}\nsecret_access_key = {:?}\nrequest_timeout_ms = {REQUEST_TIMEOUT_MS}\nretries_max = {RETRIES_MAX}\n",
             self.server.access_key_id(),
             self.server.secret_access_key()
         )
@@ -211,4 +223,150 @@ fn a_prefix_in_use_and_plain_http_off_the_machine_are_refused() {
     let error = String::from_utf8_lossy(&output.stderr);
     assert!(error.contains("refusing plain HTTP"), "{error}");
     assert!(error.contains("192.0.2.1"), "{error}");
+}
+
+/// Reads `length` bytes at `offset` of an export with `nbdsh` and compares
+/// them with the same range of `file`; `Err` with the client's message when
+/// the read fails.
+fn read_range(
+    daemon: &Daemon,
+    export: &str,
+    file: &Path,
+    offset: u64,
+    length: u64,
+) -> Result<(), String> {
+    let script = format!(
+        "source = open({file:?}, 'rb')\nsource.seek({offset})\nexpected = source.read({length})\nassert h.pread({length}, {offset}) == expected, 'the export differs from the file'\n",
+        file = file.display().to_string(),
+    );
+    let output = Command::new("nbdsh")
+        .arg("-u")
+        .arg(daemon.uri(export))
+        .arg("-c")
+        .arg(script)
+        .env("PATH", common::system_path())
+        .output()
+        .unwrap();
+    match output.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&output.stderr).into_owned()),
+    }
+}
+
+/// The store stopped under a running daemon: reads of data held only there
+/// fail with an error within a bounded time (never zeros or older data),
+/// data on flash still reads, the daemon stays up and answers `pool status`;
+/// once the store is back the same reads succeed, and after a `kill -9` and
+/// a restart every byte is intact.
+#[test]
+fn the_store_down_gives_errors_never_wrong_data_and_its_return_heals() {
+    let Some(mut store) = Store::start() else {
+        return;
+    };
+    let setup = Setup::new();
+    created(&store.create_pool(&setup, "outage"));
+    let volume_bytes = 160 * MIB;
+    let size = volume_bytes.to_string();
+    let output = store.lamina(&setup.data_dir, &["volume", "create", "big", &size]);
+    assert!(output.status.success(), "{output:?}");
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
+    let file = setup.root.join("big.pattern");
+    pattern_file(&file, volume_bytes, 23);
+    write_file(&daemon, "big", &file);
+    wait_until("flash has overflowed into objects", || {
+        capacity_bytes(&setup.data_dir, "big") >= volume_bytes - 60 * MIB
+    });
+    // Written first, demoted first: the first MiB is in the store only. The
+    // last MiB, written again now, is on flash (new writes land there, and
+    // flash has room: nothing more is demoted).
+    read_range(&daemon, "big", &file, 0, MIB).expect("a demoted range reads");
+    rewrite_range(&daemon, "big", &file, volume_bytes - MIB, MIB);
+
+    store.server.stop();
+    let started = Instant::now();
+    let error = read_range(&daemon, "big", &file, 0, MIB)
+        .expect_err("a read of data held only in a stopped store must fail");
+    assert!(
+        started.elapsed() < Duration::from_millis(STORE_DOWN_ERROR_MS),
+        "the read failed only after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !error.contains("differs"),
+        "wrong data instead of an error: {error}"
+    );
+    read_range(&daemon, "big", &file, volume_bytes - MIB, MIB)
+        .expect("data on flash reads while the store is down");
+    let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    let gets = &status["object_tier"]["requests"][0];
+    assert_eq!(gets["kind"], "get");
+    assert!(gets["errors"].as_u64().unwrap() > 0, "{status}");
+
+    store.server.restart().expect("restart weed mini");
+    read_range(&daemon, "big", &file, 0, MIB).expect("the demoted range reads again");
+    daemon.kill_hard();
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
+    assert_same(&daemon, "big", &file);
+    assert!(daemon.terminate().success());
+}
+
+/// Overwritten again and again, a volume larger than flash makes the object
+/// tier's segments die and be cleaned and written again (their old parts
+/// deleted); killed with SIGKILL while that goes on, the pool opens again
+/// and holds the last data written and flushed.
+#[test]
+fn overwrites_clean_the_object_tier_and_survive_kill_9() {
+    let Some(store) = Store::start() else {
+        return;
+    };
+    let setup = Setup::new();
+    created(&store.create_pool_of(&setup, "cleaning:160M"));
+    let volume_bytes = 120 * MIB;
+    let size = volume_bytes.to_string();
+    let output = store.lamina(&setup.data_dir, &["volume", "create", "v", &size]);
+    assert!(output.status.success(), "{output:?}");
+    let mut daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "v");
+    let file = setup.root.join("v.pattern");
+    for pass in 0..4 {
+        pattern_file(&file, volume_bytes, 100 + pass);
+        write_file(&daemon, "v", &file);
+        if pass == 2 {
+            // Killed while the demoter and the cleaner still work on the
+            // last pass (nbdcopy flushed it).
+            daemon.kill_hard();
+            daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "v");
+            assert_same(&daemon, "v", &file);
+        }
+    }
+    assert_same(&daemon, "v", &file);
+    let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    eprintln!(
+        "object tier after the overwrites: {}",
+        status["object_tier"]
+    );
+    // 480 MiB written through a 160 MiB tier: its segments were used again.
+    assert!(status["demoted_blocks"].as_u64().unwrap() > 0, "{status}");
+    let deletes = &status["object_tier"]["requests"][2];
+    assert_eq!(deletes["kind"], "delete");
+    assert!(deletes["count"].as_u64().unwrap() > 0, "{status}");
+    assert!(daemon.terminate().success());
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "v");
+    assert_same(&daemon, "v", &file);
+    assert!(daemon.terminate().success());
+}
+
+/// Writes `length` bytes at `offset` of `file` to the same range of an
+/// export with `nbdsh`, then flushes.
+fn rewrite_range(daemon: &Daemon, export: &str, file: &Path, offset: u64, length: u64) {
+    let script = format!(
+        "source = open({file:?}, 'rb')\nsource.seek({offset})\nh.pwrite(source.read({length}), {offset})\nh.flush()\n",
+        file = file.display().to_string(),
+    );
+    common::run(
+        Command::new("nbdsh")
+            .arg("-u")
+            .arg(daemon.uri(export))
+            .arg("-c")
+            .arg(script),
+    );
 }
