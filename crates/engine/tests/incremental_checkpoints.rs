@@ -13,6 +13,7 @@ use std::io::Read;
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, MemoryDevice};
+use lamina_engine::log::FORMAT_VERSION;
 use lamina_engine::log::checkpoint::{CHECKPOINT_INCREMENTS_MAX, Slot};
 use lamina_engine::log::superblock::Superblock;
 use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
@@ -285,8 +286,8 @@ async fn a_version_6_pool_opens_is_upgraded_and_used() {
     assert_eq!(read_version(&memory), 6, "the image is version 6");
     let pool = open(&memory).await;
     check_version_6_contents(&pool).await;
-    // Upgraded at open: the superblock and both slots are version 7 now.
-    assert_eq!(read_version(&memory), 7);
+    // Upgraded at open: the superblock and both slots are this version now.
+    assert_eq!(read_version(&memory), FORMAT_VERSION);
     for slot_block in lamina_engine::log::geometry::CHECKPOINT_SLOT_BLOCKS {
         let mut bytes = vec![0u8; BLOCK];
         memory.read_sync(slot_block * BLOCK as u64, &mut bytes);
@@ -295,7 +296,7 @@ async fn a_version_6_pool_opens_is_upgraded_and_used() {
             &bytes,
         )
         .unwrap();
-        assert_eq!(version, 7);
+        assert_eq!(version, FORMAT_VERSION);
         Slot::decode(&bytes).unwrap();
     }
     // Used: writes and increments on the upgraded pool, then a crash.
