@@ -8,7 +8,10 @@
 //! `LAMINA_OPEN_BENCH=one-tier:4,one-tier:16,two-tier:1024 cargo test
 //! --release -p lamina-engine --test open_time -- --ignored --nocapture`
 //! (`one-tier:G`: G GiB mapped on one device; `two-tier:C`: 1 GiB mapped on
-//! a 4 GiB flash file and a C GiB capacity file; files go to
+//! a 4 GiB flash file and a C GiB capacity file; a `:disk` suffix puts the
+//! capacity file behind the rotating-disk model at open; a `:whole` suffix
+//! damages the segment openings record before the open, so that recovery
+//! scans every segment as format version 7 did; files go to
 //! `LAMINA_BENCH_DIR`, default the temporary directory).
 
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
@@ -19,8 +22,9 @@ use std::time::Instant;
 
 use lamina_device::{
     AlignedBuffer, BlockCheck, BlockDevice, ConcatenatedDevice, DeviceError, FileDevice,
-    FileDeviceOptions,
+    FileDeviceOptions, RotatingDiskDevice, RotatingDiskModel,
 };
+use lamina_engine::log::geometry::SEGMENT_OPENINGS_AREA_BLOCKS;
 use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -96,11 +100,15 @@ struct Setup {
     paths: Vec<std::path::PathBuf>,
     sizes: Vec<u64>,
     mapped_bytes: u64,
+    /// The capacity file behind the rotating-disk model at open.
+    capacity_disk_model: bool,
+    /// The segment openings record damaged before the open.
+    whole_scan: bool,
 }
 
 impl Setup {
-    fn device(&self) -> (Arc<dyn BlockDevice>, Option<u64>) {
-        let devices: Vec<_> = self
+    fn device(&self, at_open: bool) -> (Arc<dyn BlockDevice>, Option<u64>) {
+        let mut devices: Vec<_> = self
             .paths
             .iter()
             .zip(&self.sizes)
@@ -108,6 +116,12 @@ impl Setup {
             .collect();
         if devices.len() == 1 {
             return (devices[0].clone(), None);
+        }
+        if at_open && self.capacity_disk_model {
+            devices[1] = Arc::new(RotatingDiskDevice::new(
+                devices[1].clone(),
+                RotatingDiskModel::default(),
+            ));
         }
         let joined = ConcatenatedDevice::new(devices[0].clone(), devices[1].clone());
         let flash = joined.first_region_bytes();
@@ -120,7 +134,7 @@ async fn prepare(setup: &Setup) {
     for path in &setup.paths {
         let _ = std::fs::remove_file(path);
     }
-    let (device, flash_region_bytes) = setup.device();
+    let (device, flash_region_bytes) = setup.device(false);
     let options = PoolOptions {
         flash_region_bytes,
         ..PoolOptions::default()
@@ -163,9 +177,27 @@ async fn prepare(setup: &Setup) {
     pool.abandon();
 }
 
+/// Writes garbage over the first block of both areas of the segment
+/// openings record, in the flash file.
+fn damage_openings_record(setup: &Setup) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&setup.paths[0])
+        .unwrap();
+    for area in SEGMENT_OPENINGS_AREA_BLOCKS {
+        file.write_all_at(&[0xA5; BLOCK as usize], area * BLOCK)
+            .unwrap();
+    }
+    file.sync_all().unwrap();
+}
+
 async fn measure(setup: &Setup) {
     prepare(setup).await;
-    let (device, _) = setup.device();
+    if setup.whole_scan {
+        damage_openings_record(setup);
+    }
+    let (device, _) = setup.device(true);
     let counting = Arc::new(CountingDevice {
         inner: device,
         reads: AtomicU64::new(0),
@@ -177,7 +209,7 @@ async fn measure(setup: &Setup) {
         .unwrap();
     let elapsed = started.elapsed();
     println!(
-        "{} | open after a crash (64 MiB tail) | {:.2} s | {} reads, {:.1} MiB read",
+        "{} | open after a crash (64 MiB tail) | {:.3} s | {} reads, {:.1} MiB read",
         setup.label,
         elapsed.as_secs_f64(),
         counting.reads.load(Ordering::Relaxed),
@@ -190,14 +222,20 @@ async fn measure(setup: &Setup) {
 }
 
 fn setup(spec: &str, directory: &std::path::Path) -> Setup {
-    let (kind, size) = spec.split_once(':').expect("kind:size");
-    let size: u64 = size.trim().parse().unwrap();
-    match kind.trim() {
+    let mut parts = spec.trim().split(':');
+    let kind = parts.next().expect("kind");
+    let size: u64 = parts.next().expect("kind:size").parse().unwrap();
+    let flags: Vec<&str> = parts.collect();
+    let capacity_disk_model = flags.contains(&"disk");
+    let whole_scan = flags.contains(&"whole");
+    let mut setup = match kind {
         "one-tier" => Setup {
             label: format!("one tier, {size} GiB mapped"),
             paths: vec![directory.join(format!("lamina-open-bench-{size}.img"))],
             sizes: vec![size * GIB + size * GIB / 3 + (256 << 20)],
             mapped_bytes: size * GIB,
+            capacity_disk_model,
+            whole_scan,
         },
         "two-tier" => Setup {
             label: format!("two tiers, 4 GiB flash + {size} GiB capacity, 1 GiB mapped"),
@@ -207,9 +245,18 @@ fn setup(spec: &str, directory: &std::path::Path) -> Setup {
             ],
             sizes: vec![4 * GIB, size * GIB],
             mapped_bytes: GIB,
+            capacity_disk_model,
+            whole_scan,
         },
         other => panic!("unknown setup {other}"),
+    };
+    if capacity_disk_model {
+        setup.label.push_str(", capacity behind the disk model");
     }
+    if whole_scan {
+        setup.label.push_str(", whole scan (record damaged)");
+    }
+    setup
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
