@@ -80,7 +80,17 @@ fn file_device(path: &std::path::Path, size_bytes: u64) -> Arc<dyn BlockDevice> 
         create_size_bytes: Some(size_bytes),
         ..FileDeviceOptions::default()
     };
-    Arc::new(FileDevice::open(path, options).unwrap())
+    // The abandoned pool's background tasks may hold the file a moment longer.
+    for _ in 0..100 {
+        match FileDevice::open(path, options.clone()) {
+            Ok(device) => return Arc::new(device),
+            Err(error) if matches!(error.kind, lamina_device::DeviceErrorKind::InUse { .. }) => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+    panic!("{} stays in use", path.display());
 }
 
 fn limits() -> PoolLimits {
@@ -262,6 +272,11 @@ fn setup(spec: &str, directory: &std::path::Path) -> Setup {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: minutes and GiB of disk"]
 async fn open_time_after_a_crash() {
+    // The engine's own account of the open: `pool recovered` with its time,
+    // the segments scanned and the batches replayed.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("lamina_engine::pool::recovery=info")
+        .try_init();
     let specs = std::env::var("LAMINA_OPEN_BENCH")
         .unwrap_or_else(|_| "one-tier:4,one-tier:16,two-tier:1024".to_string());
     let directory = std::env::var("LAMINA_BENCH_DIR")

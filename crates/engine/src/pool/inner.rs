@@ -184,11 +184,22 @@ impl Pool {
 pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
     batch.check_summary();
     let offset = batch.summary_block * BLOCK_SIZE_BYTES;
+    write_retried_while_full(inner, offset, &batch.buffer).await
+}
+
+/// Writes `buffer` at `offset`, retried like a batch (see [`write_batch`])
+/// while the device is out of space: the log's own writes, which a batch's
+/// completion waits for (the segment openings record).
+pub(super) async fn write_retried_while_full(
+    inner: &Inner,
+    offset: u64,
+    buffer: &Arc<AlignedBuffer>,
+) -> Result<(), DeviceError> {
     let retry_interval_ms = inner.limits.device_full_retry_interval_ms;
     let mut delay_ms = DEVICE_FULL_FIRST_RETRY_DELAY_MS.min(retry_interval_ms);
     let mut waiting = false;
     loop {
-        let result = inner.device.write(offset, batch.buffer.clone()).await;
+        let result = inner.device.write(offset, buffer.clone()).await;
         let shutting_down = inner.shutdown.load(std::sync::atomic::Ordering::Acquire);
         match result {
             Err(error) if error.is_out_of_space() && !shutting_down => {

@@ -17,7 +17,7 @@
 
 use lamina_device::{BlockDevice, DeviceError};
 
-use super::inner::{Inner, aligned};
+use super::inner::{Inner, aligned, write_retried_while_full};
 use super::state::State;
 use crate::BLOCK_SIZE_BYTES;
 use crate::log::geometry::SEGMENT_OPENINGS_AREA_BLOCKS;
@@ -117,10 +117,19 @@ pub(super) async fn write_record(
     device: &dyn BlockDevice,
     record: &SegmentOpeningsRecord,
 ) -> Result<(), DeviceError> {
-    let area = SEGMENT_OPENINGS_AREA_BLOCKS[(record.record_sequence % 2) as usize];
     device
-        .write(area * BLOCK_SIZE_BYTES, aligned(&record.encode()))
+        .write(record_offset(record), aligned(&record.encode()))
         .await
+}
+
+/// Where `record` goes: record `n` at the start of area `n % 2`.
+fn record_offset(record: &SegmentOpeningsRecord) -> u64 {
+    let area = if record.record_sequence.is_multiple_of(2) {
+        SEGMENT_OPENINGS_AREA_BLOCKS[0]
+    } else {
+        SEGMENT_OPENINGS_AREA_BLOCKS[1]
+    };
+    area * BLOCK_SIZE_BYTES
 }
 
 /// Makes sure a record listing the segment opened with `segment_sequence`
@@ -152,7 +161,9 @@ async fn write_next_record(inner: &Inner, recorder: &mut RecorderState) -> Resul
         inner.openings.pool_identifier,
         recorder.next_record_sequence,
     );
-    write_record(&*inner.device, &record).await?;
+    // Retried while the device is full, like the batch waiting for it.
+    let offset = record_offset(&record);
+    write_retried_while_full(inner, offset, &aligned(&record.encode())).await?;
     recorder.next_record_sequence += 1;
     recorder.recorded_through_segment_sequence =
         recorder.recorded_through_segment_sequence.max(through);
