@@ -1,6 +1,10 @@
 //! Creating and opening pools. Opening is recovery: validate the superblock,
 //! load the newest checkpoint whose slot and body both verify (falling back to
 //! the other slot), then replay every batch appended after it, in sequence order.
+//! Those batches are in the heads the checkpoint recorded and in the segments
+//! opened since, which the segment openings record lists (format version 8,
+//! `pool::segment_openings`); without a record that covers the checkpoint,
+//! every segment is scanned.
 //! Batches beyond what any surviving summary says was flushed are the unflushed
 //! tail: their data blocks are read and checked, and blocks that fail (torn by a
 //! power cut) are dropped, so that they can never be returned as data.
@@ -173,26 +177,8 @@ impl Pool {
         let findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
         rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
         refuse_lost_segments(&state, &name)?;
-        let highest_segment_sequence = replay
-            .highest_segment_sequence
-            .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
-        state
-            .space_mut()
-            .restore_durable_checkpoints(kept.durable_checkpoints(scope.older_floor()));
-        *state.openings_mut() = scope.openings_to_keep(
-            &scanned.probed,
-            state.space().openings_floor_segment_sequence(),
-        );
-        *state.checkpoint_schedule_mut() =
-            CheckpointSchedule::starting_at(kept.next_checkpoint_sequence);
-        // The skipped sequences count as sealed and durable, so that the log
-        // stays dense from the next checkpoint's point of view. Durable once
-        // the device flush below returns.
-        state.writer_mut().resume(
-            replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
-            highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
-        );
-        let recorded_through_segment_sequence = state.writer().next_segment_sequence() - 1;
+        let recorded_through_segment_sequence =
+            continue_after_replay(&mut state, &kept, &scope, &scanned, &replay);
         // Every check passed: the superblock's copies may be written now.
         checked.repair(&*device, &name).await?;
         if checked.found.older_format() {
@@ -243,6 +229,40 @@ impl Pool {
         record_now_durably(&pool.inner).await?;
         Ok(pool)
     }
+}
+
+/// Sets up what the pool goes on with after replay: the kept checkpoints,
+/// the openings its segment openings records go on listing, the checkpoint
+/// numbering and the log's next sequences. Returns the highest segment
+/// sequence given before this run, which no record of this run is written
+/// for (the ones it needs are in the openings list).
+fn continue_after_replay(
+    state: &mut State,
+    kept: &KeptCheckpoints,
+    scope: &ScanScope,
+    scanned: &ScannedLog,
+    replay: &ReplayOutcome,
+) -> u64 {
+    let highest_segment_sequence = replay
+        .highest_segment_sequence
+        .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
+    state
+        .space_mut()
+        .restore_durable_checkpoints(kept.durable_checkpoints(scope.older_floor()));
+    *state.openings_mut() = scope.openings_to_keep(
+        &scanned.probed,
+        state.space().openings_floor_segment_sequence(),
+    );
+    *state.checkpoint_schedule_mut() =
+        CheckpointSchedule::starting_at(kept.next_checkpoint_sequence);
+    // The skipped sequences count as sealed and durable, so that the log
+    // stays dense from the next checkpoint's point of view. Durable once
+    // the device flush after this returns.
+    state.writer_mut().resume(
+        replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
+        highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
+    );
+    state.writer().next_segment_sequence() - 1
 }
 
 /// The geometry `options` ask for on a device of `device`'s size: one tier
