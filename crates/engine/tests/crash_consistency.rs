@@ -4,7 +4,9 @@
 //! device, a power cut at a random point (unflushed writes kept, dropped or torn
 //! at 512-byte boundaries), recovery, and a block-by-block comparison with a
 //! shadow model that knows, for every block, which contents it may hold: the last
-//! durable one or any written since. Each run crashes twice, so recovery of a
+//! durable one or any written since. Some cuts land after a checkpoint and
+//! writes that opened segments since it, and some runs rot the segment
+//! openings record before recovery (format version 8). Each run crashes twice, so recovery of a
 //! recovered pool is covered too. Odd seeds make freed segments the next ones
 //! taken, so that a segment freed too early is rewritten before the cut.
 //! `LAMINA_CRASH_RUNS` sets the number of seeds (default 1000). The shadow
@@ -28,7 +30,10 @@ use common::shadow::{
     approach_the_cut, check_recovered, crash_runs, create_volumes, first_seed, limits,
     run_operations,
 };
-use common::{corrupt_newest_checkpoint_body, corrupt_newest_checkpoint_slot, newest_slot};
+use common::{
+    corrupt_newest_checkpoint_body, corrupt_newest_checkpoint_slot,
+    corrupt_segment_openings_record, newest_slot,
+};
 use lamina_engine::log::checkpoint::CHECKPOINT_INCREMENTS_MAX;
 
 const SEGMENT_BYTES: u64 = 64 << 10;
@@ -50,6 +55,11 @@ struct CutTally {
     /// Corrupted newest bodies that were increments, and bases.
     corrupted_increments: u64,
     corrupted_bases: u64,
+    /// Cuts after a checkpoint and writes that opened segments since it
+    /// (recovery finds them through the segment openings record), and
+    /// corrupted records (recovery then scans every segment).
+    cuts_after_new_segments: u64,
+    corrupted_openings_records: u64,
 }
 
 async fn crash_run(seed: u64, two_tiers: bool, tally: &mut CutTally) -> (u64, u64) {
@@ -78,6 +88,15 @@ async fn crash_run(seed: u64, two_tiers: bool, tally: &mut CutTally) -> (u64, u6
     for cycle in 0..2 {
         let count = rng.random_range(5..120);
         run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
+        if rng.random_bool(0.3) {
+            // A checkpoint, then writes that open new segments (of 16
+            // blocks) since it, the cut landing among them: recovery must
+            // find those segments without reading every segment.
+            pool.checkpoint().await.expect("checkpoint");
+            let count = rng.random_range(1..40);
+            run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
+            tally.cuts_after_new_segments += 1;
+        }
         let pending = approach_the_cut(&pool, &shadows, &mut rng, cycle, seed).await;
         // Half the cuts land around a checkpoint in flight: an increment, or
         // a compaction when the chain is full.
@@ -115,6 +134,13 @@ async fn crash_run(seed: u64, two_tiers: bool, tally: &mut CutTally) -> (u64, u6
         );
         pool.abandon();
         drop(pool);
+        if rng.random_bool(0.1) {
+            // A rotted segment openings record (the newest or the older):
+            // recovery cannot tell it from a torn one and scans every segment.
+            if corrupt_segment_openings_record(&memory, rng.random_bool(0.5)) {
+                tally.corrupted_openings_records += 1;
+            }
+        }
         if rng.random_bool(0.3) {
             corrupt_newest_checkpoint_slot(&memory);
         } else if rng.random_bool(0.2) {
@@ -154,7 +180,9 @@ async fn seeded_power_cuts_never_lose_flushed_data() {
         runs < 100
             || (tally.during_chain_with_room > 0
                 && tally.during_compaction > 0
-                && tally.corrupted_increments > 0),
+                && tally.corrupted_increments > 0
+                && tally.cuts_after_new_segments > 0
+                && tally.corrupted_openings_records > 0),
         "{tally:?}"
     );
 }

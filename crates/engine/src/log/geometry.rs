@@ -25,6 +25,11 @@ pub const FLUSH_MARKER_BLOCKS: [u64; 2] = [192, 193];
 pub const CHECKPOINT_SLOT_BLOCKS: [u64; 2] = [256, 512];
 /// Size of each checkpoint slot in blocks (1 MiB).
 pub const CHECKPOINT_SLOT_SIZE_BLOCKS: u64 = 256;
+/// First device block of each area of the segment openings record
+/// (`log::openings`, format version 8).
+pub const SEGMENT_OPENINGS_AREA_BLOCKS: [u64; 2] = [768, 896];
+/// Size of each segment openings area in blocks (512 KiB).
+pub const SEGMENT_OPENINGS_AREA_SIZE_BLOCKS: u64 = 128;
 /// First block of segment 0: everything before it is fixed metadata (4 MiB).
 pub const DATA_START_BLOCK: u64 = 1024;
 /// Default segment size: the unit of allocation, striping and cleaning.
@@ -45,7 +50,16 @@ const _: () = assert!(FLUSH_MARKER_BLOCKS[0] < FLUSH_MARKER_BLOCKS[1]);
 const _: () = assert!(FLUSH_MARKER_BLOCKS[1] < CHECKPOINT_SLOT_BLOCKS[0]);
 const _: () =
     assert!(CHECKPOINT_SLOT_BLOCKS[0] + CHECKPOINT_SLOT_SIZE_BLOCKS <= CHECKPOINT_SLOT_BLOCKS[1]);
-const _: () = assert!(CHECKPOINT_SLOT_BLOCKS[1] + CHECKPOINT_SLOT_SIZE_BLOCKS <= DATA_START_BLOCK);
+const _: () = assert!(
+    CHECKPOINT_SLOT_BLOCKS[1] + CHECKPOINT_SLOT_SIZE_BLOCKS <= SEGMENT_OPENINGS_AREA_BLOCKS[0]
+);
+const _: () = assert!(
+    SEGMENT_OPENINGS_AREA_BLOCKS[0] + SEGMENT_OPENINGS_AREA_SIZE_BLOCKS
+        <= SEGMENT_OPENINGS_AREA_BLOCKS[1]
+);
+const _: () = assert!(
+    SEGMENT_OPENINGS_AREA_BLOCKS[1] + SEGMENT_OPENINGS_AREA_SIZE_BLOCKS <= DATA_START_BLOCK
+);
 // The capacity device's label (a copy of the superblock) comes before its
 // first segment.
 const _: () = assert!(CAPACITY_DATA_START_BLOCKS > SUPERBLOCK_BLOCK);

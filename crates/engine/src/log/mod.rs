@@ -9,9 +9,12 @@ pub mod checkpoint;
 pub mod frame;
 pub mod geometry;
 pub mod marker;
+pub mod openings;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 7 adds incremental
+/// The on-disk format version this build writes. Version 8 adds the segment
+/// openings record (`openings`), so that recovery reads only the segments
+/// the log can have reached since the checkpoint. Version 7 adds incremental
 /// checkpoints (increment bodies; slots naming their chain). Version 6 adds row alignment to the geometry (batches on a striped tier
 /// start at row boundaries; 1 elsewhere). Version 5 writes every batch's
 /// summary twice (first and last block of the batch, `chain`), and adds the
@@ -22,7 +25,7 @@ pub mod superblock;
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

@@ -110,6 +110,7 @@ impl Pool {
                 checkpoint_sequence,
                 slot_index,
                 covered_batch_sequence: state.writer().sealed_through(),
+                next_segment_sequence: state.writer().next_segment_sequence(),
             },
             next_segment_sequence: state.writer().next_segment_sequence(),
             next_volume_id: state.volumes().next_volume_id(),
@@ -163,6 +164,7 @@ impl Pool {
             slot_index: target.slot_index,
             checkpoint_sequence: target.checkpoint_sequence,
             covered_batch_sequence: target.covered_batch_sequence,
+            next_segment_sequence: target.next_segment_sequence,
             body_segments,
             earlier_links: checkpoint
                 .earlier_links

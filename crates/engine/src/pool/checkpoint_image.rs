@@ -127,6 +127,9 @@ pub(super) struct CheckpointTarget {
     /// Every batch up to this one is sealed, and flushed before the body is
     /// written: the body's maps include them all.
     pub(super) covered_batch_sequence: u64,
+    /// The body's `next_segment_sequence`: segments opened from here on are
+    /// the segment openings record's business once this is durable.
+    pub(super) next_segment_sequence: u64,
 }
 
 /// What a checkpoint copies of the state under the lock; the body is built

@@ -9,7 +9,9 @@
 //! 1. `cleaner_lock`, then `reclaim_lock` (async; one cleaning pass, one
 //!    foreground reclaim);
 //! 2. `checkpoint_lock` (async; one checkpoint at a time);
-//! 3. `flush_lock` (async; one device flush at a time);
+//! 3. `flush_lock` (async; one device flush at a time), and apart from
+//!    it the segment openings recorder's (async; one record write at a
+//!    time, taken by batch writes holding no other lock);
 //! 4. an `rmw_locks` stripe (async; read-modify-write of one block);
 //! 5. `state` (std mutex): never held across an `.await`, and never while
 //!    taking another lock; the memory cache's shard mutexes and the
@@ -40,6 +42,7 @@ use super::integrity::Integrity;
 use super::limits::PoolLimits;
 use super::rebuild_progress::Rebuilder;
 use super::scrub_progress::Scrubber;
+use super::segment_openings::{OpeningsRecorder, record_opening};
 use super::segment_shapes::SegmentShapes;
 use super::state::State;
 use super::writer::InFlightBatch;
@@ -80,6 +83,9 @@ pub(crate) struct Inner {
     pub(super) integrity: Integrity,
     /// The durable record of how far completed flushes reached.
     pub(super) flush_marker: FlushMarker,
+    /// Writes the segment openings record before a new segment's first
+    /// batch counts as written.
+    pub(super) openings: OpeningsRecorder,
     /// Scrub's progress (one scrub at a time).
     pub(super) scrub: Scrubber,
     /// The rebuild's progress (one rebuild at a time).
@@ -124,7 +130,18 @@ impl Pool {
         for batch in batches {
             let inner = self.inner.clone();
             tokio::spawn(async move {
-                let result = write_batch(&inner, &batch).await;
+                let result = match batch.opens_segment {
+                    // The first batch of a new segment: written once the
+                    // segment openings record lists the segment too.
+                    Some(segment_sequence) => {
+                        let (recorded, written) = tokio::join!(
+                            record_opening(&inner, segment_sequence),
+                            write_batch(&inner, &batch)
+                        );
+                        recorded.and(written)
+                    }
+                    None => write_batch(&inner, &batch).await,
+                };
                 if result.is_ok() {
                     // Recently written blocks are the likeliest to be read soon.
                     for (index, block) in batch.buffer.chunks(BLOCK_BYTES).enumerate().skip(1) {
@@ -167,11 +184,22 @@ impl Pool {
 pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
     batch.check_summary();
     let offset = batch.summary_block * BLOCK_SIZE_BYTES;
+    write_retried_while_full(inner, offset, &batch.buffer).await
+}
+
+/// Writes `buffer` at `offset`, retried like a batch (see [`write_batch`])
+/// while the device is out of space: the log's own writes, which a batch's
+/// completion waits for (the segment openings record).
+pub(super) async fn write_retried_while_full(
+    inner: &Inner,
+    offset: u64,
+    buffer: &Arc<AlignedBuffer>,
+) -> Result<(), DeviceError> {
     let retry_interval_ms = inner.limits.device_full_retry_interval_ms;
     let mut delay_ms = DEVICE_FULL_FIRST_RETRY_DELAY_MS.min(retry_interval_ms);
     let mut waiting = false;
     loop {
-        let result = inner.device.write(offset, batch.buffer.clone()).await;
+        let result = inner.device.write(offset, buffer.clone()).await;
         let shutting_down = inner.shutdown.load(std::sync::atomic::Ordering::Acquire);
         match result {
             Err(error) if error.is_out_of_space() && !shutting_down => {

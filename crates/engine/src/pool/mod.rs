@@ -31,6 +31,7 @@ pub mod rebuild_progress;
 mod recovery;
 mod scrub;
 pub mod scrub_progress;
+mod segment_openings;
 mod segment_shapes;
 pub mod space;
 mod state;

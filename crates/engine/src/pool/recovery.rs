@@ -1,6 +1,10 @@
 //! Creating and opening pools. Opening is recovery: validate the superblock,
 //! load the newest checkpoint whose slot and body both verify (falling back to
 //! the other slot), then replay every batch appended after it, in sequence order.
+//! Those batches are in the heads the checkpoint recorded and in the segments
+//! opened since, which the segment openings record lists (format version 8,
+//! `pool::segment_openings`); without a record that covers the checkpoint,
+//! every segment is scanned.
 //! Batches beyond what any surviving summary says was flushed are the unflushed
 //! tail: their data blocks are read and checked, and blocks that fail (torn by a
 //! power cut) are dropped, so that they can never be returned as data.
@@ -19,6 +23,7 @@ use super::flush_marker::FlushMarker;
 use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
 use super::integrity::RecoveryFindings;
 use super::limits::{PoolLimits, PoolOptions};
+use super::segment_openings::{OpeningsList, OpeningsRecorder, record_now_durably, write_record};
 use super::segment_shapes::{BodyPiece, SegmentShapes};
 use super::space::{self, CheckpointBody, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
@@ -30,9 +35,11 @@ use crate::log::checkpoint::{AnyBody, Body, Slot, SlotLink};
 use crate::log::frame::FrameError;
 use crate::log::geometry::{
     CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, FLUSH_MARKER_BLOCKS, Geometry,
-    SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK, Tier,
+    SEGMENT_OPENINGS_AREA_BLOCKS, SEGMENT_OPENINGS_AREA_SIZE_BLOCKS, SUPERBLOCK_BLOCK,
+    SUPERBLOCK_COPY_BLOCK, Tier,
 };
 use crate::log::marker::FlushMarkerRecord;
+use crate::log::openings::{OPENINGS_MAGIC, Opening, SegmentOpeningsRecord};
 use crate::log::superblock::Superblock;
 use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
 use crate::volume::VolumeTable;
@@ -63,6 +70,7 @@ fn new_inner(
     limits: PoolLimits,
     state: State,
     flush_marker: FlushMarker,
+    openings: OpeningsRecorder,
 ) -> Arc<Inner> {
     let budget = BackgroundBudget::new(limits.background_impact, limits.background_budget());
     Arc::new(Inner {
@@ -88,6 +96,7 @@ fn new_inner(
         cache_warmup: Default::default(),
         budget,
         flush_marker,
+        openings,
     })
 }
 
@@ -122,7 +131,9 @@ impl Pool {
             &limits,
         );
         let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
-        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker));
+        // `write_new_pool` wrote record 1, empty: no segment is open yet.
+        let openings = OpeningsRecorder::new(superblock.pool_identifier, 2, 0);
+        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker, openings));
         // Both slots hold a checkpoint from the start, so that one can always fall back.
         pool.checkpoint().await?;
         pool.checkpoint().await?;
@@ -149,6 +160,8 @@ impl Pool {
         let marker = read_flush_marker(&*device, &checked.superblock).await?;
         let shapes = SegmentShapes::of_device(geometry, device.clone());
         let mut kept = load_checkpoints(&*device, &shapes, &name).await?;
+        let openings_found =
+            read_openings_record(&*device, checked.superblock.pool_identifier).await;
         let mut state = State::new(geometry, shapes.clone(), &limits);
         restore_from_checkpoint(&mut state, &mut kept.newest);
         let held = kept.held_segments();
@@ -157,45 +170,48 @@ impl Pool {
         // Find every batch appended after the checkpoint, and how far
         // completed flushes reached: what the log's summaries say, or the
         // flush marker written after the last flush, whichever is further.
-        let scanned = scan_log(&*device, &shapes, &held, &kept.newest.body).await?;
+        let scope = ScanScope::choose(&geometry, &kept.newest.body, &openings_found, &name);
+        let scanned = scan_log(&*device, &shapes, &held, &kept.newest.body, &scope).await?;
         let bounds = replay_bounds(&scanned, covered, marker);
         let replay = replay_batches(&*device, &geometry, &mut state, &scanned, bounds).await?;
         let findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
         rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
         refuse_lost_segments(&state, &name)?;
-        let highest_segment_sequence = replay
-            .highest_segment_sequence
-            .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
-        state
-            .space_mut()
-            .restore_durable_checkpoints(kept.durable_checkpoints());
-        *state.checkpoint_schedule_mut() =
-            CheckpointSchedule::starting_at(kept.next_checkpoint_sequence);
-        // The skipped sequences count as sealed and durable, so that the log
-        // stays dense from the next checkpoint's point of view. Durable once
-        // the device flush below returns.
-        state.writer_mut().resume(
-            replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
-            highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
-        );
+        let recorded_through_segment_sequence =
+            continue_after_replay(&mut state, &kept, &scope, &scanned, &replay);
         // Every check passed: the superblock's copies may be written now.
         checked.repair(&*device, &name).await?;
+        if checked.found.older_format() {
+            // Areas an older version never wrote: allocated now, so that a
+            // record never needs space on a full file system.
+            write_empty_openings_areas(&*device).await?;
+        }
         // What was replayed may sit in a volatile cache after a process crash:
         // make it durable before anything new is acknowledged on top of it.
         device.flush().await?;
 
-        let flush_marker = FlushMarker::new(checked.superblock.pool_identifier, marker);
-        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker));
+        let pool_identifier = checked.superblock.pool_identifier;
+        let flush_marker = FlushMarker::new(pool_identifier, marker);
+        let openings = OpeningsRecorder::new(
+            pool_identifier,
+            openings_found.next_record_sequence,
+            recorded_through_segment_sequence,
+        );
+        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker, openings));
         pool.inner.integrity.recovery_found(&findings);
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             device = %name,
             checkpoint = kept.newest.slot.checkpoint_sequence,
+            segments_scanned = scanned.probed_segment_count,
+            segment_count = geometry.segment_count,
+            whole_scan = scope.is_whole(),
             replayed_batches = replay.replayed,
             torn_blocks_dropped = findings.torn_blocks_dropped,
             damaged_flushed_blocks = findings.damaged_flushed_blocks,
             summaries_repaired = findings.summaries_repaired,
             lost_batches = findings.lost_batches,
-            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            elapsed_ms,
             "pool recovered"
         );
         if replay.replayed > 0 || !kept.both_slots_valid || checked.found.older_format() {
@@ -208,8 +224,45 @@ impl Pool {
             pool.checkpoint().await?;
             pool.checkpoint().await?;
         }
+        // The newest record is this run's from now on, listing what the
+        // checkpoints just written (if any) still need.
+        record_now_durably(&pool.inner).await?;
         Ok(pool)
     }
+}
+
+/// Sets up what the pool goes on with after replay: the kept checkpoints,
+/// the openings its segment openings records go on listing, the checkpoint
+/// numbering and the log's next sequences. Returns the highest segment
+/// sequence given before this run, which no record of this run is written
+/// for (the ones it needs are in the openings list).
+fn continue_after_replay(
+    state: &mut State,
+    kept: &KeptCheckpoints,
+    scope: &ScanScope,
+    scanned: &ScannedLog,
+    replay: &ReplayOutcome,
+) -> u64 {
+    let highest_segment_sequence = replay
+        .highest_segment_sequence
+        .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
+    state
+        .space_mut()
+        .restore_durable_checkpoints(kept.durable_checkpoints(scope.older_floor()));
+    *state.openings_mut() = scope.openings_to_keep(
+        &scanned.probed,
+        state.space().openings_floor_segment_sequence(),
+    );
+    *state.checkpoint_schedule_mut() =
+        CheckpointSchedule::starting_at(kept.next_checkpoint_sequence);
+    // The skipped sequences count as sealed and durable, so that the log
+    // stays dense from the next checkpoint's point of view. Durable once
+    // the device flush after this returns.
+    state.writer_mut().resume(
+        replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
+        highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
+    );
+    state.writer().next_segment_sequence() - 1
 }
 
 /// The geometry `options` ask for on a device of `device`'s size: one tier
@@ -363,7 +416,29 @@ async fn write_new_pool(
             .write(slot_block * BLOCK_SIZE_BYTES, aligned(&[0u8; BLOCK_BYTES]))
             .await?;
     }
+    write_empty_openings_areas(device).await?;
+    // Record 1: nothing opened yet.
+    let first_record = SegmentOpeningsRecord {
+        pool_identifier: superblock.pool_identifier,
+        record_sequence: 1,
+        floor_segment_sequence: 0,
+        overflowed: false,
+        openings: Vec::new(),
+    };
+    write_record(device, &first_record).await?;
     device.flush().await?;
+    Ok(())
+}
+
+/// Zeros over both areas of the segment openings record (the blocks are
+/// then allocated in a pool file).
+async fn write_empty_openings_areas(device: &dyn BlockDevice) -> Result<(), EngineError> {
+    let area_bytes = to_usize(SEGMENT_OPENINGS_AREA_SIZE_BLOCKS * BLOCK_SIZE_BYTES);
+    for area in SEGMENT_OPENINGS_AREA_BLOCKS {
+        device
+            .write(area * BLOCK_SIZE_BYTES, aligned(&vec![0u8; area_bytes]))
+            .await?;
+    }
     Ok(())
 }
 
@@ -476,22 +551,33 @@ impl KeptCheckpoints {
     }
 
     /// The kept checkpoints as the space allocator holds them, oldest first.
-    fn durable_checkpoints(&self) -> Vec<DurableCheckpoint> {
+    /// The older one's `next_segment_sequence` is not known (its body is
+    /// not read on its own): `older_floor`, at most that.
+    fn durable_checkpoints(&self, older_floor: u64) -> Vec<DurableCheckpoint> {
         let older = self
             .older
             .iter()
-            .map(|older| durable_checkpoint(older.slot_index, &older.slot));
-        let newest = durable_checkpoint(self.newest.slot_index, &self.newest.slot);
+            .map(|older| durable_checkpoint(older.slot_index, &older.slot, older_floor));
+        let newest = durable_checkpoint(
+            self.newest.slot_index,
+            &self.newest.slot,
+            self.newest.body.next_segment_sequence,
+        );
         older.chain(std::iter::once(newest)).collect()
     }
 }
 
 /// A slot's checkpoint as the space allocator holds it: its body and its chain's.
-fn durable_checkpoint(slot_index: usize, slot: &Slot) -> DurableCheckpoint {
+fn durable_checkpoint(
+    slot_index: usize,
+    slot: &Slot,
+    next_segment_sequence: u64,
+) -> DurableCheckpoint {
     DurableCheckpoint {
         slot_index,
         checkpoint_sequence: slot.checkpoint_sequence,
         covered_batch_sequence: slot.covered_batch_sequence,
+        next_segment_sequence,
         body_segments: slot.body_segments.clone(),
         earlier_links: slot
             .earlier_links
@@ -1519,12 +1605,172 @@ struct ScannedDamage {
     next_batch_sequence: u64,
 }
 
-/// What the scan found: batches sorted by sequence, damaged ranges, and how
-/// many summaries were read from their copies.
+/// What the scan found: batches sorted by sequence, damaged ranges, how
+/// many summaries were read from their copies, and the incarnation each
+/// probed segment starts with.
 struct ScannedLog {
     batches: Vec<ScannedBatch>,
     damaged: Vec<ScannedDamage>,
     summaries_repaired: u64,
+    probed: Vec<Opening>,
+    probed_segment_count: usize,
+}
+
+/// The segment openings record found at open, whether an area was found
+/// damaged, and the number the next record takes.
+struct OpeningsFound {
+    newest: Option<SegmentOpeningsRecord>,
+    damaged: bool,
+    next_record_sequence: u64,
+}
+
+/// The newest segment openings record of this pool (format version 8), if
+/// an area holds one that verifies (a damaged area is read from another
+/// copy on a device with redundancy). An area that holds neither a record
+/// of this pool nor zeros (never written) is damaged: torn by the crash, or
+/// rotted, and then it may have been the newest record, so the other one
+/// cannot be trusted to list every segment.
+async fn read_openings_record(device: &dyn BlockDevice, pool_identifier: u128) -> OpeningsFound {
+    let mut records = Vec::new();
+    let mut damaged = false;
+    for area in SEGMENT_OPENINGS_AREA_BLOCKS {
+        match read_openings_area(device, area).await {
+            Ok(bytes) => match SegmentOpeningsRecord::decode(&bytes) {
+                Ok(record) if record.pool_identifier == pool_identifier => records.push(record),
+                _ => damaged |= bytes[..BLOCK_BYTES].iter().any(|byte| *byte != 0),
+            },
+            Err(error) => {
+                tracing::warn!(area, %error, "reading the segment openings record failed");
+                damaged = true;
+            }
+        }
+    }
+    let newest = records
+        .into_iter()
+        .max_by_key(|record| record.record_sequence);
+    let next_record_sequence = newest
+        .as_ref()
+        .map_or(1, |record| record.record_sequence + 1);
+    OpeningsFound {
+        newest,
+        damaged,
+        next_record_sequence,
+    }
+}
+
+/// One area of the segment openings record: its first block, and the rest
+/// of the frame when its header says it is longer.
+async fn read_openings_area(
+    device: &dyn BlockDevice,
+    area_block: u64,
+) -> Result<AlignedBuffer, EngineError> {
+    let offset = area_block * BLOCK_SIZE_BYTES;
+    let area_bytes = to_usize(SEGMENT_OPENINGS_AREA_SIZE_BLOCKS * BLOCK_SIZE_BYTES);
+    let first = device.read(offset, BLOCK_BYTES).await?;
+    let decodes = |bytes: &[u8]| SegmentOpeningsRecord::decode(bytes).is_ok();
+    let length = match crate::log::frame::peek_header(OPENINGS_MAGIC, &first) {
+        Ok((_, payload_bytes)) => (crate::log::frame::FRAME_HEADER_BYTES + payload_bytes)
+            .next_multiple_of(BLOCK_BYTES)
+            .min(area_bytes),
+        Err(_) => BLOCK_BYTES,
+    };
+    if length == BLOCK_BYTES && decodes(&first) {
+        return Ok(first);
+    }
+    read_metadata(device, offset, length, &decodes).await
+}
+
+/// Which segments the scan probes (block 0 of each, then a walk of those
+/// holding batches newer than the checkpoint).
+enum ScanScope {
+    /// The heads the checkpoint recorded and the segments the openings
+    /// record lists: it lists every segment opened since the checkpoint.
+    Listed { record: SegmentOpeningsRecord },
+    /// Every segment not holding a kept body: no record that covers the
+    /// checkpoint (a version 7 pool, both areas damaged, an overflowed list).
+    Whole,
+}
+
+impl ScanScope {
+    fn choose(geometry: &Geometry, body: &Body, found: &OpeningsFound, name: &str) -> Self {
+        if found.damaged {
+            tracing::warn!(
+                device = %name,
+                "an area of the segment openings record is damaged (torn by the crash, or rotted): every segment is scanned"
+            );
+            return Self::Whole;
+        }
+        let Some(record) = &found.newest else {
+            tracing::info!(device = %name, "no segment openings record: every segment is scanned");
+            return Self::Whole;
+        };
+        let within_pool = record
+            .openings
+            .iter()
+            .all(|opening| u64::from(opening.segment_index) < geometry.segment_count);
+        if within_pool && record.covers(body.next_segment_sequence) {
+            return Self::Listed {
+                record: record.clone(),
+            };
+        }
+        tracing::warn!(
+            device = %name,
+            overflowed = record.overflowed,
+            floor = record.floor_segment_sequence,
+            checkpoint_next_segment_sequence = body.next_segment_sequence,
+            within_pool,
+            "the segment openings record does not cover the checkpoint: every segment is scanned"
+        );
+        Self::Whole
+    }
+
+    fn is_whole(&self) -> bool {
+        matches!(self, Self::Whole)
+    }
+
+    /// The segments to probe, in index order.
+    fn candidates(&self, geometry: &Geometry, held: &HashSet<u32>, body: &Body) -> Vec<u32> {
+        let mut candidates: Vec<u32> = match self {
+            Self::Whole => (0..segment_index(geometry.segment_count)).collect(),
+            Self::Listed { record } => body
+                .heads
+                .iter()
+                .map(|head| head.segment_index)
+                .chain(record.openings.iter().map(|opening| opening.segment_index))
+                .filter(|index| u64::from(*index) < geometry.segment_count)
+                .collect(),
+        };
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates.retain(|index| !held.contains(index));
+        candidates
+    }
+
+    /// At most the older kept checkpoint's `next_segment_sequence`: the
+    /// record's floor (it was built while that checkpoint was durable),
+    /// else 0.
+    fn older_floor(&self) -> u64 {
+        match self {
+            Self::Listed { record } => record.floor_segment_sequence,
+            Self::Whole => 0,
+        }
+    }
+
+    /// The openings this run's records go on listing: those the record
+    /// listed and the incarnations the probes met, from `floor` on.
+    fn openings_to_keep(&self, probed: &[Opening], floor: u64) -> OpeningsList {
+        let listed = match self {
+            Self::Listed { record } => &record.openings[..],
+            Self::Whole => &[],
+        };
+        let openings = probed
+            .iter()
+            .chain(listed)
+            .filter(|opening| opening.segment_sequence >= floor)
+            .copied()
+            .collect();
+        OpeningsList::starting_with(openings)
+    }
 }
 
 /// Where the scan walks a segment from.
@@ -1540,9 +1786,13 @@ async fn scan_log(
     shapes: &SegmentShapes,
     held: &HashSet<u32>,
     body: &Body,
+    scope: &ScanScope,
 ) -> Result<ScannedLog, EngineError> {
-    let starts = walk_starts(device, shapes, held, body).await?;
-    let mut scanned = walk_segments(device, shapes, &starts).await?;
+    let candidates = scope.candidates(shapes.geometry(), held, body);
+    let probes = walk_starts(device, shapes, &candidates, body).await?;
+    let mut scanned = walk_segments(device, shapes, &probes.starts).await?;
+    scanned.probed = probes.probed;
+    scanned.probed_segment_count = candidates.len();
     scanned
         .batches
         .sort_by_key(|batch| batch.summary.batch_sequence);
@@ -1552,19 +1802,24 @@ async fn scan_log(
     Ok(scanned)
 }
 
-/// Where to walk each segment not holding a kept body from, probing the
-/// first blocks of [`SCAN_CONCURRENCY_MAX`] segments at a time.
+/// What probing the candidates found: where to walk, and each probed
+/// segment's first incarnation.
+struct Probes {
+    starts: Vec<WalkStart>,
+    probed: Vec<Opening>,
+}
+
+/// Where to walk each candidate segment from, probing the first blocks of
+/// [`SCAN_CONCURRENCY_MAX`] segments at a time.
 async fn walk_starts(
     device: &dyn BlockDevice,
     shapes: &SegmentShapes,
-    held: &HashSet<u32>,
+    candidates: &[u32],
     body: &Body,
-) -> Result<Vec<WalkStart>, EngineError> {
+) -> Result<Probes, EngineError> {
     let geometry = shapes.geometry();
     let mut starts: Vec<WalkStart> = Vec::new();
-    let candidates: Vec<u32> = (0..segment_index(geometry.segment_count))
-        .filter(|index| !held.contains(index))
-        .collect();
+    let mut probed = Vec::new();
     for group in candidates.chunks(SCAN_CONCURRENCY_MAX) {
         let probes = group.iter().map(|index| async move {
             let mut source = DeviceSegment {
@@ -1574,10 +1829,17 @@ async fn walk_starts(
             chain::first_incarnation(&mut source, shapes.shape(*index)).await
         });
         for (index, result) in group.iter().zip(futures::future::join_all(probes).await) {
-            starts.extend(walk_start(*index, result?, body));
+            let first_incarnation = result?;
+            if let Some(segment_sequence) = first_incarnation {
+                probed.push(Opening {
+                    segment_index: *index,
+                    segment_sequence,
+                });
+            }
+            starts.extend(walk_start(*index, first_incarnation, body));
         }
     }
-    Ok(starts)
+    Ok(Probes { starts, probed })
 }
 
 /// Where to walk segment `segment_index` from, given the segment sequence of
@@ -1638,6 +1900,8 @@ async fn walk_segments(
         batches: Vec::new(),
         damaged: Vec::new(),
         summaries_repaired: 0,
+        probed: Vec::new(),
+        probed_segment_count: 0,
     };
     for (segment_index, first_block, result) in futures::future::join_all(walks).await {
         scanned.add_walk(segment_index, first_block, result?);

@@ -115,6 +115,11 @@ pub struct DurableCheckpoint {
     pub slot_index: usize,
     pub checkpoint_sequence: u64,
     pub covered_batch_sequence: u64,
+    /// The first segment sequence after it: every incarnation from here on
+    /// was opened after its copy of the maps, and recovery from it walks
+    /// them. Lower than that when not known exactly (a checkpoint found at
+    /// open whose body was not read on its own), never higher.
+    pub next_segment_sequence: u64,
     pub body_segments: Vec<u32>,
     /// The bodies of the chain before it (base first; empty for a base),
     /// which recovery from it needs as well (format version 7).
@@ -358,6 +363,17 @@ impl SpaceAllocator {
 
     pub fn set_cleaning_tier(&mut self, tier: Tier) {
         self.cleaning_tier = tier;
+    }
+
+    /// The lowest segment sequence recovery from any durable checkpoint
+    /// may start walking at: the segment openings record must list every
+    /// segment opened from here on (0 before any checkpoint is durable).
+    pub fn openings_floor_segment_sequence(&self) -> u64 {
+        self.durable_checkpoints
+            .iter()
+            .map(|checkpoint| checkpoint.next_segment_sequence)
+            .min()
+            .unwrap_or(0)
     }
 
     pub fn durable_checkpoints(&self) -> &[DurableCheckpoint] {

@@ -29,6 +29,7 @@ use crate::volume::VolumeTable;
 use super::cleaner::placement::Placement;
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::limits::PoolLimits;
+use super::segment_openings::OpeningsList;
 use super::segment_shapes::SegmentShapes;
 use super::space::{Allocation, DurableCheckpoint, SpaceAllocator};
 use super::stream::{
@@ -59,6 +60,9 @@ pub struct State {
     tier_counters: HashMap<u32, VolumeTierCounters>,
     /// Each segment's size and row on the device.
     shapes: SegmentShapes,
+    /// Segments opened as heads that recovery may need to walk (the
+    /// segment openings record's contents).
+    openings: OpeningsList,
 }
 
 impl State {
@@ -87,10 +91,15 @@ impl State {
             }),
             tier_counters: HashMap::new(),
             shapes,
+            openings: OpeningsList::default(),
         }
     }
 
     /// How each segment is laid out on the device.
+    pub fn openings_mut(&mut self) -> &mut OpeningsList {
+        &mut self.openings
+    }
+
     pub fn shapes(&self) -> &SegmentShapes {
         &self.shapes
     }
@@ -301,6 +310,8 @@ impl State {
                 .prefer_free_segment(taken, |index| !shapes.needs_layout(index));
             self.space.open_head_segment(segment_index);
             self.writer.open_head(stream, segment_index);
+            let head = self.writer.head(stream).expect("head opened above");
+            self.openings.opened(segment_index, head.segment_sequence);
             let now = self.client_blocks_written();
             self.placement.segment_opened(segment_index, stream, now);
         }

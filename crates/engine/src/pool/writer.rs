@@ -145,6 +145,10 @@ pub struct InFlightBatch {
     pub sequence: u64,
     pub summary_block: u64,
     pub buffer: Arc<AlignedBuffer>,
+    /// The segment sequence of the segment this batch is the first of:
+    /// its write completes only once the segment openings record lists it
+    /// (`pool::segment_openings`). `None` for later batches of a segment.
+    pub opens_segment: Option<u64>,
 }
 
 impl InFlightBatch {
@@ -455,6 +459,7 @@ impl LogWriter {
             sequence,
             summary_block: batch.summary_block,
             buffer: Arc::new(batch.buffer),
+            opens_segment: (batch.block_in_segment == 0).then_some(batch.segment_sequence),
         });
         self.in_flight
             .insert(in_flight.summary_block, in_flight.clone());
@@ -531,6 +536,7 @@ mod tests {
             sequence,
             summary_block: 0,
             buffer: Arc::new(buffer),
+            opens_segment: None,
         }
     }
 

@@ -170,3 +170,31 @@ impl lamina_device::BlockDevice for InstrumentedDevice {
         self.inner.flush().await
     }
 }
+
+/// Flips a bit in the payload of the newest (or the older) segment openings
+/// record (format version 8), as a rotted sector would. Returns false when
+/// no area holds a record.
+pub fn corrupt_segment_openings_record(memory: &MemoryDevice, newest: bool) -> bool {
+    use lamina_engine::log::geometry::SEGMENT_OPENINGS_AREA_BLOCKS;
+    use lamina_engine::log::openings::SegmentOpeningsRecord;
+    let mut found: Vec<(u64, u64)> = SEGMENT_OPENINGS_AREA_BLOCKS
+        .iter()
+        .filter_map(|block| {
+            let mut bytes = vec![0u8; 128 * BLOCK];
+            memory.read_sync(block * BLOCK as u64, &mut bytes);
+            SegmentOpeningsRecord::decode(&bytes)
+                .ok()
+                .map(|record| (record.record_sequence, *block))
+        })
+        .collect();
+    found.sort_unstable();
+    let chosen = if newest { found.last() } else { found.first() };
+    let Some((_, block)) = chosen else {
+        return false;
+    };
+    let mut bytes = vec![0u8; BLOCK];
+    memory.read_sync(block * BLOCK as u64, &mut bytes);
+    bytes[25] ^= 0x04;
+    memory.write_sync(block * BLOCK as u64, &bytes);
+    true
+}
