@@ -18,12 +18,7 @@ use crate::store::{
     open_device, recorded_model, refuse_if_described, same_file,
 };
 
-/// A pool with the arrays it runs on (none for plain devices).
-#[derive(Clone)]
-pub struct OpenedPool {
-    pub pool: Pool,
-    pub layout: PoolLayout,
-}
+pub use crate::store::OpenedPool;
 
 /// What `pool create` asks for when a tier has several devices or a
 /// redundancy scheme is named.

@@ -33,6 +33,14 @@ pub const HDD_7200_DEVICE_MODEL: &str = "hdd-7200";
 /// The model names `lamina pool create` accepts (a config may define more).
 pub const BUILT_IN_DEVICE_MODELS: [&str; 2] = [NO_DEVICE_MODEL, HDD_7200_DEVICE_MODEL];
 
+/// A pool with the arrays (or the object tier) it runs on (none for plain
+/// devices).
+#[derive(Clone)]
+pub struct OpenedPool {
+    pub pool: Pool,
+    pub layout: crate::layout::PoolLayout,
+}
+
 /// What `pool.toml` records. Files written before two-tier pools hold only
 /// `flash`; every other field is optional so that they still read.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -480,7 +488,7 @@ pub async fn create_object_tier_pool(
     object_store: &crate::object_tier::ObjectStoreSection,
     options: PoolOptions,
     limits: PoolLimits,
-) -> anyhow::Result<crate::arrays::OpenedPool> {
+) -> anyhow::Result<OpenedPool> {
     refuse_if_described(data_dir, options.force)?;
     check_segment_size(options.segment_size_bytes)?;
     let flash_model = DeviceModels::default()
@@ -534,7 +542,7 @@ async fn create_over_object_tier(
     tier: &ObjectTierCreation<'_>,
     mut options: PoolOptions,
     limits: PoolLimits,
-) -> anyhow::Result<crate::arrays::OpenedPool> {
+) -> anyhow::Result<OpenedPool> {
     let bare_flash = open_device(&flash.path, flash.create_size_bytes)?;
     let capacity = crate::object_tier::create_device(
         tier.description,
@@ -550,7 +558,7 @@ async fn create_over_object_tier(
         behind_model(bare_flash, flash_model),
         capacity.clone(),
     ));
-    Ok(crate::arrays::OpenedPool {
+    Ok(OpenedPool {
         pool: Pool::create(device, options, limits).await?,
         layout: crate::layout::PoolLayout::with_object_tier(crate::object_tier::ObjectTier::new(
             capacity,
@@ -631,7 +639,7 @@ pub async fn open_plain_pool(
     limits: PoolLimits,
     models: [Option<RotatingDiskModel>; 2],
     object_store: &crate::object_tier::ObjectStoreSection,
-) -> anyhow::Result<crate::arrays::OpenedPool> {
+) -> anyhow::Result<OpenedPool> {
     let [flash_model, capacity_model] = models;
     let flash = open_tier_device(&description.flash, None, flash_model)?;
     let mut layout = crate::layout::PoolLayout::default();
@@ -656,7 +664,7 @@ pub async fn open_plain_pool(
                 object_tier.url
             ),
         };
-    Ok(crate::arrays::OpenedPool {
+    Ok(OpenedPool {
         pool: Pool::open(device, limits).await?,
         layout,
     })

@@ -42,7 +42,7 @@ use super::integrity::Integrity;
 use super::limits::PoolLimits;
 use super::rebuild_progress::Rebuilder;
 use super::scrub_progress::Scrubber;
-use super::segment_openings::{OpeningsRecorder, record_opening};
+use super::segment_openings::OpeningsRecorder;
 use super::segment_shapes::SegmentShapes;
 use super::state::State;
 use super::writer::InFlightBatch;
@@ -135,7 +135,7 @@ impl Pool {
                     // segment openings record lists the segment too.
                     Some(segment_sequence) => {
                         let (recorded, written) = tokio::join!(
-                            record_opening(&inner, segment_sequence),
+                            inner.record_opening(segment_sequence),
                             write_batch(&inner, &batch)
                         );
                         recorded.and(written)

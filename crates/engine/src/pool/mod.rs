@@ -25,6 +25,7 @@ mod flush_marker;
 mod inner;
 pub mod integrity;
 pub(crate) mod limits;
+mod openings_writes;
 mod read;
 pub mod rebuild;
 pub mod rebuild_progress;

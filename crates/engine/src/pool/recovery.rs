@@ -23,7 +23,7 @@ use super::flush_marker::FlushMarker;
 use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
 use super::integrity::RecoveryFindings;
 use super::limits::{PoolLimits, PoolOptions};
-use super::segment_openings::{OpeningsList, OpeningsRecorder, record_now_durably, write_record};
+use super::segment_openings::{OpeningsList, OpeningsRecorder, write_record};
 use super::segment_shapes::{BodyPiece, SegmentShapes};
 use super::space::{self, CheckpointBody, DurableCheckpoint, RecoveredSegments};
 use super::state::State;
@@ -226,7 +226,7 @@ impl Pool {
         }
         // The newest record is this run's from now on, listing what the
         // checkpoints just written (if any) still need.
-        record_now_durably(&pool.inner).await?;
+        pool.inner.record_now_durably().await?;
         Ok(pool)
     }
 }

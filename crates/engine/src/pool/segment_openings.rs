@@ -2,7 +2,7 @@
 //! current: every segment the log writer opens as a head is listed in memory
 //! ([`OpeningsList`], part of the state), and the first batch written into a
 //! newly opened segment completes only once a record listing the segment has
-//! been written ([`record_opening`]), so that a flush that makes the batch
+//! been written (`Inner::record_opening`, in `openings_writes.rs`), so that a flush that makes the batch
 //! durable makes the record durable too. Recovery then reads only the listed
 //! segments (docs/decisions/0030-recovery-from-the-checkpoint.md).
 //!
@@ -15,10 +15,10 @@
 //! lists every segment holding durable batches, unless an area is torn or
 //! rotted: recovery then reads every segment (`pool::recovery`).
 
-use lamina_device::{BlockDevice, DeviceError};
+use std::sync::Arc;
 
-use super::inner::{Inner, aligned, write_retried_while_full};
-use super::state::State;
+use lamina_device::{AlignedBuffer, BlockDevice, DeviceError};
+
 use crate::BLOCK_SIZE_BYTES;
 use crate::log::geometry::SEGMENT_OPENINGS_AREA_BLOCKS;
 use crate::log::openings::{Opening, SegmentOpeningsRecord};
@@ -50,7 +50,7 @@ impl OpeningsList {
     /// Drops the openings below `floor_segment_sequence` (no durable
     /// checkpoint needs them: both were taken after them) and returns the
     /// rest.
-    fn retained_from(&mut self, floor_segment_sequence: u64) -> Vec<Opening> {
+    pub(super) fn retained_from(&mut self, floor_segment_sequence: u64) -> Vec<Opening> {
         self.openings
             .retain(|opening| opening.segment_sequence >= floor_segment_sequence);
         self.openings.clone()
@@ -61,11 +61,11 @@ impl OpeningsList {
     }
 }
 
-struct RecorderState {
-    next_record_sequence: u64,
+pub(super) struct RecorderState {
+    pub(super) next_record_sequence: u64,
     /// Every segment opened with a sequence up to this one is listed in a
     /// record already written.
-    recorded_through_segment_sequence: u64,
+    pub(super) recorded_through_segment_sequence: u64,
 }
 
 /// Writes the segment openings records, one at a time.
@@ -90,26 +90,15 @@ impl OpeningsRecorder {
             }),
         }
     }
-}
 
-/// The record listing every opening a durable checkpoint may need, and the
-/// highest segment sequence it accounts for.
-pub(super) fn build_record(
-    state: &mut State,
-    pool_identifier: u128,
-    record_sequence: u64,
-) -> (SegmentOpeningsRecord, u64) {
-    let floor_segment_sequence = state.space().openings_floor_segment_sequence();
-    let openings = state.openings_mut().retained_from(floor_segment_sequence);
-    let through = state.writer().next_segment_sequence() - 1;
-    let record = SegmentOpeningsRecord {
-        pool_identifier,
-        record_sequence,
-        floor_segment_sequence,
-        overflowed: false,
-        openings,
-    };
-    (record, through)
+    pub(super) fn pool_identifier(&self) -> u128 {
+        self.pool_identifier
+    }
+
+    /// The recorder's state, held while a record is built and written.
+    pub(super) async fn lock(&self) -> tokio::sync::MutexGuard<'_, RecorderState> {
+        self.state.lock().await
+    }
 }
 
 /// Writes `record` into its area (not flushed).
@@ -117,55 +106,20 @@ pub(super) async fn write_record(
     device: &dyn BlockDevice,
     record: &SegmentOpeningsRecord,
 ) -> Result<(), DeviceError> {
-    device
-        .write(record_offset(record), aligned(&record.encode()))
-        .await
+    device.write(record_offset(record), encoded(record)).await
+}
+
+/// The record as written, padded to whole blocks.
+pub(super) fn encoded(record: &SegmentOpeningsRecord) -> Arc<AlignedBuffer> {
+    Arc::new(AlignedBuffer::from_slice_padded(&record.encode()))
 }
 
 /// Where `record` goes: record `n` at the start of area `n % 2`.
-fn record_offset(record: &SegmentOpeningsRecord) -> u64 {
+pub(super) fn record_offset(record: &SegmentOpeningsRecord) -> u64 {
     let area = if record.record_sequence.is_multiple_of(2) {
         SEGMENT_OPENINGS_AREA_BLOCKS[0]
     } else {
         SEGMENT_OPENINGS_AREA_BLOCKS[1]
     };
     area * BLOCK_SIZE_BYTES
-}
-
-/// Makes sure a record listing the segment opened with `segment_sequence`
-/// has been written, before the write of its first batch counts as
-/// complete.
-pub(super) async fn record_opening(
-    inner: &Inner,
-    segment_sequence: u64,
-) -> Result<(), DeviceError> {
-    let mut recorder = inner.openings.state.lock().await;
-    if recorder.recorded_through_segment_sequence >= segment_sequence {
-        return Ok(());
-    }
-    write_next_record(inner, &mut recorder).await
-}
-
-/// Writes a record now and flushes it (at open, so that the newest record
-/// is this run's and lists what recovery found).
-pub(super) async fn record_now_durably(inner: &Inner) -> Result<(), DeviceError> {
-    let mut recorder = inner.openings.state.lock().await;
-    write_next_record(inner, &mut recorder).await?;
-    inner.device.flush().await
-}
-
-/// Builds and writes the next record.
-async fn write_next_record(inner: &Inner, recorder: &mut RecorderState) -> Result<(), DeviceError> {
-    let (record, through) = build_record(
-        &mut inner.lock(),
-        inner.openings.pool_identifier,
-        recorder.next_record_sequence,
-    );
-    // Retried while the device is full, like the batch waiting for it.
-    let offset = record_offset(&record);
-    write_retried_while_full(inner, offset, &aligned(&record.encode())).await?;
-    recorder.next_record_sequence += 1;
-    recorder.recorded_through_segment_sequence =
-        recorder.recorded_through_segment_sequence.max(through);
-    Ok(())
 }

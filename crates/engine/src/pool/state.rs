@@ -36,6 +36,7 @@ use super::stream::{
     ALL_STREAMS, CLIENT_STREAMS, OPEN_BATCH_COUNT, RELOCATION_STREAMS, Stream, lane_of,
 };
 use super::writer::{InFlightBatch, LogWriter, OpenBatch};
+use crate::log::openings::SegmentOpeningsRecord;
 
 /// The pool's in-memory state.
 pub struct State {
@@ -95,9 +96,29 @@ impl State {
         }
     }
 
-    /// How each segment is laid out on the device.
     pub fn openings_mut(&mut self) -> &mut OpeningsList {
         &mut self.openings
+    }
+
+    /// The segment openings record listing every opening a durable
+    /// checkpoint may need, and the highest segment sequence it accounts
+    /// for (`segment_openings.rs`).
+    pub fn openings_record(
+        &mut self,
+        pool_identifier: u128,
+        record_sequence: u64,
+    ) -> (SegmentOpeningsRecord, u64) {
+        let floor_segment_sequence = self.space.openings_floor_segment_sequence();
+        let openings = self.openings.retained_from(floor_segment_sequence);
+        let through = self.writer.next_segment_sequence() - 1;
+        let record = SegmentOpeningsRecord {
+            pool_identifier,
+            record_sequence,
+            floor_segment_sequence,
+            overflowed: false,
+            openings,
+        };
+        (record, through)
     }
 
     pub fn shapes(&self) -> &SegmentShapes {
