@@ -913,4 +913,131 @@ mod tests {
         device.open_region(256 * 1024, MIB).await.unwrap();
         device.open_region(0, 256 * 1024).await.unwrap();
     }
+
+    /// A store whose PUTs of keys containing a marker fail (the rest pass
+    /// to an in-memory store).
+    #[derive(Debug, Default)]
+    struct FailingPuts {
+        inner: InMemory,
+        failing_marker: Mutex<Option<String>>,
+    }
+
+    impl std::fmt::Display for FailingPuts {
+        fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(formatter, "FailingPuts")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for FailingPuts {
+        async fn put_opts(
+            &self,
+            location: &object_store::path::Path,
+            payload: object_store::PutPayload,
+            options: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            let marker = self.failing_marker.lock().unwrap().clone();
+            if marker.is_some_and(|marker| location.as_ref().contains(&marker)) {
+                return Err(object_store::Error::Generic {
+                    store: "FailingPuts",
+                    source: "this PUT fails".into(),
+                });
+            }
+            self.inner.put_opts(location, payload, options).await
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &object_store::path::Path,
+            options: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.inner.put_multipart_opts(location, options).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &object_store::path::Path,
+            options: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            self.inner.get_opts(location, options).await
+        }
+
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<
+                'static,
+                object_store::Result<object_store::path::Path>,
+            >,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>
+        {
+            self.inner.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.inner.list(prefix)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &object_store::path::Path,
+            to: &object_store::path::Path,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    /// A write longer than `part_bytes_max` is flushed as several parts. One
+    /// of them failing must leave exactly its bytes pending: they read back,
+    /// and the next flush stores them, so that after it returns they survive
+    /// a reopen (the first part stored once took the whole write out of the
+    /// pending map, and the retried flush then returned with nothing to store).
+    #[tokio::test]
+    async fn a_failed_part_of_a_long_write_stays_pending_until_a_flush_stores_it() {
+        let failing = Arc::new(FailingPuts::default());
+        let store: Arc<dyn ObjectStore> = failing.clone();
+        let small_parts = TierLocation {
+            limits: ObjectStoreLimits {
+                part_bytes_max: 4096,
+                ..location().limits
+            },
+            ..location()
+        };
+        let device = ObjectStoreDevice::create_in(store.clone(), small_parts.clone(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024 + 2 * MIB;
+        let data = pattern(4, 6);
+        device.write(segment_start, data.clone()).await.unwrap();
+        // The part of the write's second block.
+        *failing.failing_marker.lock().unwrap() = Some("-0000004096-0000004096".to_string());
+        assert!(device.flush().await.is_err());
+        assert_eq!(device.statistics().pending_bytes, 4096);
+        assert_eq!(
+            &device.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &data[..]
+        );
+        *failing.failing_marker.lock().unwrap() = None;
+        device.flush().await.unwrap();
+        assert_eq!(device.statistics().pending_bytes, 0);
+        drop(device);
+        let reopened = ObjectStoreDevice::open_in(store, small_parts)
+            .await
+            .unwrap();
+        assert_eq!(
+            &reopened.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &data[..]
+        );
+    }
 }

@@ -1,0 +1,735 @@
+//! Crash consistency of the engine over an object-store capacity tier: a
+//! two-tier pool whose flash region (24 segments) is small enough that the
+//! cleaner demotes constantly, over `ConcatenatedDevice(flash,
+//! ObjectStoreDevice)`, the tier kept in object_store's in-memory store behind
+//! a test wrapper ([`SwitchedStore`]) that can refuse every request from one
+//! device instance on. A power cut stops both at the same instant: the flash
+//! keeps, drops or tears its unflushed writes, and the tier's store takes no
+//! further request from the dead instance (a request in flight at the cut
+//! lands whole or not at all); the pool is then reopened over a fresh wrapper
+//! on the same store and compared block by block with the shared shadow model
+//! (`common/shadow.rs`). A second test takes the store away for a while
+//! without a power cut (failing every request, or half of them) and checks
+//! that after it returns and the pool is reopened, every block holds what was
+//! flushed before, or something written since, never older data.
+//! Seeds: half of `LAMINA_CRASH_RUNS` (default 1000) for power cuts, a fifth
+//! for outages; `LAMINA_CRASH_FIRST_SEED` is the first.
+
+// Test code keeps `as` for small sizes and byte patterns (issue 17 converts
+// the library and binaries only).
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use lamina_device::{BlockDevice, ConcatenatedDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
+use lamina_engine::log::geometry::CAPACITY_DATA_START_BLOCKS;
+use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
+use lamina_objects::{ObjectStoreDevice, ObjectStoreLimits, TierGeometry, TierLocation};
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+mod common;
+
+use common::shadow::{
+    approach_the_cut, check_recovered, crash_runs, create_volumes, first_seed, limits,
+    run_operations,
+};
+
+const SEGMENT_BYTES: u64 = 64 << 10;
+/// The flash device: metadata and 24 segments, so that the cleaner demotes
+/// constantly.
+const FLASH_BYTES: u64 = (4 << 20) + 24 * SEGMENT_BYTES;
+/// The object tier: the capacity device's 1 MiB label, then 104 segments.
+const TIER_BYTES: u64 = (1 << 20) + 104 * SEGMENT_BYTES;
+/// Scheduler turns a store request stays in flight before it reaches the
+/// store, at most: long enough for a power cut to land in between.
+const IN_FLIGHT_TURNS_MAX: usize = 3;
+/// Blocks of the volume of the outage test: half the flash region, so that
+/// cleaning demotes.
+const OUTAGE_VOLUME_BLOCKS: usize = 192;
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+
+/// What a [`SwitchedStore`] does with requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum StoreMode {
+    Serving = 0,
+    /// Half the requests fail (decided per request).
+    Flaky = 1,
+    /// Every request fails: the store is unreachable, or (for good) the
+    /// device instance using it is dead.
+    Refusing = 2,
+}
+
+/// The switch of one device instance's view of the store, and what it did.
+#[derive(Default)]
+struct StoreSwitch {
+    mode: AtomicU8,
+    /// Requests refused, and requests in flight when the mode changed that
+    /// landed anyway (their caller was told they failed).
+    refused: AtomicU64,
+    landed_unseen: AtomicU64,
+    /// Requests admitted and not finished.
+    in_flight: AtomicU64,
+}
+
+/// A request admitted to the store, until it finishes (or its future is
+/// dropped).
+struct InFlight(Arc<StoreSwitch>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl StoreSwitch {
+    fn set(&self, mode: StoreMode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    /// Waits until no request of this instance is in flight: after a cut,
+    /// every request in flight at it has landed or not before the pool is
+    /// reopened (nothing of a dead process lands later).
+    async fn settled(&self) {
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn mode(&self) -> StoreMode {
+        match self.mode.load(Ordering::SeqCst) {
+            0 => StoreMode::Serving,
+            1 => StoreMode::Flaky,
+            _ => StoreMode::Refusing,
+        }
+    }
+}
+
+/// Whether a request reaches the store and its caller hears the result.
+enum Fate {
+    Reaches,
+    /// The request lands, but the switch changed while it was in flight:
+    /// the caller is told it failed.
+    LandsUnseen,
+}
+
+/// An [`ObjectStore`] over a shared [`InMemory`] that one device instance
+/// uses; its switch refuses that instance's requests (a dead process's, or
+/// all of them while the store is away) while a new wrapper over the same
+/// store serves the next instance.
+#[derive(Clone)]
+struct SwitchedStore {
+    inner: Arc<InMemory>,
+    switch: Arc<StoreSwitch>,
+    random: Arc<Mutex<SmallRng>>,
+}
+
+impl std::fmt::Debug for SwitchedStore {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "SwitchedStore({:?})", self.switch.mode())
+    }
+}
+
+impl std::fmt::Display for SwitchedStore {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "SwitchedStore")
+    }
+}
+
+fn refused_error(operation: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "SwitchedStore",
+        source: Box::new(std::io::Error::other(format!(
+            "{operation}: the store refuses this device instance's requests"
+        ))),
+    }
+}
+
+impl SwitchedStore {
+    fn new(inner: Arc<InMemory>, switch: Arc<StoreSwitch>, seed: u64) -> Self {
+        Self {
+            inner,
+            switch,
+            random: Arc::new(Mutex::new(SmallRng::seed_from_u64(seed))),
+        }
+    }
+
+    fn refuses_now(&self) -> bool {
+        match self.switch.mode() {
+            StoreMode::Serving => false,
+            StoreMode::Flaky => self.random.lock().unwrap().random_bool(0.5),
+            StoreMode::Refusing => true,
+        }
+    }
+
+    /// Refused at once if the switch says so; otherwise in flight for a few
+    /// turns, and if the switch changed meanwhile, it lands or not at random
+    /// (its caller is told it failed either way).
+    async fn fate(&self, operation: &str) -> Result<(Fate, InFlight), object_store::Error> {
+        if self.refuses_now() {
+            self.switch.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(refused_error(operation));
+        }
+        self.switch.in_flight.fetch_add(1, Ordering::SeqCst);
+        let in_flight = InFlight(self.switch.clone());
+        let turns = self
+            .random
+            .lock()
+            .unwrap()
+            .random_range(0..=IN_FLIGHT_TURNS_MAX);
+        for _ in 0..turns {
+            tokio::task::yield_now().await;
+        }
+        if self.switch.mode() == StoreMode::Serving {
+            return Ok((Fate::Reaches, in_flight));
+        }
+        if self.random.lock().unwrap().random_bool(0.5) {
+            self.switch.landed_unseen.fetch_add(1, Ordering::Relaxed);
+            Ok((Fate::LandsUnseen, in_flight))
+        } else {
+            self.switch.refused.fetch_add(1, Ordering::Relaxed);
+            Err(refused_error(operation))
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for SwitchedStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        options: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let (fate, _in_flight) = self.fate("put").await?;
+        let result = self.inner.put_opts(location, payload, options).await;
+        match fate {
+            Fate::Reaches => result,
+            Fate::LandsUnseen => Err(refused_error("put")),
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        options: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        // The tier never uploads in parts; refused like the rest when off.
+        if self.refuses_now() {
+            return Err(refused_error("put multipart"));
+        }
+        self.inner.put_multipart_opts(location, options).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let (fate, _in_flight) = self.fate("get").await?;
+        match fate {
+            Fate::Reaches => self.inner.get_opts(location, options).await,
+            Fate::LandsUnseen => Err(refused_error("get")),
+        }
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let this = self.clone();
+        locations
+            .then(move |location| {
+                let this = this.clone();
+                async move {
+                    let location = location?;
+                    let (fate, _in_flight) = this.fate("delete").await?;
+                    this.inner.delete(&location).await?;
+                    match fate {
+                        Fate::Reaches => Ok(location),
+                        Fate::LandsUnseen => Err(refused_error("delete")),
+                    }
+                }
+            })
+            .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let this = self.clone();
+        let prefix = prefix.cloned();
+        futures::stream::once(async move {
+            match this.fate("list").await {
+                Ok((Fate::Reaches, _)) => this.inner.list(prefix.as_ref()),
+                Ok((Fate::LandsUnseen, _)) => {
+                    futures::stream::once(async { Err(refused_error("list")) }).boxed()
+                }
+                Err(error) => futures::stream::once(async { Err(error) }).boxed(),
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        let (fate, _in_flight) = self.fate("list").await?;
+        match fate {
+            Fate::Reaches => self.inner.list_with_delimiter(prefix).await,
+            Fate::LandsUnseen => Err(refused_error("list")),
+        }
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        let (fate, _in_flight) = self.fate("copy").await?;
+        let result = self.inner.copy_opts(from, to, options).await;
+        match fate {
+            Fate::Reaches => result,
+            Fate::LandsUnseen => Err(refused_error("copy")),
+        }
+    }
+}
+
+/// The tier's place in the store, with limits picked per run: one part per
+/// run or runs cut into small parts, and one to four requests at a time.
+fn tier_location(rng: &mut SmallRng) -> TierLocation {
+    let part_bytes_max = [16 << 20, 64 << 10, 16 << 10, 4 << 10][rng.random_range(0..4)];
+    TierLocation {
+        bucket: "crash".to_string(),
+        prefix: "pool/capacity".to_string(),
+        limits: ObjectStoreLimits {
+            requests_in_flight_max: rng.random_range(1..=4),
+            part_bytes_max,
+            delete_batch_objects_max: rng.random_range(1..=8),
+            delete_retry_delay_ms: 5,
+            ..ObjectStoreLimits::default()
+        },
+    }
+}
+
+/// The shared crash limits, with the memory cache off in every other pair
+/// of seeds, so that reads reach the tier instead of blocks cached when
+/// they were written.
+fn tier_limits(seed: u64) -> PoolLimits {
+    let shared = limits(seed);
+    if (seed / 4).is_multiple_of(2) {
+        shared
+    } else {
+        PoolLimits {
+            memory_cache_bytes: 0,
+            ..shared
+        }
+    }
+}
+
+fn tier_geometry() -> TierGeometry {
+    TierGeometry::new(
+        TIER_BYTES,
+        SEGMENT_BYTES,
+        CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES,
+    )
+}
+
+/// One incarnation of the pool's device: the flash behind its fault
+/// injector, the tier's switch, and the two joined.
+struct Incarnation {
+    faulty: Arc<FaultyDevice<MemoryDevice>>,
+    switch: Arc<StoreSwitch>,
+    device: Arc<dyn BlockDevice>,
+}
+
+/// Everything that outlives an incarnation: the flash's memory and the store.
+struct Media {
+    memory: Arc<MemoryDevice>,
+    store: Arc<InMemory>,
+    location: TierLocation,
+}
+
+impl Media {
+    async fn incarnation(&self, seed: u64, create: bool) -> Incarnation {
+        let faulty = Arc::new(FaultyDevice::new(self.memory.clone(), seed));
+        let switch = Arc::new(StoreSwitch::default());
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(SwitchedStore::new(self.store.clone(), switch.clone(), seed));
+        let tier = if create {
+            ObjectStoreDevice::create_in(store, self.location.clone(), tier_geometry()).await
+        } else {
+            ObjectStoreDevice::open_in(store, self.location.clone()).await
+        }
+        .unwrap_or_else(|error| panic!("seed {seed}: the object tier: {error}"));
+        let device: Arc<dyn BlockDevice> = Arc::new(ConcatenatedDevice::new(faulty.clone(), tier));
+        Incarnation {
+            faulty,
+            switch,
+            device,
+        }
+    }
+
+    async fn create_pool(&self, seed: u64) -> (Pool, Incarnation) {
+        let incarnation = self.incarnation(seed, true).await;
+        let options = PoolOptions {
+            segment_size_bytes: SEGMENT_BYTES,
+            force: false,
+            flash_region_bytes: Some(FLASH_BYTES),
+            ..PoolOptions::default()
+        };
+        let pool = Pool::create(incarnation.device.clone(), options, tier_limits(seed))
+            .await
+            .expect("create");
+        (pool, incarnation)
+    }
+
+    async fn open_pool(&self, seed: u64) -> (Pool, Incarnation) {
+        let incarnation = self.incarnation(seed, false).await;
+        let pool = Pool::open(incarnation.device.clone(), tier_limits(seed))
+            .await
+            .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
+        (pool, incarnation)
+    }
+
+    /// Objects in the store, the tier's label included.
+    async fn object_count(&self) -> usize {
+        self.store.list(None).count().await
+    }
+}
+
+impl Incarnation {
+    /// The power goes: the store hears nothing more from this instance and
+    /// the flash keeps, drops or tears its unflushed writes, at one instant
+    /// (neither awaits anything another task could run in).
+    async fn power_cut(&self, style: PowerCutStyle) {
+        self.switch.set(StoreMode::Refusing);
+        self.faulty.power_cut(style).await.expect("power cut");
+    }
+
+    /// Before the next incarnation starts: the requests in flight at the
+    /// cut have landed or not.
+    async fn settled(&self) {
+        self.switch.settled().await;
+    }
+}
+
+/// What the crash runs did, so that the test can show they proved something.
+#[derive(Default, Debug)]
+struct CrashTally {
+    promoted_blocks: u64,
+    demoted_blocks: u64,
+    /// Store requests refused at a cut, and in flight at one that landed.
+    requests_refused: u64,
+    requests_landed_unseen: u64,
+    /// Cuts during a checkpoint.
+    cuts_during_checkpoint: u64,
+    /// Part objects in the stores at the runs' ends.
+    objects_left: usize,
+}
+
+async fn crash_run(seed: u64, tally: &mut CrashTally) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let media = Media {
+        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
+        store: Arc::new(InMemory::new()),
+        location: tier_location(&mut rng),
+    };
+    let (mut pool, mut incarnation) = media.create_pool(seed).await;
+    let mut shadows = create_volumes(&pool, &mut rng).await;
+    let mut names_used = 0;
+    for cycle in 0..2 {
+        let count = rng.random_range(5..120);
+        run_operations(&pool, &mut shadows, &mut rng, count, &mut names_used).await;
+        let pending = approach_the_cut(&pool, &shadows, &mut rng, cycle, seed).await;
+        let checkpoint = rng.random_bool(0.5).then(|| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.checkpoint().await })
+        });
+        for _ in 0..rng.random_range(0..16) {
+            tokio::task::yield_now().await;
+        }
+        incarnation.power_cut(PowerCutStyle::Random).await;
+        if let Some(checkpoint) = checkpoint {
+            if !checkpoint.is_finished() {
+                tally.cuts_during_checkpoint += 1;
+            }
+            // Interrupted by the cut or done before it: either is fine.
+            let _ = checkpoint.await.expect("checkpoint task");
+        }
+        let interrupted = match pending {
+            Some(pending) => Some(pending.interrupted().await),
+            None => None,
+        };
+        let status = pool.status();
+        tally.promoted_blocks += status.promoted_blocks;
+        tally.demoted_blocks += status.demoted_blocks;
+        tally.requests_refused += incarnation.switch.refused.load(Ordering::Relaxed);
+        tally.requests_landed_unseen += incarnation.switch.landed_unseen.load(Ordering::Relaxed);
+        pool.abandon();
+        drop(pool);
+        incarnation.settled().await;
+        if rng.random_bool(0.3) {
+            common::corrupt_newest_checkpoint_slot(&media.memory);
+        }
+        (pool, incarnation) = media.open_pool(seed + 1000 * (cycle + 1)).await;
+        check_recovered(&pool, &mut shadows, interrupted, seed).await;
+    }
+    let status = pool.status();
+    tally.promoted_blocks += status.promoted_blocks;
+    tally.demoted_blocks += status.demoted_blocks;
+    pool.close().await.expect("close");
+    tally.objects_left += media.object_count().await;
+    drop(incarnation);
+}
+
+/// Seeded power cuts over an object tier never lose flushed data nor return
+/// older data, whatever the store had taken when the power went.
+#[tokio::test(flavor = "current_thread")]
+async fn power_cuts_over_an_object_tier_never_lose_flushed_data() {
+    let (first, runs) = (first_seed(), (crash_runs() / 2).max(1));
+    let mut tally = CrashTally::default();
+    for seed in first..first + runs {
+        crash_run(seed, &mut tally).await;
+    }
+    eprintln!("{runs} runs over an object tier: {tally:?}");
+    // The runs must have moved blocks into the tier and cut requests in
+    // flight, or they prove nothing about it.
+    assert!(tally.demoted_blocks > 0, "{tally:?}");
+    assert!(tally.objects_left > runs as usize, "{tally:?}");
+    assert!(
+        runs < 200 || (tally.requests_refused > 0 && tally.requests_landed_unseen > 0),
+        "{tally:?}"
+    );
+}
+
+/// The outage test's model of its one volume: for every block, the contents
+/// it may hold (index 0 the newest; the last one durable).
+struct OutageShadow {
+    blocks: Vec<Vec<Arc<Vec<u8>>>>,
+}
+
+impl OutageShadow {
+    fn flushed(&mut self) {
+        for candidates in &mut self.blocks {
+            candidates.truncate(1);
+        }
+    }
+
+    async fn check(&self, pool: &Pool, volume_id: u32, seed: u64, phase: &str) {
+        let mut contents = vec![0u8; self.blocks.len() * BLOCK];
+        pool.read(volume_id, 0, &mut contents)
+            .await
+            .unwrap_or_else(|error| panic!("seed {seed} {phase}: read failed: {error}"));
+        self.compare(&contents, 0..self.blocks.len(), seed, phase);
+    }
+
+    fn compare(&self, contents: &[u8], blocks: Range<usize>, seed: u64, phase: &str) {
+        for (position, block) in blocks.enumerate() {
+            let actual = &contents[position * BLOCK..(position + 1) * BLOCK];
+            let candidates = &self.blocks[block];
+            assert!(
+                candidates.iter().any(|candidate| candidate[..] == *actual),
+                "seed {seed} {phase}: block {block} holds content that was never durable nor written since ({} candidates)",
+                candidates.len()
+            );
+        }
+    }
+}
+
+/// What the outage runs saw.
+#[derive(Default, Debug)]
+struct OutageTally {
+    demoted_blocks: u64,
+    flushes_failed: u64,
+    reads_failed: u64,
+    /// Runs whose pool refused writes after a failed flush, and runs whose
+    /// pool flushed again once the store was back.
+    pools_failed: u64,
+    pools_recovered_without_reopen: u64,
+    requests_refused: u64,
+    first_flush_error: Option<String>,
+    first_write_error_after: Option<String>,
+}
+
+/// One operation of the outage run, whose errors are expected while the
+/// store is away: returns whether it succeeded.
+async fn outage_operation(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    tally: &mut OutageTally,
+    seed: u64,
+) -> bool {
+    match rng.random_range(0..100) {
+        0..=59 => {
+            let blocks = rng.random_range(1..=4);
+            let first = rng.random_range(0..=OUTAGE_VOLUME_BLOCKS - blocks);
+            let fill: u8 = rng.random();
+            let data: Vec<u8> = (0..blocks * BLOCK)
+                .map(|index| fill.wrapping_add((index / 512) as u8) | 1)
+                .collect();
+            let result = pool
+                .write(volume_id, (first * BLOCK) as u64, &data, false)
+                .await;
+            // A write that failed may still have reached the pool's batches.
+            for (position, block) in (first..first + blocks).enumerate() {
+                let contents = data[position * BLOCK..(position + 1) * BLOCK].to_vec();
+                shadow.blocks[block].insert(0, Arc::new(contents));
+            }
+            if let (Err(error), None) = (&result, &tally.first_write_error_after)
+                && tally.flushes_failed > 0
+            {
+                tally.first_write_error_after = Some(error.to_string());
+            }
+            result.is_ok()
+        }
+        60..=74 => match pool.flush().await {
+            Ok(()) => {
+                shadow.flushed();
+                true
+            }
+            Err(error) => {
+                tally.flushes_failed += 1;
+                tally.first_flush_error.get_or_insert(error.to_string());
+                false
+            }
+        },
+        75..=84 => pool.clean(4).await.is_ok(),
+        85..=89 => {
+            let result = pool.checkpoint().await;
+            if result.is_ok() {
+                shadow.flushed();
+            }
+            result.is_ok()
+        }
+        90..=94 => {
+            // A read may fail while the store is away; what it returns must
+            // be right.
+            let first = rng.random_range(0..OUTAGE_VOLUME_BLOCKS);
+            let blocks = rng.random_range(1..=(OUTAGE_VOLUME_BLOCKS - first).min(8));
+            let mut contents = vec![0u8; blocks * BLOCK];
+            match pool
+                .read(volume_id, (first * BLOCK) as u64, &mut contents)
+                .await
+            {
+                Ok(()) => {
+                    shadow.compare(&contents, first..first + blocks, seed, "during the run");
+                    true
+                }
+                Err(_) => {
+                    tally.reads_failed += 1;
+                    false
+                }
+            }
+        }
+        _ => {
+            for _ in 0..rng.random_range(1..8) {
+                tokio::task::yield_now().await;
+            }
+            true
+        }
+    }
+}
+
+async fn outage_run(seed: u64, tally: &mut OutageTally) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let media = Media {
+        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
+        store: Arc::new(InMemory::new()),
+        location: tier_location(&mut rng),
+    };
+    let (pool, incarnation) = media.create_pool(seed).await;
+    pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
+        .await
+        .expect("create volume");
+    let volume_id = pool.volume_id("alpha").unwrap();
+    let mut shadow = OutageShadow {
+        blocks: vec![vec![Arc::new(vec![0u8; BLOCK])]; OUTAGE_VOLUME_BLOCKS],
+    };
+    // Before the outage everything succeeds.
+    for _ in 0..rng.random_range(50..400) {
+        let succeeded =
+            outage_operation(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+        assert!(
+            succeeded,
+            "seed {seed}: an operation failed before the outage"
+        );
+    }
+    let mode = if rng.random_bool(0.5) {
+        StoreMode::Refusing
+    } else {
+        StoreMode::Flaky
+    };
+    incarnation.switch.set(mode);
+    for _ in 0..rng.random_range(10..150) {
+        outage_operation(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+    }
+    incarnation.switch.set(StoreMode::Serving);
+    // The store is back: the pool (failed or not) still serves reads, and
+    // what it returns must be right.
+    shadow
+        .check(
+            &pool,
+            volume_id,
+            seed,
+            "after the outage, before the reopen",
+        )
+        .await;
+    // Does the same pool flush again?
+    match pool.flush().await {
+        Ok(()) => {
+            shadow.flushed();
+            tally.pools_recovered_without_reopen += 1;
+        }
+        Err(_) => tally.pools_failed += 1,
+    }
+    let status = pool.status();
+    tally.demoted_blocks += status.demoted_blocks;
+    tally.requests_refused += incarnation.switch.refused.load(Ordering::Relaxed);
+    // The process stops (nothing unflushed is lost on the flash, as when a
+    // process dies and the kernel keeps its writes) and starts again.
+    incarnation.power_cut(PowerCutStyle::KeepAll).await;
+    pool.abandon();
+    drop(pool);
+    incarnation.settled().await;
+    let (pool, _incarnation) = media.open_pool(seed + 1000).await;
+    shadow
+        .check(&pool, volume_id_of(&pool), seed, "after the reopen")
+        .await;
+    pool.close().await.expect("close");
+}
+
+fn volume_id_of(pool: &Pool) -> u32 {
+    pool.volume_id("alpha").expect("the volume survives")
+}
+
+/// The store goes away for a while (every request fails, or half of them)
+/// without a power cut: flushes may fail and the pool may fail, but once the
+/// store is back and the pool reopened, every block flushed before holds
+/// exactly that, or something written since.
+#[tokio::test(flavor = "current_thread")]
+async fn an_object_store_outage_never_returns_older_data() {
+    let (first, runs) = (first_seed(), (crash_runs() / 5).max(1));
+    let mut tally = OutageTally::default();
+    for seed in first..first + runs {
+        outage_run(seed, &mut tally).await;
+    }
+    eprintln!("{runs} outage runs: {tally:#?}");
+    assert!(tally.demoted_blocks > 0, "{tally:?}");
+    assert!(
+        runs < 10 || (tally.flushes_failed > 0 && tally.requests_refused > 0),
+        "{tally:?}"
+    );
+}
