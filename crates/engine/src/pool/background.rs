@@ -18,7 +18,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::inner::{Inner, Pool};
-use super::space;
 use crate::error::{EngineError, IoError};
 
 /// A periodic background task: what it does on each tick, and the state it
@@ -182,10 +181,8 @@ impl Pool {
         // Dead segments written since the older checkpoint become free only
         // through checkpoints (the others through the flush); an idle pool
         // must still take them, or trimmed space never returns.
-        let dead_segments_wait_for_checkpoints = state.space().segments().iter().any(|segment| {
-            matches!(segment.state, space::SegmentState::Dead { .. })
-                && state.space().dead_segment_waits_for_checkpoints(segment)
-        });
+        let dead_segments_wait_for_checkpoints =
+            state.space().any_dead_segment_waits_for_checkpoints();
         Dirt {
             unflushed: state.writer().has_unsealed_records()
                 || state.writer().sealed_through() > state.writer().durable_through(),

@@ -9,7 +9,7 @@
 //! rewritten only once every batch in it is covered by both kept checkpoints
 //! (or replay does not need it) and the batches that killed it are durable.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::convert::{segment_index, to_usize};
@@ -182,6 +182,10 @@ pub struct SpaceAllocator {
     reserves: Reserves,
     /// Segments that died while batches were open.
     pending_deaths: Vec<PendingDeath>,
+    /// The segments in state `Dead`, so that the periodic looks for
+    /// reusable dead segments cost what is dead, not the pool's segment
+    /// count (an object tier's address space is large and mostly unwritten).
+    dead_segments: BTreeSet<u32>,
     /// Oldest first, at most two.
     durable_checkpoints: Vec<DurableCheckpoint>,
     /// Test hook ([`super::TestHooks::reuse_freed_segments_first`]).
@@ -314,9 +318,19 @@ impl SpaceAllocator {
                 cleaner_segment_count: cleaner_reserve_segment_count(&geometry),
             },
             pending_deaths: Vec::new(),
+            dead_segments: BTreeSet::new(),
             durable_checkpoints: Vec::new(),
             reuse_freed_segments_first,
         }
+    }
+
+    /// Whether `dead_segments` names exactly the segments in state `Dead`
+    /// (a walk of every segment: for debug assertions and tests).
+    fn dead_set_matches_states(&self) -> bool {
+        self.segments.iter().enumerate().all(|(index, segment)| {
+            matches!(segment.state, SegmentState::Dead { .. })
+                == self.dead_segments.contains(&segment_index(index as u64))
+        })
     }
 
     pub fn segment(&self, segment_index: u32) -> &SegmentInfo {
@@ -419,6 +433,7 @@ impl SpaceAllocator {
             progress.sealed_through
         };
         self.segments[segment_index as usize].state = SegmentState::Dead { died_at };
+        self.dead_segments.insert(segment_index);
     }
 
     /// Accounts for a physical block that no map references any more.
@@ -510,9 +525,10 @@ impl SpaceAllocator {
     /// restarts. See [`SpaceAllocator::cleaner_restart_reserve`].
     pub fn cleaner_must_restart(&self, relocation_head_has_room: bool) -> bool {
         !relocation_head_has_room
-            && !self.segments[..to_usize(self.geometry.flash_segment_count)]
+            && !self
+                .dead_segments
                 .iter()
-                .any(|segment| matches!(segment.state, SegmentState::Dead { .. }))
+                .any(|index| self.geometry.tier_of_segment(*index) == Tier::Flash)
     }
 
     /// Free segments a cleaner that must restart
@@ -874,9 +890,14 @@ impl SpaceAllocator {
     /// after the flushes that make its relocations durable. Returns the
     /// segments freed.
     pub fn free_reusable_dead_segments(&mut self, durable_through: u64) -> Vec<u32> {
-        let reusable: Vec<u32> = (0..self.segments.len())
-            .filter(|index| self.dead_segment_reusable(&self.segments[*index], durable_through))
-            .map(|index| segment_index(index as u64))
+        debug_assert!(self.dead_set_matches_states());
+        let reusable: Vec<u32> = self
+            .dead_segments
+            .iter()
+            .copied()
+            .filter(|index| {
+                self.dead_segment_reusable(&self.segments[*index as usize], durable_through)
+            })
             .collect();
         for index in &reusable {
             self.free_segment(*index);
@@ -903,6 +924,7 @@ impl SpaceAllocator {
         );
         segment.state = SegmentState::Free;
         segment.set_aside = false;
+        self.dead_segments.remove(&segment_index);
         // Oldest freed first: a freed segment is rewritten as late as possible.
         // Tests that must see a segment rewritten soon after it is freed turn
         // the order around.
@@ -927,7 +949,11 @@ impl SpaceAllocator {
             .last()
             .map_or(0, |checkpoint| checkpoint.covered_batch_sequence);
         let mut counts = DeadSegmentCounts::default();
-        for segment in &self.segments[..to_usize(self.geometry.flash_segment_count)] {
+        let dead_flash = self
+            .dead_segments
+            .iter()
+            .filter(|index| self.geometry.tier_of_segment(**index) == Tier::Flash);
+        for segment in dead_flash.map(|index| &self.segments[*index as usize]) {
             if matches!(segment.state, SegmentState::Dead { died_at } if died_at <= sealed_through)
             {
                 if !self.dead_segment_waits_for_checkpoints(segment) {
@@ -945,17 +971,23 @@ impl SpaceAllocator {
 
     /// Dead segments of both tiers, whatever frees them.
     pub fn all_dead_segment_count(&self) -> usize {
-        self.segments
-            .iter()
-            .filter(|segment| matches!(segment.state, SegmentState::Dead { .. }))
-            .count()
+        self.dead_segments.len()
     }
 
     /// Dead segments of `tier`, whatever frees them.
     pub fn dead_segment_count(&self, tier: Tier) -> usize {
-        self.segments_of(tier)
-            .filter(|(_, segment)| matches!(segment.state, SegmentState::Dead { .. }))
+        self.dead_segments
+            .iter()
+            .filter(|index| self.geometry.tier_of_segment(**index) == tier)
             .count()
+    }
+
+    /// Whether a dead segment waits for checkpoints to become free
+    /// ([`SpaceAllocator::dead_segment_waits_for_checkpoints`]).
+    pub fn any_dead_segment_waits_for_checkpoints(&self) -> bool {
+        self.dead_segments
+            .iter()
+            .any(|index| self.dead_segment_waits_for_checkpoints(&self.segments[*index as usize]))
     }
 }
 
@@ -978,6 +1010,7 @@ impl SpaceAllocator {
         assert_eq!(found.live_counts.len(), self.segments.len());
         self.free_flash.clear();
         self.free_capacity.clear();
+        self.dead_segments.clear();
         for (index, segment) in self.segments.iter_mut().enumerate() {
             let index = segment_index(index as u64);
             segment.live_blocks = found.live_counts[index as usize];
@@ -994,6 +1027,9 @@ impl SpaceAllocator {
                     died_at: found.highest_sequence,
                 }
             };
+            if matches!(segment.state, SegmentState::Dead { .. }) {
+                self.dead_segments.insert(index);
+            }
             if segment.state == SegmentState::Free {
                 match self.geometry.tier_of_segment(index) {
                     Tier::Flash => self.free_flash.push_back(index),
