@@ -23,6 +23,9 @@ const BUCKET_CREATION_TIMEOUT_MS: u64 = 30_000;
 /// How long one `weed shell` command may take (it takes about 0.3 s).
 const SHELL_TIMEOUT_MS: u64 = 20_000;
 
+/// How long a restart may keep failing because a port is still taken.
+const RESTART_TIMEOUT_MS: u64 = 60_000;
+
 /// Between two probes of a starting server.
 const PROBE_INTERVAL_MS: u64 = 50;
 
@@ -60,32 +63,67 @@ struct Ports {
     admin_grpc: u16,
 }
 
+/// The lowest port [`Ports::free`] picks from.
+const PORT_RANGE_START: u16 = 20_000;
+
+/// Where the kernel's ephemeral range starts when
+/// `/proc/sys/net/ipv4/ip_local_port_range` cannot be read.
+const EPHEMERAL_RANGE_START_DEFAULT: u16 = 32_768;
+
+/// How many random ports [`Ports::free`] tries before giving up.
+const PORT_ATTEMPTS_MAX: u32 = 1_000;
+
+/// Where the kernel's ephemeral (outgoing) ports start.
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(EPHEMERAL_RANGE_START_DEFAULT)
+}
+
 impl Ports {
-    /// Ten distinct free ports (bound together, then released for weed).
+    /// Ten distinct free ports below the kernel's ephemeral range (bound
+    /// together, then released for weed). Below it because the server is
+    /// restarted on the same ports: a port from the ephemeral range can be
+    /// taken meanwhile by any outgoing connection, even by a client
+    /// retrying towards the stopped server (TCP self-connect), and the
+    /// restart then fails with "address already in use".
     fn free() -> Result<Self, SeaweedError> {
-        let listeners: Vec<TcpListener> = (0..10)
-            .map(|_| TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<_, _>>()
-            .map_err(|source| SeaweedError::Io {
-                context: "finding free ports".to_string(),
-                source,
-            })?;
-        let port = |index: usize| listeners[index].local_addr().map(|address| address.port());
-        let io = |source| SeaweedError::Io {
-            context: "finding free ports".to_string(),
-            source,
+        let end = ephemeral_range_start().max(PORT_RANGE_START + 1_000);
+        let mut listeners: Vec<TcpListener> = Vec::new();
+        let mut attempts = 0;
+        while listeners.len() < 10 {
+            attempts += 1;
+            if attempts > PORT_ATTEMPTS_MAX {
+                return Err(SeaweedError::Failed(format!(
+                    "no 10 free ports in {PORT_RANGE_START}..{end} after {PORT_ATTEMPTS_MAX} attempts"
+                )));
+            }
+            let port = rand::random_range(PORT_RANGE_START..end);
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                listeners.push(listener);
+            }
+        }
+        let port = |index: usize| -> Result<u16, SeaweedError> {
+            listeners[index]
+                .local_addr()
+                .map(|address| address.port())
+                .map_err(|source| SeaweedError::Io {
+                    context: "finding free ports".to_string(),
+                    source,
+                })
         };
         Ok(Self {
-            s3: port(0).map_err(io)?,
-            s3_grpc: port(1).map_err(io)?,
-            master: port(2).map_err(io)?,
-            master_grpc: port(3).map_err(io)?,
-            volume: port(4).map_err(io)?,
-            volume_grpc: port(5).map_err(io)?,
-            filer: port(6).map_err(io)?,
-            filer_grpc: port(7).map_err(io)?,
-            admin: port(8).map_err(io)?,
-            admin_grpc: port(9).map_err(io)?,
+            s3: port(0)?,
+            s3_grpc: port(1)?,
+            master: port(2)?,
+            master_grpc: port(3)?,
+            volume: port(4)?,
+            volume_grpc: port(5)?,
+            filer: port(6)?,
+            filer_grpc: port(7)?,
+            admin: port(8)?,
+            admin_grpc: port(9)?,
         })
     }
 }
@@ -431,9 +469,23 @@ impl SeaweedServer {
     }
 
     /// Starts the server again on the same ports and data directory.
+    /// Retries while a port is still taken (see [`Ports::free`]), up to
+    /// `RESTART_TIMEOUT_MS`.
     pub fn restart(&mut self) -> Result<(), SeaweedError> {
         self.stop();
-        self.launch()
+        let started = Instant::now();
+        loop {
+            match self.launch() {
+                Err(SeaweedError::Failed(message))
+                    if message.contains("address already in use")
+                        && started.elapsed() < Duration::from_millis(RESTART_TIMEOUT_MS) =>
+                {
+                    eprintln!("weed mini could not bind a port yet; retrying");
+                    std::thread::sleep(Duration::from_millis(PROBE_INTERVAL_MS * 10));
+                }
+                result => return result,
+            }
+        }
     }
 
     pub fn is_running(&self) -> bool {
