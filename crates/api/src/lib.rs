@@ -105,6 +105,17 @@ pub struct ObjectTierStatus {
     pub pending_bytes: u64,
     /// Requests since the pool opened, by kind (`get`, `put`, `delete`, `list`).
     pub requests: Vec<ObjectRequestStatistics>,
+    /// This daemon's open of the tier (each open takes the next epoch in
+    /// the tier's label).
+    #[serde(default)]
+    pub epoch: u64,
+    /// Flushes of this epoch committed in the label.
+    #[serde(default)]
+    pub flushes_committed: u64,
+    /// Set when another process opened the tier after this daemon did: the
+    /// epoch it took. This daemon then stores nothing more in the tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_by_epoch: Option<u64>,
 }
 
 /// One kind of request to the object store since the pool opened.

@@ -159,6 +159,15 @@ pub fn print_object_tier(tier: &lamina_api::ObjectTierStatus) {
         tier.object_count,
         format_size(tier.pending_bytes)
     );
+    println!(
+        "  epoch              {} ({} flushes committed)",
+        tier.epoch, tier.flushes_committed
+    );
+    if let Some(newer_epoch) = tier.fenced_by_epoch {
+        println!(
+            "  FENCED             another process opened this tier (epoch {newer_epoch}): this daemon stores nothing more in it"
+        );
+    }
     for request in &tier.requests {
         println!(
             "  {:<8} {:>10} requests {:>6} errors {:>10}  p50 {} us  p99 {} us",

@@ -295,6 +295,9 @@ impl ObjectTier {
                 request("delete", &statistics.delete),
                 request("list", &statistics.list),
             ],
+            epoch: statistics.epoch,
+            flushes_committed: statistics.flushes_committed,
+            fenced_by_epoch: statistics.fenced_by_epoch,
         }
     }
 
@@ -316,6 +319,11 @@ impl ObjectTier {
                 "lamina_object_tier_pending_bytes",
                 "Bytes written to the object tier and not yet stored (the next flush uploads them).",
                 status.pending_bytes,
+            ),
+            (
+                "lamina_object_tier_fenced",
+                "1 when another process opened the object tier after this daemon, which then stores nothing more in it.",
+                u64::from(status.fenced_by_epoch.is_some()),
             ),
         ];
         for (name, help, value) in gauges {

@@ -3,26 +3,41 @@
 //! flush stores each contiguous pending run of a segment as one part object;
 //! a read takes pending bytes from memory and stored bytes by ranged GETs of
 //! the parts that hold them; opening a segment again starts a new generation
-//! and deletes the old one's parts in the background. See
-//! docs/decisions/0031-object-store-capacity-tier.md.
+//! and deletes the old one's parts in the background. Each open of the tier
+//! is an epoch, taken by a conditional write of the label, and a flush's
+//! parts count only once a second conditional label write commits the flush:
+//! a request still in flight when a process died can never change what a
+//! later open sees, and two processes cannot both write the tier. See
+//! docs/decisions/0031-object-store-capacity-tier.md and
+//! docs/decisions/0034-object-tier-epochs-and-commits.md.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use lamina_device::{AlignedBuffer, BlockDevice, DeviceError, RegionShape, check_request};
+use object_store::{PutMode, UpdateVersion};
 
 use crate::deleter::{DeletionQueue, run_deleter};
 use crate::error::RequestKind;
-use crate::index::{PieceSource, SegmentIndex, UploadRun};
+use crate::index::{PieceSource, RunTarget, SegmentIndex, UploadRun};
 use crate::key::{LABEL_OBJECT_NAME, PartKey, SEGMENTS_FOLDER_NAME, join_key, strip_prefix};
 use crate::label::{LabelLocation, TierLabel};
 use crate::requests::CountedStore;
 use crate::{
     ObjectStoreConfig, ObjectStoreError, ObjectStoreLimits, ObjectStoreStatistics, TierGeometry,
 };
+
+/// Times an open reads the label, lists and writes the label again when
+/// another process changed the label meanwhile.
+const OPEN_ATTEMPTS_MAX: usize = 3;
+
+/// Conditional label writes one commit tries (the second after reading the
+/// label back: the first may have landed with its answer lost).
+const COMMIT_ATTEMPTS_MAX: usize = 2;
 
 /// Times a read resolves its pieces again when a part it was reading was
 /// deleted meanwhile (hidden by a newer part that was stored just then).
@@ -66,6 +81,20 @@ struct TierState {
     index_version: u64,
 }
 
+/// The label as this process last wrote it and the flush numbering; held
+/// by one flush at a time (flushes run one at a time: a flush that waits for
+/// another then stores whatever the other left pending or failed to store,
+/// so it never returns before everything written before it started is
+/// stored).
+struct Commits {
+    label: TierLabel,
+    /// The label object's version after this process's last write of it.
+    label_version: UpdateVersion,
+    /// The number of the next flush that stores anything; a failed flush's
+    /// number is used again, so that the committed ones stay 1..=n.
+    next_flush: u64,
+}
+
 /// A piece of a read to fetch from the store.
 struct Fetch {
     key: String,
@@ -77,14 +106,21 @@ struct Fetch {
 pub struct ObjectStoreDevice {
     url: String,
     prefix: String,
+    bucket: String,
+    label_key: String,
     store: Arc<CountedStore>,
-    label: TierLabel,
+    geometry: TierGeometry,
+    tier_id: String,
+    /// This process's open of the tier: every part it stores carries it.
+    epoch: u64,
     limits: ObjectStoreLimits,
     state: Mutex<TierState>,
-    /// Flushes run one at a time: a flush that waits for another then
-    /// stores whatever the other left pending (or failed to store), so it
-    /// never returns before everything written before it started is stored.
-    flush_lock: tokio::sync::Mutex<()>,
+    commits: tokio::sync::Mutex<Commits>,
+    /// The epoch of a later open by another process, once a commit found
+    /// it (0: none); from then on writes and flushes fail.
+    fenced_by_epoch: AtomicU64,
+    /// This epoch's committed flushes, for the statistics.
+    flushes_committed: AtomicU64,
     deletions: Arc<DeletionQueue>,
     deleter: tokio::task::JoinHandle<()>,
 }
@@ -129,13 +165,12 @@ impl ObjectStoreDevice {
             location.limits.requests_in_flight_max,
         ));
         let label_key = join_key(&location.prefix, LABEL_OBJECT_NAME);
+        let label_exists = || ObjectStoreError::LabelExists {
+            bucket: location.bucket.clone(),
+            key: label_key.clone(),
+        };
         match counted.get(&label_key).await {
-            Ok(_) => {
-                return Err(ObjectStoreError::LabelExists {
-                    bucket: location.bucket.clone(),
-                    key: label_key,
-                });
-            }
+            Ok(_) => return Err(label_exists()),
             Err(error) if error.is_not_found() => {}
             Err(error) => return Err(error),
         }
@@ -148,17 +183,25 @@ impl ObjectStoreDevice {
             });
         }
         let label = TierLabel::new(geometry);
-        counted
-            .put(&label_key, Bytes::from(label.to_bytes()))
-            .await?;
+        // Only if absent: of two processes creating one tier, one wins.
+        let label_version = counted
+            .put_with_mode(&label_key, Bytes::from(label.to_bytes()), PutMode::Create)
+            .await
+            .map_err(|error| {
+                if error.is_condition_failed() {
+                    label_exists()
+                } else {
+                    error
+                }
+            })?;
         tracing::info!(tier = %location.url(), tier_id = %label.tier_id, "created object-store tier");
-        Ok(Self::assemble(
-            counted,
-            location,
+        let opened = OpenedTier {
             label,
-            TierState::default(),
-            Vec::new(),
-        ))
+            label_version,
+            state: TierState::default(),
+            garbage: Vec::new(),
+        };
+        Ok(Self::assemble(counted, location, opened))
     }
 
     /// [`ObjectStoreDevice::open`] over any store.
@@ -173,48 +216,31 @@ impl ObjectStoreDevice {
             &location.bucket,
             location.limits.requests_in_flight_max,
         ));
-        let label_key = join_key(&location.prefix, LABEL_OBJECT_NAME);
-        let label_bytes = match counted.get(&label_key).await {
-            Ok(bytes) => bytes,
-            Err(error) if error.is_not_found() => {
-                return Err(ObjectStoreError::LabelMissing {
-                    bucket: location.bucket.clone(),
-                    key: label_key,
-                });
+        for attempt in 1..=OPEN_ATTEMPTS_MAX {
+            if let Some(opened) = take_epoch(&counted, &location).await? {
+                tracing::info!(
+                    tier = %location.url(),
+                    tier_id = %opened.label.tier_id,
+                    epoch = opened.label.current_epoch(),
+                    segments = opened.state.segments.len(),
+                    objects_to_delete = opened.garbage.len(),
+                    "opened object-store tier"
+                );
+                return Ok(Self::assemble(counted, location, opened));
             }
-            Err(error) => return Err(error),
-        };
-        let label = TierLabel::parse(
-            &label_bytes,
-            &LabelLocation {
-                bucket: &location.bucket,
-                key: &label_key,
-            },
-        )?;
-        let listing = counted
-            .list(&join_key(&location.prefix, SEGMENTS_FOLDER_NAME))
-            .await?;
-        let (state, garbage) = build_index(&location, &label.geometry, &listing);
-        tracing::info!(
-            tier = %location.url(),
-            tier_id = %label.tier_id,
-            segments = state.segments.len(),
-            objects_to_delete = garbage.len(),
-            "opened object-store tier"
-        );
-        Ok(Self::assemble(counted, location, label, state, garbage))
+            tracing::warn!(tier = %location.url(), attempt, "the tier's label changed while opening it; trying again");
+        }
+        Err(ObjectStoreError::OpenContended {
+            bucket: location.bucket.clone(),
+            key: join_key(&location.prefix, LABEL_OBJECT_NAME),
+            attempts: OPEN_ATTEMPTS_MAX,
+        })
     }
 
-    fn assemble(
-        store: Arc<CountedStore>,
-        location: TierLocation,
-        label: TierLabel,
-        state: TierState,
-        garbage: Vec<String>,
-    ) -> Arc<Self> {
+    fn assemble(store: Arc<CountedStore>, location: TierLocation, opened: OpenedTier) -> Arc<Self> {
         let url = location.url();
         let deletions = Arc::new(DeletionQueue::default());
-        deletions.push(garbage);
+        deletions.push(opened.garbage);
         let deleter = tokio::spawn(run_deleter(
             deletions.clone(),
             store.clone(),
@@ -222,14 +248,25 @@ impl ObjectStoreDevice {
             Duration::from_millis(location.limits.delete_retry_delay_ms),
             url.clone(),
         ));
+        let label = opened.label;
         Arc::new(Self {
             url,
+            label_key: join_key(&location.prefix, LABEL_OBJECT_NAME),
+            bucket: location.bucket,
             prefix: location.prefix,
             store,
-            label,
+            geometry: label.geometry,
+            tier_id: label.tier_id.clone(),
+            epoch: label.current_epoch(),
             limits: location.limits,
-            state: Mutex::new(state),
-            flush_lock: tokio::sync::Mutex::new(()),
+            state: Mutex::new(opened.state),
+            commits: tokio::sync::Mutex::new(Commits {
+                label,
+                label_version: opened.label_version,
+                next_flush: 1,
+            }),
+            fenced_by_epoch: AtomicU64::new(0),
+            flushes_committed: AtomicU64::new(0),
             deletions,
             deleter,
         })
@@ -241,12 +278,12 @@ impl ObjectStoreDevice {
     }
 
     pub fn geometry(&self) -> TierGeometry {
-        self.label.geometry
+        self.geometry
     }
 
     /// The random id the tier's label was created with.
     pub fn tier_id(&self) -> &str {
-        &self.label.tier_id
+        &self.tier_id
     }
 
     pub fn statistics(&self) -> ObjectStoreStatistics {
@@ -270,6 +307,10 @@ impl ObjectStoreDevice {
             bytes_stored,
             objects_awaiting_deletion: self.deletions.awaiting() as u64,
             pending_bytes,
+            epoch: self.epoch,
+            flushes_committed: self.flushes_committed.load(Ordering::Acquire),
+            fenced_by_epoch: Some(self.fenced_by_epoch.load(Ordering::Acquire))
+                .filter(|epoch| *epoch != 0),
         }
     }
 
@@ -285,7 +326,7 @@ impl ObjectStoreDevice {
     /// Under the lock: the read's pending bytes copied into `buffer`, and
     /// what is left to fetch from the store, with the index version seen.
     fn plan_read(&self, offset: u64, buffer: &mut AlignedBuffer) -> (Vec<Fetch>, u64) {
-        let geometry = self.label.geometry;
+        let geometry = self.geometry;
         let state = self.state.lock().expect("tier state lock");
         let mut fetches = Vec::new();
         for span in geometry.spans(offset, buffer.len() as u64) {
@@ -345,17 +386,65 @@ impl ObjectStoreDevice {
         Ok(buffer)
     }
 
-    /// Stores every pending run; the first error if any PUT failed (its
-    /// runs stay pending).
-    async fn flush_pending(&self) -> Result<(), ObjectStoreError> {
+    /// The error of a fenced process, if this one is.
+    fn fenced_error(&self) -> Option<ObjectStoreError> {
+        let newer_epoch = self.fenced_by_epoch.load(Ordering::Acquire);
+        (newer_epoch != 0).then(|| ObjectStoreError::Fenced {
+            bucket: self.bucket.clone(),
+            key: self.label_key.clone(),
+            epoch: self.epoch,
+            newer_epoch,
+        })
+    }
+
+    /// Stores every pending run under the next flush's number and commits
+    /// it; the first error if any PUT failed (then every run stays pending,
+    /// and the next flush stores them all again under the same number).
+    async fn flush_pending(&self, commits: &mut Commits) -> Result<(), ObjectStoreError> {
+        if let Some(error) = self.fenced_error() {
+            return Err(error);
+        }
+        let flush = commits.next_flush;
         let (runs, write_sequence_max) = {
             let mut state = self.state.lock().expect("tier state lock");
             let mut runs: Vec<UploadRun> = Vec::new();
             for (segment_index, segment) in &mut state.segments {
-                runs.extend(segment.take_runs(*segment_index, self.limits.part_bytes_max));
+                let target = RunTarget {
+                    segment_index: *segment_index,
+                    epoch: self.epoch,
+                    flush,
+                };
+                runs.extend(segment.take_runs(target, self.limits.part_bytes_max));
             }
             (runs, state.write_sequence)
         };
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let stored = self.upload(runs).await?;
+        self.commit(commits, flush).await?;
+        commits.next_flush = flush + 1;
+        self.flushes_committed.store(flush, Ordering::Release);
+        for key in stored {
+            let garbage = {
+                let mut state = self.state.lock().expect("tier state lock");
+                let segment = state
+                    .segments
+                    .get_mut(&key.segment_index)
+                    .expect("segments are never removed");
+                let garbage = segment.stored(key, write_sequence_max);
+                if !garbage.is_empty() {
+                    state.index_version += 1;
+                }
+                garbage
+            };
+            self.queue_deletions(garbage);
+        }
+        Ok(())
+    }
+
+    /// PUTs every run; their keys when all were stored, else the first error.
+    async fn upload(&self, runs: Vec<UploadRun>) -> Result<Vec<PartKey>, ObjectStoreError> {
         let mut uploads = futures::stream::iter(runs)
             .map(|run| async move {
                 let result = self
@@ -365,44 +454,156 @@ impl ObjectStoreDevice {
                 (run.key, result)
             })
             .buffer_unordered(self.limits.requests_in_flight_max);
+        let mut stored = Vec::new();
         let mut first_error = None;
         while let Some((key, result)) = uploads.next().await {
             match result {
-                Ok(()) => {
-                    let garbage = {
-                        let mut state = self.state.lock().expect("tier state lock");
-                        let segment = state
-                            .segments
-                            .get_mut(&key.segment_index)
-                            .expect("segments are never removed");
-                        let garbage = segment.stored(key, write_sequence_max);
-                        if !garbage.is_empty() {
-                            state.index_version += 1;
-                        }
-                        garbage
-                    };
-                    self.queue_deletions(garbage);
-                }
+                Ok(()) => stored.push(key),
                 Err(error) => {
-                    tracing::warn!(tier = %self.url, %error, "flush: a part could not be stored; it stays pending");
+                    tracing::warn!(tier = %self.url, %error, "flush: a part could not be stored; the flush stays pending");
                     first_error.get_or_insert(error);
                 }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(stored), Err)
+    }
+
+    /// Commits `flush`: the label, with this epoch's flushes committed
+    /// through it, written over the version this process wrote last. A
+    /// refused write means either that the previous attempt landed with its
+    /// answer lost (the label is still this epoch's: take its version and
+    /// try again) or that another process opened the tier (fenced).
+    async fn commit(&self, commits: &mut Commits, flush: u64) -> Result<(), ObjectStoreError> {
+        let committed = commits.label.with_committed(flush);
+        let mut last_error = None;
+        for _ in 0..COMMIT_ATTEMPTS_MAX {
+            let mode = PutMode::Update(commits.label_version.clone());
+            let error = match self
+                .store
+                .put_with_mode(&self.label_key, Bytes::from(committed.to_bytes()), mode)
+                .await
+            {
+                Ok(version) => {
+                    commits.label = committed;
+                    commits.label_version = version;
+                    return Ok(());
+                }
+                Err(error) if error.is_condition_failed() => error,
+                Err(error) => return Err(error),
+            };
+            let (bytes, version) = self.store.get(&self.label_key).await?;
+            let found = TierLabel::parse(
+                &bytes,
+                &LabelLocation {
+                    bucket: &self.bucket,
+                    key: &self.label_key,
+                },
+            )?;
+            if found.current_epoch() != self.epoch || found.tier_id != self.tier_id {
+                return Err(self.fence(found.current_epoch()));
+            }
+            let landed = found.is_committed(self.epoch, flush);
+            commits.label = found;
+            commits.label_version = version;
+            if landed {
+                return Ok(());
+            }
+            last_error = Some(error);
+        }
+        Err(last_error.expect("at least one attempt"))
+    }
+
+    fn fence(&self, newer_epoch: u64) -> ObjectStoreError {
+        self.fenced_by_epoch
+            .store(newer_epoch.max(1), Ordering::Release);
+        let error = self.fenced_error().expect("fenced just now");
+        tracing::error!(tier = %self.url, %error, "fenced: another process opened the tier");
+        error
     }
 }
 
-/// The index from a LIST of the tier's segments: for each segment the
+/// What an open found and wrote: the label with this open's epoch, its
+/// version, the index and the objects to delete.
+struct OpenedTier {
+    label: TierLabel,
+    label_version: UpdateVersion,
+    state: TierState,
+    garbage: Vec<String>,
+}
+
+/// One attempt at taking a new epoch: reads the label, LISTs the parts,
+/// builds the index from the parts that count, and writes the label with a
+/// new epoch over the version read. `None` when the label changed meanwhile
+/// (another process opened the tier or committed a flush: try again).
+async fn take_epoch(
+    store: &CountedStore,
+    location: &TierLocation,
+) -> Result<Option<OpenedTier>, ObjectStoreError> {
+    let label_key = join_key(&location.prefix, LABEL_OBJECT_NAME);
+    let (label_bytes, version) = match store.get(&label_key).await {
+        Ok(found) => found,
+        Err(error) if error.is_not_found() => {
+            return Err(ObjectStoreError::LabelMissing {
+                bucket: location.bucket.clone(),
+                key: label_key,
+            });
+        }
+        Err(error) => return Err(error),
+    };
+    let label = TierLabel::parse(
+        &label_bytes,
+        &LabelLocation {
+            bucket: &location.bucket,
+            key: &label_key,
+        },
+    )?;
+    // After the label: every part of a flush the label commits was stored
+    // before that commit was written, so the LIST shows it.
+    let listing = store
+        .list(&join_key(&location.prefix, SEGMENTS_FOLDER_NAME))
+        .await?;
+    let built = build_index(location, &label, &listing);
+    let opened = label.opened_again(|epoch| built.epochs_holding.contains(&epoch));
+    match store
+        .put_with_mode(
+            &label_key,
+            Bytes::from(opened.to_bytes()),
+            PutMode::Update(version),
+        )
+        .await
+    {
+        Ok(label_version) => Ok(Some(OpenedTier {
+            label: opened,
+            label_version,
+            state: built.state,
+            garbage: built.garbage,
+        })),
+        Err(error) if error.is_condition_failed() => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// What [`build_index`] makes of a LIST.
+struct BuiltIndex {
+    state: TierState,
+    /// Keys of objects to delete.
+    garbage: Vec<String>,
+    /// Epochs that still have parts that count.
+    epochs_holding: BTreeSet<u64>,
+}
+
+/// The index from a LIST of the tier's segments: parts whose flush the
+/// label does not commit are garbage; of the rest, for each segment the
 /// highest generation present wins; lower generations and parts hidden by
-/// newer ones are garbage (their object keys returned). Keys that do not
-/// parse, or name places outside the tier, are logged and left alone.
+/// newer ones are garbage too. Keys that do not parse, or name places
+/// outside the tier, are logged and left alone.
 fn build_index(
     location: &TierLocation,
-    geometry: &TierGeometry,
+    label: &TierLabel,
     listing: &[object_store::ObjectMeta],
-) -> (TierState, Vec<String>) {
+) -> BuiltIndex {
     let mut by_segment: BTreeMap<u64, Vec<PartKey>> = BTreeMap::new();
+    let mut garbage = Vec::new();
     for object in listing {
         let full_key = object.location.to_string();
         let Some(part) =
@@ -411,14 +612,18 @@ fn build_index(
             tracing::warn!(tier = %location.url(), key = %full_key, "ignoring an object that is not a part");
             continue;
         };
-        if let Err(reason) = check_part(geometry, &part, object.size) {
+        if let Err(reason) = check_part(&label.geometry, &part, object.size) {
             tracing::warn!(tier = %location.url(), key = %full_key, reason, "ignoring a part that does not fit the tier");
             continue;
         }
-        by_segment.entry(part.segment_index).or_default().push(part);
+        if label.is_committed(part.epoch, part.flush) {
+            by_segment.entry(part.segment_index).or_default().push(part);
+        } else {
+            garbage.push(full_key);
+        }
     }
     let mut state = TierState::default();
-    let mut garbage = Vec::new();
+    let mut epochs_holding = BTreeSet::new();
     for (segment_index, parts) in by_segment {
         let generation = parts
             .iter()
@@ -429,6 +634,7 @@ fn build_index(
             .into_iter()
             .partition(|part| part.generation == generation);
         let (segment, hidden) = SegmentIndex::from_stored(generation, current);
+        epochs_holding.extend(segment.parts().iter().map(|part| part.epoch));
         garbage.extend(
             older
                 .iter()
@@ -437,7 +643,11 @@ fn build_index(
         );
         state.segments.insert(segment_index, segment);
     }
-    (state, garbage)
+    BuiltIndex {
+        state,
+        garbage,
+        epochs_holding,
+    }
 }
 
 /// Why a parsed part cannot be one this tier wrote: outside the segments,
@@ -481,7 +691,7 @@ impl BlockDevice for ObjectStoreDevice {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.label.geometry.size_bytes
+        self.geometry.size_bytes
     }
 
     async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
@@ -500,10 +710,13 @@ impl BlockDevice for ObjectStoreDevice {
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
         check_request(&self.url, self.size_bytes(), offset, data.len() as u64)?;
+        if let Some(error) = self.fenced_error() {
+            return Err(error.into_device_error(&self.url, offset, data.len() as u64));
+        }
         let mut state = self.state.lock().expect("tier state lock");
         state.write_sequence += 1;
         let write_sequence = state.write_sequence;
-        for span in self.label.geometry.spans(offset, data.len() as u64) {
+        for span in self.geometry.spans(offset, data.len() as u64) {
             let range = span.range_in_segment;
             state.segments.entry(span.segment_index).or_default().write(
                 range.start,
@@ -517,8 +730,8 @@ impl BlockDevice for ObjectStoreDevice {
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {
-        let _one_at_a_time = self.flush_lock.lock().await;
-        self.flush_pending()
+        let mut commits = self.commits.lock().await;
+        self.flush_pending(&mut commits)
             .await
             .map_err(|error| error.into_device_error(&self.url, 0, 0))
     }
@@ -534,7 +747,7 @@ impl BlockDevice for ObjectStoreDevice {
         length: u64,
     ) -> Result<Option<RegionShape>, DeviceError> {
         check_request(&self.url, self.size_bytes(), offset, length)?;
-        let geometry = self.label.geometry;
+        let geometry = self.geometry;
         let (segment_index, offset_in_segment) = geometry.locate(offset);
         let window = geometry.window(segment_index);
         if offset_in_segment != window.start || length != window.end - window.start {
@@ -694,9 +907,8 @@ mod tests {
         device.flush().await.unwrap();
         let listing = keys(&store).await;
         assert!(
-            listing
-                .iter()
-                .any(|key| key.contains("/00000003/00000001/00000000-0000004096-0000004096")),
+            listing.iter().any(|key| key
+                .contains("/00000003/00000001/00000001-0000000002-00000000-0000004096-0000004096")),
             "{listing:?}"
         );
         drop(device);
@@ -914,36 +1126,97 @@ mod tests {
         device.open_region(0, 256 * 1024).await.unwrap();
     }
 
-    /// A store whose PUTs of keys containing a marker fail (the rest pass
-    /// to an in-memory store).
-    #[derive(Debug, Default)]
-    struct FailingPuts {
-        inner: InMemory,
+    /// A store over an in-memory one whose PUTs of keys containing a marker
+    /// fail (`failing_marker`), land but answer with an error once
+    /// (`answer_lost_marker`), or are held in flight (`held_marker`): such a
+    /// PUT never answers its caller and lands on the store only when
+    /// [`ScriptedStore::release`] is called, whether or not its caller is
+    /// still there — as a request of a process that died lands on a real
+    /// server after the next process opened the tier.
+    #[derive(Debug)]
+    struct ScriptedStore {
+        inner: Arc<InMemory>,
         failing_marker: Mutex<Option<String>>,
+        answer_lost_marker: Mutex<Option<String>>,
+        held_marker: Mutex<Option<String>>,
+        gate: tokio::sync::watch::Sender<bool>,
+        held_landed: Arc<std::sync::atomic::AtomicUsize>,
     }
 
-    impl std::fmt::Display for FailingPuts {
+    impl Default for ScriptedStore {
+        fn default() -> Self {
+            Self {
+                inner: Arc::new(InMemory::new()),
+                failing_marker: Mutex::default(),
+                answer_lost_marker: Mutex::default(),
+                held_marker: Mutex::default(),
+                gate: tokio::sync::watch::channel(false).0,
+                held_landed: Arc::default(),
+            }
+        }
+    }
+
+    impl ScriptedStore {
+        fn matches(marker: &Mutex<Option<String>>, location: &object_store::path::Path) -> bool {
+            marker
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|marker| location.as_ref().contains(marker.as_str()))
+        }
+
+        /// Lets every held PUT land, and waits until `count` of them did.
+        async fn release(&self, count: usize) {
+            self.gate.send_replace(true);
+            for _ in 0..1000 {
+                if self.held_landed.load(std::sync::atomic::Ordering::Acquire) >= count {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            panic!("the held PUTs did not land");
+        }
+    }
+
+    impl std::fmt::Display for ScriptedStore {
         fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(formatter, "FailingPuts")
+            write!(formatter, "ScriptedStore")
         }
     }
 
     #[async_trait::async_trait]
-    impl ObjectStore for FailingPuts {
+    impl ObjectStore for ScriptedStore {
         async fn put_opts(
             &self,
             location: &object_store::path::Path,
             payload: object_store::PutPayload,
             options: object_store::PutOptions,
         ) -> object_store::Result<object_store::PutResult> {
-            let marker = self.failing_marker.lock().unwrap().clone();
-            if marker.is_some_and(|marker| location.as_ref().contains(&marker)) {
-                return Err(object_store::Error::Generic {
-                    store: "FailingPuts",
-                    source: "this PUT fails".into(),
-                });
+            let error = |reason: &str| object_store::Error::Generic {
+                store: "ScriptedStore",
+                source: reason.to_string().into(),
+            };
+            if Self::matches(&self.failing_marker, location) {
+                return Err(error("this PUT fails"));
             }
-            self.inner.put_opts(location, payload, options).await
+            if Self::matches(&self.held_marker, location) {
+                let inner = self.inner.clone();
+                let mut gate = self.gate.subscribe();
+                let landed = self.held_landed.clone();
+                let location = location.clone();
+                tokio::spawn(async move {
+                    gate.wait_for(|open| *open).await.unwrap();
+                    let _ = inner.put_opts(&location, payload, options).await;
+                    landed.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                });
+                return std::future::pending().await;
+            }
+            let result = self.inner.put_opts(location, payload, options).await;
+            if result.is_ok() && Self::matches(&self.answer_lost_marker, location) {
+                *self.answer_lost_marker.lock().unwrap() = None;
+                return Err(error("the answer to this PUT was lost"));
+            }
+            result
         }
 
         async fn put_multipart_opts(
@@ -999,13 +1272,14 @@ mod tests {
     }
 
     /// A write longer than `part_bytes_max` is flushed as several parts. One
-    /// of them failing must leave exactly its bytes pending: they read back,
-    /// and the next flush stores them, so that after it returns they survive
-    /// a reopen (the first part stored once took the whole write out of the
-    /// pending map, and the retried flush then returned with nothing to store).
+    /// of them failing leaves the flush uncommitted and the whole write
+    /// pending: it reads back, and the next flush stores it, so that after it
+    /// returns it survives a reopen (the first part stored once took the
+    /// whole write out of the pending map, and the retried flush then
+    /// returned with nothing to store).
     #[tokio::test]
     async fn a_failed_part_of_a_long_write_stays_pending_until_a_flush_stores_it() {
-        let failing = Arc::new(FailingPuts::default());
+        let failing = Arc::new(ScriptedStore::default());
         let store: Arc<dyn ObjectStore> = failing.clone();
         let small_parts = TierLocation {
             limits: ObjectStoreLimits {
@@ -1023,7 +1297,8 @@ mod tests {
         // The part of the write's second block.
         *failing.failing_marker.lock().unwrap() = Some("-0000004096-0000004096".to_string());
         assert!(device.flush().await.is_err());
-        assert_eq!(device.statistics().pending_bytes, 4096);
+        assert_eq!(device.statistics().pending_bytes, 4 * 4096);
+        assert_eq!(device.statistics().flushes_committed, 0);
         assert_eq!(
             &device.read(segment_start, 4 * 4096).await.unwrap()[..],
             &data[..]
@@ -1038,6 +1313,217 @@ mod tests {
         assert_eq!(
             &reopened.read(segment_start, 4 * 4096).await.unwrap()[..],
             &data[..]
+        );
+    }
+    fn zeros(buffer: &AlignedBuffer) -> bool {
+        buffer.iter().all(|byte| *byte == 0)
+    }
+
+    /// A flush in flight when its process died: its PUTs land on the store
+    /// only after the next process opened the tier and wrote over the same
+    /// segment. They must never change what any later open sees — neither
+    /// where the next process wrote (its data, not the older data that
+    /// landed later) nor where it did not (what it saw there, not data that
+    /// appeared after it looked). With format 1's keys the late part had the
+    /// same key as the next process's first part and replaced it, and the
+    /// other late part showed up at the third open.
+    #[tokio::test]
+    async fn a_dead_processes_late_parts_never_change_what_a_later_open_sees() {
+        let scripted = Arc::new(ScriptedStore::default());
+        let store: Arc<dyn ObjectStore> = scripted.clone();
+        let first = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024 + 2 * MIB;
+        let committed = pattern(4, 1);
+        first.write(segment_start, committed.clone()).await.unwrap();
+        first.flush().await.unwrap();
+        // The next flush's parts stay in flight, and the process dies.
+        first.write(segment_start, pattern(4, 2)).await.unwrap();
+        first
+            .write(segment_start + 8 * 4096, pattern(2, 3))
+            .await
+            .unwrap();
+        *scripted.held_marker.lock().unwrap() = Some("/segments/".to_string());
+        let dying = first.clone();
+        let flush = tokio::spawn(async move { dying.flush().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        flush.abort();
+        first.deleter.abort();
+        drop(first);
+        *scripted.held_marker.lock().unwrap() = None;
+
+        let second = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        assert_eq!(second.statistics().epoch, 2);
+        assert_eq!(
+            &second.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &committed[..]
+        );
+        assert!(zeros(
+            &second
+                .read(segment_start + 8 * 4096, 2 * 4096)
+                .await
+                .unwrap()
+        ));
+        let newer = pattern(1, 4);
+        second.write(segment_start, newer.clone()).await.unwrap();
+        second.flush().await.unwrap();
+        scripted.release(2).await;
+        let expected: Vec<u8> = newer.iter().chain(&committed[4096..]).copied().collect();
+        assert_eq!(
+            &second.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &expected[..]
+        );
+        second.deleter.abort();
+        drop(second);
+
+        let third = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        assert_eq!(
+            &third.read(segment_start, 4 * 4096).await.unwrap()[..],
+            &expected[..]
+        );
+        assert!(zeros(
+            &third
+                .read(segment_start + 8 * 4096, 2 * 4096)
+                .await
+                .unwrap()
+        ));
+        wait_for_deletions(&third).await;
+        let listing = keys(&store).await;
+        assert!(
+            listing
+                .iter()
+                .all(|key| !key.contains("/00000001-0000000002-")),
+            "the late parts are deleted: {listing:?}"
+        );
+    }
+
+    /// A process whose parts were stored but whose commit (the label write)
+    /// was still in flight when it died: the commit lands after the next
+    /// open and is refused, since the label is no longer the version it was
+    /// conditional on; the parts never count.
+    #[tokio::test]
+    async fn a_dead_processes_late_commit_is_refused() {
+        let scripted = Arc::new(ScriptedStore::default());
+        let store: Arc<dyn ObjectStore> = scripted.clone();
+        let first = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024 + MIB;
+        first.write(segment_start, pattern(2, 1)).await.unwrap();
+        *scripted.held_marker.lock().unwrap() = Some(LABEL_OBJECT_NAME.to_string());
+        let dying = first.clone();
+        let flush = tokio::spawn(async move { dying.flush().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        flush.abort();
+        drop(first);
+        *scripted.held_marker.lock().unwrap() = None;
+        let second = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        scripted.release(1).await;
+        assert!(zeros(&second.read(segment_start, 2 * 4096).await.unwrap()));
+        drop(second);
+        let third = ObjectStoreDevice::open_in(store, location()).await.unwrap();
+        assert_eq!(third.statistics().epoch, 3);
+        assert!(zeros(&third.read(segment_start, 2 * 4096).await.unwrap()));
+    }
+
+    /// Two processes on one tier: the later open fences the earlier one,
+    /// whose next flush fails (and says why) instead of storing data that
+    /// no open would count.
+    #[tokio::test]
+    async fn a_later_open_fences_the_earlier_process() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let first = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024;
+        let kept = pattern(1, 1);
+        first.write(segment_start, kept.clone()).await.unwrap();
+        first.flush().await.unwrap();
+        let second = ObjectStoreDevice::open_in(store.clone(), location())
+            .await
+            .unwrap();
+        first
+            .write(segment_start + 4096, pattern(1, 2))
+            .await
+            .unwrap();
+        let error = first.flush().await.unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("opened again by another process"),
+            "{error}"
+        );
+        assert_eq!(first.statistics().fenced_by_epoch, Some(2));
+        assert!(first.write(segment_start, pattern(1, 3)).await.is_err());
+        let written = pattern(1, 4);
+        second
+            .write(segment_start + 2 * 4096, written.clone())
+            .await
+            .unwrap();
+        second.flush().await.unwrap();
+        drop((first, second));
+        let third = ObjectStoreDevice::open_in(store, location()).await.unwrap();
+        let expected: Vec<u8> = kept
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n(0, 4096))
+            .chain(written.iter().copied())
+            .collect();
+        assert_eq!(
+            &third.read(segment_start, 3 * 4096).await.unwrap()[..],
+            &expected[..]
+        );
+    }
+
+    /// A commit that landed but whose answer was lost: the flush fails, the
+    /// next one finds the label already committing its number (it keeps the
+    /// failed flush's number) and succeeds instead of calling itself fenced.
+    #[tokio::test]
+    async fn a_commit_whose_answer_was_lost_is_recognised_as_its_own() {
+        let scripted = Arc::new(ScriptedStore::default());
+        let store: Arc<dyn ObjectStore> = scripted.clone();
+        let device = ObjectStoreDevice::create_in(store.clone(), location(), geometry())
+            .await
+            .unwrap();
+        let segment_start = 256 * 1024 + 3 * MIB;
+        let first = pattern(1, 1);
+        device.write(segment_start, first.clone()).await.unwrap();
+        *scripted.answer_lost_marker.lock().unwrap() = Some(LABEL_OBJECT_NAME.to_string());
+        assert!(device.flush().await.is_err());
+        let second = pattern(1, 2);
+        device
+            .write(segment_start + 4096, second.clone())
+            .await
+            .unwrap();
+        device.flush().await.unwrap();
+        let statistics = device.statistics();
+        assert_eq!(
+            (statistics.flushes_committed, statistics.fenced_by_epoch),
+            (1, None)
+        );
+        let third = pattern(1, 3);
+        device
+            .write(segment_start + 2 * 4096, third.clone())
+            .await
+            .unwrap();
+        device.flush().await.unwrap();
+        assert_eq!(device.statistics().flushes_committed, 2);
+        drop(device);
+        let reopened = ObjectStoreDevice::open_in(store, location()).await.unwrap();
+        let expected: Vec<u8> = [first, second, third]
+            .iter()
+            .flat_map(|buffer| buffer.iter().copied())
+            .collect();
+        assert_eq!(
+            &reopened.read(segment_start, 3 * 4096).await.unwrap()[..],
+            &expected[..]
         );
     }
 }

@@ -77,6 +77,26 @@ pub enum ObjectStoreError {
         found: u32,
         supported: u32,
     },
+    /// Another process opened the tier after this one: this one no longer
+    /// writes to it (what it flushed since is not committed).
+    #[error(
+        "s3://{bucket}/{key}: the tier was opened again by another process (epoch {newer_epoch}, this process has epoch {epoch}); this process stores nothing more in it"
+    )]
+    Fenced {
+        bucket: String,
+        key: String,
+        epoch: u64,
+        newer_epoch: u64,
+    },
+    /// The label kept changing while this process tried to open the tier.
+    #[error(
+        "s3://{bucket}/{key}: the tier's label changed during each of {attempts} attempts to open it: is another process opening the tier?"
+    )]
+    OpenContended {
+        bucket: String,
+        key: String,
+        attempts: usize,
+    },
     /// The layer above asked to open a region that is not one segment of
     /// the tier (its segment size or origin differs from the tier's label).
     #[error(
@@ -98,6 +118,19 @@ impl ObjectStoreError {
             device,
             offset,
             length,
+        )
+    }
+
+    /// Whether a conditional PUT was refused: the object exists (`Create`)
+    /// or is no longer the version given (`Update`).
+    pub fn is_condition_failed(&self) -> bool {
+        matches!(
+            self,
+            Self::Request {
+                source: object_store::Error::Precondition { .. }
+                    | object_store::Error::AlreadyExists { .. },
+                ..
+            }
         )
     }
 

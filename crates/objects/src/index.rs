@@ -1,8 +1,8 @@
 //! What the tier holds, in memory: for each segment its generation, the parts
 //! stored in the store for that generation, and the runs written but not yet
 //! flushed (pending). Pure logic without I/O: it decides which bytes a read
-//! takes from where (pending over stored, a higher part sequence over a lower
-//! one, zeros where nothing was written), which runs a flush uploads, and
+//! takes from where (pending over stored, a later part over an earlier one,
+//! zeros where nothing was written), which runs a flush uploads, and
 //! which objects become garbage.
 
 use std::collections::BTreeMap;
@@ -71,12 +71,22 @@ pub struct UploadRun {
     pub payload: Bytes,
 }
 
+/// Whose runs [`SegmentIndex::take_runs`] makes: the segment's, for a flush
+/// of an epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct RunTarget {
+    pub segment_index: u64,
+    pub epoch: u64,
+    pub flush: u64,
+}
+
 /// One segment's state.
 #[derive(Debug, Default)]
 pub struct SegmentIndex {
     generation: u64,
     next_part_sequence: u64,
-    /// Stored parts of `generation`, in ascending part sequence.
+    /// Stored parts of `generation`, in ascending order (epoch, then part
+    /// sequence).
     parts: Vec<PartKey>,
     /// Pending extents by offset in the segment; they never overlap.
     pending: BTreeMap<u64, PendingExtent>,
@@ -87,8 +97,12 @@ impl SegmentIndex {
     /// holding `parts` (all of that generation), and the parts among them
     /// that newer ones hide entirely (garbage a deleter did not get to).
     pub fn from_stored(generation: u64, mut parts: Vec<PartKey>) -> (Self, Vec<PartKey>) {
-        parts.sort_by_key(|part| part.part_sequence);
-        let next_part_sequence = parts.last().map_or(0, |part| part.part_sequence + 1);
+        parts.sort_by_key(PartKey::order);
+        let next_part_sequence = parts
+            .iter()
+            .map(|part| part.part_sequence + 1)
+            .max()
+            .unwrap_or(0);
         let mut segment = Self {
             generation,
             next_part_sequence,
@@ -209,9 +223,9 @@ impl SegmentIndex {
     }
 
     /// The pending extents as contiguous runs of at most `part_bytes_max`,
-    /// each with its part key (sequences taken now, in offset order) and its
-    /// bytes copied out.
-    pub fn take_runs(&mut self, segment_index: u64, part_bytes_max: u64) -> Vec<UploadRun> {
+    /// each with its part key (of `flush` in `epoch`, sequences taken now,
+    /// in offset order) and its bytes copied out.
+    pub fn take_runs(&mut self, target: RunTarget, part_bytes_max: u64) -> Vec<UploadRun> {
         let mut runs = Vec::new();
         let mut current: Option<(u64, Vec<u8>)> = None;
         for (start, extent) in &self.pending {
@@ -240,8 +254,10 @@ impl SegmentIndex {
         runs.into_iter()
             .map(|(offset_in_segment, bytes)| {
                 let key = PartKey {
-                    segment_index,
+                    segment_index: target.segment_index,
                     generation: self.generation,
+                    epoch: target.epoch,
+                    flush: target.flush,
                     part_sequence: self.next_part_sequence,
                     offset_in_segment,
                     length: bytes.len() as u64,
@@ -275,7 +291,7 @@ impl SegmentIndex {
         );
         let position = self
             .parts
-            .partition_point(|part| part.part_sequence < key.part_sequence);
+            .partition_point(|part| part.order() < key.order());
         self.parts.insert(position, key);
         self.remove_hidden_parts()
     }
@@ -339,6 +355,14 @@ mod tests {
     use super::*;
 
     const BLOCK: u64 = 4096;
+
+    fn target(segment_index: u64) -> RunTarget {
+        RunTarget {
+            segment_index,
+            epoch: 1,
+            flush: 1,
+        }
+    }
 
     fn block_data(blocks: u64, seed: u8) -> Arc<AlignedBuffer> {
         let mut buffer = AlignedBuffer::zeroed(crate::to_usize(blocks * BLOCK));
@@ -404,7 +428,7 @@ mod tests {
                     }
                     6..9 => {
                         let part_bytes_max = BLOCK * rng.random_range(1..20);
-                        let runs = index.take_runs(0, part_bytes_max);
+                        let runs = index.take_runs(target(0), part_bytes_max);
                         let flushed_up_to = write_sequence;
                         // A write between the snapshot and the upload's end.
                         if rng.random_bool(0.3) {
@@ -454,7 +478,7 @@ mod tests {
     fn an_upload_finishing_after_a_reopen_is_garbage() {
         let mut index = SegmentIndex::default();
         index.write(0, BLOCK, block_data(1, 1), 0, 1);
-        let runs = index.take_runs(5, 1 << 20);
+        let runs = index.take_runs(target(5), 1 << 20);
         assert_eq!(runs.len(), 1);
         assert!(index.reopen().is_empty());
         assert_eq!(index.stored(runs[0].key, 1), vec![runs[0].key]);
@@ -468,7 +492,7 @@ mod tests {
         index.write(0, 2 * BLOCK, block_data(2, 1), 0, 1);
         index.write(2 * BLOCK, 3 * BLOCK, block_data(3, 2), 0, 2);
         index.write(8 * BLOCK, BLOCK, block_data(1, 3), 0, 3);
-        let runs = index.take_runs(0, 4 * BLOCK);
+        let runs = index.take_runs(target(0), 4 * BLOCK);
         let shapes: Vec<(u64, u64, u64)> = runs
             .iter()
             .map(|run| {
@@ -480,7 +504,7 @@ mod tests {
             })
             .collect();
         assert_eq!(shapes, vec![(0, 0, 2), (1, 2, 3), (2, 8, 1)]);
-        let runs = index.take_runs(0, BLOCK);
+        let runs = index.take_runs(target(0), BLOCK);
         assert_eq!(runs.len(), 6);
     }
 
@@ -493,7 +517,7 @@ mod tests {
         let mut index = SegmentIndex::default();
         let data = block_data(4, 7);
         index.write(0, 4 * BLOCK, data.clone(), 0, 1);
-        let runs = index.take_runs(0, BLOCK);
+        let runs = index.take_runs(target(0), BLOCK);
         assert_eq!(runs.len(), 4);
         let mut store = BTreeMap::new();
         store.insert(runs[0].key, runs[0].payload.clone());
@@ -501,7 +525,7 @@ mod tests {
         assert_eq!(contents(&index, 0..4 * BLOCK, &store), data[..]);
         assert_eq!(index.pending_bytes(), 3 * BLOCK);
         // The second part's PUT failed: the next flush uploads it again.
-        let again = index.take_runs(0, BLOCK);
+        let again = index.take_runs(target(0), BLOCK);
         let shapes: Vec<(u64, u64)> = again
             .iter()
             .map(|run| (run.key.offset_in_segment / BLOCK, run.key.length / BLOCK))

@@ -1,7 +1,8 @@
 //! The names of the objects a tier keeps: the label and one object per stored
 //! part of a segment. A part's key says everything the index needs (segment,
-//! generation, order among the segment's parts, where in the segment it goes
-//! and how long it is), so that opening a tier is a LIST and no GET per object.
+//! generation, the epoch and flush that stored it, order among the segment's
+//! parts, where in the segment it goes and how long it is), so that opening a
+//! tier is a LIST and no GET per object.
 //! Keys read back from a LIST are untrusted input: the parser accepts exactly
 //! the keys [`PartKey::relative_key`] writes and nothing else, without panicking.
 
@@ -14,6 +15,9 @@ pub const SEGMENTS_FOLDER_NAME: &str = "segments";
 /// Decimal digits of a segment index, generation or part sequence in a key.
 const INDEX_DIGITS: usize = 8;
 
+/// Decimal digits of a flush number in a key.
+const FLUSH_DIGITS: usize = 10;
+
 /// Decimal digits of an offset or a length within a segment in a key.
 const BYTE_COUNT_DIGITS: usize = 10;
 
@@ -24,28 +28,50 @@ pub struct PartKey {
     /// Which use of the segment the part belongs to: bumped each time the
     /// segment is opened again, so that older parts are hidden at once.
     pub generation: u64,
-    /// Order among the segment's parts of one generation: a higher sequence
-    /// wins where parts overlap.
+    /// The open of the tier whose process stored the part.
+    pub epoch: u64,
+    /// The flush of that epoch that stored it: the part counts only once
+    /// the label records that flush as committed.
+    pub flush: u64,
+    /// Order among the segment's parts of one generation and epoch: a
+    /// higher (epoch, sequence) wins where parts overlap.
     pub part_sequence: u64,
     pub offset_in_segment: u64,
     pub length: u64,
 }
 
+/// Where a part stands among a segment's parts: the later wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PartOrder {
+    pub epoch: u64,
+    pub part_sequence: u64,
+}
+
 impl PartKey {
     /// The key below the tier's prefix:
-    /// `segments/{segment:08}/{generation:08}/{sequence:08}-{offset:010}-{length:010}`.
+    /// `segments/{segment:08}/{generation:08}/{epoch:08}-{flush:010}-{sequence:08}-{offset:010}-{length:010}`.
     /// Wider numbers are written in full (the widths are minimums).
     pub fn relative_key(&self) -> String {
         format!(
-            "{SEGMENTS_FOLDER_NAME}/{:0index$}/{:0index$}/{:0index$}-{:0bytes$}-{:0bytes$}",
+            "{SEGMENTS_FOLDER_NAME}/{:0index$}/{:0index$}/{:0index$}-{:0flush$}-{:0index$}-{:0bytes$}-{:0bytes$}",
             self.segment_index,
             self.generation,
+            self.epoch,
+            self.flush,
             self.part_sequence,
             self.offset_in_segment,
             self.length,
             index = INDEX_DIGITS,
+            flush = FLUSH_DIGITS,
             bytes = BYTE_COUNT_DIGITS,
         )
+    }
+
+    pub fn order(&self) -> PartOrder {
+        PartOrder {
+            epoch: self.epoch,
+            part_sequence: self.part_sequence,
+        }
     }
 
     /// Parses a key below the tier's prefix; `None` for anything
@@ -62,6 +88,8 @@ impl PartKey {
             return None;
         }
         let mut fields = name.split('-');
+        let epoch = parse_number(fields.next()?, INDEX_DIGITS)?;
+        let flush = parse_number(fields.next()?, FLUSH_DIGITS)?;
         let part_sequence = parse_number(fields.next()?, INDEX_DIGITS)?;
         let offset_in_segment = parse_number(fields.next()?, BYTE_COUNT_DIGITS)?;
         let length = parse_number(fields.next()?, BYTE_COUNT_DIGITS)?;
@@ -71,6 +99,8 @@ impl PartKey {
         Some(Self {
             segment_index,
             generation,
+            epoch,
+            flush,
             part_sequence,
             offset_in_segment,
             length,
@@ -118,11 +148,23 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
         )
             .prop_map(
-                |(segment_index, generation, part_sequence, offset_in_segment, length)| PartKey {
+                |(
                     segment_index,
                     generation,
+                    epoch,
+                    flush,
+                    part_sequence,
+                    offset_in_segment,
+                    length,
+                )| PartKey {
+                    segment_index,
+                    generation,
+                    epoch,
+                    flush,
                     part_sequence,
                     offset_in_segment,
                     length,
@@ -135,13 +177,15 @@ mod tests {
         let key = PartKey {
             segment_index: 3,
             generation: 2,
+            epoch: 5,
+            flush: 41,
             part_sequence: 17,
             offset_in_segment: 65536,
             length: 4096,
         };
         assert_eq!(
             key.relative_key(),
-            "segments/00000003/00000002/00000017-0000065536-0000004096"
+            "segments/00000003/00000002/00000005-0000000041-00000017-0000065536-0000004096"
         );
         assert_eq!(PartKey::parse_relative(&key.relative_key()), Some(key));
     }
@@ -154,16 +198,19 @@ mod tests {
             "segments/",
             "segments/00000003/00000002",
             "segments/00000003/00000002/",
-            "segments/0000003/00000002/00000017-0000065536-0000004096",
-            "segments/000000003/00000002/00000017-0000065536-0000004096",
-            "segments/00000003/00000002/00000017-0000065536-0000004096-1",
-            "segments/00000003/00000002/00000017-0000065536-0000004096/x",
-            "segments/00000003/00000002/00000017_0000065536_0000004096",
-            "segments/+0000003/00000002/00000017-0000065536-0000004096",
-            "segments/0000000３/00000002/00000017-0000065536-0000004096",
-            "segments/00000003/00000002/00000017-0000065536-00000040960",
-            "segments/00000003/00000002/00000017-0000065536-99999999999999999999",
-            "Segments/00000003/00000002/00000017-0000065536-0000004096",
+            // Format 1's names, without an epoch and a flush.
+            "segments/00000003/00000002/00000017-0000065536-0000004096",
+            "segments/0000003/00000002/00000005-0000000041-00000017-0000065536-0000004096",
+            "segments/000000003/00000002/00000005-0000000041-00000017-0000065536-0000004096",
+            "segments/00000003/00000002/00000005-000000041-00000017-0000065536-0000004096",
+            "segments/00000003/00000002/00000005-0000000041-00000017-0000065536-0000004096-1",
+            "segments/00000003/00000002/00000005-0000000041-00000017-0000065536-0000004096/x",
+            "segments/00000003/00000002/00000005_0000000041_00000017_0000065536_0000004096",
+            "segments/+0000003/00000002/00000005-0000000041-00000017-0000065536-0000004096",
+            "segments/0000000３/00000002/00000005-0000000041-00000017-0000065536-0000004096",
+            "segments/00000003/00000002/00000005-0000000041-00000017-0000065536-00000040960",
+            "segments/00000003/00000002/00000005-0000000041-00000017-0000065536-99999999999999999999",
+            "Segments/00000003/00000002/00000005-0000000041-00000017-0000065536-0000004096",
             "lamina-object-tier.json",
         ] {
             assert_eq!(PartKey::parse_relative(text), None, "{text:?}");
@@ -200,7 +247,7 @@ mod tests {
         /// number and field paths, not just the first comparison.
         #[test]
         fn key_shaped_text_parses_only_when_canonical(
-            text in "segments/[0-9+-]{0,22}/[0-9-]{0,22}/[0-9a-]{0,40}(/[0-9]{0,3})?"
+            text in "segments/[0-9+-]{0,22}/[0-9-]{0,22}/[0-9a-]{0,64}(/[0-9]{0,3})?"
         ) {
             if let Some(key) = PartKey::parse_relative(&text) {
                 prop_assert_eq!(key.relative_key(), text);

