@@ -370,3 +370,77 @@ fn rewrite_range(daemon: &Daemon, export: &str, file: &Path, offset: u64, length
             .arg(script),
     );
 }
+
+/// Another process opens the tier while the daemon demotes into it (as a
+/// copy of the pool started by mistake would): the daemon is fenced — its
+/// next commit is refused, `pool status` and `/metrics` say so and it
+/// stores nothing more in the tier — and after it is killed and started
+/// again it takes the tier back and every byte reads back.
+#[test]
+fn another_process_opening_the_tier_fences_the_daemon_and_loses_nothing() {
+    let Some(store) = Store::start() else {
+        return;
+    };
+    let setup = Setup::new();
+    created(&store.create_pool(&setup, "fenced"));
+    let volume_bytes = 160 * MIB;
+    let output = store.lamina(
+        &setup.data_dir,
+        &["volume", "create", "big", &volume_bytes.to_string()],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
+    let file = setup.root.join("big.pattern");
+    pattern_file(&file, volume_bytes, 11);
+    write_file(&daemon, "big", &file);
+    wait_until("some data is demoted", || {
+        capacity_bytes(&setup.data_dir, "big") > 0
+    });
+    let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    let epoch = status["object_tier"]["epoch"].as_u64().unwrap();
+    assert!(epoch >= 2, "{status}");
+    assert!(
+        status["object_tier"]["fenced_by_epoch"].is_null(),
+        "{status}"
+    );
+
+    let config = store.server.config(
+        &format!("s3://{BUCKET}/fenced"),
+        lamina_objects::ObjectStoreLimits::default(),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let intruder = runtime
+        .block_on(lamina_objects::ObjectStoreDevice::open(&config))
+        .expect("a second process opens the tier");
+    assert_eq!(intruder.statistics().epoch, epoch + 1);
+    // Reading everything promotes cold blocks, which makes the daemon
+    // demote others: its next commit finds the tier taken.
+    wait_until("the daemon finds itself fenced", || {
+        assert_same(&daemon, "big", &file);
+        let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+        status["object_tier"]["fenced_by_epoch"].as_u64() == Some(epoch + 1)
+    });
+    assert!(
+        daemon.gauge("lamina_object_tier_fenced") == Some(1.0),
+        "{}",
+        daemon.metrics()
+    );
+    assert!(
+        daemon.log().contains("opened again by another process"),
+        "{}",
+        daemon.log()
+    );
+    drop(intruder);
+    drop(runtime);
+    daemon.kill_hard();
+
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
+    assert_same(&daemon, "big", &file);
+    let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    assert_eq!(
+        status["object_tier"]["epoch"].as_u64(),
+        Some(epoch + 2),
+        "{status}"
+    );
+    assert!(daemon.terminate().success());
+}
