@@ -103,7 +103,9 @@ pub struct ObjectTierStatus {
     pub stored_bytes: u64,
     /// Bytes written and not yet stored: the next flush uploads them.
     pub pending_bytes: u64,
-    /// Requests since the pool opened, by kind (`get`, `put`, `delete`, `list`).
+    /// Requests since the pool opened, by kind (`get`, `put` of parts,
+    /// `delete`, `list`, and `label_put`: the conditional writes of the
+    /// label, one per open and one per committed flush).
     pub requests: Vec<ObjectRequestStatistics>,
     /// This daemon's open of the tier (each open takes the next epoch in
     /// the tier's label).

@@ -294,6 +294,7 @@ impl ObjectTier {
                 request("put", &statistics.put),
                 request("delete", &statistics.delete),
                 request("list", &statistics.list),
+                request("label_put", &statistics.label_put),
             ],
             epoch: statistics.epoch,
             flushes_committed: statistics.flushes_committed,

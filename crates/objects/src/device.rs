@@ -185,7 +185,12 @@ impl ObjectStoreDevice {
         let label = TierLabel::new(geometry);
         // Only if absent: of two processes creating one tier, one wins.
         let label_version = counted
-            .put_with_mode(&label_key, Bytes::from(label.to_bytes()), PutMode::Create)
+            .put_with_mode(
+                RequestKind::LabelPut,
+                &label_key,
+                Bytes::from(label.to_bytes()),
+                PutMode::Create,
+            )
             .await
             .map_err(|error| {
                 if error.is_condition_failed() {
@@ -303,6 +308,7 @@ impl ObjectStoreDevice {
             put: self.store.statistics(RequestKind::Put),
             delete: self.store.statistics(RequestKind::Delete),
             list: self.store.statistics(RequestKind::List),
+            label_put: self.store.statistics(RequestKind::LabelPut),
             objects_stored,
             bytes_stored,
             objects_awaiting_deletion: self.deletions.awaiting() as u64,
@@ -480,7 +486,12 @@ impl ObjectStoreDevice {
             let mode = PutMode::Update(commits.label_version.clone());
             let error = match self
                 .store
-                .put_with_mode(&self.label_key, Bytes::from(committed.to_bytes()), mode)
+                .put_with_mode(
+                    RequestKind::LabelPut,
+                    &self.label_key,
+                    Bytes::from(committed.to_bytes()),
+                    mode,
+                )
                 .await
             {
                 Ok(version) => {
@@ -566,6 +577,7 @@ async fn take_epoch(
     let opened = label.opened_again(|epoch| built.epochs_holding.contains(&epoch));
     match store
         .put_with_mode(
+            RequestKind::LabelPut,
             &label_key,
             Bytes::from(opened.to_bytes()),
             PutMode::Update(version),

@@ -9,9 +9,13 @@ use lamina_device::{DeviceError, DeviceErrorKind};
 #[serde(rename_all = "snake_case")]
 pub enum RequestKind {
     Get,
+    /// PUTs of part objects.
     Put,
     Delete,
     List,
+    /// Conditional PUTs of the tier's label: one per open and one per
+    /// committed flush (decision 0034).
+    LabelPut,
 }
 
 impl std::fmt::Display for RequestKind {
@@ -21,6 +25,7 @@ impl std::fmt::Display for RequestKind {
             Self::Put => "PUT",
             Self::Delete => "DELETE",
             Self::List => "LIST",
+            Self::LabelPut => "PUT (label)",
         };
         formatter.write_str(word)
     }

@@ -70,7 +70,7 @@ pub struct CountedStore {
     store: Arc<dyn ObjectStore>,
     bucket: String,
     permits: Semaphore,
-    records: Mutex<[KindRecord; 4]>,
+    records: Mutex<[KindRecord; 5]>,
 }
 
 fn kind_slot(kind: RequestKind) -> usize {
@@ -79,6 +79,7 @@ fn kind_slot(kind: RequestKind) -> usize {
         RequestKind::Put => 1,
         RequestKind::Delete => 2,
         RequestKind::List => 3,
+        RequestKind::LabelPut => 4,
     }
 }
 
@@ -90,6 +91,7 @@ impl CountedStore {
             bucket: bucket.to_string(),
             permits: Semaphore::new(requests_in_flight_max),
             records: Mutex::new([
+                KindRecord::new(),
                 KindRecord::new(),
                 KindRecord::new(),
                 KindRecord::new(),
@@ -145,16 +147,17 @@ impl CountedStore {
     }
 
     pub async fn put(&self, key: &str, payload: Bytes) -> Result<(), ObjectStoreError> {
-        self.put_with_mode(key, payload, PutMode::Overwrite)
+        self.put_with_mode(RequestKind::Put, key, payload, PutMode::Overwrite)
             .await
             .map(|_| ())
     }
 
-    /// A PUT that is conditional as `mode` says (`Create`: only if absent;
-    /// `Update`: only if the object is still the version given); the new
-    /// version on success.
+    /// A PUT, counted as `kind`, that is conditional as `mode` says
+    /// (`Create`: only if absent; `Update`: only if the object is still the
+    /// version given); the new version on success.
     pub async fn put_with_mode(
         &self,
+        kind: RequestKind,
         key: &str,
         payload: Bytes,
         mode: PutMode,
@@ -170,13 +173,13 @@ impl CountedStore {
             .store
             .put_opts(&Path::from(key), PutPayload::from_bytes(payload), options)
             .await;
-        self.record(RequestKind::Put, started, result.is_ok(), length, 1);
+        self.record(kind, started, result.is_ok(), length, 1);
         result
             .map(|result| UpdateVersion {
                 e_tag: result.e_tag,
                 version: result.version,
             })
-            .map_err(|source| self.error(RequestKind::Put, key, source))
+            .map_err(|source| self.error(kind, key, source))
     }
 
     /// Bytes `range` of object `key` (one ranged GET).

@@ -28,6 +28,9 @@ pub struct ObjectStoreStatistics {
     pub put: RequestStatistics,
     pub delete: RequestStatistics,
     pub list: RequestStatistics,
+    /// Conditional writes of the label: one per open, one per committed
+    /// flush.
+    pub label_put: RequestStatistics,
     /// Part objects of the segments' current generations.
     pub objects_stored: u64,
     pub bytes_stored: u64,
