@@ -11,6 +11,11 @@
 #              pass until >= 95 % of a pass's reads come from flash
 #   demotion   a volume of FILL_MULTIPLE x flash written with nbdcopy, the
 #              object tier sampled every second from `pool status --json`
+#   curves     latency versus load (open loop, `lamina bench run --profile
+#              rate-sweep`, 4 KiB random reads at CURVE_RATES IOPS): the
+#              working set on flash (all-flash), only in the object tier,
+#              and a volume of 2 x flash read whole (flash + object tier);
+#              one report and plot (OUT_DIR/curves.svg) with the three curves
 #   file       the reads and promotion phases (those in PHASES) again on a
 #              two-tier pool whose capacity tier is a plain file (no disk
 #              model), for comparison
@@ -20,6 +25,7 @@
 # average is at most LOAD_MAX, and records the load.
 # Usage: scripts/bench-object-tier.sh   (environment, with defaults:
 #   LAMINA=target/release/lamina RUNS=3 RUNTIME=20 PHASES="reads promotion demotion file"
+#   CURVE_RATES=100,200,400,800,1600,3200,6400,12800,25600 CURVE_SECONDS=8
 #   WORKING_SET_MIB=256 FLASH_MIB=512 FILL_MULTIPLE=3 PASSES_MAX=8
 #   LOAD_MAX=3 LOAD_WAIT_MAX_S=600 OUT_DIR=/tmp/lamina-bench-object-tier.XXXX)
 # It kills only the processes it started, by PID, and removes its temporary
@@ -38,6 +44,8 @@ LOAD_MAX=${LOAD_MAX:-3}
 LOAD_WAIT_MAX_S=${LOAD_WAIT_MAX_S:-600}
 PROMOTED_PERCENT=95
 DEMOTION_WAIT_MAX_S=${DEMOTION_WAIT_MAX_S:-300}
+CURVE_RATES=${CURVE_RATES:-100,200,400,800,1600,3200,6400,12800,25600}
+CURVE_SECONDS=${CURVE_SECONDS:-8}
 BUCKET=lamina-bench
 OUT_DIR=${OUT_DIR:-$(mktemp -d /tmp/lamina-bench-object-tier.XXXXXX)}
 mkdir -p "$OUT_DIR"
@@ -313,6 +321,37 @@ promotion_phase() { # pool
   stats demoted | jq -c '{flash_bytes, capacity_bytes, counters}' | tee -a "$RESULTS"
 }
 
+# Latency versus load on one pool: `onflash` (all-flash) and `demoted`
+# (object tier alone) from prepare_working_sets, and `mixed`, 2 x flash with
+# --pin auto written last and read whole (flash + object tier: what flash
+# holds of it is logged before and after).
+curves_phase() {
+  wait_for_quiet curves
+  volume_create mixed $((FLASH_MIB * 2))
+  write_volume mixed $((FLASH_MIB * 2))
+  stats mixed | jq -c '{volume, flash_bytes, capacity_bytes}' | tee -a "$RESULTS"
+  local mixed_before
+  mixed_before=$(stats mixed | jq -c .counters)
+  "$LAMINA" bench run --profile rate-sweep --mix randread4k --rate-jobs 4 \
+    --rate-targets "$CURVE_RATES" --runtime "$CURVE_SECONDS" --size "${WORKING_SET_MIB}M" \
+    --server-pid "$DAEMON_PID" --plot "$OUT_DIR/curves-working-set.svg" --json \
+    --uri "all-flash=$(uri onflash)" --uri "object-tier=$(uri demoted)" \
+    >"$OUT_DIR/curves-working-set.json" 2>"$WORK/curves.err" || fail "bench run: $(cat "$WORK/curves.err")"
+  "$LAMINA" bench run --profile rate-sweep --mix randread4k --rate-jobs 4 \
+    --rate-targets "$CURVE_RATES" --runtime "$CURVE_SECONDS" \
+    --server-pid "$DAEMON_PID" --plot "$OUT_DIR/curves-mixed.svg" --json \
+    --uri "flash+object-tier=$(uri mixed)" \
+    >"$OUT_DIR/curves-mixed.json" 2>"$WORK/curves.err" || fail "bench run: $(cat "$WORK/curves.err")"
+  local report
+  for report in working-set mixed; do
+    jq -r '.servers[] | .server as $s | .points[] | select(.target_iops != null)
+      | "curve \($s) offered=\(.target_iops) achieved=\(.measurement.total_iops | floor) p50_us=\(.measurement.p50_us | floor) p99_us=\(.measurement.p99_us | floor)"' \
+      "$OUT_DIR/curves-$report.json" | tee -a "$RESULTS"
+  done
+  log "mixed: counters before the sweep $mixed_before, after $(stats mixed | jq -c .counters)"
+  stats mixed | jq -c '{volume, flash_bytes, capacity_bytes}' | tee -a "$RESULTS"
+}
+
 object_tier_sample() { # -> "stored_bytes pending_bytes objects puts put_bytes put_p50_us put_p99_us put_errors"
   lamina pool status --data "$DATA" --json | jq -r '.object_tier as $o
     | ($o.requests[] | select(.kind == "put")) as $p
@@ -425,11 +464,12 @@ available_mib=$(($(df --output=avail -k "$(dirname "$WORK")" | tail -1) / 1024))
 log "date: $(date -u) machine: nproc $(nproc), kernel $(uname -r), $(free -g | awk '/Mem:/ { print $2 }') GiB"
 log "lamina: $LAMINA ($(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null)), fio $(fio --version), RUNS=$RUNS RUNTIME=$RUNTIME WORKING_SET_MIB=$WORKING_SET_MIB FLASH_MIB=$FLASH_MIB"
 start_weed
-case " $PHASES " in *" reads "* | *" promotion "*)
+case " $PHASES " in *" reads "* | *" curves "* | *" promotion "*)
   wait_for_quiet "setup (s3)"
   create_pool s3 --capacity "s3://$BUCKET/reads" --s3-endpoint "http://127.0.0.1:$S3_PORT"
   if prepare_working_sets; then
     case " $PHASES " in *" reads "*) reads_phase s3 ;; esac
+    case " $PHASES " in *" curves "*) curves_phase ;; esac
     case " $PHASES " in *" promotion "*) promotion_phase s3 ;; esac
   fi
   stop_daemon

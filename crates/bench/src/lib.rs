@@ -160,10 +160,13 @@ impl StepOptions {
 /// Arguments of `lamina bench run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The NBD URI, e.g. nbd+unix:///default?socket=/var/lib/lamina/nbd.sock
-    #[arg(long)]
-    pub uri: String,
-    /// Bytes of the export the I/O covers (default: the whole export, from nbdinfo).
+    /// The NBD URI, e.g. nbd+unix:///default?socket=/var/lib/lamina/nbd.sock; repeat
+    /// it as NAME=URI to measure several exports in turn, one curve each, in one
+    /// report and plot.
+    #[arg(long, required = true)]
+    pub uri: Vec<String>,
+    /// Bytes of each export the I/O covers (default: the smallest export, from
+    /// nbdinfo).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
     /// The server's PID: each step then reports the CPU time of its process tree per
@@ -297,41 +300,71 @@ fn progress_bar(total_steps: u64) -> ProgressBar {
     bar
 }
 
+/// One export `bench run` measures: its name in the report and its URI.
+struct NamedTarget {
+    name: String,
+    uri: String,
+}
+
+/// `NAME=URI`, or a bare URI named `target`. A name is what comes before the
+/// first `=` when that holds no `:` or `/` (a URI's own `=` come after its
+/// scheme).
+fn named_target(argument: &str) -> NamedTarget {
+    match argument.split_once('=') {
+        Some((name, uri)) if !name.is_empty() && !name.contains([':', '/']) => NamedTarget {
+            name: name.to_string(),
+            uri: uri.to_string(),
+        },
+        _ => NamedTarget {
+            name: "target".to_string(),
+            uri: argument.to_string(),
+        },
+    }
+}
+
 fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
     let version = fio::version(&arguments.step.fio)?;
+    let targets: Vec<NamedTarget> = arguments.uri.iter().map(|uri| named_target(uri)).collect();
     let region_bytes = match arguments.size {
         Some(size) => size,
-        None => export_size(&arguments.uri)?,
+        None => targets
+            .iter()
+            .map(|target| export_size(&target.uri))
+            .collect::<anyhow::Result<Vec<u64>>>()?
+            .into_iter()
+            .min()
+            .expect("at least one --uri"),
     };
     let settings = arguments.step.settings(region_bytes);
     let profile = arguments.step.profile;
-    let bar = progress_bar(workload::planned_step_count(profile, &settings));
-    let points = workload::execute(
-        &arguments.step.fio,
-        profile,
-        &settings,
-        fio::FioTarget::Nbd {
-            uri: &arguments.uri,
-        },
-        arguments.server_pid,
-        &mut |label| {
-            bar.set_message(label.to_owned());
-            bar.inc(1);
-        },
-    );
-    bar.finish_and_clear();
-    let points = points?;
-    let headline = profile
-        .is_sweep()
-        .then(|| workload::headline(&points, settings.slo_us));
-    let mut servers = vec![ServerResult {
-        server: "target".into(),
-        uri: arguments.uri.clone(),
-        notes: vec![],
-        points,
-        headline,
-        figures: vec![],
-    }];
+    let mut servers = Vec::new();
+    for target in &targets {
+        let bar = progress_bar(workload::planned_step_count(profile, &settings));
+        let points = workload::execute(
+            &arguments.step.fio,
+            profile,
+            &settings,
+            fio::FioTarget::Nbd { uri: &target.uri },
+            arguments.server_pid,
+            &mut |label| {
+                bar.set_message(format!("{}: {label}", target.name));
+                bar.inc(1);
+            },
+        );
+        bar.finish_and_clear();
+        let points = points?;
+        let headline = profile
+            .is_sweep()
+            .then(|| workload::headline(&points, settings.slo_us));
+        servers.push(ServerResult {
+            server: target.name.clone(),
+            uri: target.uri.clone(),
+            notes: vec![],
+            points,
+            headline,
+            figures: vec![],
+        });
+    }
     let reference = compute_figures(profile, &mut servers);
     let report = Report {
         profile,
@@ -763,5 +796,21 @@ mod tests {
         assert_eq!(compare.step.profile, Profile::RateSweep);
         assert_eq!(compare.step.rate_targets, Some(vec![100, 200]));
         assert_eq!(compare.size, 1 << 30);
+    }
+
+    #[test]
+    fn run_targets_are_named_or_bare() {
+        let named = named_target("flash=nbd+unix:///onflash?socket=/tmp/a b/nbd.sock");
+        assert_eq!(
+            (named.name.as_str(), named.uri.as_str()),
+            ("flash", "nbd+unix:///onflash?socket=/tmp/a b/nbd.sock")
+        );
+        let bare = named_target("nbd+unix:///default?socket=/tmp/nbd.sock");
+        assert_eq!(
+            (bare.name.as_str(), bare.uri.as_str()),
+            ("target", "nbd+unix:///default?socket=/tmp/nbd.sock")
+        );
+        let tcp = named_target("nbd://127.0.0.1:10809/default");
+        assert_eq!(tcp.name, "target");
     }
 }
