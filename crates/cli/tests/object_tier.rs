@@ -374,8 +374,9 @@ fn rewrite_range(daemon: &Daemon, export: &str, file: &Path, offset: u64, length
 /// Another process opens the tier while the daemon demotes into it (as a
 /// copy of the pool started by mistake would): the daemon is fenced — its
 /// next commit is refused, `pool status` and `/metrics` say so and it
-/// stores nothing more in the tier — and after it is killed and started
-/// again it takes the tier back and every byte reads back.
+/// stores nothing more in the tier. Opening the pool again is refused (the
+/// tier moved on without it) until the operator removes the pool's epoch
+/// record; then the pool takes the tier back and every byte reads back.
 #[test]
 fn another_process_opening_the_tier_fences_the_daemon_and_loses_nothing() {
     let Some(store) = Store::start() else {
@@ -434,6 +435,18 @@ fn another_process_opening_the_tier_fences_the_daemon_and_loses_nothing() {
     drop(runtime);
     daemon.kill_hard();
 
+    // The tier moved on without this pool: opening it again is refused,
+    // with the way to take it back on purpose.
+    let output = store.lamina(&setup.data_dir, &["volume", "list"]);
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{error}");
+    assert!(
+        error.contains("opened by another process since this pool last used it")
+            && error.contains("object-tier-epoch"),
+        "{error}"
+    );
+    // The other process wrote nothing: taking the tier back loses nothing.
+    std::fs::remove_file(setup.data_dir.join("object-tier-epoch")).unwrap();
     let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
     assert_same(&daemon, "big", &file);
     let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
@@ -442,5 +455,9 @@ fn another_process_opening_the_tier_fences_the_daemon_and_loses_nothing() {
         Some(epoch + 2),
         "{status}"
     );
+    assert!(daemon.terminate().success());
+    // Restarted by the same pool: no refusal.
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
+    assert_same(&daemon, "big", &file);
     assert!(daemon.terminate().success());
 }

@@ -358,7 +358,14 @@ pub async fn open_pool_with_models(
     if description.redundancy.is_some() {
         return open_array_pool(&description, limits, tier_models).await;
     }
-    crate::store::open_plain_pool(&description, limits, tier_models, &models.object_store).await
+    crate::store::open_plain_pool(
+        data_dir,
+        &description,
+        limits,
+        tier_models,
+        &models.object_store,
+    )
+    .await
 }
 
 /// Opens an array pool from its description: each tier's devices that exist

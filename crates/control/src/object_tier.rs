@@ -12,7 +12,8 @@ use anyhow::Context;
 use lamina_engine::BLOCK_SIZE_BYTES;
 use lamina_engine::log::geometry::CAPACITY_DATA_START_BLOCKS;
 use lamina_objects::{
-    ObjectStoreConfig, ObjectStoreDevice, ObjectStoreLimits, RequestStatistics, TierGeometry,
+    EpochRecord, ObjectStoreConfig, ObjectStoreDevice, ObjectStoreError, ObjectStoreLimits,
+    RequestStatistics, TierGeometry,
 };
 use serde::{Deserialize, Serialize};
 
@@ -220,8 +221,56 @@ fn http_allowed(endpoint: Option<&str>, allowed: bool) -> anyhow::Result<bool> {
     )
 }
 
+/// The file of a pool's data directory that keeps the epoch the pool last
+/// took of its object tier (decision 0034).
+pub const EPOCH_RECORD_FILE: &str = "object-tier-epoch";
+
+/// The pool's [`EpochRecord`]: a decimal number in `DATA/object-tier-epoch`,
+/// replaced atomically (written beside, synced, renamed, the folder synced).
+pub struct FileEpochRecord {
+    path: std::path::PathBuf,
+}
+
+impl FileEpochRecord {
+    pub fn new(data_dir: &std::path::Path) -> Self {
+        Self {
+            path: data_dir.join(EPOCH_RECORD_FILE),
+        }
+    }
+}
+
+impl EpochRecord for FileEpochRecord {
+    fn last_epoch(&self) -> std::io::Result<Option<u64>> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+                std::io::Error::other(format!(
+                    "{} holds {:?}, not an epoch number",
+                    self.path.display(),
+                    text.trim()
+                ))
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn record(&self, epoch: u64) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let staged = self.path.with_extension("new");
+        let mut file = std::fs::File::create(&staged)?;
+        writeln!(file, "{epoch}")?;
+        file.sync_all()?;
+        std::fs::rename(&staged, &self.path)?;
+        if let Some(folder) = self.path.parent() {
+            std::fs::File::open(folder)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
 /// Creates the object tier (refused when its prefix already holds one).
 pub(crate) async fn create_device(
+    data_dir: &std::path::Path,
     description: &ObjectTierDescription,
     section: &ObjectStoreSection,
     size_bytes: u64,
@@ -233,20 +282,33 @@ pub(crate) async fn create_device(
     // engine segment.
     let origin_bytes = CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES;
     let geometry = TierGeometry::new(size_bytes, segment_size_bytes, origin_bytes);
-    ObjectStoreDevice::create(&config, geometry)
+    ObjectStoreDevice::create_recorded(&config, geometry, &FileEpochRecord::new(data_dir))
         .await
         .with_context(|| format!("cannot create the object tier {}", description.url))
 }
 
-/// Opens the object tier `pool.toml` describes.
+/// Opens the object tier `pool.toml` describes; refused when another
+/// process took it since this pool last did (the message says how to take
+/// it back on purpose).
 pub(crate) async fn open_device(
+    data_dir: &std::path::Path,
     description: &ObjectTierDescription,
     section: &ObjectStoreSection,
 ) -> anyhow::Result<Arc<ObjectStoreDevice>> {
     let config = store_config(description, section)?;
-    let device = ObjectStoreDevice::open(&config)
-        .await
-        .with_context(|| format!("cannot open the object tier {}", description.url))?;
+    let record = FileEpochRecord::new(data_dir);
+    let device = match ObjectStoreDevice::open_recorded(&config, &record).await {
+        Ok(device) => device,
+        Err(error @ ObjectStoreError::TakenSinceLastUse { .. }) => anyhow::bail!(
+            "cannot open the object tier {}: {error}. If that process is gone for good and this pool is the copy to keep, remove {} and open the pool again; blocks the other process changed will then read as errors",
+            description.url,
+            record.path.display()
+        ),
+        Err(error) => {
+            return Err(anyhow::Error::new(error)
+                .context(format!("cannot open the object tier {}", description.url)));
+        }
+    };
     tracing::info!(url = %description.url, "object tier opened");
     Ok(device)
 }

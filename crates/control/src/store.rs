@@ -502,6 +502,7 @@ pub async fn create_object_tier_pool(
     }
     let created_flash = !flash.path.exists();
     let tier = ObjectTierCreation {
+        data_dir,
         description: object_tier,
         size_bytes: object_tier_size_bytes,
         section: object_store,
@@ -531,6 +532,7 @@ pub async fn create_object_tier_pool(
 
 /// The object tier `create_object_tier_pool` makes.
 struct ObjectTierCreation<'a> {
+    data_dir: &'a Path,
     description: &'a crate::object_tier::ObjectTierDescription,
     size_bytes: u64,
     section: &'a crate::object_tier::ObjectStoreSection,
@@ -545,6 +547,7 @@ async fn create_over_object_tier(
 ) -> anyhow::Result<OpenedPool> {
     let bare_flash = open_device(&flash.path, flash.create_size_bytes)?;
     let capacity = crate::object_tier::create_device(
+        tier.data_dir,
         tier.description,
         tier.section,
         tier.size_bytes,
@@ -635,6 +638,7 @@ async fn create_on_devices(
 /// with the daemon config's model overrides and definitions; see
 /// `crate::arrays::open_pool_with_models` for every kind of pool.
 pub async fn open_plain_pool(
+    data_dir: &Path,
     description: &PoolDescription,
     limits: PoolLimits,
     models: [Option<RotatingDiskModel>; 2],
@@ -651,7 +655,8 @@ pub async fn open_plain_pool(
                 Arc::new(ConcatenatedDevice::new(flash, capacity))
             }
             (None, Some(object_tier)) => {
-                let capacity = crate::object_tier::open_device(object_tier, object_store).await?;
+                let capacity =
+                    crate::object_tier::open_device(data_dir, object_tier, object_store).await?;
                 layout = crate::layout::PoolLayout::with_object_tier(
                     crate::object_tier::ObjectTier::new(capacity.clone()),
                 );

@@ -22,6 +22,7 @@ use lamina_device::{AlignedBuffer, BlockDevice, DeviceError, RegionShape, check_
 use object_store::{PutMode, UpdateVersion};
 
 use crate::deleter::{DeletionQueue, run_deleter};
+use crate::epoch_record::{EpochRecord, is_ours};
 use crate::error::RequestKind;
 use crate::index::{PieceSource, RunTarget, SegmentIndex, UploadRun};
 use crate::key::{LABEL_OBJECT_NAME, PartKey, SEGMENTS_FOLDER_NAME, join_key, strip_prefix};
@@ -139,14 +140,35 @@ impl ObjectStoreDevice {
         geometry: TierGeometry,
     ) -> Result<Arc<Self>, ObjectStoreError> {
         let store = config.build_store()?;
-        Self::create_in(store, TierLocation::of(config), geometry).await
+        Self::create_in_with(store, TierLocation::of(config), geometry, None).await
+    }
+
+    /// [`ObjectStoreDevice::create`], recording the epoch it takes in
+    /// `record` (for [`ObjectStoreDevice::open_recorded`]).
+    pub async fn create_recorded(
+        config: &ObjectStoreConfig,
+        geometry: TierGeometry,
+        record: &dyn EpochRecord,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
+        let store = config.build_store()?;
+        Self::create_in_with(store, TierLocation::of(config), geometry, Some(record)).await
     }
 
     /// Opens the tier at `config`'s location: reads its label and LISTs its
     /// parts to build the index.
     pub async fn open(config: &ObjectStoreConfig) -> Result<Arc<Self>, ObjectStoreError> {
         let store = config.build_store()?;
-        Self::open_in(store, TierLocation::of(config)).await
+        Self::open_in_with(store, TierLocation::of(config), None).await
+    }
+
+    /// [`ObjectStoreDevice::open`] for the pool whose epochs `record` keeps:
+    /// refused when another process took the tier since the pool last did.
+    pub async fn open_recorded(
+        config: &ObjectStoreConfig,
+        record: &dyn EpochRecord,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
+        let store = config.build_store()?;
+        Self::open_in_with(store, TierLocation::of(config), Some(record)).await
     }
 
     /// [`ObjectStoreDevice::create`] over any store (tests use object_store's
@@ -156,6 +178,17 @@ impl ObjectStoreDevice {
         store: Arc<dyn object_store::ObjectStore>,
         location: TierLocation,
         geometry: TierGeometry,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
+        Self::create_in_with(store, location, geometry, None).await
+    }
+
+    /// [`ObjectStoreDevice::create_in`], recording the epoch taken.
+    #[doc(hidden)]
+    pub async fn create_in_with(
+        store: Arc<dyn object_store::ObjectStore>,
+        location: TierLocation,
+        geometry: TierGeometry,
+        record: Option<&dyn EpochRecord>,
     ) -> Result<Arc<Self>, ObjectStoreError> {
         geometry.validate()?;
         location.limits.validate()?;
@@ -183,6 +216,11 @@ impl ObjectStoreDevice {
             });
         }
         let label = TierLabel::new(geometry);
+        if let Some(record) = record {
+            record
+                .record(label.current_epoch())
+                .map_err(|source| ObjectStoreError::EpochRecord { source })?;
+        }
         // Only if absent: of two processes creating one tier, one wins.
         let label_version = counted
             .put_with_mode(
@@ -215,14 +253,37 @@ impl ObjectStoreDevice {
         store: Arc<dyn object_store::ObjectStore>,
         location: TierLocation,
     ) -> Result<Arc<Self>, ObjectStoreError> {
+        Self::open_in_with(store, location, None).await
+    }
+
+    /// [`ObjectStoreDevice::open_in`], checked against and recorded in
+    /// `record` when given.
+    #[doc(hidden)]
+    pub async fn open_in_with(
+        store: Arc<dyn object_store::ObjectStore>,
+        location: TierLocation,
+        record: Option<&dyn EpochRecord>,
+    ) -> Result<Arc<Self>, ObjectStoreError> {
         location.limits.validate()?;
         let counted = Arc::new(CountedStore::new(
             store,
             &location.bucket,
             location.limits.requests_in_flight_max,
         ));
+        // Read once: a retry must not accept the epoch an attempt recorded
+        // and another process then took.
+        let owner = match record {
+            Some(record) => Some(EpochOwner {
+                record,
+                last_epoch: record
+                    .last_epoch()
+                    .map_err(|source| ObjectStoreError::EpochRecord { source })?,
+            }),
+            None => None,
+        };
+        let owner = owner.as_ref();
         for attempt in 1..=OPEN_ATTEMPTS_MAX {
-            if let Some(opened) = take_epoch(&counted, &location).await? {
+            if let Some(opened) = take_epoch(&counted, &location, owner).await? {
                 tracing::info!(
                     tier = %location.url(),
                     tier_id = %opened.label.tier_id,
@@ -549,6 +610,7 @@ struct OpenedTier {
 async fn take_epoch(
     store: &CountedStore,
     location: &TierLocation,
+    owner: Option<&EpochOwner<'_>>,
 ) -> Result<Option<OpenedTier>, ObjectStoreError> {
     let label_key = join_key(&location.prefix, LABEL_OBJECT_NAME);
     let (label_bytes, version) = match store.get(&label_key).await {
@@ -575,6 +637,9 @@ async fn take_epoch(
         .await?;
     let built = build_index(location, &label, &listing);
     let opened = label.opened_again(|epoch| built.epochs_holding.contains(&epoch));
+    if let Some(owner) = owner {
+        check_and_record(owner, &label, location, opened.current_epoch())?;
+    }
     match store
         .put_with_mode(
             RequestKind::LabelPut,
@@ -593,6 +658,38 @@ async fn take_epoch(
         Err(error) if error.is_condition_failed() => Ok(None),
         Err(error) => Err(error),
     }
+}
+
+/// Refuses a tier another process took since the pool last did (its
+/// record names neither the label's epoch nor the next), then records the
+/// epoch about to be taken. A pool without a record yet takes it as is.
+fn check_and_record(
+    owner: &EpochOwner<'_>,
+    label: &TierLabel,
+    location: &TierLocation,
+    epoch_to_take: u64,
+) -> Result<(), ObjectStoreError> {
+    if let Some(last_epoch) = owner.last_epoch
+        && !is_ours(label.current_epoch(), last_epoch)
+    {
+        return Err(ObjectStoreError::TakenSinceLastUse {
+            bucket: location.bucket.clone(),
+            key: join_key(&location.prefix, LABEL_OBJECT_NAME),
+            epoch: label.current_epoch(),
+            last_epoch,
+        });
+    }
+    owner
+        .record
+        .record(epoch_to_take)
+        .map_err(|source| ObjectStoreError::EpochRecord { source })
+}
+
+/// The pool opening a tier: its record, and the epoch it held before this
+/// open.
+struct EpochOwner<'a> {
+    record: &'a dyn EpochRecord,
+    last_epoch: Option<u64>,
 }
 
 /// What [`build_index`] makes of a LIST.
@@ -1537,5 +1634,63 @@ mod tests {
             &reopened.read(segment_start, 3 * 4096).await.unwrap()[..],
             &expected[..]
         );
+    }
+
+    /// A pool's record of its epoch: reopens by the same pool pass (also
+    /// after a crash between recording an epoch and taking it); once another
+    /// process took the tier, the pool is refused and says why.
+    #[tokio::test]
+    async fn a_pool_whose_tier_another_process_took_is_refused() {
+        use crate::epoch_record::{EpochRecord, MemoryEpochRecord};
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let record = MemoryEpochRecord::default();
+        let device =
+            ObjectStoreDevice::create_in_with(store.clone(), location(), geometry(), Some(&record))
+                .await
+                .unwrap();
+        assert_eq!(record.last_epoch().unwrap(), Some(1));
+        drop(device);
+        let device = ObjectStoreDevice::open_in_with(store.clone(), location(), Some(&record))
+            .await
+            .unwrap();
+        assert_eq!(device.statistics().epoch, 2);
+        assert_eq!(record.last_epoch().unwrap(), Some(2));
+        drop(device);
+        // Recorded, then the crash came before the label was written.
+        record.record(3).unwrap();
+        let device = ObjectStoreDevice::open_in_with(store.clone(), location(), Some(&record))
+            .await
+            .unwrap();
+        assert_eq!(device.statistics().epoch, 3);
+        drop(device);
+        // A copy of the pool (its own record, copied) takes the tier.
+        let copy = MemoryEpochRecord::default();
+        copy.record(3).unwrap();
+        let taken = ObjectStoreDevice::open_in_with(store.clone(), location(), Some(&copy))
+            .await
+            .unwrap();
+        drop(taken);
+        let error = ObjectStoreDevice::open_in_with(store.clone(), location(), Some(&record))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                error,
+                ObjectStoreError::TakenSinceLastUse {
+                    epoch: 4,
+                    last_epoch: 3,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(record.last_epoch().unwrap(), Some(3), "nothing recorded");
+        // Without a record (the operator removed it), the pool takes it.
+        let fresh = MemoryEpochRecord::default();
+        let device = ObjectStoreDevice::open_in_with(store, location(), Some(&fresh))
+            .await
+            .unwrap();
+        assert_eq!(device.statistics().epoch, 5);
     }
 }

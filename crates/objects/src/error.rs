@@ -93,6 +93,20 @@ pub enum ObjectStoreError {
         epoch: u64,
         newer_epoch: u64,
     },
+    /// The tier's label carries an epoch this pool did not take: another
+    /// process opened the tier since this pool last used it.
+    #[error(
+        "s3://{bucket}/{key}: the tier was opened by another process since this pool last used it (the tier is at epoch {epoch}, this pool last took epoch {last_epoch}): it may hold that process's writes, which this pool's metadata does not know; refusing to open it"
+    )]
+    TakenSinceLastUse {
+        bucket: String,
+        key: String,
+        epoch: u64,
+        last_epoch: u64,
+    },
+    /// The pool's record of its epoch could not be read or written.
+    #[error("the record of this pool's object tier epoch: {source}")]
+    EpochRecord { source: std::io::Error },
     /// The label kept changing while this process tried to open the tier.
     #[error(
         "s3://{bucket}/{key}: the tier's label changed during each of {attempts} attempts to open it: is another process opening the tier?"

@@ -9,6 +9,7 @@
 mod config;
 mod deleter;
 mod device;
+mod epoch_record;
 mod error;
 mod geometry;
 mod index;
@@ -21,6 +22,7 @@ pub mod test_support;
 
 pub use config::{ObjectStoreConfig, ObjectStoreLimits};
 pub use device::{ObjectStoreDevice, TierLocation};
+pub use epoch_record::{EpochRecord, MemoryEpochRecord};
 pub use error::{ObjectStoreError, RequestKind};
 pub use geometry::TierGeometry;
 pub use key::{LABEL_OBJECT_NAME, PartKey};
