@@ -220,6 +220,36 @@ impl BlockDevice for ConcatenatedDevice {
         }
     }
 
+    async fn open_regions(
+        &self,
+        offsets: &[u64],
+        length_bytes: u64,
+    ) -> Result<Vec<Option<crate::RegionShape>>, DeviceError> {
+        // Each device opens its own regions in one batch; the shapes go
+        // back in the order asked.
+        let (first, second): (Vec<(usize, u64)>, Vec<(usize, u64)>) = offsets
+            .iter()
+            .copied()
+            .enumerate()
+            .partition(|(_, offset)| *offset < self.first_region_bytes);
+        let second: Vec<(usize, u64)> = second
+            .into_iter()
+            .map(|(position, offset)| (position, offset - self.first_region_bytes))
+            .collect();
+        let mut shapes = vec![None; offsets.len()];
+        for (device, part) in [(&self.first, first), (&self.second, second)] {
+            if part.is_empty() {
+                continue;
+            }
+            let part_offsets: Vec<u64> = part.iter().map(|(_, offset)| *offset).collect();
+            let opened = device.open_regions(&part_offsets, length_bytes).await?;
+            for ((position, _), shape) in part.into_iter().zip(opened) {
+                shapes[position] = shape;
+            }
+        }
+        Ok(shapes)
+    }
+
     async fn restore_metadata_redundancy(&self) -> Result<(), DeviceError> {
         self.first.restore_metadata_redundancy().await?;
         self.second.restore_metadata_redundancy().await
