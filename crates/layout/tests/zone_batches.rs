@@ -53,10 +53,12 @@ impl Shape {
     }
 }
 
-/// Small zones on small members: one table block, a few dozen zones.
+/// One-row zones on small members: one table block, its entries spread
+/// over several sectors (a tear within the block mixes old and new entries,
+/// which its checksum must catch).
 const SMALL: Shape = Shape {
-    member_bytes: 1 << 20,
-    zone_rows: 8,
+    member_bytes: 3 << 20,
+    zone_rows: 1,
 };
 
 /// One-row zones, more than one table block of them.
@@ -344,6 +346,10 @@ async fn cut_during_batch(cut_at: usize, style: PowerCutStyle, seed: u64) -> boo
         .collect();
     let array = zoned_raid6(SMALL, &devices).await;
     let zone_count = array.geometry().zone_count();
+    assert!(
+        zone_count > 600,
+        "the entries span sectors ({zone_count} zones)"
+    );
     let kept = [
         open_and_fill(&array, SMALL, 0, seed).await,
         open_and_fill(&array, SMALL, 1, seed + 1).await,
