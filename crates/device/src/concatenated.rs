@@ -8,6 +8,22 @@ use std::sync::Arc;
 
 use crate::{AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceError};
 
+/// The regions of one batch that fall on one of the two devices.
+#[derive(Default)]
+struct RegionBatch {
+    /// Where each region is in the batch asked for.
+    positions: Vec<usize>,
+    /// Its offset on that device.
+    offsets: Vec<u64>,
+}
+
+impl RegionBatch {
+    fn push(&mut self, position: usize, offset: u64) {
+        self.positions.push(position);
+        self.offsets.push(offset);
+    }
+}
+
 /// See the module documentation.
 pub struct ConcatenatedDevice {
     first: Arc<dyn BlockDevice>,
@@ -220,6 +236,34 @@ impl BlockDevice for ConcatenatedDevice {
         }
     }
 
+    async fn open_regions(
+        &self,
+        offsets: &[u64],
+        length_bytes: u64,
+    ) -> Result<Vec<Option<crate::RegionShape>>, DeviceError> {
+        // Each device opens its own regions in one batch; the shapes go
+        // back in the order asked.
+        let mut first = RegionBatch::default();
+        let mut second = RegionBatch::default();
+        for (position, offset) in offsets.iter().enumerate() {
+            match offset.checked_sub(self.first_region_bytes) {
+                None => first.push(position, *offset),
+                Some(second_offset) => second.push(position, second_offset),
+            }
+        }
+        let mut shapes = vec![None; offsets.len()];
+        for (device, batch) in [(&self.first, first), (&self.second, second)] {
+            if batch.offsets.is_empty() {
+                continue;
+            }
+            let opened = device.open_regions(&batch.offsets, length_bytes).await?;
+            for (position, shape) in batch.positions.into_iter().zip(opened) {
+                shapes[position] = shape;
+            }
+        }
+        Ok(shapes)
+    }
+
     async fn restore_metadata_redundancy(&self) -> Result<(), DeviceError> {
         self.first.restore_metadata_redundancy().await?;
         self.second.restore_metadata_redundancy().await
@@ -265,6 +309,74 @@ mod tests {
             .map(|index| u8::try_from(index / 4096).expect("test patterns are short") ^ seed)
             .collect();
         Arc::new(AlignedBuffer::from_slice_padded(&bytes))
+    }
+
+    /// A device whose regions' usable bytes say where they were opened,
+    /// and which counts the batches it was asked to open.
+    struct ShapedByOffset {
+        inner: MemoryDevice,
+        batches: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl BlockDevice for ShapedByOffset {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+        async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
+            self.inner.read(offset, length).await
+        }
+        async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+            self.inner.write(offset, data).await
+        }
+        async fn flush(&self) -> Result<(), DeviceError> {
+            self.inner.flush().await
+        }
+        async fn open_regions(
+            &self,
+            offsets: &[u64],
+            _length_bytes: u64,
+        ) -> Result<Vec<Option<crate::RegionShape>>, DeviceError> {
+            self.batches
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(offsets
+                .iter()
+                .map(|offset| {
+                    Some(crate::RegionShape {
+                        usable_bytes: *offset,
+                        row_bytes: 4096,
+                        degraded: false,
+                        current: true,
+                        readable: true,
+                    })
+                })
+                .collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_regions_is_opened_as_one_batch_per_device_in_order() {
+        let shaped = |blocks: u64| {
+            Arc::new(ShapedByOffset {
+                inner: MemoryDevice::new(blocks * 4096),
+                batches: 0.into(),
+            })
+        };
+        let (first, second) = (shaped(8), shaped(16));
+        let joined = ConcatenatedDevice::new(first.clone(), second.clone());
+        let offsets = [12 * 4096, 0, 9 * 4096, 4 * 4096];
+        let shapes = joined.open_regions(&offsets, 4096).await.unwrap();
+        let usable: Vec<u64> = shapes
+            .iter()
+            .map(|shape| shape.expect("shaped").usable_bytes)
+            .collect();
+        assert_eq!(usable, vec![4 * 4096, 0, 4096, 4 * 4096]);
+        for device in [&first, &second] {
+            assert_eq!(device.batches.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
     }
 
     #[tokio::test]

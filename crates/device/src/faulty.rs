@@ -30,6 +30,11 @@ pub enum PowerCutStyle {
     /// Each unflushed write is kept, dropped, torn at a sector boundary (a prefix
     /// survives) or scattered (any subset of its sectors survives), at random.
     Random,
+    /// Every unflushed write is torn: its even sectors survive, its odd ones
+    /// keep what was there, so every 4 KiB block it wrote is half old, half
+    /// new (the worst case for a format that relies on a flush between two
+    /// copies, which `Random` meets only rarely).
+    TearAll,
 }
 
 struct PendingWrite {
@@ -170,6 +175,7 @@ impl<D: BlockDevice> FaultyDevice<D> {
             let keep: Vec<bool> = match style {
                 PowerCutStyle::DropAll => vec![false; sector_count as usize],
                 PowerCutStyle::KeepAll => vec![true; sector_count as usize],
+                PowerCutStyle::TearAll => (0..sector_count).map(|index| index % 2 == 0).collect(),
                 PowerCutStyle::Random => match state.rng.random_range(0..4u8) {
                     0 => vec![true; sector_count as usize],
                     1 => vec![false; sector_count as usize],

@@ -147,6 +147,27 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Opens every region `offset..offset + length_bytes`, for each of
+    /// `offsets`, as [`BlockDevice::open_region`] does, durably before
+    /// returning, and returns their shapes in the same order. A device that
+    /// records layouts may record the whole batch in one durable update (an
+    /// array: one zone-table write, not one per region), which is why the
+    /// caller must own every region (none written or read meanwhile). On an
+    /// error each region is either laid out as before or as it would be
+    /// now, and the caller may open it again. The default opens them one at
+    /// a time.
+    async fn open_regions(
+        &self,
+        offsets: &[u64],
+        length_bytes: u64,
+    ) -> Result<Vec<Option<RegionShape>>, DeviceError> {
+        let mut shapes = Vec::with_capacity(offsets.len());
+        for offset in offsets {
+            shapes.push(self.open_region(*offset, length_bytes).await?);
+        }
+        Ok(shapes)
+    }
+
     /// Restores the redundancy of what the device keeps outside regions (an
     /// array's mirrored metadata, copied again onto a member in use after a
     /// holder was lost), so that it survives as many more losses as new

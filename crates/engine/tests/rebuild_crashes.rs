@@ -24,6 +24,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
@@ -63,6 +64,12 @@ const REPLACEMENT: usize = MEMBER_COUNT;
 /// Rows between two records of rebuild progress: small, so that cuts land
 /// between records and resumption starts from a recorded row.
 const PERSIST_ROWS: u64 = 64;
+/// Share of the spare rebuilds cut in the middle of their first zone-table
+/// update (the batch of free segments laid out again) rather than after
+/// random operations.
+const TABLE_UPDATE_CUT_SHARE: f64 = 0.4;
+/// Steps (yields) a run waits for that update to begin, at most.
+const TABLE_UPDATE_WAIT_STEPS_MAX: usize = 100_000;
 /// How long a test waits for a resumed rebuild, at most.
 const REBUILD_WAIT_MS_MAX: u64 = 60_000;
 
@@ -97,6 +104,10 @@ const CASES: [Case; 5] = [
 struct Devices {
     memories: Vec<Arc<MemoryDevice>>,
     faulty: Vec<Arc<FaultyDevice<MemoryDevice>>>,
+    /// Per device: a zone-table write not yet covered by a flush (a power
+    /// cut now lands in the middle of a table update, such as a batch of
+    /// free segments laid out again).
+    table_unflushed: Vec<Arc<AtomicBool>>,
 }
 
 impl Devices {
@@ -107,6 +118,7 @@ impl Devices {
         let mut devices = Self {
             memories,
             faulty: Vec::new(),
+            table_unflushed: Vec::new(),
         };
         devices.power_on(seed);
         devices
@@ -121,6 +133,16 @@ impl Devices {
                 Arc::new(FaultyDevice::new(memory.clone(), seed * 8 + index as u64))
             })
             .collect();
+        self.table_unflushed = (0..=MEMBER_COUNT)
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
+    }
+
+    /// Whether some device holds a zone-table write no flush covers.
+    fn table_write_unflushed(&self) -> bool {
+        self.table_unflushed
+            .iter()
+            .any(|unflushed| unflushed.load(Ordering::SeqCst))
     }
 
     fn path(index: usize) -> String {
@@ -135,7 +157,10 @@ impl Devices {
         let faulty = self.faulty[index].clone();
         MemberDevice {
             path: Self::path(index),
-            device: Arc::new(Yielding(faulty)),
+            device: Arc::new(Yielding {
+                inner: faulty,
+                table_unflushed: self.table_unflushed[index].clone(),
+            }),
         }
     }
 
@@ -145,13 +170,10 @@ impl Devices {
     }
 
     /// Every device loses power at the same instant (see `array_crashes.rs`).
-    async fn power_cut(&self) {
+    async fn power_cut(&self, style: PowerCutStyle) {
         tokio::task::unconstrained(async {
             for device in &self.faulty {
-                device
-                    .power_cut(PowerCutStyle::Random)
-                    .await
-                    .expect("power cut");
+                device.power_cut(style).await.expect("power cut");
             }
         })
         .await;
@@ -161,16 +183,25 @@ impl Devices {
 /// Every device yields to other tasks before each read and write, as a real
 /// device's I/O would: the rebuild's steps then interleave with client
 /// operations, and the power cuts land in the middle of rebuilds.
-struct Yielding(Arc<FaultyDevice<MemoryDevice>>);
+/// It also notes zone-table writes (member blocks from `LABEL_AREA_BLOCKS`,
+/// both copies of the one table block these arrays have) until a flush.
+struct Yielding {
+    inner: Arc<FaultyDevice<MemoryDevice>>,
+    table_unflushed: Arc<AtomicBool>,
+}
+
+/// Member blocks of the zone table's two copies (one block each: at most
+/// 4032 zones).
+const ZONE_TABLE_MEMBER_BLOCKS: std::ops::Range<u64> = LABEL_AREA_BLOCKS..LABEL_AREA_BLOCKS + 2;
 
 #[async_trait::async_trait]
 impl BlockDevice for Yielding {
     fn name(&self) -> &str {
-        self.0.name()
+        self.inner.name()
     }
 
     fn size_bytes(&self) -> u64 {
-        self.0.size_bytes()
+        self.inner.size_bytes()
     }
 
     async fn read(
@@ -179,7 +210,7 @@ impl BlockDevice for Yielding {
         length: usize,
     ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
         tokio::task::yield_now().await;
-        self.0.read(offset, length).await
+        self.inner.read(offset, length).await
     }
 
     async fn write(
@@ -188,11 +219,25 @@ impl BlockDevice for Yielding {
         data: Arc<lamina_device::AlignedBuffer>,
     ) -> Result<(), lamina_device::DeviceError> {
         tokio::task::yield_now().await;
-        self.0.write(offset, data).await
+        let first = offset / BLOCK as u64;
+        let end = first + (data.len() / BLOCK) as u64;
+        if first < ZONE_TABLE_MEMBER_BLOCKS.end && ZONE_TABLE_MEMBER_BLOCKS.start < end {
+            self.table_unflushed.store(true, Ordering::SeqCst);
+        }
+        self.inner.write(offset, data).await
     }
 
     async fn flush(&self) -> Result<(), lamina_device::DeviceError> {
-        self.0.flush().await
+        // A flush takes time too (and a cut can land between a write and
+        // the flush that covers it). Writes that finish during the flush
+        // may stay unflushed: the flag then errs on the side of "covered",
+        // which only undercounts.
+        tokio::task::yield_now().await;
+        let result = self.inner.flush().await;
+        if result.is_ok() {
+            self.table_unflushed.store(false, Ordering::SeqCst);
+        }
+        result
     }
 }
 
@@ -270,6 +315,9 @@ struct RunCounts {
     rebalances: u64,
     /// Power cuts in the middle of one.
     rebalances_cut: u64,
+    /// Power cuts with a zone-table write unflushed (a table update, such
+    /// as a batch of free segments laid out again, cut in its middle).
+    table_updates_cut: u64,
 }
 
 impl RebuildRun {
@@ -363,6 +411,9 @@ impl RebuildRun {
         self.vanished.push(self.replaced);
         self.array.fail_member(self.replaced);
         self.pool.start_rebuild();
+        if self.rng.random_bool(TABLE_UPDATE_CUT_SHARE) {
+            return self.cut_in_table_update().await;
+        }
         let count_max = if self.rng.random_bool(0.5) { 4 } else { 80 };
         let count = self.rng.random_range(0..count_max);
         let second_loss_at = self.rng.random_range(0..=count);
@@ -406,6 +457,41 @@ impl RebuildRun {
         self.cut(0).await;
     }
 
+    /// The cut in the middle of the rebuild's first zone-table update (the
+    /// free segments laid out again in a batch): once some member holds a
+    /// write of copy A that no flush covers, or copy A is flushed, or some
+    /// member holds an unflushed write of copy B, after zero to two more
+    /// steps of the rebuild, every unflushed write torn or treated at
+    /// random.
+    async fn cut_in_table_update(&mut self) {
+        // Copy A unflushed, flushed (copy B not yet written), copy B
+        // unflushed.
+        let point = self.rng.random_range(0..3);
+        for step in 0..=point {
+            self.wait_for_table_write(step % 2 == 0).await;
+        }
+        for _ in 0..self.rng.random_range(0..3) {
+            tokio::task::yield_now().await;
+        }
+        let style = if self.rng.random_bool(0.5) {
+            PowerCutStyle::TearAll
+        } else {
+            PowerCutStyle::Random
+        };
+        self.cut_now(0, style).await;
+    }
+
+    /// Lets the rebuild run until some member holds an unflushed table
+    /// write (`unflushed`) or none does.
+    async fn wait_for_table_write(&self, unflushed: bool) {
+        for _ in 0..TABLE_UPDATE_WAIT_STEPS_MAX {
+            if self.devices.table_write_unflushed() == unflushed {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     async fn vanish_another(&mut self) {
         let others: Vec<usize> = (0..MEMBER_COUNT)
             .filter(|index| !self.vanished.contains(index))
@@ -419,6 +505,26 @@ impl RebuildRun {
     async fn cut(&mut self, cycle: u64) {
         let pending =
             approach_the_cut(&self.pool, &self.shadows, &mut self.rng, cycle, self.seed).await;
+        self.count_cut();
+        self.devices.power_cut(PowerCutStyle::Random).await;
+        let interrupted = match pending {
+            Some(pending) => Some(pending.interrupted().await),
+            None => None,
+        };
+        self.after_the_cut(cycle, interrupted).await;
+    }
+
+    /// The cut at once, with no operation pending.
+    async fn cut_now(&mut self, cycle: u64, style: PowerCutStyle) {
+        self.count_cut();
+        self.devices.power_cut(style).await;
+        self.after_the_cut(cycle, None).await;
+    }
+
+    fn count_cut(&mut self) {
+        if self.devices.table_write_unflushed() {
+            self.counts.table_updates_cut += 1;
+        }
         if self.pool.rebuild_status().state == RebuildState::Rebuilding {
             match self.case {
                 Case::Spare => self.counts.spare_rebuilds_cut += 1,
@@ -426,11 +532,13 @@ impl RebuildRun {
                 _ => {}
             }
         }
-        self.devices.power_cut().await;
-        let interrupted = match pending {
-            Some(pending) => Some(pending.interrupted().await),
-            None => None,
-        };
+    }
+
+    async fn after_the_cut(
+        &mut self,
+        cycle: u64,
+        interrupted: Option<common::shadow::InterruptedSnapshotOperation>,
+    ) {
         self.pool.abandon();
         self.reassemble(cycle).await;
         check_recovered(&self.pool, &mut self.shadows, interrupted, self.seed).await;
@@ -651,16 +759,18 @@ async fn power_cuts_and_a_second_loss_during_rebuilds_never_lose_flushed_data() 
         totals.spare_rebuilds_cut += counts.spare_rebuilds_cut;
         totals.rebalances += counts.rebalances;
         totals.rebalances_cut += counts.rebalances_cut;
+        totals.table_updates_cut += counts.table_updates_cut;
     }
     eprintln!(
-        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild, {} rebuilds onto distributed spare space ({} cut), {} rebalances onto an added device ({} cut)",
+        "{runs} rebuild runs: {} rebuilds cut and resumed ({} from a recorded row), {} second losses mid-rebuild, {} rebuilds onto distributed spare space ({} cut), {} rebalances onto an added device ({} cut), {} cuts in the middle of a zone-table update",
         totals.resumed,
         totals.resumed_from_a_recorded_row,
         totals.second_losses,
         totals.spare_rebuilds,
         totals.spare_rebuilds_cut,
         totals.rebalances,
-        totals.rebalances_cut
+        totals.rebalances_cut,
+        totals.table_updates_cut
     );
     // The runs must have met each case, or they prove nothing.
     assert!(
@@ -671,7 +781,8 @@ async fn power_cuts_and_a_second_loss_during_rebuilds_never_lose_flushed_data() 
                 && totals.spare_rebuilds > 0
                 && totals.spare_rebuilds_cut > 0
                 && totals.rebalances > 0
-                && totals.rebalances_cut > 0),
+                && totals.rebalances_cut > 0
+                && totals.table_updates_cut > 0),
         "too few cases met in {runs} runs"
     );
 }

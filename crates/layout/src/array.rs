@@ -506,6 +506,14 @@ impl BlockDevice for RedundantArray {
         self.open_zone(offset, length).await
     }
 
+    async fn open_regions(
+        &self,
+        offsets: &[u64],
+        length_bytes: u64,
+    ) -> Result<Vec<Option<lamina_device::RegionShape>>, DeviceError> {
+        self.open_zones(offsets, length_bytes).await
+    }
+
     fn new_regions_redundant(&self) -> bool {
         self.narrowing_restores_redundancy()
     }

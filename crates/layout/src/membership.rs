@@ -138,22 +138,48 @@ impl RedundantArray {
         offset: u64,
         length: u64,
     ) -> Result<Option<RegionShape>, DeviceError> {
+        let shapes = self.open_zones(&[offset], length).await?;
+        Ok(shapes.into_iter().next().flatten())
+    }
+
+    /// See [`BlockDevice::open_regions`]: every zone of the batch gets the
+    /// write set in one table update (`persist_zone_sets`: two copies, a
+    /// flush after each), not one per zone.
+    pub(crate) async fn open_zones(
+        &self,
+        offsets: &[u64],
+        length: u64,
+    ) -> Result<Vec<Option<RegionShape>>, DeviceError> {
         if !self.geometry.is_zoned() {
-            return Ok(None);
+            return Ok(vec![None; offsets.len()]);
         }
-        let zone = self.zone_of_region(offset, length);
+        let zones: Vec<u64> = offsets
+            .iter()
+            .map(|offset| self.zone_of_region(*offset, length))
+            .collect();
         let _one_change_at_a_time = self.open_lock.lock().await;
         let mask = self.set_for_new_zone();
+        let first_offset = offsets.first().copied().unwrap_or_default();
         let set = self
             .set_index_for(mask)
             .await
-            .map_err(|error| self.as_device_error(error, offset, length))?;
-        let current = self.zones.read().expect("zone state lock").table[to_usize(zone)];
-        if current != set {
-            self.persist_zone_set(zone, set).await?;
-            tracing::info!(array = %self.name, zone, members = ?members_of(mask), "zone opened over a new member set");
+            .map_err(|error| self.as_device_error(error, first_offset, length))?;
+        let changed: Vec<u64> = {
+            let state = self.zones.read().expect("zone state lock");
+            zones
+                .iter()
+                .copied()
+                .filter(|zone| state.table[to_usize(*zone)] != set)
+                .collect()
+        };
+        if !changed.is_empty() {
+            self.persist_zone_sets(&changed, set).await?;
+            tracing::info!(array = %self.name, zones = changed.len(), first = changed[0], members = ?members_of(mask), "zones opened over a new member set");
         }
-        Ok(Some(self.shape_of_zone(zone)))
+        Ok(zones
+            .into_iter()
+            .map(|zone| Some(self.shape_of_zone(zone)))
+            .collect())
     }
 
     pub(crate) fn as_device_error(

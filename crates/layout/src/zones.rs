@@ -76,6 +76,12 @@ pub(crate) fn decode_table_block(
     valid.then(|| (u64_at(24), block[TABLE_HEADER_BYTES..].to_vec()))
 }
 
+/// Consecutive table blocks written together, as stored.
+struct TableRun {
+    first_block: u64,
+    blocks: Arc<AlignedBuffer>,
+}
+
 /// The newest valid copy of each table block found so far.
 struct NewestBlocks {
     blocks: Vec<Option<(u64, Vec<u8>)>>,
@@ -110,34 +116,61 @@ impl RedundantArray {
         ZoneView::new(&self.geometry, index, stripe)
     }
 
-    /// Sets zone `zone` to set `set` and makes its table block durable on
-    /// every usable member (copy A, flush, copy B, flush). Stale labels (a
-    /// member missing since assembly) are rewritten first, so a member that
-    /// missed table writes never counts again. Called under `open_lock`.
-    pub(crate) async fn persist_zone_set(&self, zone: u64, set: u8) -> Result<(), DeviceError> {
+    /// Sets every zone of `zones` to set `set` and makes the table durable
+    /// on every usable member in one update, whatever the number of zones:
+    /// the run of table blocks holding them, each with a new sequence, as
+    /// one write per member of copy A, a flush, the same of copy B, a
+    /// flush. Stale labels (a member missing since assembly) are rewritten
+    /// first, so a member that missed table writes never counts again.
+    /// Called under `open_lock`, for zones nothing reads or writes (free
+    /// engine segments).
+    ///
+    /// Why a power cut anywhere in it leaves every zone at its old or its
+    /// new set: a table block is written whole with its own checksum and
+    /// assembly takes, per block, the valid copy with the highest sequence
+    /// on any usable member. Before copy A's flush every member still holds
+    /// a valid copy B of the old block (torn A copies fail their checksum,
+    /// whole ones are the new block); between the flushes copy A is the new
+    /// block, durable; during copy B, copy A stays. So each block is old
+    /// or new as a whole, and the zones in it with it. Which one does not
+    /// matter for what they held (nothing: they are free), and the caller
+    /// writes into them only after this returns, when both copies are
+    /// durable: the new set is what assembly finds.
+    pub(crate) async fn persist_zone_sets(
+        &self,
+        zones: &[u64],
+        set: u8,
+    ) -> Result<(), DeviceError> {
+        assert!(!zones.is_empty(), "a table update changes some zone");
         self.flush_members_and_labels().await?;
-        let block_index = zone / ZONE_TABLE_ENTRIES_PER_BLOCK;
-        let block = {
+        let run = {
             let mut state = self.zones.write().expect("zone state lock");
-            state.table[to_usize(zone)] = set;
-            let sequence = self
-                .next_table_sequence
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            state.sequences[to_usize(block_index)] = sequence;
-            let entries = state.entries_of_block(block_index);
-            Arc::new(encode_table_block(
-                self.array_identifier,
-                sequence,
-                block_index,
-                &entries,
-            ))
+            for zone in zones {
+                state.table[to_usize(*zone)] = set;
+            }
+            let blocks = zones.iter().map(|zone| zone / ZONE_TABLE_ENTRIES_PER_BLOCK);
+            let first = blocks.clone().min().expect("some zone");
+            let last = blocks.max().expect("some zone");
+            let mut run = AlignedBuffer::zeroed(to_usize(last - first + 1) * BLOCK_BYTES);
+            for block_index in first..=last {
+                let sequence = self
+                    .next_table_sequence
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                state.sequences[to_usize(block_index)] = sequence;
+                let entries = state.entries_of_block(block_index);
+                let block =
+                    encode_table_block(self.array_identifier, sequence, block_index, &entries);
+                let at = to_usize(block_index - first) * BLOCK_BYTES;
+                run[at..at + BLOCK_BYTES].copy_from_slice(&block);
+            }
+            TableRun {
+                first_block: first,
+                blocks: Arc::new(run),
+            }
         };
         for copy in 0..2 {
-            let offset = self.geometry.table_member_block(copy, block_index) * BLOCK_SIZE_BYTES;
-            let targets: Vec<usize> = (0..self.members.len()).collect();
-            let writes = targets
-                .into_iter()
-                .map(|index| (index, offset, block.clone()));
+            let offset = self.geometry.table_member_block(copy, run.first_block) * BLOCK_SIZE_BYTES;
+            let writes = (0..self.members.len()).map(|index| (index, offset, run.blocks.clone()));
             self.write_members(writes).await?;
             self.flush_members_and_labels().await?;
         }

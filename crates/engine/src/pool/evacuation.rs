@@ -27,7 +27,8 @@ use super::budget::BackgroundWork;
 use super::inner::Pool;
 use super::rebuild_progress::{RebuildKind, RebuildStatus};
 use super::segment_shapes::SegmentLayout;
-use super::space::SegmentState;
+use super::space::{SegmentState, SpaceAllocator};
+use crate::log::geometry::Tier;
 
 /// Passes in a row that move nothing before an evacuation gives up: a pass
 /// moves every segment degraded when it starts; data written meanwhile into
@@ -38,6 +39,11 @@ use super::space::SegmentState;
 /// move data do not count: under steady writes the evacuation goes on as
 /// long as it gains.
 pub const EVACUATION_PASSES_WITHOUT_PROGRESS_MAX: usize = 8;
+
+/// Free segments laid out again in one device update at most (one zone
+/// table write on an array; 256 segments of the default 4 MiB are 1 GiB,
+/// their table entries a fraction of one table block).
+pub const FREE_SEGMENTS_LAID_OUT_PER_BATCH_MAX: usize = 256;
 
 /// How long a pass that found no free space waits before the next, so that
 /// the cleaner (which the evacuation's own cleaning holds off) frees some.
@@ -178,14 +184,6 @@ impl Pool {
     async fn evacuate_all(&self, goal: EvacuationGoal) -> Result<(), EngineError> {
         let mut passes_without_progress = 0;
         while passes_without_progress < EVACUATION_PASSES_WITHOUT_PROGRESS_MAX {
-            // What is left to move, on top of what moved: data written into
-            // such segments meanwhile counts too, so done never passes total.
-            let need = self.evacuation_need_for(goal);
-            let done = self.inner.rebuild.bytes_done.load(Ordering::Relaxed);
-            self.inner
-                .rebuild
-                .bytes_total
-                .store(done + need.live_bytes, Ordering::Relaxed);
             // The metadata first: it is small, and every flush writes it.
             // Again at every pass, for a device lost during the last one.
             self.inner
@@ -199,6 +197,12 @@ impl Pool {
                 .lock()
                 .close_heads_where(|layout| goal.moves(layout));
             self.spawn_writes(sealed);
+            // What is left to move, on top of what moved, counted once the
+            // heads that `goal` moves are closed: until then clients write
+            // into them (for as long as the free segments take to lay out),
+            // and a total counted before ran behind what the pass then
+            // moved (202% done behind the disk model).
+            self.count_total_left(goal);
             let victims = self.victims(goal);
             if victims.is_empty() {
                 // Checkpoint bodies in such segments move with the next two
@@ -241,6 +245,18 @@ impl Pool {
         }))
     }
 
+    /// Sets the rebuild's total to what moved so far plus the live data of
+    /// the segments `goal` moves now. Sealed segments only lose live data
+    /// (nothing writes them), so the pass's moves stay within it.
+    fn count_total_left(&self, goal: EvacuationGoal) {
+        let need = self.evacuation_need_for(goal);
+        let done = self.inner.rebuild.bytes_done.load(Ordering::Relaxed);
+        self.inner
+            .rebuild
+            .bytes_total
+            .store(done + need.live_bytes, Ordering::Relaxed);
+    }
+
     /// Moves `victims` in order, until one finds no free space to move
     /// into (the rest would too). `None` when a replacement takes over.
     async fn evacuate_victims(&self, victims: Vec<u32>) -> Result<Option<PassMoves>, EngineError> {
@@ -266,37 +282,77 @@ impl Pool {
     }
 
     /// Lays every free segment still laid out over the lost device out
-    /// again, one at a time, each out of the free list meanwhile.
+    /// again, in batches (one device update each: an array writes its zone
+    /// table once per batch, not once per segment, which behind a disk was
+    /// minutes before the first byte moved). A batch's segments are out of
+    /// the free list meanwhile, so nothing writes them; at most half of a
+    /// tier's free segments go into one, so that writers keep some.
     async fn lay_out_free_segments(&self) -> Result<(), EngineError> {
-        let shapes = &self.inner.shapes;
-        let candidates: Vec<u32> = {
-            let state = self.inner.lock();
-            state
-                .space()
-                .free_segments()
-                .filter(|index| shapes.needs_layout(*index))
-                .collect()
-        };
-        for segment_index in candidates {
+        // As many as need it now: a segment that still does after its
+        // batch (a device lost meanwhile) waits for the next call.
+        let mut left = self
+            .evacuation_need_for(EvacuationGoal::Redundancy)
+            .free_segments_to_lay_out;
+        while left > 0 {
             if self.evacuation_must_stop()? {
                 return Ok(());
             }
-            if !self
-                .inner
-                .lock()
-                .space_mut()
-                .take_free_segment_to_lay_out(segment_index)
-            {
-                continue;
+            let batch = self.take_free_segments_to_lay_out();
+            if batch.is_empty() {
+                return Ok(());
             }
-            let opened = shapes.open(segment_index).await;
-            self.inner
-                .lock()
-                .space_mut()
-                .return_free_segment(segment_index);
+            left = left.saturating_sub(batch.len());
+            let opened = self.inner.shapes.open_many(&batch).await;
+            {
+                let mut state = self.inner.lock();
+                for segment_index in &batch {
+                    state.space_mut().return_free_segment(*segment_index);
+                }
+            }
             opened.map_err(EngineError::Device)?;
         }
         Ok(())
+    }
+
+    /// Takes the next batch of free segments to lay out again out of the
+    /// free lists: at most [`FREE_SEGMENTS_LAID_OUT_PER_BATCH_MAX`], and at
+    /// most half of the free segments of their tier (at least one).
+    fn take_free_segments_to_lay_out(&self) -> Vec<u32> {
+        let shapes = &self.inner.shapes;
+        let mut state = self.inner.lock();
+        let space = state.space_mut();
+        let geometry = shapes.geometry();
+        let half_of_free = |tier: Tier, space: &SpaceAllocator| {
+            let free = match tier {
+                Tier::Flash => space.free_flash_segment_count(),
+                Tier::Capacity => space.free_capacity_segment_count(),
+            };
+            free.div_ceil(2)
+        };
+        let mut flash_left = half_of_free(Tier::Flash, space);
+        let mut capacity_left = half_of_free(Tier::Capacity, space);
+        let candidates: Vec<u32> = space
+            .free_segments()
+            .filter(|index| shapes.needs_layout(*index))
+            .collect();
+        let mut batch = Vec::new();
+        for segment_index in candidates {
+            if batch.len() == FREE_SEGMENTS_LAID_OUT_PER_BATCH_MAX {
+                break;
+            }
+            let left = match geometry.tier_of_segment(segment_index) {
+                Tier::Flash => &mut flash_left,
+                Tier::Capacity => &mut capacity_left,
+            };
+            if *left == 0 {
+                continue;
+            }
+            if space.take_free_segment_to_lay_out(segment_index) {
+                *left -= 1;
+                batch.push(segment_index);
+            }
+        }
+        batch
     }
 
     /// Sealed segments `goal` moves, fewest live blocks first (each frees

@@ -131,6 +131,38 @@ impl SegmentShapes {
         }
     }
 
+    /// Lays every free segment of `segment_indexes` out over the devices
+    /// in use now, durably, in one update of the device's record where it
+    /// can (an array's zone table: two copies and two flushes for the whole
+    /// batch). The caller owns every segment, as for [`SegmentShapes::open`].
+    pub async fn open_many(
+        &self,
+        segment_indexes: &[u32],
+    ) -> Result<Vec<SegmentLayout>, DeviceError> {
+        let Some(device) = &self.device else {
+            return Ok(segment_indexes
+                .iter()
+                .map(|index| self.layout(*index))
+                .collect());
+        };
+        let offsets: Vec<u64> = segment_indexes
+            .iter()
+            .map(|index| self.region_of(*index).0)
+            .collect();
+        let regions = device
+            .open_regions(&offsets, self.geometry.segment_size_bytes())
+            .await?;
+        assert_eq!(regions.len(), segment_indexes.len(), "one shape per region");
+        Ok(segment_indexes
+            .iter()
+            .zip(regions)
+            .map(|(index, region)| match region {
+                Some(region) => self.checked(*index, region),
+                None => self.layout(*index),
+            })
+            .collect())
+    }
+
     fn region_of(&self, segment_index: u32) -> (u64, u64) {
         let offset = self.geometry.segment_first_block(segment_index) * BLOCK_SIZE_BYTES;
         (offset, self.geometry.segment_size_bytes())
