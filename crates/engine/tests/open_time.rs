@@ -11,10 +11,15 @@
 //! a 4 GiB flash file and a C GiB capacity file; a `:disk` suffix puts the
 //! capacity file behind the rotating-disk model at open; a `:whole` suffix
 //! damages the segment openings record before the open, so that recovery
-//! scans every segment as format version 7 did; files go to
+//! scans every segment as format version 7 did; a `:fast` suffix fills the
+//! volume with the fast fill (`fast_fill`: the engine's whole write path, but
+//! the device keeps only the batches' summaries; the log tail is real data),
+//! for sizes whose data would not fit on the disk; files go to
 //! `LAMINA_BENCH_DIR`, default the temporary directory).
 
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+
+mod fast_fill;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +33,8 @@ use lamina_engine::log::geometry::SEGMENT_OPENINGS_AREA_BLOCKS;
 use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+
+use fast_fill::DataDroppingDevice;
 
 const BLOCK: u64 = 4096;
 const GIB: u64 = 1 << 30;
@@ -93,8 +100,11 @@ fn file_device(path: &std::path::Path, size_bytes: u64) -> Arc<dyn BlockDevice> 
     panic!("{} stays in use", path.display());
 }
 
-fn limits() -> PoolLimits {
+/// The limits of both opens; after a fast fill without the memory cache's
+/// warm-up, which would read blocks the fill never wrote.
+fn limits(fast_fill: bool) -> PoolLimits {
     PoolLimits {
+        memory_cache_warm_restart: !fast_fill,
         test_hooks: TestHooks {
             reuse_freed_segments_first: false,
             periodic_flush_and_checkpoint_off: true,
@@ -114,6 +124,8 @@ struct Setup {
     capacity_disk_model: bool,
     /// The segment openings record damaged before the open.
     whole_scan: bool,
+    /// Filled with the fast fill.
+    fast_fill: bool,
 }
 
 impl Setup {
@@ -145,11 +157,19 @@ async fn prepare(setup: &Setup) {
         let _ = std::fs::remove_file(path);
     }
     let (device, flash_region_bytes) = setup.device(false);
+    let dropping = Arc::new(DataDroppingDevice::new(device.clone()));
+    let device: Arc<dyn BlockDevice> = if setup.fast_fill {
+        dropping.clone()
+    } else {
+        device
+    };
     let options = PoolOptions {
         flash_region_bytes,
         ..PoolOptions::default()
     };
-    let pool = Pool::create(device, options, limits()).await.unwrap();
+    let pool = Pool::create(device, options, limits(setup.fast_fill))
+        .await
+        .unwrap();
     let volume = pool
         .create_volume("v", setup.mapped_bytes)
         .await
@@ -165,12 +185,14 @@ async fn prepare(setup: &Setup) {
         pool.write(volume, offset, &data, false).await.unwrap();
     }
     pool.flush().await.unwrap();
+    dropping.stop_dropping();
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
     println!(
-        "{} | filled and checkpointed in {:.1} s",
+        "{} | filled and checkpointed in {:.1} s ({} data blocks not written)",
         setup.label,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        dropping.dropped_blocks()
     );
     let mut rng = SmallRng::seed_from_u64(7);
     let block_count = setup.mapped_bytes / BLOCK;
@@ -214,9 +236,12 @@ async fn measure(setup: &Setup) {
         read_bytes: AtomicU64::new(0),
     });
     let started = Instant::now();
-    let pool = Pool::open(counting.clone() as Arc<dyn BlockDevice>, limits())
-        .await
-        .unwrap();
+    let pool = Pool::open(
+        counting.clone() as Arc<dyn BlockDevice>,
+        limits(setup.fast_fill),
+    )
+    .await
+    .unwrap();
     let elapsed = started.elapsed();
     println!(
         "{} | open after a crash (64 MiB tail) | {:.3} s | {} reads, {:.1} MiB read",
@@ -238,6 +263,7 @@ fn setup(spec: &str, directory: &std::path::Path) -> Setup {
     let flags: Vec<&str> = parts.collect();
     let capacity_disk_model = flags.contains(&"disk");
     let whole_scan = flags.contains(&"whole");
+    let fast_fill = flags.contains(&"fast");
     let mut setup = match kind {
         "one-tier" => Setup {
             label: format!("one tier, {size} GiB mapped"),
@@ -246,6 +272,7 @@ fn setup(spec: &str, directory: &std::path::Path) -> Setup {
             mapped_bytes: size * GIB,
             capacity_disk_model,
             whole_scan,
+            fast_fill,
         },
         "two-tier" => Setup {
             label: format!("two tiers, 4 GiB flash + {size} GiB capacity, 1 GiB mapped"),
@@ -257,6 +284,7 @@ fn setup(spec: &str, directory: &std::path::Path) -> Setup {
             mapped_bytes: GIB,
             capacity_disk_model,
             whole_scan,
+            fast_fill,
         },
         other => panic!("unknown setup {other}"),
     };
@@ -265,6 +293,9 @@ fn setup(spec: &str, directory: &std::path::Path) -> Setup {
     }
     if whole_scan {
         setup.label.push_str(", whole scan (record damaged)");
+    }
+    if fast_fill {
+        setup.label.push_str(", fast fill");
     }
     setup
 }
