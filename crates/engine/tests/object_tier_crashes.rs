@@ -733,3 +733,279 @@ async fn an_object_store_outage_never_returns_older_data() {
         "{tally:?}"
     );
 }
+
+/// What the store-down runs saw, so that the test can show they proved
+/// something.
+#[derive(Default, Debug)]
+struct StoreDownTally {
+    /// Blocks demoted before the store went away, and after it returned.
+    demoted_before: u64,
+    demoted_after_return: u64,
+    /// Blocks written and flushes made while the store was away.
+    blocks_written_during: u64,
+    flushes_during: u64,
+    /// Reads that failed while the store was away (blocks held only by it),
+    /// and reads that returned data (checked against the model).
+    reads_failed_during: u64,
+    reads_served_during: u64,
+    /// Checkpoints refused while the store was away.
+    checkpoints_refused_during: u64,
+    /// Runs cut during the outage, and runs whose store returned.
+    power_cuts_during: u64,
+    returns: u64,
+}
+
+/// Blocks a run writes while the store is away, at most: few enough that
+/// the flash tier's free space holds them without anything demoted.
+const STORE_DOWN_WRITE_BLOCKS_MAX: usize = 48;
+
+/// Free flash segments beyond the clients' reserve that a run has before
+/// the store goes away: room for what it writes then (the writes' batches
+/// with their summaries, one batch per flush at worst) with nothing
+/// demoted or freed meanwhile.
+const FREE_FLASH_SEGMENTS_BEFORE_OUTAGE: usize = 8;
+
+/// Demotes, flushes both tiers and checkpoints, as the demoter does, until
+/// flash has room for what the run writes while the store is away.
+async fn make_room_on_flash(pool: &Pool, seed: u64) {
+    for _ in 0..32 {
+        let table = pool.segment_table();
+        if table.free_segments.len()
+            >= table.client_reserve_segment_count + FREE_FLASH_SEGMENTS_BEFORE_OUTAGE
+        {
+            return;
+        }
+        pool.clean(4).await.expect("clean");
+        pool.flush_all().await.expect("flush");
+        pool.checkpoint().await.expect("checkpoint");
+        pool.checkpoint().await.expect("checkpoint");
+    }
+    panic!("seed {seed}: flash found no room before the outage");
+}
+
+/// A write of 1 to 4 blocks that must succeed, recorded in the model.
+async fn required_write(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    seed: u64,
+    phase: &str,
+) -> usize {
+    let blocks = rng.random_range(1..=4);
+    let first = rng.random_range(0..=OUTAGE_VOLUME_BLOCKS - blocks);
+    let fill: u8 = rng.random();
+    let data: Vec<u8> = (0..blocks * BLOCK)
+        .map(|index| fill.wrapping_add((index / 512) as u8) | 1)
+        .collect();
+    for (position, block) in (first..first + blocks).enumerate() {
+        let contents = data[position * BLOCK..(position + 1) * BLOCK].to_vec();
+        shadow.blocks[block].insert(0, Arc::new(contents));
+    }
+    pool.write(volume_id, (first * BLOCK) as u64, &data, false)
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed} {phase}: a write failed: {error}"));
+    blocks
+}
+
+async fn required_flush(pool: &Pool, shadow: &mut OutageShadow, seed: u64, phase: &str) {
+    pool.flush()
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed} {phase}: a flush failed: {error}"));
+    shadow.flushed();
+}
+
+/// The store away: writes and flushes of new data succeed on flash, reads
+/// return the right data or an error, a checkpoint may be refused but fails
+/// nothing. Returns after a last flush that must succeed too.
+async fn while_the_store_is_down(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    tally: &mut StoreDownTally,
+    seed: u64,
+) {
+    let phase = "while the store is down";
+    let mut written = 0;
+    while written < STORE_DOWN_WRITE_BLOCKS_MAX - 4 {
+        match rng.random_range(0..100) {
+            0..=49 => {
+                written += required_write(pool, volume_id, shadow, rng, seed, phase).await;
+            }
+            50..=69 => {
+                required_flush(pool, shadow, seed, phase).await;
+                tally.flushes_during += 1;
+            }
+            70..=74 => {
+                // Refused (the tier's uploads cannot be made durable) or
+                // made; either way the pool goes on.
+                match pool.checkpoint().await {
+                    Ok(()) => shadow.flushed(),
+                    Err(_) => tally.checkpoints_refused_during += 1,
+                }
+            }
+            _ => {
+                let first = rng.random_range(0..OUTAGE_VOLUME_BLOCKS);
+                let blocks = rng.random_range(1..=(OUTAGE_VOLUME_BLOCKS - first).min(8));
+                let mut contents = vec![0u8; blocks * BLOCK];
+                match pool
+                    .read(volume_id, (first * BLOCK) as u64, &mut contents)
+                    .await
+                {
+                    Ok(()) => {
+                        shadow.compare(&contents, first..first + blocks, seed, phase);
+                        tally.reads_served_during += 1;
+                    }
+                    Err(_) => tally.reads_failed_during += 1,
+                }
+            }
+        }
+    }
+    tally.blocks_written_during += written as u64;
+    required_flush(pool, shadow, seed, phase).await;
+    tally.flushes_during += 1;
+    assert!(
+        pool.status().failed.is_none(),
+        "seed {seed}: the pool failed while the store was down: {:?}",
+        pool.status().failed
+    );
+}
+
+async fn store_down_run(seed: u64, tally: &mut StoreDownTally) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let media = Media {
+        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
+        store: Arc::new(InMemory::new()),
+        location: tier_location(&mut rng),
+    };
+    let (pool, incarnation) = media.create_pool(seed).await;
+    pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
+        .await
+        .expect("create volume");
+    let volume_id = pool.volume_id("alpha").unwrap();
+    let mut shadow = OutageShadow {
+        blocks: vec![vec![Arc::new(vec![0u8; BLOCK])]; OUTAGE_VOLUME_BLOCKS],
+    };
+    let mut outage = OutageTally::default();
+    for _ in 0..rng.random_range(100..400) {
+        let succeeded =
+            outage_operation(&pool, volume_id, &mut shadow, &mut rng, &mut outage, seed).await;
+        assert!(
+            succeeded,
+            "seed {seed}: an operation failed before the outage"
+        );
+    }
+    make_room_on_flash(&pool, seed).await;
+    // A demotion whose upload has not been made durable yet, in most runs:
+    // the client's next flush follows it.
+    if rng.random_bool(0.8) {
+        pool.clean(4).await.expect("clean");
+    }
+    tally.demoted_before += pool.status().demoted_blocks;
+    let mode = if rng.random_bool(0.7) {
+        StoreMode::Refusing
+    } else {
+        StoreMode::Flaky
+    };
+    incarnation.switch.set(mode);
+    while_the_store_is_down(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+    if rng.random_bool(0.5) {
+        // The power goes during the outage; the store is back for the next
+        // process (which cannot open the tier without it).
+        tally.power_cuts_during += 1;
+        incarnation.power_cut(PowerCutStyle::Random).await;
+        pool.abandon();
+        drop(pool);
+        incarnation.settled().await;
+        let (pool, _incarnation) = media.open_pool(seed + 1000).await;
+        shadow
+            .check(
+                &pool,
+                volume_id_of(&pool),
+                seed,
+                "after a cut during the outage",
+            )
+            .await;
+        pool.close().await.expect("close");
+        return;
+    }
+    incarnation.switch.set(StoreMode::Serving);
+    tally.returns += 1;
+    the_store_is_back(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+    incarnation.power_cut(PowerCutStyle::Random).await;
+    pool.abandon();
+    drop(pool);
+    incarnation.settled().await;
+    let (pool, _incarnation) = media.open_pool(seed + 2000).await;
+    shadow
+        .check(
+            &pool,
+            volume_id_of(&pool),
+            seed,
+            "after the return and a cut",
+        )
+        .await;
+    pool.close().await.expect("close");
+}
+
+/// The store is back: the tier's writes resume (what waited is uploaded),
+/// demotion goes on, checkpoints are taken again, and every block reads as
+/// the model says.
+async fn the_store_is_back(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    tally: &mut StoreDownTally,
+    seed: u64,
+) {
+    let phase = "after the store returned";
+    pool.resume_capacity_writes()
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed}: the tier's writes did not resume: {error}"));
+    assert!(
+        pool.status()
+            .capacity_writes
+            .is_none_or(|writes| writes.suspended.is_none()),
+        "seed {seed}: the tier's writes are still suspended"
+    );
+    shadow.check(pool, volume_id, seed, phase).await;
+    let demoted = pool.status().demoted_blocks;
+    for _ in 0..rng.random_range(20..120) {
+        required_write(pool, volume_id, shadow, rng, seed, phase).await;
+        if rng.random_bool(0.2) {
+            pool.clean(4)
+                .await
+                .unwrap_or_else(|error| panic!("seed {seed} {phase}: clean failed: {error}"));
+        }
+    }
+    pool.clean(4).await.expect("clean");
+    pool.checkpoint()
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed} {phase}: checkpoint failed: {error}"));
+    shadow.flushed();
+    tally.demoted_after_return += pool.status().demoted_blocks - demoted;
+    shadow.check(pool, volume_id, seed, phase).await;
+}
+
+/// The store goes away after data was demoted (with an upload of demoted
+/// blocks still waiting, in most runs): the clients go on writing and
+/// flushing on flash, which must succeed, and reading, which returns the
+/// right data or an error; then the power goes (every flushed block must
+/// survive) or the store returns (the tier's writes and demotion resume).
+#[tokio::test(flavor = "current_thread")]
+async fn with_the_store_down_writes_and_flushes_land_on_flash() {
+    let (first, runs) = (first_seed(), (crash_runs() / 5).max(1));
+    let mut tally = StoreDownTally::default();
+    for seed in first..first + runs {
+        store_down_run(seed, &mut tally).await;
+    }
+    eprintln!("{runs} store-down runs: {tally:#?}");
+    assert!(tally.demoted_before > 0, "{tally:?}");
+    assert!(tally.flushes_during > 0, "{tally:?}");
+    assert!(
+        runs < 20 || (tally.reads_failed_during > 0 && tally.demoted_after_return > 0),
+        "{tally:?}"
+    );
+}
