@@ -189,7 +189,7 @@ pub enum IoError {
     )]
     EvacuationStalled { segment_count: usize, passes: usize },
     #[error(
-        "the capacity tier {device} cannot make its writes durable ({error}): demotion and checkpoints are suspended until it can; client writes go on on flash"
+        "{device}: the capacity tier cannot make its writes durable ({error}); demotion and checkpoints are suspended until it can, client writes go on landing on flash while it has room"
     )]
     CapacityUnavailable { device: String, error: String },
 }
