@@ -76,8 +76,8 @@ pub struct PoolStatus {
     pub promoted_blocks: u64,
     pub demoted_blocks: u64,
     /// Whether the capacity tier takes writes, in a two-tier pool (absent
-    /// from daemons before decision 0032).
-    #[serde(default)]
+    /// from one-tier pools and from daemons before decision 0032).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_writes: Option<CapacityWritesStatus>,
     pub integrity: IntegrityStatus,
     /// The latest scrub since the pool opened.
