@@ -75,6 +75,10 @@ pub struct PoolStatus {
     pub capacity: Option<TierSpace>,
     pub promoted_blocks: u64,
     pub demoted_blocks: u64,
+    /// Whether the capacity tier takes writes, in a two-tier pool (absent
+    /// from one-tier pools and from daemons before decision 0032).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_writes: Option<CapacityWritesStatus>,
     pub integrity: IntegrityStatus,
     /// The latest scrub since the pool opened.
     pub scrub: ScrubStatus,
@@ -90,6 +94,28 @@ pub struct PoolStatus {
     /// The capacity tier on object storage, when the pool has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_tier: Option<ObjectTierStatus>,
+}
+
+/// Whether the capacity tier takes writes (decision 0032): after a failed
+/// capacity flush (an object store away) they are `suspended` — demotion and
+/// checkpoints wait, client writes go on on flash — until a retry succeeds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityWritesStatus {
+    pub suspended: Option<CapacitySuspension>,
+    /// Times the tier's writes were suspended, and resumed, since the pool
+    /// opened.
+    pub suspensions: u64,
+    pub resumptions: u64,
+}
+
+/// Why and since when the capacity tier's writes are suspended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacitySuspension {
+    /// The capacity flush's error, or the latest retry's.
+    pub last_error: String,
+    pub since_unix_seconds: u64,
+    /// Retries of the capacity flush that failed since.
+    pub failed_retries: u64,
 }
 
 /// A capacity tier on S3-compatible object storage (issue 22).

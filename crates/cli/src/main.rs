@@ -470,6 +470,17 @@ fn print_status(status: &PoolStatus) {
         println!("promoted             {} blocks", status.promoted_blocks);
         println!("demoted              {} blocks", status.demoted_blocks);
     }
+    if let Some(suspension) = status
+        .capacity_writes
+        .as_ref()
+        .and_then(|writes| writes.suspended.as_ref())
+    {
+        println!(
+            "CAPACITY SUSPENDED   since {} (unix seconds), {} retries failed: demotion and \
+             checkpoints wait, writes land on flash: {}",
+            suspension.since_unix_seconds, suspension.failed_retries, suspension.last_error
+        );
+    }
     print_integrity(&status.integrity);
     if status.scrub.state != lamina_api::ScrubState::None {
         pool_commands::print_scrub(&status.scrub);

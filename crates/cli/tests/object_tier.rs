@@ -256,8 +256,10 @@ fn read_range(
 /// The store stopped under a running daemon: reads of data held only there
 /// fail with an error within a bounded time (never zeros or older data),
 /// data on flash still reads, the daemon stays up and answers `pool status`;
-/// once the store is back the same reads succeed, and after a `kill -9` and
-/// a restart every byte is intact.
+/// new data written and flushed meanwhile lands on flash and reads back, the
+/// tier's writes show as suspended and the pool never fails (decision 0032);
+/// once the store is back the same reads succeed, the tier's writes resume,
+/// and after a `kill -9` and a restart every byte is intact.
 #[test]
 fn the_store_down_gives_errors_never_wrong_data_and_its_return_heals() {
     let Some(mut store) = Store::start() else {
@@ -301,9 +303,39 @@ fn the_store_down_gives_errors_never_wrong_data_and_its_return_heals() {
     let gets = &status["object_tier"]["requests"][0];
     assert_eq!(gets["kind"], "get");
     assert!(gets["errors"].as_u64().unwrap() > 0, "{status}");
+    // New data written and flushed lands on flash (decision 0032): it takes
+    // flash below the demoter's target, the demoter's upload fails, and the
+    // tier's writes are suspended instead of the pool failing; later writes
+    // and flushes still succeed and read back.
+    let new_data_offset = 40 * MIB;
+    overwrite_range(&daemon, "big", &file, new_data_offset, 2 * MIB, 71);
+    wait_until("the capacity tier's writes are suspended", || {
+        let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+        assert!(status["failed"].is_null(), "the pool failed: {status}");
+        !status["capacity_writes"]["suspended"].is_null()
+    });
+    overwrite_range(&daemon, "big", &file, new_data_offset + 2 * MIB, MIB, 72);
+    read_range(&daemon, "big", &file, new_data_offset, 3 * MIB)
+        .expect("data written while the store is down reads back");
+    let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    assert!(status["failed"].is_null(), "the pool failed: {status}");
+    let suspended = &status["capacity_writes"]["suspended"];
+    assert!(
+        suspended["last_error"]
+            .as_str()
+            .is_some_and(|error| !error.is_empty())
+            && suspended["since_unix_seconds"].as_u64().unwrap() > 0,
+        "{status}"
+    );
 
     store.server.restart().expect("restart weed mini");
     read_range(&daemon, "big", &file, 0, MIB).expect("the demoted range reads again");
+    // The demoter's retries find the store back and resume the tier's writes.
+    wait_until("the capacity tier's writes resume", || {
+        let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+        status["capacity_writes"]["suspended"].is_null()
+    });
+    assert_same(&daemon, "big", &file);
     daemon.kill_hard();
     let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
     assert_same(&daemon, "big", &file);
@@ -353,6 +385,23 @@ fn overwrites_clean_the_object_tier_and_survive_kill_9() {
     let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "v");
     assert_same(&daemon, "v", &file);
     assert!(daemon.terminate().success());
+}
+
+/// Replaces `length` bytes at `offset` of `file` with a new pattern (from
+/// `seed`), then writes them to the same range of the export and flushes:
+/// `file` stays what the export must hold.
+fn overwrite_range(daemon: &Daemon, export: &str, file: &Path, offset: u64, length: u64, seed: u8) {
+    use std::os::unix::fs::FileExt;
+    let bytes: Vec<u8> = (0..length)
+        .map(|index| (index / 4096) as u8 ^ seed ^ (index % 251) as u8)
+        .collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .expect("open the pattern file")
+        .write_all_at(&bytes, offset)
+        .expect("write the pattern file");
+    rewrite_range(daemon, export, file, offset, length);
 }
 
 /// Writes `length` bytes at `offset` of `file` to the same range of an

@@ -42,6 +42,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         capacity,
         promoted_blocks,
         demoted_blocks,
+        capacity_writes,
         integrity,
         scrub,
         rebuild,
@@ -84,6 +85,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         capacity: capacity.map(tier_space_of),
         promoted_blocks,
         demoted_blocks,
+        capacity_writes: capacity_writes.map(capacity_writes_of),
         integrity: api::IntegrityStatus {
             read_checksum_errors: integrity.read_checksum_errors,
             checksum_errors_repaired: integrity.checksum_errors_repaired,
@@ -98,6 +100,31 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         background: background_of(background),
         layout: None,
         object_tier: None,
+    }
+}
+
+/// `pool status`'s capacity tier's writes (decision 0032).
+fn capacity_writes_of(status: engine::CapacityWritesStatus) -> api::CapacityWritesStatus {
+    let engine::CapacityWritesStatus {
+        suspended,
+        suspensions,
+        resumptions,
+    } = status;
+    api::CapacityWritesStatus {
+        suspended: suspended.map(|suspension| {
+            let engine::CapacitySuspension {
+                last_error,
+                since_unix_seconds,
+                failed_retries,
+            } = suspension;
+            api::CapacitySuspension {
+                last_error,
+                since_unix_seconds,
+                failed_retries,
+            }
+        }),
+        suspensions,
+        resumptions,
     }
 }
 
@@ -425,6 +452,16 @@ mod tests {
             waiting_batch_count: 3,
         };
         assert_same_json(&status, &device_full_of(status.clone()));
+        let writes = engine::CapacityWritesStatus {
+            suspended: Some(engine::CapacitySuspension {
+                last_error: "PUT failed".into(),
+                since_unix_seconds: 19,
+                failed_retries: 4,
+            }),
+            suspensions: 2,
+            resumptions: 1,
+        };
+        assert_same_json(&writes, &capacity_writes_of(writes.clone()));
         for state in [
             engine::CleanerState::Off,
             engine::CleanerState::Idle,

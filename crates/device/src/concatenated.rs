@@ -152,6 +152,23 @@ impl BlockDevice for ConcatenatedDevice {
         first.and(second)
     }
 
+    async fn flush_range(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
+        let boundary = self.first_region_bytes;
+        let end = offset.saturating_add(length);
+        match (offset < boundary, end > boundary) {
+            (true, false) => self.first.flush_range(offset, length).await,
+            (false, _) => self.second.flush_range(offset - boundary, length).await,
+            (true, true) => {
+                let (first, second) = futures_join(
+                    self.first.flush_range(offset, boundary - offset),
+                    self.second.flush_range(0, end - boundary),
+                )
+                .await;
+                first.and(second)
+            }
+        }
+    }
+
     async fn recover_block(
         &self,
         offset: u64,
@@ -302,7 +319,7 @@ async fn futures_join<A, B>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryDevice;
+    use crate::{DeviceErrorKind, MemoryDevice};
 
     fn pattern(length: usize, seed: u8) -> Arc<AlignedBuffer> {
         let bytes: Vec<u8> = (0..length)
@@ -399,6 +416,45 @@ mod tests {
         let on_second = second.read(12 * 4096, 4096).await.unwrap();
         assert_eq!(&on_second[..], &pattern(4096, 9)[..]);
         joined.flush().await.unwrap();
+    }
+
+    /// A device that refuses to flush: the capacity tier's store away.
+    struct Unflushable(MemoryDevice);
+
+    #[async_trait::async_trait]
+    impl BlockDevice for Unflushable {
+        fn name(&self) -> &str {
+            "unflushable"
+        }
+        fn size_bytes(&self) -> u64 {
+            self.0.size_bytes()
+        }
+        async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
+            self.0.read(offset, length).await
+        }
+        async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+            self.0.write(offset, data).await
+        }
+        async fn flush(&self) -> Result<(), DeviceError> {
+            Err(DeviceError::new(
+                DeviceErrorKind::Injected,
+                "unflushable",
+                0,
+                0,
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_range_flush_flushes_only_the_devices_it_touches() {
+        let joined = ConcatenatedDevice::new(
+            Arc::new(MemoryDevice::new(8 * 4096)),
+            Arc::new(Unflushable(MemoryDevice::new(8 * 4096))),
+        );
+        joined.flush_range(0, 8 * 4096).await.unwrap();
+        assert!(joined.flush_range(8 * 4096, 4096).await.is_err());
+        assert!(joined.flush_range(4 * 4096, 8 * 4096).await.is_err());
+        assert!(joined.flush().await.is_err());
     }
 
     #[tokio::test]

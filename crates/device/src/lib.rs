@@ -64,6 +64,17 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Makes every write that completed before this call durable.
     async fn flush(&self) -> Result<(), DeviceError>;
 
+    /// Makes every write to `offset..offset + length` that completed before
+    /// this call durable; it may make more durable. A device made of parts
+    /// (`ConcatenatedDevice`) flushes only the parts the range touches, so
+    /// that a pool can make its flash tier durable while its capacity tier
+    /// (an object store that is away) cannot be. The default flushes
+    /// everything.
+    async fn flush_range(&self, offset: u64, length: u64) -> Result<(), DeviceError> {
+        let _ = (offset, length);
+        self.flush().await
+    }
+
     /// The block at `offset` failed the caller's check (its checksum): rebuilds
     /// it from the device's redundancy, returns the first candidate that passes
     /// `is_valid`, and rewrites the damaged copy. `Ok(None)` when the device has

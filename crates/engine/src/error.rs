@@ -188,6 +188,10 @@ pub enum IoError {
         "{segment_count} segments still hold data to move after {passes} passes without progress (free space ran short: clients' writes outpaced the cleaner); the pool keeps serving, and the next rebuild check starts again"
     )]
     EvacuationStalled { segment_count: usize, passes: usize },
+    #[error(
+        "{device}: the capacity tier cannot make its writes durable ({error}); demotion and checkpoints are suspended until it can, client writes go on landing on flash while it has room"
+    )]
+    CapacityUnavailable { device: String, error: String },
 }
 
 impl EngineError {
@@ -275,6 +279,7 @@ impl IoError {
             Self::RebuildRunning => "rebuild_running",
             Self::RebuildInterrupted => "rebuild_interrupted",
             Self::EvacuationStalled { .. } => "evacuation_stalled",
+            Self::CapacityUnavailable { .. } => "capacity_unavailable",
         }
     }
 }

@@ -27,6 +27,7 @@ pub use pool::budget::{BackgroundBudgetStatus, BackgroundWork, ClientOperation, 
 pub use pool::cache_warmup::{
     CacheContents, CacheContentsError, CacheWarmupState, CacheWarmupStatus, CachedBlock,
 };
+pub use pool::capacity_writes::{CapacitySuspension, CapacityWritesStatus};
 pub use pool::cleaner::CleanerState;
 pub use pool::evacuation::{EvacuationGoal, EvacuationNeed};
 pub use pool::rebuild::RebuildStart;

@@ -13,9 +13,15 @@
 //! the late requests land, and the next cut's recovery is compared again. A second test takes the store away for a while
 //! without a power cut (failing every request, or half of them) and checks
 //! that after it returns and the pool is reopened, every block holds what was
-//! flushed before, or something written since, never older data.
+//! flushed before, or something written since, never older data. A third
+//! (decision 0032) takes it away after data was demoted, with an upload
+//! waiting: clients' writes and flushes must go on succeeding on flash,
+//! reads return the right data or an error, and then the power goes (every
+//! flushed block must survive) or the store returns (the tier's writes and
+//! demotion resume).
 //! Seeds: half of `LAMINA_CRASH_RUNS` (default 1000) for power cuts, a fifth
-//! for outages; `LAMINA_CRASH_FIRST_SEED` is the first.
+//! each for outages and for the store down; `LAMINA_CRASH_FIRST_SEED` is the
+//! first.
 
 // Test code keeps `as` for small sizes and byte patterns (issue 17 converts
 // the library and binaries only).
@@ -616,12 +622,34 @@ async fn power_cuts_over_an_object_tier_never_lose_flushed_data() {
 /// it may hold (index 0 the newest; the last one durable).
 struct OutageShadow {
     blocks: Vec<Vec<Arc<Vec<u8>>>>,
+    /// Per block, the candidates a flush keeps: 1, or more after writes
+    /// that failed (which may or may not have reached the pool, so that the
+    /// flush made either the failed write's contents or what came before
+    /// durable).
+    kept_by_flush: Vec<usize>,
 }
 
 impl OutageShadow {
+    fn new() -> Self {
+        Self {
+            blocks: vec![vec![Arc::new(vec![0u8; BLOCK])]; OUTAGE_VOLUME_BLOCKS],
+            kept_by_flush: vec![1; OUTAGE_VOLUME_BLOCKS],
+        }
+    }
+
+    /// `contents` written to `block`, by a write that succeeded or not.
+    fn written(&mut self, block: usize, contents: Vec<u8>, succeeded: bool) {
+        self.blocks[block].insert(0, Arc::new(contents));
+        self.kept_by_flush[block] = if succeeded {
+            1
+        } else {
+            self.kept_by_flush[block] + 1
+        };
+    }
+
     fn flushed(&mut self) {
-        for candidates in &mut self.blocks {
-            candidates.truncate(1);
+        for (candidates, kept) in self.blocks.iter_mut().zip(&self.kept_by_flush) {
+            candidates.truncate(*kept);
         }
     }
 
@@ -652,13 +680,15 @@ struct OutageTally {
     demoted_blocks: u64,
     flushes_failed: u64,
     reads_failed: u64,
+    /// Writes that failed (a writer whose reclaim needed the capacity tier).
+    writes_failed: u64,
     /// Runs whose pool refused writes after a failed flush, and runs whose
     /// pool flushed again once the store was back.
     pools_failed: u64,
     pools_recovered_without_reopen: u64,
     requests_refused: u64,
     first_flush_error: Option<String>,
-    first_write_error_after: Option<String>,
+    first_write_error: Option<String>,
 }
 
 /// One operation of the outage run, whose errors are expected while the
@@ -685,12 +715,11 @@ async fn outage_operation(
             // A write that failed may still have reached the pool's batches.
             for (position, block) in (first..first + blocks).enumerate() {
                 let contents = data[position * BLOCK..(position + 1) * BLOCK].to_vec();
-                shadow.blocks[block].insert(0, Arc::new(contents));
+                shadow.written(block, contents, result.is_ok());
             }
-            if let (Err(error), None) = (&result, &tally.first_write_error_after)
-                && tally.flushes_failed > 0
-            {
-                tally.first_write_error_after = Some(error.to_string());
+            if let Err(error) = &result {
+                tally.writes_failed += 1;
+                tally.first_write_error.get_or_insert(error.to_string());
             }
             result.is_ok()
         }
@@ -755,9 +784,7 @@ async fn outage_run(seed: u64, tally: &mut OutageTally) {
         .await
         .expect("create volume");
     let volume_id = pool.volume_id("alpha").unwrap();
-    let mut shadow = OutageShadow {
-        blocks: vec![vec![Arc::new(vec![0u8; BLOCK])]; OUTAGE_VOLUME_BLOCKS],
-    };
+    let mut shadow = OutageShadow::new();
     // Before the outage everything succeeds.
     for _ in 0..rng.random_range(50..400) {
         let succeeded =
@@ -816,9 +843,10 @@ fn volume_id_of(pool: &Pool) -> u32 {
 }
 
 /// The store goes away for a while (every request fails, or half of them)
-/// without a power cut: flushes may fail and the pool may fail, but once the
-/// store is back and the pool reopened, every block flushed before holds
-/// exactly that, or something written since.
+/// without a power cut: clients' flushes go on succeeding (they need only
+/// flash) and the pool never fails; once the store is back and the pool
+/// reopened, every block flushed before holds exactly that, or something
+/// written since.
 #[tokio::test(flavor = "current_thread")]
 async fn an_object_store_outage_never_returns_older_data() {
     let (first, runs) = (first_seed(), (crash_runs() / 5).max(1));
@@ -828,8 +856,281 @@ async fn an_object_store_outage_never_returns_older_data() {
     }
     eprintln!("{runs} outage runs: {tally:#?}");
     assert!(tally.demoted_blocks > 0, "{tally:?}");
+    assert_eq!(tally.flushes_failed, 0, "{tally:?}");
+    assert_eq!(tally.pools_failed, 0, "{tally:?}");
+    assert!(runs < 10 || tally.requests_refused > 0, "{tally:?}");
+}
+
+/// What the store-down runs saw, so that the test can show they proved
+/// something.
+#[derive(Default, Debug)]
+struct StoreDownTally {
+    /// Blocks demoted before the store went away, and after it returned.
+    demoted_before: u64,
+    demoted_after_return: u64,
+    /// Blocks written and flushes made while the store was away.
+    blocks_written_during: u64,
+    flushes_during: u64,
+    /// Reads that failed while the store was away (blocks held only by it),
+    /// and reads that returned data (checked against the model).
+    reads_failed_during: u64,
+    reads_served_during: u64,
+    /// Checkpoints refused while the store was away.
+    checkpoints_refused_during: u64,
+    /// Runs cut during the outage, and runs whose store returned.
+    power_cuts_during: u64,
+    returns: u64,
+}
+
+/// Blocks a run writes while the store is away, at most: few enough that
+/// the flash tier's free space holds them without anything demoted.
+const STORE_DOWN_WRITE_BLOCKS_MAX: usize = 48;
+
+/// Free flash segments beyond the clients' reserve that a run has before
+/// the store goes away: room for what it writes then (the writes' batches
+/// with their summaries, one batch per flush at worst) with nothing
+/// demoted or freed meanwhile.
+const FREE_FLASH_SEGMENTS_BEFORE_OUTAGE: usize = 8;
+
+/// Demotes, flushes both tiers and checkpoints, as the demoter does, until
+/// flash has room for what the run writes while the store is away.
+async fn make_room_on_flash(pool: &Pool, seed: u64) {
+    for _ in 0..32 {
+        let table = pool.segment_table();
+        if table.free_segments.len()
+            >= table.client_reserve_segment_count + FREE_FLASH_SEGMENTS_BEFORE_OUTAGE
+        {
+            return;
+        }
+        pool.clean(4).await.expect("clean");
+        pool.flush_all().await.expect("flush");
+        pool.checkpoint().await.expect("checkpoint");
+        pool.checkpoint().await.expect("checkpoint");
+    }
+    panic!("seed {seed}: flash found no room before the outage");
+}
+
+/// A write of 1 to 4 blocks that must succeed, recorded in the model.
+async fn required_write(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    seed: u64,
+    phase: &str,
+) -> usize {
+    let blocks = rng.random_range(1..=4);
+    let first = rng.random_range(0..=OUTAGE_VOLUME_BLOCKS - blocks);
+    let fill: u8 = rng.random();
+    let data: Vec<u8> = (0..blocks * BLOCK)
+        .map(|index| fill.wrapping_add((index / 512) as u8) | 1)
+        .collect();
+    for (position, block) in (first..first + blocks).enumerate() {
+        let contents = data[position * BLOCK..(position + 1) * BLOCK].to_vec();
+        shadow.written(block, contents, true);
+    }
+    pool.write(volume_id, (first * BLOCK) as u64, &data, false)
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed} {phase}: a write failed: {error}"));
+    blocks
+}
+
+async fn required_flush(pool: &Pool, shadow: &mut OutageShadow, seed: u64, phase: &str) {
+    pool.flush()
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed} {phase}: a flush failed: {error}"));
+    shadow.flushed();
+}
+
+/// The store away: writes and flushes of new data succeed on flash, reads
+/// return the right data or an error, a checkpoint may be refused but fails
+/// nothing. Returns after a last flush that must succeed too.
+async fn while_the_store_is_down(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    tally: &mut StoreDownTally,
+    seed: u64,
+) {
+    let phase = "while the store is down";
+    let mut written = 0;
+    while written < STORE_DOWN_WRITE_BLOCKS_MAX - 4 {
+        match rng.random_range(0..100) {
+            0..=49 => {
+                written += required_write(pool, volume_id, shadow, rng, seed, phase).await;
+            }
+            50..=69 => {
+                required_flush(pool, shadow, seed, phase).await;
+                tally.flushes_during += 1;
+            }
+            70..=74 => {
+                // Refused (the tier's uploads cannot be made durable) or
+                // made; either way the pool goes on.
+                match pool.checkpoint().await {
+                    Ok(()) => shadow.flushed(),
+                    Err(_) => tally.checkpoints_refused_during += 1,
+                }
+            }
+            _ => {
+                let first = rng.random_range(0..OUTAGE_VOLUME_BLOCKS);
+                let blocks = rng.random_range(1..=(OUTAGE_VOLUME_BLOCKS - first).min(8));
+                let mut contents = vec![0u8; blocks * BLOCK];
+                match pool
+                    .read(volume_id, (first * BLOCK) as u64, &mut contents)
+                    .await
+                {
+                    Ok(()) => {
+                        shadow.compare(&contents, first..first + blocks, seed, phase);
+                        tally.reads_served_during += 1;
+                    }
+                    Err(_) => tally.reads_failed_during += 1,
+                }
+            }
+        }
+    }
+    tally.blocks_written_during += written as u64;
+    required_flush(pool, shadow, seed, phase).await;
+    tally.flushes_during += 1;
     assert!(
-        runs < 10 || (tally.flushes_failed > 0 && tally.requests_refused > 0),
+        pool.status().failed.is_none(),
+        "seed {seed}: the pool failed while the store was down: {:?}",
+        pool.status().failed
+    );
+}
+
+async fn store_down_run(seed: u64, tally: &mut StoreDownTally) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let media = Media {
+        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
+        store: Arc::new(InMemory::new()),
+        location: tier_location(&mut rng),
+    };
+    let (pool, incarnation) = media.create_pool(seed).await;
+    pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
+        .await
+        .expect("create volume");
+    let volume_id = pool.volume_id("alpha").unwrap();
+    let mut shadow = OutageShadow::new();
+    let mut outage = OutageTally::default();
+    for _ in 0..rng.random_range(100..400) {
+        let succeeded =
+            outage_operation(&pool, volume_id, &mut shadow, &mut rng, &mut outage, seed).await;
+        assert!(
+            succeeded,
+            "seed {seed}: an operation failed before the outage"
+        );
+    }
+    make_room_on_flash(&pool, seed).await;
+    // A demotion whose upload has not been made durable yet, in most runs:
+    // the client's next flush follows it.
+    if rng.random_bool(0.8) {
+        pool.clean(4).await.expect("clean");
+    }
+    tally.demoted_before += pool.status().demoted_blocks;
+    let mode = if rng.random_bool(0.7) {
+        StoreMode::Refusing
+    } else {
+        StoreMode::Flaky
+    };
+    incarnation.switch.set(mode);
+    while_the_store_is_down(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+    if rng.random_bool(0.5) {
+        // The power goes during the outage; the store is back for the next
+        // process (which cannot open the tier without it).
+        tally.power_cuts_during += 1;
+        incarnation.power_cut(PowerCutStyle::Random).await;
+        pool.abandon();
+        drop(pool);
+        incarnation.settled().await;
+        let (pool, _incarnation) = media.open_pool(seed + 1000).await;
+        shadow
+            .check(
+                &pool,
+                volume_id_of(&pool),
+                seed,
+                "after a cut during the outage",
+            )
+            .await;
+        pool.close().await.expect("close");
+        return;
+    }
+    incarnation.switch.set(StoreMode::Serving);
+    tally.returns += 1;
+    the_store_is_back(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+    incarnation.power_cut(PowerCutStyle::Random).await;
+    pool.abandon();
+    drop(pool);
+    incarnation.settled().await;
+    let (pool, _incarnation) = media.open_pool(seed + 2000).await;
+    shadow
+        .check(
+            &pool,
+            volume_id_of(&pool),
+            seed,
+            "after the return and a cut",
+        )
+        .await;
+    pool.close().await.expect("close");
+}
+
+/// The store is back: the tier's writes resume (what waited is uploaded),
+/// demotion goes on, checkpoints are taken again, and every block reads as
+/// the model says.
+async fn the_store_is_back(
+    pool: &Pool,
+    volume_id: u32,
+    shadow: &mut OutageShadow,
+    rng: &mut SmallRng,
+    tally: &mut StoreDownTally,
+    seed: u64,
+) {
+    let phase = "after the store returned";
+    pool.resume_capacity_writes()
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed}: the tier's writes did not resume: {error}"));
+    assert!(
+        pool.status()
+            .capacity_writes
+            .is_none_or(|writes| writes.suspended.is_none()),
+        "seed {seed}: the tier's writes are still suspended"
+    );
+    shadow.check(pool, volume_id, seed, phase).await;
+    let demoted = pool.status().demoted_blocks;
+    for _ in 0..rng.random_range(20..120) {
+        required_write(pool, volume_id, shadow, rng, seed, phase).await;
+        if rng.random_bool(0.2) {
+            pool.clean(4)
+                .await
+                .unwrap_or_else(|error| panic!("seed {seed} {phase}: clean failed: {error}"));
+        }
+    }
+    pool.clean(4).await.expect("clean");
+    pool.checkpoint()
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed} {phase}: checkpoint failed: {error}"));
+    shadow.flushed();
+    tally.demoted_after_return += pool.status().demoted_blocks - demoted;
+    shadow.check(pool, volume_id, seed, phase).await;
+}
+
+/// The store goes away after data was demoted (with an upload of demoted
+/// blocks still waiting, in most runs): the clients go on writing and
+/// flushing on flash, which must succeed, and reading, which returns the
+/// right data or an error; then the power goes (every flushed block must
+/// survive) or the store returns (the tier's writes and demotion resume).
+#[tokio::test(flavor = "current_thread")]
+async fn with_the_store_down_writes_and_flushes_land_on_flash() {
+    let (first, runs) = (first_seed(), (crash_runs() / 5).max(1));
+    let mut tally = StoreDownTally::default();
+    for seed in first..first + runs {
+        store_down_run(seed, &mut tally).await;
+    }
+    eprintln!("{runs} store-down runs: {tally:#?}");
+    assert!(tally.demoted_before > 0, "{tally:?}");
+    assert!(tally.flushes_during > 0, "{tally:?}");
+    assert!(
+        runs < 20 || (tally.reads_failed_during > 0 && tally.demoted_after_return > 0),
         "{tally:?}"
     );
 }

@@ -51,7 +51,11 @@ pub(super) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64, mut tas
                 return;
             }
             match task.step(&pool).await {
-                Ok(()) | Err(EngineError::Io(IoError::NoSpace)) => {}
+                // A capacity tier that cannot make its writes durable is
+                // logged when its state changes (`capacity_writes`), not at
+                // every tick that meets it.
+                Ok(())
+                | Err(EngineError::Io(IoError::NoSpace | IoError::CapacityUnavailable { .. })) => {}
                 Err(error) => tracing::error!(%error, "{} failed", T::NAME),
             }
         }
@@ -130,10 +134,19 @@ impl Periodic for FlushAndCheckpoint {
             return Ok(());
         }
         let dirt = pool.dirt();
-        if dirt.unflushed
-            && let Err(error) = pool.flush().await
-        {
-            tracing::error!(%error, "background flush failed");
+        if dirt.unflushed {
+            // Both tiers, so that what was demoted becomes durable and frees
+            // its flash segments; flash alone while the capacity tier's
+            // writes are suspended (its retries are the demoter's).
+            let flushed = if pool.capacity_writes_suspended() {
+                pool.flush().await
+            } else {
+                pool.flush_all().await
+            };
+            match flushed {
+                Ok(()) | Err(EngineError::Io(IoError::CapacityUnavailable { .. })) => {}
+                Err(error) => tracing::error!(%error, "background flush failed"),
+            }
         }
         if let Err(error) = pool.flush_marker_durably().await {
             tracing::error!(%error, "background flush of the flush marker failed");
@@ -150,8 +163,9 @@ impl Periodic for FlushAndCheckpoint {
         }
         if dirt.log_bytes_since_checkpoint >= limits.checkpoint_interval_bytes || due_by_time {
             self.last_checkpoint = Instant::now();
-            if let Err(error) = pool.checkpoint().await {
-                tracing::error!(%error, "background checkpoint failed");
+            match pool.checkpoint().await {
+                Ok(()) | Err(EngineError::Io(IoError::CapacityUnavailable { .. })) => {}
+                Err(error) => tracing::error!(%error, "background checkpoint failed"),
             }
         }
         Ok(())
@@ -236,10 +250,24 @@ impl Pool {
 
     /// Flushes, writes a final checkpoint (so the next open replays nothing) and
     /// stops background work.
+    /// While the capacity tier's writes are suspended the checkpoint is
+    /// skipped with a warning: what clients wrote is durable on flash and the
+    /// next open replays it (decision 0032).
     pub async fn close(&self) -> Result<(), EngineError> {
         self.flush().await?;
         self.inner.flush_marker.settled().await;
-        self.checkpoint().await?;
+        match self.checkpoint().await {
+            Ok(()) => {}
+            Err(EngineError::Io(IoError::CapacityUnavailable { device, error })) => {
+                tracing::warn!(
+                    device,
+                    error,
+                    "closed without a final checkpoint: the capacity tier is unavailable; \
+                     the next open replays the log"
+                );
+            }
+            Err(error) => return Err(error),
+        }
         self.inner.shutdown.store(true, Ordering::Release);
         Ok(())
     }

@@ -42,6 +42,11 @@ impl Pool {
 
     async fn checkpoint_as(&self, kind: CheckpointKind) -> Result<(), EngineError> {
         let mut chain_guard = self.inner.checkpoint_lock.lock().await;
+        // The batches it would cover include uploads the capacity tier cannot
+        // make durable now (decision 0032): refused at once, the pool goes on.
+        if let Some(suspension) = self.inner.lock().capacity_writes().status().suspended {
+            return Err(self.inner.capacity_unavailable(suspension.last_error));
+        }
         // Taken out: a checkpoint that does not become durable leaves the
         // chain empty, so that the next one is a base.
         let chain = match kind {
@@ -50,7 +55,8 @@ impl Pool {
         };
         let snapshot = self.take_checkpoint_snapshot()?;
         let target = snapshot.target;
-        self.flush_through(target.covered_batch_sequence).await?;
+        self.flush_all_through(target.covered_batch_sequence)
+            .await?;
         let whatever_their_bytes = self
             .inner
             .limits
@@ -69,7 +75,10 @@ impl Pool {
         // A body that found the device full was abandoned before any slot
         // named it: the pool goes on with its previous checkpoints.
         if let Err(error) = &result
-            && !matches!(error, EngineError::Io(IoError::DeviceFull { .. }))
+            && !matches!(
+                error,
+                EngineError::Io(IoError::DeviceFull { .. } | IoError::CapacityUnavailable { .. })
+            )
         {
             self.inner
                 .lock()
@@ -143,7 +152,7 @@ impl Pool {
         let encoded = &checkpoint.bytes[..];
         let body_segments = self.take_body_segments(target, encoded.len())?;
         self.write_body(encoded, &body_segments).await?;
-        self.inner.device.flush().await?;
+        self.flush_body(&body_segments).await?;
         let slot = Slot {
             checkpoint_sequence: target.checkpoint_sequence,
             covered_batch_sequence: target.covered_batch_sequence,
@@ -153,7 +162,8 @@ impl Pool {
             earlier_links: checkpoint.earlier_links.clone(),
         };
         self.write_slot(target, &slot).await?;
-        self.inner.device.flush().await?;
+        // The slot lives on flash.
+        self.inner.flush_flash().await?;
         let mut state = self.inner.lock();
         // Device bytes, as written: each body piece padded to whole blocks, and the slot.
         let body_bytes = encoded.len().div_ceil(BLOCK_BYTES) as u64 * BLOCK_SIZE_BYTES;
@@ -260,6 +270,25 @@ impl Pool {
                     waited_ms: 0,
                 }));
             }
+        }
+        Ok(())
+    }
+
+    /// Makes the body durable on whichever tier holds it. A capacity tier
+    /// that cannot gives the body's segments back (no slot names them) and
+    /// skips the checkpoint with `CapacityUnavailable`; the pool goes on.
+    async fn flush_body(&self, body_segments: &[u32]) -> Result<(), EngineError> {
+        self.inner.flush_flash().await?;
+        if !self.inner.geometry.has_capacity_tier() {
+            return Ok(());
+        }
+        if let Err(error) = self.flush_capacity(false).await {
+            self.inner
+                .lock()
+                .space_mut()
+                .return_checkpoint_body_segments(body_segments);
+            tracing::warn!(%error, "checkpoint skipped: its body could not be made durable");
+            return Err(error);
         }
         Ok(())
     }

@@ -270,7 +270,9 @@ impl Pool {
         policy: VictimPolicy,
     ) -> Result<usize, EngineError> {
         let _guard = self.inner.cleaner_lock.lock().await;
-        if self.inner.geometry.has_capacity_tier() {
+        // Capacity victims are moved within capacity: not while its writes
+        // are suspended (decision 0032).
+        if self.inner.geometry.has_capacity_tier() && !self.capacity_writes_suspended() {
             self.clean_capacity_if_short().await?;
         }
         let victims = pick_victims(&self.inner.lock(), segment_count_max, policy);
@@ -702,7 +704,7 @@ impl Pool {
             fruitless_round: false,
         };
         for _ in 0..rounds_max {
-            self.flush().await?;
+            self.flush_all().await?;
             let Some(round) = reclaim_round(&mut self.inner.lock(), &progress) else {
                 return Ok(true);
             };
@@ -802,7 +804,7 @@ impl Pool {
             return Ok(());
         }
         if self.clean(CLEAN_PASS_SEGMENTS_MAX).await? > 0 {
-            self.flush().await?;
+            self.flush_all().await?;
             for _ in 0..2 {
                 let waiting = {
                     let mut state = self.inner.lock();

@@ -220,7 +220,7 @@ impl Pool {
                 return Ok(());
             };
             // Emptied victims become free through the flush and checkpoints.
-            self.flush().await?;
+            self.flush_all().await?;
             self.checkpoint().await?;
             self.checkpoint().await?;
             if moved.emptied_count == 0 {

@@ -14,6 +14,7 @@ mod background;
 pub mod budget;
 pub mod cache_warmup;
 mod cache_warmup_progress;
+pub mod capacity_writes;
 mod checkpoint;
 mod checkpoint_image;
 mod checkpoint_increment;
@@ -38,6 +39,7 @@ pub mod space;
 mod state;
 mod status;
 pub mod stream;
+mod tier_flush;
 mod tiering;
 mod write;
 mod writer;
@@ -417,7 +419,10 @@ impl Pool {
         .await
     }
 
-    /// Makes every write acknowledged before this call durable.
+    /// Makes every write acknowledged before this call durable. In a
+    /// two-tier pool that is the flash tier's flush only: client data and
+    /// control records live there, and what was demoted keeps its flash copy
+    /// until its capacity copy is durable ([`Pool::flush_all`]).
     pub async fn flush(&self) -> Result<(), EngineError> {
         let target = {
             let mut state = self.inner.lock();
@@ -431,9 +436,10 @@ impl Pool {
         self.flush_through(target).await
     }
 
-    /// Makes every batch up to `target` durable.
+    /// Makes every batch up to `target` on flash durable (in a one-tier
+    /// pool, every batch up to `target`); see `tier_flush` for capacity.
     async fn flush_through(&self, target: u64) -> Result<(), EngineError> {
-        if self.inner.lock().writer().durable_through() >= target {
+        if self.inner.lock().writer().flash_durable_through() >= target {
             return Ok(());
         }
         self.wait_unless_device_full(|state| {
@@ -444,7 +450,7 @@ impl Pool {
         let (covered, sealed_bytes) = {
             let state = self.inner.lock();
             state.check_failed()?;
-            if state.writer().durable_through() >= target {
+            if state.writer().flash_durable_through() >= target {
                 return Ok(());
             }
             (
@@ -453,14 +459,18 @@ impl Pool {
             )
         };
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
-        if let Err(error) = self.inner.device.flush().await {
+        if let Err(error) = self.inner.flush_flash().await {
             let mut state = self.inner.lock();
             state.writer_mut().fail(error.to_string());
             return Err(error.into());
         }
         let durable_through = {
             let mut state = self.inner.lock();
-            state.writer_mut().durable_through_advanced(covered);
+            if self.inner.geometry.has_capacity_tier() {
+                state.writer_mut().flash_flushed(covered);
+            } else {
+                state.writer_mut().durable_through_advanced(covered);
+            }
             state.counters_mut().flushed(sealed_bytes);
             // Deaths just made durable free their segments (decision 0006).
             state.free_reusable_dead_segments();
@@ -494,7 +504,8 @@ impl Pool {
         let _guard = self.inner.flush_lock.lock().await;
         self.inner.lock().check_failed()?;
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
-        self.inner.device.flush().await?;
+        // The marker lives on flash.
+        self.inner.flush_flash().await?;
         let durable_through = self.inner.lock().writer().durable_through();
         self.write_flush_marker(marker_covered, durable_through)
             .await;

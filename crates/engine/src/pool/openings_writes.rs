@@ -26,7 +26,8 @@ impl Inner {
     pub(super) async fn record_now_durably(&self) -> Result<(), DeviceError> {
         let mut recorder = self.openings.lock().await;
         self.write_next_record(&mut recorder).await?;
-        self.device.flush().await
+        // The record lives on flash.
+        self.flush_flash().await
     }
 
     /// Builds and writes the next record.

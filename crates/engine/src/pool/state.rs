@@ -26,6 +26,7 @@ use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::VolumeTable;
 
+use super::capacity_writes::CapacityWrites;
 use super::cleaner::placement::Placement;
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::limits::PoolLimits;
@@ -64,6 +65,8 @@ pub struct State {
     /// Segments opened as heads that recovery may need to walk (the
     /// segment openings record's contents).
     openings: OpeningsList,
+    /// Whether the capacity tier takes writes (decision 0032).
+    capacity_writes: CapacityWrites,
 }
 
 impl State {
@@ -93,6 +96,7 @@ impl State {
             tier_counters: HashMap::new(),
             shapes,
             openings: OpeningsList::default(),
+            capacity_writes: CapacityWrites::default(),
         }
     }
 
@@ -225,9 +229,20 @@ impl State {
             .sealed_dead_flash_segment_counts(self.writer.sealed_through())
     }
 
-    /// Whether a demotion appended now would find room on capacity.
+    /// Whether the capacity tier takes writes (see `capacity_writes`).
+    pub fn capacity_writes(&self) -> &CapacityWrites {
+        &self.capacity_writes
+    }
+
+    pub fn capacity_writes_mut(&mut self) -> &mut CapacityWrites {
+        &mut self.capacity_writes
+    }
+
+    /// Whether a demotion appended now would find room on capacity (and the
+    /// capacity tier takes writes).
     pub fn can_demote(&self) -> bool {
         self.geometry.has_capacity_tier()
+            && !self.capacity_writes.is_suspended()
             && (self.writer.head_has_room(Stream::Capacity)
                 || self.space.capacity_segment_available_for_demotion())
     }

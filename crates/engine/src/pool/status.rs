@@ -84,6 +84,9 @@ pub struct PoolStatus {
     /// capacity by the cleaner, since the pool opened.
     pub promoted_blocks: u64,
     pub demoted_blocks: u64,
+    /// Whether the capacity tier takes writes, in a two-tier pool: while
+    /// `suspended`, demotion and checkpoints wait for it (decision 0032).
+    pub capacity_writes: Option<crate::pool::capacity_writes::CapacityWritesStatus>,
     /// Damage found (checksum errors, repaired summaries, lost batches,
     /// segments set aside) since the pool opened.
     pub integrity: IntegrityStatus,
@@ -348,6 +351,9 @@ impl Pool {
             }),
             promoted_blocks: moves.promoted_blocks,
             demoted_blocks: moves.demoted_blocks,
+            capacity_writes: geometry
+                .has_capacity_tier()
+                .then(|| state.capacity_writes().status()),
             integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
             scrub: self.inner.scrub.status(),
             rebuild: self.inner.rebuild.status(),

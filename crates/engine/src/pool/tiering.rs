@@ -7,7 +7,9 @@
 //! written since the older checkpoint. The paced cleaner and a blocked
 //! writer's reclaim call the same `clean`, so all three agree on what moves.
 //! Each clean first waits for the background budget (`budget`) to allow the
-//! victims' live bytes: demotion is background work like any other.
+//! victims' live bytes: demotion is background work like any other. While
+//! the capacity tier's writes are suspended (`capacity_writes`), each look
+//! only retries its flush when due, and demotes nothing.
 
 use std::time::Duration;
 
@@ -99,6 +101,11 @@ impl Pool {
     /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
     /// segments that only a checkpoint frees.
     async fn demote_once(&self, last_checkpoint: &mut Option<Instant>) -> Result<(), EngineError> {
+        // Demotion pauses while the capacity tier cannot make its writes
+        // durable, and resumes once a retry finds it back (decision 0032).
+        if !self.retry_capacity_writes_when_due().await {
+            return Ok(());
+        }
         let free_percent = self.inner.limits.tier_flash_free_percent;
         // Free segments, and dead ones whose death a sealed batch covers.
         let look = |state: &mut State| {
@@ -116,12 +123,12 @@ impl Pool {
         if free + dead.total() < target && self.demote_victims().await? > 0 {
             // The victims' deaths become durable, which frees those that both
             // checkpoints cover.
-            self.flush().await?;
+            self.flush_all().await?;
         }
         let (mut free, mut dead, target) = look(&mut self.inner.lock());
         if free < target && dead.awaiting_flush > 0 {
             // Deaths that are not durable yet need a flush, not a checkpoint.
-            self.flush().await?;
+            self.flush_all().await?;
             (free, dead, _) = look(&mut self.inner.lock());
         }
         let checkpoint_allowed = last_checkpoint

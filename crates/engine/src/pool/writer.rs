@@ -221,7 +221,17 @@ pub struct LogWriter {
     next_batch_sequence: u64,
     next_segment_sequence: u64,
     sealed_through: u64,
+    /// Every batch through here is durable, on either tier: what the log's
+    /// claims (summaries, flush markers) and the reuse of dead segments
+    /// follow. The lower of the two below.
     durable_through: u64,
+    /// Every batch through here that lies on the flash tier (all of a
+    /// one-tier pool) is durable: client data and control records, which
+    /// only flash holds, so what a client's flush waits for.
+    flash_durable_through: u64,
+    /// Batches sealed on the capacity tier (`Stream::Capacity`: demotions
+    /// and moves within capacity) that no capacity flush has covered yet.
+    capacity_unflushed: BTreeSet<u64>,
     /// Why the pool refuses writes, once a batch write failed.
     failed: Option<String>,
 }
@@ -238,6 +248,8 @@ impl LogWriter {
             next_segment_sequence: 1,
             sealed_through: 0,
             durable_through: 0,
+            flash_durable_through: 0,
+            capacity_unflushed: BTreeSet::new(),
             failed: None,
         }
     }
@@ -251,6 +263,7 @@ impl LogWriter {
         self.next_segment_sequence = next_segment_sequence;
         self.sealed_through = next_batch_sequence - 1;
         self.durable_through = self.sealed_through;
+        self.flash_durable_through = self.sealed_through;
     }
 
     pub fn sealed_through(&self) -> u64 {
@@ -270,10 +283,48 @@ impl LogWriter {
         self.next_segment_sequence
     }
 
-    /// A device flush made every batch through `sequence` durable.
+    /// Every batch on flash through `sequence` is durable: what a client's
+    /// flush needs (client data is never written to capacity).
+    pub fn flash_durable_through(&self) -> u64 {
+        self.flash_durable_through
+    }
+
+    /// A flush of the whole device made every batch through `sequence` durable.
     pub fn durable_through_advanced(&mut self, sequence: u64) {
+        self.flash_flushed(sequence);
+        self.capacity_flushed(sequence);
+    }
+
+    /// A flush of the flash tier made its batches through `sequence` durable.
+    pub fn flash_flushed(&mut self, sequence: u64) {
         assert!(sequence <= self.written_through(), "durable before written");
-        self.durable_through = self.durable_through.max(sequence);
+        self.flash_durable_through = self.flash_durable_through.max(sequence);
+        self.advance_durable_through();
+    }
+
+    /// A flush of the capacity tier made its batches through `sequence`
+    /// durable.
+    pub fn capacity_flushed(&mut self, sequence: u64) {
+        assert!(sequence <= self.written_through(), "durable before written");
+        self.capacity_unflushed = self.capacity_unflushed.split_off(&(sequence + 1));
+        self.advance_durable_through();
+    }
+
+    /// Whether a batch on the capacity tier waits for a capacity flush.
+    pub fn capacity_has_unflushed_batches(&self) -> bool {
+        !self.capacity_unflushed.is_empty()
+    }
+
+    /// The log is durable through the flash tier's durable point, or to just
+    /// before the oldest capacity batch no capacity flush has covered.
+    fn advance_durable_through(&mut self) {
+        let capacity_durable_through = self
+            .capacity_unflushed
+            .first()
+            .map_or(u64::MAX, |oldest| oldest - 1);
+        self.durable_through = self
+            .durable_through
+            .max(self.flash_durable_through.min(capacity_durable_through));
     }
 
     /// Batches up to this sequence have completed their device writes.
@@ -464,6 +515,9 @@ impl LogWriter {
         self.in_flight
             .insert(in_flight.summary_block, in_flight.clone());
         self.in_flight_sequences.insert(sequence);
+        if batch.stream == Stream::Capacity {
+            self.capacity_unflushed.insert(sequence);
+        }
         self.sealed_through = sequence;
         Some(SealedBatch {
             in_flight,

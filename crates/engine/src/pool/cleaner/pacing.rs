@@ -208,7 +208,7 @@ impl Pool {
         match look.step {
             Step::Idle => {}
             Step::Flush => {
-                self.flush().await?;
+                self.flush_all().await?;
                 self.inner.lock().free_reusable_dead_segments();
             }
             Step::Checkpoint => self.checkpoint().await?,
