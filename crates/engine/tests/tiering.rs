@@ -404,3 +404,85 @@ async fn the_demoter_frees_flash_with_flushes_when_no_segment_needs_a_checkpoint
     verify_range(&pool, volume, 512..8192, 1).await;
     pool.close().await.unwrap();
 }
+
+/// A client's flush taken while a demotion's capacity batch is written but
+/// not yet flushed still makes the log claim the client's batch (decision
+/// 0032, as amended): a block of it that rots on flash before a crash reads
+/// as an error after recovery, never as the block's older version. (Had the
+/// flush made flash alone durable, the client's batch would lie above the
+/// claim, recovery would take it for the torn tail and drop the rotted block,
+/// and the read would return version 1.)
+#[tokio::test]
+async fn rot_in_a_flush_after_a_pending_demotion_is_an_error_not_an_older_version() {
+    use lamina_device::FaultyDevice;
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let faulty_flash = Arc::new(FaultyDevice::new(flash.clone(), 11));
+    let device = Arc::new(ConcatenatedDevice::new(
+        faulty_flash.clone(),
+        capacity.clone(),
+    ));
+    let quiet = PoolLimits {
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
+        dirty_bytes_max: u64::MAX / 2,
+        ..limits()
+    };
+    let pool = Pool::create(device.clone(), options(), quiet.clone())
+        .await
+        .unwrap();
+    let cold = pool.create_volume("cold", 4 << 20).await.unwrap().volume_id;
+    let hot = pool.create_volume("hot", 1 << 20).await.unwrap().volume_id;
+    write_range(&pool, cold, 0..1024, 1).await;
+    write_range(&pool, hot, 0..16, 1).await;
+    pool.checkpoint().await.unwrap();
+    pool.set_volume_policy(
+        "cold",
+        TierPolicy {
+            priority: CachePriority::Normal,
+            pin: Pin::Capacity,
+        },
+    )
+    .await
+    .unwrap();
+    // Cleaning flash demotes the cold volume: capacity batches, written and
+    // not flushed (the cleaner leaves its flush to whoever needs the room).
+    pool.clean(48).await.unwrap();
+    assert!(pool.status().demoted_blocks > 0);
+    write_range(&pool, hot, 0..16, 2).await;
+    let rotted_block = 5;
+    let physical = pool.physical_block_of(hot, rotted_block).unwrap();
+    pool.flush().await.unwrap();
+    pool.flush_marker_written().await;
+    pool.abandon();
+    drop(pool);
+    faulty_flash
+        .flip_bit(physical * BLOCK_SIZE_BYTES + 100, 2)
+        .await
+        .unwrap();
+
+    let pool = Pool::open(device, quiet).await.unwrap();
+    let mut buffer = vec![0u8; BLOCK];
+    let read = pool
+        .read(hot, rotted_block * BLOCK_SIZE_BYTES, &mut buffer)
+        .await;
+    assert!(
+        matches!(
+            read,
+            Err(EngineError::Io(
+                lamina_engine::IoError::ChecksumMismatch { .. }
+            ))
+        ),
+        "the rotted block read {:?} (version 1: {})",
+        read.as_ref().map(|_| ()),
+        buffer == block_contents(rotted_block, 1)
+    );
+    for block in (0..16).filter(|block| *block != rotted_block) {
+        let mut buffer = vec![0u8; BLOCK];
+        pool.read(hot, block * BLOCK_SIZE_BYTES, &mut buffer)
+            .await
+            .unwrap();
+        assert!(buffer == block_contents(block, 2), "block {block}");
+    }
+    verify_range(&pool, cold, 0..1024, 1).await;
+    pool.close().await.unwrap();
+}

@@ -60,6 +60,13 @@ use read::PROMOTION_HEADROOM_SEGMENT_COUNT;
 use state::State;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 
+/// How long a client's flush waits for the capacity tier's flush before it
+/// goes on with flash alone (decision 0032): long enough for an object
+/// store's upload of a few segments (PUT p99 1.3 s measured on SeaweedFS),
+/// short enough that a store going away costs a client little before the
+/// tier's writes are suspended.
+pub const CLIENT_FLUSH_CAPACITY_WAIT_MS: u64 = 2_000;
+
 impl Pool {
     // ----- volumes -----
 
@@ -420,9 +427,11 @@ impl Pool {
     }
 
     /// Makes every write acknowledged before this call durable. In a
-    /// two-tier pool that is the flash tier's flush only: client data and
-    /// control records live there, and what was demoted keeps its flash copy
-    /// until its capacity copy is durable ([`Pool::flush_all`]).
+    /// two-tier pool that needs only the flash tier (client data and control
+    /// records live there, and what was demoted keeps its flash copy until
+    /// its capacity copy is durable, [`Pool::flush_all`]); the capacity tier
+    /// is flushed too while it takes writes, so that the log claims the
+    /// client's batches as flushed (see `flush_through`).
     pub async fn flush(&self) -> Result<(), EngineError> {
         let target = {
             let mut state = self.inner.lock();
@@ -458,6 +467,19 @@ impl Pool {
                 state.counters().sealed_bytes(),
             )
         };
+        // While the capacity tier takes writes, a client's flush makes it
+        // durable too (every batch through `target` is written), so that the
+        // log's claim covers every batch a client was told is durable:
+        // recovery then reports a damaged block of such a batch as an error
+        // instead of dropping it as part of a torn tail. A failure suspends
+        // the tier's writes, and a capacity flush slower than
+        // `CLIENT_FLUSH_CAPACITY_WAIT_MS` is given up (the device's flush is
+        // safe to abandon); either way the flush goes on with flash alone,
+        // where the client's data is (decision 0032).
+        if self.inner.geometry.has_capacity_tier() && !self.capacity_writes_suspended() {
+            let wait = std::time::Duration::from_millis(CLIENT_FLUSH_CAPACITY_WAIT_MS);
+            let _ = tokio::time::timeout(wait, self.flush_capacity(false)).await;
+        }
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
         if let Err(error) = self.inner.flush_flash().await {
             let mut state = self.inner.lock();
