@@ -1004,6 +1004,7 @@ async fn store_down_run(seed: u64, tally: &mut StoreDownTally) {
     let media = Media {
         memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
         store: Arc::new(InMemory::new()),
+        late: Arc::default(),
         location: tier_location(&mut rng),
     };
     let (pool, incarnation) = media.create_pool(seed).await;
