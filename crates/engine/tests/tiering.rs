@@ -486,3 +486,93 @@ async fn rot_in_a_flush_after_a_pending_demotion_is_an_error_not_an_older_versio
     verify_range(&pool, cold, 0..1024, 1).await;
     pool.close().await.unwrap();
 }
+
+/// The same with the capacity tier's writes suspended (its flushes fail, as
+/// with an object store that is down): the client's flush makes flash alone
+/// durable, the log's claim stays below the demotion's batch, and only the
+/// flush marker's flash claim tells recovery that the client's batch was
+/// durable — a block of it that rots is an error, never the older version.
+#[tokio::test]
+async fn rot_in_a_flush_while_capacity_writes_are_suspended_is_an_error_not_an_older_version() {
+    use lamina_device::FaultyDevice;
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let faulty_flash = Arc::new(FaultyDevice::new(flash.clone(), 12));
+    let faulty_capacity = Arc::new(FaultyDevice::new(capacity.clone(), 13));
+    let device = Arc::new(ConcatenatedDevice::new(
+        faulty_flash.clone(),
+        faulty_capacity.clone(),
+    ));
+    let quiet = PoolLimits {
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
+        dirty_bytes_max: u64::MAX / 2,
+        ..limits()
+    };
+    let pool = Pool::create(device.clone(), options(), quiet.clone())
+        .await
+        .unwrap();
+    let cold = pool.create_volume("cold", 4 << 20).await.unwrap().volume_id;
+    let hot = pool.create_volume("hot", 1 << 20).await.unwrap().volume_id;
+    write_range(&pool, cold, 0..1024, 1).await;
+    write_range(&pool, hot, 0..16, 1).await;
+    pool.checkpoint().await.unwrap();
+    pool.set_volume_policy(
+        "cold",
+        TierPolicy {
+            priority: CachePriority::Normal,
+            pin: Pin::Capacity,
+        },
+    )
+    .await
+    .unwrap();
+    faulty_capacity.fail_flushes(true).await;
+    pool.clean(48).await.unwrap();
+    assert!(pool.status().demoted_blocks > 0);
+    // The first flush finds the capacity tier failing and suspends it; it
+    // and the next go on with flash alone and succeed.
+    write_range(&pool, hot, 0..16, 2).await;
+    assert!(
+        pool.status()
+            .capacity_writes
+            .as_ref()
+            .is_some_and(|writes| writes.suspended.is_some()),
+        "{:?}",
+        pool.status().capacity_writes
+    );
+    let rotted_block = 9;
+    let physical = pool.physical_block_of(hot, rotted_block).unwrap();
+    pool.flush_marker_written().await;
+    pool.abandon();
+    drop(pool);
+    faulty_flash
+        .flip_bit(physical * BLOCK_SIZE_BYTES + 200, 5)
+        .await
+        .unwrap();
+    faulty_capacity.fail_flushes(false).await;
+
+    let pool = Pool::open(device, quiet).await.unwrap();
+    let mut buffer = vec![0u8; BLOCK];
+    let read = pool
+        .read(hot, rotted_block * BLOCK_SIZE_BYTES, &mut buffer)
+        .await;
+    assert!(
+        matches!(
+            read,
+            Err(EngineError::Io(
+                lamina_engine::IoError::ChecksumMismatch { .. }
+            ))
+        ),
+        "the rotted block read {:?} (version 1: {})",
+        read.as_ref().map(|_| ()),
+        buffer == block_contents(rotted_block, 1)
+    );
+    for block in (0..16).filter(|block| *block != rotted_block) {
+        let mut buffer = vec![0u8; BLOCK];
+        pool.read(hot, block * BLOCK_SIZE_BYTES, &mut buffer)
+            .await
+            .unwrap();
+        assert!(buffer == block_contents(block, 2), "block {block}");
+    }
+    verify_range(&pool, cold, 0..1024, 1).await;
+    pool.close().await.unwrap();
+}

@@ -25,6 +25,18 @@ pub struct FlushMarkerRecord {
     /// Every batch with a sequence up to this one was durable when the
     /// marker was written.
     pub flushed_through_sequence: u64,
+    /// Every batch on the flash tier with a sequence up to this one was
+    /// durable (at least `flushed_through_sequence`; more in a two-tier pool
+    /// whose capacity batches wait for their upload).
+    pub flash_flushed_through_sequence: u64,
+}
+
+/// A marker as written before `flash_flushed_through_sequence` existed.
+#[derive(Deserialize)]
+struct MarkerBeforeFlashClaim {
+    pool_identifier: u128,
+    marker_sequence: u64,
+    flushed_through_sequence: u64,
 }
 
 impl FlushMarkerRecord {
@@ -32,8 +44,23 @@ impl FlushMarkerRecord {
         frame::encode(MARKER_MAGIC, super::FORMAT_VERSION, self, BLOCK_BYTES)
     }
 
+    /// A marker of either layout (one without the flash claim reads with
+    /// it equal to the log's).
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
-        frame::decode(MARKER_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, marker)| marker)
+        match frame::decode(MARKER_MAGIC, super::FORMAT_VERSION, bytes) {
+            Ok((_, marker)) => Ok(marker),
+            Err(FrameError::Decode(_)) => {
+                let (_, old): (u32, MarkerBeforeFlashClaim) =
+                    frame::decode(MARKER_MAGIC, super::FORMAT_VERSION, bytes)?;
+                Ok(Self {
+                    pool_identifier: old.pool_identifier,
+                    marker_sequence: old.marker_sequence,
+                    flushed_through_sequence: old.flushed_through_sequence,
+                    flash_flushed_through_sequence: old.flushed_through_sequence,
+                })
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// The newest of the markers in `slots` that belong to `pool_identifier`.
@@ -59,6 +86,7 @@ mod tests {
             pool_identifier,
             marker_sequence,
             flushed_through_sequence: marker_sequence * 10,
+            flash_flushed_through_sequence: marker_sequence * 10 + 3,
         };
         let a = marker(7, 4).encode();
         let b = marker(7, 5).encode();
@@ -68,5 +96,36 @@ mod tests {
         let newest = FlushMarkerRecord::newest([&a[..], &b[..], &other[..], &torn[..]], 7);
         assert_eq!(newest, Some(marker(7, 5)));
         assert_eq!(FlushMarkerRecord::newest([&other[..]], 7), None);
+    }
+
+    /// A marker written before the flash claim existed reads with the flash
+    /// claim equal to the log's; one written now carries both.
+    #[test]
+    fn a_marker_without_the_flash_claim_reads_with_it_equal_to_the_log_claim() {
+        #[derive(Serialize)]
+        struct Old {
+            pool_identifier: u128,
+            marker_sequence: u64,
+            flushed_through_sequence: u64,
+        }
+        let old = Old {
+            pool_identifier: 9,
+            marker_sequence: 4,
+            flushed_through_sequence: 70,
+        };
+        let bytes = frame::encode(MARKER_MAGIC, 8, &old, BLOCK_BYTES);
+        let read = FlushMarkerRecord::decode(&bytes).unwrap();
+        assert_eq!(
+            (
+                read.flushed_through_sequence,
+                read.flash_flushed_through_sequence
+            ),
+            (70, 70)
+        );
+        let new = FlushMarkerRecord {
+            flash_flushed_through_sequence: 95,
+            ..read
+        };
+        assert_eq!(FlushMarkerRecord::decode(&new.encode()).unwrap(), new);
     }
 }

@@ -27,16 +27,38 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::log::geometry::FLUSH_MARKER_BLOCKS;
 use crate::log::marker::FlushMarkerRecord;
 
+/// What a marker says: through which sequence every batch is durable, and
+/// every batch on flash (decision 0032; the same in a one-tier pool).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MarkerClaims {
+    pub flushed_through: u64,
+    pub flash_flushed_through: u64,
+}
+
+impl MarkerClaims {
+    /// Whether these claims say at least what `other` says.
+    fn covers(&self, other: &Self) -> bool {
+        self.flushed_through >= other.flushed_through
+            && self.flash_flushed_through >= other.flash_flushed_through
+    }
+
+    fn max(self, other: Self) -> Self {
+        Self {
+            flushed_through: self.flushed_through.max(other.flushed_through),
+            flash_flushed_through: self.flash_flushed_through.max(other.flash_flushed_through),
+        }
+    }
+}
+
 /// How far the markers have got.
 #[derive(Clone, Copy, Debug, Default)]
 struct Progress {
     /// The sequence the next marker gets (its slot is this modulo 2).
     next_marker_sequence: u64,
-    /// The flushed-through sequence of the newest marker written (or being
-    /// written).
-    written_through: u64,
-    /// The flushed-through sequence of the newest marker a device flush covered.
-    durable_through: u64,
+    /// The claims of the newest marker written (or being written).
+    written: MarkerClaims,
+    /// The claims of the newest marker a device flush covered.
+    durable: MarkerClaims,
 }
 
 pub struct FlushMarker {
@@ -50,10 +72,16 @@ impl FlushMarker {
     /// A marker writer that goes on from `newest` (found at recovery) or from
     /// nothing (a new pool).
     pub fn new(pool_identifier: u128, newest: Option<FlushMarkerRecord>) -> Self {
-        let progress = newest.map_or(Progress::default(), |marker| Progress {
-            next_marker_sequence: marker.marker_sequence + 1,
-            written_through: marker.flushed_through_sequence,
-            durable_through: marker.flushed_through_sequence,
+        let progress = newest.map_or(Progress::default(), |marker| {
+            let claims = MarkerClaims {
+                flushed_through: marker.flushed_through_sequence,
+                flash_flushed_through: marker.flash_flushed_through_sequence,
+            };
+            Progress {
+                next_marker_sequence: marker.marker_sequence + 1,
+                written: claims,
+                durable: claims,
+            }
         });
         Self {
             pool_identifier,
@@ -69,34 +97,40 @@ impl FlushMarker {
     /// Waits for the newest marker's write, so that the device flush the
     /// caller is about to issue covers it. Returns what that flush will make
     /// durable. Call under the pool's flush lock.
-    pub async fn before_device_flush(&self) -> u64 {
+    pub async fn before_device_flush(&self) -> MarkerClaims {
         self.settled().await;
-        self.progress().written_through
+        self.progress().written
     }
 
     /// After a device flush that covered the marker up to `covering` and made
-    /// every batch up to `flushed_through` durable: starts writing a marker
-    /// saying so, unless one already does. Returns the bytes it writes (for
-    /// the pool's write counters). Call under the pool's flush lock.
+    /// durable what `claims` says: starts writing a marker saying so, unless
+    /// one already does. Returns the bytes it writes (for the pool's write
+    /// counters). Call under the pool's flush lock.
     pub async fn after_device_flush(
         &self,
         device: &Arc<dyn BlockDevice>,
-        covering: u64,
-        flushed_through: u64,
+        covering: MarkerClaims,
+        claims: MarkerClaims,
     ) -> u64 {
+        assert!(
+            claims.flash_flushed_through >= claims.flushed_through,
+            "flash is durable at least as far as both tiers: {claims:?}"
+        );
         let record = {
             let mut progress = self.progress();
-            progress.durable_through = progress.durable_through.max(covering);
-            if flushed_through <= progress.written_through {
+            progress.durable = progress.durable.max(covering);
+            if progress.written.covers(&claims) {
                 return 0;
             }
+            let claims = progress.written.max(claims);
             let record = FlushMarkerRecord {
                 pool_identifier: self.pool_identifier,
                 marker_sequence: progress.next_marker_sequence,
-                flushed_through_sequence: flushed_through,
+                flushed_through_sequence: claims.flushed_through,
+                flash_flushed_through_sequence: claims.flash_flushed_through,
             };
             progress.next_marker_sequence += 1;
-            progress.written_through = flushed_through;
+            progress.written = claims;
             record
         };
         let slot = FLUSH_MARKER_BLOCKS[(record.marker_sequence % 2) as usize];
@@ -126,7 +160,7 @@ impl FlushMarker {
     /// leaves the last flush's batches unvouched for stays bounded.
     pub fn needs_durability_flush(&self) -> bool {
         let progress = self.progress();
-        progress.written_through > progress.durable_through
+        !progress.durable.covers(&progress.written)
     }
 
     /// Waits until the newest marker has been written (not flushed): for

@@ -51,6 +51,7 @@ use crate::volume::{
     validate_volume_name, validate_volume_size,
 };
 pub use device_full::DeviceFullStatus;
+use flush_marker::MarkerClaims;
 pub use inner::Pool;
 pub use limits::{
     BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
@@ -66,6 +67,14 @@ pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 /// short enough that a store going away costs a client little before the
 /// tier's writes are suspended.
 pub const CLIENT_FLUSH_CAPACITY_WAIT_MS: u64 = 2_000;
+
+/// What a flush marker written now says (see `flush_marker`).
+fn marker_claims(writer: &writer::LogWriter) -> MarkerClaims {
+    MarkerClaims {
+        flushed_through: writer.durable_through(),
+        flash_flushed_through: writer.flash_durable_through().max(writer.durable_through()),
+    }
+}
 
 impl Pool {
     // ----- volumes -----
@@ -486,7 +495,7 @@ impl Pool {
             state.writer_mut().fail(error.to_string());
             return Err(error.into());
         }
-        let durable_through = {
+        let claims = {
             let mut state = self.inner.lock();
             if self.inner.geometry.has_capacity_tier() {
                 state.writer_mut().flash_flushed(covered);
@@ -496,20 +505,19 @@ impl Pool {
             state.counters_mut().flushed(sealed_bytes);
             // Deaths just made durable free their segments (decision 0006).
             state.free_reusable_dead_segments();
-            state.writer().durable_through()
+            marker_claims(state.writer())
         };
-        self.write_flush_marker(marker_covered, durable_through)
-            .await;
+        self.write_flush_marker(marker_covered, claims).await;
         Ok(())
     }
 
     /// After a device flush: starts the flush marker's write (see
     /// `flush_marker`) and counts its bytes.
-    async fn write_flush_marker(&self, marker_covered: u64, durable_through: u64) {
+    async fn write_flush_marker(&self, marker_covered: MarkerClaims, claims: MarkerClaims) {
         let marker_bytes = self
             .inner
             .flush_marker
-            .after_device_flush(&self.inner.device, marker_covered, durable_through)
+            .after_device_flush(&self.inner.device, marker_covered, claims)
             .await;
         self.inner
             .lock()
@@ -528,9 +536,8 @@ impl Pool {
         let marker_covered = self.inner.flush_marker.before_device_flush().await;
         // The marker lives on flash.
         self.inner.flush_flash().await?;
-        let durable_through = self.inner.lock().writer().durable_through();
-        self.write_flush_marker(marker_covered, durable_through)
-            .await;
+        let claims = marker_claims(self.inner.lock().writer());
+        self.write_flush_marker(marker_covered, claims).await;
         Ok(())
     }
 

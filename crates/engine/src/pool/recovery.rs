@@ -778,10 +778,14 @@ fn replay_bounds(
     let flushed_through = marker
         .map_or(0, |marker| marker.flushed_through_sequence)
         .max(log_flushed_through);
+    let flash_flushed_through = marker
+        .map_or(0, |marker| marker.flash_flushed_through_sequence)
+        .max(flushed_through);
     ReplayBounds {
         covered,
         log_flushed_through,
         flushed_through,
+        flash_flushed_through,
     }
 }
 
@@ -1072,6 +1076,24 @@ struct ReplayBounds {
     /// to here that fails its checksum rotted after it was durable (mapped, so
     /// that reading it is an error); above, it was torn by the crash (dropped).
     flushed_through: u64,
+    /// The same for batches on the flash tier, which a client's flush may
+    /// have made durable while a capacity batch below them waited for its
+    /// upload (decision 0032): the flush marker's flash claim, at least
+    /// `flushed_through`.
+    flash_flushed_through: u64,
+}
+
+impl ReplayBounds {
+    /// Whether `batch` was durable before the crash, as far as the log and
+    /// the marker tell.
+    fn flushed(&self, geometry: &Geometry, batch: &ScannedBatch) -> bool {
+        let sequence = batch.summary.batch_sequence;
+        if sequence <= self.flushed_through {
+            return true;
+        }
+        let on_flash = geometry.tier_of_block(batch.summary_block) == Tier::Flash;
+        on_flash && sequence <= self.flash_flushed_through
+    }
 }
 
 /// What replay did.
@@ -1117,7 +1139,7 @@ async fn replay_batches(
         let replayed = BatchToReplay {
             batch,
             checked_data: read_unflushed_data(device, batch, bounds).await?,
-            flushed: sequence <= bounds.flushed_through,
+            flushed: bounds.flushed(geometry, batch),
         };
         replay_records(state, &replayed, &mut outcome);
         batch_replayed(geometry, state, batch, &mut outcome);
