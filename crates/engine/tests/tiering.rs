@@ -405,86 +405,123 @@ async fn the_demoter_frees_flash_with_flushes_when_no_segment_needs_a_checkpoint
     pool.close().await.unwrap();
 }
 
+/// A two-tier pool over fault-injecting flash and capacity devices, for the
+/// rot tests: a `cold` volume (1,024 blocks) and a `hot` one (16) at version
+/// 1 behind a checkpoint, `cold` then pinned to capacity.
+struct RotRig {
+    device: Arc<ConcatenatedDevice>,
+    flash: Arc<lamina_device::FaultyDevice<MemoryDevice>>,
+    capacity: Arc<lamina_device::FaultyDevice<MemoryDevice>>,
+    limits: PoolLimits,
+    pool: Pool,
+    cold: u32,
+    hot: u32,
+}
+
+const HOT_BLOCKS: u64 = 16;
+const COLD_BLOCKS: u64 = 1024;
+
+async fn rot_rig() -> RotRig {
+    use lamina_device::FaultyDevice;
+    let flash = Arc::new(FaultyDevice::new(
+        Arc::new(MemoryDevice::new(FLASH_BYTES)),
+        11,
+    ));
+    let capacity = Arc::new(FaultyDevice::new(
+        Arc::new(MemoryDevice::new(CAPACITY_BYTES)),
+        12,
+    ));
+    let device = Arc::new(ConcatenatedDevice::new(flash.clone(), capacity.clone()));
+    let limits = PoolLimits {
+        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
+        dirty_bytes_max: u64::MAX / 2,
+        ..limits()
+    };
+    let pool = Pool::create(device.clone(), options(), limits.clone())
+        .await
+        .unwrap();
+    let cold = pool.create_volume("cold", 4 << 20).await.unwrap().volume_id;
+    let hot = pool.create_volume("hot", 1 << 20).await.unwrap().volume_id;
+    write_range(&pool, cold, 0..COLD_BLOCKS, 1).await;
+    write_range(&pool, hot, 0..HOT_BLOCKS, 1).await;
+    pool.checkpoint().await.unwrap();
+    let pinned = TierPolicy {
+        priority: CachePriority::Normal,
+        pin: Pin::Capacity,
+    };
+    pool.set_volume_policy("cold", pinned).await.unwrap();
+    RotRig {
+        device,
+        flash,
+        capacity,
+        limits,
+        pool,
+        cold,
+        hot,
+    }
+}
+
+impl RotRig {
+    /// The process dies right after its last flush's marker was written;
+    /// then one bit of `logical_block` of `hot` (version 2) rots on flash,
+    /// and the pool is opened again: that block must read as an error, the
+    /// others as written.
+    async fn crash_rot_and_check(self, logical_block: u64) {
+        let physical = self
+            .pool
+            .physical_block_of(self.hot, logical_block)
+            .unwrap();
+        self.pool.flush_marker_written().await;
+        self.pool.abandon();
+        drop(self.pool);
+        self.flash
+            .flip_bit(physical * BLOCK_SIZE_BYTES + 100, 2)
+            .await
+            .unwrap();
+        self.capacity.fail_flushes(false).await;
+        let pool = Pool::open(self.device, self.limits).await.unwrap();
+        let mut buffer = vec![0u8; BLOCK];
+        let read = pool
+            .read(self.hot, logical_block * BLOCK_SIZE_BYTES, &mut buffer)
+            .await;
+        assert!(
+            matches!(
+                read,
+                Err(EngineError::Io(
+                    lamina_engine::IoError::ChecksumMismatch { .. }
+                ))
+            ),
+            "the rotted block read {:?} (version 1: {})",
+            read.as_ref().map(|_| ()),
+            buffer == block_contents(logical_block, 1)
+        );
+        for block in (0..HOT_BLOCKS).filter(|block| *block != logical_block) {
+            pool.read(self.hot, block * BLOCK_SIZE_BYTES, &mut buffer)
+                .await
+                .unwrap();
+            assert!(buffer == block_contents(block, 2), "block {block}");
+        }
+        verify_range(&pool, self.cold, 0..COLD_BLOCKS, 1).await;
+        pool.close().await.unwrap();
+    }
+}
+
 /// A client's flush taken while a demotion's capacity batch is written but
 /// not yet flushed still makes the log claim the client's batch (decision
 /// 0032, as amended): a block of it that rots on flash before a crash reads
 /// as an error after recovery, never as the block's older version. (Had the
 /// flush made flash alone durable, the client's batch would lie above the
-/// claim, recovery would take it for the torn tail and drop the rotted block,
-/// and the read would return version 1.)
+/// log's claim and, without the flush marker's flash claim, recovery would
+/// take it for the torn tail and drop the rotted block: version 1.)
 #[tokio::test]
 async fn rot_in_a_flush_after_a_pending_demotion_is_an_error_not_an_older_version() {
-    use lamina_device::FaultyDevice;
-    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
-    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
-    let faulty_flash = Arc::new(FaultyDevice::new(flash.clone(), 11));
-    let device = Arc::new(ConcatenatedDevice::new(
-        faulty_flash.clone(),
-        capacity.clone(),
-    ));
-    let quiet = PoolLimits {
-        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
-        dirty_bytes_max: u64::MAX / 2,
-        ..limits()
-    };
-    let pool = Pool::create(device.clone(), options(), quiet.clone())
-        .await
-        .unwrap();
-    let cold = pool.create_volume("cold", 4 << 20).await.unwrap().volume_id;
-    let hot = pool.create_volume("hot", 1 << 20).await.unwrap().volume_id;
-    write_range(&pool, cold, 0..1024, 1).await;
-    write_range(&pool, hot, 0..16, 1).await;
-    pool.checkpoint().await.unwrap();
-    pool.set_volume_policy(
-        "cold",
-        TierPolicy {
-            priority: CachePriority::Normal,
-            pin: Pin::Capacity,
-        },
-    )
-    .await
-    .unwrap();
+    let rig = rot_rig().await;
     // Cleaning flash demotes the cold volume: capacity batches, written and
     // not flushed (the cleaner leaves its flush to whoever needs the room).
-    pool.clean(48).await.unwrap();
-    assert!(pool.status().demoted_blocks > 0);
-    write_range(&pool, hot, 0..16, 2).await;
-    let rotted_block = 5;
-    let physical = pool.physical_block_of(hot, rotted_block).unwrap();
-    pool.flush().await.unwrap();
-    pool.flush_marker_written().await;
-    pool.abandon();
-    drop(pool);
-    faulty_flash
-        .flip_bit(physical * BLOCK_SIZE_BYTES + 100, 2)
-        .await
-        .unwrap();
-
-    let pool = Pool::open(device, quiet).await.unwrap();
-    let mut buffer = vec![0u8; BLOCK];
-    let read = pool
-        .read(hot, rotted_block * BLOCK_SIZE_BYTES, &mut buffer)
-        .await;
-    assert!(
-        matches!(
-            read,
-            Err(EngineError::Io(
-                lamina_engine::IoError::ChecksumMismatch { .. }
-            ))
-        ),
-        "the rotted block read {:?} (version 1: {})",
-        read.as_ref().map(|_| ()),
-        buffer == block_contents(rotted_block, 1)
-    );
-    for block in (0..16).filter(|block| *block != rotted_block) {
-        let mut buffer = vec![0u8; BLOCK];
-        pool.read(hot, block * BLOCK_SIZE_BYTES, &mut buffer)
-            .await
-            .unwrap();
-        assert!(buffer == block_contents(block, 2), "block {block}");
-    }
-    verify_range(&pool, cold, 0..1024, 1).await;
-    pool.close().await.unwrap();
+    rig.pool.clean(48).await.unwrap();
+    assert!(rig.pool.status().demoted_blocks > 0);
+    write_range(&rig.pool, rig.hot, 0..HOT_BLOCKS, 2).await;
+    rig.crash_rot_and_check(5).await;
 }
 
 /// The same with the capacity tier's writes suspended (its flushes fail, as
@@ -494,85 +531,19 @@ async fn rot_in_a_flush_after_a_pending_demotion_is_an_error_not_an_older_versio
 /// durable — a block of it that rots is an error, never the older version.
 #[tokio::test]
 async fn rot_in_a_flush_while_capacity_writes_are_suspended_is_an_error_not_an_older_version() {
-    use lamina_device::FaultyDevice;
-    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
-    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
-    let faulty_flash = Arc::new(FaultyDevice::new(flash.clone(), 12));
-    let faulty_capacity = Arc::new(FaultyDevice::new(capacity.clone(), 13));
-    let device = Arc::new(ConcatenatedDevice::new(
-        faulty_flash.clone(),
-        faulty_capacity.clone(),
-    ));
-    let quiet = PoolLimits {
-        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
-        dirty_bytes_max: u64::MAX / 2,
-        ..limits()
-    };
-    let pool = Pool::create(device.clone(), options(), quiet.clone())
-        .await
-        .unwrap();
-    let cold = pool.create_volume("cold", 4 << 20).await.unwrap().volume_id;
-    let hot = pool.create_volume("hot", 1 << 20).await.unwrap().volume_id;
-    write_range(&pool, cold, 0..1024, 1).await;
-    write_range(&pool, hot, 0..16, 1).await;
-    pool.checkpoint().await.unwrap();
-    pool.set_volume_policy(
-        "cold",
-        TierPolicy {
-            priority: CachePriority::Normal,
-            pin: Pin::Capacity,
-        },
-    )
-    .await
-    .unwrap();
-    faulty_capacity.fail_flushes(true).await;
-    pool.clean(48).await.unwrap();
-    assert!(pool.status().demoted_blocks > 0);
+    let rig = rot_rig().await;
+    rig.capacity.fail_flushes(true).await;
+    rig.pool.clean(48).await.unwrap();
+    assert!(rig.pool.status().demoted_blocks > 0);
     // The first flush finds the capacity tier failing and suspends it; it
     // and the next go on with flash alone and succeed.
-    write_range(&pool, hot, 0..16, 2).await;
+    write_range(&rig.pool, rig.hot, 0..HOT_BLOCKS, 2).await;
+    let writes = rig.pool.status().capacity_writes;
     assert!(
-        pool.status()
-            .capacity_writes
+        writes
             .as_ref()
             .is_some_and(|writes| writes.suspended.is_some()),
-        "{:?}",
-        pool.status().capacity_writes
+        "{writes:?}"
     );
-    let rotted_block = 9;
-    let physical = pool.physical_block_of(hot, rotted_block).unwrap();
-    pool.flush_marker_written().await;
-    pool.abandon();
-    drop(pool);
-    faulty_flash
-        .flip_bit(physical * BLOCK_SIZE_BYTES + 200, 5)
-        .await
-        .unwrap();
-    faulty_capacity.fail_flushes(false).await;
-
-    let pool = Pool::open(device, quiet).await.unwrap();
-    let mut buffer = vec![0u8; BLOCK];
-    let read = pool
-        .read(hot, rotted_block * BLOCK_SIZE_BYTES, &mut buffer)
-        .await;
-    assert!(
-        matches!(
-            read,
-            Err(EngineError::Io(
-                lamina_engine::IoError::ChecksumMismatch { .. }
-            ))
-        ),
-        "the rotted block read {:?} (version 1: {})",
-        read.as_ref().map(|_| ()),
-        buffer == block_contents(rotted_block, 1)
-    );
-    for block in (0..16).filter(|block| *block != rotted_block) {
-        let mut buffer = vec![0u8; BLOCK];
-        pool.read(hot, block * BLOCK_SIZE_BYTES, &mut buffer)
-            .await
-            .unwrap();
-        assert!(buffer == block_contents(block, 2), "block {block}");
-    }
-    verify_range(&pool, cold, 0..1024, 1).await;
-    pool.close().await.unwrap();
+    rig.crash_rot_and_check(9).await;
 }
