@@ -153,8 +153,9 @@ async fn measure_request_latencies_and_requests_per_gib() {
     let elapsed = started.elapsed();
     let statistics = device.statistics();
     println!(
-        "1 GiB in 256 KiB writes, 4 MiB segments, flush every 8 MiB: {} PUT, {} GET, {} DELETE, {} LIST requests; {:.1} s ({:.0} MiB/s)",
+        "1 GiB in 256 KiB writes, 4 MiB segments, flush every 8 MiB: {} PUT (and {} of the label), {} GET, {} DELETE, {} LIST requests; {:.1} s ({:.0} MiB/s)",
         statistics.put.count,
+        statistics.label_put.count,
         statistics.get.count,
         statistics.delete.count,
         statistics.list.count,

@@ -99,7 +99,13 @@ async fn writes_flushed_across_segments_read_back_after_a_reopen_and_unflushed_o
     );
     let statistics = device.statistics();
     assert_eq!(statistics.pending_bytes, 4 * BLOCK as u64);
-    assert!(statistics.put.count >= 4, "{statistics:?}");
+    // Three parts (one per segment the write touched); the label twice
+    // (created, then the flush's commit).
+    assert_eq!(
+        (statistics.put.count, statistics.label_put.count),
+        (3, 2),
+        "{statistics:?}"
+    );
     drop(device);
 
     let reopened = ObjectStoreDevice::open(&config).await.unwrap();
