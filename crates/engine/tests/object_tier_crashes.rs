@@ -446,6 +446,16 @@ struct Media {
 }
 
 impl Media {
+    /// Empty flash and an empty store, with limits picked by `rng`.
+    fn new(rng: &mut SmallRng) -> Self {
+        Self {
+            memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
+            store: Arc::new(InMemory::new()),
+            late: Arc::default(),
+            location: tier_location(rng),
+        }
+    }
+
     async fn incarnation(&self, seed: u64, create: bool) -> Incarnation {
         let faulty = Arc::new(FaultyDevice::new(self.memory.clone(), seed));
         let switch = Arc::new(StoreSwitch::default());
@@ -531,12 +541,7 @@ struct CrashTally {
 
 async fn crash_run(seed: u64, tally: &mut CrashTally) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let media = Media {
-        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
-        store: Arc::new(InMemory::new()),
-        late: Arc::default(),
-        location: tier_location(&mut rng),
-    };
+    let media = Media::new(&mut rng);
     let (mut pool, mut incarnation) = media.create_pool(seed).await;
     let mut shadows = create_volumes(&pool, &mut rng).await;
     let mut names_used = 0;
@@ -773,12 +778,7 @@ async fn outage_operation(
 
 async fn outage_run(seed: u64, tally: &mut OutageTally) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let media = Media {
-        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
-        store: Arc::new(InMemory::new()),
-        late: Arc::default(),
-        location: tier_location(&mut rng),
-    };
+    let media = Media::new(&mut rng);
     let (pool, incarnation) = media.create_pool(seed).await;
     pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
         .await
@@ -1001,12 +1001,7 @@ async fn while_the_store_is_down(
 
 async fn store_down_run(seed: u64, tally: &mut StoreDownTally) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let media = Media {
-        memory: Arc::new(MemoryDevice::new(FLASH_BYTES)),
-        store: Arc::new(InMemory::new()),
-        late: Arc::default(),
-        location: tier_location(&mut rng),
-    };
+    let media = Media::new(&mut rng);
     let (pool, incarnation) = media.create_pool(seed).await;
     pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
         .await
@@ -1040,37 +1035,47 @@ async fn store_down_run(seed: u64, tally: &mut StoreDownTally) {
         // The power goes during the outage; the store is back for the next
         // process (which cannot open the tier without it).
         tally.power_cuts_during += 1;
-        incarnation.power_cut(PowerCutStyle::Random).await;
-        pool.abandon();
-        drop(pool);
-        incarnation.settled().await;
-        let (pool, _incarnation) = media.open_pool(seed + 1000).await;
-        shadow
-            .check(
-                &pool,
-                volume_id_of(&pool),
-                seed,
-                "after a cut during the outage",
-            )
-            .await;
-        pool.close().await.expect("close");
+        let after = AfterCut {
+            reopen_seed: seed + 1000,
+            phase: "after a cut during the outage",
+        };
+        cut_reopen_and_check(&media, pool, incarnation, &mut shadow, seed, after).await;
         return;
     }
     incarnation.switch.set(StoreMode::Serving);
     tally.returns += 1;
     the_store_is_back(&pool, volume_id, &mut shadow, &mut rng, tally, seed).await;
+    let after = AfterCut {
+        reopen_seed: seed + 2000,
+        phase: "after the return and a cut",
+    };
+    cut_reopen_and_check(&media, pool, incarnation, &mut shadow, seed, after).await;
+}
+
+/// How the store-down run reopens after its cut.
+struct AfterCut {
+    reopen_seed: u64,
+    phase: &'static str,
+}
+
+/// The power goes (the store is back for the next process, which cannot
+/// open the tier without it); the pool is opened again and every block
+/// checked against `shadow`.
+async fn cut_reopen_and_check(
+    media: &Media,
+    pool: Pool,
+    incarnation: Incarnation,
+    shadow: &mut OutageShadow,
+    seed: u64,
+    after: AfterCut,
+) {
     incarnation.power_cut(PowerCutStyle::Random).await;
     pool.abandon();
     drop(pool);
     incarnation.settled().await;
-    let (pool, _incarnation) = media.open_pool(seed + 2000).await;
+    let (pool, _incarnation) = media.open_pool(after.reopen_seed).await;
     shadow
-        .check(
-            &pool,
-            volume_id_of(&pool),
-            seed,
-            "after the return and a cut",
-        )
+        .check(&pool, volume_id_of(&pool), seed, after.phase)
         .await;
     pool.close().await.expect("close");
 }

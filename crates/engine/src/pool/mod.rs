@@ -442,16 +442,20 @@ impl Pool {
     /// is flushed too while it takes writes, so that the log claims the
     /// client's batches as flushed (see `flush_through`).
     pub async fn flush(&self) -> Result<(), EngineError> {
-        let target = {
-            let mut state = self.inner.lock();
-            state.check_failed()?;
-            let sealed = state.seal_open_batch();
-            let target = state.writer().sealed_through();
-            drop(state);
-            self.spawn_writes(sealed);
-            target
-        };
+        let target = self.seal_for_flush()?;
         self.flush_through(target).await
+    }
+
+    /// Seals the open batch and starts its writes: the sequence a flush
+    /// must make durable for every write acknowledged so far.
+    pub(super) fn seal_for_flush(&self) -> Result<u64, EngineError> {
+        let mut state = self.inner.lock();
+        state.check_failed()?;
+        let sealed = state.seal_open_batch();
+        let target = state.writer().sealed_through();
+        drop(state);
+        self.spawn_writes(sealed);
+        Ok(target)
     }
 
     /// Makes every batch up to `target` on flash durable (in a one-tier

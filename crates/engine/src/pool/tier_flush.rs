@@ -56,15 +56,7 @@ impl Pool {
     /// capacity tier's writes are suspended this makes flash durable and
     /// fails with `IoError::CapacityUnavailable` (the pool goes on).
     pub async fn flush_all(&self) -> Result<(), EngineError> {
-        let target = {
-            let mut state = self.inner.lock();
-            state.check_failed()?;
-            let sealed = state.seal_open_batch();
-            let target = state.writer().sealed_through();
-            drop(state);
-            self.spawn_writes(sealed);
-            target
-        };
+        let target = self.seal_for_flush()?;
         self.flush_all_through(target).await
     }
 
