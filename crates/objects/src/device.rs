@@ -819,9 +819,10 @@ impl BlockDevice for ObjectStoreDevice {
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
         check_request(&self.url, self.size_bytes(), offset, data.len() as u64)?;
-        if let Some(error) = self.fenced_error() {
-            return Err(error.into_device_error(&self.url, offset, data.len() as u64));
-        }
+        // A fenced process still takes writes into memory (they read back),
+        // as with a store that is down: only its flushes fail, which the
+        // engine answers by suspending the tier's writes, not by failing
+        // the pool (decision 0032). Nothing of it is ever stored.
         let mut state = self.state.lock().expect("tier state lock");
         state.write_sequence += 1;
         let write_sequence = state.write_sequence;
@@ -1570,7 +1571,13 @@ mod tests {
             "{error}"
         );
         assert_eq!(first.statistics().fenced_by_epoch, Some(2));
-        assert!(first.write(segment_start, pattern(1, 3)).await.is_err());
+        // Writes still land in memory and read back; flushes keep failing.
+        first.write(segment_start, pattern(1, 3)).await.unwrap();
+        assert_eq!(
+            &first.read(segment_start, 4096).await.unwrap()[..],
+            &pattern(1, 3)[..]
+        );
+        assert!(first.flush().await.is_err());
         let written = pattern(1, 4);
         second
             .write(segment_start + 2 * 4096, written.clone())
