@@ -73,6 +73,10 @@ pub struct PoolStatus {
     /// Space of the capacity tier, in a two-tier pool.
     #[serde(deserialize_with = "required")]
     pub capacity: Option<TierSpace>,
+    /// In a two-tier pool, live bytes whose only copy is on flash: lost with
+    /// the flash device (absent from one-tier pools and older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_only_bytes: Option<u64>,
     pub promoted_blocks: u64,
     pub demoted_blocks: u64,
     /// Whether the capacity tier takes writes, in a two-tier pool (absent

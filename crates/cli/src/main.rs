@@ -467,6 +467,12 @@ fn print_status(status: &PoolStatus) {
                 format_size(space.free_bytes)
             );
         }
+        if let Some(flash_only_bytes) = status.flash_only_bytes {
+            println!(
+                "on flash only        {} (not yet demoted: lost with the flash device)",
+                format_size(flash_only_bytes)
+            );
+        }
         println!("promoted             {} blocks", status.promoted_blocks);
         println!("demoted              {} blocks", status.demoted_blocks);
     }

@@ -1078,6 +1078,15 @@ fn tier_metrics(
             text.push_str(&format!("{name}{{tier=\"{tier}\"}} {}\n", value(space)));
         }
     }
+    if let Some(flash_only_bytes) = status.flash_only_bytes {
+        metric_header(
+            text,
+            "lamina_flash_only_bytes",
+            "gauge",
+            "Live bytes whose only copy is on the flash tier (lost with the flash device).",
+        );
+        text.push_str(&format!("lamina_flash_only_bytes {flash_only_bytes}\n"));
+    }
     metric_header(
         text,
         "lamina_tier_promoted_blocks_total",

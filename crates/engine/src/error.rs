@@ -75,6 +75,21 @@ pub enum OpenError {
     /// Segments that hold data are striped over more lost devices than
     /// their redundancy covers (an array after more losses than it was
     /// rebuilt for): opening would serve errors for their blocks.
+    /// Restoring a lost flash device: the capacity tier holds no checkpoint
+    /// slot copy that decodes.
+    #[error(
+        "{device}: the capacity tier holds no copy of a checkpoint slot (at offset {offset} and after): the pool was last written by a lamina older than format version 9, which kept its checkpoints' slots on flash only, so it cannot be restored without its flash device"
+    )]
+    NoCheckpointCopy { device: String, offset: u64 },
+    /// Restoring a lost flash device onto a device of another size.
+    #[error(
+        "{device}: the new flash device must have exactly the lost one's size, {expected_bytes} bytes (the capacity tier's addresses start there), but has {actual_bytes}"
+    )]
+    FlashSizeMismatch {
+        device: String,
+        expected_bytes: u64,
+        actual_bytes: u64,
+    },
     #[error(
         "{device}: {segment_count} segments holding data ({live_bytes} bytes) lie on more lost devices than their parity covers; bring the missing devices back"
     )]
@@ -236,6 +251,8 @@ impl OpenError {
             Self::Corrupt { .. } => "corrupt",
             Self::WrongCapacityDevice { .. } => "wrong_capacity_device",
             Self::SegmentsLost { .. } => "segments_lost",
+            Self::NoCheckpointCopy { .. } => "no_checkpoint_copy",
+            Self::FlashSizeMismatch { .. } => "flash_size_mismatch",
         }
     }
 }

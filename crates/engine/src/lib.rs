@@ -34,8 +34,8 @@ pub use pool::rebuild::RebuildStart;
 pub use pool::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 pub use pool::scrub_progress::{ScrubState, ScrubStatus};
 pub use pool::{
-    BackgroundImpact, DeviceFullStatus, Extent, LimitsError, Pool, PoolLimits, PoolOptions,
-    PoolStatus, TestHooks, TierSpace, VolumeTierStats,
+    BackgroundImpact, DeviceFullStatus, Extent, FlashRestore, LimitsError, Pool, PoolLimits,
+    PoolOptions, PoolStatus, RestoredFlash, TestHooks, TierSpace, VolumeTierStats,
 };
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{

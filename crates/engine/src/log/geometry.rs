@@ -37,6 +37,12 @@ pub const DEFAULT_SEGMENT_SIZE_BYTES: u64 = 4 << 20;
 /// Blocks at the start of the capacity device before its first segment (the
 /// label, 1 MiB).
 pub const CAPACITY_DATA_START_BLOCKS: u64 = 256;
+/// First block of each checkpoint slot's copy on the capacity device,
+/// relative to its start (format version 9): slot A's copy between the label
+/// and the label's copy, slot B's after the label's copy.
+pub const CAPACITY_SLOT_COPY_BLOCKS: [u64; 2] = [1, 129];
+/// Size of each slot copy area in blocks; a longer slot is not copied.
+pub const CAPACITY_SLOT_COPY_SIZE_BLOCKS: u64 = 127;
 /// Capacity segments a two-tier pool needs at least.
 pub const CAPACITY_SEGMENT_COUNT_MIN: u64 = 4;
 /// Blocks a segment has at least.
@@ -63,6 +69,16 @@ const _: () = assert!(
 // The capacity device's label (a copy of the superblock) comes before its
 // first segment.
 const _: () = assert!(CAPACITY_DATA_START_BLOCKS > SUPERBLOCK_BLOCK);
+// The slot copies sit between the label, its copy and the first segment.
+const _: () = assert!(CAPACITY_SLOT_COPY_BLOCKS[0] > SUPERBLOCK_BLOCK);
+const _: () =
+    assert!(CAPACITY_SLOT_COPY_BLOCKS[0] + CAPACITY_SLOT_COPY_SIZE_BLOCKS <= SUPERBLOCK_COPY_BLOCK);
+const _: () = assert!(CAPACITY_SLOT_COPY_BLOCKS[1] > SUPERBLOCK_COPY_BLOCK);
+const _: () = assert!(
+    CAPACITY_SLOT_COPY_BLOCKS[1] + CAPACITY_SLOT_COPY_SIZE_BLOCKS <= CAPACITY_DATA_START_BLOCKS
+);
+// A slot copy area is smaller than a slot: longer slots are not copied.
+const _: () = assert!(CAPACITY_SLOT_COPY_SIZE_BLOCKS < CHECKPOINT_SLOT_SIZE_BLOCKS);
 // The default segment size is one `for_device` accepts.
 const _: () = assert!(
     DEFAULT_SEGMENT_SIZE_BYTES.is_multiple_of(BLOCK_SIZE_BYTES)

@@ -12,7 +12,9 @@ pub mod marker;
 pub mod openings;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 8 adds the segment
+/// The on-disk format version this build writes. Version 9 copies every
+/// checkpoint slot onto the capacity device of a two-tier pool, so that a
+/// lost flash device can be restored from the capacity tier alone. Version 8 adds the segment
 /// openings record (`openings`), so that recovery reads only the segments
 /// the log can have reached since the checkpoint. Version 7 adds incremental
 /// checkpoints (increment bodies; slots naming their chain). Version 6 adds row alignment to the geometry (batches on a striped tier
@@ -25,7 +27,7 @@ pub mod superblock;
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use lamina_device::AlignedBuffer;
+use lamina_device::{AlignedBuffer, DeviceError};
 
 use super::checkpoint_image::{CheckpointSnapshot, CheckpointTarget, copy_volumes};
 use super::checkpoint_increment::{CheckpointChain, EncodedCheckpoint, encode_checkpoint};
@@ -17,7 +17,9 @@ use super::space::{CheckpointBody, DurableCheckpoint, SegmentState};
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::checkpoint::{HeadImage, Slot, SlotLink};
-use crate::log::geometry::CHECKPOINT_SLOT_BLOCKS;
+use crate::log::geometry::{
+    CAPACITY_SLOT_COPY_BLOCKS, CAPACITY_SLOT_COPY_SIZE_BLOCKS, CHECKPOINT_SLOT_BLOCKS,
+};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Whether a checkpoint may be an increment on the chain.
@@ -152,7 +154,6 @@ impl Pool {
         let encoded = &checkpoint.bytes[..];
         let body_segments = self.take_body_segments(target, encoded.len())?;
         self.write_body(encoded, &body_segments).await?;
-        self.flush_body(&body_segments).await?;
         let slot = Slot {
             checkpoint_sequence: target.checkpoint_sequence,
             covered_batch_sequence: target.covered_batch_sequence,
@@ -161,6 +162,10 @@ impl Pool {
             body_segments: body_segments.clone(),
             earlier_links: checkpoint.earlier_links.clone(),
         };
+        // Before the flush that makes the body durable: the copy never names
+        // a body that is not (on an object tier both land in one commit).
+        self.write_slot_copy(target, &slot, &body_segments).await?;
+        self.flush_body(&body_segments).await?;
         self.write_slot(target, &slot).await?;
         // The slot lives on flash.
         self.inner.flush_flash().await?;
@@ -256,22 +261,29 @@ impl Pool {
                 .write(offset, Arc::new(AlignedBuffer::from_slice_padded(piece)))
                 .await;
             if let Err(error) = written {
-                if !error.is_out_of_space() {
-                    return Err(error.into());
-                }
-                // No slot names this body yet, so its segments are free again.
-                self.inner
-                    .lock()
-                    .space_mut()
-                    .return_checkpoint_body_segments(body_segments);
-                tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
-                return Err(EngineError::Io(IoError::DeviceFull {
-                    device: device.name().to_string(),
-                    waited_ms: 0,
-                }));
+                return Err(self.body_write_failed(error, body_segments));
             }
         }
         Ok(())
+    }
+
+    /// The error a failed write of a body (or of its slot's copy) ends the
+    /// checkpoint with. When the device under the pool is out of space, the
+    /// body's segments are given back (no slot names them yet) and the
+    /// checkpoint is skipped with `DeviceFull`: the pool goes on.
+    fn body_write_failed(&self, error: DeviceError, body_segments: &[u32]) -> EngineError {
+        if !error.is_out_of_space() {
+            return error.into();
+        }
+        self.inner
+            .lock()
+            .space_mut()
+            .return_checkpoint_body_segments(body_segments);
+        tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
+        EngineError::Io(IoError::DeviceFull {
+            device: self.inner.device.name().to_string(),
+            waited_ms: 0,
+        })
     }
 
     /// Makes the body durable on whichever tier holds it. A capacity tier
@@ -290,6 +302,46 @@ impl Pool {
             tracing::warn!(%error, "checkpoint skipped: its body could not be made durable");
             return Err(error);
         }
+        Ok(())
+    }
+
+    /// In a two-tier pool, writes the slot's copy into the capacity label
+    /// area of the slot it goes to (format version 9), from which a lost
+    /// flash device is restored (`flash_restore`). A slot too long for the
+    /// area leaves a zero block there instead, so that no stale copy names
+    /// bodies that are freed. A failed write ends the checkpoint as a failed
+    /// body write does.
+    async fn write_slot_copy(
+        &self,
+        target: CheckpointTarget,
+        slot: &Slot,
+        body_segments: &[u32],
+    ) -> Result<(), EngineError> {
+        let geometry = self.inner.geometry;
+        if !geometry.has_capacity_tier() {
+            return Ok(());
+        }
+        let mut encoded_slot = slot.encode();
+        if encoded_slot.len() as u64 > CAPACITY_SLOT_COPY_SIZE_BLOCKS * BLOCK_SIZE_BYTES {
+            tracing::warn!(
+                checkpoint_sequence = target.checkpoint_sequence,
+                slot_bytes = encoded_slot.len(),
+                "the checkpoint's slot is too long to copy onto the capacity tier: \
+                 restoring a lost flash device will use an earlier checkpoint or none"
+            );
+            encoded_slot = vec![0; BLOCK_BYTES];
+        }
+        let copy_block =
+            geometry.capacity_start_block + CAPACITY_SLOT_COPY_BLOCKS[target.slot_index];
+        let written = self
+            .inner
+            .device
+            .write(
+                copy_block * BLOCK_SIZE_BYTES,
+                super::inner::aligned(&encoded_slot),
+            )
+            .await;
+        written.map_err(|error| self.body_write_failed(error, body_segments))?;
         Ok(())
     }
 

@@ -22,6 +22,7 @@ pub mod cleaner;
 mod counters;
 mod device_full;
 pub mod evacuation;
+mod flash_restore;
 mod flush_marker;
 mod inner;
 pub mod integrity;
@@ -51,6 +52,7 @@ use crate::volume::{
     validate_volume_name, validate_volume_size,
 };
 pub use device_full::DeviceFullStatus;
+pub use flash_restore::{FlashRestore, RestoredFlash};
 use flush_marker::MarkerClaims;
 pub use inner::Pool;
 pub use limits::{

@@ -365,7 +365,7 @@ fn tier_device_starts(geometry: &Geometry) -> Vec<u64> {
 
 /// Refuses a device whose tiers' first [`EMPTY_CHECK_BYTES`] hold any
 /// non-zero byte: it may hold a pool or other data.
-async fn check_device_starts_empty(
+pub(super) async fn check_device_starts_empty(
     device: &dyn BlockDevice,
     device_starts: &[u64],
 ) -> Result<(), EngineError> {
@@ -432,7 +432,9 @@ async fn write_new_pool(
 
 /// Zeros over both areas of the segment openings record (the blocks are
 /// then allocated in a pool file).
-async fn write_empty_openings_areas(device: &dyn BlockDevice) -> Result<(), EngineError> {
+pub(super) async fn write_empty_openings_areas(
+    device: &dyn BlockDevice,
+) -> Result<(), EngineError> {
     let area_bytes = to_usize(SEGMENT_OPENINGS_AREA_SIZE_BLOCKS * BLOCK_SIZE_BYTES);
     for area in SEGMENT_OPENINGS_AREA_BLOCKS {
         device

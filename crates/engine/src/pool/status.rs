@@ -80,6 +80,10 @@ pub struct PoolStatus {
     pub flash: TierSpace,
     /// Space of the capacity tier, in a two-tier pool.
     pub capacity: Option<TierSpace>,
+    /// In a two-tier pool, bytes of live data whose only copy is on the
+    /// flash tier (not yet demoted): what losing the flash device would lose
+    /// beyond the writes after the newest checkpoint (decision 0036).
+    pub flash_only_bytes: Option<u64>,
     /// Blocks moved from capacity to flash on access, and from flash to
     /// capacity by the cleaner, since the pool opened.
     pub promoted_blocks: u64,
@@ -288,6 +292,17 @@ struct CopiedVolume {
     counters: VolumeTierCounters,
 }
 
+/// Bytes of live data in flash segments (each physical block once, however
+/// many maps share it).
+fn flash_live_bytes(state: &State) -> u64 {
+    state
+        .space()
+        .segments_of(Tier::Flash)
+        .map(|(_, segment)| u64::from(segment.live_blocks))
+        .sum::<u64>()
+        * BLOCK_SIZE_BYTES
+}
+
 /// Blocks of `map` that live on capacity.
 fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
     let mut capacity_blocks = 0u64;
@@ -349,6 +364,9 @@ impl Pool {
                 let free_segment_count = state.space().free_capacity_segment_count();
                 tier_space(geometry, Tier::Capacity, free_segment_count, sizes)
             }),
+            flash_only_bytes: geometry
+                .has_capacity_tier()
+                .then(|| flash_live_bytes(&state)),
             promoted_blocks: moves.promoted_blocks,
             demoted_blocks: moves.demoted_blocks,
             capacity_writes: geometry

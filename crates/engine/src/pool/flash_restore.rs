@@ -1,0 +1,189 @@
+//! Restoring a two-tier pool whose flash device is lost, from its capacity
+//! tier alone (format version 9, decision 0036). The capacity device holds the
+//! pool's label (a copy of the superblock), a copy of each checkpoint slot and
+//! every checkpoint body; this writes onto a new, empty flash device what
+//! recovery reads from flash (the superblock, its copy and the slots), so that
+//! `Pool::open` then recovers the pool as after any crash: the newest
+//! checkpoint whose chain verifies, and the batches the capacity tier holds
+//! after it. Blocks the maps place on the lost flash read as I/O errors (the
+//! new flash holds zeros there, which fail their checksums); see
+//! docs/format.md, "Slot copies on the capacity tier".
+
+use lamina_device::BlockDevice;
+
+use super::inner::{Pool, aligned};
+use super::recovery::{check_device_starts_empty, write_empty_openings_areas};
+use crate::convert::to_usize;
+use crate::error::{EngineError, OpenError};
+use crate::log::checkpoint::Slot;
+use crate::log::geometry::{
+    CAPACITY_SLOT_COPY_BLOCKS, CAPACITY_SLOT_COPY_SIZE_BLOCKS, CHECKPOINT_SLOT_BLOCKS,
+    FLUSH_MARKER_BLOCKS, SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK,
+};
+use crate::log::superblock::Superblock;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
+
+/// What a restore found on the capacity tier and wrote onto the new flash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoredFlash {
+    pub pool_identifier: u128,
+    /// The checkpoints whose slot copies decoded, newest first (recovery
+    /// still checks their bodies and falls back to the older one).
+    pub checkpoint_sequences: Vec<u64>,
+}
+
+/// The device a restore writes onto: the new flash device followed by the
+/// pool's capacity device, as one address space (`ConcatenatedDevice`).
+pub struct FlashRestore<'a> {
+    pub device: &'a dyn BlockDevice,
+    /// Where the capacity device starts in `device`: the new flash device's
+    /// size, which must be the lost one's.
+    pub flash_region_bytes: u64,
+    /// Write over a flash device that already holds data.
+    pub force: bool,
+}
+
+impl Pool {
+    /// Writes onto the flash region of `restore.device` the superblock and
+    /// the checkpoint slots copied on the capacity tier, then flushes; open
+    /// the pool with `Pool::open` afterwards. Refuses a flash region of
+    /// another size than the lost one's, a flash device holding data (unless
+    /// forced), a capacity device without a label, and one without a usable
+    /// slot copy (a pool last written by a build older than format version 9).
+    pub async fn restore_flash(restore: FlashRestore<'_>) -> Result<RestoredFlash, EngineError> {
+        let device = restore.device;
+        let superblock = read_capacity_label(device, restore.flash_region_bytes).await?;
+        if !restore.force {
+            check_device_starts_empty(device, &[0]).await?;
+        }
+        let copies = read_slot_copies(device, restore.flash_region_bytes).await?;
+        if copies.iter().all(Option::is_none) {
+            return Err(EngineError::Open(OpenError::NoCheckpointCopy {
+                device: device.name().to_string(),
+                offset: restore.flash_region_bytes,
+            }));
+        }
+        write_flash_metadata(device, &superblock, &copies).await?;
+        let mut checkpoint_sequences: Vec<u64> = copies
+            .iter()
+            .flatten()
+            .map(|slot| slot.checkpoint_sequence)
+            .collect();
+        checkpoint_sequences.sort_unstable_by(|a, b| b.cmp(a));
+        tracing::warn!(
+            device = device.name(),
+            ?checkpoint_sequences,
+            "flash device restored from the capacity tier: blocks that were on the lost flash only will read as errors"
+        );
+        Ok(RestoredFlash {
+            pool_identifier: superblock.pool_identifier,
+            checkpoint_sequences,
+        })
+    }
+}
+
+/// The superblock the capacity device's label (or, when the label fails its
+/// checks, the label's copy) holds, checked against the restore's geometry.
+async fn read_capacity_label(
+    device: &dyn BlockDevice,
+    flash_region_bytes: u64,
+) -> Result<Superblock, EngineError> {
+    let name = device.name().to_string();
+    let mut found = None;
+    for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
+        let offset = flash_region_bytes + block * BLOCK_SIZE_BYTES;
+        let bytes = device.read(offset, BLOCK_BYTES).await?;
+        if let Ok((_, superblock)) = Superblock::decode(&bytes) {
+            found = Some(superblock);
+            break;
+        }
+    }
+    let Some(superblock) = found else {
+        return Err(EngineError::Open(OpenError::NotAPool {
+            device: format!("{name} (capacity tier at offset {flash_region_bytes})"),
+        }));
+    };
+    let geometry = superblock.geometry;
+    if !geometry.has_capacity_tier()
+        || geometry.capacity_start_block * BLOCK_SIZE_BYTES != flash_region_bytes
+    {
+        return Err(EngineError::Open(OpenError::FlashSizeMismatch {
+            device: name,
+            expected_bytes: geometry.capacity_start_block * BLOCK_SIZE_BYTES,
+            actual_bytes: flash_region_bytes,
+        }));
+    }
+    if device.size_bytes() < geometry.device_size_bytes {
+        return Err(EngineError::Open(OpenError::Truncated {
+            device: name,
+            expected_bytes: geometry.device_size_bytes,
+            actual_bytes: device.size_bytes(),
+        }));
+    }
+    Ok(superblock)
+}
+
+/// Each slot copy that decodes, by slot index.
+async fn read_slot_copies(
+    device: &dyn BlockDevice,
+    flash_region_bytes: u64,
+) -> Result<[Option<Slot>; 2], EngineError> {
+    let mut copies = [None, None];
+    for (slot_index, copy) in copies.iter_mut().enumerate() {
+        let offset = flash_region_bytes + CAPACITY_SLOT_COPY_BLOCKS[slot_index] * BLOCK_SIZE_BYTES;
+        let bytes = device
+            .read(
+                offset,
+                to_usize(CAPACITY_SLOT_COPY_SIZE_BLOCKS * BLOCK_SIZE_BYTES),
+            )
+            .await?;
+        match Slot::decode(&bytes) {
+            Ok(slot) => *copy = Some(slot),
+            Err(error) => tracing::warn!(
+                device = device.name(),
+                slot_index,
+                %error,
+                "no usable checkpoint slot copy on the capacity tier"
+            ),
+        }
+    }
+    Ok(copies)
+}
+
+/// Writes the flash device's metadata: the superblock and its copy, zeroed
+/// flush markers, each slot from its copy (zeroed without one) and empty
+/// segment openings areas (so that recovery scans every segment), then
+/// flushes.
+async fn write_flash_metadata(
+    device: &dyn BlockDevice,
+    superblock: &Superblock,
+    copies: &[Option<Slot>; 2],
+) -> Result<(), EngineError> {
+    for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
+        device
+            .write(block * BLOCK_SIZE_BYTES, aligned(&superblock.encode()))
+            .await?;
+    }
+    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_BYTES;
+    device
+        .write(
+            FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
+            aligned(&vec![0u8; markers_bytes]),
+        )
+        .await?;
+    for (slot_index, copy) in copies.iter().enumerate() {
+        let encoded = match copy {
+            Some(slot) => slot.encode(),
+            None => vec![0u8; BLOCK_BYTES],
+        };
+        device
+            .write(
+                CHECKPOINT_SLOT_BLOCKS[slot_index] * BLOCK_SIZE_BYTES,
+                aligned(&encoded),
+            )
+            .await?;
+    }
+    write_empty_openings_areas(device).await?;
+    device.flush().await?;
+    Ok(())
+}

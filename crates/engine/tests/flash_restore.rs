@@ -1,0 +1,277 @@
+//! Restoring a two-tier pool whose flash device is lost, from its capacity
+//! device alone (format version 9, decision 0036): every block reads back as
+//! the version the newest checkpoint (or a later demotion) left on capacity,
+//! or as an I/O error when its only copy was on the lost flash — never as
+//! another block's data or an older version than the restored checkpoint's;
+//! the restored pool takes writes, frees the lost flash as clients overwrite
+//! it, and opens again normally. Restores that cannot work are refused with
+//! their reason. The devices are in memory.
+
+// Test code keeps `as` for small sizes and byte patterns.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::sync::Arc;
+
+use lamina_device::{AlignedBuffer, BlockDevice, ConcatenatedDevice, MemoryDevice};
+use lamina_engine::{
+    BLOCK_SIZE_BYTES, CreateError, EngineError, FlashRestore, OpenError, Pool, PoolLimits,
+    PoolOptions,
+};
+
+const SEGMENT_BYTES: u64 = 256 << 10;
+/// 4 MiB of metadata, then 48 segments (12 MiB) of flash.
+const FLASH_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
+/// 1 MiB label, then 192 segments (48 MiB) of capacity.
+const CAPACITY_BYTES: u64 = (1 << 20) + 192 * SEGMENT_BYTES;
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+/// The volume: 32 MiB, more than flash holds, so that most of it is demoted.
+const VOLUME_BLOCKS: u64 = 8192;
+/// Capacity blocks (from the capacity device's start) of the two slot copies.
+const SLOT_COPY_BLOCKS: [u64; 2] = [1, 129];
+
+fn limits() -> PoolLimits {
+    PoolLimits {
+        memory_cache_bytes: 0,
+        ..PoolLimits::default()
+    }
+}
+
+fn options() -> PoolOptions {
+    PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+        flash_region_bytes: Some(FLASH_BYTES),
+        ..PoolOptions::default()
+    }
+}
+
+fn block_contents(index: u64, generation: u8) -> Vec<u8> {
+    let mut contents = vec![generation; BLOCK];
+    contents[..8].copy_from_slice(&index.to_le_bytes());
+    contents
+}
+
+async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
+    for chunk_start in blocks.clone().step_by(32) {
+        let chunk_end = (chunk_start + 32).min(blocks.end);
+        let mut data = Vec::with_capacity((chunk_end - chunk_start) as usize * BLOCK);
+        for index in chunk_start..chunk_end {
+            data.extend_from_slice(&block_contents(index, generation));
+        }
+        pool.write(volume, chunk_start * BLOCK_SIZE_BYTES, &data, false)
+            .await
+            .unwrap();
+    }
+    pool.flush().await.unwrap();
+}
+
+/// Waits until the demoter has freed flash (7 segments: its target here).
+async fn wait_for_free_flash(pool: &Pool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pool.status().flash.free_bytes < 7 * SEGMENT_BYTES {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the demoter did not free flash"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A pool that held generation 1 everywhere, then generation 2 over its
+/// first quarter, each flushed, demoted in part and checkpointed; closed.
+/// Returns its capacity device (the flash device is dropped: lost).
+async fn pool_whose_flash_is_lost() -> Arc<MemoryDevice> {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity.clone()));
+    let pool = Pool::create(device, options(), limits()).await.unwrap();
+    let volume = pool
+        .create_volume("data", VOLUME_BLOCKS * BLOCK_SIZE_BYTES)
+        .await
+        .unwrap()
+        .volume_id;
+    write_range(&pool, volume, 0..VOLUME_BLOCKS, 1).await;
+    wait_for_free_flash(&pool).await;
+    pool.checkpoint().await.unwrap();
+    write_range(&pool, volume, 0..VOLUME_BLOCKS / 4, 2).await;
+    pool.checkpoint().await.unwrap();
+    assert!(pool.status().flash_only_bytes.unwrap() > 0);
+    pool.close().await.unwrap();
+    capacity
+}
+
+/// Restores onto a new flash device and opens the pool; also returns the
+/// device, for reopening.
+async fn restored(
+    capacity: Arc<MemoryDevice>,
+) -> Result<(Pool, Arc<ConcatenatedDevice>), EngineError> {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    Pool::restore_flash(FlashRestore {
+        device: &*device,
+        flash_region_bytes: FLASH_BYTES,
+        force: false,
+    })
+    .await?;
+    let pool = Pool::open(device.clone(), limits()).await?;
+    Ok((pool, device))
+}
+
+/// Reads every block: each is its newest generation, or an I/O error (its
+/// only copy was on the lost flash). Returns how many were errors.
+async fn count_lost_blocks(pool: &Pool, volume: u32) -> u64 {
+    let mut lost = 0;
+    let mut contents = vec![0u8; BLOCK];
+    for index in 0..VOLUME_BLOCKS {
+        let newest = if index < VOLUME_BLOCKS / 4 { 2 } else { 1 };
+        match pool
+            .read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+        {
+            Ok(()) => assert!(
+                contents == block_contents(index, newest),
+                "block {index} read back as neither generation {newest} nor an error"
+            ),
+            Err(_) => lost += 1,
+        }
+    }
+    lost
+}
+
+#[tokio::test]
+async fn a_lost_flash_device_is_restored_from_the_capacity_tier() {
+    let capacity = pool_whose_flash_is_lost().await;
+    let (pool, device) = restored(capacity).await.unwrap();
+    let volume = pool.volume_id("data").unwrap();
+    let lost = count_lost_blocks(&pool, volume).await;
+    let status = pool.status();
+    // What status calls "on flash only" is exactly what reads fail.
+    assert!(lost > 0, "some blocks were on flash only");
+    assert!(lost < VOLUME_BLOCKS / 2, "most of the volume was demoted");
+    assert_eq!(status.flash_only_bytes, Some(lost * BLOCK_SIZE_BYTES));
+    assert_eq!(status.integrity.read_checksum_errors, lost);
+
+    // Clients overwrite what was lost: the pool takes it, and the lost flash
+    // segments are freed as their blocks die.
+    write_range(&pool, volume, 0..VOLUME_BLOCKS, 3).await;
+    let mut contents = vec![0u8; BLOCK];
+    for index in 0..VOLUME_BLOCKS {
+        pool.read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+            .unwrap();
+        assert!(contents == block_contents(index, 3), "block {index}");
+    }
+    pool.close().await.unwrap();
+    let pool = Pool::open(device, limits()).await.unwrap();
+    for index in 0..VOLUME_BLOCKS {
+        pool.read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+            .unwrap();
+        assert!(
+            contents == block_contents(index, 3),
+            "block {index} after reopening"
+        );
+    }
+    pool.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_damaged_newest_copy_falls_back_to_the_older_checkpoint() {
+    let capacity = pool_whose_flash_is_lost().await;
+    // Which copy is newest: the one with the higher checkpoint sequence.
+    let newest = newest_copy_index(&capacity).await;
+    let garbage = Arc::new(AlignedBuffer::from_slice_padded(&[0xA5; BLOCK]));
+    capacity
+        .write(SLOT_COPY_BLOCKS[newest] * BLOCK_SIZE_BYTES, garbage)
+        .await
+        .unwrap();
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    let restored = Pool::restore_flash(FlashRestore {
+        device: &*device,
+        flash_region_bytes: FLASH_BYTES,
+        force: false,
+    })
+    .await
+    .unwrap();
+    assert_eq!(restored.checkpoint_sequences.len(), 1, "{restored:?}");
+    let pool = Pool::open(device, limits()).await.unwrap();
+    let volume = pool.volume_id("data").unwrap();
+    // The older checkpoint (closing the pool wrote one after generation 2,
+    // so both copies hold it), plus the capacity tier's log after it.
+    count_lost_blocks(&pool, volume).await;
+    pool.close().await.unwrap();
+}
+
+async fn newest_copy_index(capacity: &MemoryDevice) -> usize {
+    let mut sequences = [0u64; 2];
+    for (index, block) in SLOT_COPY_BLOCKS.iter().enumerate() {
+        let bytes = capacity
+            .read(block * BLOCK_SIZE_BYTES, 127 * BLOCK)
+            .await
+            .unwrap();
+        sequences[index] = lamina_engine::log::checkpoint::Slot::decode(&bytes)
+            .unwrap()
+            .checkpoint_sequence;
+    }
+    usize::from(sequences[1] > sequences[0])
+}
+
+#[tokio::test]
+async fn a_restore_that_cannot_work_is_refused_with_its_reason() {
+    let capacity = pool_whose_flash_is_lost().await;
+
+    // A new flash device of another size would shift the capacity tier.
+    let small_flash = Arc::new(MemoryDevice::new(FLASH_BYTES - SEGMENT_BYTES));
+    let device = ConcatenatedDevice::new(small_flash, capacity.clone());
+    let error = Pool::restore_flash(FlashRestore {
+        device: &device,
+        flash_region_bytes: FLASH_BYTES - SEGMENT_BYTES,
+        force: false,
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            EngineError::Open(OpenError::FlashSizeMismatch { .. })
+        ),
+        "{error}"
+    );
+
+    // A flash device that holds data is not written over unless forced.
+    let used_flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let data = Arc::new(AlignedBuffer::from_slice_padded(&[7; BLOCK]));
+    used_flash.write(8 * BLOCK_SIZE_BYTES, data).await.unwrap();
+    let device = ConcatenatedDevice::new(used_flash, capacity.clone());
+    let error = Pool::restore_flash(FlashRestore {
+        device: &device,
+        flash_region_bytes: FLASH_BYTES,
+        force: false,
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            EngineError::Create(CreateError::DeviceNotEmpty { .. })
+        ),
+        "{error}"
+    );
+
+    // A pool whose capacity tier holds no slot copy (written by a build
+    // before format version 9) cannot be restored.
+    let zeros = Arc::new(AlignedBuffer::from_slice_padded(&[0; BLOCK]));
+    for block in SLOT_COPY_BLOCKS {
+        capacity
+            .write(block * BLOCK_SIZE_BYTES, zeros.clone())
+            .await
+            .unwrap();
+    }
+    let error = restored(capacity).await.err().expect("refused");
+    assert!(
+        matches!(error, EngineError::Open(OpenError::NoCheckpointCopy { .. })),
+        "{error}"
+    );
+    assert!(error.to_string().contains("format version 9"), "{error}");
+}
