@@ -398,6 +398,12 @@ pub struct IntegrityStatus {
     pub torn_blocks_dropped: u64,
     pub damaged_flushed_blocks: u64,
     pub segments_set_aside: u64,
+    /// Map entries marked lost by a restore without the flash device, and
+    /// reads of them (absent from older daemons).
+    #[serde(default)]
+    pub blocks_marked_lost: u64,
+    #[serde(default)]
+    pub lost_block_reads: u64,
 }
 
 /// What `volume list` shows about a volume.

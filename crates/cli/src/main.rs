@@ -151,6 +151,31 @@ enum PoolCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Restore a pool whose flash device is lost from its object tier alone:
+    /// writes the pool's metadata onto a new flash device and opens the pool
+    /// as of the newest checkpoint in the bucket. Blocks that were on the
+    /// lost flash only read as I/O errors until overwritten.
+    Restore {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The pool's object tier: s3://bucket/prefix.
+        #[arg(long = "from", id = "capacity", value_name = "URL")]
+        from: String,
+        /// The new flash device: PATH (a file is created at the lost one's
+        /// size) or PATH:SIZE.
+        #[arg(long)]
+        flash: String,
+        /// A latency model for the flash device: none, or hdd-7200.
+        #[arg(long, value_name = "MODEL", value_parser = lamina_control::store::BUILT_IN_DEVICE_MODELS)]
+        flash_model: Option<String>,
+        #[command(flatten)]
+        object_store: pool_commands::ObjectStoreArgs,
+        /// Write over a flash device that already holds data.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Read every live block, check it against its checksum and repair what
     /// fails from redundancy (parity or copies), in the background.
     Scrub {
@@ -402,6 +427,21 @@ fn json_name<T: serde::Serialize>(value: &T) -> String {
 }
 
 /// What `pool create` prints: the new pool's status.
+fn print_restored(status: &pool_commands::RestoredPool) {
+    println!(
+        "restored pool from {} onto {} (newest checkpoint copy in the store: {})",
+        status.url, status.flash, status.checkpoint_sequence
+    );
+    let lost_bytes = status.pool.flash_only_bytes.unwrap_or(0);
+    if lost_bytes > 0 {
+        println!(
+            "LOST                 {} were on the lost flash only: reading them gives I/O errors until they are written again",
+            format_size(lost_bytes)
+        );
+    }
+    print_status(&status.pool);
+}
+
 fn print_created(status: &PoolStatus, devices: &str, json: bool) -> anyhow::Result<()> {
     if json {
         // Through a `Value`, as the other commands print, so that the keys
@@ -544,6 +584,14 @@ fn print_integrity(integrity: &IntegrityStatus) {
             integrity.segments_set_aside,
             "segments set aside by the cleaner (unreadable summaries)",
         ),
+        (
+            integrity.blocks_marked_lost,
+            "blocks lost with the flash device (the pool was restored without it): DATA LOSS",
+        ),
+        (
+            integrity.lost_block_reads,
+            "reads of blocks lost with the flash device (restored without it)",
+        ),
     ];
     let found: Vec<_> = findings.iter().filter(|(count, _)| *count > 0).collect();
     if found.is_empty() {
@@ -641,6 +689,42 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             config.server.tls_verify_peer |= arguments.tls_verify_peer;
             lamina_control::daemon::run_service(config, reload).await
+        }
+        Command::Pool(PoolCommand::Restore {
+            data,
+            from,
+            flash,
+            flash_model,
+            object_store,
+            force,
+            json,
+        }) => {
+            let _lock = lamina_control::store::lock_directory(&data.data_dir)?;
+            let flash =
+                lamina_control::store::TierDevice::from_argument(&flash, flash_model.as_deref())?;
+            let request = pool_commands::RestoreRequest {
+                url: &from,
+                object_store,
+                force,
+            };
+            let status = pool_commands::restore_from_object_tier(&data.data_dir, &flash, &request)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot restore the pool of {from} onto {}",
+                        flash.path.display()
+                    )
+                })
+                .map_err(with_flag_hint)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::to_value(&status)?)?
+                );
+            } else {
+                print_restored(&status);
+            }
+            Ok(())
         }
         Command::Pool(PoolCommand::Create {
             data,

@@ -150,6 +150,63 @@ pub async fn create_over_object_tier(
     Ok(status)
 }
 
+/// `pool restore --from s3://...`.
+pub struct RestoreRequest<'a> {
+    /// `s3://bucket/prefix` as given.
+    pub url: &'a str,
+    pub object_store: ObjectStoreArgs,
+    pub force: bool,
+}
+
+/// What `pool restore` prints: the restored pool's status, opened as of the
+/// checkpoint named.
+#[derive(serde::Serialize)]
+pub struct RestoredPool {
+    pub url: String,
+    pub flash: String,
+    /// The checkpoint the pool was restored from (recovery then replayed
+    /// what the object tier's log holds after it).
+    pub checkpoint_sequence: u64,
+    pub pool: PoolStatus,
+}
+
+/// `pool restore --from s3://... --flash PATH`: restores the pool onto a new
+/// flash device, opens it (recovery) and closes it again.
+pub async fn restore_from_object_tier(
+    data_dir: &std::path::Path,
+    flash: &lamina_control::store::TierDevice,
+    request: &RestoreRequest<'_>,
+) -> anyhow::Result<RestoredPool> {
+    use lamina_control::object_tier::{ObjectStoreSection, ObjectTierDescription, parse_argument};
+    let argument = parse_argument(request.url)?;
+    let arguments = &request.object_store;
+    let description = ObjectTierDescription {
+        url: argument.url,
+        endpoint: arguments.s3_endpoint.clone(),
+        region: arguments.s3_region.clone(),
+        virtual_hosted_style: arguments.s3_virtual_hosted_style,
+        allow_http: arguments.s3_allow_http,
+    };
+    let (opened, restored) = lamina_control::store::restore_object_tier_pool(
+        data_dir,
+        flash,
+        &description,
+        &ObjectStoreSection::default(),
+        request.force,
+        Default::default(),
+    )
+    .await?;
+    let mut status = lamina_control::api::pool_status(opened.pool.status());
+    status.object_tier = opened.layout.object_tier().map(|tier| tier.status());
+    opened.pool.close().await?;
+    Ok(RestoredPool {
+        url: description.url,
+        flash: flash.path.display().to_string(),
+        checkpoint_sequence: restored.checkpoint_sequences.first().copied().unwrap_or(0),
+        pool: status,
+    })
+}
+
 /// `pool status`'s object tier: where, what it holds, and its requests.
 pub fn print_object_tier(tier: &lamina_api::ObjectTierStatus) {
     println!("object tier          {}", tier.url);

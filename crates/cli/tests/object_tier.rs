@@ -510,3 +510,132 @@ fn another_process_opening_the_tier_fences_the_daemon_and_loses_nothing() {
     assert_same(&daemon, "big", &file);
     assert!(daemon.terminate().success());
 }
+
+/// Reads every 4 KiB block of an export with `nbdsh` and compares it with the
+/// same block of `file`: each block must be the file's or an I/O error.
+/// Returns how many were errors; a block that reads back different fails.
+fn count_unreadable_blocks(daemon: &Daemon, export: &str, file: &Path) -> u64 {
+    let script = format!(
+        "import nbd\nsource = open({file:?}, 'rb').read()\nunreadable = 0\nfor offset in range(0, len(source), 4096):\n    try:\n        block = h.pread(4096, offset)\n    except nbd.Error:\n        unreadable += 1\n        continue\n    assert block == source[offset:offset + 4096], f'block at {{offset}} differs from the file'\nprint(unreadable)\n",
+        file = file.display().to_string(),
+    );
+    let output = Command::new("nbdsh")
+        .arg("-u")
+        .arg(daemon.uri(export))
+        .arg("-c")
+        .arg(script)
+        .env("PATH", common::system_path())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "nbdsh: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The flash device and the data directory are lost; `lamina pool restore
+/// --from s3://...` onto a new flash file in a new data directory brings the
+/// pool back from the bucket alone (decision 0036): every block reads back
+/// as written or, where its only copy was on the lost flash, as an I/O error
+/// (exactly the `flash_only_bytes` the restore reports); the restored pool
+/// takes a whole overwrite and keeps it through `kill -9`. A data directory
+/// that already holds a pool is refused.
+#[test]
+fn a_lost_flash_device_is_restored_from_the_bucket_alone() {
+    let Some(store) = Store::start() else {
+        return;
+    };
+    let setup = Setup::new();
+    created(&store.create_pool(&setup, "pool-restore"));
+    let volume_bytes = 160 * MIB;
+    let output = store.lamina(
+        &setup.data_dir,
+        &["volume", "create", "big", &volume_bytes.to_string()],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &store.config(), "big");
+    let file = setup.root.join("big.pattern");
+    pattern_file(&file, volume_bytes, 11);
+    write_file(&daemon, "big", &file);
+    wait_until("flash has overflowed into objects", || {
+        capacity_bytes(&setup.data_dir, "big") >= volume_bytes - 60 * MIB
+    });
+    let before = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    let flash_only_before = before["flash_only_bytes"].as_u64().unwrap();
+    assert!(flash_only_before > 0, "{before}");
+    assert!(daemon.terminate().success());
+    std::fs::remove_file(setup.root.join("flash.img")).unwrap();
+
+    // A new machine: a new data directory and a new flash file.
+    let new_setup = Setup::new();
+    let endpoint = store.server.endpoint();
+    let flash = new_setup.device("flash.img");
+    let restore = |data_dir: &Path| {
+        store.lamina(
+            data_dir,
+            &[
+                "pool",
+                "restore",
+                "--from",
+                &format!("s3://{BUCKET}/pool-restore"),
+                "--flash",
+                &flash,
+                "--s3-endpoint",
+                &endpoint,
+                "--json",
+            ],
+        )
+    };
+    let output = restore(&new_setup.data_dir);
+    assert!(
+        output.status.success(),
+        "pool restore failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let restored: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let lost_blocks = restored["pool"]["integrity"]["blocks_marked_lost"]
+        .as_u64()
+        .unwrap();
+    assert!(lost_blocks * 4096 <= flash_only_before, "{restored}");
+    assert_eq!(restored["pool"]["flash_only_bytes"].as_u64(), Some(0));
+    assert!(restored["checkpoint_sequence"].as_u64().unwrap() > 0);
+
+    let daemon = Daemon::start_on_pool(&new_setup.data_dir, &store.config(), "big");
+    let unreadable = count_unreadable_blocks(&daemon, "big", &file);
+    eprintln!(
+        "restored: {unreadable} blocks unreadable, {lost_blocks} marked lost, {flash_only_before} bytes on flash only before"
+    );
+    assert_eq!(unreadable, lost_blocks);
+    let status = lamina_ok(&daemon.data_dir, &["pool", "status"]);
+    assert_eq!(
+        status["integrity"]["lost_block_reads"].as_u64(),
+        Some(unreadable),
+        "{status}"
+    );
+    assert_eq!(
+        status["integrity"]["read_checksum_errors"].as_u64(),
+        Some(0),
+        "{status}"
+    );
+
+    // The restored pool takes a whole overwrite and keeps it.
+    let second = new_setup.root.join("big.second");
+    pattern_file(&second, volume_bytes, 12);
+    write_file(&daemon, "big", &second);
+    assert_same(&daemon, "big", &second);
+    daemon.kill_hard();
+    let daemon = Daemon::start_on_pool(&new_setup.data_dir, &store.config(), "big");
+    assert_same(&daemon, "big", &second);
+    assert!(daemon.terminate().success());
+
+    // Restoring into a data directory that holds a pool is refused.
+    let output = restore(&new_setup.data_dir);
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("already"), "{error}");
+}

@@ -740,6 +740,11 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
         status.integrity.segments_set_aside as f64,
     );
     gauge(
+        "lamina_lost_block_reads",
+        "Reads of blocks lost with a flash device the pool was restored without.",
+        status.integrity.lost_block_reads as f64,
+    );
+    gauge(
         "lamina_pool_failed",
         "1 when the pool refuses writes after an I/O error.",
         f64::from(u8::from(status.failed.is_some())),

@@ -96,6 +96,8 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             torn_blocks_dropped: integrity.torn_blocks_dropped,
             damaged_flushed_blocks: integrity.damaged_flushed_blocks,
             segments_set_aside: integrity.segments_set_aside,
+            blocks_marked_lost: integrity.blocks_marked_lost,
+            lost_block_reads: integrity.lost_block_reads,
         },
         scrub: scrub_status(scrub),
         rebuild: rebuild_status(rebuild),

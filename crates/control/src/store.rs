@@ -530,6 +530,70 @@ pub async fn create_object_tier_pool(
     Ok(opened)
 }
 
+/// `lamina pool restore --from s3://...`: a pool whose flash device is
+/// lost, restored onto a new one from its object tier (decision 0036). The
+/// new flash device is created at the lost one's size when it does not
+/// exist, and must have exactly that size when it does; the data directory
+/// must not describe a pool yet. Opening the tier takes a new epoch, so that
+/// a process still writing it from the lost flash is fenced.
+pub async fn restore_object_tier_pool(
+    data_dir: &Path,
+    flash: &TierDevice,
+    object_tier: &crate::object_tier::ObjectTierDescription,
+    object_store: &crate::object_tier::ObjectStoreSection,
+    force: bool,
+    limits: PoolLimits,
+) -> anyhow::Result<(OpenedPool, lamina_engine::RestoredFlash)> {
+    refuse_if_described(data_dir, false)?;
+    let flash_model = DeviceModels::default()
+        .resolve(flash.model.as_deref().unwrap_or(NO_DEVICE_MODEL))
+        .with_context(|| format!("the flash device {}", flash.path.display()))?;
+    let capacity = crate::object_tier::open_device(data_dir, object_tier, object_store).await?;
+    let flash_region_bytes = Pool::lost_flash_region_bytes(&*capacity)
+        .await
+        .with_context(|| format!("{} holds no lamina pool's capacity tier", object_tier.url))?;
+    if let Some(size) = flash
+        .create_size_bytes
+        .filter(|size| *size != flash_region_bytes)
+    {
+        anyhow::bail!(
+            "the new flash device must have the lost one's size, {flash_region_bytes} bytes, not {size}: give {} alone or with :{flash_region_bytes}",
+            flash.path.display()
+        );
+    }
+    let bare_flash = open_device(&flash.path, Some(flash_region_bytes))?;
+    let device = Arc::new(ConcatenatedDevice::new(
+        behind_model(bare_flash, flash_model),
+        capacity.clone(),
+    ));
+    let restored = Pool::restore_flash(lamina_engine::FlashRestore {
+        device: &*device,
+        flash_region_bytes: ConcatenatedDevice::first_region_bytes_of(device.first().size_bytes()),
+        force,
+    })
+    .await?;
+    let description = PoolDescription {
+        flash: std::fs::canonicalize(&flash.path).unwrap_or_else(|_| flash.path.clone()),
+        flash_model: recorded_model(flash.model.as_deref()),
+        capacity: None,
+        capacity_model: None,
+        flash_devices: Vec::new(),
+        capacity_devices: Vec::new(),
+        redundancy: None,
+        capacity_object_store: Some(object_tier.clone()),
+    };
+    // Written once the open has marked the lost blocks durably: a restore
+    // that stops before is run again (with --force over the new flash).
+    let opened = OpenedPool {
+        pool: Pool::open_restored(device, limits).await?,
+        layout: crate::layout::PoolLayout::with_object_tier(crate::object_tier::ObjectTier::new(
+            capacity,
+        )),
+    };
+    write_description(data_dir, &description)?;
+    Ok((opened, restored))
+}
+
 /// The object tier `create_object_tier_pool` makes.
 struct ObjectTierCreation<'a> {
     data_dir: &'a Path,

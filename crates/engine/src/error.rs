@@ -175,6 +175,10 @@ pub enum IoError {
         physical_block: u64,
     },
     #[error(
+        "volume {volume} block {logical_block} is lost: its only copy was on the flash device the pool was restored without (write it again to use it)"
+    )]
+    BlockLost { volume: String, logical_block: u64 },
+    #[error(
         "request beyond the end of volume {volume}: offset {offset} length {length}, size {size_bytes}"
     )]
     OutOfRange {
@@ -288,6 +292,7 @@ impl IoError {
     fn kind(&self) -> &'static str {
         match self {
             Self::ChecksumMismatch { .. } => "checksum_mismatch",
+            Self::BlockLost { .. } => "block_lost",
             Self::OutOfRange { .. } => "out_of_range",
             Self::NoSpace => "no_space",
             Self::DeviceFull { .. } => "device_full",

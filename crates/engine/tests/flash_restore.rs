@@ -80,7 +80,7 @@ async fn wait_for_free_flash(pool: &Pool) {
 /// A pool that held generation 1 everywhere, then generation 2 over its
 /// first quarter, each flushed, demoted in part and checkpointed; closed.
 /// Returns its capacity device (the flash device is dropped: lost).
-async fn pool_whose_flash_is_lost() -> Arc<MemoryDevice> {
+async fn pool_whose_flash_is_lost() -> (Arc<MemoryDevice>, u64) {
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
     let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
     let device = Arc::new(ConcatenatedDevice::new(flash, capacity.clone()));
@@ -95,9 +95,11 @@ async fn pool_whose_flash_is_lost() -> Arc<MemoryDevice> {
     pool.checkpoint().await.unwrap();
     write_range(&pool, volume, 0..VOLUME_BLOCKS / 4, 2).await;
     pool.checkpoint().await.unwrap();
-    assert!(pool.status().flash_only_bytes.unwrap() > 0);
     pool.close().await.unwrap();
-    capacity
+    // Closed: the final checkpoint holds what status shows now.
+    let flash_only_bytes = pool.status().flash_only_bytes.unwrap();
+    assert!(flash_only_bytes > 0);
+    (capacity, flash_only_bytes)
 }
 
 /// Restores onto a new flash device and opens the pool; also returns the
@@ -113,7 +115,7 @@ async fn restored(
         force: false,
     })
     .await?;
-    let pool = Pool::open(device.clone(), limits()).await?;
+    let pool = Pool::open_restored(device.clone(), limits()).await?;
     Ok((pool, device))
 }
 
@@ -140,16 +142,20 @@ async fn count_lost_blocks(pool: &Pool, volume: u32) -> u64 {
 
 #[tokio::test]
 async fn a_lost_flash_device_is_restored_from_the_capacity_tier() {
-    let capacity = pool_whose_flash_is_lost().await;
+    let (capacity, flash_only_bytes) = pool_whose_flash_is_lost().await;
     let (pool, device) = restored(capacity).await.unwrap();
     let volume = pool.volume_id("data").unwrap();
     let lost = count_lost_blocks(&pool, volume).await;
     let status = pool.status();
-    // What status calls "on flash only" is exactly what reads fail.
+    // What status called "on flash only" is exactly what was marked lost
+    // and what reads fail; the lost blocks hold no flash.
     assert!(lost > 0, "some blocks were on flash only");
     assert!(lost < VOLUME_BLOCKS / 2, "most of the volume was demoted");
-    assert_eq!(status.flash_only_bytes, Some(lost * BLOCK_SIZE_BYTES));
-    assert_eq!(status.integrity.read_checksum_errors, lost);
+    assert_eq!(lost * BLOCK_SIZE_BYTES, flash_only_bytes);
+    assert_eq!(status.integrity.blocks_marked_lost, lost);
+    assert_eq!(status.integrity.lost_block_reads, lost);
+    assert_eq!(status.integrity.read_checksum_errors, 0);
+    assert_eq!(status.flash_only_bytes, Some(0));
 
     // Clients overwrite what was lost: the pool takes it, and the lost flash
     // segments are freed as their blocks die.
@@ -177,7 +183,7 @@ async fn a_lost_flash_device_is_restored_from_the_capacity_tier() {
 
 #[tokio::test]
 async fn a_damaged_newest_copy_falls_back_to_the_older_checkpoint() {
-    let capacity = pool_whose_flash_is_lost().await;
+    let (capacity, _) = pool_whose_flash_is_lost().await;
     // Which copy is newest: the one with the higher checkpoint sequence.
     let newest = newest_copy_index(&capacity).await;
     let garbage = Arc::new(AlignedBuffer::from_slice_padded(&[0xA5; BLOCK]));
@@ -195,7 +201,7 @@ async fn a_damaged_newest_copy_falls_back_to_the_older_checkpoint() {
     .await
     .unwrap();
     assert_eq!(restored.checkpoint_sequences.len(), 1, "{restored:?}");
-    let pool = Pool::open(device, limits()).await.unwrap();
+    let pool = Pool::open_restored(device, limits()).await.unwrap();
     let volume = pool.volume_id("data").unwrap();
     // The older checkpoint (closing the pool wrote one after generation 2,
     // so both copies hold it), plus the capacity tier's log after it.
@@ -219,7 +225,7 @@ async fn newest_copy_index(capacity: &MemoryDevice) -> usize {
 
 #[tokio::test]
 async fn a_restore_that_cannot_work_is_refused_with_its_reason() {
-    let capacity = pool_whose_flash_is_lost().await;
+    let (capacity, _) = pool_whose_flash_is_lost().await;
 
     // A new flash device of another size would shift the capacity tier.
     let small_flash = Arc::new(MemoryDevice::new(FLASH_BYTES - SEGMENT_BYTES));
@@ -274,4 +280,50 @@ async fn a_restore_that_cannot_work_is_refused_with_its_reason() {
         "{error}"
     );
     assert!(error.to_string().contains("format version 9"), "{error}");
+}
+
+/// Lost blocks through the operations that walk maps: a snapshot holds them
+/// too, scrub skips them (they occupy no block to check), trimming and
+/// deleting the snapshot release them, and the pool ends with lost blocks
+/// nowhere and its space accounted (a second open agrees).
+#[tokio::test]
+async fn lost_blocks_survive_snapshots_scrub_trim_and_reopening() {
+    let (capacity, _) = pool_whose_flash_is_lost().await;
+    let (pool, device) = restored(capacity).await.unwrap();
+    let volume = pool.volume_id("data").unwrap();
+    pool.create_snapshot("data", "before").await.unwrap();
+    let scrubbed = pool.scrub().await.unwrap();
+    assert_eq!(scrubbed.blocks_unrepairable, 0, "{scrubbed:?}");
+    let lost = count_lost_blocks(&pool, volume).await;
+    assert!(lost > 0);
+    // Trim the whole volume: the live map drops its lost entries (the
+    // snapshot still holds them).
+    pool.trim(volume, 0, VOLUME_BLOCKS * BLOCK_SIZE_BYTES, false)
+        .await
+        .unwrap();
+    pool.flush().await.unwrap();
+    let mut contents = vec![0u8; BLOCK];
+    for index in 0..VOLUME_BLOCKS {
+        pool.read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+            .unwrap();
+        assert!(
+            contents.iter().all(|byte| *byte == 0),
+            "block {index} trimmed"
+        );
+    }
+    pool.delete_snapshot("data", "before").await.unwrap();
+    write_range(&pool, volume, 0..VOLUME_BLOCKS, 4).await;
+    pool.close().await.unwrap();
+    let pool = Pool::open(device, limits()).await.unwrap();
+    assert_eq!(pool.status().integrity.blocks_marked_lost, 0);
+    for index in 0..VOLUME_BLOCKS {
+        pool.read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+            .unwrap();
+        assert!(contents == block_contents(index, 4), "block {index}");
+    }
+    let scrubbed = pool.scrub().await.unwrap();
+    assert_eq!(scrubbed.blocks_unrepairable, 0, "{scrubbed:?}");
+    pool.close().await.unwrap();
 }

@@ -82,27 +82,45 @@ impl Pool {
     }
 }
 
-/// The superblock the capacity device's label (or, when the label fails its
-/// checks, the label's copy) holds, checked against the restore's geometry.
+impl Pool {
+    /// The size of the flash device the pool on `capacity` (a capacity
+    /// device alone, without the flash before it) was created with: what a
+    /// new flash device must measure to restore it.
+    pub async fn lost_flash_region_bytes(capacity: &dyn BlockDevice) -> Result<u64, EngineError> {
+        let superblock = label_at(capacity, 0).await?;
+        if !superblock.geometry.has_capacity_tier() {
+            return Err(EngineError::Open(OpenError::NotAPool {
+                device: capacity.name().to_string(),
+            }));
+        }
+        Ok(superblock.geometry.capacity_start_block * BLOCK_SIZE_BYTES)
+    }
+}
+
+/// The superblock a capacity label at `offset` of `device` holds (or, when
+/// the label fails its checks, the label's copy).
+async fn label_at(device: &dyn BlockDevice, offset: u64) -> Result<Superblock, EngineError> {
+    for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
+        let bytes = device
+            .read(offset + block * BLOCK_SIZE_BYTES, BLOCK_BYTES)
+            .await?;
+        if let Ok((_, superblock)) = Superblock::decode(&bytes) {
+            return Ok(superblock);
+        }
+    }
+    Err(EngineError::Open(OpenError::NotAPool {
+        device: format!("{} (capacity tier at offset {offset})", device.name()),
+    }))
+}
+
+/// The superblock the capacity device's label holds, checked against the
+/// restore's geometry.
 async fn read_capacity_label(
     device: &dyn BlockDevice,
     flash_region_bytes: u64,
 ) -> Result<Superblock, EngineError> {
     let name = device.name().to_string();
-    let mut found = None;
-    for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
-        let offset = flash_region_bytes + block * BLOCK_SIZE_BYTES;
-        let bytes = device.read(offset, BLOCK_BYTES).await?;
-        if let Ok((_, superblock)) = Superblock::decode(&bytes) {
-            found = Some(superblock);
-            break;
-        }
-    }
-    let Some(superblock) = found else {
-        return Err(EngineError::Open(OpenError::NotAPool {
-            device: format!("{name} (capacity tier at offset {flash_region_bytes})"),
-        }));
-    };
+    let superblock = label_at(device, flash_region_bytes).await?;
     let geometry = superblock.geometry;
     if !geometry.has_capacity_tier()
         || geometry.capacity_start_block * BLOCK_SIZE_BYTES != flash_region_bytes

@@ -37,6 +37,12 @@ pub struct IntegrityStatus {
     /// Segments the cleaner set aside because their summaries do not describe
     /// every block (their live blocks are still served; they are not cleaned).
     pub segments_set_aside: u64,
+    /// Map entries marked lost by the open that restored the pool without
+    /// its flash device (their data was on it only; a block shared by
+    /// snapshots counts once per map). Any non-zero value is data loss.
+    pub blocks_marked_lost: u64,
+    /// Reads of blocks marked lost (each answered with an I/O error).
+    pub lost_block_reads: u64,
 }
 
 /// The counters; see [`IntegrityStatus`] for what each means.
@@ -48,11 +54,17 @@ pub struct Integrity {
     lost_batches: AtomicU64,
     torn_blocks_dropped: AtomicU64,
     damaged_flushed_blocks: AtomicU64,
+    blocks_marked_lost: AtomicU64,
+    lost_block_reads: AtomicU64,
 }
 
 impl Integrity {
     pub fn read_checksum_error(&self) {
         self.read_checksum_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn lost_block_read(&self) {
+        self.lost_block_reads.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn checksum_error_repaired(&self) {
@@ -71,6 +83,8 @@ impl Integrity {
             .fetch_add(findings.torn_blocks_dropped, Ordering::Relaxed);
         self.damaged_flushed_blocks
             .fetch_add(findings.damaged_flushed_blocks, Ordering::Relaxed);
+        self.blocks_marked_lost
+            .fetch_add(findings.blocks_marked_lost, Ordering::Relaxed);
         self.summaries_repaired(findings.summaries_repaired);
     }
 
@@ -85,6 +99,8 @@ impl Integrity {
             torn_blocks_dropped: self.torn_blocks_dropped.load(Ordering::Relaxed),
             damaged_flushed_blocks: self.damaged_flushed_blocks.load(Ordering::Relaxed),
             segments_set_aside,
+            blocks_marked_lost: self.blocks_marked_lost.load(Ordering::Relaxed),
+            lost_block_reads: self.lost_block_reads.load(Ordering::Relaxed),
         }
     }
 }
@@ -96,4 +112,5 @@ pub struct RecoveryFindings {
     pub lost_batches: u64,
     pub torn_blocks_dropped: u64,
     pub damaged_flushed_blocks: u64,
+    pub blocks_marked_lost: u64,
 }

@@ -185,6 +185,8 @@ struct ReadPlanner<'a> {
     /// Where this attempt's blocks were found.
     counters: VolumeTierCounters,
     plan: ReadPlan,
+    /// The first block of the request marked lost, if any: the read fails.
+    lost_block: Option<u64>,
 }
 
 impl<'a> ReadPlanner<'a> {
@@ -197,6 +199,10 @@ impl<'a> ReadPlanner<'a> {
             buffer[span.request_range()].fill(0);
             return;
         };
+        if mapping.is_lost() {
+            self.lost_block.get_or_insert(logical_block);
+            return;
+        }
         let tier = self.parts.geometry.tier_of_block(mapping.physical_block);
         let promote = self.heat_accessed(mapping.physical_block, tier);
         let device_block = DeviceBlock {
@@ -612,11 +618,25 @@ impl Pool {
                 neighbours: Vec::new(),
             },
             parts,
+            lost_block: None,
         };
         for logical_block in first_block..=last_block {
             planner.plan_block(logical_block, buffer);
         }
-        let ReadPlanner { counters, plan, .. } = planner;
+        let ReadPlanner {
+            counters,
+            plan,
+            lost_block,
+            ..
+        } = planner;
+        if let Some(logical_block) = lost_block {
+            drop(state);
+            self.inner.integrity.lost_block_read();
+            return Err(EngineError::Io(IoError::BlockLost {
+                volume: self.view_name(view),
+                logical_block,
+            }));
+        }
         if two_tier {
             let total = state.tier_counters_of(volume_id);
             total.memory_read_blocks += counters.memory_read_blocks;

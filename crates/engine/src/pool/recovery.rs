@@ -152,6 +152,26 @@ impl Pool {
         device: Arc<dyn BlockDevice>,
         limits: PoolLimits,
     ) -> Result<Pool, EngineError> {
+        Self::open_as(device, limits, OpenMode::Normal).await
+    }
+
+    /// Opens a pool whose flash device `Pool::restore_flash` has just
+    /// rebuilt: as `open`, and after replay every entry the maps still place
+    /// on flash is marked lost (its data went with the lost device; the new
+    /// flash holds none of it), so that reading it is an I/O error and it
+    /// holds no flash space; two checkpoints then make the marks durable.
+    pub async fn open_restored(
+        device: Arc<dyn BlockDevice>,
+        limits: PoolLimits,
+    ) -> Result<Pool, EngineError> {
+        Self::open_as(device, limits, OpenMode::FlashRestored).await
+    }
+
+    async fn open_as(
+        device: Arc<dyn BlockDevice>,
+        limits: PoolLimits,
+        mode: OpenMode,
+    ) -> Result<Pool, EngineError> {
         limits.validate()?;
         let name = device.name().to_string();
         let started = std::time::Instant::now();
@@ -174,7 +194,12 @@ impl Pool {
         let scanned = scan_log(&*device, &shapes, &held, &kept.newest.body, &scope).await?;
         let bounds = replay_bounds(&scanned, covered, marker);
         let replay = replay_batches(&*device, &geometry, &mut state, &scanned, bounds).await?;
-        let findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
+        let mut findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
+        let lost_block_count = match mode {
+            OpenMode::Normal => 0,
+            OpenMode::FlashRestored => mark_flash_blocks_lost(&mut state, &name),
+        };
+        findings.blocks_marked_lost = lost_block_count;
         rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
         refuse_lost_segments(&state, &name)?;
         let recorded_through_segment_sequence =
@@ -214,7 +239,11 @@ impl Pool {
             elapsed_ms,
             "pool recovered"
         );
-        if replay.replayed > 0 || !kept.both_slots_valid || checked.found.older_format() {
+        let checkpoints_needed = replay.replayed > 0
+            || !kept.both_slots_valid
+            || checked.found.older_format()
+            || lost_block_count > 0;
+        if checkpoints_needed {
             // Two checkpoints, so that both slots cover the replayed batches. The
             // unflushed tail among them may hold torn blocks that this recovery
             // dropped; later batches claim everything before them as flushed, so
@@ -229,6 +258,30 @@ impl Pool {
         pool.inner.record_now_durably().await?;
         Ok(pool)
     }
+}
+
+/// How `Pool::open_as` treats the flash tier.
+#[derive(Clone, Copy)]
+enum OpenMode {
+    Normal,
+    /// The flash device is new (`Pool::restore_flash`): what the maps place
+    /// on it is lost.
+    FlashRestored,
+}
+
+/// Marks lost every map entry on the flash tier (after a restore without
+/// the flash device); returns how many, logged.
+fn mark_flash_blocks_lost(state: &mut State, name: &str) -> u64 {
+    let geometry = *state.geometry();
+    let lost = state
+        .volumes_mut()
+        .mark_lost(&|physical_block| geometry.tier_of_block(physical_block) == Tier::Flash);
+    tracing::warn!(
+        device = name,
+        lost_block_entries = lost,
+        "flash device restored: map entries whose data was on the lost flash only are marked lost and read as errors"
+    );
+    lost
 }
 
 /// Sets up what the pool goes on with after replay: the kept checkpoints,
@@ -1330,6 +1383,7 @@ fn report_findings(
         lost_batches: 0,
         torn_blocks_dropped: replay.torn_blocks_dropped,
         damaged_flushed_blocks: replay.damaged_flushed_blocks,
+        blocks_marked_lost: 0,
     };
     if scanned.summaries_repaired > 0 {
         tracing::warn!(

@@ -497,6 +497,7 @@ impl State {
             self.volumes
                 .get(volume_id)
                 .and_then(|volume| volume.map.get(logical_block))
+                .filter(|entry| !entry.is_lost())
                 .map(|entry| entry.physical_block)
         } else {
             None

@@ -15,11 +15,31 @@ use crate::convert::to_usize;
 /// Entries per chunk.
 pub const CHUNK_ENTRY_COUNT: usize = 512;
 
+/// The physical block of a mapping whose data is lost (format version 9): its
+/// only copy was on a flash device the pool was restored without
+/// (`Pool::restore_flash`). Reading it is an I/O error; it occupies no
+/// segment, so the map reports it displaced nowhere and counts it in no
+/// segment's usage. Device block 1 lies in the superblock area: never data.
+pub const LOST_PHYSICAL_BLOCK: u64 = 1;
+
 /// One mapping: where a logical block lives and the crc32c of its contents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mapping {
     pub physical_block: u64,
     pub checksum: u32,
+}
+
+impl Mapping {
+    /// Whether the block's data is lost (see [`LOST_PHYSICAL_BLOCK`]).
+    pub fn is_lost(&self) -> bool {
+        self.physical_block == LOST_PHYSICAL_BLOCK
+    }
+}
+
+/// Whether `physical_block` (from a map entry) holds data on the device:
+/// neither unmapped nor lost.
+fn occupies_device(physical_block: u64) -> bool {
+    physical_block != 0 && physical_block != LOST_PHYSICAL_BLOCK
 }
 
 #[derive(Clone)]
@@ -138,7 +158,8 @@ impl BlockMap {
         })
     }
 
-    /// Maps `logical_block`, returning the physical block it displaced.
+    /// Maps `logical_block`, returning the physical block it displaced (none
+    /// for an unmapped or lost entry).
     pub fn set(&mut self, logical_block: u64, mapping: Mapping) -> Option<u64> {
         assert_ne!(mapping.physical_block, 0, "physical block 0 is never data");
         let (chunk_index, entry) = split(logical_block);
@@ -154,10 +175,8 @@ impl BlockMap {
         if old == 0 {
             chunk.mapped_count += 1;
             self.mapped_count += 1;
-            None
-        } else {
-            Some(old)
         }
+        occupies_device(old).then_some(old)
     }
 
     /// Unmaps `block_count` blocks from `logical_block`, calling `displaced` with
@@ -195,7 +214,9 @@ impl BlockMap {
                 let old = chunk.physical_blocks[entry];
                 if old != 0 {
                     changed.push((chunk_index, entry));
-                    displaced(chunk_start + entry as u64, old);
+                    if old != LOST_PHYSICAL_BLOCK {
+                        displaced(chunk_start + entry as u64, old);
+                    }
                     chunk.physical_blocks[entry] = 0;
                     chunk.mapped_count -= 1;
                     self.mapped_count -= 1;
@@ -214,13 +235,37 @@ impl BlockMap {
         self.mapped_count
     }
 
-    /// Every mapped physical block, for recomputing segment usage.
+    /// Every mapped physical block, for recomputing segment usage (lost
+    /// entries occupy none).
     pub fn for_each_physical(&self, visit: &mut dyn FnMut(u64)) {
         for chunk in self.chunks.values() {
-            for physical_block in chunk.physical_blocks.iter().filter(|block| **block != 0) {
-                visit(*physical_block);
+            for physical_block in chunk.physical_blocks.iter() {
+                if occupies_device(*physical_block) {
+                    visit(*physical_block);
+                }
             }
         }
+    }
+
+    /// Marks every entry whose physical block `is_lost` says is lost as
+    /// lost ([`LOST_PHYSICAL_BLOCK`]), keeping its checksum; returns how
+    /// many. Chunks shared with other maps are copied (a restore's cost).
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64) -> bool) -> u64 {
+        let mut marked = Vec::new();
+        for (chunk_index, chunk) in self.chunks.iter() {
+            for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
+                if occupies_device(*physical_block) && is_lost(*physical_block) {
+                    marked.push((*chunk_index, entry));
+                }
+            }
+        }
+        for (chunk_index, entry) in &marked {
+            self.mark_changed(*chunk_index, *entry);
+            let chunks = Arc::make_mut(&mut self.chunks);
+            let chunk = Arc::make_mut(chunks.get_mut(chunk_index).expect("chunk listed above"));
+            chunk.physical_blocks[*entry] = LOST_PHYSICAL_BLOCK;
+        }
+        marked.len() as u64
     }
 
     pub fn chunks(&self) -> impl Iterator<Item = (u64, &Chunk)> {
@@ -275,7 +320,7 @@ impl BlockMap {
             }
             let chunk_start = chunk_index * CHUNK_ENTRY_COUNT as u64;
             for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
-                if *physical_block != 0
+                if occupies_device(*physical_block)
                     && !neighbours
                         .iter()
                         .any(|other| other.physical_blocks[entry] == *physical_block)

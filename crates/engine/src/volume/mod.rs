@@ -435,8 +435,10 @@ impl VolumeTable {
             for map in volume.maps() {
                 for (_, chunk) in map.shared_chunks() {
                     if seen.insert(std::sync::Arc::as_ptr(chunk)) {
-                        for physical_block in
-                            chunk.physical_blocks.iter().filter(|block| **block != 0)
+                        for physical_block in chunk
+                            .physical_blocks
+                            .iter()
+                            .filter(|block| **block != 0 && **block != map::LOST_PHYSICAL_BLOCK)
                         {
                             visit(*physical_block);
                         }
@@ -444,6 +446,17 @@ impl VolumeTable {
                 }
             }
         }
+    }
+
+    /// Marks lost every entry of every map whose physical block `is_lost`
+    /// says is lost (a restore without the flash device); returns how many
+    /// entries, counting a block once per map that holds it.
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64) -> bool) -> u64 {
+        self.volumes
+            .values_mut()
+            .flat_map(Volume::maps_mut)
+            .map(|map| map.mark_lost(is_lost))
+            .sum()
     }
 
     /// Calls `visit` with every mapping of every map, skipping chunks already
@@ -457,7 +470,10 @@ impl VolumeTable {
                         continue;
                     }
                     let entries = chunk.physical_blocks.iter().zip(&chunk.checksums);
-                    for (physical_block, checksum) in entries.filter(|(block, _)| **block != 0) {
+                    let live = |(block, _): &(&u64, &u32)| {
+                        **block != 0 && **block != map::LOST_PHYSICAL_BLOCK
+                    };
+                    for (physical_block, checksum) in entries.filter(live) {
                         visit(map::Mapping {
                             physical_block: *physical_block,
                             checksum: *checksum,

@@ -128,7 +128,12 @@ impl VolumeTable {
             displaced(mapping.physical_block);
             return;
         };
-        let old = volume.map.get(logical_block).map(|old| old.physical_block);
+        // A lost entry occupies no block: nothing is displaced.
+        let old = volume
+            .map
+            .get(logical_block)
+            .filter(|old| !old.is_lost())
+            .map(|old| old.physical_block);
         let shared = old.is_some_and(|old| {
             self.live_parent(volume)
                 .is_some_and(|parent| parent.holds(logical_block, old))

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
+use super::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk, LOST_PHYSICAL_BLOCK};
 use super::{
     Origin, Snapshot, TierPolicy, VOLUME_SIZE_BYTES_MAX, Volume, VolumeTable, validate_volume_name,
 };
@@ -218,7 +218,8 @@ fn restore_chunk(
         .zip(&image.physical_blocks)
         .zip(&image.checksums);
     for ((entry, physical), checksum) in entries {
-        if *physical != 0 && !geometry.is_data_block(*physical) {
+        let occupies_device = *physical != 0 && *physical != LOST_PHYSICAL_BLOCK;
+        if occupies_device && !geometry.is_data_block(*physical) {
             return Err(RestoreError::ChunkOutsideSegments { index });
         }
         chunk.physical_blocks[*entry as usize] = *physical;
