@@ -540,7 +540,7 @@ fn count_unreadable_blocks(daemon: &Daemon, export: &str, file: &Path) -> u64 {
 
 /// The flash device and the data directory are lost; `lamina pool restore
 /// --from s3://...` onto a new flash file in a new data directory brings the
-/// pool back from the bucket alone (decision 0036): every block reads back
+/// pool back from the bucket alone (decision 0038): every block reads back
 /// as written or, where its only copy was on the lost flash, as an I/O error
 /// (exactly the `flash_only_bytes` the restore reports); the restored pool
 /// takes a whole overwrite and keeps it through `kill -9`. A data directory

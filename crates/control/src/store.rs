@@ -531,7 +531,7 @@ pub async fn create_object_tier_pool(
 }
 
 /// `lamina pool restore --from s3://...`: a pool whose flash device is
-/// lost, restored onto a new one from its object tier (decision 0036). The
+/// lost, restored onto a new one from its object tier (decision 0038). The
 /// new flash device is created at the lost one's size when it does not
 /// exist, and must have exactly that size when it does; the data directory
 /// must not describe a pool yet. Opening the tier takes a new epoch, so that

@@ -1,5 +1,5 @@
 //! Restoring a two-tier pool whose flash device is lost, from its capacity
-//! device alone (format version 9, decision 0036): every block reads back as
+//! device alone (format version 9, decision 0038): every block reads back as
 //! the version the newest checkpoint (or a later demotion) left on capacity,
 //! or as an I/O error when its only copy was on the lost flash — never as
 //! another block's data or an older version than the restored checkpoint's;

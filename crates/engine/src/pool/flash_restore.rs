@@ -1,5 +1,5 @@
 //! Restoring a two-tier pool whose flash device is lost, from its capacity
-//! tier alone (format version 9, decision 0036). The capacity device holds the
+//! tier alone (format version 9, decision 0038). The capacity device holds the
 //! pool's label (a copy of the superblock), a copy of each checkpoint slot and
 //! every checkpoint body; this writes onto a new, empty flash device what
 //! recovery reads from flash (the superblock, its copy and the slots), so that

@@ -82,7 +82,7 @@ pub struct PoolStatus {
     pub capacity: Option<TierSpace>,
     /// In a two-tier pool, bytes of live data whose only copy is on the
     /// flash tier (not yet demoted): what losing the flash device would lose
-    /// beyond the writes after the newest checkpoint (decision 0036).
+    /// beyond the writes after the newest checkpoint (decision 0038).
     pub flash_only_bytes: Option<u64>,
     /// Blocks moved from capacity to flash on access, and from flash to
     /// capacity by the cleaner, since the pool opened.
