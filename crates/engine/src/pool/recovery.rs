@@ -197,7 +197,9 @@ impl Pool {
         let mut findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
         let lost_block_count = match mode {
             OpenMode::Normal => 0,
-            OpenMode::FlashRestored => mark_flash_blocks_lost(&mut state, &name),
+            OpenMode::FlashRestored => {
+                mark_restored_losses(&mut state, &scanned, &kept.newest.body, &name)
+            }
         };
         findings.blocks_marked_lost = lost_block_count;
         rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
@@ -269,13 +271,28 @@ enum OpenMode {
     FlashRestored,
 }
 
-/// Marks lost every map entry on the flash tier (after a restore without
-/// the flash device); returns how many, logged.
-fn mark_flash_blocks_lost(state: &mut State, name: &str) -> u64 {
+/// After a restore without the flash device, marks lost every map entry
+/// whose data is gone; returns how many, logged:
+/// - every entry on the flash tier: its data was on the lost device only;
+/// - every entry the replay left as the checkpoint had it that points into
+///   a capacity segment opened again since the checkpoint. The block died
+///   after the checkpoint (overwritten, or moved, by a batch on the lost
+///   flash that the replay cannot see) and the segment was reused, so the
+///   block holds other data now; left mapped, it would read as a checksum
+///   error at best and, sharing its block with the new data, corrupt the
+///   segment's usage.
+fn mark_restored_losses(state: &mut State, scanned: &ScannedLog, body: &Body, name: &str) -> u64 {
     let geometry = *state.geometry();
-    let lost = state
-        .volumes_mut()
-        .mark_lost(&|physical_block| geometry.tier_of_block(physical_block) == Tier::Flash);
+    let reopened: HashSet<u32> = scanned
+        .probed
+        .iter()
+        .filter(|opening| opening.segment_sequence >= body.next_segment_sequence)
+        .map(|opening| opening.segment_index)
+        .collect();
+    let lost = state.volumes_mut().mark_lost(&|physical_block, changed| {
+        geometry.tier_of_block(physical_block) == Tier::Flash
+            || (!changed && reopened.contains(&geometry.segment_of(physical_block)))
+    });
     tracing::warn!(
         device = name,
         lost_block_entries = lost,

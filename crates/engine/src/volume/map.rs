@@ -247,14 +247,17 @@ impl BlockMap {
         }
     }
 
-    /// Marks every entry whose physical block `is_lost` says is lost as
-    /// lost ([`LOST_PHYSICAL_BLOCK`]), keeping its checksum; returns how
+    /// Marks lost ([`LOST_PHYSICAL_BLOCK`], keeping the checksum) every
+    /// entry for which `is_lost(physical_block, changed)` holds, `changed`
+    /// saying whether the entry changed since the checkpoint; returns how
     /// many. Chunks shared with other maps are copied (a restore's cost).
-    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64) -> bool) -> u64 {
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64, bool) -> bool) -> u64 {
         let mut marked = Vec::new();
         for (chunk_index, chunk) in self.chunks.iter() {
+            let changed = self.changes.changed_chunks.get(chunk_index);
             for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
-                if occupies_device(*physical_block) && is_lost(*physical_block) {
+                let entry_changed = changed.is_some_and(|changed| changed.contains(entry));
+                if occupies_device(*physical_block) && is_lost(*physical_block, entry_changed) {
                     marked.push((*chunk_index, entry));
                 }
             }

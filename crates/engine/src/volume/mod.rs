@@ -448,10 +448,11 @@ impl VolumeTable {
         }
     }
 
-    /// Marks lost every entry of every map whose physical block `is_lost`
-    /// says is lost (a restore without the flash device); returns how many
-    /// entries, counting a block once per map that holds it.
-    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64) -> bool) -> u64 {
+    /// Marks lost every entry of every map for which `is_lost(physical
+    /// block, changed since the checkpoint)` holds (a restore without the
+    /// flash device); returns how many entries, counting a block once per
+    /// map that holds it.
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64, bool) -> bool) -> u64 {
         self.volumes
             .values_mut()
             .flat_map(Volume::maps_mut)

@@ -389,8 +389,10 @@ mod tests {
             refused(&|body| body.chunks[0].base = Some(1)),
             RestoreError::MalformedChunk { index: 0 }
         );
+        // Block 2 lies in the superblock area (block 1 there means lost,
+        // format version 9, and is accepted).
         assert_eq!(
-            refused(&|body| body.chunks[1].physical_blocks[0] = 1),
+            refused(&|body| body.chunks[1].physical_blocks[0] = 2),
             RestoreError::ChunkOutsideSegments { index: 1 }
         );
         assert_eq!(
