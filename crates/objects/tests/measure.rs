@@ -1,8 +1,10 @@
-//! Measurements for decision 0031, not timed tests (ignored by default; run
-//! with `cargo test --release -p lamina-objects --test measure -- --ignored
-//! --nocapture`): PUT and GET latency against a local SeaweedFS for 64 KiB,
-//! 1 MiB and 4 MiB objects and a 4 KiB ranged GET, and the requests per GiB
-//! written with 4 MiB segments flushed every 8 MiB.
+//! Measurements for decisions 0031 and 0037, not timed tests (ignored by
+//! default; run with `cargo test --release -p lamina-objects --test measure
+//! -- --ignored --nocapture`): PUT and GET latency against a local SeaweedFS
+//! for 64 KiB, 1 MiB and 4 MiB objects and a 4 KiB ranged GET, the requests
+//! per GiB written with 4 MiB segments flushed every 8 MiB, and PUT
+//! throughput and latency for 1 to 64 MiB objects at the device's
+//! concurrency.
 
 // Sizes in tests are small constants: `as` between them is exact.
 #![allow(clippy::cast_possible_truncation)]
