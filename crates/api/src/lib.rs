@@ -159,9 +159,26 @@ pub struct ObjectRequestStatistics {
     pub errors: u64,
     /// Bytes sent (put) or received (get).
     pub bytes: u64,
+    /// Of a whole request, its retries included.
     pub latency_p50_us: u64,
     pub latency_p99_us: u64,
     pub latency_max_us: u64,
+    /// HTTP attempts beyond a request's first (object_store retries with
+    /// backoff on throttling, 5xx, timeouts and dropped connections).
+    #[serde(default)]
+    pub retries: u64,
+    /// Attempts the store answered 503 (S3's Slow Down) or 429.
+    #[serde(default)]
+    pub throttled: u64,
+    /// Attempts answered with another 5xx.
+    #[serde(default)]
+    pub server_errors: u64,
+    /// Attempts that timed out.
+    #[serde(default)]
+    pub timeouts: u64,
+    /// Attempts whose connection was refused, reset or cut.
+    #[serde(default)]
+    pub transport_errors: u64,
 }
 
 /// What the rebuild is doing, named as mdadm and zpool name it.

@@ -235,6 +235,19 @@ pub fn print_object_tier(tier: &lamina_api::ObjectTierStatus) {
             request.latency_p50_us,
             request.latency_p99_us
         );
+        let attempt_failures =
+            request.throttled + request.server_errors + request.timeouts + request.transport_errors;
+        if request.retries > 0 || attempt_failures > 0 {
+            println!(
+                "  {:<8} {:>10} retries: {} throttled, {} server errors, {} timeouts, {} transport errors",
+                "",
+                request.retries,
+                request.throttled,
+                request.server_errors,
+                request.timeouts,
+                request.transport_errors
+            );
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use lamina_objects::test_support::SeaweedServer;
 
 mod common;
 
-use common::{Daemon, LAMINA, Setup, assert_same, lamina_ok, pattern_file, write_file};
+use common::{Daemon, LAMINA, Setup, assert_same, lamina, lamina_ok, pattern_file, write_file};
 
 const MIB: u64 = 1 << 20;
 const BUCKET: &str = "lamina-tests";
@@ -303,6 +303,32 @@ fn the_store_down_gives_errors_never_wrong_data_and_its_return_heals() {
     let gets = &status["object_tier"]["requests"][0];
     assert_eq!(gets["kind"], "get");
     assert!(gets["errors"].as_u64().unwrap() > 0, "{status}");
+    // Each failed GET was retried with backoff, its attempts refused.
+    assert!(
+        gets["retries"].as_u64().unwrap() >= gets["errors"].as_u64().unwrap()
+            && gets["transport_errors"].as_u64().unwrap() > gets["errors"].as_u64().unwrap(),
+        "{status}"
+    );
+    assert!(
+        daemon
+            .gauge("lamina_object_request_retries_total{kind=\"get\"}")
+            .is_some_and(|retries| retries > 0.0),
+        "{}",
+        daemon.metrics()
+    );
+    assert!(
+        daemon
+            .gauge("lamina_object_request_latency_microseconds{kind=\"get\",quantile=\"0.99\"}")
+            .is_some_and(|latency| latency > 0.0),
+        "{}",
+        daemon.metrics()
+    );
+    let human = lamina(&daemon.data_dir, &["pool", "status"]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("retries:") && human.contains("transport errors"),
+        "{human}"
+    );
     // New data written and flushed lands on flash (decision 0032): it takes
     // flash below the demoter's target, the demoter's upload fails, and the
     // tier's writes are suspended instead of the pool failing; later writes

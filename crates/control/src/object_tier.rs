@@ -345,6 +345,11 @@ impl ObjectTier {
                 latency_p50_us: request.latency_p50_us,
                 latency_p99_us: request.latency_p99_us,
                 latency_max_us: request.latency_max_us,
+                retries: request.retries,
+                throttled: request.throttled,
+                server_errors: request.server_errors,
+                timeouts: request.timeouts,
+                transport_errors: request.transport_errors,
             };
         lamina_api::ObjectTierStatus {
             url: self.device.url(),
@@ -395,8 +400,14 @@ impl ObjectTier {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
             );
         }
+        Self::request_metrics(&status.requests, text);
+        Self::latency_metrics(&status.requests, text);
+    }
+
+    /// The requests' counters since the pool opened, by kind.
+    fn request_metrics(requests: &[lamina_api::ObjectRequestStatistics], text: &mut String) {
         type Field = fn(&lamina_api::ObjectRequestStatistics) -> u64;
-        let series: [(&str, &str, Field); 3] = [
+        let series: [(&str, &str, Field); 8] = [
             (
                 "lamina_object_requests_total",
                 "Requests to the object store since the pool opened.",
@@ -412,15 +423,63 @@ impl ObjectTier {
                 "Bytes sent (put) or received (get) by requests to the object store.",
                 |request| request.bytes,
             ),
+            (
+                "lamina_object_request_retries_total",
+                "HTTP attempts beyond a request's first (retries with backoff on throttling, 5xx, timeouts and dropped connections).",
+                |request| request.retries,
+            ),
+            (
+                "lamina_object_request_throttled_total",
+                "Attempts the object store answered 503 (Slow Down) or 429.",
+                |request| request.throttled,
+            ),
+            (
+                "lamina_object_request_server_errors_total",
+                "Attempts the object store answered with a 5xx other than 503.",
+                |request| request.server_errors,
+            ),
+            (
+                "lamina_object_request_timeouts_total",
+                "Attempts to the object store that timed out.",
+                |request| request.timeouts,
+            ),
+            (
+                "lamina_object_request_transport_errors_total",
+                "Attempts to the object store whose connection was refused, reset or cut.",
+                |request| request.transport_errors,
+            ),
         ];
         for (name, help, field) in series {
             let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
-            for request in &status.requests {
+            for request in requests {
                 let _ = writeln!(
                     text,
                     "{name}{{kind=\"{}\"}} {}",
                     request.kind,
                     field(request)
+                );
+            }
+        }
+    }
+
+    /// The requests' latency quantiles since the pool opened, as gauges
+    /// (the histograms stay in the tier; `quantile="1"` is the maximum).
+    fn latency_metrics(requests: &[lamina_api::ObjectRequestStatistics], text: &mut String) {
+        let name = "lamina_object_request_latency_microseconds";
+        let _ = writeln!(
+            text,
+            "# HELP {name} Latency of requests to the object store (retries included) since the pool opened, by quantile.\n# TYPE {name} gauge"
+        );
+        for request in requests {
+            for (quantile, value) in [
+                ("0.5", request.latency_p50_us),
+                ("0.99", request.latency_p99_us),
+                ("1", request.latency_max_us),
+            ] {
+                let _ = writeln!(
+                    text,
+                    "{name}{{kind=\"{}\",quantile=\"{quantile}\"}} {value}",
+                    request.kind
                 );
             }
         }

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ObjectStoreError;
+use crate::attempts::CountingConnector;
+use crate::requests::DELETE_REQUEST_OBJECTS_MAX;
 
 /// Limits of the requests a tier makes. Every request waits for one of
 /// `requests_in_flight_max` permits; object_store retries a failed request
@@ -84,7 +86,7 @@ impl ObjectStoreLimits {
         {
             return invalid("part_bytes_max must be a positive multiple of 4096");
         }
-        if !(1..=1000).contains(&self.delete_batch_objects_max) {
+        if !(1..=DELETE_REQUEST_OBJECTS_MAX).contains(&self.delete_batch_objects_max) {
             return invalid("delete_batch_objects_max must be between 1 and 1000");
         }
         Ok(())
@@ -261,7 +263,7 @@ impl ObjectStoreConfig {
     }
 
     /// The S3 client, over the `AWS_*` environment with the explicit
-    /// settings on top.
+    /// settings on top, its HTTP attempts counted (`attempts.rs`).
     pub(crate) fn build_store(
         &self,
     ) -> Result<Arc<dyn object_store::ObjectStore>, ObjectStoreError> {
@@ -271,6 +273,8 @@ impl ObjectStoreConfig {
             .with_virtual_hosted_style_request(self.virtual_hosted_style)
             .with_allow_http(self.allow_http)
             .with_retry(self.limits.retry_config())
+            // Counts each HTTP attempt (retries, throttling, errors).
+            .with_http_connector(CountingConnector::default())
             .with_client_options(
                 object_store::ClientOptions::new()
                     .with_allow_http(self.allow_http)

@@ -6,6 +6,7 @@
 //! becomes one immutable part object, and a reused segment becomes a new
 //! generation of objects. See docs/decisions/0031-object-store-capacity-tier.md.
 
+mod attempts;
 mod config;
 mod deleter;
 mod device;

@@ -2,8 +2,10 @@
 //! `requests_in_flight_max` permits (so that a flush of many runs or a burst
 //! of reads cannot open hundreds of connections), and it is counted and timed
 //! per kind (GET, PUT, DELETE, LIST) for the tier's statistics. object_store
-//! does the retries and timeouts underneath; its retries are not observable
-//! from here, so a request counts once whatever it took.
+//! does the retries and timeouts underneath: a request counts once here
+//! whatever it took, and its HTTP attempts (retries, throttling, server and
+//! transport errors) are counted by `attempts.rs`, which sees them because
+//! each request runs inside [`in_request`].
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -18,11 +20,15 @@ use object_store::{
 use tokio::sync::Semaphore;
 
 use crate::ObjectStoreError;
+use crate::attempts::{AttemptCounters, AttemptCounts, in_request};
 use crate::error::RequestKind;
 use crate::statistics::RequestStatistics;
 
 /// Highest latency the histograms track (one hour), in microseconds.
 const LATENCY_MAX_US: u64 = 3_600_000_000;
+
+/// Objects one bulk DELETE request may name (S3's limit).
+pub const DELETE_REQUEST_OBJECTS_MAX: usize = 1000;
 
 /// Per-kind counters and latencies.
 struct KindRecord {
@@ -45,7 +51,7 @@ impl KindRecord {
         }
     }
 
-    fn statistics(&self) -> RequestStatistics {
+    fn statistics(&self, attempts: AttemptCounts) -> RequestStatistics {
         let quantile = |quantile: f64| {
             if self.latency_us.is_empty() {
                 0
@@ -61,6 +67,11 @@ impl KindRecord {
             latency_p50_us: quantile(0.5),
             latency_p99_us: quantile(0.99),
             latency_max_us: self.latency_us.max(),
+            retries: attempts.retries,
+            throttled: attempts.throttled,
+            server_errors: attempts.server_errors,
+            timeouts: attempts.timeouts,
+            transport_errors: attempts.transport_errors,
         }
     }
 }
@@ -71,6 +82,7 @@ pub struct CountedStore {
     bucket: String,
     permits: Semaphore,
     records: Mutex<[KindRecord; 5]>,
+    attempts: Arc<AttemptCounters>,
 }
 
 fn kind_slot(kind: RequestKind) -> usize {
@@ -97,11 +109,13 @@ impl CountedStore {
                 KindRecord::new(),
                 KindRecord::new(),
             ]),
+            attempts: Arc::new(AttemptCounters::default()),
         }
     }
 
     pub fn statistics(&self, kind: RequestKind) -> RequestStatistics {
-        self.records.lock().expect("request records lock")[kind_slot(kind)].statistics()
+        let attempts = self.attempts.counts(kind);
+        self.records.lock().expect("request records lock")[kind_slot(kind)].statistics(attempts)
     }
 
     fn record(
@@ -169,10 +183,13 @@ impl CountedStore {
             mode,
             ..PutOptions::default()
         };
-        let result = self
-            .store
-            .put_opts(&Path::from(key), PutPayload::from_bytes(payload), options)
-            .await;
+        let result = in_request(
+            &self.attempts,
+            kind,
+            self.store
+                .put_opts(&Path::from(key), PutPayload::from_bytes(payload), options),
+        )
+        .await;
         self.record(kind, started, result.is_ok(), length, 1);
         result
             .map(|result| UpdateVersion {
@@ -187,7 +204,12 @@ impl CountedStore {
         let _permit = self.permit().await;
         let started = Instant::now();
         let expected = range.end - range.start;
-        let result = self.store.get_range(&Path::from(key), range).await;
+        let result = in_request(
+            &self.attempts,
+            RequestKind::Get,
+            self.store.get_range(&Path::from(key), range),
+        )
+        .await;
         let result = match result {
             Ok(bytes) if bytes.len() as u64 != expected => Err(object_store::Error::Generic {
                 store: "S3",
@@ -208,16 +230,15 @@ impl CountedStore {
     pub async fn get(&self, key: &str) -> Result<(Bytes, UpdateVersion), ObjectStoreError> {
         let _permit = self.permit().await;
         let started = Instant::now();
-        let result = match self.store.get(&Path::from(key)).await {
-            Ok(object) => {
-                let version = UpdateVersion {
-                    e_tag: object.meta.e_tag.clone(),
-                    version: object.meta.version.clone(),
-                };
-                object.bytes().await.map(|bytes| (bytes, version))
-            }
-            Err(error) => Err(error),
+        let whole_object = async {
+            let object = self.store.get(&Path::from(key)).await?;
+            let version = UpdateVersion {
+                e_tag: object.meta.e_tag.clone(),
+                version: object.meta.version.clone(),
+            };
+            object.bytes().await.map(|bytes| (bytes, version))
         };
+        let result = in_request(&self.attempts, RequestKind::Get, whole_object).await;
         let length = result.as_ref().map_or(0, |(bytes, _)| bytes.len() as u64);
         self.record(RequestKind::Get, started, result.is_ok(), length, 1);
         result.map_err(|source| self.error(RequestKind::Get, key, source))
@@ -229,18 +250,18 @@ impl CountedStore {
         let _permit = self.permit().await;
         let started = Instant::now();
         let path = Path::from(prefix);
-        let mut listing = self.store.list(Some(&path));
-        let mut objects = Vec::new();
-        let mut failure = None;
-        while let Some(item) = listing.next().await {
-            match item {
-                Ok(meta) => objects.push(meta),
-                Err(error) => {
-                    failure = Some(error);
-                    break;
+        let pages = async {
+            let mut listing = self.store.list(Some(&path));
+            let mut objects = Vec::new();
+            while let Some(item) = listing.next().await {
+                match item {
+                    Ok(meta) => objects.push(meta),
+                    Err(error) => return (objects, Some(error)),
                 }
             }
-        }
+            (objects, None)
+        };
+        let (objects, failure) = in_request(&self.attempts, RequestKind::List, pages).await;
         self.record(
             RequestKind::List,
             started,
@@ -259,13 +280,23 @@ impl CountedStore {
     /// failure the first error is returned and the caller tries them all
     /// again later (deleting twice is harmless).
     pub async fn delete_many(&self, keys: Vec<String>) -> Result<(), ObjectStoreError> {
+        // One bulk DELETE is one POST: `attempts.rs` takes a repeated POST
+        // within one request for a retry.
+        assert!(
+            keys.len() <= DELETE_REQUEST_OBJECTS_MAX,
+            "a bulk DELETE names at most {DELETE_REQUEST_OBJECTS_MAX} objects"
+        );
         let _permit = self.permit().await;
         let started = Instant::now();
         let requested = keys.len() as u64;
         let first_key = keys.first().cloned().unwrap_or_default();
         let paths = futures::stream::iter(keys.into_iter().map(|key| Ok(Path::from(key)))).boxed();
-        let results: Vec<object_store::Result<Path>> =
-            self.store.delete_stream(paths).collect().await;
+        let results: Vec<object_store::Result<Path>> = in_request(
+            &self.attempts,
+            RequestKind::Delete,
+            self.store.delete_stream(paths).collect(),
+        )
+        .await;
         let failure = results.into_iter().find_map(|result| match result {
             Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
             Err(error) => Some(error),

@@ -1,12 +1,13 @@
 //! What a tier reports about itself: per kind of request, how many, how many
-//! failed, bytes and objects moved and latency quantiles; and what it holds
+//! failed, bytes and objects moved, latency quantiles, and what their HTTP
+//! attempts met (retries, throttling, server and transport errors); and what it holds
 //! (objects and bytes stored, bytes written but not yet flushed).
 
 /// One kind of request since the tier was opened.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RequestStatistics {
-    /// Requests made (a retried request counts once: object_store retries
-    /// underneath and does not say how often).
+    /// Requests made (a retried request counts once; its retries count in
+    /// `retries`).
     pub count: u64,
     /// Requests that failed after their retries.
     pub errors: u64,
@@ -15,9 +16,22 @@ pub struct RequestStatistics {
     /// Objects the successful requests concerned (a bulk DELETE names many,
     /// a LIST returns many).
     pub objects: u64,
+    /// Of a whole request, its retries included.
     pub latency_p50_us: u64,
     pub latency_p99_us: u64,
     pub latency_max_us: u64,
+    /// HTTP attempts beyond a request's first: object_store retries with
+    /// backoff on throttling, 5xx, timeouts and dropped connections.
+    pub retries: u64,
+    /// Attempts the store answered 503 (S3's Slow Down) or 429.
+    pub throttled: u64,
+    /// Attempts answered with another 5xx.
+    pub server_errors: u64,
+    /// Attempts that timed out (`request_timeout_ms`, `connect_timeout_ms`,
+    /// or a 408 from the store).
+    pub timeouts: u64,
+    /// Attempts whose connection was refused, reset or cut.
+    pub transport_errors: u64,
 }
 
 /// See the module documentation.

@@ -1,8 +1,10 @@
-//! Measurements for decision 0031, not timed tests (ignored by default; run
-//! with `cargo test --release -p lamina-objects --test measure -- --ignored
-//! --nocapture`): PUT and GET latency against a local SeaweedFS for 64 KiB,
-//! 1 MiB and 4 MiB objects and a 4 KiB ranged GET, and the requests per GiB
-//! written with 4 MiB segments flushed every 8 MiB.
+//! Measurements for decisions 0031 and 0037, not timed tests (ignored by
+//! default; run with `cargo test --release -p lamina-objects --test measure
+//! -- --ignored --nocapture`): PUT and GET latency against a local SeaweedFS
+//! for 64 KiB, 1 MiB and 4 MiB objects and a 4 KiB ranged GET, the requests
+//! per GiB written with 4 MiB segments flushed every 8 MiB, and PUT
+//! throughput and latency for 1 to 64 MiB objects at the device's
+//! concurrency.
 
 // Sizes in tests are small constants: `as` between them is exact.
 #![allow(clippy::cast_possible_truncation)]
@@ -163,4 +165,69 @@ async fn measure_request_latencies_and_requests_per_gib() {
         1024.0 / elapsed.as_secs_f64()
     );
     line("PUT 4 MiB (flush of 8 MiB)", &statistics.put);
+}
+
+/// One flush of `total_bytes` written as objects of `object_bytes` each (one
+/// segment each, so one part each), PUT at the device's concurrency
+/// (`requests_in_flight_max`): wall time and PUT latency.
+async fn put_object_size(server: &SeaweedServer, name: &str, object_bytes: u64, total_bytes: u64) {
+    let limits = ObjectStoreLimits {
+        part_bytes_max: object_bytes.max(16 * MIB),
+        ..ObjectStoreLimits::default()
+    };
+    let in_flight = limits.requests_in_flight_max;
+    let config = server.config(&format!("s3://measure/{name}"), limits);
+    let device =
+        ObjectStoreDevice::create(&config, TierGeometry::new(total_bytes, object_bytes, 0))
+            .await
+            .unwrap();
+    let object = filled(object_bytes as usize, 3);
+    for offset in (0..total_bytes).step_by(object_bytes as usize) {
+        device.write(offset, object.clone()).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    device.flush().await.unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    let statistics = device.statistics();
+    let gib = total_bytes as f64 / (1024 * MIB) as f64;
+    println!(
+        "{:>3} MiB objects: {:>4} PUTs in {:>5.1} s = {:>5.0} MiB/s at up to {} in flight; PUT p50 {:>7} us p99 {:>7} us max {:>7} us; {:.0} PUTs per GiB (+ {} label PUTs per flush)",
+        object_bytes / MIB,
+        statistics.put.count,
+        elapsed,
+        (total_bytes / MIB) as f64 / elapsed,
+        in_flight.min((total_bytes / object_bytes) as usize),
+        statistics.put.latency_p50_us,
+        statistics.put.latency_p99_us,
+        statistics.put.latency_max_us,
+        statistics.put.count as f64 / gib,
+        statistics.label_put.count - 1,
+    );
+}
+
+/// For decision 0037: PUT throughput and latency against object size (1, 4,
+/// 16, 64 MiB) at the device's concurrency; run with `cargo test --release
+/// -p lamina-objects --test measure measure_put_object_sizes -- --ignored
+/// --nocapture`. `LAMINA_MEASURE_GIB` sets the bytes per size (default 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for the decision record, not a test"]
+async fn measure_put_object_sizes() {
+    let Some(server) = SeaweedServer::start_or_skip() else {
+        return;
+    };
+    server.create_bucket("measure").unwrap();
+    let gib: u64 = std::env::var("LAMINA_MEASURE_GIB")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(1);
+    // A first pass, not reported: SeaweedFS grows its volumes.
+    put_object_size(&server, "warm-up", 4 * MIB, 256 * MIB).await;
+    println!("(the line above warms the server up)");
+    for round in 0..2 {
+        println!("round {round}");
+        for object_bytes in [MIB, 4 * MIB, 16 * MIB, 64 * MIB] {
+            let name = format!("size-{object_bytes}-round-{round}");
+            put_object_size(&server, &name, object_bytes, gib * 1024 * MIB).await;
+        }
+    }
 }

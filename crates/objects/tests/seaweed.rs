@@ -259,7 +259,15 @@ async fn with_the_store_down_flushes_and_reads_fail_in_bounded_time_and_work_aft
         matches!(error.kind, lamina_device::DeviceErrorKind::Io(_)),
         "{error}"
     );
-    assert!(device.statistics().put.errors >= 1 && device.statistics().get.errors >= 1);
+    let statistics = device.statistics();
+    assert!(statistics.put.errors >= 1 && statistics.get.errors >= 1);
+    // Refused connections, retried with backoff until the budget ran out.
+    for request in [&statistics.put, &statistics.get] {
+        assert!(
+            request.transport_errors > request.errors && request.retries > 0,
+            "{statistics:?}"
+        );
+    }
 
     server.restart().expect("restart the store");
     assert_eq!(
