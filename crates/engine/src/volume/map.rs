@@ -15,6 +15,18 @@
 //! rewrite it, which used to be a byte per *physical* block in the placement).
 //! The level is a hint, never durable: checkpoints store addresses and
 //! checksums only, as before, and a restart forgets the levels.
+//!
+//! The level belongs to a logical block of one map, not to the physical
+//! block: it estimates how often *this map's* block is rewritten. Maps that
+//! point at one physical block (a volume and its snapshots, a clone and its
+//! origin) share the chunk, so they share the level until one of them is
+//! written; from then on each keeps its own (copy-on-write copies the levels
+//! with the addresses). Only live maps take client writes, so a snapshot's
+//! levels are its volume's when it was taken; a clone starts from its
+//! origin's history. Moving the block (the cleaner, tiering) keeps every
+//! map's level ([`relocate_in`], and [`BlockMap::set`] keeps the level of a
+//! rewritten entry), so what the placement reads at the next client write is
+//! that map's own estimate.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
