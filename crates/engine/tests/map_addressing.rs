@@ -22,6 +22,10 @@ use lamina_engine::{
 
 const SEGMENT_BYTES: u64 = 64 << 10;
 const BACKING_BYTES: u64 = (4 << 20) + 32 * SEGMENT_BYTES;
+/// The segments of the claimed geometries: large, so that a lamina without
+/// the check would build tables for 2^22 segments (200 MiB or so) and fail
+/// further on, rather than try to allocate terabytes of them.
+const LARGE_SEGMENT_BYTES: u64 = 1 << 30;
 
 /// A device claiming `claimed_size_bytes` whose first bytes are `backing`:
 /// reads beyond them are zeros, writes beyond them fail.
@@ -56,9 +60,9 @@ impl BlockDevice for ClaimedDevice {
     }
 }
 
-fn options() -> PoolOptions {
+fn options(segment_size_bytes: u64) -> PoolOptions {
     PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
+        segment_size_bytes,
         flash_region_bytes: None,
         ..PoolOptions::default()
     }
@@ -66,12 +70,17 @@ fn options() -> PoolOptions {
 
 #[tokio::test]
 async fn create_refuses_a_device_beyond_the_maps_40_bits() {
-    let size_bytes = POOL_SIZE_BYTES_MAX + SEGMENT_BYTES;
+    let size_bytes = POOL_SIZE_BYTES_MAX + LARGE_SEGMENT_BYTES;
     let device = Arc::new(ClaimedDevice {
         backing: MemoryDevice::new(BACKING_BYTES),
         claimed_size_bytes: size_bytes,
     });
-    let error = match Pool::create(device.clone(), options(), PoolLimits::default()).await {
+    let created = Pool::create(
+        device.clone(),
+        options(LARGE_SEGMENT_BYTES),
+        PoolLimits::default(),
+    );
+    let error = match created.await {
         Ok(_) => panic!("created a pool beyond 2^40 blocks"),
         Err(error) => error,
     };
@@ -98,16 +107,20 @@ async fn create_refuses_a_device_beyond_the_maps_40_bits() {
 #[tokio::test]
 async fn open_refuses_a_geometry_beyond_the_maps_40_bits() {
     let backing = Arc::new(MemoryDevice::new(BACKING_BYTES));
-    Pool::create(backing.clone(), options(), PoolLimits::default())
-        .await
-        .unwrap()
-        .close()
-        .await
-        .unwrap();
+    Pool::create(
+        backing.clone(),
+        options(SEGMENT_BYTES),
+        PoolLimits::default(),
+    )
+    .await
+    .unwrap()
+    .close()
+    .await
+    .unwrap();
     let mut image = backing.snapshot();
     let (_, mut superblock) = Superblock::decode(&image[..BLOCK_SIZE_BYTES as usize]).unwrap();
-    let size_bytes = POOL_SIZE_BYTES_MAX + (4 << 20);
-    superblock.geometry = Geometry::for_device(size_bytes, 4 << 20).unwrap();
+    let size_bytes = POOL_SIZE_BYTES_MAX + LARGE_SEGMENT_BYTES;
+    superblock.geometry = Geometry::for_device(size_bytes, LARGE_SEGMENT_BYTES).unwrap();
     let encoded = frame::encode(
         SUPERBLOCK_MAGIC,
         FORMAT_VERSION,
