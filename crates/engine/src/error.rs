@@ -72,6 +72,16 @@ pub enum OpenError {
         "{device}: the capacity tier's device does not belong to this pool (no matching label at offset {offset}); give the capacity device the pool was created with"
     )]
     WrongCapacityDevice { device: String, offset: u64 },
+    /// The superblock's geometry addresses more blocks than a map entry
+    /// holds (`volume::map::PHYSICAL_BLOCK_COUNT_MAX`).
+    #[error(
+        "{device}: the pool spans {size_bytes} bytes, more than this lamina addresses ({maximum_bytes} bytes: 2^40 blocks of 4 KiB)"
+    )]
+    DeviceTooLarge {
+        device: String,
+        size_bytes: u64,
+        maximum_bytes: u64,
+    },
     /// Segments that hold data are striped over more lost devices than
     /// their redundancy covers (an array after more losses than it was
     /// rebuilt for): opening would serve errors for their blocks.
@@ -114,6 +124,15 @@ pub enum CreateError {
         device: String,
         size_bytes: u64,
         minimum_bytes: u64,
+    },
+    /// The block map addresses 2^40 blocks (`volume::map::PHYSICAL_BLOCK_COUNT_MAX`).
+    #[error(
+        "{device} is too large for a pool: {size_bytes} bytes, at most {maximum_bytes} (2^40 blocks of 4 KiB)"
+    )]
+    DeviceTooLarge {
+        device: String,
+        size_bytes: u64,
+        maximum_bytes: u64,
     },
     #[error(
         "the segment size ({segment_size_blocks} blocks) is not a multiple of the tiers' rows ({flash_row_blocks} blocks on flash, {capacity_row_blocks} on capacity)"
@@ -254,6 +273,7 @@ impl OpenError {
             Self::Truncated { .. } => "truncated",
             Self::Corrupt { .. } => "corrupt",
             Self::WrongCapacityDevice { .. } => "wrong_capacity_device",
+            Self::DeviceTooLarge { .. } => "device_too_large",
             Self::SegmentsLost { .. } => "segments_lost",
             Self::NoCheckpointCopy { .. } => "no_checkpoint_copy",
             Self::FlashSizeMismatch { .. } => "flash_size_mismatch",
@@ -266,6 +286,7 @@ impl CreateError {
         match self {
             Self::DeviceNotEmpty { .. } => "device_not_empty",
             Self::DeviceTooSmall { .. } => "device_too_small",
+            Self::DeviceTooLarge { .. } => "device_too_large",
             Self::SegmentNotWholeRows { .. } => "segment_not_whole_rows",
         }
     }

@@ -6,8 +6,10 @@
 //! `:fast` is filled with the fast fill (`fast_fill`: the engine's whole
 //! write path, but the device keeps only the batches' summaries), for sizes
 //! whose data would not fit on the disk; with `:one-client-stream` client
-//! writes are not split by lifespan, which drops the placement's byte per
-//! physical block, to tell it from the map. The 1% rewrites are real data
+//! writes are not split by lifespan (before decision 0035 was built, that
+//! dropped the placement's byte per physical block, which told it from the
+//! map; the level now lives in the map entry, so both cost the same). The
+//! 1% rewrites are real data
 //! either way. The memory cache is off, so that resident memory is the
 //! engine's metadata (the cache is a fixed `memory_cache_bytes`).
 //!
@@ -95,8 +97,10 @@ async fn measure(spec: &str, directory: &std::path::Path) {
     let mapped_gib: u64 = parts.next().expect("a size").parse().unwrap();
     let flags: Vec<&str> = parts.collect();
     let fast = flags.contains(&"fast");
-    // One client stream: no per-block interval levels (`cleaner::placement`),
-    // to tell their memory from the map's.
+    // One client stream: no interval levels set. They cost memory of their
+    // own (a byte per physical block in `cleaner::placement`) until decision
+    // 0035 moved them into the map entry; kept to compare with the figures
+    // from before.
     let one_client_stream = flags.contains(&"one-client-stream");
     let path = directory.join(format!("lamina-checkpoint-bench-{mapped_gib}.img"));
     let _ = std::fs::remove_file(&path);

@@ -213,11 +213,8 @@ impl Pool {
         let mut found: Vec<Option<CachedBlock>> = vec![None; hottest.len()];
         for (view, map) in &maps {
             for (chunk_index, chunk) in map.chunks() {
-                for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
-                    if *physical_block == 0 {
-                        continue;
-                    }
-                    if let Some(rank) = rank_of.remove(physical_block) {
+                for (entry, mapping) in chunk.mappings() {
+                    if let Some(rank) = rank_of.remove(&mapping.physical_block) {
                         found[rank] = Some(CachedBlock {
                             view: *view,
                             logical_block: chunk_index * CHUNK_ENTRY_COUNT as u64 + entry as u64,

@@ -90,14 +90,14 @@ impl ChunkTable {
         };
         for entry in 0..CHUNK_ENTRY_COUNT {
             let (base_physical, base_checksum) = base_chunk.map_or((0, 0), |(_, base)| {
-                (base.physical_blocks[entry], base.checksums[entry])
+                (base.physical_block(entry), base.checksum(entry))
             });
-            let physical = chunk.physical_blocks[entry];
+            let physical = chunk.physical_block(entry);
             // An unmapped entry's checksum means nothing: compared as zero.
             let checksum = if physical == 0 {
                 0
             } else {
-                chunk.checksums[entry]
+                chunk.checksum(entry)
             };
             let base_checksum = if base_physical == 0 { 0 } else { base_checksum };
             if (physical, checksum) != (base_physical, base_checksum) {

@@ -43,6 +43,7 @@ use crate::log::openings::{OPENINGS_MAGIC, Opening, SegmentOpeningsRecord};
 use crate::log::superblock::Superblock;
 use crate::log::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
 use crate::volume::VolumeTable;
+use crate::volume::map::POOL_SIZE_BYTES_MAX;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Sequence numbers skipped after a recovery, so that new batches and segments
@@ -110,6 +111,13 @@ impl Pool {
     ) -> Result<Pool, EngineError> {
         limits.validate()?;
         let geometry = geometry_for_device(&*device, &options)?;
+        if geometry.device_size_bytes > POOL_SIZE_BYTES_MAX {
+            return Err(EngineError::Create(CreateError::DeviceTooLarge {
+                device: device.name().to_string(),
+                size_bytes: geometry.device_size_bytes,
+                maximum_bytes: POOL_SIZE_BYTES_MAX,
+            }));
+        }
         if geometry.has_capacity_tier() {
             check_tier_sizes(device.name(), &geometry)?;
         }
@@ -177,6 +185,13 @@ impl Pool {
         let started = std::time::Instant::now();
         let checked = check_device(&*device, &name).await?;
         let geometry = checked.superblock.geometry;
+        if geometry.device_size_bytes > POOL_SIZE_BYTES_MAX {
+            return Err(EngineError::Open(OpenError::DeviceTooLarge {
+                device: name.clone(),
+                size_bytes: geometry.device_size_bytes,
+                maximum_bytes: POOL_SIZE_BYTES_MAX,
+            }));
+        }
         let marker = read_flush_marker(&*device, &checked.superblock).await?;
         let shapes = SegmentShapes::of_device(geometry, device.clone());
         let mut kept = load_checkpoints(&*device, &shapes, &name).await?;

@@ -25,9 +25,10 @@ use crate::log::geometry::Geometry;
 use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::VolumeTable;
+use crate::volume::map::MapEntry;
 
 use super::capacity_writes::CapacityWrites;
-use super::cleaner::placement::Placement;
+use super::cleaner::placement::{Placement, ReplacedBlock};
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::limits::PoolLimits;
 use super::segment_openings::OpeningsList;
@@ -496,22 +497,26 @@ impl State {
         let replaced = if self.separate_client_writes || self.heat.is_some() {
             self.volumes
                 .get(volume_id)
-                .and_then(|volume| volume.map.get(logical_block))
-                .filter(|entry| !entry.is_lost())
-                .map(|entry| entry.physical_block)
+                .and_then(|volume| volume.map.entry(logical_block))
+                // A lost entry occupies no block: nothing to steer by.
+                .filter(|entry| !entry.mapping.is_lost())
         } else {
             None
         };
         // A rewrite is an access: the new block starts with the heat of the
         // flash block it replaces.
-        let replaced_counter = self
-            .heat
-            .as_ref()
-            .and_then(|heat| Some(heat.counter(self.geometry.flash_data_index(replaced?)?)));
+        let replaced_counter = self.heat.as_ref().and_then(|heat| {
+            let index = self
+                .geometry
+                .flash_data_index(replaced?.mapping.physical_block)?;
+            Some(heat.counter(index))
+        });
         let destination = self.client_destination(replaced);
         let physical_block = self.append_block(destination.stream, record, data, sealed)?;
         if let Some(level) = destination.interval_level {
-            self.placement.set_interval_level(physical_block, level);
+            // The level belongs to the map entry, which the append just set.
+            self.volumes
+                .set_interval_level(volume_id, logical_block, level);
         }
         self.counters.client_block_written();
         self.set_heat(
@@ -523,7 +528,7 @@ impl State {
     }
 
     /// The stream a client write that replaces `replaced` goes to.
-    fn client_destination(&self, replaced: Option<u64>) -> ClientDestination {
+    fn client_destination(&self, replaced: Option<MapEntry>) -> ClientDestination {
         if !self.separate_client_writes {
             return ClientDestination {
                 stream: Stream::Client,
@@ -532,7 +537,10 @@ impl State {
         }
         let now = self.client_blocks_written();
         let placement = self.placement.client_placement(
-            replaced.map(|block| (block, self.geometry.segment_of(block))),
+            replaced.map(|entry| ReplacedBlock {
+                segment_index: self.geometry.segment_of(entry.mapping.physical_block),
+                interval_level: entry.interval_level,
+            }),
             now,
         );
         ClientDestination {
@@ -732,8 +740,6 @@ impl State {
             self.placement
                 .relocated_into(self.geometry.segment_of(to_physical_block));
         }
-        self.placement
-            .move_interval_level(from_physical_block, to_physical_block);
         if !sole_holder {
             let from_segment_index = self.geometry.segment_of(from_physical_block);
             self.space.needed_by_replay(from_segment_index);

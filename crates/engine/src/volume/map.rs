@@ -2,10 +2,31 @@
 //! block's checksum beside its address so that every read can be verified without
 //! another I/O. The map is a sorted tree of 512-entry chunks (2 MiB of logical
 //! space each) held behind `Arc`s: unwritten chunks cost nothing, a fully written
-//! volume costs 12 bytes per block, and a copy of the whole map (for a checkpoint,
+//! volume costs 10 bytes per block, and a copy of the whole map (for a checkpoint,
 //! a snapshot or a clone) shares every chunk until one side writes to it. Maps that
 //! share a chunk are known to agree on all 512 entries, which lets comparisons
 //! between a snapshot and its neighbours skip shared chunks without looking inside.
+//!
+//! An entry is 10 bytes, kept as parallel arrays per chunk (no padding): the
+//! physical block in 40 bits (a low `u32` and a high `u8`: 2^40 blocks of
+//! 4 KiB, 4 PiB of devices, [`PHYSICAL_BLOCK_COUNT_MAX`], which pool creation
+//! and open check), the crc32c, and the cleaner's interval level for the
+//! logical block (decision 0035: the placement's hint of how often clients
+//! rewrite it, which used to be a byte per *physical* block in the placement).
+//! The level is a hint, never durable: checkpoints store addresses and
+//! checksums only, as before, and a restart forgets the levels.
+//!
+//! The level belongs to a logical block of one map, not to the physical
+//! block: it estimates how often *this map's* block is rewritten. Maps that
+//! point at one physical block (a volume and its snapshots, a clone and its
+//! origin) share the chunk, so they share the level until one of them is
+//! written; from then on each keeps its own (copy-on-write copies the levels
+//! with the addresses). Only live maps take client writes, so a snapshot's
+//! levels are its volume's when it was taken; a clone starts from its
+//! origin's history. Moving the block (the cleaner, tiering) keeps every
+//! map's level ([`relocate_in`], and [`BlockMap::set`] keeps the level of a
+//! rewritten entry), so what the placement reads at the next client write is
+//! that map's own estimate.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +42,13 @@ pub const CHUNK_ENTRY_COUNT: usize = 512;
 /// segment, so the map reports it displaced nowhere and counts it in no
 /// segment's usage. Device block 1 lies in the superblock area: never data.
 pub const LOST_PHYSICAL_BLOCK: u64 = 1;
+
+/// Physical blocks a map entry can address: 40 bits of 4 KiB blocks (4 PiB).
+pub const PHYSICAL_BLOCK_COUNT_MAX: u64 = 1 << 40;
+
+/// The largest pool address space (both tiers) whose blocks a map entry can
+/// address, in bytes: pool creation and open refuse larger geometries.
+pub const POOL_SIZE_BYTES_MAX: u64 = PHYSICAL_BLOCK_COUNT_MAX * crate::BLOCK_SIZE_BYTES;
 
 /// One mapping: where a logical block lives and the crc32c of its contents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,21 +70,115 @@ fn occupies_device(physical_block: u64) -> bool {
     physical_block != 0 && physical_block != LOST_PHYSICAL_BLOCK
 }
 
+/// A mapping with the interval level its map keeps for the logical block
+/// (0: unknown; see [`crate::pool::cleaner::placement::interval_level`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapEntry {
+    pub mapping: Mapping,
+    pub interval_level: u8,
+}
+
+/// 512 entries, as parallel arrays (see the module documentation).
 #[derive(Clone)]
 pub struct Chunk {
-    /// 0 means unmapped (device block 0 is the superblock, never data).
-    pub physical_blocks: [u64; CHUNK_ENTRY_COUNT],
-    pub checksums: [u32; CHUNK_ENTRY_COUNT],
-    pub mapped_count: u32,
+    /// Bits 0..32 of each entry's physical block; with `physical_high` all
+    /// zero, the entry is unmapped (device block 0 is the superblock, never
+    /// data).
+    physical_low: [u32; CHUNK_ENTRY_COUNT],
+    /// Bits 32..40 of each entry's physical block.
+    physical_high: [u8; CHUNK_ENTRY_COUNT],
+    /// Zero where unmapped.
+    checksums: [u32; CHUNK_ENTRY_COUNT],
+    /// Zero (unknown) where unmapped.
+    interval_levels: [u8; CHUNK_ENTRY_COUNT],
+    mapped_count: u32,
 }
 
 impl Chunk {
     pub fn empty() -> Self {
         Self {
-            physical_blocks: [0; CHUNK_ENTRY_COUNT],
+            physical_low: [0; CHUNK_ENTRY_COUNT],
+            physical_high: [0; CHUNK_ENTRY_COUNT],
             checksums: [0; CHUNK_ENTRY_COUNT],
+            interval_levels: [0; CHUNK_ENTRY_COUNT],
             mapped_count: 0,
         }
+    }
+
+    /// Entries mapped.
+    pub fn mapped_count(&self) -> u32 {
+        self.mapped_count
+    }
+
+    /// The physical block of `entry` (0: unmapped).
+    pub fn physical_block(&self, entry: usize) -> u64 {
+        (u64::from(self.physical_high[entry]) << 32) | u64::from(self.physical_low[entry])
+    }
+
+    /// The checksum of `entry` (0 where unmapped).
+    pub fn checksum(&self, entry: usize) -> u32 {
+        self.checksums[entry]
+    }
+
+    /// The interval level of `entry` (0: unknown or unmapped).
+    pub fn interval_level(&self, entry: usize) -> u8 {
+        self.interval_levels[entry]
+    }
+
+    /// The mapping of `entry`, if mapped.
+    pub fn mapping(&self, entry: usize) -> Option<Mapping> {
+        let physical_block = self.physical_block(entry);
+        (physical_block != 0).then(|| Mapping {
+            physical_block,
+            checksum: self.checksums[entry],
+        })
+    }
+
+    /// Every entry's physical block in entry order, 0 where unmapped.
+    pub fn physical_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..CHUNK_ENTRY_COUNT).map(|entry| self.physical_block(entry))
+    }
+
+    /// The mapped entries and their mappings, in entry order.
+    pub fn mappings(&self) -> impl Iterator<Item = (usize, Mapping)> + '_ {
+        (0..CHUNK_ENTRY_COUNT).filter_map(|entry| Some((entry, self.mapping(entry)?)))
+    }
+
+    /// Points `entry` at `physical_block` (0: unmaps it) with `checksum`,
+    /// keeping its interval level unless it is unmapped: the level belongs
+    /// to the logical block, so it survives a rewrite (whose writer sets the
+    /// new estimate) and a move. Returns the physical block it held (0: none).
+    #[allow(clippy::cast_possible_truncation)] // the 40 bits, split at bit 32
+    pub fn set_entry(&mut self, entry: usize, physical_block: u64, checksum: u32) -> u64 {
+        assert!(
+            physical_block < PHYSICAL_BLOCK_COUNT_MAX,
+            "physical block {physical_block} does not fit a map entry's 40 bits"
+        );
+        let old = self.physical_block(entry);
+        self.physical_low[entry] = physical_block as u32;
+        self.physical_high[entry] = (physical_block >> 32) as u8;
+        if physical_block == 0 {
+            self.checksums[entry] = 0;
+            self.interval_levels[entry] = 0;
+        } else {
+            self.checksums[entry] = checksum;
+        }
+        match (old == 0, physical_block == 0) {
+            (true, false) => self.mapped_count += 1,
+            (false, true) => self.mapped_count -= 1,
+            _ => {}
+        }
+        old
+    }
+
+    /// Records the interval level of mapped `entry`.
+    pub fn set_interval_level(&mut self, entry: usize, level: u8) {
+        assert_ne!(
+            self.physical_block(entry),
+            0,
+            "an unmapped entry has no interval level"
+        );
+        self.interval_levels[entry] = level;
     }
 }
 
@@ -150,16 +272,22 @@ impl BlockMap {
 
     pub fn get(&self, logical_block: u64) -> Option<Mapping> {
         let (chunk_index, entry) = split(logical_block);
+        self.chunks.get(&chunk_index)?.mapping(entry)
+    }
+
+    /// The mapping of `logical_block` with its interval level, if mapped.
+    pub fn entry(&self, logical_block: u64) -> Option<MapEntry> {
+        let (chunk_index, entry) = split(logical_block);
         let chunk = self.chunks.get(&chunk_index)?;
-        let physical_block = chunk.physical_blocks[entry];
-        (physical_block != 0).then(|| Mapping {
-            physical_block,
-            checksum: chunk.checksums[entry],
+        Some(MapEntry {
+            mapping: chunk.mapping(entry)?,
+            interval_level: chunk.interval_level(entry),
         })
     }
 
     /// Maps `logical_block`, returning the physical block it displaced (none
-    /// for an unmapped or lost entry).
+    /// for an unmapped or lost entry). The entry keeps its interval level
+    /// (see [`Chunk::set_entry`]).
     pub fn set(&mut self, logical_block: u64, mapping: Mapping) -> Option<u64> {
         assert_ne!(mapping.physical_block, 0, "physical block 0 is never data");
         let (chunk_index, entry) = split(logical_block);
@@ -169,14 +297,29 @@ impl BlockMap {
                 .entry(chunk_index)
                 .or_insert_with(|| Arc::new(Chunk::empty())),
         );
-        let old = chunk.physical_blocks[entry];
-        chunk.physical_blocks[entry] = mapping.physical_block;
-        chunk.checksums[entry] = mapping.checksum;
+        let old = chunk.set_entry(entry, mapping.physical_block, mapping.checksum);
         if old == 0 {
-            chunk.mapped_count += 1;
             self.mapped_count += 1;
         }
         occupies_device(old).then_some(old)
+    }
+
+    /// Records the interval level of `logical_block`: the placement's
+    /// estimate of how often clients rewrite it in this map (nothing if it
+    /// is unmapped). Not a change for checkpoints, which do not keep levels.
+    /// Copies the chunk if it is shared, as any write does: a client write
+    /// has just done so with [`Self::set`], so this costs no memory of its own.
+    pub fn set_interval_level(&mut self, logical_block: u64, level: u8) {
+        let (chunk_index, entry) = split(logical_block);
+        let needed = self.chunks.get(&chunk_index).is_some_and(|chunk| {
+            chunk.physical_block(entry) != 0 && chunk.interval_level(entry) != level
+        });
+        if needed {
+            let slot = Arc::make_mut(&mut self.chunks)
+                .get_mut(&chunk_index)
+                .expect("checked above");
+            Arc::make_mut(slot).set_interval_level(entry, level);
+        }
     }
 
     /// Unmaps `block_count` blocks from `logical_block`, calling `displaced` with
@@ -211,14 +354,12 @@ impl BlockMap {
             let to = end.min(chunk_start + CHUNK_ENTRY_COUNT as u64) - chunk_start;
             let chunk = Arc::make_mut(chunks.get_mut(&chunk_index).expect("chunk listed above"));
             for entry in to_usize(from)..to_usize(to) {
-                let old = chunk.physical_blocks[entry];
+                let old = chunk.set_entry(entry, 0, 0);
                 if old != 0 {
                     changed.push((chunk_index, entry));
                     if old != LOST_PHYSICAL_BLOCK {
                         displaced(chunk_start + entry as u64, old);
                     }
-                    chunk.physical_blocks[entry] = 0;
-                    chunk.mapped_count -= 1;
                     self.mapped_count -= 1;
                 }
             }
@@ -239,9 +380,9 @@ impl BlockMap {
     /// entries occupy none).
     pub fn for_each_physical(&self, visit: &mut dyn FnMut(u64)) {
         for chunk in self.chunks.values() {
-            for physical_block in chunk.physical_blocks.iter() {
-                if occupies_device(*physical_block) {
-                    visit(*physical_block);
+            for (_, mapping) in chunk.mappings() {
+                if occupies_device(mapping.physical_block) {
+                    visit(mapping.physical_block);
                 }
             }
         }
@@ -255,9 +396,11 @@ impl BlockMap {
         let mut marked = Vec::new();
         for (chunk_index, chunk) in self.chunks.iter() {
             let changed = self.changes.changed_chunks.get(chunk_index);
-            for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
+            for (entry, mapping) in chunk.mappings() {
                 let entry_changed = changed.is_some_and(|changed| changed.contains(entry));
-                if occupies_device(*physical_block) && is_lost(*physical_block, entry_changed) {
+                if occupies_device(mapping.physical_block)
+                    && is_lost(mapping.physical_block, entry_changed)
+                {
                     marked.push((*chunk_index, entry));
                 }
             }
@@ -266,7 +409,8 @@ impl BlockMap {
             self.mark_changed(*chunk_index, *entry);
             let chunks = Arc::make_mut(&mut self.chunks);
             let chunk = Arc::make_mut(chunks.get_mut(chunk_index).expect("chunk listed above"));
-            chunk.physical_blocks[*entry] = LOST_PHYSICAL_BLOCK;
+            let checksum = chunk.checksum(*entry);
+            chunk.set_entry(*entry, LOST_PHYSICAL_BLOCK, checksum);
         }
         marked.len() as u64
     }
@@ -291,10 +435,10 @@ impl BlockMap {
     /// Inserts a chunk shared with other maps (rebuilt from a checkpoint;
     /// not a change since it: the first checkpoint after recovery is a base).
     pub fn insert_shared_chunk(&mut self, chunk_index: u64, chunk: Arc<Chunk>) {
-        if chunk.mapped_count == 0 {
+        if chunk.mapped_count() == 0 {
             return;
         }
-        self.mapped_count += u64::from(chunk.mapped_count);
+        self.mapped_count += u64::from(chunk.mapped_count());
         let previous = Arc::make_mut(&mut self.chunks).insert(chunk_index, chunk);
         assert!(
             previous.is_none(),
@@ -322,13 +466,14 @@ impl BlockMap {
                 continue;
             }
             let chunk_start = chunk_index * CHUNK_ENTRY_COUNT as u64;
-            for (entry, physical_block) in chunk.physical_blocks.iter().enumerate() {
-                if occupies_device(*physical_block)
+            for (entry, mapping) in chunk.mappings() {
+                let physical_block = mapping.physical_block;
+                if occupies_device(physical_block)
                     && !neighbours
                         .iter()
-                        .any(|other| other.physical_blocks[entry] == *physical_block)
+                        .any(|other| other.physical_block(entry) == physical_block)
                 {
-                    visit(chunk_start + entry as u64, *physical_block);
+                    visit(chunk_start + entry as u64, physical_block);
                 }
             }
         }
@@ -346,14 +491,16 @@ impl BlockMap {
         let (chunk_index, entry) = split(logical_block);
         self.chunks
             .get(&chunk_index)
-            .is_some_and(|chunk| chunk.physical_blocks[entry] == physical_block)
+            .is_some_and(|chunk| chunk.physical_block(entry) == physical_block)
     }
 }
 
 /// Moves `logical_block` from physical block `from` to `to` in every map of
 /// `maps` that holds `from` there (the cleaner relocating a block that snapshots
 /// and clones share). Maps that shared a chunk before share the one new chunk
-/// after, so relocation never multiplies memory. Returns how many maps held it.
+/// after, so relocation never multiplies memory. Each map's entry keeps its
+/// interval level: the data's rewrite history moves with it. Returns how many
+/// maps held it.
 pub fn relocate_in<'a>(
     maps: impl Iterator<Item = &'a mut BlockMap>,
     logical_block: u64,
@@ -370,7 +517,7 @@ pub fn relocate_in<'a>(
         if map
             .chunks
             .get(&chunk_index)
-            .is_none_or(|chunk| chunk.physical_blocks[entry] != from)
+            .is_none_or(|chunk| chunk.physical_block(entry) != from)
         {
             continue;
         }
@@ -384,13 +531,11 @@ pub fn relocate_in<'a>(
             continue;
         }
         if let Some(chunk) = Arc::get_mut(slot) {
-            chunk.physical_blocks[entry] = to.physical_block;
-            chunk.checksums[entry] = to.checksum;
+            chunk.set_entry(entry, to.physical_block, to.checksum);
             continue;
         }
         let mut chunk = Chunk::clone(slot);
-        chunk.physical_blocks[entry] = to.physical_block;
-        chunk.checksums[entry] = to.checksum;
+        chunk.set_entry(entry, to.physical_block, to.checksum);
         let new = Arc::new(chunk);
         let old = std::mem::replace(slot, new.clone());
         replaced.push((old, new));
@@ -404,11 +549,10 @@ impl BlockMap {
         assert_eq!(physical_blocks.len(), CHUNK_ENTRY_COUNT);
         assert_eq!(checksums.len(), CHUNK_ENTRY_COUNT);
         let mut chunk = Chunk::empty();
-        chunk.physical_blocks.copy_from_slice(physical_blocks);
-        chunk.checksums.copy_from_slice(checksums);
-        let mapped_count = physical_blocks.iter().filter(|block| **block != 0).count();
-        chunk.mapped_count =
-            u32::try_from(mapped_count).expect("a chunk has CHUNK_ENTRY_COUNT (512) entries");
+        for (entry, (physical_block, checksum)) in physical_blocks.iter().zip(checksums).enumerate()
+        {
+            chunk.set_entry(entry, *physical_block, *checksum);
+        }
         if chunk.mapped_count > 0 {
             self.mapped_count += u64::from(chunk.mapped_count);
             let previous = Arc::make_mut(&mut self.chunks).insert(chunk_index, Arc::new(chunk));
@@ -478,6 +622,100 @@ mod tests {
         assert_eq!(snapshot.changes().source, Some(name));
         assert_eq!(changed(&snapshot), vec![(0, vec![3])]);
         assert_eq!(changed(&map), vec![(4, vec![7])]);
+    }
+
+    #[test]
+    fn an_entry_is_ten_bytes_and_holds_40_bit_addresses() {
+        // The memory goal of issue 23: 10 bytes an entry, with the level.
+        assert_eq!(std::mem::size_of::<Chunk>(), CHUNK_ENTRY_COUNT * 10 + 4);
+        // Block 1 would mean lost (`LOST_PHYSICAL_BLOCK`): 2 is the lowest data address here.
+        let edges = [
+            2,
+            u64::from(u32::MAX),
+            u64::from(u32::MAX) + 1,
+            PHYSICAL_BLOCK_COUNT_MAX - 1,
+        ];
+        let mut map = BlockMap::default();
+        for (logical, physical) in edges.iter().enumerate() {
+            let written = Mapping {
+                physical_block: *physical,
+                checksum: u32::MAX - logical as u32,
+            };
+            assert_eq!(map.set(logical as u64, written), None);
+            assert_eq!(map.get(logical as u64), Some(written));
+            assert!(map.holds(logical as u64, *physical));
+        }
+        let mut visited = Vec::new();
+        map.for_each_physical(&mut |physical| visited.push(physical));
+        assert_eq!(visited, edges);
+        // Unmapped entries read as 0, checksum and level included.
+        let chunk = map.shared_chunk(0).expect("mapped");
+        assert_eq!(chunk.physical_block(4), 0);
+        assert_eq!(chunk.mapping(4), None);
+        assert_eq!(chunk.mapped_count(), 4);
+        map.set_interval_level(3, 77);
+        map.unmap_range(3, 1, &mut |_, _| {});
+        let chunk = map.shared_chunk(0).expect("still mapped");
+        assert_eq!(
+            (
+                chunk.physical_block(3),
+                chunk.checksum(3),
+                chunk.interval_level(3)
+            ),
+            (0, 0, 0)
+        );
+        assert_eq!(chunk.mapped_count(), 3);
+        // An unmapped block takes no level.
+        map.set_interval_level(3, 9);
+        assert_eq!(map.shared_chunk(0).expect("mapped").interval_level(3), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "does not fit a map entry's 40 bits")]
+    fn an_address_beyond_40_bits_is_a_programmer_error() {
+        BlockMap::default().set(0, mapping(PHYSICAL_BLOCK_COUNT_MAX));
+    }
+
+    #[test]
+    fn interval_levels_stay_with_the_logical_block_through_rewrites_moves_and_copies() {
+        let level =
+            |map: &BlockMap, logical: u64| map.entry(logical).map(|entry| entry.interval_level);
+        let mut live = BlockMap::default();
+        live.set(1, mapping(100));
+        assert_eq!(level(&live, 1), Some(0), "a first write has no estimate");
+        live.set_interval_level(1, 40);
+        // A rewrite keeps it until its writer sets the new estimate; a move
+        // (the cleaner's, by relocation or by a data record) keeps it.
+        live.set(1, mapping(101));
+        assert_eq!(level(&live, 1), Some(40));
+        relocate_in([&mut live].into_iter(), 1, 101, mapping(102));
+        assert_eq!(level(&live, 1), Some(40));
+        // A snapshot shares the chunk, levels included; the live map's new
+        // estimate copies the chunk and leaves the snapshot's alone.
+        let snapshot = live.clone();
+        live.set(1, mapping(103));
+        live.set_interval_level(1, 50);
+        assert_eq!(level(&snapshot, 1), Some(40));
+        assert_eq!(level(&live, 1), Some(50));
+        // Relocating a block two maps share keeps each map's level, and the
+        // maps that shared a chunk still share it.
+        let mut first = live.clone();
+        let mut second = live.clone();
+        relocate_in([&mut first, &mut second].into_iter(), 1, 103, mapping(104));
+        assert!(Arc::ptr_eq(&first.chunks[&0], &second.chunks[&0]));
+        assert_eq!(level(&first, 1), Some(50));
+        assert_eq!(level(&live, 1), Some(50));
+        assert_eq!(live.get(1), Some(mapping(103)));
+        // Setting the level a shared entry already has copies nothing.
+        first.set_interval_level(1, 50);
+        assert!(Arc::ptr_eq(&first.chunks[&0], &second.chunks[&0]));
+        // Checkpoints do not see levels.
+        first.checkpointed_as(MapName {
+            volume_id: 1,
+            snapshot_id: None,
+        });
+        first.set_interval_level(1, 60);
+        assert!(first.changes().changed_chunks.is_empty());
     }
 
     #[test]

@@ -296,6 +296,14 @@ impl VolumeTable {
         }
     }
 
+    /// Records the interval level of `logical_block` in the live map of
+    /// `volume_id` (see [`map::BlockMap::set_interval_level`]).
+    pub fn set_interval_level(&mut self, volume_id: u32, logical_block: u64, level: u8) {
+        if let Some(volume) = self.volumes.get_mut(&volume_id) {
+            volume.map.set_interval_level(logical_block, level);
+        }
+    }
+
     pub fn get(&self, volume_id: u32) -> Option<&Volume> {
         self.volumes.get(&volume_id)
     }
@@ -435,12 +443,10 @@ impl VolumeTable {
             for map in volume.maps() {
                 for (_, chunk) in map.shared_chunks() {
                     if seen.insert(std::sync::Arc::as_ptr(chunk)) {
-                        for physical_block in chunk
-                            .physical_blocks
-                            .iter()
-                            .filter(|block| **block != 0 && **block != map::LOST_PHYSICAL_BLOCK)
-                        {
-                            visit(*physical_block);
+                        // Lost entries occupy no block.
+                        let occupied = chunk.mappings().filter(|(_, mapping)| !mapping.is_lost());
+                        for (_, mapping) in occupied {
+                            visit(mapping.physical_block);
                         }
                     }
                 }
@@ -470,15 +476,10 @@ impl VolumeTable {
                     if !seen.insert(std::sync::Arc::as_ptr(chunk)) {
                         continue;
                     }
-                    let entries = chunk.physical_blocks.iter().zip(&chunk.checksums);
-                    let live = |(block, _): &(&u64, &u32)| {
-                        **block != 0 && **block != map::LOST_PHYSICAL_BLOCK
-                    };
-                    for (physical_block, checksum) in entries.filter(live) {
-                        visit(map::Mapping {
-                            physical_block: *physical_block,
-                            checksum: *checksum,
-                        });
+                    // Lost entries occupy no block to check.
+                    let occupied = chunk.mappings().filter(|(_, mapping)| !mapping.is_lost());
+                    for (_, mapping) in occupied {
+                        visit(mapping);
                     }
                 }
             }

@@ -222,16 +222,8 @@ fn restore_chunk(
         if occupies_device && !geometry.is_data_block(*physical) {
             return Err(RestoreError::ChunkOutsideSegments { index });
         }
-        chunk.physical_blocks[*entry as usize] = *physical;
-        chunk.checksums[*entry as usize] = *checksum;
+        chunk.set_entry(usize::from(*entry), *physical, *checksum);
     }
-    let mapped_count = chunk
-        .physical_blocks
-        .iter()
-        .filter(|block| **block != 0)
-        .count();
-    chunk.mapped_count =
-        u32::try_from(mapped_count).expect("a chunk has CHUNK_ENTRY_COUNT (512) entries");
     Ok(chunk)
 }
 

@@ -13,8 +13,9 @@
 //! spirit of SepBIT (Wang et al., "Separating Data via Block Invalidation Time
 //! Inference for Write Amplification Reduction in Log-Structured Storage",
 //! FAST 2022). Each block carries a smoothed estimate of the interval between
-//! its client writes: one byte per block of the pool, a level on a log scale
-//! ([`interval_level`]), moved with the block when it is relocated. A rewrite
+//! its client writes: a level on a log scale ([`interval_level`]), one byte
+//! in the block's map entry (`volume::map`, decision 0035), which relocation
+//! keeps since it moves the entry's address only. A rewrite
 //! samples the interval as the age of the replaced block's data and averages
 //! it with the replaced block's estimate (a geometric mean), and goes to
 //! `Client` under ℓ, `ClientWarm` under 8ℓ, else `ClientCold`, ℓ being the
@@ -34,7 +35,7 @@
 //! pools, whose flash is a FIFO), a relocated block goes one stream colder
 //! per cleaning it survives instead.
 
-use crate::convert::{saturating_u64, to_usize};
+use crate::convert::saturating_u64;
 use crate::log::checkpoint::PlacementImage;
 use crate::pool::stream::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
 
@@ -141,6 +142,15 @@ pub fn relocated_data_written_at_blocks(
         .expect("a weighted mean of u64 values is at most their maximum")
 }
 
+/// The block a client write replaces, as the placement needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplacedBlock {
+    /// The segment holding the replaced data, whose date is the data's.
+    pub segment_index: u32,
+    /// The interval level the map entry carried (0: unknown).
+    pub interval_level: u8,
+}
+
 /// Where a client write goes, and the interval level its new block carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientPlacement {
@@ -171,10 +181,6 @@ pub struct Placement {
     /// Whether relocations are split by the age of their data (one-tier
     /// pools with the client split) or by cleanings survived.
     relocations_by_age: bool,
-    /// Per physical block (indexed by block address), the level of the
-    /// smoothed interval between client writes of the data it holds; 0 when
-    /// unknown. Grown as blocks are written; empty without the client split.
-    interval_levels: Vec<u8>,
     /// Lifespans, in client blocks written, of the latest `Client` victims:
     /// from opening to being chosen by the cleaner.
     lifespan_samples_blocks: std::collections::VecDeque<u64>,
@@ -205,7 +211,6 @@ impl Placement {
             segment_last_written_at_blocks: Vec::new(),
             victim_data_written_at_blocks: 0,
             relocations_by_age,
-            interval_levels: Vec::new(),
             lifespan_samples_blocks: std::collections::VecDeque::new(),
             relocation_stream: Stream::Cleaner,
             counts: VictimCounts::default(),
@@ -213,8 +218,8 @@ impl Placement {
     }
 
     /// The hints a checkpoint keeps: segment streams and data dates, and the
-    /// lifespan samples (not the per-block interval levels, a byte per block
-    /// of the pool, which rebuild as blocks are rewritten).
+    /// lifespan samples (not the interval levels in the map entries, which
+    /// rebuild as blocks are rewritten).
     pub fn image(&self) -> PlacementImage {
         PlacementImage {
             segment_streams: self
@@ -350,15 +355,14 @@ impl Placement {
         lifespan_threshold_blocks(&self.lifespan_samples_blocks)
     }
 
-    /// Where a client write goes that replaces `replaced` (its physical block
-    /// and segment; none: the block was unmapped), when clients have written
-    /// `now_blocks` blocks.
+    /// Where a client write goes that replaces `replaced` (none: the block
+    /// was unmapped), when clients have written `now_blocks` blocks.
     pub fn client_placement(
         &self,
-        replaced: Option<(u64, u32)>,
+        replaced: Option<ReplacedBlock>,
         now_blocks: u64,
     ) -> ClientPlacement {
-        let Some((replaced_block, replaced_segment_index)) = replaced else {
+        let Some(replaced) = replaced else {
             return ClientPlacement {
                 stream: Stream::ClientCold,
                 interval_level: 0,
@@ -367,8 +371,8 @@ impl Placement {
         // The replaced data's age samples the interval between this block's
         // writes: its segment's date is within a segment's filling of it.
         let level = rewrite_interval_level(
-            self.interval_level_of(replaced_block),
-            now_blocks.saturating_sub(self.data_written_at_blocks(replaced_segment_index)),
+            replaced.interval_level,
+            now_blocks.saturating_sub(self.data_written_at_blocks(replaced.segment_index)),
         );
         ClientPlacement {
             stream: CLIENT_STREAMS[self.class_of(interval_of_level(level), CLIENT_STREAMS.len())],
@@ -385,33 +389,6 @@ impl Placement {
             CLASS_BOUND_FACTOR,
             class_count,
         )
-    }
-
-    fn interval_level_of(&self, physical_block: u64) -> u8 {
-        self.interval_levels
-            .get(to_usize(physical_block))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Records that `physical_block` now holds data rewritten every
-    /// `interval_of_level(level)` client blocks or so.
-    pub fn set_interval_level(&mut self, physical_block: u64, level: u8) {
-        let index = to_usize(physical_block);
-        if self.interval_levels.len() <= index {
-            self.interval_levels.resize(index + 1, 0);
-        }
-        self.interval_levels[index] = level;
-    }
-
-    /// Carries the interval level of data moved from `from_physical_block`
-    /// to `to_physical_block` (nothing without the client split).
-    pub fn move_interval_level(&mut self, from_physical_block: u64, to_physical_block: u64) {
-        if self.interval_levels.is_empty() {
-            return;
-        }
-        let level = self.interval_level_of(from_physical_block);
-        self.set_interval_level(to_physical_block, level);
     }
 
     /// Chooses the stream for the live blocks of `victim_segment_index`, which
@@ -523,7 +500,14 @@ mod tests {
 
     #[test]
     fn client_writes_split_by_the_smoothed_interval_between_rewrites() {
-        let stream = |placement: &Placement, replaced: Option<(u64, u32)>, now: u64| {
+        // The replaced block's segment, and the level its map entry carried.
+        let replaced = |segment_index: u32, interval_level: u8| {
+            Some(ReplacedBlock {
+                segment_index,
+                interval_level,
+            })
+        };
+        let stream = |placement: &Placement, replaced: Option<ReplacedBlock>, now: u64| {
             placement.client_placement(replaced, now).stream
         };
         let mut placement = Placement::default();
@@ -531,7 +515,7 @@ mod tests {
         // cold and carry no estimate.
         placement.segment_opened(1, Stream::Client, 0);
         assert_eq!(
-            stream(&placement, Some((100, 1)), 1_000_000),
+            stream(&placement, replaced(1, 0), 1_000_000),
             Stream::Client
         );
         assert_eq!(
@@ -550,30 +534,27 @@ mod tests {
         // With no estimate yet, the sample alone decides: the replaced data's
         // age (segment 5 was opened at 2,000) against ℓ and 8ℓ.
         placement.segment_opened(5, Stream::ClientCold, 2_000);
-        assert_eq!(stream(&placement, Some((500, 5)), 2_150), Stream::Client);
+        assert_eq!(stream(&placement, replaced(5, 0), 2_150), Stream::Client);
         assert_eq!(
-            stream(&placement, Some((500, 5)), 2_250),
+            stream(&placement, replaced(5, 0), 2_250),
             Stream::ClientWarm
         );
         assert_eq!(
-            stream(&placement, Some((500, 5)), 3_700),
+            stream(&placement, replaced(5, 0), 3_700),
             Stream::ClientCold
         );
         // A block rewritten about every 1,000 blocks (ClientWarm), once after
         // 100,000: the estimate is the geometric mean, 10,000, ClientCold;
         // after 40 it is 200, ClientWarm rather than Client.
-        placement.set_interval_level(500, interval_level(1_000));
-        let slow = placement.client_placement(Some((500, 5)), 102_000);
+        let every_thousand = interval_level(1_000);
+        let slow = placement.client_placement(replaced(5, every_thousand), 102_000);
         assert_eq!(slow.stream, Stream::ClientCold);
         let estimate = interval_of_level(slow.interval_level);
         assert!((9_000..11_000).contains(&estimate), "{estimate}");
         assert_eq!(
-            stream(&placement, Some((500, 5)), 2_040),
+            stream(&placement, replaced(5, every_thousand), 2_040),
             Stream::ClientWarm
         );
-        // Relocation carries the estimate with the data.
-        placement.move_interval_level(500, 900);
-        assert_eq!(placement.interval_level_of(900), interval_level(1_000));
         // Only the latest victims count in ℓ.
         for index in 0..LIFESPAN_SAMPLE_COUNT_MAX as u32 {
             placement.segment_opened(10 + index, Stream::Client, 5_000);
