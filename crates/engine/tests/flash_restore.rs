@@ -327,3 +327,103 @@ async fn lost_blocks_survive_snapshots_scrub_trim_and_reopening() {
     assert_eq!(scrubbed.blocks_unrepairable, 0, "{scrubbed:?}");
     pool.close().await.unwrap();
 }
+
+/// Made by the version 8 build (commit eae4bc7) with `lamina pool create
+/// --flash flash.img:32M --capacity cap.img:32M --segment-size 1M`, volume
+/// `vol` (48 MiB), MiB `k` < 40 filled with `0x10 + k` through NBD, a clean
+/// stop; the two files one after the other (the pool's address space).
+fn version_8_two_tier_image() -> Vec<u8> {
+    use std::io::Read;
+    let packed = include_bytes!("data/pool-format-8-two-tier.img.gz");
+    let mut image = Vec::new();
+    flate2::read::GzDecoder::new(&packed[..])
+        .read_to_end(&mut image)
+        .unwrap();
+    image
+}
+
+const VERSION_8_FLASH_BYTES: u64 = 32 << 20;
+
+/// Reads `vol` MiB by MiB, 4 KiB at a time: each block its pattern, or lost
+/// where `lost_allowed`. Returns the lost blocks.
+async fn check_version_8_contents(pool: &Pool, lost_allowed: bool) -> u64 {
+    let volume = pool.volume_id("vol").unwrap();
+    let mut lost = 0;
+    let mut contents = vec![0u8; BLOCK];
+    for block in 0..(48u64 << 20) / BLOCK_SIZE_BYTES {
+        let mebibyte = block * BLOCK_SIZE_BYTES >> 20;
+        let expected = if mebibyte < 40 {
+            0x10 + mebibyte as u8
+        } else {
+            0
+        };
+        match pool
+            .read(volume, block * BLOCK_SIZE_BYTES, &mut contents)
+            .await
+        {
+            Ok(()) => assert!(
+                contents.iter().all(|byte| *byte == expected),
+                "vol block {block}: expected {expected:#x}"
+            ),
+            Err(EngineError::Io(lamina_engine::IoError::BlockLost { .. })) if lost_allowed => {
+                lost += 1;
+            }
+            Err(error) => panic!("vol block {block}: {error}"),
+        }
+    }
+    lost
+}
+
+/// A version 8 two-tier pool has no slot copies: it cannot be restored
+/// without its flash. Opened once by this build, it is upgraded (two
+/// checkpoints write the copies) and keeps its data; from then on losing
+/// its flash loses only what was on flash.
+#[tokio::test]
+async fn a_version_8_pool_is_upgraded_and_then_restorable_from_capacity() {
+    let image = version_8_two_tier_image();
+    let without_flash = |image: &[u8]| {
+        let mut bytes = image.to_vec();
+        bytes[..VERSION_8_FLASH_BYTES as usize].fill(0);
+        Arc::new(MemoryDevice::from_bytes(bytes))
+    };
+    let restore = |device: Arc<MemoryDevice>| async move {
+        Pool::restore_flash(FlashRestore {
+            device: &*device,
+            flash_region_bytes: VERSION_8_FLASH_BYTES,
+            force: false,
+        })
+        .await?;
+        Pool::open_restored(device, limits()).await
+    };
+    let error = restore(without_flash(&image)).await.err().expect("refused");
+    assert!(
+        matches!(error, EngineError::Open(OpenError::NoCheckpointCopy { .. })),
+        "{error}"
+    );
+
+    let memory = Arc::new(MemoryDevice::from_bytes(image));
+    assert_eq!(superblock_version(&memory), 8, "the image is version 8");
+    let pool = Pool::open(memory.clone(), limits()).await.unwrap();
+    assert_eq!(
+        superblock_version(&memory),
+        lamina_engine::log::FORMAT_VERSION
+    );
+    check_version_8_contents(&pool, false).await;
+    pool.close().await.unwrap();
+    let flash_only_bytes = pool.status().flash_only_bytes.unwrap();
+    assert!(flash_only_bytes > 0 && flash_only_bytes < 40 << 20);
+
+    let pool = restore(without_flash(&memory.snapshot())).await.unwrap();
+    let lost = check_version_8_contents(&pool, true).await;
+    assert_eq!(lost * BLOCK_SIZE_BYTES, flash_only_bytes);
+    assert_eq!(pool.status().integrity.blocks_marked_lost, lost);
+    pool.close().await.unwrap();
+}
+
+fn superblock_version(memory: &MemoryDevice) -> u32 {
+    let mut bytes = vec![0u8; BLOCK];
+    memory.read_sync(0, &mut bytes);
+    lamina_engine::log::superblock::Superblock::decode(&bytes)
+        .unwrap()
+        .0
+}
