@@ -351,7 +351,7 @@ async fn check_version_8_contents(pool: &Pool, lost_allowed: bool) -> u64 {
     let mut lost = 0;
     let mut contents = vec![0u8; BLOCK];
     for block in 0..(48u64 << 20) / BLOCK_SIZE_BYTES {
-        let mebibyte = block * BLOCK_SIZE_BYTES >> 20;
+        let mebibyte = (block * BLOCK_SIZE_BYTES) >> 20;
         let expected = if mebibyte < 40 {
             0x10 + mebibyte as u8
         } else {
