@@ -104,6 +104,19 @@ pub struct ObjectStoreArgs {
     pub s3_allow_http: bool,
 }
 
+impl ObjectStoreArgs {
+    /// The tier at `url` (parsed from the argument) as `pool.toml` records it.
+    fn describe(&self, url: String) -> lamina_control::object_tier::ObjectTierDescription {
+        lamina_control::object_tier::ObjectTierDescription {
+            url,
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            virtual_hosted_style: self.s3_virtual_hosted_style,
+            allow_http: self.s3_allow_http,
+        }
+    }
+}
+
 /// `pool create` with its capacity tier on object storage.
 pub struct ObjectTierPoolRequest<'a> {
     /// `s3://bucket/prefix[:SIZE]` as given.
@@ -119,16 +132,9 @@ pub async fn create_over_object_tier(
     flash: &lamina_control::store::TierDevice,
     request: &ObjectTierPoolRequest<'_>,
 ) -> anyhow::Result<PoolStatus> {
-    use lamina_control::object_tier::{ObjectStoreSection, ObjectTierDescription, parse_argument};
+    use lamina_control::object_tier::{ObjectStoreSection, parse_argument};
     let argument = parse_argument(request.url)?;
-    let arguments = &request.object_store;
-    let description = ObjectTierDescription {
-        url: argument.url,
-        endpoint: arguments.s3_endpoint.clone(),
-        region: arguments.s3_region.clone(),
-        virtual_hosted_style: arguments.s3_virtual_hosted_style,
-        allow_http: arguments.s3_allow_http,
-    };
+    let description = request.object_store.describe(argument.url);
     let options = PoolOptions {
         segment_size_bytes: request.segment_size_bytes,
         force: request.force,
@@ -177,16 +183,9 @@ pub async fn restore_from_object_tier(
     flash: &lamina_control::store::TierDevice,
     request: &RestoreRequest<'_>,
 ) -> anyhow::Result<RestoredPool> {
-    use lamina_control::object_tier::{ObjectStoreSection, ObjectTierDescription, parse_argument};
+    use lamina_control::object_tier::{ObjectStoreSection, parse_argument};
     let argument = parse_argument(request.url)?;
-    let arguments = &request.object_store;
-    let description = ObjectTierDescription {
-        url: argument.url,
-        endpoint: arguments.s3_endpoint.clone(),
-        region: arguments.s3_region.clone(),
-        virtual_hosted_style: arguments.s3_virtual_hosted_style,
-        allow_http: arguments.s3_allow_http,
-    };
+    let description = request.object_store.describe(argument.url);
     let (opened, restored) = lamina_control::store::restore_object_tier_pool(
         data_dir,
         flash,

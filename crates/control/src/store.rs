@@ -516,16 +516,7 @@ pub async fn create_object_tier_pool(
             return Err(error);
         }
     };
-    let description = PoolDescription {
-        flash: std::fs::canonicalize(&flash.path).unwrap_or_else(|_| flash.path.clone()),
-        flash_model: recorded_model(flash.model.as_deref()),
-        capacity: None,
-        capacity_model: None,
-        flash_devices: Vec::new(),
-        capacity_devices: Vec::new(),
-        redundancy: None,
-        capacity_object_store: Some(object_tier.clone()),
-    };
+    let description = object_tier_pool_description(flash, object_tier);
     write_description(data_dir, &description)?;
     Ok(opened)
 }
@@ -572,16 +563,7 @@ pub async fn restore_object_tier_pool(
         force,
     })
     .await?;
-    let description = PoolDescription {
-        flash: std::fs::canonicalize(&flash.path).unwrap_or_else(|_| flash.path.clone()),
-        flash_model: recorded_model(flash.model.as_deref()),
-        capacity: None,
-        capacity_model: None,
-        flash_devices: Vec::new(),
-        capacity_devices: Vec::new(),
-        redundancy: None,
-        capacity_object_store: Some(object_tier.clone()),
-    };
+    let description = object_tier_pool_description(flash, object_tier);
     // Written once the open has marked the lost blocks durably: a restore
     // that stops before is run again (with --force over the new flash).
     let opened = OpenedPool {
@@ -592,6 +574,24 @@ pub async fn restore_object_tier_pool(
     };
     write_description(data_dir, &description)?;
     Ok((opened, restored))
+}
+
+/// What `pool.toml` says of a pool on `flash` with its capacity tier on
+/// object storage.
+fn object_tier_pool_description(
+    flash: &TierDevice,
+    object_tier: &crate::object_tier::ObjectTierDescription,
+) -> PoolDescription {
+    PoolDescription {
+        flash: std::fs::canonicalize(&flash.path).unwrap_or_else(|_| flash.path.clone()),
+        flash_model: recorded_model(flash.model.as_deref()),
+        capacity: None,
+        capacity_model: None,
+        flash_devices: Vec::new(),
+        capacity_devices: Vec::new(),
+        redundancy: None,
+        capacity_object_store: Some(object_tier.clone()),
+    }
 }
 
 /// The object tier `create_object_tier_pool` makes.
