@@ -531,7 +531,8 @@ mod tests {
             "capacity": null, "promoted_blocks": 0, "demoted_blocks": 0,
             "integrity": {"read_checksum_errors": 0, "checksum_errors_repaired": 0,
                 "summaries_repaired": 0, "lost_batches": 0,
-                "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0},
+                "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0,
+                "blocks_marked_lost": 0, "lost_block_reads": 0},
             "scrub": {"state": "none", "blocks_total": 0, "blocks_scrubbed": 0,
                 "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0}
         });
@@ -566,6 +567,18 @@ mod tests {
         document.as_object_mut().unwrap().remove("cache_warmup");
         let status: PoolStatus = serde_json::from_value(document).expect("reads");
         assert_eq!(status.cache_warmup, CacheWarmupStatus::default());
+    }
+
+    #[test]
+    fn a_status_without_the_lost_block_counts_reads_them_as_zero() {
+        let mut document = status_json();
+        let integrity = document["integrity"].as_object_mut().unwrap();
+        integrity.remove("blocks_marked_lost");
+        integrity.remove("lost_block_reads");
+        let status: PoolStatus = serde_json::from_value(document).expect("reads");
+        assert_eq!(status.integrity.blocks_marked_lost, 0);
+        assert_eq!(status.integrity.lost_block_reads, 0);
+        assert_eq!(status.flash_only_bytes, None);
     }
 
     #[test]
