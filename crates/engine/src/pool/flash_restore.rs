@@ -3,22 +3,25 @@
 //! pool's label (a copy of the superblock), a copy of each checkpoint slot and
 //! every checkpoint body; this writes onto a new, empty flash device what
 //! recovery reads from flash (the superblock, its copy and the slots), so that
-//! `Pool::open` then recovers the pool as after any crash: the newest
+//! `Pool::open_restored` then recovers the pool as after any crash (the newest
 //! checkpoint whose chain verifies, and the batches the capacity tier holds
-//! after it. Blocks the maps place on the lost flash read as I/O errors (the
-//! new flash holds zeros there, which fail their checksums); see
-//! docs/format.md, "Slot copies on the capacity tier".
+//! after it) and marks lost the map entries whose data went with the flash
+//! device: they read as I/O errors and hold no space; see docs/format.md,
+//! "Slot copies on the capacity tier".
 
 use lamina_device::BlockDevice;
 
 use super::inner::{Pool, aligned};
-use super::recovery::{check_device_starts_empty, write_empty_openings_areas};
+use super::recovery::{
+    check_device_starts_empty, write_empty_openings_areas, write_superblock_and_copy,
+    write_zeroed_flush_markers,
+};
 use crate::convert::to_usize;
 use crate::error::{EngineError, OpenError};
 use crate::log::checkpoint::Slot;
 use crate::log::geometry::{
     CAPACITY_SLOT_COPY_BLOCKS, CAPACITY_SLOT_COPY_SIZE_BLOCKS, CHECKPOINT_SLOT_BLOCKS,
-    FLUSH_MARKER_BLOCKS, SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK,
+    SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK,
 };
 use crate::log::superblock::Superblock;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
@@ -26,7 +29,6 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 /// What a restore found on the capacity tier and wrote onto the new flash.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RestoredFlash {
-    pub pool_identifier: u128,
     /// The checkpoints whose slot copies decoded, newest first (recovery
     /// still checks their bodies and falls back to the older one).
     pub checkpoint_sequences: Vec<u64>,
@@ -46,7 +48,9 @@ pub struct FlashRestore<'a> {
 impl Pool {
     /// Writes onto the flash region of `restore.device` the superblock and
     /// the checkpoint slots copied on the capacity tier, then flushes; open
-    /// the pool with `Pool::open` afterwards. Refuses a flash region of
+    /// the pool with `Pool::open_restored` afterwards (`Pool::open` would
+    /// leave the lost blocks mapped to the new flash, holding its space).
+    /// Refuses a flash region of
     /// another size than the lost one's, a flash device holding data (unless
     /// forced), a capacity device without a label, and one without a usable
     /// slot copy (a pool last written by a build older than format version 9).
@@ -76,13 +80,10 @@ impl Pool {
             "flash device restored from the capacity tier: blocks that were on the lost flash only will read as errors"
         );
         Ok(RestoredFlash {
-            pool_identifier: superblock.pool_identifier,
             checkpoint_sequences,
         })
     }
-}
 
-impl Pool {
     /// The size of the flash device the pool on `capacity` (a capacity
     /// device alone, without the flash before it) was created with: what a
     /// new flash device must measure to restore it.
@@ -177,18 +178,8 @@ async fn write_flash_metadata(
     superblock: &Superblock,
     copies: &[Option<Slot>; 2],
 ) -> Result<(), EngineError> {
-    for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
-        device
-            .write(block * BLOCK_SIZE_BYTES, aligned(&superblock.encode()))
-            .await?;
-    }
-    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_BYTES;
-    device
-        .write(
-            FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
-            aligned(&vec![0u8; markers_bytes]),
-        )
-        .await?;
+    write_superblock_and_copy(device, 0, superblock).await?;
+    write_zeroed_flush_markers(device).await?;
     for (slot_index, copy) in copies.iter().enumerate() {
         let encoded = match copy {
             Some(slot) => slot.encode(),

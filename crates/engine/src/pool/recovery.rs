@@ -477,24 +477,9 @@ async fn write_new_pool(
     device_starts: &[u64],
 ) -> Result<(), EngineError> {
     for start in device_starts {
-        for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
-            device
-                .write(
-                    start + block * BLOCK_SIZE_BYTES,
-                    aligned(&superblock.encode()),
-                )
-                .await?;
-        }
+        write_superblock_and_copy(device, *start, superblock).await?;
     }
-    // The flush markers' blocks are written now, so that a pool file on a
-    // file system that later runs full never needs space for them.
-    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_BYTES;
-    device
-        .write(
-            FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
-            aligned(&vec![0u8; markers_bytes]),
-        )
-        .await?;
+    write_zeroed_flush_markers(device).await?;
     // Invalidate both slots, so that a forced re-create never finds an old pool's checkpoint.
     for slot_block in CHECKPOINT_SLOT_BLOCKS {
         device
@@ -512,6 +497,40 @@ async fn write_new_pool(
     };
     write_record(device, &first_record).await?;
     device.flush().await?;
+    Ok(())
+}
+
+/// Writes `superblock` at blocks 0 and 128 from `start` (the flash device's
+/// superblock and its copy, or the capacity device's label and its copy).
+pub(super) async fn write_superblock_and_copy(
+    device: &dyn BlockDevice,
+    start: u64,
+    superblock: &Superblock,
+) -> Result<(), EngineError> {
+    for block in [SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK] {
+        device
+            .write(
+                start + block * BLOCK_SIZE_BYTES,
+                aligned(&superblock.encode()),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Zeros over both flush markers. Written when a flash device is set up, so
+/// that a pool file on a file system that later runs full never needs space
+/// for them.
+pub(super) async fn write_zeroed_flush_markers(
+    device: &dyn BlockDevice,
+) -> Result<(), EngineError> {
+    let markers_bytes = FLUSH_MARKER_BLOCKS.len() * BLOCK_BYTES;
+    device
+        .write(
+            FLUSH_MARKER_BLOCKS[0] * BLOCK_SIZE_BYTES,
+            aligned(&vec![0u8; markers_bytes]),
+        )
+        .await?;
     Ok(())
 }
 
