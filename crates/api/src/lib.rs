@@ -54,6 +54,11 @@ pub struct PoolStatus {
     pub cleaner_state: CleanerState,
     /// Free-space pressure on the cleaner, 0 (idle) to 1.
     pub cleaner_pressure: f64,
+    /// Writes that found no free segment and waited for a reclaim since
+    /// the daemon opened the pool (absent from daemons that predate it:
+    /// zero).
+    #[serde(default)]
+    pub space_waits: SpaceWaits,
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     /// Why the pool refuses writes, after an I/O error.
@@ -380,6 +385,14 @@ pub enum CleanerState {
     Short,
 }
 
+/// Writes that found no free segment and waited for space (a reclaim in
+/// the write path) since the pool opened, and the time they waited in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceWaits {
+    pub count: u64,
+    pub milliseconds: u64,
+}
+
 /// What `pool status` shows while the device is full.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceFullStatus {
@@ -545,6 +558,7 @@ mod tests {
             "granted_bytes": {"rebuild": 0, "cleaner": 4096, "demoter": 0, "scrub": 8192},
             "urgent_bytes": 0
         });
+        document["space_waits"] = serde_json::json!({"count": 3, "milliseconds": 120});
         document["cache_warmup"] = serde_json::json!({"state": "loading", "blocks_listed": 10,
             "blocks_to_load": 8, "blocks_loaded": 5, "blocks_skipped": 1, "elapsed_ms": 300});
         document["rebuild"] = serde_json::json!({"state": "rebuilding", "kind": "replacement", "bytes_total": 100,
@@ -579,6 +593,14 @@ mod tests {
         assert_eq!(status.integrity.blocks_marked_lost, 0);
         assert_eq!(status.integrity.lost_block_reads, 0);
         assert_eq!(status.flash_only_bytes, None);
+    }
+
+    #[test]
+    fn a_status_without_space_waits_reads_them_as_zero() {
+        let mut document = status_json();
+        document.as_object_mut().unwrap().remove("space_waits");
+        let status: PoolStatus = serde_json::from_value(document).expect("reads");
+        assert_eq!(status.space_waits, SpaceWaits::default());
     }
 
     #[test]

@@ -241,6 +241,10 @@ pub struct StatusSample {
     pub cleaner_state: CleanerState,
     pub cleaner_granted_bytes: u64,
     pub urgent_bytes: u64,
+    /// Writes that waited for space (a reclaim in the write path) since
+    /// the daemon opened the pool, and their time in all.
+    pub space_waits: u64,
+    pub space_wait_ms: u64,
 }
 
 /// When things happened, in seconds since the load started.
@@ -648,6 +652,8 @@ fn sample(status: &PoolStatus, start: Instant) -> StatusSample {
         cleaner_state: status.cleaner_state,
         cleaner_granted_bytes: status.background.granted_bytes.cleaner,
         urgent_bytes: status.background.urgent_bytes,
+        space_waits: status.space_waits.count,
+        space_wait_ms: status.space_waits.milliseconds,
     }
 }
 

@@ -494,6 +494,10 @@ fn print_status(status: &PoolStatus) {
         status.cleaner_relocated_blocks
     );
     println!(
+        "waited for space     {} writes, {} ms in all (cleaning in the write path)",
+        status.space_waits.count, status.space_waits.milliseconds
+    );
+    println!(
         "dead segments        {} (freed by the next checkpoints)",
         status.dead_segment_count
     );

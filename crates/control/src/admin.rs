@@ -718,6 +718,16 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
         f64::from(status.usage_warning_percent),
     );
     gauge(
+        "lamina_client_space_waits_total",
+        "Writes that found no free segment and waited for a reclaim (cleaning in the write path).",
+        status.space_waits.count as f64,
+    );
+    gauge(
+        "lamina_client_space_wait_seconds_total",
+        "Time writes waited for a reclaim, in all.",
+        status.space_waits.milliseconds as f64 / 1000.0,
+    );
+    gauge(
         "lamina_cleaner_pressure",
         "Free-space pressure on the cleaner, 0 (idle) to 1 (nothing free beyond the reserves).",
         status.cleaner_pressure,

@@ -31,6 +31,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         dead_segment_count,
         cleaner_state,
         cleaner_pressure,
+        space_waits,
         durable_batch_sequence,
         checkpoint_sequence,
         failed,
@@ -68,6 +69,10 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         dead_segment_count,
         cleaner_state: cleaner_state_of(cleaner_state),
         cleaner_pressure,
+        space_waits: api::SpaceWaits {
+            count: space_waits.count,
+            milliseconds: space_waits.milliseconds,
+        },
         durable_batch_sequence,
         checkpoint_sequence,
         failed,

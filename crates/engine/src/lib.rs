@@ -33,6 +33,7 @@ pub use pool::evacuation::{EvacuationGoal, EvacuationNeed};
 pub use pool::rebuild::RebuildStart;
 pub use pool::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 pub use pool::scrub_progress::{ScrubState, ScrubStatus};
+pub use pool::space_waits::SpaceWaitsStatus;
 pub use pool::{
     BackgroundImpact, DeviceFullStatus, Extent, FlashRestore, LimitsError, Pool, PoolLimits,
     PoolOptions, PoolStatus, RestoredFlash, TestHooks, TierSpace, VolumeTierStats,

@@ -683,8 +683,17 @@ impl Pool {
 
     /// Frees space for a write that found no free segment: waits for anyone else
     /// already doing it, then flushes, cleans and checkpoints as needed.
-    /// Returns whether a client may now allocate a segment.
+    /// Returns whether a client may now allocate a segment. Each call is
+    /// counted with the time it took (`pool status`, "writes waited for
+    /// space").
     pub(crate) async fn reclaim(&self) -> Result<bool, EngineError> {
+        let started = tokio::time::Instant::now();
+        let result = self.reclaim_untimed().await;
+        self.inner.space_waits.record(started.elapsed());
+        result
+    }
+
+    async fn reclaim_untimed(&self) -> Result<bool, EngineError> {
         let _guard = self.inner.reclaim_lock.lock().await;
         if client_has_room(&self.inner.lock()) {
             return Ok(true);

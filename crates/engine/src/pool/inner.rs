@@ -44,6 +44,7 @@ use super::rebuild_progress::Rebuilder;
 use super::scrub_progress::Scrubber;
 use super::segment_openings::OpeningsRecorder;
 use super::segment_shapes::SegmentShapes;
+use super::space_waits::SpaceWaits;
 use super::state::State;
 use super::writer::InFlightBatch;
 use crate::convert::milliseconds_saturating;
@@ -95,6 +96,8 @@ pub(crate) struct Inner {
     /// The rate background work (rebuild, cleaner, demoter, scrub) may
     /// issue, following client latency.
     pub(super) budget: BackgroundBudget,
+    /// Writes that found no free segment and waited for a reclaim.
+    pub(super) space_waits: SpaceWaits,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.

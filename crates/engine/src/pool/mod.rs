@@ -37,6 +37,7 @@ pub mod scrub_progress;
 mod segment_openings;
 mod segment_shapes;
 pub mod space;
+pub mod space_waits;
 mod state;
 mod status;
 pub mod stream;

@@ -96,6 +96,7 @@ fn new_inner(
         rebuild: Default::default(),
         cache_warmup: Default::default(),
         budget,
+        space_waits: super::space_waits::SpaceWaits::default(),
         flush_marker,
         openings,
     })

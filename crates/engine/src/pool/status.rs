@@ -16,6 +16,7 @@ use super::limits::PoolLimits;
 use super::rebuild_progress::RebuildStatus;
 use super::scrub_progress::ScrubStatus;
 use super::space::Allocation;
+use super::space_waits::SpaceWaitsStatus;
 use super::state::State;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
@@ -65,6 +66,9 @@ pub struct PoolStatus {
     /// paced cleaner relocates this times
     /// `cleaner_relocation_blocks_per_client_block_max` per client block.
     pub cleaner_pressure: f64,
+    /// Writes that found no free segment and waited for a reclaim (cleaning
+    /// in the write path), and how long, since the pool opened.
+    pub space_waits: SpaceWaitsStatus,
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
@@ -347,6 +351,7 @@ impl Pool {
             dead_segment_count: space.dead_segment_count,
             cleaner_state,
             cleaner_pressure,
+            space_waits: self.inner.space_waits.status(),
             durable_batch_sequence: state.writer().durable_through(),
             checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
             failed: state.writer().failed().map(str::to_string),

@@ -19,6 +19,9 @@
 //! gets all of it. Work that must not wait (the cleaner when writers are
 //! about to find no free segment) is charged without waiting
 //! ([`BackgroundBudget::charge_urgent`]), so that the others yield to it.
+//! The paced cleaner never waits: its work is the price of the clients'
+//! own writes, paced by free space (decision 0039); short of the urgent
+//! case its bytes are only counted ([`BackgroundBudget::count_unpaced`]).
 //!
 //! The budget only delays work; it never skips or reorders a step. Its
 //! mutex is a leaf: never held across an `.await`, and no other lock is
@@ -304,6 +307,14 @@ impl BackgroundBudget {
         // same kind its turn once it is paced again.
         account.granted_bytes += bytes;
         account.urgent_bytes += bytes;
+    }
+
+    /// Counts `bytes` of `work` that is paced by something else than the
+    /// budget (the cleaner, by free space and the clients' own writes:
+    /// decision 0039): shown in `granted_bytes`, but not charged to the
+    /// rate, so that the others keep their floor beside it.
+    pub fn count_unpaced(&self, work: BackgroundWork, bytes: u64) {
+        self.lock().accounts[work.index()].granted_bytes += bytes;
     }
 
     pub fn status(&self) -> BackgroundBudgetStatus {

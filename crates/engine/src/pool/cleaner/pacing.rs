@@ -20,6 +20,13 @@
 //! victims (pipelined: each frees the group before), or at once when space is
 //! short (docs/decisions/0006-segment-reuse.md).
 //!
+//! The paced cleaner does not wait for the shared background budget
+//! (`budget/`): its work is the price of the clients' own writes and is
+//! already held to it here, and waiting behind a rate held at its floor by
+//! a rebuild under load only moved the cleaning into the writers' path
+//! (decision 0039). Its bytes are counted there, and charged as urgent
+//! from [`CLEANER_UNPACED_PRESSURE_MIN`] so that the others yield to it.
+//!
 //! Nothing here can deadlock a full pool: the paced cleaner only ever calls the
 //! same `clean` and `checkpoint` as a blocked writer's reclaim, and a writer
 //! never waits for it.
@@ -140,10 +147,10 @@ pub(crate) fn cleaner_state(state: &State, limits: &PoolLimits) -> (CleanerState
     let pressure = outlook.pressure();
     let cleaner_state = if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
         CleanerState::Off
-    } else if pressure == 0.0 {
-        CleanerState::Idle
     } else if outlook.short() {
         CleanerState::Short
+    } else if pressure == 0.0 {
+        CleanerState::Idle
     } else {
         CleanerState::Paced
     };
@@ -260,23 +267,21 @@ impl Pool {
         })
     }
 
-    /// Cleans one victim. It first asks the background budget for the
-    /// victim's live bytes (what it reads and rewrites), holding no lock;
+    /// Cleans one victim, without waiting for the background budget: the
+    /// pacer's own budget (pressure × client blocks written) already holds
+    /// it to what the clients' writes call for, and waiting behind a rate
+    /// held at its floor (a rebuild under load) only moved the cleaning
+    /// into the writers' path, a whole reclaim at a time (decision 0039).
+    /// The victim's live bytes (what it reads and rewrites) are counted;
     /// once the pressure reaches [`CLEANER_UNPACED_PRESSURE_MIN`] they are
-    /// charged without waiting, since writers are then close to finding no
-    /// free segment (docs/decisions/0022).
+    /// also charged to the rate, so that the other kinds yield to it.
     async fn clean_paced(&self, pacer: &mut Pacer, look: &Look) -> Result<(), EngineError> {
         let bytes = u64::from(look.victim_live_blocks) * BLOCK_SIZE_BYTES;
         let budget = &self.inner.budget;
         if look.short {
             budget.charge_urgent(BackgroundWork::Cleaner, bytes);
         } else {
-            budget.acquire(BackgroundWork::Cleaner, bytes).await;
-            // The pool may have been closed while this waited: a closed
-            // pool's device may already belong to the next open.
-            if self.background_stopped() {
-                return Ok(());
-            }
+            budget.count_unpaced(BackgroundWork::Cleaner, bytes);
         }
         let before = self.inner.lock().counters().relocated_blocks();
         self.clean(1).await?;
@@ -287,18 +292,17 @@ impl Pool {
 }
 
 /// Free-space pressure (0 at the headroom, 1 with nothing free) from which
-/// the paced cleaner no longer waits for the background budget. Waiting
-/// there let a rebuild held at the budget's floor starve it: free space
-/// ran out, writers cleaned for themselves and client p99 rose 5–40×
-/// (measured with `lamina bench rebuild`, BENCHMARKS.md, issue 19).
+/// the paced cleaner's bytes are charged to the background budget as
+/// urgent, so that rebuild, the demoter and scrub yield to it. (Below it
+/// they are only counted; the cleaner waits for the budget at no pressure,
+/// decision 0039.)
 pub const CLEANER_UNPACED_PRESSURE_MIN: f64 = 0.5;
 
 /// What one look at the pool decided.
 struct Look {
     step: Step,
     /// Free space is short, or the pressure is past
-    /// [`CLEANER_UNPACED_PRESSURE_MIN`]: the cleaner does not wait for the
-    /// budget.
+    /// [`CLEANER_UNPACED_PRESSURE_MIN`]: the cleaner's bytes are urgent.
     short: bool,
     /// Live blocks of the victim a `Step::Clean` takes.
     victim_live_blocks: u32,
@@ -349,13 +353,22 @@ fn choose_step(
     budget_blocks: f64,
     next_victim_live_blocks: impl FnOnce() -> Option<f64>,
 ) -> Step {
+    // Short of free segments, dead ones are freed whatever the pressure
+    // (which counts them as available: it can be 0 while writers are about
+    // to block, with nothing but a flush or checkpoint between them).
+    if short && dead.awaiting_flush > 0 {
+        return Step::Flush;
+    }
+    if short && dead.total > 0 {
+        return Step::Checkpoint;
+    }
     if pressure == 0.0 {
         return Step::Idle;
     }
     if dead.awaiting_flush > 0 {
         return Step::Flush;
     }
-    if dead.uncovered >= dead.group || (short && dead.total > 0) {
+    if dead.uncovered >= dead.group {
         return Step::Checkpoint;
     }
     match next_victim_live_blocks() {
@@ -429,6 +442,26 @@ mod tests {
         };
         assert_eq!(choose_step(0.5, false, one, 0.0, victim), Step::Clean);
         assert_eq!(choose_step(0.9, true, one, 0.0, victim), Step::Checkpoint);
+    }
+
+    #[test]
+    fn short_of_free_segments_dead_ones_are_freed_even_at_no_pressure() {
+        let victim = || Some(0.0);
+        // Pressure counts dead segments as available: 0 here, with none
+        // free beyond the reserves.
+        let waiting = Dead {
+            total: 8,
+            awaiting_flush: 0,
+            uncovered: 8,
+            group: 16,
+        };
+        assert_eq!(choose_step(0.0, true, waiting, 0.0, victim), Step::Checkpoint);
+        assert_eq!(choose_step(0.0, false, waiting, 0.0, victim), Step::Idle);
+        let flushable = Dead {
+            awaiting_flush: 2,
+            ..waiting
+        };
+        assert_eq!(choose_step(0.0, true, flushable, 0.0, victim), Step::Flush);
     }
 
     #[test]
