@@ -183,9 +183,14 @@ async fn pool_for_the_cleaner() -> (Pool, u32, u64) {
         .expect("creates a volume")
         .volume_id;
     for block in 0..block_count {
-        pool.write(volume_id, block * BLOCK_SIZE_BYTES, &block_contents(block, 0), false)
-            .await
-            .expect("writes");
+        pool.write(
+            volume_id,
+            block * BLOCK_SIZE_BYTES,
+            &block_contents(block, 0),
+            false,
+        )
+        .await
+        .expect("writes");
     }
     pool.flush().await.expect("flushes");
     (pool, volume_id, block_count)

@@ -455,7 +455,10 @@ mod tests {
             uncovered: 8,
             group: 16,
         };
-        assert_eq!(choose_step(0.0, true, waiting, 0.0, victim), Step::Checkpoint);
+        assert_eq!(
+            choose_step(0.0, true, waiting, 0.0, victim),
+            Step::Checkpoint
+        );
         assert_eq!(choose_step(0.0, false, waiting, 0.0, victim), Step::Idle);
         let flushable = Dead {
             awaiting_flush: 2,
