@@ -1,7 +1,12 @@
-//! The transmission phase: one reader reads requests in order, each valid request
-//! runs as its own task (at most `in_flight_requests_max` at once, holding at most
-//! `in_flight_bytes_max` of buffers), and one writer task puts the replies on the
-//! socket in whatever order they complete. Bad input closes only this connection.
+//! The transmission phase: one task per connection reads requests in order,
+//! runs those in flight (at most `in_flight_requests_max` at once, holding at
+//! most `in_flight_bytes_max` of buffers) as futures it polls itself, and
+//! writes their replies in whatever order they complete (see [`connection`]
+//! and decision 0040). This file runs one request and builds its reply. Bad
+//! input closes only this connection.
+
+mod connection;
+mod in_flight;
 
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
@@ -9,10 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::FutureExt;
-use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
-};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Export, ExportError, Extent};
@@ -22,16 +24,11 @@ use crate::error::ConnectionError;
 use crate::negotiated::Negotiated;
 use crate::statistics::{ExportStatistics, Operation};
 use crate::wire::{self, BlockStatusDescriptor, Command, RequestHeader, TransmissionContext};
+use connection::{Connection, Settings};
 
-/// Socket read buffer: enough for many small request headers per system call.
-const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Socket write buffer: coalesces small replies; big read payloads bypass it.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Holes shorter than this are sent as data: a hole chunk costs 32 bytes and a
 /// split in the client's reassembly, not worth it for a few sectors.
 const HOLE_CHUNK_BYTES_MIN: u32 = 4096;
-/// Size of the scratch buffer used to discard the payload of a refused write.
-const DISCARD_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Maps a backend error to the NBD error value sent to the client.
 pub fn errno_for(error: &ExportError) -> u32 {
@@ -88,21 +85,16 @@ enum Piece {
     Data(Range<usize>),
 }
 
-/// What a request holds of its connection's budgets until its reply is written.
-struct Permits {
-    _request: OwnedSemaphorePermit,
-    /// Its buffer's bytes; none for requests without a buffer.
-    _bytes: Option<OwnedSemaphorePermit>,
-}
-
 /// A complete reply, written to the socket without interleaving.
 struct Outgoing {
     pieces: Vec<Piece>,
     /// Read data (from the connection's [`BufferPool`], returned to it once
     /// written).
     data: Vec<u8>,
-    /// Released when the reply has been written, which bounds buffered replies.
-    _permits: Option<Permits>,
+    /// Bytes of the in-flight budget its request holds (besides one request
+    /// of the request budget) until it is written, which bounds buffered
+    /// replies.
+    budget_bytes: u32,
     /// A read or write to count in the export's statistics once written.
     counted: Option<Counted>,
 }
@@ -141,11 +133,20 @@ impl Counted {
 }
 
 impl Outgoing {
+    /// The bytes of piece `index`.
+    fn piece_bytes(&self, index: usize) -> &[u8] {
+        match &self.pieces[index] {
+            Piece::Inline(inline) => inline.as_slice(),
+            Piece::Bytes(bytes) => bytes,
+            Piece::Data(range) => &self.data[range.clone()],
+        }
+    }
+
     fn bytes(bytes: Vec<u8>) -> Self {
         Outgoing {
             pieces: vec![Piece::Bytes(bytes)],
             data: Vec::new(),
-            _permits: None,
+            budget_bytes: 0,
             counted: None,
         }
     }
@@ -154,7 +155,7 @@ impl Outgoing {
         Outgoing {
             pieces: vec![Piece::Inline(InlineBytes::of(&[bytes]))],
             data: Vec::new(),
-            _permits: None,
+            budget_bytes: 0,
             counted: None,
         }
     }
@@ -162,6 +163,7 @@ impl Outgoing {
 
 /// Runs the transmission phase until the client disconnects, sends bad input, or
 /// `shutdown` is cancelled; in-flight requests are always completed and answered.
+/// The whole phase is one task: see [`connection`].
 pub(crate) async fn run<S>(
     stream: S,
     negotiated: Negotiated,
@@ -171,332 +173,91 @@ pub(crate) async fn run<S>(
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (read_half, write_half) = tokio::io::split(stream);
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
-    let (sender, receiver) = mpsc::channel::<Outgoing>(config.in_flight_requests_max + 1);
-    let broken = CancellationToken::new();
-    let buffers = BufferPool::default();
     let statistics = negotiated.export.statistics();
     let measures_latency = statistics
         .as_ref()
         .is_some_and(|statistics| statistics.measures_latency());
-    let writer = tokio::spawn(write_replies(
-        write_half,
-        receiver,
-        broken.clone(),
-        statistics.clone(),
-        buffers.clone(),
-    ));
-
-    let requests = RequestReader {
-        export: negotiated.export,
-        context: negotiated.context,
-        counts: statistics.is_some(),
+    let settings = Settings {
+        services: Arc::new(Services {
+            export: negotiated.export,
+            context: negotiated.context,
+            buffers: BufferPool::default(),
+            block_status_descriptors_max: config.block_status_descriptors_max,
+        }),
+        statistics,
         measures_latency,
-        config,
-        sender,
-        buffers,
-        requests_in_flight: Arc::new(Semaphore::new(config.in_flight_requests_max)),
-        bytes_in_flight: Arc::new(Semaphore::new(
-            usize::try_from(config.in_flight_bytes_max)
-                .expect("ServerConfig::validate keeps in_flight_bytes_max within a usize"),
-        )),
+        requests_max: config.in_flight_requests_max,
+        bytes_max: config.in_flight_bytes_max,
     };
-    let result = requests.read_all(&mut reader, &shutdown, &broken).await;
-    // Every request task holds a sender; the writer ends once the last reply of
-    // the last in-flight request has been written.
-    drop(requests);
-    let write_result = writer.await.unwrap_or_else(|join_error| {
-        Err(std::io::Error::other(format!(
-            "reply writer failed: {join_error}"
-        )))
-    });
-    result?;
-    write_result.map_err(ConnectionError::from)
+    Connection::new(stream, settings, shutdown, serve)
+        .run()
+        .await
 }
 
-/// Whether the reader goes on to the next request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NextStep {
-    ReadNext,
-    Stop,
-}
-
-/// The reader's side of one connection: what every request runs against, the
-/// channel to the writer, and the budgets that bound the requests in flight.
-struct RequestReader<'a> {
+/// What every request of one connection runs with.
+pub(super) struct Services {
     export: Arc<dyn Export>,
     context: TransmissionContext,
-    /// Whether the export keeps statistics, and whether they measure latency.
-    counts: bool,
-    measures_latency: bool,
-    config: &'a ServerConfig,
-    sender: mpsc::Sender<Outgoing>,
-    /// Payload buffers, recycled through the writer.
+    /// Payload buffers, taken by the reader and by reads, returned once a
+    /// reply is written.
     buffers: BufferPool,
-    /// `in_flight_requests_max` permits, one per request.
-    requests_in_flight: Arc<Semaphore>,
-    /// `in_flight_bytes_max` permits, one per byte of read or write buffer.
-    bytes_in_flight: Arc<Semaphore>,
+    block_status_descriptors_max: u32,
 }
 
-impl RequestReader<'_> {
-    /// Reads requests in order and starts each one, until the client leaves,
-    /// sends bad input, the writer breaks or `shutdown` is cancelled.
-    async fn read_all<R>(
-        &self,
-        reader: &mut BufReader<R>,
-        shutdown: &CancellationToken,
-        broken: &CancellationToken,
-    ) -> Result<(), ConnectionError>
-    where
-        R: AsyncRead + Unpin,
-    {
-        loop {
-            if wait_for_request(reader, shutdown, broken).await? == NextStep::Stop {
-                return Ok(());
-            }
-            let mut header_bytes = [0u8; wire::REQUEST_HEADER_BYTES];
-            read_exact_or_truncated(reader, &mut header_bytes, "request header").await?;
-            // A request arrives when its header has been read.
-            let arrived = self.measures_latency.then(Instant::now);
-            let header = wire::parse_request_header(&header_bytes)?;
-            let command = match wire::validate_request(&header, &self.context) {
-                Ok(command) => command,
-                Err(rejection) => {
-                    if self.refuse(reader, &header, &rejection).await? == NextStep::Stop {
-                        return Ok(());
-                    }
-                    continue;
-                }
-            };
-            if command == Command::Disconnect {
-                tracing::debug!("client sent NBD_CMD_DISC");
-                return Ok(());
-            }
-            let permits = self.acquire_permits(command).await;
-            let payload = if let Command::Write { length, .. } = command {
-                let mut payload = self.buffers.for_overwrite(buffer_len(length));
-                read_exact_or_truncated(reader, &mut payload, "write payload").await?;
-                payload
-            } else {
-                Vec::new()
-            };
-            let counted = if self.counts {
-                Counted::of(command, arrived)
-            } else {
-                None
-            };
-            self.start(header, command, payload, permits, counted);
-        }
-    }
-
-    /// Answers a request that failed validation. The payload of a refused
-    /// write is read and dropped, so the connection stays usable.
-    async fn refuse<R>(
-        &self,
-        reader: &mut BufReader<R>,
-        header: &RequestHeader,
-        rejection: &wire::Rejection,
-    ) -> Result<NextStep, ConnectionError>
-    where
-        R: AsyncRead + Unpin,
-    {
-        tracing::debug!(
-            command = header.command,
-            offset = header.offset,
-            length = header.length,
-            errno = rejection.errno,
-            message = %rejection.message,
-            "request refused"
-        );
-        if header.command == wire::CMD_WRITE {
-            // The payload follows whatever we think of the request.
-            discard(reader, header.length).await?;
-        }
-        let reply = error_reply(&self.context, header, rejection.errno, &rejection.message);
-        if self.sender.send(Outgoing::bytes(reply)).await.is_err() {
-            return Ok(NextStep::Stop);
-        }
-        Ok(NextStep::ReadNext)
-    }
-
-    /// Waits for room for one more request and for its buffer. One request
-    /// alone may always proceed, even if it is larger than the per-connection
-    /// byte budget.
-    async fn acquire_permits(&self, command: Command) -> Permits {
-        let request_permit = Arc::clone(&self.requests_in_flight)
-            .acquire_owned()
-            .await
-            .expect("the request semaphore is never closed");
-        let mut permits = Permits {
-            _request: request_permit,
-            _bytes: None,
-        };
-        let buffer_bytes = match command {
-            Command::Read { length, .. } | Command::Write { length, .. } => length,
-            _ => 0,
-        };
-        if buffer_bytes > 0 {
-            let wanted = buffer_bytes.min(self.config.in_flight_bytes_max);
-            permits._bytes = Some(
-                Arc::clone(&self.bytes_in_flight)
-                    .acquire_many_owned(wanted)
-                    .await
-                    .expect("the byte semaphore is never closed"),
-            );
-        }
-        permits
-    }
-
-    /// Runs one request as its own task; its reply goes to the writer with the
-    /// permits, which are released once the reply is written.
-    fn start(
-        &self,
-        header: RequestHeader,
-        command: Command,
-        payload: Vec<u8>,
-        permits: Permits,
-        counted: Option<Counted>,
-    ) {
-        let export = Arc::clone(&self.export);
-        let buffers = self.buffers.clone();
-        let context = self.context;
-        let sender = self.sender.clone();
-        let block_status_descriptors_max = self.config.block_status_descriptors_max;
-        tokio::spawn(async move {
-            let request = Request {
-                export: export.as_ref(),
-                context: &context,
-                header: &header,
-                buffers: &buffers,
-            };
-            let execution = execute(&request, command, &payload, block_status_descriptors_max);
-            let mut outgoing = match AssertUnwindSafe(execution).catch_unwind().await {
-                Ok(outgoing) => outgoing,
-                Err(_) => {
-                    tracing::error!(command = header.command, "request handler panicked");
-                    Outgoing::bytes(error_reply(&context, &header, wire::EIO, "internal error"))
-                }
-            };
-            buffers.give_back(payload);
-            outgoing._permits = Some(permits);
-            outgoing.counted = counted;
-            // The writer is gone only when the connection broke; nobody to tell.
-            let _ = sender.send(outgoing).await;
-        });
-    }
+/// An admitted request, its write payload read.
+pub(super) struct Job {
+    header: RequestHeader,
+    command: Command,
+    payload: Vec<u8>,
+    counted: Option<Counted>,
+    /// Bytes of the in-flight budget it holds until its reply is written.
+    budget_bytes: u32,
 }
 
-/// Waits for the first byte of the next request. This is the one place where a
-/// shutdown may interrupt without losing part of a request.
-async fn wait_for_request<R>(
-    reader: &mut BufReader<R>,
-    shutdown: &CancellationToken,
-    broken: &CancellationToken,
-) -> Result<NextStep, ConnectionError>
-where
-    R: AsyncRead + Unpin,
-{
-    tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => {
-            tracing::debug!("shutting down: no more requests read");
-            Ok(NextStep::Stop)
+/// Runs one request and builds its reply. A panicking handler is answered
+/// with EIO; the connection goes on.
+async fn serve(services: Arc<Services>, job: Job) -> Outgoing {
+    let Job {
+        header,
+        command,
+        payload,
+        counted,
+        budget_bytes,
+    } = job;
+    let request = Request {
+        export: services.export.as_ref(),
+        context: &services.context,
+        header: &header,
+        buffers: &services.buffers,
+    };
+    let execution = execute(
+        &request,
+        command,
+        &payload,
+        services.block_status_descriptors_max,
+    );
+    let mut outgoing = match AssertUnwindSafe(execution).catch_unwind().await {
+        Ok(outgoing) => outgoing,
+        Err(_) => {
+            tracing::error!(command = header.command, "request handler panicked");
+            Outgoing::bytes(error_reply(
+                &services.context,
+                &header,
+                wire::EIO,
+                "internal error",
+            ))
         }
-        _ = broken.cancelled() => Ok(NextStep::Stop),
-        filled = reader.fill_buf() => {
-            if filled?.is_empty() {
-                tracing::debug!("client closed the connection");
-                return Ok(NextStep::Stop);
-            }
-            Ok(NextStep::ReadNext)
-        }
-    }
+    };
+    services.buffers.give_back(payload);
+    outgoing.budget_bytes = budget_bytes;
+    outgoing.counted = counted;
+    outgoing
 }
 
 /// The size of a buffer for a request of `length` bytes. Every supported
 /// target has a usize of at least 32 bits.
 fn buffer_len(length: u32) -> usize {
     usize::try_from(length).expect("a usize holds any u32 on supported targets")
-}
-
-async fn read_exact_or_truncated<R>(
-    reader: &mut R,
-    buffer: &mut [u8],
-    what: &'static str,
-) -> Result<(), ConnectionError>
-where
-    R: AsyncRead + Unpin,
-{
-    match reader.read_exact(buffer).await {
-        Ok(_) => Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-            Err(ConnectionError::Truncated(what))
-        }
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// Reads and drops `length_bytes` bytes without holding them all in memory.
-async fn discard<R>(reader: &mut R, length_bytes: u32) -> Result<(), ConnectionError>
-where
-    R: AsyncRead + Unpin,
-{
-    let mut remaining = buffer_len(length_bytes);
-    let mut scratch = vec![0u8; DISCARD_BUFFER_BYTES.min(remaining)];
-    while remaining > 0 {
-        let step = remaining.min(scratch.len());
-        read_exact_or_truncated(reader, &mut scratch[..step], "write payload").await?;
-        remaining -= step;
-    }
-    Ok(())
-}
-
-async fn write_replies<W>(
-    write_half: W,
-    mut receiver: mpsc::Receiver<Outgoing>,
-    broken: CancellationToken,
-    statistics: Option<Arc<ExportStatistics>>,
-    buffers: BufferPool,
-) -> std::io::Result<()>
-where
-    W: AsyncWrite + Unpin,
-{
-    let mut writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, write_half);
-    let result = async {
-        while let Some(outgoing) = receiver.recv().await {
-            for piece in &outgoing.pieces {
-                match piece {
-                    Piece::Inline(inline) => writer.write_all(inline.as_slice()).await?,
-                    Piece::Bytes(bytes) => writer.write_all(bytes).await?,
-                    Piece::Data(range) => writer.write_all(&outgoing.data[range.clone()]).await?,
-                }
-            }
-            // The reply is in the socket's buffer: the request is answered.
-            if let (Some(counted), Some(statistics)) = (&outgoing.counted, &statistics) {
-                counted.record(statistics);
-            }
-            buffers.give_back(outgoing.data);
-            // The permits go now, not after the flush below.
-            drop(outgoing._permits);
-            // Flush only when nothing else is ready, so bursts of small replies
-            // share system calls.
-            if receiver.is_empty() {
-                writer.flush().await?;
-            }
-        }
-        writer.flush().await?;
-        writer.shutdown().await
-    }
-    .await;
-    if result.is_err() {
-        // Tell the reader to stop: nobody can receive the replies any more.
-        broken.cancel();
-        // Keep draining so request tasks can finish and release their buffers.
-        while receiver.recv().await.is_some() {}
-    }
-    result
 }
 
 fn error_reply(
@@ -719,7 +480,7 @@ async fn read(request: &Request<'_>, offset: u64, length: u32, dont_fragment: bo
     Outgoing {
         pieces: read_chunks(header.cookie, offset, runs),
         data,
-        _permits: None,
+        budget_bytes: 0,
         counted: None,
     }
 }
@@ -748,7 +509,7 @@ async fn read_simple(request: &Request<'_>, offset: u64, length: u32) -> Outgoin
             Piece::Data(0..data.len()),
         ],
         data,
-        _permits: None,
+        budget_bytes: 0,
         counted: None,
     }
 }
