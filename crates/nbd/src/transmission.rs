@@ -7,11 +7,11 @@
 
 mod connection;
 mod in_flight;
+mod messages;
 
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -22,9 +22,11 @@ use crate::buffer_pool::BufferPool;
 use crate::config::ServerConfig;
 use crate::error::ConnectionError;
 use crate::negotiated::Negotiated;
-use crate::statistics::{ExportStatistics, Operation};
 use crate::wire::{self, BlockStatusDescriptor, Command, RequestHeader, TransmissionContext};
 use connection::{Connection, Settings};
+use messages::{
+    InlineBytes, Job, Outgoing, Piece, Services, buffer_len, error_reply, success_reply,
+};
 
 /// Holes shorter than this are sent as data: a hole chunk costs 32 bytes and a
 /// split in the client's reassembly, not worth it for a few sectors.
@@ -39,125 +41,6 @@ pub fn errno_for(error: &ExportError) -> u32 {
         ExportError::Invalid(_) => wire::EINVAL,
         ExportError::NotSupported => wire::ENOTSUP,
         ExportError::Shutdown => wire::ESHUTDOWN,
-    }
-}
-
-/// The longest reply header kept inline in a [`Piece`]: a hole chunk (32
-/// bytes) or a data chunk's header with its offset (28).
-const INLINE_PIECE_BYTES_MAX: usize = 32;
-
-/// A short reply header held in place, so that answering a request does not
-/// allocate for it.
-struct InlineBytes {
-    bytes: [u8; INLINE_PIECE_BYTES_MAX],
-    length: usize,
-}
-
-impl InlineBytes {
-    fn of(parts: &[&[u8]]) -> Self {
-        let mut inline = InlineBytes {
-            bytes: [0; INLINE_PIECE_BYTES_MAX],
-            length: 0,
-        };
-        for part in parts {
-            let end = inline.length + part.len();
-            assert!(
-                end <= INLINE_PIECE_BYTES_MAX,
-                "an inline piece is a reply header"
-            );
-            inline.bytes[inline.length..end].copy_from_slice(part);
-            inline.length = end;
-        }
-        inline
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.length]
-    }
-}
-
-/// One piece of an outgoing message: bytes of its own (a short header held
-/// inline, or longer bytes), or a range of the message's data buffer (so
-/// read data is never copied on the way out).
-enum Piece {
-    Inline(InlineBytes),
-    Bytes(Vec<u8>),
-    Data(Range<usize>),
-}
-
-/// A complete reply, written to the socket without interleaving.
-struct Outgoing {
-    pieces: Vec<Piece>,
-    /// Read data (from the connection's [`BufferPool`], returned to it once
-    /// written).
-    data: Vec<u8>,
-    /// Bytes of the in-flight budget its request holds (besides one request
-    /// of the request budget) until it is written, which bounds buffered
-    /// replies.
-    budget_bytes: u32,
-    /// A read or write to count in the export's statistics once written.
-    counted: Option<Counted>,
-}
-
-/// A read or write request as the export's statistics count it.
-#[derive(Debug, Clone, Copy)]
-struct Counted {
-    operation: Operation,
-    bytes: u32,
-    /// When its header arrived; none when latency is not measured.
-    arrived: Option<Instant>,
-}
-
-impl Counted {
-    /// What to count of `command`, which arrived at `arrived`: reads and
-    /// writes only.
-    fn of(command: Command, arrived: Option<Instant>) -> Option<Counted> {
-        let (operation, bytes) = match command {
-            Command::Read { length, .. } => (Operation::Read, length),
-            Command::Write { length, .. } => (Operation::Write, length),
-            _ => return None,
-        };
-        Some(Counted {
-            operation,
-            bytes,
-            arrived,
-        })
-    }
-
-    fn record(&self, statistics: &ExportStatistics) {
-        let latency_ns = self
-            .arrived
-            .map(|arrived| u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX));
-        statistics.record(self.operation, u64::from(self.bytes), latency_ns);
-    }
-}
-
-impl Outgoing {
-    /// The bytes of piece `index`.
-    fn piece_bytes(&self, index: usize) -> &[u8] {
-        match &self.pieces[index] {
-            Piece::Inline(inline) => inline.as_slice(),
-            Piece::Bytes(bytes) => bytes,
-            Piece::Data(range) => &self.data[range.clone()],
-        }
-    }
-
-    fn bytes(bytes: Vec<u8>) -> Self {
-        Outgoing {
-            pieces: vec![Piece::Bytes(bytes)],
-            data: Vec::new(),
-            budget_bytes: 0,
-            counted: None,
-        }
-    }
-
-    fn inline(bytes: &[u8]) -> Self {
-        Outgoing {
-            pieces: vec![Piece::Inline(InlineBytes::of(&[bytes]))],
-            data: Vec::new(),
-            budget_bytes: 0,
-            counted: None,
-        }
     }
 }
 
@@ -192,26 +75,6 @@ where
     Connection::new(stream, settings, shutdown, serve)
         .run()
         .await
-}
-
-/// What every request of one connection runs with.
-pub(super) struct Services {
-    export: Arc<dyn Export>,
-    context: TransmissionContext,
-    /// Payload buffers, taken by the reader and by reads, returned once a
-    /// reply is written.
-    buffers: BufferPool,
-    block_status_descriptors_max: u32,
-}
-
-/// An admitted request, its write payload read.
-pub(super) struct Job {
-    header: RequestHeader,
-    command: Command,
-    payload: Vec<u8>,
-    counted: Option<Counted>,
-    /// Bytes of the in-flight budget it holds until its reply is written.
-    budget_bytes: u32,
 }
 
 /// Runs one request and builds its reply. A panicking handler is answered
@@ -252,30 +115,6 @@ async fn serve(services: Arc<Services>, job: Job) -> Outgoing {
     outgoing.budget_bytes = budget_bytes;
     outgoing.counted = counted;
     outgoing
-}
-
-/// The size of a buffer for a request of `length` bytes. Every supported
-/// target has a usize of at least 32 bits.
-fn buffer_len(length: u32) -> usize {
-    usize::try_from(length).expect("a usize holds any u32 on supported targets")
-}
-
-fn error_reply(
-    context: &TransmissionContext,
-    header: &RequestHeader,
-    errno: u32,
-    message: &str,
-) -> Vec<u8> {
-    if context.structured_replies {
-        wire::encode_error_chunk(header.cookie, errno, message)
-    } else {
-        wire::encode_simple_reply(errno, header.cookie).to_vec()
-    }
-}
-
-fn success_reply(header: &RequestHeader) -> Outgoing {
-    // A simple reply is allowed for every payload-less success, structured or not.
-    Outgoing::inline(&wire::encode_simple_reply(0, header.cookie))
 }
 
 /// What every command of one request runs with.

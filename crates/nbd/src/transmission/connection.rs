@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, BufReader, BufWriter, ReadB
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::in_flight::InFlight;
-use super::{Counted, Job, Outgoing, Services, buffer_len, error_reply};
+use super::messages::{Counted, Job, Outgoing, Services, buffer_len, error_reply};
 use crate::error::ConnectionError;
 use crate::statistics::ExportStatistics;
 use crate::wire::{self, Command, RequestHeader};
