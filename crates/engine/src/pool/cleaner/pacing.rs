@@ -294,8 +294,8 @@ impl Pool {
 /// Free-space pressure (0 at the headroom, 1 with nothing free) from which
 /// the paced cleaner's bytes are charged to the background budget as
 /// urgent, so that rebuild, the demoter and scrub yield to it. (Below it
-/// they are only counted; the cleaner waits for the budget at no pressure,
-/// decision 0039.)
+/// they are only counted; at no pressure does the cleaner wait for the
+/// budget, decision 0039.)
 pub const CLEANER_UNPACED_PRESSURE_MIN: f64 = 0.5;
 
 /// What one look at the pool decided.
