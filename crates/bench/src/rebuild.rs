@@ -56,6 +56,8 @@ const LOAD_WARM_UP_SECONDS: f64 = 2.0;
 const LOAD_RUNTIME_SECONDS_MAX: u64 = 7200;
 /// How long the bench waits for a rebuild to end, at most.
 const REBUILD_WAIT_SECONDS_MAX: u64 = 3600;
+/// In-flight writes of the preconditioning pass.
+const PRECONDITION_IODEPTH: u32 = 16;
 /// How often `pool status` is read during a loaded run, in milliseconds.
 const STATUS_INTERVAL_MS: u64 = 1000;
 /// How often it is read while a rebuild runs, in milliseconds (the rebuild's
@@ -159,6 +161,12 @@ pub struct RebuildArgs {
     /// Seconds of load before `device fail`.
     #[arg(long, default_value_t = 20)]
     pub healthy_seconds: u64,
+    /// Before the peak and the load, random writes over the volume until the
+    /// cleaner runs, for at most this long (0: none). Without it the healthy
+    /// phase measures a fresh pool that has not needed cleaning yet, while a
+    /// long rebuild runs with the cleaner working.
+    #[arg(long, default_value_t = 600)]
+    pub precondition_seconds_max: u64,
     /// Seconds between `device fail` and the rebuild's start.
     #[arg(long, default_value_t = 10)]
     pub degraded_seconds: u64,
@@ -247,6 +255,18 @@ pub struct StatusSample {
     pub space_wait_ms: u64,
 }
 
+/// The random writes that aged the pool before its peak was measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Preconditioning {
+    pub seconds: f64,
+    /// The cleaner ran before the time ran out (the pool reached the state
+    /// in which it cleans as clients write).
+    pub cleaner_started: bool,
+    /// The cleaner's state and free space when the writes stopped.
+    pub cleaner_state: CleanerState,
+    pub free_bytes: u64,
+}
+
 /// When things happened, in seconds since the load started.
 #[derive(Debug, Clone, Serialize)]
 pub struct Events {
@@ -297,6 +317,7 @@ pub struct LoadRun {
     pub kind: Kind,
     pub impact: Impact,
     pub volume_bytes: u64,
+    pub preconditioning: Option<Preconditioning>,
     pub peak: Measurement,
     pub target_iops: u64,
     pub phases: Vec<Phase>,
@@ -360,6 +381,7 @@ pub struct Settings {
     pub load_share: f64,
     pub read_percent: u8,
     pub healthy_seconds: u64,
+    pub precondition_seconds_max: u64,
     pub degraded_seconds: u64,
     pub after_seconds: u64,
     pub client_latency_target_us: Option<u64>,
@@ -881,6 +903,71 @@ fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::R
     })
 }
 
+/// Whether the cleaner is reclaiming space as clients write.
+fn cleaner_running(state: CleanerState) -> bool {
+    matches!(state, CleanerState::Paced | CleanerState::Short)
+}
+
+/// Random writes over the volume, closed loop, until the cleaner runs or
+/// `precondition_seconds_max` passes; none when that is 0.
+fn precondition(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Option<Preconditioning>> {
+    let seconds_max = bench.arguments.precondition_seconds_max;
+    if seconds_max == 0 {
+        return Ok(None);
+    }
+    let step = StepSpec {
+        pattern: Pattern::RandomWrite,
+        iodepth: PRECONDITION_IODEPTH,
+        ..bench.step(pool.volume_bytes, None, LOAD_RUNTIME_SECONDS_MAX)
+    };
+    let mut command = Command::new(&bench.arguments.fio);
+    command
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={}", pool.server.uri))
+        .arg("--output-format=json")
+        .args(step.fio_arguments())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let writes = ManagedChild::spawn(command)?;
+    let start = Instant::now();
+    let watched = watch_cleaner(bench, pool, start, seconds_max);
+    let finished = finish_load(writes);
+    let last = watched?;
+    finished?;
+    let preconditioning = Preconditioning {
+        seconds: start.elapsed().as_secs_f64(),
+        cleaner_started: cleaner_running(last.cleaner_state),
+        cleaner_state: last.cleaner_state,
+        free_bytes: last.free_bytes,
+    };
+    eprintln!(
+        "preconditioned for {:.0} s: cleaner {:?}, {} MiB free",
+        preconditioning.seconds,
+        preconditioning.cleaner_state,
+        preconditioning.free_bytes >> 20
+    );
+    Ok(Some(preconditioning))
+}
+
+/// Reads `pool status` each second until the cleaner runs or `seconds_max`
+/// passes; the last reading.
+fn watch_cleaner(
+    bench: &Bench,
+    pool: &FilledPool,
+    start: Instant,
+    seconds_max: u64,
+) -> anyhow::Result<PoolStatus> {
+    loop {
+        check_interrupted()?;
+        let status = pool.status(&bench.program)?;
+        if cleaner_running(status.cleaner_state) || start.elapsed().as_secs() >= seconds_max {
+            return Ok(status);
+        }
+        std::thread::sleep(Duration::from_millis(STATUS_INTERVAL_MS));
+    }
+}
+
 /// The closed-loop peak of the mix on the healthy pool.
 fn healthy_peak(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Measurement> {
     let step = bench.step(pool.volume_bytes, None, bench.arguments.peak_seconds);
@@ -898,6 +985,7 @@ fn healthy_peak(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Measurement>
 fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<LoadRun> {
     let arguments = bench.arguments;
     let pool = bench.filled_pool(directory, arguments.fill, impact)?;
+    let preconditioning = precondition(bench, &pool)?;
     let peak = healthy_peak(bench, &pool)?;
     let target_iops = saturating_u64((peak.total_iops * arguments.load_share).round()).max(1);
     eprintln!(
@@ -944,6 +1032,7 @@ fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<L
         kind: arguments.kind,
         impact,
         volume_bytes,
+        preconditioning,
         rebuild_iops_share,
         peak,
         target_iops,
@@ -1073,6 +1162,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
             load_share: arguments.load_share,
             read_percent: READ_PERCENT,
             healthy_seconds: arguments.healthy_seconds,
+            precondition_seconds_max: arguments.precondition_seconds_max,
             degraded_seconds: arguments.degraded_seconds,
             after_seconds: arguments.after_seconds,
             client_latency_target_us: arguments.client_latency_target_us,
@@ -1390,6 +1480,7 @@ mod tests {
                 load_share: 0.5,
                 read_percent: READ_PERCENT,
                 healthy_seconds: 20,
+                precondition_seconds_max: 600,
                 degraded_seconds: 10,
                 after_seconds: 20,
                 client_latency_target_us: None,
@@ -1398,6 +1489,7 @@ mod tests {
                 kind: Kind::Replacement,
                 impact: Impact::Medium,
                 volume_bytes: 32 << 20,
+                preconditioning: None,
                 peak,
                 target_iops: 100,
                 phases: phases(&samples, &events),

@@ -8,11 +8,12 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::hooked::{HookedExport, ReadHook};
 use common::raw::*;
 use common::{TestServer, catalog_with};
 use lamina_nbd::memory::{MemoryCatalog, MemoryExport};
 use lamina_nbd::wire::*;
-use lamina_nbd::{Export, ExportError, Extent, ServerConfig, serve_connection};
+use lamina_nbd::{ServerConfig, serve_connection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -243,61 +244,28 @@ async fn handshake_timeout_closes_idle_clients() {
     server.stop().await;
 }
 
-/// A memory export whose reads at offset 0 take `delay` (to force reordering and
-/// to keep a request in flight across shutdown).
-struct SlowExport {
-    inner: MemoryExport,
+/// Makes reads at offset 0 take `delay` (to force reordering and to keep a
+/// request in flight across shutdown).
+struct SlowFirstBlock {
     delay: Duration,
 }
 
 #[async_trait::async_trait]
-impl Export for SlowExport {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_only(&self) -> bool {
-        self.inner.read_only()
-    }
-    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
+impl ReadHook for SlowFirstBlock {
+    async fn before_read(&self, offset: u64) {
         if offset == 0 {
             tokio::time::sleep(self.delay).await;
         }
-        self.inner.read(offset, buffer).await
-    }
-    async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
-        self.inner.extents(offset, length).await
-    }
-    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.inner.write(offset, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), ExportError> {
-        self.inner.flush().await
-    }
-    async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
-        self.inner.trim(offset, length, fua).await
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        fua: bool,
-        may_punch_hole: bool,
-        fast_only: bool,
-    ) -> Result<(), ExportError> {
-        self.inner
-            .write_zeroes(offset, length, fua, may_punch_hole, fast_only)
-            .await
-    }
-    async fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError> {
-        self.inner.cache(offset, length).await
     }
 }
 
 fn slow_catalog(delay_ms: u64) -> Arc<MemoryCatalog> {
     let catalog = Arc::new(MemoryCatalog::new());
-    let slow = SlowExport {
+    let slow = HookedExport {
         inner: MemoryExport::new(MIB).with_contents(&[9u8; 8192]),
-        delay: Duration::from_millis(delay_ms),
+        hook: SlowFirstBlock {
+            delay: Duration::from_millis(delay_ms),
+        },
     };
     catalog.insert("slow", "", Arc::new(slow));
     catalog

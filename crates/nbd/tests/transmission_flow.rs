@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::hooked::{HookedExport, ReadHook};
 use common::raw::*;
 use common::{TestServer, pattern};
+use lamina_nbd::ServerConfig;
 use lamina_nbd::memory::{MemoryCatalog, MemoryExport};
 use lamina_nbd::wire::*;
-use lamina_nbd::{Export, ExportError, Extent, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -33,15 +34,9 @@ const WRITE_OFFSET: usize = 32 * MIB;
 /// deadlock never ends.
 const TRANSFER_WAIT_MS: u64 = 30_000;
 
-fn request_bytes(command: u16, cookie: u64, offset: usize, length: usize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(28);
-    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    bytes.extend_from_slice(&0u16.to_be_bytes());
-    bytes.extend_from_slice(&command.to_be_bytes());
-    bytes.extend_from_slice(&cookie.to_be_bytes());
-    bytes.extend_from_slice(&(offset as u64).to_be_bytes());
-    bytes.extend_from_slice(&(length as u32).to_be_bytes());
-    bytes
+/// A request header with no flags, offsets and lengths as `usize`.
+fn header(command: u16, cookie: u64, offset: usize, length: usize) -> Vec<u8> {
+    request_bytes(0, command, cookie, offset as u64, length as u32)
 }
 
 /// A client that sends a 16 MiB read and then 16 MiB of writes without reading
@@ -57,18 +52,13 @@ async fn writes_sent_without_reading_behind_a_large_read_are_all_answered() {
     let mut stream = UnixStream::connect(&server.socket).await.unwrap();
     go(&mut stream, "disk").await;
 
-    let mut sent = request_bytes(CMD_READ, 1, 0, READ_BYTES);
+    let mut sent = header(CMD_READ, 1, 0, READ_BYTES);
     let payloads: Vec<Vec<u8>> = (0..WRITE_COUNT)
         .map(|index| pattern(WRITE_BYTES, 10 + index as u8))
         .collect();
     for (index, payload) in payloads.iter().enumerate() {
         let offset = WRITE_OFFSET + index * WRITE_BYTES;
-        sent.extend_from_slice(&request_bytes(
-            CMD_WRITE,
-            2 + index as u64,
-            offset,
-            WRITE_BYTES,
-        ));
+        sent.extend_from_slice(&header(CMD_WRITE, 2 + index as u64, offset, WRITE_BYTES));
         sent.extend_from_slice(payload);
     }
     within_ms(TRANSFER_WAIT_MS, stream.write_all(&sent))
@@ -102,10 +92,9 @@ async fn writes_sent_without_reading_behind_a_large_read_are_all_answered() {
     server.stop().await;
 }
 
-/// A memory export that counts the reads running at once (each takes a
-/// while), and panics on a read at `PANIC_OFFSET`.
-struct CountingExport {
-    inner: MemoryExport,
+/// Counts the reads running at once (each takes a while), and panics on a
+/// read at `PANIC_OFFSET`.
+struct CountingReads {
     running: AtomicUsize,
     running_max: AtomicUsize,
 }
@@ -114,55 +103,25 @@ const PANIC_OFFSET: u64 = 65536;
 const READ_DELAY_MS: u64 = 30;
 
 #[async_trait::async_trait]
-impl Export for CountingExport {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
+impl ReadHook for CountingReads {
+    async fn before_read(&self, offset: u64) {
         assert!(offset != PANIC_OFFSET, "a handler that panics");
         let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.running_max.fetch_max(running, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(READ_DELAY_MS)).await;
         self.running.fetch_sub(1, Ordering::SeqCst);
-        self.inner.read(offset, buffer).await
-    }
-    async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
-        self.inner.extents(offset, length).await
-    }
-    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.inner.write(offset, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), ExportError> {
-        self.inner.flush().await
-    }
-    async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
-        self.inner.trim(offset, length, fua).await
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        fua: bool,
-        may_punch_hole: bool,
-        fast_only: bool,
-    ) -> Result<(), ExportError> {
-        self.inner
-            .write_zeroes(offset, length, fua, may_punch_hole, fast_only)
-            .await
-    }
-    async fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError> {
-        self.inner.cache(offset, length).await
     }
 }
 
+type CountingExport = HookedExport<CountingReads>;
+
 async fn counting_server(config: ServerConfig) -> (TestServer, Arc<CountingExport>) {
-    let export = Arc::new(CountingExport {
+    let export = Arc::new(HookedExport {
         inner: MemoryExport::new(MIB as u64),
-        running: AtomicUsize::new(0),
-        running_max: AtomicUsize::new(0),
+        hook: CountingReads {
+            running: AtomicUsize::new(0),
+            running_max: AtomicUsize::new(0),
+        },
     });
     let catalog = Arc::new(MemoryCatalog::new());
     catalog.insert("disk", "", export.clone());
@@ -173,7 +132,7 @@ async fn counting_server(config: ServerConfig) -> (TestServer, Arc<CountingExpor
 async fn pipelined_reads(stream: &mut UnixStream, count: u64, length: usize) {
     let mut sent = Vec::new();
     for cookie in 0..count {
-        sent.extend_from_slice(&request_bytes(CMD_READ, cookie, 0, length));
+        sent.extend_from_slice(&header(CMD_READ, cookie, 0, length));
     }
     stream.write_all(&sent).await.unwrap();
     let mut data = vec![0u8; length];
@@ -194,7 +153,7 @@ async fn in_flight_budgets_bound_requests_and_bytes() {
     let mut stream = UnixStream::connect(&server.socket).await.unwrap();
     go(&mut stream, "disk").await;
     pipelined_reads(&mut stream, 12, 4096).await;
-    assert_eq!(export.running_max.load(Ordering::SeqCst), 2);
+    assert_eq!(export.hook.running_max.load(Ordering::SeqCst), 2);
     server.stop().await;
 
     // At most 8 KiB of buffers: two 4 KiB reads at once, and one read larger
@@ -207,9 +166,9 @@ async fn in_flight_budgets_bound_requests_and_bytes() {
     let mut stream = UnixStream::connect(&server.socket).await.unwrap();
     go(&mut stream, "disk").await;
     pipelined_reads(&mut stream, 12, 4096).await;
-    assert_eq!(export.running_max.load(Ordering::SeqCst), 2);
+    assert_eq!(export.hook.running_max.load(Ordering::SeqCst), 2);
     pipelined_reads(&mut stream, 3, 65536).await;
-    assert_eq!(export.running_max.load(Ordering::SeqCst), 2);
+    assert_eq!(export.hook.running_max.load(Ordering::SeqCst), 2);
     server.stop().await;
 }
 

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod certificates;
+pub mod hooked;
 pub mod raw;
 
 use std::path::{Path, PathBuf};

@@ -104,6 +104,18 @@ pub async fn go<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, name: &str) -
     }
 }
 
+/// The bytes of a request header (no payload).
+pub fn request_bytes(flags: u16, command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(28);
+    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    bytes.extend_from_slice(&flags.to_be_bytes());
+    bytes.extend_from_slice(&command.to_be_bytes());
+    bytes.extend_from_slice(&cookie.to_be_bytes());
+    bytes.extend_from_slice(&offset.to_be_bytes());
+    bytes.extend_from_slice(&length.to_be_bytes());
+    bytes
+}
+
 pub async fn send_request<S: AsyncWrite + Unpin>(
     stream: &mut S,
     flags: u16,
@@ -113,13 +125,7 @@ pub async fn send_request<S: AsyncWrite + Unpin>(
     length: u32,
     payload: &[u8],
 ) {
-    let mut bytes = Vec::new();
-    bytes.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    bytes.extend_from_slice(&flags.to_be_bytes());
-    bytes.extend_from_slice(&command.to_be_bytes());
-    bytes.extend_from_slice(&cookie.to_be_bytes());
-    bytes.extend_from_slice(&offset.to_be_bytes());
-    bytes.extend_from_slice(&length.to_be_bytes());
+    let mut bytes = request_bytes(flags, command, cookie, offset, length);
     bytes.extend_from_slice(payload);
     stream.write_all(&bytes).await.expect("send request");
 }
