@@ -149,6 +149,10 @@ pub struct RebuildArgs {
     /// client p99 above which background work backs off).
     #[arg(long)]
     pub client_latency_target_us: Option<u64>,
+    /// More `[limits]` lines for the daemon, as `key = value` in TOML
+    /// (repeatable), e.g. `--limit 'cleaner_headroom_segment_count = 16'`.
+    #[arg(long)]
+    pub limit: Vec<String>,
     /// In-flight requests of the load.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub iodepth: u32,
@@ -382,6 +386,8 @@ pub struct Settings {
     pub read_percent: u8,
     pub healthy_seconds: u64,
     pub precondition_seconds_max: u64,
+    /// The `--limit` lines given to the daemon.
+    pub limits: Vec<String>,
     pub degraded_seconds: u64,
     pub after_seconds: u64,
     pub client_latency_target_us: Option<u64>,
@@ -566,6 +572,10 @@ impl Bench<'_> {
         );
         if let Some(target) = arguments.client_latency_target_us {
             config.push_str(&format!("client_latency_target_us = {target}\n"));
+        }
+        for limit in &arguments.limit {
+            config.push_str(limit);
+            config.push('\n');
         }
         let server = serve_lamina_data(
             &self.program,
@@ -1163,6 +1173,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
             read_percent: READ_PERCENT,
             healthy_seconds: arguments.healthy_seconds,
             precondition_seconds_max: arguments.precondition_seconds_max,
+            limits: arguments.limit.clone(),
             degraded_seconds: arguments.degraded_seconds,
             after_seconds: arguments.after_seconds,
             client_latency_target_us: arguments.client_latency_target_us,
@@ -1273,8 +1284,14 @@ impl RebuildReport {
                 .client_latency_target_us
                 .map_or(String::new(), |target| format!(
                     ", client_latency_target_us {target}"
-                ))
+                )),
         );
+        if !self.settings.limits.is_empty() {
+            out.insert_str(
+                out.find('\n').unwrap_or(out.len()),
+                &format!(", limits: {}", self.settings.limits.join("; ")),
+            );
+        }
         for run in &self.load {
             if let Some(error) = &run.rebuild_error {
                 failures.push_str(&format!(
@@ -1481,6 +1498,7 @@ mod tests {
                 read_percent: READ_PERCENT,
                 healthy_seconds: 20,
                 precondition_seconds_max: 600,
+                limits: vec![],
                 degraded_seconds: 10,
                 after_seconds: 20,
                 client_latency_target_us: None,

@@ -132,7 +132,7 @@ async fn a_scrub_with_no_client_runs_as_fast_as_the_device_serves() {
 }
 
 /// Segments of the cleaner test's pool: small, so that its 64 MiB hold
-/// enough of them (about 250) for the default headroom of 4.
+/// enough of them (about 250) for a headroom of 5 (2% of the pool).
 const CLEANER_SEGMENT_BYTES: u64 = 256 << 10;
 /// The cleaner test's floor: a victim's live bytes take seconds at it.
 const CLEANER_FLOOR_BYTES_PER_SECOND: u64 = 64 << 10;

@@ -58,6 +58,9 @@ pub const CLEAN_PASS_SEGMENTS_MAX: usize = 16;
 /// (a victim is freed by the next round's flush, or up to two checkpoints after
 /// it is emptied); pools with more segments than this get one round per segment.
 const RECLAIM_ROUNDS_MAX: usize = 32;
+/// A write that waited this long or longer for space is logged (debug):
+/// what the pool looked like after the reclaim explains a latency spike.
+const SPACE_WAIT_LOGGED_MS: u64 = 10;
 
 /// Blocks relocated per hold of the state lock.
 const RELOCATION_CHUNK_BLOCKS: usize = 64;
@@ -689,7 +692,18 @@ impl Pool {
     pub(crate) async fn reclaim(&self) -> Result<bool, EngineError> {
         let started = tokio::time::Instant::now();
         let result = self.reclaim_untimed().await;
-        self.inner.space_waits.record(started.elapsed());
+        let waited = started.elapsed();
+        self.inner.space_waits.record(waited);
+        if waited >= std::time::Duration::from_millis(SPACE_WAIT_LOGGED_MS) {
+            let state = self.inner.lock();
+            tracing::debug!(
+                waited_ms = waited.as_millis(),
+                free_segments = state.space().free_flash_segment_count(),
+                client_reserve_segments = state.space().reserve_for(Allocation::Client),
+                dead_segments = dead_segment_count(&state),
+                "a write waited for space"
+            );
+        }
         result
     }
 
@@ -720,7 +734,12 @@ impl Pool {
             match round.step {
                 ReclaimStep::Flush => {}
                 ReclaimStep::Checkpoint => {
+                    let started = tokio::time::Instant::now();
                     self.checkpoint().await?;
+                    tracing::debug!(
+                        milliseconds = started.elapsed().as_millis(),
+                        "a waiting write's reclaim took a checkpoint"
+                    );
                     progress.last_pass_emptied = true;
                 }
                 ReclaimStep::Clean => {

@@ -81,7 +81,10 @@ pub struct PoolLimits {
     /// writer that finds no free segment still cleans for itself).
     pub cleaner_relocation_blocks_per_client_block_max: f64,
     /// Free segments beyond the clients' reserve under which the paced cleaner
-    /// starts (at most 2% of the pool's segments, at least 2).
+    /// starts (at most 2% of the pool's segments, at least 2). It is the
+    /// cleaner's slack: clients keep writing while it takes a checkpoint or
+    /// relocates a victim, and a write that finds the reserve reached cleans
+    /// for itself. 4 was too few under load (decision 0042).
     pub cleaner_headroom_segment_count: usize,
     /// How often the paced cleaner looks at free space and its budget.
     pub cleaner_interval_ms: u64,
@@ -442,7 +445,7 @@ impl Default for PoolLimits {
             memory_cache_record_interval_ms: 60_000,
             memory_cache_warm_reads_in_flight_max: 4,
             cleaner_relocation_blocks_per_client_block_max: 32.0,
-            cleaner_headroom_segment_count: 4,
+            cleaner_headroom_segment_count: 32,
             cleaner_interval_ms: 5,
             cleaner_read_bytes_max: 256 << 10,
             cleaner_in_flight_reads_max: 2,

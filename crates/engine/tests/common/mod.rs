@@ -80,15 +80,16 @@ pub fn corrupt_newest_checkpoint_slot(memory: &MemoryDevice) {
 
 /// A device that passes requests to the one under it, for tests that need to
 /// see or steer the pool's I/O: it records the longest read made while
-/// `recording` is set, can make every flush take a while (a memory device
-/// flushes at once, so nothing else would run during a flush), and can hold
-/// reads at a gate until it opens.
+/// `recording` is set, can make every read, write or flush take a while (a
+/// memory device answers at once, so nothing else would run meanwhile), and
+/// can hold reads at a gate until it opens.
 pub struct InstrumentedDevice {
     inner: std::sync::Arc<dyn lamina_device::BlockDevice>,
     pub recording: std::sync::atomic::AtomicBool,
     pub longest_read_bytes: std::sync::atomic::AtomicUsize,
     flush_delay: std::time::Duration,
     read_delay: std::time::Duration,
+    write_delay: std::time::Duration,
     read_gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
@@ -100,6 +101,7 @@ impl InstrumentedDevice {
             longest_read_bytes: 0.into(),
             flush_delay: std::time::Duration::ZERO,
             read_delay: std::time::Duration::ZERO,
+            write_delay: std::time::Duration::ZERO,
             read_gate: None,
         }
     }
@@ -114,6 +116,13 @@ impl InstrumentedDevice {
     /// for clients and background work alike.
     pub fn with_read_delay(mut self, delay: std::time::Duration) -> Self {
         self.read_delay = delay;
+        self
+    }
+
+    /// Every write first sleeps for `delay` (tokio's clock), so that the
+    /// pool's batches, relocations and checkpoints take time.
+    pub fn with_write_delay(mut self, delay: std::time::Duration) -> Self {
+        self.write_delay = delay;
         self
     }
 
@@ -160,6 +169,9 @@ impl lamina_device::BlockDevice for InstrumentedDevice {
         offset: u64,
         data: std::sync::Arc<lamina_device::AlignedBuffer>,
     ) -> Result<(), lamina_device::DeviceError> {
+        if !self.write_delay.is_zero() {
+            tokio::time::sleep(self.write_delay).await;
+        }
         self.inner.write(offset, data).await
     }
 
