@@ -25,6 +25,7 @@ use crate::codec::ParityCodec;
 use crate::geometry::{ArrayGeometry, BLOCK_SIZE_BYTES, LABEL_BLOCK, LABEL_COPY_BLOCK};
 use crate::label::MemberLabel;
 use crate::member::{Member, MemberStatus};
+use crate::row_locks::RowLocks;
 use crate::stripe::ZoneState;
 use crate::stripe::{SetMask, Stripe, full_set, members_of};
 
@@ -81,11 +82,12 @@ pub struct RedundantArray {
     pub(crate) label: tokio::sync::Mutex<MemberLabel>,
     /// A member left the array since the labels were last written.
     pub(crate) labels_stale: AtomicBool,
-    /// Striped writes hold it shared, a repair exclusively: a repair reads
-    /// its row, rebuilds and rewrites one block, and must not interleave with
-    /// a new write of that row (the segment freed and reused meanwhile), or
-    /// it could put back a block the new write replaced.
-    pub(crate) repair_lock: tokio::sync::RwLock<()>,
+    /// Striped writes hold their rows shared, a repair its rows exclusively:
+    /// a repair reads its rows, rebuilds and rewrites blocks, and must not
+    /// interleave with a new write of those rows (the segment freed and
+    /// reused meanwhile), or it could put back a block the new write
+    /// replaced. Writes of other rows go on.
+    pub(crate) row_locks: RowLocks,
     /// Prefix writes hold it shared; copying the prefix to a replacement
     /// holds it exclusively, a chunk at a time, so that no write lands
     /// between a chunk's read and its copy (which would undo the write).
@@ -140,7 +142,7 @@ impl RedundantArray {
             geometry,
             members,
             labels_stale: AtomicBool::new(labels_stale),
-            repair_lock: tokio::sync::RwLock::new(()),
+            row_locks: RowLocks::default(),
             prefix_lock: tokio::sync::RwLock::new(()),
             rebuild_failure: std::sync::Mutex::new(None),
             rebuild_persist_rows: crate::member::REBUILD_PERSIST_ROWS.into(),

@@ -16,7 +16,8 @@
 //! - `array.rs`, `read.rs`, `write.rs`, `recover.rs`: the array itself;
 //! - `membership.rs`: the write set, `open_region`, member removal and
 //!   addition, the prefix's copies after a loss;
-//! - `replace.rs`: a replacement device and its rebuild.
+//! - `replace.rs`: a replacement device and its rebuild;
+//! - `row_locks.rs`: writes and repairs of the same rows kept apart.
 
 mod array;
 mod assemble;
@@ -29,6 +30,7 @@ mod read;
 mod recover;
 mod redundancy;
 mod replace;
+mod row_locks;
 mod stripe;
 mod write;
 mod zones;

@@ -11,6 +11,7 @@ use lamina_device::{AlignedBuffer, BlockCheck, DeviceError};
 
 use crate::array::RedundantArray;
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
+use crate::row_locks::RowSpan;
 use crate::stripe::ZoneView;
 
 impl RedundantArray {
@@ -79,7 +80,13 @@ impl RedundantArray {
         column: usize,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let _no_write_meanwhile = self.repair_lock.write().await;
+        let _no_write_meanwhile = self
+            .row_locks
+            .exclusive(RowSpan {
+                first_row: row,
+                last_row: row,
+            })
+            .await;
         // The zone may have been reopened at another set meanwhile.
         let zone = &self.zone(zone.index);
         if zone.block_of(row, 0) >= zone.usable_end() || column >= zone.stripe.data_columns() {

@@ -27,10 +27,12 @@ use crate::geometry::to_usize;
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
 use crate::member::{REBUILD_PERSIST_ROWS, Replacement};
 use crate::recover::{erasures_from, lost_in_set};
+use crate::row_locks::RowSpan;
 use crate::stripe::ZoneView;
 
-/// Rows rebuilt under one hold of the repair lock (client writes to those
-/// rows wait meanwhile): 64 rows of a 4+2 array are 1 MiB of data.
+/// Rows rebuilt under one exclusive hold of their row locks (client writes
+/// of those rows wait meanwhile, others go on): 64 rows of a 4+2 array are
+/// 1 MiB of data.
 pub const REBUILD_ROWS_PER_STEP: u64 = 64;
 /// Blocks of the mirrored prefix copied under one hold of the prefix lock.
 pub const PREFIX_COPY_BLOCKS_MAX: u64 = 256;
@@ -43,13 +45,6 @@ struct RowPlace<'a> {
     zone: &'a ZoneView,
     row: u64,
     first_row: u64,
-}
-
-/// The rows a rebuild step covers (inclusive).
-#[derive(Clone, Copy, Debug)]
-struct RowSpan {
-    first_row: u64,
-    last_row: u64,
 }
 
 impl RedundantArray {
@@ -274,7 +269,7 @@ impl RedundantArray {
         span: RowSpan,
         is_valid: PlacedBlockCheck<'_>,
     ) -> Result<RebuildReport, DeviceError> {
-        let _no_write_meanwhile = self.repair_lock.write().await;
+        let _no_write_meanwhile = self.row_locks.exclusive(span).await;
         // Read under the lock: the zone may have been reopened meanwhile.
         let zone = self.zone_of_row(span.first_row);
         if !zone.stripe.contains(index) {

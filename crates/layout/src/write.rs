@@ -12,6 +12,7 @@ use lamina_device::{AlignedBuffer, DeviceError};
 use crate::array::RedundantArray;
 use crate::geometry::to_usize;
 use crate::geometry::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Column};
+use crate::row_locks::RowSpan;
 use crate::stripe::ZoneView;
 
 impl RedundantArray {
@@ -110,7 +111,13 @@ impl RedundantArray {
                 .map_err(|error| self.codec_failed(first_block, data.len(), &error))?;
         }
         let offset = self.geometry.member_block_of_row(first_row) * BLOCK_SIZE_BYTES;
-        let _no_repair_meanwhile = self.repair_lock.read().await;
+        let _no_repair_meanwhile = self
+            .row_locks
+            .shared(RowSpan {
+                first_row,
+                last_row: first_row + row_count as u64 - 1,
+            })
+            .await;
         let writes = member_buffers
             .into_iter()
             .enumerate()
