@@ -27,6 +27,7 @@ mod flush_marker;
 mod inner;
 pub mod integrity;
 pub(crate) mod limits;
+mod live_list;
 mod openings_writes;
 mod read;
 pub mod rebuild;

@@ -15,13 +15,12 @@ use lamina_device::RebuildReport;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
-use crate::log::batch::block_checksum;
 use crate::log::geometry::DATA_START_BLOCK;
-use crate::volume::map::Mapping;
 
 use super::budget::BackgroundWork;
 use super::evacuation::EvacuationNeed;
 use super::inner::Pool;
+use super::live_list::LiveList;
 use super::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 use super::space::SegmentState;
 
@@ -141,7 +140,7 @@ impl Pool {
         let rebuilder = &self.inner.rebuild;
         let total: u64 = ranges.iter().map(|range| range.length).sum();
         rebuilder.bytes_total.store(total, Ordering::Relaxed);
-        let live = self.live_mappings();
+        let live = self.live_list();
         let is_valid = |block: u64, contents: &[u8]| self.block_passes(&live, block, contents);
         for range in ranges {
             let mut offset = range.offset;
@@ -221,11 +220,8 @@ impl Pool {
     /// The rebuild's check: a live block must match its checksum, unless
     /// it is no longer live (moved away and its place reused since the list
     /// was made); anything else passes.
-    fn block_passes(&self, live: &[Mapping], block: u64, contents: &[u8]) -> bool {
-        let Ok(position) = live.binary_search_by_key(&block, |mapping| mapping.physical_block)
-        else {
-            return true;
-        };
-        block_checksum(contents) == live[position].checksum || !self.still_live(&live[position])
+    fn block_passes(&self, live: &LiveList, block: u64, contents: &[u8]) -> bool {
+        live.find(block)
+            .is_none_or(|mapping| self.listed_block_passes(live, mapping, contents))
     }
 }

@@ -2,20 +2,20 @@
 //! checksum, and rebuilds what fails from the device's redundancy (an
 //! array's parity or copies; the device rewrites the bad copy). It owns its
 //! progress counters, takes the state lock only to list the live blocks and,
-//! on a mismatch, to check that the block is still live (a block the cleaner
-//! moved away since the list was made is no damage), and asks the
+//! on a mismatch, to check that the block is still live (`live_list.rs`: a
+//! block the cleaner moved away since the list was made is no damage), and asks the
 //! background budget (`budget`) for each run it reads, so that clients keep
 //! the device: scrub has the smallest share of it.
 
 use std::sync::atomic::Ordering;
 
 use crate::error::{EngineError, IoError};
-use crate::log::batch::block_checksum;
 use crate::volume::map::Mapping;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 use super::budget::BackgroundWork;
 use super::inner::Pool;
+use super::live_list::LiveList;
 use super::scrub_progress::ScrubStatus;
 
 /// Blocks scrub reads in one device request at most.
@@ -41,18 +41,18 @@ impl Pool {
 
     async fn scrub_all(&self) -> Result<(), EngineError> {
         self.flush().await?;
-        let mappings = self.live_mappings();
+        let list = self.live_list();
         let scrubber = &self.inner.scrub;
         scrubber
             .blocks_total
-            .store(mappings.len() as u64, Ordering::Relaxed);
-        for run in physical_runs(&mappings) {
+            .store(list.mappings().len() as u64, Ordering::Relaxed);
+        for run in physical_runs(list.mappings()) {
             let run_bytes = run.len() as u64 * BLOCK_SIZE_BYTES;
             self.inner
                 .budget
                 .acquire(BackgroundWork::Scrub, run_bytes)
                 .await;
-            self.scrub_run(run).await;
+            self.scrub_run(&list, run).await;
             scrubber
                 .blocks_scrubbed
                 .fetch_add(run.len() as u64, Ordering::Relaxed);
@@ -63,20 +63,7 @@ impl Pool {
         Ok(())
     }
 
-    /// Every distinct live block (physical order), with its checksum.
-    pub(super) fn live_mappings(&self) -> Vec<Mapping> {
-        let state = self.inner.lock();
-        let mut mappings = Vec::new();
-        state
-            .volumes()
-            .for_each_distinct_mapping(&mut |mapping| mappings.push(mapping));
-        drop(state);
-        mappings.sort_unstable_by_key(|mapping| mapping.physical_block);
-        mappings.dedup_by_key(|mapping| mapping.physical_block);
-        mappings
-    }
-
-    async fn scrub_run(&self, run: &[Mapping]) {
+    async fn scrub_run(&self, list: &LiveList, run: &[Mapping]) {
         let offset = run[0].physical_block * BLOCK_SIZE_BYTES;
         let read = self
             .inner
@@ -95,7 +82,7 @@ impl Pool {
             }
         };
         for (mapping, contents) in run.iter().zip(data.chunks_exact(BLOCK_BYTES)) {
-            if block_checksum(contents) == mapping.checksum || !self.still_live(mapping) {
+            if self.listed_block_passes(list, mapping, contents) {
                 continue;
             }
             if self
@@ -113,18 +100,6 @@ impl Pool {
                 scrubber.blocks_unrepairable.fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-
-    /// Whether some map still holds `mapping` (a mismatch on a block moved
-    /// away and overwritten since the list was made is no damage). Rare: only
-    /// on a mismatch.
-    pub(super) fn still_live(&self, mapping: &Mapping) -> bool {
-        let state = self.inner.lock();
-        let mut live = false;
-        state.volumes().for_each_distinct_mapping(&mut |held| {
-            live |= held == *mapping;
-        });
-        live
     }
 }
 

@@ -190,6 +190,12 @@ pub struct SpaceAllocator {
     durable_checkpoints: Vec<DurableCheckpoint>,
     /// Test hook ([`super::TestHooks::reuse_freed_segments_first`]).
     reuse_freed_segments_first: bool,
+    /// Segments freed since the pool opened: a clock for `freed_at`.
+    free_events: u64,
+    /// Per segment, `free_events` when it was last freed (0: never since
+    /// open). A list of live blocks taken at `free_events` = F is still
+    /// right about a block's contents while its segment's entry is ≤ F.
+    freed_at: Vec<u64>,
 }
 
 /// Flash segments the cleaner keeps for relocating a victim's live blocks
@@ -321,7 +327,27 @@ impl SpaceAllocator {
             dead_segments: BTreeSet::new(),
             durable_checkpoints: Vec::new(),
             reuse_freed_segments_first,
+            free_events: 0,
+            freed_at: vec![0; segment_count as usize],
         }
+    }
+
+    /// Counts `segment_index` freed now (see `freed_at`).
+    fn count_freed(&mut self, segment_index: u32) {
+        self.free_events += 1;
+        self.freed_at[segment_index as usize] = self.free_events;
+    }
+
+    /// Segments freed so far since the pool opened: remember it with a list
+    /// of live blocks, for [`Self::freed_since`].
+    pub fn free_events(&self) -> u64 {
+        self.free_events
+    }
+
+    /// Whether `segment_index` was freed (so every block it held died, and it
+    /// may have been written again) after `free_events` had the given value.
+    pub fn freed_since(&self, segment_index: u32, free_events: u64) -> bool {
+        self.freed_at[segment_index as usize] > free_events
     }
 
     /// Whether `dead_segments` names exactly the segments in state `Dead`
@@ -771,6 +797,7 @@ impl SpaceAllocator {
             let segment = &mut self.segments[*index as usize];
             assert!(matches!(segment.state, SegmentState::Checkpoint { .. }));
             segment.state = SegmentState::Free;
+            self.count_freed(*index);
             self.return_free_segment(*index);
         }
     }
@@ -925,6 +952,7 @@ impl SpaceAllocator {
         segment.state = SegmentState::Free;
         segment.set_aside = false;
         self.dead_segments.remove(&segment_index);
+        self.count_freed(segment_index);
         // Oldest freed first: a freed segment is rewritten as late as possible.
         // Tests that must see a segment rewritten soon after it is freed turn
         // the order around.
