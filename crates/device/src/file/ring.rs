@@ -44,6 +44,22 @@ const DEVICE_FILE_INDEX: u32 = 0;
 /// by the short-transfer path.
 const TRANSFER_MAX_BYTES: usize = 0x7fff_f000;
 
+/// Callers woken by one reaping from which the reaper waits for them to run
+/// before it submits, so that the requests they start go to the kernel in one
+/// `io_uring_enter`. A lone woken caller is not waited for (a wait costs the
+/// worker a trip through its reactor): its next request wakes the reaper,
+/// which then runs right after it.
+const BATCHED_WAKES_MIN: usize = 2;
+
+/// What became of a submission.
+enum Submission {
+    Done,
+    /// The kernel took only part (short of resources); try again.
+    Retry,
+    /// The ring is being dropped or is broken.
+    Stop,
+}
+
 /// Sizes of the queues between callers and the kernel.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RingLimits {
@@ -330,38 +346,95 @@ impl Shared {
         false
     }
 
-    /// One turn of the reaper: reap, refill the ring, submit. Ready when the
-    /// reaper should stop.
-    fn reaper_turn(&self, context: &Context<'_>, wakers: &mut Vec<Waker>) -> Poll<()> {
-        let count = {
+    /// Waits until the reaper has something to do: completions (the eventfd
+    /// fired) or entries to submit. Ready(false) when the reaper should stop.
+    fn poll_work(&self, context: &mut Context<'_>, event: &AsyncFd<CompletionEvent>) -> Poll<bool> {
+        let mut fired = false;
+        // The counter is never read: every completion writes the eventfd, and each
+        // write is a new edge for the reactor, so clearing the readiness before
+        // reaping loses no completion.
+        loop {
+            match event.poll_read_ready(context) {
+                Poll::Ready(Ok(mut ready)) => {
+                    ready.clear_ready();
+                    fired = true;
+                }
+                Poll::Ready(Err(error)) => {
+                    self.fail_permanently(&error);
+                    return Poll::Ready(false);
+                }
+                Poll::Pending => break,
+            }
+        }
+        let mut state = self.lock();
+        if state.shutting_down || state.broken.is_some() {
+            return Poll::Ready(false);
+        }
+        let Reaper::Running {
+            submit_requested,
+            waker,
+        } = &mut state.reaper
+        else {
+            unreachable!("a running reaper is registered")
+        };
+        if !waker.as_ref().is_some_and(|w| w.will_wake(context.waker())) {
+            *waker = Some(context.waker().clone());
+        }
+        if fired || *submit_requested {
+            Poll::Ready(true)
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Reaps every completion and wakes the callers whose requests finished;
+    /// returns how many were woken, or `None` when the reaper should stop. When
+    /// several were woken, callers are told a submission is already coming, so
+    /// that the entries they push next go to the kernel together.
+    fn reap_and_wake(&self, wakers: &mut Vec<Waker>) -> Option<usize> {
+        {
             let mut state = self.lock();
             if state.shutting_down || state.broken.is_some() {
-                return Poll::Ready(());
-            }
-            match &mut state.reaper {
-                Reaper::Running {
-                    submit_requested,
-                    waker,
-                } => {
-                    *submit_requested = false;
-                    if !waker.as_ref().is_some_and(|w| w.will_wake(context.waker())) {
-                        *waker = Some(context.waker().clone());
-                    }
-                }
-                Reaper::Stopped => unreachable!("a running reaper is registered"),
+                return None;
             }
             self.reap(&mut state, wakers);
-            self.fill_ring(&mut state);
-            std::mem::take(&mut state.unsubmitted_count)
-        };
+            if wakers.len() >= BATCHED_WAKES_MIN
+                && let Reaper::Running {
+                    submit_requested, ..
+                } = &mut state.reaper
+            {
+                *submit_requested = true;
+            }
+        }
+        let woken = wakers.len();
         for waker in wakers.drain(..) {
             waker.wake();
         }
-        if count > 0 && !self.enter(count, false) {
-            // The kernel was short of resources: another turn soon.
-            context.waker().wake_by_ref();
+        Some(woken)
+    }
+
+    /// Refills the ring from the waiting requests and passes everything pushed
+    /// since the last submission to the kernel in one `io_uring_enter`.
+    fn submit(&self) -> Submission {
+        let count = {
+            let mut state = self.lock();
+            if state.shutting_down || state.broken.is_some() {
+                return Submission::Stop;
+            }
+            if let Reaper::Running {
+                submit_requested, ..
+            } = &mut state.reaper
+            {
+                *submit_requested = false;
+            }
+            self.fill_ring(&mut state);
+            std::mem::take(&mut state.unsubmitted_count)
+        };
+        if count == 0 || self.enter(count, false) {
+            Submission::Done
+        } else {
+            Submission::Retry
         }
-        Poll::Pending
     }
 
     /// The ring cannot be entered any more. Every waiting caller gets an error;
@@ -466,23 +539,27 @@ fn reap_until_stopped(shared: Arc<Shared>) -> impl std::future::Future<Output = 
             }
         };
         let mut wakers = Vec::with_capacity(shared.ring_entries);
-        std::future::poll_fn(|context| {
-            // The counter is never read: every completion writes the eventfd, and
-            // each write is a new edge for the reactor, so clearing the readiness
-            // before reaping loses no completion.
+        loop {
+            if !std::future::poll_fn(|context| shared.poll_work(context, &event)).await {
+                return;
+            }
+            let Some(woken) = shared.reap_and_wake(&mut wakers) else {
+                return;
+            };
+            if woken >= BATCHED_WAKES_MIN {
+                // Deferred until this worker has run what is ready, the callers
+                // just woken among them: their next requests join this submission.
+                tokio::task::yield_now().await;
+            }
             loop {
-                match event.poll_read_ready(context) {
-                    Poll::Ready(Ok(mut ready)) => ready.clear_ready(),
-                    Poll::Ready(Err(error)) => {
-                        shared.fail_permanently(&error);
-                        return Poll::Ready(());
-                    }
-                    Poll::Pending => break,
+                match shared.submit() {
+                    Submission::Done => break,
+                    Submission::Stop => return,
+                    // The kernel was short of resources: try again shortly.
+                    Submission::Retry => tokio::task::yield_now().await,
                 }
             }
-            shared.reaper_turn(context, &mut wakers)
-        })
-        .await;
+        }
     }
 }
 
