@@ -9,7 +9,9 @@
 //! watched by the reactor through `AsyncFd`, says there are some. It resubmits
 //! the rest of short or interrupted transfers and wakes the callers whose
 //! requests finished, from a worker thread, so no thread outside the runtime
-//! sits between a request and its caller (decision 0041).
+//! sits between a request and its caller (decision 0041). Having woken several
+//! callers, it yields until the worker has run them before it submits, so that
+//! the requests they start next go to the kernel together.
 //!
 //! A slot keeps the request's buffer until its completion is reaped, so a caller
 //! that drops its future cannot free memory the kernel still uses: the slot is
