@@ -10,8 +10,8 @@
 //! the rest of short or interrupted transfers and wakes the callers whose
 //! requests finished, from a worker thread, so no thread outside the runtime
 //! sits between a request and its caller (decision 0041). Having woken several
-//! callers, it yields until the worker has run them before it submits, so that
-//! the requests they start next go to the kernel together.
+//! callers, it goes behind them in the worker's run queue before it submits, so
+//! that the requests they start next go to the kernel together.
 //!
 //! A slot keeps the request's buffer until its completion is reaped, so a caller
 //! that drops its future cannot free memory the kernel still uses: the slot is
@@ -549,9 +549,9 @@ fn reap_until_stopped(shared: Arc<Shared>) -> impl std::future::Future<Output = 
                 return;
             };
             if woken >= BATCHED_WAKES_MIN {
-                // Deferred until this worker has run what is ready, the callers
-                // just woken among them: their next requests join this submission.
-                tokio::task::yield_now().await;
+                // Behind the callers just woken in this worker's queue: their next
+                // requests join this submission.
+                yield_behind_queued().await;
             }
             loop {
                 match shared.submit() {
@@ -563,6 +563,24 @@ fn reap_until_stopped(shared: Arc<Shared>) -> impl std::future::Future<Output = 
             }
         }
     }
+}
+
+/// Returns after going once to the back of the worker's run queue. Unlike
+/// `tokio::task::yield_now`, which tokio defers until the worker parks or polls
+/// its reactor (on a busy worker, dozens of tasks later, with every caller's
+/// entry waiting for this submission), a wake from inside the poll queues the
+/// task at once, behind what is already ready.
+async fn yield_behind_queued() {
+    let mut yielded = false;
+    std::future::poll_fn(|context| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        context.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
 }
 
 /// A caller's claim on its slot; dropping it before the result abandons the slot.
