@@ -1,7 +1,8 @@
 //! A file or block device: lamina's production device. It opens the file with
-//! O_DIRECT and does its I/O through io_uring on a dedicated ring thread (see
+//! O_DIRECT and does its I/O through one io_uring per device, submitted and
+//! reaped by a task on the tokio runtime with no thread of its own (see
 //! `file/ring.rs`), so that data goes straight between lamina's buffers and the
-//! device without the page cache. Where O_DIRECT is refused (ramfs, some FUSE and
+//! device without the page cache or a hand-off to another thread. Where O_DIRECT is refused (ramfs, some FUSE and
 //! network filesystems) or io_uring is unavailable (old kernels, seccomp, the
 //! `io_uring_disabled` sysctl), it falls back to pread/pwrite through the page
 //! cache on the blocking thread pool, and says so once with a warning. Opening
@@ -66,7 +67,7 @@ pub struct FileDevice {
     size_bytes: u64,
     engine: Engine,
     /// The claim on the device, held while it is open. Declared after `engine`
-    /// so that it is released only once the ring thread has stopped.
+    /// so that it is released only once the kernel holds no request of the ring.
     _lock: DeviceLock,
 }
 

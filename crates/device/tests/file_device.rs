@@ -352,7 +352,7 @@ async fn abandoned_requests_are_safe_and_the_device_keeps_working() {
     }
     device.flush().await.expect("flush after aborted requests");
     round_trip_concurrently(device.clone(), 6).await;
-    // Dropping the device with nothing in flight stops its thread.
+    // Dropping the device with nothing in flight stops its reaper.
     drop(Arc::into_inner(device).expect("last reference"));
 }
 
@@ -376,8 +376,8 @@ async fn dropping_the_device_with_abandoned_requests_in_flight_is_clean() {
     for task in tasks {
         let _ = task.await;
     }
-    // The aborted tasks released their references; the last drop joins the ring
-    // thread after the kernel has returned every buffer.
+    // The aborted tasks released their references; the last drop waits until the
+    // kernel has returned every buffer.
     drop(Arc::into_inner(device).expect("last reference"));
     let device = reopen(&path);
     device.read(0, 4096).await.expect("read after reopen");
@@ -625,10 +625,11 @@ async fn block_device_size_comes_from_the_kernel_and_data_round_trips() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_request_at_a_time_always_wakes_the_ring_thread() {
-    // With one request in flight the ring thread goes to sleep between requests,
-    // so every request depends on the wake-up path; a lost wake-up hangs, which the
-    // timeout turns into a failure.
+async fn one_request_at_a_time_is_always_submitted_and_reaped() {
+    // With one request in flight the reaper task goes idle between requests, so
+    // every request depends on a caller waking it to submit and on the eventfd
+    // waking it to reap; a lost wake-up hangs, which the timeout turns into a
+    // failure.
     let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
     let path = directory.path().join("device");
     let device = FileDevice::open(&path, options_with_size(8 << 20)).expect("open");
@@ -646,7 +647,7 @@ async fn one_request_at_a_time_always_wakes_the_ring_thread() {
                 .expect("read");
             assert_eq!(read[..8], index.to_le_bytes());
             if index % 500 == 0 {
-                // Let the ring thread fall fully asleep now and then.
+                // Let the reaper and the workers fall fully asleep now and then.
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
         }
@@ -654,4 +655,224 @@ async fn one_request_at_a_time_always_wakes_the_ring_thread() {
     tokio::time::timeout(std::time::Duration::from_secs(60), sequence)
         .await
         .expect("a request was never answered: lost wake-up");
+}
+
+/// Opens a fresh io_uring device of `size_bytes` with a ring of `ring_entries`.
+fn open_ring_device(path: &Path, size_bytes: u64, ring_entries: Option<u32>) -> FileDevice {
+    let device = FileDevice::open(
+        path,
+        FileDeviceOptions {
+            create_size_bytes: Some(size_bytes),
+            ring_entries,
+            ..FileDeviceOptions::default()
+        },
+    )
+    .expect("open");
+    assert_eq!(device.backend(), IoBackend::IoUringDirect);
+    device
+}
+
+/// Polls `future` once, so that its request is accepted (and put in the ring).
+async fn poll_once<F: std::future::Future + Unpin>(future: &mut F) {
+    std::future::poll_fn(|context| {
+        let _ = std::pin::Pin::new(&mut *future).poll(context);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_read_keeps_its_buffer_until_the_kernel_is_done() {
+    // On one thread, a 4 KiB buffer freed by a dropped read would be the next
+    // 4 KiB buffer handed out (buffers are recycled per thread); if the kernel
+    // still wrote into it, the pattern written there afterwards would change.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = open_ring_device(&path, 8 << 20, None);
+    let mut data = AlignedBuffer::zeroed(1 << 20);
+    data.fill(0xab);
+    device.write(0, Arc::new(data)).await.expect("fill");
+    for round in 0..200u64 {
+        let offset = (round % 256) * BLOCK_BYTES;
+        let mut read = Box::pin(device.read(offset, BLOCK_BYTES as usize));
+        poll_once(&mut read).await;
+        if round % 2 == 0 {
+            // Let the reaper submit it, so that it is in the kernel when dropped.
+            tokio::task::yield_now().await;
+        }
+        drop(read);
+        let mut reused = AlignedBuffer::for_overwrite(BLOCK_BYTES as usize);
+        reused.fill(0x5a);
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        device.flush().await.expect("flush");
+        assert!(
+            reused.iter().all(|byte| *byte == 0x5a),
+            "round {round}: the kernel wrote into memory a dropped read had freed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_more_requests_than_ring_entries_all_complete() {
+    // 2000 requests at once through an 8-entry ring: most wait for room, and the
+    // ring is refilled from the completions of the others.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = Arc::new(open_ring_device(&path, 16 << 20, Some(8)));
+    let block_count = 2000u64;
+    let mut writes = tokio::task::JoinSet::new();
+    for index in 0..block_count {
+        let device = device.clone();
+        writes.spawn(async move {
+            let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+            data[..8].copy_from_slice(&index.to_le_bytes());
+            device.write(index * BLOCK_BYTES, Arc::new(data)).await
+        });
+    }
+    while let Some(result) = writes.join_next().await {
+        result.expect("write task").expect("write");
+    }
+    let mut reads = tokio::task::JoinSet::new();
+    for index in 0..block_count {
+        let device = device.clone();
+        reads.spawn(async move {
+            let read = device
+                .read(index * BLOCK_BYTES, BLOCK_BYTES as usize)
+                .await
+                .expect("read");
+            assert_eq!(read[..8], index.to_le_bytes(), "block {index}");
+        });
+    }
+    while let Some(result) = reads.join_next().await {
+        result.expect("read task");
+    }
+}
+
+/// Writes and reads back blocks `first..first + count` with their index in them.
+async fn write_and_check(device: &FileDevice, first: u64, count: u64) {
+    for index in first..first + count {
+        let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+        data[..8].copy_from_slice(&index.to_le_bytes());
+        device
+            .write(index * BLOCK_BYTES, Arc::new(data))
+            .await
+            .expect("write");
+        let read = device
+            .read(index * BLOCK_BYTES, BLOCK_BYTES as usize)
+            .await
+            .expect("read");
+        assert_eq!(read[..8], index.to_le_bytes());
+    }
+}
+
+fn runtime(worker_threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn a_device_serves_one_runtime_after_another() {
+    // The reaper starts on the runtime of the first request and dies with it; the
+    // next runtime's first request starts another.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = open_ring_device(&path, 8 << 20, None);
+    for round in 0..3u64 {
+        let runtime = runtime(2);
+        runtime.block_on(write_and_check(&device, round * 100, 100));
+        drop(runtime);
+    }
+    let current_thread = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    current_thread.block_on(write_and_check(&device, 300, 100));
+}
+
+#[test]
+fn requests_waiting_when_the_reapers_runtime_dies_still_complete() {
+    // A second runtime keeps requests in flight while the runtime that runs the
+    // reaper shuts down: its waiting callers are woken and start a reaper of
+    // their own, so none hangs.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = Arc::new(open_ring_device(&path, 8 << 20, None));
+    let first = runtime(1);
+    first.block_on(write_and_check(&device, 0, 10));
+    let second = runtime(1);
+    let busy = second.spawn({
+        let device = device.clone();
+        async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for task in 0..16u64 {
+                let device = device.clone();
+                tasks.spawn(async move { write_and_check(&device, 100 + task * 50, 50).await });
+            }
+            while let Some(result) = tasks.join_next().await {
+                result.expect("task");
+            }
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    drop(first);
+    second
+        .block_on(async { tokio::time::timeout(std::time::Duration::from_secs(60), busy).await })
+        .expect("a request hung after the reaper's runtime shut down")
+        .expect("busy task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_across_a_shrunken_end_of_file_is_short_then_a_clear_error() {
+    // Truncating the file under the open device makes a read that spans the new
+    // end transfer only its first part; the rest is resubmitted, gets end of
+    // file, and the caller sees that error rather than a half-filled buffer.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = open_ring_device(&path, 8 << 20, None);
+    let mut data = AlignedBuffer::zeroed(1 << 20);
+    data.fill(0x77);
+    device.write(0, Arc::new(data)).await.expect("write");
+    device.flush().await.expect("flush");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open for truncation");
+    file.set_len(1 << 19).expect("truncate");
+    let error = device
+        .read((1 << 19) - BLOCK_BYTES, 4 * BLOCK_BYTES as usize)
+        .await
+        .expect_err("a read past the end of the file must fail");
+    assert!(
+        error.to_string().contains("end of file"),
+        "unexpected error: {error}"
+    );
+    // What is still inside the file reads back whole.
+    let read = device.read(0, 1 << 19).await.expect("read inside");
+    assert!(read.iter().all(|byte| *byte == 0x77));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_the_device_with_reads_in_the_kernel_waits_for_them() {
+    // Reads accepted, some submitted and some not, all abandoned, then the device
+    // dropped on the same thread: the drop must wait for the kernel before the
+    // buffers go, and the file must be usable again afterwards.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = open_ring_device(&path, 64 << 20, Some(32));
+    let mut reads = Vec::new();
+    for index in 0..96u64 {
+        let mut read = Box::pin(device.read(index * (512 << 10), 512 << 10));
+        poll_once(&mut read).await;
+        reads.push(read);
+        if index == 40 {
+            tokio::task::yield_now().await;
+        }
+    }
+    drop(reads);
+    drop(device);
+    let device = reopen(&path);
+    device.read(0, 4096).await.expect("read after reopen");
 }

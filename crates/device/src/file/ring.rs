@@ -1,52 +1,76 @@
-//! The io_uring engine behind [`super::FileDevice`]: one dedicated thread owns the
-//! ring and the file; async callers hand it requests through a mutex-guarded queue
-//! and await a oneshot reply. The thread batches every queued request into one
-//! `submit_and_wait`, reaps completions, resubmits the remainder of short transfers
-//! and answers the callers. Each in-flight request record owns its buffer until its
-//! completion arrives, so a caller that drops its future can never free memory the
-//! kernel is still reading from or writing into.
+//! The io_uring engine behind [`super::FileDevice`], with no thread of its own:
+//! one ring per device, shared by every thread of the tokio runtime. A caller
+//! puts its request's record (with its buffer) in a slab slot and its
+//! submission entry in the ring, both under one short mutex, then waits on the
+//! slot. One **reaper task** per ring, on the runtime, does the system calls:
+//! it passes everything pushed since its last turn to the kernel in one
+//! `io_uring_enter`, so that requests issued together (a connection's burst)
+//! cost one call, and it reaps completions when the ring's registered eventfd,
+//! watched by the reactor through `AsyncFd`, says there are some. It resubmits
+//! the rest of short or interrupted transfers and wakes the callers whose
+//! requests finished, from a worker thread, so no thread outside the runtime
+//! sits between a request and its caller (decision 0041). Having woken several
+//! callers, it goes behind them in the worker's run queue before it submits, so
+//! that the requests they start next go to the kernel together.
 //!
-//! The thread sleeps inside `submit_and_wait`; to wake it for new work it always
-//! keeps one read of an eventfd in the ring, and a caller writes that eventfd only
-//! when the thread said it was about to sleep, so a busy ring costs callers no
-//! system call at all.
+//! A slot keeps the request's buffer until its completion is reaped, so a caller
+//! that drops its future cannot free memory the kernel still uses: the slot is
+//! marked abandoned and freed at the completion. Dropping the device waits for
+//! every request the kernel holds. The reaper runs on the runtime of the task
+//! that first needed it; when that runtime shuts down, the reaper wakes every
+//! waiting caller and the first one polled again starts a new reaper on its own
+//! runtime. The ring has none of the single-issuer, deferred or cooperative
+//! task-run flags: several threads touch it, and without an interrupt the kernel
+//! would not post a completion for a submitting worker asleep on a futex.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::task::{Context, Poll, Waker};
 
-use io_uring::{IoUring, opcode, squeue, types};
+use io_uring::{EnterFlags, IoUring, opcode, squeue, types};
 use slab::Slab;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::AlignedBuffer;
 
-/// The user data of the eventfd read that wakes the ring thread; request records
-/// use their slab key, which never reaches this value.
-const WAKE_USER_DATA: u64 = u64::MAX;
-
 /// The index of the device file in the ring's registered file table.
 const DEVICE_FILE_INDEX: u32 = 0;
-
-/// The index of the wake eventfd in the ring's registered file table.
-const WAKE_FILE_INDEX: u32 = 1;
 
 /// The largest transfer Linux performs in one read or write system call
 /// (MAX_RW_COUNT, rounded down to the device alignment). Larger requests are split
 /// by the short-transfer path.
 const TRANSFER_MAX_BYTES: usize = 0x7fff_f000;
 
-/// Sizes of the queues between callers, the ring thread and the kernel.
+/// Callers woken by one reaping from which the reaper waits for them to run
+/// before it submits, so that the requests they start go to the kernel in one
+/// `io_uring_enter`. A lone woken caller is not waited for (a wait costs the
+/// worker a trip through its reactor): its next request wakes the reaper,
+/// which then runs right after it.
+const BATCHED_WAKES_MIN: usize = 2;
+
+/// What became of a submission.
+enum Submission {
+    Done,
+    /// The kernel took only part (short of resources); try again.
+    Retry,
+    /// The ring is being dropped or is broken.
+    Stop,
+}
+
+/// Sizes of the queues between callers and the kernel.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RingLimits {
-    /// Submission queue entries of the ring; one is kept for the wake read, so at
-    /// most `ring_entries - 1` requests are inside the kernel at once.
+    /// Submission queue entries of the ring: at most this many requests are inside
+    /// the kernel at once (the completion queue, twice as large, never overflows).
     pub ring_entries: u32,
-    /// Requests accepted from callers and not yet answered (queued plus in the
-    /// ring); further callers wait for a permit.
+    /// Requests accepted from callers and not yet answered (waiting for room in
+    /// the ring, in it, or abandoned and still in the kernel); further callers
+    /// wait for a permit.
     pub in_flight_requests_max: usize,
 }
 
@@ -64,19 +88,32 @@ pub(crate) enum Completed {
     Flush,
 }
 
-/// A request accepted by the ring: the operation, how far it has got, the caller
-/// to answer and the permit that counts it against `in_flight_requests_max`.
-struct Request {
+/// Where a request is.
+enum Stage {
+    /// Accepted, waiting for room in the ring (or resubmission of its rest).
+    Waiting,
+    /// Its submission entry is in the ring; the kernel may use its buffer.
+    InKernel,
+    /// Finished; the caller takes the result.
+    Done(io::Result<Completed>),
+}
+
+/// A request accepted by the ring: the operation, how far it has got, who waits
+/// for it, and the permit that counts it against `in_flight_requests_max`.
+struct Slot {
     operation: Operation,
     offset: u64,
     done_bytes: usize,
-    reply: oneshot::Sender<io::Result<Completed>>,
-    /// Released when the request is answered, not when the caller gives up, so that
-    /// abandoned requests still count against the limit while the kernel has them.
+    stage: Stage,
+    waker: Option<Waker>,
+    /// The caller dropped its future: free the slot once the kernel is done.
+    abandoned: bool,
+    /// Released with the slot, not when the caller gives up, so that abandoned
+    /// requests still count against the limit while the kernel has them.
     _permit: OwnedSemaphorePermit,
 }
 
-impl Request {
+impl Slot {
     fn length(&self) -> usize {
         match &self.operation {
             Operation::Read { buffer } => buffer.len(),
@@ -84,294 +121,15 @@ impl Request {
             Operation::Flush => 0,
         }
     }
-}
 
-/// State shared between callers and the ring thread.
-struct Queue {
-    requests: VecDeque<Request>,
-    /// Set by the ring thread just before it blocks in the kernel; the first caller
-    /// that queues a request afterwards clears it and writes the wake eventfd.
-    ring_thread_sleeping: bool,
-    /// Set when the device is dropped: the thread finishes everything it holds and exits.
-    shutting_down: bool,
-    /// Set if the ring failed in a way it cannot recover from; new requests fail at once.
-    broken: Option<String>,
-}
-
-struct Shared {
-    queue: Mutex<Queue>,
-    wake_event: OwnedFd,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // A panic while holding this lock leaves the queue consistent (every update
-        // is a single push or flag store), so a poisoned lock is still usable.
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn wake(&self) {
-        let increment: u64 = 1;
-        // SAFETY: the eventfd is open for the lifetime of `self`, and the source is
-        // a valid 8-byte value, which is what an eventfd write takes.
-        let written = unsafe {
-            libc::write(
-                self.wake_event.as_raw_fd(),
-                (&raw const increment).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        // A non-blocking eventfd write only fails if the counter would overflow,
-        // which means the thread already has a pending wake-up; nothing is lost.
-        let _ = written;
-    }
-}
-
-/// The caller side of the ring: queues requests and owns the thread.
-pub(crate) struct Ring {
-    shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Ring {
-    /// Sets up the ring and starts its thread. Fails (with the error of
-    /// `io_uring_setup`) where io_uring is unavailable, so that the caller can fall back.
-    pub(crate) fn start(file: File, device_name: &str, limits: RingLimits) -> io::Result<Self> {
-        assert!(
-            limits.ring_entries >= 2,
-            "ring_entries must leave room for the wake read and one request"
-        );
-        assert!(
-            limits.in_flight_requests_max >= 1,
-            "in_flight_requests_max must be positive"
-        );
-        // SAFETY: eventfd takes no pointers; the returned descriptor is checked below.
-        let raw_event = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw_event < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw_event` is a freshly created descriptor that nothing else owns.
-        let wake_event = unsafe { OwnedFd::from_raw_fd(raw_event) };
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                requests: VecDeque::with_capacity(limits.in_flight_requests_max),
-                ring_thread_sleeping: false,
-                shutting_down: false,
-                broken: None,
-            }),
-            wake_event,
-        });
-        // The ring is created on its own thread because a single-issuer ring only
-        // accepts submissions from the thread that created it; the setup result
-        // comes back here so that the caller can still fall back.
-        let (setup_sender, setup_result) = std::sync::mpsc::sync_channel(1);
-        let thread_shared = shared.clone();
-        let device_name = device_name.to_string();
-        let thread = std::thread::Builder::new()
-            .name("lamina-uring".to_string())
-            .spawn(move || {
-                let ring = match setup_ring(limits.ring_entries, &file, &thread_shared.wake_event) {
-                    Ok(ring) => ring,
-                    Err(error) => {
-                        let _ = setup_sender.send(Err(error));
-                        return;
-                    }
-                };
-                let _ = setup_sender.send(Ok(()));
-                let request_slots_max = limits.ring_entries as usize - 1;
-                RingThread {
-                    ring,
-                    _file: file,
-                    shared: thread_shared,
-                    in_flight: Slab::with_capacity(request_slots_max),
-                    pending: VecDeque::with_capacity(limits.in_flight_requests_max),
-                    request_slots_max,
-                    wake_buffer: Box::new(0),
-                    wake_read_armed: false,
-                    completions: Vec::with_capacity(limits.ring_entries as usize * 2),
-                    device_name,
-                }
-                .run();
-            })?;
-        let setup = setup_result
-            .recv()
-            .unwrap_or_else(|_| Err(io::Error::other("io_uring ring thread died during setup")));
-        if let Err(error) = setup {
-            let _ = thread.join();
-            return Err(error);
-        }
-        Ok(Self {
-            shared,
-            permits: Arc::new(Semaphore::new(limits.in_flight_requests_max)),
-            thread: Some(thread),
-        })
-    }
-
-    /// Runs one operation at `offset` and waits for its result. Dropping the returned
-    /// future at any point is safe: the request then completes unobserved.
-    pub(crate) async fn execute(&self, operation: Operation, offset: u64) -> io::Result<Completed> {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the ring's semaphore is never closed");
-        let (reply, answer) = oneshot::channel();
-        let request = Request {
-            operation,
-            offset,
-            done_bytes: 0,
-            reply,
-            _permit: permit,
-        };
-        let wake = {
-            let mut queue = self.shared.lock();
-            if let Some(reason) = &queue.broken {
-                return Err(io::Error::other(format!("io_uring ring failed: {reason}")));
-            }
-            queue.requests.push_back(request);
-            std::mem::take(&mut queue.ring_thread_sleeping)
-        };
-        if wake {
-            self.shared.wake();
-        }
-        match answer.await {
-            Ok(result) => result,
-            Err(_) => Err(io::Error::other("io_uring ring thread stopped")),
-        }
-    }
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        self.shared.lock().shutting_down = true;
-        self.shared.wake();
-        if let Some(thread) = self.thread.take() {
-            // The thread exits once the kernel has returned every buffer it was given,
-            // which is what makes it safe to close the file and free the records.
-            if thread.join().is_err() {
-                tracing::error!("io_uring ring thread panicked");
-            }
-        }
-    }
-}
-
-/// Creates the ring with the flags that cut per-request kernel work where the
-/// kernel has them (completion work deferred to the one thread that waits, 6.1+),
-/// and without them on older kernels; then registers the device and wake files.
-fn setup_ring(ring_entries: u32, file: &File, wake_event: &OwnedFd) -> io::Result<IoUring> {
-    let ring = match IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .setup_coop_taskrun()
-        .build(ring_entries)
-    {
-        Ok(ring) => ring,
-        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => IoUring::new(ring_entries)?,
-        Err(error) => return Err(error),
-    };
-    // Registering the files spares the kernel a descriptor lookup per request.
-    ring.submitter()
-        .register_files(&[file.as_raw_fd(), wake_event.as_raw_fd()])?;
-    Ok(ring)
-}
-
-/// The ring thread's state. Only this thread touches the ring.
-struct RingThread {
-    ring: IoUring,
-    /// Keeps the device's descriptor open while the ring refers to it.
-    _file: File,
-    shared: Arc<Shared>,
-    /// Requests whose SQE is in the ring, keyed by user data.
-    in_flight: Slab<Request>,
-    /// Requests taken from the queue (or resubmitted) but not yet in the ring.
-    pending: VecDeque<Request>,
-    /// `ring_entries - 1`: one submission slot stays free for the wake read, so the
-    /// submission queue never overflows and the completion queue (twice as large)
-    /// never either.
-    request_slots_max: usize,
-    /// Where the wake read puts the eventfd counter; boxed so its address is stable.
-    wake_buffer: Box<u64>,
-    wake_read_armed: bool,
-    /// Reused buffer of (user data, result) pairs, so reaping allocates nothing.
-    completions: Vec<(u64, i32)>,
-    device_name: String,
-}
-
-impl RingThread {
-    fn run(mut self) {
-        loop {
-            {
-                let shared = self.shared.clone();
-                let mut queue = shared.lock();
-                self.pending.extend(queue.requests.drain(..));
-                if !self.wake_read_armed && !queue.shutting_down {
-                    self.arm_wake_read();
-                }
-                if queue.shutting_down
-                    && self.pending.is_empty()
-                    && self.in_flight.is_empty()
-                    && !self.wake_read_armed
-                {
-                    return;
-                }
-                // From here until the lock is next taken, a new request must wake
-                // the thread: it is either about to block or already blocked.
-                queue.ring_thread_sleeping = true;
-            }
-            while self.in_flight.len() < self.request_slots_max {
-                let Some(request) = self.pending.pop_front() else {
-                    break;
-                };
-                self.push_request(request);
-            }
-            // Everything pushed goes to the kernel in this one call. Something is
-            // always in the ring here (the wake read, or requests during shutdown),
-            // so waiting for one completion cannot hang.
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(error)
-                    if matches!(
-                        error.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) =>
-                {
-                    // Interrupted, or the kernel is short of resources: reap what is
-                    // there and try again.
-                }
-                Err(error) => {
-                    self.fail_permanently(&error);
-                    return;
-                }
-            }
-            self.reap();
-        }
-    }
-
-    fn arm_wake_read(&mut self) {
-        let entry = opcode::Read::new(
-            types::Fixed(WAKE_FILE_INDEX),
-            (&raw mut *self.wake_buffer).cast(),
-            u32::try_from(std::mem::size_of::<u64>()).expect("eight bytes fit in a u32"),
-        )
-        .build()
-        .user_data(WAKE_USER_DATA);
-        self.push_entry(&entry);
-        self.wake_read_armed = true;
-    }
-
-    /// Puts one request's SQE into the submission queue and its record into the
-    /// in-flight table, where it stays (with its buffer) until its CQE is reaped.
-    fn push_request(&mut self, mut request: Request) {
-        let offset = request.offset + request.done_bytes as u64;
-        let remaining_bytes = (request.length() - request.done_bytes).min(TRANSFER_MAX_BYTES);
-        let done_bytes = request.done_bytes;
+    /// The submission entry for the rest of this request.
+    fn entry(&mut self, key: usize) -> squeue::Entry {
+        let offset = self.offset + self.done_bytes as u64;
+        let remaining_bytes = (self.length() - self.done_bytes).min(TRANSFER_MAX_BYTES);
+        let done_bytes = self.done_bytes;
         let transfer_bytes =
             u32::try_from(remaining_bytes).expect("TRANSFER_MAX_BYTES fits in a u32");
-        let entry = match &mut request.operation {
+        let entry = match &mut self.operation {
             Operation::Read { buffer } => opcode::Read::new(
                 types::Fixed(DEVICE_FILE_INDEX),
                 buffer[done_bytes..].as_mut_ptr(),
@@ -390,118 +148,658 @@ impl RingThread {
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
         };
-        let key = self.in_flight.insert(request);
-        self.push_entry(&entry.user_data(key as u64));
+        entry.user_data(key as u64)
     }
 
-    fn push_entry(&mut self, entry: &squeue::Entry) {
-        // SAFETY: every buffer an entry points at lives until its CQE is reaped: the
-        // wake buffer is owned by this thread, which only exits once the wake read
-        // has completed, and request buffers are owned by their record in
-        // `in_flight`, which is removed only in `reap`. Heap buffers do not move
-        // when the slab grows. The registered files stay open as long as the ring.
-        let pushed = unsafe { self.ring.submission().push(entry) };
-        assert!(
-            pushed.is_ok(),
-            "submission queue overflow: at most ring_entries entries are ever outstanding"
-        );
-    }
-
-    fn reap(&mut self) {
-        self.completions.clear();
-        self.completions.extend(
-            self.ring
-                .completion()
-                .map(|entry| (entry.user_data(), entry.result())),
-        );
-        for index in 0..self.completions.len() {
-            let (user_data, result) = self.completions[index];
-            if user_data == WAKE_USER_DATA {
-                self.wake_read_armed = false;
-                if result < 0 && result != -libc::EAGAIN && result != -libc::EINTR {
-                    tracing::warn!(
-                        device = %self.device_name,
-                        error = %io::Error::from_raw_os_error(-result),
-                        "io_uring wake read failed"
-                    );
-                }
-                continue;
-            }
-            let key = usize::try_from(user_data).expect("user data is a slab key this ring set");
-            let request = self.in_flight.remove(key);
-            self.complete(request, result);
-        }
-    }
-
-    /// Answers a request whose SQE completed, or sends the rest of a short transfer
-    /// (or a transiently failed one) round again.
-    fn complete(&mut self, mut request: Request, result: i32) {
+    /// Accounts for one completion: `None` if the rest of the transfer must go
+    /// round again (short, interrupted or transiently refused), else the result.
+    fn transfer_result(&mut self, result: i32) -> Option<io::Result<Completed>> {
         if result < 0 {
             let errno = -result;
             if errno == libc::EINTR || errno == libc::EAGAIN {
-                self.pending.push_front(request);
-                return;
+                return None;
             }
-            let _ = request.reply.send(Err(io::Error::from_raw_os_error(errno)));
-            return;
+            return Some(Err(io::Error::from_raw_os_error(errno)));
         }
         let transferred_bytes =
             usize::try_from(result).expect("a non-negative i32 fits in a usize");
-        let completed = match request.operation {
-            Operation::Flush => Ok(Completed::Flush),
-            Operation::Read { .. } | Operation::Write { .. } if transferred_bytes == 0 => {
-                let error = match request.operation {
-                    Operation::Read { .. } => io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "read returned end of file inside the device",
-                    ),
-                    _ => io::Error::new(io::ErrorKind::WriteZero, "write transferred no bytes"),
-                };
-                Err(error)
+        match self.operation {
+            Operation::Flush => return Some(Ok(Completed::Flush)),
+            Operation::Read { .. } if transferred_bytes == 0 => {
+                return Some(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "read returned end of file inside the device",
+                )));
             }
-            _ => {
-                request.done_bytes += transferred_bytes;
-                assert!(
-                    request.done_bytes <= request.length(),
-                    "kernel reported more bytes than requested"
-                );
-                if request.done_bytes < request.length() {
-                    self.pending.push_front(request);
-                    return;
-                }
-                match request.operation {
-                    Operation::Read { buffer } => Ok(Completed::Read(buffer)),
-                    _ => Ok(Completed::Write),
-                }
+            Operation::Write { .. } if transferred_bytes == 0 => {
+                return Some(Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "write transferred no bytes",
+                )));
             }
-        };
-        // The caller may have gone away; its buffer is freed here, after the CQE.
-        let _ = request.reply.send(completed);
+            _ => {}
+        }
+        self.done_bytes += transferred_bytes;
+        assert!(
+            self.done_bytes <= self.length(),
+            "kernel reported more bytes than requested"
+        );
+        if self.done_bytes < self.length() {
+            return None;
+        }
+        // The buffer leaves the slot only now, after the kernel is done with it.
+        match std::mem::replace(&mut self.operation, Operation::Flush) {
+            Operation::Read { buffer } => Some(Ok(Completed::Read(buffer))),
+            _ => Some(Ok(Completed::Write)),
+        }
+    }
+}
+
+/// Whether a reaper task serves the ring.
+enum Reaper {
+    /// None yet, or its runtime shut down: the next caller starts one.
+    Stopped,
+    Running {
+        /// Set by the first caller that pushes an entry after the reaper's last
+        /// turn (that caller wakes it); cleared by the reaper's next turn.
+        submit_requested: bool,
+        waker: Option<Waker>,
+    },
+}
+
+/// Everything the mutex guards, including the right to touch the submission and
+/// completion queues.
+struct State {
+    slots: Slab<Slot>,
+    /// Keys of requests waiting for room in the ring, oldest first.
+    waiting: VecDeque<usize>,
+    /// Entries pushed into the ring whose completion has not been reaped.
+    in_kernel_count: usize,
+    /// Entries pushed into the ring and not yet passed to `io_uring_enter`.
+    unsubmitted_count: u32,
+    reaper: Reaper,
+    /// Set when the device is dropped: the reaper stops, the drop reaps.
+    shutting_down: bool,
+    /// Set if the ring failed in a way it cannot recover from; new requests fail at once.
+    broken: Option<String>,
+}
+
+/// The ring and its state, shared by the device, its callers and the reaper.
+struct Shared {
+    ring: IoUring,
+    state: Mutex<State>,
+    /// Registered with the ring: the kernel signals it for every completion.
+    completion_event: OwnedFd,
+    /// Keeps the device's descriptor open while the ring refers to it.
+    _file: File,
+    ring_entries: usize,
+    device_name: String,
+}
+
+fn broken_error(reason: &str) -> io::Error {
+    io::Error::other(format!("io_uring ring failed: {reason}"))
+}
+
+/// Whether an `io_uring_enter` error is worth trying again.
+fn transient(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update under this lock leaves the state consistent before anything
+        // that can panic, so a poisoned lock is still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The ring cannot be entered any more. Every caller gets an error; the buffers
-    /// the kernel may still hold are leaked rather than freed under it.
-    fn fail_permanently(&mut self, error: &io::Error) {
-        tracing::error!(device = %self.device_name, %error, "io_uring ring failed; device unusable");
-        let reason = error.to_string();
-        let queued: Vec<Request> = {
-            let mut queue = self.shared.lock();
-            queue.broken = Some(reason.clone());
-            queue.requests.drain(..).collect()
+    /// Puts a request's entry into the ring. The caller checked there is room.
+    fn push(&self, state: &mut State, key: usize) {
+        let entry = state.slots[key].entry(key);
+        // SAFETY: the submission queue is only touched under the state mutex, which
+        // the caller holds. The entry points at the slot's buffer, which stays in
+        // the slot (heap memory, not moved when the slab grows) until the entry's
+        // completion is reaped; the registered file stays open as long as the ring.
+        let pushed = unsafe { self.ring.submission_shared().push(&entry) };
+        assert!(
+            pushed.is_ok(),
+            "submission queue overflow: at most ring_entries entries are ever in the kernel"
+        );
+        state.slots[key].stage = Stage::InKernel;
+        state.in_kernel_count += 1;
+        state.unsubmitted_count += 1;
+    }
+
+    /// Moves waiting requests into the ring while it has room.
+    fn fill_ring(&self, state: &mut State) {
+        while state.in_kernel_count < self.ring_entries {
+            let Some(key) = state.waiting.pop_front() else {
+                break;
+            };
+            self.push(state, key);
+        }
+    }
+
+    /// Takes every completion the kernel posted; collects the wakers of the
+    /// callers whose requests finished.
+    fn reap(&self, state: &mut State, wakers: &mut Vec<Waker>) {
+        // SAFETY: the completion queue is only touched under the state mutex, which
+        // the caller holds.
+        let completions = unsafe { self.ring.completion_shared() };
+        for completion in completions {
+            state.in_kernel_count -= 1;
+            let key = usize::try_from(completion.user_data())
+                .expect("user data is a slab key this ring set");
+            let slot = &mut state.slots[key];
+            match slot.transfer_result(completion.result()) {
+                None if state.shutting_down => {
+                    // Nobody waits any more; the rest of the transfer is dropped.
+                    state.slots.remove(key);
+                }
+                None => {
+                    slot.stage = Stage::Waiting;
+                    state.waiting.push_front(key);
+                }
+                Some(_) if slot.abandoned => {
+                    // The caller went away; its buffer is freed here, after the kernel.
+                    state.slots.remove(key);
+                }
+                Some(result) => {
+                    slot.stage = Stage::Done(result);
+                    wakers.extend(slot.waker.take());
+                }
+            }
+        }
+    }
+
+    /// Passes `count` pushed entries to the kernel (and with `wait`, waits for a
+    /// completion). Entries the kernel did not take are handed back for a later
+    /// call; false if that later call is needed.
+    fn enter(&self, count: u32, wait: bool) -> bool {
+        let (minimum, flags) = if wait {
+            (1, EnterFlags::GETEVENTS.bits())
+        } else {
+            (0, 0)
         };
-        let failure = || io::Error::other(format!("io_uring ring failed: {reason}"));
-        for request in self.pending.drain(..).chain(queued) {
-            let _ = request.reply.send(Err(failure()));
+        // SAFETY: `count` entries were pushed and not yet submitted (the caller took
+        // them from `unsubmitted_count`), so the kernel reads only complete entries;
+        // no argument pointer is passed.
+        let entered = unsafe {
+            self.ring
+                .submitter()
+                .enter::<libc::sigset_t>(count, minimum, flags, None)
+        };
+        let submitted = match entered {
+            Ok(submitted) => u32::try_from(submitted).unwrap_or(count).min(count),
+            Err(error) if transient(&error) => 0,
+            Err(error) => {
+                self.fail_permanently(&error);
+                return true;
+            }
+        };
+        if submitted == count {
+            return true;
         }
-        for request in self.in_flight.drain() {
-            let Request {
-                operation, reply, ..
-            } = request;
-            std::mem::forget(operation);
-            let _ = reply.send(Err(failure()));
+        self.lock().unsubmitted_count += count - submitted;
+        false
+    }
+
+    /// Waits until the reaper has something to do: completions (the eventfd
+    /// fired) or entries to submit. Ready(false) when the reaper should stop.
+    fn poll_work(&self, context: &mut Context<'_>, event: &AsyncFd<CompletionEvent>) -> Poll<bool> {
+        let mut fired = false;
+        // The counter is never read: every completion writes the eventfd, and each
+        // write is a new edge for the reactor, so clearing the readiness before
+        // reaping loses no completion.
+        loop {
+            match event.poll_read_ready(context) {
+                Poll::Ready(Ok(mut ready)) => {
+                    ready.clear_ready();
+                    fired = true;
+                }
+                Poll::Ready(Err(error)) => {
+                    self.fail_permanently(&error);
+                    return Poll::Ready(false);
+                }
+                Poll::Pending => break,
+            }
         }
-        if self.wake_read_armed {
-            std::mem::forget(std::mem::replace(&mut self.wake_buffer, Box::new(0)));
+        let mut state = self.lock();
+        if state.shutting_down || state.broken.is_some() {
+            return Poll::Ready(false);
         }
+        let Reaper::Running {
+            submit_requested,
+            waker,
+        } = &mut state.reaper
+        else {
+            unreachable!("a running reaper is registered")
+        };
+        if !waker.as_ref().is_some_and(|w| w.will_wake(context.waker())) {
+            *waker = Some(context.waker().clone());
+        }
+        if fired || *submit_requested {
+            Poll::Ready(true)
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Reaps every completion and wakes the callers whose requests finished;
+    /// returns how many were woken, or `None` when the reaper should stop. When
+    /// several were woken, callers are told a submission is already coming, so
+    /// that the entries they push next go to the kernel together.
+    fn reap_and_wake(&self, wakers: &mut Vec<Waker>) -> Option<usize> {
+        {
+            let mut state = self.lock();
+            if state.shutting_down || state.broken.is_some() {
+                return None;
+            }
+            self.reap(&mut state, wakers);
+            if wakers.len() >= BATCHED_WAKES_MIN
+                && let Reaper::Running {
+                    submit_requested, ..
+                } = &mut state.reaper
+            {
+                *submit_requested = true;
+            }
+        }
+        let woken = wakers.len();
+        for waker in wakers.drain(..) {
+            waker.wake();
+        }
+        Some(woken)
+    }
+
+    /// Refills the ring from the waiting requests and passes everything pushed
+    /// since the last submission to the kernel in one `io_uring_enter`.
+    fn submit(&self) -> Submission {
+        let count = {
+            let mut state = self.lock();
+            if state.shutting_down || state.broken.is_some() {
+                return Submission::Stop;
+            }
+            if let Reaper::Running {
+                submit_requested, ..
+            } = &mut state.reaper
+            {
+                *submit_requested = false;
+            }
+            self.fill_ring(&mut state);
+            std::mem::take(&mut state.unsubmitted_count)
+        };
+        if count == 0 || self.enter(count, false) {
+            Submission::Done
+        } else {
+            Submission::Retry
+        }
+    }
+
+    /// The ring cannot be entered any more. Every waiting caller gets an error;
+    /// the buffers the kernel may still hold are leaked rather than freed under it.
+    fn fail_permanently(&self, error: &io::Error) {
+        tracing::error!(device = %self.device_name, %error, "io_uring ring failed; device unusable");
+        let mut wakers = Vec::new();
+        let mut state = self.lock();
+        state.broken = Some(error.to_string());
+        state.waiting.clear();
+        let keys: Vec<usize> = state.slots.iter().map(|(key, _)| key).collect();
+        for key in keys {
+            let slot = &mut state.slots[key];
+            if matches!(slot.stage, Stage::Done(_)) {
+                continue;
+            }
+            if matches!(slot.stage, Stage::InKernel) {
+                std::mem::forget(std::mem::replace(&mut slot.operation, Operation::Flush));
+            }
+            if slot.abandoned {
+                state.slots.remove(key);
+                continue;
+            }
+            slot.stage = Stage::Done(Err(broken_error(&error.to_string())));
+            wakers.extend(slot.waker.take());
+        }
+        drop(state);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Waits (blocking) until the kernel holds no request of this ring. Only
+    /// called once `shutting_down` is set, so the reaper no longer reaps.
+    fn wait_for_kernel(&self) {
+        loop {
+            let count = {
+                let mut state = self.lock();
+                if state.broken.is_some() {
+                    return;
+                }
+                self.reap(&mut state, &mut Vec::new());
+                if state.in_kernel_count == 0 {
+                    return;
+                }
+                std::mem::take(&mut state.unsubmitted_count)
+            };
+            if !self.enter(count, true) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// The ring's eventfd as the reactor sees it.
+struct CompletionEvent(Arc<Shared>);
+
+impl AsRawFd for CompletionEvent {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.completion_event.as_raw_fd()
+    }
+}
+
+/// On the reaper's end (normally, or dropped with its runtime): marks the ring
+/// as unserved and wakes every waiting caller, so that one starts a new reaper.
+struct ReaperStopped(Arc<Shared>);
+
+impl Drop for ReaperStopped {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.reaper = Reaper::Stopped;
+        let wakers: Vec<Waker> = state
+            .slots
+            .iter_mut()
+            .filter_map(|(_, slot)| slot.waker.take())
+            .collect();
+        drop(state);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+/// The reaper task: a turn whenever a caller asks for a submission or the
+/// eventfd says completions arrived. The guard is made before the task is
+/// spawned, so that it runs even if the task is dropped before its first poll.
+fn reap_until_stopped(shared: Arc<Shared>) -> impl std::future::Future<Output = ()> + Send {
+    let stopped = ReaperStopped(shared.clone());
+    async move {
+        let _stopped = stopped;
+        // SAFETY: the eventfd is owned by `Shared`, which the `CompletionEvent`
+        // keeps alive, so it stays open and the same descriptor for the whole life
+        // of the registration.
+        let registered = unsafe {
+            AsyncFd::register_with_interest(CompletionEvent(shared.clone()), Interest::READABLE)
+        };
+        let event = match registered {
+            Ok(event) => event,
+            Err(error) => {
+                shared.fail_permanently(&error.into_parts().1);
+                return;
+            }
+        };
+        let mut wakers = Vec::with_capacity(shared.ring_entries);
+        loop {
+            if !std::future::poll_fn(|context| shared.poll_work(context, &event)).await {
+                return;
+            }
+            let Some(woken) = shared.reap_and_wake(&mut wakers) else {
+                return;
+            };
+            if woken >= BATCHED_WAKES_MIN {
+                // Behind the callers just woken in this worker's queue: their next
+                // requests join this submission.
+                yield_behind_queued().await;
+            }
+            loop {
+                match shared.submit() {
+                    Submission::Done => break,
+                    Submission::Stop => return,
+                    // The kernel was short of resources: try again shortly.
+                    Submission::Retry => tokio::task::yield_now().await,
+                }
+            }
+        }
+    }
+}
+
+/// Returns after going once to the back of the worker's run queue. Unlike
+/// `tokio::task::yield_now`, which tokio defers until the worker parks or polls
+/// its reactor (on a busy worker, dozens of tasks later, with every caller's
+/// entry waiting for this submission), a wake from inside the poll queues the
+/// task at once, behind what is already ready.
+async fn yield_behind_queued() {
+    let mut yielded = false;
+    std::future::poll_fn(|context| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        context.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
+}
+
+/// A caller's claim on its slot; dropping it before the result abandons the slot.
+struct Claim<'a> {
+    shared: &'a Arc<Shared>,
+    key: usize,
+    finished: bool,
+}
+
+impl Claim<'_> {
+    fn poll_result(&mut self, context: &Context<'_>) -> Poll<io::Result<Completed>> {
+        let mut state = self.shared.lock();
+        let slot = &mut state.slots[self.key];
+        if let Stage::Done(_) = slot.stage {
+            let slot = state.slots.remove(self.key);
+            self.finished = true;
+            drop(state);
+            let Stage::Done(result) = slot.stage else {
+                unreachable!("checked above")
+            };
+            return Poll::Ready(result);
+        }
+        if !slot
+            .waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(context.waker()))
+        {
+            slot.waker = Some(context.waker().clone());
+        }
+        let start = matches!(state.reaper, Reaper::Stopped).then(start_reaper_handle);
+        if start.is_some() {
+            state.reaper = Reaper::Running {
+                submit_requested: true,
+                waker: None,
+            };
+        }
+        drop(state);
+        if let Some(handle) = start {
+            handle.spawn(reap_until_stopped(self.shared.clone()));
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut state = self.shared.lock();
+        let slot = &mut state.slots[self.key];
+        if matches!(slot.stage, Stage::Done(_)) {
+            let slot = state.slots.remove(self.key);
+            drop(state);
+            drop(slot);
+            return;
+        }
+        slot.abandoned = true;
+        slot.waker = None;
+        if matches!(slot.stage, Stage::Waiting) && state.broken.is_none() {
+            // Not in the kernel: nothing to wait for.
+            if let Some(position) = state.waiting.iter().position(|key| *key == self.key) {
+                state.waiting.remove(position);
+                state.slots.remove(self.key);
+            }
+        }
+    }
+}
+
+/// The runtime a new reaper runs on: the caller's.
+fn start_reaper_handle() -> tokio::runtime::Handle {
+    tokio::runtime::Handle::try_current()
+        .expect("a FileDevice on io_uring must be used from a tokio runtime with I/O enabled")
+}
+
+/// The caller side of the ring.
+pub(crate) struct Ring {
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+}
+
+impl Ring {
+    /// Sets up the ring. Fails (with the error of `io_uring_setup`) where io_uring
+    /// is unavailable, so that the caller can fall back.
+    pub(crate) fn start(file: File, device_name: &str, limits: RingLimits) -> io::Result<Self> {
+        assert!(limits.ring_entries >= 1, "ring_entries must be positive");
+        assert!(
+            limits.in_flight_requests_max >= 1,
+            "in_flight_requests_max must be positive"
+        );
+        // SAFETY: eventfd takes no pointers; the returned descriptor is checked below.
+        let raw_event = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw_event < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw_event` is a freshly created descriptor that nothing else owns.
+        let completion_event = unsafe { OwnedFd::from_raw_fd(raw_event) };
+        let ring = IoUring::new(limits.ring_entries)?;
+        // Registering the file spares the kernel a descriptor lookup per request.
+        ring.submitter().register_files(&[file.as_raw_fd()])?;
+        ring.submitter()
+            .register_eventfd(completion_event.as_raw_fd())?;
+        let shared = Arc::new(Shared {
+            ring,
+            state: Mutex::new(State {
+                slots: Slab::with_capacity(limits.in_flight_requests_max),
+                waiting: VecDeque::with_capacity(limits.in_flight_requests_max),
+                in_kernel_count: 0,
+                unsubmitted_count: 0,
+                reaper: Reaper::Stopped,
+                shutting_down: false,
+                broken: None,
+            }),
+            completion_event,
+            _file: file,
+            ring_entries: limits.ring_entries as usize,
+            device_name: device_name.to_string(),
+        });
+        Ok(Self {
+            shared,
+            permits: Arc::new(Semaphore::new(limits.in_flight_requests_max)),
+        })
+    }
+
+    /// Runs one operation at `offset` and waits for its result. Dropping the returned
+    /// future at any point is safe: the request then completes unobserved.
+    pub(crate) async fn execute(&self, operation: Operation, offset: u64) -> io::Result<Completed> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the ring's semaphore is never closed");
+        let key = self.accept(operation, offset, permit)?;
+        let mut claim = Claim {
+            shared: &self.shared,
+            key,
+            finished: false,
+        };
+        std::future::poll_fn(|context| claim.poll_result(context)).await
+    }
+
+    /// Gives a request a slot and, room permitting, puts it in the ring; asks the
+    /// reaper (starting one if none runs) to submit it.
+    fn accept(
+        &self,
+        operation: Operation,
+        offset: u64,
+        permit: OwnedSemaphorePermit,
+    ) -> io::Result<usize> {
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        if let Some(reason) = &state.broken {
+            return Err(broken_error(reason));
+        }
+        let start = matches!(state.reaper, Reaper::Stopped).then(start_reaper_handle);
+        let key = state.slots.insert(Slot {
+            operation,
+            offset,
+            done_bytes: 0,
+            stage: Stage::Waiting,
+            waker: None,
+            abandoned: false,
+            _permit: permit,
+        });
+        if state.waiting.is_empty() && state.in_kernel_count < shared.ring_entries {
+            shared.push(&mut state, key);
+        } else {
+            state.waiting.push_back(key);
+        }
+        let wake = match &mut state.reaper {
+            Reaper::Running {
+                submit_requested,
+                waker,
+            } => {
+                if *submit_requested {
+                    None
+                } else {
+                    *submit_requested = true;
+                    waker.clone()
+                }
+            }
+            Reaper::Stopped => {
+                state.reaper = Reaper::Running {
+                    submit_requested: true,
+                    waker: None,
+                };
+                None
+            }
+        };
+        drop(state);
+        if let Some(handle) = start {
+            handle.spawn(reap_until_stopped(shared.clone()));
+        }
+        if let Some(waker) = wake {
+            waker.wake();
+        }
+        Ok(key)
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Every caller's future borrowed this ring, so all of them are gone: the
+        // waiting requests are dropped, and those in the kernel are waited for.
+        let reaper = {
+            let mut state = self.shared.lock();
+            state.shutting_down = true;
+            while let Some(key) = state.waiting.pop_front() {
+                state.slots.remove(key);
+            }
+            match std::mem::replace(&mut state.reaper, Reaper::Stopped) {
+                Reaper::Running { waker, .. } => waker,
+                Reaper::Stopped => None,
+            }
+        };
+        if let Some(waker) = reaper {
+            waker.wake();
+        }
+        self.shared.wait_for_kernel();
     }
 }
