@@ -41,15 +41,19 @@ fn path(index: usize) -> String {
 }
 
 async fn raid6(devices: &[Faulty]) -> RedundantArray {
-    let identity = ArrayIdentity {
-        array_identifier: 91,
-        tier: TierRole::Capacity,
-    };
     let members = devices
         .iter()
         .enumerate()
         .map(|(index, device)| member(path(index), device))
         .collect();
+    raid6_over(members).await
+}
+
+async fn raid6_over(members: Vec<MemberDevice>) -> RedundantArray {
+    let identity = ArrayIdentity {
+        array_identifier: 91,
+        tier: TierRole::Capacity,
+    };
     create(identity, Redundancy::Raid6, PREFIX_BLOCKS, members)
         .await
         .unwrap()
@@ -446,20 +450,12 @@ async fn rebuild_under_rewrites(seed: u64) {
             inner: device.clone(),
         }) as Arc<dyn BlockDevice>,
     };
-    let identity = ArrayIdentity {
-        array_identifier: 93,
-        tier: TierRole::Capacity,
-    };
     let members = devices
         .iter()
         .enumerate()
         .map(|(index, device)| yielding(path(index), device))
         .collect();
-    let array = Arc::new(
-        create(identity, Redundancy::Raid6, PREFIX_BLOCKS, members)
-            .await
-            .unwrap(),
-    );
+    let array = Arc::new(raid6_over(members).await);
     let group_count = 60;
     let mut data = fill(&array, group_count * REWRITE_ROWS, seed).await;
     devices[2].fail_at_rate(1.0, 1.0).await;
