@@ -26,6 +26,12 @@ const SHELL_TIMEOUT_MS: u64 = 20_000;
 /// How long a restart may keep failing because a port is still taken.
 const RESTART_TIMEOUT_MS: u64 = 60_000;
 
+/// How many times a first start picks fresh ports after `weed mini` found
+/// one of its ports taken: the ports are free when picked but released
+/// before weed binds them, and a test running beside this one can take one
+/// in between.
+const FIRST_START_ATTEMPTS_MAX: u32 = 5;
+
 /// Between two probes of a starting server.
 const PROBE_INTERVAL_MS: u64 = 50;
 
@@ -82,6 +88,33 @@ fn ephemeral_range_start() -> u16 {
 }
 
 impl Ports {
+    fn all(&self) -> [u16; 10] {
+        [
+            self.s3,
+            self.s3_grpc,
+            self.master,
+            self.master_grpc,
+            self.volume,
+            self.volume_grpc,
+            self.filer,
+            self.filer_grpc,
+            self.admin,
+            self.admin_grpc,
+        ]
+    }
+
+    /// Whether every port can be bound now. A launch on a port another
+    /// server holds must not start: its readiness probes would be answered
+    /// by that other server.
+    fn all_free(&self) -> bool {
+        let listeners: Vec<Option<TcpListener>> = self
+            .all()
+            .iter()
+            .map(|port| TcpListener::bind(("127.0.0.1", *port)).ok())
+            .collect();
+        listeners.iter().all(Option::is_some)
+    }
+
     /// Ten distinct free ports below the kernel's ephemeral range (bound
     /// together, then released for weed). Below it because the server is
     /// restarted on the same ports: a port from the ephemeral range can be
@@ -159,6 +192,14 @@ fn on_path(program: &str) -> bool {
 impl SeaweedServer {
     /// Starts a server on free ports and waits until its S3 port answers.
     pub fn start() -> Result<Self, SeaweedError> {
+        let mut server = Self::unstarted(Ports::free()?)?;
+        server.launch_on_fresh_ports()?;
+        Ok(server)
+    }
+
+    /// A server not yet launched, on `ports`, with a fresh directory and
+    /// identity.
+    fn unstarted(ports: Ports) -> Result<Self, SeaweedError> {
         if !on_path("weed") {
             return Err(SeaweedError::NotInstalled);
         }
@@ -170,17 +211,46 @@ impl SeaweedServer {
                 source,
             })?;
         let suffix: u64 = rand::random();
-        let mut server = Self {
+        Ok(Self {
             child: None,
             directory,
-            ports: Ports::free()?,
+            ports,
             access_key_id: format!("lamina{:08x}", suffix >> 32),
             secret_access_key: format!("secret{suffix:016x}"),
             probe_written: false,
-        };
-        server.write_identities()?;
-        server.launch()?;
-        Ok(server)
+        })
+    }
+
+    /// The first launch, on fresh ports and an empty data directory each
+    /// time a port turns out to be taken (up to `FIRST_START_ATTEMPTS_MAX`).
+    fn launch_on_fresh_ports(&mut self) -> Result<(), SeaweedError> {
+        let mut attempt = 1;
+        loop {
+            self.write_identities()?;
+            if !self.ports.all_free() && attempt < FIRST_START_ATTEMPTS_MAX {
+                attempt += 1;
+                self.ports = Ports::free()?;
+                continue;
+            }
+            match self.launch() {
+                Err(SeaweedError::Failed(message))
+                    if message.contains("address already in use")
+                        && attempt < FIRST_START_ATTEMPTS_MAX =>
+                {
+                    eprintln!("weed mini found a port taken (attempt {attempt}); new ports");
+                    attempt += 1;
+                    self.ports = Ports::free()?;
+                    self.probe_written = false;
+                    std::fs::remove_dir_all(self.data_path()).map_err(|source| {
+                        SeaweedError::Io {
+                            context: "emptying its data directory".to_string(),
+                            source,
+                        }
+                    })?;
+                }
+                result => return result,
+            }
+        }
     }
 
     /// A server, or `None` when `weed` is missing and `LAMINA_SKIP_S3_TESTS=1`
@@ -644,4 +714,29 @@ pub async fn list_object_keys(
     }
     keys.sort();
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race the retry is for, made certain: a second server is given
+    /// the ports a running one holds. It must move to fresh ports rather
+    /// than launch a weed that dies while the first server answers its
+    /// readiness probes.
+    #[test]
+    fn a_first_start_on_taken_ports_moves_to_fresh_ones() {
+        let Some(first) = SeaweedServer::start_or_skip() else {
+            return;
+        };
+        let mut second = SeaweedServer::unstarted(first.ports).expect("a directory");
+        second
+            .launch_on_fresh_ports()
+            .expect("a start on fresh ports");
+        assert_ne!(second.ports.s3, first.ports.s3);
+        assert!(first.is_running() && second.is_running());
+        second
+            .create_bucket("moved")
+            .expect("the moved server works");
+    }
 }
