@@ -43,7 +43,10 @@ impl RedundantArray {
             .iter()
             .enumerate()
             .filter(|(index, member)| {
-                (member.state().is_usable() && !removing[*index]) || member.replacement().is_some()
+                // One snapshot, so that a replacement promoted meanwhile
+                // still counts (see `Member::write_targets`).
+                let targets = member.write_targets();
+                (targets.device.is_some() && !removing[*index]) || targets.replacement.is_some()
             })
             .fold(0, |mask, (index, _)| mask | (1 << index))
     }

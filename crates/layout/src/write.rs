@@ -177,21 +177,31 @@ impl RedundantArray {
         &self,
         writes: impl Iterator<Item = (usize, u64, Arc<AlignedBuffer>)>,
     ) -> Result<(), DeviceError> {
-        let writes: Vec<(usize, u64, Arc<AlignedBuffer>)> = writes.collect();
-        let replacements = writes.iter().filter_map(|(index, offset, buffer)| {
-            let replacement = self.members[*index].replacement()?;
-            let buffer = buffer.clone();
+        // Each member's targets in one snapshot (see `Member::write_targets`).
+        let writes: Vec<MemberWrite> = writes
+            .map(|(index, offset, buffer)| MemberWrite {
+                index,
+                offset,
+                buffer,
+                targets: self.members[index].write_targets(),
+            })
+            .collect();
+        let replacements = writes.iter().filter_map(|write| {
+            let replacement = write.targets.replacement.clone()?;
+            let buffer = write.buffer.clone();
+            let (index, offset) = (write.index, write.offset);
             Some(async move {
-                let result = replacement.device.write(*offset, buffer.clone()).await;
-                (*index, replacement, buffer.len(), result)
+                let result = replacement.device.write(offset, buffer.clone()).await;
+                (index, replacement, buffer.len(), result)
             })
         });
-        let writes = writes.iter().filter_map(|(index, offset, buffer)| {
-            let device = self.members[*index].usable_device()?;
-            let buffer = buffer.clone();
+        let writes = writes.iter().filter_map(|write| {
+            let device = write.targets.device.clone()?;
+            let buffer = write.buffer.clone();
+            let index = write.index;
             Some(async move {
                 let length = buffer.len();
-                (*index, length, device.write(*offset, buffer).await)
+                (index, length, device.write(write.offset, buffer).await)
             })
         });
         let (results, replacement_results) = futures::future::join(
@@ -222,4 +232,12 @@ impl RedundantArray {
         }
         Ok(())
     }
+}
+
+/// One member's part of [`RedundantArray::write_members`].
+struct MemberWrite {
+    index: usize,
+    offset: u64,
+    buffer: Arc<AlignedBuffer>,
+    targets: crate::member::WriteTargets,
 }
