@@ -222,35 +222,44 @@ impl SeaweedServer {
     }
 
     /// The first launch, on fresh ports and an empty data directory each
-    /// time a port turns out to be taken (up to `FIRST_START_ATTEMPTS_MAX`).
+    /// time a port turns out to be taken, before the launch or by weed (up
+    /// to `FIRST_START_ATTEMPTS_MAX` attempts). Never launched on ports
+    /// found taken: another server there would answer the probes.
     fn launch_on_fresh_ports(&mut self) -> Result<(), SeaweedError> {
-        let mut attempt = 1;
-        loop {
-            self.write_identities()?;
-            if !self.ports.all_free() && attempt < FIRST_START_ATTEMPTS_MAX {
-                attempt += 1;
-                self.ports = Ports::free()?;
+        self.write_identities()?;
+        let mut taken = String::new();
+        for attempt in 1..=FIRST_START_ATTEMPTS_MAX {
+            if attempt > 1 {
+                eprintln!("weed mini's ports were taken (attempt {attempt}): new ports");
+                self.move_to_fresh_ports()?;
+            }
+            if !self.ports.all_free() {
+                taken = format!("ports {:?} taken before the launch", self.ports.all());
                 continue;
             }
             match self.launch() {
                 Err(SeaweedError::Failed(message))
-                    if message.contains("address already in use")
-                        && attempt < FIRST_START_ATTEMPTS_MAX =>
+                    if message.contains("address already in use") =>
                 {
-                    eprintln!("weed mini found a port taken (attempt {attempt}); new ports");
-                    attempt += 1;
-                    self.ports = Ports::free()?;
-                    self.probe_written = false;
-                    std::fs::remove_dir_all(self.data_path()).map_err(|source| {
-                        SeaweedError::Io {
-                            context: "emptying its data directory".to_string(),
-                            source,
-                        }
-                    })?;
+                    taken = message;
                 }
                 result => return result,
             }
         }
+        Err(SeaweedError::Failed(format!(
+            "no start in {FIRST_START_ATTEMPTS_MAX} attempts on fresh ports; the last: {taken}"
+        )))
+    }
+
+    /// New free ports and an empty data directory (with the identities).
+    fn move_to_fresh_ports(&mut self) -> Result<(), SeaweedError> {
+        self.ports = Ports::free()?;
+        self.probe_written = false;
+        std::fs::remove_dir_all(self.data_path()).map_err(|source| SeaweedError::Io {
+            context: "emptying its data directory".to_string(),
+            source,
+        })?;
+        self.write_identities()
     }
 
     /// A server, or `None` when `weed` is missing and `LAMINA_SKIP_S3_TESTS=1`
