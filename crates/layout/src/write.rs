@@ -189,19 +189,21 @@ impl RedundantArray {
         let replacements = writes.iter().filter_map(|write| {
             let replacement = write.targets.replacement.clone()?;
             let buffer = write.buffer.clone();
-            let (index, offset) = (write.index, write.offset);
             Some(async move {
-                let result = replacement.device.write(offset, buffer.clone()).await;
-                (index, replacement, buffer.len(), result)
+                let result = replacement.device.write(write.offset, buffer.clone()).await;
+                (write.index, replacement, buffer.len(), result)
             })
         });
         let writes = writes.iter().filter_map(|write| {
             let device = write.targets.device.clone()?;
             let buffer = write.buffer.clone();
-            let index = write.index;
             Some(async move {
                 let length = buffer.len();
-                (index, length, device.write(write.offset, buffer).await)
+                (
+                    write.index,
+                    length,
+                    device.write(write.offset, buffer).await,
+                )
             })
         });
         let (results, replacement_results) = futures::future::join(
