@@ -37,7 +37,8 @@ const WRITES_PER_FLUSH_MAX: u64 = 2000;
 /// bottom of its reserve and the cut, at most.
 const YIELDS_BEFORE_THE_CUT_MAX: u32 = 16;
 /// Seeds from which the runs must have reached the state that wedged the
-/// pool (about one seed in twenty does).
+/// pool (about one seed in thirty does, most of them unpaced: see
+/// [`limits`]).
 const SEEDS_THAT_MUST_REACH_THE_WEDGE: u64 = 300;
 
 /// Contents of generation `generation` of `block`: the block number and the
@@ -58,12 +59,28 @@ struct Shadow {
     attempted: u32,
 }
 
-fn limits() -> PoolLimits {
+/// Limits of one seed's pool. Odd seeds turn the paced cleaner off, as
+/// `cleaner_relocation_blocks_per_client_block_max = 0` does in a daemon: the
+/// background task then cleans in passes when free space is low and writers
+/// clean for themselves at the reserve, the regime issue 16 was found in. The
+/// paced cleaner (even seeds, the default) keeps free space above its
+/// headroom, so a cut finds it at the bottom of its reserve far less often:
+/// about 1 run in 200 against 7 in 200 unpaced (release build, 2026-11-29).
+/// With paced runs alone, 333 runs reached the state of issue 16 in none of
+/// them in one CI run, and the coverage assertion below failed.
+fn limits(seed: u64) -> PoolLimits {
+    let defaults = PoolLimits::default();
+    let paced = seed.is_multiple_of(2);
     PoolLimits {
         // Flushes and checkpoints come from the writers and the cleaner, as in
         // a daemon under load, and the background ones at the daemon's pace.
         flush_interval_ms: 1000,
-        ..PoolLimits::default()
+        cleaner_relocation_blocks_per_client_block_max: if paced {
+            defaults.cleaner_relocation_blocks_per_client_block_max
+        } else {
+            0.0
+        },
+        ..defaults
     }
 }
 
@@ -150,7 +167,7 @@ async fn crash_run(seed: u64) -> bool {
         flash_region_bytes: None,
         ..PoolOptions::default()
     };
-    let pool = Pool::create(faulty.clone(), options, limits())
+    let pool = Pool::create(faulty.clone(), options, limits(seed))
         .await
         .expect("create");
     let fillable_blocks = pool.status().free_bytes / BLOCK as u64;
@@ -233,7 +250,7 @@ async fn crash_run(seed: u64) -> bool {
     drop(pool);
 
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed + 1000));
-    let pool = Pool::open(faulty as Arc<dyn BlockDevice>, limits())
+    let pool = Pool::open(faulty as Arc<dyn BlockDevice>, limits(seed))
         .await
         .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
     let mut shadows = shadows.lock().unwrap().clone();
@@ -286,16 +303,36 @@ fn first_seed() -> u64 {
 #[tokio::test(flavor = "current_thread")]
 async fn power_cuts_while_cleaning_a_nearly_full_pool_never_wedge_it() {
     let (first, runs) = (first_seed(), crash_runs());
-    let mut wedges_reached = 0;
+    // Runs that recovered to the state of issue 16, by regime: [paced, unpaced].
+    let mut wedges_reached = [0u64; 2];
     for seed in first..first + runs {
         if crash_run(seed).await {
-            wedges_reached += 1;
+            wedges_reached[(seed % 2) as usize] += 1;
         }
     }
-    eprintln!("{runs} runs, {wedges_reached} recovered to the state of issue 16");
+    // The state is reached in a few runs in a hundred, by chance: when
+    // none did, more unpaced seeds are run (as many again at most) rather
+    // than let a run that proves nothing pass or fail by luck.
+    let must_reach = runs >= SEEDS_THAT_MUST_REACH_THE_WEDGE;
+    let mut extra_seed = (first + runs) | 1;
+    let mut extra_runs = 0;
+    while must_reach && wedges_reached == [0, 0] && extra_runs < runs {
+        if crash_run(extra_seed).await {
+            wedges_reached[1] += 1;
+        }
+        extra_seed += 2;
+        extra_runs += 1;
+    }
+    let [paced, unpaced] = wedges_reached;
+    eprintln!(
+        "{runs} runs and {extra_runs} more unpaced, {} recovered to the state of issue 16 \
+         ({paced} paced, {unpaced} unpaced)",
+        paced + unpaced
+    );
+    let wedges_reached = paced + unpaced;
     // Otherwise the runs prove nothing.
     assert!(
-        runs < SEEDS_THAT_MUST_REACH_THE_WEDGE || wedges_reached > 0,
+        !must_reach || wedges_reached > 0,
         "no run recovered with the cleaner at the bottom of its reserve"
     );
 }
