@@ -9,6 +9,7 @@
 # (RUNTIME=seconds per point, default 8; CONNECTIONS="1 2 4 8";
 #  BENCH_DIR, default /tmp/lamina-bench-connections.)
 set -u
+. "$(dirname "$0")/bench-lib.sh"
 B=${BENCH_DIR:-/tmp/lamina-bench-connections}
 mkdir -p $B
 RUNS=$1; shift
@@ -23,17 +24,7 @@ cfg=$B/lamina.toml
 # A 2 GiB cache over a 1 GiB volume: every read is a hit once warm.
 printf '[web]\naddress = ""\n[server]\ntcp_address = ""\n[pool]\ndefault_volume_bytes = 1073741824\n[limits]\nmemory_cache_bytes = 2147483648\n' > $cfg
 first_bin=${1#*=}
-if [ ! -e $DATA/prefilled ]; then
-  rm -rf $DATA; mkdir -p $DATA
-  $first_bin pool create --data $DATA --flash $DATA/flash.img:4G >/dev/null
-  $first_bin serve --data $DATA --config $cfg >$B/serve.log 2>&1 & pid=$!
-  while [ ! -S $SOCK ]; do sleep 0.2; done; sleep 1
-  $first_bin volume create --data $DATA default 1G
-  fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --size=$SIZE --iodepth=8 --refill_buffers >/dev/null
-  kill -INT $pid; wait $pid
-  touch $DATA/prefilled
-fi
-cpu_of() { awk '{print $14+$15}' /proc/$1/stat; }
+prefill_pool $first_bin $DATA $cfg 4G $SIZE
 run_one() { # label workload connections pid fio-args...
   local label=$1 wl=$2 n=$3 pid=$4; shift 4
   local depth=$((32 / n)) c0 c1
@@ -64,7 +55,7 @@ for run in $(seq 1 $RUNS); do
     uptime | tee -a $OUT
     label=${spec%%=*}; bin=${spec#*=}
     $bin serve --data $DATA --config $cfg >$B/serve-$label.log 2>&1 & pid=$!
-    while [ ! -S $SOCK ]; do sleep 0.2; done; sleep 1
+    wait_for_socket $SOCK
     # Warm the cache (the prefill's blocks were cached before the restart).
     fio --name=warm --ioengine=nbd --uri="$URI" --rw=read --bs=1M --size=$SIZE --iodepth=8 >/dev/null
     for n in $CONNECTIONS; do

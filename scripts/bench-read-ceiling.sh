@@ -12,10 +12,10 @@
 # Usage: scripts/bench-read-ceiling.sh LAMINA_BINARY (ROUNDS, default 3; RUNTIME seconds, default 6;
 # BENCH_DIR, default /tmp/lamina-bench-read-ceiling). Needs fio and nbdkit.
 set -u
+. "$(dirname "$0")/bench-lib.sh"
 BIN=$1; ROUNDS=${ROUNDS:-3}; RT=${RUNTIME:-6}; D=${BENCH_DIR:-/tmp/lamina-bench-read-ceiling}
 mkdir -p $D; OUT=$D/results.txt; : > $OUT
 SIZE=2G
-cpu_of() { awk '{print $14+$15}' /proc/$1/stat; }
 fiojob() { # label pid target args
   local label=$1 pid=$2 target=$3; shift 3
   local c0=0; [ "$pid" != - ] && c0=$(cpu_of $pid)
@@ -37,15 +37,7 @@ DATA=$D/data; SOCK=$DATA/nbd.sock; URI="nbd+unix:///default?socket=$SOCK"
 cold=$D/cold.toml; warm=$D/warm.toml
 printf '[web]\naddress = ""\n[server]\ntcp_address = ""\n[pool]\ndefault_volume_bytes = 2147483648\n[limits]\nmemory_cache_bytes = 0\n' > $cold
 printf '[web]\naddress = ""\n[server]\ntcp_address = ""\n[pool]\ndefault_volume_bytes = 2147483648\n[limits]\nmemory_cache_bytes = 3221225472\n' > $warm
-if [ ! -e $DATA/prefilled ]; then
-  rm -rf $DATA; mkdir -p $DATA
-  $BIN pool create --data $DATA --flash $DATA/flash.img:6G >/dev/null
-  $BIN serve --data $DATA --config $cold >$D/serve.log 2>&1 & pid=$!
-  while [ ! -S $SOCK ]; do sleep 0.2; done; sleep 1
-  $BIN volume create --data $DATA default 2G
-  fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --size=$SIZE --iodepth=8 --refill_buffers >/dev/null
-  kill -INT $pid; wait $pid; touch $DATA/prefilled
-fi
+prefill_pool $BIN $DATA $cold 6G $SIZE
 # The range of the pool file the data fills (segments are taken from the start).
 USED=$($BIN pool status --data $DATA --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["used_bytes"] // 1048576 + 1)')M
 NS=$D/nbdkit.sock
@@ -57,11 +49,11 @@ for round in $(seq 1 $ROUNDS); do
   fio --name=fill --ioengine=nbd --uri="nbd+unix:///?socket=$NS" --rw=write --bs=1M --size=$SIZE --iodepth=8 --refill_buffers >/dev/null 2>&1
   both nbdkit-memory $pid "--ioengine=nbd --uri=nbd+unix:///?socket=$NS"; kill $pid; wait $pid 2>/dev/null
   $BIN serve --data $DATA --config $warm >$D/serve-warm.log 2>&1 & pid=$!
-  while [ ! -S $SOCK ]; do sleep 0.2; done; sleep 1
+  wait_for_socket $SOCK
   fio --name=warm --ioengine=nbd --uri="$URI" --rw=read --bs=1M --size=$SIZE --iodepth=8 >/dev/null 2>&1
   both lamina-warm $pid "--ioengine=nbd --uri=$URI"; kill -INT $pid; wait $pid
   $BIN serve --data $DATA --config $cold >$D/serve-cold.log 2>&1 & pid=$!
-  while [ ! -S $SOCK ]; do sleep 0.2; done; sleep 1
+  wait_for_socket $SOCK
   both lamina-cold $pid "--ioengine=nbd --uri=$URI"; kill -INT $pid; wait $pid
   JOB_SIZE=$USED both device - "--filename=$DATA/flash.img --ioengine=io_uring --direct=1 --readonly"
 done
