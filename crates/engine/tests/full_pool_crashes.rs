@@ -37,7 +37,7 @@ const WRITES_PER_FLUSH_MAX: u64 = 2000;
 /// bottom of its reserve and the cut, at most.
 const YIELDS_BEFORE_THE_CUT_MAX: u32 = 16;
 /// Seeds from which the runs must have reached the state that wedged the
-/// pool (about one seed in thirty does, most of them unpaced: see
+/// pool (about one seed in fifty does, nearly all of them unpaced: see
 /// [`limits`]).
 const SEEDS_THAT_MUST_REACH_THE_WEDGE: u64 = 300;
 
