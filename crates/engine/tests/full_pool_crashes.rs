@@ -59,6 +59,11 @@ struct Shadow {
     attempted: u32,
 }
 
+/// Whether a seed's pool runs the paced cleaner (even seeds; see [`limits`]).
+fn is_paced(seed: u64) -> bool {
+    seed.is_multiple_of(2)
+}
+
 /// Limits of one seed's pool. Odd seeds turn the paced cleaner off, as
 /// `cleaner_relocation_blocks_per_client_block_max = 0` does in a daemon: the
 /// background task then cleans in passes when free space is low and writers
@@ -70,12 +75,11 @@ struct Shadow {
 /// them in one CI run, and the coverage assertion below failed.
 fn limits(seed: u64) -> PoolLimits {
     let defaults = PoolLimits::default();
-    let paced = seed.is_multiple_of(2);
     PoolLimits {
         // Flushes and checkpoints come from the writers and the cleaner, as in
         // a daemon under load, and the background ones at the daemon's pace.
         flush_interval_ms: 1000,
-        cleaner_relocation_blocks_per_client_block_max: if paced {
+        cleaner_relocation_blocks_per_client_block_max: if is_paced(seed) {
             defaults.cleaner_relocation_blocks_per_client_block_max
         } else {
             0.0
@@ -307,7 +311,7 @@ async fn power_cuts_while_cleaning_a_nearly_full_pool_never_wedge_it() {
     let mut wedges_reached = [0u64; 2];
     for seed in first..first + runs {
         if crash_run(seed).await {
-            wedges_reached[(seed % 2) as usize] += 1;
+            wedges_reached[usize::from(!is_paced(seed))] += 1;
         }
     }
     // The state is reached in a few runs in a hundred, by chance: when
@@ -315,6 +319,7 @@ async fn power_cuts_while_cleaning_a_nearly_full_pool_never_wedge_it() {
     // than let a run that proves nothing pass or fail by luck.
     let must_reach = runs >= SEEDS_THAT_MUST_REACH_THE_WEDGE;
     let mut extra_seed = (first + runs) | 1;
+    assert!(!is_paced(extra_seed), "extra seeds are unpaced");
     let mut extra_runs = 0;
     while must_reach && wedges_reached == [0, 0] && extra_runs < runs {
         if crash_run(extra_seed).await {
