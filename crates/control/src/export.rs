@@ -190,6 +190,25 @@ impl Export for VolumeExport {
             .collect())
     }
 
+    fn visit_extents(
+        &self,
+        offset: u64,
+        length: u64,
+        visit: &mut dyn FnMut(Extent),
+    ) -> Option<Result<(), ExportError>> {
+        let visited = self
+            .pool
+            .visit_extents_view(self.view, offset, length, |extent| {
+                visit(Extent {
+                    length: extent.length,
+                    hole: !extent.allocated,
+                    zero: !extent.allocated,
+                });
+            })
+            .map_err(to_export_error);
+        Some(visited)
+    }
+
     async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.pool
             .write(self.writable_volume()?, offset, data, fua)

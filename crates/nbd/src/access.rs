@@ -100,6 +100,15 @@ impl Export for ReadOnlyExport {
         self.inner.extents(offset, length).await
     }
 
+    fn visit_extents(
+        &self,
+        offset: u64,
+        length: u64,
+        visit: &mut dyn FnMut(Extent),
+    ) -> Option<Result<(), ExportError>> {
+        self.inner.visit_extents(offset, length, visit)
+    }
+
     async fn write(&self, _offset: u64, _data: &[u8], _fua: bool) -> Result<(), ExportError> {
         Err(ExportError::ReadOnly)
     }

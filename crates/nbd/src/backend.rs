@@ -64,6 +64,19 @@ pub trait Export: Send + Sync + 'static {
     /// lengths sum to at most `length` (at least one extent when `length > 0`).
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError>;
 
+    /// The allocation status [`Export::extents`] gives, handed to `visit`
+    /// extent by extent, for an export that knows it without waiting or
+    /// allocating; `None` (the default) sends the caller to `extents`. Every
+    /// structured read asks it, to find the holes it sends as hole chunks.
+    fn visit_extents(
+        &self,
+        _offset: u64,
+        _length: u64,
+        _visit: &mut dyn FnMut(Extent),
+    ) -> Option<Result<(), ExportError>> {
+        None
+    }
+
     /// Writes `data` at `offset`; with `fua` the write is durable when this returns.
     async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
 

@@ -8,12 +8,14 @@
 mod connection;
 mod in_flight;
 mod messages;
+mod replies;
 
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
+use smallvec::{SmallVec, smallvec};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +27,7 @@ use crate::negotiated::Negotiated;
 use crate::wire::{self, BlockStatusDescriptor, Command, RequestHeader, TransmissionContext};
 use connection::{Connection, Settings};
 use messages::{
-    InlineBytes, Job, Outgoing, Piece, Services, buffer_len, error_reply, success_reply,
+    InlineBytes, Job, Outgoing, Piece, Pieces, Services, buffer_len, error_reply, success_reply,
 };
 
 /// Holes shorter than this are sent as data: a hole chunk costs 32 bytes and a
@@ -244,42 +246,68 @@ struct Run {
     zero: bool,
 }
 
+/// A structured read's runs: a 4 KiB read is one run, a read over a hole
+/// and data two; more spill to the heap.
+type Runs = SmallVec<[Run; 2]>;
+
 /// Splits `[0, length)` into runs that read as zeros or hold data, from the
-/// backend's extents; whatever the extents do not cover is data.
-fn zero_runs(extents: &[Extent], length: u32) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::new();
-    let mut position = 0u32;
-    for extent in extents {
-        if position >= length {
-            break;
+/// backend's extents, given in order; whatever they do not cover is data.
+struct ZeroRuns {
+    runs: Runs,
+    position: u32,
+    length: u32,
+}
+
+impl ZeroRuns {
+    fn new(length: u32) -> Self {
+        ZeroRuns {
+            runs: Runs::new(),
+            position: 0,
+            length,
+        }
+    }
+
+    fn add(&mut self, extent: Extent) {
+        if self.position >= self.length {
+            return;
         }
         // An extent longer than any request is clipped below anyway.
         let extent_bytes = u32::try_from(extent.length).unwrap_or(u32::MAX);
-        let end = position.saturating_add(extent_bytes).min(length);
-        if end == position {
-            continue;
+        let end = self.position.saturating_add(extent_bytes).min(self.length);
+        if end == self.position {
+            return;
         }
         // Holes read as zeros by the backend's contract.
-        let zero = (extent.hole || extent.zero) && end - position >= HOLE_CHUNK_BYTES_MIN;
-        match runs.last_mut() {
+        let zero = (extent.hole || extent.zero) && end - self.position >= HOLE_CHUNK_BYTES_MIN;
+        self.extend(end, zero);
+    }
+
+    fn extend(&mut self, end: u32, zero: bool) {
+        match self.runs.last_mut() {
             Some(last) if last.zero == zero => last.range.end = end,
-            _ => runs.push(Run {
-                range: position..end,
+            _ => self.runs.push(Run {
+                range: self.position..end,
                 zero,
             }),
         }
-        position = end;
+        self.position = end;
     }
-    if position < length {
-        match runs.last_mut() {
-            Some(last) if !last.zero => last.range.end = length,
-            _ => runs.push(Run {
-                range: position..length,
-                zero: false,
-            }),
+
+    fn finish(mut self) -> Runs {
+        if self.position < self.length {
+            self.extend(self.length, false);
         }
+        self.runs
     }
-    runs
+}
+
+#[cfg(test)]
+fn zero_runs(extents: &[Extent], length: u32) -> Runs {
+    let mut runs = ZeroRuns::new(length);
+    for extent in extents {
+        runs.add(*extent);
+    }
+    runs.finish()
 }
 
 async fn read(request: &Request<'_>, offset: u64, length: u32, dont_fragment: bool) -> Outgoing {
@@ -301,7 +329,7 @@ async fn read(request: &Request<'_>, offset: u64, length: u32, dont_fragment: bo
         ));
     }
     let runs = if dont_fragment {
-        vec![Run {
+        smallvec![Run {
             range: 0..length,
             zero: false,
         }]
@@ -317,7 +345,7 @@ async fn read(request: &Request<'_>, offset: u64, length: u32, dont_fragment: bo
         }
     }
     Outgoing {
-        pieces: read_chunks(header.cookie, offset, runs),
+        pieces: read_chunks(header.cookie, offset, &runs),
         data,
         budget_bytes: 0,
         counted: None,
@@ -340,7 +368,7 @@ async fn read_simple(request: &Request<'_>, offset: u64, length: u32) -> Outgoin
         return backend_error(context, header, &error);
     }
     Outgoing {
-        pieces: vec![
+        pieces: smallvec![
             Piece::Inline(InlineBytes::of(&[&wire::encode_simple_reply(
                 0,
                 header.cookie,
@@ -353,14 +381,24 @@ async fn read_simple(request: &Request<'_>, offset: u64, length: u32) -> Outgoin
     }
 }
 
-/// The runs of a fragmentable read, from the backend's allocation status.
-async fn read_runs(export: &dyn Export, offset: u64, length: u32) -> Vec<Run> {
-    match export.extents(offset, u64::from(length)).await {
-        Ok(extents) => zero_runs(&extents, length),
+/// The runs of a fragmentable read, from the backend's allocation status
+/// (visited in place when the backend can, asked for otherwise).
+async fn read_runs(export: &dyn Export, offset: u64, length: u32) -> Runs {
+    let mut runs = ZeroRuns::new(length);
+    let visited = export.visit_extents(offset, u64::from(length), &mut |extent| runs.add(extent));
+    let result = match visited {
+        Some(result) => result,
+        None => export
+            .extents(offset, u64::from(length))
+            .await
+            .map(|extents| extents.into_iter().for_each(|extent| runs.add(extent))),
+    };
+    match result {
+        Ok(()) => runs.finish(),
         // Allocation status is an optimisation; without it everything is data.
         Err(error) => {
             tracing::debug!(%error, "extents failed; sending the read as data");
-            vec![Run {
+            smallvec![Run {
                 range: 0..length,
                 zero: false,
             }]
@@ -370,10 +408,10 @@ async fn read_runs(export: &dyn Export, offset: u64, length: u32) -> Vec<Run> {
 
 /// The chunks of a structured read reply, one per run. All data is in hand
 /// when they are built, so no error can follow: the last chunk is final.
-fn read_chunks(cookie: u64, offset: u64, runs: Vec<Run>) -> Vec<Piece> {
+fn read_chunks(cookie: u64, offset: u64, runs: &[Run]) -> Pieces {
     let last = runs.len() - 1;
-    let mut pieces = Vec::with_capacity(runs.len() * 2);
-    for (index, run) in runs.into_iter().enumerate() {
+    let mut pieces = Pieces::new();
+    for (index, run) in runs.iter().enumerate() {
         let done = index == last;
         let run_bytes = run.range.end - run.range.start;
         let run_offset = offset + u64::from(run.range.start);
@@ -515,11 +553,14 @@ mod tests {
             &[extent(8192, true), extent(4096, false), extent(100, true)],
             20000,
         );
-        assert_eq!(runs, vec![run(0..8192, true), run(8192..20000, false)]);
+        assert_eq!(
+            runs.as_slice(),
+            [run(0..8192, true), run(8192..20000, false)]
+        );
         let runs = zero_runs(&[], 10);
-        assert_eq!(runs, vec![run(0..10, false)]);
+        assert_eq!(runs.as_slice(), [run(0..10, false)]);
         let runs = zero_runs(&[extent(1 << 40, true)], 65536);
-        assert_eq!(runs, vec![run(0..65536, true)]);
+        assert_eq!(runs.as_slice(), [run(0..65536, true)]);
     }
 
     #[test]

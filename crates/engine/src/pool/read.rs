@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use lamina_device::{AlignedBuffer, DeviceError};
+use smallvec::SmallVec;
 
 use super::budget::ClientOperation;
 use super::inner::Pool;
@@ -37,6 +38,13 @@ const READ_MOVED_RETRY_COUNT_MAX: usize = 4;
 /// Blocks after a promoted capacity block that are promoted with it when they
 /// follow it both in the volume and on capacity (a 64 KiB window in all).
 const PROMOTION_NEIGHBOUR_BLOCKS_MAX: u64 = 15;
+
+/// Extents [`Pool::visit_extents_view`] gathers without allocating: a read of
+/// one block has one, of a few blocks rarely more than a hole and data.
+const EXTENTS_INLINE_COUNT: usize = 4;
+
+/// Blocks a read plans without allocating: up to 16 KiB.
+const PLANNED_BLOCKS_INLINE_COUNT: usize = 4;
 
 /// Free flash segments beyond the clients' reserve that promotions leave to
 /// client writes: a promotion never pushes a writer into reclaiming.
@@ -153,13 +161,17 @@ fn flash_has_room_for_promotions(space: &SpaceAllocator) -> bool {
         > space.reserve_for(Allocation::Client) + PROMOTION_HEADROOM_SEGMENT_COUNT
 }
 
+/// Blocks a read plans to fetch, held inline for the short reads that are
+/// most of a block device's traffic (a 4 KiB read is one block).
+type PlannedBlocks = SmallVec<[DeviceBlock; PLANNED_BLOCKS_INLINE_COUNT]>;
+
 /// What one read attempt does once the state lock is released.
 struct ReadPlan {
     /// Blocks to read from the device, in logical order.
-    from_device: Vec<DeviceBlock>,
+    from_device: PlannedBlocks,
     /// One-tier pools: blocks to take from the memory cache, or else from the
     /// device, in logical order (looked up once the state lock is released).
-    from_cache_or_device: Vec<DeviceBlock>,
+    from_cache_or_device: PlannedBlocks,
     /// Capacity blocks heat says to promote; those found in memory already
     /// have their contents.
     promotions: Vec<Promotion>,
@@ -612,8 +624,8 @@ impl Pool {
             promotion_room: flash_has_room_for_promotions(parts.space),
             counters: VolumeTierCounters::default(),
             plan: ReadPlan {
-                from_device: Vec::new(),
-                from_cache_or_device: Vec::new(),
+                from_device: PlannedBlocks::new(),
+                from_cache_or_device: PlannedBlocks::new(),
                 promotions: Vec::new(),
                 neighbours: Vec::new(),
             },
@@ -859,25 +871,44 @@ impl Pool {
         offset: u64,
         length: u64,
     ) -> Result<Vec<Extent>, EngineError> {
-        let state = self.inner.lock();
-        let map = check_range(state.volumes(), view, offset, length)?.map;
-        let mut extents: Vec<Extent> = Vec::new();
-        let end = offset + length;
-        let mut position = offset;
-        while position < end {
-            let logical_block = position / BLOCK_SIZE_BYTES;
-            let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
-            let allocated = map.get(logical_block).is_some();
-            match extents.last_mut() {
-                Some(last) if last.allocated == allocated => last.length += next - position,
-                _ => extents.push(Extent {
-                    length: next - position,
-                    allocated,
-                }),
-            }
-            position = next;
-        }
+        let mut extents = Vec::new();
+        self.visit_extents_view(view, offset, length, |extent| extents.push(extent))?;
         Ok(extents)
+    }
+
+    /// The allocation map of [`Pool::extents_view`], handed to `visit` extent
+    /// by extent (merged as there): the NBD server asks it on every read, to
+    /// find holes, and a read's few extents are gathered without allocating.
+    /// `visit` runs after the state lock is released, so it may call the pool.
+    pub fn visit_extents_view(
+        &self,
+        view: View,
+        offset: u64,
+        length: u64,
+        mut visit: impl FnMut(Extent),
+    ) -> Result<(), EngineError> {
+        let mut extents: SmallVec<[Extent; EXTENTS_INLINE_COUNT]> = SmallVec::new();
+        {
+            let state = self.inner.lock();
+            let map = check_range(state.volumes(), view, offset, length)?.map;
+            let end = offset + length;
+            let mut position = offset;
+            while position < end {
+                let logical_block = position / BLOCK_SIZE_BYTES;
+                let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
+                let allocated = map.get(logical_block).is_some();
+                match extents.last_mut() {
+                    Some(last) if last.allocated == allocated => last.length += next - position,
+                    _ => extents.push(Extent {
+                        length: next - position,
+                        allocated,
+                    }),
+                }
+                position = next;
+            }
+        }
+        extents.into_iter().for_each(&mut visit);
+        Ok(())
     }
 }
 

@@ -7,7 +7,6 @@
 //! budgets, which only a written reply frees, and writing a reply is a part of
 //! the same `poll`. See decision 0040 for why this cannot deadlock.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -15,25 +14,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, BufReader, BufWriter, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, BufReader, ReadBuf};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::in_flight::InFlight;
 use super::messages::{Counted, Job, Outgoing, Services, buffer_len, error_reply};
+use super::replies::Replies;
 use crate::error::ConnectionError;
 use crate::statistics::ExportStatistics;
 use crate::wire::{self, Command, RequestHeader};
 
 /// Socket read buffer: enough for many small request headers per system call.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Socket write buffer: coalesces small replies; big read payloads bypass it.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Rounds of one `poll` before the task yields to the runtime, so that a
 /// client that keeps all three parts busy cannot hold a worker thread.
 const ROUNDS_PER_POLL_MAX: usize = 64;
 
-/// The socket: read through a buffer, written through another.
-type Stream<S> = BufReader<BufWriter<Pin<Box<S>>>>;
+/// The socket: read through a buffer, written with vectored writes straight
+/// from the replies (`replies.rs`).
+type Stream<S> = BufReader<Pin<Box<S>>>;
 
 /// A valid request read up to its payload.
 struct Pending {
@@ -81,31 +80,8 @@ impl Reading {
     }
 }
 
-/// A reply part way onto the socket.
-struct Writing {
-    outgoing: Outgoing,
-    /// The piece being written and the bytes of it already written.
-    piece: usize,
-    written: usize,
-}
-
-impl Writing {
-    /// The rest of the current piece; moves past finished pieces first.
-    /// `None` once every piece is written.
-    fn remaining(&mut self) -> Option<&[u8]> {
-        while self.piece < self.outgoing.pieces.len() {
-            if self.written < self.outgoing.piece_bytes(self.piece).len() {
-                return Some(&self.outgoing.piece_bytes(self.piece)[self.written..]);
-            }
-            self.piece += 1;
-            self.written = 0;
-        }
-        None
-    }
-}
-
 /// The connection's budgets for requests in flight (from admission until
-/// their reply is in the write buffer).
+/// their reply is on the socket).
 struct Budgets {
     requests: usize,
     bytes: u64,
@@ -159,11 +135,8 @@ pub(super) struct Connection<S, F> {
     services: Arc<Services>,
     start: fn(Arc<Services>, Job) -> F,
     in_flight: InFlight<F>,
-    /// Replies of completed requests, oldest first, not written yet.
-    ready: VecDeque<Outgoing>,
-    writing: Option<Writing>,
-    /// Replies are in the write buffer that were not flushed yet.
-    unflushed: bool,
+    /// Replies of completed requests, oldest first, not on the socket yet.
+    replies: Replies,
     budgets: Budgets,
     statistics: Option<Arc<ExportStatistics>>,
     measures_latency: bool,
@@ -185,18 +158,13 @@ where
         start: fn(Arc<Services>, Job) -> F,
     ) -> Self {
         Connection {
-            stream: BufReader::with_capacity(
-                READ_BUFFER_BYTES,
-                BufWriter::with_capacity(WRITE_BUFFER_BYTES, Box::pin(stream)),
-            ),
+            stream: BufReader::with_capacity(READ_BUFFER_BYTES, Box::pin(stream)),
             reading: Reading::next_header(),
             shutdown: Box::pin(shutdown.cancelled_owned()),
             services: settings.services,
             start,
             in_flight: InFlight::new(),
-            ready: VecDeque::new(),
-            writing: None,
-            unflushed: false,
+            replies: Replies::default(),
             budgets: Budgets {
                 requests: 0,
                 bytes: 0,
@@ -236,9 +204,7 @@ where
     fn finished(&self) -> bool {
         matches!(self.reading, Reading::Stopped)
             && self.in_flight.is_empty()
-            && self.ready.is_empty()
-            && self.writing.is_none()
-            && (!self.unflushed || self.write_error.is_some())
+            && (self.replies.is_empty() || self.write_error.is_some())
     }
 
     /// Shuts the socket's write side down (when it still works) and reports
@@ -422,7 +388,7 @@ where
             unreachable!("checked above");
         };
         match admitting {
-            Admitting::Refusal(reply) => self.ready.push_back(reply),
+            Admitting::Refusal(reply) => self.replies.push(reply),
             Admitting::Request(pending) => match pending.command {
                 Command::Write { length, .. } if length > 0 => {
                     let payload = self.services.buffers.for_overwrite(buffer_len(length));
@@ -482,24 +448,39 @@ where
 
     /// Polls the woken requests; true when any completed.
     fn poll_in_flight(&mut self, context: &mut Context<'_>) -> bool {
-        let ready = &mut self.ready;
+        let replies = &mut self.replies;
         self.in_flight
-            .poll_completed(context, |outgoing| ready.push_back(outgoing))
+            .poll_completed(context, |outgoing| replies.push(outgoing))
     }
 
-    /// Writes the ready replies into the write buffer and flushes once none
-    /// is left; true when it moved. A write error ends writing for good.
+    /// Writes the ready replies onto the socket and flushes once none is
+    /// left; true when it moved. A write error ends writing for good.
     fn poll_writing(&mut self, context: &mut Context<'_>) -> bool {
         if self.write_error.is_some() {
             // Nobody can receive replies any more: drop them as they come.
-            let dropped = self.writing.take().map(|writing| writing.outgoing);
-            let moved = dropped.is_some() || !self.ready.is_empty();
-            for outgoing in dropped.into_iter().chain(std::mem::take(&mut self.ready)) {
+            let dropped = self.replies.take_all();
+            let moved = !dropped.is_empty();
+            for outgoing in dropped {
                 self.release(outgoing);
             }
             return moved;
         }
-        match self.write_replies(context) {
+        let Connection {
+            stream,
+            replies,
+            statistics,
+            budgets,
+            services,
+            ..
+        } = self;
+        let written = replies.poll_write(Pin::new(stream), context, |outgoing| {
+            // The reply is on the socket: the request is answered.
+            if let (Some(counted), Some(statistics)) = (&outgoing.counted, statistics.as_ref()) {
+                counted.record(statistics);
+            }
+            release(budgets, services, outgoing);
+        });
+        match written {
             Ok(moved) => moved,
             Err(error) => {
                 // Stop reading: nobody can receive the replies any more.
@@ -510,61 +491,14 @@ where
         }
     }
 
-    fn write_replies(&mut self, context: &mut Context<'_>) -> io::Result<bool> {
-        let mut moved = false;
-        loop {
-            if self.writing.is_none() {
-                let Some(outgoing) = self.ready.pop_front() else {
-                    break;
-                };
-                self.writing = Some(Writing {
-                    outgoing,
-                    piece: 0,
-                    written: 0,
-                });
-            }
-            let writing = self.writing.as_mut().expect("a reply is being written");
-            while let Some(bytes) = writing.remaining() {
-                let written = match Pin::new(&mut self.stream).poll_write(context, bytes) {
-                    Poll::Pending => return Ok(moved),
-                    Poll::Ready(result) => result?,
-                };
-                if written == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                writing.written += written;
-                moved = true;
-            }
-            let Some(finished) = self.writing.take() else {
-                unreachable!("a reply was being written");
-            };
-            // The reply is in the write buffer: the request is answered.
-            if let (Some(counted), Some(statistics)) =
-                (&finished.outgoing.counted, &self.statistics)
-            {
-                counted.record(statistics);
-            }
-            self.release(finished.outgoing);
-            self.unflushed = true;
-            moved = true;
-        }
-        // Flush only when no reply is ready, so that bursts of small replies
-        // share system calls.
-        if self.unflushed {
-            match Pin::new(&mut self.stream).poll_flush(context) {
-                Poll::Pending => {}
-                Poll::Ready(result) => {
-                    result?;
-                    self.unflushed = false;
-                }
-            }
-        }
-        Ok(moved)
-    }
-
     /// Returns what a reply held: its request's budgets and its data buffer.
     fn release(&mut self, outgoing: Outgoing) {
-        self.budgets.give_back(outgoing.budget_bytes);
-        self.services.buffers.give_back(outgoing.data);
+        release(&mut self.budgets, &self.services, outgoing);
     }
+}
+
+/// Returns what a reply held: its request's budgets and its data buffer.
+fn release(budgets: &mut Budgets, services: &Services, outgoing: Outgoing) {
+    budgets.give_back(outgoing.budget_bytes);
+    services.buffers.give_back(outgoing.data);
 }

@@ -9,6 +9,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
+use smallvec::{SmallVec, smallvec};
+
 use crate::backend::Export;
 use crate::buffer_pool::BufferPool;
 use crate::statistics::{ExportStatistics, Operation};
@@ -57,9 +59,17 @@ pub(super) enum Piece {
     Data(Range<usize>),
 }
 
+/// Pieces held in an [`Outgoing`] itself: a read's reply is a chunk header and
+/// its data, any other reply one piece; longer replies (a read with holes)
+/// spill to the heap.
+pub(super) const INLINE_PIECE_COUNT: usize = 2;
+
+/// The pieces of one reply.
+pub(super) type Pieces = SmallVec<[Piece; INLINE_PIECE_COUNT]>;
+
 /// A complete reply, written to the socket without interleaving.
 pub(super) struct Outgoing {
-    pub(super) pieces: Vec<Piece>,
+    pub(super) pieces: Pieces,
     /// Read data (from the connection's [`BufferPool`], returned to it once
     /// written).
     pub(super) data: Vec<u8>,
@@ -116,7 +126,7 @@ impl Outgoing {
 
     pub(super) fn bytes(bytes: Vec<u8>) -> Self {
         Outgoing {
-            pieces: vec![Piece::Bytes(bytes)],
+            pieces: smallvec![Piece::Bytes(bytes)],
             data: Vec::new(),
             budget_bytes: 0,
             counted: None,
@@ -125,7 +135,7 @@ impl Outgoing {
 
     pub(super) fn inline(bytes: &[u8]) -> Self {
         Outgoing {
-            pieces: vec![Piece::Inline(InlineBytes::of(&[bytes]))],
+            pieces: smallvec![Piece::Inline(InlineBytes::of(&[bytes]))],
             data: Vec::new(),
             budget_bytes: 0,
             counted: None,
