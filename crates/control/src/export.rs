@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use lamina_engine::{EngineError, IoError, Pool, View, VolumeError};
-use lamina_nbd::{Export, ExportCatalog, ExportError, ExportStatistics, ExportSummary, Extent};
+use lamina_nbd::{
+    Export, ExportCatalog, ExportError, ExportFuture, ExportStatistics, ExportSummary, Extent,
+};
 
 use crate::volume_statistics::VolumeStatistics;
 
@@ -169,11 +171,13 @@ impl Export for VolumeExport {
         matches!(self.view, View::Snapshot { .. })
     }
 
-    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
-        self.pool
-            .read_view(self.view, offset, buffer)
-            .await
-            .map_err(to_export_error)
+    fn read<'a>(&'a self, offset: u64, buffer: &'a mut [u8]) -> ExportFuture<'a> {
+        ExportFuture::from(async move {
+            self.pool
+                .read_view(self.view, offset, buffer)
+                .await
+                .map_err(to_export_error)
+        })
     }
 
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
@@ -209,11 +213,13 @@ impl Export for VolumeExport {
         Some(visited)
     }
 
-    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.pool
-            .write(self.writable_volume()?, offset, data, fua)
-            .await
-            .map_err(to_export_error)
+    fn write<'a>(&'a self, offset: u64, data: &'a [u8], fua: bool) -> ExportFuture<'a> {
+        ExportFuture::from(async move {
+            self.pool
+                .write(self.writable_volume()?, offset, data, fua)
+                .await
+                .map_err(to_export_error)
+        })
     }
 
     async fn flush(&self) -> Result<(), ExportError> {

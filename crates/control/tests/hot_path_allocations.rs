@@ -64,22 +64,23 @@ const WARM_UP_REQUEST_COUNT: u64 = 2000;
 /// Requests of each kind counted.
 const MEASURED_REQUEST_COUNT: u64 = 4000;
 
-/// Allocations per cache-miss 4 KiB read that remain (measured: 2.0; 7.0
+/// Allocations per cache-miss 4 KiB read that remain (measured: 1.0; 7.0
 /// before decision 0044 held a reply's pieces, a read's runs, extents and
-/// planned blocks inline and visited the extents in place, 8.0 before
-/// decision 0041 gave each device request a slab slot instead of a oneshot,
-/// 9.0 before decision 0040 served a connection from one task, 18.0 before
-/// issue 20's buffer pools): the boxed futures of the `Export::read` and
-/// `BlockDevice::read` trait calls (async-trait). No task is spawned and no
-/// data buffer or list allocated any more (see BENCHMARKS.md, "Cache-miss
-/// read path (issue 20)" and "Nothing copied or allocated per reply"). The
-/// half beyond the two leaves room for the background tasks' timers and
-/// windows, which allocate a few times while the requests are counted.
-const READ_ALLOCATIONS_PER_REQUEST_MAX: f64 = 2.5;
-/// The same for a 4 KiB write (measured: 1.25; 2.26 before decision 0044,
-/// 3.25 with a task per request, 7.25 before the buffer pools): the trait
-/// future and a share of each sealed batch.
-const WRITE_ALLOCATIONS_PER_REQUEST_MAX: f64 = 1.75;
+/// planned blocks and the export's read future in place and visited the
+/// extents in place, 8.0 before decision 0041 gave each device request a slab
+/// slot instead of a oneshot, 9.0 before decision 0040 served a connection
+/// from one task, 18.0 before issue 20's buffer pools): the boxed future of
+/// the `BlockDevice::read` trait call (async-trait). No task is spawned and no
+/// data buffer or list allocated any more (see BENCHMARKS.md, "Cache-miss read
+/// path (issue 20)" and "Nothing copied or allocated per reply"). The half
+/// beyond the one leaves room for the background tasks' timers and windows,
+/// which allocate a few times while the requests are counted.
+const READ_ALLOCATIONS_PER_REQUEST_MAX: f64 = 1.5;
+/// The same for a 4 KiB write (measured: 0.25; 2.26 before decision 0044,
+/// 3.25 with a task per request, 7.25 before the buffer pools): a share of
+/// each sealed batch (its buffer, summary and bookkeeping, one batch per
+/// few writes).
+const WRITE_ALLOCATIONS_PER_REQUEST_MAX: f64 = 0.75;
 
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;

@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::backend::{Export, ExportError, Extent};
+use crate::backend::{Export, ExportError, ExportFuture, Extent};
 use crate::tls::ServerTls;
 
 /// A Unix-socket peer's credentials (`SO_PEERCRED`).
@@ -92,8 +92,8 @@ impl Export for ReadOnlyExport {
         true
     }
 
-    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
-        self.inner.read(offset, buffer).await
+    fn read<'a>(&'a self, offset: u64, buffer: &'a mut [u8]) -> ExportFuture<'a> {
+        self.inner.read(offset, buffer)
     }
 
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
@@ -109,8 +109,8 @@ impl Export for ReadOnlyExport {
         self.inner.visit_extents(offset, length, visit)
     }
 
-    async fn write(&self, _offset: u64, _data: &[u8], _fua: bool) -> Result<(), ExportError> {
-        Err(ExportError::ReadOnly)
+    fn write<'a>(&'a self, _offset: u64, _data: &'a [u8], _fua: bool) -> ExportFuture<'a> {
+        ExportFuture::from(std::future::ready(Err(ExportError::ReadOnly)))
     }
 
     async fn flush(&self) -> Result<(), ExportError> {

@@ -87,7 +87,9 @@ mod transmission;
 pub mod wire;
 
 pub use access::{Access, AccessPolicy, ClientIdentity, UnixCredentials};
-pub use backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
+pub use backend::{
+    EXPORT_FUTURE_BYTES, Export, ExportCatalog, ExportError, ExportFuture, ExportSummary, Extent,
+};
 pub use config::{
     ConfigError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT, PREFERRED_BLOCK_BYTES,
     ServerConfig,

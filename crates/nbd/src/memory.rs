@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::backend::{Export, ExportCatalog, ExportError, ExportSummary, Extent};
+use crate::backend::{Export, ExportCatalog, ExportError, ExportFuture, ExportSummary, Extent};
 
 /// Allocation granularity of [`MemoryExport`].
 pub const MEMORY_BLOCK_BYTES: u64 = 4096;
@@ -254,11 +254,13 @@ impl Export for MemoryExport {
         self.read_only
     }
 
-    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
-        bump(&self.counters.reads);
-        self.check(offset, buffer.len() as u64, false)?;
-        self.load(offset, buffer);
-        Ok(())
+    fn read<'a>(&'a self, offset: u64, buffer: &'a mut [u8]) -> ExportFuture<'a> {
+        ExportFuture::from(async move {
+            bump(&self.counters.reads);
+            self.check(offset, buffer.len() as u64, false)?;
+            self.load(offset, buffer);
+            Ok(())
+        })
     }
 
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
@@ -280,14 +282,16 @@ impl Export for MemoryExport {
         Ok(extents)
     }
 
-    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        bump(&self.counters.writes);
-        if fua {
-            bump(&self.counters.fua_writes);
-        }
-        self.check(offset, data.len() as u64, true)?;
-        self.store(offset, data);
-        Ok(())
+    fn write<'a>(&'a self, offset: u64, data: &'a [u8], fua: bool) -> ExportFuture<'a> {
+        ExportFuture::from(async move {
+            bump(&self.counters.writes);
+            if fua {
+                bump(&self.counters.fua_writes);
+            }
+            self.check(offset, data.len() as u64, true)?;
+            self.store(offset, data);
+            Ok(())
+        })
     }
 
     async fn flush(&self) -> Result<(), ExportError> {

@@ -3,7 +3,7 @@
 //! every other request goes straight to the memory export.
 
 use lamina_nbd::memory::MemoryExport;
-use lamina_nbd::{Export, ExportError, Extent};
+use lamina_nbd::{Export, ExportError, ExportFuture, Extent};
 
 /// What runs before a read of a [`HookedExport`] reaches its memory export.
 #[async_trait::async_trait]
@@ -25,15 +25,19 @@ impl<H: ReadHook + 'static> Export for HookedExport<H> {
     fn read_only(&self) -> bool {
         self.inner.read_only()
     }
-    async fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), ExportError> {
-        self.hook.before_read(offset).await;
-        self.inner.read(offset, buffer).await
+    fn read<'a>(&'a self, offset: u64, buffer: &'a mut [u8]) -> ExportFuture<'a> {
+        // Holds the memory export's own read future: too big to fit beside
+        // the hook in place, so it is boxed (tests only).
+        ExportFuture::from_or_box(async move {
+            self.hook.before_read(offset).await;
+            self.inner.read(offset, buffer).await
+        })
     }
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
         self.inner.extents(offset, length).await
     }
-    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.inner.write(offset, data, fua).await
+    fn write<'a>(&'a self, offset: u64, data: &'a [u8], fua: bool) -> ExportFuture<'a> {
+        self.inner.write(offset, data, fua)
     }
     async fn flush(&self) -> Result<(), ExportError> {
         self.inner.flush().await
