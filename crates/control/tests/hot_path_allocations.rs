@@ -64,18 +64,18 @@ const WARM_UP_REQUEST_COUNT: u64 = 2000;
 /// Requests of each kind counted.
 const MEASURED_REQUEST_COUNT: u64 = 4000;
 
-/// Allocations per cache-miss 4 KiB read that remain (measured: 1.0; 7.0
-/// before decision 0044 held a reply's pieces, a read's runs, extents and
-/// planned blocks and the export's read future in place and visited the
-/// extents in place, 8.0 before decision 0041 gave each device request a slab
-/// slot instead of a oneshot, 9.0 before decision 0040 served a connection
-/// from one task, 18.0 before issue 20's buffer pools): the boxed future of
-/// the `BlockDevice::read` trait call (async-trait). No task is spawned and no
-/// data buffer or list allocated any more (see BENCHMARKS.md, "Cache-miss read
-/// path (issue 20)" and "Nothing copied or allocated per reply"). The half
-/// beyond the one leaves room for the background tasks' timers and windows,
-/// which allocate a few times while the requests are counted.
-const READ_ALLOCATIONS_PER_REQUEST_MAX: f64 = 1.5;
+/// Allocations per cache-miss 4 KiB read (measured: 0.0; 7.0 before
+/// decision 0044 wrote replies from their pieces, held a reply's pieces, a
+/// read's runs, extents and planned blocks inline, visited the extents in
+/// place and returned the export's and the device's read futures in place,
+/// 8.0 before decision 0041 gave each device request a slab slot instead of a
+/// oneshot, 9.0 before decision 0040 served a connection from one task, 18.0
+/// before issue 20's buffer pools). No task is spawned and no data buffer,
+/// list or future allocated (see BENCHMARKS.md, "Cache-miss read path (issue
+/// 20)" and "Nothing copied or allocated per reply"). The half leaves room for
+/// the background tasks' timers and windows, which allocate a few times while
+/// the requests are counted.
+const READ_ALLOCATIONS_PER_REQUEST_MAX: f64 = 0.5;
 /// The same for a 4 KiB write (measured: 0.25; 2.26 before decision 0044,
 /// 3.25 with a task per request, 7.25 before the buffer pools): a share of
 /// each sealed batch (its buffer, summary and bookkeeping, one batch per

@@ -107,25 +107,33 @@ impl BlockDevice for ConcatenatedDevice {
         self.first_region_bytes + self.second.size_bytes()
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        crate::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+    fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+        if let Err(error) =
+            crate::check_request(&self.name, self.size_bytes(), offset, length as u64)
+        {
+            return crate::DeviceReadFuture::from(std::future::ready(Err(error)));
+        }
+        // A read within one part is that part's read future itself, so the
+        // common case boxes nothing.
         let Split { first, second } = self.split(offset, length);
         if second.length == 0 {
-            return self.first.read(first.offset, first.length).await;
+            return self.first.read(first.offset, first.length);
         }
         if first.length == 0 {
-            return self.second.read(second.offset, second.length).await;
+            return self.second.read(second.offset, second.length);
         }
-        let (head, tail) = futures_join(
-            self.first.read(first.offset, first.length),
-            self.second.read(second.offset, second.length),
-        )
-        .await;
-        let (head, tail) = (head?, tail?);
-        let mut joined = AlignedBuffer::zeroed(length);
-        joined[..first.length].copy_from_slice(&head);
-        joined[first.length..].copy_from_slice(&tail);
-        Ok(joined)
+        crate::DeviceReadFuture::from_or_box(async move {
+            let (head, tail) = futures_join(
+                self.first.read(first.offset, first.length),
+                self.second.read(second.offset, second.length),
+            )
+            .await;
+            let (head, tail) = (head?, tail?);
+            let mut joined = AlignedBuffer::zeroed(length);
+            joined[..first.length].copy_from_slice(&head);
+            joined[first.length..].copy_from_slice(&tail);
+            Ok(joined)
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
@@ -343,8 +351,10 @@ mod tests {
         fn size_bytes(&self) -> u64 {
             self.inner.size_bytes()
         }
-        async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-            self.inner.read(offset, length).await
+        fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+            crate::DeviceReadFuture::from_or_box(
+                async move { self.inner.read(offset, length).await },
+            )
         }
         async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
             self.inner.write(offset, data).await
@@ -429,8 +439,8 @@ mod tests {
         fn size_bytes(&self) -> u64 {
             self.0.size_bytes()
         }
-        async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-            self.0.read(offset, length).await
+        fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+            self.0.read(offset, length)
         }
         async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
             self.0.write(offset, data).await

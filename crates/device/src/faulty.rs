@@ -230,18 +230,20 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         self.inner.size_bytes()
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        {
-            let mut state = self.state.lock().await;
-            let probability = state.plan.read_failure_probability;
-            if state.powered_off
-                || overlaps(&state.plan.read_failures, offset, length as u64)
-                || (probability > 0.0 && state.rng.random_bool(probability))
+    fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+        crate::DeviceReadFuture::from_or_box(async move {
             {
-                return Err(self.error(offset, length as u64));
+                let mut state = self.state.lock().await;
+                let probability = state.plan.read_failure_probability;
+                if state.powered_off
+                    || overlaps(&state.plan.read_failures, offset, length as u64)
+                    || (probability > 0.0 && state.rng.random_bool(probability))
+                {
+                    return Err(self.error(offset, length as u64));
+                }
             }
-        }
-        self.inner.read(offset, length).await
+            self.inner.read(offset, length).await
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
@@ -338,8 +340,8 @@ mod tests {
             self.0.size_bytes()
         }
 
-        async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-            self.0.read(offset, length).await
+        fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+            self.0.read(offset, length)
         }
 
         async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

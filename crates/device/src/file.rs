@@ -276,34 +276,38 @@ impl BlockDevice for FileDevice {
         self.size_bytes
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        crate::check_request(&self.name, self.size_bytes, offset, length as u64)?;
-        // Not cleared: the buffer is returned only once the device has filled
-        // every byte (the ring resubmits short reads; read_exact_at fills or
-        // fails), and a failed read drops it unseen.
-        let buffer = AlignedBuffer::for_overwrite(length);
-        if length == 0 {
-            return Ok(buffer);
-        }
-        let result = match &self.engine {
-            Engine::Ring(ring) => match ring.execute(Operation::Read { buffer }, offset).await {
-                Ok(Completed::Read(buffer)) => Ok(buffer),
-                Ok(_) => unreachable!("a read completes as a read"),
-                Err(error) => Err(error),
-            },
-            Engine::Positional { file, permits } => {
-                let permit = acquire(permits).await;
-                let file = file.clone();
-                let mut buffer = buffer;
-                tokio::task::spawn_blocking(move || {
-                    let _permit = permit;
-                    file.read_exact_at(&mut buffer, offset).map(|()| buffer)
-                })
-                .await
-                .expect("positional read task panicked")
+    fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+        crate::DeviceReadFuture::from(async move {
+            crate::check_request(&self.name, self.size_bytes, offset, length as u64)?;
+            // Not cleared: the buffer is returned only once the device has filled
+            // every byte (the ring resubmits short reads; read_exact_at fills or
+            // fails), and a failed read drops it unseen.
+            let buffer = AlignedBuffer::for_overwrite(length);
+            if length == 0 {
+                return Ok(buffer);
             }
-        };
-        result.map_err(|error| self.error(error, offset, length as u64))
+            let result = match &self.engine {
+                Engine::Ring(ring) => {
+                    match ring.execute(Operation::Read { buffer }, offset).await {
+                        Ok(Completed::Read(buffer)) => Ok(buffer),
+                        Ok(_) => unreachable!("a read completes as a read"),
+                        Err(error) => Err(error),
+                    }
+                }
+                Engine::Positional { file, permits } => {
+                    let permit = acquire(permits).await;
+                    let file = file.clone();
+                    let mut buffer = buffer;
+                    tokio::task::spawn_blocking(move || {
+                        let _permit = permit;
+                        file.read_exact_at(&mut buffer, offset).map(|()| buffer)
+                    })
+                    .await
+                    .expect("positional read task panicked")
+                }
+            };
+            result.map_err(|error| self.error(error, offset, length as u64))
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

@@ -37,6 +37,19 @@ pub(crate) fn buffer_length(bytes: u64) -> usize {
     usize::try_from(bytes).expect("a length within a buffer in memory fits in a usize")
 }
 
+/// Bytes a device's read future may take. A cache-miss read of a client
+/// block makes one device read, so its future is held in place in the
+/// caller's future, not boxed (decision 0044): `FileDevice` and
+/// `MemoryDevice` build theirs with `StackFuture::from`, which fails to
+/// compile if it grows past this; devices that wrap another's read (arrays,
+/// fault injection, tiers) box theirs with `from_or_box`. `FileDevice`'s
+/// needs about 250 bytes (2026-11-29).
+pub const DEVICE_READ_FUTURE_BYTES: usize = 512;
+
+/// The future of [`BlockDevice::read`].
+pub type DeviceReadFuture<'a> =
+    stackfuture::StackFuture<'a, Result<AlignedBuffer, DeviceError>, DEVICE_READ_FUTURE_BYTES>;
+
 /// Where bytes live. Offsets and lengths are multiples of [`DEVICE_ALIGNMENT_BYTES`].
 ///
 /// Durability model (the same as a disk with a volatile write cache): a completed
@@ -50,8 +63,10 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Usable size in bytes (a multiple of [`DEVICE_ALIGNMENT_BYTES`]).
     fn size_bytes(&self) -> u64;
 
-    /// Reads `length` bytes at `offset` into a fresh aligned buffer.
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError>;
+    /// Reads `length` bytes at `offset` into a fresh aligned buffer. The
+    /// future is returned in place rather than boxed (see
+    /// [`DeviceReadFuture`]).
+    fn read(&self, offset: u64, length: usize) -> DeviceReadFuture<'_>;
 
     /// Writes the whole of `data` at `offset`. The buffer is shared so that the
     /// caller can keep serving reads from it while the write is in flight.

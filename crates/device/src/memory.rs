@@ -69,11 +69,13 @@ impl BlockDevice for MemoryDevice {
         self.size_bytes
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        check_request(&self.name, self.size_bytes, offset, length as u64)?;
-        let mut buffer = AlignedBuffer::zeroed(length);
-        self.read_sync(offset, &mut buffer);
-        Ok(buffer)
+    fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+        crate::DeviceReadFuture::from(async move {
+            check_request(&self.name, self.size_bytes, offset, length as u64)?;
+            let mut buffer = AlignedBuffer::zeroed(length);
+            self.read_sync(offset, &mut buffer);
+            Ok(buffer)
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

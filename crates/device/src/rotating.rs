@@ -235,19 +235,21 @@ impl BlockDevice for RotatingDiskDevice {
         self.inner.size_bytes()
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        let _slot = self
-            .queue_slots
-            .acquire()
-            .await
-            .expect("the queue semaphore is never closed");
-        crate::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
-        let completion = self.schedule(offset, length as u64);
-        // The inner device works while the modelled time runs, so the request takes
-        // the longer of the two.
-        let result = self.inner.read(offset, length).await;
-        wait_until(completion).await;
-        result
+    fn read(&self, offset: u64, length: usize) -> crate::DeviceReadFuture<'_> {
+        crate::DeviceReadFuture::from_or_box(async move {
+            let _slot = self
+                .queue_slots
+                .acquire()
+                .await
+                .expect("the queue semaphore is never closed");
+            crate::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+            let completion = self.schedule(offset, length as u64);
+            // The inner device works while the modelled time runs, so the request takes
+            // the longer of the two.
+            let result = self.inner.read(offset, length).await;
+            wait_until(completion).await;
+            result
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

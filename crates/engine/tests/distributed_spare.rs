@@ -354,12 +354,10 @@ impl BlockDevice for SlowFlushes {
     fn size_bytes(&self) -> u64 {
         self.0.size_bytes()
     }
-    async fn read(
-        &self,
-        offset: u64,
-        length: usize,
-    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
-        self.0.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(
+            async move { self.0.read(offset, length).await },
+        )
     }
     async fn write(
         &self,

@@ -44,11 +44,13 @@ impl BlockDevice for ClaimedDevice {
         self.claimed_size_bytes
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        if offset + length as u64 <= self.backing.size_bytes() {
-            return self.backing.read(offset, length).await;
-        }
-        Ok(AlignedBuffer::zeroed(length))
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            if offset + length as u64 <= self.backing.size_bytes() {
+                return self.backing.read(offset, length).await;
+            }
+            Ok(AlignedBuffer::zeroed(length))
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

@@ -204,13 +204,11 @@ impl BlockDevice for Yielding {
         self.inner.size_bytes()
     }
 
-    async fn read(
-        &self,
-        offset: u64,
-        length: usize,
-    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
-        tokio::task::yield_now().await;
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            tokio::task::yield_now().await;
+            self.inner.read(offset, length).await
+        })
     }
 
     async fn write(

@@ -88,9 +88,11 @@ impl BlockDevice for TestDevice {
         self.inner.size_bytes()
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.inner.read(offset, length).await
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

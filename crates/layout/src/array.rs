@@ -430,9 +430,11 @@ impl BlockDevice for RedundantArray {
         self.geometry.size_blocks() * BLOCK_SIZE_BYTES
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
-        self.read_range(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+            self.read_range(offset, length).await
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

@@ -379,9 +379,11 @@ impl BlockDevice for Yielding {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        tokio::task::yield_now().await;
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            tokio::task::yield_now().await;
+            self.inner.read(offset, length).await
+        })
     }
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
         tokio::task::yield_now().await;

@@ -141,8 +141,8 @@ impl BlockDevice for Counting {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        self.inner.read(offset, length)
     }
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
         let first = offset / BLOCK as u64;
@@ -302,8 +302,8 @@ impl BlockDevice for CutAtInputOutput {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        self.inner.read(offset, length)
     }
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
         self.count_and_maybe_cut().await?;

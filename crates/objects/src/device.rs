@@ -803,18 +803,20 @@ impl BlockDevice for ObjectStoreDevice {
         self.geometry.size_bytes
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        check_request(&self.url, self.size_bytes(), offset, length as u64)?;
-        let mut attempt = 1;
-        loop {
-            match self.read_once(offset, length).await {
-                Ok(buffer) => return Ok(buffer),
-                Err((true, _)) if attempt < READ_ATTEMPTS_MAX => attempt += 1,
-                Err((_, error)) => {
-                    return Err(error.into_device_error(&self.url, offset, length as u64));
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            check_request(&self.url, self.size_bytes(), offset, length as u64)?;
+            let mut attempt = 1;
+            loop {
+                match self.read_once(offset, length).await {
+                    Ok(buffer) => return Ok(buffer),
+                    Err((true, _)) if attempt < READ_ATTEMPTS_MAX => attempt += 1,
+                    Err((_, error)) => {
+                        return Err(error.into_device_error(&self.url, offset, length as u64));
+                    }
                 }
             }
-        }
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

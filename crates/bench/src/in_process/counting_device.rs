@@ -85,9 +85,11 @@ impl BlockDevice for CountingDevice {
         self.inner.size_bytes()
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        self.read_bytes.fetch_add(length as u64, Ordering::Relaxed);
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            self.read_bytes.fetch_add(length as u64, Ordering::Relaxed);
+            self.inner.read(offset, length).await
+        })
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {

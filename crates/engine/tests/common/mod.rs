@@ -143,25 +143,23 @@ impl lamina_device::BlockDevice for InstrumentedDevice {
         self.inner.size_bytes()
     }
 
-    async fn read(
-        &self,
-        offset: u64,
-        length: usize,
-    ) -> Result<lamina_device::AlignedBuffer, lamina_device::DeviceError> {
-        if let Some(gate) = &self.read_gate {
-            let mut gate = gate.clone();
-            gate.wait_for(|open| *open)
-                .await
-                .expect("gate sender alive");
-        }
-        if !self.read_delay.is_zero() {
-            tokio::time::sleep(self.read_delay).await;
-        }
-        if self.recording.load(std::sync::atomic::Ordering::Relaxed) {
-            self.longest_read_bytes
-                .fetch_max(length, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        lamina_device::DeviceReadFuture::from_or_box(async move {
+            if let Some(gate) = &self.read_gate {
+                let mut gate = gate.clone();
+                gate.wait_for(|open| *open)
+                    .await
+                    .expect("gate sender alive");
+            }
+            if !self.read_delay.is_zero() {
+                tokio::time::sleep(self.read_delay).await;
+            }
+            if self.recording.load(std::sync::atomic::Ordering::Relaxed) {
+                self.longest_read_bytes
+                    .fetch_max(length, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.inner.read(offset, length).await
+        })
     }
 
     async fn write(

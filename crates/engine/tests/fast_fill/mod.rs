@@ -75,8 +75,8 @@ impl BlockDevice for DataDroppingDevice {
         self.inner.size_bytes()
     }
 
-    async fn read(&self, offset: u64, length: usize) -> Result<AlignedBuffer, DeviceError> {
-        self.inner.read(offset, length).await
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        self.inner.read(offset, length)
     }
 
     async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
