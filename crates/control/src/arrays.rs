@@ -14,8 +14,8 @@ use lamina_layout::{ArrayIdentity, MemberDevice, Redundancy, RedundantArray, Tie
 
 use crate::layout::{PoolLayout, TierArray};
 use crate::store::{
-    DeviceModels, NO_DEVICE_MODEL, PoolDescription, TierDevice, behind_model, description_path,
-    open_device, recorded_model, refuse_if_described, same_file,
+    DeviceModels, NO_DEVICE_MODEL, PoolDescription, TierDevice, behind_model, open_device,
+    recorded_model, refuse_if_described, same_file,
 };
 
 pub use crate::store::OpenedPool;
@@ -333,11 +333,7 @@ fn write_array_description(data_dir: &Path, request: &ArrayPoolRequest) -> anyho
         capacity_object_store: None,
         redundancy: Some(request.redundancy.name().to_string()),
     };
-    std::fs::write(
-        description_path(data_dir),
-        toml::to_string(&description).expect("pool description serialises"),
-    )
-    .with_context(|| format!("cannot write {}", description_path(data_dir).display()))
+    crate::store::write_description(data_dir, &description)
 }
 
 /// Opens the pool described in `data_dir`, each device behind the model

@@ -14,7 +14,7 @@ use lamina_engine::{EvacuationGoal, Pool, RebuildState};
 use lamina_layout::TierRole;
 
 use crate::layout::{PoolLayout, TierArray};
-use crate::store::{DeviceModels, description_path, parse_device_argument};
+use crate::store::{DeviceModels, parse_device_argument};
 
 /// How often a follower of a background rebuild looks whether it ended.
 pub const REBUILD_FOLLOW_INTERVAL_MS: u64 = 500;
@@ -349,37 +349,37 @@ pub fn follow_rebuild(pool: Pool, layout: PoolLayout, data_dir: PathBuf) {
 /// Writes each tier's devices (members at their current or last-seen paths,
 /// and replacements) to `pool.toml`, replacing the lists there.
 pub fn record_devices(data_dir: &Path, layout: &PoolLayout) -> anyhow::Result<()> {
-    let mut description = crate::store::existing_description(data_dir)?;
-    for tier in layout.tiers() {
-        let mut paths: Vec<PathBuf> = Vec::new();
-        for member in tier.array.member_status() {
-            // An empty slot (a removed member) has no device to list.
-            if member.state == lamina_layout::MemberState::Removed {
-                continue;
-            }
-            paths.push(PathBuf::from(member.path));
-            if let Some(replacement) = member.replacement {
-                paths.push(PathBuf::from(replacement.path));
+    crate::store::update_description(data_dir, |description| {
+        for tier in layout.tiers() {
+            let paths = tier_device_paths(tier);
+            // The single-device fields name an array's first device.
+            match tier.tier {
+                TierRole::Flash => {
+                    description.flash = paths[0].clone();
+                    description.flash_devices = paths;
+                }
+                TierRole::Capacity => {
+                    description.capacity = Some(paths[0].clone());
+                    description.capacity_devices = paths;
+                }
             }
         }
-        // The single-device fields name an array's first device.
-        match tier.tier {
-            TierRole::Flash => {
-                description.flash = paths[0].clone();
-                description.flash_devices = paths;
-            }
-            TierRole::Capacity => {
-                description.capacity = Some(paths[0].clone());
-                description.capacity_devices = paths;
-            }
+    })
+}
+
+/// A tier's devices as `pool.toml` lists them: each member at its current
+/// or last-seen path, followed by its replacement if it has one.
+fn tier_device_paths(tier: &crate::layout::TierArray) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for member in tier.array.member_status() {
+        // An empty slot (a removed member) has no device to list.
+        if member.state == lamina_layout::MemberState::Removed {
+            continue;
+        }
+        paths.push(PathBuf::from(member.path));
+        if let Some(replacement) = member.replacement {
+            paths.push(PathBuf::from(replacement.path));
         }
     }
-    let path = description_path(data_dir);
-    let temporary = path.with_extension("toml.new");
-    std::fs::write(
-        &temporary,
-        toml::to_string(&description).expect("pool description serialises"),
-    )
-    .with_context(|| format!("cannot write {}", temporary.display()))?;
-    std::fs::rename(&temporary, &path).with_context(|| format!("cannot replace {}", path.display()))
+    paths
 }

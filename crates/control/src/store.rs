@@ -633,16 +633,57 @@ async fn create_over_object_tier(
     })
 }
 
-/// Writes `pool.toml`.
+/// Serialises every rewrite of a `pool.toml` in this process. The daemon
+/// records its devices from more than one task (an admin request, the task
+/// that follows a background rebuild): unserialised, two rewrites shared one
+/// temporary file, so one of them could rename the other's half-written file
+/// into place, or find its own already renamed away and fail.
+static DESCRIPTION_REWRITE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Writes `pool.toml` whole.
 pub(crate) fn write_description(
     data_dir: &Path,
     description: &PoolDescription,
 ) -> anyhow::Result<()> {
-    std::fs::write(
-        description_path(data_dir),
-        toml::to_string(description).expect("pool description serialises"),
-    )
-    .with_context(|| format!("cannot write {}", description_path(data_dir).display()))
+    let _serialised = DESCRIPTION_REWRITE_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    replace_description_file(data_dir, description)
+}
+
+/// Reads `pool.toml`, lets `change` edit it and writes it back, with no
+/// other rewrite of this process in between.
+pub(crate) fn update_description(
+    data_dir: &Path,
+    change: impl FnOnce(&mut PoolDescription),
+) -> anyhow::Result<()> {
+    let _serialised = DESCRIPTION_REWRITE_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut description = existing_description(data_dir)?;
+    change(&mut description);
+    replace_description_file(data_dir, &description)
+}
+
+/// Replaces `pool.toml` atomically: a temporary file written and synced,
+/// renamed over it, the directory synced, so that a crash leaves the old
+/// description or the new one, never a torn one. The caller holds
+/// [`DESCRIPTION_REWRITE_LOCK`].
+fn replace_description_file(data_dir: &Path, description: &PoolDescription) -> anyhow::Result<()> {
+    use std::io::Write;
+    let path = description_path(data_dir);
+    let temporary = path.with_extension("toml.new");
+    let text = toml::to_string(description).expect("pool description serialises");
+    let mut file = File::create(&temporary)
+        .with_context(|| format!("cannot write {}", temporary.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", temporary.display()))?;
+    std::fs::rename(&temporary, &path)
+        .with_context(|| format!("cannot replace {}", path.display()))?;
+    File::open(data_dir)
+        .and_then(|directory| directory.sync_all())
+        .with_context(|| format!("cannot sync {}", data_dir.display()))
 }
 
 /// A segment size the engine can lay out, refused before anything is created.
@@ -816,5 +857,46 @@ mod tests {
         assert_eq!(read.capacity_model.as_deref(), Some("hdd-7200"));
         assert_eq!(recorded_model(Some(NO_DEVICE_MODEL)), None);
         assert!(toml::from_str::<PoolDescription>("flash = \"x\"\ncapacty = \"y\"\n").is_err());
+    }
+
+    /// The daemon records its devices from several tasks at once (an admin
+    /// request and the task that follows a rebuild): every rewrite must
+    /// succeed and leave a whole description, and none may undo another's
+    /// edit. With one temporary file and no lock, rewrites failed with "No
+    /// such file" (the other's rename took the file) in CI.
+    #[test]
+    fn concurrent_rewrites_of_the_description_all_land_whole() {
+        const THREAD_COUNT: usize = 4;
+        const REWRITES_PER_THREAD_COUNT: usize = 50;
+        let directory = tempfile::tempdir().unwrap();
+        let data_dir = directory.path().to_path_buf();
+        let description: PoolDescription = toml::from_str("flash = \"/srv/pool.img\"\n").unwrap();
+        write_description(&data_dir, &description).unwrap();
+        std::thread::scope(|scope| {
+            for thread_index in 0..THREAD_COUNT {
+                let data_dir = &data_dir;
+                scope.spawn(move || {
+                    for rewrite_index in 0..REWRITES_PER_THREAD_COUNT {
+                        update_description(data_dir, |description| {
+                            description
+                                .flash_devices
+                                .push(PathBuf::from(format!("/t{thread_index}/{rewrite_index}")));
+                        })
+                        .expect("every rewrite succeeds");
+                    }
+                });
+            }
+        });
+        let written = existing_description(&data_dir).unwrap();
+        assert_eq!(
+            written.flash_devices.len(),
+            THREAD_COUNT * REWRITES_PER_THREAD_COUNT,
+            "no rewrite undid another's edit"
+        );
+        assert!(
+            !description_path(&data_dir)
+                .with_extension("toml.new")
+                .exists()
+        );
     }
 }
