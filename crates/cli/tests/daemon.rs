@@ -322,8 +322,20 @@ fn wait_for_usage_warning(daemon: &Daemon, percent: f64) {
 fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     let directory = tempfile::tempdir().unwrap();
     let data_dir = directory.path().join("data");
-    // A 132 MiB pool behind a 512 MiB volume: thin over-commit.
-    let daemon = Daemon::start_with_pool(&data_dir, 132 << 20, 512 << 20);
+    // A 132 MiB pool behind a 512 MiB volume: thin over-commit. A segment
+    // the cleaner relocated from before the trim killed the rest of it is
+    // reusable only after a checkpoint records the relocations
+    // (`State::dead_segment_reusable`), and checkpoints come every
+    // `checkpoint_interval_ms` (30 s by
+    // default, beyond the wait below): when the full pool made the cleaner
+    // relocate first (a loaded machine), the warning stayed at 80 % past
+    // the wait. Checkpoints every 2 s keep the wait above two of them.
+    let daemon = Daemon::start_with_config(
+        &data_dir,
+        132 << 20,
+        512 << 20,
+        "checkpoint_interval_ms = 2000\n",
+    );
     let script = directory.path().join("fill.py");
     std::fs::write(&script, FILL_SCRIPT).unwrap();
     let output = run(Command::new("nbdsh")
