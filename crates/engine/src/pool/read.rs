@@ -161,6 +161,9 @@ fn flash_has_room_for_promotions(space: &SpaceAllocator) -> bool {
         > space.reserve_for(Allocation::Client) + PROMOTION_HEADROOM_SEGMENT_COUNT
 }
 
+/// A view's extents as gathered under the state lock, held inline for a read.
+type GatheredExtents = SmallVec<[Extent; EXTENTS_INLINE_COUNT]>;
+
 /// Blocks a read plans to fetch, held inline for the short reads that are
 /// most of a block device's traffic (a 4 KiB read is one block).
 type PlannedBlocks = SmallVec<[DeviceBlock; PLANNED_BLOCKS_INLINE_COUNT]>;
@@ -871,44 +874,54 @@ impl Pool {
         offset: u64,
         length: u64,
     ) -> Result<Vec<Extent>, EngineError> {
-        let mut extents = Vec::new();
-        self.visit_extents_view(view, offset, length, |extent| extents.push(extent))?;
-        Ok(extents)
+        // A long map has spilled to the heap: that allocation becomes the list.
+        Ok(self.gather_extents(view, offset, length)?.into_vec())
     }
 
     /// The allocation map of [`Pool::extents_view`], handed to `visit` extent
-    /// by extent (merged as there): the NBD server asks it on every read, to
-    /// find holes, and a read's few extents are gathered without allocating.
-    /// `visit` runs after the state lock is released, so it may call the pool.
+    /// by extent: the NBD server asks it on every read, to find holes, and a
+    /// read's few extents are gathered without allocating. `visit` runs after
+    /// the state lock is released, so it may call the pool.
     pub fn visit_extents_view(
         &self,
         view: View,
         offset: u64,
         length: u64,
-        mut visit: impl FnMut(Extent),
+        visit: impl FnMut(Extent),
     ) -> Result<(), EngineError> {
-        let mut extents: SmallVec<[Extent; EXTENTS_INLINE_COUNT]> = SmallVec::new();
-        {
-            let state = self.inner.lock();
-            let map = check_range(state.volumes(), view, offset, length)?.map;
-            let end = offset + length;
-            let mut position = offset;
-            while position < end {
-                let logical_block = position / BLOCK_SIZE_BYTES;
-                let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
-                let allocated = map.get(logical_block).is_some();
-                match extents.last_mut() {
-                    Some(last) if last.allocated == allocated => last.length += next - position,
-                    _ => extents.push(Extent {
-                        length: next - position,
-                        allocated,
-                    }),
-                }
-                position = next;
-            }
-        }
-        extents.into_iter().for_each(&mut visit);
+        self.gather_extents(view, offset, length)?
+            .into_iter()
+            .for_each(visit);
         Ok(())
+    }
+
+    /// Walks the view's map under the state lock, merging blocks of the same
+    /// status into extents.
+    fn gather_extents(
+        &self,
+        view: View,
+        offset: u64,
+        length: u64,
+    ) -> Result<GatheredExtents, EngineError> {
+        let mut extents = GatheredExtents::new();
+        let state = self.inner.lock();
+        let map = check_range(state.volumes(), view, offset, length)?.map;
+        let end = offset + length;
+        let mut position = offset;
+        while position < end {
+            let logical_block = position / BLOCK_SIZE_BYTES;
+            let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
+            let allocated = map.get(logical_block).is_some();
+            match extents.last_mut() {
+                Some(last) if last.allocated == allocated => last.length += next - position,
+                _ => extents.push(Extent {
+                    length: next - position,
+                    allocated,
+                }),
+            }
+            position = next;
+        }
+        Ok(extents)
     }
 }
 
