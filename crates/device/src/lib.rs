@@ -14,7 +14,7 @@ mod lock;
 mod memory;
 mod rotating;
 
-pub use buffer::AlignedBuffer;
+pub use buffer::{AlignedBuffer, LARGE_RECYCLED_BUFFER_BYTES_MAX};
 pub use concatenated::ConcatenatedDevice;
 pub use error::{DeviceError, DeviceErrorKind};
 pub use faulty::{FaultyDevice, PowerCutStyle};

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use lamina_device::AlignedBuffer;
+use lamina_device::{AlignedBuffer, LARGE_RECYCLED_BUFFER_BYTES_MAX};
 
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
@@ -37,6 +37,12 @@ const _: () = assert!(SEGMENT_SIZE_BLOCKS_MIN > BATCH_OVERHEAD_BLOCKS as u64);
 const _: () = assert!(
     DEFAULT_SEGMENT_SIZE_BYTES / BLOCK_SIZE_BYTES
         >= (BATCH_DATA_BLOCKS_MAX + BATCH_OVERHEAD_BLOCKS as usize) as u64
+);
+// A full batch's buffer is of a size the device layer recycles, so that
+// opening a batch reuses one written earlier instead of clearing a new one.
+const _: () = assert!(
+    (BATCH_DATA_BLOCKS_MAX + BATCH_OVERHEAD_BLOCKS as usize) * BLOCK_BYTES
+        <= LARGE_RECYCLED_BUFFER_BYTES_MAX
 );
 
 #[derive(Clone, Copy, Debug)]
@@ -458,7 +464,11 @@ impl LogWriter {
             summary_block: segment_first_block + u64::from(head.next_block_in_segment),
             records: Vec::new(),
             record_bytes: 0,
-            buffer: AlignedBuffer::zeroed(
+            // Not cleared: a recycled buffer holds an earlier batch's bytes,
+            // but nothing reads or writes a block of it before this batch
+            // writes it (a data block as it is appended, the summary and its
+            // copy at the seal, which cuts the buffer to what was written).
+            buffer: AlignedBuffer::for_overwrite(
                 (BATCH_OVERHEAD_BLOCKS as usize + data_capacity) * BLOCK_BYTES,
             ),
             data_count: 0,
@@ -572,6 +582,7 @@ impl LogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::geometry::Geometry;
 
     /// A batch of one zero data block whose summary and copy are intact.
     fn in_flight(sequence: u64) -> InFlightBatch {
@@ -591,6 +602,70 @@ mod tests {
             summary_block: 0,
             buffer: Arc::new(buffer),
             opens_segment: None,
+        }
+    }
+
+    /// Opens a batch at a fresh head of the client stream, appends one
+    /// block of `fill` for each of `logical_blocks` and seals it.
+    fn sealed_batch(
+        writer: &mut LogWriter,
+        logical_blocks: std::ops::Range<u64>,
+        fill: u8,
+    ) -> SealedBatch {
+        let geometry = *writer.shapes.geometry();
+        if writer.head(Stream::Client).is_none() {
+            writer.open_head(Stream::Client, 0);
+        }
+        let first_block = geometry.segment_first_block(0);
+        let batch = writer.open_batch_at_head(Stream::Client, first_block);
+        for logical_block in logical_blocks {
+            let data = [fill; BLOCK_BYTES];
+            batch.append_block(
+                Record::Data {
+                    volume_id: 1,
+                    logical_block,
+                    checksum: crate::log::batch::block_checksum(&data),
+                },
+                &data,
+            );
+        }
+        let batch = writer
+            .take_open_batch(lane_of(Stream::Client))
+            .expect("the batch just opened");
+        writer.seal(batch).expect("a batch with records seals")
+    }
+
+    /// A batch's buffer is recycled uncleared (decision 0045): a batch that
+    /// follows a fuller one on the same thread gets its buffer back with the
+    /// old batch's blocks in it, and must write exactly its own summary,
+    /// data and summary copy, nothing of the old batch's.
+    #[test]
+    fn a_batch_in_a_recycled_buffer_holds_only_its_own_blocks() {
+        let geometry = Geometry::for_device(64 << 20, DEFAULT_SEGMENT_SIZE_BYTES).unwrap();
+        let mut writer = LogWriter::new(SegmentShapes::uniform(geometry));
+        let full = sealed_batch(&mut writer, 0..BATCH_DATA_BLOCKS_MAX as u64, 0xa5);
+        let full_address = full.in_flight.buffer.as_ptr() as usize;
+        writer.batch_written(&full.in_flight);
+        drop(full);
+        let short = sealed_batch(&mut writer, 1000..1003, 0x5a);
+        let buffer = &short.in_flight.buffer;
+        assert_eq!(
+            buffer.as_ptr() as usize,
+            full_address,
+            "the full batch's buffer was recycled (else this test proves nothing)"
+        );
+        assert_eq!(
+            buffer.len(),
+            (3 + BATCH_OVERHEAD_BLOCKS as usize) * BLOCK_BYTES
+        );
+        short.in_flight.check_summary();
+        let summary = Summary::decode(&buffer[..BLOCK_BYTES]).unwrap();
+        assert_eq!(summary.data_block_count(), 3);
+        for block in buffer.chunks(BLOCK_BYTES).skip(1).take(3) {
+            assert!(
+                block.iter().all(|byte| *byte == 0x5a),
+                "a data block is the batch's own"
+            );
         }
     }
 
