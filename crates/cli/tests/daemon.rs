@@ -326,10 +326,10 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     // the cleaner relocated from before the trim killed the rest of it is
     // reusable only after a checkpoint records the relocations
     // (`State::dead_segment_reusable`), and checkpoints come every
-    // `checkpoint_interval_ms` (30 s by
-    // default, beyond the wait below): when the full pool made the cleaner
-    // relocate first (a loaded machine), the warning stayed at 80 % past
-    // the wait. Checkpoints every 2 s keep the wait above two of them.
+    // `checkpoint_interval_ms` (30 s by default, beyond the wait below):
+    // when the full pool made the cleaner relocate first (a loaded machine),
+    // the warning stayed at 80 % past the wait. Checkpoints every 2 s keep
+    // the wait above two of them.
     let daemon = Daemon::start_with_config(
         &data_dir,
         132 << 20,

@@ -369,7 +369,7 @@ pub fn record_devices(data_dir: &Path, layout: &PoolLayout) -> anyhow::Result<()
 
 /// A tier's devices as `pool.toml` lists them: each member at its current
 /// or last-seen path, followed by its replacement if it has one.
-fn tier_device_paths(tier: &crate::layout::TierArray) -> Vec<PathBuf> {
+fn tier_device_paths(tier: &TierArray) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = Vec::new();
     for member in tier.array.member_status() {
         // An empty slot (a removed member) has no device to list.
