@@ -2,8 +2,12 @@
 # The NBD read ceiling (issue 20) of this machine with fio's nbd engine: 4 KiB random read at QD32
 # and QD1 against servers that do no device I/O (nbdkit null and memory), against lamina
 # with its memory cache warm and cold (memory_cache_bytes = 0), and fio io_uring O_DIRECT
-# on lamina's own pool file, over the range its data fills (the device). Rounds interleaved;
-# server CPU us/op from /proc/PID/stat.
+# on lamina's own pool file, over the range its data fills (the device). Two more rows
+# bound what a server can do here: qemu-nbd without its cache (--cache=none
+# --aio=io_uring, O_DIRECT) serving that same file read-only over the same range (a peer's
+# cache miss), and lamina reading a volume never written (its cost per request when no
+# block is looked up, copied or sent: the replies are holes). Rounds interleaved; server
+# CPU us/op from /proc/PID/stat.
 # Why the device row reads lamina's file and not a copy of the data: this machine's disk
 # is virtual and the host caches a few GiB of it. A file read in the last minutes reads
 # at up to 3 x the speed of one that was not (fio QD32 on lamina's pool file: 28.0K IOPS
@@ -51,9 +55,15 @@ for round in $(seq 1 $ROUNDS); do
   $BIN serve --data $DATA --config $warm >$D/serve-warm.log 2>&1 & pid=$!
   wait_for_socket $SOCK
   fio --name=warm --ioengine=nbd --uri="$URI" --rw=read --bs=1M --size=$SIZE --iodepth=8 >/dev/null 2>&1
-  both lamina-warm $pid "--ioengine=nbd --uri=$URI"; kill -INT $pid; wait $pid
+  both lamina-warm $pid "--ioengine=nbd --uri=$URI"
+  $BIN volume create --data $DATA holes $SIZE >/dev/null 2>&1 || true
+  both lamina-holes $pid "--ioengine=nbd --uri=nbd+unix:///holes?socket=$SOCK"; kill -INT $pid; wait $pid
   $BIN serve --data $DATA --config $cold >$D/serve-cold.log 2>&1 & pid=$!
   wait_for_socket $SOCK
   both lamina-cold $pid "--ioengine=nbd --uri=$URI"; kill -INT $pid; wait $pid
   JOB_SIZE=$USED both device - "--filename=$DATA/flash.img --ioengine=io_uring --direct=1 --readonly"
+  QS=$D/qemu.sock; rm -f $QS
+  qemu-nbd -t -k $QS -r -f raw --cache=none --aio=io_uring -x cold $DATA/flash.img & pid=$!
+  while [ ! -S $QS ]; do sleep 0.1; done
+  JOB_SIZE=$USED both qemu-nbd-cold $pid "--ioengine=nbd --uri=nbd+unix:///cold?socket=$QS"; kill $pid; wait $pid 2>/dev/null
 done

@@ -7,13 +7,14 @@
 # nbdkit memory (1 GiB, filled the same way) is measured in every round as the
 # peer. Rounds interleave the servers. Prints one line per run: label, run,
 # IOPS, server CPU us per write (utime + stime from /proc/PID/stat over fio's
-# completed writes).
+# completed writes). RW=randrw measures the 70/30 mix instead (rwmixread=70;
+# CPU per operation, reads and writes counted together).
 # Usage: scripts/bench-write-cpu.sh ROUNDS LABEL=LAMINA_BINARY... (BENCH_DIR,
 # default /tmp/lamina-bench-write-cpu). Needs fio and nbdkit.
 set -u
 . "$(dirname "$0")/bench-lib.sh"
 ROUNDS=$1; shift
-RT=${RUNTIME:-8}; RUNS_PER_POOL=${RUNS_PER_POOL:-3}
+RT=${RUNTIME:-8}; RUNS_PER_POOL=${RUNS_PER_POOL:-3}; RW=${RW:-randwrite}
 B=${BENCH_DIR:-/tmp/lamina-bench-write-cpu}
 mkdir -p $B
 
@@ -23,14 +24,16 @@ timed_writes() {
   for run in $(seq 1 $RUNS_PER_POOL); do
     c0=$(cpu_of $pid)
     fio --name=t --ioengine=nbd --uri="$uri" --bs=4k --size=1G --time_based --runtime=$RT \
-      --randrepeat=0 --norandommap --rw=randwrite --iodepth=32 --output-format=json > $B/last.json 2>/dev/null
+      --randrepeat=0 --norandommap --rw=$RW --rwmixread=70 --iodepth=32 --output-format=json > $B/last.json 2>/dev/null
     c1=$(cpu_of $pid)
     python3 - $label $run $c0 $c1 $B/last.json <<'PY'
 import json, sys
 label, run, c0, c1, path = sys.argv[1:]
-text = open(path).read(); write = json.loads(text[text.index('{'):])['jobs'][0]['write']
+text = open(path).read(); job = json.loads(text[text.index('{'):])['jobs'][0]
+iops = job['read']['iops'] + job['write']['iops']
+operations = job['read']['total_ios'] + job['write']['total_ios']
 cpu_us = (float(c1) - float(c0)) / 100 * 1e6
-print(f"{label} run={run} iops={write['iops']:.0f} cpu_us_per_op={cpu_us / write['total_ios']:.2f}")
+print(f"{label} run={run} iops={iops:.0f} cpu_us_per_op={cpu_us / operations:.2f}")
 PY
   done
 }
