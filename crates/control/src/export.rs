@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use lamina_engine::{EngineError, IoError, Pool, View, VolumeError};
+use lamina_engine::{EngineError, IoError, Pool, ReadExtents, View, VolumeError};
 use lamina_nbd::{
     Export, ExportCatalog, ExportError, ExportFuture, ExportStatistics, ExportSummary, Extent,
 };
@@ -14,6 +14,16 @@ use crate::volume_statistics::VolumeStatistics;
 
 /// The name served to clients that ask for the default (empty) export name.
 pub const DEFAULT_EXPORT_NAME: &str = "default";
+
+/// An engine extent as NBD's allocation status: what is not allocated is a
+/// hole and reads as zeros.
+fn nbd_extent(extent: lamina_engine::Extent) -> Extent {
+    Extent {
+        length: extent.length,
+        hole: !extent.allocated,
+        zero: !extent.allocated,
+    }
+}
 
 fn to_export_error(error: EngineError) -> ExportError {
     match error {
@@ -180,17 +190,32 @@ impl Export for VolumeExport {
         })
     }
 
+    fn read_visiting_extents<'a>(
+        &'a self,
+        offset: u64,
+        buffer: &'a mut [u8],
+        visit: &'a mut (dyn FnMut(Extent) + Send),
+    ) -> Option<ExportFuture<'a>> {
+        Some(ExportFuture::from(async move {
+            let mut extents = ReadExtents::new();
+            self.pool
+                .read_view_with_extents(self.view, offset, buffer, &mut extents)
+                .await
+                .map_err(to_export_error)?;
+            extents
+                .into_iter()
+                .for_each(|extent| visit(nbd_extent(extent)));
+            Ok(())
+        }))
+    }
+
     async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, ExportError> {
         Ok(self
             .pool
             .extents_view(self.view, offset, length)
             .map_err(to_export_error)?
             .into_iter()
-            .map(|extent| Extent {
-                length: extent.length,
-                hole: !extent.allocated,
-                zero: !extent.allocated,
-            })
+            .map(nbd_extent)
             .collect())
     }
 
@@ -203,11 +228,7 @@ impl Export for VolumeExport {
         let visited = self
             .pool
             .visit_extents_view(self.view, offset, length, |extent| {
-                visit(Extent {
-                    length: extent.length,
-                    hole: !extent.allocated,
-                    zero: !extent.allocated,
-                });
+                visit(nbd_extent(extent));
             })
             .map_err(to_export_error);
         Some(visited)

@@ -91,6 +91,21 @@ pub trait Export: Send + Sync + 'static {
         None
     }
 
+    /// Reads like [`Export::read`] and, once the read succeeded, hands
+    /// `visit` the allocation status of the bytes read, extent by extent, as
+    /// [`Export::visit_extents`] would: for an export whose read finds the
+    /// status anyway, so that a structured read, which sends holes as hole
+    /// chunks, walks the export's map once instead of twice. `None` (the
+    /// default) sends the caller to `visit_extents` and `read`.
+    fn read_visiting_extents<'a>(
+        &'a self,
+        _offset: u64,
+        _buffer: &'a mut [u8],
+        _visit: &'a mut (dyn FnMut(Extent) + Send),
+    ) -> Option<ExportFuture<'a>> {
+        None
+    }
+
     /// Writes `data` at `offset`; with `fua` the write is durable when this returns.
     fn write<'a>(&'a self, offset: u64, data: &'a [u8], fua: bool) -> ExportFuture<'a>;
 

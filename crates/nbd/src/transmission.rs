@@ -328,21 +328,25 @@ async fn read(request: &Request<'_>, offset: u64, length: u32, dont_fragment: bo
             0,
         ));
     }
-    let runs = if dont_fragment {
-        smallvec![Run {
-            range: 0..length,
-            zero: false,
-        }]
+    let mut data = buffers.zeroed(buffer_len(length));
+    let read = if dont_fragment {
+        export
+            .read(offset, &mut data)
+            .await
+            .map(|()| whole_data_run(length))
     } else {
-        read_runs(export, offset, length).await
+        read_fragmentable(export, offset, &mut data).await
     };
-    let mut data = Vec::new();
-    if runs.iter().any(|run| !run.zero) {
-        data = buffers.zeroed(buffer_len(length));
-        if let Err(error) = export.read(offset, &mut data).await {
+    let runs = match read {
+        Ok(runs) => runs,
+        Err(error) => {
             buffers.give_back(data);
             return backend_error(context, header, &error);
         }
+    };
+    if runs.iter().all(|run| run.zero) {
+        // Only hole chunks: no data goes out.
+        buffers.give_back(std::mem::take(&mut data));
     }
     Outgoing {
         pieces: read_chunks(header.cookie, offset, &runs),
@@ -381,6 +385,39 @@ async fn read_simple(request: &Request<'_>, offset: u64, length: u32) -> Outgoin
     }
 }
 
+/// One data run over the whole of a read of `length` bytes.
+fn whole_data_run(length: u32) -> Runs {
+    smallvec![Run {
+        range: 0..length,
+        zero: false,
+    }]
+}
+
+/// Reads a fragmentable read into `data` and finds its runs: from the read
+/// itself when the backend reports the allocation status it read, else from
+/// the status asked first (so that a read of holes only reads nothing).
+async fn read_fragmentable(
+    export: &dyn Export,
+    offset: u64,
+    data: &mut [u8],
+) -> Result<Runs, ExportError> {
+    let length = u32::try_from(data.len()).expect("a read's length fits its header's field");
+    let mut runs = ZeroRuns::new(length);
+    let mut visit = |extent| runs.add(extent);
+    let read_with_extents = match export.read_visiting_extents(offset, data, &mut visit) {
+        Some(read) => Some(read.await),
+        None => None,
+    };
+    if let Some(result) = read_with_extents {
+        return result.map(|()| runs.finish());
+    }
+    let runs = read_runs(export, offset, length).await;
+    if runs.iter().any(|run| !run.zero) {
+        export.read(offset, data).await?;
+    }
+    Ok(runs)
+}
+
 /// The runs of a fragmentable read, from the backend's allocation status
 /// (visited in place when the backend can, asked for otherwise).
 async fn read_runs(export: &dyn Export, offset: u64, length: u32) -> Runs {
@@ -398,10 +435,7 @@ async fn read_runs(export: &dyn Export, offset: u64, length: u32) -> Runs {
         // Allocation status is an optimisation; without it everything is data.
         Err(error) => {
             tracing::debug!(%error, "extents failed; sending the read as data");
-            smallvec![Run {
-                range: 0..length,
-                zero: false,
-            }]
+            whole_data_run(length)
         }
     }
 }

@@ -60,8 +60,8 @@ pub use inner::Pool;
 pub use limits::{
     BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
 };
-pub use read::Extent;
 use read::PROMOTION_HEADROOM_SEGMENT_COUNT;
+pub use read::{Extent, ReadExtents};
 use state::State;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 

@@ -39,8 +39,9 @@ const READ_MOVED_RETRY_COUNT_MAX: usize = 4;
 /// follow it both in the volume and on capacity (a 64 KiB window in all).
 const PROMOTION_NEIGHBOUR_BLOCKS_MAX: u64 = 15;
 
-/// Extents [`Pool::visit_extents_view`] gathers without allocating: a read of
-/// one block has one, of a few blocks rarely more than a hole and data.
+/// Extents [`Pool::visit_extents_view`] and [`Pool::read_view_with_extents`]
+/// gather without allocating: a read of one block has one, of a few blocks
+/// rarely more than a hole and data.
 const EXTENTS_INLINE_COUNT: usize = 4;
 
 /// Blocks a read plans without allocating: up to 16 KiB.
@@ -164,6 +165,19 @@ fn flash_has_room_for_promotions(space: &SpaceAllocator) -> bool {
 /// A view's extents as gathered under the state lock, held inline for a read.
 type GatheredExtents = SmallVec<[Extent; EXTENTS_INLINE_COUNT]>;
 
+/// The allocation status of the bytes a read returned, as its own walk of the
+/// map found it ([`Pool::read_view_with_extents`]), held inline.
+pub type ReadExtents = GatheredExtents;
+
+/// Adds `length` bytes of status `allocated` to `extents`, merged with the
+/// last extent when the status repeats.
+fn add_extent(extents: &mut GatheredExtents, length: u64, allocated: bool) {
+    match extents.last_mut() {
+        Some(last) if last.allocated == allocated => last.length += length,
+        _ => extents.push(Extent { length, allocated }),
+    }
+}
+
 /// Blocks a read plans to fetch, held inline for the short reads that are
 /// most of a block device's traffic (a 4 KiB read is one block).
 type PlannedBlocks = SmallVec<[DeviceBlock; PLANNED_BLOCKS_INLINE_COUNT]>;
@@ -202,6 +216,8 @@ struct ReadPlanner<'a> {
     plan: ReadPlan,
     /// The first block of the request marked lost, if any: the read fails.
     lost_block: Option<u64>,
+    /// The request's allocation status, block by block as planned.
+    extents: &'a mut ReadExtents,
 }
 
 impl<'a> ReadPlanner<'a> {
@@ -210,7 +226,9 @@ impl<'a> ReadPlanner<'a> {
     /// learns of the access and may have it (and its neighbours) promoted.
     fn plan_block(&mut self, logical_block: u64, buffer: &mut [u8]) {
         let span = BlockSpan::of(self.offset, buffer.len(), logical_block);
-        let Some(mapping) = self.map.get(logical_block) else {
+        let mapping = self.map.get(logical_block);
+        add_extent(self.extents, span.length as u64, mapping.is_some());
+        let Some(mapping) = mapping else {
             buffer[span.request_range()].fill(0);
             return;
         };
@@ -435,8 +453,23 @@ impl Pool {
         offset: u64,
         buffer: &mut [u8],
     ) -> Result<(), EngineError> {
+        self.read_view_with_extents(view, offset, buffer, &mut ReadExtents::new())
+            .await
+    }
+
+    /// Reads like [`Pool::read_view`] and leaves in `extents` the allocation
+    /// status of the bytes read, from the same walk of the map that planned
+    /// the read: the NBD server sends holes as hole chunks without a second
+    /// walk under the state lock, and the status is the one the data has.
+    pub async fn read_view_with_extents(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+        extents: &mut ReadExtents,
+    ) -> Result<(), EngineError> {
         let started = tokio::time::Instant::now();
-        let result = self.read_view_attempts(view, offset, buffer).await;
+        let result = self.read_view_attempts(view, offset, buffer, extents).await;
         self.inner
             .budget
             .record_client_latency(ClientOperation::Read, started.elapsed());
@@ -450,10 +483,11 @@ impl Pool {
         view: View,
         offset: u64,
         buffer: &mut [u8],
+        extents: &mut ReadExtents,
     ) -> Result<(), EngineError> {
         let mut attempt = 0;
         loop {
-            match self.read_view_once(view, offset, buffer).await? {
+            match self.read_view_once(view, offset, buffer, extents).await? {
                 ReadOutcome::Done => return Ok(()),
                 // A block moved (cleaned, demoted, promoted, overwritten) and
                 // its old segment was rewritten while the read was in flight:
@@ -474,11 +508,13 @@ impl Pool {
         view: View,
         offset: u64,
         buffer: &mut [u8],
+        extents: &mut ReadExtents,
     ) -> Result<ReadOutcome, EngineError> {
+        extents.clear();
         if buffer.is_empty() {
             return Ok(ReadOutcome::Done);
         }
-        let mut plan = self.plan_read(view, offset, buffer)?;
+        let mut plan = self.plan_read(view, offset, buffer, extents)?;
         if !plan.from_cache_or_device.is_empty() {
             self.take_from_cache(&mut plan, offset, buffer);
         }
@@ -605,6 +641,7 @@ impl Pool {
         view: View,
         offset: u64,
         buffer: &mut [u8],
+        extents: &mut ReadExtents,
     ) -> Result<ReadPlan, EngineError> {
         let volume_id = view.volume_id();
         let mut state = self.inner.lock();
@@ -634,6 +671,7 @@ impl Pool {
             },
             parts,
             lost_block: None,
+            extents,
         };
         for logical_block in first_block..=last_block {
             planner.plan_block(logical_block, buffer);
@@ -911,14 +949,11 @@ impl Pool {
         while position < end {
             let logical_block = position / BLOCK_SIZE_BYTES;
             let next = ((logical_block + 1) * BLOCK_SIZE_BYTES).min(end);
-            let allocated = map.get(logical_block).is_some();
-            match extents.last_mut() {
-                Some(last) if last.allocated == allocated => last.length += next - position,
-                _ => extents.push(Extent {
-                    length: next - position,
-                    allocated,
-                }),
-            }
+            add_extent(
+                &mut extents,
+                next - position,
+                map.get(logical_block).is_some(),
+            );
             position = next;
         }
         Ok(extents)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::budget::ClientOperation;
 use super::inner::{Pool, RMW_LOCK_COUNT};
-use super::read::{BlockSpan, check_range};
+use super::read::{BlockSpan, ReadExtents, check_range};
 use super::state::State;
 use super::writer::InFlightBatch;
 use crate::convert::to_usize;
@@ -216,6 +216,7 @@ impl Pool {
                 View::Volume(request.volume_id),
                 logical_block * BLOCK_SIZE_BYTES,
                 &mut contents,
+                &mut ReadExtents::new(),
             )
             .await?;
             let span = BlockSpan::of(request.offset, request.data.len(), *logical_block);
