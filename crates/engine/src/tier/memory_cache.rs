@@ -27,8 +27,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapMut;
-use rustc_hash::FxHashMap;
 
+use super::cache_index::CacheIndex;
 use crate::convert::to_usize;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
@@ -79,9 +79,8 @@ impl BlockArena {
 
 /// One shard's blocks and its CLOCK.
 struct Shard {
-    /// The slot of each cached block. Block numbers are not chosen by
-    /// clients, so a fast unkeyed hash is enough.
-    index_of: FxHashMap<u64, usize>,
+    /// The slot of each cached block.
+    index_of: CacheIndex,
     /// The block each slot in use holds (`EMPTY_SLOT` once invalidated).
     blocks: Vec<u64>,
     /// CLOCK's reference bits, one per slot, kept apart from `blocks` so that
@@ -126,7 +125,7 @@ pub struct CacheStatistics {
 impl Shard {
     fn new(capacity_blocks: usize) -> Self {
         Self {
-            index_of: FxHashMap::default(),
+            index_of: CacheIndex::new(capacity_blocks),
             blocks: Vec::new(),
             referenced: Vec::new(),
             data: BlockArena::new(capacity_blocks),
@@ -137,7 +136,7 @@ impl Shard {
     }
 
     fn has_room_for(&self, physical_block: u64) -> bool {
-        self.index_of.contains_key(&physical_block)
+        self.index_of.contains(physical_block)
             || !self.free_slots.is_empty()
             || self.blocks.len() < self.capacity_blocks
     }
@@ -145,7 +144,7 @@ impl Shard {
     /// The slot `physical_block` goes to: its own, a free one, a new one, or
     /// the CLOCK's victim.
     fn slot_for(&mut self, physical_block: u64) -> usize {
-        if let Some(index) = self.index_of.get(&physical_block).copied() {
+        if let Some(index) = self.index_of.get(physical_block) {
             return index;
         }
         let index = if let Some(index) = self.free_slots.pop() {
@@ -174,7 +173,7 @@ impl Shard {
                 continue;
             }
             let evicted = self.blocks[hand];
-            self.index_of.remove(&evicted);
+            self.index_of.remove(evicted);
             return hand;
         }
     }
@@ -229,7 +228,7 @@ impl MemoryCache {
         }
         let found = {
             let mut shard = Self::lock(self.shard_of(physical_block));
-            match shard.index_of.get(&physical_block).copied() {
+            match shard.index_of.get(physical_block) {
                 Some(index) => {
                     shard.referenced[index] = true;
                     destination.copy_from_slice(shard.data.block(index));
@@ -342,7 +341,7 @@ impl MemoryCache {
             let mut shard = Self::lock(locked);
             locked.generation.fetch_add(1, Ordering::AcqRel);
             for physical_block in (first_of_shard..end).step_by(self.shards.len()) {
-                if let Some(index) = shard.index_of.remove(&physical_block) {
+                if let Some(index) = shard.index_of.remove(physical_block) {
                     // The slot goes on the free list, reused before anything
                     // is evicted.
                     shard.blocks[index] = EMPTY_SLOT;

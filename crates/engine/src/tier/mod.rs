@@ -4,5 +4,6 @@
 //! to capacity. The cache policies the choice was measured on are in the
 //! `lamina-model` crate (`lamina_model::cache`).
 
+mod cache_index;
 pub mod heat;
 pub mod memory_cache;
