@@ -446,6 +446,7 @@ impl State {
         &mut self,
         stream: Stream,
         record: Record,
+        interval_level: Option<u8>,
         data: &[u8],
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<u64, EngineError> {
@@ -455,10 +456,12 @@ impl State {
         self.space
             .block_appended(self.geometry.segment_of(physical_block));
         let mut displaced = None;
-        self.volumes
-            .apply(&record, Some(physical_block), &mut |block| {
-                displaced = Some(block)
-            });
+        self.volumes.apply_with_level(
+            &record,
+            Some(physical_block),
+            interval_level,
+            &mut |block| displaced = Some(block),
+        );
         if let Some(block) = displaced {
             self.release_block(block);
         }
@@ -512,12 +515,14 @@ impl State {
             Some(heat.counter(index))
         });
         let destination = self.client_destination(replaced);
-        let physical_block = self.append_block(destination.stream, record, data, sealed)?;
-        if let Some(level) = destination.interval_level {
-            // The level belongs to the map entry, which the append just set.
-            self.volumes
-                .set_interval_level(volume_id, logical_block, level);
-        }
+        // The level belongs to the map entry, which the append sets.
+        let physical_block = self.append_block(
+            destination.stream,
+            record,
+            destination.interval_level,
+            data,
+            sealed,
+        )?;
         self.counters.client_block_written();
         self.set_heat(
             volume_id,
@@ -722,7 +727,7 @@ impl State {
             Some(index) => self.heat.as_ref().map_or(0, |heat| heat.counter(index)),
             None => 0,
         };
-        let physical_block = self.append_block(stream, record, data, sealed)?;
+        let physical_block = self.append_block(stream, record, None, data, sealed)?;
         self.moved(from_physical_block, physical_block, stream, sole_holder);
         self.set_heat(volume_id, physical_block, counter);
         Ok(true)

@@ -300,6 +300,18 @@ impl BlockMap {
     /// for an unmapped or lost entry). The entry keeps its interval level
     /// (see [`Chunk::set_entry`]).
     pub fn set(&mut self, logical_block: u64, mapping: Mapping) -> Option<u64> {
+        self.set_with_level(logical_block, mapping, None)
+    }
+
+    /// [`Self::set`], and when `interval_level` is given, records it in the
+    /// same walk (a client write's placement chose it; see
+    /// [`Self::set_interval_level`]).
+    pub fn set_with_level(
+        &mut self,
+        logical_block: u64,
+        mapping: Mapping,
+        interval_level: Option<u8>,
+    ) -> Option<u64> {
         assert_ne!(mapping.physical_block, 0, "physical block 0 is never data");
         let (chunk_index, entry) = split(logical_block);
         self.mark_changed(chunk_index, entry);
@@ -309,6 +321,9 @@ impl BlockMap {
                 .or_insert_with(|| Arc::new(Chunk::empty())),
         );
         let old = chunk.set_entry(entry, mapping.physical_block, mapping.checksum);
+        if let Some(level) = interval_level {
+            chunk.set_interval_level(entry, level);
+        }
         if old == 0 {
             self.mapped_count += 1;
         }

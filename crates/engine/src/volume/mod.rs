@@ -296,14 +296,6 @@ impl VolumeTable {
         }
     }
 
-    /// Records the interval level of `logical_block` in the live map of
-    /// `volume_id` (see [`map::BlockMap::set_interval_level`]).
-    pub fn set_interval_level(&mut self, volume_id: u32, logical_block: u64, level: u8) {
-        if let Some(volume) = self.volumes.get_mut(&volume_id) {
-            volume.map.set_interval_level(logical_block, level);
-        }
-    }
-
     pub fn get(&self, volume_id: u32) -> Option<&Volume> {
         self.volumes.get(&volume_id)
     }

@@ -23,6 +23,23 @@ impl VolumeTable {
         physical_block: Option<u64>,
         displaced: &mut dyn FnMut(u64),
     ) {
+        self.apply_with_level(record, physical_block, None, displaced);
+    }
+
+    /// [`Self::apply`] for a record just appended: a client write's data
+    /// record may bring the interval level its placement chose, set in the
+    /// same walk of the map as the new mapping.
+    pub fn apply_with_level(
+        &mut self,
+        record: &Record,
+        physical_block: Option<u64>,
+        interval_level: Option<u8>,
+        displaced: &mut dyn FnMut(u64),
+    ) {
+        assert!(
+            interval_level.is_none() || matches!(record, Record::Data { .. }),
+            "only a client write's data record carries an interval level"
+        );
         match record {
             Record::Data {
                 volume_id,
@@ -34,7 +51,13 @@ impl VolumeTable {
                     physical_block,
                     checksum: *checksum,
                 };
-                self.map_written_block(*volume_id, *logical_block, mapping, displaced);
+                self.map_written_block(
+                    *volume_id,
+                    *logical_block,
+                    mapping,
+                    interval_level,
+                    displaced,
+                );
             }
             Record::Relocate {
                 volume_id,
@@ -118,28 +141,28 @@ impl VolumeTable {
         volume_id: u32,
         logical_block: u64,
         mapping: Mapping,
+        interval_level: Option<u8>,
         displaced: &mut dyn FnMut(u64),
     ) {
         let Some(volume) = self
             .volumes
-            .get(&volume_id)
+            .get_mut(&volume_id)
             .filter(|volume| logical_block < volume.block_count())
         else {
             displaced(mapping.physical_block);
             return;
         };
-        // A lost entry occupies no block: nothing is displaced.
+        // One walk sets the entry and reports what it held (none for an
+        // unmapped or lost entry: a lost entry occupies no block).
         let old = volume
             .map
-            .get(logical_block)
-            .filter(|old| !old.is_lost())
-            .map(|old| old.physical_block);
+            .set_with_level(logical_block, mapping, interval_level);
+        // The parent is another map (a snapshot's or the origin's), which
+        // the set did not touch: it still holds the old block if it shares it.
         let shared = old.is_some_and(|old| {
-            self.live_parent(volume)
+            self.live_parent(&self.volumes[&volume_id])
                 .is_some_and(|parent| parent.holds(logical_block, old))
         });
-        let volume = self.volumes.get_mut(&volume_id).expect("found above");
-        volume.map.set(logical_block, mapping);
         if let Some(old) = old
             && !shared
         {
@@ -459,4 +482,84 @@ impl VolumeTable {
 struct Mapped {
     logical: u64,
     physical: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(logical_block: u64) -> Record {
+        Record::Data {
+            volume_id: 1,
+            logical_block,
+            checksum: 7,
+        }
+    }
+
+    /// Applies a data record written at `physical_block`; returns what it
+    /// displaced.
+    fn write(
+        table: &mut VolumeTable,
+        logical_block: u64,
+        physical_block: u64,
+        level: Option<u8>,
+    ) -> Vec<u64> {
+        let mut displaced = Vec::new();
+        table.apply_with_level(
+            &data(logical_block),
+            Some(physical_block),
+            level,
+            &mut |block| displaced.push(block),
+        );
+        displaced
+    }
+
+    fn level_of(table: &VolumeTable, logical_block: u64) -> u8 {
+        let entry = table.get(1).unwrap().map.entry(logical_block).unwrap();
+        entry.interval_level
+    }
+
+    #[test]
+    fn a_write_sets_its_level_in_the_same_walk_and_displaces_only_unshared_blocks() {
+        let mut table = VolumeTable::new();
+        let mut nothing = |block| panic!("a catalog record displaced {block}");
+        table.apply(
+            &Record::VolumeCreate {
+                volume_id: 1,
+                name: "v".to_string(),
+                size_bytes: 1 << 20,
+                created_unix_seconds: 1,
+            },
+            None,
+            &mut nothing,
+        );
+        assert_eq!(write(&mut table, 3, 100, Some(9)), Vec::<u64>::new());
+        assert_eq!(level_of(&table, 3), 9);
+        // A write without a level keeps the entry's level.
+        assert_eq!(write(&mut table, 3, 101, None), vec![100]);
+        assert_eq!(level_of(&table, 3), 9);
+        assert_eq!(write(&mut table, 3, 102, Some(4)), vec![101]);
+        assert_eq!(level_of(&table, 3), 4);
+        table.apply(
+            &Record::SnapshotCreate {
+                volume_id: 1,
+                snapshot_id: 5,
+                name: "s".to_string(),
+                created_unix_seconds: 2,
+            },
+            None,
+            &mut nothing,
+        );
+        // The snapshot still holds 102: nothing is displaced.
+        assert_eq!(write(&mut table, 3, 103, Some(6)), Vec::<u64>::new());
+        assert_eq!(level_of(&table, 3), 6);
+        let snapshot = &table.get(1).unwrap().snapshots[0].map;
+        assert!(
+            snapshot.holds(3, 102),
+            "the snapshot's copy of the chunk is its own"
+        );
+        assert_eq!(write(&mut table, 3, 104, None), vec![103]);
+        // Beyond the volume's end the new block itself is garbage.
+        assert_eq!(write(&mut table, 1 << 20, 105, Some(1)), vec![105]);
+    }
 }
