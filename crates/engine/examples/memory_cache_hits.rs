@@ -10,6 +10,8 @@
 use std::time::Instant;
 
 use lamina_engine::tier::memory_cache::MemoryCache;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 const CACHE_BYTES: u64 = 3 << 30;
 const BLOCK_BYTES: usize = 4096;
@@ -18,19 +20,6 @@ const ROUND_COUNT: usize = 5;
 /// Physical block numbers of cached blocks are this far apart; odd, so the
 /// blocks fall in every shard (shards are the low bits).
 const SPREAD: u64 = 3;
-
-/// A small deterministic generator (a linear congruential one).
-struct Sequence(u64);
-
-impl Sequence {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0 >> 20
-    }
-}
 
 fn nanoseconds_per_get(
     cache: &MemoryCache,
@@ -54,11 +43,11 @@ fn main() {
     for physical_block in &cached {
         cache.insert(*physical_block, &contents);
     }
-    let mut sequence = Sequence(12_345);
+    let mut random = SmallRng::seed_from_u64(12_345);
     let mut destination = vec![0_u8; BLOCK_BYTES];
     for round in 0..ROUND_COUNT {
         let picks: Vec<u64> = (0..GETS_PER_ROUND)
-            .map(|_| cached[usize::try_from(sequence.next() % block_count).expect("fits")])
+            .map(|_| cached[random.random_range(0..cached.len())])
             .collect();
         let absent: Vec<u64> = picks
             .iter()

@@ -77,7 +77,7 @@ impl EntryTable {
 /// See the module documentation.
 pub(super) struct CacheIndex {
     entries: EntryTable,
-    /// `entries.len() - 1` (the length is a power of two).
+    /// The table's entry count minus one (the count is a power of two).
     mask: usize,
     /// Bits to shift a multiplied key right by to get its home entry.
     shift: u32,
@@ -142,27 +142,18 @@ impl CacheIndex {
 
     /// Records that `slot` holds `block` (replacing any slot it had).
     pub(super) fn insert(&mut self, block: u64, slot: usize) {
-        let slot = u32::try_from(slot).expect("slots are numbered in 32 bits");
+        let entry = Entry {
+            block_plus_one: block + 1,
+            slot: u32::try_from(slot).expect("slots are numbered in 32 bits"),
+        };
         match self.position(block) {
-            Ok(index) => self.entries.set(
-                index,
-                Entry {
-                    block_plus_one: block + 1,
-                    slot,
-                },
-            ),
+            Ok(index) => self.entries.set(index, entry),
             Err(index) => {
                 assert!(
                     self.count < (self.mask + 1) / ENTRIES_PER_SLOT_MIN,
                     "the index holds at most one entry per slot"
                 );
-                self.entries.set(
-                    index,
-                    Entry {
-                        block_plus_one: block + 1,
-                        slot,
-                    },
-                );
+                self.entries.set(index, entry);
                 self.count += 1;
             }
         }
@@ -200,38 +191,29 @@ impl CacheIndex {
 mod tests {
     use std::collections::HashMap;
 
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
     use super::*;
-
-    /// A small deterministic generator, so that failures reproduce.
-    struct Sequence(u64);
-
-    impl Sequence {
-        fn next(&mut self) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            self.0 >> 33
-        }
-    }
 
     #[test]
     fn agrees_with_a_hash_map_through_inserts_and_removals() {
         for (slot_count, key_range) in [(8_usize, 20_u64), (100, 300), (1000, 1 << 40)] {
             let mut index = CacheIndex::new(slot_count);
             let mut model: HashMap<u64, usize> = HashMap::new();
-            let mut sequence = Sequence(slot_count as u64);
+            // Seeded, so that a failure reproduces.
+            let mut random = SmallRng::seed_from_u64(slot_count as u64);
             for step in 0..20_000 {
-                let block = sequence.next() % key_range;
-                if sequence.next().is_multiple_of(3) || model.len() == slot_count {
+                let block = random.random_range(0..key_range);
+                if random.random_ratio(1, 3) || model.len() == slot_count {
                     assert_eq!(index.remove(block), model.remove(&block), "step {step}");
                 } else {
-                    let slot = usize::try_from(sequence.next()).expect("31 bits") % slot_count;
+                    let slot = random.random_range(0..slot_count);
                     index.insert(block, slot);
                     model.insert(block, slot);
                 }
                 assert_eq!(index.len(), model.len());
-                let probe = sequence.next() % key_range;
+                let probe = random.random_range(0..key_range);
                 assert_eq!(index.get(probe), model.get(&probe).copied(), "step {step}");
             }
             for (block, slot) in &model {
