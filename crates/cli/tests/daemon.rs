@@ -259,6 +259,95 @@ fn kill_minus_nine_never_loses_flushed_writes() {
     assert!(daemon.terminate().success());
 }
 
+/// One client of the clean-stop test, run by nbdsh: writes 4 KiB blocks of its
+/// own region, one at a time, and records each once acknowledged. No flush.
+const UNFLUSHED_WRITER_SCRIPT: &str = r#"
+import os, hashlib
+journal = os.environ["JOURNAL"]; base = int(os.environ["BASE"])
+with open(journal, "a") as log:
+    for slot in range(16384):
+        offset = base + slot * 4096
+        h.pwrite(hashlib.sha256(b"%d" % offset).digest() * 128, offset)
+        log.write("%d\n" % offset); log.flush()
+"#;
+
+const UNFLUSHED_CHECK_SCRIPT: &str = r#"
+import os, hashlib
+bad = 0; count = 0
+for journal in os.environ["JOURNALS"].split(","):
+    for line in open(journal):
+        offset = int(line)
+        if h.pread(4096, offset) != hashlib.sha256(b"%d" % offset).digest() * 128:
+            bad += 1
+        count += 1
+print("checked", count, "bad", bad)
+assert bad == 0, "%d acknowledged writes lost by a clean stop" % bad
+"#;
+
+#[test]
+fn a_clean_stop_keeps_every_write_acknowledged_on_every_connection_thread() {
+    // Two clients, placed on the daemon's two connection threads, write without
+    // flushing; SIGTERM comes while they write. The daemon must write what those
+    // threads' batches hold before it stops them (decision 0048): every
+    // acknowledged block reads back after a restart.
+    let directory = tempfile::tempdir().unwrap();
+    let data_dir = directory.path().join("data");
+    let config = "[server]\ntcp_address = \"\"\nconnection_threads = 2\n[pool]\nembedded_size_bytes = 2147483648\ndefault_volume_bytes = 268435456\n[limits]\nflush_interval_ms = 600000\ndirty_bytes_max = 1073741824\n";
+    let daemon = Daemon::start_on_pool(&data_dir, config, "default");
+    let writer = directory.path().join("writer.py");
+    std::fs::write(&writer, UNFLUSHED_WRITER_SCRIPT).unwrap();
+    let journals: Vec<_> = (0..2)
+        .map(|client| directory.path().join(format!("journal-{client}")))
+        .collect();
+    let clients: Vec<_> = journals
+        .iter()
+        .enumerate()
+        .map(|(client, journal)| {
+            Command::new("/usr/bin/nbdsh")
+                .env("PATH", "/usr/bin:/bin")
+                .args(["-u", &daemon.uri("default"), "-c"])
+                .arg(format!("exec(open('{}').read())", writer.display()))
+                .env("JOURNAL", journal)
+                .env("BASE", (client * (128 << 20)).to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Until both have a few hundred blocks acknowledged.
+    let written = |journal: &std::path::Path| {
+        std::fs::read_to_string(journal).map_or(0, |text| text.lines().count())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while journals.iter().any(|journal| written(journal) < 300) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clients did not write"
+        );
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+    }
+    assert!(daemon.terminate().success(), "SIGTERM exits 0");
+    for mut client in clients {
+        let _ = client.wait();
+    }
+    let checker = directory.path().join("check.py");
+    std::fs::write(&checker, UNFLUSHED_CHECK_SCRIPT).unwrap();
+    let daemon = Daemon::start_on_pool(&data_dir, config, "default");
+    let journal_list = journals
+        .iter()
+        .map(|journal| journal.display().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let check = run(Command::new("nbdsh")
+        .args(["-u", &daemon.uri("default"), "-c"])
+        .arg(format!("exec(open('{}').read())", checker.display()))
+        .env("JOURNALS", journal_list));
+    let checked: usize = check.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(checked >= 600, "{check}");
+    assert!(daemon.terminate().success());
+}
+
 /// Fills a thin, over-committed pool through a real client until the daemon
 /// answers ENOSPC, and checks that everything written before is intact.
 const FILL_SCRIPT: &str = r#"

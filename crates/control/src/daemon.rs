@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use lamina_nbd::{CancellationToken, NbdServer};
+use lamina_nbd::{CancellationToken, ConnectionThreadOptions, ConnectionThreads, NbdServer};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -348,6 +348,31 @@ impl Listeners<'_> {
 
 /// Runs the daemon until a signal asks it to stop; SIGHUP has nothing to
 /// reload.
+/// The threads that serve NBD connections (`[server] connection_threads`;
+/// none when it is 0).
+fn start_connection_threads(config: &Config) -> anyhow::Result<Option<Arc<ConnectionThreads>>> {
+    let count = config
+        .server
+        .connection_threads
+        .unwrap_or_else(ConnectionThreads::default_count);
+    if count == 0 {
+        tracing::info!("NBD connections served on the daemon's shared runtime");
+        return Ok(None);
+    }
+    let options = ConnectionThreadOptions {
+        idle_spin_us: config.server.connection_thread_idle_spin_us,
+        ready: Some(Arc::new(lamina_device::thread_has_device_completions)),
+    };
+    let threads =
+        ConnectionThreads::start(count, options).context("starting the NBD connection threads")?;
+    tracing::info!(
+        connection_threads = count,
+        idle_spin_us = config.server.connection_thread_idle_spin_us,
+        "NBD connections served on threads of their own"
+    );
+    Ok(Some(Arc::new(threads)))
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
     run_service(config, ReloadSource::default()).await
 }
@@ -382,6 +407,12 @@ pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result
     // Always the live policy, even without rules, so that a SIGHUP can add some.
     let access = Arc::new(LiveAccessRules::new(rules));
     server = server.with_access_policy(access.clone());
+    // Stopped only after the pool is closed: the batch writes its connections
+    // started run on these threads.
+    let connection_threads = start_connection_threads(&config)?;
+    if let Some(threads) = &connection_threads {
+        server = server.with_connection_threads(threads.clone());
+    }
     let server = Arc::new(server);
     let shutdown = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -442,6 +473,8 @@ pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result
     pool.close()
         .await
         .context("flushing the pool at shutdown")?;
+    drop(server);
+    drop(connection_threads);
     crate::cache_contents::record_at_shutdown(&pool, &config.data_dir);
     let _ = std::fs::remove_file(&unix_path);
     let _ = std::fs::remove_file(&admin_path);

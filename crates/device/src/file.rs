@@ -1,5 +1,5 @@
 //! A file or block device: lamina's production device. It opens the file with
-//! O_DIRECT and does its I/O through one io_uring per device, submitted and
+//! O_DIRECT and does its I/O through one io_uring per thread that uses it, submitted and
 //! reaped by a task on the tokio runtime with no thread of its own (see
 //! `file/ring.rs`), so that data goes straight between lamina's buffers and the
 //! device without the page cache or a hand-off to another thread. Where O_DIRECT is refused (ramfs, some FUSE and
@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 
 use crate::lock::DeviceLock;
 use crate::{AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceError, DeviceErrorKind};
+pub use ring::thread_has_device_completions;
 use ring::{Completed, Operation, Ring, RingLimits};
 
 /// How a [`FileDevice`] performs I/O.
@@ -152,6 +153,15 @@ impl FileDevice {
         match self.engine {
             Engine::Ring(_) => IoBackend::IoUringDirect,
             Engine::Positional { .. } => IoBackend::PositionalBuffered,
+        }
+    }
+
+    /// The io_uring rings this device has set up so far: one per thread that
+    /// did I/O on it, up to a limit (0 on the positional backend).
+    pub fn ring_count(&self) -> usize {
+        match &self.engine {
+            Engine::Ring(ring) => ring.ring_count(),
+            Engine::Positional { .. } => 0,
         }
     }
 

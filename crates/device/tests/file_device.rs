@@ -794,34 +794,102 @@ fn a_device_serves_one_runtime_after_another() {
 
 #[test]
 fn requests_waiting_when_the_reapers_runtime_dies_still_complete() {
-    // A second runtime keeps requests in flight while the runtime that runs the
-    // reaper shuts down: its waiting callers are woken and start a reaper of
-    // their own, so none hangs.
+    // This thread's ring gets its reaper from the runtime of its first request;
+    // requests of this thread made under a second runtime are in flight while
+    // that first runtime shuts down: they are woken and start a reaper on the
+    // second, so none hangs.
     let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
     let path = directory.path().join("device");
     let device = Arc::new(open_ring_device(&path, 8 << 20, None));
     let first = runtime(1);
     first.block_on(write_and_check(&device, 0, 10));
     let second = runtime(1);
-    let busy = second.spawn({
-        let device = device.clone();
-        async move {
-            let mut tasks = tokio::task::JoinSet::new();
-            for task in 0..16u64 {
-                let device = device.clone();
-                tasks.spawn(async move { write_and_check(&device, 100 + task * 50, 50).await });
-            }
-            while let Some(result) = tasks.join_next().await {
-                result.expect("task");
-            }
-        }
+    let dropper = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(first);
     });
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    drop(first);
+    let busy = async {
+        tokio::join!(
+            write_and_check(&device, 100, 400),
+            write_and_check(&device, 500, 400),
+            write_and_check(&device, 900, 400),
+            write_and_check(&device, 1300, 400),
+        )
+    };
     second
         .block_on(async { tokio::time::timeout(std::time::Duration::from_secs(60), busy).await })
-        .expect("a request hung after the reaper's runtime shut down")
-        .expect("busy task");
+        .expect("a request hung after the reaper's runtime shut down");
+    dropper.join().expect("dropper thread");
+}
+
+/// Runs `count` blocks of writes from `first` on a runtime of its own on a new
+/// thread, the way a connection thread does.
+fn write_on_a_thread_of_its_own(
+    device: &Arc<FileDevice>,
+    first: u64,
+    count: u64,
+) -> std::thread::JoinHandle<()> {
+    let device = device.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let writes = (first..first + count).map(|index| {
+                let device = device.clone();
+                tokio::spawn(async move {
+                    let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+                    data[..8].copy_from_slice(&index.to_le_bytes());
+                    device.write(index * BLOCK_BYTES, Arc::new(data)).await
+                })
+            });
+            for write in writes.collect::<Vec<_>>() {
+                write.await.expect("write task").expect("write");
+            }
+        });
+    })
+}
+
+#[test]
+fn each_thread_has_a_ring_and_a_flush_covers_writes_from_every_ring() {
+    // Decision 0048: threads on runtimes of their own each set up a ring; one
+    // flush from yet another thread covers what all of them wrote, and every
+    // block reads back after a reopen. More threads than rings share rings.
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let device = Arc::new(open_ring_device(&path, 64 << 20, None));
+    let writers_count = 12u64;
+    let blocks_per_writer = 300u64;
+    let writers: Vec<_> = (0..writers_count)
+        .map(|writer| {
+            write_on_a_thread_of_its_own(&device, writer * blocks_per_writer, blocks_per_writer)
+        })
+        .collect();
+    for writer in writers {
+        writer.join().expect("writer thread");
+    }
+    let rings = device.ring_count();
+    assert!(
+        (2..=8).contains(&rings),
+        "{writers_count} threads set up {rings} rings (at most 8 per device)"
+    );
+    let flusher = {
+        let device = device.clone();
+        std::thread::spawn(move || runtime(1).block_on(device.flush()))
+    };
+    flusher.join().expect("flusher").expect("flush");
+    drop(device);
+    let device = reopen(&path);
+    runtime(2).block_on(async {
+        for index in 0..writers_count * blocks_per_writer {
+            let read = device
+                .read(index * BLOCK_BYTES, BLOCK_BYTES as usize)
+                .await
+                .expect("read");
+            assert_eq!(read[..8], index.to_le_bytes(), "block {index}");
+        }
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

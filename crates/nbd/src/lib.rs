@@ -38,11 +38,14 @@
 //! replies every reply is a simple reply; with them, errors are error chunks that
 //! carry a message, and payload-less successes are simple replies.
 //!
-//! **Concurrency and limits.** One reader per connection reads requests in
-//! order; each runs as its own task, at most
-//! [`ServerConfig::in_flight_requests_max`] at once and holding at most
-//! [`ServerConfig::in_flight_bytes_max`] of buffers; one writer task sends the
-//! replies in completion order. [`ServerConfig::connections_max`] connections
+//! **Concurrency and limits.** One task per connection reads requests in
+//! order, runs them, at most [`ServerConfig::in_flight_requests_max`] at once
+//! and holding at most [`ServerConfig::in_flight_bytes_max`] of buffers, and
+//! writes the replies in completion order (decision 0040). With
+//! [`ConnectionThreads`] the accept loops place each connection on the thread
+//! of a fixed set that serves the fewest, and it is served there, on that
+//! thread's own runtime, to its end (decision 0048); without, on the accept
+//! loop's runtime. [`ServerConfig::connections_max`] connections
 //! are in transmission at once (a connection takes a slot when its handshake
 //! completes); while all are taken, new ones are closed before the greeting.
 //! Connections in the handshake have their own limits,
@@ -76,6 +79,7 @@ mod admission;
 mod backend;
 mod buffer_pool;
 mod config;
+mod connection_threads;
 mod error;
 mod handshake;
 pub mod memory;
@@ -93,6 +97,10 @@ pub use backend::{
 pub use config::{
     ConfigError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT, PREFERRED_BLOCK_BYTES,
     ServerConfig,
+};
+pub use connection_threads::{
+    CONNECTION_THREADS_MAX, ConnectionThreadOptions, ConnectionThreads, IDLE_SPIN_US_DEFAULT,
+    IDLE_SPIN_US_MAX, ReadyCheck,
 };
 pub use error::ConnectionError;
 pub use handshake::transmission_flags;

@@ -3,6 +3,7 @@
 //! in `admission.rs`), counters, graceful shutdown, and [`serve_connection`],
 //! which runs one connection's handshake and transmission.
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -19,6 +20,7 @@ use crate::admission::{
 };
 use crate::backend::ExportCatalog;
 use crate::config::{ConfigError, ServerConfig};
+use crate::connection_threads::{ConnectionThreads, SpinRegistration};
 use crate::error::ConnectionError;
 use crate::handshake::{self, HandshakeOutcome};
 use crate::tls::{ServerTls, Transport};
@@ -306,6 +308,8 @@ pub struct NbdServer {
     counters: Arc<Counters>,
     /// Who may open which export; `None` lets every client open every one.
     access: Option<Arc<dyn AccessPolicy>>,
+    /// Where connections are served; `None`: on the accept loop's runtime.
+    threads: Option<Arc<ConnectionThreads>>,
 }
 
 impl std::fmt::Debug for NbdServer {
@@ -334,12 +338,25 @@ struct Accepted<S> {
 
 /// A listener the accept loop can take connections from.
 trait Accept {
-    type Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static;
+    type Stream: AsyncRead + AsyncWrite + AsRawFd + Send + Unpin + 'static;
+    /// The stream as a plain socket, registered with no runtime, so that it can
+    /// move to a connection thread.
+    type Detached: Send + 'static;
     async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>>;
+    fn detach(stream: Self::Stream) -> std::io::Result<Self::Detached>;
+    /// Registers the socket with the runtime of the calling task.
+    fn attach(detached: Self::Detached) -> std::io::Result<Self::Stream>;
 }
 
 impl Accept for TcpListener {
     type Stream = tokio::net::TcpStream;
+    type Detached = std::net::TcpStream;
+    fn detach(stream: Self::Stream) -> std::io::Result<Self::Detached> {
+        stream.into_std()
+    }
+    fn attach(detached: Self::Detached) -> std::io::Result<Self::Stream> {
+        tokio::net::TcpStream::from_std(detached)
+    }
     async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, address) = self.accept().await?;
         // Replies are small and latency matters more than packet count.
@@ -358,6 +375,13 @@ impl Accept for TcpListener {
 
 impl Accept for UnixListener {
     type Stream = tokio::net::UnixStream;
+    type Detached = std::os::unix::net::UnixStream;
+    fn detach(stream: Self::Stream) -> std::io::Result<Self::Detached> {
+        stream.into_std()
+    }
+    fn attach(detached: Self::Detached) -> std::io::Result<Self::Stream> {
+        tokio::net::UnixStream::from_std(detached)
+    }
     async fn accept_one(&self) -> std::io::Result<Accepted<Self::Stream>> {
         let (stream, _address) = self.accept().await?;
         let (key, unix) = match stream.peer_cred() {
@@ -390,6 +414,37 @@ impl Accept for UnixListener {
     }
 }
 
+/// What a connection's task needs, gathered by the accept loop.
+struct ConnectionStart {
+    catalog: Arc<dyn ExportCatalog>,
+    config: Arc<ServerConfig>,
+    counters: Arc<Counters>,
+    shutdown: CancellationToken,
+    admitted: Admitted,
+    security: ConnectionSecurity,
+    peer: String,
+}
+
+impl ConnectionStart {
+    /// Serves the connection to its end and counts how it ended.
+    async fn run<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        tracing::debug!(peer = self.peer, "connection accepted");
+        let result = serve_admitted(
+            stream,
+            self.catalog,
+            &self.config,
+            self.shutdown,
+            Some(self.admitted),
+            self.security,
+        )
+        .await;
+        self.counters.record_end(&self.peer, &result, &self.config);
+    }
+}
+
 /// Pause after a failed accept (for example too many open files), so the loop
 /// does not spin.
 const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -410,6 +465,7 @@ impl NbdServer {
             handshakes,
             counters: Arc::new(Counters::new()),
             access: None,
+            threads: None,
         })
     }
 
@@ -417,6 +473,18 @@ impl NbdServer {
     pub fn with_access_policy(mut self, policy: Arc<dyn AccessPolicy>) -> Self {
         self.access = Some(policy);
         self
+    }
+
+    /// The server placing each connection on one of `threads`, which serve it
+    /// from its handshake to its end (decision 0048).
+    pub fn with_connection_threads(mut self, threads: Arc<ConnectionThreads>) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// The connection threads, if the server has them.
+    pub fn connection_threads(&self) -> Option<&Arc<ConnectionThreads>> {
+        self.threads.as_ref()
     }
 
     pub fn config(&self) -> &ServerConfig {
@@ -482,19 +550,18 @@ impl NbdServer {
         self.serve(listener, tls, shutdown).await;
     }
 
-    /// Admits a new connection and starts serving it, unless every transmission
-    /// slot is taken: then it could not be served even once its handshake
-    /// completed, so it is closed before the greeting.
-    fn start_connection<S>(
+    /// Admits a new connection and starts serving it, on a connection thread
+    /// when the server has them, unless every transmission slot is taken: then
+    /// it could not be served even once its handshake completed, so it is
+    /// closed before the greeting.
+    fn start_connection<L: Accept>(
         &self,
         connections: &mut JoinSet<()>,
-        stream: S,
+        stream: L::Stream,
         peer: Peer,
         tls: Option<Arc<ServerTls>>,
         shutdown: &CancellationToken,
-    ) where
-        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
+    ) {
         if self.connections.available_permits() == 0 {
             self.counters
                 .record_refusal(&peer.description, &self.config);
@@ -509,29 +576,46 @@ impl NbdServer {
             ticket: admission.ticket,
             transmission_slots: Arc::clone(&self.connections),
         };
-        let catalog = Arc::clone(&self.catalog);
-        let config = Arc::clone(&self.config);
-        let counters = Arc::clone(&self.counters);
-        let connection_shutdown = shutdown.child_token();
-        let security = ConnectionSecurity {
-            tls,
-            access: self.access.clone(),
-            identity: peer.identity,
+        let start = ConnectionStart {
+            catalog: Arc::clone(&self.catalog),
+            config: Arc::clone(&self.config),
+            counters: Arc::clone(&self.counters),
+            shutdown: shutdown.child_token(),
+            admitted,
+            security: ConnectionSecurity {
+                tls,
+                access: self.access.clone(),
+                identity: peer.identity,
+            },
+            peer: peer.description,
         };
-        connections.spawn(async move {
-            let peer = peer.description;
-            tracing::debug!(peer, "connection accepted");
-            let result = serve_admitted(
-                stream,
-                catalog,
-                &config,
-                connection_shutdown,
-                Some(admitted),
-                security,
-            )
-            .await;
-            counters.record_end(&peer, &result, &config);
-        });
+        let Some(threads) = &self.threads else {
+            connections.spawn(start.run(stream));
+            return;
+        };
+        let detached = match L::detach(stream) {
+            Ok(detached) => detached,
+            Err(error) => {
+                tracing::warn!(peer = start.peer, %error, "cannot hand the connection to a connection thread");
+                return;
+            }
+        };
+        let placement = threads.place();
+        connections.spawn_on(
+            async move {
+                let _placed = placement.guard;
+                match L::attach(detached) {
+                    Ok(stream) => {
+                        let _spin = SpinRegistration::new(stream.as_raw_fd());
+                        start.run(stream).await;
+                    }
+                    Err(error) => {
+                        tracing::warn!(peer = start.peer, %error, "cannot serve the connection on its thread");
+                    }
+                }
+            },
+            &placement.handle,
+        );
     }
 
     async fn serve<L: Accept>(
@@ -551,7 +635,7 @@ impl NbdServer {
             match accepted {
                 Ok(Accepted { stream, peer }) => {
                     let tls = tls.clone();
-                    self.start_connection(&mut connections, stream, peer, tls, &shutdown)
+                    self.start_connection::<L>(&mut connections, stream, peer, tls, &shutdown)
                 }
                 Err(error) => {
                     tracing::warn!(%error, "accept failed");

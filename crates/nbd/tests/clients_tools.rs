@@ -10,8 +10,10 @@ mod common;
 
 use std::path::Path;
 
-use common::{TestServer, catalog_with, pattern, run, run_ok, tool};
-use lamina_nbd::ServerConfig;
+use std::sync::Arc;
+
+use common::{Security, TestServer, catalog_with, pattern, run, run_ok, tool};
+use lamina_nbd::{ConnectionThreadOptions, ConnectionThreads, ServerConfig};
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
 
@@ -209,4 +211,64 @@ async fn fio_random_read_write_verified_over_four_connections() {
     assert!(exports[0].operation_counts().writes > 0);
     assert!(exports[0].operation_counts().reads > 0);
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fio_over_connection_threads_is_spread_and_verified() {
+    // Decision 0048: four connections over TCP go two to each connection
+    // thread, are served there, and fio's crc32c verification passes.
+    let Some(fio) = tool("fio") else { return };
+    let (catalog, exports) = catalog_with(&[("disk", 64 * MIB)]);
+    let threads =
+        Arc::new(ConnectionThreads::start(2, ConnectionThreadOptions::default()).expect("threads"));
+    let security = Security {
+        threads: Some(threads.clone()),
+        ..Security::default()
+    };
+    let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (threads, sampling) = (threads.clone(), sampling.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut busiest = vec![0; threads.count()];
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                for (most, now) in busiest.iter_mut().zip(threads.connection_counts()) {
+                    *most = (*most).max(now);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            busiest
+        })
+    };
+    let output = run_ok(
+        Command::new(&fio)
+            .args([
+                "--name=lamina-nbd-threads",
+                "--ioengine=nbd",
+                "--rw=randrw",
+                "--bs=4k",
+                "--size=8m",
+                "--offset_increment=16m",
+                "--numjobs=4",
+                "--iodepth=16",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--group_reporting",
+                "--verify_state_save=0",
+            ])
+            .current_dir(server.directory.path())
+            .arg(format!("--uri={}", server.uri("disk"))),
+    )
+    .await;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let busiest = sampler.await.expect("sampler");
+    assert!(output.contains("err= 0"), "{output}");
+    assert!(!output.contains("verify: bad"), "{output}");
+    assert!(exports[0].operation_counts().writes > 0);
+    assert!(
+        busiest.iter().all(|most| *most >= 1),
+        "connections were not spread over the threads: {busiest:?}"
+    );
+    server.stop().await;
+    assert_eq!(threads.connection_counts(), vec![0, 0]);
 }

@@ -18,7 +18,10 @@ use common::certificates::{ALICE_DN, BOB_DN, TestCertificates};
 use common::raw::{self, expect_closed, go_data, greet, option_reply, send_option, within};
 use common::{Security, TestServer, catalog_with, pattern, run, run_ok, tool};
 use lamina_nbd::wire::*;
-use lamina_nbd::{Access, AccessPolicy, ClientIdentity, Export, ServerConfig, ServerTls, TlsMode};
+use lamina_nbd::{
+    Access, AccessPolicy, ClientIdentity, ConnectionThreadOptions, ConnectionThreads, Export,
+    ServerConfig, ServerTls, TlsMode,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
@@ -108,9 +111,14 @@ async fn nbdinfo_works_over_tls_and_plain_or_foreign_clients_are_refused() {
         return;
     };
     let (catalog, _exports) = catalog_with(&[("disk", 4 * MIB)]);
+    // On connection threads (decision 0048): the TLS handshake, the refusals
+    // and their counters happen there as on the test's runtime.
+    let threads =
+        Arc::new(ConnectionThreads::start(2, ConnectionThreadOptions::default()).expect("threads"));
     let security = Security {
         tls: required_tls(&certificates),
         access: None,
+        threads: Some(threads),
     };
     let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
     let json = run_ok(
@@ -155,6 +163,7 @@ async fn plain_options_get_tls_required_and_export_name_is_closed() {
     let security = Security {
         tls: required_tls(&certificates),
         access: None,
+        threads: None,
     };
     let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
     let port = server.tcp_port.unwrap();
@@ -239,6 +248,7 @@ async fn certificate_dn_rules_hide_exports_and_grant_read_only() {
     let security = Security {
         tls: required_tls(&certificates),
         access: Some(Arc::new(policy)),
+        threads: None,
     };
     let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
     let port = server.tcp_port.unwrap();
@@ -278,6 +288,7 @@ async fn nbdcopy_round_trips_data_over_tls() {
     let security = Security {
         tls: required_tls(&certificates),
         access: None,
+        threads: None,
     };
     let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
     let data = pattern(8 * MIB as usize, 5);
@@ -308,6 +319,7 @@ async fn qemu_img_and_qemu_io_work_with_tls_creds_x509() {
     let security = Security {
         tls: required_tls(&certificates),
         access: None,
+        threads: None,
     };
     let server = TestServer::tcp_with(catalog, ServerConfig::default(), security).await;
     let object = format!(
@@ -423,6 +435,7 @@ async fn a_thousand_bad_tls_clients_leave_the_server_and_other_clients_working()
     let security = Security {
         tls: required_tls(&certificates),
         access: None,
+        threads: None,
     };
     let config = ServerConfig::default();
     // What a bad client may cost anyone else is bounded by the server's limits:
@@ -481,6 +494,7 @@ async fn tls_works_on_a_unix_socket_too() {
     let security = Security {
         tls: required_tls(&certificates),
         access: None,
+        threads: None,
     };
     let server = TestServer::unix_with(catalog, ServerConfig::default(), security).await;
     // The server certificate names localhost; libnbd checks it against the

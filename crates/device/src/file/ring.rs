@@ -1,17 +1,23 @@
 //! The io_uring engine behind [`super::FileDevice`], with no thread of its own:
-//! one ring per device, shared by every thread of the tokio runtime. A caller
-//! puts its request's record (with its buffer) in a slab slot and its
-//! submission entry in the ring, both under one short mutex, then waits on the
-//! slot. One **reaper task** per ring, on the runtime, does the system calls:
-//! it passes everything pushed since its last turn to the kernel in one
-//! `io_uring_enter`, so that requests issued together (a connection's burst)
-//! cost one call, and it reaps completions when the ring's registered eventfd,
-//! watched by the reactor through `AsyncFd`, says there are some. It resubmits
-//! the rest of short or interrupted transfers and wakes the callers whose
-//! requests finished, from a worker thread, so no thread outside the runtime
-//! sits between a request and its caller (decision 0041). Having woken several
-//! callers, it goes behind them in the worker's run queue before it submits, so
-//! that the requests they start next go to the kernel together.
+//! one ring per device for each thread that does I/O on it (decision 0048; at
+//! most `RINGS_PER_DEVICE_MAX`, then threads share), each shared by whoever
+//! polls its requests. A caller puts its request's record (with its buffer) in
+//! a slab slot of its thread's ring and its submission entry in that ring, both
+//! under one short mutex, then waits on the slot. One **reaper task** per ring,
+//! on the runtime of the ring's first caller, does the system calls: it passes
+//! everything pushed since its last turn to the kernel in one `io_uring_enter`,
+//! so that requests issued together (a connection's burst) cost one call, and
+//! it reaps completions when the ring's registered eventfd, watched by the
+//! reactor through `AsyncFd`, says there are some. It resubmits the rest of
+//! short or interrupted transfers and wakes the callers whose requests
+//! finished, from a worker thread, so no thread outside the runtime sits
+//! between a request and its caller (decision 0041). On a connection thread
+//! (a runtime on one thread) the caller, its ring and the reaper share that
+//! thread, so a request is submitted, reaped and its caller woken without a
+//! hand-off. Having woken several callers, the reaper goes behind them in the
+//! worker's run queue before it submits, so that the requests they start next
+//! go to the kernel together. A flush is an `fdatasync` of the file, which
+//! covers writes completed through any of the device's rings.
 //!
 //! A slot keeps the request's buffer until its completion is reaped, so a caller
 //! that drops its future cannot free memory the kernel still uses: the slot is
@@ -19,15 +25,18 @@
 //! every request the kernel holds. The reaper runs on the runtime of the task
 //! that first needed it; when that runtime shuts down, the reaper wakes every
 //! waiting caller and the first one polled again starts a new reaper on its own
-//! runtime. The ring has none of the single-issuer, deferred or cooperative
-//! task-run flags: several threads touch it, and without an interrupt the kernel
-//! would not post a completion for a submitting worker asleep on a futex.
+//! runtime. The rings have none of the single-issuer, deferred or cooperative
+//! task-run flags: on a multi-thread runtime several threads touch one ring,
+//! and without an interrupt the kernel would not post a completion for a
+//! submitting worker asleep on a futex.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 
 use io_uring::{EnterFlags, IoUring, opcode, squeue, types};
@@ -231,7 +240,7 @@ struct Shared {
     /// Registered with the ring: the kernel signals it for every completion.
     completion_event: OwnedFd,
     /// Keeps the device's descriptor open while the ring refers to it.
-    _file: File,
+    _file: Arc<File>,
     ring_entries: usize,
     device_name: String,
 }
@@ -249,6 +258,19 @@ fn transient(error: &io::Error) -> bool {
 }
 
 impl Shared {
+    /// Completions posted and not yet reaped; true also when another thread
+    /// holds the ring's mutex (something is happening: stop waiting for it).
+    fn has_completions(&self) -> bool {
+        let Ok(state) = self.state.try_lock() else {
+            return true;
+        };
+        // SAFETY: the completion queue is only touched under the state mutex,
+        // held here; nothing is taken from it, so its head is left as it is.
+        let empty = unsafe { self.ring.completion_shared() }.is_empty();
+        drop(state);
+        !empty
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update under this lock leaves the state consistent before anything
         // that can panic, so a poisoned lock is still usable.
@@ -656,53 +678,149 @@ fn start_reaper_handle() -> tokio::runtime::Handle {
         .expect("a FileDevice on io_uring must be used from a tokio runtime with I/O enabled")
 }
 
-/// The caller side of the ring.
+/// Rings one device may have, one per thread that does I/O on it, at most
+/// (threads past this many share rings, as every thread did before decision
+/// 0048). A ring costs two descriptors and a few tens of KiB.
+const RINGS_PER_DEVICE_MAX: usize = 8;
+
+/// Hands each thread its place among a device's rings, the same place on every
+/// device, in the order the threads first do device I/O.
+static NEXT_THREAD_RING_INDEX: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_RING_INDEX: usize =
+        NEXT_THREAD_RING_INDEX.fetch_add(1, Ordering::Relaxed) % RINGS_PER_DEVICE_MAX;
+    /// The rings this thread set up, for [`thread_has_device_completions`].
+    static THREAD_RINGS: RefCell<Vec<Weak<Shared>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether a ring this thread set up has completions not yet reaped, or is
+/// busy with another thread. A thread about to sleep asks this while it spins
+/// briefly (decision 0048): a completion found here costs no wake-up, since the
+/// reactor's next look finds the ring's eventfd ready.
+pub fn thread_has_device_completions() -> bool {
+    THREAD_RINGS.with(|rings| {
+        let mut rings = rings.borrow_mut();
+        rings.retain(|ring| ring.strong_count() > 0);
+        rings
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|shared| shared.has_completions())
+    })
+}
+
+/// Sets up one ring on the device's file, with its eventfd registered.
+fn set_up_shared(
+    file: Arc<File>,
+    device_name: &str,
+    limits: RingLimits,
+) -> io::Result<Arc<Shared>> {
+    // SAFETY: eventfd takes no pointers; the returned descriptor is checked below.
+    let raw_event = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw_event < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw_event` is a freshly created descriptor that nothing else owns.
+    let completion_event = unsafe { OwnedFd::from_raw_fd(raw_event) };
+    let ring = IoUring::new(limits.ring_entries)?;
+    // Registering the file spares the kernel a descriptor lookup per request.
+    ring.submitter().register_files(&[file.as_raw_fd()])?;
+    ring.submitter()
+        .register_eventfd(completion_event.as_raw_fd())?;
+    Ok(Arc::new(Shared {
+        ring,
+        state: Mutex::new(State {
+            slots: Slab::with_capacity(limits.ring_entries as usize),
+            waiting: VecDeque::new(),
+            in_kernel_count: 0,
+            unsubmitted_count: 0,
+            reaper: Reaper::Stopped,
+            shutting_down: false,
+            broken: None,
+        }),
+        completion_event,
+        _file: file,
+        ring_entries: limits.ring_entries as usize,
+        device_name: device_name.to_string(),
+    }))
+}
+
+/// The caller side of the device's rings: one per thread that does I/O on the
+/// device (decision 0048), so that a thread serving its own connections
+/// submits, reaps and wakes on itself, with no hand-off to another thread.
+/// The in-flight limit is the device's, over all its rings.
 pub(crate) struct Ring {
-    shared: Arc<Shared>,
+    /// By thread ring index; the first is set up at start, the others on a
+    /// thread's first request (or, where that fails, pointed at the first).
+    shards: Box<[OnceLock<Arc<Shared>>]>,
+    file: Arc<File>,
+    limits: RingLimits,
+    device_name: String,
     permits: Arc<Semaphore>,
 }
 
 impl Ring {
-    /// Sets up the ring. Fails (with the error of `io_uring_setup`) where io_uring
-    /// is unavailable, so that the caller can fall back.
+    /// Sets up the first ring. Fails (with the error of `io_uring_setup`) where
+    /// io_uring is unavailable, so that the caller can fall back.
     pub(crate) fn start(file: File, device_name: &str, limits: RingLimits) -> io::Result<Self> {
         assert!(limits.ring_entries >= 1, "ring_entries must be positive");
         assert!(
             limits.in_flight_requests_max >= 1,
             "in_flight_requests_max must be positive"
         );
-        // SAFETY: eventfd takes no pointers; the returned descriptor is checked below.
-        let raw_event = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw_event < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw_event` is a freshly created descriptor that nothing else owns.
-        let completion_event = unsafe { OwnedFd::from_raw_fd(raw_event) };
-        let ring = IoUring::new(limits.ring_entries)?;
-        // Registering the file spares the kernel a descriptor lookup per request.
-        ring.submitter().register_files(&[file.as_raw_fd()])?;
-        ring.submitter()
-            .register_eventfd(completion_event.as_raw_fd())?;
-        let shared = Arc::new(Shared {
-            ring,
-            state: Mutex::new(State {
-                slots: Slab::with_capacity(limits.in_flight_requests_max),
-                waiting: VecDeque::with_capacity(limits.in_flight_requests_max),
-                in_kernel_count: 0,
-                unsubmitted_count: 0,
-                reaper: Reaper::Stopped,
-                shutting_down: false,
-                broken: None,
-            }),
-            completion_event,
-            _file: file,
-            ring_entries: limits.ring_entries as usize,
-            device_name: device_name.to_string(),
-        });
+        let file = Arc::new(file);
+        let first = set_up_shared(file.clone(), device_name, limits)?;
+        let shards: Box<[OnceLock<Arc<Shared>>]> =
+            (0..RINGS_PER_DEVICE_MAX).map(|_| OnceLock::new()).collect();
+        shards[0]
+            .set(first)
+            .unwrap_or_else(|_| unreachable!("a new cell is empty"));
         Ok(Self {
-            shared,
+            shards,
+            file,
+            limits,
+            device_name: device_name.to_string(),
             permits: Arc::new(Semaphore::new(limits.in_flight_requests_max)),
         })
+    }
+
+    /// Rings set up so far (a cell pointed at the first ring after a failed
+    /// setup is not counted again).
+    pub(crate) fn ring_count(&self) -> usize {
+        let first = self.shards[0].get();
+        1 + self
+            .shards
+            .iter()
+            .skip(1)
+            .filter_map(OnceLock::get)
+            .filter(|shared| !first.is_some_and(|first| Arc::ptr_eq(first, shared)))
+            .count()
+    }
+
+    /// The ring of the calling thread, set up on its first request.
+    fn shared(&self) -> &Arc<Shared> {
+        let index = THREAD_RING_INDEX.with(|index| *index);
+        let cell = &self.shards[index];
+        if let Some(shared) = cell.get() {
+            return shared;
+        }
+        let first = self.shards[0]
+            .get()
+            .expect("the first ring is set up at start");
+        let shared = match set_up_shared(self.file.clone(), &self.device_name, self.limits) {
+            Ok(shared) => shared,
+            Err(error) => {
+                tracing::warn!(device = %self.device_name, %error,
+                    "cannot set up another io_uring ring; this thread shares the first");
+                first.clone()
+            }
+        };
+        // Two threads with the same index may race here; the loser's ring is
+        // dropped unused.
+        let _ = cell.set(shared);
+        let shared = cell.get().expect("set above");
+        THREAD_RINGS.with(|rings| rings.borrow_mut().push(Arc::downgrade(shared)));
+        shared
     }
 
     /// Runs one operation at `offset` and waits for its result. Dropping the returned
@@ -714,9 +832,10 @@ impl Ring {
             .acquire_owned()
             .await
             .expect("the ring's semaphore is never closed");
-        let key = self.accept(operation, offset, permit)?;
+        let shared = self.shared();
+        let key = Self::accept(shared, operation, offset, permit)?;
         let mut claim = Claim {
-            shared: &self.shared,
+            shared,
             key,
             finished: false,
         };
@@ -726,12 +845,11 @@ impl Ring {
     /// Gives a request a slot and, room permitting, puts it in the ring; asks the
     /// reaper (starting one if none runs) to submit it.
     fn accept(
-        &self,
+        shared: &Arc<Shared>,
         operation: Operation,
         offset: u64,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<usize> {
-        let shared = &self.shared;
         let mut state = shared.lock();
         if let Some(reason) = &state.broken {
             return Err(broken_error(reason));
@@ -784,10 +902,25 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // Every caller's future borrowed this ring, so all of them are gone: the
-        // waiting requests are dropped, and those in the kernel are waited for.
+        // Every caller's future borrowed this device, so all of them are gone:
+        // each ring's waiting requests are dropped, and those in the kernel are
+        // waited for (once per ring: a cell may point at the first ring).
+        let mut done: Vec<&Arc<Shared>> = Vec::with_capacity(self.shards.len());
+        for shared in self.shards.iter().filter_map(OnceLock::get) {
+            if done.iter().any(|seen| Arc::ptr_eq(seen, shared)) {
+                continue;
+            }
+            done.push(shared);
+            shared.shut_down();
+        }
+    }
+}
+
+impl Shared {
+    /// Stops the reaper and waits until the kernel holds no request of this ring.
+    fn shut_down(&self) {
         let reaper = {
-            let mut state = self.shared.lock();
+            let mut state = self.lock();
             state.shutting_down = true;
             while let Some(key) = state.waiting.pop_front() {
                 state.slots.remove(key);
@@ -800,6 +933,6 @@ impl Drop for Ring {
         if let Some(waker) = reaper {
             waker.wake();
         }
-        self.shared.wait_for_kernel();
+        self.wait_for_kernel();
     }
 }

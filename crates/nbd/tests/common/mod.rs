@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lamina_nbd::memory::{MemoryCatalog, MemoryExport};
-use lamina_nbd::{AccessPolicy, CancellationToken, NbdServer, ServerConfig, ServerTls};
+use lamina_nbd::{
+    AccessPolicy, CancellationToken, ConnectionThreads, NbdServer, ServerConfig, ServerTls,
+};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 
@@ -39,6 +41,8 @@ pub struct TestServer {
 pub struct Security {
     pub tls: Option<Arc<ServerTls>>,
     pub access: Option<Arc<dyn AccessPolicy>>,
+    /// Serve connections on these threads instead of the test's runtime.
+    pub threads: Option<Arc<ConnectionThreads>>,
 }
 
 impl TestServer {
@@ -56,7 +60,12 @@ impl TestServer {
         let directory = tempfile::tempdir().expect("temporary directory");
         let socket = directory.path().join("nbd.sock");
         let listener = UnixListener::bind(&socket).expect("bind unix socket");
-        let server = Arc::new(server_with(catalog, config, security.access));
+        let server = Arc::new(server_with(
+            catalog,
+            config,
+            security.access,
+            security.threads,
+        ));
         let shutdown = CancellationToken::new();
         let task = {
             let server = Arc::clone(&server);
@@ -88,7 +97,12 @@ impl TestServer {
         let directory = tempfile::tempdir().expect("temporary directory");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind tcp");
         let port = listener.local_addr().expect("local address").port();
-        let server = Arc::new(server_with(catalog, config, security.access));
+        let server = Arc::new(server_with(
+            catalog,
+            config,
+            security.access,
+            security.threads,
+        ));
         let shutdown = CancellationToken::new();
         let task = {
             let server = Arc::clone(&server);
@@ -144,12 +158,16 @@ fn server_with(
     catalog: Arc<MemoryCatalog>,
     config: ServerConfig,
     access: Option<Arc<dyn AccessPolicy>>,
+    threads: Option<Arc<ConnectionThreads>>,
 ) -> NbdServer {
-    let server = NbdServer::new(catalog, config).expect("valid config");
-    match access {
-        Some(policy) => server.with_access_policy(policy),
-        None => server,
+    let mut server = NbdServer::new(catalog, config).expect("valid config");
+    if let Some(policy) = access {
+        server = server.with_access_policy(policy);
     }
+    if let Some(threads) = threads {
+        server = server.with_connection_threads(threads);
+    }
+    server
 }
 
 /// A catalog with one writable sparse export per `(name, size_bytes)`.
