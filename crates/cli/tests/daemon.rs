@@ -545,7 +545,7 @@ fn stalled_handshakes_are_limited_per_uid_timed_out_and_counted_in_metrics() {
     let directory = tempfile::tempdir().unwrap();
     let data_dir = directory.path().join("data");
     let config = format!(
-        "[server]\ntcp_address = \"\"\nhandshakes_in_progress_max = 8\nhandshakes_per_peer_max = 2\nhandshake_timeout_ms = 500\n[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {}\n",
+        "[server]\ntcp_address = \"\"\nconnection_threads = 2\nhandshakes_in_progress_max = 8\nhandshakes_per_peer_max = 2\nhandshake_timeout_ms = 500\n[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {}\n",
         2u64 << 30,
         256u64 << 20
     );
@@ -565,6 +565,31 @@ fn stalled_handshakes_are_limited_per_uid_timed_out_and_counted_in_metrics() {
     {
         assert!(std::time::Instant::now() < deadline, "{}", daemon.metrics());
         std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS * 5));
+    }
+    // The handshakes left are counted on the connection threads that serve
+    // them (in one reading of /metrics).
+    loop {
+        let metrics = daemon.metrics();
+        let value = |series: &str| {
+            metrics.lines().find_map(|line| {
+                line.strip_prefix(series)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                    .and_then(|value| value.trim().parse::<f64>().ok())
+            })
+        };
+        let on_threads: Vec<f64> = (0..2)
+            .filter_map(|thread| {
+                value(&format!(
+                    "lamina_nbd_thread_connections{{thread=\"{thread}\"}}"
+                ))
+            })
+            .collect();
+        let in_progress = value("lamina_nbd_handshakes_in_progress");
+        if on_threads.len() == 2 && Some(on_threads.iter().sum()) == in_progress {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
     }
     let size = run(Command::new("nbdinfo")
         .arg("--size")
@@ -586,6 +611,13 @@ fn stalled_handshakes_are_limited_per_uid_timed_out_and_counted_in_metrics() {
         metric_value(&daemon, "lamina_nbd_connections_refused_total"),
         Some(0.0)
     );
+    for thread in 0..2 {
+        let series = format!("lamina_nbd_thread_connections{{thread=\"{thread}\"}}");
+        while metric_value(&daemon, &series) != Some(0.0) {
+            assert!(std::time::Instant::now() < deadline, "{}", daemon.metrics());
+            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+        }
+    }
     let log = daemon.log();
     assert!(log.contains("handshake limit reached"), "{log}");
     assert!(log.contains("handshake not finished in time"), "{log}");

@@ -1022,6 +1022,20 @@ fn nbd_metrics(server: &NbdServer, text: &mut String) {
             "lamina_nbd_handshakes_closed_total{{reason=\"{reason}\"}} {count}\n"
         ));
     }
+    let Some(threads) = server.connection_threads() else {
+        return;
+    };
+    metric_header(
+        text,
+        "lamina_nbd_thread_connections",
+        "gauge",
+        "NBD connections (in the handshake or the transmission phase) each connection thread serves.",
+    );
+    for (thread, count) in threads.connection_counts().into_iter().enumerate() {
+        text.push_str(&format!(
+            "lamina_nbd_thread_connections{{thread=\"{thread}\"}} {count}\n"
+        ));
+    }
 }
 
 /// The admin socket's refusals and its changing operations.
