@@ -819,7 +819,13 @@ impl Ring {
         // dropped unused.
         let _ = cell.set(shared);
         let shared = cell.get().expect("set above");
-        THREAD_RINGS.with(|rings| rings.borrow_mut().push(Arc::downgrade(shared)));
+        THREAD_RINGS.with(|rings| {
+            let mut rings = rings.borrow_mut();
+            // Rings of devices dropped since are forgotten here, so that a
+            // thread that opens device after device keeps a short list.
+            rings.retain(|ring| ring.strong_count() > 0);
+            rings.push(Arc::downgrade(shared));
+        });
         shared
     }
 
