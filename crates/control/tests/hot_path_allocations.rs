@@ -238,6 +238,33 @@ struct PerRequest {
     write: f64,
 }
 
+/// Drives one raw client over `socket`: fills the working set, warms up, and
+/// counts allocations per cache-miss read and per write.
+fn count_per_request(socket: &std::path::Path) -> PerRequest {
+    let mut client = RawClient::connect(socket);
+    for block in 0..WORKING_SET_BLOCK_COUNT {
+        client.write_block(block);
+    }
+    client.flush();
+    let mut walk = 1u64;
+    for _ in 0..WARM_UP_REQUEST_COUNT {
+        client.read_block(next_block(&mut walk));
+    }
+    let read = allocations_per_request(MEASURED_REQUEST_COUNT, || {
+        client.read_block(next_block(&mut walk));
+    });
+    // Writes go to other blocks than the reads, so that reads stay misses.
+    let write_blocks = WORKING_SET_BLOCK_COUNT..2 * WORKING_SET_BLOCK_COUNT;
+    let mut written = write_blocks.clone().cycle();
+    for _ in 0..WARM_UP_REQUEST_COUNT {
+        client.write_block(written.next().unwrap());
+    }
+    let write = allocations_per_request(MEASURED_REQUEST_COUNT, || {
+        client.write_block(written.next().unwrap());
+    });
+    PerRequest { read, write }
+}
+
 /// Serves a fresh pool over a Unix socket (on connection threads of the
 /// daemon's kind, or on the runtime's workers) and counts allocations per
 /// request of one raw client.
@@ -297,35 +324,14 @@ fn measure(connection_threads: bool) -> PerRequest {
         runtime.spawn(async move { server.serve_unix(listener, shutdown).await })
     };
 
-    let mut client = RawClient::connect(&socket);
-    for block in 0..WORKING_SET_BLOCK_COUNT {
-        client.write_block(block);
-    }
-    client.flush();
-    let mut walk = 1u64;
-    for _ in 0..WARM_UP_REQUEST_COUNT {
-        client.read_block(next_block(&mut walk));
-    }
-    let read = allocations_per_request(MEASURED_REQUEST_COUNT, || {
-        client.read_block(next_block(&mut walk));
-    });
-    // Writes go to other blocks than the reads, so that reads stay misses.
-    let write_blocks = WORKING_SET_BLOCK_COUNT..2 * WORKING_SET_BLOCK_COUNT;
-    let mut written = write_blocks.clone().cycle();
-    for _ in 0..WARM_UP_REQUEST_COUNT {
-        client.write_block(written.next().unwrap());
-    }
-    let write = allocations_per_request(MEASURED_REQUEST_COUNT, || {
-        client.write_block(written.next().unwrap());
-    });
-    drop(client);
+    let per_request = count_per_request(&socket);
     shutdown.cancel();
     runtime.block_on(server_task).unwrap();
     // The pool (with the batch writes started on the threads) is gone with the
     // server task; the threads go last, as in the daemon.
     drop(runtime);
     drop(threads);
-    PerRequest { read, write }
+    per_request
 }
 
 #[test]
