@@ -20,6 +20,21 @@ const STARTUP_TIMEOUT_MS: u64 = 60_000;
 /// How long a bucket creation may keep failing while the server settles.
 const BUCKET_CREATION_TIMEOUT_MS: u64 = 30_000;
 
+/// The most volumes `weed mini` may create, each at most
+/// `VOLUME_SIZE_LIMIT_MB`: set, not left to weed's automatic count (free
+/// disk space ÷ volume size), which falls to none on a nearly full disk and
+/// leaves the server answering "no volume server capacity" (CI failed so).
+const VOLUMES_MAX: u32 = 32;
+
+/// The size at which `weed mini` stops writing to a volume.
+const VOLUME_SIZE_LIMIT_MB: u32 = 64;
+
+/// The folder in memory that holds the servers' directories when it exists:
+/// SeaweedFS marks its volumes read-only below 1 % of free disk space, and
+/// the test data (a few MiB a server) must not depend on how full the build
+/// left the disk.
+const MEMORY_FOLDER: &str = "/dev/shm";
+
 /// How long one `weed shell` command may take (it takes about 0.3 s).
 const SHELL_TIMEOUT_MS: u64 = 20_000;
 
@@ -182,6 +197,16 @@ impl std::fmt::Debug for SeaweedServer {
     }
 }
 
+/// `df -h` of the file system holding `directory`, for failure messages.
+fn free_space_report(directory: &Path) -> String {
+    Command::new("df")
+        .arg("-h")
+        .arg(directory)
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+        .unwrap_or_else(|error| format!("(df failed: {error})"))
+}
+
 /// Whether `program` is an executable file in a PATH folder.
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| {
@@ -203,13 +228,10 @@ impl SeaweedServer {
         if !on_path("weed") {
             return Err(SeaweedError::NotInstalled);
         }
-        let directory = tempfile::Builder::new()
-            .prefix("lamina-seaweed-")
-            .tempdir()
-            .map_err(|source| SeaweedError::Io {
-                context: "creating its directory".to_string(),
-                source,
-            })?;
+        let directory = Self::new_directory().map_err(|source| SeaweedError::Io {
+            context: "creating its directory".to_string(),
+            source,
+        })?;
         let suffix: u64 = rand::random();
         Ok(Self {
             child: None,
@@ -219,6 +241,20 @@ impl SeaweedServer {
             secret_access_key: format!("secret{suffix:016x}"),
             probe_written: false,
         })
+    }
+
+    /// A fresh directory in `MEMORY_FOLDER` where that folder takes one,
+    /// else in the temporary folder.
+    fn new_directory() -> std::io::Result<tempfile::TempDir> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("lamina-seaweed-");
+        let memory = Path::new(MEMORY_FOLDER);
+        if memory.is_dir()
+            && let Ok(directory) = builder.tempdir_in(memory)
+        {
+            return Ok(directory);
+        }
+        builder.tempdir()
     }
 
     /// The first launch, on fresh ports and an empty data directory each
@@ -377,7 +413,8 @@ impl SeaweedServer {
             "-s3.port.iceberg=0".to_string(),
             "-s3.port.lance=0".to_string(),
             "-master.telemetry=false".to_string(),
-            "-master.volumeSizeLimitMB=64".to_string(),
+            format!("-master.volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}"),
+            format!("-volume.max={VOLUMES_MAX}"),
         ];
         let child = Command::new("weed")
             .arg("mini")
@@ -453,8 +490,9 @@ impl SeaweedServer {
             std::fs::read_to_string(self.directory.path().join("weed.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         format!(
-            "its log ends with:\n{}",
-            lines[lines.len().saturating_sub(20)..].join("\n")
+            "its log ends with:\n{}\nits directory's file system (weed refuses to write below 1 % free):\n{}",
+            lines[lines.len().saturating_sub(20)..].join("\n"),
+            free_space_report(self.directory.path())
         )
     }
 
