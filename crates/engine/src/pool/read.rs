@@ -33,7 +33,13 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Times a read starts again because a block it was reading moved and its old
 /// place was rewritten meanwhile (each retry reads the block's new home).
-const READ_MOVED_RETRY_COUNT_MAX: usize = 4;
+/// Each attempt reads the whole range again, so on a long read under a busy
+/// cleaner another block may move during each one. With 4, a whole-volume
+/// read under the paced cleaner on a loaded machine used them all up and
+/// reported the moved block as corrupt (CI, `cleaner_streams`; with none,
+/// 1 run in 8 of that test fails so); each retry is a fresh plan from the
+/// map, so the bound only stops a read that never finishes.
+const READ_MOVED_RETRY_COUNT_MAX: usize = 32;
 
 /// Blocks after a promoted capacity block that are promoted with it when they
 /// follow it both in the volume and on capacity (a 64 KiB window in all).
