@@ -157,5 +157,13 @@ fn damage_after_kill_minus_nine_reads_as_an_error_never_as_the_older_version() {
     );
     let log = daemon.log();
     assert!(log.contains("a flushed block fails its checksum"), "{log}");
+    // Each client's EIO says why in the daemon's log.
+    assert!(
+        log.lines().any(|line| line.contains("WARN")
+            && line.contains("request failed")
+            && line.contains("READ")
+            && line.contains("checksum mismatch")),
+        "{log}"
+    );
     assert!(daemon.terminate().success());
 }

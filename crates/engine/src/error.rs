@@ -198,6 +198,14 @@ pub enum IoError {
     )]
     BlockLost { volume: String, logical_block: u64 },
     #[error(
+        "volume {volume} block {logical_block} moved on the device under each of {attempts} reads of it (cleaner, tiering or writes moving it faster than it could be read); nothing is damaged, try again"
+    )]
+    KeptMoving {
+        volume: String,
+        logical_block: u64,
+        attempts: usize,
+    },
+    #[error(
         "request beyond the end of volume {volume}: offset {offset} length {length}, size {size_bytes}"
     )]
     OutOfRange {
@@ -314,6 +322,7 @@ impl IoError {
         match self {
             Self::ChecksumMismatch { .. } => "checksum_mismatch",
             Self::BlockLost { .. } => "block_lost",
+            Self::KeptMoving { .. } => "kept_moving",
             Self::OutOfRange { .. } => "out_of_range",
             Self::NoSpace => "no_space",
             Self::DeviceFull { .. } => "device_full",

@@ -416,6 +416,81 @@ async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
     pool.close().await.unwrap();
 }
 
+/// A long read of which only a few blocks move under it (overwritten, their
+/// segment freed and rewritten) reads again only those blocks, not the whole
+/// range: a whole-volume read under a busy cleaner used to start over each
+/// time any block moved, and gave up with the moved block reported corrupt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_read_reads_again_only_the_blocks_that_moved_under_it() {
+    const MOVED_BLOCKS: u64 = 8;
+    const READ_BLOCKS: u64 = 48;
+    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let (gate, open) = tokio::sync::watch::channel(true);
+    let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        force: false,
+        flash_region_bytes: None,
+        ..PoolOptions::default()
+    };
+    let limits = PoolLimits {
+        memory_cache_bytes: 0,
+        ..limits()
+    };
+    let pool = Pool::create(device.clone(), options, limits).await.unwrap();
+    let volume = pool.create_volume("data", 4 << 20).await.unwrap().volume_id;
+    // Blocks 0..8 in one batch and filler that fills their segment, then the
+    // rest of the range in segments of their own, all checkpointed twice.
+    let first: Vec<u8> = (0..MOVED_BLOCKS)
+        .flat_map(|block| contents(block, 1))
+        .collect();
+    pool.write(volume, 0, &first, false).await.unwrap();
+    write_range(&pool, volume, 200..232, 1).await;
+    write_range(&pool, volume, MOVED_BLOCKS..READ_BLOCKS, 1).await;
+    pool.checkpoint().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    gate.send(false).unwrap();
+    let reader = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut buffer = vec![0u8; READ_BLOCKS as usize * BLOCK];
+            let result = pool.read(volume, 0, &mut buffer).await;
+            (result, buffer)
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Blocks 0..8 move and their old segment is rewritten; the rest stay.
+    let second: Vec<u8> = (0..MOVED_BLOCKS)
+        .flat_map(|block| contents(block, 2))
+        .collect();
+    pool.write(volume, 0, &second, false).await.unwrap();
+    write_range(&pool, volume, 200..232, 2).await;
+    pool.flush().await.unwrap();
+    write_range(&pool, volume, 100..180, 3).await;
+    pool.flush().await.unwrap();
+    device
+        .recording
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    gate.send(true).unwrap();
+    let (result, buffer) = reader.await.unwrap();
+    result.expect("the read failed instead of reading the moved blocks' new homes");
+    for block in 0..READ_BLOCKS {
+        let found = &buffer[block as usize * BLOCK..(block as usize + 1) * BLOCK];
+        let expected = if block < MOVED_BLOCKS { 2 } else { 1 };
+        assert!(
+            found == contents(block, expected),
+            "block {block} does not hold generation {expected}"
+        );
+    }
+    let read_bytes = device.read_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        read_bytes,
+        (READ_BLOCKS + MOVED_BLOCKS) as usize * BLOCK,
+        "the range once, then only the blocks that moved"
+    );
+    pool.close().await.unwrap();
+}
+
 /// Segments freed after a flush (rule (a')) are the next ones opened; a
 /// power cut right after they were opened since the checkpoint (flushed
 /// writes in them, unflushed ones in flight) must find them through the

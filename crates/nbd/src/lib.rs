@@ -81,6 +81,7 @@ mod buffer_pool;
 mod config;
 mod connection_threads;
 mod error;
+mod failure_log;
 mod handshake;
 pub mod memory;
 mod negotiated;

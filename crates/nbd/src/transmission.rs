@@ -23,6 +23,7 @@ use crate::backend::{Export, ExportError, Extent};
 use crate::buffer_pool::BufferPool;
 use crate::config::ServerConfig;
 use crate::error::ConnectionError;
+use crate::failure_log;
 use crate::negotiated::Negotiated;
 use crate::wire::{self, BlockStatusDescriptor, Command, RequestHeader, TransmissionContext};
 use connection::{Connection, Settings};
@@ -229,7 +230,7 @@ fn backend_error(
     header: &RequestHeader,
     error: &ExportError,
 ) -> Outgoing {
-    tracing::debug!(command = header.command, offset = header.offset, length = header.length, %error, "backend error");
+    failure_log::log_failed_request(header, error);
     Outgoing::bytes(error_reply(
         context,
         header,

@@ -79,6 +79,21 @@ pub const CMD_CACHE: u16 = 5;
 pub const CMD_WRITE_ZEROES: u16 = 6;
 pub const CMD_BLOCK_STATUS: u16 = 7;
 
+/// The protocol's name of a command number, for logs.
+pub fn command_name(command: u16) -> &'static str {
+    match command {
+        CMD_READ => "READ",
+        CMD_WRITE => "WRITE",
+        CMD_DISC => "DISC",
+        CMD_FLUSH => "FLUSH",
+        CMD_TRIM => "TRIM",
+        CMD_CACHE => "CACHE",
+        CMD_WRITE_ZEROES => "WRITE_ZEROES",
+        CMD_BLOCK_STATUS => "BLOCK_STATUS",
+        _ => "unknown",
+    }
+}
+
 /// Command flags.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;

@@ -31,15 +31,23 @@ use crate::volume::map::{BlockMap, Mapping};
 use crate::volume::{TierPolicy, View, ViewRef, VolumeTable};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
-/// Times a read starts again because a block it was reading moved and its old
-/// place was rewritten meanwhile (each retry reads the block's new home).
-/// Each attempt reads the whole range again, so on a long read under a busy
-/// cleaner another block may move during each one. With 4, a whole-volume
-/// read under the paced cleaner on a loaded machine used them all up and
-/// reported the moved block as corrupt (CI, `cleaner_streams`; with none,
-/// 1 run in 8 of that test fails so); each retry is a fresh plan from the
-/// map, so the bound only stops a read that never finishes.
+/// Times a read reads one block again because the block moved while the
+/// read was in flight and its old place was rewritten meanwhile (each
+/// attempt reads the block's new home from a fresh look in the map). Only
+/// the blocks that moved are read again, one block each, so a long read
+/// under a busy cleaner finishes; the bound only stops a read of a block
+/// that never holds still (an error saying so, not a checksum mismatch).
+/// Before retries were per block, a whole-volume read under the paced
+/// cleaner on a loaded machine used up 4 whole-range attempts and reported
+/// the block that moved as corrupt (CI, `cleaner_streams`).
 const READ_MOVED_RETRY_COUNT_MAX: usize = 32;
+
+/// Moved blocks one read attempt keeps without allocating.
+const MOVED_BLOCKS_INLINE_COUNT: usize = 4;
+
+/// The logical blocks of a read attempt whose device copy moved while it was
+/// in flight: everything else the attempt copied is done.
+type MovedBlocks = SmallVec<[u64; MOVED_BLOCKS_INLINE_COUNT]>;
 
 /// Blocks after a promoted capacity block that are promoted with it when they
 /// follow it both in the volume and on capacity (a 64 KiB window in all).
@@ -62,14 +70,6 @@ pub(super) const PROMOTION_HEADROOM_SEGMENT_COUNT: usize = 2;
 pub struct Extent {
     pub length: u64,
     pub allocated: bool,
-}
-
-/// How one read attempt ended.
-enum ReadOutcome {
-    Done,
-    /// A block failed its checksum and the map no longer points there: the
-    /// error to return if retries run out.
-    Moved(EngineError),
 }
 
 /// A block a read takes from the device. Ordered by logical block first.
@@ -405,30 +405,34 @@ fn neighbour_spans(neighbours: &[DeviceBlock]) -> Vec<&[DeviceBlock]> {
 }
 
 /// The blocks of `data`, the contents of `run` read from the device, beside
-/// the blocks of `run`.
+/// the blocks of `run`, leaving out those that `moved` (their bytes are
+/// another block's).
 fn run_contents<'a>(
     run: &'a [DeviceBlock],
     data: &'a [u8],
+    moved: &'a [u64],
 ) -> impl Iterator<Item = (&'a DeviceBlock, &'a [u8])> {
     assert_eq!(
         data.len(),
         run.len() * BLOCK_BYTES,
         "a device read returns the run's blocks"
     );
-    run.iter().zip(data.chunks_exact(BLOCK_BYTES))
+    run.iter()
+        .zip(data.chunks_exact(BLOCK_BYTES))
+        .filter(|(block, _)| !moved.contains(&block.logical_block))
 }
 
 /// Copies the verified blocks of a run into the request's buffer.
-fn copy_run(offset: u64, run: &[DeviceBlock], data: &[u8], buffer: &mut [u8]) {
-    for (block, contents) in run_contents(run, data) {
+fn copy_run(offset: u64, run: &[DeviceBlock], data: &[u8], buffer: &mut [u8], moved: &[u64]) {
+    for (block, contents) in run_contents(run, data, moved) {
         let span = BlockSpan::of(offset, buffer.len(), block.logical_block);
         buffer[span.request_range()].copy_from_slice(&contents[span.block_range()]);
     }
 }
 
 /// Gives the promotions of a run's blocks the contents just read and verified.
-fn attach_contents(promotions: &mut [Promotion], run: &[DeviceBlock], data: &[u8]) {
-    for (block, contents) in run_contents(run, data) {
+fn attach_contents(promotions: &mut [Promotion], run: &[DeviceBlock], data: &[u8], moved: &[u64]) {
+    for (block, contents) in run_contents(run, data, moved) {
         if let Some(promotion) = promotions.iter_mut().find(|promotion| {
             promotion.physical_block == block.physical_block && promotion.contents.is_none()
         }) {
@@ -482,8 +486,8 @@ impl Pool {
         result
     }
 
-    /// [`Pool::read_view`]'s attempts (again while blocks move under it),
-    /// untimed.
+    /// [`Pool::read_view`]'s attempts, untimed: the whole range once, then
+    /// each block that moved under it again on its own.
     pub(super) async fn read_view_attempts(
         &self,
         view: View,
@@ -491,34 +495,64 @@ impl Pool {
         buffer: &mut [u8],
         extents: &mut ReadExtents,
     ) -> Result<(), EngineError> {
-        let mut attempt = 0;
-        loop {
-            match self.read_view_once(view, offset, buffer, extents).await? {
-                ReadOutcome::Done => return Ok(()),
-                // A block moved (cleaned, demoted, promoted, overwritten) and
-                // its old segment was rewritten while the read was in flight:
-                // the map has its new home, so read again.
-                ReadOutcome::Moved(mismatch) => {
-                    attempt += 1;
-                    if attempt > READ_MOVED_RETRY_COUNT_MAX {
-                        return Err(mismatch);
-                    }
-                }
-            }
+        let moved = self.read_view_once(view, offset, buffer, extents).await?;
+        // A block moved (cleaned, demoted, promoted, overwritten) and its old
+        // segment was rewritten while the read was in flight: the map has its
+        // new home. The extents stay the first plan's: a block that is a hole
+        // by now reads as zeros, which its data chunk carries as well.
+        for logical_block in moved {
+            self.read_moved_block(view, offset, buffer, logical_block)
+                .await?;
         }
+        Ok(())
     }
 
-    /// One attempt of [`Pool::read_view`].
+    /// Reads again the part of a request's `buffer` (at byte `offset`) that
+    /// falls in `logical_block`, which moved under the first attempt, until
+    /// it holds still long enough to be read.
+    async fn read_moved_block(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+        logical_block: u64,
+    ) -> Result<(), EngineError> {
+        let span = BlockSpan::of(offset, buffer.len(), logical_block);
+        let part_offset = offset + span.within_request as u64;
+        let part = &mut buffer[span.request_range()];
+        let mut extents = ReadExtents::new();
+        for _ in 0..READ_MOVED_RETRY_COUNT_MAX {
+            let moved = self
+                .read_view_once(view, part_offset, part, &mut extents)
+                .await?;
+            if moved.is_empty() {
+                return Ok(());
+            }
+            assert_eq!(
+                moved[..],
+                [logical_block],
+                "a one-block read moves its block"
+            );
+        }
+        Err(EngineError::Io(IoError::KeptMoving {
+            volume: self.view_name(view),
+            logical_block,
+            attempts: READ_MOVED_RETRY_COUNT_MAX,
+        }))
+    }
+
+    /// One attempt of [`Pool::read_view`]: the blocks it could read are in
+    /// `buffer`, those that moved under it are returned.
     async fn read_view_once(
         &self,
         view: View,
         offset: u64,
         buffer: &mut [u8],
         extents: &mut ReadExtents,
-    ) -> Result<ReadOutcome, EngineError> {
+    ) -> Result<MovedBlocks, EngineError> {
         extents.clear();
         if buffer.is_empty() {
-            return Ok(ReadOutcome::Done);
+            return Ok(MovedBlocks::new());
         }
         let mut plan = self.plan_read(view, offset, buffer, extents)?;
         if !plan.from_cache_or_device.is_empty() {
@@ -542,18 +576,18 @@ impl Pool {
             self.read_neighbours(&plan.neighbours)
         );
         plan.promotions.extend(neighbour_promotions);
+        let mut moved = MovedBlocks::new();
         for (run, result) in runs.iter().zip(results) {
-            let outcome = self
+            let run_moved = self
                 .verify_and_copy(view, offset, run, result, buffer, &mut plan.promotions)
                 .await?;
-            if let ReadOutcome::Moved(_) = outcome {
-                return Ok(outcome);
-            }
+            moved.extend(run_moved);
         }
+        // A moved block's promotion has no contents, and is skipped.
         if !plan.promotions.is_empty() {
             self.promote(view.volume_id(), plan.promotions);
         }
-        Ok(ReadOutcome::Done)
+        Ok(moved)
     }
 
     /// The common cache miss: one block from the device and nothing read
@@ -565,26 +599,25 @@ impl Pool {
         block: DeviceBlock,
         buffer: &mut [u8],
         mut promotions: Vec<Promotion>,
-    ) -> Result<ReadOutcome, EngineError> {
+    ) -> Result<MovedBlocks, EngineError> {
         let run = [block];
         let result = self
             .inner
             .device
             .read(block.physical_block * BLOCK_SIZE_BYTES, BLOCK_BYTES)
             .await;
-        let outcome = self
+        let moved = self
             .verify_and_copy(view, offset, &run, result, buffer, &mut promotions)
             .await?;
-        if let ReadOutcome::Done = outcome
-            && !promotions.is_empty()
-        {
+        if moved.is_empty() && !promotions.is_empty() {
             self.promote(view.volume_id(), promotions);
         }
-        Ok(outcome)
+        Ok(moved)
     }
 
-    /// Checks the blocks of a run just read, copies them into the request's
-    /// buffer and gives their contents to the promotions waiting for them.
+    /// Checks the blocks of a run just read, copies those that did not move
+    /// into the request's buffer, gives their contents to the promotions
+    /// waiting for them and returns those that moved.
     async fn verify_and_copy(
         &self,
         view: View,
@@ -593,20 +626,18 @@ impl Pool {
         result: Result<AlignedBuffer, DeviceError>,
         buffer: &mut [u8],
         promotions: &mut [Promotion],
-    ) -> Result<ReadOutcome, EngineError> {
+    ) -> Result<MovedBlocks, EngineError> {
         let mut data = result?;
-        let outcome = self.verify_run(view, run, &mut data).await?;
-        if let ReadOutcome::Done = outcome {
-            copy_run(offset, run, &data, buffer);
-            attach_contents(promotions, run, &data);
-            for (block, contents) in run_contents(run, &data) {
-                // Unless the block died since the read was planned.
-                self.inner
-                    .cache
-                    .insert_read(block.physical_block, contents, block.generation);
-            }
+        let moved = self.verify_run(view, run, &mut data).await?;
+        copy_run(offset, run, &data, buffer, &moved);
+        attach_contents(promotions, run, &data, &moved);
+        for (block, contents) in run_contents(run, &data, &moved) {
+            // Unless the block died since the read was planned.
+            self.inner
+                .cache
+                .insert_read(block.physical_block, contents, block.generation);
         }
-        Ok(outcome)
+        Ok(moved)
     }
 
     /// Copies the blocks of `plan.from_cache_or_device` found in the memory
@@ -717,34 +748,29 @@ impl Pool {
     }
 
     /// Checks the blocks of a run just read against their checksums. A
-    /// mismatch on a block the map no longer points to is a move (the read
-    /// starts again); on one it still points to, damage: rebuilt from the
-    /// device's redundancy when it has any (and the bad copy rewritten),
-    /// otherwise an error, counted.
+    /// mismatch on a block the map no longer points to is a move (returned:
+    /// the block is read again); on one it still points to, damage: rebuilt
+    /// from the device's redundancy when it has any (and the bad copy
+    /// rewritten), otherwise an error, counted.
     async fn verify_run(
         &self,
         view: View,
         run: &[DeviceBlock],
         data: &mut [u8],
-    ) -> Result<ReadOutcome, EngineError> {
+    ) -> Result<MovedBlocks, EngineError> {
         assert_eq!(
             data.len(),
             run.len() * BLOCK_BYTES,
             "a device read returns the run's blocks"
         );
+        let mut moved = MovedBlocks::new();
         for (block, contents) in run.iter().zip(data.chunks_exact_mut(BLOCK_BYTES)) {
             if block_checksum(contents) == block.checksum {
                 continue;
             }
-            // Named only now: a read that passes its checksums allocates no name.
-            let view_name = self.view_name(view);
-            let mismatch = EngineError::Io(IoError::ChecksumMismatch {
-                volume: view_name.clone(),
-                logical_block: block.logical_block,
-                physical_block: block.physical_block,
-            });
             if self.moved_since_planned(view, block) {
-                return Ok(ReadOutcome::Moved(mismatch));
+                moved.push(block.logical_block);
+                continue;
             }
             if let Some(good) = self
                 .recover_block(block.physical_block, block.logical_block, block.checksum)
@@ -758,11 +784,17 @@ impl Pool {
                 physical_block,
                 ..
             } = *block;
+            // Named only now: a read that passes its checksums allocates no name.
+            let view_name = self.view_name(view);
             tracing::error!(volume = %view_name, logical_block, physical_block, "checksum mismatch");
             self.inner.integrity.read_checksum_error();
-            return Err(mismatch);
+            return Err(EngineError::Io(IoError::ChecksumMismatch {
+                volume: view_name,
+                logical_block,
+                physical_block,
+            }));
         }
-        Ok(ReadOutcome::Done)
+        Ok(moved)
     }
 
     /// A block (at `physical_block`, `logical_block` for the log) failed its

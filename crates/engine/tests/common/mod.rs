@@ -87,6 +87,8 @@ pub struct InstrumentedDevice {
     inner: std::sync::Arc<dyn lamina_device::BlockDevice>,
     pub recording: std::sync::atomic::AtomicBool,
     pub longest_read_bytes: std::sync::atomic::AtomicUsize,
+    /// Bytes read while `recording`, all reads together.
+    pub read_bytes: std::sync::atomic::AtomicUsize,
     flush_delay: std::time::Duration,
     read_delay: std::time::Duration,
     write_delay: std::time::Duration,
@@ -99,6 +101,7 @@ impl InstrumentedDevice {
             inner,
             recording: false.into(),
             longest_read_bytes: 0.into(),
+            read_bytes: 0.into(),
             flush_delay: std::time::Duration::ZERO,
             read_delay: std::time::Duration::ZERO,
             write_delay: std::time::Duration::ZERO,
@@ -157,6 +160,8 @@ impl lamina_device::BlockDevice for InstrumentedDevice {
             if self.recording.load(std::sync::atomic::Ordering::Relaxed) {
                 self.longest_read_bytes
                     .fetch_max(length, std::sync::atomic::Ordering::Relaxed);
+                self.read_bytes
+                    .fetch_add(length, std::sync::atomic::Ordering::Relaxed);
             }
             self.inner.read(offset, length).await
         })
