@@ -9,6 +9,7 @@
 //! claims the device for this process first (`lock.rs`): a second open, by this
 //! process or another, is refused while the device is open.
 
+mod preallocation;
 mod ring;
 
 use std::fs::{File, OpenOptions};
@@ -22,6 +23,7 @@ use tokio::sync::Semaphore;
 
 use crate::lock::DeviceLock;
 use crate::{AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceError, DeviceErrorKind};
+use preallocation::Preallocation;
 pub use ring::thread_has_device_completions;
 use ring::{Completed, Operation, Ring, RingLimits};
 
@@ -67,6 +69,8 @@ pub struct FileDevice {
     path: PathBuf,
     size_bytes: u64,
     engine: Engine,
+    /// For a regular file on the ring: its blocks allocated ahead of writes.
+    preallocation: Option<Preallocation>,
     /// The claim on the device, held while it is open. Declared after `engine`
     /// so that it is released only once the kernel holds no request of the ring.
     _lock: DeviceLock,
@@ -139,11 +143,18 @@ impl FileDevice {
         };
         lock.check_same_file(&file).map_err(open_error)?;
         let size_bytes = device_size(&file).map_err(open_error)?;
+        let size_bytes = size_bytes - size_bytes % DEVICE_ALIGNMENT_BYTES;
+        // Block devices have no holes; the positional backend writes through
+        // the page cache, which allocates without stalling the caller's ring.
+        let is_regular_file = file.metadata().map_err(open_error)?.file_type().is_file();
+        let preallocation = (is_regular_file && matches!(engine, Engine::Ring(_)))
+            .then(|| Preallocation::new(size_bytes));
         Ok(Self {
             name,
             path: path.to_path_buf(),
-            size_bytes: size_bytes - size_bytes % DEVICE_ALIGNMENT_BYTES,
+            size_bytes,
             engine,
+            preallocation,
             _lock: lock,
         })
     }
@@ -167,6 +178,21 @@ impl FileDevice {
 
     pub fn path(&self) -> PathBuf {
         self.path.clone()
+    }
+
+    /// Allocates the chunks of the file a write is about to touch that no
+    /// write since the open has (see `file/preallocation.rs`).
+    async fn allocate_ahead(&self, ring: &Ring, offset: u64, length: u64) {
+        let Some(preallocation) = &self.preallocation else {
+            return;
+        };
+        for chunk in preallocation.claim(offset, length) {
+            let operation = Operation::Allocate {
+                length_bytes: chunk.length_bytes,
+            };
+            let result = ring.execute(operation, chunk.offset).await.map(|_| ());
+            preallocation.allocated(&self.name, chunk, result);
+        }
     }
 
     fn error(&self, error: io::Error, offset: u64, length: u64) -> DeviceError {
@@ -327,10 +353,12 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         let result = match &self.engine {
-            Engine::Ring(ring) => ring
-                .execute(Operation::Write { buffer: data }, offset)
-                .await
-                .map(|_| ()),
+            Engine::Ring(ring) => {
+                self.allocate_ahead(ring, offset, length).await;
+                ring.execute(Operation::Write { buffer: data }, offset)
+                    .await
+                    .map(|_| ())
+            }
             Engine::Positional { file, permits } => {
                 let permit = acquire(permits).await;
                 let file = file.clone();

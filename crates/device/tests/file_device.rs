@@ -291,6 +291,73 @@ async fn out_of_range_requests_are_typed_errors() {
     }
 }
 
+/// Bytes of `path` the filesystem has allocated.
+fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("metadata").blocks() * 512
+}
+
+/// The first write into a chunk of a sparse file allocates the whole chunk
+/// (so that later direct writes there are overwrites the kernel issues
+/// inline), keeps the file's size, and never touches bytes written before:
+/// after a reopen, when the chunks are allocated again, earlier data, later
+/// data and the holes between read back as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_allocate_their_chunk_ahead_and_keep_what_was_written() {
+    const MIB: u64 = 1 << 20;
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let mut random = SmallRng::seed_from_u64(5);
+    let mut first = AlignedBuffer::zeroed(64 << 10);
+    random.fill_bytes(&mut first);
+    let first = Arc::new(first);
+    let mut second = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+    random.fill_bytes(&mut second);
+    let second = Arc::new(second);
+    {
+        let device = FileDevice::open(&path, options_with_size(16 * MIB)).expect("open");
+        if device.backend() != IoBackend::IoUringDirect {
+            eprintln!(
+                "skipped: /tmp is {}, no io_uring",
+                filesystem_name(directory.path())
+            );
+            return;
+        }
+        assert_eq!(allocated_bytes(&path), 0, "a new device file is sparse");
+        device.write(5 * MIB, first.clone()).await.expect("write");
+        device.flush().await.expect("flush");
+        let allocated = allocated_bytes(&path);
+        assert!(
+            (4 * MIB..8 * MIB).contains(&allocated),
+            "one 4 MiB chunk allocated for a 64 KiB write, found {allocated} bytes"
+        );
+    }
+    let device = reopen(&path);
+    device.write(6 * MIB, second.clone()).await.expect("write");
+    device.write(15 * MIB, second.clone()).await.expect("write");
+    device.flush().await.expect("flush");
+    assert_eq!(
+        device.size_bytes(),
+        16 * MIB,
+        "allocating never grows the file"
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 16 * MIB);
+    let read = device.read(5 * MIB, first.len()).await.expect("read");
+    assert!(
+        read[..] == first[..],
+        "data written before the chunk's allocation"
+    );
+    for offset in [6 * MIB, 15 * MIB] {
+        let read = device.read(offset, second.len()).await.expect("read");
+        assert!(read[..] == second[..], "data at {offset}");
+    }
+    let allocated_hole = device.read(4 * MIB, MIB as usize).await.expect("read");
+    assert!(
+        allocated_hole.iter().all(|byte| *byte == 0),
+        "allocated holes read as zeros"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushed_data_is_seen_after_reopen() {
     let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
