@@ -356,53 +356,102 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
     }
 }
 
+/// A pool whose device reads wait at `gate`, without a memory cache, and a
+/// 4 MiB volume in it.
+struct GatedPool {
+    pool: Pool,
+    gate: tokio::sync::watch::Sender<bool>,
+    device: Arc<InstrumentedDevice>,
+    volume: u32,
+}
+
+impl GatedPool {
+    async fn create() -> Self {
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let (gate, open) = tokio::sync::watch::channel(true);
+        let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));
+        let options = PoolOptions {
+            segment_size_bytes: SEGMENT_BYTES,
+            force: false,
+            flash_region_bytes: None,
+            ..PoolOptions::default()
+        };
+        let limits = PoolLimits {
+            memory_cache_bytes: 0,
+            ..limits()
+        };
+        let pool = Pool::create(device.clone(), options, limits).await.unwrap();
+        let volume = pool.create_volume("data", 4 << 20).await.unwrap().volume_id;
+        Self {
+            pool,
+            gate,
+            device,
+            volume,
+        }
+    }
+}
+
+/// Writes blocks `0..count` with generation 1 in one batch, then blocks
+/// 200..232, which fill the rest of their segment.
+async fn write_blocks_and_their_segment_filler(pool: &Pool, volume: u32, count: u64) {
+    let first: Vec<u8> = (0..count).flat_map(|block| contents(block, 1)).collect();
+    pool.write(volume, 0, &first, false).await.unwrap();
+    write_range(pool, volume, 200..232, 1).await;
+}
+
+/// The read of a held read of blocks `0..count`.
+type HeldRead = tokio::task::JoinHandle<(Result<(), lamina_engine::EngineError>, Vec<u8>)>;
+
+/// Closes `gate` and starts a read of blocks `0..count`, which looks its
+/// blocks up and then waits at the gate for its device reads.
+async fn start_held_read(
+    pool: &Pool,
+    gate: &tokio::sync::watch::Sender<bool>,
+    volume: u32,
+    count: u64,
+) -> HeldRead {
+    gate.send(false).unwrap();
+    let pool = pool.clone();
+    let reader = tokio::spawn(async move {
+        let mut buffer = vec![0u8; count as usize * BLOCK];
+        let result = pool.read(volume, 0, &mut buffer).await;
+        (result, buffer)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    reader
+}
+
+/// Overwrites blocks `0..count` (written in one batch, with 200..232 filling
+/// their segment) with generation 2 and writes enough elsewhere, flushed,
+/// that their freed segment is rewritten: their old places hold other bytes.
+async fn move_blocks_and_rewrite_their_segment(pool: &Pool, volume: u32, count: u64) {
+    let second: Vec<u8> = (0..count).flat_map(|block| contents(block, 2)).collect();
+    pool.write(volume, 0, &second, false).await.unwrap();
+    write_range(pool, volume, 200..232, 2).await;
+    pool.flush().await.unwrap();
+    write_range(pool, volume, 100..180, 3).await;
+    pool.flush().await.unwrap();
+}
+
 /// A read looks its blocks up, then reads the device without the lock. If the
 /// blocks are overwritten and their segment freed and rewritten meanwhile (now
 /// possible a flush after the overwrite), the read finds another block's bytes:
 /// it must read the blocks' new homes, not fail and never return the bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
-    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-    let (gate, open) = tokio::sync::watch::channel(true);
-    let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));
-    let options = PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        force: false,
-        flash_region_bytes: None,
-        ..PoolOptions::default()
-    };
-    let limits = PoolLimits {
-        memory_cache_bytes: 0,
-        ..limits()
-    };
-    let pool = Pool::create(device, options, limits).await.unwrap();
-    let volume = pool.create_volume("data", 4 << 20).await.unwrap().volume_id;
+    let GatedPool {
+        pool, gate, volume, ..
+    } = GatedPool::create().await;
     // Blocks 0..8 in one batch, then filler that fills their segment, all
     // covered by both checkpoints.
-    let first: Vec<u8> = (0..8).flat_map(|block| contents(block, 1)).collect();
-    pool.write(volume, 0, &first, false).await.unwrap();
-    write_range(&pool, volume, 200..232, 1).await;
+    write_blocks_and_their_segment_filler(&pool, volume, 8).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
     // A read of them held after its lookup.
-    gate.send(false).unwrap();
-    let reader = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut buffer = vec![0u8; 8 * BLOCK];
-            let result = pool.read(volume, 0, &mut buffer).await;
-            (result, buffer)
-        })
-    };
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let reader = start_held_read(&pool, &gate, volume, 8).await;
     // Overwrite them (their segment dies and, once flushed, is freed first),
     // then write enough elsewhere that the freed segment is rewritten.
-    let second: Vec<u8> = (0..8).flat_map(|block| contents(block, 2)).collect();
-    pool.write(volume, 0, &second, false).await.unwrap();
-    write_range(&pool, volume, 200..232, 2).await;
-    pool.flush().await.unwrap();
-    write_range(&pool, volume, 100..180, 3).await;
-    pool.flush().await.unwrap();
+    move_blocks_and_rewrite_their_segment(&pool, volume, 8).await;
     gate.send(true).unwrap();
     let (result, buffer) = reader.await.unwrap();
     result.expect("the read failed instead of reading the blocks' new homes");
@@ -424,50 +473,21 @@ async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
 async fn a_long_read_reads_again_only_the_blocks_that_moved_under_it() {
     const MOVED_BLOCKS: u64 = 8;
     const READ_BLOCKS: u64 = 48;
-    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-    let (gate, open) = tokio::sync::watch::channel(true);
-    let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));
-    let options = PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        force: false,
-        flash_region_bytes: None,
-        ..PoolOptions::default()
-    };
-    let limits = PoolLimits {
-        memory_cache_bytes: 0,
-        ..limits()
-    };
-    let pool = Pool::create(device.clone(), options, limits).await.unwrap();
-    let volume = pool.create_volume("data", 4 << 20).await.unwrap().volume_id;
+    let GatedPool {
+        pool,
+        gate,
+        device,
+        volume,
+    } = GatedPool::create().await;
     // Blocks 0..8 in one batch and filler that fills their segment, then the
     // rest of the range in segments of their own, all checkpointed twice.
-    let first: Vec<u8> = (0..MOVED_BLOCKS)
-        .flat_map(|block| contents(block, 1))
-        .collect();
-    pool.write(volume, 0, &first, false).await.unwrap();
-    write_range(&pool, volume, 200..232, 1).await;
+    write_blocks_and_their_segment_filler(&pool, volume, MOVED_BLOCKS).await;
     write_range(&pool, volume, MOVED_BLOCKS..READ_BLOCKS, 1).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
-    gate.send(false).unwrap();
-    let reader = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut buffer = vec![0u8; READ_BLOCKS as usize * BLOCK];
-            let result = pool.read(volume, 0, &mut buffer).await;
-            (result, buffer)
-        })
-    };
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let reader = start_held_read(&pool, &gate, volume, READ_BLOCKS).await;
     // Blocks 0..8 move and their old segment is rewritten; the rest stay.
-    let second: Vec<u8> = (0..MOVED_BLOCKS)
-        .flat_map(|block| contents(block, 2))
-        .collect();
-    pool.write(volume, 0, &second, false).await.unwrap();
-    write_range(&pool, volume, 200..232, 2).await;
-    pool.flush().await.unwrap();
-    write_range(&pool, volume, 100..180, 3).await;
-    pool.flush().await.unwrap();
+    move_blocks_and_rewrite_their_segment(&pool, volume, MOVED_BLOCKS).await;
     device
         .recording
         .store(true, std::sync::atomic::Ordering::Relaxed);
