@@ -86,6 +86,12 @@ impl Preallocation {
             // Past the end: the write's own range check reports it.
             return false;
         };
+        // Read first: every write asks, almost always about a chunk claimed
+        // long ago, and a plain load keeps the word's cache line shared
+        // between the threads writing instead of moving it on each write.
+        if word.load(Ordering::Relaxed) & bit != 0 {
+            return false;
+        }
         word.fetch_or(bit, Ordering::Relaxed) & bit == 0
     }
 
