@@ -399,7 +399,7 @@ async fn write_blocks_and_their_segment_filler(pool: &Pool, volume: u32, count: 
     write_range(pool, volume, 200..232, 1).await;
 }
 
-/// The read of a held read of blocks `0..count`.
+/// The task of a held read: its result and the bytes it read.
 type HeldRead = tokio::task::JoinHandle<(Result<(), lamina_engine::EngineError>, Vec<u8>)>;
 
 /// Closes `gate` and starts a read of blocks `0..count`, which looks its
