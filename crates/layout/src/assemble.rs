@@ -3,6 +3,8 @@
 //! (`assemble`): each device's label says which member it is; a device of
 //! another pool or another tier is refused, naming it; a stale member (an
 //! older generation, or one the others list as faulted) is left out, named;
+//! a member shorter than the array needs (a truncated file) is faulted,
+//! named with its size, and counted against the parity like a missing one;
 //! and with more members missing than the parity covers, assembling refuses,
 //! naming the missing members where they were last seen.
 
@@ -652,10 +654,24 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
             continue;
         }
         match current.remove(&key) {
-            Some(Labelled { member, .. }) => {
-                check_size(&member, needed_bytes)?;
-                members.push(Member::present(index, member.path, member.device));
-            }
+            Some(Labelled { member, .. }) => match too_short(&member, needed_bytes) {
+                // Shorter than the rows (a truncated file): its label still
+                // reads, but rows past its end cannot, nor be written. It is
+                // a lost member, counted against the parity and named with
+                // its size, not a reason to refuse the whole array.
+                Some(reason) => {
+                    missing.push(Missing {
+                        recorded: false,
+                        text: format!("member {index} ({reason})"),
+                    });
+                    excluded.push(ExcludedMember {
+                        reason: format!("member {index} {reason}"),
+                        path: member.path.clone(),
+                    });
+                    members.push(Member::unfit(index, member.path, reason));
+                }
+                None => members.push(Member::present(index, member.path, member.device)),
+            },
             None => {
                 let recorded = reference.faulted_members.contains(&key);
                 missing.push(Missing {
@@ -668,8 +684,26 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
     }
     check_missing(tier, &reference, &members, missing)?;
     let array = RedundantArray::new(geometry, members, reference);
+    resume_replacements(&array, replacements, needed_bytes, &mut excluded);
+    Ok(Assembled { array, excluded })
+}
+
+/// Attaches the replacements found to resume their rebuilds; one too small
+/// for the array is left out (named), and its member stays as it is.
+fn resume_replacements(
+    array: &RedundantArray,
+    replacements: BTreeMap<u32, Labelled>,
+    needed_bytes: u64,
+    excluded: &mut Vec<ExcludedMember>,
+) {
     for (index, Labelled { member, label }) in replacements {
-        check_size(&member, needed_bytes)?;
+        if let Some(reason) = too_short(&member, needed_bytes) {
+            excluded.push(ExcludedMember {
+                reason: format!("replacement of member {index} {reason}"),
+                path: member.path,
+            });
+            continue;
+        }
         let rows_done = label.rebuilding_rows_done.expect("a replacement's label");
         tracing::warn!(path = %member.path, member = index, rows_done, "resuming the rebuild of a replacement");
         array.resume_replacement(
@@ -678,7 +712,17 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
             rows_done,
         );
     }
-    Ok(Assembled { array, excluded })
+}
+
+/// Why `member` cannot hold its rows: its size and the size needed.
+fn too_short(member: &MemberDevice, needed_bytes: u64) -> Option<String> {
+    let size_bytes = member.device.size_bytes();
+    (size_bytes < needed_bytes).then(|| {
+        format!(
+            "at {} is too small: {size_bytes} bytes, at least {needed_bytes} needed",
+            member.path
+        )
+    })
 }
 
 /// A member not found at assembly.
@@ -734,17 +778,6 @@ fn check_missing(
                         .unwrap_or_default()
                 })
                 .collect(),
-        });
-    }
-    Ok(())
-}
-
-fn check_size(member: &MemberDevice, needed_bytes: u64) -> Result<(), ArrayError> {
-    if member.device.size_bytes() < needed_bytes {
-        return Err(ArrayError::TooSmall {
-            path: member.path.clone(),
-            size_bytes: member.device.size_bytes(),
-            needed_bytes,
         });
     }
     Ok(())

@@ -59,11 +59,20 @@ pub struct MemberStatus {
     pub checksum_errors_repaired: u64,
     /// A device being rebuilt to take this member's place.
     pub replacement: Option<ReplacementStatus>,
+    /// Why assembly left the member's device out of use although it was
+    /// found (a device shorter than the array needs), for `pool status`.
+    pub unfit: Option<String>,
 }
 
 /// Rows rebuilt between two records of progress in a replacement's label
-/// (each costs two flushes of it): what a crash makes the rebuild redo.
+/// (each costs two flushes of it): what a crash makes the rebuild redo, at
+/// most, when the rebuild runs fast.
 pub const REBUILD_PERSIST_ROWS: u64 = 4096;
+/// Time between two records of progress, at most, while rows are rebuilt:
+/// a rebuild paced behind client I/O takes minutes for
+/// [`REBUILD_PERSIST_ROWS`] rows, and a crash would cost all of them
+/// (issue 42: five restarts each resumed from the same first record).
+pub const REBUILD_PERSIST_INTERVAL_MS: u64 = 1_000;
 
 /// A device being rebuilt to take a member's place (`device replace`): every
 /// write to the member's rows goes to it too, and the rebuild writes the rows
@@ -76,7 +85,50 @@ pub(crate) struct Replacement {
     pub(crate) rows_done: AtomicU64,
     /// Rows done as recorded in its label (durable).
     pub(crate) rows_persisted: AtomicU64,
+    /// When `rows_persisted` was last recorded (or the rebuild began or
+    /// resumed): see [`REBUILD_PERSIST_INTERVAL_MS`].
+    pub(crate) persisted_at: Mutex<tokio::time::Instant>,
     pub(crate) bytes_written: AtomicU64,
+}
+
+impl Replacement {
+    /// `device` at `path`, holding every row below `rows_done` durably.
+    pub(crate) fn new(device: Arc<dyn BlockDevice>, path: String, rows_done: u64) -> Self {
+        Self {
+            device,
+            path,
+            rows_done: rows_done.into(),
+            rows_persisted: rows_done.into(),
+            persisted_at: Mutex::new(tokio::time::Instant::now()),
+            bytes_written: 0.into(),
+        }
+    }
+
+    /// Whether the rows done should be recorded now: `persist_rows` rows
+    /// since the last record, or some rows and
+    /// [`REBUILD_PERSIST_INTERVAL_MS`] since then.
+    pub(crate) fn progress_due(&self, persist_rows: u64) -> bool {
+        let rows_done = self.rows_done.load(Ordering::SeqCst);
+        let persisted = self.rows_persisted.load(Ordering::SeqCst);
+        let rows_since = rows_done.saturating_sub(persisted);
+        let since = self
+            .persisted_at
+            .lock()
+            .expect("replacement persist time lock")
+            .elapsed();
+        rows_since >= persist_rows
+            || (rows_since > 0
+                && since >= std::time::Duration::from_millis(REBUILD_PERSIST_INTERVAL_MS))
+    }
+
+    /// `rows_done` is durable in the label.
+    pub(crate) fn persisted(&self, rows_done: u64) {
+        self.rows_persisted.fetch_max(rows_done, Ordering::SeqCst);
+        *self
+            .persisted_at
+            .lock()
+            .expect("replacement persist time lock") = tokio::time::Instant::now();
+    }
 }
 
 /// What `pool status` shows of a replacement.
@@ -98,11 +150,13 @@ pub(crate) struct WriteTargets {
 
 /// See the module documentation. Lock order: `replacement` before `state`,
 /// `device` and `path` (taken together only by `write_targets` and
-/// `promote_replacement`); `state` before `path` (`fault`).
+/// `promote_replacement`); `state` before `path` (`fault`); `unfit` last.
 pub(crate) struct Member {
     device: Mutex<Option<Arc<dyn BlockDevice>>>,
     path: Mutex<String>,
     replacement: Mutex<Option<Arc<Replacement>>>,
+    /// See [`MemberStatus::unfit`]; cleared when a device takes its place.
+    unfit: Mutex<Option<String>>,
     index: usize,
     state: Mutex<MemberState>,
     bytes_read: AtomicU64,
@@ -118,6 +172,15 @@ impl Member {
 
     pub fn missing(index: usize, path: String) -> Self {
         Self::with(index, path, None, MemberState::Missing)
+    }
+
+    /// A member whose device was found but cannot be used (`reason`: too
+    /// small for the array): faulted, with no device, counted against the
+    /// parity like a missing member, and named at `path` with the reason.
+    pub fn unfit(index: usize, path: String, reason: String) -> Self {
+        let member = Self::with(index, path, None, MemberState::Faulted);
+        *member.unfit.lock().expect("member unfit lock") = Some(reason);
+        member
     }
 
     /// An empty slot (its member was removed).
@@ -142,6 +205,7 @@ impl Member {
         *self.device.lock().expect("member device lock") = Some(device);
         *self.path.lock().expect("member path lock") = path;
         *self.state.lock().expect("member state lock") = MemberState::Online;
+        *self.unfit.lock().expect("member unfit lock") = None;
         self.io_errors.store(0, Ordering::Relaxed);
         self.checksum_errors_repaired.store(0, Ordering::Relaxed);
     }
@@ -155,6 +219,7 @@ impl Member {
             device: Mutex::new(device),
             path: Mutex::new(path),
             replacement: Mutex::new(None),
+            unfit: Mutex::new(None),
             index,
             state: Mutex::new(state),
             bytes_read: AtomicU64::new(0),
@@ -249,6 +314,7 @@ impl Member {
         *self.device.lock().expect("member device lock") = Some(replacement.device.clone());
         *self.path.lock().expect("member path lock") = replacement.path.clone();
         *self.state.lock().expect("member state lock") = MemberState::Online;
+        *self.unfit.lock().expect("member unfit lock") = None;
         drop(slot);
         self.io_errors.store(0, Ordering::Relaxed);
         self.checksum_errors_repaired.store(0, Ordering::Relaxed);
@@ -309,6 +375,7 @@ impl Member {
                 rows_done: replacement.rows_done.load(Ordering::Relaxed),
                 bytes_written: replacement.bytes_written.load(Ordering::Relaxed),
             }),
+            unfit: self.unfit.lock().expect("member unfit lock").clone(),
         }
     }
 }
@@ -319,13 +386,11 @@ mod tests {
     use lamina_device::MemoryDevice;
 
     fn replacement() -> Arc<Replacement> {
-        Arc::new(Replacement {
-            device: Arc::new(MemoryDevice::new(4096 * 16)),
-            path: "/test/new".to_string(),
-            rows_done: AtomicU64::new(0),
-            rows_persisted: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-        })
+        Arc::new(Replacement::new(
+            Arc::new(MemoryDevice::new(4096 * 16)),
+            "/test/new".to_string(),
+            0,
+        ))
     }
 
     /// A write racing the promotion on another thread must always find a

@@ -9,10 +9,12 @@
 //! until it takes the member's place (`finish_rebuild`), so a half-rebuilt
 //! device can never serve stale rows.
 //!
-//! Progress survives a crash: every [`REBUILD_PERSIST_ROWS`] rows the new
-//! device is flushed and its label records the rows done; after a restart the
-//! rebuild resumes from there (rows written since the rebuild began were
-//! written to the new device too).
+//! Progress survives a crash: every [`REBUILD_PERSIST_ROWS`] rows, and at
+//! least every [`crate::member::REBUILD_PERSIST_INTERVAL_MS`] while rows are
+//! rebuilt, the new device is flushed and its label records the rows done;
+//! after a restart the rebuild resumes from there (rows written since the
+//! rebuild began were written to the new device too), and a crash costs at
+//! most that much work again.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -59,13 +61,7 @@ impl RedundantArray {
         own.member_index = u32::try_from(index).expect("member indexes fit in u32");
         own.rebuilding_rows_done = Some(0);
         write_label(new.device.as_ref(), &own).await?;
-        let replacement = Arc::new(Replacement {
-            device: new.device,
-            path: new.path,
-            rows_done: 0.into(),
-            rows_persisted: 0.into(),
-            bytes_written: 0.into(),
-        });
+        let replacement = Arc::new(Replacement::new(new.device, new.path, 0));
         if !self.members[index].set_replacement(replacement) {
             return Err(ArrayError::ReplacementInProgress {
                 tier: label.tier.name(),
@@ -79,13 +75,7 @@ impl RedundantArray {
     /// Attaches a replacement found when the array was assembled, to resume
     /// its rebuild from `rows_done`.
     pub(crate) fn resume_replacement(&self, index: usize, new: MemberDevice, rows_done: u64) {
-        let replacement = Arc::new(Replacement {
-            device: new.device,
-            path: new.path,
-            rows_done: rows_done.into(),
-            rows_persisted: rows_done.into(),
-            bytes_written: 0.into(),
-        });
+        let replacement = Arc::new(Replacement::new(new.device, new.path, rows_done));
         assert!(self.members[index].set_replacement(replacement));
     }
 
@@ -223,8 +213,7 @@ impl RedundantArray {
             }
             row = span.last_row + 1;
             replacement.rows_done.fetch_max(row, Ordering::SeqCst);
-            let persisted = replacement.rows_persisted.load(Ordering::SeqCst);
-            if row - persisted >= self.rebuild_persist_rows.load(Ordering::Relaxed) {
+            if replacement.progress_due(self.rebuild_persist_rows.load(Ordering::Relaxed)) {
                 self.persist_rebuild_progress(index, &replacement).await?;
             }
         }
@@ -420,9 +409,7 @@ impl RedundantArray {
             self.replacement_failed(index, &error);
             return Err(error);
         }
-        replacement
-            .rows_persisted
-            .fetch_max(rows_done, Ordering::SeqCst);
+        replacement.persisted(rows_done);
         Ok(())
     }
 

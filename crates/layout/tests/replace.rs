@@ -1,7 +1,8 @@
 //! Replacing a member: copy first while the old member works, reconstruct
 //! when it is lost; a second loss during a raid6 rebuild; a crash mid-rebuild
-//! resumed from the replacement's label; refusals of unfit devices; and a
-//! replacement that fails is dropped without harm.
+//! resumed from the replacement's label, whose progress is recorded by time
+//! as well as by rows; refusals of unfit devices; and a replacement that
+//! fails is dropped without harm.
 
 #![allow(clippy::cast_possible_truncation)]
 
@@ -491,4 +492,98 @@ async fn rebuild_under_rewrites(seed: u64) {
         data,
         "run {seed}: the rebuilt member holds every write"
     );
+}
+
+/// A replacement whose writes each take `write_ms` (of paused test time):
+/// a rebuild paced so slowly that a record every
+/// `REBUILD_PERSIST_ROWS` rows alone would never come.
+struct SlowWrites {
+    inner: Faulty,
+    write_ms: u64,
+}
+
+#[async_trait::async_trait]
+impl BlockDevice for SlowWrites {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read(&self, offset: u64, length: usize) -> lamina_device::DeviceReadFuture<'_> {
+        self.inner.read(offset, length)
+    }
+    async fn write(&self, offset: u64, data: Arc<AlignedBuffer>) -> Result<(), DeviceError> {
+        tokio::time::sleep(std::time::Duration::from_millis(self.write_ms)).await;
+        self.inner.write(offset, data).await
+    }
+    async fn flush(&self) -> Result<(), DeviceError> {
+        self.inner.flush().await
+    }
+}
+
+/// The persist interval of `lamina_layout`'s replace.rs
+/// (`REBUILD_PERSIST_INTERVAL_MS`): progress is recorded at least this
+/// often while rows are rebuilt, however few.
+const PERSIST_INTERVAL_MS: u64 = 1_000;
+/// Rows one rebuild step holds (`REBUILD_ROWS_PER_STEP`).
+const ROWS_PER_STEP: u64 = 64;
+
+/// Progress is recorded by time as well as by rows: with a step taking
+/// 400 ms, the label records the rows done within three steps of the
+/// interval passing, long before `REBUILD_PERSIST_ROWS` (4096) rows, and a
+/// crash then costs at most the rows rebuilt since (issue 42: a paced
+/// rebuild restarted five times resumed from the same first record).
+#[tokio::test(start_paused = true)]
+async fn rebuild_progress_is_recorded_by_time_as_well_as_by_rows() {
+    let write_ms = 400;
+    let devices: Vec<Faulty> = (0..6).map(faulty).collect();
+    let array = raid6(&devices).await;
+    let rows = 300;
+    let data = fill(&array, rows, 9).await;
+    array.flush().await.unwrap();
+    devices[1].fail_at_rate(1.0, 1.0).await;
+    let new = faulty(18);
+    let slow = MemberDevice {
+        path: "/test/new".into(),
+        device: Arc::new(SlowWrites {
+            inner: new.clone(),
+            write_ms,
+        }),
+    };
+    array.begin_replacement(&path(1), slow).await.unwrap();
+    let accept = |_: u64, _: &[u8]| true;
+    let started = tokio::time::Instant::now();
+    array
+        .rebuild_range(0, data.len() as u64, &accept)
+        .await
+        .unwrap();
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let recorded = lamina_layout::read_label(new.as_ref())
+        .await
+        .unwrap()
+        .rebuilding_rows_done
+        .expect("still a replacement");
+    let rows_done = array.member_status()[1]
+        .replacement
+        .as_ref()
+        .unwrap()
+        .rows_done;
+    assert_eq!(rows_done, rows);
+    // Rows rebuilt since the last record: at most what the steps of one
+    // interval (and the step that crossed it) hold.
+    let steps_per_interval = PERSIST_INTERVAL_MS.div_ceil(write_ms);
+    let unrecorded_rows_max = (steps_per_interval + 1) * ROWS_PER_STEP;
+    assert!(
+        elapsed_ms > 2 * PERSIST_INTERVAL_MS,
+        "the rebuild took {elapsed_ms} ms"
+    );
+    assert!(
+        recorded > 0 && rows_done - recorded <= unrecorded_rows_max,
+        "{rows_done} rows done in {elapsed_ms} ms, {recorded} recorded"
+    );
+    array.finish_rebuild().await.unwrap();
+    devices[0].fail_at_rate(1.0, 1.0).await;
+    devices[2].fail_at_rate(1.0, 1.0).await;
+    assert_eq!(read_all(&array, data.len()).await, data);
 }
