@@ -1,7 +1,11 @@
 //! Who a client is and what it may open. The server gathers a
 //! [`ClientIdentity`] for each connection (Unix peer credentials from
-//! `SO_PEERCRED`, the TCP address, and after STARTTLS the verified client
-//! certificate's DN) and asks an [`AccessPolicy`] about each export by name.
+//! `SO_PEERCRED`, the TCP address, for a loopback TCP client the uid that owns
+//! its socket, and after STARTTLS the verified client certificate's DN), asks
+//! an [`AccessPolicy`] whether the client may use the server at all (when the
+//! handshake starts and again after STARTTLS), and then about each export by
+//! name. A client not admitted is refused every export, with the policy's
+//! reason.
 //! An export the policy refuses is left out of `NBD_OPT_LIST` and answered with
 //! `NBD_REP_ERR_POLICY` at `INFO`/`GO`, exactly as an export that does not
 //! exist, so a client cannot learn the names of exports it may not open. A
@@ -23,6 +27,16 @@ pub struct UnixCredentials {
     pub pid: Option<i32>,
 }
 
+/// Who owns a loopback TCP client's socket, as the kernel's socket
+/// diagnostics name it (`loopback_owner.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopbackOwner {
+    /// The uid that created the client's socket.
+    Uid(u32),
+    /// The kernel could not say; why.
+    Unknown(String),
+}
+
 /// Everything known about who is on the other end of a connection.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientIdentity {
@@ -30,6 +44,8 @@ pub struct ClientIdentity {
     pub unix: Option<UnixCredentials>,
     /// Set for TCP clients (IPv4-mapped IPv6 addresses as IPv4).
     pub address: Option<IpAddr>,
+    /// Set for TCP clients on a loopback address.
+    pub loopback_owner: Option<LoopbackOwner>,
     /// Whether the connection is encrypted (STARTTLS succeeded).
     pub tls: bool,
     /// The subject DN of the client certificate, RFC 4514 order
@@ -44,6 +60,11 @@ impl std::fmt::Display for ClientIdentity {
         }
         if let Some(address) = &self.address {
             write!(formatter, "{address}")?;
+        }
+        match &self.loopback_owner {
+            Some(LoopbackOwner::Uid(uid)) => write!(formatter, " uid {uid}")?,
+            Some(LoopbackOwner::Unknown(_)) => write!(formatter, " uid unknown")?,
+            None => {}
         }
         if let Some(dn) = &self.certificate_dn {
             write!(formatter, " certificate {dn:?}")?;
@@ -62,6 +83,15 @@ pub enum Access {
 /// Decides which exports a client may open. Without a policy every client
 /// that reaches the socket may open every export.
 pub trait AccessPolicy: Send + Sync + 'static {
+    /// Whether `identity` may use the server at all; asked when the handshake
+    /// starts and again after STARTTLS. `Err` says why not: it is sent to the
+    /// client with every refusal, so it must not name exports. By default
+    /// every client may.
+    fn admit(&self, identity: &ClientIdentity) -> Result<(), String> {
+        let _ = identity;
+        Ok(())
+    }
+
     /// What `identity` may do with the export named `export_name` (its
     /// canonical name, never the empty default name); `None` hides it.
     fn access(&self, identity: &ClientIdentity, export_name: &str) -> Option<Access>;

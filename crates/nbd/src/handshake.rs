@@ -55,6 +55,17 @@ struct State {
     transmission_slots: Option<Arc<Semaphore>>,
     /// TLS, the access policy and who the client is.
     security: ConnectionSecurity,
+    /// Whether the policy admits this client at all (`Err`: why not); asked
+    /// again after STARTTLS, which may name the client by its certificate.
+    admission: Result<(), String>,
+}
+
+/// Asks the connection's policy whether its client may use the server.
+fn admission(security: &ConnectionSecurity) -> Result<(), String> {
+    match &security.access {
+        Some(policy) => policy.admit(&security.identity),
+        None => Ok(()),
+    }
 }
 
 impl State {
@@ -65,6 +76,7 @@ impl State {
         catalog: &dyn ExportCatalog,
         name: &str,
     ) -> Option<(ExportSummary, Arc<dyn Export>)> {
+        self.admission.as_ref().ok()?;
         let (summary, export) = catalog.open(name)?;
         let Some(policy) = &self.security.access else {
             return Some((summary, export));
@@ -80,6 +92,9 @@ impl State {
 
     /// Whether this client may see the export `name` in a listing.
     fn may_list(&self, name: &str) -> bool {
+        if self.admission.is_err() {
+            return false;
+        }
         match &self.security.access {
             None => true,
             Some(policy) => policy.access(&self.security.identity, name).is_some(),
@@ -89,7 +104,11 @@ impl State {
     /// The reply to an option naming an export [`State::open`] refused: with
     /// an access policy, `NBD_REP_ERR_POLICY` whether it exists or not (so a
     /// client cannot probe for names); without one, `NBD_REP_ERR_UNKNOWN`.
+    /// A client the policy does not admit is told why instead.
     fn refusal(&self, name: &str) -> (u32, String) {
+        if let Err(reason) = &self.admission {
+            return (wire::REP_ERR_POLICY, reason.clone());
+        }
         if self.security.access.is_some() {
             (
                 wire::REP_ERR_POLICY,
@@ -139,6 +158,7 @@ where
         structured_replies: false,
         base_allocation_export: None,
         transmission_slots,
+        admission: admission(&security),
         security,
     };
     let mut option_count: u32 = 0;
@@ -399,6 +419,7 @@ where
     state.base_allocation_export = None;
     state.security.identity.tls = true;
     state.security.identity.certificate_dn = stream.peer_certificate_dn();
+    state.admission = admission(&state.security);
     tracing::debug!(identity = %state.security.identity, "TLS started");
     Ok(())
 }

@@ -83,6 +83,7 @@ mod connection_threads;
 mod error;
 mod failure_log;
 mod handshake;
+mod loopback_owner;
 pub mod memory;
 mod negotiated;
 mod server;
@@ -91,7 +92,7 @@ pub mod tls;
 mod transmission;
 pub mod wire;
 
-pub use access::{Access, AccessPolicy, ClientIdentity, UnixCredentials};
+pub use access::{Access, AccessPolicy, ClientIdentity, LoopbackOwner, UnixCredentials};
 pub use backend::{
     EXPORT_FUTURE_BYTES, Export, ExportCatalog, ExportError, ExportFuture, ExportSummary, Extent,
 };

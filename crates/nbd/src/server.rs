@@ -14,7 +14,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{AccessPolicy, ClientIdentity, ConnectionSecurity, UnixCredentials};
+use crate::access::{
+    AccessPolicy, ClientIdentity, ConnectionSecurity, LoopbackOwner, UnixCredentials,
+};
 use crate::admission::{
     Eviction, EvictionReason, HandshakeTicket, Handshakes, PeerKey, RateLimitedWarning,
 };
@@ -23,6 +25,7 @@ use crate::config::{ConfigError, ServerConfig};
 use crate::connection_threads::{ConnectionThreads, SpinRegistration};
 use crate::error::ConnectionError;
 use crate::handshake::{self, HandshakeOutcome};
+use crate::loopback_owner::{ConnectionEnds, loopback_owner_uid};
 use crate::tls::{ServerTls, Transport};
 use crate::transmission;
 
@@ -361,15 +364,41 @@ impl Accept for TcpListener {
         let (stream, address) = self.accept().await?;
         // Replies are small and latency matters more than packet count.
         stream.set_nodelay(true)?;
+        let loopback_owner = address
+            .ip()
+            .to_canonical()
+            .is_loopback()
+            .then(|| find_loopback_owner(address, stream.local_addr()));
         let peer = Peer {
             key: PeerKey::Address(address.ip().to_canonical()),
             description: address.to_string(),
             identity: ClientIdentity {
                 address: Some(address.ip().to_canonical()),
+                loopback_owner,
                 ..ClientIdentity::default()
             },
         };
         Ok(Accepted { stream, peer })
+    }
+}
+
+/// Who owns the socket of the loopback client at `client` (one netlink round
+/// trip, microseconds); the failure, with its reason, otherwise.
+fn find_loopback_owner(
+    client: std::net::SocketAddr,
+    server: std::io::Result<std::net::SocketAddr>,
+) -> LoopbackOwner {
+    let result = server
+        .map_err(|error| format!("cannot read the server's address: {error}"))
+        .and_then(|server| {
+            loopback_owner_uid(ConnectionEnds { client, server }).map_err(|error| error.to_string())
+        });
+    match result {
+        Ok(uid) => LoopbackOwner::Uid(uid),
+        Err(reason) => {
+            tracing::debug!(peer = %client, reason, "cannot find who owns a loopback client's socket");
+            LoopbackOwner::Unknown(reason)
+        }
     }
 }
 
