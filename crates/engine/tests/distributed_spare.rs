@@ -6,7 +6,9 @@
 //! member in use, and then the pool survives two more losses — at runtime
 //! and across a reopen — with every block read back. The rebuild also
 //! starts by itself at open, and a member taken out of an evacuated array
-//! can be removed and a new device added into its slot.
+//! can be removed and a new device added into its slot. A rebuild cut short
+//! by a crash resumes by itself at open; one the members left lack the room
+//! for says so (`Pool::rebuild_blocked`) and starts once space is freed.
 
 #![allow(clippy::cast_possible_truncation)]
 
@@ -15,8 +17,10 @@ use std::time::Duration;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice};
 use lamina_engine::log::geometry::DATA_START_BLOCK;
+use lamina_engine::pool::evacuation::RebuildBlocked;
 use lamina_engine::{
-    EvacuationGoal, Pool, PoolLimits, PoolOptions, RebuildKind, RebuildState, TestHooks,
+    EvacuationGoal, Pool, PoolLimits, PoolOptions, RebuildKind, RebuildStart, RebuildState,
+    TestHooks,
 };
 use lamina_layout::{ArrayIdentity, MemberDevice, Redundancy, RedundantArray, TierRole, assemble};
 
@@ -425,4 +429,169 @@ async fn the_rebuild_never_counts_more_done_than_its_total_under_writes() {
     )
     .await;
     pool.close().await.unwrap();
+}
+
+/// The background budget of the crash test's first run: slow enough that
+/// the rebuild is cut in its middle.
+const PACED_BYTES_PER_SECOND: u64 = 1 << 20;
+
+/// Member 1 is lost and the rebuild onto the others is cut short (the
+/// pool abandoned mid-way, as by `kill -9`): the next open resumes it by
+/// itself, it ends with no segment on member 1, nothing says it is
+/// blocked, every block reads back, and two more losses lose nothing.
+#[tokio::test]
+async fn a_rebuild_cut_short_resumes_by_itself_when_the_pool_opens() {
+    let members = members();
+    let (pool, array) = new_pool(&members, true).await;
+    let volume = pool.create_volume("v", 4 << 20).await.unwrap();
+    let mut blocks = vec![vec![0_u8; BLOCK]; 1024];
+    write_random(&pool, volume.volume_id, &mut blocks, 900, 31).await;
+    pool.close().await.unwrap();
+    drop((pool, array));
+
+    let paced = PoolLimits {
+        background_bytes_per_second_min: Some(PACED_BYTES_PER_SECOND),
+        background_bytes_per_second_max: Some(PACED_BYTES_PER_SECOND),
+        ..limits(true)
+    };
+    let all: Vec<usize> = (0..MEMBER_COUNT).collect();
+    let array = Arc::new(
+        assemble(TierRole::Flash, devices_of(&members, &all))
+            .await
+            .unwrap()
+            .array,
+    );
+    let pool = Pool::open(array.clone(), paced).await.unwrap();
+    lose(&members, &array, 1).await;
+    assert_eq!(pool.start_rebuild(), RebuildStart::Started);
+    let cut_at = wait_for_progress(&pool).await;
+    pool.abandon();
+    while pool.rebuild_status().state == RebuildState::Rebuilding {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop((pool, array));
+
+    let (pool, array) = reopen(&members, &[0, 2, 3, 4, 5], true).await;
+    wait_for_rebuild(&pool).await;
+    let status = pool.rebuild_status();
+    assert_eq!(status.state, RebuildState::Finished, "{status:?}");
+    assert_eq!(status.kind, RebuildKind::DistributedSpare);
+    assert!(
+        status.bytes_done > 0,
+        "the reopened pool moved the rest itself (cut at {cut_at:?}): {status:?}"
+    );
+    assert_eq!(
+        array.zones_containing(1),
+        0,
+        "no zone in use holds member 1"
+    );
+    assert_eq!(pool.rebuild_blocked(), None);
+    check(
+        &pool,
+        volume.volume_id,
+        &blocks,
+        "after the resumed rebuild",
+    )
+    .await;
+    lose(&members, &array, 0).await;
+    lose(&members, &array, 4).await;
+    check(&pool, volume.volume_id, &blocks, "with three members lost").await;
+    pool.close().await.unwrap();
+}
+
+fn devices_of(members: &[Member], present: &[usize]) -> Vec<MemberDevice> {
+    present
+        .iter()
+        .map(|index| member_device(*index, &members[*index]))
+        .collect()
+}
+
+/// Waits until the rebuild has moved something and has more to move.
+async fn wait_for_progress(pool: &Pool) -> lamina_engine::RebuildStatus {
+    for _ in 0..REBUILD_WAIT_MS_MAX {
+        let status = pool.rebuild_status();
+        // None until the rebuild's task first runs.
+        assert_ne!(status.state, RebuildState::Finished, "{status:?}");
+        assert_ne!(status.state, RebuildState::Failed, "{status:?}");
+        if status.bytes_done > 0 {
+            assert!(status.bytes_done < status.bytes_total, "{status:?}");
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the rebuild moved nothing: {:?}", pool.rebuild_status());
+}
+
+/// Share of the space clients can fill that the full test writes with
+/// live data: more than the five members left hold at their width (three
+/// data columns of four), so the lost member's data has no room.
+const FULL_SHARE_PERCENT: u64 = 85;
+
+/// Member 2 of a pool whose live data fills 85 % of what clients can fill
+/// is lost: the others cannot hold it at their narrower width. No rebuild
+/// starts, and the pool says why, with the figures, at every ask; once a
+/// volume is deleted the rebuild starts and ends with full redundancy.
+#[tokio::test]
+async fn a_rebuild_without_room_says_why_and_starts_once_space_is_freed() {
+    let members = members();
+    let (pool, array) = new_pool(&members, true).await;
+    let status = pool.status();
+    let fillable = status.free_bytes + status.used_bytes;
+    let live_bytes = fillable * FULL_SHARE_PERCENT / 100;
+    // Two volumes: `kept` (a quarter) stays, `freed` goes to make room.
+    let kept_bytes = (live_bytes / 4) / (64 << 10) * (64 << 10);
+    let freed_bytes = (live_bytes - kept_bytes) / (64 << 10) * (64 << 10);
+    let kept = pool.create_volume("kept", kept_bytes).await.unwrap();
+    let freed = pool.create_volume("freed", freed_bytes).await.unwrap();
+    let kept_contents = fill(&pool, kept.volume_id, kept_bytes, 41).await;
+    fill(&pool, freed.volume_id, freed_bytes, 42).await;
+    pool.checkpoint().await.unwrap();
+
+    lose(&members, &array, 2).await;
+    let start = pool.start_rebuild();
+    let Some(RebuildBlocked::NoRoom(need)) = pool.rebuild_blocked() else {
+        panic!(
+            "not blocked for room: {:?} ({start:?})",
+            pool.rebuild_blocked()
+        );
+    };
+    assert_eq!(start, RebuildStart::LacksSpace(need));
+    assert!(need.live_bytes > need.free_bytes, "{need:?}");
+    assert_eq!(pool.rebuild_status().state, RebuildState::None);
+    let message = RebuildBlocked::NoRoom(need).to_string();
+    assert!(
+        message.contains("not enough free space") && message.contains("device replace"),
+        "{message}"
+    );
+
+    pool.delete_volume("freed").await.unwrap();
+    pool.checkpoint().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    assert_eq!(pool.rebuild_blocked(), None, "{:?}", pool.evacuation_need());
+    assert_eq!(pool.start_rebuild(), RebuildStart::Started);
+    wait_for_rebuild(&pool).await;
+    assert_eq!(pool.rebuild_status().state, RebuildState::Finished);
+    assert_eq!(
+        array.zones_containing(2),
+        0,
+        "no zone in use holds member 2"
+    );
+    let mut read = vec![0_u8; kept_contents.len()];
+    pool.read(kept.volume_id, 0, &mut read).await.unwrap();
+    assert!(read == kept_contents, "the kept volume reads back");
+    pool.close().await.unwrap();
+}
+
+/// Writes `length` random bytes from `seed` over a volume, 64 KiB at a
+/// time; returns them.
+async fn fill(pool: &Pool, volume_id: u32, length: u64, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut contents = vec![0_u8; length as usize];
+    rand::rngs::SmallRng::seed_from_u64(seed).fill(&mut contents[..]);
+    for (index, chunk) in contents.chunks(64 << 10).enumerate() {
+        let offset = (index * (64 << 10)) as u64;
+        pool.write(volume_id, offset, chunk, false).await.unwrap();
+    }
+    pool.flush().await.unwrap();
+    contents
 }

@@ -72,46 +72,63 @@ struct FlushAndCheckpoint {
     warned_percent: u8,
     /// When the loop last looked for a rebuild to start.
     last_rebuild_check: Instant,
-    /// Whether it warned that a lost device's data has no room elsewhere.
-    warned_lacking_space: bool,
+    /// When it last warned that no rebuild can restore the redundancy
+    /// (`None` while one can, or nothing is degraded).
+    last_blocked_warning: Option<Instant>,
 }
 
 /// How often the background loop looks for lost redundancy to restore
 /// (a device lost by an I/O error, rather than `lamina device fail`).
 pub const REBUILD_CHECK_INTERVAL_MS: u64 = 5_000;
 
+/// How often, at most, the log repeats that no rebuild can restore the
+/// pool's redundancy while that lasts (a warning logged once scrolls away,
+/// and a reader of the log later cannot tell it still holds).
+pub const REBUILD_BLOCKED_WARNING_INTERVAL_MS: u64 = 60_000;
+
 impl FlushAndCheckpoint {
-    fn new() -> Self {
+    /// `warned_blocked`: the opening pool has just warned that no rebuild
+    /// can run, so the loop's first warning waits its interval.
+    fn new(warned_blocked: bool) -> Self {
         Self {
             last_checkpoint: Instant::now(),
             warned_percent: 0,
             last_rebuild_check: Instant::now(),
-            warned_lacking_space: false,
+            last_blocked_warning: warned_blocked.then(Instant::now),
         }
     }
 
     /// Starts a rebuild the devices beneath call for, every
-    /// [`REBUILD_CHECK_INTERVAL_MS`], warning once while it lacks room.
+    /// [`REBUILD_CHECK_INTERVAL_MS`]; while none can run although the pool
+    /// has less redundancy than it was made with, says why, again every
+    /// [`REBUILD_BLOCKED_WARNING_INTERVAL_MS`].
     fn check_rebuild(&mut self, pool: &Pool) {
         if self.last_rebuild_check.elapsed() < Duration::from_millis(REBUILD_CHECK_INTERVAL_MS) {
             return;
         }
         self.last_rebuild_check = Instant::now();
-        match pool.start_rebuild() {
-            super::rebuild::RebuildStart::LacksSpace(need) => {
-                if !self.warned_lacking_space {
-                    tracing::warn!(
-                        live_bytes = need.live_bytes,
-                        free_bytes = need.free_bytes,
-                        "a device is lost and the others lack the free space to hold its data: \
-                         redundancy stays reduced until a device is replaced or data is freed"
-                    );
-                }
-                self.warned_lacking_space = true;
-            }
-            _ => self.warned_lacking_space = false,
+        pool.start_rebuild();
+        let Some(blocked) = pool.rebuild_blocked() else {
+            self.last_blocked_warning = None;
+            return;
+        };
+        let due = self.last_blocked_warning.is_none_or(|warned| {
+            warned.elapsed() >= Duration::from_millis(REBUILD_BLOCKED_WARNING_INTERVAL_MS)
+        });
+        if due {
+            warn_rebuild_blocked(blocked);
+            self.last_blocked_warning = Some(Instant::now());
         }
     }
+}
+
+/// The log's word that the pool runs with less redundancy than it was made
+/// with and no rebuild restores it.
+fn warn_rebuild_blocked(blocked: super::evacuation::RebuildBlocked) {
+    tracing::warn!(
+        reason = %blocked,
+        "redundancy is reduced and no rebuild can restore it"
+    );
 }
 
 /// What the flush-and-checkpoint loop sees of the pool at a tick.
@@ -176,13 +193,19 @@ impl Pool {
     /// Starts the pool's periodic background tasks.
     pub(super) fn start_background(&self) {
         let limits = &self.inner.limits;
+        // A rebuild cut short by a crash or a close resumes; if none can,
+        // the log says so now, not at the first periodic check.
+        self.start_rebuild();
+        let blocked = self.rebuild_blocked();
+        if let Some(blocked) = blocked {
+            warn_rebuild_blocked(blocked);
+        }
         if !limits.test_hooks.periodic_flush_and_checkpoint_off {
-            spawn_periodic(self, limits.flush_interval_ms, FlushAndCheckpoint::new());
+            let task = FlushAndCheckpoint::new(blocked.is_some());
+            spawn_periodic(self, limits.flush_interval_ms, task);
         }
         self.start_paced_cleaner();
         self.start_demoter();
-        // A rebuild cut short by a crash or a close resumes.
-        self.start_rebuild();
     }
 
     /// Whether the pool was closed or abandoned: background work stops.

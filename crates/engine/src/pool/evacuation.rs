@@ -12,6 +12,12 @@
 //! record of its own to resume: after a restart the degraded segments are
 //! still degraded, and the next pass takes them.
 //!
+//! When the pool has less redundancy than it was made with and no rebuild
+//! can run (the devices left lack the room for the data at their narrower
+//! width, they are too few to lay a segment out with full redundancy, or
+//! `rebuild_automatic` is off), [`Pool::rebuild_blocked`] says why, so that
+//! status, the log, `/metrics` and `device rebuild` can say it too.
+//!
 //! A **rebalance** (after a device is added to an array, `device add
 //! --rebalance`) is the same movement with a wider choice of victims: every
 //! segment not laid out over the devices in use now (narrower than the
@@ -25,7 +31,7 @@ use crate::error::{EngineError, IoError};
 
 use super::budget::BackgroundWork;
 use super::inner::Pool;
-use super::rebuild_progress::{RebuildKind, RebuildStatus};
+use super::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
 use super::segment_shapes::SegmentLayout;
 use super::space::{SegmentState, SpaceAllocator};
 use crate::log::geometry::Tier;
@@ -82,7 +88,8 @@ impl EvacuationGoal {
 /// What an evacuation would move now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EvacuationNeed {
-    /// Segments in use that have a column on a device out of use.
+    /// Segments in use (data or checkpoint bodies) that have a column on a
+    /// device out of use.
     pub degraded_segment_count: usize,
     /// Their live blocks, in bytes.
     pub live_bytes: u64,
@@ -99,12 +106,100 @@ impl EvacuationNeed {
     }
 }
 
+/// Why no rebuild restores the redundancy the pool was made with, although
+/// segments in use have less ([`Pool::rebuild_blocked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RebuildBlocked {
+    /// The devices left lack the room for the degraded segments' live data
+    /// laid out over them alone (rows one column narrower hold less).
+    NoRoom(EvacuationNeed),
+    /// The devices in use are fewer than the redundancy needs: a segment
+    /// laid out over them alone would have less, so only a new device in
+    /// the lost one's place (`device replace`) restores it.
+    TooFewDevices { degraded_segment_count: usize },
+    /// `rebuild_automatic` is off: `lamina device rebuild` starts it.
+    AutomaticOff(EvacuationNeed),
+}
+
+impl std::fmt::Display for RebuildBlocked {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoRoom(need) => write!(
+                formatter,
+                "not enough free space on the devices left to restore full redundancy \
+                 (need {} to move, have {}): free space (delete volumes or snapshots, trim) \
+                 or `lamina device replace` the lost device",
+                mebibytes(need.live_bytes),
+                mebibytes(need.free_bytes)
+            ),
+            Self::TooFewDevices {
+                degraded_segment_count,
+            } => write!(
+                formatter,
+                "too few devices left to lay {degraded_segment_count} degraded segments out \
+                 with full redundancy: `lamina device replace` the lost device"
+            ),
+            Self::AutomaticOff(need) => write!(
+                formatter,
+                "rebuild_automatic is off ({} to move onto the devices left): \
+                 run `lamina device rebuild`",
+                mebibytes(need.live_bytes)
+            ),
+        }
+    }
+}
+
+/// `bytes` in MiB with one decimal, for messages.
+fn mebibytes(bytes: u64) -> String {
+    const BYTES_PER_MEBIBYTE: f64 = 1_048_576.0;
+    #[allow(clippy::cast_precision_loss)]
+    let value = bytes as f64 / BYTES_PER_MEBIBYTE;
+    format!("{value:.1} MiB")
+}
+
 impl Pool {
     /// What restoring redundancy by moving data would take now; nothing
     /// while the devices in use are too few to lay segments out without the
     /// lost one.
     pub fn evacuation_need(&self) -> EvacuationNeed {
         self.evacuation_need_for(EvacuationGoal::Redundancy)
+    }
+
+    /// Why no rebuild restores the pool's redundancy, when segments in use
+    /// have less than the pool was made with and none runs, is pending or
+    /// will start by itself; `None` otherwise (nothing is degraded, or a
+    /// rebuild runs or starts at the next check).
+    pub fn rebuild_blocked(&self) -> Option<RebuildBlocked> {
+        if self.rebuild_status().state == RebuildState::Rebuilding || self.rebuild_pending() {
+            return None;
+        }
+        if !self.inner.shapes.new_segments_redundant() {
+            let degraded_segment_count = self.degraded_segments_in_use();
+            return (degraded_segment_count > 0).then_some(RebuildBlocked::TooFewDevices {
+                degraded_segment_count,
+            });
+        }
+        let need = self.evacuation_need();
+        if need.is_empty() {
+            return None;
+        }
+        if need.live_bytes > need.free_bytes {
+            return Some(RebuildBlocked::NoRoom(need));
+        }
+        (!self.inner.limits.rebuild_automatic).then_some(RebuildBlocked::AutomaticOff(need))
+    }
+
+    /// Segments not free with a column on a device out of use.
+    fn degraded_segments_in_use(&self) -> usize {
+        let shapes = &self.inner.shapes;
+        let state = self.inner.lock();
+        (0..state.space().segments().len())
+            .filter(|index| {
+                let index = u32::try_from(*index).expect("segment indexes fit in u32");
+                state.space().segment(index).state != SegmentState::Free
+                    && shapes.layout(index).degraded
+            })
+            .count()
     }
 
     /// What moving the segments `goal` names would take now.
@@ -117,11 +212,19 @@ impl Pool {
         let mut need = EvacuationNeed::default();
         for (index, segment) in state.space().segments().iter().enumerate() {
             let index = u32::try_from(index).expect("segment indexes fit in u32");
-            let moves = matches!(segment.state, SegmentState::Sealed | SegmentState::Open)
-                && goal.moves(&shapes.layout(index));
+            // Checkpoint bodies too: they hold no live blocks, but move
+            // only when an evacuation writes two checkpoints (an idle pool
+            // writes none), and the pool needs them at its next open.
+            let in_use = matches!(
+                segment.state,
+                SegmentState::Sealed | SegmentState::Open | SegmentState::Checkpoint { .. }
+            );
+            let moves = in_use && goal.moves(&shapes.layout(index));
             if moves {
                 need.degraded_segment_count += 1;
-                need.live_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+                if !matches!(segment.state, SegmentState::Checkpoint { .. }) {
+                    need.live_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+                }
             }
         }
         let reserve_segment_count = state.space().cleaner_reserve_segment_count()
