@@ -662,10 +662,10 @@ fn build(tier: TierRole, reference: MemberLabel, sorted: Sorted) -> Result<Assem
                 Some(reason) => {
                     missing.push(Missing {
                         recorded: false,
-                        text: format!("member {index} ({reason})"),
+                        text: format!("member {index} ({} is {reason})", member.path),
                     });
                     excluded.push(ExcludedMember {
-                        reason: format!("member {index} {reason}"),
+                        reason: format!("member {index} is {reason}"),
                         path: member.path.clone(),
                     });
                     members.push(Member::unfit(index, member.path, reason));
@@ -699,7 +699,7 @@ fn resume_replacements(
     for (index, Labelled { member, label }) in replacements {
         if let Some(reason) = too_short(&member, needed_bytes) {
             excluded.push(ExcludedMember {
-                reason: format!("replacement of member {index} {reason}"),
+                reason: format!("the replacement of member {index} is {reason}"),
                 path: member.path,
             });
             continue;
@@ -717,12 +717,8 @@ fn resume_replacements(
 /// Why `member` cannot hold its rows: its size and the size needed.
 fn too_short(member: &MemberDevice, needed_bytes: u64) -> Option<String> {
     let size_bytes = member.device.size_bytes();
-    (size_bytes < needed_bytes).then(|| {
-        format!(
-            "at {} is too small: {size_bytes} bytes, at least {needed_bytes} needed",
-            member.path
-        )
-    })
+    (size_bytes < needed_bytes)
+        .then(|| format!("too small: {size_bytes} bytes, at least {needed_bytes} needed"))
 }
 
 /// A member not found at assembly.

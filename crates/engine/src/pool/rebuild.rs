@@ -6,8 +6,11 @@
 //! checksums of the live blocks it holds (a block moved away since the list
 //! was made is no damage). It runs in the background, paced by the shared
 //! background budget (`budget/`) at the rebuild's weight, and resumes after
-//! a restart from the replacement's label (the device keeps its progress);
-//! see `docs/decisions/0023-rebuild-onto-a-replacement.md`.
+//! a restart from the replacement's label (the device keeps its progress):
+//! the ranges below the resume point pass at once, unpaced, as the device
+//! writes nothing for them; see
+//! `docs/decisions/0023-rebuild-onto-a-replacement.md` and
+//! `docs/decisions/0053-a-resumed-rebuild-redoes-seconds.md`.
 
 use std::sync::atomic::Ordering;
 
@@ -150,18 +153,26 @@ impl Pool {
                     return Err(EngineError::Io(crate::error::IoError::RebuildInterrupted));
                 }
                 let length = (end - offset).min(REBUILD_STEP_BYTES_MAX);
-                // Paced with the cleaner, the demoter and scrub, behind
-                // client latency, never below the budget's floor.
-                self.inner
-                    .budget
-                    .acquire(BackgroundWork::Rebuild, length)
-                    .await;
                 let report = self
                     .inner
                     .device
                     .rebuild_range(offset, length, &is_valid)
                     .await
                     .map_err(EngineError::Device)?;
+                // Paced with the cleaner, the demoter and scrub, behind
+                // client latency, never below the budget's floor: each step
+                // pays for its work before the next one starts. A step that
+                // wrote nothing (rows the replacement already held: a
+                // rebuild resumed after a restart) pays nothing; paid for
+                // ahead, as before, a resumed rebuild took as long to pass
+                // its resume point as its first run took to reach it, and
+                // restarts that came as often never got further (issue 42).
+                if report.blocks_rebuilt > 0 {
+                    self.inner
+                        .budget
+                        .acquire(BackgroundWork::Rebuild, length)
+                        .await;
+                }
                 self.count_rebuilt(length, report);
                 offset += length;
             }
@@ -176,6 +187,9 @@ impl Pool {
     fn count_rebuilt(&self, length: u64, report: RebuildReport) {
         let rebuilder = &self.inner.rebuild;
         rebuilder.bytes_done.fetch_add(length, Ordering::Relaxed);
+        if report.blocks_rebuilt == 0 {
+            rebuilder.bytes_skipped.fetch_add(length, Ordering::Relaxed);
+        }
         rebuilder
             .rows_verified
             .fetch_add(report.rows_verified, Ordering::Relaxed);

@@ -46,7 +46,11 @@ pub struct RebuildStatus {
     /// Bytes the pool keeps (metadata and segments in use) to rebuild.
     pub bytes_total: u64,
     pub bytes_done: u64,
-    /// Over the rebuild so far.
+    /// Of `bytes_done`, those that needed no work: what the replacement
+    /// held already (a rebuild resumed after a restart, from its label) or
+    /// never holds (regions laid out without it).
+    pub bytes_skipped: u64,
+    /// Over the rebuild so far, of the bytes that needed work.
     pub bytes_per_second: u64,
     /// At the rate so far; absent until there is a rate.
     pub seconds_left: Option<u64>,
@@ -65,6 +69,7 @@ pub struct Rebuilder {
     running: AtomicBool,
     pub(super) bytes_total: AtomicU64,
     pub(super) bytes_done: AtomicU64,
+    pub(super) bytes_skipped: AtomicU64,
     pub(super) rows_verified: AtomicU64,
     pub(super) blocks_unrepairable: AtomicU64,
     outcome: Mutex<RebuildOutcome>,
@@ -88,6 +93,7 @@ impl Rebuilder {
         for counter in [
             &self.bytes_total,
             &self.bytes_done,
+            &self.bytes_skipped,
             &self.rows_verified,
             &self.blocks_unrepairable,
         ] {
@@ -125,14 +131,17 @@ impl Rebuilder {
             .map_or(outcome.elapsed, |started| started.elapsed());
         let bytes_total = self.bytes_total.load(Ordering::Relaxed);
         let bytes_done = self.bytes_done.load(Ordering::Relaxed);
+        let bytes_skipped = self.bytes_skipped.load(Ordering::Relaxed);
         let seconds = elapsed.as_secs_f64();
+        // Skipped bytes pass at once: counted in the rate, they would
+        // promise a resumed rebuild's remaining work far too soon.
         #[allow(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
             clippy::cast_precision_loss
         )]
         let bytes_per_second = if seconds > 0.0 {
-            (bytes_done as f64 / seconds) as u64
+            (bytes_done.saturating_sub(bytes_skipped) as f64 / seconds) as u64
         } else {
             0
         };
@@ -143,6 +152,7 @@ impl Rebuilder {
             kind: outcome.kind,
             bytes_total,
             bytes_done,
+            bytes_skipped,
             bytes_per_second,
             seconds_left,
             rows_verified: self.rows_verified.load(Ordering::Relaxed),
