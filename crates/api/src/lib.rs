@@ -213,6 +213,39 @@ pub struct RebuildStatus {
     pub blocks_unrepairable: u64,
     pub elapsed_ms: u64,
     pub error: Option<String>,
+    /// Present while the pool has less redundancy than it was made with
+    /// and no rebuild runs or can start by itself: why, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<RebuildBlocked>,
+}
+
+/// Why no rebuild restores a pool's redundancy (`pool status`'s
+/// `rebuild.blocked`; `device rebuild` fails with its message).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildBlocked {
+    pub reason: RebuildBlockedReason,
+    /// One line: the cause, the figures, what to do.
+    pub message: String,
+    /// Live data in segments with less redundancy (0 when not counted).
+    pub bytes_to_move: u64,
+    /// Room for it on the devices left, at their narrower width.
+    pub bytes_free: u64,
+}
+
+/// See [`RebuildBlocked`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebuildBlockedReason {
+    /// The devices left lack the room for the data at their narrower width.
+    NoRoom,
+    /// Fewer devices left than the redundancy needs: only a replacement
+    /// restores it.
+    TooFewDevices,
+    /// An array made before zones (label version 2) cannot narrow: only a
+    /// replacement restores it.
+    NotZoned,
+    /// `rebuild_automatic` is off: `device rebuild` starts it.
+    AutomaticOff,
 }
 
 /// A tier of an array pool, as the device commands name it.

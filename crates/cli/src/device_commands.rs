@@ -362,6 +362,11 @@ fn print_devices(devices: &[DeviceStatus]) {
 
 /// `pool status`'s rebuild line (also after `device replace`).
 pub fn print_rebuild(rebuild: &RebuildStatus) {
+    // Less redundancy than the pool was made with and no rebuild: why, and
+    // what to do, before the latest rebuild's figures (if any).
+    if let Some(blocked) = &rebuild.blocked {
+        println!("rebuild              blocked: {}", blocked.message);
+    }
     let state = match rebuild.state {
         RebuildState::None => return,
         RebuildState::Rebuilding if rebuild.kind == RebuildKind::Rebalance => "rebalancing",

@@ -552,3 +552,122 @@ fn empty_slots_are_refused_where_they_cannot_widen() {
     );
     assert!(error.contains("only raid5 and raid6 widen"), "{error}");
 }
+
+/// Each member of the full pool: small, so that filling it is quick.
+const FULL_MEMBER_SIZE: &str = "16M";
+/// Share of what clients can fill that the full pool's volume holds (all
+/// of it written): more than the five members left hold at their width
+/// (three data columns of four).
+const FULL_SHARE_PERCENT: u64 = 85;
+
+/// A raid6 pool whose live data fills 85 % of what clients can fill loses
+/// f1: the five left cannot hold its data at their narrower width, so no
+/// rebuild can run. The pool says so everywhere — `pool status` (text and
+/// `rebuild.blocked` in `--json`) with the figures and what to do, the log
+/// (at once and again at the next open), `/metrics` — and `device rebuild`
+/// fails with the reason (audited as an error) instead of answering
+/// success for nothing (issue 42). The data reads back throughout.
+#[test]
+fn a_rebuild_without_room_is_blocked_and_says_why_everywhere() {
+    let setup = Setup::new();
+    let (root, data_dir) = (&setup.root, &setup.data_dir);
+    let members = (0..MEMBER_COUNT)
+        .map(|index| {
+            format!(
+                "{}:{FULL_MEMBER_SIZE}",
+                member(root, &format!("f{index}")).display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let create = [
+        "pool",
+        "create",
+        "--flash",
+        &members,
+        "--redundancy",
+        "raid6",
+        "--segment-size",
+        "1M",
+    ];
+    lamina_ok(data_dir, &create);
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    let fillable = status["free_bytes"].as_u64().unwrap() + status["used_bytes"].as_u64().unwrap();
+    let volume_bytes = (fillable * FULL_SHARE_PERCENT / 100) >> 20 << 20;
+    lamina_ok(
+        data_dir,
+        &["volume", "create", "v", &volume_bytes.to_string()],
+    );
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    let mut expected = vec![0_u8; volume_bytes as usize];
+    rand::rngs::SmallRng::seed_from_u64(42).fill(&mut expected[..]);
+    let source = root.join("source.img");
+    std::fs::write(&source, &expected).unwrap();
+    run(Command::new("nbdcopy").arg(&source).arg(daemon.uri("v")));
+
+    lamina_ok(
+        data_dir,
+        &["device", "fail", &member(root, "f1").display().to_string()],
+    );
+    assert_blocked_for_room(&daemon, data_dir);
+    let error = lamina_error(data_dir, &["device", "rebuild"]);
+    assert!(
+        error.contains(
+            "no rebuild can run: not enough free space on the surviving devices to restore raid6"
+        ),
+        "{error}"
+    );
+    assert!(
+        daemon.metrics().contains(
+            "lamina_admin_operations_total{operation=\"device_rebuild\",outcome=\"error\"} 1"
+        ),
+        "{}",
+        daemon.metrics()
+    );
+    assert_volume_reads(&daemon, root, &expected, "with f1 lost and no room");
+    assert!(daemon.terminate().success());
+
+    // The next open says it again, at once.
+    let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
+    assert_blocked_for_room(&daemon, data_dir);
+    assert_volume_reads(&daemon, root, &expected, "reopened with f1 lost");
+    assert!(daemon.terminate().success());
+}
+
+/// `pool status` (JSON and text), `/metrics` and the log say no rebuild
+/// can run for want of room, with the figures and what to do.
+fn assert_blocked_for_room(daemon: &Daemon, data_dir: &Path) {
+    let status = lamina_ok(data_dir, &["pool", "status"]);
+    let blocked = &status["rebuild"]["blocked"];
+    assert_eq!(blocked["reason"], "no-room", "{status}");
+    assert!(
+        blocked["bytes_to_move"].as_u64().unwrap() > blocked["bytes_free"].as_u64().unwrap(),
+        "{status}"
+    );
+    let message = blocked["message"].as_str().unwrap();
+    assert!(
+        message
+            .starts_with("not enough free space on the surviving devices to restore raid6 (need ")
+            && message.contains("device replace"),
+        "{message}"
+    );
+    let text = common::lamina(data_dir, &["pool", "status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("rebuild              blocked: {message}")),
+        "{text}"
+    );
+    assert_eq!(daemon.gauge("lamina_rebuild_blocked"), Some(1.0));
+    assert!(
+        daemon
+            .gauge("lamina_rebuild_blocked_bytes_to_move")
+            .unwrap()
+            > 0.0
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("redundancy is reduced and no rebuild can restore it")
+            && log.contains("not enough free space on the"),
+        "{log}"
+    );
+}

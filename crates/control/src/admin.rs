@@ -507,7 +507,7 @@ pub async fn execute(
             .map_err(device_error)?,
         ),
         Operation::DeviceRebuild => serde_json::to_value(
-            crate::devices::rebuild_now(pool)
+            crate::devices::rebuild_now(pool, &context.layout)
                 .await
                 .map_err(device_error)?,
         ),
@@ -589,6 +589,7 @@ async fn operations(
 /// `pool status`: the engine's figures and, for arrays, the devices.
 fn pool_status(context: &AdminContext) -> lamina_api::PoolStatus {
     let mut status = api::pool_status(context.pool.status());
+    status.rebuild.blocked = crate::devices::rebuild_blocked(&context.pool, &context.layout);
     status.layout = context.layout.status();
     status.object_tier = context
         .layout
@@ -854,6 +855,7 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
         crate::volume_statistics::metrics(statistics, &names, &mut text);
     }
     context.layout.metrics(&mut text);
+    crate::devices::rebuild_metrics(pool, &context.layout, &mut text);
     if let Some(server) = &context.nbd_server {
         nbd_metrics(server, &mut text);
     }

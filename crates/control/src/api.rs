@@ -175,6 +175,7 @@ pub fn rebuild_status(status: engine::RebuildStatus) -> api::RebuildStatus {
         blocks_unrepairable: status.blocks_unrepairable,
         elapsed_ms: status.elapsed_ms,
         error: status.error,
+        blocked: None,
     }
 }
 

@@ -4,6 +4,8 @@
 //! given) behind its tier's model, labelled as the replacement, recorded in
 //! `pool.toml`, and rebuilt by the engine in the background; once it has
 //! taken its member's place, `pool.toml` lists it instead of the old one.
+//! Also why no rebuild restores a pool's redundancy when none can
+//! ([`rebuild_blocked`]), for `pool status`, `/metrics` and `device rebuild`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,6 +46,8 @@ pub enum DeviceCommandError {
         live_bytes: u64,
         free_bytes: u64,
     },
+    #[error("no rebuild can run: {message}")]
+    RebuildBlocked { message: String },
 }
 
 /// Every device of every tier (members and replacements being rebuilt).
@@ -92,14 +96,15 @@ pub async fn fail(pool: &Pool, layout: &PoolLayout, path: &str) -> anyhow::Resul
     pool.flush().await?;
     lamina_device::BlockDevice::flush(tier.array.as_ref()).await?;
     // With `rebuild_automatic`, the data it held moves onto the others
-    // when they have room (distributed spare space).
-    match pool.start_rebuild() {
-        lamina_engine::RebuildStart::LacksSpace(need) => tracing::warn!(
-            live_bytes = need.live_bytes,
-            free_bytes = need.free_bytes,
-            "the other devices lack the free space for its data: replace it"
+    // when they have room (distributed spare space); otherwise the log
+    // says why not now (the engine repeats it while it lasts).
+    let started = pool.start_rebuild();
+    match rebuild_blocked(pool, layout) {
+        Some(blocked) => tracing::warn!(
+            reason = %blocked.message,
+            "redundancy is reduced and no rebuild can restore it"
         ),
-        started => tracing::info!(?started, "rebuild after a device was taken out"),
+        None => tracing::info!(?started, "rebuild after a device was taken out"),
     }
     Ok(())
 }
@@ -179,19 +184,22 @@ pub async fn remove(
 
 /// `device rebuild`: starts the rebuild onto distributed spare space (or
 /// onto a pending replacement) now, whatever `rebuild_automatic` says.
-/// Refused with the figures when the others lack the room.
-pub async fn rebuild_now(pool: &Pool) -> anyhow::Result<api::RebuildStatus> {
+/// Refused with the reason and what to do when no rebuild can restore the
+/// pool's redundancy (the others lack the room, they are too few, or the
+/// array cannot narrow), so that it never answers success for nothing.
+pub async fn rebuild_now(pool: &Pool, layout: &PoolLayout) -> anyhow::Result<api::RebuildStatus> {
     if pool.rebuild_pending() {
         pool.start_rebuild();
     } else {
-        let need = pool.evacuation_need();
-        if need.live_bytes > need.free_bytes {
-            anyhow::bail!(
-                "the devices left lack the room for the lost device's data ({} bytes to move, {} bytes free): replace it, or free space",
-                need.live_bytes,
-                need.free_bytes
-            );
+        let blocked = rebuild_blocked(pool, layout)
+            .filter(|blocked| blocked.reason != api::RebuildBlockedReason::AutomaticOff);
+        if let Some(blocked) = blocked {
+            return Err(DeviceCommandError::RebuildBlocked {
+                message: blocked.message,
+            }
+            .into());
         }
+        let need = pool.evacuation_need();
         if !need.is_empty() && pool.rebuild_status().state != RebuildState::Rebuilding {
             let pool = pool.clone();
             tokio::spawn(async move {
@@ -203,6 +211,106 @@ pub async fn rebuild_now(pool: &Pool) -> anyhow::Result<api::RebuildStatus> {
     }
     tokio::task::yield_now().await;
     Ok(crate::api::rebuild_status(pool.rebuild_status()))
+}
+
+/// Why no rebuild restores the pool's redundancy now, with what to do;
+/// `None` while nothing is degraded or a rebuild runs or will start.
+pub fn rebuild_blocked(pool: &Pool, layout: &PoolLayout) -> Option<api::RebuildBlocked> {
+    use lamina_engine::pool::evacuation::RebuildBlocked;
+    let redundancy = degraded_redundancy_name(layout);
+    let lost = "the lost device";
+    let Some(blocked) = pool.rebuild_blocked() else {
+        return not_zoned_blocked(pool, layout);
+    };
+    let (reason, need) = match blocked {
+        RebuildBlocked::NoRoom(need) => (api::RebuildBlockedReason::NoRoom, need),
+        RebuildBlocked::TooFewDevices { .. } => {
+            (api::RebuildBlockedReason::TooFewDevices, Default::default())
+        }
+        RebuildBlocked::AutomaticOff(need) => (api::RebuildBlockedReason::AutomaticOff, need),
+    };
+    let message = match reason {
+        api::RebuildBlockedReason::NoRoom => format!(
+            "not enough free space on the surviving devices to restore {redundancy} \
+             (need {}, have {}); free space (delete volumes or snapshots, trim) \
+             or `lamina device replace` {lost}",
+            api::size::format_size(need.live_bytes),
+            api::size::format_size(need.free_bytes)
+        ),
+        api::RebuildBlockedReason::AutomaticOff => format!(
+            "rebuild_automatic is off ({} to move to restore {redundancy}); \
+             run `lamina device rebuild` or `lamina device replace` {lost}",
+            api::size::format_size(need.live_bytes)
+        ),
+        _ => format!(
+            "too few devices left to restore {redundancy} over them alone; \
+             `lamina device replace` {lost}"
+        ),
+    };
+    Some(api::RebuildBlocked {
+        reason,
+        message,
+        bytes_to_move: need.live_bytes,
+        bytes_free: need.free_bytes,
+    })
+}
+
+/// A tier array made before zones (it cannot narrow, so the engine sees no
+/// degraded segment) with a lost member and no replacement being rebuilt.
+fn not_zoned_blocked(pool: &Pool, layout: &PoolLayout) -> Option<api::RebuildBlocked> {
+    if pool.rebuild_pending() || pool.rebuild_status().state == RebuildState::Rebuilding {
+        return None;
+    }
+    let tier = layout.tiers().iter().find(|tier| {
+        !tier.array.geometry().is_zoned() && tier.array.lost_member_count() > 0
+    })?;
+    let redundancy = tier.array.geometry().redundancy.name();
+    Some(api::RebuildBlocked {
+        reason: api::RebuildBlockedReason::NotZoned,
+        message: format!(
+            "the {} tier's array was made before zones (label version 2) and cannot be \
+             rebuilt onto the devices left; `lamina device replace` the lost device to \
+             restore {redundancy}",
+            tier.tier.name()
+        ),
+        bytes_to_move: 0,
+        bytes_free: 0,
+    })
+}
+
+/// The redundancy of the first tier with a lost member ("full redundancy"
+/// when none has: a device being removed).
+fn degraded_redundancy_name(layout: &PoolLayout) -> &'static str {
+    layout
+        .tiers()
+        .iter()
+        .find(|tier| tier.array.lost_member_count() > 0)
+        .map_or("full redundancy", |tier| {
+            tier.array.geometry().redundancy.name()
+        })
+}
+
+/// `/metrics`: whether the pool runs with less redundancy than it was made
+/// with and no rebuild can restore it, and the data that would move.
+pub fn rebuild_metrics(pool: &Pool, layout: &PoolLayout, text: &mut String) {
+    let blocked = rebuild_blocked(pool, layout);
+    let series = [
+        (
+            "lamina_rebuild_blocked",
+            "1 while the pool has less redundancy than it was made with and no rebuild can restore it (see pool status: rebuild.blocked).",
+            u64::from(blocked.is_some()),
+        ),
+        (
+            "lamina_rebuild_blocked_bytes_to_move",
+            "Live bytes with less redundancy that no rebuild moves while it is blocked.",
+            blocked.map_or(0, |blocked| blocked.bytes_to_move),
+        ),
+    ];
+    for (name, help, value) in series {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+        ));
+    }
 }
 
 /// `device rebalance` (and `device add --rebalance`): moves the data of
