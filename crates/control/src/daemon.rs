@@ -99,7 +99,8 @@ fn configured_group(config: &Config) -> anyhow::Result<Option<u32>> {
 
 /// Only the owner may enter the data directory (0700), or with a group, its
 /// members too, without listing it (0710): the pool's files are in it and the
-/// sockets are created there before their own modes are set.
+/// sockets are created there before their own modes are set. The files in it
+/// are owner-only whatever the directory's mode (`store::DATA_FILE_MODE`).
 fn protect_data_directory(data_dir: &Path, group: Option<u32>) -> anyhow::Result<()> {
     let mode = match group {
         Some(gid) => {
@@ -110,7 +111,8 @@ fn protect_data_directory(data_dir: &Path, group: Option<u32>) -> anyhow::Result
         None => DATA_DIRECTORY_OWNER_MODE,
     };
     std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of {}", data_dir.display()))
+        .with_context(|| format!("cannot set the mode of {}", data_dir.display()))?;
+    store::restrict_data_files(data_dir)
 }
 
 const DATA_DIRECTORY_OWNER_MODE: u32 = 0o700;
