@@ -406,6 +406,11 @@ pub struct DeviceStatus {
     /// A device being rebuilt to take this one's place (`device replace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement: Option<String>,
+    /// Why the device is out of use although it was found when the pool
+    /// opened: too small for the array (a truncated file), with its size
+    /// and the size needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfit: Option<String>,
 }
 
 /// What the paced cleaner is doing.

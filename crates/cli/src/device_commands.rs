@@ -357,6 +357,9 @@ fn print_devices(devices: &[DeviceStatus]) {
                 "", "", "rebuilding"
             );
         }
+        if let Some(unfit) = &device.unfit {
+            println!("{:<9} {:<5} {:<9}  {unfit}", "", "", "");
+        }
     }
 }
 

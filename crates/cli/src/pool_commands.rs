@@ -364,6 +364,9 @@ pub fn print_layout(layout: &LayoutStatus) {
                 device.checksum_errors_repaired,
                 device.path
             );
+            if let Some(unfit) = &device.unfit {
+                println!("  {:<5} {:<9}  {unfit}", "", "");
+            }
         }
     }
 }

@@ -160,6 +160,7 @@ fn tier_status(tier: &TierArray) -> api::TierLayoutStatus {
             io_errors: member.io_errors,
             checksum_errors_repaired: member.checksum_errors_repaired,
             replacement: member.replacement.map(|replacement| replacement.path),
+            unfit: member.unfit,
         })
         .collect();
     api::TierLayoutStatus {
