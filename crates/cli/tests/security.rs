@@ -161,7 +161,9 @@ fn sockets_are_owner_only_and_serve_prints_one_line_per_listener() {
         "{printed}"
     );
     assert!(
-        lines[0].contains("to processes on this host (loopback); every export"),
+        lines[0].contains(
+            "to uid 0 and the uids and gids [[access]] rules name, on this host (loopback; checked per connection); every export"
+        ),
         "{printed}"
     );
     assert!(lines[1].contains("NBD on unix"), "{printed}");

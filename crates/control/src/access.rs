@@ -1,12 +1,15 @@
 //! Who may reach what: the `[[access]]` rules of the config (which clients may
 //! open which exports, read-write or read-only) as the NBD server's
-//! [`AccessPolicy`], and the Unix group helpers the daemon uses for socket
-//! ownership and for admitting admin API clients (a configured group given by
-//! name or number; a peer's supplementary groups read from `/proc`).
+//! [`AccessPolicy`]; the gate that lets a plain loopback TCP client in only
+//! when it could have used the Unix socket or a rule names it
+//! ([`LoopbackGate`], issue 42, decision 0056); and the Unix group helpers the
+//! daemon uses for socket ownership and for admitting admin API clients (a
+//! configured group given by name or number; a peer's supplementary groups
+//! read from `/proc`, a user's from the user database).
 
 use std::net::IpAddr;
 
-use lamina_nbd::{Access, AccessPolicy, ClientIdentity};
+use lamina_nbd::{Access, AccessPolicy, ClientIdentity, LoopbackOwner};
 use serde::{Deserialize, Serialize};
 
 /// What a rule grants.
@@ -28,10 +31,12 @@ fn read_write() -> AccessLevel {
 #[serde(deny_unknown_fields)]
 pub struct AccessRule {
     pub exports: Vec<String>,
-    /// A Unix-socket client's uid (`SO_PEERCRED`).
+    /// A Unix-socket client's uid (`SO_PEERCRED`), or the uid that owns a
+    /// loopback TCP client's socket.
     #[serde(default)]
     pub uid: Option<u32>,
-    /// A Unix-socket client's primary or supplementary group id.
+    /// A Unix-socket client's primary or supplementary group id; for a
+    /// loopback TCP client, one of its uid's groups.
     #[serde(default)]
     pub gid: Option<u32>,
     /// The client certificate's subject DN, RFC 4514 order as GnuTLS prints
@@ -152,23 +157,51 @@ impl AccessRules {
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
+
+    /// Whether a rule that names a uid or a gid matches `identity` whole.
+    fn names_client(&self, identity: &ClientIdentity) -> bool {
+        self.rules.iter().any(|compiled| {
+            (compiled.rule.uid.is_some() || compiled.rule.gid.is_some())
+                && identity_matches(compiled, identity)
+        })
+    }
+}
+
+/// The uid the kernel names for a client: a Unix-socket peer's, or the owner
+/// of a loopback TCP client's socket.
+fn client_uid(identity: &ClientIdentity) -> Option<u32> {
+    match (&identity.unix, &identity.loopback_owner) {
+        (Some(unix), _) => Some(unix.uid),
+        (None, Some(LoopbackOwner::Uid(uid))) => Some(*uid),
+        _ => None,
+    }
+}
+
+/// Whether the client is in group `gid`: a Unix-socket peer by its primary
+/// group or its process's supplementary ones, a loopback TCP client by its
+/// uid's groups in the user database.
+fn client_in_group(identity: &ClientIdentity, gid: u32) -> bool {
+    if let Some(unix) = identity.unix {
+        return unix.gid == gid || supplementary_groups(unix.pid).contains(&gid);
+    }
+    match identity.loopback_owner {
+        Some(LoopbackOwner::Uid(uid)) => user_groups(uid).contains(&gid),
+        _ => false,
+    }
 }
 
 /// Whether every identity field of `rule` matches `identity`.
 fn identity_matches(compiled: &CompiledRule, identity: &ClientIdentity) -> bool {
     let rule = &compiled.rule;
     if let Some(uid) = rule.uid
-        && identity.unix.is_none_or(|unix| unix.uid != uid)
+        && client_uid(identity) != Some(uid)
     {
         return false;
     }
-    if let Some(gid) = rule.gid {
-        let Some(unix) = identity.unix else {
-            return false;
-        };
-        if unix.gid != gid && !supplementary_groups(unix.pid).contains(&gid) {
-            return false;
-        }
+    if let Some(gid) = rule.gid
+        && !client_in_group(identity, gid)
+    {
+        return false;
     }
     if let Some(dn) = &rule.certificate_dn
         && identity.certificate_dn.as_deref() != Some(dn.as_str())
@@ -202,6 +235,77 @@ impl AccessPolicy for AccessRules {
                 AccessLevel::ReadOnly => Access::ReadOnly,
             })
             .max()
+    }
+}
+
+/// Who may use the NBD server over loopback TCP without a verified client
+/// certificate: whoever could open the NBD Unix socket (its owner, root and
+/// `socket_group`) and whoever an `[[access]]` rule names by uid or gid. TCP
+/// carries no credentials, but for a loopback client the kernel names the uid
+/// that owns its socket; without this gate every local user would reach
+/// every volume over 127.0.0.1 (issue 42, decision 0056).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopbackGate {
+    /// The daemon's uid, which owns the Unix socket.
+    pub owner_uid: u32,
+    /// The NBD Unix socket's group, if it has one.
+    pub socket_group: Option<u32>,
+}
+
+impl LoopbackGate {
+    /// Whether `identity` may go on to the export rules; `Err` is what the
+    /// client is told. Only plain loopback TCP clients are checked: Unix
+    /// clients passed the socket's mode, remote ones need TLS or an
+    /// explicit `insecure_tcp`, and a verified certificate names its holder.
+    pub fn admit(
+        &self,
+        rules: Option<&AccessRules>,
+        identity: &ClientIdentity,
+    ) -> Result<(), String> {
+        let Some(owner) = &identity.loopback_owner else {
+            return Ok(());
+        };
+        if identity.certificate_dn.is_some() {
+            return Ok(());
+        }
+        let peer = identity.address.map(|address| address.to_string());
+        let uid = match owner {
+            LoopbackOwner::Uid(uid) => *uid,
+            LoopbackOwner::Unknown(reason) => {
+                tracing::warn!(target: "lamina::audit", peer, reason, "NBD connection over loopback TCP refused: cannot tell which uid it comes from (the kernel's socket diagnostics did not answer); use the Unix socket, TLS with client certificates, or [server] tcp_loopback_uid_check = false");
+                return Err(format!(
+                    "this server cannot tell which user the connection comes from ({reason}), so it admits none over loopback TCP; use the Unix socket"
+                ));
+            }
+        };
+        if uid == self.owner_uid
+            || uid == 0
+            || self
+                .socket_group
+                .is_some_and(|gid| client_in_group(identity, gid))
+            || rules.is_some_and(|rules| rules.names_client(identity))
+        {
+            return Ok(());
+        }
+        tracing::warn!(target: "lamina::audit", peer, uid, owner_uid = self.owner_uid, "NBD connection over loopback TCP refused: uid is not the owner, root, in socket_group or named by an [[access]] rule");
+        Err(format!(
+            "uid {uid} may not use this server: over loopback TCP it admits the users that may use its Unix socket and those its [[access]] rules name by uid or gid"
+        ))
+    }
+}
+
+/// The groups of user `uid` in the user database (primary first); empty for
+/// a uid with no entry or when the database cannot be read.
+pub fn user_groups(uid: u32) -> Vec<u32> {
+    let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else {
+        return Vec::new();
+    };
+    let Ok(name) = std::ffi::CString::new(user.name) else {
+        return vec![user.gid.as_raw()];
+    };
+    match nix::unistd::getgrouplist(&name, user.gid) {
+        Ok(groups) => groups.into_iter().map(|gid| gid.as_raw()).collect(),
+        Err(_) => vec![user.gid.as_raw()],
     }
 }
 
@@ -358,11 +462,87 @@ mod tests {
         );
     }
 
+    /// A plain TCP client on 127.0.0.1 whose socket `uid` owns.
+    fn loopback(uid: u32) -> ClientIdentity {
+        ClientIdentity {
+            address: Some("127.0.0.1".parse().unwrap()),
+            loopback_owner: Some(LoopbackOwner::Uid(uid)),
+            ..ClientIdentity::default()
+        }
+    }
+
+    fn rules(text: &str) -> AccessRules {
+        let table = toml::from_str::<toml::Table>(text).unwrap();
+        let rules: Vec<AccessRule> = table["access"].clone().try_into().unwrap();
+        AccessRules::new(&rules).unwrap()
+    }
+
+    #[test]
+    fn loopback_clients_get_in_as_the_unix_socket_would_let_them() {
+        let gate = LoopbackGate {
+            owner_uid: 1000,
+            socket_group: Some(4242),
+        };
+        assert_eq!(gate.admit(None, &loopback(1000)), Ok(()));
+        assert_eq!(gate.admit(None, &loopback(0)), Ok(()));
+        let refused = gate.admit(None, &loopback(1001)).unwrap_err();
+        assert!(refused.contains("uid 1001"), "{refused}");
+        let unknown = ClientIdentity {
+            loopback_owner: Some(LoopbackOwner::Unknown("no sock_diag".into())),
+            ..loopback(0)
+        };
+        let refused = gate.admit(None, &unknown).unwrap_err();
+        assert!(refused.contains("no sock_diag"), "{refused}");
+        // Not this gate's: Unix clients passed the socket's mode, remote TCP
+        // clients are not on this host, certificates name their holder.
+        assert_eq!(gate.admit(None, &unix(1001, 1001)), Ok(()));
+        let remote = ClientIdentity {
+            address: Some("10.0.0.1".parse().unwrap()),
+            ..ClientIdentity::default()
+        };
+        assert_eq!(gate.admit(None, &remote), Ok(()));
+        let certified = ClientIdentity {
+            certificate_dn: Some("CN=alice".into()),
+            ..loopback(1001)
+        };
+        assert_eq!(gate.admit(None, &certified), Ok(()));
+    }
+
+    #[test]
+    fn rules_naming_a_uid_or_gid_let_a_loopback_client_in_and_grant_it_exports() {
+        let gate = LoopbackGate {
+            owner_uid: 1000,
+            socket_group: None,
+        };
+        let by_uid = rules("[[access]]\nexports = [\"db\"]\nuid = 1001\naccess = \"read-only\"\n");
+        assert_eq!(gate.admit(Some(&by_uid), &loopback(1001)), Ok(()));
+        assert_eq!(by_uid.access(&loopback(1001), "db"), Some(Access::ReadOnly));
+        assert_eq!(by_uid.access(&loopback(1001), "web"), None);
+        assert!(gate.admit(Some(&by_uid), &loopback(1002)).is_err());
+        // An address alone names no user: it does not open the gate.
+        let by_address = rules("[[access]]\nexports = [\"*\"]\naddress = \"127.0.0.1\"\n");
+        assert!(gate.admit(Some(&by_address), &loopback(1001)).is_err());
+        // A gid rule matches the uid's groups in the user database.
+        let groups = user_groups(65534);
+        let Some(&gid) = groups.first() else {
+            println!("SKIPPED: uid 65534 has no entry in the user database");
+            return;
+        };
+        let by_gid = rules(&format!("[[access]]\nexports = [\"*\"]\ngid = {gid}\n"));
+        assert_eq!(gate.admit(Some(&by_gid), &loopback(65534)), Ok(()));
+        assert_eq!(
+            by_gid.access(&loopback(65534), "db"),
+            Some(Access::ReadWrite)
+        );
+        assert!(gate.admit(Some(&by_gid), &loopback(1001)).is_err());
+    }
+
     #[test]
     fn groups_resolve_by_number_and_name() {
         assert_eq!(resolve_group("1234"), Ok(1234));
         assert_eq!(resolve_group("root"), Ok(0));
         assert!(resolve_group("no-such-group-lamina").is_err());
         assert!(supplementary_groups(None).is_empty());
+        assert_eq!(user_groups(0).first(), Some(&0));
     }
 }

@@ -123,6 +123,11 @@ pub struct ServerSection {
     /// Serve plain-text NBD on a non-loopback TCP address anyway (refused at
     /// start otherwise).
     pub insecure_tcp: bool,
+    /// Admit a loopback TCP client without a verified certificate only if
+    /// the uid that owns its socket could use the Unix socket (owner, root,
+    /// `socket_group`) or an `[[access]]` rule names its uid or gid; false:
+    /// every local user reaches the TCP listener, as before issue 42.
+    pub tcp_loopback_uid_check: bool,
     /// A group (name or gid) whose members may use the NBD Unix socket (mode
     /// 0660); none: the owner only (0600).
     pub socket_group: Option<String>,
@@ -206,6 +211,7 @@ impl Default for ServerSection {
             tls_certificates: None,
             tls_verify_peer: false,
             insecure_tcp: false,
+            tcp_loopback_uid_check: true,
             socket_group: None,
             admin_group: None,
             volume_latency_histograms: true,

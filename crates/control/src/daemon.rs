@@ -16,7 +16,7 @@ use lamina_nbd::ServerTls;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinSet;
 
-use crate::access::AccessRules;
+use crate::access::{AccessRules, LoopbackGate};
 use crate::admin::{AdminAudit, AdminGate, AdminListener, AdminPeer};
 use crate::config::{Config, TlsSetting};
 use crate::export::{DEFAULT_EXPORT_NAME, PoolCatalog};
@@ -184,6 +184,43 @@ fn exports_description(config: &Config) -> String {
     }
 }
 
+/// The gate for plain loopback TCP clients, unless
+/// `tcp_loopback_uid_check = false`: the daemon's uid owns the Unix socket,
+/// whose group (if any) is `group`.
+fn loopback_gate(config: &Config, group: Option<u32>) -> Option<LoopbackGate> {
+    config.server.tcp_loopback_uid_check.then(|| LoopbackGate {
+        owner_uid: nix::unistd::geteuid().as_raw(),
+        socket_group: config.server.socket_group.as_ref().and(group),
+    })
+}
+
+/// The `[[access]]` rules with the loopback gate: always the live policy,
+/// even without rules, so that a SIGHUP can add some.
+fn access_policy(config: &Config, group: Option<u32>) -> anyhow::Result<Arc<LiveAccessRules>> {
+    let rules = match config.access.is_empty() {
+        true => None,
+        false => Some(AccessRules::new(&config.access).map_err(|error| anyhow::anyhow!(error))?),
+    };
+    let mut live_rules = LiveAccessRules::new(rules);
+    if let Some(gate) = loopback_gate(config, group) {
+        live_rules = live_rules.with_loopback_gate(gate);
+    }
+    Ok(Arc::new(live_rules))
+}
+
+/// Who the TCP exposure line says a loopback listener admits.
+fn loopback_audience(gate: &LoopbackGate) -> String {
+    let root = if gate.owner_uid == 0 { "" } else { ", root" };
+    let group = match gate.socket_group {
+        Some(gid) => format!(", group {gid}"),
+        None => String::new(),
+    };
+    format!(
+        "uid {}{root}{group} and the uids and gids [[access]] rules name, on this host (loopback; checked per connection)",
+        gate.owner_uid
+    )
+}
+
 /// What starting the listeners needs: each prints its exposure line, binds,
 /// and spawns its accept loop into the daemon's tasks.
 struct Listeners<'a> {
@@ -211,10 +248,12 @@ impl Listeners<'_> {
             .await
             .with_context(|| format!("cannot listen on {configured}"))?;
         let address = listener.local_addr()?;
-        let reach = if address.ip().is_loopback() {
-            "processes on this host (loopback)"
+        let reach = if !address.ip().is_loopback() {
+            "any host that reaches it".to_string()
+        } else if let Some(gate) = loopback_gate(self.config, self.group) {
+            loopback_audience(&gate)
         } else {
-            "any host that reaches it"
+            "processes on this host (loopback)".to_string()
         };
         println!(
             "lamina: NBD on tcp {address}: {}; to {reach}; {}",
@@ -402,12 +441,7 @@ pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result
     let server_config = config.server.server_config();
     let mut server =
         NbdServer::new(catalog, server_config).map_err(|error| anyhow::anyhow!("{error}"))?;
-    let rules = match config.access.is_empty() {
-        true => None,
-        false => Some(AccessRules::new(&config.access).map_err(|error| anyhow::anyhow!(error))?),
-    };
-    // Always the live policy, even without rules, so that a SIGHUP can add some.
-    let access = Arc::new(LiveAccessRules::new(rules));
+    let access = access_policy(&config, group)?;
     server = server.with_access_policy(access.clone());
     // Stopped only after the pool is closed: the batch writes its connections
     // started run on these threads.

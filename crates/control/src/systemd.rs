@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 use lamina_nbd::{Access, AccessPolicy, ClientIdentity};
 use sd_notify::NotifyState;
 
-use crate::access::AccessRules;
+use crate::access::{AccessRules, LoopbackGate};
 use crate::config::Config;
 
 /// The top-level keys of the configuration a SIGHUP applies; every other key
@@ -50,17 +50,27 @@ fn notify_reloading() {
 
 /// Access rules that a reload replaces under running connections: each new
 /// handshake reads the rules current when it asks. No rules: every client
-/// that reaches a socket may open every export, as without a policy.
+/// that reaches a socket may open every export, as without a policy. With a
+/// [`LoopbackGate`], plain loopback TCP clients pass it first, against the
+/// current rules.
 #[derive(Default)]
 pub struct LiveAccessRules {
     rules: RwLock<Option<Arc<AccessRules>>>,
+    loopback_gate: Option<LoopbackGate>,
 }
 
 impl LiveAccessRules {
     pub fn new(rules: Option<AccessRules>) -> Self {
         Self {
             rules: RwLock::new(rules.map(Arc::new)),
+            loopback_gate: None,
         }
+    }
+
+    /// The rules with `gate` checking plain loopback TCP clients.
+    pub fn with_loopback_gate(mut self, gate: LoopbackGate) -> Self {
+        self.loopback_gate = Some(gate);
+        self
     }
 
     fn replace(&self, rules: Option<AccessRules>) {
@@ -69,6 +79,14 @@ impl LiveAccessRules {
 }
 
 impl AccessPolicy for LiveAccessRules {
+    fn admit(&self, identity: &ClientIdentity) -> Result<(), String> {
+        let Some(gate) = &self.loopback_gate else {
+            return Ok(());
+        };
+        let current = self.rules.read().expect("access rules lock").clone();
+        gate.admit(current.as_deref(), identity)
+    }
+
     fn access(&self, identity: &ClientIdentity, export_name: &str) -> Option<Access> {
         let current = self.rules.read().expect("access rules lock").clone();
         match current {
