@@ -36,7 +36,8 @@ pub use pool::scrub_progress::{ScrubState, ScrubStatus};
 pub use pool::space_waits::SpaceWaitsStatus;
 pub use pool::{
     BackgroundImpact, DeviceFullStatus, Extent, FlashRestore, LimitsError, Pool, PoolLimits,
-    PoolOptions, PoolStatus, ReadExtents, RestoredFlash, TestHooks, TierSpace, VolumeTierStats,
+    PoolOptions, PoolStatus, ReadExtents, RestorePoint, RestoredFlash, TestHooks, TierSpace,
+    VolumeTierStats,
 };
 pub use tier::heat::VolumeTierCounters;
 pub use volume::{

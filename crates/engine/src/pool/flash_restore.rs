@@ -3,15 +3,18 @@
 //! pool's label (a copy of the superblock), a copy of each checkpoint slot and
 //! every checkpoint body; this writes onto a new, empty flash device what
 //! recovery reads from flash (the superblock, its copy and the slots), so that
-//! `Pool::open_restored` then recovers the pool as after any crash (the newest
-//! checkpoint whose chain verifies, and the batches the capacity tier holds
-//! after it) and marks lost the map entries whose data went with the flash
-//! device: they read as I/O errors and hold no space; see docs/format.md,
-//! "Slot copies on the capacity tier".
+//! `Pool::open_restored` then recovers the pool as of the newest checkpoint
+//! whose chain verifies (the capacity tier's batches after it are replayed
+//! only where they move contents that checkpoint holds: the flash held the
+//! rest of what came after it, so the volumes are as of that one point,
+//! decision 0056) and marks lost the map entries whose data went with the
+//! flash device: they read as I/O errors and hold no space; see
+//! docs/format.md, "Slot copies on the capacity tier".
 
 use lamina_device::BlockDevice;
 
 use super::inner::{Pool, aligned};
+use super::integrity::RestorePoint;
 use super::recovery::{
     check_device_starts_empty, write_empty_openings_areas, write_superblock_and_copy,
     write_zeroed_flush_markers,
@@ -82,6 +85,13 @@ impl Pool {
         Ok(RestoredFlash {
             checkpoint_sequences,
         })
+    }
+
+    /// The point of its history the pool is as of when `Pool::open_restored`
+    /// opened it (decision 0056): the copied checkpoint it was restored
+    /// from; `None` for a pool opened otherwise.
+    pub fn restored_as_of(&self) -> Option<RestorePoint> {
+        self.inner.integrity.restored_as_of()
     }
 
     /// The size of the flash device the pool on `capacity` (a capacity

@@ -45,6 +45,17 @@ pub struct IntegrityStatus {
     pub lost_block_reads: u64,
 }
 
+/// The point of its history a pool restored without its flash device is as
+/// of (decision 0056): every volume and snapshot as the checkpoint
+/// `checkpoint_sequence` had it, which covered the log through batch
+/// `covered_batch_sequence`; nothing written after it is restored, and the
+/// blocks whose copy at that point was on flash only read as lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RestorePoint {
+    pub checkpoint_sequence: u64,
+    pub covered_batch_sequence: u64,
+}
+
 /// The counters; see [`IntegrityStatus`] for what each means.
 #[derive(Debug, Default)]
 pub struct Integrity {
@@ -56,6 +67,7 @@ pub struct Integrity {
     damaged_flushed_blocks: AtomicU64,
     blocks_marked_lost: AtomicU64,
     lost_block_reads: AtomicU64,
+    restored_as_of: std::sync::OnceLock<RestorePoint>,
 }
 
 impl Integrity {
@@ -86,6 +98,17 @@ impl Integrity {
         self.blocks_marked_lost
             .fetch_add(findings.blocks_marked_lost, Ordering::Relaxed);
         self.summaries_repaired(findings.summaries_repaired);
+        if let Some(point) = findings.restored_as_of {
+            self.restored_as_of
+                .set(point)
+                .expect("a pool is opened, and so restored, once");
+        }
+    }
+
+    /// The point a pool restored without its flash device is as of; `None`
+    /// when the open was no restore.
+    pub fn restored_as_of(&self) -> Option<RestorePoint> {
+        self.restored_as_of.get().copied()
     }
 
     /// The counters, with the number of segments set aside now (kept by the
@@ -113,4 +136,6 @@ pub struct RecoveryFindings {
     pub torn_blocks_dropped: u64,
     pub damaged_flushed_blocks: u64,
     pub blocks_marked_lost: u64,
+    /// Set by the open that restored the pool without its flash device.
+    pub restored_as_of: Option<RestorePoint>,
 }

@@ -57,6 +57,7 @@ pub use device_full::DeviceFullStatus;
 pub use flash_restore::{FlashRestore, RestoredFlash};
 use flush_marker::MarkerClaims;
 pub use inner::Pool;
+pub use integrity::RestorePoint;
 pub use limits::{
     BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
 };

@@ -21,7 +21,7 @@ use super::checkpoint_increment::CheckpointChain;
 use super::counters::{CheckpointSchedule, WriteCounters};
 use super::flush_marker::FlushMarker;
 use super::inner::{Inner, Pool, RMW_LOCK_COUNT, aligned};
-use super::integrity::RecoveryFindings;
+use super::integrity::{RecoveryFindings, RestorePoint};
 use super::limits::{PoolLimits, PoolOptions};
 use super::segment_openings::{OpeningsList, OpeningsRecorder, write_record};
 use super::segment_shapes::{BodyPiece, SegmentShapes};
@@ -165,10 +165,13 @@ impl Pool {
     }
 
     /// Opens a pool whose flash device `Pool::restore_flash` has just
-    /// rebuilt: as `open`, and after replay every entry the maps still place
-    /// on flash is marked lost (its data went with the lost device; the new
-    /// flash holds none of it), so that reading it is an I/O error and it
-    /// holds no flash space; two checkpoints then make the marks durable.
+    /// rebuilt: as `open`, except that replay applies only the capacity
+    /// tier's moves of contents the checkpoint holds, so that every volume
+    /// is as of that checkpoint (`Pool::restored_as_of`), and after replay
+    /// every entry the maps still place on flash is marked lost (its data
+    /// went with the lost device; the new flash holds none of it), so that
+    /// reading it is an I/O error and it holds no flash space; two
+    /// checkpoints then make the marks durable.
     pub async fn open_restored(
         device: Arc<dyn BlockDevice>,
         limits: PoolLimits,
@@ -209,15 +212,13 @@ impl Pool {
         let scope = ScanScope::choose(&geometry, &kept.newest.body, &openings_found, &name);
         let scanned = scan_log(&*device, &shapes, &held, &kept.newest.body, &scope).await?;
         let bounds = replay_bounds(&scanned, covered, marker);
-        let replay = replay_batches(&*device, &geometry, &mut state, &scanned, bounds).await?;
+        let replay =
+            replay_batches(&*device, &geometry, &mut state, &scanned, bounds, mode).await?;
         let mut findings = report_findings(&name, &scanned, &replay, bounds.flushed_through);
-        let lost_block_count = match mode {
-            OpenMode::Normal => 0,
-            OpenMode::FlashRestored => {
-                mark_restored_losses(&mut state, &scanned, &kept.newest.body, &name)
-            }
-        };
-        findings.blocks_marked_lost = lost_block_count;
+        if let OpenMode::FlashRestored = mode {
+            mark_restored_losses(&mut state, &scanned, &kept, &replay, &name, &mut findings);
+        }
+        let lost_block_count = findings.blocks_marked_lost;
         rebuild_segment_table(&mut state, &held, &kept, replay.highest_sequence, &name)?;
         refuse_lost_segments(&state, &name)?;
         let recorded_through_segment_sequence =
@@ -282,13 +283,15 @@ impl Pool {
 #[derive(Clone, Copy)]
 enum OpenMode {
     Normal,
-    /// The flash device is new (`Pool::restore_flash`): what the maps place
-    /// on it is lost.
+    /// The flash device is new (`Pool::restore_flash`): replay applies only
+    /// moves of contents the checkpoint holds, and what the maps place on
+    /// flash is lost.
     FlashRestored,
 }
 
-/// After a restore without the flash device, marks lost every map entry
-/// whose data is gone; returns how many, logged:
+/// After a restore without the flash device, records the point the pool is
+/// as of (the checkpoint) and marks lost every map entry whose data is
+/// gone, counted in `findings` and logged:
 /// - every entry on the flash tier: its data was on the lost device only;
 /// - every entry the replay left as the checkpoint had it that points into
 ///   a capacity segment opened again since the checkpoint. The block died
@@ -297,7 +300,19 @@ enum OpenMode {
 ///   block holds other data now; left mapped, it would read as a checksum
 ///   error at best and, sharing its block with the new data, corrupt the
 ///   segment's usage.
-fn mark_restored_losses(state: &mut State, scanned: &ScannedLog, body: &Body, name: &str) -> u64 {
+fn mark_restored_losses(
+    state: &mut State,
+    scanned: &ScannedLog,
+    kept: &KeptCheckpoints,
+    replay: &ReplayOutcome,
+    name: &str,
+    findings: &mut RecoveryFindings,
+) {
+    let point = RestorePoint {
+        checkpoint_sequence: kept.newest.slot.checkpoint_sequence,
+        covered_batch_sequence: kept.newest.slot.covered_batch_sequence,
+    };
+    let body = &kept.newest.body;
     let geometry = *state.geometry();
     let reopened: HashSet<u32> = scanned
         .probed
@@ -311,10 +326,14 @@ fn mark_restored_losses(state: &mut State, scanned: &ScannedLog, body: &Body, na
     });
     tracing::warn!(
         device = name,
+        checkpoint_sequence = point.checkpoint_sequence,
+        covered_batch_sequence = point.covered_batch_sequence,
         lost_block_entries = lost,
-        "flash device restored: map entries whose data was on the lost flash only are marked lost and read as errors"
+        later_versions_skipped = replay.later_versions_skipped,
+        "flash device restored: every volume is as of the checkpoint (nothing written after it is restored); map entries whose data was on the lost flash only are marked lost and read as errors"
     );
-    lost
+    findings.restored_as_of = Some(point);
+    findings.blocks_marked_lost = lost;
 }
 
 /// Sets up what the pool goes on with after replay: the kept checkpoints,
@@ -1210,15 +1229,22 @@ struct ReplayOutcome {
     highest_segment_sequence: u64,
     torn_blocks_dropped: u64,
     damaged_flushed_blocks: u64,
+    /// Records a restore without the flash device did not apply: they
+    /// changed, or moved, a version written after the checkpoint.
+    later_versions_skipped: u64,
 }
 
 /// Replays the scanned batches newer than the checkpoint, in sequence order.
+/// After a restore without the flash device (`OpenMode::FlashRestored`)
+/// only the moves of contents the maps hold are applied (see
+/// [`replay_records`]).
 async fn replay_batches(
     device: &dyn BlockDevice,
     geometry: &Geometry,
     state: &mut State,
     scanned: &ScannedLog,
     bounds: ReplayBounds,
+    mode: OpenMode,
 ) -> Result<ReplayOutcome, EngineError> {
     let mut outcome = ReplayOutcome {
         replayed: 0,
@@ -1226,6 +1252,7 @@ async fn replay_batches(
         highest_segment_sequence: 0,
         torn_blocks_dropped: 0,
         damaged_flushed_blocks: 0,
+        later_versions_skipped: 0,
     };
     let mut previous_sequence: Option<u64> = None;
     for batch in &scanned.batches {
@@ -1247,6 +1274,7 @@ async fn replay_batches(
             batch,
             checked_data: read_unflushed_data(device, batch, bounds).await?,
             flushed: bounds.flushed(geometry, batch),
+            only_held_contents: matches!(mode, OpenMode::FlashRestored),
         };
         replay_records(state, &replayed, &mut outcome);
         batch_replayed(geometry, state, batch, &mut outcome);
@@ -1301,6 +1329,9 @@ struct BatchToReplay<'a> {
     /// Whether the log or the flush marker vouches for it: a block that
     /// fails its checksum rotted after it was durable, rather than torn.
     flushed: bool,
+    /// Apply only records that move contents the maps hold (a restore
+    /// without the flash device, see [`replay_records`]).
+    only_held_contents: bool,
 }
 
 /// The data blocks of a batch beyond what the log vouches for, which may be
@@ -1361,12 +1392,26 @@ async fn rebuild_failing_blocks(
 
 /// Applies a batch's records to the volumes: a torn block (failing its
 /// checksum, never flushed) is dropped, a damaged flushed block is mapped.
+///
+/// After a restore without the flash device, the maps are the copied
+/// checkpoint's and every batch after it that was on flash is gone, so a
+/// capacity batch's record is applied only if it moves contents the maps
+/// hold (a demotion or capacity cleaning of a version the checkpoint has):
+/// one that moves a version written after the checkpoint would make that
+/// block newer than blocks whose later writes were on flash only, and the
+/// volume a mix of two points in time (decision 0056). Skipped, the block
+/// keeps the checkpoint's version, or is lost when that was on flash.
 fn replay_records(state: &mut State, replayed: &BatchToReplay, outcome: &mut ReplayOutcome) {
     let summary_block = replayed.batch.summary_block;
     let mut data_index = 0u64;
     for record in &replayed.batch.summary.records {
+        let skipped = replayed.only_held_contents && !state.volumes().moves_held_contents(record);
         let Some(checksum) = record.data_checksum() else {
-            state.volumes_mut().apply(record, None, &mut |_| {});
+            if skipped {
+                outcome.later_versions_skipped += 1;
+            } else {
+                state.volumes_mut().apply(record, None, &mut |_| {});
+            }
             continue;
         };
         let physical_block = summary_block + 1 + data_index;
@@ -1375,6 +1420,10 @@ fn replay_records(state: &mut State, replayed: &BatchToReplay, outcome: &mut Rep
             block_checksum(&data[start..start + BLOCK_BYTES]) == checksum
         });
         data_index += 1;
+        if skipped {
+            outcome.later_versions_skipped += 1;
+            continue;
+        }
         if !intact && !replayed.flushed {
             outcome.torn_blocks_dropped += 1;
             continue;
@@ -1436,6 +1485,7 @@ fn report_findings(
         torn_blocks_dropped: replay.torn_blocks_dropped,
         damaged_flushed_blocks: replay.damaged_flushed_blocks,
         blocks_marked_lost: 0,
+        restored_as_of: None,
     };
     if scanned.summaries_repaired > 0 {
         tracing::warn!(

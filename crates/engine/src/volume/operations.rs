@@ -83,6 +83,45 @@ impl VolumeTable {
         }
     }
 
+    /// Whether `record`, a block the cleaner or the demoter moved (a `Data`
+    /// or `Relocate` record), moves contents the maps hold now: a `Data`
+    /// record whose checksum the volume's live map holds at its block, or a
+    /// `Relocate` record whose source some map of the volume's family holds
+    /// at its block, every such map with the record's checksum. Anything
+    /// else moved a version the maps do not hold: a restore without the
+    /// flash device, whose maps are as of the copied checkpoint, must not
+    /// apply it (`pool::recovery`, decision 0056).
+    pub fn moves_held_contents(&self, record: &Record) -> bool {
+        match record {
+            Record::Data {
+                volume_id,
+                logical_block,
+                checksum,
+            } => self
+                .volumes
+                .get(volume_id)
+                .and_then(|volume| volume.map.get(*logical_block))
+                .is_some_and(|held| held.physical_block != 0 && held.checksum == *checksum),
+            Record::Relocate {
+                volume_id,
+                logical_block,
+                from_physical_block,
+                checksum,
+            } => {
+                let mut holders = self
+                    .family(*volume_id)
+                    .into_iter()
+                    .filter_map(|member| self.volumes.get(&member))
+                    .flat_map(Volume::maps)
+                    .filter_map(|map| map.get(*logical_block))
+                    .filter(|held| held.physical_block == *from_physical_block)
+                    .peekable();
+                holders.peek().is_some() && holders.all(|held| held.checksum == *checksum)
+            }
+            _ => false,
+        }
+    }
+
     /// Applies a record that changes volumes or snapshots rather than blocks.
     fn apply_catalog_record(&mut self, record: &Record, displaced: &mut dyn FnMut(u64)) {
         match record {
