@@ -296,6 +296,13 @@ pub struct ScrubStatus {
     pub blocks_scrubbed: u64,
     pub blocks_repaired: u64,
     pub blocks_unrepairable: u64,
+    /// Parity columns and metadata copies found disagreeing with their row
+    /// and rewritten.
+    #[serde(default)]
+    pub parity_repaired: u64,
+    /// Rows (and metadata copies) whose every column was checked.
+    #[serde(default)]
+    pub rows_checked: u64,
     pub elapsed_ms: u64,
 }
 
@@ -403,6 +410,10 @@ pub struct DeviceStatus {
     pub bytes_written: u64,
     pub io_errors: u64,
     pub checksum_errors_repaired: u64,
+    /// Parity columns, metadata copies and blocks no volume holds that a
+    /// scrub found disagreeing with their row and rewrote.
+    #[serde(default)]
+    pub parity_repaired: u64,
     /// A device being rebuilt to take this one's place (`device replace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement: Option<String>,

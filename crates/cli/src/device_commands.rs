@@ -336,12 +336,12 @@ async fn follow_rebuild(data: &DeviceData, json: bool) -> anyhow::Result<Rebuild
 
 fn print_devices(devices: &[DeviceStatus]) {
     println!(
-        "{:<9} {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  path",
-        "tier", "index", "state", "read", "written", "errors", "repaired"
+        "{:<9} {:<5} {:<9} {:>10} {:>10} {:>7} {:>9} {:>7}  path",
+        "tier", "index", "state", "read", "written", "errors", "repaired", "parity"
     );
     for device in devices {
         println!(
-            "{:<9} {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  {}",
+            "{:<9} {:<5} {:<9} {:>10} {:>10} {:>7} {:>9} {:>7}  {}",
             device.tier,
             device.index,
             device.state,
@@ -349,6 +349,7 @@ fn print_devices(devices: &[DeviceStatus]) {
             format_size(device.bytes_written),
             device.io_errors,
             device.checksum_errors_repaired,
+            device.parity_repaired,
             device.path
         );
         if let Some(replacement) = &device.replacement {

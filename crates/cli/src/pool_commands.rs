@@ -170,9 +170,11 @@ pub struct RestoreRequest<'a> {
 pub struct RestoredPool {
     pub url: String,
     pub flash: String,
-    /// The checkpoint the pool was restored from (recovery then replayed
-    /// what the object tier's log holds after it).
+    /// The point every volume and snapshot is as of (decision 0056): the
+    /// checkpoint the pool was restored from, which covered the log through
+    /// batch `covered_batch_sequence`. Nothing written after it is restored.
     pub checkpoint_sequence: u64,
+    pub covered_batch_sequence: u64,
     pub pool: PoolStatus,
 }
 
@@ -186,7 +188,9 @@ pub async fn restore_from_object_tier(
     use lamina_control::object_tier::{ObjectStoreSection, parse_argument};
     let argument = parse_argument(request.url)?;
     let description = request.object_store.describe(argument.url);
-    let (opened, restored) = lamina_control::store::restore_object_tier_pool(
+    // The copies found are logged by the engine; which one the open used
+    // is the point below.
+    let (opened, _copies_found) = lamina_control::store::restore_object_tier_pool(
         data_dir,
         flash,
         &description,
@@ -197,11 +201,16 @@ pub async fn restore_from_object_tier(
     .await?;
     let mut status = lamina_control::api::pool_status(opened.pool.status());
     status.object_tier = opened.layout.object_tier().map(|tier| tier.status());
+    let point = opened
+        .pool
+        .restored_as_of()
+        .expect("a pool opened by a restore says which point it is as of");
     opened.pool.close().await?;
     Ok(RestoredPool {
         url: description.url,
         flash: flash.path.display().to_string(),
-        checkpoint_sequence: restored.checkpoint_sequences.first().copied().unwrap_or(0),
+        checkpoint_sequence: point.checkpoint_sequence,
+        covered_batch_sequence: point.covered_batch_sequence,
         pool: status,
     })
 }
@@ -311,11 +320,13 @@ pub fn print_scrub(scrub: &ScrubStatus) {
         ScrubState::Finished => "finished",
     };
     println!(
-        "scrub                {state}: {} of {} live blocks checked, {} repaired, {} unrepairable ({:.1} s)",
+        "scrub                {state}: {} of {} live blocks checked, {} repaired, {} unrepairable; {} rows checked (every column), {} parity and metadata copies repaired ({:.1} s)",
         scrub.blocks_scrubbed,
         scrub.blocks_total,
         scrub.blocks_repaired,
         scrub.blocks_unrepairable,
+        scrub.rows_checked,
+        scrub.parity_repaired,
         scrub.elapsed_ms as f64 / 1000.0
     );
 }
@@ -350,18 +361,19 @@ pub fn print_layout(layout: &LayoutStatus) {
             tier.parity_devices
         );
         println!(
-            "  {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  path",
-            "index", "state", "read", "written", "errors", "repaired"
+            "  {:<5} {:<9} {:>10} {:>10} {:>7} {:>9} {:>7}  path",
+            "index", "state", "read", "written", "errors", "repaired", "parity"
         );
         for device in &tier.devices {
             println!(
-                "  {:<5} {:<9} {:>10} {:>10} {:>7} {:>9}  {}",
+                "  {:<5} {:<9} {:>10} {:>10} {:>7} {:>9} {:>7}  {}",
                 device.index,
                 device.state,
                 format_size(device.bytes_read),
                 format_size(device.bytes_written),
                 device.io_errors,
                 device.checksum_errors_repaired,
+                device.parity_repaired,
                 device.path
             );
             if let Some(unfit) = &device.unfit {

@@ -663,6 +663,7 @@ async fn scrub(pool: &Pool, wait: bool) -> Result<lamina_api::ScrubStatus, Opera
                 scrubbed = found.blocks_scrubbed,
                 repaired = found.blocks_repaired,
                 unrepairable = found.blocks_unrepairable,
+                parity_repaired = found.parity_repaired,
                 "scrub finished"
             ),
             Err(error) => tracing::error!(%error, "scrub failed"),
@@ -889,6 +890,18 @@ fn scrub_metrics(scrub: &lamina_engine::ScrubStatus, repaired: u64, text: &mut S
             "gauge",
             "Blocks the latest scrub found damaged beyond repair.",
             scrub.blocks_unrepairable,
+        ),
+        (
+            "lamina_scrub_parity_repaired",
+            "gauge",
+            "Parity columns and metadata copies the latest scrub found disagreeing with their row and rewrote.",
+            scrub.parity_repaired,
+        ),
+        (
+            "lamina_scrub_rows_checked",
+            "gauge",
+            "Rows (and metadata copies) whose every column the latest scrub checked.",
+            scrub.rows_checked,
         ),
         (
             "lamina_checksum_errors_repaired_total",

@@ -187,6 +187,8 @@ pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
         blocks_scrubbed,
         blocks_repaired,
         blocks_unrepairable,
+        parity_repaired,
+        rows_checked,
         elapsed_ms,
     } = status;
     api::ScrubStatus {
@@ -199,6 +201,8 @@ pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
         blocks_scrubbed,
         blocks_repaired,
         blocks_unrepairable,
+        parity_repaired,
+        rows_checked,
         elapsed_ms,
     }
 }

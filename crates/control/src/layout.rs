@@ -85,7 +85,7 @@ impl PoolLayout {
             .flat_map(|tier| tier.devices.iter())
             .collect();
         type Field = fn(&api::DeviceStatus) -> u64;
-        let series: [(&str, &str, &str, Field); 5] = [
+        let series: [(&str, &str, &str, Field); 6] = [
             (
                 "lamina_device_read_bytes_total",
                 "counter",
@@ -109,6 +109,12 @@ impl PoolLayout {
                 "counter",
                 "Blocks of the device that failed their checksum and were rewritten from redundancy.",
                 |device| device.checksum_errors_repaired,
+            ),
+            (
+                "lamina_device_parity_repaired_total",
+                "counter",
+                "Parity columns and metadata copies of the device that a scrub found disagreeing with their row and rewrote.",
+                |device| device.parity_repaired,
             ),
             (
                 "lamina_device_online",
@@ -159,6 +165,7 @@ fn tier_status(tier: &TierArray) -> api::TierLayoutStatus {
             bytes_written: member.bytes_written,
             io_errors: member.io_errors,
             checksum_errors_repaired: member.checksum_errors_repaired,
+            parity_repaired: member.parity_repaired,
             replacement: member.replacement.map(|replacement| replacement.path),
             unfit: member.unfit,
         })

@@ -243,6 +243,61 @@ impl BlockDevice for ConcatenatedDevice {
         Ok(report)
     }
 
+    async fn scrub_range(
+        &self,
+        offset: u64,
+        length: u64,
+        blocks: &dyn crate::ScrubBlocks,
+    ) -> Result<crate::ScrubReport, DeviceError> {
+        let split = self.split(offset, crate::buffer_length(length));
+        let mut report = crate::ScrubReport::default();
+        if split.first.length > 0 {
+            let first = &split.first;
+            report.add(
+                self.first
+                    .scrub_range(first.offset, first.length as u64, blocks)
+                    .await?,
+            );
+        }
+        if split.second.length > 0 {
+            let shift_blocks = self.first_region_bytes / crate::DEVICE_ALIGNMENT_BYTES;
+            let shifted = crate::ShiftedScrubBlocks {
+                blocks,
+                shift_blocks,
+            };
+            let second = &split.second;
+            let mut part = self
+                .second
+                .scrub_range(second.offset, second.length as u64, &shifted)
+                .await?;
+            for block in &mut part.unrepairable_blocks {
+                *block += shift_blocks;
+            }
+            report.add(part);
+        }
+        Ok(report)
+    }
+
+    async fn scrub_copies(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: crate::BlockCheck<'_>,
+    ) -> Result<crate::ScrubReport, DeviceError> {
+        let split = self.split(offset, length);
+        match (split.first.length, split.second.length) {
+            (_, 0) => self.first.scrub_copies(offset, length, is_valid).await,
+            (0, _) => {
+                let second = &split.second;
+                self.second
+                    .scrub_copies(second.offset, second.length, is_valid)
+                    .await
+            }
+            // Metadata never straddles the two devices.
+            _ => Ok(crate::ScrubReport::default()),
+        }
+    }
+
     fn region_shape(&self, offset: u64, length: u64) -> Option<crate::RegionShape> {
         match offset.checked_sub(self.first_region_bytes) {
             None => self.first.region_shape(offset, length),

@@ -142,6 +142,37 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(RebuildReport::default())
     }
 
+    /// Scrub: checks every column of every row of `offset..offset +
+    /// length` that holds a block `blocks` holds (its data against
+    /// `blocks.is_valid`, the row's parity or copies against its data), and
+    /// rewrites what disagrees so that every row is whole again: after a
+    /// scrub that reports nothing unrepairable, losing as many more devices
+    /// as the redundancy covers loses none of the held blocks. The default,
+    /// for a device without redundancy, reads the held blocks and counts
+    /// those that fail as unrepairable.
+    async fn scrub_range(
+        &self,
+        offset: u64,
+        length: u64,
+        blocks: &dyn ScrubBlocks,
+    ) -> Result<ScrubReport, DeviceError> {
+        scrub_without_redundancy(self, offset, length, blocks).await
+    }
+
+    /// Scrub of a metadata frame kept in copies (an array's mirrored
+    /// prefix) at `offset..offset + length`: every copy that fails
+    /// `is_valid` is rewritten from one that passes. Nothing to check by
+    /// default (one copy).
+    async fn scrub_copies(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<ScrubReport, DeviceError> {
+        let _ = (offset, length, is_valid);
+        Ok(ScrubReport::default())
+    }
+
     /// Every range was rebuilt: the replacement takes its member's place.
     async fn finish_rebuild(&self) -> Result<(), DeviceError> {
         Ok(())
@@ -263,6 +294,119 @@ impl RebuildReport {
         self.rows_verified += other.rows_verified;
         self.blocks_unrepairable += other.blocks_unrepairable;
     }
+}
+
+/// What a scrub is told of the blocks of a range, by device block index.
+pub trait ScrubBlocks: Send + Sync {
+    /// Whether the layer above keeps the block (its contents matter).
+    fn is_held(&self, block_index: u64) -> bool;
+    /// Whether `contents` is what the layer above keeps at `block_index`;
+    /// true for a held block it cannot check (metadata without a checksum
+    /// of its own) and for a block it does not hold.
+    fn is_valid(&self, block_index: u64, contents: &[u8]) -> bool;
+}
+
+/// [`ScrubBlocks`] seen through a shift of block indexes: the blocks of a
+/// part of a device that starts `shift_blocks` into the whole (for
+/// `ConcatenatedDevice`'s second part).
+pub struct ShiftedScrubBlocks<'a> {
+    pub blocks: &'a dyn ScrubBlocks,
+    pub shift_blocks: u64,
+}
+
+impl ScrubBlocks for ShiftedScrubBlocks<'_> {
+    fn is_held(&self, block_index: u64) -> bool {
+        self.blocks.is_held(block_index + self.shift_blocks)
+    }
+
+    fn is_valid(&self, block_index: u64, contents: &[u8]) -> bool {
+        self.blocks
+            .is_valid(block_index + self.shift_blocks, contents)
+    }
+}
+
+/// What [`BlockDevice::scrub_range`] and [`BlockDevice::scrub_copies`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Rows (or copies) whose every column was checked.
+    pub rows_checked: u64,
+    /// Held blocks checked against the caller's check.
+    pub blocks_checked: u64,
+    /// Held blocks that failed their check, rebuilt and rewritten.
+    pub blocks_repaired: u64,
+    /// Other columns rewritten so that the row agrees with its data again:
+    /// parity, copies, columns the caller does not hold.
+    pub parity_repaired: u64,
+    /// Rows no reconstruction made whole with every held block passing, or
+    /// where two reconstructions disagree on a held block the checks cannot
+    /// tell right from wrong: left as they are, reported.
+    pub rows_unrepairable: u64,
+    /// Device block indexes of the held blocks of those rows that fail
+    /// their check (the caller may find they died meanwhile).
+    pub unrepairable_blocks: Vec<u64>,
+}
+
+impl ScrubReport {
+    pub fn add(&mut self, other: ScrubReport) {
+        self.rows_checked += other.rows_checked;
+        self.blocks_checked += other.blocks_checked;
+        self.blocks_repaired += other.blocks_repaired;
+        self.parity_repaired += other.parity_repaired;
+        self.rows_unrepairable += other.rows_unrepairable;
+        self.unrepairable_blocks.extend(other.unrepairable_blocks);
+    }
+}
+
+/// [`BlockDevice::scrub_range`] of a device with no redundancy: each run of
+/// held blocks read and checked; a failing block is offered to
+/// [`BlockDevice::recover_block`] (a wrapper may still hold a copy) and
+/// counted unrepairable when that finds nothing.
+pub async fn scrub_without_redundancy<D: BlockDevice + ?Sized>(
+    device: &D,
+    offset: u64,
+    length: u64,
+    blocks: &dyn ScrubBlocks,
+) -> Result<ScrubReport, DeviceError> {
+    let first = offset / DEVICE_ALIGNMENT_BYTES;
+    let end = first + length / DEVICE_ALIGNMENT_BYTES;
+    let mut report = ScrubReport::default();
+    let mut block = first;
+    while block < end {
+        if !blocks.is_held(block) {
+            block += 1;
+            continue;
+        }
+        let run_end = (block..end)
+            .find(|index| !blocks.is_held(*index))
+            .unwrap_or(end);
+        let data = device
+            .read(
+                block * DEVICE_ALIGNMENT_BYTES,
+                buffer_length((run_end - block) * DEVICE_ALIGNMENT_BYTES),
+            )
+            .await?;
+        for (index, contents) in
+            (block..run_end).zip(data.chunks_exact(buffer_length(DEVICE_ALIGNMENT_BYTES)))
+        {
+            report.blocks_checked += 1;
+            if blocks.is_valid(index, contents) {
+                continue;
+            }
+            let check = |contents: &[u8]| blocks.is_valid(index, contents);
+            match device
+                .recover_block(index * DEVICE_ALIGNMENT_BYTES, &check)
+                .await?
+            {
+                Some(_) => report.blocks_repaired += 1,
+                None => {
+                    report.rows_unrepairable += 1;
+                    report.unrepairable_blocks.push(index);
+                }
+            }
+        }
+        block = run_end;
+    }
+    Ok(report)
 }
 
 /// What the layer above knows the block at a device block index must hold:

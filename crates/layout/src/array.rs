@@ -480,6 +480,33 @@ impl BlockDevice for RedundantArray {
         Ok(None)
     }
 
+    async fn scrub_range(
+        &self,
+        offset: u64,
+        length: u64,
+        blocks: &dyn lamina_device::ScrubBlocks,
+    ) -> Result<lamina_device::ScrubReport, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length)?;
+        self.scrub_striped(offset, length, blocks).await
+    }
+
+    async fn scrub_copies(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<lamina_device::ScrubReport, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+        let first_block = offset / BLOCK_SIZE_BYTES;
+        let end_block = first_block + length as u64 / BLOCK_SIZE_BYTES;
+        if end_block > self.geometry.prefix_blocks {
+            return Ok(lamina_device::ScrubReport::default());
+        }
+        let member_offset = self.geometry.prefix_member_block(first_block) * BLOCK_SIZE_BYTES;
+        self.scrub_prefix_copies(member_offset, length, is_valid)
+            .await
+    }
+
     fn rebuild_pending(&self) -> bool {
         self.replacement_pending()
     }

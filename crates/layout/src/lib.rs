@@ -17,7 +17,8 @@
 //! - `membership.rs`: the write set, `open_region`, member removal and
 //!   addition, the prefix's copies after a loss;
 //! - `replace.rs`: a replacement device and its rebuild;
-//! - `row_locks.rs`: writes and repairs of the same rows kept apart.
+//! - `row_locks.rs`: writes and repairs of the same rows kept apart;
+//! - `scrub.rs`: every column of every held row checked, parity included.
 
 mod array;
 mod assemble;
@@ -31,6 +32,7 @@ mod recover;
 mod redundancy;
 mod replace;
 mod row_locks;
+mod scrub;
 mod stripe;
 mod write;
 mod zones;
@@ -47,4 +49,5 @@ pub use label::{LabelError, MemberLabel, TierRole, ZoneLabel};
 pub use member::{MemberState, MemberStatus, ReplacementStatus};
 pub use membership::WriteSet;
 pub use redundancy::{MEMBER_COUNT_MAX, Redundancy};
+pub use scrub::SCRUB_ROWS_PER_STEP;
 pub use zones::MEMBER_SETS_MAX;

@@ -57,6 +57,9 @@ pub struct MemberStatus {
     pub bytes_written: u64,
     pub io_errors: u64,
     pub checksum_errors_repaired: u64,
+    /// Parity columns, metadata copies and columns the engine no longer
+    /// holds that a scrub found disagreeing with their row and rewrote.
+    pub parity_repaired: u64,
     /// A device being rebuilt to take this member's place.
     pub replacement: Option<ReplacementStatus>,
     /// Why assembly left the member's device out of use although it was
@@ -163,6 +166,7 @@ pub(crate) struct Member {
     bytes_written: AtomicU64,
     io_errors: AtomicU64,
     checksum_errors_repaired: AtomicU64,
+    parity_repaired: AtomicU64,
 }
 
 impl Member {
@@ -208,6 +212,7 @@ impl Member {
         *self.unfit.lock().expect("member unfit lock") = None;
         self.io_errors.store(0, Ordering::Relaxed);
         self.checksum_errors_repaired.store(0, Ordering::Relaxed);
+        self.parity_repaired.store(0, Ordering::Relaxed);
     }
     fn with(
         index: usize,
@@ -226,6 +231,7 @@ impl Member {
             bytes_written: AtomicU64::new(0),
             io_errors: AtomicU64::new(0),
             checksum_errors_repaired: AtomicU64::new(0),
+            parity_repaired: AtomicU64::new(0),
         }
     }
 
@@ -318,6 +324,7 @@ impl Member {
         drop(slot);
         self.io_errors.store(0, Ordering::Relaxed);
         self.checksum_errors_repaired.store(0, Ordering::Relaxed);
+        self.parity_repaired.store(0, Ordering::Relaxed);
         tracing::warn!(
             member = self.index,
             path = %replacement.path,
@@ -361,6 +368,17 @@ impl Member {
         }
     }
 
+    /// A column of this member other than a held data block (parity, a
+    /// metadata copy, a dead block) disagreed with its row and was
+    /// rewritten by a scrub.
+    pub fn parity_repaired(&self) {
+        self.parity_repaired.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state.lock().expect("member state lock");
+        if *state == MemberState::Online {
+            *state = MemberState::Degraded;
+        }
+    }
+
     pub fn status(&self) -> MemberStatus {
         MemberStatus {
             path: self.path(),
@@ -370,6 +388,7 @@ impl Member {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             io_errors: self.io_errors.load(Ordering::Relaxed),
             checksum_errors_repaired: self.checksum_errors_repaired.load(Ordering::Relaxed),
+            parity_repaired: self.parity_repaired.load(Ordering::Relaxed),
             replacement: self.replacement().map(|replacement| ReplacementStatus {
                 path: replacement.path.clone(),
                 rows_done: replacement.rows_done.load(Ordering::Relaxed),

@@ -29,6 +29,22 @@ impl LiveList {
         &self.mappings
     }
 
+    /// The listed blocks in `first_block..end_block`.
+    pub(super) fn mappings_in(&self, first_block: u64, end_block: u64) -> &[Mapping] {
+        let start = self
+            .mappings
+            .partition_point(|mapping| mapping.physical_block < first_block);
+        let end = self
+            .mappings
+            .partition_point(|mapping| mapping.physical_block < end_block);
+        &self.mappings[start..end.max(start)]
+    }
+
+    /// How many listed blocks lie in `first_block..end_block`.
+    pub(super) fn count_in(&self, first_block: u64, end_block: u64) -> u64 {
+        self.mappings_in(first_block, end_block).len() as u64
+    }
+
     /// The listed block at `physical_block`, if any.
     pub(super) fn find(&self, physical_block: u64) -> Option<&Mapping> {
         self.mappings
@@ -66,9 +82,12 @@ impl Pool {
         mapping: &Mapping,
         contents: &[u8],
     ) -> bool {
-        if block_checksum(contents) == mapping.checksum {
-            return true;
-        }
+        block_checksum(contents) == mapping.checksum || self.listed_block_died(list, mapping)
+    }
+
+    /// Whether the listed `mapping` died since the list was taken: its
+    /// segment was freed since, or no map holds it now.
+    pub(super) fn listed_block_died(&self, list: &LiveList, mapping: &Mapping) -> bool {
         let segment_index = self.inner.geometry.segment_of(mapping.physical_block);
         if self
             .inner

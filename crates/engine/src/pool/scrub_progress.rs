@@ -31,6 +31,11 @@ pub struct ScrubStatus {
     /// Blocks that failed their checksum (or could not be read) and could
     /// not be rebuilt: reading them is an I/O error.
     pub blocks_unrepairable: u64,
+    /// Parity columns, metadata copies and columns no live block holds that
+    /// disagreed with their row and were rewritten (an array only).
+    pub parity_repaired: u64,
+    /// Rows (or metadata copies) whose every column was checked.
+    pub rows_checked: u64,
     pub elapsed_ms: u64,
 }
 
@@ -43,6 +48,8 @@ pub struct Scrubber {
     pub(super) blocks_scrubbed: AtomicU64,
     pub(super) blocks_repaired: AtomicU64,
     pub(super) blocks_unrepairable: AtomicU64,
+    pub(super) parity_repaired: AtomicU64,
+    pub(super) rows_checked: AtomicU64,
     timing: Mutex<ScrubTiming>,
 }
 
@@ -64,6 +71,8 @@ impl Scrubber {
             &self.blocks_scrubbed,
             &self.blocks_repaired,
             &self.blocks_unrepairable,
+            &self.parity_repaired,
+            &self.rows_checked,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
@@ -101,6 +110,8 @@ impl Scrubber {
             blocks_scrubbed: self.blocks_scrubbed.load(Ordering::Relaxed),
             blocks_repaired: self.blocks_repaired.load(Ordering::Relaxed),
             blocks_unrepairable: self.blocks_unrepairable.load(Ordering::Relaxed),
+            parity_repaired: self.parity_repaired.load(Ordering::Relaxed),
+            rows_checked: self.rows_checked.load(Ordering::Relaxed),
             elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
         }
     }
