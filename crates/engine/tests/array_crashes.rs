@@ -363,6 +363,33 @@ impl ArrayRun {
             .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
     }
 
+    /// After a scrub that found nothing beyond repair, every row must
+    /// survive the loss of as many more members as the parity covers
+    /// (issue 42: the scrub checks parity, not only the data reads use):
+    /// members are failed at random until two are lost, and every block is
+    /// checked again, read through the reconstruction.
+    async fn lose_what_the_parity_still_covers(&mut self) {
+        let seed = self.seed;
+        while self.array.lost_member_count() < VANISHED_MEMBERS_MAX {
+            let usable: Vec<usize> = self
+                .array
+                .member_status()
+                .iter()
+                .filter(|member| member.state.is_usable())
+                .map(|member| member.index)
+                .collect();
+            let index = usable[self.rng.random_range(0..usable.len())];
+            self.array.fail_member(index);
+        }
+        verify(
+            &self.pool,
+            &self.shadows,
+            seed,
+            "after the scrub and two more lost members",
+        )
+        .await;
+    }
+
     /// Scrubs (nothing may be beyond repair: no row ever had more bad
     /// columns than the parity), checks every block again and closes.
     async fn finish(mut self) -> RunCounts {
@@ -375,6 +402,7 @@ impl ArrayRun {
         );
         assert_eq!(scrub.blocks_scrubbed, scrub.blocks_total, "seed {seed}");
         verify(&self.pool, &self.shadows, seed, "after the scrub").await;
+        self.lose_what_the_parity_still_covers().await;
         self.counts.repaired += self.pool.status().integrity.checksum_errors_repaired;
         self.pool.close().await.expect("close");
         self.counts

@@ -9,7 +9,7 @@
 //! and the segments in use and, for a block reported unrepairable, to check
 //! that it is still live (`live_list.rs`: a block the cleaner moved away
 //! since the list was made is no damage), and asks the background budget
-//! (`budget`) for each chunk it reads, so that clients keep the device:
+//! (`budget`) for each chunk it reads (by the live bytes in it), so that clients keep the device:
 //! scrub has the smallest share of it. Checkpoint bodies and batch
 //! summaries hold no live block of their own: after a scrub that repaired
 //! anything, two base checkpoints are written, so that the bodies a reopen
@@ -108,10 +108,11 @@ impl Pool {
         let blocks = LiveBlocks { list: &list };
         for chunk in self.scrub_chunks(&list) {
             let live = list.count_in(chunk.first_block, chunk.end_block);
-            let chunk_bytes = (chunk.end_block - chunk.first_block) * BLOCK_SIZE_BYTES;
+            // Charged by the live bytes it checks, as reads of them were
+            // before parity was checked: the budget paces scrub's progress.
             self.inner
                 .budget
-                .acquire(BackgroundWork::Scrub, chunk_bytes)
+                .acquire(BackgroundWork::Scrub, live * BLOCK_SIZE_BYTES)
                 .await;
             let report = self.scrub_chunk(chunk, &blocks).await;
             self.count_scrubbed(&list, report);
