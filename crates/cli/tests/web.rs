@@ -222,8 +222,18 @@ fn the_page_shows_the_pool_in_a_browser_and_acts_with_token_and_confirmation() {
     assert_eq!(capacity, status["capacity_bytes"].as_u64().unwrap());
     let flash_size = row_cell_bytes(&dom, "data-tier=\"flash\"", 1);
     assert_eq!(flash_size, status["flash"]["size_bytes"].as_u64().unwrap());
-    assert!(dom.contains("class=\"badge healthy\""), "{dom}");
+    // The array is whole; the badge warns when `pool status` does (fio's
+    // writes fill most of this small pool, past the 90 % warning).
     assert_eq!(status["layout"]["state"], "online");
+    let badge = if status["usage_warning_percent"] == 0 {
+        "healthy"
+    } else {
+        "warning"
+    };
+    assert!(
+        dom.contains(&format!("class=\"badge {badge}\"")),
+        "{badge}: {dom}"
+    );
     assert_devices_shown(&dom, &status);
     let volumes = lamina_ok(&setup.data_dir, &["volume", "list"]);
     let default = volumes
@@ -572,6 +582,87 @@ fn without_histograms_requests_are_counted_and_no_histogram_is_exported() {
     assert!(
         !metrics.contains("lamina_volume_request_seconds"),
         "{metrics}"
+    );
+    assert!(daemon.terminate().success());
+}
+
+/// `GET /v1/web/overview` on the loopback web listener, parsed.
+fn overview(port: u16) -> serde_json::Value {
+    let answer = http(
+        port,
+        &format!(
+            "GET /v1/web/overview HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    serde_json::from_str(&answer.body).unwrap()
+}
+
+/// The usage warning threshold of the badge test, in percent of what
+/// clients can fill.
+const TEST_USAGE_WARNING_PERCENT: u64 = 10;
+/// How long the badge test waits for the written data to count as used.
+const USAGE_UPDATE_TIMEOUT_MS: u64 = 10_000;
+
+#[test]
+fn the_badge_warns_as_pool_status_does_once_usage_passes_a_threshold() {
+    let setup = Setup::new();
+    let port = free_port();
+    let config = format!(
+        "[server]\ntcp_address = \"\"\n[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {}\n[web]\naddress = \"127.0.0.1:{port}\"\n[limits]\nflush_interval_ms = 100\nusage_warning_percents = [{TEST_USAGE_WARNING_PERCENT}]\n",
+        256u64 << 20,
+        128u64 << 20
+    );
+    let daemon = Daemon::start_on_pool(&setup.data_dir, &config, "default");
+    let healthy = overview(port);
+    assert_eq!(
+        healthy["health"]["state"], "healthy",
+        "{}",
+        healthy["health"]
+    );
+    assert_eq!(healthy["health"]["reasons"], serde_json::json!([]));
+
+    // Past the threshold (the pool holds about 200 MiB for clients).
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x5a 0 64M",
+        "-c",
+        "flush",
+        &daemon.uri("default"),
+    ]));
+    let deadline = std::time::Instant::now() + Duration::from_millis(USAGE_UPDATE_TIMEOUT_MS);
+    let mut warned = overview(port);
+    while warned["pool"]["usage_warning_percent"] == 0 {
+        assert!(std::time::Instant::now() < deadline, "{}", warned["pool"]);
+        std::thread::sleep(Duration::from_millis(100));
+        warned = overview(port);
+    }
+    let health = &warned["health"];
+    assert_eq!(health["state"], "warning", "{health}");
+    let reason = health["reasons"][0]["text"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("above the {TEST_USAGE_WARNING_PERCENT}% warning")),
+        "{reason}"
+    );
+    // `pool status` warns about the same.
+    let status = common::lamina(&setup.data_dir, &["pool", "status"]);
+    let status = String::from_utf8(status.stdout).unwrap();
+    assert!(
+        status.contains(&format!("warning: above {TEST_USAGE_WARNING_PERCENT}%")),
+        "{status}"
+    );
+    // And the page shows it.
+    let dom = chromium(
+        &setup.root.join("chromium-profile"),
+        &format!("http://127.0.0.1:{port}/"),
+        &["--dump-dom"],
+    );
+    assert!(dom.contains("class=\"badge warning\""), "{dom}");
+    assert!(
+        dom.contains("% warning: trim, delete or add capacity"),
+        "{dom}"
     );
     assert!(daemon.terminate().success());
 }

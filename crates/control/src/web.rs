@@ -1,7 +1,7 @@
 //! The management web page: one static page (HTML, JavaScript and CSS
 //! embedded in the binary, no build step, nothing fetched from elsewhere) and
-//! the two JSON endpoints it uses, `GET /v1/web/overview` (pool, devices,
-//! tiers, volumes, snapshots, the per-second I/O samples) and
+//! the two JSON endpoints it uses, `GET /v1/web/overview` (pool, its health
+//! badge, devices, tiers, volumes, snapshots, the per-second I/O samples) and
 //! `POST /v1/web/operations` (an admin [`Operation`] with `"confirmed": true`
 //! for anything that changes the pool). Served on the admin socket (behind its
 //! `SO_PEERCRED` gate) and on a TCP address, loopback by default. Over TCP
@@ -27,6 +27,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::admin::{AdminAudit, AdminContext, AdminPeer, Operation, execute};
 use crate::volume_statistics::{SAMPLE_INTERVAL_MS, Sample};
+
+mod health;
+
+pub use health::{HealthReason, HealthState, PoolHealth};
 
 const INDEX_HTML: &str = include_str!("web/index.html");
 const APP_JS: &str = include_str!("web/app.js");
@@ -230,6 +234,8 @@ pub struct VolumeHistory {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Overview {
     pub pool: serde_json::Value,
+    /// The badge: what `pool status` warns about, decided from `pool`.
+    pub health: PoolHealth,
     pub volumes: serde_json::Value,
     pub snapshots: serde_json::Value,
     pub sample_interval_ms: u64,
@@ -250,6 +256,8 @@ async fn overview(State(state): State<WebState>) -> Response {
 
 async fn build_overview(context: &AdminContext) -> Result<Overview, crate::admin::OperationError> {
     let pool = execute(context, Operation::PoolStatus).await?;
+    let status: lamina_api::PoolStatus =
+        serde_json::from_value(pool.clone()).expect("the pool status document reads back");
     let volumes = execute(context, Operation::VolumeList).await?;
     let snapshots = execute(context, Operation::SnapshotList { volume: None }).await?;
     let statistics = context.volume_statistics.as_ref();
@@ -263,6 +271,7 @@ async fn build_overview(context: &AdminContext) -> Result<Overview, crate::admin
         })
         .collect();
     Ok(Overview {
+        health: health::pool_health(&status),
         pool,
         volumes,
         snapshots,

@@ -62,17 +62,18 @@ async function operation(body, question) {
   refresh();
 }
 
-function health(pool) {
-  if (pool.failed) return "failed";
-  const state = pool.layout ? pool.layout.state : "online";
-  return state === "online" ? "healthy" : state;
+// The badge is decided by the daemon (web/health.rs) from what `pool status`
+// warns about; the page only shows it, with the reasons beside it.
+function renderHealth(health) {
+  const badge = document.getElementById("pool-health");
+  badge.textContent = health.state;
+  badge.className = "badge " + health.state;
+  const reasons = health.reasons.map((reason) => reason.text).join("; ");
+  badge.title = reasons;
+  document.getElementById("pool-health-reasons").textContent = reasons;
 }
 
 function renderPool(pool) {
-  const state = health(pool);
-  const badge = document.getElementById("pool-health");
-  badge.textContent = state;
-  badge.className = "badge " + state;
   setBytes("pool-capacity", pool.capacity_bytes);
   setBytes("pool-used", pool.used_bytes);
   setBytes("pool-free", pool.free_bytes);
@@ -251,6 +252,7 @@ async function refresh() {
     renderVolumes(overview.volumes, overview.snapshots);
     renderCharts();
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    renderHealth(overview.health);
     document.body.dataset.loaded = "true";
   } catch (error) {
     show("cannot reach the daemon: " + error);
