@@ -2,7 +2,7 @@
 //! open which exports, read-write or read-only) as the NBD server's
 //! [`AccessPolicy`]; the gate that lets a plain loopback TCP client in only
 //! when it could have used the Unix socket or a rule names it
-//! ([`LoopbackGate`], issue 42, decision 0056); and the Unix group helpers the
+//! ([`LoopbackGate`], issue 42, decision 0057); and the Unix group helpers the
 //! daemon uses for socket ownership and for admitting admin API clients (a
 //! configured group given by name or number; a peer's supplementary groups
 //! read from `/proc`, a user's from the user database).
@@ -243,7 +243,7 @@ impl AccessPolicy for AccessRules {
 /// `socket_group`) and whoever an `[[access]]` rule names by uid or gid. TCP
 /// carries no credentials, but for a loopback client the kernel names the uid
 /// that owns its socket; without this gate every local user would reach
-/// every volume over 127.0.0.1 (issue 42, decision 0056).
+/// every volume over 127.0.0.1 (issue 42, decision 0057).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoopbackGate {
     /// The daemon's uid, which owns the Unix socket.

@@ -4,7 +4,7 @@
 //! (`NETLINK_SOCK_DIAG`, what `ss -e` shows) answers an exact query by the
 //! connection's addresses and ports with that socket's `idiag_uid`. The accept
 //! loop asks for every loopback client so that the access policy can treat it
-//! as it treats a Unix-socket client (issue 42, decision 0056).
+//! as it treats a Unix-socket client (issue 42, decision 0057).
 //!
 //! The query names the client's end: source = the client's address and port
 //! (the server's peer), destination = the server's. The kernel looks the
