@@ -426,11 +426,13 @@ fn json_name<T: serde::Serialize>(value: &T) -> String {
     }
 }
 
-/// What `pool create` prints: the new pool's status.
+/// What `pool restore` prints: the point the restored pool is as of, what
+/// was lost, and its status.
 fn print_restored(status: &pool_commands::RestoredPool) {
+    println!("restored pool from {} onto {}", status.url, status.flash);
     println!(
-        "restored pool from {} onto {} (newest checkpoint copy in the store: {})",
-        status.url, status.flash, status.checkpoint_sequence
+        "AS OF                checkpoint {} (log batch {}): every volume and snapshot as it was then; writes after it are not restored",
+        status.checkpoint_sequence, status.covered_batch_sequence
     );
     let lost_bytes = status.pool.flash_only_bytes.unwrap_or(0);
     if lost_bytes > 0 {

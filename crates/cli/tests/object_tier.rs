@@ -630,6 +630,8 @@ fn a_lost_flash_device_is_restored_from_the_bucket_alone() {
     assert!(lost_blocks * 4096 <= flash_only_before, "{restored}");
     assert_eq!(restored["pool"]["flash_only_bytes"].as_u64(), Some(0));
     assert!(restored["checkpoint_sequence"].as_u64().unwrap() > 0);
+    // The point every volume is as of (decision 0056).
+    assert!(restored["covered_batch_sequence"].as_u64().unwrap() > 0);
 
     let daemon = Daemon::start_on_pool(&new_setup.data_dir, &store.config(), "big");
     let unreadable = count_unreadable_blocks(&daemon, "big", &file);
