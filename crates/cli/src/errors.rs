@@ -1,7 +1,8 @@
 //! What the CLI adds to an error so that its one line says what to do: the
 //! flag that overrides a refusal, or the command that lists what a name did
 //! not match. The engine and the control plane say what failed and on what;
-//! only the CLI knows its own flags and commands.
+//! only the CLI knows its own flags and commands. And how that line is
+//! printed: each cause once ([`one_line`]).
 
 use std::path::Path;
 
@@ -48,6 +49,26 @@ fn refusal_kind(error: &anyhow::Error) -> Option<String> {
     })
 }
 
+/// `error` and its chain of causes in one line, `: ` between them, each
+/// cause's text once: a cause whose text the line already holds is left out.
+/// Some libraries' errors (object_store's, io::Error around another error)
+/// print their source's text and offer it as their source too; printed as
+/// anyhow's `{:#}` prints a chain, such a cause came out four or five times.
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// Adds to `error` the flag that overrides it, when it is a refusal a flag of
 /// the command overrides (found anywhere in its chain of causes).
 pub fn with_flag_hint(error: anyhow::Error) -> anyhow::Error {
@@ -62,7 +83,7 @@ pub fn with_flag_hint(error: anyhow::Error) -> anyhow::Error {
         None => None,
     };
     match hint {
-        Some(hint) => anyhow::anyhow!("{error:#} ({hint})"),
+        Some(hint) => anyhow::anyhow!("{} ({hint})", one_line(&error)),
         None => error,
     }
 }
@@ -72,7 +93,47 @@ pub fn with_flag_hint(error: anyhow::Error) -> anyhow::Error {
 pub fn with_hint(error: anyhow::Error, data_dir: &Path) -> anyhow::Error {
     let listing = refusal_kind(&error).and_then(|kind| listing_hint_for_kind(&kind, data_dir));
     match listing {
-        Some(hint) => anyhow::anyhow!("{error:#} ({hint})"),
+        Some(hint) => anyhow::anyhow!("{} ({hint})", one_line(&error)),
         None => with_flag_hint(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that prints its source's text and offers it as its source
+    /// too, as object_store's do.
+    #[derive(Debug)]
+    struct Repeating {
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Repeating {
+        fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(formatter, "Generic S3 error: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Repeating {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_the_line_already_holds_is_printed_once() {
+        let cause = std::io::Error::other("Connection refused (os error 111)");
+        let error = anyhow::Error::new(Repeating { source: cause })
+            .context("cannot create the object tier")
+            .context("cannot create a pool");
+        assert_eq!(
+            one_line(&error),
+            "cannot create a pool: cannot create the object tier: Generic S3 error: Connection refused (os error 111)"
+        );
+        assert_eq!(
+            format!("{error:#}").matches("Connection refused").count(),
+            2
+        );
     }
 }

@@ -1045,7 +1045,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("lamina: error: {error:#}");
+            eprintln!("lamina: error: {}", errors::one_line(&error));
             std::process::ExitCode::FAILURE
         }
     }

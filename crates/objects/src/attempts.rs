@@ -21,6 +21,11 @@
 //! same URI (only the Range header differs), while a LIST's next page names a
 //! continuation token and a bulk DELETE is one POST per request (at most 1000
 //! keys).
+//!
+//! The same service keeps each request's last attempt ([`LastAttempt`]: its
+//! method, URL, and the HTTP status or transport failure it met), which
+//! [`in_request`] hands back, so that a failed request's error names what was
+//! sent where and what came back without reading object_store's error text.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,13 +125,52 @@ impl AttemptFailure {
     }
 }
 
+/// An HTTP status as a response carried it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpStatus {
+    pub code: u16,
+    /// The standard reason phrase (`Not Found`), when the code has one.
+    pub reason: Option<&'static str>,
+}
+
+impl std::fmt::Display for HttpStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.reason {
+            Some(reason) => write!(formatter, "HTTP {} {reason}", self.code),
+            None => write!(formatter, "HTTP {}", self.code),
+        }
+    }
+}
+
+/// The last HTTP attempt of one request, for its error message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastAttempt {
+    /// `GET`, `PUT`, `HEAD`, `POST` (a bulk DELETE), ...
+    pub method: String,
+    /// The URL the attempt was sent to (the credentials are in headers).
+    pub url: String,
+    /// The response's status; `None` when no response came.
+    pub status: Option<HttpStatus>,
+    /// The transport failure the attempt met (no response, or a response
+    /// whose body broke off).
+    pub transport_failure: Option<HttpErrorKind>,
+    /// Attempts the request made in all, this one included.
+    pub attempts: u64,
+}
+
+/// A request's output with its last HTTP attempt (`None` when it made none).
+pub struct Attempted<T> {
+    pub output: T,
+    pub last_attempt: Option<LastAttempt>,
+}
+
 /// One request (one call of the request wrapper) and where its attempts
 /// count.
 pub struct RequestAttempts {
     kind: RequestKind,
     counters: Arc<AttemptCounters>,
-    /// Method and URI of the request's previous attempt.
-    previous_attempt: Mutex<Option<String>>,
+    /// The request's previous (or current) attempt.
+    last_attempt: Mutex<Option<LastAttempt>>,
 }
 
 impl RequestAttempts {
@@ -136,12 +180,33 @@ impl RequestAttempts {
 
     /// Counts a retry when `request` repeats the previous attempt.
     fn attempt_started(&self, request: &HttpRequest) {
-        let identity = format!("{} {}", request.method(), request.uri());
-        let mut previous = self.previous_attempt.lock().expect("attempts lock");
-        if previous.as_deref() == Some(identity.as_str()) {
+        let method = request.method().to_string();
+        let url = request.uri().to_string();
+        let mut last = self.last_attempt.lock().expect("attempts lock");
+        let attempts = last.as_ref().map_or(0, |previous| previous.attempts) + 1;
+        if last
+            .as_ref()
+            .is_some_and(|previous| previous.method == method && previous.url == url)
+        {
             self.counters().retries.fetch_add(1, Ordering::Relaxed);
         }
-        *previous = Some(identity);
+        *last = Some(LastAttempt {
+            method,
+            url,
+            status: None,
+            transport_failure: None,
+            attempts,
+        });
+    }
+
+    /// Notes what the current attempt met: a response's status, or a
+    /// transport failure (before the response or while reading its body).
+    fn met(&self, status: Option<HttpStatus>, transport_failure: Option<HttpErrorKind>) {
+        let mut last = self.last_attempt.lock().expect("attempts lock");
+        if let Some(attempt) = last.as_mut() {
+            attempt.status = status.or(attempt.status);
+            attempt.transport_failure = transport_failure.or(attempt.transport_failure);
+        }
     }
 
     fn failed(&self, failure: AttemptFailure) {
@@ -162,18 +227,23 @@ tokio::task_local! {
 }
 
 /// Runs `request` (one request of `kind`) so that its HTTP attempts count in
-/// `counters`.
+/// `counters`; its output comes back with its last attempt.
 pub async fn in_request<F: Future>(
     counters: &Arc<AttemptCounters>,
     kind: RequestKind,
     request: F,
-) -> F::Output {
+) -> Attempted<F::Output> {
     let attempts = Arc::new(RequestAttempts {
         kind,
         counters: Arc::clone(counters),
-        previous_attempt: Mutex::new(None),
+        last_attempt: Mutex::new(None),
     });
-    CURRENT_REQUEST.scope(attempts, request).await
+    let output = CURRENT_REQUEST.scope(Arc::clone(&attempts), request).await;
+    let last_attempt = attempts.last_attempt.lock().expect("attempts lock").take();
+    Attempted {
+        output,
+        last_attempt,
+    }
 }
 
 /// object_store's default connector, its clients wrapped in
@@ -205,7 +275,15 @@ impl HttpService for CountingService {
         attempts.attempt_started(&request);
         match self.inner.execute(request).await {
             Ok(response) => {
-                if let Some(failure) = AttemptFailure::of_status(response.status().as_u16()) {
+                let status = response.status();
+                attempts.met(
+                    Some(HttpStatus {
+                        code: status.as_u16(),
+                        reason: status.canonical_reason(),
+                    }),
+                    None,
+                );
+                if let Some(failure) = AttemptFailure::of_status(status.as_u16()) {
                     attempts.failed(failure);
                 }
                 let (parts, body) = response.into_parts();
@@ -216,6 +294,7 @@ impl HttpService for CountingService {
                 Ok(HttpResponse::from_parts(parts, body))
             }
             Err(error) => {
+                attempts.met(None, Some(error.kind()));
                 attempts.failed(AttemptFailure::of_error(&error));
                 Err(error)
             }
@@ -240,6 +319,7 @@ impl Body for CountingBody {
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(context);
         if let Poll::Ready(Some(Err(error))) = &polled {
+            self.attempts.met(None, Some(error.kind()));
             self.attempts.failed(AttemptFailure::of_error(error));
         }
         polled

@@ -180,7 +180,8 @@ impl ObjectStoreConfig {
     }
 
     /// The store's URL, e.g. `https://s3.example.com:9000`; absent: AWS (or
-    /// the `AWS_ENDPOINT` environment variable).
+    /// the `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL` or `AWS_ENDPOINT`
+    /// environment variable).
     pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(endpoint.into());
         self
@@ -282,7 +283,12 @@ impl ObjectStoreConfig {
                     .with_connect_timeout(Duration::from_millis(self.limits.connect_timeout_ms)),
             );
         if let Some(endpoint) = &self.endpoint {
-            builder = builder.with_endpoint(endpoint);
+            // Also as the S3 endpoint, which object_store prefers to the
+            // endpoint: AWS_ENDPOINT_URL_S3 in the environment would
+            // otherwise send the requests elsewhere.
+            builder = builder
+                .with_endpoint(endpoint)
+                .with_config(object_store::aws::AmazonS3ConfigKey::S3Endpoint, endpoint);
         }
         if let Some(region) = &self.region {
             builder = builder.with_region(region);
@@ -292,9 +298,9 @@ impl ObjectStoreConfig {
                 .with_access_key_id(key)
                 .with_secret_access_key(secret);
         }
-        let store = builder.build().map_err(|source| ObjectStoreError::Client {
+        let store = builder.build().map_err(|cause| ObjectStoreError::Client {
             bucket: self.bucket.clone(),
-            source,
+            cause,
         })?;
         Ok(Arc::new(store))
     }

@@ -21,6 +21,7 @@ mod statistics;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 
+pub use attempts::{HttpStatus, LastAttempt};
 pub use config::{ObjectStoreConfig, ObjectStoreLimits};
 pub use device::{ObjectStoreDevice, TierLocation};
 pub use epoch_record::{EpochRecord, MemoryEpochRecord};

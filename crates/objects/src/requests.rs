@@ -20,7 +20,7 @@ use object_store::{
 use tokio::sync::Semaphore;
 
 use crate::ObjectStoreError;
-use crate::attempts::{AttemptCounters, AttemptCounts, in_request};
+use crate::attempts::{AttemptCounters, AttemptCounts, LastAttempt, in_request};
 use crate::error::RequestKind;
 use crate::statistics::RequestStatistics;
 
@@ -143,13 +143,15 @@ impl CountedStore {
         &self,
         operation: RequestKind,
         key: &str,
-        source: object_store::Error,
+        last_attempt: Option<LastAttempt>,
+        cause: object_store::Error,
     ) -> ObjectStoreError {
         ObjectStoreError::Request {
             operation,
             bucket: self.bucket.clone(),
             key: key.to_string(),
-            source,
+            last_attempt: last_attempt.map(Box::new),
+            cause: Box::new(cause),
         }
     }
 
@@ -183,20 +185,21 @@ impl CountedStore {
             mode,
             ..PutOptions::default()
         };
-        let result = in_request(
+        let attempted = in_request(
             &self.attempts,
             kind,
             self.store
                 .put_opts(&Path::from(key), PutPayload::from_bytes(payload), options),
         )
         .await;
+        let result = attempted.output;
         self.record(kind, started, result.is_ok(), length, 1);
         result
             .map(|result| UpdateVersion {
                 e_tag: result.e_tag,
                 version: result.version,
             })
-            .map_err(|source| self.error(kind, key, source))
+            .map_err(|cause| self.error(kind, key, attempted.last_attempt, cause))
     }
 
     /// Bytes `range` of object `key` (one ranged GET).
@@ -204,13 +207,13 @@ impl CountedStore {
         let _permit = self.permit().await;
         let started = Instant::now();
         let expected = range.end - range.start;
-        let result = in_request(
+        let attempted = in_request(
             &self.attempts,
             RequestKind::Get,
             self.store.get_range(&Path::from(key), range),
         )
         .await;
-        let result = match result {
+        let result = match attempted.output {
             Ok(bytes) if bytes.len() as u64 != expected => Err(object_store::Error::Generic {
                 store: "S3",
                 source: format!(
@@ -222,7 +225,7 @@ impl CountedStore {
             other => other,
         };
         self.record(RequestKind::Get, started, result.is_ok(), expected, 1);
-        result.map_err(|source| self.error(RequestKind::Get, key, source))
+        result.map_err(|cause| self.error(RequestKind::Get, key, attempted.last_attempt, cause))
     }
 
     /// The whole of object `key`, with the version it was (for a later
@@ -238,10 +241,11 @@ impl CountedStore {
             };
             object.bytes().await.map(|bytes| (bytes, version))
         };
-        let result = in_request(&self.attempts, RequestKind::Get, whole_object).await;
+        let attempted = in_request(&self.attempts, RequestKind::Get, whole_object).await;
+        let result = attempted.output;
         let length = result.as_ref().map_or(0, |(bytes, _)| bytes.len() as u64);
         self.record(RequestKind::Get, started, result.is_ok(), length, 1);
-        result.map_err(|source| self.error(RequestKind::Get, key, source))
+        result.map_err(|cause| self.error(RequestKind::Get, key, attempted.last_attempt, cause))
     }
 
     /// Every object under `prefix` (a folder: `prefix/...`), the pages of
@@ -261,7 +265,8 @@ impl CountedStore {
             }
             (objects, None)
         };
-        let (objects, failure) = in_request(&self.attempts, RequestKind::List, pages).await;
+        let attempted = in_request(&self.attempts, RequestKind::List, pages).await;
+        let (objects, failure) = attempted.output;
         self.record(
             RequestKind::List,
             started,
@@ -271,7 +276,9 @@ impl CountedStore {
         );
         match failure {
             None => Ok(objects),
-            Some(source) => Err(self.error(RequestKind::List, prefix, source)),
+            Some(cause) => {
+                Err(self.error(RequestKind::List, prefix, attempted.last_attempt, cause))
+            }
         }
     }
 
@@ -291,16 +298,21 @@ impl CountedStore {
         let requested = keys.len() as u64;
         let first_key = keys.first().cloned().unwrap_or_default();
         let paths = futures::stream::iter(keys.into_iter().map(|key| Ok(Path::from(key)))).boxed();
-        let results: Vec<object_store::Result<Path>> = in_request(
+        let attempted = in_request(
             &self.attempts,
             RequestKind::Delete,
-            self.store.delete_stream(paths).collect(),
+            self.store
+                .delete_stream(paths)
+                .collect::<Vec<object_store::Result<Path>>>(),
         )
         .await;
-        let failure = results.into_iter().find_map(|result| match result {
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
-            Err(error) => Some(error),
-        });
+        let failure = attempted
+            .output
+            .into_iter()
+            .find_map(|result| match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
+                Err(error) => Some(error),
+            });
         self.record(
             RequestKind::Delete,
             started,
@@ -310,7 +322,12 @@ impl CountedStore {
         );
         match failure {
             None => Ok(()),
-            Some(source) => Err(self.error(RequestKind::Delete, &first_key, source)),
+            Some(cause) => Err(self.error(
+                RequestKind::Delete,
+                &first_key,
+                attempted.last_attempt,
+                cause,
+            )),
         }
     }
 }

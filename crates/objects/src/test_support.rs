@@ -751,11 +751,12 @@ pub async fn list_object_keys(
     let mut listing = store.list(Some(&prefix));
     let mut keys = Vec::new();
     while let Some(item) = listing.next().await {
-        let meta = item.map_err(|source| crate::ObjectStoreError::Request {
+        let meta = item.map_err(|cause| crate::ObjectStoreError::Request {
             operation: crate::RequestKind::List,
             bucket: config.bucket().to_string(),
             key: config.prefix().to_string(),
-            source,
+            last_attempt: None,
+            cause: Box::new(cause),
         })?;
         keys.push(meta.location.to_string());
     }
