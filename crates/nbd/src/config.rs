@@ -34,7 +34,10 @@ pub struct ServerConfig {
     pub handshakes_per_peer_max: usize,
     /// Largest option data accepted during the handshake.
     pub option_bytes_max: u32,
-    /// Options accepted in one handshake before the server hangs up.
+    /// Options accepted in one handshake before the server hangs up, besides
+    /// the [`OPTIONS_PER_LISTED_EXPORT_MAX`] per export that the handshake's
+    /// largest `NBD_OPT_LIST` reply named (see
+    /// [`ServerConfig::handshake_options_allowed`]).
     pub handshake_options_max: u32,
     /// Time a client has to finish the handshake. There is no separate idle
     /// timeout between handshake messages: a stalled handshake is closed as soon
@@ -70,6 +73,14 @@ impl Default for ServerConfig {
     }
 }
 
+/// Options a handshake may send about each export its largest `NBD_OPT_LIST`
+/// reply named, on top of `handshake_options_max`: a client that lists the
+/// exports and then asks about each (`nbdinfo --list` sends two options for
+/// every one) needs options in proportion to the exports, which a fixed limit
+/// cannot give a server with thousands of volumes. The allowance follows
+/// the largest listing, not their sum, so listing again earns nothing.
+pub const OPTIONS_PER_LISTED_EXPORT_MAX: u32 = 4;
+
 /// Largest `max_request_bytes` allowed: a read must fit one data chunk, whose
 /// length field is 32 bits including an 8-byte offset.
 pub const MAX_REQUEST_BYTES_LIMIT: u32 = 1 << 30;
@@ -88,6 +99,18 @@ pub struct ConfigError {
 }
 
 impl ServerConfig {
+    /// Options one handshake may send when its largest `NBD_OPT_LIST` reply
+    /// named `listed_exports` exports: `handshake_options_max` plus
+    /// [`OPTIONS_PER_LISTED_EXPORT_MAX`] per listed export. Still a bound on
+    /// a hostile client: what it may send grows only with the exports it may
+    /// see, each option costs the server one small reply, and the whole
+    /// handshake ends at `handshake_timeout_ms`.
+    pub fn handshake_options_allowed(&self, listed_exports: u32) -> u32 {
+        listed_exports
+            .saturating_mul(OPTIONS_PER_LISTED_EXPORT_MAX)
+            .saturating_add(self.handshake_options_max)
+    }
+
     /// Checks every limit is usable.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_transmission_limits()?;

@@ -55,6 +55,9 @@ struct State {
     transmission_slots: Option<Arc<Semaphore>>,
     /// TLS, the access policy and who the client is.
     security: ConnectionSecurity,
+    /// Exports named by this handshake's largest `NBD_OPT_LIST` reply: the
+    /// client may ask about each, beyond `handshake_options_max`.
+    listed_exports_max: u32,
     /// Whether the policy admits this client at all (`Err`: why not); asked
     /// again after STARTTLS, which may name the client by its certificate.
     admission: Result<(), String>,
@@ -160,6 +163,7 @@ where
         transmission_slots,
         admission: admission(&security),
         security,
+        listed_exports_max: 0,
     };
     let mut option_count: u32 = 0;
     loop {
@@ -167,7 +171,8 @@ where
             return Ok(HandshakeOutcome::Closed);
         };
         option_count = option_count.saturating_add(1);
-        refuse_over_limits(stream, config, header, option_count).await?;
+        let options_allowed = config.handshake_options_allowed(state.listed_exports_max);
+        refuse_over_limits(stream, config, header, option_count, options_allowed).await?;
         let data_len =
             usize::try_from(header.data_bytes).map_err(|_| ConnectionError::OptionTooBig {
                 option: header.option,
@@ -234,18 +239,20 @@ where
     }
 }
 
-/// Says why and fails when the option is one too many for this handshake or
-/// its data is over `option_bytes_max`; the connection is then closed.
+/// Says why and fails when the option is one over `options_allowed` for this
+/// handshake or its data is over `option_bytes_max`; the connection is then
+/// closed.
 async fn refuse_over_limits<S>(
     stream: &mut S,
     config: &ServerConfig,
     header: wire::OptionHeader,
     option_count: u32,
+    options_allowed: u32,
 ) -> Result<(), ConnectionError>
 where
     S: AsyncWrite + Unpin,
 {
-    if option_count > config.handshake_options_max {
+    if option_count > options_allowed {
         send(
             stream,
             header.option,
@@ -253,9 +260,7 @@ where
             b"too many options in one handshake",
         )
         .await?;
-        return Err(ConnectionError::TooManyOptions(
-            config.handshake_options_max,
-        ));
+        return Err(ConnectionError::TooManyOptions(options_allowed));
     }
     if header.data_bytes > config.option_bytes_max {
         // Skipping the data would let a client make the server read gigabytes;
@@ -347,7 +352,8 @@ where
             Ok(Some(HandshakeOutcome::Closed))
         }
         OptionRequest::List => {
-            list(stream, catalog, state, option).await?;
+            let listed = list(stream, catalog, state, option).await?;
+            state.listed_exports_max = state.listed_exports_max.max(listed);
             Ok(None)
         }
         OptionRequest::StartTls => {
@@ -454,17 +460,19 @@ where
     Ok(negotiated)
 }
 
-/// `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export, then the ACK.
+/// `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export, then the ACK. Returns
+/// how many exports it named.
 async fn list<S>(
     stream: &mut S,
     catalog: &dyn ExportCatalog,
     state: &State,
     option: u32,
-) -> Result<(), ConnectionError>
+) -> Result<u32, ConnectionError>
 where
     S: AsyncWrite + Unpin,
 {
     let mut out = Vec::new();
+    let mut listed: u32 = 0;
     for entry in catalog.list() {
         if !state.may_list(&entry.name) {
             continue;
@@ -474,11 +482,12 @@ where
             wire::REP_SERVER,
             &wire::encode_server_entry(&entry.name, &entry.description),
         ));
+        listed = listed.saturating_add(1);
     }
     out.extend_from_slice(&wire::encode_option_reply(option, wire::REP_ACK, &[]));
     stream.write_all(&out).await?;
     stream.flush().await?;
-    Ok(())
+    Ok(listed)
 }
 
 fn negotiated(

@@ -19,8 +19,10 @@
 //! `NBD_REP_ERR_UNKNOWN` (or a close, for `EXPORT_NAME`, which has no error
 //! reply). Option data over [`ServerConfig::option_bytes_max`] gets
 //! `NBD_REP_ERR_TOO_BIG` and a close; more than
-//! [`ServerConfig::handshake_options_max`] options get `NBD_REP_ERR_POLICY` and a
-//! close; a handshake longer than [`ServerConfig::handshake_timeout_ms`] is closed.
+//! [`ServerConfig::handshake_options_max`] options, plus
+//! [`OPTIONS_PER_LISTED_EXPORT_MAX`] per export the handshake's largest
+//! `NBD_OPT_LIST` reply named, get `NBD_REP_ERR_POLICY` and a close; a
+//! handshake longer than [`ServerConfig::handshake_timeout_ms`] is closed.
 //!
 //! **Transmission flags.** `HAS_FLAGS`, `SEND_FLUSH`, `SEND_FUA`, `SEND_CACHE`,
 //! `CAN_MULTI_CONN` (the backend's flush covers all connections), `SEND_DF` when
@@ -97,8 +99,8 @@ pub use backend::{
     EXPORT_FUTURE_BYTES, Export, ExportCatalog, ExportError, ExportFuture, ExportSummary, Extent,
 };
 pub use config::{
-    ConfigError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT, PREFERRED_BLOCK_BYTES,
-    ServerConfig,
+    ConfigError, HANDSHAKES_IN_PROGRESS_LIMIT, MAX_REQUEST_BYTES_LIMIT,
+    OPTIONS_PER_LISTED_EXPORT_MAX, PREFERRED_BLOCK_BYTES, ServerConfig,
 };
 pub use connection_threads::{
     CONNECTION_THREADS_MAX, ConnectionThreadOptions, ConnectionThreads, IDLE_SPIN_US_DEFAULT,
