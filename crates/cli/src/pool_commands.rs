@@ -89,10 +89,12 @@ pub async fn create_arrays(
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ObjectStoreArgs {
     /// The object store's address, e.g. http://127.0.0.1:8333 (default:
-    /// AWS_ENDPOINT, or AWS itself).
+    /// AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or AWS_ENDPOINT, recorded as
+    /// this flag is; else AWS itself).
     #[arg(long, value_name = "URL", requires = "capacity")]
     pub s3_endpoint: Option<String>,
-    /// The store's region (default: AWS_REGION, or us-east-1).
+    /// The store's region (default: AWS_REGION or AWS_DEFAULT_REGION,
+    /// recorded as this flag is; else us-east-1).
     #[arg(long, value_name = "REGION", requires = "capacity")]
     pub s3_region: Option<String>,
     /// Address buckets as bucket.host rather than host/bucket.

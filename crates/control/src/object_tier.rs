@@ -1,9 +1,12 @@
 //! A two-tier pool's capacity tier on S3-compatible object storage (issue 22,
 //! decision 0031): what `pool.toml` records of it (where it is, never the
 //! credentials), what the daemon's config adds (`[object_store]`: credentials,
-//! endpoint and region overrides, request limits), the rule that keeps plain
-//! HTTP on loopback unless allowed, and creating and opening the tier's device
-//! (`lamina_objects::ObjectStoreDevice`) under the flash device.
+//! endpoint and region overrides, request limits), what the environment adds
+//! by the AWS SDKs' convention (`AWS_ENDPOINT_URL`, `AWS_REGION`: used where
+//! nothing else names them, and recorded by `pool create`), the rule that
+//! keeps plain HTTP on loopback unless allowed, and creating and opening the
+//! tier's device (`lamina_objects::ObjectStoreDevice`) under the flash
+//! device.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -31,8 +34,8 @@ const OBJECT_URL_SCHEME: &str = "s3://";
 pub struct ObjectTierDescription {
     /// `s3://bucket` or `s3://bucket/prefix`.
     pub url: String,
-    /// The store's address (`http://127.0.0.1:8333`); absent: AWS's, or
-    /// `AWS_ENDPOINT` from the environment.
+    /// The store's address (`http://127.0.0.1:8333`); absent: the
+    /// environment's (`AWS_ENDPOINT_URL`, ...), or AWS's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,6 +51,77 @@ pub struct ObjectTierDescription {
 
 fn is_false(value: &bool) -> bool {
     !*value
+}
+
+/// The environment variables the AWS SDKs (and object_store) take an S3
+/// endpoint from, the most specific first.
+const ENDPOINT_VARIABLES: [&str; 3] = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"];
+
+/// The environment variables the AWS SDKs take the region from, in order.
+const REGION_VARIABLES: [&str; 2] = ["AWS_REGION", "AWS_DEFAULT_REGION"];
+
+/// A value from the environment and the variable that gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct EnvironmentSetting {
+    value: String,
+    variable: &'static str,
+}
+
+/// The first of `variables` set to something other than blanks.
+fn from_environment(variables: &[&'static str]) -> Option<EnvironmentSetting> {
+    variables.iter().find_map(|variable| {
+        let value = std::env::var(variable).ok()?;
+        let value = value.trim();
+        (!value.is_empty()).then(|| EnvironmentSetting {
+            value: value.to_string(),
+            variable,
+        })
+    })
+}
+
+impl ObjectTierDescription {
+    /// This description with the endpoint and region the environment gives
+    /// where it names none: what `pool create` and `pool restore` record, so
+    /// that the pool opens on the store it was created on, as with
+    /// `--s3-endpoint` and `--s3-region`.
+    pub fn with_environment_defaults(&self) -> Self {
+        let mut description = self.clone();
+        if description.endpoint.is_none() {
+            description.endpoint =
+                from_environment(&ENDPOINT_VARIABLES).map(|setting| setting.value);
+        }
+        if description.region.is_none() {
+            description.region = from_environment(&REGION_VARIABLES).map(|setting| setting.value);
+        }
+        description
+    }
+}
+
+/// The endpoint a tier is reached at and where it was named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Endpoint {
+    url: String,
+    /// The environment variable that named it; `None` for `pool.toml` and
+    /// the daemon's config.
+    variable: Option<&'static str>,
+}
+
+/// The daemon config's endpoint, else `pool.toml`'s, else the environment's.
+fn resolve_endpoint(
+    description: &ObjectTierDescription,
+    section: &ObjectStoreSection,
+) -> Option<Endpoint> {
+    let named = section.endpoint.clone().or(description.endpoint.clone());
+    match named {
+        Some(url) => Some(Endpoint {
+            url,
+            variable: None,
+        }),
+        None => from_environment(&ENDPOINT_VARIABLES).map(|setting| Endpoint {
+            url: setting.value,
+            variable: Some(setting.variable),
+        }),
+    }
 }
 
 /// The daemon config's `[object_store]`: what an object tier needs beyond
@@ -136,9 +210,9 @@ fn store_config(
     description: &ObjectTierDescription,
     section: &ObjectStoreSection,
 ) -> anyhow::Result<ObjectStoreConfig> {
-    let endpoint = section.endpoint.clone().or(description.endpoint.clone());
+    let endpoint = resolve_endpoint(description, section);
     let allow_http = http_allowed(
-        endpoint.as_deref(),
+        endpoint.as_ref(),
         description.allow_http || section.allow_http,
     )?;
     let mut config = ObjectStoreConfig::from_url(&description.url)
@@ -147,7 +221,7 @@ fn store_config(
         .with_allow_http(allow_http)
         .with_limits(limits(section)?);
     if let Some(endpoint) = endpoint {
-        config = config.with_endpoint(endpoint);
+        config = config.with_endpoint(endpoint.url);
     }
     if let Some(region) = section.region.clone().or(description.region.clone()) {
         config = config.with_region(region);
@@ -197,9 +271,13 @@ fn limits(section: &ObjectStoreSection) -> anyhow::Result<ObjectStoreLimits> {
 
 /// Whether the client may speak plain HTTP: always to a loopback endpoint;
 /// elsewhere only when allowed, since credentials and data would cross the
-/// network unencrypted. Refuses the rest.
-fn http_allowed(endpoint: Option<&str>, allowed: bool) -> anyhow::Result<bool> {
-    let Some(rest) = endpoint.and_then(|endpoint| endpoint.strip_prefix("http://")) else {
+/// network unencrypted. Refuses the rest. The same rule whether the endpoint
+/// comes from the command line, the config or the environment.
+fn http_allowed(endpoint: Option<&Endpoint>, allowed: bool) -> anyhow::Result<bool> {
+    let Some(endpoint) = endpoint else {
+        return Ok(allowed);
+    };
+    let Some(rest) = endpoint.url.strip_prefix("http://") else {
         return Ok(allowed);
     };
     let authority = rest.split('/').next().unwrap_or_default();
@@ -216,8 +294,12 @@ fn http_allowed(endpoint: Option<&str>, allowed: bool) -> anyhow::Result<bool> {
     if loopback || allowed {
         return Ok(true);
     }
+    let named_by = endpoint
+        .variable
+        .map(|variable| format!(" (named by {variable})"))
+        .unwrap_or_default();
     anyhow::bail!(
-        "refusing plain HTTP to the object store at {host}: credentials and data would cross the network unencrypted. Use an https:// endpoint, or allow it with --s3-allow-http (pool create) or allow_http = true under [object_store]"
+        "refusing plain HTTP to the object store at {host}{named_by}: credentials and data would cross the network unencrypted. Use an https:// endpoint, or allow it with --s3-allow-http (pool create) or allow_http = true under [object_store]"
     )
 }
 
@@ -282,9 +364,10 @@ pub(crate) async fn create_device(
     // engine segment.
     let origin_bytes = CAPACITY_DATA_START_BLOCKS * BLOCK_SIZE_BYTES;
     let geometry = TierGeometry::new(size_bytes, segment_size_bytes, origin_bytes);
+    // The caller's message names the tier; the error names the request.
     ObjectStoreDevice::create_recorded(&config, geometry, &FileEpochRecord::new(data_dir))
         .await
-        .with_context(|| format!("cannot create the object tier {}", description.url))
+        .context("cannot create the object tier")
 }
 
 /// Opens the object tier `pool.toml` describes; refused when another
@@ -507,16 +590,41 @@ mod tests {
         assert!(parse_argument("/dev/sda").is_err());
     }
 
+    fn named(url: &str) -> Option<Endpoint> {
+        Some(Endpoint {
+            url: url.to_string(),
+            variable: None,
+        })
+    }
+
     #[test]
     fn plain_http_stays_on_loopback_unless_allowed() {
-        assert!(http_allowed(Some("http://127.0.0.1:8333"), false).unwrap());
-        assert!(http_allowed(Some("http://localhost:8333/"), false).unwrap());
-        assert!(http_allowed(Some("http://[::1]:8333"), false).unwrap());
-        let refused = http_allowed(Some("http://10.0.0.5:8333"), false).unwrap_err();
+        let allowed = |url: &str, allowed: bool| http_allowed(named(url).as_ref(), allowed);
+        assert!(allowed("http://127.0.0.1:8333", false).unwrap());
+        assert!(allowed("http://localhost:8333/", false).unwrap());
+        assert!(allowed("http://[::1]:8333", false).unwrap());
+        let refused = allowed("http://10.0.0.5:8333", false).unwrap_err();
         assert!(refused.to_string().contains("10.0.0.5"), "{refused}");
-        assert!(http_allowed(Some("http://10.0.0.5:8333"), true).unwrap());
-        assert!(!http_allowed(Some("https://s3.example.com"), false).unwrap());
+        assert!(allowed("http://10.0.0.5:8333", true).unwrap());
+        assert!(!allowed("https://s3.example.com", false).unwrap());
         assert!(!http_allowed(None, false).unwrap());
+    }
+
+    /// An endpoint from the environment meets the same rule, and a refusal
+    /// names the variable that gave it.
+    #[test]
+    fn plain_http_named_by_the_environment_follows_the_same_rule() {
+        let from_environment = |url: &str| Endpoint {
+            url: url.to_string(),
+            variable: Some("AWS_ENDPOINT_URL"),
+        };
+        assert!(http_allowed(Some(&from_environment("http://127.0.0.1:8333")), false).unwrap());
+        let refused =
+            http_allowed(Some(&from_environment("http://10.0.0.5:8333")), false).unwrap_err();
+        assert!(
+            refused.to_string().contains("AWS_ENDPOINT_URL"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -631,7 +631,8 @@ pub async fn restore_object_tier_pool(
 }
 
 /// What `pool.toml` says of a pool on `flash` with its capacity tier on
-/// object storage.
+/// object storage (with the endpoint and region the environment gave, when
+/// not given otherwise).
 fn object_tier_pool_description(
     flash: &TierDevice,
     object_tier: &crate::object_tier::ObjectTierDescription,
@@ -644,7 +645,7 @@ fn object_tier_pool_description(
         flash_devices: Vec::new(),
         capacity_devices: Vec::new(),
         redundancy: None,
-        capacity_object_store: Some(object_tier.clone()),
+        capacity_object_store: Some(object_tier.with_environment_defaults()),
     }
 }
 

@@ -167,6 +167,17 @@ impl Daemon {
     /// `config` as its whole TOML config; ready once `nbdinfo` reaches the
     /// export `ready_export`.
     pub fn start_on_pool(data_dir: &Path, config: &str, ready_export: &str) -> Daemon {
+        Self::start_on_pool_with_environment(data_dir, config, ready_export, &[])
+    }
+
+    /// [`Daemon::start_on_pool`] with `environment` (name, value) added to
+    /// the daemon's environment.
+    pub fn start_on_pool_with_environment(
+        data_dir: &Path,
+        config: &str,
+        ready_export: &str,
+        environment: &[(&str, &str)],
+    ) -> Daemon {
         let config_path = data_dir.with_extension("toml");
         std::fs::write(&config_path, config).unwrap();
         let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
@@ -176,6 +187,7 @@ impl Daemon {
             .arg("--config")
             .arg(&config_path)
             .env("LAMINA_LOG", "warn")
+            .envs(environment.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
