@@ -303,6 +303,9 @@ pub struct ScrubStatus {
     /// Rows (and metadata copies) whose every column was checked.
     #[serde(default)]
     pub rows_checked: u64,
+    /// Devices faulted because nearly all their columns were bad.
+    #[serde(default)]
+    pub devices_faulted: u64,
     pub elapsed_ms: u64,
 }
 

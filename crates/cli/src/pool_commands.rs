@@ -322,13 +322,21 @@ pub fn print_scrub(scrub: &ScrubStatus) {
         ScrubState::Finished => "finished",
     };
     println!(
-        "scrub                {state}: {} of {} live blocks checked, {} repaired, {} unrepairable; {} rows checked (every column), {} parity and metadata copies repaired ({:.1} s)",
+        "scrub                {state}: {} of {} live blocks checked, {} repaired, {} unrepairable; {} rows checked (every column), {} parity and metadata copies repaired{} ({:.1} s)",
         scrub.blocks_scrubbed,
         scrub.blocks_total,
         scrub.blocks_repaired,
         scrub.blocks_unrepairable,
         scrub.rows_checked,
         scrub.parity_repaired,
+        if scrub.devices_faulted > 0 {
+            format!(
+                "; {} devices faulted as nearly all bad (rebuilt, not repaired)",
+                scrub.devices_faulted
+            )
+        } else {
+            String::new()
+        },
         scrub.elapsed_ms as f64 / 1000.0
     );
 }

@@ -189,6 +189,7 @@ pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
         blocks_unrepairable,
         parity_repaired,
         rows_checked,
+        devices_faulted,
         elapsed_ms,
     } = status;
     api::ScrubStatus {
@@ -203,6 +204,7 @@ pub fn scrub_status(status: engine::ScrubStatus) -> api::ScrubStatus {
         blocks_unrepairable,
         parity_repaired,
         rows_checked,
+        devices_faulted,
         elapsed_ms,
     }
 }

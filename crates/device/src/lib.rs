@@ -344,6 +344,9 @@ pub struct ScrubReport {
     /// Device block indexes of the held blocks of those rows that fail
     /// their check (the caller may find they died meanwhile).
     pub unrepairable_blocks: Vec<u64>,
+    /// Paths of the members faulted because nearly all their columns failed
+    /// (their data is rebuilt rather than repaired block by block).
+    pub members_faulted: Vec<String>,
 }
 
 impl ScrubReport {
@@ -354,6 +357,7 @@ impl ScrubReport {
         self.parity_repaired += other.parity_repaired;
         self.rows_unrepairable += other.rows_unrepairable;
         self.unrepairable_blocks.extend(other.unrepairable_blocks);
+        self.members_faulted.extend(other.members_faulted);
     }
 }
 

@@ -49,5 +49,5 @@ pub use label::{LabelError, MemberLabel, TierRole, ZoneLabel};
 pub use member::{MemberState, MemberStatus, ReplacementStatus};
 pub use membership::WriteSet;
 pub use redundancy::{MEMBER_COUNT_MAX, Redundancy};
-pub use scrub::SCRUB_ROWS_PER_STEP;
+pub use scrub::{SCRUB_FAULT_FAILED_PERCENT, SCRUB_FAULT_WINDOW_ROWS, SCRUB_ROWS_PER_STEP};
 pub use zones::MEMBER_SETS_MAX;

@@ -167,6 +167,16 @@ pub(crate) struct Member {
     io_errors: AtomicU64,
     checksum_errors_repaired: AtomicU64,
     parity_repaired: AtomicU64,
+    /// Columns scrubbed and found bad in the current window (see
+    /// `scrub.rs`).
+    scrub_window: Mutex<ScrubWindow>,
+}
+
+/// A member's columns in the scrub's current window of rows.
+#[derive(Debug, Default)]
+struct ScrubWindow {
+    rows_checked: u64,
+    rows_bad: u64,
 }
 
 impl Member {
@@ -232,6 +242,7 @@ impl Member {
             io_errors: AtomicU64::new(0),
             checksum_errors_repaired: AtomicU64::new(0),
             parity_repaired: AtomicU64::new(0),
+            scrub_window: Mutex::new(ScrubWindow::default()),
         }
     }
 
@@ -377,6 +388,28 @@ impl Member {
         if *state == MemberState::Online {
             *state = MemberState::Degraded;
         }
+    }
+
+    /// Adds `rows_checked` rows scrubbed, `rows_bad` of them with this
+    /// member's column rewritten, to the current window; whether the
+    /// window, once it holds `window_rows` rows, had more than
+    /// `failed_percent` % of them bad (a full window starts a new one).
+    pub fn scrub_tally(
+        &self,
+        rows_checked: u64,
+        rows_bad: u64,
+        window_rows: u64,
+        failed_percent: u64,
+    ) -> bool {
+        let mut window = self.scrub_window.lock().expect("member scrub window lock");
+        window.rows_checked += rows_checked;
+        window.rows_bad += rows_bad;
+        if window.rows_checked < window_rows {
+            return false;
+        }
+        let mostly_bad = window.rows_bad * 100 > window.rows_checked * failed_percent;
+        *window = ScrubWindow::default();
+        mostly_bad
     }
 
     pub fn status(&self) -> MemberStatus {

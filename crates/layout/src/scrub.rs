@@ -21,6 +21,16 @@
 //! as it is rather than guessed; where they disagree only on columns the
 //! engine does not hold (dead blocks, parity), either makes the row whole
 //! for every held block, and the first is taken.
+//!
+//! A member whose columns fail in nearly every row is not repaired block by
+//! block: once [`SCRUB_FAULT_WINDOW_ROWS`] rows scrubbed in a row had more
+//! than [`SCRUB_FAULT_FAILED_PERCENT`] % of its columns bad, it is faulted,
+//! so that its data is rebuilt from the others (onto spare space or a
+//! replacement) instead of rewritten a block at a time onto a device that
+//! no longer holds what was written to it (a wiped, swapped or failing
+//! disk: rot of scattered blocks stays far below that share). Only while
+//! the array keeps a column of redundancy without it: with no more to
+//! spare, the member is repaired like any other.
 
 use std::sync::Arc;
 
@@ -36,6 +46,17 @@ use crate::stripe::ZoneView;
 /// 1 MiB of data, read in one request per member and rewritten in at most
 /// one per member.
 pub const SCRUB_ROWS_PER_STEP: u64 = 64;
+/// Rows of a member's columns a scrub looks at before it judges the member
+/// mostly bad: 4096 rows of a 4+2 array are 64 MiB of data, far more than a
+/// burst of rot spans.
+pub const SCRUB_FAULT_WINDOW_ROWS: u64 = 4096;
+/// Share of a member's columns, in percent, that must be bad within one
+/// window for the scrub to fault it rather than repair it.
+pub const SCRUB_FAULT_FAILED_PERCENT: u64 = 90;
+
+const _: () = assert!(SCRUB_FAULT_WINDOW_ROWS.is_multiple_of(SCRUB_ROWS_PER_STEP));
+const _: () = assert!(SCRUB_FAULT_FAILED_PERCENT > 50 && SCRUB_FAULT_FAILED_PERCENT <= 100);
+
 /// One row of a step, as read and as it must be.
 struct RowFinding {
     /// The codeword the row is made into (data columns, then parity, in
@@ -129,6 +150,8 @@ impl RedundantArray {
                 self.note_rewrites(&rows, place, &codeword, blocks, &mut rewrites, &mut report);
             }
         }
+        report.members_faulted =
+            self.fault_mostly_bad(&zone, &rows, &rewrites, report.rows_checked);
         self.write_rewrites(&rows, &zone, first_held, rewrites)
             .await?;
         Ok(report)
@@ -353,6 +376,48 @@ impl MemberRewrites {
             row_offset,
             contents,
         });
+    }
+}
+
+impl RedundantArray {
+    /// Adds a step's checked and rewritten columns to each member's window
+    /// and faults the members whose window was mostly bad while the array
+    /// keeps a column of redundancy without them; their paths. Their
+    /// rewrites are then not written (a faulted member takes no writes).
+    fn fault_mostly_bad(
+        &self,
+        zone: &ZoneView,
+        rows: &[Option<AlignedBuffer>],
+        rewrites: &MemberRewrites,
+        rows_checked: u64,
+    ) -> Vec<String> {
+        let mut faulted = Vec::new();
+        for (index, member) in self.members.iter().enumerate() {
+            if rows[index].is_none() || !zone.stripe.contains(index) {
+                continue;
+            }
+            let bad = rewrites.by_member[index].len() as u64;
+            if !member.scrub_tally(
+                rows_checked,
+                bad,
+                SCRUB_FAULT_WINDOW_ROWS,
+                SCRUB_FAULT_FAILED_PERCENT,
+            ) {
+                continue;
+            }
+            if self.lost_member_count() + 1 >= zone.stripe.parity_columns() {
+                tracing::warn!(array = %self.name, member = index, path = %member.path(), "scrub: nearly every column of the member is bad, but the array has no redundancy to spare without it: repairing it block by block");
+                continue;
+            }
+            let reason = format!(
+                "scrub found more than {SCRUB_FAULT_FAILED_PERCENT} % of its columns bad over {SCRUB_FAULT_WINDOW_ROWS} rows: its data is rebuilt from the other members instead of repaired block by block; replace the device (`lamina device replace`)"
+            );
+            if member.fault(&reason) {
+                self.labels_out_of_date();
+                faulted.push(member.path());
+            }
+        }
+        faulted
     }
 }
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, BlockDevice, MemoryDevice, ScrubBlocks};
 use lamina_layout::{
-    ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, Redundancy, RedundantArray, TierRole, create,
+    ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, MemberState, Redundancy, RedundantArray,
+    TierRole, create,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -49,8 +50,18 @@ struct Setup {
 /// `ROWS_WRITTEN` whole rows of random data over `member_count` members,
 /// of which a random three quarters of the blocks are held.
 async fn setup(redundancy: Redundancy, member_count: usize, random: &mut SmallRng) -> Setup {
+    setup_rows(redundancy, member_count, ROWS_WRITTEN, random).await
+}
+
+async fn setup_rows(
+    redundancy: Redundancy,
+    member_count: usize,
+    rows: u64,
+    random: &mut SmallRng,
+) -> Setup {
+    let member_bytes = MEMBER_BYTES.max((LABEL_AREA_BLOCKS + PREFIX_BLOCKS + rows) * BLOCK as u64);
     let members: Vec<Arc<MemoryDevice>> = (0..member_count)
-        .map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES)))
+        .map(|_| Arc::new(MemoryDevice::new(member_bytes)))
         .collect();
     let devices = members
         .iter()
@@ -67,7 +78,7 @@ async fn setup(redundancy: Redundancy, member_count: usize, random: &mut SmallRn
     let array = create(identity, redundancy, PREFIX_BLOCKS, devices)
         .await
         .unwrap();
-    let block_count = ROWS_WRITTEN * array.row_data_blocks();
+    let block_count = rows * array.row_data_blocks();
     let data: Vec<u8> = (0..block_count as usize * BLOCK)
         .map(|_| random.random())
         .collect();
@@ -198,4 +209,38 @@ async fn a_row_with_more_bad_columns_than_the_parity_is_reported_and_left_alone(
         assert!(&block == was, "an unrepairable row is left as it was");
     }
     assert!(report.rows_checked <= ROWS_WRITTEN, "{report:?}");
+}
+
+#[tokio::test]
+async fn a_member_bad_in_nearly_every_row_is_faulted_not_repaired_while_redundancy_is_left() {
+    let rows = lamina_layout::SCRUB_FAULT_WINDOW_ROWS + 64;
+    let mut random = SmallRng::seed_from_u64(5);
+    let setup = setup_rows(Redundancy::Raid6, 6, rows, &mut random).await;
+    for member in [2, 4] {
+        for row in 0..rows {
+            damage(&setup, member, row, &mut random);
+        }
+    }
+    let length = rows * setup.array.row_data_blocks() * BLOCK as u64;
+    let report = setup
+        .array
+        .scrub_range(PREFIX_BLOCKS * BLOCK as u64, length, &setup.held)
+        .await
+        .unwrap();
+    assert_eq!(report.rows_unrepairable, 0, "{:?}", report.members_faulted);
+    // The first is faulted; faulting the second too would leave raid6 with
+    // no redundancy, so it is repaired instead.
+    assert_eq!(report.members_faulted, vec!["/test/member2".to_string()]);
+    let states: Vec<MemberState> = setup
+        .array
+        .member_status()
+        .iter()
+        .map(|member| member.state)
+        .collect();
+    assert_eq!(states[2], MemberState::Faulted);
+    assert!(states[4].is_usable());
+    assert_held_read_exact(&setup, "after the fault").await;
+    // Member 4 was repaired: one more loss still reads every held block.
+    setup.array.fail_member(0);
+    assert_held_read_exact(&setup, "one more member lost").await;
 }

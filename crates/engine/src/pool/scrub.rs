@@ -161,6 +161,12 @@ impl Pool {
         for _ in 0..report.blocks_repaired {
             self.inner.integrity.checksum_error_repaired();
         }
+        for path in &report.members_faulted {
+            tracing::error!(device = %path, "scrub faulted a device nearly all of whose columns were bad: its data is rebuilt from the other devices instead of repaired block by block; replace it (`lamina device replace`)");
+        }
+        scrubber
+            .devices_faulted
+            .fetch_add(report.members_faulted.len() as u64, Ordering::Relaxed);
         for block in report.unrepairable_blocks {
             let Some(mapping) = list.find(block) else {
                 continue;

@@ -36,6 +36,9 @@ pub struct ScrubStatus {
     pub parity_repaired: u64,
     /// Rows (or metadata copies) whose every column was checked.
     pub rows_checked: u64,
+    /// Devices faulted because nearly all their columns were bad (rebuilt
+    /// rather than repaired block by block).
+    pub devices_faulted: u64,
     pub elapsed_ms: u64,
 }
 
@@ -50,6 +53,7 @@ pub struct Scrubber {
     pub(super) blocks_unrepairable: AtomicU64,
     pub(super) parity_repaired: AtomicU64,
     pub(super) rows_checked: AtomicU64,
+    pub(super) devices_faulted: AtomicU64,
     timing: Mutex<ScrubTiming>,
 }
 
@@ -73,6 +77,7 @@ impl Scrubber {
             &self.blocks_unrepairable,
             &self.parity_repaired,
             &self.rows_checked,
+            &self.devices_faulted,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
@@ -112,6 +117,7 @@ impl Scrubber {
             blocks_unrepairable: self.blocks_unrepairable.load(Ordering::Relaxed),
             parity_repaired: self.parity_repaired.load(Ordering::Relaxed),
             rows_checked: self.rows_checked.load(Ordering::Relaxed),
+            devices_faulted: self.devices_faulted.load(Ordering::Relaxed),
             elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
         }
     }
