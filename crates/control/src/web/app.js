@@ -248,11 +248,11 @@ async function refresh() {
       return;
     }
     overview = await response.json();
+    renderHealth(overview.health);
     renderPool(overview.pool);
     renderVolumes(overview.volumes, overview.snapshots);
     renderCharts();
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
-    renderHealth(overview.health);
     document.body.dataset.loaded = "true";
   } catch (error) {
     show("cannot reach the daemon: " + error);
