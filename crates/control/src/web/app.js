@@ -118,7 +118,9 @@ function renderArrays(layout) {
     holder.append(element("h3", `${tier.tier}: ${tier.redundancy}, ${tier.state}`, { "data-tier-state": tier.state }));
     const table = element("table", null, { class: "members" });
     const head = element("tr");
-    head.append(element("th", "Device"), element("th", "State"), element("th", "Read"), element("th", "Written"), element("th", "Errors"));
+    head.append(element("th", "Device"), element("th", "State"), element("th", "Read"), element("th", "Written"), element("th", "Errors"),
+      element("th", "Repaired", { title: "blocks that failed their checksum and were rewritten from redundancy" }),
+      element("th", "Parity repaired", { title: "parity columns and metadata copies a scrub found wrong and rewrote" }));
     table.append(head);
     for (const device of tier.devices) {
       const row = element("tr", null, { "data-device": device.path, "data-state": device.state });
@@ -126,7 +128,9 @@ function renderArrays(layout) {
       row.append(element("td", device.path.split("/").pop(), { title: device.path }), element("td", state),
         element("td", bytes(device.bytes_read), { class: "number" }),
         element("td", bytes(device.bytes_written), { class: "number" }),
-        element("td", device.io_errors, { class: "number" }));
+        element("td", device.io_errors, { class: "number" }),
+        element("td", device.checksum_errors_repaired, { class: "number" }),
+        element("td", device.parity_repaired ?? 0, { class: "number" }));
       table.append(row);
     }
     holder.append(table);
