@@ -30,7 +30,7 @@ pub fn record(pool: &Pool, data_dir: &Path) -> anyhow::Result<usize> {
     let contents = pool.cache_contents();
     let path = record_path(data_dir);
     let temporary = data_dir.join(format!("{CACHE_CONTENTS_FILE}.new"));
-    let mut file = crate::store::create_data_file(&temporary)
+    let mut file = crate::data_files::create_data_file(&temporary)
         .with_context(|| format!("cannot create {}", temporary.display()))?;
     file.write_all(&contents.to_bytes())
         .and_then(|()| file.sync_all())

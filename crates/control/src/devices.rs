@@ -261,9 +261,10 @@ fn not_zoned_blocked(pool: &Pool, layout: &PoolLayout) -> Option<api::RebuildBlo
     if pool.rebuild_pending() || pool.rebuild_status().state == RebuildState::Rebuilding {
         return None;
     }
-    let tier = layout.tiers().iter().find(|tier| {
-        !tier.array.geometry().is_zoned() && tier.array.lost_member_count() > 0
-    })?;
+    let tier = layout
+        .tiers()
+        .iter()
+        .find(|tier| !tier.array.geometry().is_zoned() && tier.array.lost_member_count() > 0)?;
     let redundancy = tier.array.geometry().redundancy.name();
     Some(api::RebuildBlocked {
         reason: api::RebuildBlockedReason::NotZoned,

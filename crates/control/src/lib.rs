@@ -11,6 +11,7 @@ pub mod cache_contents;
 pub mod client;
 pub mod config;
 pub mod daemon;
+mod data_files;
 pub mod devices;
 pub mod export;
 pub mod layout;

@@ -339,7 +339,7 @@ impl EpochRecord for FileEpochRecord {
     fn record(&self, epoch: u64) -> std::io::Result<()> {
         use std::io::Write as _;
         let staged = self.path.with_extension("new");
-        let mut file = crate::store::create_data_file(&staged)?;
+        let mut file = crate::data_files::create_data_file(&staged)?;
         writeln!(file, "{epoch}")?;
         file.sync_all()?;
         std::fs::rename(&staged, &self.path)?;

@@ -39,7 +39,7 @@ use object_store::client::{
     HttpResponseBody, HttpService, ReqwestConnector,
 };
 
-use crate::error::RequestKind;
+use crate::request_kind::RequestKind;
 
 /// The kinds of request, in the order of their counters.
 const KINDS: usize = 5;

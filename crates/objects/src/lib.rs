@@ -16,6 +16,7 @@ mod geometry;
 mod index;
 mod key;
 mod label;
+mod request_kind;
 mod requests;
 mod statistics;
 #[cfg(any(test, feature = "test-support"))]

@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 
 use crate::ObjectStoreError;
 use crate::attempts::{AttemptCounters, AttemptCounts, LastAttempt, in_request};
-use crate::error::RequestKind;
+use crate::request_kind::RequestKind;
 use crate::statistics::RequestStatistics;
 
 /// Highest latency the histograms track (one hour), in microseconds.
