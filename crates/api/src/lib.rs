@@ -207,6 +207,10 @@ pub struct RebuildStatus {
     pub kind: RebuildKind,
     pub bytes_total: u64,
     pub bytes_done: u64,
+    /// Of `bytes_done`, those that needed no work (what a resumed
+    /// rebuild's replacement held already).
+    #[serde(default)]
+    pub bytes_skipped: u64,
     pub bytes_per_second: u64,
     pub seconds_left: Option<u64>,
     pub rows_verified: u64,
@@ -599,7 +603,8 @@ mod tests {
                 "torn_blocks_dropped": 0, "damaged_flushed_blocks": 0, "segments_set_aside": 0,
                 "blocks_marked_lost": 0, "lost_block_reads": 0},
             "scrub": {"state": "none", "blocks_total": 0, "blocks_scrubbed": 0,
-                "blocks_repaired": 0, "blocks_unrepairable": 0, "elapsed_ms": 0}
+                "blocks_repaired": 0, "blocks_unrepairable": 0, "parity_repaired": 0,
+                "rows_checked": 0, "devices_faulted": 0, "elapsed_ms": 0}
         });
         // Apart: one literal this deep passes the json! macro's recursion limit.
         document["background"] = serde_json::json!({
@@ -614,7 +619,7 @@ mod tests {
         document["cache_warmup"] = serde_json::json!({"state": "loading", "blocks_listed": 10,
             "blocks_to_load": 8, "blocks_loaded": 5, "blocks_skipped": 1, "elapsed_ms": 300});
         document["rebuild"] = serde_json::json!({"state": "rebuilding", "kind": "replacement", "bytes_total": 100,
-            "bytes_done": 40, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
+            "bytes_done": 40, "bytes_skipped": 0, "bytes_per_second": 20, "seconds_left": 3, "rows_verified": 10,
             "blocks_unrepairable": 0, "elapsed_ms": 2000, "error": null});
         document
     }
@@ -663,7 +668,7 @@ mod tests {
             "tiers": [{"tier": "flash", "redundancy": "raid6", "state": "degraded",
                 "parity_devices": 2, "devices": [{"path": "/d/f0", "tier": "flash", "index": 0,
                 "state": "missing", "bytes_read": 0, "bytes_written": 0, "io_errors": 0,
-                "checksum_errors_repaired": 0, "replacement": "/d/new0"}]}]
+                "checksum_errors_repaired": 0, "parity_repaired": 0, "replacement": "/d/new0"}]}]
         });
         let status: PoolStatus = serde_json::from_value(document.clone()).expect("reads");
         let layout = status.layout.as_ref().expect("a layout");

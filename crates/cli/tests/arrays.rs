@@ -39,35 +39,9 @@ impl Setup {
     }
 }
 
-/// Destroys a device's contents under the running daemon. The writes bypass
-/// the page cache (O_DIRECT), as the daemon's do: buffered writes racing its
-/// direct ones leave stale cached pages, for which Linux fails the next fsync
-/// of the file with EIO, the test's and the daemon's (a member faulted by
-/// that instead of failing its checksums, and a test failing on its own sync).
+/// Destroys a device's contents under the running daemon.
 fn overwrite_with_random_bytes(path: &Path, seed: u64) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    const ALIGNMENT: usize = 4096;
-    const CHUNK_BYTES: usize = 1 << 20;
-    let length = std::fs::metadata(path).unwrap().len() as usize;
-    assert_eq!(length % ALIGNMENT, 0, "a device is whole 4 KiB blocks");
-    let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .unwrap();
-    let mut memory = vec![0_u8; CHUNK_BYTES + ALIGNMENT];
-    let start = memory.as_ptr().align_offset(ALIGNMENT);
-    let chunk = &mut memory[start..start + CHUNK_BYTES];
-    let mut written = 0;
-    while written < length {
-        random.fill(&mut chunk[..]);
-        let take = chunk.len().min(length - written);
-        file.write_all(&chunk[..take]).unwrap();
-        written += take;
-    }
-    file.sync_all().unwrap();
+    common::overwrite_with_random_bytes_from(path, 0, seed);
 }
 
 fn layout_state(status: &serde_json::Value) -> String {

@@ -37,34 +37,6 @@ fn member(root: &Path, index: usize) -> PathBuf {
     root.join(format!("m{index}.img"))
 }
 
-/// Random bytes over `path` from member block `first_block` to its end,
-/// written with O_DIRECT as the daemon writes (see `arrays.rs`).
-fn overwrite_from(path: &Path, first_block: u64, seed: u64) {
-    use std::io::{Seek, SeekFrom, Write};
-    use std::os::unix::fs::OpenOptionsExt;
-    const ALIGNMENT: usize = 4096;
-    const CHUNK_BYTES: usize = 1 << 20;
-    let length = std::fs::metadata(path).unwrap().len() as usize;
-    let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .unwrap();
-    let mut written = (first_block * 4096) as usize;
-    file.seek(SeekFrom::Start(written as u64)).unwrap();
-    let mut memory = vec![0_u8; CHUNK_BYTES + ALIGNMENT];
-    let start = memory.as_ptr().align_offset(ALIGNMENT);
-    let chunk = &mut memory[start..start + CHUNK_BYTES];
-    while written < length {
-        random.fill(&mut chunk[..]);
-        let take = chunk.len().min(length - written);
-        file.write_all(&chunk[..take]).unwrap();
-        written += take;
-    }
-    file.sync_all().unwrap();
-}
-
 /// The whole volume `v` read with nbdcopy equals `expected` (or the phase
 /// and nbdcopy's complaint are named).
 fn assert_reads_exact(daemon: &Daemon, root: &Path, expected: &[u8], phase: &str) {
@@ -127,9 +99,9 @@ fn run_scenario(scenario: &Scenario) {
     // Step 2: garbage over the damaged devices past their labels; the
     // volume still reads exact (its data columns healed as read).
     for (seed, index) in scenario.damaged.iter().enumerate() {
-        overwrite_from(
+        common::overwrite_with_random_bytes_from(
             &member(&setup.root, *index),
-            DAMAGE_FIRST_MEMBER_BLOCK,
+            DAMAGE_FIRST_MEMBER_BLOCK * 4096,
             seed as u64 + 7,
         );
     }

@@ -169,6 +169,7 @@ pub fn rebuild_status(status: engine::RebuildStatus) -> api::RebuildStatus {
         },
         bytes_total: status.bytes_total,
         bytes_done: status.bytes_done,
+        bytes_skipped: status.bytes_skipped,
         bytes_per_second: status.bytes_per_second,
         seconds_left: status.seconds_left,
         rows_verified: status.rows_verified,

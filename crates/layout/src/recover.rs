@@ -43,20 +43,7 @@ impl RedundantArray {
         length: usize,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let reads = self
-            .usable_prefix_holders()
-            .into_iter()
-            .map(|index| async move {
-                let device = self.members[index].usable_device()?;
-                Some((index, device.read(offset, length).await))
-            });
-        let mut copies = Vec::new();
-        for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
-            match result {
-                Ok(data) => copies.push((index, data)),
-                Err(error) => self.member_failed(index, &error),
-            }
-        }
+        let copies = self.read_prefix_copies(offset, length).await;
         let Some(good) = copies
             .iter()
             .find(|(_, data)| is_valid(data))
@@ -71,6 +58,30 @@ impl RedundantArray {
             .collect();
         self.rewrite(&bad, offset, &good).await?;
         Ok(Some(good))
+    }
+
+    /// Every usable holder's copy of the mirrored prefix at member
+    /// `offset`, by member index; a holder whose read fails is faulted.
+    pub(crate) async fn read_prefix_copies(
+        &self,
+        offset: u64,
+        length: usize,
+    ) -> Vec<(usize, AlignedBuffer)> {
+        let reads = self
+            .usable_prefix_holders()
+            .into_iter()
+            .map(|index| async move {
+                let device = self.members[index].usable_device()?;
+                Some((index, device.read(offset, length).await))
+            });
+        let mut copies = Vec::new();
+        for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
+            match result {
+                Ok(data) => copies.push((index, data)),
+                Err(error) => self.member_failed(index, &error),
+            }
+        }
+        copies
     }
 
     async fn recover_striped(

@@ -528,20 +528,7 @@ impl RedundantArray {
         is_valid: lamina_device::BlockCheck<'_>,
     ) -> Result<ScrubReport, DeviceError> {
         let _no_prefix_write_meanwhile = self.prefix_lock.write().await;
-        let reads = self
-            .usable_prefix_holders()
-            .into_iter()
-            .map(|index| async move {
-                let device = self.members[index].usable_device()?;
-                Some((index, device.read(offset, length).await))
-            });
-        let mut copies = Vec::new();
-        for (index, result) in futures::future::join_all(reads).await.into_iter().flatten() {
-            match result {
-                Ok(data) => copies.push((index, data)),
-                Err(error) => self.member_failed(index, &error),
-            }
-        }
+        let copies = self.read_prefix_copies(offset, length).await;
         let mut report = ScrubReport {
             rows_checked: 1,
             ..ScrubReport::default()

@@ -341,3 +341,46 @@ pub fn assert_same(daemon: &Daemon, export: &str, file: &Path) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Random bytes over the device file `path` from byte `first_byte` (a
+/// multiple of 4 KiB) to its end, under a running daemon. The writes bypass
+/// the page cache (O_DIRECT), as the daemon's do: buffered writes racing its
+/// direct ones leave stale cached pages, for which Linux fails the next fsync
+/// of the file with EIO, the test's and the daemon's.
+pub fn overwrite_with_random_bytes_from(path: &Path, first_byte: u64, seed: u64) {
+    use rand::{Rng, SeedableRng};
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGNMENT: usize = 4096;
+    const CHUNK_BYTES: usize = 1 << 20;
+    let length = std::fs::metadata(path).unwrap().len();
+    assert_eq!(
+        length % ALIGNMENT as u64,
+        0,
+        "a device is whole 4 KiB blocks"
+    );
+    assert_eq!(
+        first_byte % ALIGNMENT as u64,
+        0,
+        "whole blocks are overwritten"
+    );
+    let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap();
+    file.seek(SeekFrom::Start(first_byte)).unwrap();
+    let mut memory = vec![0_u8; CHUNK_BYTES + ALIGNMENT];
+    let start = memory.as_ptr().align_offset(ALIGNMENT);
+    let chunk = &mut memory[start..start + CHUNK_BYTES];
+    let mut written = first_byte;
+    while written < length {
+        random.fill(&mut chunk[..]);
+        let take =
+            usize::try_from(length - written).map_or(chunk.len(), |rest| rest.min(chunk.len()));
+        file.write_all(&chunk[..take]).unwrap();
+        written += take as u64;
+    }
+    file.sync_all().unwrap();
+}
