@@ -12,10 +12,12 @@
 //! Which columns to rebuild: the sets of members treated as erased are
 //! tried smallest first (members lost now are in every set). A set passes
 //! when a codeword agrees with every column read outside it and every held
-//! block in it passes its check. With `p` parity columns a passing set of
-//! `s` columns is the only one of its size when `2·s ≤ p` (two codewords
-//! differ in at least `p + 1` columns), so raid6 locates one bad column,
-//! and a mirror of three copies outvotes one bad copy, by the code alone.
+//! block in it passes its check. With `p` parity columns of which `l` are
+//! lost now, a passing set that adds `e` columns to the lost ones is the
+//! only one of its size when `2·e ≤ p − l` (two codewords that agree on
+//! the columns left differ in at least `p − l + 1` of them), so a whole
+//! raid6 row locates one bad column, and a mirror of three copies outvotes
+//! one bad copy, by the code alone.
 //! Past that the checks decide: two passing sets that disagree on a held
 //! block are a row the checks cannot tell, reported unrepairable and left
 //! as it is rather than guessed; where they disagree only on columns the
@@ -121,11 +123,18 @@ impl RedundantArray {
         let _no_write_meanwhile = self.row_locks.exclusive(span).await;
         // Read under the lock: the zone may have been reopened meanwhile.
         let zone = self.zone(zone_index);
-        let held_rows: Vec<u64> = (span.first_row..=span.last_row)
-            .filter(|row| row_is_held(&zone, *row, blocks))
+        let held_rows: Vec<HeldRow> = (span.first_row..=span.last_row)
+            .map(|row| HeldRow {
+                row,
+                held_columns: held_data_columns(&zone, row, blocks),
+            })
+            .filter(|held| held.held_columns > 0)
             .collect();
         let mut report = ScrubReport::default();
-        let (Some(&first_held), Some(&last_held)) = (held_rows.first(), held_rows.last()) else {
+        let (Some(first_held), Some(last_held)) = (
+            held_rows.first().map(|held| held.row),
+            held_rows.last().map(|held| held.row),
+        ) else {
             return Ok(report);
         };
         let rows = loop {
@@ -134,15 +143,15 @@ impl RedundantArray {
             }
         };
         let mut rewrites = MemberRewrites::new(self.members.len());
-        for row in held_rows {
+        for held in held_rows {
             let place = RowPlace {
                 zone: &zone,
-                row,
+                row: held.row,
                 first_row: first_held,
             };
             let finding = self.scrub_row(&rows, place, blocks);
             report.rows_checked += 1;
-            report.blocks_checked += held_data_columns(&zone, row, blocks) as u64;
+            report.blocks_checked += held.held_columns as u64;
             if finding.unrepairable {
                 self.report_unrepairable(&rows, place, blocks, &mut report);
             }
@@ -181,7 +190,7 @@ impl RedundantArray {
                     continue;
                 };
                 match &passing {
-                    None if 2 * (size - lost.len()) <= parity_columns => {
+                    None if 2 * (size - lost.len()) <= parity_columns - lost.len() => {
                         return whole_or_repaired(rows, place, codeword);
                     }
                     None => passing = Some(codeword),
@@ -222,10 +231,11 @@ impl RedundantArray {
         let data = self
             .rebuild_row(zone, rows, row, first_row, Some(erased))
             .ok()?;
-        let held_pass = data.iter().enumerate().all(|(column, contents)| {
-            let block = zone.block_of(row, column);
-            !blocks.is_held(block) || blocks.is_valid(block, contents)
-        });
+        // `is_valid` passes a block the caller does not hold.
+        let held_pass = data
+            .iter()
+            .enumerate()
+            .all(|(column, contents)| blocks.is_valid(zone.block_of(row, column), contents));
         if !held_pass {
             return None;
         }
@@ -421,9 +431,10 @@ impl RedundantArray {
     }
 }
 
-/// Whether `row` holds a block the caller holds.
-fn row_is_held(zone: &ZoneView, row: u64, blocks: &dyn ScrubBlocks) -> bool {
-    held_data_columns(zone, row, blocks) > 0
+/// A row of a step that holds blocks the caller holds, and how many.
+struct HeldRow {
+    row: u64,
+    held_columns: usize,
 }
 
 fn held_data_columns(zone: &ZoneView, row: u64, blocks: &dyn ScrubBlocks) -> usize {

@@ -82,6 +82,15 @@ pub fn decode<T: DeserializeOwned>(
     if version > supported_version {
         return Err(FrameError::NewerVersion(version));
     }
+    let body = checked_payload(bytes, length)?;
+    let value =
+        postcard::from_bytes(body).map_err(|error| FrameError::Decode(error.to_string()))?;
+    Ok((version, value))
+}
+
+/// The payload of `length` bytes after the header checked by
+/// [`peek_header`], once it is within `bytes` and matches its checksum.
+fn checked_payload(bytes: &[u8], length: usize) -> Result<&[u8], FrameError> {
     let end = FRAME_HEADER_BYTES
         .checked_add(length)
         .filter(|end| *end <= bytes.len())
@@ -91,14 +100,32 @@ pub fn decode<T: DeserializeOwned>(
     if crc32c::crc32c(body) != checksum {
         return Err(FrameError::PayloadChecksum);
     }
-    let value =
-        postcard::from_bytes(body).map_err(|error| FrameError::Decode(error.to_string()))?;
-    Ok((version, value))
+    Ok(body)
+}
+
+/// Whether `bytes` starts with a whole frame of `magic`, of any version:
+/// magic, header and payload checksums pass (scrub compares the copies of
+/// a frame without decoding it).
+pub fn is_whole(magic: u64, bytes: &[u8]) -> bool {
+    peek_header(magic, bytes)
+        .and_then(|(_, length)| checked_payload(bytes, length))
+        .is_ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_is_whole_only_with_its_magic_and_both_checksums() {
+        let bytes = encode(0xABCD, 9, &(1_u64, 2_u64), 4096);
+        assert!(is_whole(0xABCD, &bytes));
+        assert!(!is_whole(0xABCE, &bytes));
+        let mut flipped = bytes.clone();
+        flipped[FRAME_HEADER_BYTES] ^= 1;
+        assert!(!is_whole(0xABCD, &flipped));
+        assert!(!is_whole(0xABCD, &vec![0; 4096]));
+    }
 
     #[test]
     fn round_trip_and_every_single_bit_flip_is_caught() {

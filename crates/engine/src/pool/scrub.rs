@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use lamina_device::{ScrubBlocks, ScrubReport};
 
 use crate::error::{EngineError, IoError};
-use crate::log::frame::{FRAME_HEADER_BYTES, peek_header};
+use crate::log::frame;
 use crate::log::geometry::{
     CAPACITY_SLOT_COPY_BLOCKS, CAPACITY_SLOT_COPY_SIZE_BLOCKS, CHECKPOINT_SLOT_BLOCKS,
     CHECKPOINT_SLOT_SIZE_BLOCKS, FLUSH_MARKER_BLOCKS, SEGMENT_OPENINGS_AREA_BLOCKS,
@@ -54,11 +54,13 @@ struct MetadataFrame {
     required: bool,
 }
 
-/// One chunk of a segment in use: blocks `first_block..end_block`.
+/// One chunk of a segment in use: blocks `first_block..end_block`, of
+/// which `live_blocks` are listed live.
 #[derive(Clone, Copy, Debug)]
 struct ScrubChunk {
     first_block: u64,
     end_block: u64,
+    live_blocks: u64,
 }
 
 /// The live list as the device's scrub sees it: a listed block is held and
@@ -107,7 +109,7 @@ impl Pool {
             .store(list.mappings().len() as u64, Ordering::Relaxed);
         let blocks = LiveBlocks { list: &list };
         for chunk in self.scrub_chunks(&list) {
-            let live = list.count_in(chunk.first_block, chunk.end_block);
+            let live = chunk.live_blocks;
             // Charged by the live bytes it checks, as reads of them were
             // before parity was checked: the budget paces scrub's progress.
             self.inner
@@ -215,10 +217,12 @@ impl Pool {
             let mut chunk_first = first;
             while chunk_first < end {
                 let chunk_end = end.min(chunk_first + step);
-                if list.count_in(chunk_first, chunk_end) > 0 {
+                let live_blocks = list.count_in(chunk_first, chunk_end);
+                if live_blocks > 0 {
                     chunks.push(ScrubChunk {
                         first_block: chunk_first,
                         end_block: chunk_end,
+                        live_blocks,
                     });
                 }
                 chunk_first = chunk_end;
@@ -236,7 +240,7 @@ impl Pool {
             let length =
                 usize::try_from(frame.area_blocks).expect("an area fits in memory") * BLOCK_BYTES;
             let magic = frame.magic;
-            let check = move |contents: &[u8]| frame_is_whole(magic, contents);
+            let check = move |contents: &[u8]| frame::is_whole(magic, contents);
             match self.inner.device.scrub_copies(offset, length, &check).await {
                 Ok(report) => {
                     scrubber
@@ -319,37 +323,5 @@ impl Pool {
                 return;
             }
         }
-    }
-}
-
-/// Whether `bytes` starts with a whole frame of `magic`: header and payload
-/// checksums both pass (any version: the scrub only compares copies).
-fn frame_is_whole(magic: u64, bytes: &[u8]) -> bool {
-    let Ok((_, length)) = peek_header(magic, bytes) else {
-        return false;
-    };
-    let Some(end) = FRAME_HEADER_BYTES
-        .checked_add(length)
-        .filter(|end| *end <= bytes.len())
-    else {
-        return false;
-    };
-    let checksum = u32::from_le_bytes(bytes[16..20].try_into().expect("four bytes"));
-    crc32c::crc32c(&bytes[FRAME_HEADER_BYTES..end]) == checksum
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_frame_is_whole_only_with_both_checksums() {
-        let bytes = crate::log::frame::encode(SLOT_MAGIC, 9, &(1_u64, 2_u64), BLOCK_BYTES);
-        assert!(frame_is_whole(SLOT_MAGIC, &bytes));
-        assert!(!frame_is_whole(MARKER_MAGIC, &bytes));
-        let mut flipped = bytes.clone();
-        flipped[FRAME_HEADER_BYTES] ^= 1;
-        assert!(!frame_is_whole(SLOT_MAGIC, &flipped));
-        assert!(!frame_is_whole(SLOT_MAGIC, &vec![0; BLOCK_BYTES]));
     }
 }
