@@ -388,10 +388,15 @@ fn export_size(uri: &str) -> anyhow::Result<u64> {
         .map_err(|_| anyhow::anyhow!("nbdinfo printed {text:?}, not a size"))
 }
 
+/// The lamina binary: the configured one, else `lamina` beside this program (cargo
+/// and packages put both in one directory), else `lamina` on PATH.
 fn lamina_program(configured: Option<&PathBuf>) -> PathBuf {
     configured
         .cloned()
-        .or_else(|| std::env::current_exe().ok())
+        .or_else(|| {
+            let beside = std::env::current_exe().ok()?.parent()?.join("lamina");
+            beside.is_file().then_some(beside)
+        })
         .unwrap_or_else(|| PathBuf::from("lamina"))
 }
 

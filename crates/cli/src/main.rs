@@ -3,6 +3,7 @@
 //! the benchmark. Volume and pool commands talk to the running daemon over its
 //! admin socket, or open the pool directly when no daemon runs.
 
+mod bench_shim;
 mod completions;
 mod device_commands;
 mod errors;
@@ -66,7 +67,7 @@ enum Command {
     /// Size a pool from a workload trace.
     Plan(lamina_plan::PlanArgs),
     /// Benchmarks: latency versus load against peer servers, and the engine in process.
-    Bench(lamina_bench::BenchArgs),
+    Bench(bench_shim::BenchArgs),
     /// Print the shell completion script: `source <(lamina completions bash)`.
     Completions(completions::CompletionsArgs),
     /// Print the manual page lamina(1), or write every page with --output DIR.
@@ -1031,7 +1032,7 @@ fn main() -> std::process::ExitCode {
     logging::init(default_level);
     let result = match cli.command {
         Command::Plan(arguments) => lamina_plan::run(arguments),
-        Command::Bench(arguments) => lamina_bench::run(arguments),
+        Command::Bench(arguments) => bench_shim::run(arguments),
         Command::Completions(arguments) => {
             completions::print_completions(&arguments, Cli::command())
         }

@@ -1,15 +1,49 @@
-//! `lamina bench write-amplification` end to end: the real command, on small
+//! `lamina bench write-amplification` end to end: the real command (the `lamina`
+//! shim running this crate's `lamina-bench`, which starts the `lamina` daemon found
+//! beside it), on small
 //! file-backed pools served by the daemon and written by fio over NBD, must
 //! produce a finite figure of at least 1 for every cell, and the client bytes
 //! the pool counted in the measured window must be the bytes fio wrote (the
 //! check that makes the figure describe fio's writes). Skipped, with the reason
 //! printed, only when fio or its nbd engine is missing.
 
+use std::path::PathBuf;
 use std::process::Command;
 
-mod common;
+/// The benchmark program cargo built for this test.
+const LAMINA_BENCH: &str = env!("CARGO_BIN_EXE_lamina-bench");
 
-use common::{LAMINA, system_path};
+/// The `lamina` binary beside `lamina-bench`: cargo builds every workspace member's
+/// binaries into one directory, and `cargo test --workspace` builds them all before
+/// any test runs (with `-p lamina-bench` alone, build it first: `cargo build -p lamina`).
+fn lamina() -> PathBuf {
+    let path = PathBuf::from(LAMINA_BENCH).with_file_name("lamina");
+    assert!(
+        path.is_file(),
+        "no lamina binary at {}: run `cargo build -p lamina` (cargo test --workspace builds it)",
+        path.display()
+    );
+    path
+}
+
+/// `/usr/bin` and `/bin` ahead of the test's PATH, where fio and nbdkit live.
+fn system_path() -> String {
+    format!(
+        "/usr/bin:/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn lamina_bench_runs_the_bench_program_beside_it() {
+    let output = Command::new(lamina())
+        .args(["bench", "write-amplification", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("--warm-up-passes"), "{help}");
+}
 
 /// Why the test cannot run here, if fio or its nbd engine is missing.
 fn fio_nbd_missing() -> Option<String> {
@@ -34,7 +68,7 @@ fn both_workloads_report_a_trustworthy_write_amplification() {
         return;
     }
     let directory = tempfile::tempdir().unwrap();
-    let output = Command::new(LAMINA)
+    let output = Command::new(lamina())
         .args([
             "bench",
             "write-amplification",
