@@ -1,7 +1,7 @@
 //! The plan as a whole (`PlanReport`) and its two renderings: a readable report
 //! that walks through the reasoning step by step, and JSON for tools.
 
-use std::fmt::Write;
+use std::fmt::{Display, Write};
 
 use serde::Serialize;
 
@@ -124,15 +124,98 @@ fn percent(fraction: f64) -> String {
 /// Spikes listed in the text report; JSON has them all.
 const SHOWN_SPIKE_COUNT: usize = 15;
 
-/// The readable report. Writing to a `String` cannot fail, so results are ignored.
+/// The report's text as it is written, a line at a time.
+#[derive(Default)]
+struct ReportText {
+    text: String,
+}
+
+impl ReportText {
+    fn line(&mut self, line: impl Display) {
+        // Writing to a `String` cannot fail.
+        let _ = writeln!(self.text, "{line}");
+    }
+
+    /// A heading, after a blank line.
+    fn heading(&mut self, heading: impl Display) {
+        self.text.push('\n');
+        self.line(heading);
+    }
+}
+
+/// A numbered section of the report: the number comes from its place in the
+/// list, so a section added or left out renumbers the ones after it.
+struct Section<'a> {
+    title: String,
+    body: Box<dyn Fn(&mut ReportText) + 'a>,
+}
+
+impl<'a> Section<'a> {
+    fn new(title: impl Into<String>, body: impl Fn(&mut ReportText) + 'a) -> Section<'a> {
+        Section {
+            title: title.into(),
+            body: Box::new(body),
+        }
+    }
+}
+
+/// The readable report: what the trace was and any warnings, the numbered
+/// sections that walk through the reasoning, then the assumptions.
 pub fn render_text(report: &PlanReport) -> String {
-    let mut out = String::new();
+    let mut text = ReportText::default();
+    write_header(&mut text, report);
+    for (index, section) in sections(report).iter().enumerate() {
+        text.heading(format_args!("{}. {}", index + 1, section.title));
+        (section.body)(&mut text);
+    }
+    write_assumptions(&mut text, report);
+    text.text
+}
+
+/// The numbered sections, in order; the proposal only when one was given.
+fn sections(report: &PlanReport) -> Vec<Section<'_>> {
+    let options = &report.analysis_options;
+    let mut sections = vec![
+        Section::new("Load in the trace", |text| write_load(text, report)),
+        Section::new(
+            format!(
+                "Spikes (load above {} x steady state = {} IOPS)",
+                options.spike_factor,
+                thousands(report.analysis.spike_threshold_iops)
+            ),
+            |text| write_spikes(text, report),
+        ),
+        Section::new("Was the traced system saturated?", |text| {
+            write_saturation(text, report)
+        }),
+        Section::new(
+            format!(
+                "Back-end load and drives ({}, {})",
+                report.redundancy, report.drive.name
+            ),
+            |text| write_steps(text, report),
+        ),
+        Section::new("Flash in front", |text| write_flash(text, report)),
+    ];
+    if let Some(proposal) = &report.proposal {
+        sections.push(Section::new(
+            format!(
+                "Proposal: {} working drives",
+                proposal.proposed_working_drives
+            ),
+            move |text| write_proposal(text, report, proposal),
+        ));
+    }
+    sections
+}
+
+fn write_header(text: &mut ReportText, report: &PlanReport) {
     let trace = &report.trace;
-    let analysis = &report.analysis;
-    let sizing = &report.sizing;
-    let _ = writeln!(out, "lamina plan: sizing a pool from {}", trace.path);
-    let _ = writeln!(
-        out,
+    text.line(format_args!(
+        "lamina plan: sizing a pool from {}",
+        trace.path
+    ));
+    text.line(format_args!(
         "  {} trace, {} samples every {}, {}{}{}",
         trace.format.name(),
         trace.sample_count,
@@ -147,36 +230,36 @@ pub fn render_text(report: &PlanReport) -> String {
             .disk_count
             .map(|count| format!(", {count} disk(s) summed"))
             .unwrap_or_default(),
-    );
+    ));
     if !report.warnings.is_empty() {
-        let _ = writeln!(out, "\nWarnings");
+        text.heading("Warnings");
         for warning in &report.warnings {
-            let _ = writeln!(out, "  ! {warning}");
+            text.line(format_args!("  ! {warning}"));
         }
     }
+}
 
-    let _ = writeln!(out, "\n1. Load in the trace");
-    let _ = writeln!(out, "  {:<14} {:>10}", "", "IOPS");
-    let _ = writeln!(
-        out,
+fn write_load(text: &mut ReportText, report: &PlanReport) {
+    let analysis = &report.analysis;
+    let options = &report.analysis_options;
+    text.line(format_args!("  {:<14} {:>10}", "", "IOPS"));
+    text.line(format_args!(
         "  {:<14} {:>10}  at {}",
         "peak",
         thousands(analysis.peak_iops),
         offset(analysis.peak_time_seconds)
-    );
-    let _ = writeln!(
-        out,
+    ));
+    text.line(format_args!(
         "  {:<14} {:>10}  over the whole trace, idle time included",
         "mean",
         thousands(analysis.mean_iops)
-    );
+    ));
     let busy_seconds: f64 = analysis
         .busy_periods
         .iter()
         .map(|period| period.duration_seconds)
         .sum();
-    let _ = writeln!(
-        out,
+    text.line(format_args!(
         "  {:<14} {:>10}  {:.0}th percentile of {} busy samples ({} in {} busy period(s))",
         "steady state",
         thousands(analysis.steady_state_iops),
@@ -184,295 +267,224 @@ pub fn render_text(report: &PlanReport) -> String {
         analysis.busy_sample_count,
         duration(busy_seconds),
         analysis.busy_periods.len()
-    );
-    let _ = writeln!(
-        out,
+    ));
+    text.line(format_args!(
         "  {:<14} {:>10}  busy = rolling {}-minute median at least {:.0}% of its maximum",
         "busy from",
         thousands(analysis.busy_threshold_iops),
-        (report.analysis_options.busy_window_seconds / 60.0).round(),
-        report.analysis_options.busy_fraction * 100.0
-    );
-    let _ = writeln!(
-        out,
+        (options.busy_window_seconds / 60.0).round(),
+        options.busy_fraction * 100.0
+    ));
+    text.line(format_args!(
         "  mix in busy periods: {} reads, {} writes",
         percent(1.0 - analysis.write_fraction),
         percent(analysis.write_fraction)
-    );
+    ));
     match analysis.mean_io_size_bytes {
-        Some(size) => {
-            let _ = writeln!(
-                out,
-                "  mean I/O size: {} (reads {}, writes {})",
-                bytes(size),
-                analysis.mean_read_size_bytes.map_or("-".to_string(), bytes),
-                analysis
-                    .mean_write_size_bytes
-                    .map_or("-".to_string(), bytes)
-            );
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "  mean I/O size: not in the trace; assumed {}",
-                bytes(analysis.io_size_bytes_used)
-            );
-        }
+        Some(size) => text.line(format_args!(
+            "  mean I/O size: {} (reads {}, writes {})",
+            bytes(size),
+            analysis.mean_read_size_bytes.map_or("-".to_string(), bytes),
+            analysis
+                .mean_write_size_bytes
+                .map_or("-".to_string(), bytes)
+        )),
+        None => text.line(format_args!(
+            "  mean I/O size: not in the trace; assumed {}",
+            bytes(analysis.io_size_bytes_used)
+        )),
     }
+}
 
-    let _ = writeln!(
-        out,
-        "\n2. Spikes (load above {} x steady state = {} IOPS)",
-        report.analysis_options.spike_factor,
-        thousands(analysis.spike_threshold_iops)
-    );
+fn write_spikes(text: &mut ReportText, report: &PlanReport) {
+    let analysis = &report.analysis;
     if analysis.spikes.is_empty() {
-        let _ = writeln!(out, "  none");
-    } else {
-        let _ = writeln!(
-            out,
-            "  {:<8} {:>9} {:>10} {:>9} {:>13}  cache {} at {} IOPS",
-            "start",
-            "duration",
-            "peak IOPS",
-            "x steady",
-            "excess writes",
-            bytes(report.analysis_options.cache_size_bytes),
-            thousands(report.analysis_options.cache_iops)
-        );
-        let mut spikes: Vec<_> = analysis.spikes.iter().collect();
-        spikes.sort_by(|a, b| b.excess_operations.total_cmp(&a.excess_operations));
-        for spike in spikes.iter().take(SHOWN_SPIKE_COUNT) {
-            let _ = writeln!(
-                out,
-                "  {:<8} {:>9} {:>10} {:>9.1} {:>13}  {}",
-                offset(spike.start_seconds),
-                duration(spike.duration_seconds),
-                thousands(spike.peak_iops),
-                spike.magnitude,
-                bytes(spike.excess_write_bytes),
-                if spike.absorbed_by_cache {
-                    "absorbed"
-                } else {
-                    "NOT absorbed: size the drives for it or grow the cache"
-                }
-            );
-        }
-        if spikes.len() > SHOWN_SPIKE_COUNT {
-            let _ = writeln!(
-                out,
-                "  ... and {} smaller spikes",
-                spikes.len() - SHOWN_SPIKE_COUNT
-            );
-        }
+        text.line("  none");
+        return;
     }
+    text.line(format_args!(
+        "  {:<8} {:>9} {:>10} {:>9} {:>13}  cache {} at {} IOPS",
+        "start",
+        "duration",
+        "peak IOPS",
+        "x steady",
+        "excess writes",
+        bytes(report.analysis_options.cache_size_bytes),
+        thousands(report.analysis_options.cache_iops)
+    ));
+    let mut spikes: Vec<_> = analysis.spikes.iter().collect();
+    spikes.sort_by(|a, b| b.excess_operations.total_cmp(&a.excess_operations));
+    for spike in spikes.iter().take(SHOWN_SPIKE_COUNT) {
+        text.line(format_args!(
+            "  {:<8} {:>9} {:>10} {:>9.1} {:>13}  {}",
+            offset(spike.start_seconds),
+            duration(spike.duration_seconds),
+            thousands(spike.peak_iops),
+            spike.magnitude,
+            bytes(spike.excess_write_bytes),
+            if spike.absorbed_by_cache {
+                "absorbed"
+            } else {
+                "NOT absorbed: size the drives for it or grow the cache"
+            }
+        ));
+    }
+    if spikes.len() > SHOWN_SPIKE_COUNT {
+        text.line(format_args!(
+            "  ... and {} smaller spikes",
+            spikes.len() - SHOWN_SPIKE_COUNT
+        ));
+    }
+}
 
-    let _ = writeln!(out, "\n3. Was the traced system saturated?");
-    let saturation = &analysis.saturation;
+fn write_saturation(text: &mut ReportText, report: &PlanReport) {
+    let saturation = &report.analysis.saturation;
     match saturation.busy_latency_p90_ms {
-        Some(latency) => {
-            let _ = writeln!(
-                out,
-                "  latency, 90th percentile in busy periods: {latency:.1} ms (target {:.0} ms)",
-                report.latency_target_ms
-            );
-        }
-        None => {
-            let _ = writeln!(out, "  latency: not in the trace");
-        }
+        Some(latency) => text.line(format_args!(
+            "  latency, 90th percentile in busy periods: {latency:.1} ms (target {:.0} ms)",
+            report.latency_target_ms
+        )),
+        None => text.line("  latency: not in the trace"),
     }
     match (
         saturation.busy_queue_per_disk_p90,
         saturation.busy_queue_p90,
     ) {
-        (Some(per_disk), _) => {
-            let _ = writeln!(
-                out,
-                "  queue per disk, 90th percentile in busy periods: {per_disk:.2} (limit {:.0})",
-                report.analysis_options.saturated_queue_per_disk
-            );
-        }
-        (None, Some(queue)) => {
-            let _ = writeln!(
-                out,
-                "  queue, all disks, 90th percentile in busy periods: {queue:.2} (disk count unknown)"
-            );
-        }
-        (None, None) => {
-            let _ = writeln!(out, "  queue length: not in the trace");
-        }
+        (Some(per_disk), _) => text.line(format_args!(
+            "  queue per disk, 90th percentile in busy periods: {per_disk:.2} (limit {:.0})",
+            report.analysis_options.saturated_queue_per_disk
+        )),
+        (None, Some(queue)) => text.line(format_args!(
+            "  queue, all disks, 90th percentile in busy periods: {queue:.2} (disk count unknown)"
+        )),
+        (None, None) => text.line("  queue length: not in the trace"),
     }
-    let _ = writeln!(
-        out,
-        "  verdict: {}",
-        if saturation.saturated {
-            "SATURATED: the trace understates the real demand; size with margin or trace a faster system"
-        } else if saturation.busy_latency_p90_ms.is_none()
-            && saturation.busy_queue_per_disk_p90.is_none()
-        {
-            "cannot tell (no latency or per-disk queue in the trace)"
-        } else {
-            "not saturated: the traced load is what users asked for"
-        }
-    );
-
-    let _ = writeln!(
-        out,
-        "\n4. Back-end load and drives ({}, {})",
-        report.redundancy, report.drive.name
-    );
-    write_steps(&mut out, report, sizing);
-
-    write_flash(&mut out, report);
-
-    if let Some(proposal) = &report.proposal {
-        let _ = writeln!(
-            out,
-            "\n6. Proposal: {} working drives",
-            proposal.proposed_working_drives
-        );
-        if proposal.under_sized {
-            let _ = writeln!(
-                out,
-                "  UNDER-SIZED: the steady state needs {} working drives; {} is {} short.",
-                proposal.needed_working_drives,
-                proposal.proposed_working_drives,
-                proposal.needed_working_drives - proposal.proposed_working_drives
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "  enough: the steady state needs {} working drives.",
-                proposal.needed_working_drives
-            );
-        }
-        let latency = proposal.predicted_latency_ms.map_or(
-            "beyond saturation: queues grow without bound".to_string(),
-            |latency| format!("about {latency:.0} ms mean response time"),
-        );
-        let _ = writeln!(
-            out,
-            "  each drive would carry {} back-end IOPS: {latency};",
-            thousands(proposal.iops_per_drive)
-        );
-        let _ = writeln!(
-            out,
-            "  within {:.0} ms they carry about {} front-end IOPS against a steady state of {}.",
-            report.latency_target_ms,
-            thousands(proposal.supported_front_end_iops),
-            thousands(analysis.steady_state_iops)
-        );
-        if let Some(enough) = proposal.enough_with_flash {
-            let _ = writeln!(
-                out,
-                "  with {} of flash in front ({} read hits): {}",
-                bytes(report.flash.flash_bytes),
-                percent(report.flash.read_hit_ratio),
-                if enough {
-                    "enough"
-                } else {
-                    "still under-sized"
-                }
-            );
-        }
-    }
-
-    let _ = writeln!(out, "\nAssumptions");
-    let _ = writeln!(
-        out,
-        "  - {} is rated {} IOPS at {} ms; other latencies follow an M/M/1 model through that point (service time {:.2} ms).",
-        report.drive.name,
-        thousands(report.drive.rated_iops),
-        report.drive.rated_latency_ms,
-        report.drive.service_time_ms()
-    );
-    let _ = writeln!(
-        out,
-        "  - Every front-end operation is small and random; sequential streams would need fewer drives."
-    );
-    let _ = writeln!(
-        out,
-        "  - Spikes up to {} x steady state are left to the cache, not to the drives.",
-        report.analysis_options.spike_factor
-    );
-    let _ = writeln!(
-        out,
-        "  - Flash serves reads only; every write still reaches the drives with the scheme's penalty."
-    );
-    out
+    let verdict = if saturation.saturated {
+        "SATURATED: the trace understates the real demand; size with margin or trace a faster system"
+    } else if saturation.busy_latency_p90_ms.is_none()
+        && saturation.busy_queue_per_disk_p90.is_none()
+    {
+        "cannot tell (no latency or per-disk queue in the trace)"
+    } else {
+        "not saturated: the traced load is what users asked for"
+    };
+    text.line(format_args!("  verdict: {verdict}"));
 }
 
-fn write_steps(out: &mut String, report: &PlanReport, sizing: &BackendSizing) {
-    let analysis = &report.analysis;
-    let step = |out: &mut String, number: usize, what: &str, result: String| {
-        let _ = writeln!(out, "  step {number}  {what:<34} {result}");
-    };
-    step(
-        out,
-        1,
-        "steady front-end load",
-        format!(
-            "{} IOPS = {} reads + {} writes",
-            thousands(sizing.front_end_iops),
-            thousands(sizing.front_end_read_iops),
-            thousands(sizing.front_end_write_iops)
+/// One step of the back-end sizing: what it works out, and the result. The
+/// step's number comes from its place in the list.
+struct Step {
+    what: String,
+    result: String,
+}
+
+impl Step {
+    fn new(what: impl Into<String>, result: String) -> Step {
+        Step {
+            what: what.into(),
+            result,
+        }
+    }
+}
+
+fn write_steps(text: &mut ReportText, report: &PlanReport) {
+    for (index, step) in backend_steps(report).iter().enumerate() {
+        let number = index + 1;
+        text.line(format_args!(
+            "  step {number}  {:<34} {}",
+            step.what, step.result
+        ));
+    }
+    text.line(format_args!(
+        "  (sizing at the mean, {} IOPS, would under-buy; at the peak, {} IOPS, would over-buy)",
+        thousands(report.analysis.mean_iops),
+        thousands(report.analysis.peak_iops)
+    ));
+}
+
+/// From the steady front-end load to the drives to buy, in order.
+fn backend_steps(report: &PlanReport) -> Vec<Step> {
+    let sizing = &report.sizing;
+    let penalty_text = penalty_text(sizing.write_penalty);
+    vec![
+        Step::new(
+            "steady front-end load",
+            format!(
+                "{} IOPS = {} reads + {} writes",
+                thousands(sizing.front_end_iops),
+                thousands(sizing.front_end_read_iops),
+                thousands(sizing.front_end_write_iops)
+            ),
         ),
-    );
-    let penalty = sizing.write_penalty;
-    let penalty_text = if penalty.fract() == 0.0 {
+        Step::new(
+            format!(
+                "{} write penalty {penalty_text}",
+                short_name(report.redundancy)
+            ),
+            format!(
+                "back-end = {} + {penalty_text} x {} = {} IOPS ({:+.0}%)",
+                thousands(sizing.backend_read_iops),
+                thousands(sizing.front_end_write_iops),
+                thousands(sizing.backend_iops),
+                sizing.backend_increase_percent
+            ),
+        ),
+        Step::new(
+            format!(
+                "{} at {:.0} ms",
+                report.drive.name, report.latency_target_ms
+            ),
+            format!("{} IOPS per drive", thousands(sizing.drive_iops)),
+        ),
+        Step::new(
+            "drives before redundancy",
+            format!(
+                "{} / {} = {:.1} -> {}",
+                thousands(sizing.front_end_iops),
+                thousands(sizing.drive_iops),
+                sizing.drives_before_redundancy_exact,
+                sizing.drives_before_redundancy
+            ),
+        ),
+        Step::new(
+            "drives after redundancy",
+            format!(
+                "{} / {} = {:.1} -> {}",
+                thousands(sizing.backend_iops),
+                thousands(sizing.drive_iops),
+                sizing.drives_after_redundancy_exact,
+                sizing.drives_after_redundancy
+            ),
+        ),
+        Step::new(
+            "working drives, layout rules",
+            format!("{} {}", sizing.working_drives, layout_note(report)),
+        ),
+        Step::new(
+            format!("plus {} spare(s)", sizing.spare_drives),
+            format!(
+                "{} drives  (1 spare: {}, 2 spares: {})",
+                sizing.total_drives,
+                sizing.working_drives.saturating_add(1),
+                sizing.working_drives.saturating_add(2)
+            ),
+        ),
+    ]
+}
+
+/// A write penalty as a whole number when it is one (RAID5's 4), else with
+/// three decimals (lamina-raid6's 1.250).
+fn penalty_text(penalty: f64) -> String {
+    if penalty.fract() == 0.0 {
         format!("{penalty:.0}")
     } else {
         format!("{penalty:.3}")
-    };
-    step(
-        out,
-        2,
-        &format!(
-            "{} write penalty {penalty_text}",
-            short_name(report.redundancy)
-        ),
-        format!(
-            "back-end = {} + {penalty_text} x {} = {} IOPS ({:+.0}%)",
-            thousands(sizing.backend_read_iops),
-            thousands(sizing.front_end_write_iops),
-            thousands(sizing.backend_iops),
-            sizing.backend_increase_percent
-        ),
-    );
-    step(
-        out,
-        3,
-        &format!(
-            "{} at {:.0} ms",
-            report.drive.name, report.latency_target_ms
-        ),
-        format!("{} IOPS per drive", thousands(sizing.drive_iops)),
-    );
-    step(
-        out,
-        4,
-        "drives before redundancy",
-        format!(
-            "{} / {} = {:.1} -> {}",
-            thousands(sizing.front_end_iops),
-            thousands(sizing.drive_iops),
-            sizing.drives_before_redundancy_exact,
-            sizing.drives_before_redundancy
-        ),
-    );
-    step(
-        out,
-        5,
-        "drives after redundancy",
-        format!(
-            "{} / {} = {:.1} -> {}",
-            thousands(sizing.backend_iops),
-            thousands(sizing.drive_iops),
-            sizing.drives_after_redundancy_exact,
-            sizing.drives_after_redundancy
-        ),
-    );
-    let layout_note = if sizing.working_drives == sizing.drives_after_redundancy {
+    }
+}
+
+/// Why the working drives differ from the drives after redundancy, if they do.
+fn layout_note(report: &PlanReport) -> String {
+    if report.sizing.working_drives == report.sizing.drives_after_redundancy {
         "(no change for the layout)".to_string()
     } else {
         format!(
@@ -484,30 +496,7 @@ fn write_steps(out: &mut String, report: &PlanReport, sizing: &BackendSizing) {
                 ""
             }
         )
-    };
-    step(
-        out,
-        6,
-        "working drives, layout rules",
-        format!("{} {layout_note}", sizing.working_drives),
-    );
-    step(
-        out,
-        7,
-        &format!("plus {} spare(s)", sizing.spare_drives),
-        format!(
-            "{} drives  (1 spare: {}, 2 spares: {})",
-            sizing.total_drives,
-            sizing.working_drives.saturating_add(1),
-            sizing.working_drives.saturating_add(2)
-        ),
-    );
-    let _ = writeln!(
-        out,
-        "  (sizing at the mean, {} IOPS, would under-buy; at the peak, {} IOPS, would over-buy)",
-        thousands(analysis.mean_iops),
-        thousands(analysis.peak_iops)
-    );
+    }
 }
 
 fn short_name(redundancy: Redundancy) -> String {
@@ -519,10 +508,61 @@ fn short_name(redundancy: Redundancy) -> String {
     }
 }
 
-fn write_flash(out: &mut String, report: &PlanReport) {
+fn write_flash(text: &mut ReportText, report: &PlanReport) {
     let flash = &report.flash;
-    let _ = writeln!(out, "\n5. Flash in front");
-    let source = match &flash.working_set {
+    text.line(format_args!(
+        "  working set per hour: {} ({})",
+        bytes(flash.working_set_bytes),
+        working_set_source(&flash.working_set)
+    ));
+    text.line(format_args!("  hit-ratio model: {}", flash.model));
+    text.line(format_args!(
+        "  flash for {} read hits: {}{}",
+        percent(flash.target_hit_ratio),
+        bytes(flash.flash_bytes),
+        if flash.read_hit_ratio < flash.target_hit_ratio {
+            format!(" (reaches only {})", percent(flash.read_hit_ratio))
+        } else {
+            String::new()
+        }
+    ));
+    text.line(format_args!(
+        "  with it: back-end = {} reads x {:.2} misses + {} writes x {:.3} = {} IOPS -> {} working drives (+{} spare) instead of {}",
+        thousands(flash.with_flash.front_end_read_iops),
+        1.0 - flash.read_hit_ratio,
+        thousands(flash.with_flash.front_end_write_iops),
+        flash.with_flash.write_penalty,
+        thousands(flash.with_flash.backend_iops),
+        flash.with_flash.working_drives,
+        flash.with_flash.spare_drives,
+        report.sizing.working_drives
+    ));
+    flash_table_row(text, "read hits", "flash", "working drives");
+    flash_table_row(text, percent(0.0), bytes(0.0), report.sizing.working_drives);
+    for point in &flash.table {
+        flash_table_row(
+            text,
+            percent(point.read_hit_ratio),
+            bytes(point.flash_bytes),
+            point.working_drives,
+        );
+    }
+}
+
+fn flash_table_row(
+    text: &mut ReportText,
+    read_hits: impl Display,
+    flash: impl Display,
+    working_drives: impl Display,
+) {
+    text.line(format_args!(
+        "  {read_hits:>10} {flash:>12} {working_drives:>15}"
+    ));
+}
+
+/// Where the working set's size comes from, said as plainly as the figure.
+fn working_set_source(working_set: &WorkingSet) -> String {
+    match working_set {
         WorkingSet::Measured {
             hour_count,
             access_count,
@@ -539,57 +579,70 @@ fn write_flash(out: &mut String, report: &PlanReport) {
             unique_fraction * 100.0,
             bytes(*bytes_per_hour)
         ),
-    };
-    let _ = writeln!(
-        out,
-        "  working set per hour: {} ({source})",
-        bytes(flash.working_set_bytes)
-    );
-    let _ = writeln!(out, "  hit-ratio model: {}", flash.model);
-    let _ = writeln!(
-        out,
-        "  flash for {} read hits: {}{}",
-        percent(flash.target_hit_ratio),
-        bytes(flash.flash_bytes),
-        if flash.read_hit_ratio < flash.target_hit_ratio {
-            format!(" (reaches only {})", percent(flash.read_hit_ratio))
-        } else {
-            String::new()
-        }
-    );
-    let _ = writeln!(
-        out,
-        "  with it: back-end = {} reads x {:.2} misses + {} writes x {:.3} = {} IOPS -> {} working drives (+{} spare) instead of {}",
-        thousands(flash.with_flash.front_end_read_iops),
-        1.0 - flash.read_hit_ratio,
-        thousands(flash.with_flash.front_end_write_iops),
-        flash.with_flash.write_penalty,
-        thousands(flash.with_flash.backend_iops),
-        flash.with_flash.working_drives,
-        flash.with_flash.spare_drives,
-        report.sizing.working_drives
-    );
-    let _ = writeln!(
-        out,
-        "  {:>10} {:>12} {:>15}",
-        "read hits", "flash", "working drives"
-    );
-    let _ = writeln!(
-        out,
-        "  {:>10} {:>12} {:>15}",
-        percent(0.0),
-        bytes(0.0),
-        report.sizing.working_drives
-    );
-    for point in &flash.table {
-        let _ = writeln!(
-            out,
-            "  {:>10} {:>12} {:>15}",
-            percent(point.read_hit_ratio),
-            bytes(point.flash_bytes),
-            point.working_drives
-        );
     }
+}
+
+fn write_proposal(text: &mut ReportText, report: &PlanReport, proposal: &ProposalCheck) {
+    if proposal.under_sized {
+        text.line(format_args!(
+            "  UNDER-SIZED: the steady state needs {} working drives; {} is {} short.",
+            proposal.needed_working_drives,
+            proposal.proposed_working_drives,
+            proposal.needed_working_drives - proposal.proposed_working_drives
+        ));
+    } else {
+        text.line(format_args!(
+            "  enough: the steady state needs {} working drives.",
+            proposal.needed_working_drives
+        ));
+    }
+    let latency = proposal.predicted_latency_ms.map_or(
+        "beyond saturation: queues grow without bound".to_string(),
+        |latency| format!("about {latency:.0} ms mean response time"),
+    );
+    text.line(format_args!(
+        "  each drive would carry {} back-end IOPS: {latency};",
+        thousands(proposal.iops_per_drive)
+    ));
+    text.line(format_args!(
+        "  within {:.0} ms they carry about {} front-end IOPS against a steady state of {}.",
+        report.latency_target_ms,
+        thousands(proposal.supported_front_end_iops),
+        thousands(report.analysis.steady_state_iops)
+    ));
+    if let Some(enough) = proposal.enough_with_flash {
+        text.line(format_args!(
+            "  with {} of flash in front ({} read hits): {}",
+            bytes(report.flash.flash_bytes),
+            percent(report.flash.read_hit_ratio),
+            if enough {
+                "enough"
+            } else {
+                "still under-sized"
+            }
+        ));
+    }
+}
+
+fn write_assumptions(text: &mut ReportText, report: &PlanReport) {
+    text.heading("Assumptions");
+    text.line(format_args!(
+        "  - {} is rated {} IOPS at {} ms; other latencies follow an M/M/1 model through that point (service time {:.2} ms).",
+        report.drive.name,
+        thousands(report.drive.rated_iops),
+        report.drive.rated_latency_ms,
+        report.drive.service_time_ms()
+    ));
+    text.line(
+        "  - Every front-end operation is small and random; sequential streams would need fewer drives.",
+    );
+    text.line(format_args!(
+        "  - Spikes up to {} x steady state are left to the cache, not to the drives.",
+        report.analysis_options.spike_factor
+    ));
+    text.line(
+        "  - Flash serves reads only; every write still reaches the drives with the scheme's penalty.",
+    );
 }
 
 /// The report as pretty-printed JSON.

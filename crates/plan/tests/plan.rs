@@ -685,6 +685,36 @@ fn report_walks_through_the_worked_example_step_by_step() {
     }
 }
 
+#[test]
+fn sections_and_steps_number_themselves_in_order() {
+    let trace = parse_file(
+        &data("synthetic-idle-spike-busy.csv"),
+        None,
+        &ParseOptions::default(),
+    )
+    .unwrap();
+    let numbers = |text: &str, prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix(prefix))
+            .filter_map(|rest| rest.split_once(|c: char| !c.is_ascii_digit()))
+            .filter(|(number, _)| !number.is_empty())
+            .map(|(number, _)| number.to_string())
+            .collect()
+    };
+    let mut settings = settings("raid5", "hdd-15k");
+    let without = render_text(&plan("trace.csv", &trace, None, &settings));
+    assert_eq!(numbers(&without, ""), ["1", "2", "3", "4", "5"]);
+    assert!(!without.contains("Proposal"));
+    settings.proposal_drives = Some(3);
+    let with = render_text(&plan("trace.csv", &trace, None, &settings));
+    assert_eq!(numbers(&with, ""), ["1", "2", "3", "4", "5", "6"]);
+    assert!(with.contains("\n6. Proposal: 3 working drives\n"));
+    assert_eq!(
+        numbers(&with, "  step "),
+        ["1", "2", "3", "4", "5", "6", "7"]
+    );
+}
+
 /// A small deterministic generator, so the mutation test is the same on every run.
 struct Lcg(u64);
 
