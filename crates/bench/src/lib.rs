@@ -13,8 +13,10 @@
 //! request from its intended arrival ([`open_loop`]).
 //! The in-process commands ([`in_process`]) drive the engine or the device layer
 //! from this process, without NBD: `engine` (IOPS against fio, recovery time, memory
-//! per block), `flush-latency`, `cleaner-latency`, `snapshot-create`,
-//! `engine-write-amplification`, `device-iops`, `array-write-cost` and `parity`.
+//! per block), `cleaner-latency`, `engine-write-amplification`, `device-iops` and
+//! `array-write-cost`. The micro-benchmarks that need none of this harness are
+//! examples of the crates they measure (decision 0060): `flush_latency` and
+//! `snapshot_create` in lamina-engine, `parity` in lamina-layout.
 //! See docs/bench.md for the method and its limits.
 
 mod charts;
@@ -22,6 +24,7 @@ mod convert;
 pub mod cpu;
 pub mod fio;
 pub mod fs;
+pub mod harness;
 pub mod in_process;
 pub mod nbd_client;
 pub mod open_loop;
@@ -41,6 +44,8 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::harness::arguments::{CommonArgs, Draw};
+use crate::harness::table::Table;
 use crate::process::{check_interrupted, find_program, install_interrupt_handler};
 use crate::report::{Report, ServerResult, Skipped, compute_figures, format_number};
 use crate::servers::{ServerKind, ServerOptions};
@@ -75,20 +80,14 @@ pub enum BenchCommand {
     WriteAmplification(write_amplification::WriteAmplificationArgs),
     /// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
     Engine(in_process::iops_recovery_memory::EngineArgs),
-    /// In process on a file: the latency of a 4 KiB write followed by a flush.
-    FlushLatency(in_process::flush_latency::FlushLatencyArgs),
     /// In process on files: client latency with the cleaner busy versus idle.
     CleanerLatency(in_process::cleaner_latency::CleanerLatencyArgs),
-    /// In process on a file: how long creating a snapshot takes.
-    SnapshotCreate(in_process::snapshot_create::SnapshotCreateArgs),
     /// In process on a memory device: the cleaner's write amplification.
     EngineWriteAmplification(in_process::write_amplification::EngineWriteAmplificationArgs),
     /// The file device alone: 4 KiB random IOPS, optionally against fio.
     DeviceIops(in_process::device_iops::DeviceIopsArgs),
     /// In process on memory devices: what 4 KiB random writes cost on arrays.
     ArrayWriteCost(in_process::array_write_cost::ArrayWriteCostArgs),
-    /// Parity encode and decode throughput per core, and the array's write path.
-    Parity(in_process::parity::ParityArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -128,15 +127,6 @@ pub struct StepOptions {
     /// The p99 latency objective of the headline figure, in microseconds.
     #[arg(long, default_value_t = 1000.0)]
     pub slo_us: f64,
-    /// The fio program.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Draw the curves to this file (.svg or .png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
 }
 
 impl StepOptions {
@@ -175,6 +165,8 @@ pub struct RunArgs {
     pub server_pid: Option<u32>,
     #[command(flatten)]
     pub step: StepOptions,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// Arguments of `lamina bench compare`.
@@ -186,12 +178,6 @@ pub struct CompareArgs {
     /// Size of the data every server gets (e.g. 1G, 64M).
     #[arg(long, value_parser = parse_size, default_value = "1G")]
     pub size: u64,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Directory for the data copies (default: the system temporary directory).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
     /// Every server without its cache: lamina with `memory_cache_bytes = 0`, nbdkit's
     /// file plugin with `cache=none`, qemu-nbd with `--cache=none` (as always);
     /// implies `--device-row`.
@@ -207,6 +193,8 @@ pub struct CompareArgs {
     pub device_row: bool,
     #[command(flatten)]
     pub step: StepOptions,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// Arguments of `lamina bench fs`.
@@ -230,15 +218,8 @@ pub struct FsArgs {
     /// postmark: number of transactions.
     #[arg(long, default_value_t = 50_000)]
     pub transactions: u32,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Directory for the data copies (default: the system temporary directory).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// Runs `lamina bench`.
@@ -248,7 +229,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Run(arguments) => run_uri(&arguments),
         BenchCommand::Compare(arguments) => {
             let report = compare(&arguments)?;
-            emit(&report, &arguments.step)
+            emit(&report, &arguments.common)
         }
         BenchCommand::OpenLoop(arguments) => open_loop::run_open_loop(&arguments),
         BenchCommand::Fs(arguments) => run_fs(&arguments),
@@ -259,14 +240,8 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
             write_amplification::run_write_amplification(&arguments)
         }
         BenchCommand::Engine(arguments) => in_process::iops_recovery_memory::run_engine(&arguments),
-        BenchCommand::FlushLatency(arguments) => {
-            in_process::flush_latency::run_flush_latency(&arguments)
-        }
         BenchCommand::CleanerLatency(arguments) => {
             in_process::cleaner_latency::run_cleaner_latency(&arguments)
-        }
-        BenchCommand::SnapshotCreate(arguments) => {
-            in_process::snapshot_create::run_snapshot_create(&arguments)
         }
         BenchCommand::EngineWriteAmplification(arguments) => {
             in_process::write_amplification::run_engine_write_amplification(&arguments)
@@ -275,19 +250,12 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::ArrayWriteCost(arguments) => {
             in_process::array_write_cost::run_array_write_cost(&arguments)
         }
-        BenchCommand::Parity(arguments) => in_process::parity::run_parity(&arguments),
     }
 }
 
-fn emit(report: &Report, step: &StepOptions) -> anyhow::Result<()> {
-    report::publish(
-        report,
-        &report.table(),
-        None,
-        step.plot.as_deref(),
-        step.json,
-        |path| plot::render(report, path),
-    )
+fn emit(report: &Report, common: &CommonArgs) -> anyhow::Result<()> {
+    let draw: Draw<'_> = Box::new(|path| plot::render(report, path));
+    common.output.publish(report, &report.table(), Some(draw))
 }
 
 fn progress_bar(total_steps: u64) -> ProgressBar {
@@ -323,7 +291,7 @@ fn named_target(argument: &str) -> NamedTarget {
 }
 
 fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
-    let version = fio::version(&arguments.step.fio)?;
+    let version = fio::version(&arguments.common.fio)?;
     let targets: Vec<NamedTarget> = arguments.uri.iter().map(|uri| named_target(uri)).collect();
     let region_bytes = match arguments.size {
         Some(size) => size,
@@ -341,7 +309,7 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
     for target in &targets {
         let bar = progress_bar(workload::planned_step_count(profile, &settings));
         let points = workload::execute(
-            &arguments.step.fio,
+            &arguments.common.fio,
             profile,
             &settings,
             fio::FioTarget::Nbd { uri: &target.uri },
@@ -374,7 +342,7 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
         servers,
         skipped: vec![],
     };
-    emit(&report, &arguments.step)
+    emit(&report, &arguments.common)
 }
 
 fn export_size(uri: &str) -> anyhow::Result<u64> {
@@ -388,41 +356,16 @@ fn export_size(uri: &str) -> anyhow::Result<u64> {
         .map_err(|_| anyhow::anyhow!("nbdinfo printed {text:?}, not a size"))
 }
 
-/// The lamina binary: the configured one, else `lamina` beside this program (cargo
-/// and packages put both in one directory), else `lamina` on PATH.
-fn lamina_program(configured: Option<&PathBuf>) -> PathBuf {
-    configured
-        .cloned()
-        .or_else(|| {
-            let beside = std::env::current_exe().ok()?.parent()?.join("lamina");
-            beside.is_file().then_some(beside)
-        })
-        .unwrap_or_else(|| PathBuf::from("lamina"))
-}
-
-/// A private work directory, removed when dropped.
-fn work_directory(configured: Option<&PathBuf>) -> anyhow::Result<tempfile::TempDir> {
-    // Unix socket paths are limited to 108 bytes, so the directory name stays short.
-    let builder = {
-        let mut builder = tempfile::Builder::new();
-        builder.prefix("lbench");
-        builder
-    };
-    Ok(match configured {
-        Some(directory) => builder.tempdir_in(directory)?,
-        None => builder.tempdir()?,
-    })
-}
-
 /// Runs `compare` and returns the report (the CLI prints it; tests inspect it).
 pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
     install_interrupt_handler();
     process::become_subreaper();
     let step = &arguments.step;
-    let version = fio::version(&step.fio)?;
+    let fio = &arguments.common.fio;
+    let version = fio::version(fio)?;
     let settings = step.settings(arguments.size);
-    let lamina = lamina_program(arguments.lamina_bin.as_ref());
-    let work = work_directory(arguments.work_dir.as_ref())?;
+    let lamina = arguments.common.lamina_program();
+    let work = arguments.common.work_directory()?;
     let mut skipped = Vec::new();
     let mut candidates = Vec::new();
     for kind in &arguments.servers {
@@ -471,7 +414,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
     if device_row {
         // Last, because write profiles overwrite the file every server was copied from.
         check_interrupted()?;
-        match measure_device(&data_file, step, &settings, &bar) {
+        match measure_device(&data_file, fio, step, &settings, &bar) {
             Ok(result) => results.push(result),
             Err(error) => {
                 check_interrupted()?;
@@ -527,7 +470,7 @@ fn measure_server(
     }
     let mut completed = 0;
     let points = workload::execute(
-        &step.fio,
+        &arguments.common.fio,
         step.profile,
         settings,
         fio::FioTarget::Nbd { uri: &server.uri },
@@ -561,12 +504,13 @@ fn measure_server(
 /// of the data.
 fn measure_device(
     data_file: &Path,
+    fio_program: &str,
     step: &StepOptions,
     settings: &Settings,
     bar: &ProgressBar,
 ) -> anyhow::Result<ServerResult> {
     let points = workload::execute(
-        &step.fio,
+        fio_program,
         step.profile,
         settings,
         fio::FioTarget::File { path: data_file },
@@ -611,8 +555,8 @@ struct FsReport {
 fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
     fs::check_preconditions(arguments.filesystem)?;
     process::become_subreaper();
-    let lamina = lamina_program(arguments.lamina_bin.as_ref());
-    let work = work_directory(arguments.work_dir.as_ref())?;
+    let lamina = arguments.common.lamina_program();
+    let work = arguments.common.work_directory()?;
     let data_file = work.path().join("data.raw");
     servers::write_random_data(&data_file, arguments.size)?;
     let options = ServerOptions {
@@ -677,12 +621,10 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
-    if arguments.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", fs_table(&report));
-    }
-    Ok(())
+    arguments
+        .common
+        .output
+        .publish(&report, &fs_table(&report), None)
 }
 
 fn fs_table(report: &FsReport) -> String {
@@ -702,35 +644,26 @@ fn fs_table(report: &FsReport) -> String {
             result.write_megabytes_per_second,
         ]
     };
-    let mut rows = vec![
-        [
-            "server",
-            "tx/s",
-            "created/s",
-            "read/s",
-            "appended/s",
-            "deleted/s",
-            "read MB/s",
-            "write MB/s",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
+    let reference_values = reference.map(|reference| figures(&reference.result));
+    let mut table = Table::new().column("server", |server: &FsServerResult| server.server.clone());
+    let headers = [
+        "tx/s",
+        "created/s",
+        "read/s",
+        "appended/s",
+        "deleted/s",
+        "read MB/s",
+        "write MB/s",
     ];
-    for server in &report.servers {
-        let values = figures(&server.result);
-        let reference_values = reference.map(|reference| figures(&reference.result));
-        let mut row = vec![server.server.clone()];
-        for (index, value) in values.iter().enumerate() {
-            let ratio = report::ratio(
-                Some(*value),
-                reference_values.map(|reference| reference[index]),
-            );
-            row.push(match ratio {
-                Some(ratio) => format!("{} ({ratio:.2}x)", format_number(*value)),
-                None => format_number(*value),
-            });
-        }
-        rows.push(row);
+    for (index, header) in headers.into_iter().enumerate() {
+        table = table.column(header, move |server| {
+            let value = figures(&server.result)[index];
+            let reference = reference_values.map(|reference| reference[index]);
+            match report::ratio(Some(value), reference) {
+                Some(ratio) => format!("{} ({ratio:.2}x)", format_number(value)),
+                None => format_number(value),
+            }
+        });
     }
     let mut out = format!(
         "fs {:?} postmark ({} files, {} transactions); ratios are server / {}\n",
@@ -739,7 +672,7 @@ fn fs_table(report: &FsReport) -> String {
         report.transactions,
         reference.map_or("-", |reference| reference.server.as_str())
     );
-    out.push_str(&report::align(&rows));
+    out.push_str(&table.render(&report.servers));
     for skipped in &report.skipped {
         out.push_str(&format!(
             "skipped: {}: {}\n",

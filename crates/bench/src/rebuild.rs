@@ -25,11 +25,11 @@ use serde::Serialize;
 
 use crate::convert::saturating_u64;
 use crate::fio::{self, Measurement, Pattern, StepSpec};
-use crate::lamina_program;
+use crate::harness::arguments::{CommonArgs, Draw, work_directory_in};
+use crate::harness::statistics::{median, percentile_of_sorted};
 use crate::process::{ManagedChild, check_interrupted, run_helper};
-use crate::report::median;
 use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
-use crate::tiers::{parse_latency_log, percentile_of_sorted, sliding_windows};
+use crate::tiers::{parse_latency_log, sliding_windows};
 use lamina_api::size::parse_size;
 use lamina_api::{
     CleanerState, DeviceStatus, PoolStatus, RebuildKind, RebuildState, RebuildStatus,
@@ -190,18 +190,8 @@ pub struct RebuildArgs {
     /// Where the pools go (default: a temporary directory, removed).
     #[arg(long)]
     pub directory: Option<PathBuf>,
-    /// The fio program.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Print one JSON document instead of the tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Draw the loaded runs' IOPS and p99 over time to this file (.png or .svg).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// Errors that make a rebuild figure impossible.
@@ -406,6 +396,15 @@ pub struct RebuildReport {
 }
 
 impl RebuildArgs {
+    /// A private directory for a pool: in `--directory`, else in `--work-dir`.
+    fn work_directory(&self) -> anyhow::Result<tempfile::TempDir> {
+        work_directory_in(
+            self.directory
+                .as_deref()
+                .or(self.common.work_dir.as_deref()),
+        )
+    }
+
     fn check(&self) -> Result<(), RebuildBenchError> {
         let fills = self
             .idle_fills
@@ -589,7 +588,7 @@ impl Bench<'_> {
             volume_bytes >> 20
         );
         fio::run(
-            &arguments.fio,
+            &arguments.common.fio,
             &server.uri,
             &[
                 "--name=fill".to_owned(),
@@ -814,7 +813,7 @@ fn start_load(
     step: &StepSpec,
     log_prefix: &Path,
 ) -> anyhow::Result<ManagedChild> {
-    let mut command = Command::new(&bench.arguments.fio);
+    let mut command = Command::new(&bench.arguments.common.fio);
     command
         .arg("--ioengine=nbd")
         .arg(format!("--uri={uri}"))
@@ -930,7 +929,7 @@ fn precondition(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Option<Preco
         iodepth: PRECONDITION_IODEPTH,
         ..bench.step(pool.volume_bytes, None, LOAD_RUNTIME_SECONDS_MAX)
     };
-    let mut command = Command::new(&bench.arguments.fio);
+    let mut command = Command::new(&bench.arguments.common.fio);
     command
         .arg("--ioengine=nbd")
         .arg(format!("--uri={}", pool.server.uri))
@@ -982,7 +981,7 @@ fn watch_cleaner(
 fn healthy_peak(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Measurement> {
     let step = bench.step(pool.volume_bytes, None, bench.arguments.peak_seconds);
     fio::run_step_with(
-        &bench.arguments.fio,
+        &bench.arguments.common.fio,
         &pool.server.uri,
         &StepSpec {
             ramp_seconds: PEAK_RAMP_SECONDS,
@@ -1094,7 +1093,7 @@ fn idle_run(bench: &Bench, directory: &Path, fill: f64, impact: Impact) -> anyho
 /// survivor, each on its own dense file in `directory` (the files fio lays out).
 fn measure_bandwidth(bench: &Bench, directory: &Path) -> anyhow::Result<Bandwidth> {
     let streams = DEVICE_COUNT - 1;
-    let mut command = Command::new(&bench.arguments.fio);
+    let mut command = Command::new(&bench.arguments.common.fio);
     command.args([
         "--output-format=json".to_owned(),
         "--name=survivors".to_owned(),
@@ -1126,7 +1125,7 @@ fn idle_fills(bench: &Bench, fills: &[f64], impact: Impact) -> anyhow::Result<Ve
         let mut runs = Vec::new();
         for _ in 0..bench.arguments.runs {
             check_interrupted()?;
-            let directory = crate::work_directory(bench.arguments.directory.as_ref())?;
+            let directory = bench.arguments.work_directory()?;
             runs.push(idle_run(bench, directory.path(), fill, impact)?);
         }
         let of = |figure: fn(&IdleRun) -> f64| median(&runs.iter().map(figure).collect::<Vec<_>>());
@@ -1149,9 +1148,9 @@ fn idle_fills(bench: &Bench, fills: &[f64], impact: Impact) -> anyhow::Result<Ve
 /// Runs the benchmark and returns the report (the CLI prints it).
 pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
     arguments.check()?;
-    fio::check_nbd_engine(&arguments.fio)?;
-    let fio_version = fio::version(&arguments.fio)?;
-    let program = lamina_program(arguments.lamina_bin.as_ref());
+    fio::check_nbd_engine(&arguments.common.fio)?;
+    let fio_version = fio::version(&arguments.common.fio)?;
+    let program = arguments.common.lamina_program();
     if !program.is_file() {
         return Err(RebuildBenchError::LaminaMissing { path: program }.into());
     }
@@ -1188,7 +1187,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
         let impact = arguments.impact.first().copied().unwrap_or(Impact::Medium);
         report.idle = idle_fills(&bench, fills, impact)?;
         if arguments.model.is_none() {
-            let directory = crate::work_directory(arguments.directory.as_ref())?;
+            let directory = arguments.work_directory()?;
             report.bandwidth = Some(measure_bandwidth(&bench, directory.path())?);
         }
         let smallest = report.idle.iter().min_by(|a, b| a.fill.total_cmp(&b.fill));
@@ -1208,7 +1207,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
     }
     for impact in impacts {
         check_interrupted()?;
-        let directory = crate::work_directory(arguments.directory.as_ref())?;
+        let directory = arguments.work_directory()?;
         report
             .load
             .push(load_run(&bench, directory.path(), impact)?);
@@ -1378,20 +1377,15 @@ impl RebuildReport {
 pub fn run_rebuild(arguments: &RebuildArgs) -> anyhow::Result<()> {
     crate::process::become_subreaper();
     let report = measure(arguments)?;
-    if let Some(path) = &arguments.plot
-        && !report.load.is_empty()
-    {
-        crate::plot::render(&report, path)?;
-        eprintln!("plot written to {}", path.display());
-    }
-    if arguments.json {
+    let output = &arguments.common.output;
+    if output.json {
         // The tables go to stderr, so that one run gives both.
         eprint!("{}", report.table());
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.table());
     }
-    Ok(())
+    // Idle runs alone have nothing over time to draw.
+    let draw: Option<Draw<'_>> = (!report.load.is_empty())
+        .then(|| -> Draw<'_> { Box::new(|path| crate::plot::render(&report, path)) });
+    output.publish(&report, &report.table(), draw)
 }
 
 #[cfg(test)]

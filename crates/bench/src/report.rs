@@ -5,45 +5,10 @@
 //! Ratios, not absolute figures, are the result: on a shared machine absolute numbers
 //! are noise, but servers measured in the same run on the same data are comparable.
 
-use std::path::Path;
-
 use serde::Serialize;
 
-use crate::plot::PlotError;
+use crate::harness::table::align;
 use crate::workload::{Headline, Point, Profile, Settings};
-
-/// Where a subcommand's report goes: saved as JSON to `output`, plotted by
-/// `draw` to `plot`, and printed as JSON (`json`) or as `table` followed by
-/// where it was saved.
-pub fn publish<T: Serialize>(
-    report: &T,
-    table: &str,
-    output: Option<&Path>,
-    plot: Option<&Path>,
-    json: bool,
-    draw: impl FnOnce(&Path) -> Result<(), PlotError>,
-) -> anyhow::Result<()> {
-    let document = serde_json::to_string_pretty(report)?;
-    if let Some(path) = output {
-        std::fs::write(path, format!("{document}\n"))
-            .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?;
-    }
-    if let Some(path) = plot {
-        draw(path)?;
-    }
-    if json {
-        println!("{document}");
-    } else {
-        print!("{table}");
-        if let Some(path) = output {
-            println!("json: {}", path.display());
-        }
-        if let Some(path) = plot {
-            println!("plot: {}", path.display());
-        }
-    }
-    Ok(())
-}
 
 /// A server that was not measured, and why.
 #[derive(Debug, Clone, Serialize)]
@@ -184,21 +149,6 @@ pub fn compute_figures(profile: Profile, servers: &mut [ServerResult]) -> Option
             .collect();
     }
     reference_index.map(|index| servers[index].server.clone())
-}
-
-/// The median (mean of the middle two for an even count); NaN when empty.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted.sort_by(f64::total_cmp);
-    let middle = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[middle]
-    } else {
-        (sorted[middle - 1] + sorted[middle]) / 2.0
-    }
 }
 
 /// `value / reference`, when both exist and the reference is not zero.
@@ -344,37 +294,6 @@ fn format_bytes(bytes: u64) -> String {
     format!("{value:.0} {}", UNITS[unit])
 }
 
-/// Left-aligns the first column and right-aligns the others.
-pub(crate) fn align(rows: &[Vec<String>]) -> String {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|column| {
-            rows.iter()
-                .filter_map(|row| row.get(column))
-                .map(|cell| cell.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(column, cell)| {
-                if column == 0 {
-                    format!("{cell:<width$}", width = widths[column])
-                } else {
-                    format!("{cell:>width$}", width = widths[column])
-                }
-            })
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,13 +421,6 @@ mod tests {
                 .lines()
                 .any(|line| line.starts_with("rate3000") && line.ends_with("yes"))
         );
-    }
-
-    #[test]
-    fn median_handles_odd_even_and_empty_inputs() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median(&[]).is_nan());
     }
 
     #[test]

@@ -30,8 +30,11 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::fio::{Measurement, Pattern, StepSpec};
+use crate::harness::arguments::{CommonArgs, Draw};
+use crate::harness::statistics::median;
+use crate::harness::table::align;
 use crate::process::{check_interrupted, find_program, run_helper};
-use crate::report::{Skipped, align, format_number, median, ratio};
+use crate::report::{Skipped, format_number, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, SnapshotInfo};
@@ -83,24 +86,8 @@ pub struct SnapshotsArgs {
     /// Servers to measure: `lamina`, `qemu-nbd` or both.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [SnapshotServer::Lamina, SnapshotServer::QemuNbd])]
     pub servers: Vec<SnapshotServer>,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Directory for the pool and the images (default: the system temporary directory).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
-    /// The fio program.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON document to this file.
-    #[arg(long)]
-    pub output: Option<PathBuf>,
-    /// Draw a bar chart of the median IOPS to this file (.svg or .png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// The servers `lamina bench snapshots` knows.
@@ -409,14 +396,11 @@ impl SnapshotsReport {
 /// Runs `lamina bench snapshots` and prints (and saves, and plots) the report.
 pub fn run_snapshots(arguments: &SnapshotsArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    crate::report::publish(
-        &report,
-        &report.table(),
-        arguments.output.as_deref(),
-        arguments.plot.as_deref(),
-        arguments.json,
-        |path| crate::plot::render(&report, path),
-    )
+    let draw: Draw<'_> = Box::new(|path| crate::plot::render(&report, path));
+    arguments
+        .common
+        .output
+        .publish(&report, &report.table(), Some(draw))
 }
 
 /// Times one helper command; fails with its stderr when it fails.
@@ -687,7 +671,7 @@ fn prepare_lamina(
         let milliseconds = lamina.clone_snapshot(&previous, &snapshot, &clone)?;
         plan.timings.record(LAMINA, "lamina clone", milliseconds);
         fio_random_writes(
-            &arguments.fio,
+            &arguments.common.fio,
             &lamina.uri(&clone),
             size,
             arguments.clone_write_size,
@@ -788,7 +772,7 @@ fn prepare_qemu(
             .record(QEMU, "qemu-img create -b (overlay)", milliseconds);
         let server = serve_qemu_nbd(&overlay, "qcow2", serve_directory, 1, false)?;
         let written = fio_random_writes(
-            &arguments.fio,
+            &arguments.common.fio,
             &server.uri,
             size,
             arguments.clone_write_size,
@@ -842,10 +826,10 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         arguments.chain_depth > 0,
         "the chain needs at least one clone"
     );
-    let fio_version = crate::fio::version(&arguments.fio)?;
+    let fio_version = crate::fio::version(&arguments.common.fio)?;
     let load_average_start = load_average();
     let size = arguments.size;
-    let program = crate::lamina_program(arguments.lamina_bin.as_ref());
+    let program = arguments.common.lamina_program();
     let with_lamina = arguments.servers.contains(&SnapshotServer::Lamina);
     if with_lamina && !program.is_file() {
         anyhow::bail!("lamina binary {} not found", program.display());
@@ -865,7 +849,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     } else {
         true
     };
-    let work = crate::work_directory(arguments.work_dir.as_ref())?;
+    let work = arguments.common.work_directory()?;
     let data_file = work.path().join("data.raw");
     eprintln!("preparing {} MiB of random data", size >> 20);
     crate::servers::write_random_data(&data_file, size)?;
@@ -946,7 +930,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
                         );
                         set.names.push_back(name);
                     }
-                    crate::fio::run_step(&arguments.fio, &lamina.uri(export), &step)?
+                    crate::fio::run_step(&arguments.common.fio, &lamina.uri(export), &step)?
                 }
                 Target::Qemu { image, snapshots } => {
                     if let (Some(set), true) = (snapshots, repetition > 0) {
@@ -970,7 +954,8 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
                     if qemu_notes.is_empty() {
                         qemu_notes = server.notes.clone();
                     }
-                    let measurement = crate::fio::run_step(&arguments.fio, &server.uri, &step);
+                    let measurement =
+                        crate::fio::run_step(&arguments.common.fio, &server.uri, &step);
                     server.stop();
                     measurement?
                 }

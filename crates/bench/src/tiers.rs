@@ -27,10 +27,13 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 
-use crate::convert::{saturating_u64, saturating_usize};
+use crate::convert::saturating_u64;
 use crate::fio::{Measurement, Pattern, StepSpec};
+use crate::harness::arguments::{CommonArgs, Draw};
+use crate::harness::statistics::{median_if_any, percentile_of_sorted};
+use crate::harness::table::align;
 use crate::process::{check_interrupted, run_helper};
-use crate::report::{Skipped, align, format_number, ratio};
+use crate::report::{Skipped, format_number, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
 use lamina_api::size::parse_size;
@@ -244,24 +247,8 @@ pub struct TiersArgs {
     /// Tiny sizes and 1-second steps: checks that everything works, measures nothing.
     #[arg(long)]
     pub quick: bool,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Directory for the pools (default: the system temporary directory).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
-    /// The fio program.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON document to this file.
-    #[arg(long)]
-    pub output: Option<PathBuf>,
-    /// Draw the curves and the reaction to this file (.svg or .png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// The settings a run used (after `--quick`), as recorded in the report.
@@ -603,15 +590,6 @@ pub fn is_saturated(target_iops: u64, runtime_seconds: u64, measurement: &Measur
     completed < threshold || measurement.full_queue_percent > SATURATION_FULL_QUEUE_PERCENT
 }
 
-/// The nearest-rank percentile of sorted values.
-pub fn percentile_of_sorted(sorted: &[u64], percentile: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = saturating_usize(((percentile / 100.0) * sorted.len() as f64).ceil());
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
-}
-
 /// Sliding windows of `window_ms`, every `stride_ms`, over (completion ms, latency
 /// ns) samples: each holds the samples in [end − window, end); the first window
 /// ends at `window_ms`, the last is the first to end after the last sample.
@@ -660,12 +638,6 @@ pub fn reaction_times(windows: &[Window], bound_us: f64) -> (Option<f64>, Option
     (first, settled)
 }
 
-/// The median; None when empty.
-fn median(values: &[f64]) -> Option<f64> {
-    let value = crate::report::median(values);
-    value.is_finite().then_some(value)
-}
-
 /// Each pool's curves against all-flash's, working set by working set.
 pub fn comparisons(curves: &[Curve]) -> Vec<TierComparison> {
     let mut out = Vec::new();
@@ -704,7 +676,7 @@ pub fn comparisons(curves: &[Curve]) -> Vec<TierComparison> {
             out.push(TierComparison {
                 config,
                 working_set,
-                median_p99_ratio: median(&p99_ratios),
+                median_p99_ratio: median_if_any(&p99_ratios),
                 common_loads_iops,
                 p99_ratios,
                 peak_iops_ratio: ratio(
@@ -1458,13 +1430,13 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
     crate::process::become_subreaper();
     let settings = TiersSettings::from_arguments(arguments);
     settings.check()?;
-    let fio_version = crate::fio::version(&arguments.fio)?;
+    let fio_version = crate::fio::version(&arguments.common.fio)?;
     let load_average_start = load_average();
-    let program = crate::lamina_program(arguments.lamina_bin.as_ref());
+    let program = arguments.common.lamina_program();
     if !program.is_file() {
         anyhow::bail!("lamina binary {} not found", program.display());
     }
-    let work = crate::work_directory(arguments.work_dir.as_ref())?;
+    let work = arguments.common.work_directory()?;
     let bench_data = work.path().join("bench.raw");
     eprintln!(
         "preparing {} of random data",
@@ -1494,7 +1466,7 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
             config,
             &program,
             work.path(),
-            &arguments.fio,
+            &arguments.common.fio,
             &bench_data,
             reaction_data.as_deref(),
         ) {
@@ -1574,14 +1546,11 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
 /// Runs `lamina bench tiers` and prints (and saves, and plots) the report.
 pub fn run_tiers(arguments: &TiersArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    crate::report::publish(
-        &report,
-        &report.table(),
-        arguments.output.as_deref(),
-        arguments.plot.as_deref(),
-        arguments.json,
-        |path| crate::plot::render(&report, path),
-    )
+    let draw: Draw<'_> = Box::new(|path| crate::plot::render(&report, path));
+    arguments
+        .common
+        .output
+        .publish(&report, &report.table(), Some(draw))
 }
 
 #[cfg(test)]

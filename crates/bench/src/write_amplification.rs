@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::convert::saturating_u64;
 use crate::fio;
-use crate::lamina_program;
+use crate::harness::arguments::{CommonArgs, work_directory_in};
 use crate::process::check_interrupted;
 use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
 use lamina_api::size::parse_size;
@@ -131,15 +131,8 @@ pub struct WriteAmplificationArgs {
     /// directory, removed).
     #[arg(long)]
     pub directory: Option<PathBuf>,
-    /// The fio program.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 impl WriteAmplificationArgs {
@@ -450,7 +443,7 @@ impl CellPlan<'_> {
         volume_bytes: u64,
     ) -> anyhow::Result<CellResult> {
         let arguments = self.arguments;
-        let fio = arguments.fio.as_str();
+        let fio = arguments.common.fio.as_str();
         let distribution = self.workload.fio_distribution(arguments.zipf_theta);
         let mebibytes = |bytes: u64| format!("{:.0} MiB", bytes as f64 / f64::from(1 << 20));
         let timed = |message: String, phase: &dyn Fn() -> anyhow::Result<FioWrites>| {
@@ -523,9 +516,9 @@ impl CellPlan<'_> {
 /// Measures every cell and returns the report (the CLI prints it; tests inspect it).
 pub fn measure(arguments: &WriteAmplificationArgs) -> anyhow::Result<WriteAmplificationReport> {
     arguments.check()?;
-    fio::check_nbd_engine(&arguments.fio)?;
-    let version = fio::version(&arguments.fio)?;
-    let program = lamina_program(arguments.lamina_bin.as_ref());
+    fio::check_nbd_engine(&arguments.common.fio)?;
+    let version = fio::version(&arguments.common.fio)?;
+    let program = arguments.common.lamina_program();
     if !program.is_file() {
         return Err(WriteAmplificationError::LaminaMissing { path: program }.into());
     }
@@ -555,7 +548,12 @@ pub fn measure(arguments: &WriteAmplificationArgs) -> anyhow::Result<WriteAmplif
                 ),
             };
             // A fresh pool per cell; with --directory its pool file is kept.
-            let directory = crate::work_directory(arguments.directory.as_ref())?;
+            let directory = work_directory_in(
+                arguments
+                    .directory
+                    .as_deref()
+                    .or(arguments.common.work_dir.as_deref()),
+            )?;
             let result = plan.run(directory.path());
             if arguments.directory.is_some() {
                 let kept = directory.keep();
@@ -636,11 +634,10 @@ pub fn run_write_amplification(arguments: &WriteAmplificationArgs) -> anyhow::Re
     crate::process::become_subreaper();
     let start = Instant::now();
     let report = measure(arguments)?;
-    if arguments.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
+    arguments
+        .common
+        .output
+        .publish(&report, &report.table(), None)?;
     eprintln!("elapsed {:.0} s", start.elapsed().as_secs_f64());
     Ok(())
 }
@@ -740,9 +737,7 @@ mod tests {
             passes: 1.0,
             iodepth: 16,
             directory: None,
-            fio: "fio".into(),
-            lamina_bin: None,
-            json: true,
+            common: CommonArgs::default(),
         };
         assert!(matches!(
             arguments.check(),

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use lamina_bench::harness::arguments::{CommonArgs, OutputArgs};
 use lamina_bench::servers::ServerKind;
 use lamina_bench::workload::{Mix, Profile};
 use lamina_bench::{CompareArgs, StepOptions, built_lamina, compare, peers_available};
@@ -36,8 +37,6 @@ fn compare_randread_against_nbdkit_and_lamina() {
     let arguments = CompareArgs {
         servers: servers.clone(),
         size: 16 << 20,
-        lamina_bin: lamina.clone(),
-        work_dir: Some(directory.path().to_owned()),
         cache_miss: false,
         restart: false,
         device_row: false,
@@ -53,9 +52,16 @@ fn compare_randread_against_nbdkit_and_lamina() {
             rate_iodepth: 8,
             rate_targets: None,
             slo_us: 1000.0,
+        },
+        common: CommonArgs {
+            lamina_bin: lamina.clone(),
+            work_dir: Some(directory.path().to_owned()),
             fio: "fio".into(),
-            json: true,
-            plot: Some(plot.clone()),
+            output: OutputArgs {
+                json: true,
+                output: None,
+                plot: Some(plot.clone()),
+            },
         },
     };
     let report = compare(&arguments).expect("compare runs");
@@ -164,8 +170,6 @@ fn cache_miss_restart_mode_adds_the_device_row_and_restarts_each_server() {
     let arguments = CompareArgs {
         servers: vec![ServerKind::Nbdkit],
         size: 16 << 20,
-        lamina_bin: None,
-        work_dir: Some(directory.path().to_owned()),
         cache_miss: true,
         restart: true,
         device_row: false,
@@ -181,9 +185,10 @@ fn cache_miss_restart_mode_adds_the_device_row_and_restarts_each_server() {
             rate_iodepth: 4,
             rate_targets: None,
             slo_us: 1000.0,
-            fio: "fio".into(),
-            json: true,
-            plot: None,
+        },
+        common: CommonArgs {
+            work_dir: Some(directory.path().to_owned()),
+            ..CommonArgs::default()
         },
     };
     let report = compare(&arguments).expect("compare runs");

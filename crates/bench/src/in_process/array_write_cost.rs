@@ -26,9 +26,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::arguments::OutputArgs;
+use crate::harness::statistics::median;
 use crate::in_process::common::runtime;
 use crate::in_process::counting_device::{ByteCounts, CountingDevice};
-use crate::report;
 
 /// Segment size of every pool: 768 blocks, whole rows of 4 (raid6 4+2), 3
 /// (raid5 3+1) and 1 (mirrors, one device), so all configurations share it.
@@ -115,9 +116,8 @@ pub struct ArrayWriteCostArgs {
     /// Runs; each measures every cell once, with its own random blocks.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     pub runs: u64,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// One measurement: one configuration, one flush interval, one run.
@@ -372,17 +372,6 @@ async fn measure_cell(
     Ok(measurement)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    assert!(!values.is_empty(), "a median of no values");
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    if !values.len().is_multiple_of(2) {
-        values[middle]
-    } else {
-        (values[middle - 1] + values[middle]) / 2.0
-    }
-}
-
 /// The summary of one configuration at one flush interval.
 fn summarise(
     measurements: &[Measurement],
@@ -400,18 +389,20 @@ fn summarise(
         .filter(cell)
         .filter(|measurement| measurement.configuration == Configuration::Single)
         .collect();
-    let of = |figure: &dyn Fn(&Measurement) -> f64| median(own.iter().map(|m| figure(m)).collect());
+    let of = |figure: &dyn Fn(&Measurement) -> f64| {
+        median(&own.iter().map(|m| figure(m)).collect::<Vec<_>>())
+    };
     let full_row_ratio = configuration.member_count() as f64 / configuration.data_columns() as f64;
     let padding =
         |m: &Measurement| m.log_space_per_client_block() - m.engine_log_per_client_block();
     let paired = |figure: &dyn Fn(&Measurement, &Measurement) -> f64| {
         (singles.len() == own.len()).then(|| {
-            median(
-                own.iter()
-                    .zip(&singles)
-                    .map(|(m, single)| figure(m, single))
-                    .collect(),
-            )
+            let values: Vec<f64> = own
+                .iter()
+                .zip(&singles)
+                .map(|(m, single)| figure(m, single))
+                .collect();
+            median(&values)
         })
     };
     Summary {
@@ -549,7 +540,5 @@ impl Summary {
 /// Runs `lamina bench array-write-cost` and prints the table or the JSON.
 pub fn run_array_write_cost(arguments: &ArrayWriteCostArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+    arguments.output.publish(&report, &report.table(), None)
 }

@@ -38,10 +38,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::arguments::OutputArgs;
+use crate::harness::statistics::upper_median;
 use crate::in_process::common::{
     CleanerOptions, core_count, create_pool, open_file_device, runtime, write_blocks,
 };
-use crate::report;
 
 /// Share of requests that are reads, in percent.
 const READ_PERCENT: u32 = 70;
@@ -83,9 +84,8 @@ pub struct CleanerLatencyArgs {
     pub directory: Option<PathBuf>,
     #[command(flatten)]
     pub cleaner: CleanerOptions,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// A pool on a temporary file with one fully written volume.
@@ -361,9 +361,7 @@ async fn one_run(
 }
 
 fn median_of(runs: &[Run], figure: impl Fn(&Run) -> u64) -> u64 {
-    let mut values: Vec<u64> = runs.iter().map(figure).collect();
-    values.sort_unstable();
-    values[values.len() / 2]
+    upper_median(runs.iter().map(figure))
 }
 
 fn medians(runs: &[Run]) -> Medians {
@@ -479,7 +477,5 @@ impl CleanerLatencyReport {
 /// Runs `lamina bench cleaner-latency` and prints the table or the JSON.
 pub fn run_cleaner_latency(arguments: &CleanerLatencyArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+    arguments.output.publish(&report, &report.table(), None)
 }

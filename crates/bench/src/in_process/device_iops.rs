@@ -18,8 +18,9 @@ use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 
 use crate::fio::{FileRun, RandomPattern, run_on_file};
+use crate::harness::arguments::OutputArgs;
+use crate::harness::statistics::median;
 use crate::in_process::common::{FILL_WRITE_BYTES, open_file_device, runtime};
-use crate::report::{self, median};
 
 /// Requests kept in flight, as fio's `--iodepth`.
 const QUEUE_DEPTH: usize = 32;
@@ -52,9 +53,8 @@ pub struct DeviceIopsArgs {
     /// The fio program.
     #[arg(long, default_value = "fio")]
     pub fio: String,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// The runs and medians of one pattern.
@@ -254,7 +254,5 @@ impl DeviceIopsReport {
 /// Runs `lamina bench device-iops` and prints the table or the JSON.
 pub fn run_device_iops(arguments: &DeviceIopsArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+    arguments.output.publish(&report, &report.table(), None)
 }

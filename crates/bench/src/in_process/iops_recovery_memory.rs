@@ -34,12 +34,12 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::fio::{FileMeasurement, FileRun, RandomPattern, file_arguments, run_on_file};
+use crate::harness::arguments::OutputArgs;
+use crate::harness::statistics::{median, percentile_of_sorted};
 use crate::in_process::common::{
     FILL_WRITE_BYTES, core_count, create_pool, fill_sequentially, open_file_device, resident_bytes,
     runtime, write_blocks,
 };
-use crate::report::{self, median};
-use crate::tiers::percentile_of_sorted;
 
 /// Concurrent requests in the IOPS phase, for the engine and for fio.
 const QUEUE_DEPTH: usize = 32;
@@ -82,9 +82,8 @@ pub struct EngineArgs {
     /// The fio program.
     #[arg(long, default_value = "fio")]
     pub fio: String,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// One engine run and one fio run of phase a.
@@ -554,7 +553,5 @@ impl MemoryPhase {
 /// Runs `lamina bench engine` and prints the table or the JSON.
 pub fn run_engine(arguments: &EngineArgs) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+    arguments.output.publish(&report, &report.table(), None)
 }

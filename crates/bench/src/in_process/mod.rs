@@ -9,8 +9,5 @@ pub mod cleaner_latency;
 pub mod common;
 pub mod counting_device;
 pub mod device_iops;
-pub mod flush_latency;
 pub mod iops_recovery_memory;
-pub mod parity;
-pub mod snapshot_create;
 pub mod write_amplification;

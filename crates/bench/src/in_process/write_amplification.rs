@@ -21,8 +21,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::arguments::OutputArgs;
 use crate::in_process::common::{CleanerOptions, Switch, runtime};
-use crate::report;
 
 /// Segment size of the pools, in bytes.
 const SEGMENT_SIZE_BYTES: u64 = 1 << 20;
@@ -93,9 +93,8 @@ pub struct EngineWriteAmplificationArgs {
     /// measured window).
     #[arg(long)]
     pub verbose: bool,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// What `--verbose` adds to a cell.
@@ -457,7 +456,5 @@ pub fn run_engine_write_amplification(
     arguments: &EngineWriteAmplificationArgs,
 ) -> anyhow::Result<()> {
     let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+    arguments.output.publish(&report, &report.table(), None)
 }

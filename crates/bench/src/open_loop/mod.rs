@@ -11,15 +11,16 @@
 
 pub mod generator;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
 
+use crate::harness::arguments::CommonArgs;
+use crate::harness::table::align;
 use crate::nbd_client::{self, Endpoint};
 use crate::process::{check_interrupted, install_interrupt_handler};
-use crate::report::{Skipped, align, format_number};
+use crate::report::{Skipped, format_number};
 use crate::servers::{ServerKind, ServerOptions};
 use crate::workload::Mix;
 use generator::{DataMode, LoadResult, LoadSpec, Schedule, run_load};
@@ -50,12 +51,6 @@ pub struct OpenLoopArgs {
     /// (default: the whole export).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// The lamina binary (default: this program).
-    #[arg(long, env = "LAMINA_BIN")]
-    pub lamina_bin: Option<PathBuf>,
-    /// Directory for the data copies (default: the system temporary directory).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
     /// Started servers without their caches (as `compare --cache-miss`).
     #[arg(long)]
     pub cache_miss: bool,
@@ -94,9 +89,8 @@ pub struct OpenLoopArgs {
     /// The p99 latency objective of the headline, in microseconds.
     #[arg(long, default_value_t = 1000.0)]
     pub slo_us: f64,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// One offered rate's figures.
@@ -282,8 +276,8 @@ fn start_and_sweep(
     size: u64,
     report: &mut OpenLoopReport,
 ) -> anyhow::Result<()> {
-    let lamina = crate::lamina_program(arguments.lamina_bin.as_ref());
-    let work = crate::work_directory(arguments.work_dir.as_ref())?;
+    let lamina = arguments.common.lamina_program();
+    let work = arguments.common.work_directory()?;
     let data_file = work.path().join("data.raw");
     crate::servers::write_random_data(&data_file, size)?;
     let options = ServerOptions {
@@ -421,9 +415,10 @@ fn steps_table(steps: &[RateStep]) -> String {
 /// Runs `lamina bench open-loop` and prints its report.
 pub fn run_open_loop(arguments: &OpenLoopArgs) -> anyhow::Result<()> {
     let report = open_loop(arguments)?;
-    crate::report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+    arguments
+        .common
+        .output
+        .publish(&report, &report.table(), None)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! `lamina bench flush-latency`: what a synchronous 4 KiB write costs, a write
+//! Flush latency (`cargo run --release -p lamina-engine --example flush_latency --`,
+//! formerly `lamina bench flush-latency`; decision 0060): what a synchronous 4 KiB write costs, a write
 //! followed by a flush, one at a time, on a real file (FileDevice: io_uring,
 //! O_DIRECT), as a database's commit does. Reports the median and 99th percentile of
 //! the write-plus-flush time and the device bytes written per client byte, so that a
@@ -8,14 +9,14 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use clap::Args;
+use clap::Parser;
 use lamina_engine::{BLOCK_SIZE_BYTES, PoolLimits};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::in_process::common::{core_count, create_pool, open_file_device, runtime};
-use crate::report;
-use crate::tiers::percentile_of_sorted;
+mod support;
+
+use support::{create_pool, open_file_device, percentile_of_sorted, runtime};
 
 /// Size of the sparse pool file, in bytes.
 const POOL_BYTES: u64 = 256 << 20;
@@ -23,8 +24,8 @@ const POOL_BYTES: u64 = 256 << 20;
 /// Blocks of the volume the writes land in, at random.
 const VOLUME_BLOCKS: u64 = 16_384;
 
-/// Arguments of `lamina bench flush-latency`.
-#[derive(Debug, Clone, Args)]
+/// In process on a file: the latency of a 4 KiB write followed by a flush.
+#[derive(Debug, Clone, Parser)]
 pub struct FlushLatencyArgs {
     /// The pool file: created (256 MiB, sparse) and removed.
     #[arg(long)]
@@ -37,7 +38,7 @@ pub struct FlushLatencyArgs {
     pub json: bool,
 }
 
-/// What `lamina bench flush-latency` measured.
+/// What the flush-latency benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct FlushLatencyReport {
     pub count: u64,
@@ -59,7 +60,7 @@ impl FlushLatencyReport {
 
 /// Measures and returns the report (the CLI prints it; tests inspect it).
 pub fn measure(arguments: &FlushLatencyArgs) -> anyhow::Result<FlushLatencyReport> {
-    let report = runtime(core_count())?.block_on(measure_async(arguments));
+    let report = runtime()?.block_on(measure_async(arguments));
     std::fs::remove_file(&arguments.path)?;
     report
 }
@@ -101,10 +102,39 @@ async fn measure_async(arguments: &FlushLatencyArgs) -> anyhow::Result<FlushLate
     })
 }
 
-/// Runs `lamina bench flush-latency` and prints the table or the JSON.
-pub fn run_flush_latency(arguments: &FlushLatencyArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+fn main() -> anyhow::Result<()> {
+    let arguments = FlushLatencyArgs::parse();
+    let report = measure(&arguments)?;
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_latency_reports_percentiles_and_removes_its_file() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("flush.img");
+        let path = path.to_str().unwrap();
+        let arguments =
+            FlushLatencyArgs::try_parse_from(["flush_latency", "--path", path, "--count", "50"])
+                .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        assert!(report.table().starts_with("sync 4 KiB writes: 50, median "));
+        let document = serde_json::to_value(&report).unwrap();
+        for field in ["count", "p50_us", "p99_us"] {
+            assert!(document.get(field).is_some(), "{field} in {document}");
+        }
+        assert!(document["device_bytes_per_client_byte"].as_f64().unwrap() >= 1.0);
+        assert!(
+            !std::path::Path::new(path).exists(),
+            "the pool file is removed"
+        );
+    }
 }

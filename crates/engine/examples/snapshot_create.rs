@@ -1,4 +1,5 @@
-//! `lamina bench snapshot-create`: how long `Pool::create_snapshot` takes on fully
+//! Snapshot creation time (`cargo run --release -p lamina-engine --example
+//! snapshot_create --`, formerly `lamina bench snapshot-create`; decision 0060): how long `Pool::create_snapshot` takes on fully
 //! written volumes of different sizes (issue 4's goal: at most 10 ms, and independent
 //! of the volume's size), measured in process on a real file (FileDevice: io_uring,
 //! O_DIRECT) so that no process start or admin round trip is counted.
@@ -23,18 +24,19 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::Parser;
 use lamina_api::size::parse_size;
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::in_process::common::{
-    core_count, create_pool, fill_sequentially, format_list, open_file_device, runtime,
+mod support;
+
+use support::{
+    core_count, create_pool, fill_sequentially, format_list, median, open_file_device, runtime,
     write_blocks,
 };
-use crate::report::{self, median};
 
 /// Share of a volume's blocks overwritten before each snapshot of phase (b), in
 /// thousandths.
@@ -45,8 +47,8 @@ const POOL_HEADROOM_PERCENT: u64 = 60;
 /// The creation time issue 4 asks for, in milliseconds.
 const CREATE_GOAL_MS: f64 = 10.0;
 
-/// Arguments of `lamina bench snapshot-create`.
-#[derive(Debug, Clone, Args)]
+/// In process on a file: how long creating a snapshot takes.
+#[derive(Debug, Clone, Parser)]
 pub struct SnapshotCreateArgs {
     /// The pool file: created (sparse) and removed.
     #[arg(long)]
@@ -91,7 +93,7 @@ pub struct ReadStall {
     pub lists: u64,
 }
 
-/// What `lamina bench snapshot-create` measured.
+/// What the snapshot-create benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotCreateReport {
     pub pool_bytes: u64,
@@ -221,7 +223,6 @@ async fn snapshot_rounds(
     let mut samples: Vec<Samples> = volumes.iter().map(|_| Samples::default()).collect();
     let prefix = if diverge { "b" } else { "a" };
     for repetition in 0..repetitions {
-        crate::process::check_interrupted()?;
         for (volume, samples) in volumes.iter().zip(&mut samples) {
             if diverge {
                 overwrite_scattered(pool, volume, repetition).await?;
@@ -289,7 +290,7 @@ pub fn measure(arguments: &SnapshotCreateArgs) -> anyhow::Result<SnapshotCreateR
     let total: u64 = sizes.iter().sum();
     let pool_bytes = total + total * POOL_HEADROOM_PERCENT / 100 + (1 << 30);
     let _ = std::fs::remove_file(&arguments.path);
-    let report = runtime(core_count())?.block_on(measure_async(arguments, &sizes, pool_bytes));
+    let report = runtime()?.block_on(measure_async(arguments, &sizes, pool_bytes));
     std::fs::remove_file(&arguments.path)?;
     report
 }
@@ -354,10 +355,58 @@ impl SnapshotCreateReport {
     }
 }
 
-/// Runs `lamina bench snapshot-create` and prints the table or the JSON.
-pub fn run_snapshot_create(arguments: &SnapshotCreateArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+fn main() -> anyhow::Result<()> {
+    let arguments = SnapshotCreateArgs::parse();
+    let report = measure(&arguments)?;
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_create_reports_both_phases_and_the_read_stall() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("snapshots.img");
+        let arguments = SnapshotCreateArgs::try_parse_from([
+            "snapshot_create",
+            "--path",
+            path.to_str().unwrap(),
+            "--repetitions",
+            "2",
+            "--sizes",
+            "8M,16M",
+            "--stall-window-ms",
+            "100",
+        ])
+        .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        for line in [
+            "(a) unchanged",
+            "(b) after overwriting 1.0 %",
+            "(c) longest 4 KiB read",
+        ] {
+            assert!(table.contains(line), "{line} missing from {table}");
+        }
+        let document = serde_json::to_value(&report).unwrap();
+        for field in [
+            "volumes",
+            "unchanged",
+            "diverged",
+            "read_alone",
+            "create_max_ms",
+        ] {
+            assert!(document.get(field).is_some(), "{field} in {document}");
+        }
+        let samples = document["unchanged"][1]["create_ms"].as_array().unwrap();
+        assert_eq!(samples.len(), 2);
+        assert!(document["read_while_listing"]["lists"].as_u64().unwrap() > 0);
+    }
 }

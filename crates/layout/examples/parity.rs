@@ -1,4 +1,5 @@
-//! `lamina bench parity`: how fast one core computes an array's parity and
+//! Parity throughput per core (`cargo run --release -p lamina-layout --example parity`,
+//! formerly `lamina bench parity`; decision 0060): how fast one core computes an array's parity and
 //! restores lost columns (issue 18), for raid6 4+2 and raid5 3+1 with one
 //! 4 KiB block per column, through `lamina_layout::ParityCodec` as the array
 //! calls it (one row per call), through the same codec with many rows per
@@ -13,18 +14,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::Parser;
 use lamina_api::size::parse_size;
 use lamina_device::{AlignedBuffer, BlockDevice, MemoryDevice};
-use lamina_engine::log::geometry::DATA_START_BLOCK;
 use lamina_layout::{ArrayIdentity, MemberDevice, ParityCodec, Redundancy, TierRole};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
 use serde::Serialize;
-
-use crate::in_process::common::runtime;
-use crate::report;
 
 /// Bytes of one column of one row: a block.
 const COLUMN_BYTES: usize = 4096;
@@ -37,9 +34,13 @@ const DATA_ROWS: usize = 256;
 /// (writes wrap around within it).
 const MEMBER_DATA_BYTES: u64 = 64 << 20;
 const BLOCK_SIZE_BYTES: u64 = 4096;
+/// The first block of the array's rows on each member: where the engine's log starts
+/// its data (`lamina_engine::log::geometry::DATA_START_BLOCK`, which this crate cannot
+/// name: the engine depends on it).
+const DATA_START_BLOCK: u64 = 1024;
 
-/// Arguments of `lamina bench parity`.
-#[derive(Debug, Clone, Args)]
+/// Parity encode and decode throughput per core, and the array's write path.
+#[derive(Debug, Clone, Parser)]
 pub struct ParityArgs {
     /// Milliseconds of each timed window.
     #[arg(long, default_value_t = 500)]
@@ -91,7 +92,7 @@ pub struct SchemeReport {
     pub write_path: WritePath,
 }
 
-/// What `lamina bench parity` measured.
+/// What the parity benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ParityReport {
     pub column_bytes: usize,
@@ -340,7 +341,10 @@ fn measure_scheme(
         operations.push(decode_rates(arguments, &codec, lost)?);
     }
     let encode_per_row = operations[0].codec_per_row;
-    let write_path = runtime(0)?.block_on(write_path(
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let write_path = runtime.block_on(write_path(
         arguments,
         redundancy,
         member_count,
@@ -369,7 +373,6 @@ pub fn measure(arguments: &ParityArgs) -> anyhow::Result<ParityReport> {
     );
     let mut schemes = Vec::new();
     for (redundancy, member_count) in [(Redundancy::Raid6, 6), (Redundancy::Raid5, 4)] {
-        crate::process::check_interrupted()?;
         eprintln!("{redundancy} over {member_count} members");
         schemes.push(measure_scheme(arguments, redundancy, member_count)?);
     }
@@ -429,10 +432,39 @@ impl ParityReport {
     }
 }
 
-/// Runs `lamina bench parity` and prints the table or the JSON.
-pub fn run_parity(arguments: &ParityArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    report::publish(&report, &report.table(), None, None, arguments.json, |_| {
-        Ok(())
-    })
+fn main() -> anyhow::Result<()> {
+    let arguments = ParityArgs::parse();
+    let report = measure(&arguments)?;
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parity_reports_encode_and_decode_rates_and_the_write_path() {
+        let arguments =
+            ParityArgs::try_parse_from(["parity", "--window-ms", "20", "--windows", "1"])
+                .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        assert!(table.contains("raid6 4+2    decode, 2 lost"), "{table}");
+        assert!(table.contains("array write path"), "{table}");
+        let document = serde_json::to_value(&report).expect("serialises");
+        assert!(document.get("column_bytes").is_some(), "{document}");
+        let schemes = document["schemes"].as_array().unwrap();
+        assert_eq!(schemes.len(), 2);
+        assert_eq!(schemes[0]["operations"].as_array().unwrap().len(), 3);
+        assert_eq!(schemes[1]["operations"].as_array().unwrap().len(), 2);
+        for scheme in schemes {
+            let rate = scheme["write_path"]["array_bytes_per_second"].as_f64();
+            assert!(rate.unwrap() > 0.0);
+        }
+    }
 }
