@@ -13,7 +13,7 @@ use lamina_api::{
     BackgroundBudgetStatus, BackgroundImpact, DeviceStatus, PoolStatus, RebuildKind, RebuildState,
     RebuildStatus, TierName,
 };
-use lamina_control::admin::Operation;
+use lamina_control::admin::{Answer, Operation, UnexpectedAnswer};
 use lamina_control::client::{daemon_running, run_operation};
 use lamina_control::size::format_size;
 
@@ -128,9 +128,9 @@ pub async fn run(command: DeviceCommand) -> anyhow::Result<()> {
             Ok(())
         }
         DeviceCommand::Fail { path, data, json } => {
-            let value =
+            let answer =
                 run_operation(&data.data_dir, Operation::DeviceFail { path: path.clone() }).await?;
-            let devices: Vec<DeviceStatus> = parse(value)?;
+            let devices: Vec<DeviceStatus> = parse(answer)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&devices)?);
             } else {
@@ -235,9 +235,9 @@ async fn list(data: &DeviceData) -> anyhow::Result<Vec<DeviceStatus>> {
     parse(run_operation(&data.data_dir, Operation::DeviceList).await?)
 }
 
-fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
-    serde_json::from_value(value)
-        .context("the admin API's answer is not the document this lamina reads")
+/// The answer's document `T`.
+fn parse<T: TryFrom<Answer, Error = UnexpectedAnswer>>(answer: Answer) -> anyhow::Result<T> {
+    Ok(T::try_from(answer)?)
 }
 
 /// `device replace`: offline the rebuild runs to the end before the pool
@@ -290,8 +290,8 @@ async fn draw_progress_until<T>(data: &DeviceData, task: &tokio::task::JoinHandl
         .progress_chars("=> "),
     );
     while !task.is_finished() {
-        if let Ok(value) = run_operation(&data.data_dir, Operation::PoolStatus).await
-            && let Ok(status) = parse::<PoolStatus>(value)
+        if let Ok(answer) = run_operation(&data.data_dir, Operation::PoolStatus).await
+            && let Ok(status) = parse::<PoolStatus>(answer)
         {
             bar.set_length(status.rebuild.bytes_total);
             bar.set_position(status.rebuild.bytes_done);

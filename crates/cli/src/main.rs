@@ -18,10 +18,9 @@ mod volume_stats_commands;
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use lamina_api::VolumeTierStats;
-use lamina_control::admin::Operation;
+use lamina_control::admin::{Answer, Operation, UnexpectedAnswer};
 use lamina_control::client::run_operation;
 use lamina_control::size::format_size;
 
@@ -110,24 +109,22 @@ fn print_volume_stats(stats: &VolumeTierStats) {
     println!("demoted              {} blocks", counters.demoted_blocks);
 }
 
-/// Runs an admin operation and prints its answer: as the daemon's JSON with
-/// `--json`, else as text from the answer read as its typed document `T` (a
-/// field the answer lacks is an error, never a silent zero).
-async fn admin<T: serde::de::DeserializeOwned>(
+/// Runs an admin operation and prints its answer: as the admin API's JSON
+/// with `--json`, else as text from the answer's typed document `T` (read
+/// strictly: a field the answer lacks is an error, never a silent zero).
+async fn admin<T: TryFrom<Answer, Error = UnexpectedAnswer>>(
     data: DataArgs,
     operation: Operation,
     json: bool,
     print: fn(&T),
 ) -> anyhow::Result<()> {
-    let value = run_operation(&data.data_dir, operation)
+    let answer = run_operation(&data.data_dir, operation)
         .await
         .map_err(|error| errors::with_hint(error, &data.data_dir))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        println!("{}", serde_json::to_string_pretty(&answer.to_json_value())?);
     } else {
-        let document: T = serde_json::from_value(value)
-            .context("the admin API's answer is not the document this lamina reads")?;
-        print(&document);
+        print(&T::try_from(answer)?);
     }
     Ok(())
 }

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use lamina_api::{LayoutStatus, PoolStatus, ScrubState, ScrubStatus};
 use lamina_control::admin::Operation;
@@ -267,8 +266,7 @@ pub async fn scrub(data_dir: &std::path::Path, wait: bool, json: bool) -> anyhow
     // Offline, the scrub must finish before the pool closes.
     let wait_here = wait && !through_daemon;
     let started = run_operation(data_dir, Operation::PoolScrub { wait: wait_here }).await?;
-    let mut status: ScrubStatus = serde_json::from_value(started)
-        .context("the admin API's answer is not the document this lamina reads")?;
+    let mut status = ScrubStatus::try_from(started)?;
     if wait && through_daemon {
         status = follow_scrub(data_dir, json).await?;
     }
@@ -302,9 +300,7 @@ async fn follow_scrub(data_dir: &std::path::Path, json: bool) -> anyhow::Result<
         .progress_chars("=> "),
     );
     loop {
-        let value = run_operation(data_dir, Operation::PoolStatus).await?;
-        let status: PoolStatus = serde_json::from_value(value)
-            .context("the admin API's answer is not the document this lamina reads")?;
+        let status = PoolStatus::try_from(run_operation(data_dir, Operation::PoolStatus).await?)?;
         bar.set_length(status.scrub.blocks_total);
         bar.set_position(status.scrub.blocks_scrubbed);
         if status.scrub.state != ScrubState::Scrubbing {

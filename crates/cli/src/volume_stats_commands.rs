@@ -7,7 +7,6 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use lamina_api::VolumeTierStats;
 use lamina_control::admin::Operation;
@@ -112,9 +111,8 @@ fn interval_figures(now: &VolumeIo, before: Option<&VolumeIo>, seconds: f64) -> 
 }
 
 async fn volume_io(data: &DataArgs, name: Option<String>) -> anyhow::Result<Vec<VolumeIo>> {
-    let value = run_operation(&data.data_dir, Operation::VolumeIo { name }).await?;
-    serde_json::from_value(value)
-        .context("the admin API's volume_io answer is not what this lamina reads")
+    let answer = run_operation(&data.data_dir, Operation::VolumeIo { name }).await?;
+    Ok(Vec::<VolumeIo>::try_from(answer)?)
 }
 
 /// `lamina volume stats`: the tier statistics and, while a daemon runs, the
@@ -135,7 +133,7 @@ pub async fn volume_stats(
     .await?;
     let io = volume_io(&data, Some(name)).await?.into_iter().next();
     if json {
-        let mut document = tiers;
+        let mut document = tiers.to_json_value();
         // Since the daemon started; null without a daemon.
         document["io"] = match &io {
             Some(io) => serde_json::json!({
@@ -148,8 +146,7 @@ pub async fn volume_stats(
         println!("{}", serde_json::to_string_pretty(&document)?);
         return Ok(());
     }
-    let tiers: VolumeTierStats = serde_json::from_value(tiers)
-        .context("the admin API's answer is not the document this lamina reads")?;
+    let tiers = VolumeTierStats::try_from(tiers)?;
     crate::print_volume_stats(&tiers);
     match io {
         Some(io) if io.reads.requests + io.writes.requests > 0 || io.latency_histograms => {

@@ -318,11 +318,12 @@ fn the_store_down_gives_errors_never_wrong_data_and_its_return_heals() {
     );
     assert!(
         daemon
-            .gauge("lamina_object_request_latency_microseconds{kind=\"get\",quantile=\"0.99\"}")
+            .gauge("lamina_object_request_latency_p99_seconds{kind=\"get\"}")
             .is_some_and(|latency| latency > 0.0),
         "{}",
         daemon.metrics()
     );
+    common::promtool::assert_lints_clean(&daemon.metrics());
     let human = lamina(&daemon.data_dir, &["pool", "status"]);
     let human = String::from_utf8_lossy(&human.stdout);
     assert!(

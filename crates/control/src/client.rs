@@ -14,7 +14,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use crate::admin::{AdminContext, Operation, OperationError, execute};
+use crate::admin::{AdminContext, Answer, Operation, OperationError, execute};
 use crate::arrays::open_pool;
 use crate::store::{ADMIN_SOCKET_FILE, DirectoryInUse, lock_directory};
 use lamina_device::{DeviceError, DeviceErrorKind};
@@ -27,12 +27,10 @@ pub async fn daemon_running(data_dir: &Path) -> bool {
 }
 
 /// Runs `operation` against the pool in `data_dir`, through the daemon when one
-/// runs. A refused operation is an [`OperationError`] (callers may downcast to
-/// it for its kind), the same through the daemon and directly.
-pub async fn run_operation(
-    data_dir: &Path,
-    operation: Operation,
-) -> anyhow::Result<serde_json::Value> {
+/// runs, and answers with its typed document (take it out with `TryFrom`).
+/// A refused operation is an [`OperationError`] (callers may downcast to it
+/// for its kind), the same through the daemon and directly.
+pub async fn run_operation(data_dir: &Path, operation: Operation) -> anyhow::Result<Answer> {
     let socket = data_dir.join(ADMIN_SOCKET_FILE);
     if let Ok(stream) = UnixStream::connect(&socket).await {
         return send(stream, &operation).await;
@@ -91,7 +89,9 @@ fn point_at_daemon(error: anyhow::Error) -> anyhow::Error {
     error
 }
 
-async fn send(stream: UnixStream, operation: &Operation) -> anyhow::Result<serde_json::Value> {
+/// Sends `operation` to the daemon and reads its answer as the document the
+/// operation is answered with.
+async fn send(stream: UnixStream, operation: &Operation) -> anyhow::Result<Answer> {
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .context("admin socket handshake")?;
@@ -114,7 +114,8 @@ async fn send(stream: UnixStream, operation: &Operation) -> anyhow::Result<serde
         .context("admin response")?
         .to_bytes();
     if status.is_success() {
-        Ok(serde_json::from_slice(&bytes).context("admin response is not JSON")?)
+        Answer::from_json(operation.answer_kind(), &bytes)
+            .context("the admin API's answer is not the document this lamina reads")
     } else {
         let error: OperationError = serde_json::from_slice(&bytes).unwrap_or(OperationError {
             status: status.as_u16(),

@@ -293,25 +293,24 @@ fn degraded_redundancy_name(layout: &PoolLayout) -> &'static str {
 
 /// `/metrics`: whether the pool runs with less redundancy than it was made
 /// with and no rebuild can restore it, and the data that would move.
-pub fn rebuild_metrics(pool: &Pool, layout: &PoolLayout, text: &mut String) {
+pub fn rebuild_metrics(
+    pool: &Pool,
+    layout: &PoolLayout,
+    exposition: &mut crate::exposition::Exposition,
+) {
     let blocked = rebuild_blocked(pool, layout);
-    let series = [
-        (
+    exposition
+        .gauge(
             "lamina_rebuild_blocked",
             "1 while the pool has less redundancy than it was made with and no rebuild can restore it (see pool status: rebuild.blocked).",
-            u64::from(blocked.is_some()),
-        ),
-        (
+        )
+        .sample(&[], blocked.is_some());
+    exposition
+        .gauge(
             "lamina_rebuild_blocked_bytes_to_move",
             "Live bytes with less redundancy that no rebuild moves while it is blocked.",
-            blocked.map_or(0, |blocked| blocked.bytes_to_move),
-        ),
-    ];
-    for (name, help, value) in series {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
-        ));
-    }
+        )
+        .sample(&[], blocked.map_or(0, |blocked| blocked.bytes_to_move));
 }
 
 /// `device rebalance` (and `device add --rebalance`): moves the data of

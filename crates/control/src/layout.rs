@@ -3,11 +3,12 @@
 //! and the device commands can show and act on each device. A pool on one
 //! device per tier has no layout.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use lamina_api as api;
 use lamina_layout::{ArrayState, RedundantArray, TierRole};
+
+use crate::exposition::{Exposition, Label, label};
 
 /// One tier's array.
 #[derive(Clone, Debug)]
@@ -71,10 +72,11 @@ impl PoolLayout {
         })
     }
 
-    /// Per-device series in the Prometheus text format.
-    pub fn metrics(&self, text: &mut String) {
+    /// Per-device series in the Prometheus text format, after the object
+    /// tier's.
+    pub fn metrics(&self, exposition: &mut Exposition) {
         if let Some(object_tier) = &self.object_tier {
-            object_tier.metrics(text);
+            object_tier.metrics(exposition);
         }
         let Some(status) = self.status() else {
             return;
@@ -85,69 +87,71 @@ impl PoolLayout {
             .flat_map(|tier| tier.devices.iter())
             .collect();
         type Field = fn(&api::DeviceStatus) -> u64;
-        let series: [(&str, &str, &str, Field); 6] = [
+        let counters: [(&str, &str, Field); 5] = [
             (
                 "lamina_device_read_bytes_total",
-                "counter",
                 "Bytes read from the device since the pool opened.",
                 |device| device.bytes_read,
             ),
             (
                 "lamina_device_written_bytes_total",
-                "counter",
                 "Bytes written to the device since the pool opened.",
                 |device| device.bytes_written,
             ),
             (
                 "lamina_device_io_errors_total",
-                "counter",
                 "I/O errors of the device since the pool opened (the first faults it).",
                 |device| device.io_errors,
             ),
             (
                 "lamina_device_checksum_errors_repaired_total",
-                "counter",
                 "Blocks of the device that failed their checksum and were rewritten from redundancy.",
                 |device| device.checksum_errors_repaired,
             ),
             (
                 "lamina_device_parity_repaired_total",
-                "counter",
                 "Parity columns and metadata copies of the device that a scrub found disagreeing with their row and rewrote.",
                 |device| device.parity_repaired,
             ),
-            (
-                "lamina_device_online",
-                "gauge",
-                "1 while the device is in use (online or degraded), 0 when faulted or missing.",
-                |device| u64::from(matches!(device.state.as_str(), "online" | "degraded")),
-            ),
         ];
-        for (name, kind, help, field) in series {
-            let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (name, help, field) in counters {
+            let mut family = exposition.counter(name, help);
             for device in &devices {
-                let _ = writeln!(
-                    text,
-                    "{name}{{tier=\"{}\",index=\"{}\",path=\"{}\",state=\"{}\"}} {}",
-                    device.tier,
-                    device.index,
-                    escape_label(&device.path),
-                    device.state,
-                    field(device)
-                );
+                let index = device.index.to_string();
+                family.sample(&device_labels(device, &index), field(device));
             }
         }
-        let name = "lamina_pool_degraded";
-        let _ = writeln!(
-            text,
-            "# HELP {name} 0 online, 1 degraded (devices lost within the redundancy), 2 faulted.\n# TYPE {name} gauge\n{name} {}",
-            match status.state.as_str() {
-                "online" => 0,
-                "degraded" => 1,
-                _ => 2,
-            }
+        let mut online = exposition.gauge(
+            "lamina_device_online",
+            "1 while the device is in use (online or degraded), 0 when faulted or missing.",
         );
+        for device in &devices {
+            let index = device.index.to_string();
+            let in_use = matches!(device.state.as_str(), "online" | "degraded");
+            online.sample(&device_labels(device, &index), in_use);
+        }
+        let degraded = match status.state.as_str() {
+            "online" => 0u64,
+            "degraded" => 1,
+            _ => 2,
+        };
+        exposition
+            .gauge(
+                "lamina_pool_degraded",
+                "0 online, 1 degraded (devices lost within the redundancy), 2 faulted.",
+            )
+            .sample(&[], degraded);
     }
+}
+
+/// A device's labels: its tier, index (`index`, as text), path and state.
+fn device_labels<'a>(device: &'a api::DeviceStatus, index: &'a str) -> [Label<'a>; 4] {
+    [
+        label("tier", &device.tier),
+        label("index", index),
+        label("path", &device.path),
+        label("state", &device.state),
+    ]
 }
 
 fn tier_status(tier: &TierArray) -> api::TierLayoutStatus {
@@ -177,12 +181,4 @@ fn tier_status(tier: &TierArray) -> api::TierLayoutStatus {
         parity_devices: geometry.parity_columns(),
         devices,
     }
-}
-
-/// A Prometheus label value: backslash, quote and newline escaped.
-fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -14,6 +14,7 @@ pub mod daemon;
 mod data_files;
 pub mod devices;
 pub mod export;
+pub mod exposition;
 pub mod layout;
 pub mod object_tier;
 pub mod store;

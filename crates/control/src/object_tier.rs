@@ -8,7 +8,6 @@
 //! tier's device (`lamina_objects::ObjectStoreDevice`) under the flash
 //! device.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -20,6 +19,8 @@ use lamina_objects::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::exposition::{Exposition, label};
+
 /// The address space of an object tier created without a size: the engine
 /// lays segments over it, and only what is written costs anything in the
 /// store.
@@ -27,6 +28,9 @@ pub const OBJECT_TIER_DEFAULT_SIZE_BYTES: u64 = 1 << 40;
 
 /// The scheme that names an object tier instead of a device path.
 const OBJECT_URL_SCHEME: &str = "s3://";
+/// Microseconds in a second: `/metrics` shows in seconds the latencies the
+/// tier keeps in microseconds.
+const MICROSECONDS_PER_SECOND: f64 = 1e6;
 
 /// What `pool.toml` records of an object tier.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,7 +457,7 @@ impl ObjectTier {
     }
 
     /// Series in the Prometheus text format.
-    pub fn metrics(&self, text: &mut String) {
+    pub fn metrics(&self, exposition: &mut Exposition) {
         let status = self.status();
         let gauges = [
             (
@@ -478,17 +482,17 @@ impl ObjectTier {
             ),
         ];
         for (name, help, value) in gauges {
-            let _ = writeln!(
-                text,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
+            exposition.gauge(name, help).sample(&[], value);
         }
-        Self::request_metrics(&status.requests, text);
-        Self::latency_metrics(&status.requests, text);
+        Self::request_metrics(&status.requests, exposition);
+        Self::latency_metrics(&status.requests, exposition);
     }
 
     /// The requests' counters since the pool opened, by kind.
-    fn request_metrics(requests: &[lamina_api::ObjectRequestStatistics], text: &mut String) {
+    fn request_metrics(
+        requests: &[lamina_api::ObjectRequestStatistics],
+        exposition: &mut Exposition,
+    ) {
         type Field = fn(&lamina_api::ObjectRequestStatistics) -> u64;
         let series: [(&str, &str, Field); 8] = [
             (
@@ -533,37 +537,44 @@ impl ObjectTier {
             ),
         ];
         for (name, help, field) in series {
-            let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
+            let mut family = exposition.counter(name, help);
             for request in requests {
-                let _ = writeln!(
-                    text,
-                    "{name}{{kind=\"{}\"}} {}",
-                    request.kind,
-                    field(request)
-                );
+                family.sample(&[label("kind", &request.kind)], field(request));
             }
         }
     }
 
-    /// The requests' latency quantiles since the pool opened, as gauges
-    /// (the histograms stay in the tier; `quantile="1"` is the maximum).
-    fn latency_metrics(requests: &[lamina_api::ObjectRequestStatistics], text: &mut String) {
-        let name = "lamina_object_request_latency_microseconds";
-        let _ = writeln!(
-            text,
-            "# HELP {name} Latency of requests to the object store (retries included) since the pool opened, by quantile.\n# TYPE {name} gauge"
-        );
-        for request in requests {
-            for (quantile, value) in [
-                ("0.5", request.latency_p50_us),
-                ("0.99", request.latency_p99_us),
-                ("1", request.latency_max_us),
-            ] {
-                let _ = writeln!(
-                    text,
-                    "{name}{{kind=\"{}\",quantile=\"{quantile}\"}} {value}",
-                    request.kind
-                );
+    /// The requests' latency percentiles and maximum since the pool opened,
+    /// in seconds, as gauges (the histograms stay in the tier; a summary's
+    /// `quantile` label would need the sum of latencies, which it does not
+    /// keep).
+    fn latency_metrics(
+        requests: &[lamina_api::ObjectRequestStatistics],
+        exposition: &mut Exposition,
+    ) {
+        type Field = fn(&lamina_api::ObjectRequestStatistics) -> u64;
+        let series: [(&str, &str, Field); 3] = [
+            (
+                "lamina_object_request_latency_p50_seconds",
+                "Median latency of requests to the object store (retries included) since the pool opened.",
+                |request| request.latency_p50_us,
+            ),
+            (
+                "lamina_object_request_latency_p99_seconds",
+                "99th percentile latency of requests to the object store (retries included) since the pool opened.",
+                |request| request.latency_p99_us,
+            ),
+            (
+                "lamina_object_request_latency_max_seconds",
+                "Longest request to the object store (retries included) since the pool opened.",
+                |request| request.latency_max_us,
+            ),
+        ];
+        for (name, help, microseconds) in series {
+            let mut family = exposition.gauge(name, help);
+            for request in requests {
+                let seconds = microseconds(request) as f64 / MICROSECONDS_PER_SECOND;
+                family.sample(&[label("kind", &request.kind)], seconds);
             }
         }
     }

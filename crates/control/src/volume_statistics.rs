@@ -14,6 +14,8 @@ use lamina_nbd::ExportStatistics;
 use lamina_nbd::statistics::{LATENCY_BUCKETS, OperationSnapshot, bucket_index, quantile_ns};
 use serde::{Deserialize, Serialize};
 
+use crate::exposition::{Bucket, Exposition, HistogramSeries, label};
+
 /// How often the sampler takes a sample.
 pub const SAMPLE_INTERVAL_MS: u64 = 1000;
 /// Samples kept per volume: five minutes at one a second.
@@ -232,7 +234,11 @@ fn sample_of(
 /// `lamina_volume_requests_total`, `lamina_volume_bytes_total` and the
 /// histogram `lamina_volume_request_seconds` (when histograms are on), by
 /// volume and operation, for the volumes in `names` (identifier, name).
-pub fn metrics(statistics: &VolumeStatistics, names: &[(u32, String)], text: &mut String) {
+pub fn metrics(
+    statistics: &VolumeStatistics,
+    names: &[(u32, String)],
+    exposition: &mut Exposition,
+) {
     let totals: Vec<VolumeIo> = names
         .iter()
         .map(|(volume_id, name)| statistics.totals(*volume_id, name))
@@ -243,40 +249,49 @@ pub fn metrics(statistics: &VolumeStatistics, names: &[(u32, String)], text: &mu
             ("write", volume.writes.clone()),
         ]
     };
-    text.push_str("# HELP lamina_volume_requests_total NBD read and write requests answered, by volume and operation, since the daemon started.\n# TYPE lamina_volume_requests_total counter\n");
-    for volume in &totals {
-        for (operation, figures) in operations(volume) {
-            text.push_str(&format!(
-                "lamina_volume_requests_total{{volume=\"{}\",op=\"{operation}\"}} {}\n",
-                volume.volume, figures.requests
-            ));
-        }
-    }
-    text.push_str("# HELP lamina_volume_bytes_total Bytes read and written by NBD requests, by volume and operation, since the daemon started.\n# TYPE lamina_volume_bytes_total counter\n");
-    for volume in &totals {
-        for (operation, figures) in operations(volume) {
-            text.push_str(&format!(
-                "lamina_volume_bytes_total{{volume=\"{}\",op=\"{operation}\"}} {}\n",
-                volume.volume, figures.bytes
-            ));
+    type Field = fn(&OperationTotals) -> u64;
+    let counters: [(&str, &str, Field); 2] = [
+        (
+            "lamina_volume_requests_total",
+            "NBD read and write requests answered, by volume and operation, since the daemon started.",
+            |figures| figures.requests,
+        ),
+        (
+            "lamina_volume_bytes_total",
+            "Bytes read and written by NBD requests, by volume and operation, since the daemon started.",
+            |figures| figures.bytes,
+        ),
+    ];
+    for (name, help, field) in counters {
+        let mut family = exposition.counter(name, help);
+        for volume in &totals {
+            for (operation, figures) in operations(volume) {
+                let labels = [label("volume", &volume.volume), label("op", operation)];
+                family.sample(&labels, field(&figures));
+            }
         }
     }
     if !statistics.latency_histograms() {
         return;
     }
-    text.push_str("# HELP lamina_volume_request_seconds Time from an NBD request's arrival to its reply, by volume and operation.\n# TYPE lamina_volume_request_seconds histogram\n");
+    let mut histogram = exposition.histogram(
+        "lamina_volume_request_seconds",
+        "Time from an NBD request's arrival to its reply, by volume and operation.",
+    );
     for volume in &totals {
         for (operation, figures) in operations(volume) {
-            histogram_series(&volume.volume, operation, &figures, text);
+            let labels = [label("volume", &volume.volume), label("op", operation)];
+            histogram.series(&labels, &histogram_series(&figures));
         }
     }
 }
 
-/// One histogram's `_bucket`, `_sum` and `_count` lines.
-fn histogram_series(volume: &str, operation: &str, figures: &OperationTotals, text: &mut String) {
-    let labels = format!("volume=\"{volume}\",op=\"{operation}\"");
+/// One volume's and operation's latency buckets as a histogram in seconds,
+/// with bounds at powers of two nanoseconds.
+fn histogram_series(figures: &OperationTotals) -> HistogramSeries {
     let mut cumulative = 0u64;
     let mut next_bucket = 0usize;
+    let mut buckets = Vec::new();
     for exponent in LE_EXPONENT_FIRST..=LE_EXPONENT_LAST {
         let bound_ns = 1u64 << exponent;
         // Every internal bucket below the bound lies wholly under it: the
@@ -286,22 +301,16 @@ fn histogram_series(volume: &str, operation: &str, figures: &OperationTotals, te
             .iter()
             .sum::<u64>();
         next_bucket = end;
-        text.push_str(&format!(
-            "lamina_volume_request_seconds_bucket{{{labels},le=\"{}\"}} {cumulative}\n",
-            bound_ns as f64 / 1e9
-        ));
+        buckets.push(Bucket {
+            upper_bound: bound_ns as f64 / 1e9,
+            cumulative_count: cumulative,
+        });
     }
-    let count: u64 = figures.latency_buckets.iter().sum();
-    text.push_str(&format!(
-        "lamina_volume_request_seconds_bucket{{{labels},le=\"+Inf\"}} {count}\n"
-    ));
-    text.push_str(&format!(
-        "lamina_volume_request_seconds_sum{{{labels}}} {}\n",
-        figures.latency_sum_ns as f64 / 1e9
-    ));
-    text.push_str(&format!(
-        "lamina_volume_request_seconds_count{{{labels}}} {count}\n"
-    ));
+    HistogramSeries {
+        buckets,
+        sum: figures.latency_sum_ns as f64 / 1e9,
+        count: figures.latency_buckets.iter().sum(),
+    }
 }
 
 #[cfg(test)]
@@ -316,8 +325,9 @@ mod tests {
         volume.record(Operation::Read, 4096, Some(1_500)); // 1.5 µs
         volume.record(Operation::Read, 4096, Some(3_000_000)); // 3 ms
         volume.record(Operation::Write, 8192, Some(100_000_000_000)); // 100 s
-        let mut text = String::new();
-        metrics(&statistics, &[(7, "db".to_string())], &mut text);
+        let mut exposition = Exposition::new();
+        metrics(&statistics, &[(7, "db".to_string())], &mut exposition);
+        let text = exposition.into_text();
         let line = |prefix: &str| {
             text.lines()
                 .find(|line| line.starts_with(prefix))
@@ -368,8 +378,9 @@ mod tests {
             "8192"
         );
         let off = VolumeStatistics::new(false);
-        let mut text = String::new();
-        metrics(&off, &[(1, "x".to_string())], &mut text);
+        let mut exposition = Exposition::new();
+        metrics(&off, &[(1, "x".to_string())], &mut exposition);
+        let text = exposition.into_text();
         assert!(!text.contains("lamina_volume_request_seconds"), "{text}");
         assert!(text.contains("lamina_volume_requests_total{volume=\"x\",op=\"read\"} 0"));
     }

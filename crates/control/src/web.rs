@@ -256,10 +256,14 @@ async fn overview(State(state): State<WebState>) -> Response {
 
 async fn build_overview(context: &AdminContext) -> Result<Overview, crate::admin::OperationError> {
     let pool = execute(context, Operation::PoolStatus).await?;
-    let status: lamina_api::PoolStatus =
-        serde_json::from_value(pool.clone()).expect("the pool status document reads back");
-    let volumes = execute(context, Operation::VolumeList).await?;
-    let snapshots = execute(context, Operation::SnapshotList { volume: None }).await?;
+    let pool_json = pool.to_json_value();
+    let status = lamina_api::PoolStatus::try_from(pool).expect("pool_status answers a pool status");
+    let volumes = execute(context, Operation::VolumeList)
+        .await?
+        .to_json_value();
+    let snapshots = execute(context, Operation::SnapshotList { volume: None })
+        .await?
+        .to_json_value();
     let statistics = context.volume_statistics.as_ref();
     let history = crate::admin::volume_names(&context.pool)
         .into_iter()
@@ -272,7 +276,7 @@ async fn build_overview(context: &AdminContext) -> Result<Overview, crate::admin
         .collect();
     Ok(Overview {
         health: health::pool_health(&status),
-        pool,
+        pool: pool_json,
         volumes,
         snapshots,
         sample_interval_ms: SAMPLE_INTERVAL_MS,
@@ -327,12 +331,8 @@ async fn operations(
         }
     }
     match result {
-        Ok(value) => Json(value).into_response(),
-        Err(error) => (
-            StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            Json(error),
-        )
-            .into_response(),
+        Ok(answer) => Json(answer.to_json_value()).into_response(),
+        Err(error) => crate::admin::refused(error).into_response(),
     }
 }
 

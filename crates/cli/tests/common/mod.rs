@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod promtool;
+
 pub const LAMINA: &str = env!("CARGO_BIN_EXE_lamina");
 
 /// How long the daemon gets to answer `nbdinfo --size` after it starts.
