@@ -28,7 +28,7 @@ pub enum EngineError {
     Io(#[from] IoError),
     /// The pool's runtime limits are out of range (`PoolLimits::validate`).
     #[error("invalid pool limits: {0}")]
-    InvalidLimits(#[from] crate::pool::limits::LimitsError),
+    InvalidLimits(#[from] crate::pool::core::limits::LimitsError),
 }
 
 /// Opening a pool: the device holds no pool, a pool this lamina cannot read,

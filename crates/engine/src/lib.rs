@@ -27,13 +27,13 @@ pub use pool::budget::{BackgroundBudgetStatus, BackgroundWork, ClientOperation, 
 pub use pool::cache_warmup::{
     CacheContents, CacheContentsError, CacheWarmupState, CacheWarmupStatus, CachedBlock,
 };
-pub use pool::capacity_writes::{CapacitySuspension, CapacityWritesStatus};
 pub use pool::cleaner::CleanerState;
-pub use pool::evacuation::{EvacuationGoal, EvacuationNeed};
-pub use pool::rebuild::RebuildStart;
-pub use pool::rebuild_progress::{RebuildKind, RebuildState, RebuildStatus};
-pub use pool::scrub_progress::{ScrubState, ScrubStatus};
-pub use pool::space_waits::SpaceWaitsStatus;
+pub use pool::io::space_waits::SpaceWaitsStatus;
+pub use pool::repair::evacuation::{EvacuationGoal, EvacuationNeed};
+pub use pool::repair::rebuild::RebuildStart;
+pub use pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
+pub use pool::repair::scrub::progress::{ScrubState, ScrubStatus};
+pub use pool::tiering::capacity_writes::{CapacitySuspension, CapacityWritesStatus};
 pub use pool::{
     BackgroundImpact, DeviceFullStatus, Extent, FlashRestore, LimitsError, Pool, PoolLimits,
     PoolOptions, PoolStatus, ReadExtents, RestorePoint, RestoredFlash, TestHooks, TierSpace,

@@ -5,12 +5,15 @@
 // Test arithmetic on small, known values.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
+mod common;
+use common::pools::options;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use lamina_device::{FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::{
-    BLOCK_SIZE_BYTES, EngineError, LimitsError, Pool, PoolLimits, PoolOptions, TestHooks,
+    BLOCK_SIZE_BYTES, EngineError, LimitsError, Pool, PoolLimits, TestHooks,
 };
 use tokio::time::Instant;
 
@@ -32,15 +35,6 @@ fn limits(test_hooks: TestHooks) -> PoolLimits {
         cleaner_relocation_blocks_per_client_block_max: 0.0,
         test_hooks,
         ..PoolLimits::default()
-    }
-}
-
-fn options() -> PoolOptions {
-    PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        force: false,
-        flash_region_bytes: None,
-        ..PoolOptions::default()
     }
 }
 
@@ -72,9 +66,13 @@ async fn pool_with_one_write(
 ) {
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), 1));
-    let pool = Pool::create(faulty.clone(), options(), limits(test_hooks))
-        .await
-        .expect("create");
+    let pool = Pool::create(
+        faulty.clone(),
+        options(SEGMENT_BYTES, None),
+        limits(test_hooks),
+    )
+    .await
+    .expect("create");
     let started = Instant::now();
     let volume_id = pool
         .create_volume("data", 64 * BLOCK as u64)
@@ -148,7 +146,13 @@ async fn limits_out_of_range_are_refused_with_the_field_and_its_range() {
         flush_interval_ms: 0,
         ..PoolLimits::default()
     };
-    let Err(error) = Pool::create(memory.clone(), options(), zero_interval.clone()).await else {
+    let Err(error) = Pool::create(
+        memory.clone(),
+        options(SEGMENT_BYTES, None),
+        zero_interval.clone(),
+    )
+    .await
+    else {
         panic!("a 0 ms flush interval was accepted");
     };
     assert!(
@@ -166,9 +170,13 @@ async fn limits_out_of_range_are_refused_with_the_field_and_its_range() {
         error.to_string(),
         "invalid pool limits: flush_interval_ms must be at least 1 (got 0)"
     );
-    let pool = Pool::create(memory.clone(), options(), PoolLimits::default())
-        .await
-        .expect("create");
+    let pool = Pool::create(
+        memory.clone(),
+        options(SEGMENT_BYTES, None),
+        PoolLimits::default(),
+    )
+    .await
+    .expect("create");
     pool.close().await.unwrap();
     drop(pool);
     let no_reads = PoolLimits {

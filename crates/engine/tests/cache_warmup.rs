@@ -10,6 +10,9 @@
 // the library and binaries only).
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
+mod common;
+use common::blocks::block_contents;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,13 +40,6 @@ fn limits(cache_blocks: u64) -> PoolLimits {
         memory_cache_bytes: cache_blocks * BLOCK_SIZE_BYTES,
         ..PoolLimits::default()
     }
-}
-
-/// Contents unique to (logical block, generation).
-fn block_contents(logical_block: u64, generation: u8) -> Vec<u8> {
-    let mut contents = vec![generation; BLOCK];
-    contents[..8].copy_from_slice(&logical_block.to_le_bytes());
-    contents
 }
 
 async fn create_pool(memory: &Arc<MemoryDevice>, cache_blocks: u64) -> Pool {

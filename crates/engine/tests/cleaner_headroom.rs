@@ -11,6 +11,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod common;
+use common::blocks::versioned_contents;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,15 +38,6 @@ const OVERWRITE_PASSES: u64 = 2;
 const WRITE_DELAY: Duration = Duration::from_millis(2);
 const FLUSH_DELAY: Duration = Duration::from_millis(2);
 
-/// The contents of version `version` of `block`: unique per version.
-fn block_contents(block: u64, version: u32) -> Vec<u8> {
-    let mut contents = vec![0u8; BLOCK_SIZE_BYTES as usize];
-    contents[..8].copy_from_slice(&block.to_le_bytes());
-    contents[8..12].copy_from_slice(&version.to_le_bytes());
-    contents[12..].fill((block as u8) ^ (version as u8).wrapping_mul(31));
-    contents
-}
-
 /// A pool on a memory device with slow writes and flushes, one volume
 /// written in full and flushed.
 async fn half_full_pool(limits: PoolLimits) -> (Pool, u32, u64) {
@@ -71,7 +63,7 @@ async fn half_full_pool(limits: PoolLimits) -> (Pool, u32, u64) {
     let chunk_blocks = 256;
     for first in (0..block_count).step_by(chunk_blocks) {
         let contents: Vec<u8> = (first..(first + chunk_blocks as u64).min(block_count))
-            .flat_map(|block| block_contents(block, 0))
+            .flat_map(|block| versioned_contents(block, 0))
             .collect();
         pool.write(volume_id, first * BLOCK_SIZE_BYTES, &contents, false)
             .await
@@ -94,7 +86,7 @@ async fn overwrite(pool: Pool, volume_id: u32, writer: u64, block_count: u64) ->
         let index = (position >> 33) % own_blocks;
         versions[index as usize] += 1;
         let block = index * WRITER_COUNT + writer;
-        let contents = block_contents(block, versions[index as usize]);
+        let contents = versioned_contents(block, versions[index as usize]);
         pool.write(volume_id, block * BLOCK_SIZE_BYTES, &contents, false)
             .await
             .expect("writes");
@@ -124,7 +116,7 @@ async fn overwrite_and_verify(limits: PoolLimits) -> lamina_engine::PoolStatus {
             .await
             .expect("reads");
         assert!(
-            buffer == block_contents(block, version),
+            buffer == versioned_contents(block, version),
             "block {block} reads back as version {version}"
         );
     }

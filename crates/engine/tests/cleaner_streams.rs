@@ -16,9 +16,10 @@ use std::time::Duration;
 
 mod common;
 use common::InstrumentedDevice;
+use common::pools::options;
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
-use lamina_engine::{Pool, PoolLimits, PoolOptions};
+use lamina_engine::{Pool, PoolLimits};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -72,15 +73,6 @@ impl Shadow {
     }
 }
 
-fn options() -> PoolOptions {
-    PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        force: false,
-        flash_region_bytes: None,
-        ..PoolOptions::default()
-    }
-}
-
 /// A volume filling `live_fraction` of what clients may use.
 async fn create_volume(pool: &Pool, live_fraction: f64) -> (u32, usize) {
     let status = pool.status();
@@ -107,7 +99,7 @@ async fn streams_run(seed: u64) -> lamina_engine::pool::cleaner::placement::Vict
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
     let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
     let limits = quiet_limits(seed);
-    let pool = Pool::create(faulty.clone(), options(), limits.clone())
+    let pool = Pool::create(faulty.clone(), options(SEGMENT_BYTES, None), limits.clone())
         .await
         .expect("create");
     let (volume_id, block_count) = create_volume(&pool, 0.7).await;
@@ -206,7 +198,7 @@ fn relocation_streams_by_age(seed: u64) -> u64 {
 fn counts_reached_cold_streams(
     counts: &lamina_engine::pool::cleaner::placement::VictimCounts,
 ) -> bool {
-    use lamina_engine::pool::stream::RELOCATION_STREAMS;
+    use lamina_engine::pool::io::stream::RELOCATION_STREAMS;
     RELOCATION_STREAMS
         .iter()
         .filter(|stream| counts.victims[**stream as usize] > 0)
@@ -216,7 +208,7 @@ fn counts_reached_cold_streams(
 
 #[tokio::test(flavor = "current_thread")]
 async fn relocations_through_every_stream_survive_power_cuts() {
-    use lamina_engine::pool::stream::Stream;
+    use lamina_engine::pool::io::stream::Stream;
     let mut reached_cold = 0;
     let mut reached_colder = 0;
     let runs = 40;
@@ -257,7 +249,7 @@ async fn paced_run(seed: u64) -> u64 {
         relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
         ..PoolLimits::default()
     };
-    let pool = Pool::create(faulty.clone(), options(), limits.clone())
+    let pool = Pool::create(faulty.clone(), options(SEGMENT_BYTES, None), limits.clone())
         .await
         .expect("create");
     let (volume_id, block_count) = create_volume(&pool, 0.8).await;
@@ -348,7 +340,7 @@ async fn blocked_writers_reclaim_with_flushes_when_no_segment_needs_a_checkpoint
             relocation_streams_by_age_segment_count_min: relocation_streams_by_age(seed),
             ..PoolLimits::default()
         };
-        let pool = Pool::create(device, options(), limits)
+        let pool = Pool::create(device, options(SEGMENT_BYTES, None), limits)
             .await
             .expect("create");
         let (volume_id, block_count) = create_volume(&pool, NEARLY_FULL_LIVE_FRACTION).await;
@@ -380,7 +372,7 @@ async fn concurrent_writers_on_a_nearly_full_pool_never_see_enospc() {
     for seed in 0..4u64 {
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
         let limits = quiet_limits(seed);
-        let pool = Pool::create(memory, options(), limits)
+        let pool = Pool::create(memory, options(SEGMENT_BYTES, None), limits)
             .await
             .expect("create");
         let (volume_id, block_count) = create_volume(&pool, NEARLY_FULL_LIVE_FRACTION).await;
@@ -419,9 +411,13 @@ async fn pieces_run(seed: u64) -> u64 {
         cleaner_in_flight_batches_max: rng.random_range(1..3),
         ..PoolLimits::default()
     };
-    let pool = Pool::create(recorder.clone(), options(), limits.clone())
-        .await
-        .expect("create");
+    let pool = Pool::create(
+        recorder.clone(),
+        options(SEGMENT_BYTES, None),
+        limits.clone(),
+    )
+    .await
+    .expect("create");
     let (volume_id, block_count) = create_volume(&pool, 0.8).await;
     let mut shadow = Shadow::new(block_count);
     let relocated_before = pool.status().cleaner_relocated_blocks;
@@ -491,7 +487,7 @@ async fn placement_hints_and_the_victim_order_survive_reopens_and_crashes() {
         let mut rng = SmallRng::seed_from_u64(seed);
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
         let limits = quiet_limits(seed);
-        let pool = Pool::create(memory.clone(), options(), limits.clone())
+        let pool = Pool::create(memory.clone(), options(SEGMENT_BYTES, None), limits.clone())
             .await
             .expect("create");
         let (volume_id, block_count) = create_volume(&pool, 0.8).await;

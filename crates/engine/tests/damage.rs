@@ -16,6 +16,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
+use common::pools::quiet_limits;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,17 +37,6 @@ const SEGMENT_BLOCKS: u64 = 64;
 const SEGMENT_BYTES: u64 = SEGMENT_BLOCKS * BLOCK_SIZE_BYTES;
 const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 const VOLUME_BLOCKS: u64 = 256;
-
-/// No periodic flushes or checkpoints (the test places them); the memory
-/// cache off so that every read reaches the device.
-fn quiet_limits() -> PoolLimits {
-    PoolLimits {
-        memory_cache_bytes: 0,
-        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
-        dirty_bytes_max: u64::MAX / 2,
-        ..PoolLimits::default()
-    }
-}
 
 /// Contents of `logical_block` in `version`: unique per block and version.
 fn contents(version: u8, logical_block: u64) -> Vec<u8> {

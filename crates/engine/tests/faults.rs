@@ -12,6 +12,9 @@
 // the library and binaries only).
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
+mod common;
+use common::pools::quiet_limits;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,17 +32,6 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SEGMENT_BYTES: u64 = 64 << 10;
 const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 const DATA_START_BYTES: u64 = DATA_START_BLOCK * BLOCK_SIZE_BYTES;
-
-/// Background flushes and checkpoints off: each test drives them itself. The
-/// memory cache is off too, so that every read reaches the (faulty) device.
-fn quiet_limits() -> PoolLimits {
-    PoolLimits {
-        memory_cache_bytes: 0,
-        test_hooks: lamina_engine::TestHooks::without_periodic_flush_and_checkpoint(),
-        dirty_bytes_max: u64::MAX / 2,
-        ..PoolLimits::default()
-    }
-}
 
 struct Rig {
     memory: Arc<MemoryDevice>,

@@ -10,12 +10,15 @@
 // Test code keeps `as` for small sizes and byte patterns.
 #![allow(clippy::cast_possible_truncation)]
 
+mod common;
+use common::blocks::{block_contents, write_blocks_flushed};
+use common::pools::{options, wait_for_free_flash};
+
 use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, BlockDevice, ConcatenatedDevice, MemoryDevice};
 use lamina_engine::{
     BLOCK_SIZE_BYTES, CreateError, EngineError, FlashRestore, OpenError, Pool, PoolLimits,
-    PoolOptions,
 };
 
 const SEGMENT_BYTES: u64 = 256 << 10;
@@ -36,47 +39,6 @@ fn limits() -> PoolLimits {
     }
 }
 
-fn options() -> PoolOptions {
-    PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        force: false,
-        flash_region_bytes: Some(FLASH_BYTES),
-        ..PoolOptions::default()
-    }
-}
-
-fn block_contents(index: u64, generation: u8) -> Vec<u8> {
-    let mut contents = vec![generation; BLOCK];
-    contents[..8].copy_from_slice(&index.to_le_bytes());
-    contents
-}
-
-async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
-    for chunk_start in blocks.clone().step_by(32) {
-        let chunk_end = (chunk_start + 32).min(blocks.end);
-        let mut data = Vec::with_capacity((chunk_end - chunk_start) as usize * BLOCK);
-        for index in chunk_start..chunk_end {
-            data.extend_from_slice(&block_contents(index, generation));
-        }
-        pool.write(volume, chunk_start * BLOCK_SIZE_BYTES, &data, false)
-            .await
-            .unwrap();
-    }
-    pool.flush().await.unwrap();
-}
-
-/// Waits until the demoter has freed flash (7 segments: its target here).
-async fn wait_for_free_flash(pool: &Pool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while pool.status().flash.free_bytes < 7 * SEGMENT_BYTES {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the demoter did not free flash"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-}
-
 /// A pool that held generation 1 everywhere, then generation 2 over its
 /// first quarter, each flushed, demoted in part and checkpointed; closed.
 /// Returns its capacity device (the flash device is dropped: lost).
@@ -84,16 +46,18 @@ async fn pool_whose_flash_is_lost() -> (Arc<MemoryDevice>, u64) {
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
     let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
     let device = Arc::new(ConcatenatedDevice::new(flash, capacity.clone()));
-    let pool = Pool::create(device, options(), limits()).await.unwrap();
+    let pool = Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits())
+        .await
+        .unwrap();
     let volume = pool
         .create_volume("data", VOLUME_BLOCKS * BLOCK_SIZE_BYTES)
         .await
         .unwrap()
         .volume_id;
-    write_range(&pool, volume, 0..VOLUME_BLOCKS, 1).await;
-    wait_for_free_flash(&pool).await;
+    write_blocks_flushed(&pool, volume, 0..VOLUME_BLOCKS, 1).await;
+    wait_for_free_flash(&pool, 7 * SEGMENT_BYTES).await;
     pool.checkpoint().await.unwrap();
-    write_range(&pool, volume, 0..VOLUME_BLOCKS / 4, 2).await;
+    write_blocks_flushed(&pool, volume, 0..VOLUME_BLOCKS / 4, 2).await;
     pool.checkpoint().await.unwrap();
     pool.close().await.unwrap();
     // Closed: the final checkpoint holds what status shows now.
@@ -159,7 +123,7 @@ async fn a_lost_flash_device_is_restored_from_the_capacity_tier() {
 
     // Clients overwrite what was lost: the pool takes it, and the lost flash
     // segments are freed as their blocks die.
-    write_range(&pool, volume, 0..VOLUME_BLOCKS, 3).await;
+    write_blocks_flushed(&pool, volume, 0..VOLUME_BLOCKS, 3).await;
     let mut contents = vec![0u8; BLOCK];
     for index in 0..VOLUME_BLOCKS {
         pool.read(volume, index * BLOCK_SIZE_BYTES, &mut contents)
@@ -313,7 +277,7 @@ async fn lost_blocks_survive_snapshots_scrub_trim_and_reopening() {
         );
     }
     pool.delete_snapshot("data", "before").await.unwrap();
-    write_range(&pool, volume, 0..VOLUME_BLOCKS, 4).await;
+    write_blocks_flushed(&pool, volume, 0..VOLUME_BLOCKS, 4).await;
     pool.close().await.unwrap();
     let pool = Pool::open(device, limits()).await.unwrap();
     assert_eq!(pool.status().integrity.blocks_marked_lost, 0);

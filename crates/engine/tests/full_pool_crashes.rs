@@ -12,6 +12,9 @@
 // the library and binaries only).
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
+mod common;
+use common::blocks::versioned_contents;
+
 use std::sync::{Arc, Mutex};
 
 use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
@@ -40,16 +43,6 @@ const YIELDS_BEFORE_THE_CUT_MAX: u32 = 16;
 /// pool (about one seed in fifty does, nearly all of them unpaced: see
 /// [`limits`]).
 const SEEDS_THAT_MUST_REACH_THE_WEDGE: u64 = 300;
-
-/// Contents of generation `generation` of `block`: the block number and the
-/// generation in the first bytes, so that a read says which version it got.
-fn pattern(block: u64, generation: u32) -> Vec<u8> {
-    let mut data = vec![0u8; BLOCK];
-    data[..8].copy_from_slice(&block.to_le_bytes());
-    data[8..12].copy_from_slice(&generation.to_le_bytes());
-    data[12..].fill((block as u8) ^ (generation as u8).wrapping_mul(31));
-    data
-}
 
 /// What a block may hold: any generation from the last one a flush covered
 /// to the last one a write was attempted with.
@@ -112,7 +105,7 @@ async fn overwrite_until_the_cut(
             .write(
                 volume,
                 block * BLOCK as u64,
-                &pattern(block, generation),
+                &versioned_contents(block, generation),
                 false,
             )
             .await;
@@ -152,7 +145,7 @@ async fn verify(pool: &Pool, volume: u32, shadows: &[Shadow], seed: u64, phase: 
         assert!(
             generation >= shadow.durable
                 && generation <= shadow.attempted
-                && data == pattern(block, generation),
+                && data == versioned_contents(block, generation),
             "seed {seed} {phase}: block {block} holds generation {generation}, expected {} to {}",
             shadow.durable,
             shadow.attempted
@@ -181,9 +174,14 @@ async fn crash_run(seed: u64) -> bool {
         .expect("create volume");
     let volume = pool.volume_id("v").unwrap();
     for block in 0..block_count {
-        pool.write(volume, block * BLOCK as u64, &pattern(block, 1), false)
-            .await
-            .unwrap_or_else(|error| panic!("seed {seed}: fill: {error}"));
+        pool.write(
+            volume,
+            block * BLOCK as u64,
+            &versioned_contents(block, 1),
+            false,
+        )
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed}: fill: {error}"));
     }
     pool.flush().await.expect("flush");
     let shadows = Arc::new(Mutex::new(vec![
@@ -273,7 +271,7 @@ async fn crash_run(seed: u64) -> bool {
         pool.write(
             volume,
             block * BLOCK as u64,
-            &pattern(block, shadow.attempted),
+            &versioned_contents(block, shadow.attempted),
             false,
         )
         .await

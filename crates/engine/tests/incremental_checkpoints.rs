@@ -17,33 +17,17 @@ use lamina_device::{BlockDevice, FaultyDevice, MemoryDevice, PowerCutStyle};
 use lamina_engine::log::FORMAT_VERSION;
 use lamina_engine::log::checkpoint::{CHECKPOINT_INCREMENTS_MAX, Slot};
 use lamina_engine::log::superblock::Superblock;
-use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
+use lamina_engine::{Pool, PoolOptions};
 
 mod common;
+use common::blocks::block_contents;
+use common::pools::manual_checkpoint_limits;
 
 use common::{corrupt_checkpoint_body, corrupt_newest_checkpoint_body, newest_slot};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 256 << 10;
 const DEVICE_BYTES: u64 = (4 << 20) + 256 * SEGMENT_BYTES;
-
-fn limits() -> PoolLimits {
-    PoolLimits {
-        test_hooks: TestHooks {
-            reuse_freed_segments_first: true,
-            periodic_flush_and_checkpoint_off: true,
-            checkpoint_increments_whatever_their_bytes: false,
-        },
-        dirty_bytes_max: u64::MAX / 2,
-        ..PoolLimits::default()
-    }
-}
-
-fn contents(block: u64, generation: u8) -> Vec<u8> {
-    let mut data = vec![generation; BLOCK];
-    data[..8].copy_from_slice(&block.to_le_bytes());
-    data
-}
 
 async fn new_pool(memory: &Arc<MemoryDevice>) -> Pool {
     let options = PoolOptions {
@@ -52,15 +36,18 @@ async fn new_pool(memory: &Arc<MemoryDevice>) -> Pool {
         flash_region_bytes: None,
         ..PoolOptions::default()
     };
-    Pool::create(memory.clone(), options, limits())
+    Pool::create(memory.clone(), options, manual_checkpoint_limits(true))
         .await
         .unwrap()
 }
 
 async fn open(memory: &Arc<MemoryDevice>) -> Pool {
-    Pool::open(memory.clone() as Arc<dyn BlockDevice>, limits())
-        .await
-        .unwrap()
+    Pool::open(
+        memory.clone() as Arc<dyn BlockDevice>,
+        manual_checkpoint_limits(true),
+    )
+    .await
+    .unwrap()
 }
 
 async fn write_blocks(pool: &Pool, volume: u32, blocks: impl Iterator<Item = u64>, generation: u8) {
@@ -68,7 +55,7 @@ async fn write_blocks(pool: &Pool, volume: u32, blocks: impl Iterator<Item = u64
         pool.write(
             volume,
             block * BLOCK as u64,
-            &contents(block, generation),
+            &block_contents(block, generation),
             false,
         )
         .await
@@ -87,7 +74,7 @@ async fn check_view(pool: &Pool, view: &str, expected: &[u8]) {
         let wanted = if *generation == 0 {
             vec![0u8; BLOCK]
         } else {
-            contents(block as u64, *generation)
+            block_contents(block as u64, *generation)
         };
         assert!(
             buffer == wanted,
@@ -216,7 +203,7 @@ async fn power_cuts_after_segments_opened_since_an_increment_never_lose_flushed_
             segment_size_bytes: SEGMENT_BYTES,
             ..PoolOptions::default()
         };
-        let pool = Pool::create(faulty.clone(), options, limits())
+        let pool = Pool::create(faulty.clone(), options, manual_checkpoint_limits(true))
             .await
             .unwrap();
         let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
@@ -258,9 +245,10 @@ async fn power_cuts_after_segments_opened_since_an_increment_never_lose_flushed_
                 .await
                 .unwrap();
             // The unflushed writes may or may not have survived, each whole.
-            let survived = (2000..2100).contains(&block) && buffer == contents(block as u64, 4);
+            let survived =
+                (2000..2100).contains(&block) && buffer == block_contents(block as u64, 4);
             assert!(
-                survived || buffer == contents(block as u64, *generation),
+                survived || buffer == block_contents(block as u64, *generation),
                 "seed {seed}: block {block} is not generation {generation}"
             );
         }
@@ -285,10 +273,13 @@ async fn a_corrupt_base_both_slots_need_refuses_the_open() {
     let (_, slot) = newest_slot(&memory);
     assert!(slot.earlier_links.len() >= 2, "both slots share the base");
     corrupt_checkpoint_body(&memory, slot.earlier_links[0].checkpoint_sequence);
-    let error = Pool::open(memory.clone() as Arc<dyn BlockDevice>, limits())
-        .await
-        .err()
-        .expect("a corrupt shared base refuses the open");
+    let error = Pool::open(
+        memory.clone() as Arc<dyn BlockDevice>,
+        manual_checkpoint_limits(true),
+    )
+    .await
+    .err()
+    .expect("a corrupt shared base refuses the open");
     let message = error.to_string();
     assert!(
         message.contains("neither checkpoint slot holds a valid checkpoint")

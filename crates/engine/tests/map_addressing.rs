@@ -9,6 +9,9 @@
 // binaries only).
 #![allow(clippy::cast_possible_truncation)]
 
+mod common;
+use common::pools::options;
+
 use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, BlockDevice, DeviceError, MemoryDevice};
@@ -17,7 +20,7 @@ use lamina_engine::log::superblock::{SUPERBLOCK_MAGIC, Superblock};
 use lamina_engine::log::{FORMAT_VERSION, frame};
 use lamina_engine::volume::map::POOL_SIZE_BYTES_MAX;
 use lamina_engine::{
-    BLOCK_SIZE_BYTES, CreateError, EngineError, OpenError, Pool, PoolLimits, PoolOptions,
+    BLOCK_SIZE_BYTES, CreateError, EngineError, OpenError, Pool, PoolLimits,
 };
 
 const SEGMENT_BYTES: u64 = 64 << 10;
@@ -62,14 +65,6 @@ impl BlockDevice for ClaimedDevice {
     }
 }
 
-fn options(segment_size_bytes: u64) -> PoolOptions {
-    PoolOptions {
-        segment_size_bytes,
-        flash_region_bytes: None,
-        ..PoolOptions::default()
-    }
-}
-
 #[tokio::test]
 async fn create_refuses_a_device_beyond_the_maps_40_bits() {
     let size_bytes = POOL_SIZE_BYTES_MAX + LARGE_SEGMENT_BYTES;
@@ -79,7 +74,7 @@ async fn create_refuses_a_device_beyond_the_maps_40_bits() {
     });
     let created = Pool::create(
         device.clone(),
-        options(LARGE_SEGMENT_BYTES),
+        options(LARGE_SEGMENT_BYTES, None),
         PoolLimits::default(),
     );
     let error = match created.await {
@@ -111,7 +106,7 @@ async fn open_refuses_a_geometry_beyond_the_maps_40_bits() {
     let backing = Arc::new(MemoryDevice::new(BACKING_BYTES));
     Pool::create(
         backing.clone(),
-        options(SEGMENT_BYTES),
+        options(SEGMENT_BYTES, None),
         PoolLimits::default(),
     )
     .await

@@ -308,7 +308,7 @@ async fn open_time_after_a_crash() {
     // The engine's own account of the open: `pool recovered` with its time,
     // the segments scanned and the batches replayed.
     let _ = tracing_subscriber::fmt()
-        .with_env_filter("lamina_engine::pool::recovery=info")
+        .with_env_filter("lamina_engine::pool::open=info")
         .try_init();
     let specs = std::env::var("LAMINA_OPEN_BENCH")
         .unwrap_or_else(|_| "one-tier:4,one-tier:16,two-tier:1024".to_string());

@@ -8,13 +8,16 @@
 #![allow(clippy::cast_possible_truncation)]
 
 mod common;
+use common::blocks::block_contents;
+use common::pools::options;
+use common::read_gate::start_held_read;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::InstrumentedDevice;
 use lamina_device::{BlockDevice, MemoryDevice};
-use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SEGMENT_BYTES: u64 = 256 << 10;
@@ -32,20 +35,6 @@ fn limits() -> PoolLimits {
         memory_cache_bytes: CACHE_BLOCKS * BLOCK_SIZE_BYTES,
         ..PoolLimits::default()
     }
-}
-
-fn options() -> PoolOptions {
-    PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        ..PoolOptions::default()
-    }
-}
-
-/// Contents unique to (logical block, round).
-fn block_contents(logical_block: u64, round: u8) -> Vec<u8> {
-    let mut contents = vec![round; BLOCK];
-    contents[..8].copy_from_slice(&logical_block.to_le_bytes());
-    contents
 }
 
 async fn write_all(pool: &Pool, volume_id: u32, round: u8) {
@@ -78,7 +67,7 @@ async fn read_block(pool: &Pool, volume_id: u32, logical_block: u64, round: u8) 
 
 /// A pool whose volume `volume` holds round 1, reopened: its cache is empty.
 async fn reopened_pool(device: Arc<dyn BlockDevice>) -> (Pool, u32) {
-    let pool = Pool::create(device.clone(), options(), limits())
+    let pool = Pool::create(device.clone(), options(SEGMENT_BYTES, None), limits())
         .await
         .unwrap();
     pool.create_volume("volume", VOLUME_BLOCKS * BLOCK_SIZE_BYTES)
@@ -140,25 +129,17 @@ async fn a_read_in_flight_when_its_block_dies_does_not_cache_it() {
     let (gate, gate_receiver) = tokio::sync::watch::channel(true);
     let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(gate_receiver));
     let (pool, volume_id) = reopened_pool(device).await;
-    gate.send(false).unwrap();
-    let reader = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut buffer = vec![0u8; BLOCK];
-            pool.read(volume_id, 0, &mut buffer).await.unwrap();
-            buffer
-        })
-    };
     // The read is planned (block 0 at its round-1 home) and waits at the gate.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let reader = start_held_read(&pool, &gate, volume_id, 1).await;
     write_all(&pool, volume_id, 2).await;
     pool.flush().await.unwrap();
     let cached_before = pool.status().memory_cache.cached_bytes;
     gate.send(true).unwrap();
-    let read = tokio::time::timeout(Duration::from_millis(WAIT_MS_MAX), reader)
+    let (result, read) = tokio::time::timeout(Duration::from_millis(WAIT_MS_MAX), reader)
         .await
         .expect("the read ends")
         .unwrap();
+    result.unwrap();
     // Either contents is right for a read concurrent with the write.
     assert!(read == block_contents(0, 1) || read == block_contents(0, 2));
     assert_eq!(

@@ -22,9 +22,11 @@ use lamina_engine::log::geometry::{
     SEGMENT_OPENINGS_AREA_BLOCKS, SEGMENT_OPENINGS_AREA_SIZE_BLOCKS,
 };
 use lamina_engine::log::superblock::Superblock;
-use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
+use lamina_engine::{Pool, PoolOptions};
 
 mod common;
+use common::blocks::{block_contents, write_blocks};
+use common::pools::manual_checkpoint_limits;
 
 use common::corrupt_segment_openings_record;
 
@@ -34,18 +36,6 @@ const SEGMENT_BYTES: u64 = 256 << 10;
 /// scan of the few segments a tail opened.
 const DEVICE_BYTES: u64 = (4 << 20) + 1000 * SEGMENT_BYTES;
 const SEGMENT_COUNT: u64 = 1000;
-
-fn limits() -> PoolLimits {
-    PoolLimits {
-        test_hooks: TestHooks {
-            reuse_freed_segments_first: false,
-            periodic_flush_and_checkpoint_off: true,
-            checkpoint_increments_whatever_their_bytes: false,
-        },
-        dirty_bytes_max: u64::MAX / 2,
-        ..PoolLimits::default()
-    }
-}
 
 /// Counts reads; can hold writes into the segment openings areas until
 /// released, and drops them once the power is cut.
@@ -113,25 +103,6 @@ impl BlockDevice for TestDevice {
     }
 }
 
-fn contents(block: u64, generation: u8) -> Vec<u8> {
-    let mut data = vec![generation; BLOCK];
-    data[..8].copy_from_slice(&block.to_le_bytes());
-    data
-}
-
-async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
-    for block in blocks {
-        pool.write(
-            volume,
-            block * BLOCK as u64,
-            &contents(block, generation),
-            false,
-        )
-        .await
-        .unwrap();
-    }
-}
-
 async fn check_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
     let mut buffer = vec![0u8; BLOCK];
     for block in blocks {
@@ -139,7 +110,7 @@ async fn check_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, gen
             .await
             .unwrap();
         assert!(
-            buffer == contents(block, generation),
+            buffer == block_contents(block, generation),
             "block {block}: expected generation {generation}"
         );
     }
@@ -152,14 +123,14 @@ async fn pool_with_a_tail(memory: &Arc<MemoryDevice>) -> u32 {
         segment_size_bytes: SEGMENT_BYTES,
         ..PoolOptions::default()
     };
-    let pool = Pool::create(memory.clone(), options, limits())
+    let pool = Pool::create(memory.clone(), options, manual_checkpoint_limits(false))
         .await
         .unwrap();
     let volume = pool.create_volume("v", 64 << 20).await.unwrap().volume_id;
-    write_range(&pool, volume, 0..4096, 1).await;
+    write_blocks(&pool, volume, 0..4096, 1).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
-    write_range(&pool, volume, 1000..1512, 2).await;
+    write_blocks(&pool, volume, 1000..1512, 2).await;
     pool.flush().await.unwrap();
     pool.flush_marker_written().await;
     pool.abandon();
@@ -168,9 +139,12 @@ async fn pool_with_a_tail(memory: &Arc<MemoryDevice>) -> u32 {
 
 async fn open_counting(memory: &Arc<MemoryDevice>) -> (Pool, u64) {
     let device = TestDevice::new(memory.clone());
-    let pool = Pool::open(device.clone() as Arc<dyn BlockDevice>, limits())
-        .await
-        .unwrap();
+    let pool = Pool::open(
+        device.clone() as Arc<dyn BlockDevice>,
+        manual_checkpoint_limits(false),
+    )
+    .await
+    .unwrap();
     (pool, device.reads.load(Ordering::SeqCst))
 }
 
@@ -190,7 +164,7 @@ async fn open_after_a_crash_reads_only_the_segments_opened_since_the_checkpoint(
     // opened about 10.
     assert!(reads < SEGMENT_COUNT / 5, "{reads} reads at open");
     // Again after this recovery's own checkpoints and record.
-    write_range(&pool, volume, 3000..3100, 3).await;
+    write_blocks(&pool, volume, 3000..3100, 3).await;
     pool.flush().await.unwrap();
     pool.abandon();
     drop(pool);
@@ -238,16 +212,16 @@ async fn a_new_segment_is_durable_only_once_the_record_lists_it() {
         segment_size_bytes: SEGMENT_BYTES,
         ..PoolOptions::default()
     };
-    let pool = Pool::create(device.clone(), options, limits())
+    let pool = Pool::create(device.clone(), options, manual_checkpoint_limits(false))
         .await
         .unwrap();
     let volume = pool.create_volume("v", 64 << 20).await.unwrap().volume_id;
-    write_range(&pool, volume, 0..256, 1).await;
+    write_blocks(&pool, volume, 0..256, 1).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
     device.hold_records.store(true, Ordering::SeqCst);
     // Past the head segment's room: new segments are opened.
-    write_range(&pool, volume, 256..512, 2).await;
+    write_blocks(&pool, volume, 256..512, 2).await;
     let releaser = {
         let device = device.clone();
         tokio::spawn(async move {
@@ -263,7 +237,7 @@ async fn a_new_segment_is_durable_only_once_the_record_lists_it() {
     drop(pool);
     let pool = Pool::open(
         Arc::new(FaultyDevice::new(memory.clone(), 2)) as Arc<dyn BlockDevice>,
-        limits(),
+        manual_checkpoint_limits(false),
     )
     .await
     .unwrap();

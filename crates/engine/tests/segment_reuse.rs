@@ -23,10 +23,13 @@ use std::sync::Arc;
 
 use lamina_device::{BlockDevice, MemoryDevice};
 mod common;
+use common::blocks::{block_contents, write_blocks};
+use common::pools::{manual_checkpoint_limits, options};
+use common::read_gate::start_held_read;
 
 use common::{InstrumentedDevice, corrupt_newest_checkpoint_slot};
 use lamina_device::{FaultyDevice, PowerCutStyle};
-use lamina_engine::{Pool, PoolLimits, PoolOptions, TestHooks};
+use lamina_engine::{Pool, PoolLimits, PoolOptions};
 
 const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 64 << 10;
@@ -34,34 +37,9 @@ const DEVICE_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
 
 fn limits() -> PoolLimits {
     PoolLimits {
-        test_hooks: TestHooks {
-            reuse_freed_segments_first: true,
-            periodic_flush_and_checkpoint_off: true,
-            checkpoint_increments_whatever_their_bytes: false,
-        },
-        dirty_bytes_max: u64::MAX / 2,
         // No background cleaning: the test places every segment itself.
         cleaner_relocation_blocks_per_client_block_max: 0.0,
-        ..PoolLimits::default()
-    }
-}
-
-fn contents(block: u64, generation: u8) -> Vec<u8> {
-    let mut data = vec![generation; BLOCK];
-    data[..8].copy_from_slice(&block.to_le_bytes());
-    data
-}
-
-async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
-    for block in blocks {
-        pool.write(
-            volume,
-            block * BLOCK as u64,
-            &contents(block, generation),
-            false,
-        )
-        .await
-        .unwrap();
+        ..manual_checkpoint_limits(true)
     }
 }
 
@@ -80,7 +58,7 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
     let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
 
     // Blocks 0..40 in their own segments, covered by both checkpoints.
-    write_range(&pool, volume, 0..40, 1).await;
+    write_blocks(&pool, volume, 0..40, 1).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
     // Trim them; the trim record shares its segment with filler data, which is
@@ -88,8 +66,8 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
     pool.trim(volume, 0, 40 * BLOCK as u64, false)
         .await
         .unwrap();
-    write_range(&pool, volume, 100..160, 2).await;
-    write_range(&pool, volume, 100..160, 3).await;
+    write_blocks(&pool, volume, 100..160, 2).await;
+    write_blocks(&pool, volume, 100..160, 3).await;
     pool.flush().await.unwrap();
     // One checkpoint: only the newest checkpoint covers the deaths now.
     pool.checkpoint().await.unwrap();
@@ -98,10 +76,10 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
     let status = pool.status();
     let data_blocks_per_segment = SEGMENT_BYTES as usize / BLOCK - 2;
     let fresh = (status.free_bytes / SEGMENT_BYTES) as usize * data_blocks_per_segment;
-    write_range(&pool, volume, 1000..1000 + fresh as u64, 4).await;
+    write_blocks(&pool, volume, 1000..1000 + fresh as u64, 4).await;
     // Overwrite half of it and clean: the cleaner may take segments clients may
     // not, which reaches the end of the free list, where freed segments wait.
-    write_range(&pool, volume, 1000..1000 + fresh as u64 / 2, 5).await;
+    write_blocks(&pool, volume, 1000..1000 + fresh as u64 / 2, 5).await;
     pool.clean(64).await.unwrap();
     pool.flush().await.unwrap();
     pool.abandon();
@@ -131,7 +109,7 @@ async fn dead_segments_wait_for_both_checkpoints_before_reuse() {
             _ if block < 1000 + fresh as u64 / 2 => 5,
             _ => 4,
         };
-        assert!(buffer == contents(block, generation), "block {block}");
+        assert!(buffer == block_contents(block, generation), "block {block}");
     }
     pool.close().await.unwrap();
 }
@@ -171,13 +149,13 @@ async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: boo
     let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
     let full = CLIENT_BLOCKS_PER_SEGMENT;
     // Old data, covered by both checkpoints.
-    write_range(&pool, volume, 0..2 * full, 1).await;
+    write_blocks(&pool, volume, 0..2 * full, 1).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
     // S: P (block 100) and fillers, which are then overwritten, so S is the
     // emptiest segment by far and the cleaner's first victim.
-    write_range(&pool, volume, 100..100 + full, 1).await;
-    write_range(&pool, volume, 101..100 + full, 2).await;
+    write_blocks(&pool, volume, 100..100 + full, 1).await;
+    write_blocks(&pool, volume, 101..100 + full, 2).await;
     if shared {
         pool.create_snapshot("v", "shares-p").await.unwrap();
     }
@@ -205,7 +183,7 @@ async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: boo
     // New blocks, in the next segment taken: S if it was freed (freed
     // segments are taken first in this test).
     let next = 1000 + full;
-    write_range(&pool, volume, 1000..next, 3).await;
+    write_blocks(&pool, volume, 1000..next, 3).await;
     pool.flush().await.unwrap();
     pool.abandon();
     drop(pool);
@@ -217,7 +195,7 @@ async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: boo
         .await
         .unwrap();
     assert!(
-        read_block(&pool, volume, 100).await == contents(100, 1),
+        read_block(&pool, volume, 100).await == block_contents(100, 1),
         "the relocated block lost its contents"
     );
     if shared {
@@ -229,26 +207,26 @@ async fn relocated_block_survives_its_victims_reuse(checkpoint_after_victim: boo
                 .unwrap();
             let generation = if block == 100 { 1 } else { 2 };
             assert!(
-                buffer == contents(block, generation),
+                buffer == block_contents(block, generation),
                 "snapshot block {block}"
             );
         }
     }
     for block in 0..2 * full {
         assert!(
-            read_block(&pool, volume, block).await == contents(block, 1),
+            read_block(&pool, volume, block).await == block_contents(block, 1),
             "block {block}"
         );
     }
     for block in 101..100 + full {
         assert!(
-            read_block(&pool, volume, block).await == contents(block, 2),
+            read_block(&pool, volume, block).await == block_contents(block, 2),
             "block {block}"
         );
     }
     for block in 1000..next {
         assert!(
-            read_block(&pool, volume, block).await == contents(block, 3),
+            read_block(&pool, volume, block).await == block_contents(block, 3),
             "block {block}"
         );
     }
@@ -292,17 +270,12 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
     for seed in 0..24u64 {
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
         let faulty = Arc::new(FaultyDevice::new(memory.clone(), seed));
-        let options = PoolOptions {
-            segment_size_bytes: SEGMENT_BYTES,
-            force: false,
-            flash_region_bytes: None,
-            ..PoolOptions::default()
-        };
+        let options = options(SEGMENT_BYTES, None);
         let pool = Pool::create(faulty.clone(), options, paced.clone())
             .await
             .unwrap();
         let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
-        write_range(&pool, volume, 0..old_blocks, 1).await;
+        write_blocks(&pool, volume, 0..old_blocks, 1).await;
         pool.checkpoint().await.unwrap();
         pool.checkpoint().await.unwrap();
         // Kill the old segments in batches that stay unflushed. Half the
@@ -311,18 +284,18 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
         // sealed batch is durable.
         if seed % 2 == 1 {
             for block in (0..old_blocks).filter(|block| block % full != full - 1) {
-                write_range(&pool, volume, block..block + 1, 2).await;
+                write_blocks(&pool, volume, block..block + 1, 2).await;
             }
             pool.flush().await.unwrap();
             for block in (0..old_blocks).filter(|block| block % full == full - 1) {
-                write_range(&pool, volume, block..block + 1, 2).await;
+                write_blocks(&pool, volume, block..block + 1, 2).await;
             }
         } else {
-            write_range(&pool, volume, 0..old_blocks, 2).await;
+            write_blocks(&pool, volume, 0..old_blocks, 2).await;
         }
         // Let the batches reach the device (unflushed) and the paced cleaner look.
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        write_range(&pool, volume, 1000..1000 + old_blocks, 3).await;
+        write_blocks(&pool, volume, 1000..1000 + old_blocks, 3).await;
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         faulty.power_cut(PowerCutStyle::Random).await.unwrap();
         pool.abandon();
@@ -338,7 +311,7 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
                 .await
                 .unwrap_or_else(|error| panic!("seed {seed}: block {block}: {error}"));
             assert!(
-                buffer == contents(block, 1) || buffer == contents(block, 2),
+                buffer == block_contents(block, 1) || buffer == block_contents(block, 2),
                 "seed {seed}: block {block} holds content never written"
             );
         }
@@ -348,7 +321,7 @@ async fn segments_whose_death_is_not_durable_are_not_rewritten() {
                 .await
                 .unwrap_or_else(|error| panic!("seed {seed}: block {block}: {error}"));
             assert!(
-                buffer == zeros || buffer == contents(block, 3),
+                buffer == zeros || buffer == block_contents(block, 3),
                 "seed {seed}: block {block} holds content never written"
             );
         }
@@ -370,12 +343,7 @@ impl GatedPool {
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
         let (gate, open) = tokio::sync::watch::channel(true);
         let device = Arc::new(InstrumentedDevice::new(memory).with_read_gate(open));
-        let options = PoolOptions {
-            segment_size_bytes: SEGMENT_BYTES,
-            force: false,
-            flash_region_bytes: None,
-            ..PoolOptions::default()
-        };
+        let options = options(SEGMENT_BYTES, None);
         let limits = PoolLimits {
             memory_cache_bytes: 0,
             ..limits()
@@ -394,42 +362,24 @@ impl GatedPool {
 /// Writes blocks `0..count` with generation 1 in one batch, then blocks
 /// 200..232, which fill the rest of their segment.
 async fn write_blocks_and_their_segment_filler(pool: &Pool, volume: u32, count: u64) {
-    let first: Vec<u8> = (0..count).flat_map(|block| contents(block, 1)).collect();
+    let first: Vec<u8> = (0..count)
+        .flat_map(|block| block_contents(block, 1))
+        .collect();
     pool.write(volume, 0, &first, false).await.unwrap();
-    write_range(pool, volume, 200..232, 1).await;
-}
-
-/// The task of a held read: its result and the bytes it read.
-type HeldRead = tokio::task::JoinHandle<(Result<(), lamina_engine::EngineError>, Vec<u8>)>;
-
-/// Closes `gate` and starts a read of blocks `0..count`, which looks its
-/// blocks up and then waits at the gate for its device reads.
-async fn start_held_read(
-    pool: &Pool,
-    gate: &tokio::sync::watch::Sender<bool>,
-    volume: u32,
-    count: u64,
-) -> HeldRead {
-    gate.send(false).unwrap();
-    let pool = pool.clone();
-    let reader = tokio::spawn(async move {
-        let mut buffer = vec![0u8; count as usize * BLOCK];
-        let result = pool.read(volume, 0, &mut buffer).await;
-        (result, buffer)
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    reader
+    write_blocks(pool, volume, 200..232, 1).await;
 }
 
 /// Overwrites blocks `0..count` (written in one batch, with 200..232 filling
 /// their segment) with generation 2 and writes enough elsewhere, flushed,
 /// that their freed segment is rewritten: their old places hold other bytes.
 async fn move_blocks_and_rewrite_their_segment(pool: &Pool, volume: u32, count: u64) {
-    let second: Vec<u8> = (0..count).flat_map(|block| contents(block, 2)).collect();
+    let second: Vec<u8> = (0..count)
+        .flat_map(|block| block_contents(block, 2))
+        .collect();
     pool.write(volume, 0, &second, false).await.unwrap();
-    write_range(pool, volume, 200..232, 2).await;
+    write_blocks(pool, volume, 200..232, 2).await;
     pool.flush().await.unwrap();
-    write_range(pool, volume, 100..180, 3).await;
+    write_blocks(pool, volume, 100..180, 3).await;
     pool.flush().await.unwrap();
 }
 
@@ -458,7 +408,7 @@ async fn a_read_whose_segment_is_rewritten_under_it_reads_the_new_home() {
     for block in 0..8 {
         let found = &buffer[block * BLOCK..(block + 1) * BLOCK];
         assert!(
-            found == contents(block as u64, 1) || found == contents(block as u64, 2),
+            found == block_contents(block as u64, 1) || found == block_contents(block as u64, 2),
             "block {block} read another block's bytes"
         );
     }
@@ -482,7 +432,7 @@ async fn a_long_read_reads_again_only_the_blocks_that_moved_under_it() {
     // Blocks 0..8 in one batch and filler that fills their segment, then the
     // rest of the range in segments of their own, all checkpointed twice.
     write_blocks_and_their_segment_filler(&pool, volume, MOVED_BLOCKS).await;
-    write_range(&pool, volume, MOVED_BLOCKS..READ_BLOCKS, 1).await;
+    write_blocks(&pool, volume, MOVED_BLOCKS..READ_BLOCKS, 1).await;
     pool.checkpoint().await.unwrap();
     pool.checkpoint().await.unwrap();
     let reader = start_held_read(&pool, &gate, volume, READ_BLOCKS).await;
@@ -498,7 +448,7 @@ async fn a_long_read_reads_again_only_the_blocks_that_moved_under_it() {
         let found = &buffer[block as usize * BLOCK..(block as usize + 1) * BLOCK];
         let expected = if block < MOVED_BLOCKS { 2 } else { 1 };
         assert!(
-            found == contents(block, expected),
+            found == block_contents(block, expected),
             "block {block} does not hold generation {expected}"
         );
     }
@@ -529,21 +479,21 @@ async fn segments_reused_since_the_checkpoint_survive_a_power_cut_right_after_th
             .await
             .unwrap();
         let volume = pool.create_volume("v", 16 << 20).await.unwrap().volume_id;
-        write_range(&pool, volume, 0..60, 1).await;
+        write_blocks(&pool, volume, 0..60, 1).await;
         pool.checkpoint().await.unwrap();
         pool.checkpoint().await.unwrap();
         // Kill the first segments and make the deaths durable: they are
         // free again, first in line.
-        write_range(&pool, volume, 0..60, 2).await;
+        write_blocks(&pool, volume, 0..60, 2).await;
         pool.flush().await.unwrap();
         // New heads land on them; the flushed part must come back.
         let flushed_end = 200 + seed % 7 * 9;
-        write_range(&pool, volume, 200..flushed_end + 1, 3).await;
+        write_blocks(&pool, volume, 200..flushed_end + 1, 3).await;
         pool.flush().await.unwrap();
         // Unflushed writes into further new segments, cut after a few yields.
         let unflushed = {
             let pool = pool.clone();
-            tokio::spawn(async move { write_range(&pool, volume, 400..440, 4).await })
+            tokio::spawn(async move { write_blocks(&pool, volume, 400..440, 4).await })
         };
         for _ in 0..seed % 5 {
             tokio::task::yield_now().await;
@@ -569,7 +519,7 @@ async fn segments_reused_since_the_checkpoint_survive_a_power_cut_right_after_th
                     .await
                     .unwrap();
                 assert!(
-                    buffer == contents(block, generation),
+                    buffer == block_contents(block, generation),
                     "seed {seed}: block {block} is not generation {generation}"
                 );
             }

@@ -9,6 +9,10 @@
 // the library and binaries only).
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
+mod common;
+use common::blocks::{block_contents, write_blocks_flushed};
+use common::pools::{options, wait_for_free_flash};
+
 use std::sync::Arc;
 
 use lamina_device::{BlockDevice, ConcatenatedDevice, MemoryDevice};
@@ -30,36 +34,6 @@ fn limits() -> PoolLimits {
         memory_cache_bytes: 0,
         ..PoolLimits::default()
     }
-}
-
-fn options() -> PoolOptions {
-    PoolOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        force: false,
-        flash_region_bytes: Some(FLASH_BYTES),
-        ..PoolOptions::default()
-    }
-}
-
-/// Block `index` of generation `generation`: distinct everywhere.
-fn block_contents(index: u64, generation: u8) -> Vec<u8> {
-    let mut contents = vec![generation; BLOCK];
-    contents[..8].copy_from_slice(&index.to_le_bytes());
-    contents
-}
-
-async fn write_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
-    for chunk_start in blocks.clone().step_by(32) {
-        let chunk_end = (chunk_start + 32).min(blocks.end);
-        let mut data = Vec::with_capacity((chunk_end - chunk_start) as usize * BLOCK);
-        for index in chunk_start..chunk_end {
-            data.extend_from_slice(&block_contents(index, generation));
-        }
-        pool.write(volume, chunk_start * BLOCK_SIZE_BYTES, &data, false)
-            .await
-            .unwrap();
-    }
-    pool.flush().await.unwrap();
 }
 
 async fn verify_range(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
@@ -84,30 +58,17 @@ async fn filled_pool_with(limits: PoolLimits) -> (Arc<MemoryDevice>, Arc<MemoryD
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
     let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
     let device = Arc::new(ConcatenatedDevice::new(flash.clone(), capacity.clone()));
-    let pool = Pool::create(device, options(), limits).await.unwrap();
+    let pool = Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits)
+        .await
+        .unwrap();
     let volume = pool
         .create_volume("data", 32 << 20)
         .await
         .unwrap()
         .volume_id;
-    write_range(&pool, volume, 0..8192, 1).await;
-    wait_for_free_flash(&pool).await;
+    write_blocks_flushed(&pool, volume, 0..8192, 1).await;
+    wait_for_free_flash(&pool, 7 * SEGMENT_BYTES).await;
     (flash, capacity, pool, volume)
-}
-
-/// Waits until the demoter has brought free flash back to its target (here 7
-/// segments: the clients' reserve of 3, 2 that promotions leave to writers, 2
-/// more), so that promotions find room.
-async fn wait_for_free_flash(pool: &Pool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while pool.status().flash.free_bytes < 7 * SEGMENT_BYTES {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the demoter did not free flash: {:?}",
-            pool.status().flash
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
@@ -124,8 +85,8 @@ async fn data_larger_than_flash_is_demoted_and_reads_back() {
     assert!(stats.capacity_bytes >= (32 << 20) - 12 * (1 << 20));
     verify_range(&pool, volume, 0..8192, 1).await;
     // Overwriting everything kills the capacity copies; the cleaner keeps up.
-    write_range(&pool, volume, 0..8192, 2).await;
-    write_range(&pool, volume, 0..8192, 3).await;
+    write_blocks_flushed(&pool, volume, 0..8192, 2).await;
+    write_blocks_flushed(&pool, volume, 0..8192, 3).await;
     verify_range(&pool, volume, 0..8192, 3).await;
     pool.close().await.unwrap();
 }
@@ -238,7 +199,7 @@ async fn tiers_and_policies_survive_a_reopen_and_a_crash() {
     // Pinned to flash but twice its size: reads promote until flash is full,
     // and a pin is a preference, so writes still find room.
     verify_range(&pool, volume, 0..8192, 1).await;
-    write_range(&pool, volume, 0..512, 4).await;
+    write_blocks_flushed(&pool, volume, 0..512, 4).await;
     // Crash: nothing after the last flush is owed, everything before it is.
     pool.abandon();
     drop(pool);
@@ -287,7 +248,7 @@ async fn tiers_too_small_for_their_reserves_are_refused() {
     let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
     let small_flash_options = PoolOptions {
         flash_region_bytes: Some(small_flash),
-        ..options()
+        ..options(SEGMENT_BYTES, Some(FLASH_BYTES))
     };
     let error = match Pool::create(device, small_flash_options, limits()).await {
         Ok(_) => panic!("created a pool on 9 segments of flash"),
@@ -310,10 +271,11 @@ async fn tiers_too_small_for_their_reserves_are_refused() {
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
     let capacity = Arc::new(MemoryDevice::new(small_capacity));
     let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
-    let error = match Pool::create(device, options(), limits()).await {
-        Ok(_) => panic!("created a pool on 8 segments of capacity"),
-        Err(error) => error,
-    };
+    let error =
+        match Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits()).await {
+            Ok(_) => panic!("created a pool on 8 segments of capacity"),
+            Err(error) => error,
+        };
     assert!(
         matches!(&error, EngineError::Create(CreateError::DeviceTooSmall { device, .. }) if device.contains("checkpoints")),
         "{error:?}"
@@ -325,10 +287,11 @@ async fn a_capacity_device_too_small_is_refused() {
     let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
     let capacity = Arc::new(MemoryDevice::new(3 << 19));
     let device = Arc::new(ConcatenatedDevice::new(flash, capacity));
-    let error = match Pool::create(device, options(), limits()).await {
-        Ok(_) => panic!("created a pool on a capacity device of 1.5 MiB"),
-        Err(error) => error,
-    };
+    let error =
+        match Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits()).await {
+            Ok(_) => panic!("created a pool on a capacity device of 1.5 MiB"),
+            Err(error) => error,
+        };
     assert!(
         matches!(&error, EngineError::Create(CreateError::DeviceTooSmall { device, .. }) if device.contains("capacity")),
         "{error:?}"
@@ -437,13 +400,17 @@ async fn rot_rig() -> RotRig {
         dirty_bytes_max: u64::MAX / 2,
         ..limits()
     };
-    let pool = Pool::create(device.clone(), options(), limits.clone())
-        .await
-        .unwrap();
+    let pool = Pool::create(
+        device.clone(),
+        options(SEGMENT_BYTES, Some(FLASH_BYTES)),
+        limits.clone(),
+    )
+    .await
+    .unwrap();
     let cold = pool.create_volume("cold", 4 << 20).await.unwrap().volume_id;
     let hot = pool.create_volume("hot", 1 << 20).await.unwrap().volume_id;
-    write_range(&pool, cold, 0..COLD_BLOCKS, 1).await;
-    write_range(&pool, hot, 0..HOT_BLOCKS, 1).await;
+    write_blocks_flushed(&pool, cold, 0..COLD_BLOCKS, 1).await;
+    write_blocks_flushed(&pool, hot, 0..HOT_BLOCKS, 1).await;
     pool.checkpoint().await.unwrap();
     let pinned = TierPolicy {
         priority: CachePriority::Normal,
@@ -520,7 +487,7 @@ async fn rot_in_a_flush_after_a_pending_demotion_is_an_error_not_an_older_versio
     // not flushed (the cleaner leaves its flush to whoever needs the room).
     rig.pool.clean(48).await.unwrap();
     assert!(rig.pool.status().demoted_blocks > 0);
-    write_range(&rig.pool, rig.hot, 0..HOT_BLOCKS, 2).await;
+    write_blocks_flushed(&rig.pool, rig.hot, 0..HOT_BLOCKS, 2).await;
     rig.crash_rot_and_check(5).await;
 }
 
@@ -537,7 +504,7 @@ async fn rot_in_a_flush_while_capacity_writes_are_suspended_is_an_error_not_an_o
     assert!(rig.pool.status().demoted_blocks > 0);
     // The first flush finds the capacity tier failing and suspends it; it
     // and the next go on with flash alone and succeed.
-    write_range(&rig.pool, rig.hot, 0..HOT_BLOCKS, 2).await;
+    write_blocks_flushed(&rig.pool, rig.hot, 0..HOT_BLOCKS, 2).await;
     let writes = rig.pool.status().capacity_writes;
     assert!(
         writes

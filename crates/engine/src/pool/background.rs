@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::inner::{Inner, Pool};
 use crate::error::{EngineError, IoError};
+use crate::pool::core::{Inner, Pool};
 
 /// A periodic background task: what it does on each tick, and the state it
 /// keeps between ticks.
@@ -124,7 +124,7 @@ impl FlushAndCheckpoint {
 
 /// The log's word that the pool runs with less redundancy than it was made
 /// with and no rebuild restores it.
-fn warn_rebuild_blocked(blocked: super::evacuation::RebuildBlocked) {
+fn warn_rebuild_blocked(blocked: crate::pool::repair::evacuation::RebuildBlocked) {
     tracing::warn!(
         reason = %blocked,
         "redundancy is reduced and no rebuild can restore it"

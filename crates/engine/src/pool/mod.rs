@@ -13,57 +13,36 @@
 mod background;
 pub mod budget;
 pub mod cache_warmup;
-mod cache_warmup_progress;
-pub mod capacity_writes;
 mod checkpoint;
-mod checkpoint_image;
-mod checkpoint_increment;
 pub mod cleaner;
-mod counters;
-mod device_full;
-pub mod evacuation;
-mod flash_restore;
-mod flush_marker;
-mod inner;
-pub mod integrity;
-pub(crate) mod limits;
-mod live_list;
-mod openings_writes;
-mod read;
-pub mod rebuild;
-pub mod rebuild_progress;
-mod recovery;
-mod scrub;
-pub mod scrub_progress;
-mod segment_openings;
-mod segment_shapes;
+pub(crate) mod core;
+pub mod io;
+mod open;
+mod openings;
+pub mod repair;
 pub mod space;
-pub mod space_waits;
-mod state;
 mod status;
-pub mod stream;
-mod tier_flush;
-mod tiering;
-mod write;
-mod writer;
+pub mod tiering;
 
+pub use self::core::Pool;
+pub use self::core::integrity::RestorePoint;
+pub use self::core::limits::{
+    BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
+};
+use self::core::state::State;
 use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::Record;
 use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
     validate_volume_name, validate_volume_size,
 };
-pub use device_full::DeviceFullStatus;
-pub use flash_restore::{FlashRestore, RestoredFlash};
-use flush_marker::MarkerClaims;
-pub use inner::Pool;
-pub use integrity::RestorePoint;
-pub use limits::{
-    BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
-};
-use read::PROMOTION_HEADROOM_SEGMENT_COUNT;
-pub use read::{Extent, ReadExtents};
-use state::State;
+pub use io::device_full::DeviceFullStatus;
+use io::flush_marker::MarkerClaims;
+pub use io::read::{Extent, ReadExtents};
+pub use open::flash_restore::{FlashRestore, RestoredFlash};
+/// The evacuation's module at its path before the pool was grouped into
+/// folders: the control crate names `pool::evacuation::RebuildBlocked`.
+pub use repair::evacuation;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 
 /// How long a client's flush waits for the capacity tier's flush before it
@@ -74,7 +53,7 @@ pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 pub const CLIENT_FLUSH_CAPACITY_WAIT_MS: u64 = 2_000;
 
 /// What a flush marker written now says (see `flush_marker`).
-fn marker_claims(writer: &writer::LogWriter) -> MarkerClaims {
+fn marker_claims(writer: &io::writer::LogWriter) -> MarkerClaims {
     MarkerClaims {
         flushed_through: writer.durable_through(),
         flash_flushed_through: writer.flash_durable_through().max(writer.durable_through()),

@@ -9,18 +9,18 @@ use serde::Serialize;
 use super::budget::BackgroundBudgetStatus;
 use super::cache_warmup::CacheWarmupStatus;
 use super::cleaner::{self, CleanerState};
-use super::device_full::DeviceFullStatus;
-use super::inner::Pool;
-use super::integrity::IntegrityStatus;
-use super::limits::PoolLimits;
-use super::rebuild_progress::RebuildStatus;
-use super::scrub_progress::ScrubStatus;
 use super::space::Allocation;
-use super::space_waits::SpaceWaitsStatus;
-use super::state::State;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::geometry::{Geometry, Tier};
+use crate::pool::core::Pool;
+use crate::pool::core::integrity::IntegrityStatus;
+use crate::pool::core::limits::PoolLimits;
+use crate::pool::core::state::State;
+use crate::pool::io::device_full::DeviceFullStatus;
+use crate::pool::io::space_waits::SpaceWaitsStatus;
+use crate::pool::repair::rebuild::progress::RebuildStatus;
+use crate::pool::repair::scrub::progress::ScrubStatus;
 use crate::tier::heat::VolumeTierCounters;
 use crate::tier::memory_cache::CacheStatistics;
 use crate::volume::TierPolicy;
@@ -94,7 +94,7 @@ pub struct PoolStatus {
     pub demoted_blocks: u64,
     /// Whether the capacity tier takes writes, in a two-tier pool: while
     /// `suspended`, demotion and checkpoints wait for it (decision 0032).
-    pub capacity_writes: Option<crate::pool::capacity_writes::CapacityWritesStatus>,
+    pub capacity_writes: Option<crate::pool::tiering::capacity_writes::CapacityWritesStatus>,
     /// Damage found (checksum errors, repaired summaries, lost batches,
     /// segments set aside) since the pool opened.
     pub integrity: IntegrityStatus,
@@ -199,7 +199,7 @@ struct SegmentBytes {
 }
 
 impl SegmentBytes {
-    fn of(geometry: &Geometry, shapes: &super::segment_shapes::SegmentShapes) -> Self {
+    fn of(geometry: &Geometry, shapes: &crate::pool::space::segment_shapes::SegmentShapes) -> Self {
         let flash = shapes.new_size_bytes(0);
         let capacity = match geometry.has_capacity_tier() {
             true => shapes.new_size_bytes(

@@ -90,7 +90,7 @@ impl VolumeTable {
     /// at its block, every such map with the record's checksum. Anything
     /// else moved a version the maps do not hold: a restore without the
     /// flash device, whose maps are as of the copied checkpoint, must not
-    /// apply it (`pool::recovery`, decision 0056).
+    /// apply it (`pool::open`, decision 0056).
     pub fn moves_held_contents(&self, record: &Record) -> bool {
         match record {
             Record::Data {

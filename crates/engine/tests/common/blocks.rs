@@ -1,7 +1,12 @@
-//! Random block writes and whole-volume checks for the engine tests on
-//! arrays (`array.rs`, `distributed_spare.rs`).
+//! Block contents and writes the engine's tests share: contents that name
+//! their block and generation (so that a read of the wrong block or an older
+//! version is caught), writes of ranges of them, and the random writes and
+//! whole-volume checks of the tests on arrays (`array.rs`,
+//! `distributed_spare.rs`).
 
-use lamina_engine::Pool;
+#![allow(clippy::cast_possible_truncation)]
+
+use lamina_engine::{BLOCK_SIZE_BYTES, Pool};
 use rand::{Rng, SeedableRng};
 
 const BLOCK: usize = 4096;
@@ -40,4 +45,58 @@ pub async fn check(pool: &Pool, volume_id: u32, blocks: &[Vec<u8>], when: &str) 
             "{when}: block {index}"
         );
     }
+}
+
+/// A block's contents that name it: `block` in the first 8 bytes,
+/// `generation` in every other byte.
+pub fn block_contents(block: u64, generation: u8) -> Vec<u8> {
+    let mut contents = vec![generation; BLOCK];
+    contents[..8].copy_from_slice(&block.to_le_bytes());
+    contents
+}
+
+/// A block's contents that name it with a 32-bit version: `block`, then
+/// `version`, then a byte made of both.
+pub fn versioned_contents(block: u64, version: u32) -> Vec<u8> {
+    let mut contents = vec![0u8; BLOCK];
+    contents[..8].copy_from_slice(&block.to_le_bytes());
+    contents[8..12].copy_from_slice(&version.to_le_bytes());
+    contents[12..].fill((block as u8) ^ (version as u8).wrapping_mul(31));
+    contents
+}
+
+/// Writes `blocks` of `volume` with [`block_contents`] of `generation`, one
+/// write per block, without a flush.
+pub async fn write_blocks(pool: &Pool, volume: u32, blocks: std::ops::Range<u64>, generation: u8) {
+    for block in blocks {
+        pool.write(
+            volume,
+            block * BLOCK_SIZE_BYTES,
+            &block_contents(block, generation),
+            false,
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Writes `blocks` of `volume` with [`block_contents`] of `generation`, 32
+/// blocks a write, then flushes.
+pub async fn write_blocks_flushed(
+    pool: &Pool,
+    volume: u32,
+    blocks: std::ops::Range<u64>,
+    generation: u8,
+) {
+    for chunk_start in blocks.clone().step_by(32) {
+        let chunk_end = (chunk_start + 32).min(blocks.end);
+        let mut data = Vec::with_capacity((chunk_end - chunk_start) as usize * BLOCK);
+        for block in chunk_start..chunk_end {
+            data.extend_from_slice(&block_contents(block, generation));
+        }
+        pool.write(volume, chunk_start * BLOCK_SIZE_BYTES, &data, false)
+            .await
+            .unwrap();
+    }
+    pool.flush().await.unwrap();
 }

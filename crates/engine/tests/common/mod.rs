@@ -1,11 +1,14 @@
 //! Helpers shared by the engine's integration tests: finding the newest
 //! checkpoint slot on a memory device, and corrupting it so that recovery must
 //! fall back to the older checkpoint; the crash tests' shadow model lives in
-//! `shadow.rs`.
+//! `shadow.rs`, block contents and writes in `blocks.rs`, pool options and
+//! limits in `pools.rs`, reads held at a gate in `read_gate.rs`.
 
 #![allow(dead_code)]
 
 pub mod blocks;
+pub mod pools;
+pub mod read_gate;
 pub mod shadow;
 
 use lamina_device::MemoryDevice;

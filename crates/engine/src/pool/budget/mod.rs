@@ -44,8 +44,8 @@ use latency::ClientLatency;
 pub use latency::ClientOperation;
 use rate::RateController;
 
-use super::limits::{BackgroundBudgetLimits, BackgroundImpact};
 use crate::convert::saturating_u64;
+use crate::pool::core::limits::{BackgroundBudgetLimits, BackgroundImpact};
 
 /// Credit an idle budget keeps at most, in milliseconds of its rate: work
 /// that starts after a quiet spell goes at once, but does not burst.

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use super::latency::{ClientLatency, LatencyWindow};
 use super::work::BackgroundWork;
 use crate::convert::saturating_u64;
-use crate::pool::limits::BackgroundBudgetLimits;
+use crate::pool::core::limits::BackgroundBudgetLimits;
 
 /// The percentile of client latency held against the target: the tail is
 /// what background I/O queued at the device ahead of a client costs.

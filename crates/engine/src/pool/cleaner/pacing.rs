@@ -35,13 +35,13 @@ use serde::Serialize;
 
 use super::super::background::{Periodic, spawn_periodic};
 use super::super::budget::BackgroundWork;
-use super::super::inner::Pool;
-use super::super::limits::PoolLimits;
 use super::super::space::Allocation;
-use super::super::state::State;
 use super::victims::{VictimPolicy, pick_victims};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
+use crate::pool::core::Pool;
+use crate::pool::core::limits::PoolLimits;
+use crate::pool::core::state::State;
 
 /// Dead segments that need a checkpoint (written since the newest one) before
 /// the paced cleaner takes another: each checkpoint writes the whole map, so it is shared by several

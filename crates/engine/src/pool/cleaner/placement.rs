@@ -37,7 +37,7 @@
 
 use crate::convert::saturating_u64;
 use crate::log::checkpoint::PlacementImage;
-use crate::pool::stream::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
+use crate::pool::io::stream::{CLIENT_STREAMS, RELOCATION_STREAMS, STREAM_COUNT, Stream};
 
 /// What the cleaner has done per stream of victim, for measurements and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! sealed segments, and the FIFO order of a two-tier pool's flash.
 
 use crate::log::geometry::Tier;
+use crate::pool::core::state::State;
 use crate::pool::space::SegmentState;
-use crate::pool::state::State;
 
 /// Segments fuller than this fraction are never worth cleaning.
 pub const VICTIM_UTILIZATION_MAX: f64 = 0.97;

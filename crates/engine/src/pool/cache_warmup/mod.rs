@@ -1,0 +1,486 @@
+//! A warm memory cache after a restart. The cache is keyed by physical block,
+//! but physical blocks move (cleaning, demotion, promotion) and segments are
+//! reused, so what is recorded is the *logical* identity of each cached block
+//! (the view — a volume or one of its snapshots — and the logical block),
+//! hottest first ([`Pool::cache_contents`], encoded by
+//! [`CacheContents::to_bytes`]). The control layer keeps that record in a
+//! file of the data directory (decision 0025); after the pool opens it hands
+//! the record back ([`Pool::warm_cache`]) and the blocks are loaded in the
+//! background: resolved through the maps of that moment (blocks no longer
+//! mapped are skipped), read in runs of neighbouring blocks with a bounded
+//! number of reads in flight so that clients keep the device, checked
+//! against the map's crc32c, and taken into the cache only if, under the
+//! state lock, the map still points there with that checksum and the cache
+//! has room without evicting anything. A stale or torn record therefore
+//! costs reads, never wrong data: what enters the cache is what the map says
+//! the block holds now, and every later hit is checked against the map again.
+
+pub(super) mod progress;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+
+use crate::log::batch::block_checksum;
+pub use crate::pool::cache_warmup::progress::{CacheWarmupState, CacheWarmupStatus};
+use crate::pool::core::Pool;
+use crate::volume::View;
+use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT};
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
+
+/// The first bytes of an encoded record.
+const CACHE_CONTENTS_MAGIC: [u8; 8] = *b"LMCACHE\0";
+/// The encoding's version; a record of another version is ignored.
+const CACHE_CONTENTS_VERSION: u32 = 1;
+/// Magic, version and entry count.
+const HEADER_BYTES: usize = 8 + 4 + 8;
+/// Volume id, snapshot id and logical block of one entry.
+const ENTRY_BYTES: usize = 4 + 4 + 8;
+/// The crc32c of everything before it.
+const TRAILER_BYTES: usize = 4;
+/// The snapshot id an entry of a volume's live contents carries.
+const LIVE_VOLUME_SNAPSHOT_ID: u32 = u32::MAX;
+
+/// Blocks not listed that one warm-up read may span between two listed ones:
+/// on flash a few more blocks cost transfer only, and save a request each.
+const WARMUP_GAP_BLOCKS_MAX: u64 = 4;
+
+/// One block the cache held: which view and which logical block of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedBlock {
+    pub view: View,
+    pub logical_block: u64,
+}
+
+/// What the memory cache held, hottest first, by logical identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheContents {
+    pub blocks: Vec<CachedBlock>,
+}
+
+/// Why an encoded record was not taken (it is then ignored: the cache starts
+/// cold, which is always safe).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CacheContentsError {
+    #[error("cache contents record of {length_bytes} bytes is too short for its header")]
+    TooShort { length_bytes: usize },
+    #[error("cache contents record does not start with the expected magic")]
+    BadMagic,
+    #[error(
+        "cache contents record has version {version}, this build reads {CACHE_CONTENTS_VERSION}"
+    )]
+    UnsupportedVersion { version: u32 },
+    #[error(
+        "cache contents record of {length_bytes} bytes does not hold the {entry_count} entries its header announces"
+    )]
+    LengthMismatch {
+        length_bytes: usize,
+        entry_count: u64,
+    },
+    #[error(
+        "cache contents record fails its checksum (stored {stored:#x}, computed {computed:#x})"
+    )]
+    ChecksumMismatch { stored: u32, computed: u32 },
+}
+
+impl CacheContents {
+    /// The record's bytes: magic, version, entry count, entries (volume id,
+    /// snapshot id or `u32::MAX` for the live volume, logical block; little
+    /// endian), crc32c of all that.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes =
+            Vec::with_capacity(HEADER_BYTES + self.blocks.len() * ENTRY_BYTES + TRAILER_BYTES);
+        bytes.extend_from_slice(&CACHE_CONTENTS_MAGIC);
+        bytes.extend_from_slice(&CACHE_CONTENTS_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&(self.blocks.len() as u64).to_le_bytes());
+        for block in &self.blocks {
+            let (volume_id, snapshot_id) = match block.view {
+                View::Volume(volume_id) => (volume_id, LIVE_VOLUME_SNAPSHOT_ID),
+                View::Snapshot {
+                    volume_id,
+                    snapshot_id,
+                } => {
+                    assert_ne!(snapshot_id, LIVE_VOLUME_SNAPSHOT_ID, "snapshot id in range");
+                    (volume_id, snapshot_id)
+                }
+            };
+            bytes.extend_from_slice(&volume_id.to_le_bytes());
+            bytes.extend_from_slice(&snapshot_id.to_le_bytes());
+            bytes.extend_from_slice(&block.logical_block.to_le_bytes());
+        }
+        let checksum = crc32c::crc32c(&bytes);
+        bytes.extend_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes [`CacheContents::to_bytes`]'s record, refusing anything torn,
+    /// truncated or of another version.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, CacheContentsError> {
+        if bytes.len() < HEADER_BYTES + TRAILER_BYTES {
+            return Err(CacheContentsError::TooShort {
+                length_bytes: bytes.len(),
+            });
+        }
+        if bytes[..8] != CACHE_CONTENTS_MAGIC {
+            return Err(CacheContentsError::BadMagic);
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != CACHE_CONTENTS_VERSION {
+            return Err(CacheContentsError::UnsupportedVersion { version });
+        }
+        let entry_count = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
+        let expected_length = usize::try_from(entry_count)
+            .ok()
+            .and_then(|count| count.checked_mul(ENTRY_BYTES))
+            .and_then(|entries| entries.checked_add(HEADER_BYTES + TRAILER_BYTES));
+        if expected_length != Some(bytes.len()) {
+            return Err(CacheContentsError::LengthMismatch {
+                length_bytes: bytes.len(),
+                entry_count,
+            });
+        }
+        let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_BYTES);
+        let stored = u32::from_le_bytes(trailer.try_into().expect("4 bytes"));
+        let computed = crc32c::crc32c(body);
+        if stored != computed {
+            return Err(CacheContentsError::ChecksumMismatch { stored, computed });
+        }
+        let blocks = body[HEADER_BYTES..]
+            .chunks_exact(ENTRY_BYTES)
+            .map(|entry| {
+                let volume_id = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes"));
+                let snapshot_id = u32::from_le_bytes(entry[4..8].try_into().expect("4 bytes"));
+                let logical_block = u64::from_le_bytes(entry[8..16].try_into().expect("8 bytes"));
+                let view = match snapshot_id {
+                    LIVE_VOLUME_SNAPSHOT_ID => View::Volume(volume_id),
+                    snapshot_id => View::Snapshot {
+                        volume_id,
+                        snapshot_id,
+                    },
+                };
+                CachedBlock {
+                    view,
+                    logical_block,
+                }
+            })
+            .collect();
+        Ok(Self { blocks })
+    }
+}
+
+/// A listed block resolved through its view's map at warm-up time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WarmupBlock {
+    view: View,
+    logical_block: u64,
+    physical_block: u64,
+    checksum: u32,
+}
+
+/// Every view's map (O(1) copies), taken under the state lock so that the
+/// walks run outside it. Live volumes come first: a block a volume shares
+/// with its snapshots is recorded as the volume's.
+fn view_maps(pool: &Pool) -> Vec<(View, BlockMap)> {
+    let state = pool.inner.lock();
+    let volumes = state.volumes();
+    let mut maps: Vec<(View, BlockMap)> = volumes
+        .iter()
+        .map(|volume| (View::Volume(volume.volume_id), volume.map.clone()))
+        .collect();
+    for volume in volumes.iter() {
+        for snapshot in &volume.snapshots {
+            let view = View::Snapshot {
+                volume_id: volume.volume_id,
+                snapshot_id: snapshot.snapshot_id,
+            };
+            maps.push((view, snapshot.map.clone()));
+        }
+    }
+    maps
+}
+
+impl Pool {
+    /// What the memory cache holds now, by logical identity, hottest first
+    /// (blocks no map holds any more are left out). Walks copies of the maps
+    /// outside the state lock.
+    pub fn cache_contents(&self) -> CacheContents {
+        let hottest = self.inner.cache.physical_blocks_hottest_first();
+        let maps = view_maps(self);
+        let mut rank_of: HashMap<u64, usize> = hottest
+            .iter()
+            .enumerate()
+            .map(|(rank, physical_block)| (*physical_block, rank))
+            .collect();
+        let mut found: Vec<Option<CachedBlock>> = vec![None; hottest.len()];
+        for (view, map) in &maps {
+            for (chunk_index, chunk) in map.chunks() {
+                for (entry, mapping) in chunk.mappings() {
+                    if let Some(rank) = rank_of.remove(&mapping.physical_block) {
+                        found[rank] = Some(CachedBlock {
+                            view: *view,
+                            logical_block: chunk_index * CHUNK_ENTRY_COUNT as u64 + entry as u64,
+                        });
+                    }
+                }
+            }
+            if rank_of.is_empty() {
+                break;
+            }
+        }
+        CacheContents {
+            blocks: found.into_iter().flatten().collect(),
+        }
+    }
+
+    /// The warm-up's progress.
+    pub fn cache_warmup_status(&self) -> CacheWarmupStatus {
+        self.inner.cache_warmup.status()
+    }
+
+    /// Loads the blocks `contents` lists into the memory cache in the
+    /// background (see the module documentation); returns at once. Does
+    /// nothing with `memory_cache_warm_restart` off, without a memory cache,
+    /// or when a warm-up already ran since the pool opened.
+    pub fn warm_cache(&self, contents: CacheContents) {
+        let capacity_blocks = self.inner.cache.statistics().capacity_bytes / BLOCK_SIZE_BYTES;
+        if !self.inner.limits.memory_cache_warm_restart
+            || capacity_blocks == 0
+            || !self.inner.cache_warmup.start(contents.blocks.len() as u64)
+        {
+            return;
+        }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            pool.warm_cache_now(contents, capacity_blocks).await;
+            pool.inner.cache_warmup.finish();
+            let status = pool.cache_warmup_status();
+            tracing::info!(
+                blocks_loaded = status.blocks_loaded,
+                blocks_skipped = status.blocks_skipped,
+                elapsed_ms = status.elapsed_ms,
+                "memory cache warm-up finished"
+            );
+        });
+    }
+
+    async fn warm_cache_now(&self, contents: CacheContents, capacity_blocks: u64) {
+        let blocks = self.resolve_cached_blocks(contents, capacity_blocks);
+        let warmer = &self.inner.cache_warmup;
+        warmer
+            .blocks_to_load
+            .store(blocks.len() as u64, Ordering::Relaxed);
+        tracing::info!(
+            blocks_listed = warmer.blocks_listed.load(Ordering::Relaxed),
+            blocks_to_load = blocks.len(),
+            "warming the memory cache in the background"
+        );
+        let runs = warmup_runs(&blocks, self.inner.limits.read_run_blocks_max);
+        let in_flight_max = self.inner.limits.memory_cache_warm_reads_in_flight_max;
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        for run in runs {
+            if in_flight.len() >= in_flight_max {
+                in_flight.next().await;
+            }
+            if self.background_stopped() {
+                return;
+            }
+            in_flight.push(self.load_run(run));
+        }
+        while in_flight.next().await.is_some() {}
+    }
+
+    /// The listed blocks (the hottest `capacity_blocks` of them) resolved
+    /// through the maps of this moment, distinct and in physical order;
+    /// blocks no longer mapped, and views gone, are left out.
+    fn resolve_cached_blocks(
+        &self,
+        mut contents: CacheContents,
+        capacity_blocks: u64,
+    ) -> Vec<WarmupBlock> {
+        contents
+            .blocks
+            .truncate(usize::try_from(capacity_blocks).unwrap_or(usize::MAX));
+        let maps: HashMap<View, BlockMap> = view_maps(self).into_iter().collect();
+        let mut blocks: Vec<WarmupBlock> = contents
+            .blocks
+            .iter()
+            .filter_map(|listed| {
+                let mapping = maps.get(&listed.view)?.get(listed.logical_block)?;
+                Some(WarmupBlock {
+                    view: listed.view,
+                    logical_block: listed.logical_block,
+                    physical_block: mapping.physical_block,
+                    checksum: mapping.checksum,
+                })
+            })
+            .collect();
+        blocks.sort_unstable_by_key(|block| block.physical_block);
+        blocks.dedup_by_key(|block| block.physical_block);
+        blocks
+    }
+
+    /// Reads one run from the device and takes the blocks that pass their
+    /// checksum and are still mapped there into the cache.
+    async fn load_run(&self, run: &[WarmupBlock]) {
+        let warmer = &self.inner.cache_warmup;
+        let first = run[0].physical_block;
+        let span_blocks = run[run.len() - 1].physical_block - first + 1;
+        let read = self
+            .inner
+            .device
+            .read(
+                first * BLOCK_SIZE_BYTES,
+                usize::try_from(span_blocks).expect("a run fits in memory") * BLOCK_BYTES,
+            )
+            .await;
+        let data = match read {
+            Ok(data) => data,
+            Err(error) => {
+                tracing::warn!(%error, "memory cache warm-up could not read a run; skipped");
+                warmer
+                    .blocks_skipped
+                    .fetch_add(run.len() as u64, Ordering::Relaxed);
+                return;
+            }
+        };
+        // Checked before the lock is taken, so that clients wait for less.
+        let passes: Vec<bool> = run
+            .iter()
+            .map(|block| {
+                let position = usize::try_from(block.physical_block - first).expect("in the run");
+                let contents = &data[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES];
+                block_checksum(contents) == block.checksum
+            })
+            .collect();
+        let mut loaded = 0;
+        {
+            // Under the state lock: a segment is invalidated in the cache
+            // under it before it is reused, so a block still mapped here now
+            // cannot be replaced behind the insert.
+            let state = self.inner.lock();
+            for (block, passes) in run.iter().zip(passes) {
+                let position = usize::try_from(block.physical_block - first).expect("in the run");
+                let contents = &data[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES];
+                let still_mapped = state
+                    .volumes()
+                    .view(block.view)
+                    .and_then(|found| found.map.get(block.logical_block))
+                    .is_some_and(|now| {
+                        now.physical_block == block.physical_block && now.checksum == block.checksum
+                    });
+                if passes
+                    && still_mapped
+                    && self
+                        .inner
+                        .cache
+                        .insert_if_room(block.physical_block, contents)
+                {
+                    loaded += 1;
+                }
+            }
+        }
+        warmer.blocks_loaded.fetch_add(loaded, Ordering::Relaxed);
+        warmer
+            .blocks_skipped
+            .fetch_add(run.len() as u64 - loaded, Ordering::Relaxed);
+    }
+}
+
+/// Splits blocks in physical order into runs read with one device request
+/// each: neighbours at most [`WARMUP_GAP_BLOCKS_MAX`] blocks apart, spanning
+/// at most `run_blocks_max` blocks.
+fn warmup_runs(blocks: &[WarmupBlock], run_blocks_max: u64) -> Vec<&[WarmupBlock]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for index in 1..=blocks.len() {
+        let breaks = index == blocks.len()
+            || blocks[index].physical_block - blocks[index - 1].physical_block
+                > WARMUP_GAP_BLOCKS_MAX + 1
+            || blocks[index].physical_block - blocks[start].physical_block >= run_blocks_max;
+        if breaks {
+            runs.push(&blocks[start..index]);
+            start = index;
+        }
+    }
+    assert_eq!(
+        runs.iter().map(|run| run.len()).sum::<usize>(),
+        blocks.len(),
+        "runs cover every block once"
+    );
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(physical_block: u64) -> WarmupBlock {
+        WarmupBlock {
+            view: View::Volume(1),
+            logical_block: physical_block,
+            physical_block,
+            checksum: 0,
+        }
+    }
+
+    #[test]
+    fn runs_bridge_small_gaps_and_stop_at_their_span() {
+        let blocks: Vec<WarmupBlock> = [10, 11, 15, 30, 31, 32, 100]
+            .into_iter()
+            .chain(200..300)
+            .map(block)
+            .collect();
+        let lengths: Vec<usize> = warmup_runs(&blocks, 64)
+            .iter()
+            .map(|run| run.len())
+            .collect();
+        assert_eq!(lengths, vec![3, 3, 1, 64, 36]);
+        assert!(warmup_runs(&[], 64).is_empty());
+    }
+
+    #[test]
+    fn records_round_trip_and_damage_is_refused() {
+        let contents = CacheContents {
+            blocks: vec![
+                CachedBlock {
+                    view: View::Volume(3),
+                    logical_block: 7,
+                },
+                CachedBlock {
+                    view: View::Snapshot {
+                        volume_id: 3,
+                        snapshot_id: 2,
+                    },
+                    logical_block: u64::MAX >> 12,
+                },
+            ],
+        };
+        let bytes = contents.to_bytes();
+        assert_eq!(CacheContents::from_bytes(&bytes), Ok(contents.clone()));
+        let mut flipped = bytes.clone();
+        flipped[HEADER_BYTES + 3] ^= 1;
+        assert!(matches!(
+            CacheContents::from_bytes(&flipped),
+            Err(CacheContentsError::ChecksumMismatch { .. })
+        ));
+        assert!(matches!(
+            CacheContents::from_bytes(&bytes[..bytes.len() - 1]),
+            Err(CacheContentsError::LengthMismatch { .. })
+        ));
+        assert_eq!(
+            CacheContents::from_bytes(&bytes[..10]),
+            Err(CacheContentsError::TooShort { length_bytes: 10 })
+        );
+        let mut other_version = bytes;
+        other_version[8] = 9;
+        assert_eq!(
+            CacheContents::from_bytes(&other_version),
+            Err(CacheContentsError::UnsupportedVersion { version: 9 })
+        );
+        assert_eq!(
+            CacheContents::from_bytes(&CacheContents::default().to_bytes()),
+            Ok(CacheContents::default())
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! The pool's shared core: the [`Pool`] handle and what every part of the
+//! engine reaches through it ([`Inner`]: the device, the limits, the state
+//! mutex, the locks that order background work, the cache, the flush marker,
+//! the integrity counters), and the two waits everything builds on: batch
+//! writes to the device (retried while the device under the pool is full)
+//! and waiting for batch writes to complete.
+//!
+//! Lock order (a lock may be taken while holding only locks above it):
+//! 1. `cleaner_lock`, then `reclaim_lock` (async; one cleaning pass, one
+//!    foreground reclaim);
+//! 2. `checkpoint_lock` (async; one checkpoint at a time);
+//! 3. `flush_lock` (async; one device flush at a time), and apart from
+//!    it the segment openings recorder's (async; one record write at a
+//!    time, taken by batch writes holding no other lock);
+//! 4. an `rmw_locks` stripe (async; read-modify-write of one block);
+//! 5. `state` (std mutex): never held across an `.await`, and never while
+//!    taking another lock; the memory cache's shard mutexes and the
+//!    device-full condition's own mutex are leaves taken inside or outside it.
+//!
+//! `state` is the one global lock of the hot paths: a read takes it once to
+//! plan, a write once per batch of blocks appended (the checksums computed
+//! before), and the cache is looked in and filled outside it (one-tier
+//! pools). What each path takes, in order: docs/ARCHITECTURE.md, "What the
+//! hot paths take".
+//!
+//! The background budget's mutex (`budget`) is a leaf too; its `acquire` is
+//! awaited holding none of the locks above (work waiting for its turn
+//! must not hold up a writer's reclaim or a flush).
+
+pub(super) mod counters;
+pub mod integrity;
+pub(crate) mod limits;
+pub(super) mod state;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lamina_device::{AlignedBuffer, BlockDevice, DeviceError};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::budget::BackgroundBudget;
+use crate::convert::milliseconds_saturating;
+use crate::error::{EngineError, IoError};
+use crate::log::geometry::Geometry;
+use crate::pool::cache_warmup::progress::CacheWarmer;
+use crate::pool::core::integrity::Integrity;
+use crate::pool::core::limits::PoolLimits;
+use crate::pool::core::state::State;
+use crate::pool::io::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
+use crate::pool::io::flush_marker::FlushMarker;
+use crate::pool::io::space_waits::SpaceWaits;
+use crate::pool::io::writer::InFlightBatch;
+use crate::pool::openings::OpeningsRecorder;
+use crate::pool::repair::rebuild::progress::Rebuilder;
+use crate::pool::repair::scrub::progress::Scrubber;
+use crate::pool::space::segment_shapes::SegmentShapes;
+use crate::tier::memory_cache::MemoryCache;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
+
+/// Number of striped locks serialising read-modify-write of partial blocks.
+pub(super) const RMW_LOCK_COUNT: usize = 1024;
+
+pub(crate) struct Inner {
+    pub(super) device: Arc<dyn BlockDevice>,
+    pub(super) geometry: Geometry,
+    /// Each segment's size and row on the device (narrower on an array
+    /// after a loss).
+    pub(super) shapes: SegmentShapes,
+    pub(super) limits: PoolLimits,
+    pub(super) state: Mutex<State>,
+    /// Woken whenever an in-flight batch completes.
+    pub(super) progress: Notify,
+    /// One device flush at a time, so that concurrent flushes coalesce.
+    pub(super) flush_lock: tokio::sync::Mutex<()>,
+    /// One checkpoint at a time; holds the chain the next one may extend.
+    pub(super) checkpoint_lock:
+        tokio::sync::Mutex<crate::pool::checkpoint::increment::CheckpointChain>,
+    /// One cleaning pass at a time.
+    pub(super) cleaner_lock: tokio::sync::Mutex<()>,
+    /// One foreground reclaim at a time; other blocked writers wait for it.
+    pub(super) reclaim_lock: tokio::sync::Mutex<()>,
+    pub(super) rmw_locks: Vec<tokio::sync::Mutex<()>>,
+    pub(super) cache: Arc<MemoryCache>,
+    /// Whether batch writes are waiting for space under the device.
+    pub(super) device_full: DeviceFull,
+    /// Set when the pool is closed or abandoned: background work stops.
+    pub(super) shutdown: std::sync::atomic::AtomicBool,
+    /// Damage found and what was done about it.
+    pub(super) integrity: Integrity,
+    /// The durable record of how far completed flushes reached.
+    pub(super) flush_marker: FlushMarker,
+    /// Writes the segment openings record before a new segment's first
+    /// batch counts as written.
+    pub(super) openings: OpeningsRecorder,
+    /// Scrub's progress (one scrub at a time).
+    pub(super) scrub: Scrubber,
+    /// The rebuild's progress (one rebuild at a time).
+    pub(super) rebuild: Rebuilder,
+    /// The memory cache's warm-up after a restart (one per opening).
+    pub(super) cache_warmup: CacheWarmer,
+    /// The rate background work (rebuild, cleaner, demoter, scrub) may
+    /// issue, following client latency.
+    pub(super) budget: BackgroundBudget,
+    /// Writes that found no free segment and waited for a reclaim.
+    pub(super) space_waits: SpaceWaits,
+}
+
+/// A pool on one device. Cheap to clone; all clones share one engine.
+#[derive(Clone)]
+pub struct Pool {
+    pub(super) inner: Arc<Inner>,
+}
+
+impl Inner {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("pool state lock poisoned")
+    }
+}
+
+impl Pool {
+    pub(super) fn from_inner(inner: Arc<Inner>) -> Self {
+        let pool = Self { inner };
+        pool.start_background();
+        pool
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.inner.device.name()
+    }
+
+    pub fn limits(&self) -> &PoolLimits {
+        &self.inner.limits
+    }
+
+    /// Writes sealed batches to the device in background tasks, so that a client
+    /// that goes away mid-request cannot leave a batch unwritten.
+    pub(super) fn spawn_writes(&self, batches: Vec<Arc<InFlightBatch>>) {
+        for batch in batches {
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                let result = match batch.opens_segment {
+                    // The first batch of a new segment: written once the
+                    // segment openings record lists the segment too.
+                    Some(segment_sequence) => {
+                        let (recorded, written) = tokio::join!(
+                            inner.record_opening(segment_sequence),
+                            write_batch(&inner, &batch)
+                        );
+                        recorded.and(written)
+                    }
+                    None => write_batch(&inner, &batch).await,
+                };
+                if result.is_ok() {
+                    // Recently written blocks are the likeliest to be read soon.
+                    for (index, block) in batch.buffer.chunks(BLOCK_BYTES).enumerate().skip(1) {
+                        inner
+                            .cache
+                            .insert(batch.summary_block + index as u64, block);
+                    }
+                }
+                {
+                    let mut state = inner.lock();
+                    if let Err(error) = result {
+                        tracing::error!(%error, "batch write failed; the pool refuses further writes");
+                        state.writer_mut().fail(error.to_string());
+                    }
+                    state.writer_mut().batch_written(&batch);
+                }
+                inner.progress.notify_waiters();
+            });
+        }
+    }
+
+    /// Waits until `condition` holds, re-checking whenever a batch completes.
+    pub(super) async fn wait_for(&self, condition: impl Fn(&State) -> bool) {
+        loop {
+            let notified = self.inner.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if condition(&self.inner.lock()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Writes one sealed batch. While the device is out of space the write is
+/// retried (the whole batch: a write at the same place is idempotent, so a
+/// partial one does no harm); any other error, or the pool shutting down, ends
+/// the attempts with that error.
+pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
+    batch.check_summary();
+    let offset = batch.summary_block * BLOCK_SIZE_BYTES;
+    write_retried_while_full(inner, offset, &batch.buffer).await
+}
+
+/// Writes `buffer` at `offset`, retried like a batch (see [`write_batch`])
+/// while the device is out of space: the log's own writes, which a batch's
+/// completion waits for (the segment openings record).
+pub(super) async fn write_retried_while_full(
+    inner: &Inner,
+    offset: u64,
+    buffer: &Arc<AlignedBuffer>,
+) -> Result<(), DeviceError> {
+    let retry_interval_ms = inner.limits.device_full_retry_interval_ms;
+    let mut delay_ms = DEVICE_FULL_FIRST_RETRY_DELAY_MS.min(retry_interval_ms);
+    let mut waiting = false;
+    loop {
+        let result = inner.device.write(offset, buffer.clone()).await;
+        let shutting_down = inner.shutdown.load(std::sync::atomic::Ordering::Acquire);
+        match result {
+            Err(error) if error.is_out_of_space() && !shutting_down => {
+                if !waiting {
+                    waiting = true;
+                    inner.device_full.batch_waits(
+                        &error,
+                        retry_interval_ms,
+                        inner.limits.device_full_wait_ms_max,
+                    );
+                    // Flushes waiting for this batch re-check their bound.
+                    inner.progress.notify_waiters();
+                }
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                inner.device_full.retried();
+                delay_ms = (delay_ms * 2).min(retry_interval_ms);
+            }
+            result => {
+                if waiting {
+                    inner.device_full.batch_stopped_waiting(result.is_ok());
+                }
+                return result;
+            }
+        }
+    }
+}
+
+impl Pool {
+    /// Waits until `condition` holds, re-checking whenever a batch completes,
+    /// like [`Pool::wait_for`]; but while the device is full this waits at
+    /// most `device_full_wait_ms_max` from the call, then fails with
+    /// [`IoError::DeviceFull`] (ENOSPC to NBD clients). For a flush
+    /// waiting for its batches and a writer waiting for an in-flight slot; the
+    /// batches stay in flight, so a later flush can still make them durable.
+    pub(super) async fn wait_unless_device_full(
+        &self,
+        condition: impl Fn(&State) -> bool,
+    ) -> Result<(), EngineError> {
+        let started = Instant::now();
+        let wait_max = Duration::from_millis(self.inner.limits.device_full_wait_ms_max);
+        loop {
+            let notified = self.inner.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if condition(&self.inner.lock()) {
+                return Ok(());
+            }
+            if !self.inner.device_full.is_full() {
+                notified.await;
+                continue;
+            }
+            let waited = started.elapsed();
+            if waited >= wait_max {
+                return Err(EngineError::Io(IoError::DeviceFull {
+                    device: self.inner.device.name().to_string(),
+                    waited_ms: milliseconds_saturating(waited),
+                }));
+            }
+            // Progress wakes this early; the deadline ends the wait otherwise.
+            let _ = tokio::time::timeout(wait_max - waited, notified).await;
+        }
+    }
+}
+
+/// An aligned copy of a byte slice, for writes of metadata.
+pub(super) fn aligned(bytes: &[u8]) -> Arc<AlignedBuffer> {
+    Arc::new(AlignedBuffer::from_slice_padded(bytes))
+}

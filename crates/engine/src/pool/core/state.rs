@@ -1,0 +1,827 @@
+//! What the pool's one mutex guards: its components, and the operations that
+//! must change several of them at once, atomically: appending a record or a
+//! block (the log writer places it, the space allocator counts it, the
+//! volumes map it, the placement and the heat learn of it), and sealing
+//! batches. Everything here runs under the mutex and never waits on I/O; the
+//! async halves of the read and write paths live in `io/read.rs` and `io/write.rs`
+//! (a read borrows the components it needs apart, as [`ReadParts`]).
+//!
+//! The components, each owning its data behind narrow methods:
+//! - [`SpaceAllocator`] (`space/mod.rs`): segments, free lists, reserves, deaths;
+//! - [`LogWriter`] (`io/writer.rs`): heads, open batches, in-flight batches,
+//!   sequences;
+//! - [`VolumeTable`] (`volume/`): volumes, snapshots and their maps;
+//! - [`Placement`] (`cleaner/placement.rs`): which stream data goes to;
+//! - [`WriteCounters`] and [`CheckpointSchedule`] (`counters.rs`);
+//! - the heat of flash blocks and the per-volume tier counters (`tier/heat.rs`);
+//! - the memory cache, told when blocks die and segments are freed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{EngineError, IoError};
+use crate::log::batch::{Record, block_checksum};
+use crate::log::geometry::Geometry;
+use crate::tier::heat::{Heat, VolumeTierCounters};
+use crate::tier::memory_cache::MemoryCache;
+use crate::volume::VolumeTable;
+use crate::volume::map::MapEntry;
+
+use super::counters::{CheckpointSchedule, WriteCounters};
+use super::limits::PoolLimits;
+use crate::log::openings::SegmentOpeningsRecord;
+use crate::pool::cleaner::placement::{Placement, ReplacedBlock};
+use crate::pool::io::stream::{
+    ALL_STREAMS, CLIENT_STREAMS, OPEN_BATCH_COUNT, RELOCATION_STREAMS, Stream, lane_of,
+};
+use crate::pool::io::writer::{InFlightBatch, LogWriter, OpenBatch};
+use crate::pool::openings::OpeningsList;
+use crate::pool::space::segment_shapes::SegmentShapes;
+use crate::pool::space::{Allocation, DurableCheckpoint, SpaceAllocator};
+use crate::pool::tiering::capacity_writes::CapacityWrites;
+
+/// The pool's in-memory state.
+pub struct State {
+    geometry: Geometry,
+    volumes: VolumeTable,
+    space: SpaceAllocator,
+    writer: LogWriter,
+    /// Which stream each segment's data belongs to, and where relocations go.
+    placement: Placement,
+    counters: WriteCounters,
+    checkpoint_schedule: CheckpointSchedule,
+    /// Whether client writes are split between the client streams by how
+    /// often their blocks are rewritten (one-tier pools; a two-tier pool's
+    /// flash is a FIFO, where separation saves no cleaning).
+    separate_client_writes: bool,
+    /// Told when a block dies or a segment is freed, so that none of its old
+    /// blocks can be served once the segment is rewritten.
+    cache: Arc<MemoryCache>,
+    /// Heat of flash blocks and the promotion ghost (two-tier pools only).
+    heat: Option<Heat>,
+    /// Per volume: reads per tier, promotions and demotions since the pool opened.
+    tier_counters: HashMap<u32, VolumeTierCounters>,
+    /// Each segment's size and row on the device.
+    shapes: SegmentShapes,
+    /// Segments opened as heads that recovery may need to walk (the
+    /// segment openings record's contents).
+    openings: OpeningsList,
+    /// Whether the capacity tier takes writes (decision 0032).
+    capacity_writes: CapacityWrites,
+}
+
+impl State {
+    /// The state of an empty pool on `geometry`.
+    pub fn new(geometry: Geometry, shapes: SegmentShapes, limits: &PoolLimits) -> Self {
+        let one_tier = !geometry.has_capacity_tier();
+        Self {
+            geometry,
+            volumes: VolumeTable::new(),
+            space: SpaceAllocator::new(geometry, limits.test_hooks.reuse_freed_segments_first),
+            writer: LogWriter::new(shapes.clone()),
+            placement: Placement::new(
+                limits.separate_client_writes_by_lifespan
+                    && one_tier
+                    && geometry.segment_count >= limits.relocation_streams_by_age_segment_count_min,
+            ),
+            counters: WriteCounters::default(),
+            checkpoint_schedule: CheckpointSchedule::starting_at(1),
+            separate_client_writes: limits.separate_client_writes_by_lifespan && one_tier,
+            cache: Arc::new(MemoryCache::new(limits.memory_cache_bytes)),
+            heat: (!one_tier).then(|| {
+                Heat::new(
+                    geometry.flash_data_block_count(),
+                    limits.tier_ghost_entries_max,
+                )
+            }),
+            tier_counters: HashMap::new(),
+            shapes,
+            openings: OpeningsList::default(),
+            capacity_writes: CapacityWrites::default(),
+        }
+    }
+
+    pub fn openings_mut(&mut self) -> &mut OpeningsList {
+        &mut self.openings
+    }
+
+    /// The segment openings record listing every opening a durable
+    /// checkpoint may need, and the highest segment sequence it accounts
+    /// for (`openings/mod.rs`).
+    pub fn openings_record(
+        &mut self,
+        pool_identifier: u128,
+        record_sequence: u64,
+    ) -> (SegmentOpeningsRecord, u64) {
+        let floor_segment_sequence = self.space.openings_floor_segment_sequence();
+        let openings = self.openings.retained_from(floor_segment_sequence);
+        let through = self.writer.next_segment_sequence() - 1;
+        let record = SegmentOpeningsRecord {
+            pool_identifier,
+            record_sequence,
+            floor_segment_sequence,
+            overflowed: false,
+            openings,
+        };
+        (record, through)
+    }
+
+    pub fn shapes(&self) -> &SegmentShapes {
+        &self.shapes
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn volumes(&self) -> &VolumeTable {
+        &self.volumes
+    }
+
+    /// Volume changes that release no block (those that do go through
+    /// [`State::append_record`]).
+    pub fn volumes_mut(&mut self) -> &mut VolumeTable {
+        &mut self.volumes
+    }
+
+    pub fn space(&self) -> &SpaceAllocator {
+        &self.space
+    }
+
+    pub fn space_mut(&mut self) -> &mut SpaceAllocator {
+        &mut self.space
+    }
+
+    pub fn writer(&self) -> &LogWriter {
+        &self.writer
+    }
+
+    pub fn writer_mut(&mut self) -> &mut LogWriter {
+        &mut self.writer
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    pub fn placement_mut(&mut self) -> &mut Placement {
+        &mut self.placement
+    }
+
+    pub fn counters(&self) -> &WriteCounters {
+        &self.counters
+    }
+
+    pub fn counters_mut(&mut self) -> &mut WriteCounters {
+        &mut self.counters
+    }
+
+    pub fn checkpoint_schedule(&self) -> &CheckpointSchedule {
+        &self.checkpoint_schedule
+    }
+
+    pub fn checkpoint_schedule_mut(&mut self) -> &mut CheckpointSchedule {
+        &mut self.checkpoint_schedule
+    }
+
+    pub fn cache(&self) -> &Arc<MemoryCache> {
+        &self.cache
+    }
+
+    pub fn heat(&self) -> Option<&Heat> {
+        self.heat.as_ref()
+    }
+
+    pub fn heat_mut(&mut self) -> Option<&mut Heat> {
+        self.heat.as_mut()
+    }
+
+    /// Per-volume tier counters, created on first use.
+    pub fn tier_counters_of(&mut self, volume_id: u32) -> &mut VolumeTierCounters {
+        self.tier_counters.entry(volume_id).or_default()
+    }
+
+    pub fn tier_counters(&self, volume_id: u32) -> VolumeTierCounters {
+        self.tier_counters
+            .get(&volume_id)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub fn check_failed(&self) -> Result<(), EngineError> {
+        self.writer.check_failed()
+    }
+
+    /// Client blocks written over the pool's life: the clock of lifespans.
+    pub fn client_blocks_written(&self) -> u64 {
+        self.counters.client_blocks_written()
+    }
+
+    /// Whether the cleaner cannot start without a new segment (see
+    /// [`SpaceAllocator::cleaner_must_restart`]).
+    pub fn cleaner_must_restart(&self) -> bool {
+        self.space
+            .cleaner_must_restart(self.writer.relocation_head_has_room())
+    }
+
+    /// Dead flash segments whose death a sealed batch covers, by what frees them.
+    pub fn sealed_dead_flash_segment_counts(&self) -> crate::pool::space::DeadSegmentCounts {
+        self.space
+            .sealed_dead_flash_segment_counts(self.writer.sealed_through())
+    }
+
+    /// Whether the capacity tier takes writes (see `capacity_writes`).
+    pub fn capacity_writes(&self) -> &CapacityWrites {
+        &self.capacity_writes
+    }
+
+    pub fn capacity_writes_mut(&mut self) -> &mut CapacityWrites {
+        &mut self.capacity_writes
+    }
+
+    /// Whether a demotion appended now would find room on capacity (and the
+    /// capacity tier takes writes).
+    pub fn can_demote(&self) -> bool {
+        self.geometry.has_capacity_tier()
+            && !self.capacity_writes.is_suspended()
+            && (self.writer.head_has_room(Stream::Capacity)
+                || self.space.capacity_segment_available_for_demotion())
+    }
+
+    /// Accounts for a physical block that no map references any more.
+    pub fn release_block(&mut self, physical_block: u64) {
+        // A dead block's cached copy can never be read again: free its slot for
+        // live data (otherwise overwrites fill the cache with garbage).
+        self.cache.invalidate_range(physical_block, 1);
+        self.space
+            .release_block(physical_block, self.writer.progress());
+    }
+
+    /// Forgets cached blocks of segments just freed: they will be rewritten.
+    fn segments_freed(&mut self, freed: &[u32]) {
+        for segment_index in freed {
+            self.cache.invalidate_range(
+                self.geometry.segment_first_block(*segment_index),
+                self.geometry.segment_size_blocks,
+            );
+        }
+    }
+
+    /// Frees a segment (a victim the cleaner emptied, or a dead one).
+    pub fn free_segment(&mut self, segment_index: u32) {
+        self.space.free_segment(segment_index);
+        self.segments_freed(&[segment_index]);
+    }
+
+    /// Frees every dead segment that may be rewritten; returns how many.
+    pub fn free_reusable_dead_segments(&mut self) -> usize {
+        let freed = self
+            .space
+            .free_reusable_dead_segments(self.writer.durable_through());
+        self.segments_freed(&freed);
+        freed.len()
+    }
+
+    /// Records a durable checkpoint and frees what it makes reclaimable.
+    pub fn checkpoint_became_durable(&mut self, checkpoint: DurableCheckpoint) {
+        let freed = self
+            .space
+            .checkpoint_became_durable(checkpoint, self.writer.durable_through());
+        self.segments_freed(&freed);
+    }
+}
+
+/// The append path: records and blocks into open batches.
+impl State {
+    /// Makes sure the open batch of `stream`'s lane can take `record` (and
+    /// its data block, if it carries one): first seals each other lane's
+    /// batch that `record` conflicts with, then seals this lane's batch if it
+    /// is of another stream or full, and opens a new one (in a new segment if
+    /// needed). Sealed batches are pushed to `sealed`. Returns the lane.
+    fn make_room(
+        &mut self,
+        stream: Stream,
+        record: &Record,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<usize, EngineError> {
+        let stream = if stream.is_relocation() {
+            self.relocation_stream_with_room(self.placement.relocation_stream())
+        } else {
+            stream
+        };
+        let lane = lane_of(stream);
+        assert!(
+            lane == 0 || record.carries_data(),
+            "records without data go to the main batch"
+        );
+        for other in (0..OPEN_BATCH_COUNT).filter(|other| *other != lane) {
+            if self
+                .writer
+                .open_batch(other)
+                .is_some_and(|batch| batch.conflicts_with(record))
+            {
+                sealed.extend(self.seal_lane(other));
+            }
+        }
+        if let Some(batch) = self.writer.open_batch(lane) {
+            if batch.stream() == stream && batch.has_room_for(record) {
+                return Ok(lane);
+            }
+            sealed.extend(self.seal_lane(lane));
+        }
+        self.open_batch(stream, record.carries_data())?;
+        Ok(lane)
+    }
+
+    /// Opens a new, empty batch at the head of `stream` (`stream`'s lane has
+    /// none open), opening a new head segment when the current one has no room.
+    fn open_batch(&mut self, stream: Stream, with_data: bool) -> Result<(), EngineError> {
+        if self.writer.head(stream).is_some() && !self.writer.head_has_room(stream) {
+            self.close_head_segment(stream);
+        }
+        if self.writer.head(stream).is_none() {
+            let taken = self.take_head_segment(stream, with_data)?;
+            let shapes = &self.shapes;
+            let segment_index = self
+                .space
+                .prefer_free_segment(taken, |index| !shapes.needs_layout(index));
+            self.space.open_head_segment(segment_index);
+            self.writer.open_head(stream, segment_index);
+            let head = self.writer.head(stream).expect("head opened above");
+            self.openings.opened(segment_index, head.segment_sequence);
+            let now = self.client_blocks_written();
+            self.placement.segment_opened(segment_index, stream, now);
+        }
+        let head = self.writer.head(stream).expect("head opened above");
+        let first_block = self.geometry.segment_first_block(head.segment_index);
+        self.writer.open_batch_at_head(stream, first_block);
+        Ok(())
+    }
+
+    /// A free segment for a new head of `stream`.
+    fn take_head_segment(&mut self, stream: Stream, with_data: bool) -> Result<u32, EngineError> {
+        if stream == Stream::Capacity {
+            assert!(with_data, "records without data go to the client stream");
+            return self
+                .space
+                .take_free_capacity_segment()
+                .ok_or(EngineError::Io(IoError::NoSpace));
+        }
+        // Records without data (trims, deletes) may use the cleaner's reserve:
+        // they are tiny, and they are how a user frees a full pool.
+        let allocation = match (CLIENT_STREAMS.contains(&stream), with_data) {
+            (true, true) => Allocation::Client,
+            (true, false) => Allocation::Record,
+            (false, _) => {
+                assert!(stream.is_relocation());
+                Allocation::Cleaner
+            }
+        };
+        let relocation_head_has_room = self.writer.relocation_head_has_room();
+        self.space
+            .take_free_segment(allocation, relocation_head_has_room)
+            .ok_or(EngineError::Io(IoError::NoSpace))
+    }
+
+    /// Closes the head segment of `stream`: sealed, or dead if nothing in it lives.
+    fn close_head_segment(&mut self, stream: Stream) {
+        if let Some(head) = self.writer.take_head(stream) {
+            let progress = self.writer.progress();
+            self.space
+                .close_head_segment(head.segment_index, head.next_block_in_segment, progress);
+        }
+    }
+
+    /// Seals the open batches and closes every head whose segment's layout
+    /// `closes` names (degraded: laid out over a device since lost; or
+    /// narrower than the devices in use), so that nothing more is written
+    /// there and the evacuation can move it. Returns the sealed batches, to
+    /// be written.
+    pub fn close_heads_where(
+        &mut self,
+        closes: impl Fn(&crate::pool::space::segment_shapes::SegmentLayout) -> bool,
+    ) -> Vec<Arc<InFlightBatch>> {
+        let degraded: Vec<Stream> = ALL_STREAMS
+            .into_iter()
+            .filter(|stream| {
+                self.writer
+                    .head(*stream)
+                    .is_some_and(|head| closes(&self.shapes.layout(head.segment_index)))
+            })
+            .collect();
+        if degraded.is_empty() {
+            return Vec::new();
+        }
+        let sealed = self.seal_open_batch();
+        for stream in degraded {
+            self.close_head_segment(stream);
+        }
+        sealed
+    }
+
+    /// Appends a non-data record and applies it to the volumes.
+    pub fn append_record(
+        &mut self,
+        record: Record,
+    ) -> Result<Vec<Arc<InFlightBatch>>, EngineError> {
+        assert!(!record.carries_data());
+        self.check_failed()?;
+        let mut sealed = Vec::new();
+        let lane = self.make_room(Stream::Client, &record, &mut sealed)?;
+        let batch = self.writer.open_batch_mut(lane).expect("room made");
+        batch.push(record.clone());
+        let segment_index = batch.segment_index();
+        self.space.needed_by_replay(segment_index);
+        let mut displaced = Vec::new();
+        self.volumes
+            .apply(&record, None, &mut |block| displaced.push(block));
+        for block in displaced {
+            self.release_block(block);
+        }
+        Ok(sealed)
+    }
+
+    /// Appends a record with its data block; returns the block's address.
+    fn append_block(
+        &mut self,
+        stream: Stream,
+        record: Record,
+        interval_level: Option<u8>,
+        data: &[u8],
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<u64, EngineError> {
+        let lane = self.make_room(stream, &record, sealed)?;
+        let batch = self.writer.open_batch_mut(lane).expect("room made");
+        let physical_block = batch.append_block(record.clone(), data);
+        self.space
+            .block_appended(self.geometry.segment_of(physical_block));
+        let mut displaced = None;
+        self.volumes.apply_with_level(
+            &record,
+            Some(physical_block),
+            interval_level,
+            &mut |block| displaced = Some(block),
+        );
+        if let Some(block) = displaced {
+            self.release_block(block);
+        }
+        Ok(physical_block)
+    }
+}
+
+/// Where a client write goes: its stream, and the rewrite interval class
+/// the placement gave it (when client writes are split).
+struct ClientDestination {
+    stream: Stream,
+    interval_level: Option<u8>,
+}
+
+/// Client writes and moves of blocks.
+impl State {
+    /// Appends one 4 KiB data block for `logical_block` of `volume_id`, whose
+    /// crc32c `checksum` the caller computed before taking the lock.
+    pub fn append_data(
+        &mut self,
+        volume_id: u32,
+        logical_block: u64,
+        data: &[u8],
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        self.check_failed()?;
+        debug_assert_eq!(checksum, block_checksum(data), "the data's own checksum");
+        let record = Record::Data {
+            volume_id,
+            logical_block,
+            checksum,
+        };
+        // The block this write replaces steers the split and carries heat;
+        // without either, its lookup is skipped (a write is the hot path).
+        let replaced = if self.separate_client_writes || self.heat.is_some() {
+            self.volumes
+                .get(volume_id)
+                .and_then(|volume| volume.map.entry(logical_block))
+                // A lost entry occupies no block: nothing to steer by.
+                .filter(|entry| !entry.mapping.is_lost())
+        } else {
+            None
+        };
+        // A rewrite is an access: the new block starts with the heat of the
+        // flash block it replaces.
+        let replaced_counter = self.heat.as_ref().and_then(|heat| {
+            let index = self
+                .geometry
+                .flash_data_index(replaced?.mapping.physical_block)?;
+            Some(heat.counter(index))
+        });
+        let destination = self.client_destination(replaced);
+        // The level belongs to the map entry, which the append sets.
+        let physical_block = self.append_block(
+            destination.stream,
+            record,
+            destination.interval_level,
+            data,
+            sealed,
+        )?;
+        self.counters.client_block_written();
+        self.set_heat(
+            volume_id,
+            physical_block,
+            Heat::after_rewrite(replaced_counter),
+        );
+        Ok(())
+    }
+
+    /// The stream a client write that replaces `replaced` goes to.
+    fn client_destination(&self, replaced: Option<MapEntry>) -> ClientDestination {
+        if !self.separate_client_writes {
+            return ClientDestination {
+                stream: Stream::Client,
+                interval_level: None,
+            };
+        }
+        let now = self.client_blocks_written();
+        let placement = self.placement.client_placement(
+            replaced.map(|entry| ReplacedBlock {
+                segment_index: self.geometry.segment_of(entry.mapping.physical_block),
+                interval_level: entry.interval_level,
+            }),
+            now,
+        );
+        ClientDestination {
+            stream: self.client_stream_with_room(placement.stream),
+            interval_level: Some(placement.interval_level),
+        }
+    }
+
+    /// The client stream a write predicted for `predicted` goes to. When
+    /// clients may not take another free segment, a write goes where there is
+    /// room without one, preferring the predicted stream, so that it need not
+    /// wait for reclaim while another client head has room (partly filled
+    /// client heads are space the cleaner cannot use); only then does it go
+    /// to the `Client` head. (Stepping aside earlier, at 2 free segments
+    /// beyond the reserve, mixed the streams in steady state: Zipf(0.99) WA
+    /// 2.29 against 2.20 on a 2 GiB pool.)
+    fn client_stream_with_room(&self, predicted: Stream) -> Stream {
+        let short =
+            self.space.free_flash_segment_count() <= self.space.reserve_for(Allocation::Client);
+        if !short {
+            return predicted;
+        }
+        self.first_with_room(predicted, CLIENT_STREAMS)
+            .unwrap_or(Stream::Client)
+    }
+
+    /// The relocation stream a block placed in `predicted` goes to. When the
+    /// cleaner has used most of its reserve (fewer free segments beyond the
+    /// reserve it leaves than there are relocation streams), the block goes to
+    /// a relocation head with room if `predicted`'s has none: opening a head
+    /// per age class there could spend the space reclaim frees on half-filled
+    /// heads (a 64-segment pool at 85% live failed writes with ENOSPC that
+    /// way). Not sooner: the paced cleaner keeps free space near the clients'
+    /// reserve, and falling back there mixed the classes in steady state
+    /// (Zipf(0.99) WA 2.61 against 2.47 on a 1 GiB pool).
+    fn relocation_stream_with_room(&self, predicted: Stream) -> Stream {
+        let short = self.space.free_flash_segment_count()
+            <= self.space.reserve_for(Allocation::Cleaner) + RELOCATION_STREAMS.len();
+        if !short {
+            return predicted;
+        }
+        self.first_with_room(predicted, RELOCATION_STREAMS)
+            .unwrap_or(predicted)
+    }
+
+    /// `predicted` if a data block appended to it now fits in its head
+    /// segment, else the first of `others` where one fits.
+    fn first_with_room<const COUNT: usize>(
+        &self,
+        predicted: Stream,
+        others: [Stream; COUNT],
+    ) -> Option<Stream> {
+        std::iter::once(predicted)
+            .chain(others)
+            .find(|stream| self.writer.has_room_without_a_new_segment(*stream))
+    }
+
+    /// Sets the heat of a block just appended to flash (nothing on capacity or
+    /// in a one-tier pool).
+    fn set_heat(&mut self, volume_id: u32, physical_block: u64, counter: u8) {
+        // Checked first: a one-tier pool (no heat) pays nothing per write.
+        let Some(heat) = &mut self.heat else { return };
+        let Some(index) = self.geometry.flash_data_index(physical_block) else {
+            return;
+        };
+        let policy = self
+            .volumes
+            .get(volume_id)
+            .map(|volume| volume.policy)
+            .unwrap_or_default();
+        heat.flash_written(index, counter, policy);
+    }
+}
+
+/// Tiering decisions.
+impl State {
+    /// Where the cleaner sends a live block of a flash victim: kept on flash
+    /// (`Stream::Cleaner`) when heat says so or the pool has one tier, else
+    /// demoted (`Stream::Capacity`). Pins are a preference: when writers are
+    /// about to find flash full (`flash_critical`), pinned blocks leave too
+    /// rather than fail the writes.
+    pub fn flash_victim_destination(
+        &mut self,
+        volume_id: u32,
+        physical_block: u64,
+        flash_critical: bool,
+    ) -> Stream {
+        let Some(heat) = &mut self.heat else {
+            return Stream::Cleaner;
+        };
+        let mut policy = self
+            .volumes
+            .get(volume_id)
+            .map(|volume| volume.policy)
+            .unwrap_or_default();
+        if flash_critical && policy.pin == crate::volume::Pin::Flash {
+            policy.pin = crate::volume::Pin::Auto;
+        }
+        let index = self
+            .geometry
+            .flash_data_index(physical_block)
+            .expect("a flash victim's blocks are on flash");
+        if heat.keep_on_flash(index, policy) {
+            Stream::Cleaner
+        } else {
+            Stream::Capacity
+        }
+    }
+}
+
+/// A block to move ([`State::append_relocation`]).
+pub struct Relocation<'a> {
+    /// The writing volume, its snapshots and clones (`VolumeTable::family`).
+    pub family: &'a [u32],
+    pub volume_id: u32,
+    pub logical_block: u64,
+    pub from_physical_block: u64,
+    pub data: &'a [u8],
+    /// `Stream::Cleaner` is the cleaner's stream for its current victim,
+    /// `Stream::Capacity` a demotion (or a move within capacity) and
+    /// `Stream::Client` a promotion to flash.
+    pub stream: Stream,
+}
+
+impl State {
+    /// Moves a block read from `from_physical_block` to the head of its
+    /// stream, if some map of the family still holds it. Every map holding it
+    /// is repointed. Returns whether it moved.
+    pub fn append_relocation(
+        &mut self,
+        relocation: Relocation,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<bool, EngineError> {
+        self.check_failed()?;
+        let Relocation {
+            family,
+            volume_id,
+            logical_block,
+            from_physical_block,
+            data,
+            stream,
+        } = relocation;
+        let Some(checksum) =
+            self.volumes
+                .holder_checksum(family, logical_block, from_physical_block)
+        else {
+            return Ok(false);
+        };
+        // A block only the writing volume's live map holds moves by a plain
+        // `Data` record, which replay applies whatever it found before: the
+        // record does not depend on the batch that put the block at its old
+        // home, so the old segment needs no checkpoint before it is rewritten
+        // (no later client write can come before it in sequence order: it
+        // would have displaced the block, and this move would not be made).
+        // Otherwise the conditional `Relocate` moves it in every map that
+        // holds it, which replay can only do after the old home's batches.
+        let sole_holder =
+            self.volumes
+                .sole_holder(family, volume_id, logical_block, from_physical_block);
+        let record = if sole_holder {
+            Record::Data {
+                volume_id,
+                logical_block,
+                checksum,
+            }
+        } else {
+            Record::Relocate {
+                volume_id,
+                logical_block,
+                from_physical_block,
+                checksum,
+            }
+        };
+        // Within flash the block keeps its heat (the cleaner has already
+        // decremented it); a promoted block starts cold, as S3-FIFO's ghost
+        // hits enter its main queue (measured +0.5 to +0.7 points of hit ratio
+        // over starting at 1, with fewer relocations: docs/decisions/0004).
+        let counter = match self.geometry.flash_data_index(from_physical_block) {
+            Some(index) => self.heat.as_ref().map_or(0, |heat| heat.counter(index)),
+            None => 0,
+        };
+        let physical_block = self.append_block(stream, record, None, data, sealed)?;
+        self.moved(from_physical_block, physical_block, stream, sole_holder);
+        self.set_heat(volume_id, physical_block, counter);
+        Ok(true)
+    }
+
+    /// Tells the placement, the segment table and the counters of a block moved.
+    fn moved(
+        &mut self,
+        from_physical_block: u64,
+        to_physical_block: u64,
+        stream: Stream,
+        sole_holder: bool,
+    ) {
+        if stream.is_relocation() {
+            self.placement
+                .relocated_into(self.geometry.segment_of(to_physical_block));
+        }
+        if !sole_holder {
+            let from_segment_index = self.geometry.segment_of(from_physical_block);
+            self.space.needed_by_replay(from_segment_index);
+        }
+        if stream != Stream::Client {
+            self.counters.block_relocated();
+        }
+    }
+}
+
+/// Sealing.
+impl State {
+    /// Seals every open batch (for a flush or a checkpoint), in lane order.
+    /// The caller must write them to the device.
+    pub fn seal_open_batch(&mut self) -> Vec<Arc<InFlightBatch>> {
+        (0..OPEN_BATCH_COUNT)
+            .filter_map(|lane| self.seal_lane(lane))
+            .collect()
+    }
+
+    /// Seals the open batch of `lane`, if any. Deaths that waited for it
+    /// take its sequence (`sealed_through`, unless it was empty and took
+    /// none).
+    fn seal_lane(&mut self, lane: usize) -> Option<Arc<InFlightBatch>> {
+        let batch = self.writer.take_open_batch(lane)?;
+        let sealed = self.seal(batch);
+        self.space.lane_sealed(lane, self.writer.sealed_through());
+        sealed
+    }
+
+    fn seal(&mut self, batch: OpenBatch) -> Option<Arc<InFlightBatch>> {
+        let sealed = self.writer.seal(batch)?;
+        self.space
+            .batch_sealed_into(sealed.segment_index, sealed.in_flight.sequence);
+        let now_blocks = self.client_blocks_written();
+        self.placement
+            .segment_written(sealed.segment_index, now_blocks);
+        self.counters.batch_sealed(sealed.block_count);
+        // A full head is sealed now rather than when its stream next appends:
+        // a stream that seldom appends (the cold one, a cleaner stream) would
+        // otherwise keep a segment open whose blocks may all have died. (After
+        // `sealed_through` moved: this batch may have released its blocks.)
+        if sealed.head_full {
+            self.close_head_segment(sealed.stream);
+        }
+        Some(sealed.in_flight)
+    }
+}
+
+/// The components a read uses at once, borrowed apart so that the heat can
+/// learn of each access while a map borrowed from the volumes is walked.
+pub struct ReadParts<'a> {
+    pub geometry: &'a Geometry,
+    pub volumes: &'a VolumeTable,
+    /// Holds the blocks that have not reached the device yet.
+    pub writer: &'a LogWriter,
+    pub space: &'a SpaceAllocator,
+    /// Heat of flash blocks and the promotion ghost (two-tier pools only).
+    pub heat: Option<&'a mut Heat>,
+}
+
+impl State {
+    /// The components a read uses, borrowed apart (see [`ReadParts`]).
+    pub fn read_parts(&mut self) -> ReadParts<'_> {
+        ReadParts {
+            geometry: &self.geometry,
+            volumes: &self.volumes,
+            writer: &self.writer,
+            space: &self.space,
+            heat: self.heat.as_mut(),
+        }
+    }
+}
+
+impl State {
+    /// Every volume's tier counters.
+    pub fn all_tier_counters(&self) -> impl Iterator<Item = &VolumeTierCounters> {
+        self.tier_counters.values()
+    }
+}

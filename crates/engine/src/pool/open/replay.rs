@@ -1,0 +1,397 @@
+//! Replaying the scanned batches in sequence order: which were durable before
+//! the crash (the log's summaries and the flush marker say), the unflushed
+//! tail's data checked block by block (a torn block is dropped, a damaged
+//! flushed one is mapped so that reading it fails), striped rows of the tail
+//! written back with matching parity, and the findings logged and counted.
+
+use std::sync::Arc;
+
+use lamina_device::{AlignedBuffer, BlockDevice};
+
+use super::scan::{ScannedBatch, ScannedDamage, ScannedLog};
+use crate::convert::to_usize;
+use crate::error::EngineError;
+use crate::log::batch::block_checksum;
+use crate::log::geometry::{Geometry, Tier};
+use crate::log::marker::FlushMarkerRecord;
+use crate::pool::core::integrity::RecoveryFindings;
+use crate::pool::core::state::State;
+use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
+
+/// How `Pool::open_as` treats the flash tier.
+#[derive(Clone, Copy)]
+pub(super) enum OpenMode {
+    Normal,
+    /// The flash device is new (`Pool::restore_flash`): replay applies only
+    /// moves of contents the checkpoint holds, and what the maps place on
+    /// flash is lost.
+    FlashRestored,
+}
+
+/// Sequences that decide how replay treats a batch.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReplayBounds {
+    /// The checkpoint covers every batch up to here: they are not replayed.
+    pub(super) covered: u64,
+    /// The furthest flush the log's own summaries vouch for: batches above it
+    /// were the unflushed tail as far as the log alone can tell, so their
+    /// data is checked.
+    pub(super) log_flushed_through: u64,
+    /// The furthest flush the log or the flush marker vouches for: a block up
+    /// to here that fails its checksum rotted after it was durable (mapped, so
+    /// that reading it is an error); above, it was torn by the crash (dropped).
+    pub(super) flushed_through: u64,
+    /// The same for batches on the flash tier, which a client's flush may
+    /// have made durable while a capacity batch below them waited for its
+    /// upload (decision 0032): the flush marker's flash claim, at least
+    /// `flushed_through`.
+    pub(super) flash_flushed_through: u64,
+}
+
+impl ReplayBounds {
+    /// Whether `batch` was durable before the crash, as far as the log and
+    /// the marker tell.
+    fn flushed(&self, geometry: &Geometry, batch: &ScannedBatch) -> bool {
+        let sequence = batch.summary.batch_sequence;
+        if sequence <= self.flushed_through {
+            return true;
+        }
+        let on_flash = geometry.tier_of_block(batch.summary_block) == Tier::Flash;
+        on_flash && sequence <= self.flash_flushed_through
+    }
+}
+
+/// How replay treats each batch: covered by the checkpoint, vouched for as
+/// flushed by the log or by the flush marker, or the unflushed tail.
+pub(super) fn replay_bounds(
+    scanned: &ScannedLog,
+    covered: u64,
+    marker: Option<FlushMarkerRecord>,
+) -> ReplayBounds {
+    let log_flushed_through = scanned
+        .batches
+        .iter()
+        .map(|batch| batch.summary.flushed_through_sequence)
+        .fold(covered, u64::max);
+    let flushed_through = marker
+        .map_or(0, |marker| marker.flushed_through_sequence)
+        .max(log_flushed_through);
+    let flash_flushed_through = marker
+        .map_or(0, |marker| marker.flash_flushed_through_sequence)
+        .max(flushed_through);
+    ReplayBounds {
+        covered,
+        log_flushed_through,
+        flushed_through,
+        flash_flushed_through,
+    }
+}
+
+/// What replay did.
+pub(super) struct ReplayOutcome {
+    pub(super) replayed: usize,
+    pub(super) highest_sequence: u64,
+    pub(super) highest_segment_sequence: u64,
+    pub(super) torn_blocks_dropped: u64,
+    pub(super) damaged_flushed_blocks: u64,
+    /// Records a restore without the flash device did not apply: they
+    /// changed, or moved, a version written after the checkpoint.
+    pub(super) later_versions_skipped: u64,
+}
+
+/// Replays the scanned batches newer than the checkpoint, in sequence order.
+/// After a restore without the flash device (`OpenMode::FlashRestored`)
+/// only the moves of contents the maps hold are applied (see
+/// [`replay_records`]).
+pub(super) async fn replay_batches(
+    device: &dyn BlockDevice,
+    geometry: &Geometry,
+    state: &mut State,
+    scanned: &ScannedLog,
+    bounds: ReplayBounds,
+    mode: OpenMode,
+) -> Result<ReplayOutcome, EngineError> {
+    let mut outcome = ReplayOutcome {
+        replayed: 0,
+        highest_sequence: bounds.covered,
+        highest_segment_sequence: 0,
+        torn_blocks_dropped: 0,
+        damaged_flushed_blocks: 0,
+        later_versions_skipped: 0,
+    };
+    let mut previous_sequence: Option<u64> = None;
+    for batch in &scanned.batches {
+        let sequence = batch.summary.batch_sequence;
+        // Sorted and deduplicated by the scan: replay applies records in
+        // the order they were written.
+        assert!(
+            previous_sequence.is_none_or(|previous| sequence > previous),
+            "replay out of order: batch {sequence} after {previous_sequence:?}"
+        );
+        previous_sequence = Some(sequence);
+        if sequence <= bounds.covered {
+            continue;
+        }
+        // Flushed batches may be missing: a dead segment whose records
+        // were all replaced by later durable ones is rewritten without
+        // waiting for checkpoints to cover it (`State::dead_segment_reusable`).
+        let replayed = BatchToReplay {
+            batch,
+            checked_data: read_unflushed_data(device, batch, bounds).await?,
+            flushed: bounds.flushed(geometry, batch),
+            only_held_contents: matches!(mode, OpenMode::FlashRestored),
+        };
+        replay_records(state, &replayed, &mut outcome);
+        batch_replayed(geometry, state, batch, &mut outcome);
+        if sequence > bounds.log_flushed_through {
+            let row_blocks = state
+                .shapes()
+                .shape(geometry.segment_of(batch.summary_block))
+                .row_blocks;
+            rewrite_unflushed_rows(device, row_blocks, batch, replayed.checked_data.as_ref())
+                .await?;
+        }
+    }
+    Ok(outcome)
+}
+
+/// On a striped tier (rows of several blocks, `lamina_layout`), the crash
+/// may have torn an unflushed batch's rows across the members: some members
+/// hold the new blocks, some the old, so that the parity no longer matches
+/// the data replay just accepted (the write hole). The batch is written back
+/// (summary, data and copy: whole rows from the row boundary it starts at),
+/// which gives its rows parity that matches, before anything depends on it:
+/// a member lost later is rebuilt from that parity. The data written is
+/// `checked_data`, as replay checked and rebuilt it, not a second read: with
+/// a member lost, that would rebuild its blocks from the torn parity. On a
+/// single device (rows of one block) there is no parity to mend.
+pub(super) async fn rewrite_unflushed_rows(
+    device: &dyn BlockDevice,
+    row_blocks: u32,
+    batch: &ScannedBatch,
+    checked_data: Option<&AlignedBuffer>,
+) -> Result<(), EngineError> {
+    if row_blocks <= 1 {
+        return Ok(());
+    }
+    // The summary, the data blocks and the summary's copy (format version 5 on).
+    let block_count = batch.summary.data_block_count() + 2;
+    let offset = batch.summary_block * BLOCK_SIZE_BYTES;
+    let mut contents = device.read(offset, block_count * BLOCK_BYTES).await?;
+    if let Some(data) = checked_data {
+        contents[BLOCK_BYTES..BLOCK_BYTES + data.len()].copy_from_slice(data);
+    }
+    device.write(offset, Arc::new(contents)).await?;
+    Ok(())
+}
+
+/// A batch being replayed.
+pub(super) struct BatchToReplay<'a> {
+    batch: &'a ScannedBatch,
+    /// Its data blocks, read back when they may be torn (see
+    /// [`read_unflushed_data`]); `None` when they need no check.
+    checked_data: Option<AlignedBuffer>,
+    /// Whether the log or the flush marker vouches for it: a block that
+    /// fails its checksum rotted after it was durable, rather than torn.
+    flushed: bool,
+    /// Apply only records that move contents the maps hold (a restore
+    /// without the flash device, see [`replay_records`]).
+    only_held_contents: bool,
+}
+
+/// The data blocks of a batch beyond what the log vouches for, which may be
+/// torn and so are checked; `None` for a batch the log vouches for, or one
+/// without data.
+pub(super) async fn read_unflushed_data(
+    device: &dyn BlockDevice,
+    batch: &ScannedBatch,
+    bounds: ReplayBounds,
+) -> Result<Option<AlignedBuffer>, EngineError> {
+    let data_count = batch.summary.data_block_count();
+    if batch.summary.batch_sequence <= bounds.log_flushed_through {
+        return Ok(None);
+    }
+    if data_count == 0 {
+        return Ok(None);
+    }
+    let offset = (batch.summary_block + 1) * BLOCK_SIZE_BYTES;
+    let mut data = device.read(offset, data_count * BLOCK_BYTES).await?;
+    rebuild_failing_blocks(device, batch, &mut data).await;
+    Ok(Some(data))
+}
+
+/// A block beyond what the log vouches for that fails its checksum was torn
+/// by the crash, or damaged after a flush the log does not record (one that
+/// completed just before the crash): a device with redundancy rebuilds it
+/// when it can (and repairs its copy), so that only a block it cannot
+/// rebuild is dropped as torn. On a single device nothing changes.
+pub(super) async fn rebuild_failing_blocks(
+    device: &dyn BlockDevice,
+    batch: &ScannedBatch,
+    data: &mut AlignedBuffer,
+) {
+    let checksums = batch
+        .summary
+        .records
+        .iter()
+        .filter_map(crate::log::batch::Record::data_checksum);
+    for (index, checksum) in checksums.enumerate() {
+        let block = &mut data[index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES];
+        if block_checksum(block) == checksum {
+            continue;
+        }
+        let is_valid = move |contents: &[u8]| block_checksum(contents) == checksum;
+        let physical_block = batch.summary_block + 1 + index as u64;
+        match device
+            .recover_block(physical_block * BLOCK_SIZE_BYTES, &is_valid)
+            .await
+        {
+            Ok(Some(good)) => block.copy_from_slice(&good),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, physical_block, "rebuilding a block of the log's tail failed");
+            }
+        }
+    }
+}
+
+/// Applies a batch's records to the volumes: a torn block (failing its
+/// checksum, never flushed) is dropped, a damaged flushed block is mapped.
+///
+/// After a restore without the flash device, the maps are the copied
+/// checkpoint's and every batch after it that was on flash is gone, so a
+/// capacity batch's record is applied only if it moves contents the maps
+/// hold (a demotion or capacity cleaning of a version the checkpoint has):
+/// one that moves a version written after the checkpoint would make that
+/// block newer than blocks whose later writes were on flash only, and the
+/// volume a mix of two points in time (decision 0056). Skipped, the block
+/// keeps the checkpoint's version, or is lost when that was on flash.
+pub(super) fn replay_records(
+    state: &mut State,
+    replayed: &BatchToReplay,
+    outcome: &mut ReplayOutcome,
+) {
+    let summary_block = replayed.batch.summary_block;
+    let mut data_index = 0u64;
+    for record in &replayed.batch.summary.records {
+        let skipped = replayed.only_held_contents && !state.volumes().moves_held_contents(record);
+        let Some(checksum) = record.data_checksum() else {
+            if skipped {
+                outcome.later_versions_skipped += 1;
+            } else {
+                state.volumes_mut().apply(record, None, &mut |_| {});
+            }
+            continue;
+        };
+        let physical_block = summary_block + 1 + data_index;
+        let intact = replayed.checked_data.as_ref().is_none_or(|data| {
+            let start = to_usize(data_index * BLOCK_SIZE_BYTES);
+            block_checksum(&data[start..start + BLOCK_BYTES]) == checksum
+        });
+        data_index += 1;
+        if skipped {
+            outcome.later_versions_skipped += 1;
+            continue;
+        }
+        if !intact && !replayed.flushed {
+            outcome.torn_blocks_dropped += 1;
+            continue;
+        }
+        if !intact {
+            // Durable, then damaged: mapped with its checksum, so that a
+            // read reports the damage rather than the older version.
+            outcome.damaged_flushed_blocks += 1;
+            tracing::warn!(
+                physical_block,
+                target = ?record.data_target(),
+                "a flushed block fails its checksum; reads of it will fail"
+            );
+        }
+        state
+            .volumes_mut()
+            .apply(record, Some(physical_block), &mut |_| {});
+    }
+}
+
+/// Accounts for a replayed batch: its segment's placement hints and
+/// last batch, and the highest sequences seen.
+pub(super) fn batch_replayed(
+    geometry: &Geometry,
+    state: &mut State,
+    batch: &ScannedBatch,
+    outcome: &mut ReplayOutcome,
+) {
+    let summary = &batch.summary;
+    let segment_index = geometry.segment_of(batch.summary_block);
+    // Written after the checkpoint: its hints there are of an earlier use.
+    let now_blocks = state.client_blocks_written();
+    state
+        .placement_mut()
+        .forget_segment(segment_index, now_blocks);
+    state
+        .space_mut()
+        .batch_replayed(segment_index, summary.batch_sequence);
+    outcome.highest_sequence = outcome.highest_sequence.max(summary.batch_sequence);
+    outcome.highest_segment_sequence = outcome
+        .highest_segment_sequence
+        .max(summary.segment_sequence);
+    outcome.replayed += 1;
+}
+
+/// Logs what recovery found damaged and sums it up for `pool status`. A batch
+/// whose summary and copy were both unreadable is lost if a completed flush
+/// covered it (the batch after it in its segment is itself covered); before
+/// that point it may have been torn by the crash, which loses nothing flushed.
+pub(super) fn report_findings(
+    device: &str,
+    scanned: &ScannedLog,
+    replay: &ReplayOutcome,
+    flushed_through: u64,
+) -> RecoveryFindings {
+    let mut findings = RecoveryFindings {
+        summaries_repaired: scanned.summaries_repaired,
+        lost_batches: 0,
+        torn_blocks_dropped: replay.torn_blocks_dropped,
+        damaged_flushed_blocks: replay.damaged_flushed_blocks,
+        blocks_marked_lost: 0,
+        restored_as_of: None,
+    };
+    if scanned.summaries_repaired > 0 {
+        tracing::warn!(
+            device,
+            summaries = scanned.summaries_repaired,
+            "damaged batch summaries were read from their copies"
+        );
+    }
+    for damage in &scanned.damaged {
+        if report_damage(device, damage, flushed_through) {
+            findings.lost_batches += 1;
+        }
+    }
+    findings
+}
+
+/// Logs one batch whose summary and copy were both unreadable. Returns
+/// whether it was flushed, and so is lost.
+pub(super) fn report_damage(device: &str, damage: &ScannedDamage, flushed_through: u64) -> bool {
+    let flushed = damage.next_batch_sequence > 0 && damage.next_batch_sequence <= flushed_through;
+    if flushed {
+        tracing::error!(
+            device,
+            segment_index = damage.segment_index,
+            first_block_in_segment = damage.range.first_block_in_segment,
+            block_count = damage.range.block_count,
+            "a flushed batch is lost: both copies of its summary are damaged, so the \
+             blocks it wrote may read as an older version"
+        );
+    } else {
+        tracing::warn!(
+            device,
+            segment_index = damage.segment_index,
+            first_block_in_segment = damage.range.first_block_in_segment,
+            block_count = damage.range.block_count,
+            "an unreadable batch in the unflushed tail was skipped (torn by the crash)"
+        );
+    }
+    flushed
+}

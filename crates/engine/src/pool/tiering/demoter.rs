@@ -1,0 +1,145 @@
+//! The demoter of a two-tier pool: keeps a share of flash free
+//! (`tier_flash_free_percent`), so that bursts of writes and promotions find
+//! room on flash without a writer ever waiting for a demotion to the slow tier.
+//! It cleans the oldest flash segments, which demotes their cold blocks and
+//! keeps their hot ones on flash (see `tier::heat`), then flushes, which frees
+//! the emptied segments (decision 0006), and takes a checkpoint only for those
+//! written since the older checkpoint. The paced cleaner and a blocked
+//! writer's reclaim call the same `clean`, so all three agree on what moves.
+//! Each clean first waits for the background budget (`budget`) to allow the
+//! victims' live bytes: demotion is background work like any other. While
+//! the capacity tier's writes are suspended (`capacity_writes`), each look
+//! only retries its flush when due, and demotes nothing.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::EngineError;
+use crate::pool::background::{Periodic, spawn_periodic};
+use crate::pool::budget::BackgroundWork;
+use crate::pool::cleaner::next_victims_live_bytes;
+use crate::pool::core::Pool;
+use crate::pool::core::limits::TIER_FLASH_FREE_PERCENT_MAX;
+use crate::pool::core::state::State;
+use crate::pool::space::Allocation;
+
+/// Flash victims cleaned per look at most, so that the demoter yields to the
+/// writers it competes with for the state lock and the devices.
+const DEMOTION_VICTIMS_PER_LOOK_MAX: usize = 2;
+
+/// Time between the demoter's checkpoints at least: a checkpoint writes the
+/// whole map, and frees only dead segments written since the older one (the
+/// others are freed by flushes), so it is shared by all that died meanwhile.
+const DEMOTER_CHECKPOINT_INTERVAL_MS: u64 = 250;
+
+/// Free flash segments the demoter keeps: the target share of flash, and at
+/// least enough for the clients' reserve plus room for promotions.
+pub(crate) fn flash_free_target_segment_count(state: &State, free_percent: u8) -> usize {
+    debug_assert!(
+        free_percent <= TIER_FLASH_FREE_PERCENT_MAX,
+        "PoolLimits::validate refuses more"
+    );
+    let flash_segments = crate::convert::to_usize(state.geometry().flash_segment_count);
+    let share = flash_segments * usize::from(free_percent) / 100;
+    share.max(
+        state.space().reserve_for(Allocation::Client)
+            + crate::pool::io::read::PROMOTION_HEADROOM_SEGMENT_COUNT
+            + 2,
+    )
+}
+
+/// The demoter's state between two looks at free flash.
+struct Demoter {
+    /// When the demoter last took a checkpoint.
+    last_checkpoint: Option<Instant>,
+}
+
+impl Periodic for Demoter {
+    const NAME: &'static str = "demotion";
+
+    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
+        pool.demote_once(&mut self.last_checkpoint).await
+    }
+}
+
+impl Pool {
+    /// Starts the demoter in a two-tier pool. It stops when the pool is
+    /// closed, abandoned, dropped or failed.
+    pub(crate) fn start_demoter(&self) {
+        if !self.inner.geometry.has_capacity_tier()
+            || self.inner.limits.tier_flash_free_percent == 0
+        {
+            return;
+        }
+        spawn_periodic(
+            self,
+            self.inner.limits.tier_demotion_interval_ms,
+            Demoter {
+                last_checkpoint: None,
+            },
+        );
+    }
+
+    /// Cleans up to `DEMOTION_VICTIMS_PER_LOOK_MAX` flash victims once the
+    /// background budget allows their live bytes (asked for holding no
+    /// lock). Returns how many were emptied.
+    async fn demote_victims(&self) -> Result<usize, EngineError> {
+        let bytes = next_victims_live_bytes(&self.inner.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
+        self.inner
+            .budget
+            .acquire(BackgroundWork::Demoter, bytes)
+            .await;
+        // The pool may have been closed while this waited: a closed pool's
+        // device may already belong to the next open.
+        if self.background_stopped() {
+            return Ok(0);
+        }
+        self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await
+    }
+
+    /// One look: while free flash is under its target, free what flushes
+    /// free, clean flash victims (which demotes their cold blocks), and take a
+    /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
+    /// segments that only a checkpoint frees.
+    async fn demote_once(&self, last_checkpoint: &mut Option<Instant>) -> Result<(), EngineError> {
+        // Demotion pauses while the capacity tier cannot make its writes
+        // durable, and resumes once a retry finds it back (decision 0032).
+        if !self.retry_capacity_writes_when_due().await {
+            return Ok(());
+        }
+        let free_percent = self.inner.limits.tier_flash_free_percent;
+        // Free segments, and dead ones whose death a sealed batch covers.
+        let look = |state: &mut State| {
+            state.free_reusable_dead_segments();
+            (
+                state.space().free_flash_segment_count(),
+                state.sealed_dead_flash_segment_counts(),
+                flash_free_target_segment_count(state, free_percent),
+            )
+        };
+        let (free, dead, target) = look(&mut self.inner.lock());
+        if free >= target {
+            return Ok(());
+        }
+        if free + dead.total() < target && self.demote_victims().await? > 0 {
+            // The victims' deaths become durable, which frees those that both
+            // checkpoints cover.
+            self.flush_all().await?;
+        }
+        let (mut free, mut dead, target) = look(&mut self.inner.lock());
+        if free < target && dead.awaiting_flush > 0 {
+            // Deaths that are not durable yet need a flush, not a checkpoint.
+            self.flush_all().await?;
+            (free, dead, _) = look(&mut self.inner.lock());
+        }
+        let checkpoint_allowed = last_checkpoint
+            .is_none_or(|at| at.elapsed() >= Duration::from_millis(DEMOTER_CHECKPOINT_INTERVAL_MS));
+        if free < target && dead.awaiting_checkpoints > 0 && checkpoint_allowed {
+            self.checkpoint().await?;
+            *last_checkpoint = Some(Instant::now());
+            self.inner.lock().free_reusable_dead_segments();
+        }
+        Ok(())
+    }
+}
