@@ -80,14 +80,8 @@ pub enum BenchCommand {
     WriteAmplification(write_amplification::WriteAmplificationArgs),
     /// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
     Engine(in_process::iops_recovery_memory::EngineArgs),
-    /// In process on files: client latency with the cleaner busy versus idle.
-    CleanerLatency(in_process::cleaner_latency::CleanerLatencyArgs),
-    /// In process on a memory device: the cleaner's write amplification.
-    EngineWriteAmplification(in_process::write_amplification::EngineWriteAmplificationArgs),
     /// The file device alone: 4 KiB random IOPS, optionally against fio.
     DeviceIops(in_process::device_iops::DeviceIopsArgs),
-    /// In process on memory devices: what 4 KiB random writes cost on arrays.
-    ArrayWriteCost(in_process::array_write_cost::ArrayWriteCostArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -240,16 +234,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
             write_amplification::run_write_amplification(&arguments)
         }
         BenchCommand::Engine(arguments) => in_process::iops_recovery_memory::run_engine(&arguments),
-        BenchCommand::CleanerLatency(arguments) => {
-            in_process::cleaner_latency::run_cleaner_latency(&arguments)
-        }
-        BenchCommand::EngineWriteAmplification(arguments) => {
-            in_process::write_amplification::run_engine_write_amplification(&arguments)
-        }
         BenchCommand::DeviceIops(arguments) => in_process::device_iops::run_device_iops(&arguments),
-        BenchCommand::ArrayWriteCost(arguments) => {
-            in_process::array_write_cost::run_array_write_cost(&arguments)
-        }
     }
 }
 

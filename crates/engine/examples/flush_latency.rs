@@ -16,7 +16,7 @@ use serde::Serialize;
 
 mod support;
 
-use support::{create_pool, open_file_device, percentile_of_sorted, runtime};
+use support::{core_count, create_pool, open_file_device, percentile_of_sorted, runtime};
 
 /// Size of the sparse pool file, in bytes.
 const POOL_BYTES: u64 = 256 << 20;
@@ -60,7 +60,7 @@ impl FlushLatencyReport {
 
 /// Measures and returns the report (the CLI prints it; tests inspect it).
 pub fn measure(arguments: &FlushLatencyArgs) -> anyhow::Result<FlushLatencyReport> {
-    let report = runtime()?.block_on(measure_async(arguments));
+    let report = runtime(core_count())?.block_on(measure_async(arguments));
     std::fs::remove_file(&arguments.path)?;
     report
 }

@@ -290,7 +290,7 @@ pub fn measure(arguments: &SnapshotCreateArgs) -> anyhow::Result<SnapshotCreateR
     let total: u64 = sizes.iter().sum();
     let pool_bytes = total + total * POOL_HEADROOM_PERCENT / 100 + (1 << 30);
     let _ = std::fs::remove_file(&arguments.path);
-    let report = runtime()?.block_on(measure_async(arguments, &sizes, pool_bytes));
+    let report = runtime(core_count())?.block_on(measure_async(arguments, &sizes, pool_bytes));
     std::fs::remove_file(&arguments.path)?;
     report
 }

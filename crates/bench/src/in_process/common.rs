@@ -7,12 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use clap::{Args, ValueEnum};
 use lamina_device::{FileDevice, FileDeviceOptions};
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
 
 /// Size of the sequential writes that fill volumes.
 pub const FILL_WRITE_BYTES: usize = 1 << 20;
@@ -23,55 +21,6 @@ pub const FILL_WRITERS: usize = 32;
 /// Bytes at the start of each block that change from one write to the next, so
 /// that no two writes carry the same data.
 const VARYING_PREFIX_BYTES: usize = 64;
-
-/// An on/off command-line switch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Switch {
-    On,
-    Off,
-}
-
-/// The cleaner and placement limits the cleaner benchmarks vary; unset ones keep
-/// the engine's defaults.
-#[derive(Debug, Clone, Args)]
-pub struct CleanerOptions {
-    /// Pace relocation by client writes (off: the cleaner relocates without limit).
-    #[arg(long, value_enum, default_value_t = Switch::On)]
-    pub paced_cleaner: Switch,
-    /// Relocated blocks allowed per client block while pacing.
-    #[arg(long)]
-    pub relocation_ratio: Option<f64>,
-    /// Free segments below which the cleaner runs.
-    #[arg(long)]
-    pub cleaner_headroom: Option<usize>,
-    /// Separate client writes by expected lifespan.
-    #[arg(long, value_enum, default_value_t = Switch::On)]
-    pub separate_client_writes: Switch,
-    /// Segment count from which relocations are separated by data age.
-    #[arg(long)]
-    pub relocation_streams_by_age_from: Option<u64>,
-}
-
-impl CleanerOptions {
-    /// `limits` with these options applied.
-    pub fn apply(&self, mut limits: PoolLimits) -> PoolLimits {
-        if let Some(ratio) = self.relocation_ratio {
-            limits.cleaner_relocation_blocks_per_client_block_max = ratio;
-        }
-        if self.paced_cleaner == Switch::Off {
-            limits.cleaner_relocation_blocks_per_client_block_max = 0.0;
-        }
-        if let Some(headroom) = self.cleaner_headroom {
-            limits.cleaner_headroom_segment_count = headroom;
-        }
-        limits.separate_client_writes_by_lifespan = self.separate_client_writes == Switch::On;
-        if let Some(segment_count) = self.relocation_streams_by_age_from {
-            limits.relocation_streams_by_age_segment_count_min = segment_count;
-        }
-        limits
-    }
-}
 
 /// A tokio runtime: on this thread when `worker_threads` is 0, else with that many
 /// workers.
@@ -179,13 +128,4 @@ pub fn resident_bytes() -> anyhow::Result<u64> {
         .and_then(|field| field.parse::<u64>().ok())
         .ok_or_else(|| anyhow::anyhow!("/proc/self/status has no VmRSS line"))?;
     Ok(kibibytes * 1024)
-}
-
-/// `values` with two decimals, space-separated, for the tables.
-pub fn format_list(values: &[f64]) -> String {
-    values
-        .iter()
-        .map(|value| format!("{value:.2}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }

@@ -5,6 +5,9 @@
 
 #![allow(dead_code)] // Each example uses part of it.
 
+pub mod cleaner;
+pub mod counting_device;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,12 +33,20 @@ pub fn core_count() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// A multi-threaded tokio runtime with one worker per core.
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(core_count())
-        .enable_all()
-        .build()?)
+/// A tokio runtime: on this thread when `worker_threads` is 0, else with that many
+/// workers.
+pub fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let runtime = if worker_threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads)
+            .enable_all()
+            .build()?
+    };
+    Ok(runtime)
 }
 
 /// Opens a file as a device, creating it sparse with `create_size_bytes` if given.
@@ -135,6 +146,32 @@ pub fn median(values: &[f64]) -> f64 {
     } else {
         f64::midpoint(sorted[middle - 1], sorted[middle])
     }
+}
+
+/// The upper median of counts: the middle value, or the higher of the middle two.
+pub fn upper_median(values: impl IntoIterator<Item = u64>) -> u64 {
+    let mut sorted: Vec<u64> = values.into_iter().collect();
+    assert!(!sorted.is_empty(), "a median of no values");
+    sorted.sort_unstable();
+    sorted[sorted.len() / 2]
+}
+
+/// A float already rounded by the caller as a `u64`, saturating (as `as` does).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn saturating_u64(rounded: f64) -> u64 {
+    rounded as u64
+}
+
+/// The report as JSON, with `fields` present at its top level (for the tests).
+pub fn json_with(report: &impl serde::Serialize, fields: &[&str]) -> serde_json::Value {
+    let document = serde_json::to_value(report).expect("serialises");
+    for field in fields {
+        assert!(
+            document.get(field).is_some(),
+            "JSON lacks `{field}`: {document}"
+        );
+    }
+    document
 }
 
 /// The nearest-rank percentile of sorted values.

@@ -1,4 +1,5 @@
-//! `lamina bench cleaner-latency`: client latency with the cleaner busy versus idle
+//! `cargo run --release -p lamina-engine --example cleaner_latency --` (formerly `lamina bench cleaner-latency`;
+//! decision 0060): client latency with the cleaner busy versus idle
 //! (issue 5). A steady 70/30 read/write mix of 4 KiB random requests over one volume,
 //! offered open-loop (Poisson arrivals, latency counted from each request's scheduled
 //! arrival, so that a stalled engine cannot hide its queueing) at 70% of the
@@ -25,24 +26,23 @@
 //! hide exactly the effect being measured. The memory block cache is off, so that
 //! reads reach the device as they do on a pool larger than its cache.
 
+mod support;
+
+use support::cleaner::CleanerOptions;
+use support::{core_count, create_pool, open_file_device, runtime, upper_median, write_blocks};
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::Parser;
 use hdrhistogram::Histogram;
 use lamina_api::size::parse_size;
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-
-use crate::harness::arguments::OutputArgs;
-use crate::harness::statistics::upper_median;
-use crate::in_process::common::{
-    CleanerOptions, core_count, create_pool, open_file_device, runtime, write_blocks,
-};
 
 /// Share of requests that are reads, in percent.
 const READ_PERCENT: u32 = 70;
@@ -61,8 +61,8 @@ const LATENCY_MICROSECONDS_MAX: u64 = 60_000_000;
 /// The pool's own metadata (superblock, checkpoint slots) beyond `--pool-size`.
 const METADATA_BYTES: u64 = 4 << 20;
 
-/// Arguments of `lamina bench cleaner-latency`.
-#[derive(Debug, Clone, Args)]
+/// In process on files: client latency with the cleaner busy versus idle.
+#[derive(Debug, Clone, Parser)]
 pub struct CleanerLatencyArgs {
     /// Size of the busy pool (e.g. 256M, 1G).
     #[arg(long, value_parser = parse_size, default_value = "256M")]
@@ -84,8 +84,9 @@ pub struct CleanerLatencyArgs {
     pub directory: Option<PathBuf>,
     #[command(flatten)]
     pub cleaner: CleanerOptions,
-    #[command(flatten)]
-    pub output: OutputArgs,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A pool on a temporary file with one fully written volume.
@@ -132,7 +133,7 @@ pub struct Medians {
     pub busy_to_idle_p99: f64,
 }
 
-/// What `lamina bench cleaner-latency` measured.
+/// What the cleaner-latency benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct CleanerLatencyReport {
     pub pool_size_bytes: u64,
@@ -345,8 +346,7 @@ async fn one_run(
     // The idle pool must absorb the ageing pass and the window's writes without
     // cleaning: room for both twice over, beyond the volume.
     let window_writes = rate * arguments.seconds as f64 * f64::from(100 - READ_PERCENT) / 100.0;
-    let window_write_bytes =
-        crate::convert::saturating_u64(window_writes.floor()) * BLOCK_SIZE_BYTES;
+    let window_write_bytes = support::saturating_u64(window_writes.floor()) * BLOCK_SIZE_BYTES;
     let idle_device_bytes = busy_device_bytes
         + 2 * (volume_blocks * BLOCK_SIZE_BYTES * AGEING_PASSES + window_write_bytes);
     let idle = set_up(arguments, directory, idle_device_bytes, volume_blocks).await?;
@@ -369,7 +369,7 @@ fn medians(runs: &[Run]) -> Medians {
     let idle_p99_us = median_of(runs, |run| run.idle.p99_us);
     Medians {
         offered_per_second: median_of(runs, |run| {
-            crate::convert::saturating_u64(run.offered_per_second.floor())
+            support::saturating_u64(run.offered_per_second.floor())
         }),
         busy_p50_us: median_of(runs, |run| run.busy.p50_us),
         busy_p99_us,
@@ -388,10 +388,9 @@ async fn measure_async(arguments: &CleanerLatencyArgs) -> anyhow::Result<Cleaner
         .unwrap_or_else(std::env::temp_dir);
     let usable = usable_bytes(arguments, &directory, arguments.pool_size + METADATA_BYTES).await?;
     let volume_blocks =
-        crate::convert::saturating_u64((usable as f64 * arguments.live).floor()) / BLOCK_SIZE_BYTES;
+        support::saturating_u64((usable as f64 * arguments.live).floor()) / BLOCK_SIZE_BYTES;
     let mut runs = Vec::new();
     for run in 1..=arguments.runs {
-        crate::process::check_interrupted()?;
         let measured = one_run(arguments, &directory, volume_blocks).await?;
         eprintln!(
             "run {run}: saturation {:.0} requests/s, offered {:.0}/s",
@@ -474,8 +473,57 @@ impl CleanerLatencyReport {
     }
 }
 
-/// Runs `lamina bench cleaner-latency` and prints the table or the JSON.
-pub fn run_cleaner_latency(arguments: &CleanerLatencyArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    arguments.output.publish(&report, &report.table(), None)
+fn main() -> anyhow::Result<()> {
+    let arguments = CleanerLatencyArgs::parse();
+    let report = measure(&arguments)?;
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleaner_latency_reports_busy_and_idle_windows() {
+        let directory = tempfile::tempdir().unwrap();
+        let directory_text = directory.path().display().to_string();
+        let arguments = CleanerLatencyArgs::try_parse_from([
+            "cleaner_latency",
+            "--pool-size",
+            "256M",
+            "--live",
+            "0.5",
+            "--seconds",
+            "1",
+            "--saturation-seconds",
+            "1",
+            "--runs",
+            "1",
+            "--directory",
+            &directory_text,
+        ])
+        .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        assert!(table.contains("  busy  p50"), "{table}");
+        assert!(table.contains("p99 busy/idle"), "{table}");
+        let document = support::json_with(&report, &["volume_bytes", "runs", "medians"]);
+        let run = &document["runs"][0];
+        assert!(run["idle"]["completed"].as_u64().unwrap() > 0);
+        assert_eq!(
+            run["idle"]["relocated_blocks"], 0,
+            "the idle pool never cleans"
+        );
+        assert!(document["medians"]["busy_to_idle_p99"].is_f64());
+        assert_eq!(
+            std::fs::read_dir(directory.path()).unwrap().count(),
+            0,
+            "the pool files are removed"
+        );
+    }
 }

@@ -1,4 +1,5 @@
-//! `lamina bench engine-write-amplification`: write amplification (device bytes
+//! `cargo run --release -p lamina-model --example engine_write_amplification --` (formerly `lamina bench engine-write-amplification`;
+//! decision 0060): write amplification (device bytes
 //! written ÷ client bytes written) of 4 KiB random overwrites at given live-data
 //! fractions, uniform or Zipf, in steady state, with the engine in process on an
 //! in-memory device: the figure the cleaner is judged by, without fio, NBD or a file
@@ -8,9 +9,14 @@
 //! Every write carries its block and generation and the volume is read back at the
 //! end, so a block the cleaner lost or mixed up fails the run.
 
+#[path = "../../engine/examples/support/cleaner.rs"]
+mod cleaner;
+
+use cleaner::{CleanerOptions, Switch};
+
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
+use clap::{Parser, ValueEnum};
 use lamina_api::size::parse_size;
 use lamina_device::MemoryDevice;
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits, PoolOptions};
@@ -20,9 +26,6 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-
-use crate::harness::arguments::OutputArgs;
-use crate::in_process::common::{CleanerOptions, Switch, runtime};
 
 /// Segment size of the pools, in bytes.
 const SEGMENT_SIZE_BYTES: u64 = 1 << 20;
@@ -62,8 +65,8 @@ impl Workload {
     }
 }
 
-/// Arguments of `lamina bench engine-write-amplification`.
-#[derive(Debug, Clone, Args)]
+/// In process on a memory device: the cleaner's write amplification.
+#[derive(Debug, Clone, Parser)]
 pub struct EngineWriteAmplificationArgs {
     /// Live-data fractions of the usable space (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![0.5, 0.7, 0.85])]
@@ -93,8 +96,9 @@ pub struct EngineWriteAmplificationArgs {
     /// measured window).
     #[arg(long)]
     pub verbose: bool,
-    #[command(flatten)]
-    pub output: OutputArgs,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// What `--verbose` adds to a cell.
@@ -131,7 +135,7 @@ pub struct Cell {
     pub details: Option<CellDetails>,
 }
 
-/// What `lamina bench engine-write-amplification` measured.
+/// What the engine-write-amplification benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineWriteAmplificationReport {
     pub pool_size_bytes: u64,
@@ -243,8 +247,7 @@ async fn prepare(
     let pool = Pool::create(device.clone(), options, limits.clone()).await?;
     let status = pool.status();
     let usable_bytes = status.capacity_bytes - status.reserved_bytes;
-    let volume_blocks =
-        crate::convert::saturating_u64((usable_bytes as f64 * live).floor()) / BLOCK_SIZE_BYTES;
+    let volume_blocks = saturating_u64((usable_bytes as f64 * live).floor()) / BLOCK_SIZE_BYTES;
     let volume_id = pool
         .create_volume("wa", volume_blocks * BLOCK_SIZE_BYTES)
         .await?
@@ -375,11 +378,12 @@ pub fn measure(
     {
         anyhow::bail!("--live {live} is not a fraction strictly between 0 and 1");
     }
-    let runtime = runtime(0)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut cells = Vec::new();
     for &live in &arguments.live {
         for &workload in &arguments.workloads {
-            crate::process::check_interrupted()?;
             eprintln!("live {live} {}", workload.name());
             cells.push(runtime.block_on(measure_cell(arguments, live, workload))?);
         }
@@ -451,10 +455,70 @@ impl CellDetails {
     }
 }
 
-/// Runs `lamina bench engine-write-amplification` and prints the table or the JSON.
-pub fn run_engine_write_amplification(
-    arguments: &EngineWriteAmplificationArgs,
-) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    arguments.output.publish(&report, &report.table(), None)
+/// A float already rounded by the caller as a `u64`, saturating (as `as` does).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn saturating_u64(rounded: f64) -> u64 {
+    rounded as u64
+}
+
+fn main() -> anyhow::Result<()> {
+    let arguments = EngineWriteAmplificationArgs::parse();
+    let report = measure(&arguments)?;
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The report as JSON, with `fields` present at its top level.
+    fn json_with(report: &impl serde::Serialize, fields: &[&str]) -> serde_json::Value {
+        let document = serde_json::to_value(report).expect("serialises");
+        for field in fields {
+            assert!(
+                document.get(field).is_some(),
+                "JSON lacks `{field}`: {document}"
+            );
+        }
+        document
+    }
+
+    #[test]
+    fn engine_write_amplification_reports_every_cell() {
+        let arguments = EngineWriteAmplificationArgs::try_parse_from([
+            "engine_write_amplification",
+            "--pool-size",
+            "32M",
+            "--passes",
+            "1",
+            "--live",
+            "0.5",
+            "--workloads",
+            "uniform,zipf-permuted",
+            "--verbose",
+        ])
+        .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        assert!(table.contains("WA (measured)"), "{table}");
+        assert!(table.contains("zipf-permuted:0.99"), "{table}");
+        assert!(
+            table.contains("blocks overwritten at least once"),
+            "{table}"
+        );
+        let document = json_with(&report, &["pool_size_bytes", "passes", "cells"]);
+        let cells = document["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 2);
+        assert_eq!(cells[0]["workload"], "uniform");
+        assert!(cells[0]["greedy_bound"].is_f64());
+        assert!(cells[1]["greedy_bound"].is_null());
+        for cell in cells {
+            assert!(cell["write_amplification"].as_f64().unwrap() >= 1.0);
+        }
+    }
 }

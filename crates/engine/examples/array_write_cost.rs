@@ -1,4 +1,5 @@
-//! `lamina bench array-write-cost`: what 4 KiB random writes cost on a tier of
+//! `cargo run --release -p lamina-engine --example array_write_cost --` (formerly `lamina bench array-write-cost`;
+//! decision 0060): what 4 KiB random writes cost on a tier of
 //! several devices (issue 18), with the engine in process on memory devices:
 //! one device, a raid6 array of 4+2, raid5 of 3+1 and mirrors of 2 and 3,
 //! with a flush after every 1, 16 or 128 writes. Per configuration it reports
@@ -13,10 +14,15 @@
 //! engine wrote. The pools are sized so that the cleaner never runs (its
 //! relocations are reported, and would show as reads).
 
+mod support;
+
+use support::counting_device::{ByteCounts, CountingDevice};
+use support::{median, runtime};
+
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Args, ValueEnum};
+use clap::{Parser, ValueEnum};
 use lamina_api::size::parse_size;
 use lamina_device::{BlockDevice, MemoryDevice};
 use lamina_engine::log::geometry::DATA_START_BLOCK;
@@ -25,11 +31,6 @@ use lamina_layout::{ArrayIdentity, LABEL_AREA_BLOCKS, MemberDevice, Redundancy, 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-
-use crate::harness::arguments::OutputArgs;
-use crate::harness::statistics::median;
-use crate::in_process::common::runtime;
-use crate::in_process::counting_device::{ByteCounts, CountingDevice};
 
 /// Segment size of every pool: 768 blocks, whole rows of 4 (raid6 4+2), 3
 /// (raid5 3+1) and 1 (mirrors, one device), so all configurations share it.
@@ -96,8 +97,8 @@ impl Configuration {
     }
 }
 
-/// Arguments of `lamina bench array-write-cost`.
-#[derive(Debug, Clone, Args)]
+/// In process on memory devices: what 4 KiB random writes cost on arrays.
+#[derive(Debug, Clone, Parser)]
 pub struct ArrayWriteCostArgs {
     /// Configurations, measured side by side in each run (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![
@@ -116,8 +117,9 @@ pub struct ArrayWriteCostArgs {
     /// Runs; each measures every cell once, with its own random blocks.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     pub runs: u64,
-    #[command(flatten)]
-    pub output: OutputArgs,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One measurement: one configuration, one flush interval, one run.
@@ -189,7 +191,7 @@ pub struct Summary {
     pub write_amplification_runs: Vec<f64>,
 }
 
-/// What `lamina bench array-write-cost` measured.
+/// What the array-write-cost benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ArrayWriteCostReport {
     pub writes_per_cell: u64,
@@ -449,7 +451,6 @@ pub fn measure(arguments: &ArrayWriteCostArgs) -> anyhow::Result<ArrayWriteCostR
     for run in 0..arguments.runs {
         for &flush_every in &arguments.flush_every {
             for &configuration in &arguments.configurations {
-                crate::process::check_interrupted()?;
                 eprintln!(
                     "run {run}: {}, flush every {flush_every}",
                     configuration.name()
@@ -537,8 +538,63 @@ impl Summary {
     }
 }
 
-/// Runs `lamina bench array-write-cost` and prints the table or the JSON.
-pub fn run_array_write_cost(arguments: &ArrayWriteCostArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    arguments.output.publish(&report, &report.table(), None)
+fn main() -> anyhow::Result<()> {
+    let arguments = ArrayWriteCostArgs::parse();
+    let report = measure(&arguments)?;
+    if arguments.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_write_cost_reports_every_cell_without_member_reads() {
+        let arguments = ArrayWriteCostArgs::try_parse_from([
+            "array_write_cost",
+            "--configurations",
+            "single,raid6,raid5",
+            "--flush-every",
+            "1,16",
+            "--writes",
+            "256",
+            "--volume-size",
+            "4M",
+            "--runs",
+            "1",
+        ])
+        .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        assert!(table.contains("flush every 16 writes:"), "{table}");
+        assert!(table.contains("raid6 4+2"), "{table}");
+        let document =
+            support::json_with(&report, &["writes_per_cell", "summaries", "measurements"]);
+        let summaries = document["summaries"].as_array().unwrap();
+        assert_eq!(summaries.len(), 6);
+        for summary in summaries {
+            // Whole rows only: nothing is read while clients write.
+            assert_eq!(summary["member_read_bytes_max"], 0, "{summary}");
+            assert!(summary["write_amplification"].as_f64().unwrap() >= 1.0);
+        }
+        let raid6_flushing_each_write = &summaries[1];
+        assert_eq!(raid6_flushing_each_write["configuration"], "raid6");
+        // A lone block and its two summary copies fill three of a row's four
+        // data blocks: one block of padding per write.
+        assert_eq!(
+            raid6_flushing_each_write["padding_blocks_per_client_block"],
+            1.0
+        );
+        assert!(
+            raid6_flushing_each_write["ratio_to_single"]
+                .as_f64()
+                .unwrap()
+                >= 1.5
+        );
+    }
 }
