@@ -658,12 +658,7 @@ fn fs_table(report: &FsReport) -> String {
         reference.map_or("-", |reference| reference.server.as_str())
     );
     out.push_str(&table.render(&report.servers));
-    for skipped in &report.skipped {
-        out.push_str(&format!(
-            "skipped: {}: {}\n",
-            skipped.server, skipped.reason
-        ));
-    }
+    out.push_str(&report::footer(&[], None, None, &report.skipped));
     out
 }
 

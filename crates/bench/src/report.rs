@@ -7,8 +7,46 @@
 
 use serde::Serialize;
 
-use crate::harness::table::align;
+use crate::harness::table::{Table, align};
 use crate::workload::{Headline, Point, Profile, Settings};
+
+/// The load averages of `/proc/loadavg` (1, 5 and 15 minutes): how busy the shared
+/// machine was when a run started or ended.
+pub fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg").ok().map(|text| {
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    })
+}
+
+/// The lines that end a report's table: its notes, the machine's load around the
+/// run and the servers skipped, with why.
+pub fn footer(
+    notes: &[String],
+    load_average_start: Option<&str>,
+    load_average_end: Option<&str>,
+    skipped: &[Skipped],
+) -> String {
+    let mut out = String::new();
+    for note in notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    if let Some(start) = load_average_start {
+        out.push_str(&format!(
+            "load average: {start} at the start, {} at the end\n",
+            load_average_end.unwrap_or("-")
+        ));
+    }
+    for skipped in skipped {
+        out.push_str(&format!(
+            "skipped: {}: {}\n",
+            skipped.server, skipped.reason
+        ));
+    }
+    out
+}
 
 /// A server that was not measured, and why.
 #[derive(Debug, Clone, Serialize)]
@@ -240,46 +278,29 @@ impl Report {
                 ));
             }
         }
-        for skipped in &self.skipped {
-            out.push_str(&format!(
-                "skipped: {}: {}\n",
-                skipped.server, skipped.reason
-            ));
-        }
+        out.push_str(&footer(&[], None, None, &self.skipped));
         out
     }
 
     fn curve_table(&self, server: &ServerResult) -> String {
-        let mut rows = vec![
-            [
-                "step",
-                "target",
-                "IOPS",
-                "p50 us",
-                "p99 us",
-                "p99.9 us",
-                "CPU us/op",
-                "saturated",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for point in &server.points {
-            let measurement = &point.measurement;
-            rows.push(vec![
-                point.label.clone(),
+        Table::new()
+            .column("step", |point: &Point| point.label.clone())
+            .column("target", |point| {
                 point
                     .target_iops
-                    .map_or("closed".into(), |target| format_number(target as f64)),
-                format_number(measurement.total_iops),
-                format_number(measurement.p50_us),
-                format_number(measurement.p99_us),
-                format_number(measurement.p999_us),
-                point.server_cpu_us_per_op.map_or("-".into(), format_number),
-                if point.saturated { "yes" } else { "" }.to_owned(),
-            ]);
-        }
-        align(&rows)
+                    .map_or("closed".into(), |target| format_number(target as f64))
+            })
+            .column("IOPS", |point| format_number(point.measurement.total_iops))
+            .column("p50 us", |point| format_number(point.measurement.p50_us))
+            .column("p99 us", |point| format_number(point.measurement.p99_us))
+            .column("p99.9 us", |point| format_number(point.measurement.p999_us))
+            .column("CPU us/op", |point| {
+                point.server_cpu_us_per_op.map_or("-".into(), format_number)
+            })
+            .column("saturated", |point| {
+                if point.saturated { "yes" } else { "" }.to_owned()
+            })
+            .render(&server.points)
     }
 }
 

@@ -32,9 +32,9 @@ use serde::Serialize;
 use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::median;
-use crate::harness::table::align;
+use crate::harness::table::Table;
 use crate::process::{check_interrupted, find_program, run_helper};
-use crate::report::{Skipped, format_number, ratio};
+use crate::report::{Skipped, footer, format_number, load_average, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, SnapshotInfo};
@@ -227,15 +227,6 @@ pub struct SnapshotsReport {
     pub load_average_end: Option<String>,
 }
 
-fn load_average() -> Option<String> {
-    std::fs::read_to_string("/proc/loadavg").ok().map(|text| {
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    })
-}
-
 fn find_case<'a>(cases: &'a [CaseResult], server: &str, case: CaseKind) -> Option<&'a CaseResult> {
     cases
         .iter()
@@ -301,6 +292,58 @@ pub const LAMINA: &str = "lamina";
 /// The server name of qemu-nbd on qcow2 in results.
 pub const QEMU: &str = "qemu-nbd";
 
+/// One row per case and server: its median IOPS and latencies, and every run.
+fn case_table<'a>() -> Table<'a, CaseResult> {
+    Table::new()
+        .column("case", |result: &CaseResult| result.case.label())
+        .column("server", |result| result.server.clone())
+        .column("median IOPS", |result| format_number(result.median_iops))
+        .column("runs", |result| {
+            let runs: Vec<String> = result
+                .runs
+                .iter()
+                .map(|run| format_number(run.total_iops))
+                .collect();
+            runs.join(" / ")
+        })
+        .column("p50 us", |result| format_number(result.median_p50_us))
+        .column("p99 us", |result| format_number(result.median_p99_us))
+}
+
+/// One row per ratio the goals judge.
+fn comparison_table<'a>() -> Table<'a, Comparison> {
+    Table::new()
+        .column("ratio", |comparison: &Comparison| {
+            comparison.description.clone()
+        })
+        .column("value", |comparison| {
+            comparison
+                .ratio
+                .map_or("-".to_owned(), |value| format!("{value:.2}"))
+        })
+        .column("goal", |comparison| {
+            match (comparison.goal_min, comparison.met) {
+                (Some(goal), Some(true)) => format!(">= {goal:.2} met"),
+                (Some(goal), Some(false)) => format!(">= {goal:.2} NOT met"),
+                (Some(goal), None) => format!(">= {goal:.2}"),
+                (None, _) => String::new(),
+            }
+        })
+}
+
+/// One row per timed command and server.
+fn timing_table<'a>() -> Table<'a, Timing> {
+    Table::new()
+        .column(
+            "command (wall time, process start included)",
+            |timing: &Timing| timing.operation.clone(),
+        )
+        .column("server", |timing| timing.server.clone())
+        .column("samples", |timing| timing.samples_ms.len().to_string())
+        .column("median ms", |timing| format!("{:.1}", timing.median_ms))
+        .column("max ms", |timing| format!("{:.1}", timing.max_ms))
+}
+
 impl SnapshotsReport {
     /// The human-readable table.
     pub fn table(&self) -> String {
@@ -313,82 +356,17 @@ impl SnapshotsReport {
             settings.ramp_seconds,
             settings.repetitions,
         );
-        let mut rows = vec![
-            ["case", "server", "median IOPS", "runs", "p50 us", "p99 us"]
-                .map(str::to_owned)
-                .to_vec(),
-        ];
-        for result in &self.cases {
-            let runs: Vec<String> = result
-                .runs
-                .iter()
-                .map(|run| format_number(run.total_iops))
-                .collect();
-            rows.push(vec![
-                result.case.label(),
-                result.server.clone(),
-                format_number(result.median_iops),
-                runs.join(" / "),
-                format_number(result.median_p50_us),
-                format_number(result.median_p99_us),
-            ]);
-        }
-        out.push_str(&align(&rows));
+        out.push_str(&case_table().render(&self.cases));
         out.push('\n');
-        let mut rows = vec![["ratio", "value", "goal"].map(str::to_owned).to_vec()];
-        for comparison in &self.comparisons {
-            let goal = match (comparison.goal_min, comparison.met) {
-                (Some(goal), Some(true)) => format!(">= {goal:.2} met"),
-                (Some(goal), Some(false)) => format!(">= {goal:.2} NOT met"),
-                (Some(goal), None) => format!(">= {goal:.2}"),
-                (None, _) => String::new(),
-            };
-            rows.push(vec![
-                comparison.description.clone(),
-                comparison
-                    .ratio
-                    .map_or("-".to_owned(), |value| format!("{value:.2}")),
-                goal,
-            ]);
-        }
-        out.push_str(&align(&rows));
+        out.push_str(&comparison_table().render(&self.comparisons));
         out.push('\n');
-        let mut rows = vec![
-            [
-                "command (wall time, process start included)",
-                "server",
-                "samples",
-                "median ms",
-                "max ms",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for timing in &self.timings {
-            rows.push(vec![
-                timing.operation.clone(),
-                timing.server.clone(),
-                timing.samples_ms.len().to_string(),
-                format!("{:.1}", timing.median_ms),
-                format!("{:.1}", timing.max_ms),
-            ]);
-        }
-        out.push_str(&align(&rows));
-        for note in &self.notes {
-            out.push_str(&format!("note: {note}\n"));
-        }
-        if let Some(start) = &self.load_average_start {
-            out.push_str(&format!(
-                "load average: {start} at the start, {} at the end\n",
-                self.load_average_end.as_deref().unwrap_or("-")
-            ));
-        }
-        for skipped in &self.skipped {
-            out.push_str(&format!(
-                "skipped: {}: {}\n",
-                skipped.server, skipped.reason
-            ));
-        }
+        out.push_str(&timing_table().render(&self.timings));
+        out.push_str(&footer(
+            &self.notes,
+            self.load_average_start.as_deref(),
+            self.load_average_end.as_deref(),
+            &self.skipped,
+        ));
         out
     }
 }

@@ -31,9 +31,9 @@ use crate::convert::saturating_u64;
 use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::{median_if_any, percentile_of_sorted};
-use crate::harness::table::align;
+use crate::harness::table::Table;
 use crate::process::{check_interrupted, run_helper};
-use crate::report::{Skipped, format_number, ratio};
+use crate::report::{Skipped, footer, format_number, load_average, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
 use lamina_api::size::parse_size;
@@ -689,15 +689,6 @@ pub fn comparisons(curves: &[Curve]) -> Vec<TierComparison> {
     out
 }
 
-fn load_average() -> Option<String> {
-    std::fs::read_to_string("/proc/loadavg").ok().map(|text| {
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    })
-}
-
 fn mebibytes(bytes: u64) -> String {
     format!(
         "{} MiB",
@@ -716,6 +707,104 @@ fn format_count(count: u64) -> String {
 
 fn optional(value: Option<f64>, format: impl Fn(f64) -> String) -> String {
     value.map_or_else(|| "-".to_owned(), format)
+}
+
+/// One row per measured point of every curve.
+fn curve_points_table<'a>() -> Table<'a, (&'a Curve, &'a TierPoint)> {
+    Table::new()
+        .column("pool", |(curve, _): &(&Curve, &TierPoint)| {
+            curve.config.name().to_owned()
+        })
+        .column("working set", |(curve, _)| {
+            curve.working_set.name().to_owned()
+        })
+        .column("offered/s", |(_, point)| {
+            point
+                .point
+                .target_iops
+                .map_or("-".to_owned(), |target| format_number(target as f64))
+        })
+        .column("achieved/s", |(_, point)| {
+            format_number(point.point.measurement.total_iops)
+        })
+        .column("p50 us", |(_, point)| {
+            format_number(point.point.measurement.p50_us)
+        })
+        .column("p99 us", |(_, point)| {
+            format_number(point.point.measurement.p99_us)
+        })
+        .column("p99.9 us", |(_, point)| {
+            format_number(point.point.measurement.p999_us)
+        })
+        .column("from capacity", |(_, point)| {
+            optional(
+                point.reads.and_then(|reads| reads.capacity_share()),
+                |share| format!("{:.1}%", share * 100.0),
+            )
+        })
+        .column("promoted", |(_, point)| {
+            point
+                .reads
+                .map_or("-".to_owned(), |reads| format_count(reads.promoted_blocks))
+        })
+        .column("", |(_, point)| {
+            if point.point.saturated {
+                "saturated".to_owned()
+            } else {
+                String::new()
+            }
+        })
+}
+
+/// One row per curve: its headline figures and warm-up.
+fn curve_summary_table<'a>() -> Table<'a, Curve> {
+    Table::new()
+        .column("pool", |curve: &Curve| curve.config.name().to_owned())
+        .column("working set", |curve| curve.working_set.name().to_owned())
+        .column("peak unsaturated IOPS", |curve| {
+            optional(curve.peak_unsaturated_iops, format_number)
+        })
+        .column("IOPS within p99 objective", |curve| {
+            optional(curve.headline.iops_within_slo, format_number)
+        })
+        .column("knee IOPS", |curve| {
+            optional(curve.headline.knee_iops, format_number)
+        })
+        .column("warm-up", |curve| {
+            curve.warmup.as_ref().map_or(String::new(), |warmup| {
+                format!(
+                    "{:.0} s, {} rounds, {}",
+                    warmup.seconds,
+                    warmup.rounds.len(),
+                    warmup.outcome
+                )
+            })
+        })
+}
+
+/// One row per pool and working set: its curve against all-flash's.
+fn comparison_table<'a>() -> Table<'a, TierComparison> {
+    Table::new()
+        .column("ratio to all-flash", |comparison: &TierComparison| {
+            comparison.config.name().to_owned()
+        })
+        .column("working set", |comparison| {
+            comparison.working_set.name().to_owned()
+        })
+        .column("median p99 ratio", |comparison| {
+            optional(comparison.median_p99_ratio, |value| format!("{value:.2}"))
+        })
+        .column("at loads", |comparison| {
+            let loads: Vec<String> = comparison
+                .common_loads_iops
+                .iter()
+                .map(|load| format_number(*load as f64))
+                .collect();
+            loads.join(" ")
+        })
+        .column("peak IOPS ratio", |comparison| {
+            optional(comparison.peak_iops_ratio, |value| format!("{value:.3}"))
+        })
 }
 
 impl TiersReport {
@@ -740,110 +829,16 @@ impl TiersReport {
             settings.ramp_seconds,
             mebibytes(settings.memory_cache_bytes),
         );
-        let mut rows = vec![
-            [
-                "pool",
-                "working set",
-                "offered/s",
-                "achieved/s",
-                "p50 us",
-                "p99 us",
-                "p99.9 us",
-                "from capacity",
-                "promoted",
-                "",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for curve in &self.curves {
-            for point in &curve.points {
-                let measurement = &point.point.measurement;
-                rows.push(vec![
-                    curve.config.name().to_owned(),
-                    curve.working_set.name().to_owned(),
-                    point
-                        .point
-                        .target_iops
-                        .map_or("-".to_owned(), |target| format_number(target as f64)),
-                    format_number(measurement.total_iops),
-                    format_number(measurement.p50_us),
-                    format_number(measurement.p99_us),
-                    format_number(measurement.p999_us),
-                    optional(
-                        point.reads.and_then(|reads| reads.capacity_share()),
-                        |share| format!("{:.1}%", share * 100.0),
-                    ),
-                    point
-                        .reads
-                        .map_or("-".to_owned(), |reads| format_count(reads.promoted_blocks)),
-                    if point.point.saturated {
-                        "saturated".to_owned()
-                    } else {
-                        String::new()
-                    },
-                ]);
-            }
-        }
-        out.push_str(&align(&rows));
+        let points: Vec<(&Curve, &TierPoint)> = self
+            .curves
+            .iter()
+            .flat_map(|curve| curve.points.iter().map(move |point| (curve, point)))
+            .collect();
+        out.push_str(&curve_points_table().render(&points));
         out.push('\n');
-        let mut rows = vec![
-            [
-                "pool",
-                "working set",
-                "peak unsaturated IOPS",
-                "IOPS within p99 objective",
-                "knee IOPS",
-                "warm-up",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for curve in &self.curves {
-            rows.push(vec![
-                curve.config.name().to_owned(),
-                curve.working_set.name().to_owned(),
-                optional(curve.peak_unsaturated_iops, format_number),
-                optional(curve.headline.iops_within_slo, format_number),
-                optional(curve.headline.knee_iops, format_number),
-                curve.warmup.as_ref().map_or(String::new(), |warmup| {
-                    format!(
-                        "{:.0} s, {} rounds, {}",
-                        warmup.seconds,
-                        warmup.rounds.len(),
-                        warmup.outcome
-                    )
-                }),
-            ]);
-        }
-        out.push_str(&align(&rows));
+        out.push_str(&curve_summary_table().render(&self.curves));
         out.push('\n');
-        let mut rows = vec![
-            [
-                "ratio to all-flash",
-                "working set",
-                "median p99 ratio",
-                "at loads",
-                "peak IOPS ratio",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for comparison in &self.comparisons {
-            let loads: Vec<String> = comparison
-                .common_loads_iops
-                .iter()
-                .map(|load| format_number(*load as f64))
-                .collect();
-            rows.push(vec![
-                comparison.config.name().to_owned(),
-                comparison.working_set.name().to_owned(),
-                optional(comparison.median_p99_ratio, |value| format!("{value:.2}")),
-                loads.join(" "),
-                optional(comparison.peak_iops_ratio, |value| format!("{value:.3}")),
-            ]);
-        }
-        out.push_str(&align(&rows));
+        out.push_str(&comparison_table().render(&self.comparisons));
         if let Some(reaction) = &self.reaction {
             out.push_str(&format!(
                 "\nreaction: {} volume ({} on flash, {} on capacity before), read at {}/s for {} s, priority {}\n",
@@ -894,21 +889,12 @@ impl TiersReport {
         if let Some(reason) = &self.reaction_missing {
             out.push_str(&format!("\nreaction not measured: {reason}\n"));
         }
-        for note in &self.notes {
-            out.push_str(&format!("note: {note}\n"));
-        }
-        if let Some(start) = &self.load_average_start {
-            out.push_str(&format!(
-                "load average: {start} at the start, {} at the end\n",
-                self.load_average_end.as_deref().unwrap_or("-")
-            ));
-        }
-        for skipped in &self.skipped {
-            out.push_str(&format!(
-                "skipped: {}: {}\n",
-                skipped.server, skipped.reason
-            ));
-        }
+        out.push_str(&footer(
+            &self.notes,
+            self.load_average_start.as_deref(),
+            self.load_average_end.as_deref(),
+            &self.skipped,
+        ));
         out
     }
 }

@@ -541,12 +541,7 @@ impl Summary {
 fn main() -> anyhow::Result<()> {
     let arguments = ArrayWriteCostArgs::parse();
     let report = measure(&arguments)?;
-    if arguments.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    support::print_report(&report, &report.table(), arguments.json)
 }
 
 #[cfg(test)]

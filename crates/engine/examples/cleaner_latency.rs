@@ -476,12 +476,7 @@ impl CleanerLatencyReport {
 fn main() -> anyhow::Result<()> {
     let arguments = CleanerLatencyArgs::parse();
     let report = measure(&arguments)?;
-    if arguments.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    support::print_report(&report, &report.table(), arguments.json)
 }
 
 #[cfg(test)]

@@ -105,12 +105,7 @@ async fn measure_async(arguments: &FlushLatencyArgs) -> anyhow::Result<FlushLate
 fn main() -> anyhow::Result<()> {
     let arguments = FlushLatencyArgs::parse();
     let report = measure(&arguments)?;
-    if arguments.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    support::print_report(&report, &report.table(), arguments.json)
 }
 
 #[cfg(test)]

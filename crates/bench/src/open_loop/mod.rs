@@ -17,10 +17,10 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::harness::arguments::CommonArgs;
-use crate::harness::table::align;
+use crate::harness::table::Table;
 use crate::nbd_client::{self, Endpoint};
 use crate::process::{check_interrupted, install_interrupt_handler};
-use crate::report::{Skipped, format_number};
+use crate::report::{Skipped, footer, format_number};
 use crate::servers::{ServerKind, ServerOptions};
 use crate::workload::Mix;
 use generator::{DataMode, LoadResult, LoadSpec, Schedule, run_load};
@@ -350,16 +350,14 @@ impl OpenLoopReport {
             self.seconds,
             format_number(self.slo_p99_us)
         );
-        let mut rows = vec![vec!["server".to_owned(), "headline (offered/s)".to_owned()]];
-        for server in &self.servers {
-            rows.push(vec![
-                server.server.clone(),
+        let headlines = Table::new()
+            .column("server", |server: &OpenLoopServer| server.server.clone())
+            .column("headline (offered/s)", |server| {
                 server
                     .headline_offered_per_second
-                    .map_or("-".into(), format_number),
-            ]);
-        }
-        out.push_str(&align(&rows));
+                    .map_or("-".into(), format_number)
+            });
+        out.push_str(&headlines.render(&self.servers));
         for server in &self.servers {
             out.push_str(&format!("\n{} steps:\n", server.server));
             out.push_str(&steps_table(&server.steps));
@@ -367,49 +365,36 @@ impl OpenLoopReport {
                 out.push_str(&format!("note: {}\n", server.notes.join("; ")));
             }
         }
-        for skipped in &self.skipped {
-            out.push_str(&format!(
-                "skipped: {}: {}\n",
-                skipped.server, skipped.reason
-            ));
-        }
+        out.push_str(&footer(&[], None, None, &self.skipped));
         out
     }
 }
 
 fn steps_table(steps: &[RateStep]) -> String {
-    let mut rows = vec![
-        [
-            "offered/s",
-            "achieved/s",
-            "p50 us",
-            "p99 us",
-            "p99.9 us",
-            "sent->done p99 us",
-            "late p99 us",
-            "CPU us/op",
-            "saturated",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    ];
-    for step in steps {
-        let result = &step.result;
-        rows.push(vec![
-            format_number(result.offered_per_second),
-            format_number(result.achieved_per_second),
-            format_number(result.latency.p50_us),
-            format_number(result.latency.p99_us),
-            format_number(result.latency.p999_us),
-            format_number(result.service.p99_us),
-            format_number(result.issue_lateness.p99_us),
-            result
+    let number = |value: f64| format_number(value);
+    Table::new()
+        .column("offered/s", |step: &RateStep| {
+            number(step.result.offered_per_second)
+        })
+        .column("achieved/s", |step| number(step.result.achieved_per_second))
+        .column("p50 us", |step| number(step.result.latency.p50_us))
+        .column("p99 us", |step| number(step.result.latency.p99_us))
+        .column("p99.9 us", |step| number(step.result.latency.p999_us))
+        .column("sent->done p99 us", |step| {
+            number(step.result.service.p99_us)
+        })
+        .column("late p99 us", |step| {
+            number(step.result.issue_lateness.p99_us)
+        })
+        .column("CPU us/op", |step| {
+            step.result
                 .server_cpu_us_per_op
-                .map_or("-".into(), format_number),
-            if step.saturated { "yes" } else { "" }.to_owned(),
-        ]);
-    }
-    align(&rows)
+                .map_or("-".into(), format_number)
+        })
+        .column("saturated", |step| {
+            if step.saturated { "yes" } else { "" }.to_owned()
+        })
+        .render(steps)
 }
 
 /// Runs `lamina bench open-loop` and prints its report.
