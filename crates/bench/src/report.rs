@@ -48,6 +48,30 @@ pub fn footer(
     out
 }
 
+/// What a report holds beside its figures: how its servers were run, which were
+/// skipped and why, and how busy the shared machine was around the run. Flattened
+/// into the report's JSON, where these fields always were.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunNotes {
+    pub notes: Vec<String>,
+    pub skipped: Vec<Skipped>,
+    /// `/proc/loadavg` before and after the run.
+    pub load_average_start: Option<String>,
+    pub load_average_end: Option<String>,
+}
+
+impl RunNotes {
+    /// The lines that end the report's table.
+    pub fn footer(&self) -> String {
+        footer(
+            &self.notes,
+            self.load_average_start.as_deref(),
+            self.load_average_end.as_deref(),
+            &self.skipped,
+        )
+    }
+}
+
 /// A server that was not measured, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {

@@ -34,7 +34,7 @@ use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::median;
 use crate::harness::table::Table;
 use crate::process::{check_interrupted, find_program, run_helper};
-use crate::report::{Skipped, footer, format_number, load_average, ratio};
+use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, SnapshotInfo};
@@ -219,12 +219,9 @@ pub struct SnapshotsReport {
     pub cases: Vec<CaseResult>,
     pub timings: Vec<Timing>,
     pub comparisons: Vec<Comparison>,
-    /// How each server was run.
-    pub notes: Vec<String>,
-    pub skipped: Vec<Skipped>,
-    /// `/proc/loadavg` before and after the run: how busy the shared machine was.
-    pub load_average_start: Option<String>,
-    pub load_average_end: Option<String>,
+    /// How each server was run, the servers skipped, the machine's load.
+    #[serde(flatten)]
+    pub run: RunNotes,
 }
 
 fn find_case<'a>(cases: &'a [CaseResult], server: &str, case: CaseKind) -> Option<&'a CaseResult> {
@@ -361,12 +358,7 @@ impl SnapshotsReport {
         out.push_str(&comparison_table().render(&self.comparisons));
         out.push('\n');
         out.push_str(&timing_table().render(&self.timings));
-        out.push_str(&footer(
-            &self.notes,
-            self.load_average_start.as_deref(),
-            self.load_average_end.as_deref(),
-            &self.skipped,
-        ));
+        out.push_str(&self.run.footer());
         out
     }
 }
@@ -1000,10 +992,12 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         cases,
         timings: timings.into_timings(),
         comparisons,
-        notes,
-        skipped,
-        load_average_start,
-        load_average_end: load_average(),
+        run: RunNotes {
+            notes,
+            skipped,
+            load_average_start,
+            load_average_end: load_average(),
+        },
     })
 }
 
@@ -1100,13 +1094,15 @@ mod tests {
                 vec![5.0, 7.0, 6.0],
             )],
             comparisons,
-            notes: vec![],
-            skipped: vec![Skipped {
-                server: QEMU.into(),
-                reason: "not installed".into(),
-            }],
-            load_average_start: Some("1.00 2.00 3.00".into()),
-            load_average_end: None,
+            run: RunNotes {
+                notes: vec![],
+                skipped: vec![Skipped {
+                    server: QEMU.into(),
+                    reason: "not installed".into(),
+                }],
+                load_average_start: Some("1.00 2.00 3.00".into()),
+                load_average_end: None,
+            },
         };
         let table = report.table();
         assert!(table.contains("1,000 / 1,200"), "{table}");

@@ -33,7 +33,7 @@ use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::{median_if_any, percentile_of_sorted};
 use crate::harness::table::Table;
 use crate::process::{check_interrupted, run_helper};
-use crate::report::{Skipped, footer, format_number, load_average, ratio};
+use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
 use lamina_api::size::parse_size;
@@ -575,10 +575,9 @@ pub struct TiersReport {
     pub reaction: Option<Reaction>,
     /// Why the reaction was not measured, when it was asked for.
     pub reaction_missing: Option<String>,
-    pub notes: Vec<String>,
-    pub skipped: Vec<Skipped>,
-    pub load_average_start: Option<String>,
-    pub load_average_end: Option<String>,
+    /// How each server was run, the servers skipped, the machine's load.
+    #[serde(flatten)]
+    pub run: RunNotes,
 }
 
 /// Whether a step at `target_iops` for `runtime_seconds` failed to keep up.
@@ -889,12 +888,7 @@ impl TiersReport {
         if let Some(reason) = &self.reaction_missing {
             out.push_str(&format!("\nreaction not measured: {reason}\n"));
         }
-        out.push_str(&footer(
-            &self.notes,
-            self.load_average_start.as_deref(),
-            self.load_average_end.as_deref(),
-            &self.skipped,
-        ));
+        out.push_str(&self.run.footer());
         out
     }
 }
@@ -1522,10 +1516,12 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
         comparisons,
         reaction,
         reaction_missing,
-        notes,
-        skipped,
-        load_average_start,
-        load_average_end: load_average(),
+        run: RunNotes {
+            notes,
+            skipped,
+            load_average_start,
+            load_average_end: load_average(),
+        },
     })
 }
 
@@ -1661,10 +1657,12 @@ pub(crate) mod tests {
                 goal_met: settled_seconds.is_some_and(|seconds| seconds <= REACTION_GOAL_SECONDS),
             }),
             reaction_missing: None,
-            notes: vec!["a note".into()],
-            skipped: vec![],
-            load_average_start: Some("1.00 1.00 1.00".into()),
-            load_average_end: None,
+            run: RunNotes {
+                notes: vec!["a note".into()],
+                skipped: vec![],
+                load_average_start: Some("1.00 1.00 1.00".into()),
+                load_average_end: None,
+            },
         }
     }
 

@@ -53,9 +53,9 @@ fn tiers_quick_reports_curves_ratios_and_the_reaction() {
     let report = measure(&arguments).expect("the benchmark runs");
 
     assert!(
-        report.skipped.is_empty(),
+        report.run.skipped.is_empty(),
         "pools skipped: {:?}",
-        report.skipped
+        report.run.skipped
     );
     assert_eq!(report.curves.len(), 6, "three pools, two working sets each");
     for config in TierConfig::all() {

@@ -147,10 +147,7 @@ mod tests {
             ],
             timings: vec![],
             comparisons: vec![],
-            notes: vec![],
-            skipped: vec![],
-            load_average_start: None,
-            load_average_end: None,
+            run: crate::report::RunNotes::default(),
         };
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("bars.svg");
