@@ -1,17 +1,20 @@
-//! Background activity: one scaffold ([`spawn_periodic`]) runs each of the
-//! pool's periodic tasks — the flush-and-checkpoint loop here, the paced
-//! cleaner (`cleaner::pacing`) and the demoter (`tiering`) — and owns what they
-//! share: the tokio timer (so that tests can pause and advance time), holding
-//! the pool only weakly between steps (its own tasks must not keep a dropped
-//! pool alive), stopping once the pool is closed, abandoned, dropped or failed,
-//! and logging a failed step. The tasks are the steps.
+//! Background activity, supervised: one scaffold ([`spawn_periodic`]) runs
+//! each of the pool's periodic tasks — the flush-and-checkpoint loop here,
+//! the paced cleaner (`cleaner::pacing`) and the demoter
+//! (`tiering::demoter`) — under the pool's supervisor
+//! (`core::supervisor`), which keeps their join handles and stops them in
+//! order. The scaffold owns what the tasks share: the tokio timer (so that
+//! tests can pause and advance time), holding the pool only weakly between
+//! steps (its own tasks must not keep a dropped pool alive), stopping once
+//! the pool is closed, abandoned, dropped or failed, and logging a failed
+//! step. The tasks are the steps.
 //!
 //! Also here: the flush a write starts when unflushed data exceeds
 //! `dirty_bytes_max`, the usage warnings, and `close`/`abandon`, which stop
-//! background work.
+//! background work: `close` waits for the tasks to end, `abandon` (a crash,
+//! for tests) only tells them to.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -42,9 +45,14 @@ pub(super) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64, mut tas
     );
     let interval = Duration::from_millis(interval_ms);
     let weak: Weak<Inner> = Arc::downgrade(&pool.inner);
-    tokio::spawn(async move {
+    let mut stop = pool.inner.supervisor.stop_signal();
+    let run = async move {
         loop {
-            tokio::time::sleep(interval).await;
+            // The sleep ends early when the pool stops, so that `close`
+            // does not wait a whole interval for the task to end.
+            if tokio::time::timeout(interval, stop.stopped()).await.is_ok() {
+                return;
+            }
             let Some(inner) = weak.upgrade() else { return };
             let pool = Pool { inner };
             if pool.background_stopped() || pool.inner.lock().writer().failed().is_some() {
@@ -59,7 +67,8 @@ pub(super) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64, mut tas
                 Err(error) => tracing::error!(%error, "{} failed", T::NAME),
             }
         }
-    });
+    };
+    pool.inner.supervisor.spawn(T::NAME, run);
 }
 
 /// The flush-and-checkpoint loop: flushes when unflushed data gets older than
@@ -210,7 +219,7 @@ impl Pool {
 
     /// Whether the pool was closed or abandoned: background work stops.
     pub(super) fn background_stopped(&self) -> bool {
-        self.inner.shutdown.load(Ordering::Acquire)
+        self.inner.supervisor.is_stopping()
     }
 
     fn dirt(&self) -> Dirt {
@@ -242,7 +251,7 @@ impl Pool {
         let over = over && !self.inner.device_full.is_full();
         if over && self.inner.flush_lock.try_lock().is_ok() {
             let pool = self.clone();
-            tokio::spawn(async move {
+            self.inner.supervisor.spawn("background flush", async move {
                 if let Err(error) = pool.flush().await {
                     tracing::error!(%error, "background flush failed");
                 }
@@ -272,7 +281,7 @@ impl Pool {
     }
 
     /// Flushes, writes a final checkpoint (so the next open replays nothing) and
-    /// stops background work.
+    /// stops background work, waiting for each task to end its step.
     /// While the capacity tier's writes are suspended the checkpoint is
     /// skipped with a warning: what clients wrote is durable on flash and the
     /// next open replays it (decision 0032).
@@ -291,12 +300,12 @@ impl Pool {
             }
             Err(error) => return Err(error),
         }
-        self.inner.shutdown.store(true, Ordering::Release);
+        self.inner.supervisor.stop().await;
         Ok(())
     }
 
     /// Stops background work without flushing: what a crash leaves behind, for tests.
     pub fn abandon(&self) {
-        self.inner.shutdown.store(true, Ordering::Release);
+        self.inner.supervisor.signal_stop();
     }
 }

@@ -251,17 +251,19 @@ impl Pool {
             return;
         }
         let pool = self.clone();
-        tokio::spawn(async move {
-            pool.warm_cache_now(contents, capacity_blocks).await;
-            pool.inner.cache_warmup.finish();
-            let status = pool.cache_warmup_status();
-            tracing::info!(
-                blocks_loaded = status.blocks_loaded,
-                blocks_skipped = status.blocks_skipped,
-                elapsed_ms = status.elapsed_ms,
-                "memory cache warm-up finished"
-            );
-        });
+        self.inner
+            .supervisor
+            .spawn("memory cache warm-up", async move {
+                pool.warm_cache_now(contents, capacity_blocks).await;
+                pool.inner.cache_warmup.finish();
+                let status = pool.cache_warmup_status();
+                tracing::info!(
+                    blocks_loaded = status.blocks_loaded,
+                    blocks_skipped = status.blocks_skipped,
+                    elapsed_ms = status.elapsed_ms,
+                    "memory cache warm-up finished"
+                );
+            });
     }
 
     async fn warm_cache_now(&self, contents: CacheContents, capacity_blocks: u64) {

@@ -31,6 +31,7 @@ pub(super) mod counters;
 pub mod integrity;
 pub(crate) mod limits;
 pub(super) mod state;
+pub(super) mod supervisor;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -84,8 +85,9 @@ pub(crate) struct Inner {
     pub(super) cache: Arc<MemoryCache>,
     /// Whether batch writes are waiting for space under the device.
     pub(super) device_full: DeviceFull,
-    /// Set when the pool is closed or abandoned: background work stops.
-    pub(super) shutdown: std::sync::atomic::AtomicBool,
+    /// The background tasks' handles and their stop signal, set when the
+    /// pool is closed or abandoned: background work stops.
+    pub(super) supervisor: crate::pool::core::supervisor::Supervisor,
     /// Damage found and what was done about it.
     pub(super) integrity: Integrity,
     /// The durable record of how far completed flushes reached.
@@ -209,7 +211,7 @@ pub(super) async fn write_retried_while_full(
     let mut waiting = false;
     loop {
         let result = inner.device.write(offset, buffer.clone()).await;
-        let shutting_down = inner.shutdown.load(std::sync::atomic::Ordering::Acquire);
+        let shutting_down = inner.supervisor.is_stopping();
         match result {
             Err(error) if error.is_out_of_space() && !shutting_down => {
                 if !waiting {

@@ -72,7 +72,7 @@ fn new_inner(
             .map(|_| tokio::sync::Mutex::new(()))
             .collect(),
         device_full: Default::default(),
-        shutdown: std::sync::atomic::AtomicBool::new(false),
+        supervisor: Default::default(),
         integrity: Default::default(),
         scrub: Default::default(),
         rebuild: Default::default(),

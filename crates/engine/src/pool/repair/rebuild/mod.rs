@@ -76,7 +76,7 @@ impl Pool {
         // stops at its next step (`Pool::rebuild` waits for that).
         if self.rebuild_pending() {
             let pool = self.clone();
-            tokio::spawn(async move {
+            self.inner.supervisor.spawn("rebuild", async move {
                 if let Err(error) = pool.rebuild().await {
                     tracing::debug!(%error, "rebuild did not run");
                 }
@@ -94,7 +94,7 @@ impl Pool {
             return RebuildStart::LacksSpace(need);
         }
         let pool = self.clone();
-        tokio::spawn(async move {
+        self.inner.supervisor.spawn("evacuation", async move {
             if let Err(error) = pool.evacuate().await {
                 tracing::debug!(%error, "rebuild did not run");
             }
