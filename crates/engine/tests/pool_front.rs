@@ -22,21 +22,17 @@ const TO_BE_CONVERTED: &[&str] = &[
     // The core: `Pool`'s definition, its batch writes and waits; to become
     // `Core`'s own methods.
     "src/pool/core/mod.rs",
-    "src/pool/background.rs",
     "src/pool/cache_warmup/mod.rs",
     "src/pool/checkpoint/mod.rs",
     "src/pool/cleaner/mod.rs",
-    "src/pool/cleaner/pacing.rs",
     "src/pool/io/read.rs",
     "src/pool/io/write.rs",
     "src/pool/open/flash_restore.rs",
     "src/pool/open/mod.rs",
     "src/pool/repair/evacuation.rs",
-    "src/pool/repair/live_list.rs",
     "src/pool/repair/rebuild/mod.rs",
     "src/pool/repair/scrub/mod.rs",
     "src/pool/status.rs",
-    "src/pool/tiering/demoter.rs",
     "src/pool/tiering/flush.rs",
 ];
 

@@ -61,6 +61,22 @@ fn marker_claims(writer: &io::writer::LogWriter) -> MarkerClaims {
 }
 
 impl Pool {
+    // ----- lifetime -----
+
+    /// Flushes, writes a final checkpoint (so the next open replays nothing) and
+    /// stops background work, waiting for each service to end its step.
+    /// While the capacity tier's writes are suspended the checkpoint is
+    /// skipped with a warning: what clients wrote is durable on flash and the
+    /// next open replays it (decision 0032).
+    pub async fn close(&self) -> Result<(), EngineError> {
+        background::close(self).await
+    }
+
+    /// Stops background work without flushing: what a crash leaves behind, for tests.
+    pub fn abandon(&self) {
+        background::abandon(self);
+    }
+
     // ----- volumes -----
 
     /// Every volume with its space accounting. The accounting compares maps;

@@ -18,7 +18,7 @@
 //! write that found the pool full, so that a full pool slows writers down
 //! instead of failing them while space is reclaimable.
 
-mod pacing;
+pub(super) mod pacing;
 pub mod victims;
 pub use pacing::CleanerState;
 pub(crate) use pacing::cleaner_state;

@@ -33,12 +33,12 @@
 
 use serde::Serialize;
 
-use super::super::background::{Periodic, spawn_periodic};
 use super::super::budget::BackgroundWork;
 use super::super::space::Allocation;
 use super::victims::{VictimPolicy, pick_victims};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
+use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::core::Pool;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
@@ -187,7 +187,7 @@ impl Periodic for Pacer {
     /// up however fast clients write between looks.
     async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
         for _ in 0..STEPS_PER_LOOK_MAX {
-            if pool.pace_once(self).await? == Step::Idle || pool.background_stopped() {
+            if self.pace_once(pool).await? == Step::Idle || pool.background_stopped() {
                 break;
             }
         }
@@ -195,54 +195,54 @@ impl Periodic for Pacer {
     }
 }
 
-impl Pool {
+impl Pacer {
     /// Starts the paced cleaner unless `cleaner_relocation_blocks_per_client_block_max`
     /// is 0. It stops when the pool is closed, abandoned, dropped or failed.
-    pub(crate) fn start_paced_cleaner(&self) {
-        let limits = &self.inner.limits;
+    pub(in crate::pool) fn start(pool: &Pool) {
+        let limits = &pool.inner.limits;
         if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
             return;
         }
-        spawn_periodic(self, limits.cleaner_interval_ms, Pacer::default());
+        spawn_periodic(pool, limits.cleaner_interval_ms, Pacer::default());
     }
 
     /// One look at the pool: update the budget, then at most one step, which
     /// is returned.
-    async fn pace_once(&self, pacer: &mut Pacer) -> Result<Step, EngineError> {
-        let Some(look) = self.look(pacer) else {
+    async fn pace_once(&mut self, pool: &Pool) -> Result<Step, EngineError> {
+        let Some(look) = self.look(pool) else {
             return Ok(Step::Idle);
         };
         match look.step {
             Step::Idle => {}
             Step::Flush => {
-                self.flush_all().await?;
-                self.inner.lock().free_reusable_dead_segments();
+                pool.flush_all().await?;
+                pool.inner.lock().free_reusable_dead_segments();
             }
-            Step::Checkpoint => self.checkpoint().await?,
-            Step::Clean => self.clean_paced(pacer, &look).await?,
+            Step::Checkpoint => pool.checkpoint().await?,
+            Step::Clean => self.clean_paced(pool, &look).await?,
         }
         Ok(look.step)
     }
 
     /// Updates the budget and chooses the next step; none once the pool has
     /// failed.
-    fn look(&self, pacer: &mut Pacer) -> Option<Look> {
-        let mut state = self.inner.lock();
+    fn look(&mut self, pool: &Pool) -> Option<Look> {
+        let mut state = pool.inner.lock();
         if state.writer().failed().is_some() {
             return None;
         }
         // Deaths made durable since the last look (by any flush) free their
         // segments now rather than at the next checkpoint.
         state.free_reusable_dead_segments();
-        let limits = &self.inner.limits;
+        let limits = &pool.inner.limits;
         let outlook = Outlook::of(&state, limits);
         let client_blocks = state.client_blocks_written();
-        let written = client_blocks - pacer.client_blocks_seen.unwrap_or(client_blocks);
-        pacer.client_blocks_seen = Some(client_blocks);
+        let written = client_blocks - self.client_blocks_seen.unwrap_or(client_blocks);
+        self.client_blocks_seen = Some(client_blocks);
         let pressure = outlook.pressure();
         let budget_max =
-            (BUDGET_SEGMENT_COUNT_MAX * self.inner.geometry.segment_size_blocks) as f64;
-        pacer.budget_blocks = (pacer.budget_blocks
+            (BUDGET_SEGMENT_COUNT_MAX * pool.inner.geometry.segment_size_blocks) as f64;
+        self.budget_blocks = (self.budget_blocks
             + written as f64 * pressure * limits.cleaner_relocation_blocks_per_client_block_max)
             .min(budget_max);
         let mut victim_live_blocks = 0;
@@ -257,7 +257,7 @@ impl Pool {
             pressure,
             outlook.short(),
             outlook.dead,
-            pacer.budget_blocks,
+            self.budget_blocks,
             next_victim_live_blocks,
         );
         Some(Look {
@@ -275,18 +275,18 @@ impl Pool {
     /// The victim's live bytes (what it reads and rewrites) are counted;
     /// once the pressure reaches [`CLEANER_UNPACED_PRESSURE_MIN`] they are
     /// also charged to the rate, so that the other kinds yield to it.
-    async fn clean_paced(&self, pacer: &mut Pacer, look: &Look) -> Result<(), EngineError> {
+    async fn clean_paced(&mut self, pool: &Pool, look: &Look) -> Result<(), EngineError> {
         let bytes = u64::from(look.victim_live_blocks) * BLOCK_SIZE_BYTES;
-        let budget = &self.inner.budget;
+        let budget = &pool.inner.budget;
         if look.short {
             budget.charge_urgent(BackgroundWork::Cleaner, bytes);
         } else {
             budget.count_unpaced(BackgroundWork::Cleaner, bytes);
         }
-        let before = self.inner.lock().counters().relocated_blocks();
-        self.clean(1).await?;
-        let relocated = self.inner.lock().counters().relocated_blocks() - before;
-        pacer.budget_blocks = (pacer.budget_blocks - relocated as f64).max(0.0);
+        let before = pool.inner.lock().counters().relocated_blocks();
+        pool.clean(1).await?;
+        let relocated = pool.inner.lock().counters().relocated_blocks() - before;
+        self.budget_blocks = (self.budget_blocks - relocated as f64).max(0.0);
         Ok(())
     }
 }

@@ -121,10 +121,15 @@ impl Inner {
 }
 
 impl Pool {
+    /// The handle on a core; `open` starts the background services on it
+    /// (`background::start`).
     pub(super) fn from_inner(inner: Arc<Inner>) -> Self {
-        let pool = Self { inner };
-        pool.start_background();
-        pool
+        Self { inner }
+    }
+
+    /// Whether the pool was closed or abandoned: background work stops.
+    pub(super) fn background_stopped(&self) -> bool {
+        self.inner.supervisor.is_stopping()
     }
 
     pub fn device_name(&self) -> &str {

@@ -178,7 +178,7 @@ impl Pool {
         let merged = self.merge_partial_blocks(&request, &partial_blocks).await?;
         self.append_blocks(&request, &merged, checked).await?;
         drop(guards);
-        self.maybe_flush_in_background();
+        crate::pool::background::flush_when_over_dirty_limit(self);
         if fua { self.flush().await } else { Ok(()) }
     }
 

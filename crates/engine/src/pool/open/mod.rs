@@ -27,6 +27,7 @@ use super::budget::BackgroundBudget;
 use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
+use crate::pool::background;
 use crate::pool::checkpoint::increment::CheckpointChain;
 use crate::pool::core::integrity::RecoveryFindings;
 use crate::pool::core::limits::{PoolLimits, PoolOptions};
@@ -125,6 +126,7 @@ impl Pool {
         // `write_new_pool` wrote record 1, empty: no segment is open yet.
         let openings = OpeningsRecorder::new(superblock.pool_identifier, 2, 0);
         let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker, openings));
+        background::start(&pool);
         // Both slots hold a checkpoint from the start, so that one can always fall back.
         pool.checkpoint().await?;
         pool.checkpoint().await?;
@@ -198,6 +200,7 @@ impl Pool {
             flush_marker,
             openings,
         ));
+        background::start(&pool);
         pool.inner.integrity.recovery_found(&findings);
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         recovered.summary.log(&name, &findings, elapsed_ms);

@@ -14,7 +14,7 @@
 use crate::log::batch::block_checksum;
 use crate::volume::map::Mapping;
 
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
 
 /// See the module documentation.
 pub(in crate::pool) struct LiveList {
@@ -54,11 +54,11 @@ impl LiveList {
     }
 }
 
-impl Pool {
-    /// Every distinct live block (physical order), with its checksum, and
-    /// the moment the list stands for.
-    pub(in crate::pool) fn live_list(&self) -> LiveList {
-        let state = self.inner.lock();
+impl LiveList {
+    /// Every distinct live block of `core` (physical order), with its
+    /// checksum, and the moment the list stands for.
+    pub(in crate::pool) fn take(core: &Inner) -> LiveList {
+        let state = core.lock();
         let mut mappings = Vec::new();
         state
             .volumes()
@@ -76,38 +76,37 @@ impl Pool {
     /// Whether `contents`, read from the place of the listed `mapping`, is
     /// no damage: it matches the checksum, or the block has died since the
     /// list was taken (its segment freed since, or no map holds it now).
-    pub(in crate::pool) fn listed_block_passes(
+    pub(in crate::pool) fn block_passes(
         &self,
-        list: &LiveList,
+        core: &Inner,
         mapping: &Mapping,
         contents: &[u8],
     ) -> bool {
-        block_checksum(contents) == mapping.checksum || self.listed_block_died(list, mapping)
+        block_checksum(contents) == mapping.checksum || self.block_died(core, mapping)
     }
 
     /// Whether the listed `mapping` died since the list was taken: its
     /// segment was freed since, or no map holds it now.
-    pub(in crate::pool) fn listed_block_died(&self, list: &LiveList, mapping: &Mapping) -> bool {
-        let segment_index = self.inner.geometry.segment_of(mapping.physical_block);
-        if self
-            .inner
+    pub(in crate::pool) fn block_died(&self, core: &Inner, mapping: &Mapping) -> bool {
+        let segment_index = core.geometry.segment_of(mapping.physical_block);
+        if core
             .lock()
             .space()
-            .freed_since(segment_index, list.free_events)
+            .freed_since(segment_index, self.free_events)
         {
             return true;
         }
-        !self.still_live(mapping)
+        !still_live(core, mapping)
     }
+}
 
-    /// Whether some map still holds `mapping`: a walk of every map under
-    /// the state lock, so only for a mismatch the segment does not explain.
-    fn still_live(&self, mapping: &Mapping) -> bool {
-        let state = self.inner.lock();
-        let mut live = false;
-        state.volumes().for_each_distinct_mapping(&mut |held| {
-            live |= held == *mapping;
-        });
-        live
-    }
+/// Whether some map of `core` still holds `mapping`: a walk of every map
+/// under the state lock, so only for a mismatch the segment does not explain.
+fn still_live(core: &Inner, mapping: &Mapping) -> bool {
+    let state = core.lock();
+    let mut live = false;
+    state.volumes().for_each_distinct_mapping(&mut |held| {
+        live |= held == *mapping;
+    });
+    live
 }

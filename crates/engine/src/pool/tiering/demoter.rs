@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::EngineError;
-use crate::pool::background::{Periodic, spawn_periodic};
+use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::budget::BackgroundWork;
 use crate::pool::cleaner::next_victims_live_bytes;
 use crate::pool::core::Pool;
@@ -50,7 +50,7 @@ pub(crate) fn flash_free_target_segment_count(state: &State, free_percent: u8) -
 }
 
 /// The demoter's state between two looks at free flash.
-struct Demoter {
+pub(in crate::pool) struct Demoter {
     /// When the demoter last took a checkpoint.
     last_checkpoint: Option<Instant>,
 }
@@ -59,22 +59,22 @@ impl Periodic for Demoter {
     const NAME: &'static str = "demotion";
 
     async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
-        pool.demote_once(&mut self.last_checkpoint).await
+        self.demote_once(pool).await
     }
 }
 
-impl Pool {
+impl Demoter {
     /// Starts the demoter in a two-tier pool. It stops when the pool is
     /// closed, abandoned, dropped or failed.
-    pub(crate) fn start_demoter(&self) {
-        if !self.inner.geometry.has_capacity_tier()
-            || self.inner.limits.tier_flash_free_percent == 0
+    pub(in crate::pool) fn start(pool: &Pool) {
+        if !pool.inner.geometry.has_capacity_tier()
+            || pool.inner.limits.tier_flash_free_percent == 0
         {
             return;
         }
         spawn_periodic(
-            self,
-            self.inner.limits.tier_demotion_interval_ms,
+            pool,
+            pool.inner.limits.tier_demotion_interval_ms,
             Demoter {
                 last_checkpoint: None,
             },
@@ -84,31 +84,31 @@ impl Pool {
     /// Cleans up to `DEMOTION_VICTIMS_PER_LOOK_MAX` flash victims once the
     /// background budget allows their live bytes (asked for holding no
     /// lock). Returns how many were emptied.
-    async fn demote_victims(&self) -> Result<usize, EngineError> {
-        let bytes = next_victims_live_bytes(&self.inner.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
-        self.inner
+    async fn demote_victims(pool: &Pool) -> Result<usize, EngineError> {
+        let bytes = next_victims_live_bytes(&pool.inner.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
+        pool.inner
             .budget
             .acquire(BackgroundWork::Demoter, bytes)
             .await;
         // The pool may have been closed while this waited: a closed pool's
         // device may already belong to the next open.
-        if self.background_stopped() {
+        if pool.background_stopped() {
             return Ok(0);
         }
-        self.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await
+        pool.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await
     }
 
     /// One look: while free flash is under its target, free what flushes
     /// free, clean flash victims (which demotes their cold blocks), and take a
     /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
     /// segments that only a checkpoint frees.
-    async fn demote_once(&self, last_checkpoint: &mut Option<Instant>) -> Result<(), EngineError> {
+    async fn demote_once(&mut self, pool: &Pool) -> Result<(), EngineError> {
         // Demotion pauses while the capacity tier cannot make its writes
         // durable, and resumes once a retry finds it back (decision 0032).
-        if !self.retry_capacity_writes_when_due().await {
+        if !pool.retry_capacity_writes_when_due().await {
             return Ok(());
         }
-        let free_percent = self.inner.limits.tier_flash_free_percent;
+        let free_percent = pool.inner.limits.tier_flash_free_percent;
         // Free segments, and dead ones whose death a sealed batch covers.
         let look = |state: &mut State| {
             state.free_reusable_dead_segments();
@@ -118,27 +118,28 @@ impl Pool {
                 flash_free_target_segment_count(state, free_percent),
             )
         };
-        let (free, dead, target) = look(&mut self.inner.lock());
+        let (free, dead, target) = look(&mut pool.inner.lock());
         if free >= target {
             return Ok(());
         }
-        if free + dead.total() < target && self.demote_victims().await? > 0 {
+        if free + dead.total() < target && Self::demote_victims(pool).await? > 0 {
             // The victims' deaths become durable, which frees those that both
             // checkpoints cover.
-            self.flush_all().await?;
+            pool.flush_all().await?;
         }
-        let (mut free, mut dead, target) = look(&mut self.inner.lock());
+        let (mut free, mut dead, target) = look(&mut pool.inner.lock());
         if free < target && dead.awaiting_flush > 0 {
             // Deaths that are not durable yet need a flush, not a checkpoint.
-            self.flush_all().await?;
-            (free, dead, _) = look(&mut self.inner.lock());
+            pool.flush_all().await?;
+            (free, dead, _) = look(&mut pool.inner.lock());
         }
-        let checkpoint_allowed = last_checkpoint
+        let checkpoint_allowed = self
+            .last_checkpoint
             .is_none_or(|at| at.elapsed() >= Duration::from_millis(DEMOTER_CHECKPOINT_INTERVAL_MS));
         if free < target && dead.awaiting_checkpoints > 0 && checkpoint_allowed {
-            self.checkpoint().await?;
-            *last_checkpoint = Some(Instant::now());
-            self.inner.lock().free_reusable_dead_segments();
+            pool.checkpoint().await?;
+            self.last_checkpoint = Some(Instant::now());
+            pool.inner.lock().free_reusable_dead_segments();
         }
         Ok(())
     }

@@ -145,7 +145,7 @@ impl Pool {
         let rebuilder = &self.inner.rebuild;
         let total: u64 = ranges.iter().map(|range| range.length).sum();
         rebuilder.bytes_total.store(total, Ordering::Relaxed);
-        let live = self.live_list();
+        let live = LiveList::take(&self.inner);
         let is_valid = |block: u64, contents: &[u8]| self.block_passes(&live, block, contents);
         for range in ranges {
             let mut offset = range.offset;
@@ -238,6 +238,6 @@ impl Pool {
     /// was made); anything else passes.
     fn block_passes(&self, live: &LiveList, block: u64, contents: &[u8]) -> bool {
         live.find(block)
-            .is_none_or(|mapping| self.listed_block_passes(live, mapping, contents))
+            .is_none_or(|mapping| live.block_passes(&self.inner, mapping, contents))
     }
 }

@@ -104,7 +104,7 @@ impl Pool {
     async fn scrub_all(&self) -> Result<(), EngineError> {
         self.flush().await?;
         self.scrub_metadata().await;
-        let list = self.live_list();
+        let list = LiveList::take(&self.inner);
         let scrubber = &self.inner.scrub;
         scrubber
             .blocks_total
@@ -175,7 +175,7 @@ impl Pool {
             let Some(mapping) = list.find(block) else {
                 continue;
             };
-            if self.listed_block_died(list, mapping) {
+            if list.block_died(&self.inner, mapping) {
                 continue;
             }
             tracing::error!(
