@@ -31,7 +31,6 @@ const TO_BE_CONVERTED: &[&str] = &[
     "src/pool/open/mod.rs",
     "src/pool/repair/evacuation.rs",
     "src/pool/repair/rebuild/mod.rs",
-    "src/pool/repair/scrub/mod.rs",
     "src/pool/status.rs",
     "src/pool/tiering/flush.rs",
 ];

@@ -43,6 +43,8 @@ pub use open::flash_restore::{FlashRestore, RestoredFlash};
 /// The evacuation's module at its path before the pool was grouped into
 /// folders: the control crate names `pool::evacuation::RebuildBlocked`.
 pub use repair::evacuation;
+use repair::scrub::Scrub;
+use repair::scrub::progress::ScrubStatus;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 
 /// How long a client's flush waits for the capacity tier's flush before it
@@ -75,6 +77,20 @@ impl Pool {
     /// Stops background work without flushing: what a crash leaves behind, for tests.
     pub fn abandon(&self) {
         background::abandon(self);
+    }
+
+    // ----- scrub -----
+
+    /// Scrubs the whole pool and returns what it found; refused while a
+    /// scrub is running. Flushes first, so that every live block is on the
+    /// device.
+    pub async fn scrub(&self) -> Result<ScrubStatus, EngineError> {
+        Scrub::new(self).run().await
+    }
+
+    /// Scrub's progress (also in `pool status`).
+    pub fn scrub_status(&self) -> ScrubStatus {
+        self.inner.scrub.status()
     }
 
     // ----- volumes -----

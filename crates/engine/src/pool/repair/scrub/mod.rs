@@ -37,7 +37,7 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
-use crate::pool::core::Pool;
+use crate::pool::core::{Inner, Pool};
 use crate::pool::repair::scrub::progress::ScrubStatus;
 
 /// Blocks of one scrub chunk at most: what one grant of the background
@@ -83,29 +83,39 @@ impl ScrubBlocks for LiveBlocks<'_> {
     }
 }
 
-impl Pool {
+/// One scrub of the pool, built with the pool it checks: the core whose
+/// live blocks and metadata it reads, and the front it asks for a flush
+/// before it starts and for a base checkpoint after it repaired a body.
+pub(in crate::pool) struct Scrub<'a> {
+    pool: &'a Pool,
+    core: &'a Inner,
+}
+
+impl<'a> Scrub<'a> {
+    pub(in crate::pool) fn new(pool: &'a Pool) -> Self {
+        Self {
+            pool,
+            core: &pool.inner,
+        }
+    }
+
     /// Scrubs the whole pool and returns what it found; refused while a
     /// scrub is running. Flushes first, so that every live block is on the
     /// device.
-    pub async fn scrub(&self) -> Result<ScrubStatus, EngineError> {
-        if !self.inner.scrub.start() {
+    pub(in crate::pool) async fn run(&self) -> Result<ScrubStatus, EngineError> {
+        if !self.core.scrub.start() {
             return Err(EngineError::Io(IoError::ScrubRunning));
         }
         let result = self.scrub_all().await;
-        self.inner.scrub.finish();
-        result.map(|()| self.inner.scrub.status())
-    }
-
-    /// Scrub's progress (also in `pool status`).
-    pub fn scrub_status(&self) -> ScrubStatus {
-        self.inner.scrub.status()
+        self.core.scrub.finish();
+        result.map(|()| self.core.scrub.status())
     }
 
     async fn scrub_all(&self) -> Result<(), EngineError> {
-        self.flush().await?;
+        self.pool.flush().await?;
         self.scrub_metadata().await;
-        let list = LiveList::take(&self.inner);
-        let scrubber = &self.inner.scrub;
+        let list = LiveList::take(self.core);
+        let scrubber = &self.core.scrub;
         scrubber
             .blocks_total
             .store(list.mappings().len() as u64, Ordering::Relaxed);
@@ -114,7 +124,7 @@ impl Pool {
             let live = chunk.live_blocks;
             // Charged by the live bytes it checks, as reads of them were
             // before parity was checked: the budget paces scrub's progress.
-            self.inner
+            self.core
                 .budget
                 .acquire(BackgroundWork::Scrub, live * BLOCK_SIZE_BYTES)
                 .await;
@@ -132,7 +142,7 @@ impl Pool {
     async fn scrub_chunk(&self, chunk: ScrubChunk, blocks: &LiveBlocks<'_>) -> ScrubReport {
         let offset = chunk.first_block * BLOCK_SIZE_BYTES;
         let length = (chunk.end_block - chunk.first_block) * BLOCK_SIZE_BYTES;
-        match self.inner.device.scrub_range(offset, length, blocks).await {
+        match self.core.device.scrub_range(offset, length, blocks).await {
             Ok(report) => report,
             Err(error) => {
                 tracing::error!(%error, "scrub could not read live blocks");
@@ -152,7 +162,7 @@ impl Pool {
     /// Adds a chunk's findings to scrub's counters; a block reported
     /// unrepairable that died since the list was taken is no damage.
     fn count_scrubbed(&self, list: &LiveList, report: ScrubReport) {
-        let scrubber = &self.inner.scrub;
+        let scrubber = &self.core.scrub;
         scrubber
             .blocks_repaired
             .fetch_add(report.blocks_repaired, Ordering::Relaxed);
@@ -163,7 +173,7 @@ impl Pool {
             .rows_checked
             .fetch_add(report.rows_checked, Ordering::Relaxed);
         for _ in 0..report.blocks_repaired {
-            self.inner.integrity.checksum_error_repaired();
+            self.core.integrity.checksum_error_repaired();
         }
         for path in &report.members_faulted {
             tracing::error!(device = %path, "scrub faulted a device nearly all of whose columns were bad: its data is rebuilt from the other devices instead of repaired block by block; replace it (`lamina device replace`)");
@@ -175,14 +185,14 @@ impl Pool {
             let Some(mapping) = list.find(block) else {
                 continue;
             };
-            if list.block_died(&self.inner, mapping) {
+            if list.block_died(self.core, mapping) {
                 continue;
             }
             tracing::error!(
                 physical_block = block,
                 "scrub found a block that fails its checksum and cannot be rebuilt"
             );
-            self.inner.integrity.read_checksum_error();
+            self.core.integrity.read_checksum_error();
             scrubber.blocks_unrepairable.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -191,9 +201,9 @@ impl Pool {
     /// [`SCRUB_CHUNK_BLOCKS_MAX`] blocks cut at its row boundaries, that
     /// hold a live block.
     fn scrub_chunks(&self, list: &LiveList) -> Vec<ScrubChunk> {
-        let geometry = self.inner.geometry;
+        let geometry = self.core.geometry;
         let in_use: Vec<u32> = {
-            let state = self.inner.lock();
+            let state = self.core.lock();
             state
                 .space()
                 .segments()
@@ -208,7 +218,7 @@ impl Pool {
             let first = geometry.segment_first_block(index);
             let end = first + geometry.segment_size_blocks;
             let row_blocks = self
-                .inner
+                .core
                 .device
                 .region_shape(
                     first * BLOCK_SIZE_BYTES,
@@ -236,14 +246,14 @@ impl Pool {
     /// Checks every copy of each metadata frame the device keeps in
     /// copies and rewrites the copies that fail from one that passes.
     async fn scrub_metadata(&self) {
-        let scrubber = &self.inner.scrub;
+        let scrubber = &self.core.scrub;
         for frame in self.metadata_frames() {
             let offset = frame.first_block * BLOCK_SIZE_BYTES;
             let length =
                 usize::try_from(frame.area_blocks).expect("an area fits in memory") * BLOCK_BYTES;
             let magic = frame.magic;
             let check = move |contents: &[u8]| frame::is_whole(magic, contents);
-            match self.inner.device.scrub_copies(offset, length, &check).await {
+            match self.core.device.scrub_copies(offset, length, &check).await {
                 Ok(report) => {
                     scrubber
                         .parity_repaired
@@ -289,7 +299,7 @@ impl Pool {
                 false,
             )
         }));
-        let geometry = self.inner.geometry;
+        let geometry = self.core.geometry;
         if geometry.has_capacity_tier() {
             let start = geometry.capacity_start_block;
             frames.push(frame(start, 1, SUPERBLOCK_MAGIC, true));
@@ -315,12 +325,12 @@ impl Pool {
     /// both kept checkpoints' bodies (which hold no live block a row check
     /// could vouch for) are written anew with fresh parity.
     async fn refresh_checkpoints_after_repairs(&self) {
-        let status = self.inner.scrub.status();
+        let status = self.core.scrub.status();
         if status.blocks_repaired == 0 && status.parity_repaired == 0 {
             return;
         }
         for _ in 0..2 {
-            if let Err(error) = self.checkpoint_base().await {
+            if let Err(error) = self.pool.checkpoint_base().await {
                 tracing::warn!(%error, "scrub: the checkpoints after its repairs could not be written; the next ones will be");
                 return;
             }
