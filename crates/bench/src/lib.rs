@@ -19,6 +19,7 @@
 //! `snapshot_create` in lamina-engine, `parity` in lamina-layout.
 //! See docs/bench.md for the method and its limits.
 
+pub mod ab;
 mod charts;
 mod convert;
 pub mod cpu;
@@ -32,6 +33,7 @@ pub mod plot;
 pub mod process;
 pub mod rebuild;
 pub mod report;
+pub mod runner;
 pub mod servers;
 pub mod snapshots;
 pub mod tiers;
@@ -76,6 +78,8 @@ pub enum BenchCommand {
     Tiers(tiers::TiersArgs),
     /// Client IOPS and p99 through a device failure and its rebuild; idle rebuild times.
     Rebuild(rebuild::RebuildArgs),
+    /// lamina builds and peers side by side in rounds: medians, ratios, server CPU per op.
+    Ab(ab::AbArgs),
     /// Cleaner write amplification of 4 KiB random overwrites, through fio over NBD.
     WriteAmplification(write_amplification::WriteAmplificationArgs),
     /// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
@@ -230,6 +234,7 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Snapshots(arguments) => snapshots::run_snapshots(&arguments),
         BenchCommand::Tiers(arguments) => tiers::run_tiers(&arguments),
         BenchCommand::Rebuild(arguments) => rebuild::run_rebuild(&arguments),
+        BenchCommand::Ab(arguments) => ab::run_ab(&arguments),
         BenchCommand::WriteAmplification(arguments) => {
             write_amplification::run_write_amplification(&arguments)
         }

@@ -408,6 +408,20 @@ pub(crate) fn serve_lamina_data(
         data.starts_with(directory),
         "the data directory is removed with the server's directory"
     );
+    serve_lamina_beside(program, directory, data, extra_config, export)
+}
+
+/// [`serve_lamina_data`] on a data directory that outlives the server: only
+/// `directory` (configuration and log) is removed on stop, so that the next start,
+/// perhaps of another lamina build, finds the pool as this one left it.
+pub(crate) fn serve_lamina_beside(
+    program: &Path,
+    directory: &Path,
+    data: &Path,
+    extra_config: &str,
+    export: &str,
+) -> anyhow::Result<RunningServer> {
+    std::fs::create_dir_all(directory)?;
     let log = std::fs::File::create(directory.join("server.log"))?;
     let config = directory.join("lamina.toml");
     // The Unix socket is what we use; the TCP listener gets a free port so that
@@ -494,6 +508,35 @@ pub(crate) fn serve_qemu_nbd(
         uri,
         notes,
         process: ServerProcess::Child(child),
+        directory: directory.to_owned(),
+        launch,
+    };
+    wait_ready(&mut server, &socket)?;
+    Ok(server)
+}
+
+/// Serves nbdkit's `plugin` (with its `parameters`, such as `size=1G`) on
+/// `DIRECTORY/nbd.sock` as export `default`; `directory` is removed on stop.
+pub(crate) fn serve_nbdkit_plugin(
+    plugin: &str,
+    parameters: &[String],
+    directory: &Path,
+) -> anyhow::Result<RunningServer> {
+    std::fs::create_dir_all(directory)?;
+    let log = std::fs::File::create(directory.join("server.log"))?;
+    let socket = directory.join("nbd.sock");
+    let mut command = Command::new("nbdkit");
+    command
+        .arg("--unix")
+        .arg(&socket)
+        .args(["--foreground", "--exit-with-parent", plugin])
+        .args(parameters);
+    let launch = Launch::from_command(&command, &socket, None);
+    let mut server = RunningServer {
+        kind: ServerKind::Nbdkit,
+        uri: format!("nbd+unix:///{EXPORT_NAME}?socket={}", socket.display()),
+        notes: vec![format!("nbdkit {plugin} {}", parameters.join(" "))],
+        process: ServerProcess::Child(spawn_logged(command, &log)?),
         directory: directory.to_owned(),
         launch,
     };

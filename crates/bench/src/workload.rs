@@ -327,14 +327,14 @@ pub fn knee_index(curve: &[(f64, f64)]) -> Option<usize> {
 }
 
 /// One fio step's figures and the server CPU it cost.
-struct MeasuredStep {
-    measurement: Measurement,
-    server_cpu_us_per_op: Option<f64>,
+pub(crate) struct MeasuredStep {
+    pub(crate) measurement: Measurement,
+    pub(crate) server_cpu_us_per_op: Option<f64>,
 }
 
 /// Runs one fio step; with `server_pid`, samples the server's CPU time when the ramp
 /// is over and when fio has finished, and divides its rate by the achieved IOPS.
-fn run_measured_step(
+pub(crate) fn run_measured_step(
     fio_program: &str,
     target: FioTarget,
     step: &StepSpec,
