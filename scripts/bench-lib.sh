@@ -1,5 +1,6 @@
-# Helpers shared by the fio benchmark scripts (bench-cache-miss.sh,
-# bench-connections.sh, bench-read-ceiling.sh); sourced, not run.
+# Helpers shared by the benchmark scripts that stay scripts (bench-write-punts.sh,
+# bench-scrub-repair.sh; decision 0060) and by the retired ones run from history
+# (`git show 307f72b:scripts/NAME`); sourced, not run.
 
 # CPU time (user + system, in clock ticks of 1/100 s) a process has used.
 cpu_of() { awk '{print $14+$15}' /proc/$1/stat; }
