@@ -48,7 +48,7 @@ use serde::Serialize;
 
 use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::table::Table;
-use crate::process::{check_interrupted, find_program, install_interrupt_handler};
+use crate::process::{find_program, install_interrupt_handler};
 use crate::report::{Report, ServerResult, Skipped, compute_figures, format_number};
 use crate::servers::{ServerKind, ServerOptions};
 use crate::workload::{Mix, Profile, Settings};
@@ -385,36 +385,29 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
     let per_server = workload::planned_step_count(step.profile, &settings);
     let rows = candidates.len() as u64 + u64::from(device_row);
     let bar = progress_bar(per_server * rows);
-    let mut results = Vec::new();
-    for kind in candidates {
-        check_interrupted()?;
-        bar.set_message(format!("{}: starting", kind.name()));
-        let outcome = measure_server(kind, &options, arguments, &settings, work.path(), &bar);
-        match outcome {
-            Ok(result) => results.push(result),
-            Err(reason) => {
-                check_interrupted()?;
-                skipped.push(Skipped {
-                    server: kind.name().into(),
-                    reason,
-                });
-            }
-        }
-    }
+    let mut labels: Vec<String> = candidates
+        .iter()
+        .map(|kind| kind.name().to_owned())
+        .collect();
     if device_row {
         // Last, because write profiles overwrite the file every server was copied from.
-        check_interrupted()?;
-        match measure_device(&data_file, fio, step, &settings, &bar) {
-            Ok(result) => results.push(result),
-            Err(error) => {
-                check_interrupted()?;
-                skipped.push(Skipped {
-                    server: "device".into(),
-                    reason: format!("fio on the file failed: {error:#}"),
-                });
-            }
-        }
+        labels.push("device".to_owned());
     }
+    let outcome = runner::each_round(&labels, 1, runner::Order::Same, |row, _| {
+        let Some(kind) = candidates.get(row) else {
+            return measure_device(&data_file, fio, step, &settings, &bar)
+                .map_err(|error| anyhow::anyhow!("fio on the file failed: {error:#}"));
+        };
+        bar.set_message(format!("{}: starting", kind.name()));
+        measure_server(*kind, &options, arguments, &settings, work.path(), &bar)
+            .map_err(anyhow::Error::msg)
+    })?;
+    let mut results: Vec<ServerResult> = outcome
+        .measured
+        .into_iter()
+        .map(|measured| measured.sample)
+        .collect();
+    skipped.extend(outcome.run.skipped);
     bar.finish_and_clear();
     let reference = compute_figures(step.profile, &mut results);
     Ok(Report {
@@ -556,37 +549,21 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
         max_connections: 4,
         cache_miss: false,
     };
-    let mut report = FsReport {
-        filesystem: arguments.filesystem,
-        workload: arguments.workload,
-        files: arguments.files,
-        transactions: arguments.transactions,
-        servers: vec![],
-        skipped: vec![],
-    };
     let bar = progress_bar(arguments.servers.len() as u64);
-    for kind in &arguments.servers {
-        check_interrupted()?;
+    let labels: Vec<String> = arguments
+        .servers
+        .iter()
+        .map(|kind| kind.name().to_owned())
+        .collect();
+    let outcome = runner::each_round(&labels, 1, runner::Order::Same, |row, _| {
+        let kind = arguments.servers[row];
         bar.set_message(kind.name());
         bar.inc(1);
         if let Some(reason) = kind.missing_reason(&lamina) {
-            report.skipped.push(Skipped {
-                server: kind.name().into(),
-                reason,
-            });
-            continue;
+            anyhow::bail!(reason);
         }
-        let server = match servers::start(*kind, &options, work.path()) {
-            Ok(server) => server,
-            Err(error) => {
-                check_interrupted()?;
-                report.skipped.push(Skipped {
-                    server: kind.name().into(),
-                    reason: format!("did not come up: {error:#}"),
-                });
-                continue;
-            }
-        };
+        let server = servers::start(kind, &options, work.path())
+            .map_err(|error| anyhow::anyhow!("did not come up: {error:#}"))?;
         let directory = work.path().join(format!("fs-{}", kind.name()));
         let result = fs::run_postmark_on(
             &server.uri,
@@ -596,20 +573,24 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
             arguments.transactions,
         );
         server.stop();
-        match result {
-            Ok(result) => report.servers.push(FsServerResult {
-                server: kind.name().into(),
-                result,
-            }),
-            Err(error) => {
-                check_interrupted()?;
-                report.skipped.push(Skipped {
-                    server: kind.name().into(),
-                    reason: format!("postmark failed: {error:#}"),
-                });
-            }
-        }
-    }
+        let result = result.map_err(|error| anyhow::anyhow!("postmark failed: {error:#}"))?;
+        Ok(FsServerResult {
+            server: kind.name().into(),
+            result,
+        })
+    })?;
+    let report = FsReport {
+        filesystem: arguments.filesystem,
+        workload: arguments.workload,
+        files: arguments.files,
+        transactions: arguments.transactions,
+        servers: outcome
+            .measured
+            .into_iter()
+            .map(|measured| measured.sample)
+            .collect(),
+        skipped: outcome.run.skipped,
+    };
     bar.finish_and_clear();
     arguments
         .common

@@ -35,6 +35,7 @@ use crate::harness::statistics::median;
 use crate::harness::table::Table;
 use crate::process::{check_interrupted, find_program, run_helper};
 use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
+use crate::runner::{Order, each_round};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, SnapshotInfo};
@@ -461,6 +462,49 @@ enum Target {
     },
 }
 
+impl Target {
+    /// The index of the target's snapshot set, when it has one.
+    fn snapshots(&self) -> Option<usize> {
+        match self {
+            Target::Lamina { snapshots, .. } | Target::Qemu { snapshots, .. } => *snapshots,
+        }
+    }
+}
+
+/// Replaces the oldest snapshot of `target`'s `set` by a new one (no I/O running), so
+/// that the measured writes are first writes to blocks the newest snapshot shares.
+fn refresh_snapshot(
+    target: &Target,
+    set: &mut SnapshotSet,
+    lamina: Option<&Lamina>,
+    timings: &mut Timings,
+) -> anyhow::Result<()> {
+    let oldest = set
+        .names
+        .pop_front()
+        .expect("a snapshot set is never empty");
+    let name = set.next_name();
+    match target {
+        Target::Lamina { export, .. } => {
+            let lamina = lamina.expect("lamina cases exist only when lamina runs");
+            let milliseconds = lamina.delete_snapshot(export, &oldest)?;
+            timings.record(LAMINA, "lamina snapshot delete", milliseconds);
+            let milliseconds = lamina.create_snapshot(export, &name)?;
+            let operation = "lamina snapshot create (volume written since its last snapshot)";
+            timings.record(LAMINA, operation, milliseconds);
+        }
+        Target::Qemu { image, .. } => {
+            let milliseconds = timed(qemu_img(&["snapshot", "-d", &oldest], image))?;
+            timings.record(QEMU, "qemu-img snapshot -d (offline)", milliseconds);
+            let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], image))?;
+            let operation = "qemu-img snapshot -c (offline, image written since its last snapshot)";
+            timings.record(QEMU, operation, milliseconds);
+        }
+    }
+    set.names.push_back(name);
+    Ok(())
+}
+
 struct Case {
     server: &'static str,
     kind: CaseKind,
@@ -851,88 +895,59 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         mut notes,
     } = plan;
     let mut qemu_notes = Vec::new();
-    for repetition in 0..arguments.repetitions {
-        let order: Vec<usize> = if repetition % 2 == 0 {
-            (0..cases.len()).collect()
-        } else {
-            (0..cases.len()).rev().collect()
-        };
-        for index in order {
-            check_interrupted()?;
-            let case = &mut cases[index];
+    let labels: Vec<String> = cases
+        .iter()
+        .map(|case| format!("{} {}", case.server, case.kind.label()))
+        .collect();
+    let step = |kind: CaseKind| StepSpec {
+        pattern: kind.pattern(),
+        block_size_bytes: 4096,
+        iodepth: arguments.iodepth,
+        jobs: 1,
+        target_iops: None,
+        runtime_seconds: arguments.runtime,
+        ramp_seconds: arguments.ramp,
+        region_bytes: size,
+    };
+    let outcome = each_round(
+        &labels,
+        arguments.repetitions,
+        Order::Alternating,
+        |row, round| {
+            let case = &cases[row];
             eprintln!(
-                "repetition {}/{}: {} {}",
-                repetition + 1,
-                arguments.repetitions,
-                case.server,
-                case.kind.label()
+                "repetition {round}/{}: {}",
+                arguments.repetitions, labels[row]
             );
-            let step = StepSpec {
-                pattern: case.kind.pattern(),
-                block_size_bytes: 4096,
-                iodepth: arguments.iodepth,
-                jobs: 1,
-                target_iops: None,
-                runtime_seconds: arguments.runtime,
-                ramp_seconds: arguments.ramp,
-                region_bytes: size,
-            };
-            let measurement = match &case.target {
-                Target::Lamina { export, snapshots } => {
+            let set = case.target.snapshots().filter(|_| round > 1);
+            if let Some(set) = set {
+                // A fresh snapshot right before the run; the count stays the same.
+                refresh_snapshot(&case.target, &mut sets[set], lamina.as_ref(), &mut timings)?;
+            }
+            let fio = &arguments.common.fio;
+            match &case.target {
+                Target::Lamina { export, .. } => {
                     let lamina = lamina
                         .as_ref()
                         .expect("lamina cases exist only when lamina runs");
-                    if let (Some(set), true) = (snapshots, repetition > 0) {
-                        // A fresh snapshot right before the run; the count stays the same.
-                        let set = &mut sets[*set];
-                        let oldest = set
-                            .names
-                            .pop_front()
-                            .expect("a snapshot set is never empty");
-                        let milliseconds = lamina.delete_snapshot(export, &oldest)?;
-                        timings.record(LAMINA, "lamina snapshot delete", milliseconds);
-                        let name = set.next_name();
-                        let milliseconds = lamina.create_snapshot(export, &name)?;
-                        timings.record(
-                            LAMINA,
-                            "lamina snapshot create (volume written since its last snapshot)",
-                            milliseconds,
-                        );
-                        set.names.push_back(name);
-                    }
-                    crate::fio::run_step(&arguments.common.fio, &lamina.uri(export), &step)?
+                    crate::fio::run_step(fio, &lamina.uri(export), &step(case.kind))
                 }
-                Target::Qemu { image, snapshots } => {
-                    if let (Some(set), true) = (snapshots, repetition > 0) {
-                        let set = &mut sets[*set];
-                        let oldest = set
-                            .names
-                            .pop_front()
-                            .expect("a snapshot set is never empty");
-                        let milliseconds = timed(qemu_img(&["snapshot", "-d", &oldest], image))?;
-                        timings.record(QEMU, "qemu-img snapshot -d (offline)", milliseconds);
-                        let name = set.next_name();
-                        let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], image))?;
-                        timings.record(
-                            QEMU,
-                            "qemu-img snapshot -c (offline, image written since its last snapshot)",
-                            milliseconds,
-                        );
-                        set.names.push_back(name);
-                    }
+                Target::Qemu { image, .. } => {
                     let server = serve_qemu_nbd(image, "qcow2", &serve_directory, 1, false)?;
                     if qemu_notes.is_empty() {
-                        qemu_notes = server.notes.clone();
+                        qemu_notes.clone_from(&server.notes);
                     }
-                    let measurement =
-                        crate::fio::run_step(&arguments.common.fio, &server.uri, &step);
+                    let measurement = crate::fio::run_step(fio, &server.uri, &step(case.kind));
                     server.stop();
-                    measurement?
+                    measurement
                 }
-            };
-            case.runs.push(measurement);
-        }
+            }
+        },
+    )?;
+    for measured in outcome.measured {
+        cases[measured.row].runs.push(measured.sample);
     }
+    skipped.extend(outcome.run.skipped);
     if let Some(lamina) = lamina {
         // After the measured writes every snapshot differs from its neighbours, which is
         // what the per-snapshot space accounting of `list` has to compare.

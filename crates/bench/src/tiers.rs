@@ -33,7 +33,8 @@ use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::{median_if_any, percentile_of_sorted};
 use crate::harness::table::Table;
 use crate::process::{check_interrupted, run_helper};
-use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
+use crate::report::{RunNotes, format_number, ratio};
+use crate::runner::{Order, each_round};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
 use lamina_api::size::parse_size;
@@ -1411,7 +1412,6 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
     let settings = TiersSettings::from_arguments(arguments);
     settings.check()?;
     let fio_version = crate::fio::version(&arguments.common.fio)?;
-    let load_average_start = load_average();
     let program = arguments.common.lamina_program();
     if !program.is_file() {
         anyhow::bail!("lamina binary {} not found", program.display());
@@ -1431,44 +1431,32 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
         }
         None => None,
     };
-    let mut curves = Vec::new();
-    let mut notes = Vec::new();
-    let mut skipped = Vec::new();
-    let mut reference = None;
-    let mut reaction_run = None;
-    let mut reaction_missing = None;
     let mut configs = settings.configs.clone();
     configs.dedup();
-    for config in configs {
-        check_interrupted()?;
-        match measure_pool(
+    let labels: Vec<String> = configs
+        .iter()
+        .map(|config| config.name().to_owned())
+        .collect();
+    let outcome = each_round(&labels, 1, Order::Same, |row, _| {
+        measure_pool(
             &settings,
-            config,
+            configs[row],
             &program,
             work.path(),
             &arguments.common.fio,
             &bench_data,
             reaction_data.as_deref(),
-        ) {
-            Ok(outcome) => {
-                curves.extend(outcome.curves);
-                notes.extend(outcome.notes);
-                if outcome.reference.is_some() {
-                    reference = outcome.reference;
-                }
-                if outcome.reaction.is_some() {
-                    reaction_run = outcome.reaction;
-                }
-            }
-            Err(error) => {
-                check_interrupted()?;
-                skipped.push(Skipped {
-                    server: config.name().to_owned(),
-                    reason: format!("{error:#}"),
-                });
-            }
-        }
+        )
+    })?;
+    let mut run = outcome.run;
+    let (mut curves, mut reference, mut reaction_run) = (Vec::new(), None, None);
+    for outcome in outcome.measured.into_iter().map(|measured| measured.sample) {
+        curves.extend(outcome.curves);
+        run.notes.extend(outcome.notes);
+        reference = outcome.reference.or(reference);
+        reaction_run = outcome.reaction.or(reaction_run);
     }
+    let mut reaction_missing = None;
     let reaction = match (settings.reaction_working_set_bytes, reference, reaction_run) {
         (None, _, _) => None,
         (Some(bytes), Some(reference), Some(ReactionRun { run, before, after })) => {
@@ -1516,12 +1504,7 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
         comparisons,
         reaction,
         reaction_missing,
-        run: RunNotes {
-            notes,
-            skipped,
-            load_average_start,
-            load_average_end: load_average(),
-        },
+        run,
     })
 }
 

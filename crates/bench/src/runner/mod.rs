@@ -8,17 +8,19 @@
 //! ([`crate::harness::statistics`]); the cells print through [`crate::harness::table`]
 //! with their ratio to the reference row and publish as one JSON document.
 
+pub mod rounds;
 mod start;
 
 use serde::Serialize;
 
+pub use rounds::{Order, each_round};
 pub use start::{Ground, Preparation, Server, SharedPool};
 
 use crate::fio::StepSpec;
 use crate::harness::statistics::{median, median_if_any};
 use crate::harness::table::Table;
 use crate::process::check_interrupted;
-use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
+use crate::report::{RunNotes, format_number, load_average, ratio};
 use crate::workload::run_measured_step;
 
 /// One row of a scenario: its label in the table, its server, its preparation.
@@ -95,40 +97,30 @@ pub struct ScenarioReport {
 /// Runs `scenario` on `ground` (its random data written, under its work directory).
 pub fn run(scenario: Scenario, ground: &mut Ground) -> anyhow::Result<ScenarioReport> {
     let fio_version = crate::fio::version(&ground.fio)?;
-    let mut run = RunNotes {
-        load_average_start: load_average(),
-        ..RunNotes::default()
-    };
     if let Some(pool) = &scenario.shared_pool {
         eprintln!("{}: making the shared pool", scenario.name);
         ground.make_pool(pool)?;
     }
-    let mut samples = Vec::new();
-    for round in 1..=scenario.rounds {
-        eprintln!(
-            "round {round}/{}: load {}",
-            scenario.rounds,
-            load_average().unwrap_or_default()
-        );
-        for row in &scenario.rows {
-            check_interrupted()?;
-            match run_row(&scenario, row, round, ground, &mut run.notes) {
-                Ok(row_samples) => samples.extend(row_samples),
-                Err(error) => {
-                    check_interrupted()?;
-                    run.skipped.push(Skipped {
-                        server: format!("{} (round {round})", row.label),
-                        reason: first_lines(&format!("{error:#}")),
-                    });
-                }
-            }
+    let labels: Vec<String> = scenario.rows.iter().map(|row| row.label.clone()).collect();
+    let mut notes = Vec::new();
+    let outcome = each_round(&labels, scenario.rounds, Order::Same, |row, round| {
+        if row == 0 {
+            let load = load_average().unwrap_or_default();
+            eprintln!("round {round}/{}: load {load}", scenario.rounds);
         }
-    }
-    run.load_average_end = load_average();
+        run_row(&scenario, &scenario.rows[row], round, ground, &mut notes)
+    })?;
+    let samples: Vec<Sample> = outcome
+        .measured
+        .into_iter()
+        .flat_map(|measured| measured.sample)
+        .collect();
+    let mut run = outcome.run;
+    run.notes = notes;
     let reference = scenario
         .reference
         .clone()
-        .filter(|label| samples.iter().any(|sample: &Sample| &sample.row == label))
+        .filter(|label| samples.iter().any(|sample| &sample.row == label))
         .or_else(|| samples.first().map(|sample| sample.row.clone()));
     let cells = cells(&scenario, &samples, reference.as_deref());
     Ok(ScenarioReport {
@@ -246,17 +238,6 @@ fn cells(scenario: &Scenario, samples: &[Sample], reference: Option<&str>) -> Ve
         }
     }
     cells
-}
-
-/// An error's first lines: fio repeats one error line per failed I/O.
-fn first_lines(text: &str) -> String {
-    const LINES_SHOWN: usize = 3;
-    let lines: Vec<&str> = text.lines().collect();
-    let mut shown = lines[..lines.len().min(LINES_SHOWN)].join(" / ");
-    if lines.len() > LINES_SHOWN {
-        shown.push_str(&format!(" (+{} lines)", lines.len() - LINES_SHOWN));
-    }
-    shown
 }
 
 fn optional(value: Option<f64>, decimals: usize) -> String {
