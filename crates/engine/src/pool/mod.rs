@@ -43,6 +43,8 @@ pub use open::flash_restore::{FlashRestore, RestoredFlash};
 /// The evacuation's module at its path before the pool was grouped into
 /// folders: the control crate names `pool::evacuation::RebuildBlocked`.
 pub use repair::evacuation;
+use repair::rebuild::progress::RebuildStatus;
+use repair::rebuild::{Rebuild, RebuildStart};
 use repair::scrub::Scrub;
 use repair::scrub::progress::ScrubStatus;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
@@ -91,6 +93,33 @@ impl Pool {
     /// Scrub's progress (also in `pool status`).
     pub fn scrub_status(&self) -> ScrubStatus {
         self.inner.scrub.status()
+    }
+
+    // ----- rebuild -----
+
+    /// Whether a device beneath the pool is being rebuilt.
+    pub fn rebuild_pending(&self) -> bool {
+        Rebuild::new(self).pending()
+    }
+
+    /// The rebuild's progress (also in `pool status`).
+    pub fn rebuild_status(&self) -> RebuildStatus {
+        Rebuild::new(self).status()
+    }
+
+    /// Starts a rebuild in the background if none runs: onto a replacement
+    /// when one is pending; otherwise, with `rebuild_automatic`, by moving
+    /// the data of degraded segments onto the devices left, when they can
+    /// hold it (`repair/evacuation.rs`).
+    pub fn start_rebuild(&self) -> RebuildStart {
+        Rebuild::new(self).start()
+    }
+
+    /// Rebuilds every range the pool keeps onto the replacement, then lets
+    /// it take its member's place. Refused while a rebuild runs; nothing to
+    /// do when none is pending.
+    pub async fn rebuild(&self) -> Result<RebuildStatus, EngineError> {
+        Rebuild::new(self).run().await
     }
 
     // ----- volumes -----

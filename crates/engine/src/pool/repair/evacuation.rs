@@ -283,7 +283,7 @@ impl Pool {
         }
         tracing::warn!(?goal, need = ?self.evacuation_need_for(goal), "moving data to segments laid out over the devices in use");
         let result = self.evacuate_all(goal).await;
-        self.rebuild_ended(result)
+        self.inner.rebuild.end(result)
     }
 
     async fn evacuate_all(&self, goal: EvacuationGoal) -> Result<(), EngineError> {

@@ -25,7 +25,7 @@ use crate::log::geometry::DATA_START_BLOCK;
 use super::evacuation::EvacuationNeed;
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
-use crate::pool::core::Pool;
+use crate::pool::core::{Inner, Pool};
 use crate::pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
 use crate::pool::space::SegmentState;
 
@@ -51,50 +51,66 @@ struct RebuildRange {
     length: u64,
 }
 
-impl Pool {
+/// A rebuild of the pool's device onto a replacement, built with the pool
+/// it restores: the core whose device, segments and live blocks it reads,
+/// and the front a rebuild started in the background runs on (and asks
+/// what an evacuation would need, when no replacement is pending).
+pub(in crate::pool) struct Rebuild<'a> {
+    pool: &'a Pool,
+    core: &'a Inner,
+}
+
+impl<'a> Rebuild<'a> {
+    pub(in crate::pool) fn new(pool: &'a Pool) -> Self {
+        Self {
+            pool,
+            core: &pool.inner,
+        }
+    }
+
     /// Whether a device beneath the pool is being rebuilt.
-    pub fn rebuild_pending(&self) -> bool {
-        self.inner.device.rebuild_pending()
+    pub(in crate::pool) fn pending(&self) -> bool {
+        self.core.device.rebuild_pending()
     }
 
     /// The rebuild's progress (also in `pool status`).
-    pub fn rebuild_status(&self) -> RebuildStatus {
-        self.inner.rebuild.status()
+    pub(in crate::pool) fn status(&self) -> RebuildStatus {
+        self.core.rebuild.status()
     }
 
     /// Starts a rebuild in the background if none runs: onto a replacement
     /// when one is pending; otherwise, with `rebuild_automatic`, by moving
     /// the data of degraded segments onto the devices left, when they can
     /// hold it (`repair/evacuation.rs`).
-    pub fn start_rebuild(&self) -> RebuildStart {
-        let status = self.rebuild_status();
+    pub(in crate::pool) fn start(&self) -> RebuildStart {
+        let status = self.status();
         let running = status.state == RebuildState::Rebuilding;
-        if running && (status.kind == RebuildKind::Replacement || !self.rebuild_pending()) {
+        if running && (status.kind == RebuildKind::Replacement || !self.pending()) {
             return RebuildStart::Running;
         }
         // A replacement takes over from a rebuild onto spare space, which
         // stops at its next step (`Pool::rebuild` waits for that).
-        if self.rebuild_pending() {
-            let pool = self.clone();
-            self.inner.supervisor.spawn("rebuild", async move {
+        if self.pending() {
+            let pool = self.pool.clone();
+            self.core.supervisor.spawn("rebuild", async move {
                 if let Err(error) = pool.rebuild().await {
                     tracing::debug!(%error, "rebuild did not run");
                 }
             });
             return RebuildStart::Started;
         }
-        if !self.inner.limits.rebuild_automatic {
+        if !self.core.limits.rebuild_automatic {
             return RebuildStart::Nothing;
         }
-        let need = self.evacuation_need();
+        let need = self.pool.evacuation_need();
         if need.is_empty() {
             return RebuildStart::Nothing;
         }
         if need.live_bytes > need.free_bytes {
             return RebuildStart::LacksSpace(need);
         }
-        let pool = self.clone();
-        self.inner.supervisor.spawn("evacuation", async move {
+        let pool = self.pool.clone();
+        self.core.supervisor.spawn("evacuation", async move {
             if let Err(error) = pool.evacuate().await {
                 tracing::debug!(%error, "rebuild did not run");
             }
@@ -105,12 +121,12 @@ impl Pool {
     /// Rebuilds every range the pool keeps onto the replacement, then lets
     /// it take its member's place. Refused while a rebuild runs; nothing to
     /// do when none is pending.
-    pub async fn rebuild(&self) -> Result<RebuildStatus, EngineError> {
-        if !self.rebuild_pending() {
-            return Ok(self.rebuild_status());
+    pub(in crate::pool) async fn run(&self) -> Result<RebuildStatus, EngineError> {
+        if !self.pending() {
+            return Ok(self.status());
         }
-        while !self.inner.rebuild.start(RebuildKind::Replacement) {
-            if self.rebuild_status().kind == RebuildKind::Replacement {
+        while !self.core.rebuild.start(RebuildKind::Replacement) {
+            if self.status().kind == RebuildKind::Replacement {
                 return Err(EngineError::Io(crate::error::IoError::RebuildRunning));
             }
             // A rebuild onto spare space: it stops at its next step now
@@ -122,41 +138,26 @@ impl Pool {
         }
         tracing::warn!("rebuild started");
         let result = self.rebuild_all().await;
-        self.rebuild_ended(result)
-    }
-
-    /// Logs how a rebuild of either kind ended, records it for status, and
-    /// answers with the final status.
-    pub(in crate::pool) fn rebuild_ended(
-        &self,
-        result: Result<(), EngineError>,
-    ) -> Result<RebuildStatus, EngineError> {
-        let error = result.as_ref().err().map(ToString::to_string);
-        match &error {
-            Some(error) => tracing::error!(%error, "rebuild failed"),
-            None => tracing::warn!(status = ?self.inner.rebuild.status(), "rebuild finished"),
-        }
-        self.inner.rebuild.finish(error);
-        result.map(|()| self.rebuild_status())
+        self.core.rebuild.end(result)
     }
 
     async fn rebuild_all(&self) -> Result<(), EngineError> {
         let ranges = self.rebuild_ranges();
-        let rebuilder = &self.inner.rebuild;
+        let rebuilder = &self.core.rebuild;
         let total: u64 = ranges.iter().map(|range| range.length).sum();
         rebuilder.bytes_total.store(total, Ordering::Relaxed);
-        let live = LiveList::take(&self.inner);
+        let live = LiveList::take(self.core);
         let is_valid = |block: u64, contents: &[u8]| self.block_passes(&live, block, contents);
         for range in ranges {
             let mut offset = range.offset;
             let end = range.offset + range.length;
             while offset < end {
-                if self.background_stopped() {
+                if self.pool.background_stopped() {
                     return Err(EngineError::Io(crate::error::IoError::RebuildInterrupted));
                 }
                 let length = (end - offset).min(REBUILD_STEP_BYTES_MAX);
                 let report = self
-                    .inner
+                    .core
                     .device
                     .rebuild_range(offset, length, &is_valid)
                     .await
@@ -170,7 +171,7 @@ impl Pool {
                 // its resume point as its first run took to reach it, and
                 // restarts that came as often never got further (issue 42).
                 if report.blocks_rebuilt > 0 {
-                    self.inner
+                    self.core
                         .budget
                         .acquire(BackgroundWork::Rebuild, length)
                         .await;
@@ -179,7 +180,7 @@ impl Pool {
                 offset += length;
             }
         }
-        self.inner
+        self.core
             .device
             .finish_rebuild()
             .await
@@ -187,7 +188,7 @@ impl Pool {
     }
 
     fn count_rebuilt(&self, length: u64, report: RebuildReport) {
-        let rebuilder = &self.inner.rebuild;
+        let rebuilder = &self.core.rebuild;
         rebuilder.bytes_done.fetch_add(length, Ordering::Relaxed);
         if report.blocks_rebuilt == 0 {
             rebuilder.bytes_skipped.fetch_add(length, Ordering::Relaxed);
@@ -202,13 +203,13 @@ impl Pool {
 
     /// Each tier's metadata area and every segment not free, ascending.
     fn rebuild_ranges(&self) -> Vec<RebuildRange> {
-        let geometry = self.inner.geometry;
+        let geometry = self.core.geometry;
         let mut ranges = vec![RebuildRange {
             offset: 0,
             length: DATA_START_BLOCK * BLOCK_SIZE_BYTES,
         }];
         let segment_bytes = geometry.segment_size_blocks * BLOCK_SIZE_BYTES;
-        let state = self.inner.lock();
+        let state = self.core.lock();
         for (index, segment) in state.space().segments().iter().enumerate() {
             let index = u32::try_from(index).expect("segment indexes fit in u32");
             if index as u64 == geometry.flash_segment_count && geometry.has_capacity_tier() {
@@ -238,6 +239,6 @@ impl Pool {
     /// was made); anything else passes.
     fn block_passes(&self, live: &LiveList, block: u64, contents: &[u8]) -> bool {
         live.find(block)
-            .is_none_or(|mapping| live.block_passes(&self.inner, mapping, contents))
+            .is_none_or(|mapping| live.block_passes(self.core, mapping, contents))
     }
 }

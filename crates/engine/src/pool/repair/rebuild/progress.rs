@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::error::EngineError;
+
 /// What the rebuild is doing, named as mdadm and zpool name it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -109,7 +111,22 @@ impl Rebuilder {
         true
     }
 
-    pub(in crate::pool) fn finish(&self, error: Option<String>) {
+    /// Logs how a rebuild of either kind ended, records it for status, and
+    /// answers with the final status.
+    pub(in crate::pool) fn end(
+        &self,
+        result: Result<(), EngineError>,
+    ) -> Result<RebuildStatus, EngineError> {
+        let error = result.as_ref().err().map(ToString::to_string);
+        match &error {
+            Some(error) => tracing::error!(%error, "rebuild failed"),
+            None => tracing::warn!(status = ?self.status(), "rebuild finished"),
+        }
+        self.finish(error);
+        result.map(|()| self.status())
+    }
+
+    fn finish(&self, error: Option<String>) {
         let mut outcome = self.outcome.lock().expect("rebuild outcome lock");
         outcome.elapsed = outcome
             .started
