@@ -238,6 +238,21 @@ pub fn run(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result
     run_command(command, uri)
 }
 
+/// Starts fio with its nbd engine against `uri` with `arguments` in the background
+/// (its JSON report on its stdout), for runs that end when the caller stops them.
+pub fn spawn(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<ManagedChild> {
+    let mut command = Command::new(fio_program);
+    command
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={uri}"))
+        .arg("--output-format=json")
+        .args(arguments)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(ManagedChild::spawn(command)?)
+}
+
 /// Runs a prepared fio command as a managed child (so that Ctrl-C stops it) and
 /// parses its JSON report; `target` (the URI or file) names the run in errors.
 fn run_command(mut command: Command, target: &str) -> anyhow::Result<FioReport> {

@@ -27,6 +27,7 @@ pub mod fio;
 pub mod fs;
 pub mod harness;
 pub mod in_process;
+pub mod lamina_cli;
 pub mod nbd_client;
 pub mod open_loop;
 pub mod plot;

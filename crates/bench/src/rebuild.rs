@@ -17,7 +17,7 @@
 //! bandwidth (fio, O_DIRECT, one stream per survivor, on files of the same disk).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -27,8 +27,9 @@ use crate::convert::saturating_u64;
 use crate::fio::{self, Measurement, Pattern, StepSpec};
 use crate::harness::arguments::{CommonArgs, Draw, work_directory_in};
 use crate::harness::statistics::{median, percentile_of_sorted};
+use crate::lamina_cli::LaminaCli;
 use crate::process::{ManagedChild, check_interrupted, run_helper};
-use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
+use crate::servers::{RunningServer, serve_lamina_data};
 use crate::tiers::{parse_latency_log, sliding_windows};
 use lamina_api::size::parse_size;
 use lamina_api::{
@@ -448,7 +449,8 @@ impl FilledPool {
     }
 
     fn status(&self, program: &Path) -> anyhow::Result<PoolStatus> {
-        let status: PoolStatus = lamina_json(program, &self.data, &["pool", "status", "--json"])?;
+        let status: PoolStatus =
+            LaminaCli::new(program, &self.data).json(&["pool", "status", "--json"])?;
         if let Some(reason) = &status.failed {
             return Err(RebuildBenchError::PoolFailed {
                 reason: reason.clone(),
@@ -513,10 +515,7 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn lamina(&self, data: &Path, arguments: &[&str]) -> anyhow::Result<()> {
-        let mut command = Command::new(&self.program);
-        command.args(arguments).arg("--data").arg(data);
-        run_helper(command)?;
-        Ok(())
+        LaminaCli::new(&self.program, data).run(arguments).map(drop)
     }
 
     /// Creates the pool in `directory`, serves it and fills `fill` of it.
@@ -555,7 +554,7 @@ impl Bench<'_> {
         if let Some(model) = &arguments.model {
             create.extend(["--flash-model", model.as_str()]);
         }
-        let created: PoolStatus = lamina_json(&self.program, &data, &create)?;
+        let created: PoolStatus = LaminaCli::new(&self.program, &data).json(&create)?;
         let volume_bytes = volume_size_bytes(fill, &created);
         self.lamina(
             &data,
@@ -813,18 +812,10 @@ fn start_load(
     step: &StepSpec,
     log_prefix: &Path,
 ) -> anyhow::Result<ManagedChild> {
-    let mut command = Command::new(&bench.arguments.common.fio);
-    command
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
-        .arg("--output-format=json")
-        .args(step.fio_arguments())
-        .arg(format!("--write_lat_log={}", log_prefix.display()))
-        .arg("--log_avg_msec=0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    Ok(ManagedChild::spawn(command)?)
+    let mut arguments = step.fio_arguments();
+    arguments.push(format!("--write_lat_log={}", log_prefix.display()));
+    arguments.push("--log_avg_msec=0".to_owned());
+    fio::spawn(&bench.arguments.common.fio, uri, &arguments)
 }
 
 /// Stops fio as Ctrl-C would (it then writes its logs) and waits for it.
@@ -929,16 +920,11 @@ fn precondition(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Option<Preco
         iodepth: PRECONDITION_IODEPTH,
         ..bench.step(pool.volume_bytes, None, LOAD_RUNTIME_SECONDS_MAX)
     };
-    let mut command = Command::new(&bench.arguments.common.fio);
-    command
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={}", pool.server.uri))
-        .arg("--output-format=json")
-        .args(step.fio_arguments())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let writes = ManagedChild::spawn(command)?;
+    let writes = fio::spawn(
+        &bench.arguments.common.fio,
+        &pool.server.uri,
+        &step.fio_arguments(),
+    )?;
     let start = Instant::now();
     let watched = watch_cleaner(bench, pool, start, seconds_max);
     let finished = finish_load(writes);

@@ -237,37 +237,6 @@ impl Drop for RunningServer {
     }
 }
 
-/// `lamina ARGUMENTS` printed something that is not the JSON document expected
-/// (not JSON, or a field missing or renamed: the error names it).
-#[derive(Debug, thiserror::Error)]
-#[error("`lamina {command}` printed no JSON of the expected shape ({source}): {stdout}")]
-pub struct NoJsonError {
-    pub command: String,
-    pub stdout: String,
-    pub source: serde_json::Error,
-}
-
-/// Runs `lamina ARGUMENTS --data DATA` (`program` is the lamina binary) and
-/// reads the JSON it prints as `T`, one of the admin API's documents
-/// ([`lamina_api`]).
-pub fn lamina_json<T: serde::de::DeserializeOwned>(
-    program: &Path,
-    data: &Path,
-    arguments: &[&str],
-) -> anyhow::Result<T> {
-    let mut command = Command::new(program);
-    command.args(arguments).arg("--data").arg(data);
-    let output = run_helper(command)?;
-    serde_json::from_slice(&output.stdout).map_err(|source| {
-        NoJsonError {
-            command: arguments.join(" "),
-            stdout: String::from_utf8_lossy(&output.stdout).trim().to_owned(),
-            source,
-        }
-        .into()
-    })
-}
-
 /// Prepares `kind`'s copy of the data under `work_directory` and starts it.
 pub fn start(
     kind: ServerKind,

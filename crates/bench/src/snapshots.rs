@@ -33,6 +33,7 @@ use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::median;
 use crate::harness::table::Table;
+use crate::lamina_cli::LaminaCli;
 use crate::process::{check_interrupted, find_program, run_helper};
 use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
 use crate::runner::{Order, each_round};
@@ -383,21 +384,17 @@ fn timed(command: Command) -> anyhow::Result<f64> {
 
 /// The lamina daemon and the CLI that administers it.
 struct Lamina {
-    program: PathBuf,
+    cli: LaminaCli,
     server: RunningServer,
-    data: PathBuf,
-    socket: PathBuf,
 }
 
 impl Lamina {
     fn command(&self, arguments: &[&str]) -> Command {
-        let mut command = Command::new(&self.program);
-        command.args(arguments).arg("--data").arg(&self.data);
-        command
+        self.cli.command(arguments)
     }
 
     fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+        self.cli.uri(export)
     }
 
     fn create_volume(&self, name: &str, size_bytes: u64) -> anyhow::Result<()> {
@@ -608,11 +605,8 @@ fn prepare_lamina(
     }
     eprintln!("starting lamina");
     let server = start_lamina_daemon(program, &work.join("lamina"), &extra_config)?;
-    let data = work.join("lamina").join("data");
     let lamina = Lamina {
-        program: program.to_owned(),
-        socket: data.join("nbd.sock"),
-        data,
+        cli: LaminaCli::new(program, &work.join("lamina").join("data")),
         server,
     };
     plan.notes.push(format!(
@@ -964,8 +958,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
                 );
             }
         }
-        let output = run_helper(lamina.command(&["pool", "status", "--json"]))?;
-        let status: PoolStatus = serde_json::from_slice(&output.stdout)?;
+        let status: PoolStatus = lamina.cli.json(&["pool", "status", "--json"])?;
         notes.push(format!(
             "lamina pool at the end: used {:.1}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
             status.used_percent,

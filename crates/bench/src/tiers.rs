@@ -21,7 +21,6 @@
 //! volume of the all-flash pool measured in the same run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -32,7 +31,8 @@ use crate::fio::{Measurement, Pattern, StepSpec};
 use crate::harness::arguments::{CommonArgs, Draw};
 use crate::harness::statistics::{median_if_any, percentile_of_sorted};
 use crate::harness::table::Table;
-use crate::process::{check_interrupted, run_helper};
+use crate::lamina_cli::LaminaCli;
+use crate::process::check_interrupted;
 use crate::report::{RunNotes, format_number, ratio};
 use crate::runner::{Order, each_round};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
@@ -896,36 +896,14 @@ impl TiersReport {
 
 /// A lamina pool on files in a private directory, served by its own daemon.
 struct LaminaPool {
-    program: PathBuf,
-    data: PathBuf,
+    cli: LaminaCli,
     server: Option<RunningServer>,
 }
 
 impl LaminaPool {
-    fn command(&self, arguments: &[&str]) -> Command {
-        let mut command = Command::new(&self.program);
-        command.args(arguments).arg("--data").arg(&self.data);
-        command
-    }
-
-    fn run(&self, arguments: &[&str]) -> anyhow::Result<std::process::Output> {
-        run_helper(self.command(arguments))
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!(
-            "nbd+unix:///{export}?socket={}",
-            self.data.join("nbd.sock").display()
-        )
-    }
-
-    fn json<T: serde::de::DeserializeOwned>(&self, arguments: &[&str]) -> anyhow::Result<T> {
-        crate::servers::lamina_json(&self.program, &self.data, arguments)
-    }
-
     fn placement(&self, volume: &str) -> anyhow::Result<Placement> {
         Ok(Placement::from_stats(
-            &self.json(&["volume", "stats", volume, "--json"])?,
+            &self.cli.json(&["volume", "stats", volume, "--json"])?,
         ))
     }
 
@@ -955,8 +933,7 @@ fn prepare_pool(
     std::fs::create_dir_all(directory)?;
     let data = directory.join("data");
     let mut pool = LaminaPool {
-        program: program.to_owned(),
-        data: data.clone(),
+        cli: LaminaCli::new(program, &data),
         server: None,
     };
     let file = |name: &str, size: u64| format!("{}:{size}", directory.join(name).display());
@@ -980,7 +957,7 @@ fn prepare_pool(
         create.extend(["--segment-size".into(), segment.to_string()]);
     }
     let create: Vec<&str> = create.iter().map(String::as_str).collect();
-    pool.run(&create)?;
+    pool.cli.run(&create)?;
     let mut volumes = Vec::new();
     if let (Some(bytes), Some(file)) = (settings.reaction_working_set_bytes, reaction_data)
         && config != TierConfig::Disk
@@ -994,7 +971,7 @@ fn prepare_pool(
         if config == TierConfig::FlashDisk {
             arguments.extend(["--priority", settings.priority.name(), "--pin", "auto"]);
         }
-        pool.run(&arguments)?;
+        pool.cli.run(&arguments)?;
     }
     let extra_config = format!(
         "[limits]\nmemory_cache_bytes = {}\n",
@@ -1010,7 +987,7 @@ fn prepare_pool(
     for (name, bytes, file) in &volumes {
         check_interrupted()?;
         eprintln!("{}: writing {} to {name}", config.name(), mebibytes(*bytes));
-        prefill_over_nbd(&pool.uri(name), file)?;
+        prefill_over_nbd(&pool.cli.uri(name), file)?;
     }
     Ok(pool)
 }
@@ -1038,7 +1015,7 @@ fn warm_up(
     label: &str,
 ) -> anyhow::Result<Warmup> {
     let started = Instant::now();
-    let uri = pool.uri(BENCH_VOLUME);
+    let uri = pool.cli.uri(BENCH_VOLUME);
     let deadline = Duration::from_secs(settings.warmup_max_seconds);
     let mut rounds = Vec::new();
     let mut previous_share: Option<f64> = None;
@@ -1129,7 +1106,7 @@ fn measure_curve(
     } else {
         None
     };
-    let uri = pool.uri(BENCH_VOLUME);
+    let uri = pool.cli.uri(BENCH_VOLUME);
     let mut control = RateSweepControl::from_targets(settings.rate_targets.clone());
     let mut points = Vec::new();
     while let Some(target) = control.next_target() {
@@ -1235,7 +1212,7 @@ fn reaction_run(
     let prefix = log_directory.join(name);
     let measurement = crate::fio::run_step_with(
         fio,
-        &pool.uri(REACTION_VOLUME),
+        &pool.cli.uri(REACTION_VOLUME),
         &step,
         &[
             format!("--write_lat_log={}", prefix.display()),
@@ -1315,7 +1292,7 @@ fn measure_pool(
     )?;
     let mut outcome = PoolOutcome::default();
     if config == TierConfig::FlashDisk {
-        let status: PoolStatus = pool.json(&["pool", "status", "--json"])?;
+        let status: PoolStatus = pool.cli.json(&["pool", "status", "--json"])?;
         outcome.notes.push(format!(
             "flash+disk after writing: {} blocks demoted, flash {} used of {}",
             status.demoted_blocks,
@@ -1358,10 +1335,12 @@ fn measure_pool(
                         mebibytes(before.flash_bytes),
                         DEMOTION_TIMEOUT_MS / 1_000
                     ));
-                    pool.run(&["volume", "set", REACTION_VOLUME, "--pin", "capacity"])?;
-                    prefill_over_nbd(&pool.uri(BENCH_VOLUME), bench_data)?;
+                    pool.cli
+                        .run(&["volume", "set", REACTION_VOLUME, "--pin", "capacity"])?;
+                    prefill_over_nbd(&pool.cli.uri(BENCH_VOLUME), bench_data)?;
                     let (demoted, placement) = wait_demoted(&pool, bytes)?;
-                    pool.run(&["volume", "set", REACTION_VOLUME, "--pin", "auto"])?;
+                    pool.cli
+                        .run(&["volume", "set", REACTION_VOLUME, "--pin", "auto"])?;
                     before = placement;
                     if !demoted {
                         outcome.notes.push(format!(
@@ -1390,7 +1369,7 @@ fn measure_pool(
             TierConfig::Disk => {}
         }
     }
-    let status: PoolStatus = pool.json(&["pool", "status", "--json"])?;
+    let status: PoolStatus = pool.cli.json(&["pool", "status", "--json"])?;
     outcome.notes.push(format!(
         "{} at the end: used {:.1}%, {} promoted, {} demoted, write amplification {}",
         config.name(),

@@ -21,8 +21,9 @@ use serde::Serialize;
 use crate::convert::saturating_u64;
 use crate::fio;
 use crate::harness::arguments::{CommonArgs, work_directory_in};
+use crate::lamina_cli::LaminaCli;
 use crate::process::check_interrupted;
-use crate::servers::{RunningServer, lamina_json, serve_lamina_data};
+use crate::servers::{RunningServer, serve_lamina_data};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, VolumeInfo};
 
@@ -324,11 +325,10 @@ impl PoolCounters {
     }
 
     fn read(program: &Path, data: &Path) -> anyhow::Result<Self> {
-        Ok(Self::from_status(&lamina_json(
-            program,
-            data,
-            &["pool", "status", "--json"],
-        )?)?)
+        let cli = LaminaCli::new(program, data);
+        Ok(Self::from_status(
+            &cli.json(&["pool", "status", "--json"])?,
+        )?)
     }
 }
 
@@ -403,32 +403,25 @@ impl CellPlan<'_> {
             "creating a {} MiB pool",
             arguments.pool_size >> 20
         ));
-        let created = PoolCounters::from_status(&lamina_json(
-            self.program,
-            &data,
-            &[
-                "pool",
-                "create",
-                "--flash",
-                &flash,
-                "--segment-size",
-                &segment,
-                "--json",
-            ],
-        )?)?;
+        let cli = LaminaCli::new(self.program, &data);
+        let created = PoolCounters::from_status(&cli.json(&[
+            "pool",
+            "create",
+            "--flash",
+            &flash,
+            "--segment-size",
+            &segment,
+            "--json",
+        ])?)?;
         let volume_bytes =
             volume_size_bytes(self.live, created.capacity_bytes, created.reserved_bytes)?;
-        let _: VolumeInfo = lamina_json(
-            self.program,
-            &data,
-            &[
-                "volume",
-                "create",
-                VOLUME_NAME,
-                &volume_bytes.to_string(),
-                "--json",
-            ],
-        )?;
+        let _: VolumeInfo = cli.json(&[
+            "volume",
+            "create",
+            VOLUME_NAME,
+            &volume_bytes.to_string(),
+            "--json",
+        ])?;
         let server = serve_lamina_data(self.program, &server_directory, &data, "", VOLUME_NAME)?;
         let result = self.measure(&server, &data, created, volume_bytes);
         server.stop();

@@ -5,16 +5,15 @@
 //! per run by the first lamina build.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use lamina_api::PoolStatus;
 use serde::Serialize;
 
 use crate::fio::FioTarget;
-use crate::process::run_helper;
+use crate::lamina_cli::LaminaCli;
 use crate::servers::{
-    EXPORT_NAME, RunningServer, lamina_json, prefill_over_nbd, serve_lamina_beside,
-    serve_nbdkit_plugin, serve_qemu_nbd, start_lamina_daemon,
+    EXPORT_NAME, RunningServer, prefill_over_nbd, serve_lamina_beside, serve_nbdkit_plugin,
+    serve_qemu_nbd, start_lamina_daemon,
 };
 
 /// The range of a pool file its data fills is rounded up to this many bytes.
@@ -153,30 +152,20 @@ impl Ground {
         let data = directory.join("data");
         std::fs::create_dir_all(&data)?;
         let file = directory.join("flash.img");
-        let lamina = |arguments: &[&str]| -> anyhow::Result<()> {
-            let mut command = Command::new(&pool.program);
-            command.args(arguments).arg("--data").arg(&data);
-            run_helper(command).map(drop)
-        };
+        let lamina = LaminaCli::new(&pool.program, &data);
         let flash = format!("{}:{}", file.display(), pool.file_bytes);
-        lamina(&["pool", "create", "--flash", &flash])?;
+        lamina.run(&["pool", "create", "--flash", &flash])?;
         let size = self.size_bytes.to_string();
-        for volume in
-            std::iter::once(EXPORT_NAME).chain(pool.extra_volumes.iter().map(String::as_str))
-        {
-            lamina(&["volume", "create", volume, "--size", &size])?;
+        let extra = pool.extra_volumes.iter().map(String::as_str);
+        for volume in std::iter::once(EXPORT_NAME).chain(extra) {
+            lamina.run(&["volume", "create", volume, "--size", &size])?;
         }
         let config = "[limits]\nmemory_cache_bytes = 0\n";
-        let server = serve_lamina_beside(
-            &pool.program,
-            &self.work.join("prefill"),
-            &data,
-            config,
-            EXPORT_NAME,
-        )?;
+        let prefill = self.work.join("prefill");
+        let server = serve_lamina_beside(&pool.program, &prefill, &data, config, EXPORT_NAME)?;
         prefill_over_nbd(&server.uri, &self.data_file)?;
         server.stop();
-        let status: PoolStatus = lamina_json(&pool.program, &data, &["pool", "status", "--json"])?;
+        let status: PoolStatus = lamina.json(&["pool", "status", "--json"])?;
         let used_bytes =
             status.used_bytes.div_ceil(POOL_RANGE_ALIGNMENT_BYTES) * POOL_RANGE_ALIGNMENT_BYTES;
         self.pool = Some(MadePool {

@@ -1,0 +1,73 @@
+//! The `lamina` command line run against one data directory: how the scenarios
+//! create pools and volumes, take snapshots, fail devices and read the admin API's
+//! JSON documents ([`lamina_api`]), and the NBD URI of an export the daemon serves
+//! from that directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::process::run_helper;
+
+/// `lamina ARGUMENTS` printed something that is not the JSON document expected
+/// (not JSON, or a field missing or renamed: the error names it).
+#[derive(Debug, thiserror::Error)]
+#[error("`lamina {command}` printed no JSON of the expected shape ({source}): {stdout}")]
+pub struct NoJsonError {
+    pub command: String,
+    pub stdout: String,
+    pub source: serde_json::Error,
+}
+
+/// A lamina binary and the data directory its commands name with `--data`.
+#[derive(Debug, Clone)]
+pub struct LaminaCli {
+    program: PathBuf,
+    data: PathBuf,
+}
+
+impl LaminaCli {
+    pub fn new(program: &Path, data: &Path) -> Self {
+        Self {
+            program: program.to_owned(),
+            data: data.to_owned(),
+        }
+    }
+
+    /// The data directory.
+    pub fn data(&self) -> &Path {
+        &self.data
+    }
+
+    /// `lamina ARGUMENTS --data DATA`, not yet run.
+    pub fn command(&self, arguments: &[&str]) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(arguments).arg("--data").arg(&self.data);
+        command
+    }
+
+    /// Runs `lamina ARGUMENTS --data DATA`; fails with its stderr when it fails.
+    pub fn run(&self, arguments: &[&str]) -> anyhow::Result<Output> {
+        run_helper(self.command(arguments))
+    }
+
+    /// Runs `lamina ARGUMENTS --data DATA` and reads the JSON it prints as `T`.
+    pub fn json<T: serde::de::DeserializeOwned>(&self, arguments: &[&str]) -> anyhow::Result<T> {
+        let output = self.run(arguments)?;
+        serde_json::from_slice(&output.stdout).map_err(|source| {
+            NoJsonError {
+                command: arguments.join(" "),
+                stdout: String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+                source,
+            }
+            .into()
+        })
+    }
+
+    /// The NBD URI of `export` on the daemon serving this data directory.
+    pub fn uri(&self, export: &str) -> String {
+        format!(
+            "nbd+unix:///{export}?socket={}",
+            self.data.join("nbd.sock").display()
+        )
+    }
+}
