@@ -229,28 +229,29 @@ pub fn run_step_with(
 /// Runs fio with its nbd engine against the export at `uri` with `arguments`
 /// (the jobs: `--name=...` and their options) and parses its JSON report.
 pub fn run(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<FioReport> {
+    run_command(nbd_command(fio_program, uri, arguments), uri)
+}
+
+/// Starts fio with its nbd engine against `uri` with `arguments` in the background
+/// (its JSON report on its stdout), for runs that end when the caller stops them.
+pub fn spawn(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<ManagedChild> {
+    let mut command = nbd_command(fio_program, uri, arguments);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(ManagedChild::spawn(command)?)
+}
+
+/// fio with its nbd engine on `uri`, a JSON report, and `arguments`.
+fn nbd_command(fio_program: &str, uri: &str, arguments: &[String]) -> Command {
     let mut command = Command::new(fio_program);
     command
         .arg("--ioengine=nbd")
         .arg(format!("--uri={uri}"))
         .arg("--output-format=json")
         .args(arguments);
-    run_command(command, uri)
-}
-
-/// Starts fio with its nbd engine against `uri` with `arguments` in the background
-/// (its JSON report on its stdout), for runs that end when the caller stops them.
-pub fn spawn(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<ManagedChild> {
-    let mut command = Command::new(fio_program);
     command
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
-        .arg("--output-format=json")
-        .args(arguments)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    Ok(ManagedChild::spawn(command)?)
 }
 
 /// Runs a prepared fio command as a managed child (so that Ctrl-C stops it) and

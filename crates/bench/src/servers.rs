@@ -373,23 +373,6 @@ pub(crate) fn serve_lamina_data(
     extra_config: &str,
     export: &str,
 ) -> anyhow::Result<RunningServer> {
-    assert!(
-        data.starts_with(directory),
-        "the data directory is removed with the server's directory"
-    );
-    serve_lamina_beside(program, directory, data, extra_config, export)
-}
-
-/// [`serve_lamina_data`] on a data directory that outlives the server: only
-/// `directory` (configuration and log) is removed on stop, so that the next start,
-/// perhaps of another lamina build, finds the pool as this one left it.
-pub(crate) fn serve_lamina_beside(
-    program: &Path,
-    directory: &Path,
-    data: &Path,
-    extra_config: &str,
-    export: &str,
-) -> anyhow::Result<RunningServer> {
     std::fs::create_dir_all(directory)?;
     let log = std::fs::File::create(directory.join("server.log"))?;
     let config = directory.join("lamina.toml");

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::fio::FioTarget;
 use crate::lamina_cli::LaminaCli;
 use crate::servers::{
-    EXPORT_NAME, RunningServer, prefill_over_nbd, serve_lamina_beside, serve_nbdkit_plugin,
+    EXPORT_NAME, RunningServer, prefill_over_nbd, serve_lamina_data, serve_nbdkit_plugin,
     serve_qemu_nbd, start_lamina_daemon,
 };
 
@@ -162,7 +162,7 @@ impl Ground {
         }
         let config = "[limits]\nmemory_cache_bytes = 0\n";
         let prefill = self.work.join("prefill");
-        let server = serve_lamina_beside(&pool.program, &prefill, &data, config, EXPORT_NAME)?;
+        let server = serve_lamina_data(&pool.program, &prefill, &data, config, EXPORT_NAME)?;
         prefill_over_nbd(&server.uri, &self.data_file)?;
         server.stop();
         let status: PoolStatus = lamina.json(&["pool", "status", "--json"])?;
@@ -201,7 +201,7 @@ impl Ground {
                 config,
                 export,
             } => running(
-                serve_lamina_beside(program, directory, &self.pool()?.data, config, export)?,
+                serve_lamina_data(program, directory, &self.pool()?.data, config, export)?,
                 size,
             ),
             Server::LaminaFresh { program, config } => {
