@@ -394,7 +394,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
         // Last, because write profiles overwrite the file every server was copied from.
         labels.push("device".to_owned());
     }
-    let outcome = runner::each_round(&labels, 1, runner::Order::Same, |row, _| {
+    let outcome = runner::each_round(&labels, runner::RoundPlan::once(), |row, _| {
         let Some(kind) = candidates.get(row) else {
             return measure_device(&data_file, fio, step, &settings, &bar)
                 .map_err(|error| anyhow::anyhow!("fio on the file failed: {error:#}"));
@@ -556,7 +556,7 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
         .iter()
         .map(|kind| kind.name().to_owned())
         .collect();
-    let outcome = runner::each_round(&labels, 1, runner::Order::Same, |row, _| {
+    let outcome = runner::each_round(&labels, runner::RoundPlan::once(), |row, _| {
         let kind = arguments.servers[row];
         bar.set_message(kind.name());
         bar.inc(1);

@@ -29,6 +29,7 @@ use crate::harness::arguments::{CommonArgs, Draw, work_directory_in};
 use crate::harness::statistics::{median, percentile_of_sorted};
 use crate::lamina_cli::LaminaCli;
 use crate::process::{ManagedChild, check_interrupted, run_helper};
+use crate::runner::{OnFailure, Order, RoundPlan, each_round};
 use crate::servers::{RunningServer, serve_lamina_data};
 use crate::tiers::{parse_latency_log, sliding_windows};
 use lamina_api::size::parse_size;
@@ -1105,17 +1106,26 @@ fn measure_bandwidth(bench: &Bench, directory: &Path) -> anyhow::Result<Bandwidt
     })
 }
 
+/// Idle rebuilds at every fill level, `--runs` rounds of them interleaved; a failed
+/// rebuild ends the benchmark (it is the finding, not a row to skip).
 fn idle_fills(bench: &Bench, fills: &[f64], impact: Impact) -> anyhow::Result<Vec<IdleFill>> {
-    let mut results = Vec::new();
-    for &fill in fills {
-        let mut runs = Vec::new();
-        for _ in 0..bench.arguments.runs {
-            check_interrupted()?;
-            let directory = bench.arguments.work_directory()?;
-            runs.push(idle_run(bench, directory.path(), fill, impact)?);
-        }
+    let labels: Vec<String> = fills.iter().map(|fill| format!("fill {fill}")).collect();
+    let plan = RoundPlan {
+        rounds: bench.arguments.runs,
+        order: Order::Same,
+        on_failure: OnFailure::Stop,
+    };
+    let outcome = each_round(&labels, plan, |row, _| {
+        let directory = bench.arguments.work_directory()?;
+        idle_run(bench, directory.path(), fills[row], impact)
+    })?;
+    let mut runs_of: Vec<Vec<IdleRun>> = fills.iter().map(|_| Vec::new()).collect();
+    for measured in outcome.measured {
+        runs_of[measured.row].push(measured.sample);
+    }
+    let idle = fills.iter().zip(runs_of).map(|(&fill, runs)| {
         let of = |figure: fn(&IdleRun) -> f64| median(&runs.iter().map(figure).collect::<Vec<_>>());
-        results.push(IdleFill {
+        IdleFill {
             fill,
             median_seconds: of(|run| run.rebuild.seconds),
             median_bytes_per_second: of(|run| run.rebuild.bytes_per_second),
@@ -1126,9 +1136,9 @@ fn idle_fills(bench: &Bench, fills: &[f64], impact: Impact) -> anyhow::Result<Ve
                 run.rebuild.survivors_bytes_written_per_second
             }),
             runs,
-        });
-    }
-    Ok(results)
+        }
+    });
+    Ok(idle.collect())
 }
 
 /// Runs the benchmark and returns the report (the CLI prints it).
@@ -1191,13 +1201,20 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
             impacts.push(*impact);
         }
     }
-    for impact in impacts {
-        check_interrupted()?;
+    let labels: Vec<String> = impacts.iter().map(|impact| format!("{impact:?}")).collect();
+    let plan = RoundPlan {
+        on_failure: OnFailure::Stop,
+        ..RoundPlan::once()
+    };
+    let outcome = each_round(&labels, plan, |row, _| {
         let directory = arguments.work_directory()?;
-        report
-            .load
-            .push(load_run(&bench, directory.path(), impact)?);
-    }
+        load_run(&bench, directory.path(), impacts[row])
+    })?;
+    report.load = outcome
+        .measured
+        .into_iter()
+        .map(|measured| measured.sample)
+        .collect();
     Ok(report)
 }
 

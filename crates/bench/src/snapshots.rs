@@ -36,7 +36,7 @@ use crate::harness::table::Table;
 use crate::lamina_cli::LaminaCli;
 use crate::process::{check_interrupted, find_program, run_helper};
 use crate::report::{RunNotes, Skipped, format_number, load_average, ratio};
-use crate::runner::{Order, each_round};
+use crate::runner::{OnFailure, Order, RoundPlan, each_round};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_qemu_nbd, start_lamina_daemon};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, SnapshotInfo};
@@ -903,41 +903,41 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         ramp_seconds: arguments.ramp,
         region_bytes: size,
     };
-    let outcome = each_round(
-        &labels,
-        arguments.repetitions,
-        Order::Alternating,
-        |row, round| {
-            let case = &cases[row];
-            eprintln!(
-                "repetition {round}/{}: {}",
-                arguments.repetitions, labels[row]
-            );
-            let set = case.target.snapshots().filter(|_| round > 1);
-            if let Some(set) = set {
-                // A fresh snapshot right before the run; the count stays the same.
-                refresh_snapshot(&case.target, &mut sets[set], lamina.as_ref(), &mut timings)?;
+    let plan = RoundPlan {
+        rounds: arguments.repetitions,
+        order: Order::Alternating,
+        on_failure: OnFailure::Skip,
+    };
+    let outcome = each_round(&labels, plan, |row, round| {
+        let case = &cases[row];
+        eprintln!(
+            "repetition {round}/{}: {}",
+            arguments.repetitions, labels[row]
+        );
+        let set = case.target.snapshots().filter(|_| round > 1);
+        if let Some(set) = set {
+            // A fresh snapshot right before the run; the count stays the same.
+            refresh_snapshot(&case.target, &mut sets[set], lamina.as_ref(), &mut timings)?;
+        }
+        let fio = &arguments.common.fio;
+        match &case.target {
+            Target::Lamina { export, .. } => {
+                let lamina = lamina
+                    .as_ref()
+                    .expect("lamina cases exist only when lamina runs");
+                crate::fio::run_step(fio, &lamina.uri(export), &step(case.kind))
             }
-            let fio = &arguments.common.fio;
-            match &case.target {
-                Target::Lamina { export, .. } => {
-                    let lamina = lamina
-                        .as_ref()
-                        .expect("lamina cases exist only when lamina runs");
-                    crate::fio::run_step(fio, &lamina.uri(export), &step(case.kind))
+            Target::Qemu { image, .. } => {
+                let server = serve_qemu_nbd(image, "qcow2", &serve_directory, 1, false)?;
+                if qemu_notes.is_empty() {
+                    qemu_notes.clone_from(&server.notes);
                 }
-                Target::Qemu { image, .. } => {
-                    let server = serve_qemu_nbd(image, "qcow2", &serve_directory, 1, false)?;
-                    if qemu_notes.is_empty() {
-                        qemu_notes.clone_from(&server.notes);
-                    }
-                    let measurement = crate::fio::run_step(fio, &server.uri, &step(case.kind));
-                    server.stop();
-                    measurement
-                }
+                let measurement = crate::fio::run_step(fio, &server.uri, &step(case.kind));
+                server.stop();
+                measurement
             }
-        },
-    )?;
+        }
+    })?;
     for measured in outcome.measured {
         cases[measured.row].runs.push(measured.sample);
     }

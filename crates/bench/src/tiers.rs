@@ -34,7 +34,7 @@ use crate::harness::table::Table;
 use crate::lamina_cli::LaminaCli;
 use crate::process::check_interrupted;
 use crate::report::{RunNotes, format_number, ratio};
-use crate::runner::{Order, each_round};
+use crate::runner::{RoundPlan, each_round};
 use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
 use lamina_api::size::parse_size;
@@ -1416,7 +1416,7 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
         .iter()
         .map(|config| config.name().to_owned())
         .collect();
-    let outcome = each_round(&labels, 1, Order::Same, |row, _| {
+    let outcome = each_round(&labels, RoundPlan::once(), |row, _| {
         measure_pool(
             &settings,
             configs[row],

@@ -13,7 +13,7 @@ mod start;
 
 use serde::Serialize;
 
-pub use rounds::{Order, each_round};
+pub use rounds::{OnFailure, Order, RoundPlan, each_round};
 pub use start::{Ground, Preparation, Server, SharedPool};
 
 use crate::fio::StepSpec;
@@ -103,7 +103,11 @@ pub fn run(scenario: Scenario, ground: &mut Ground) -> anyhow::Result<ScenarioRe
     }
     let labels: Vec<String> = scenario.rows.iter().map(|row| row.label.clone()).collect();
     let mut notes = Vec::new();
-    let outcome = each_round(&labels, scenario.rounds, Order::Same, |row, round| {
+    let plan = RoundPlan {
+        rounds: scenario.rounds,
+        ..RoundPlan::once()
+    };
+    let outcome = each_round(&labels, plan, |row, round| {
         if row == 0 {
             let load = load_average().unwrap_or_default();
             eprintln!("round {round}/{}: load {load}", scenario.rounds);

@@ -1,8 +1,9 @@
-//! The loop every side-by-side scenario shares: rows (servers, pools, cases) measured
-//! in rounds, each row started, measured and stopped by the scenario's own step; a
-//! row that fails is skipped with its reason and the others go on; an interruption
-//! (Ctrl-C) ends the run instead of being taken for a failure; the machine's load
-//! is recorded around it all.
+//! The loop every scenario shares: rows (servers, pools, cases, fill levels)
+//! measured in rounds, each row started, measured and stopped by the scenario's own
+//! step; a row that fails is skipped with its reason and the others go on (or, for a
+//! scenario whose failure is its finding, the run stops); an interruption (Ctrl-C)
+//! ends the run instead of being taken for a failure; the machine's load is
+//! recorded around it all.
 
 use crate::process::check_interrupted;
 use crate::report::{RunNotes, Skipped, load_average};
@@ -15,6 +16,34 @@ pub enum Order {
     /// Reversed on every second round, so that a drift of the shared machine does not
     /// favour the rows that come first.
     Alternating,
+}
+
+/// What a failed row does to the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// The row is skipped with its reason; the others go on.
+    Skip,
+    /// The run ends with the row's error.
+    Stop,
+}
+
+/// How the rows run: how many rounds, in which order, what a failure does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundPlan {
+    pub rounds: u32,
+    pub order: Order,
+    pub on_failure: OnFailure,
+}
+
+impl RoundPlan {
+    /// One round, failed rows skipped.
+    pub fn once() -> Self {
+        Self {
+            rounds: 1,
+            order: Order::Same,
+            on_failure: OnFailure::Skip,
+        }
+    }
 }
 
 /// One row's result in one round.
@@ -35,13 +64,12 @@ pub struct Outcome<Sample> {
     pub run: RunNotes,
 }
 
-/// Measures every row named in `labels` in each of `rounds` rounds, in `order`, with
+/// Measures every row named in `labels` in each round of `plan`, with
 /// `measure(row, round)`. A row that fails is skipped (named with its round when
-/// there is more than one) and the run goes on.
+/// there is more than one) and the run goes on, unless the plan stops on failure.
 pub fn each_round<Sample>(
     labels: &[String],
-    rounds: u32,
-    order: Order,
+    plan: RoundPlan,
     mut measure: impl FnMut(usize, u32) -> anyhow::Result<Sample>,
 ) -> anyhow::Result<Outcome<Sample>> {
     let mut outcome = Outcome {
@@ -51,8 +79,9 @@ pub fn each_round<Sample>(
             ..RunNotes::default()
         },
     };
+    let rounds = plan.rounds;
     for round in 1..=rounds {
-        let reversed = order == Order::Alternating && round % 2 == 0;
+        let reversed = plan.order == Order::Alternating && round % 2 == 0;
         let rows: Vec<usize> = if reversed {
             (0..labels.len()).rev().collect()
         } else {
@@ -64,6 +93,9 @@ pub fn each_round<Sample>(
                 Ok(sample) => outcome.measured.push(Measured { row, round, sample }),
                 Err(error) => {
                     check_interrupted()?;
+                    if plan.on_failure == OnFailure::Stop {
+                        return Err(error);
+                    }
                     let server = if rounds > 1 {
                         format!("{} (round {round})", labels[row])
                     } else {
@@ -99,7 +131,12 @@ mod tests {
     #[test]
     fn rows_alternate_and_failures_are_skipped_with_their_round() {
         let labels = vec!["a".to_owned(), "b".to_owned()];
-        let outcome = each_round(&labels, 3, Order::Alternating, |row, round| {
+        let plan = RoundPlan {
+            rounds: 3,
+            order: Order::Alternating,
+            on_failure: OnFailure::Skip,
+        };
+        let outcome = each_round(&labels, plan, |row, round| {
             if row == 1 && round == 2 {
                 anyhow::bail!("did not come up")
             }
@@ -116,5 +153,14 @@ mod tests {
         assert_eq!(outcome.run.skipped[0].server, "b (round 2)");
         assert_eq!(outcome.run.skipped[0].reason, "did not come up");
         assert!(outcome.run.load_average_start.is_some());
+        let stop = RoundPlan {
+            on_failure: OnFailure::Stop,
+            ..plan
+        };
+        let failed = each_round(&labels, stop, |row, _| match row {
+            0 => Ok(()),
+            _ => anyhow::bail!("rebuild failed"),
+        });
+        assert_eq!(failed.expect_err("stops").to_string(), "rebuild failed");
     }
 }
