@@ -36,6 +36,7 @@ use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
     validate_volume_name, validate_volume_size,
 };
+use cache_warmup::{CacheContents, CacheWarmup, CacheWarmupStatus};
 pub use io::device_full::DeviceFullStatus;
 use io::flush_marker::MarkerClaims;
 pub use io::read::{Extent, ReadExtents};
@@ -93,6 +94,28 @@ impl Pool {
     /// Scrub's progress (also in `pool status`).
     pub fn scrub_status(&self) -> ScrubStatus {
         self.inner.scrub.status()
+    }
+
+    // ----- memory cache warm-up -----
+
+    /// What the memory cache holds now, by logical identity, hottest first
+    /// (blocks no map holds any more are left out). Walks copies of the maps
+    /// outside the state lock.
+    pub fn cache_contents(&self) -> CacheContents {
+        CacheWarmup::contents(&self.inner)
+    }
+
+    /// Loads the blocks `contents` lists into the memory cache in the
+    /// background (see `cache_warmup`); returns at once. Does nothing with
+    /// `memory_cache_warm_restart` off, without a memory cache, or when a
+    /// warm-up already ran since the pool opened.
+    pub fn warm_cache(&self, contents: CacheContents) {
+        CacheWarmup::start(&self.inner, contents);
+    }
+
+    /// The warm-up's progress.
+    pub fn cache_warmup_status(&self) -> CacheWarmupStatus {
+        self.inner.cache_warmup.status()
     }
 
     // ----- rebuild -----

@@ -18,13 +18,14 @@
 pub(super) mod progress;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 
 use crate::log::batch::block_checksum;
 pub use crate::pool::cache_warmup::progress::{CacheWarmupState, CacheWarmupStatus};
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
 use crate::volume::View;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
@@ -181,8 +182,8 @@ struct WarmupBlock {
 /// Every view's map (O(1) copies), taken under the state lock so that the
 /// walks run outside it. Live volumes come first: a block a volume shares
 /// with its snapshots is recorded as the volume's.
-fn view_maps(pool: &Pool) -> Vec<(View, BlockMap)> {
-    let state = pool.inner.lock();
+fn view_maps(core: &Inner) -> Vec<(View, BlockMap)> {
+    let state = core.lock();
     let volumes = state.volumes();
     let mut maps: Vec<(View, BlockMap)> = volumes
         .iter()
@@ -200,13 +201,20 @@ fn view_maps(pool: &Pool) -> Vec<(View, BlockMap)> {
     maps
 }
 
-impl Pool {
+/// The memory cache's warm-up after a restart: a service built with the
+/// pool's core, through which it reads the listed blocks into the cache;
+/// started once per opening under the supervisor.
+pub(in crate::pool) struct CacheWarmup {
+    core: Arc<Inner>,
+}
+
+impl CacheWarmup {
     /// What the memory cache holds now, by logical identity, hottest first
     /// (blocks no map holds any more are left out). Walks copies of the maps
     /// outside the state lock.
-    pub fn cache_contents(&self) -> CacheContents {
-        let hottest = self.inner.cache.physical_blocks_hottest_first();
-        let maps = view_maps(self);
+    pub(in crate::pool) fn contents(core: &Inner) -> CacheContents {
+        let hottest = core.cache.physical_blocks_hottest_first();
+        let maps = view_maps(core);
         let mut rank_of: HashMap<u64, usize> = hottest
             .iter()
             .enumerate()
@@ -233,42 +241,35 @@ impl Pool {
         }
     }
 
-    /// The warm-up's progress.
-    pub fn cache_warmup_status(&self) -> CacheWarmupStatus {
-        self.inner.cache_warmup.status()
-    }
-
     /// Loads the blocks `contents` lists into the memory cache in the
     /// background (see the module documentation); returns at once. Does
     /// nothing with `memory_cache_warm_restart` off, without a memory cache,
     /// or when a warm-up already ran since the pool opened.
-    pub fn warm_cache(&self, contents: CacheContents) {
-        let capacity_blocks = self.inner.cache.statistics().capacity_bytes / BLOCK_SIZE_BYTES;
-        if !self.inner.limits.memory_cache_warm_restart
+    pub(in crate::pool) fn start(core: &Arc<Inner>, contents: CacheContents) {
+        let capacity_blocks = core.cache.statistics().capacity_bytes / BLOCK_SIZE_BYTES;
+        if !core.limits.memory_cache_warm_restart
             || capacity_blocks == 0
-            || !self.inner.cache_warmup.start(contents.blocks.len() as u64)
+            || !core.cache_warmup.start(contents.blocks.len() as u64)
         {
             return;
         }
-        let pool = self.clone();
-        self.inner
-            .supervisor
-            .spawn("memory cache warm-up", async move {
-                pool.warm_cache_now(contents, capacity_blocks).await;
-                pool.inner.cache_warmup.finish();
-                let status = pool.cache_warmup_status();
-                tracing::info!(
-                    blocks_loaded = status.blocks_loaded,
-                    blocks_skipped = status.blocks_skipped,
-                    elapsed_ms = status.elapsed_ms,
-                    "memory cache warm-up finished"
-                );
-            });
+        let warmup = CacheWarmup { core: core.clone() };
+        core.supervisor.spawn("memory cache warm-up", async move {
+            warmup.run(contents, capacity_blocks).await;
+            warmup.core.cache_warmup.finish();
+            let status = warmup.core.cache_warmup.status();
+            tracing::info!(
+                blocks_loaded = status.blocks_loaded,
+                blocks_skipped = status.blocks_skipped,
+                elapsed_ms = status.elapsed_ms,
+                "memory cache warm-up finished"
+            );
+        });
     }
 
-    async fn warm_cache_now(&self, contents: CacheContents, capacity_blocks: u64) {
+    async fn run(&self, contents: CacheContents, capacity_blocks: u64) {
         let blocks = self.resolve_cached_blocks(contents, capacity_blocks);
-        let warmer = &self.inner.cache_warmup;
+        let warmer = &self.core.cache_warmup;
         warmer
             .blocks_to_load
             .store(blocks.len() as u64, Ordering::Relaxed);
@@ -277,14 +278,14 @@ impl Pool {
             blocks_to_load = blocks.len(),
             "warming the memory cache in the background"
         );
-        let runs = warmup_runs(&blocks, self.inner.limits.read_run_blocks_max);
-        let in_flight_max = self.inner.limits.memory_cache_warm_reads_in_flight_max;
+        let runs = warmup_runs(&blocks, self.core.limits.read_run_blocks_max);
+        let in_flight_max = self.core.limits.memory_cache_warm_reads_in_flight_max;
         let mut in_flight = futures::stream::FuturesUnordered::new();
         for run in runs {
             if in_flight.len() >= in_flight_max {
                 in_flight.next().await;
             }
-            if self.background_stopped() {
+            if self.core.supervisor.is_stopping() {
                 return;
             }
             in_flight.push(self.load_run(run));
@@ -303,7 +304,7 @@ impl Pool {
         contents
             .blocks
             .truncate(usize::try_from(capacity_blocks).unwrap_or(usize::MAX));
-        let maps: HashMap<View, BlockMap> = view_maps(self).into_iter().collect();
+        let maps: HashMap<View, BlockMap> = view_maps(&self.core).into_iter().collect();
         let mut blocks: Vec<WarmupBlock> = contents
             .blocks
             .iter()
@@ -325,11 +326,11 @@ impl Pool {
     /// Reads one run from the device and takes the blocks that pass their
     /// checksum and are still mapped there into the cache.
     async fn load_run(&self, run: &[WarmupBlock]) {
-        let warmer = &self.inner.cache_warmup;
+        let warmer = &self.core.cache_warmup;
         let first = run[0].physical_block;
         let span_blocks = run[run.len() - 1].physical_block - first + 1;
         let read = self
-            .inner
+            .core
             .device
             .read(
                 first * BLOCK_SIZE_BYTES,
@@ -360,7 +361,7 @@ impl Pool {
             // Under the state lock: a segment is invalidated in the cache
             // under it before it is reused, so a block still mapped here now
             // cannot be replaced behind the insert.
-            let state = self.inner.lock();
+            let state = self.core.lock();
             for (block, passes) in run.iter().zip(passes) {
                 let position = usize::try_from(block.physical_block - first).expect("in the run");
                 let contents = &data[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES];
@@ -374,7 +375,7 @@ impl Pool {
                 if passes
                     && still_mapped
                     && self
-                        .inner
+                        .core
                         .cache
                         .insert_if_room(block.physical_block, contents)
                 {
