@@ -129,7 +129,12 @@ impl Preset {
             },
         });
         Scenario {
-            name: format!("ab {}", self.name()),
+            name: format!(
+                "ab {}",
+                clap::ValueEnum::to_possible_value(&self)
+                    .expect("no skipped presets")
+                    .get_name()
+            ),
             rounds: choices.rounds,
             size_bytes: choices.size_bytes,
             workloads,
@@ -145,17 +150,6 @@ impl Preset {
                 })
                 .map(|row| row.label.clone()),
             rows,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Preset::ReadAb => "read-ab",
-            Preset::CacheMiss => "cache-miss",
-            Preset::Connections => "connections",
-            Preset::WriteCpu => "write-cpu",
-            Preset::ReadCeiling => "read-ceiling",
-            Preset::CpuPerOp => "cpu-per-op",
         }
     }
 }
@@ -396,4 +390,123 @@ fn cpu_per_op_workloads(choices: &Choices) -> Vec<Workload> {
         choices.workload("randwrite", Pattern::RandomWrite, DEEP_QUEUE_DEPTH),
         choices.workload("mixed7030", mixed(), DEEP_QUEUE_DEPTH),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum as _;
+
+    use super::*;
+
+    fn choices() -> Choices {
+        let build = |label: &str| Build {
+            label: label.to_owned(),
+            program: PathBuf::from(format!("/bin/{label}")),
+        };
+        Choices {
+            builds: vec![build("before"), build("after")],
+            rounds: 2,
+            runtime_seconds: 6,
+            ramp_seconds: 1,
+            size_bytes: 1 << 30,
+            connections: vec![1, 4],
+            caches: vec![Cache::Warm, Cache::Cold],
+            runs_per_pool: 2,
+            mixed: false,
+            memory_cache_bytes: None,
+            server_settings: vec!["volume_latency_histograms = false".to_owned()],
+        }
+    }
+
+    #[test]
+    fn every_preset_is_rows_and_workloads_with_the_first_build_as_reference() {
+        let choices = choices();
+        for preset in Preset::value_variants() {
+            let scenario = preset.scenario(&choices);
+            assert!(!scenario.rows.is_empty() && !scenario.workloads.is_empty());
+            assert!(
+                scenario
+                    .reference
+                    .as_deref()
+                    .is_some_and(|label| label.starts_with("before")),
+                "{preset:?}: {:?}",
+                scenario.reference
+            );
+            let shared = scenario.shared_pool.as_ref();
+            assert!(shared.is_none_or(|pool| pool.program == choices.builds[0].program));
+        }
+    }
+
+    #[test]
+    fn presets_keep_the_scripts_rows_and_workloads() {
+        let choices = choices();
+        let rows = |preset: Preset| -> Vec<String> {
+            let scenario = preset.scenario(&choices);
+            scenario.rows.into_iter().map(|row| row.label).collect()
+        };
+        let workloads = |preset: Preset| -> Vec<String> {
+            let scenario = preset.scenario(&choices);
+            scenario
+                .workloads
+                .into_iter()
+                .map(|workload| workload.name)
+                .collect()
+        };
+        assert_eq!(
+            rows(Preset::ReadAb),
+            [
+                "nbdkit-memory",
+                "before-warm",
+                "before-cold",
+                "after-warm",
+                "after-cold"
+            ]
+        );
+        assert_eq!(rows(Preset::CacheMiss), ["before", "after", "device"]);
+        assert_eq!(
+            workloads(Preset::CacheMiss),
+            ["randread32", "randread1", "rw7030", "randwrite32"]
+        );
+        assert_eq!(
+            workloads(Preset::Connections),
+            [
+                "randread connections=1",
+                "randwrite connections=1",
+                "randread connections=4",
+                "randwrite connections=4"
+            ]
+        );
+        assert_eq!(rows(Preset::WriteCpu), ["before", "after", "nbdkit-memory"]);
+        assert_eq!(
+            workloads(Preset::WriteCpu),
+            ["randwrite run=1", "randwrite run=2"]
+        );
+        assert_eq!(
+            rows(Preset::ReadCeiling),
+            [
+                "nbdkit-null",
+                "nbdkit-memory",
+                "before-warm",
+                "before-holes",
+                "before-cold",
+                "device",
+                "qemu-nbd-cold"
+            ]
+        );
+        let connections = Preset::Connections.scenario(&choices);
+        let depths: Vec<(u32, u32)> = connections
+            .workloads
+            .iter()
+            .map(|workload| (workload.step.jobs, workload.step.iodepth))
+            .collect();
+        assert_eq!(depths, [(1, 32), (1, 32), (4, 8), (4, 8)]);
+        let Server::LaminaFresh { config, .. } =
+            &Preset::CpuPerOp.scenario(&choices).rows[0].server
+        else {
+            panic!("cpu-per-op runs a fresh pool");
+        };
+        assert!(config.starts_with("volume_latency_histograms = false\n[pool]\n"));
+        assert!(config.contains("embedded_size_bytes = 4294967296\n"));
+        assert!(config.ends_with("memory_cache_bytes = 1073741824\n"));
+    }
 }
