@@ -65,9 +65,14 @@ impl LaminaCli {
 
     /// The NBD URI of `export` on the daemon serving this data directory.
     pub fn uri(&self, export: &str) -> String {
-        format!(
-            "nbd+unix:///{export}?socket={}",
-            self.data.join("nbd.sock").display()
-        )
+        export_uri(&self.data, export)
     }
+}
+
+/// The NBD URI of `export` on the daemon serving the data directory `data`.
+pub fn export_uri(data: &Path, export: &str) -> String {
+    format!(
+        "nbd+unix:///{export}?socket={}",
+        data.join("nbd.sock").display()
+    )
 }

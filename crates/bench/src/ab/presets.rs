@@ -368,7 +368,7 @@ fn read_ceiling_rows(choices: &Choices) -> Vec<Row> {
             "-holes",
             choices.warm_cache_bytes(),
             "holes",
-            nothing,
+            Preparation::WarmReadOfData,
         ),
         choices.shared(build, "-cold", 0, "default", nothing),
         Row {

@@ -10,7 +10,7 @@ use lamina_api::PoolStatus;
 use serde::Serialize;
 
 use crate::fio::FioTarget;
-use crate::lamina_cli::LaminaCli;
+use crate::lamina_cli::{LaminaCli, export_uri};
 use crate::servers::{
     EXPORT_NAME, RunningServer, prefill_over_nbd, serve_lamina_data, serve_nbdkit_plugin,
     serve_qemu_nbd, start_lamina_daemon,
@@ -61,6 +61,10 @@ pub enum Preparation {
     Fill,
     /// It is read once from end to end, so that a memory cache holds it.
     WarmRead,
+    /// The shared pool's volume `default` is read once from end to end through the
+    /// row's daemon, which serves another export of the pool: its cache then holds
+    /// the data, as after serving it for a while.
+    WarmReadOfData,
 }
 
 /// The pool the `LaminaShared` rows serve: one file of `file_bytes` holding the
@@ -242,15 +246,19 @@ impl Ground {
         match preparation {
             Preparation::Nothing => Ok(()),
             Preparation::Fill => prefill_over_nbd(&server.uri, &self.data_file),
-            Preparation::WarmRead => {
+            Preparation::WarmRead | Preparation::WarmReadOfData => {
+                let uri = match preparation {
+                    Preparation::WarmReadOfData => export_uri(&self.pool()?.data, EXPORT_NAME),
+                    _ => server.uri.clone(),
+                };
                 let arguments = [
                     "--name=warm".to_owned(),
                     "--rw=read".to_owned(),
                     format!("--bs={WARM_READ_BLOCK_BYTES}"),
                     format!("--iodepth={WARM_READ_IODEPTH}"),
-                    format!("--size={}", started.region_bytes),
+                    format!("--size={}", self.size_bytes),
                 ];
-                crate::fio::run(&self.fio, &server.uri, &arguments).map(drop)
+                crate::fio::run(&self.fio, &uri, &arguments).map(drop)
             }
         }
     }
