@@ -296,8 +296,13 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
     };
     let settings = arguments.step.settings(region_bytes);
     let profile = arguments.step.profile;
-    let mut servers = Vec::new();
-    for target in &targets {
+    let labels: Vec<String> = targets.iter().map(|target| target.name.clone()).collect();
+    let plan = runner::RoundPlan {
+        on_failure: runner::OnFailure::Stop,
+        ..runner::RoundPlan::once()
+    };
+    let outcome = runner::each_round(&labels, plan, |row, _| {
+        let target = &targets[row];
         let bar = progress_bar(workload::planned_step_count(profile, &settings));
         let points = workload::execute(
             &arguments.common.fio,
@@ -311,19 +316,21 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
             },
         );
         bar.finish_and_clear();
-        let points = points?;
-        let headline = profile
-            .is_sweep()
-            .then(|| workload::headline(&points, settings.slo_us));
-        servers.push(ServerResult {
-            server: target.name.clone(),
-            uri: target.uri.clone(),
-            notes: vec![],
-            points,
-            headline,
-            figures: vec![],
-        });
-    }
+        let (name, uri) = (target.name.clone(), target.uri.clone());
+        Ok(ServerResult::measured(
+            name,
+            uri,
+            vec![],
+            points?,
+            profile,
+            settings.slo_us,
+        ))
+    })?;
+    let mut servers: Vec<ServerResult> = outcome
+        .measured
+        .into_iter()
+        .map(|measured| measured.sample)
+        .collect();
     let reference = compute_figures(profile, &mut servers);
     let report = Report {
         profile,
@@ -470,18 +477,15 @@ fn measure_server(
     let notes = server.notes.clone();
     server.stop();
     let points = points.map_err(|error| format!("benchmark failed: {error:#}"))?;
-    let headline = step
-        .profile
-        .is_sweep()
-        .then(|| workload::headline(&points, settings.slo_us));
-    Ok(ServerResult {
-        server: kind.name().into(),
+    let name = kind.name().to_owned();
+    Ok(ServerResult::measured(
+        name,
         uri,
         notes,
         points,
-        headline,
-        figures: vec![],
-    })
+        step.profile,
+        settings.slo_us,
+    ))
 }
 
 /// The device row: the same profile with fio's io_uring engine and O_DIRECT on the file
@@ -504,18 +508,17 @@ fn measure_device(
             bar.inc(1);
         },
     )?;
-    let headline = step
-        .profile
-        .is_sweep()
-        .then(|| workload::headline(&points, settings.slo_us));
-    Ok(ServerResult {
-        server: "device".into(),
-        uri: data_file.display().to_string(),
-        notes: vec!["fio --ioengine=io_uring --direct=1 on a file of the same data".into()],
+    let notes = vec!["fio --ioengine=io_uring --direct=1 on a file of the same data".into()];
+    let uri = data_file.display().to_string();
+    let result = ServerResult::measured(
+        "device".into(),
+        uri,
+        notes,
         points,
-        headline,
-        figures: vec![],
-    })
+        step.profile,
+        settings.slo_us,
+    );
+    Ok(result)
 }
 
 /// One server's postmark figures in `fs`.

@@ -92,6 +92,31 @@ pub struct ServerResult {
     pub figures: Vec<Figure>,
 }
 
+impl ServerResult {
+    /// A server's points, with the headline of a sweep; its figures are computed
+    /// later, against the reference ([`compute_figures`]).
+    pub fn measured(
+        server: String,
+        uri: String,
+        notes: Vec<String>,
+        points: Vec<Point>,
+        profile: Profile,
+        slo_us: f64,
+    ) -> Self {
+        let headline = profile
+            .is_sweep()
+            .then(|| crate::workload::headline(&points, slo_us));
+        Self {
+            server,
+            uri,
+            notes,
+            points,
+            headline,
+            figures: vec![],
+        }
+    }
+}
+
 /// One summary figure of a server.
 #[derive(Debug, Clone, Serialize)]
 pub struct Figure {
