@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lamina_device::{FaultyDevice, MemoryDevice, PowerCutStyle};
-use lamina_engine::{
-    BLOCK_SIZE_BYTES, EngineError, LimitsError, Pool, PoolLimits, TestHooks,
-};
+use lamina_engine::{BLOCK_SIZE_BYTES, EngineError, LimitsError, Pool, PoolLimits, TestHooks};
 use tokio::time::Instant;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;

@@ -19,9 +19,7 @@ use lamina_engine::log::geometry::{Geometry, SUPERBLOCK_COPY_BLOCK};
 use lamina_engine::log::superblock::{SUPERBLOCK_MAGIC, Superblock};
 use lamina_engine::log::{FORMAT_VERSION, frame};
 use lamina_engine::volume::map::POOL_SIZE_BYTES_MAX;
-use lamina_engine::{
-    BLOCK_SIZE_BYTES, CreateError, EngineError, OpenError, Pool, PoolLimits,
-};
+use lamina_engine::{BLOCK_SIZE_BYTES, CreateError, EngineError, OpenError, Pool, PoolLimits};
 
 const SEGMENT_BYTES: u64 = 64 << 10;
 const BACKING_BYTES: u64 = (4 << 20) + 32 * SEGMENT_BYTES;
