@@ -22,7 +22,6 @@ const TO_BE_CONVERTED: &[&str] = &[
     // The core: `Pool`'s definition, its batch writes and waits; to become
     // `Core`'s own methods.
     "src/pool/core/mod.rs",
-    "src/pool/checkpoint/mod.rs",
     "src/pool/cleaner/mod.rs",
     "src/pool/io/read.rs",
     "src/pool/io/write.rs",

@@ -37,8 +37,8 @@ use crate::volume::{
     validate_volume_name, validate_volume_size,
 };
 use cache_warmup::{CacheContents, CacheWarmup, CacheWarmupStatus};
+use checkpoint::Checkpointer;
 pub use io::device_full::DeviceFullStatus;
-use io::flush_marker::MarkerClaims;
 pub use io::read::{Extent, ReadExtents};
 pub use open::flash_restore::{FlashRestore, RestoredFlash};
 /// The evacuation's module at its path before the pool was grouped into
@@ -50,20 +50,8 @@ use repair::scrub::Scrub;
 use repair::scrub::progress::ScrubStatus;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 
-/// How long a client's flush waits for the capacity tier's flush before it
-/// goes on with flash alone (decision 0032): long enough for an object
-/// store's upload of a few segments (PUT p99 1.3 s measured on SeaweedFS),
-/// short enough that a store going away costs a client little before the
-/// tier's writes are suspended.
-pub const CLIENT_FLUSH_CAPACITY_WAIT_MS: u64 = 2_000;
-
-/// What a flush marker written now says (see `flush_marker`).
-fn marker_claims(writer: &io::writer::LogWriter) -> MarkerClaims {
-    MarkerClaims {
-        flushed_through: writer.durable_through(),
-        flash_flushed_through: writer.flash_durable_through().max(writer.durable_through()),
-    }
-}
+pub use tiering::flush::CLIENT_FLUSH_CAPACITY_WAIT_MS;
+use tiering::flush::marker_claims;
 
 impl Pool {
     // ----- lifetime -----
@@ -94,6 +82,20 @@ impl Pool {
     /// Scrub's progress (also in `pool status`).
     pub fn scrub_status(&self) -> ScrubStatus {
         self.inner.scrub.status()
+    }
+
+    // ----- checkpoints -----
+
+    /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
+    pub async fn checkpoint(&self) -> Result<(), EngineError> {
+        Checkpointer::new(&self.inner).checkpoint().await
+    }
+
+    /// Writes a base checkpoint now, whatever the chain: two in a row free
+    /// every older body (the evacuation moves checkpoint bodies off
+    /// degraded or narrow segments so).
+    pub async fn checkpoint_base(&self) -> Result<(), EngineError> {
+        Checkpointer::new(&self.inner).checkpoint_base().await
     }
 
     // ----- memory cache warm-up -----
@@ -510,91 +512,8 @@ impl Pool {
     /// is flushed too while it takes writes, so that the log claims the
     /// client's batches as flushed (see `flush_through`).
     pub async fn flush(&self) -> Result<(), EngineError> {
-        let target = self.seal_for_flush()?;
-        self.flush_through(target).await
-    }
-
-    /// Seals the open batch and starts its writes: the sequence a flush
-    /// must make durable for every write acknowledged so far.
-    pub(super) fn seal_for_flush(&self) -> Result<u64, EngineError> {
-        let mut state = self.inner.lock();
-        state.check_failed()?;
-        let sealed = state.seal_open_batch();
-        let target = state.writer().sealed_through();
-        drop(state);
-        self.spawn_writes(sealed);
-        Ok(target)
-    }
-
-    /// Makes every batch up to `target` on flash durable (in a one-tier
-    /// pool, every batch up to `target`); see `tier_flush` for capacity.
-    async fn flush_through(&self, target: u64) -> Result<(), EngineError> {
-        if self.inner.lock().writer().flash_durable_through() >= target {
-            return Ok(());
-        }
-        self.wait_unless_device_full(|state| {
-            state.writer().written_through() >= target || state.writer().failed().is_some()
-        })
-        .await?;
-        let _guard = self.inner.flush_lock.lock().await;
-        let (covered, sealed_bytes) = {
-            let state = self.inner.lock();
-            state.check_failed()?;
-            if state.writer().flash_durable_through() >= target {
-                return Ok(());
-            }
-            (
-                state.writer().written_through(),
-                state.counters().sealed_bytes(),
-            )
-        };
-        // While the capacity tier takes writes, a client's flush makes it
-        // durable too (every batch through `target` is written), so that the
-        // log's claim covers every batch a client was told is durable:
-        // recovery then reports a damaged block of such a batch as an error
-        // instead of dropping it as part of a torn tail. A failure suspends
-        // the tier's writes, and a capacity flush slower than
-        // `CLIENT_FLUSH_CAPACITY_WAIT_MS` is given up (the device's flush is
-        // safe to abandon); either way the flush goes on with flash alone,
-        // where the client's data is (decision 0032).
-        if self.inner.geometry.has_capacity_tier() && !self.capacity_writes_suspended() {
-            let wait = std::time::Duration::from_millis(CLIENT_FLUSH_CAPACITY_WAIT_MS);
-            let _ = tokio::time::timeout(wait, self.flush_capacity(false)).await;
-        }
-        let marker_covered = self.inner.flush_marker.before_device_flush().await;
-        if let Err(error) = self.inner.flush_flash().await {
-            let mut state = self.inner.lock();
-            state.writer_mut().fail(error.to_string());
-            return Err(error.into());
-        }
-        let claims = {
-            let mut state = self.inner.lock();
-            if self.inner.geometry.has_capacity_tier() {
-                state.writer_mut().flash_flushed(covered);
-            } else {
-                state.writer_mut().durable_through_advanced(covered);
-            }
-            state.counters_mut().flushed(sealed_bytes);
-            // Deaths just made durable free their segments (decision 0006).
-            state.free_reusable_dead_segments();
-            marker_claims(state.writer())
-        };
-        self.write_flush_marker(marker_covered, claims).await;
-        Ok(())
-    }
-
-    /// After a device flush: starts the flush marker's write (see
-    /// `flush_marker`) and counts its bytes.
-    async fn write_flush_marker(&self, marker_covered: MarkerClaims, claims: MarkerClaims) {
-        let marker_bytes = self
-            .inner
-            .flush_marker
-            .after_device_flush(&self.inner.device, marker_covered, claims)
-            .await;
-        self.inner
-            .lock()
-            .counters_mut()
-            .marker_written(marker_bytes);
+        let target = self.inner.seal_for_flush()?;
+        self.inner.flush_through(target).await
     }
 
     /// Makes the newest flush marker durable when no flush has covered it
@@ -609,7 +528,7 @@ impl Pool {
         // The marker lives on flash.
         self.inner.flush_flash().await?;
         let claims = marker_claims(self.inner.lock().writer());
-        self.write_flush_marker(marker_covered, claims).await;
+        self.inner.write_flush_marker(marker_covered, claims).await;
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::error::{EngineError, IoError};
 use crate::pool::background::periodic::Periodic;
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::Pool;
 
 /// The flush-and-checkpoint loop: flushes when unflushed data gets older than
@@ -131,7 +132,7 @@ impl Periodic for FlushAndCheckpoint {
         }
         if dirt.log_bytes_since_checkpoint >= limits.checkpoint_interval_bytes || due_by_time {
             self.last_checkpoint = Instant::now();
-            match pool.checkpoint().await {
+            match Checkpointer::new(&pool.inner).checkpoint().await {
                 Ok(()) | Err(EngineError::Io(IoError::CapacityUnavailable { .. })) => {}
                 Err(error) => tracing::error!(%error, "background checkpoint failed"),
             }

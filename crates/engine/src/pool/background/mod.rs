@@ -19,6 +19,7 @@ use flush_and_checkpoint::{FlushAndCheckpoint, warn_rebuild_blocked};
 use periodic::spawn_periodic;
 
 use crate::error::{EngineError, IoError};
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::pacing::Pacer;
 use crate::pool::core::Pool;
 use crate::pool::tiering::demoter::Demoter;
@@ -71,7 +72,7 @@ pub(in crate::pool) fn flush_when_over_dirty_limit(pool: &Pool) {
 pub(in crate::pool) async fn close(pool: &Pool) -> Result<(), EngineError> {
     pool.flush().await?;
     pool.inner.flush_marker.settled().await;
-    match pool.checkpoint().await {
+    match Checkpointer::new(&pool.inner).checkpoint().await {
         Ok(()) => {}
         Err(EngineError::Io(IoError::CapacityUnavailable { device, error })) => {
             tracing::warn!(

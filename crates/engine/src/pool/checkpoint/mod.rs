@@ -4,6 +4,16 @@
 //! covers, the body is written into free segments, and only then is the slot
 //! written, into the slot not holding the newest durable checkpoint, so that a
 //! torn slot write always leaves the previous checkpoint intact.
+//!
+//! The checkpointer is a service ([`Checkpointer`]): built with an `Arc` of
+//! the core, whose checkpoint lock holds the chain the next checkpoint may
+//! extend (one checkpoint at a time). Building one is a clone of the `Arc`:
+//! the flush-and-checkpoint loop, the paced cleaner and the demoter build
+//! one on the core at each step that checkpoints (between steps they hold
+//! the pool only weakly, so that their tasks never keep a dropped pool
+//! alive), as do scrub, the cleaner and the front (`Pool::checkpoint`). It
+//! flushes through the core's own operations (`tiering/flush.rs`), not the
+//! front's.
 
 pub(super) mod image;
 pub(super) mod increment;
@@ -22,7 +32,7 @@ use crate::log::geometry::{
 };
 use crate::pool::checkpoint::image::{CheckpointSnapshot, CheckpointTarget, copy_volumes};
 use crate::pool::checkpoint::increment::{CheckpointChain, EncodedCheckpoint, encode_checkpoint};
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Whether a checkpoint may be an increment on the chain.
@@ -32,25 +42,36 @@ enum CheckpointKind {
     Base,
 }
 
-impl Pool {
+/// Writes the pool's checkpoints: holds the core whose maps it copies, whose
+/// log it flushes up to the copy and whose free segments take the body.
+#[derive(Clone)]
+pub(in crate::pool) struct Checkpointer {
+    core: Arc<Inner>,
+}
+
+impl Checkpointer {
+    pub(in crate::pool) fn new(core: &Arc<Inner>) -> Self {
+        Self { core: core.clone() }
+    }
+
     /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
-    pub async fn checkpoint(&self) -> Result<(), EngineError> {
+    pub(in crate::pool) async fn checkpoint(&self) -> Result<(), EngineError> {
         self.checkpoint_as(CheckpointKind::Any).await
     }
 
     /// Writes a base checkpoint now, whatever the chain: two in a row free
     /// every older body (the evacuation moves checkpoint bodies off
     /// degraded or narrow segments so).
-    pub async fn checkpoint_base(&self) -> Result<(), EngineError> {
+    pub(in crate::pool) async fn checkpoint_base(&self) -> Result<(), EngineError> {
         self.checkpoint_as(CheckpointKind::Base).await
     }
 
     async fn checkpoint_as(&self, kind: CheckpointKind) -> Result<(), EngineError> {
-        let mut chain_guard = self.inner.checkpoint_lock.lock().await;
+        let mut chain_guard = self.core.checkpoint_lock.lock().await;
         // The batches it would cover include uploads the capacity tier cannot
         // make durable now (decision 0032): refused at once, the pool goes on.
-        if let Some(suspension) = self.inner.lock().capacity_writes().status().suspended {
-            return Err(self.inner.capacity_unavailable(suspension.last_error));
+        if let Some(suspension) = self.core.lock().capacity_writes().status().suspended {
+            return Err(self.core.capacity_unavailable(suspension.last_error));
         }
         // Taken out: a checkpoint that does not become durable leaves the
         // chain empty, so that the next one is a base.
@@ -60,10 +81,11 @@ impl Pool {
         };
         let snapshot = self.take_checkpoint_snapshot()?;
         let target = snapshot.target;
-        self.flush_all_through(target.covered_batch_sequence)
+        self.core
+            .flush_all_through(target.covered_batch_sequence)
             .await?;
         let whatever_their_bytes = self
-            .inner
+            .core
             .limits
             .test_hooks
             .checkpoint_increments_whatever_their_bytes;
@@ -85,7 +107,7 @@ impl Pool {
                 EngineError::Io(IoError::DeviceFull { .. } | IoError::CapacityUnavailable { .. })
             )
         {
-            self.inner
+            self.core
                 .lock()
                 .writer_mut()
                 .fail(format!("checkpoint failed: {error}"));
@@ -97,10 +119,10 @@ impl Pool {
     /// the checkpoint needs, all in one hold of the state lock, so that the
     /// copy covers exactly the batches sealed so far.
     fn take_checkpoint_snapshot(&self) -> Result<CheckpointSnapshot, EngineError> {
-        let mut state = self.inner.lock();
+        let mut state = self.core.lock();
         state.check_failed()?;
         let sealed = state.seal_open_batch();
-        self.spawn_writes(sealed);
+        self.core.spawn_writes(sealed);
         let sealed_bytes = state.counters().sealed_bytes();
         let checkpoint_sequence = state.checkpoint_schedule_mut().take_sequence(sealed_bytes);
         let slot_index = state
@@ -171,8 +193,8 @@ impl Pool {
         self.flush_body(&body_segments).await?;
         self.write_slot(target, &slot).await?;
         // The slot lives on flash.
-        self.inner.flush_flash().await?;
-        let mut state = self.inner.lock();
+        self.core.flush_flash().await?;
+        let mut state = self.core.lock();
         // Device bytes, as written: each body piece padded to whole blocks, and the slot.
         let body_bytes = encoded.len().div_ceil(BLOCK_BYTES) as u64 * BLOCK_SIZE_BYTES;
         state
@@ -209,8 +231,8 @@ impl Pool {
         target: CheckpointTarget,
         body_bytes: usize,
     ) -> Result<Vec<u32>, EngineError> {
-        let shapes = &self.inner.shapes;
-        let mut state = self.inner.lock();
+        let shapes = &self.core.shapes;
+        let mut state = self.core.lock();
         let body_segments = state
             .space_mut()
             .take_checkpoint_body_segments(
@@ -249,10 +271,10 @@ impl Pool {
     /// the pool is out of space, its segments are given back and the
     /// checkpoint is skipped with `DeviceFull`.
     async fn write_body(&self, encoded: &[u8], body_segments: &[u32]) -> Result<(), EngineError> {
-        let geometry = self.inner.geometry;
-        let device = &self.inner.device;
+        let geometry = self.core.geometry;
+        let device = &self.core.device;
         let pieces = self
-            .inner
+            .core
             .shapes
             .body_pieces(body_segments, encoded.len() as u64)
             .expect("the body's segments were taken to hold it");
@@ -278,13 +300,13 @@ impl Pool {
         if !error.is_out_of_space() {
             return error.into();
         }
-        self.inner
+        self.core
             .lock()
             .space_mut()
             .return_checkpoint_body_segments(body_segments);
         tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
         EngineError::Io(IoError::DeviceFull {
-            device: self.inner.device.name().to_string(),
+            device: self.core.device.name().to_string(),
             waited_ms: 0,
         })
     }
@@ -293,12 +315,12 @@ impl Pool {
     /// that cannot gives the body's segments back (no slot names them) and
     /// skips the checkpoint with `CapacityUnavailable`; the pool goes on.
     async fn flush_body(&self, body_segments: &[u32]) -> Result<(), EngineError> {
-        self.inner.flush_flash().await?;
-        if !self.inner.geometry.has_capacity_tier() {
+        self.core.flush_flash().await?;
+        if !self.core.geometry.has_capacity_tier() {
             return Ok(());
         }
-        if let Err(error) = self.flush_capacity(false).await {
-            self.inner
+        if let Err(error) = self.core.flush_capacity(false).await {
+            self.core
                 .lock()
                 .space_mut()
                 .return_checkpoint_body_segments(body_segments);
@@ -320,7 +342,7 @@ impl Pool {
         slot: &Slot,
         body_segments: &[u32],
     ) -> Result<(), EngineError> {
-        let geometry = self.inner.geometry;
+        let geometry = self.core.geometry;
         if !geometry.has_capacity_tier() {
             return Ok(());
         }
@@ -337,7 +359,7 @@ impl Pool {
         let copy_block =
             geometry.capacity_start_block + CAPACITY_SLOT_COPY_BLOCKS[target.slot_index];
         let written = self
-            .inner
+            .core
             .device
             .write(
                 copy_block * BLOCK_SIZE_BYTES,
@@ -354,13 +376,13 @@ impl Pool {
         // The slot names exactly the segments the body was written into,
         // all still this checkpoint's.
         assert!(
-            self.inner
+            self.core
                 .shapes
                 .body_pieces(&slot.body_segments, slot.body_bytes)
                 .is_some()
         );
         {
-            let state = self.inner.lock();
+            let state = self.core.lock();
             for segment_index in &slot.body_segments {
                 assert_eq!(
                     state.space().segment(*segment_index).state,
@@ -375,7 +397,7 @@ impl Pool {
         let encoded_slot = slot.encode();
         debug_assert_eq!(Slot::decode(&encoded_slot).ok().as_ref(), Some(slot));
         let slot_offset = CHECKPOINT_SLOT_BLOCKS[target.slot_index] * BLOCK_SIZE_BYTES;
-        self.inner
+        self.core
             .device
             .write(slot_offset, crate::pool::core::aligned(&encoded_slot))
             .await?;

@@ -38,6 +38,7 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::block_checksum;
 use crate::log::chain;
 use crate::log::geometry::Tier;
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::Pool;
 use crate::pool::core::state::{Relocation, State};
 use crate::pool::io::stream::Stream;
@@ -735,7 +736,7 @@ impl Pool {
                 ReclaimStep::Flush => {}
                 ReclaimStep::Checkpoint => {
                     let started = tokio::time::Instant::now();
-                    self.checkpoint().await?;
+                    Checkpointer::new(&self.inner).checkpoint().await?;
                     tracing::debug!(
                         milliseconds = started.elapsed().as_millis(),
                         "a waiting write's reclaim took a checkpoint"
@@ -776,7 +777,7 @@ impl Pool {
                 return Ok(false);
             }
             progress.fruitless_round = true;
-            self.checkpoint().await?;
+            Checkpointer::new(&self.inner).checkpoint().await?;
         } else {
             progress.fruitless_round = false;
         }
@@ -842,7 +843,7 @@ impl Pool {
                 if !waiting {
                     break;
                 }
-                self.checkpoint().await?;
+                Checkpointer::new(&self.inner).checkpoint().await?;
             }
         }
         Ok(())

@@ -39,6 +39,7 @@ use super::victims::{VictimPolicy, pick_victims};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::pool::background::periodic::{Periodic, spawn_periodic};
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::Pool;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
@@ -218,7 +219,7 @@ impl Pacer {
                 pool.flush_all().await?;
                 pool.inner.lock().free_reusable_dead_segments();
             }
-            Step::Checkpoint => pool.checkpoint().await?,
+            Step::Checkpoint => Checkpointer::new(&pool.inner).checkpoint().await?,
             Step::Clean => self.clean_paced(pool, &look).await?,
         }
         Ok(look.step)

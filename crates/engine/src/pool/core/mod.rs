@@ -118,33 +118,12 @@ impl Inner {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("pool state lock poisoned")
     }
-}
-
-impl Pool {
-    /// The handle on a core; `open` starts the background services on it
-    /// (`background::start`).
-    pub(super) fn from_inner(inner: Arc<Inner>) -> Self {
-        Self { inner }
-    }
-
-    /// Whether the pool was closed or abandoned: background work stops.
-    pub(super) fn background_stopped(&self) -> bool {
-        self.inner.supervisor.is_stopping()
-    }
-
-    pub fn device_name(&self) -> &str {
-        self.inner.device.name()
-    }
-
-    pub fn limits(&self) -> &PoolLimits {
-        &self.inner.limits
-    }
 
     /// Writes sealed batches to the device in background tasks, so that a client
     /// that goes away mid-request cannot leave a batch unwritten.
-    pub(super) fn spawn_writes(&self, batches: Vec<Arc<InFlightBatch>>) {
+    pub(in crate::pool) fn spawn_writes(self: &Arc<Self>, batches: Vec<Arc<InFlightBatch>>) {
         for batch in batches {
-            let inner = self.inner.clone();
+            let inner = self.clone();
             tokio::spawn(async move {
                 let result = match batch.opens_segment {
                     // The first batch of a new segment: written once the
@@ -177,6 +156,33 @@ impl Pool {
                 inner.progress.notify_waiters();
             });
         }
+    }
+}
+
+impl Pool {
+    /// The handle on a core; `open` starts the background services on it
+    /// (`background::start`).
+    pub(super) fn from_inner(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// Whether the pool was closed or abandoned: background work stops.
+    pub(super) fn background_stopped(&self) -> bool {
+        self.inner.supervisor.is_stopping()
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.inner.device.name()
+    }
+
+    pub fn limits(&self) -> &PoolLimits {
+        &self.inner.limits
+    }
+
+    /// Writes sealed batches to the device in background tasks (the core's
+    /// operation, see [`Inner::spawn_writes`]).
+    pub(super) fn spawn_writes(&self, batches: Vec<Arc<InFlightBatch>>) {
+        self.inner.spawn_writes(batches);
     }
 
     /// Waits until `condition` holds, re-checking whenever a batch completes.
@@ -244,33 +250,44 @@ pub(super) async fn write_retried_while_full(
 }
 
 impl Pool {
-    /// Waits until `condition` holds, re-checking whenever a batch completes,
-    /// like [`Pool::wait_for`]; but while the device is full this waits at
-    /// most `device_full_wait_ms_max` from the call, then fails with
-    /// [`IoError::DeviceFull`] (ENOSPC to NBD clients). For a flush
-    /// waiting for its batches and a writer waiting for an in-flight slot; the
-    /// batches stay in flight, so a later flush can still make them durable.
+    /// The core's [`Inner::wait_unless_device_full`], for the parts not yet
+    /// converted.
     pub(super) async fn wait_unless_device_full(
         &self,
         condition: impl Fn(&State) -> bool,
     ) -> Result<(), EngineError> {
+        self.inner.wait_unless_device_full(condition).await
+    }
+}
+
+impl Inner {
+    /// Waits until `condition` holds, re-checking whenever a batch completes,
+    /// like `Pool::wait_for`; but while the device is full this waits at
+    /// most `device_full_wait_ms_max` from the call, then fails with
+    /// [`IoError::DeviceFull`] (ENOSPC to NBD clients). For a flush
+    /// waiting for its batches and a writer waiting for an in-flight slot; the
+    /// batches stay in flight, so a later flush can still make them durable.
+    pub(in crate::pool) async fn wait_unless_device_full(
+        &self,
+        condition: impl Fn(&State) -> bool,
+    ) -> Result<(), EngineError> {
         let started = Instant::now();
-        let wait_max = Duration::from_millis(self.inner.limits.device_full_wait_ms_max);
+        let wait_max = Duration::from_millis(self.limits.device_full_wait_ms_max);
         loop {
-            let notified = self.inner.progress.notified();
+            let notified = self.progress.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if condition(&self.inner.lock()) {
+            if condition(&self.lock()) {
                 return Ok(());
             }
-            if !self.inner.device_full.is_full() {
+            if !self.device_full.is_full() {
                 notified.await;
                 continue;
             }
             let waited = started.elapsed();
             if waited >= wait_max {
                 return Err(EngineError::Io(IoError::DeviceFull {
-                    device: self.inner.device.name().to_string(),
+                    device: self.device.name().to_string(),
                     waited_ms: milliseconds_saturating(waited),
                 }));
             }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::error::EngineError;
 use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::budget::BackgroundWork;
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::next_victims_live_bytes;
 use crate::pool::core::Pool;
 use crate::pool::core::limits::TIER_FLASH_FREE_PERCENT_MAX;
@@ -137,7 +138,7 @@ impl Demoter {
             .last_checkpoint
             .is_none_or(|at| at.elapsed() >= Duration::from_millis(DEMOTER_CHECKPOINT_INTERVAL_MS));
         if free < target && dead.awaiting_checkpoints > 0 && checkpoint_allowed {
-            pool.checkpoint().await?;
+            Checkpointer::new(&pool.inner).checkpoint().await?;
             self.last_checkpoint = Some(Instant::now());
             pool.inner.lock().free_reusable_dead_segments();
         }

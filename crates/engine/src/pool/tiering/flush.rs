@@ -10,15 +10,39 @@
 //! segment whose blocks were demoted is reused only once their capacity
 //! copies are durable.
 //!
+//! These are the core's operations (`impl Inner`): sealing the open batch,
+//! the flash flush with its flush marker (what `Pool::flush` does), the
+//! capacity flush, and both, so that the checkpointer, which holds the core
+//! and not the front, flushes through them too.
+//!
 //! A failed capacity flush suspends the capacity tier's writes
 //! (`capacity_writes`) instead of failing the pool; the demoter retries it
 //! with a doubling delay, and `Pool::resume_capacity_writes` at once.
+
+use std::sync::Arc;
 
 use lamina_device::DeviceError;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::{EngineError, IoError};
 use crate::pool::core::{Inner, Pool};
+use crate::pool::io::flush_marker::MarkerClaims;
+use crate::pool::io::writer::LogWriter;
+
+/// How long a client's flush waits for the capacity tier's flush before it
+/// goes on with flash alone (decision 0032): long enough for an object
+/// store's upload of a few segments (PUT p99 1.3 s measured on SeaweedFS),
+/// short enough that a store going away costs a client little before the
+/// tier's writes are suspended.
+pub const CLIENT_FLUSH_CAPACITY_WAIT_MS: u64 = 2_000;
+
+/// What a flush marker written now says (see `flush_marker`).
+pub(in crate::pool) fn marker_claims(writer: &LogWriter) -> MarkerClaims {
+    MarkerClaims {
+        flushed_through: writer.durable_through(),
+        flash_flushed_through: writer.flash_durable_through().max(writer.durable_through()),
+    }
+}
 
 impl Inner {
     /// Flushes the flash tier (the whole device in a one-tier pool).
@@ -41,6 +65,137 @@ impl Inner {
             .await
     }
 
+    /// Makes every batch up to `target` durable on both tiers (see
+    /// `Pool::flush_all`).
+    pub(in crate::pool) async fn flush_all_through(&self, target: u64) -> Result<(), EngineError> {
+        self.flush_through(target).await?;
+        if !self.geometry.has_capacity_tier() || self.lock().writer().durable_through() >= target {
+            return Ok(());
+        }
+        self.flush_capacity(false).await
+    }
+
+    /// Flushes the capacity tier and makes what it covers durable; refused
+    /// at once while the tier's writes are suspended, unless `retry`.
+    pub(in crate::pool) async fn flush_capacity(&self, retry: bool) -> Result<(), EngineError> {
+        let covered = {
+            let state = self.lock();
+            state.check_failed()?;
+            if let Some(suspension) = &state.capacity_writes().status().suspended
+                && !retry
+            {
+                return Err(self.capacity_unavailable(suspension.last_error.clone()));
+            }
+            state.writer().written_through()
+        };
+        let result = self.flush_capacity_tier().await;
+        let mut state = self.lock();
+        let device = self.device.name();
+        match result {
+            Ok(()) => {
+                state.capacity_writes_mut().flush_succeeded(device);
+                state.writer_mut().capacity_flushed(covered);
+                // Deaths just made durable free their segments (decision 0006).
+                state.free_reusable_dead_segments();
+                Ok(())
+            }
+            Err(error) => {
+                state
+                    .capacity_writes_mut()
+                    .flush_failed(device, &error.to_string());
+                Err(self.capacity_unavailable(error.to_string()))
+            }
+        }
+    }
+
+    /// Whether the capacity tier's writes are suspended.
+    pub(in crate::pool) fn capacity_writes_suspended(&self) -> bool {
+        self.lock().capacity_writes().is_suspended()
+    }
+
+    /// Seals the open batch and starts its writes: the sequence a flush
+    /// must make durable for every write acknowledged so far.
+    pub(in crate::pool) fn seal_for_flush(self: &Arc<Self>) -> Result<u64, EngineError> {
+        let mut state = self.lock();
+        state.check_failed()?;
+        let sealed = state.seal_open_batch();
+        let target = state.writer().sealed_through();
+        drop(state);
+        self.spawn_writes(sealed);
+        Ok(target)
+    }
+
+    /// Makes every batch up to `target` on flash durable (in a one-tier
+    /// pool, every batch up to `target`); see `tier_flush` for capacity.
+    pub(in crate::pool) async fn flush_through(&self, target: u64) -> Result<(), EngineError> {
+        if self.lock().writer().flash_durable_through() >= target {
+            return Ok(());
+        }
+        self.wait_unless_device_full(|state| {
+            state.writer().written_through() >= target || state.writer().failed().is_some()
+        })
+        .await?;
+        let _guard = self.flush_lock.lock().await;
+        let (covered, sealed_bytes) = {
+            let state = self.lock();
+            state.check_failed()?;
+            if state.writer().flash_durable_through() >= target {
+                return Ok(());
+            }
+            (
+                state.writer().written_through(),
+                state.counters().sealed_bytes(),
+            )
+        };
+        // While the capacity tier takes writes, a client's flush makes it
+        // durable too (every batch through `target` is written), so that the
+        // log's claim covers every batch a client was told is durable:
+        // recovery then reports a damaged block of such a batch as an error
+        // instead of dropping it as part of a torn tail. A failure suspends
+        // the tier's writes, and a capacity flush slower than
+        // `CLIENT_FLUSH_CAPACITY_WAIT_MS` is given up (the device's flush is
+        // safe to abandon); either way the flush goes on with flash alone,
+        // where the client's data is (decision 0032).
+        if self.geometry.has_capacity_tier() && !self.capacity_writes_suspended() {
+            let wait = std::time::Duration::from_millis(CLIENT_FLUSH_CAPACITY_WAIT_MS);
+            let _ = tokio::time::timeout(wait, self.flush_capacity(false)).await;
+        }
+        let marker_covered = self.flush_marker.before_device_flush().await;
+        if let Err(error) = self.flush_flash().await {
+            let mut state = self.lock();
+            state.writer_mut().fail(error.to_string());
+            return Err(error.into());
+        }
+        let claims = {
+            let mut state = self.lock();
+            if self.geometry.has_capacity_tier() {
+                state.writer_mut().flash_flushed(covered);
+            } else {
+                state.writer_mut().durable_through_advanced(covered);
+            }
+            state.counters_mut().flushed(sealed_bytes);
+            // Deaths just made durable free their segments (decision 0006).
+            state.free_reusable_dead_segments();
+            marker_claims(state.writer())
+        };
+        self.write_flush_marker(marker_covered, claims).await;
+        Ok(())
+    }
+
+    /// After a device flush: starts the flush marker's write (see
+    /// `flush_marker`) and counts its bytes.
+    pub(in crate::pool) async fn write_flush_marker(
+        &self,
+        marker_covered: MarkerClaims,
+        claims: MarkerClaims,
+    ) {
+        let marker_bytes = self
+            .flush_marker
+            .after_device_flush(&self.device, marker_covered, claims)
+            .await;
+        self.lock().counters_mut().marker_written(marker_bytes);
+    }
+
     /// The error a refused capacity flush reports.
     pub(in crate::pool) fn capacity_unavailable(&self, error: String) -> EngineError {
         EngineError::Io(IoError::CapacityUnavailable {
@@ -56,55 +211,8 @@ impl Pool {
     /// capacity tier's writes are suspended this makes flash durable and
     /// fails with `IoError::CapacityUnavailable` (the pool goes on).
     pub async fn flush_all(&self) -> Result<(), EngineError> {
-        let target = self.seal_for_flush()?;
-        self.flush_all_through(target).await
-    }
-
-    /// Makes every batch up to `target` durable on both tiers (see
-    /// [`Pool::flush_all`]).
-    pub(in crate::pool) async fn flush_all_through(&self, target: u64) -> Result<(), EngineError> {
-        self.flush_through(target).await?;
-        if !self.inner.geometry.has_capacity_tier()
-            || self.inner.lock().writer().durable_through() >= target
-        {
-            return Ok(());
-        }
-        self.flush_capacity(false).await
-    }
-
-    /// Flushes the capacity tier and makes what it covers durable; refused
-    /// at once while the tier's writes are suspended, unless `retry`.
-    pub(in crate::pool) async fn flush_capacity(&self, retry: bool) -> Result<(), EngineError> {
-        let covered = {
-            let state = self.inner.lock();
-            state.check_failed()?;
-            if let Some(suspension) = &state.capacity_writes().status().suspended
-                && !retry
-            {
-                return Err(self
-                    .inner
-                    .capacity_unavailable(suspension.last_error.clone()));
-            }
-            state.writer().written_through()
-        };
-        let result = self.inner.flush_capacity_tier().await;
-        let mut state = self.inner.lock();
-        let device = self.inner.device.name();
-        match result {
-            Ok(()) => {
-                state.capacity_writes_mut().flush_succeeded(device);
-                state.writer_mut().capacity_flushed(covered);
-                // Deaths just made durable free their segments (decision 0006).
-                state.free_reusable_dead_segments();
-                Ok(())
-            }
-            Err(error) => {
-                state
-                    .capacity_writes_mut()
-                    .flush_failed(device, &error.to_string());
-                Err(self.inner.capacity_unavailable(error.to_string()))
-            }
-        }
+        let target = self.inner.seal_for_flush()?;
+        self.inner.flush_all_through(target).await
     }
 
     /// Tries the capacity tier's flush now if its writes are suspended;
@@ -114,7 +222,7 @@ impl Pool {
         if !self.inner.lock().capacity_writes().is_suspended() {
             return Ok(());
         }
-        self.flush_capacity(true).await
+        self.inner.flush_capacity(true).await
     }
 
     /// The demoter's part: a suspended tier's retry, when due. Returns
@@ -128,11 +236,11 @@ impl Pool {
             }
             state.capacity_writes().retry_due()
         };
-        due && self.flush_capacity(true).await.is_ok()
+        due && self.inner.flush_capacity(true).await.is_ok()
     }
 
     /// Whether the capacity tier's writes are suspended.
     pub(in crate::pool) fn capacity_writes_suspended(&self) -> bool {
-        self.inner.lock().capacity_writes().is_suspended()
+        self.inner.capacity_writes_suspended()
     }
 }

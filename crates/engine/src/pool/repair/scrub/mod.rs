@@ -37,6 +37,7 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::{Inner, Pool};
 use crate::pool::repair::scrub::progress::ScrubStatus;
 
@@ -330,7 +331,7 @@ impl<'a> Scrub<'a> {
             return;
         }
         for _ in 0..2 {
-            if let Err(error) = self.pool.checkpoint_base().await {
+            if let Err(error) = Checkpointer::new(&self.pool.inner).checkpoint_base().await {
                 tracing::warn!(%error, "scrub: the checkpoints after its repairs could not be written; the next ones will be");
                 return;
             }
