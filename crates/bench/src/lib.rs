@@ -301,7 +301,7 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
         on_failure: runner::OnFailure::Stop,
         ..runner::RoundPlan::once()
     };
-    let outcome = runner::each_round(&labels, plan, |row, _| {
+    let mut outcome = runner::each_round(&labels, plan, |row, _| {
         let target = &targets[row];
         let bar = progress_bar(workload::planned_step_count(profile, &settings));
         let points = workload::execute(
@@ -326,11 +326,7 @@ fn run_uri(arguments: &RunArgs) -> anyhow::Result<()> {
             settings.slo_us,
         ))
     })?;
-    let mut servers: Vec<ServerResult> = outcome
-        .measured
-        .into_iter()
-        .map(|measured| measured.sample)
-        .collect();
+    let mut servers = outcome.samples();
     let reference = compute_figures(profile, &mut servers);
     let report = Report {
         profile,
@@ -364,20 +360,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
     let settings = step.settings(arguments.size);
     let lamina = arguments.common.lamina_program();
     let work = arguments.common.work_directory()?;
-    let mut skipped = Vec::new();
-    let mut candidates = Vec::new();
-    for kind in &arguments.servers {
-        if candidates.contains(kind) {
-            continue;
-        }
-        match kind.missing_reason(&lamina) {
-            Some(reason) => skipped.push(Skipped {
-                server: kind.name().into(),
-                reason,
-            }),
-            None => candidates.push(*kind),
-        }
-    }
+    let (candidates, mut skipped) = installed(&arguments.servers, &lamina);
     let device_row = arguments.device_row || arguments.cache_miss;
     let data_file = work.path().join("data.raw");
     if !candidates.is_empty() || device_row {
@@ -401,7 +384,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
         // Last, because write profiles overwrite the file every server was copied from.
         labels.push("device".to_owned());
     }
-    let outcome = runner::each_round(&labels, runner::RoundPlan::once(), |row, _| {
+    let mut outcome = runner::each_round(&labels, runner::RoundPlan::once(), |row, _| {
         let Some(kind) = candidates.get(row) else {
             return measure_device(&data_file, fio, step, &settings, &bar)
                 .map_err(|error| anyhow::anyhow!("fio on the file failed: {error:#}"));
@@ -410,11 +393,7 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
         measure_server(*kind, &options, arguments, &settings, work.path(), &bar)
             .map_err(anyhow::Error::msg)
     })?;
-    let mut results: Vec<ServerResult> = outcome
-        .measured
-        .into_iter()
-        .map(|measured| measured.sample)
-        .collect();
+    let mut results = outcome.samples();
     skipped.extend(outcome.run.skipped);
     bar.finish_and_clear();
     let reference = compute_figures(step.profile, &mut results);
@@ -426,6 +405,26 @@ pub fn compare(arguments: &CompareArgs) -> anyhow::Result<Report> {
         servers: results,
         skipped,
     })
+}
+
+/// The servers of `kinds` that are installed, once each in order, and the others
+/// with why they are skipped.
+fn installed(kinds: &[ServerKind], lamina: &Path) -> (Vec<ServerKind>, Vec<Skipped>) {
+    let mut candidates = Vec::new();
+    let mut skipped = Vec::new();
+    for kind in kinds {
+        if candidates.contains(kind) {
+            continue;
+        }
+        match kind.missing_reason(lamina) {
+            Some(reason) => skipped.push(Skipped {
+                server: kind.name().into(),
+                reason,
+            }),
+            None => candidates.push(*kind),
+        }
+    }
+    (candidates, skipped)
 }
 
 /// Starts one server (restarting it after the prefill with `--restart`), runs the
@@ -559,7 +558,7 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
         .iter()
         .map(|kind| kind.name().to_owned())
         .collect();
-    let outcome = runner::each_round(&labels, runner::RoundPlan::once(), |row, _| {
+    let mut outcome = runner::each_round(&labels, runner::RoundPlan::once(), |row, _| {
         let kind = arguments.servers[row];
         bar.set_message(kind.name());
         bar.inc(1);
@@ -588,11 +587,7 @@ fn run_fs(arguments: &FsArgs) -> anyhow::Result<()> {
         workload: arguments.workload,
         files: arguments.files,
         transactions: arguments.transactions,
-        servers: outcome
-            .measured
-            .into_iter()
-            .map(|measured| measured.sample)
-            .collect(),
+        servers: outcome.samples(),
         skipped: outcome.run.skipped,
     };
     bar.finish_and_clear();

@@ -1195,8 +1195,15 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
         }
         return Ok(report);
     }
+    report.load = load_runs(&bench, &arguments.impact)?;
+    Ok(report)
+}
+
+/// A loaded run per impact given (each once, in order); a failed run ends the
+/// benchmark.
+fn load_runs(bench: &Bench, given: &[Impact]) -> anyhow::Result<Vec<LoadRun>> {
     let mut impacts: Vec<Impact> = Vec::new();
-    for impact in &arguments.impact {
+    for impact in given {
         if !impacts.contains(impact) {
             impacts.push(*impact);
         }
@@ -1206,16 +1213,11 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
         on_failure: OnFailure::Stop,
         ..RoundPlan::once()
     };
-    let outcome = each_round(&labels, plan, |row, _| {
-        let directory = arguments.work_directory()?;
-        load_run(&bench, directory.path(), impacts[row])
+    let mut outcome = each_round(&labels, plan, |row, _| {
+        let directory = bench.arguments.work_directory()?;
+        load_run(bench, directory.path(), impacts[row])
     })?;
-    report.load = outcome
-        .measured
-        .into_iter()
-        .map(|measured| measured.sample)
-        .collect();
-    Ok(report)
+    Ok(outcome.samples())
 }
 
 /// "(min–max)" of the runs' rebuild seconds.

@@ -1416,7 +1416,7 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
         .iter()
         .map(|config| config.name().to_owned())
         .collect();
-    let outcome = each_round(&labels, RoundPlan::once(), |row, _| {
+    let mut outcome = each_round(&labels, RoundPlan::once(), |row, _| {
         measure_pool(
             &settings,
             configs[row],
@@ -1427,9 +1427,10 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
             reaction_data.as_deref(),
         )
     })?;
+    let pools = outcome.samples();
     let mut run = outcome.run;
     let (mut curves, mut reference, mut reaction_run) = (Vec::new(), None, None);
-    for outcome in outcome.measured.into_iter().map(|measured| measured.sample) {
+    for outcome in pools {
         curves.extend(outcome.curves);
         run.notes.extend(outcome.notes);
         reference = outcome.reference.or(reference);

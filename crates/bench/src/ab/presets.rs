@@ -418,6 +418,17 @@ mod tests {
         }
     }
 
+    fn rows(preset: Preset) -> Vec<String> {
+        let scenario = preset.scenario(&choices());
+        scenario.rows.into_iter().map(|row| row.label).collect()
+    }
+
+    fn workloads(preset: Preset) -> Vec<String> {
+        let scenario = preset.scenario(&choices());
+        let workloads = scenario.workloads.into_iter();
+        workloads.map(|workload| workload.name).collect()
+    }
+
     #[test]
     fn every_preset_is_rows_and_workloads_with_the_first_build_as_reference() {
         let choices = choices();
@@ -438,20 +449,7 @@ mod tests {
     }
 
     #[test]
-    fn presets_keep_the_scripts_rows_and_workloads() {
-        let choices = choices();
-        let rows = |preset: Preset| -> Vec<String> {
-            let scenario = preset.scenario(&choices);
-            scenario.rows.into_iter().map(|row| row.label).collect()
-        };
-        let workloads = |preset: Preset| -> Vec<String> {
-            let scenario = preset.scenario(&choices);
-            scenario
-                .workloads
-                .into_iter()
-                .map(|workload| workload.name)
-                .collect()
-        };
+    fn read_ab_cache_miss_and_connections_keep_their_scripts_rows_and_workloads() {
         assert_eq!(
             rows(Preset::ReadAb),
             [
@@ -476,6 +474,17 @@ mod tests {
                 "randwrite connections=4"
             ]
         );
+        let connections = Preset::Connections.scenario(&choices());
+        let depths: Vec<(u32, u32)> = connections
+            .workloads
+            .iter()
+            .map(|workload| (workload.step.jobs, workload.step.iodepth))
+            .collect();
+        assert_eq!(depths, [(1, 32), (1, 32), (4, 8), (4, 8)]);
+    }
+
+    #[test]
+    fn write_cpu_read_ceiling_and_cpu_per_op_keep_their_scripts_setup() {
         assert_eq!(rows(Preset::WriteCpu), ["before", "after", "nbdkit-memory"]);
         assert_eq!(
             workloads(Preset::WriteCpu),
@@ -493,15 +502,8 @@ mod tests {
                 "qemu-nbd-cold"
             ]
         );
-        let connections = Preset::Connections.scenario(&choices);
-        let depths: Vec<(u32, u32)> = connections
-            .workloads
-            .iter()
-            .map(|workload| (workload.step.jobs, workload.step.iodepth))
-            .collect();
-        assert_eq!(depths, [(1, 32), (1, 32), (4, 8), (4, 8)]);
         let Server::LaminaFresh { config, .. } =
-            &Preset::CpuPerOp.scenario(&choices).rows[0].server
+            &Preset::CpuPerOp.scenario(&choices()).rows[0].server
         else {
             panic!("cpu-per-op runs a fresh pool");
         };

@@ -107,18 +107,14 @@ pub fn run(scenario: Scenario, ground: &mut Ground) -> anyhow::Result<ScenarioRe
         rounds: scenario.rounds,
         ..RoundPlan::once()
     };
-    let outcome = each_round(&labels, plan, |row, round| {
+    let mut outcome = each_round(&labels, plan, |row, round| {
         if row == 0 {
             let load = load_average().unwrap_or_default();
             eprintln!("round {round}/{}: load {load}", scenario.rounds);
         }
         run_row(&scenario, &scenario.rows[row], round, ground, &mut notes)
     })?;
-    let samples: Vec<Sample> = outcome
-        .measured
-        .into_iter()
-        .flat_map(|measured| measured.sample)
-        .collect();
+    let samples: Vec<Sample> = outcome.samples().into_iter().flatten().collect();
     let mut run = outcome.run;
     run.notes = notes;
     let reference = scenario

@@ -64,6 +64,16 @@ pub struct Outcome<Sample> {
     pub run: RunNotes,
 }
 
+impl<Sample> Outcome<Sample> {
+    /// The samples in the order measured, without their rows and rounds.
+    pub fn samples(&mut self) -> Vec<Sample> {
+        std::mem::take(&mut self.measured)
+            .into_iter()
+            .map(|measured| measured.sample)
+            .collect()
+    }
+}
+
 /// Measures every row named in `labels` in each round of `plan`, with
 /// `measure(row, round)`. A row that fails is skipped (named with its round when
 /// there is more than one) and the run goes on, unless the plan stops on failure.
