@@ -821,6 +821,72 @@ struct Plan {
     notes: Vec<String>,
 }
 
+/// Runs every case `--repetitions` times, rounds alternating in order, each after
+/// a fresh snapshot where its target has a set; a case that fails is added to
+/// `skipped`. Returns how qemu-nbd ran.
+fn run_cases(
+    arguments: &SnapshotsArgs,
+    plan: &mut Plan,
+    lamina: Option<&Lamina>,
+    serve_directory: &Path,
+    skipped: &mut Vec<Skipped>,
+) -> anyhow::Result<Vec<String>> {
+    let mut qemu_notes = Vec::new();
+    let labels: Vec<String> = plan
+        .cases
+        .iter()
+        .map(|case| format!("{} {}", case.server, case.kind.label()))
+        .collect();
+    let step = |kind: CaseKind| StepSpec {
+        pattern: kind.pattern(),
+        block_size_bytes: 4096,
+        iodepth: arguments.iodepth,
+        jobs: 1,
+        target_iops: None,
+        runtime_seconds: arguments.runtime,
+        ramp_seconds: arguments.ramp,
+        region_bytes: arguments.size,
+    };
+    let rounds = RoundPlan {
+        rounds: arguments.repetitions,
+        order: Order::Alternating,
+        on_failure: OnFailure::Skip,
+    };
+    let (cases, sets, timings) = (&plan.cases, &mut plan.sets, &mut plan.timings);
+    let outcome = each_round(&labels, rounds, |row, round| {
+        let case = &cases[row];
+        eprintln!(
+            "repetition {round}/{}: {}",
+            arguments.repetitions, labels[row]
+        );
+        if let Some(set) = case.target.snapshots().filter(|_| round > 1) {
+            // A fresh snapshot right before the run; the count stays the same.
+            refresh_snapshot(&case.target, &mut sets[set], lamina, timings)?;
+        }
+        let fio = &arguments.common.fio;
+        match &case.target {
+            Target::Lamina { export, .. } => {
+                let lamina = lamina.expect("lamina cases exist only when lamina runs");
+                crate::fio::run_step(fio, &lamina.uri(export), &step(case.kind))
+            }
+            Target::Qemu { image, .. } => {
+                let server = serve_qemu_nbd(image, "qcow2", serve_directory, 1, false)?;
+                if qemu_notes.is_empty() {
+                    qemu_notes.clone_from(&server.notes);
+                }
+                let measurement = crate::fio::run_step(fio, &server.uri, &step(case.kind));
+                server.stop();
+                measurement
+            }
+        }
+    })?;
+    for measured in outcome.measured {
+        plan.cases[measured.row].runs.push(measured.sample);
+    }
+    skipped.extend(outcome.run.skipped);
+    Ok(qemu_notes)
+}
+
 /// Prepares both servers, runs every case `repetitions` times and returns the report.
 pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     crate::process::install_interrupt_handler();
@@ -882,66 +948,19 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     if with_qemu {
         prepare_qemu(arguments, &images, &serve_directory, &data_file, &mut plan)?;
     }
+    let qemu_notes = run_cases(
+        arguments,
+        &mut plan,
+        lamina.as_ref(),
+        &serve_directory,
+        &mut skipped,
+    )?;
     let Plan {
         mut timings,
-        mut sets,
-        mut cases,
+        cases,
         mut notes,
+        ..
     } = plan;
-    let mut qemu_notes = Vec::new();
-    let labels: Vec<String> = cases
-        .iter()
-        .map(|case| format!("{} {}", case.server, case.kind.label()))
-        .collect();
-    let step = |kind: CaseKind| StepSpec {
-        pattern: kind.pattern(),
-        block_size_bytes: 4096,
-        iodepth: arguments.iodepth,
-        jobs: 1,
-        target_iops: None,
-        runtime_seconds: arguments.runtime,
-        ramp_seconds: arguments.ramp,
-        region_bytes: size,
-    };
-    let plan = RoundPlan {
-        rounds: arguments.repetitions,
-        order: Order::Alternating,
-        on_failure: OnFailure::Skip,
-    };
-    let outcome = each_round(&labels, plan, |row, round| {
-        let case = &cases[row];
-        eprintln!(
-            "repetition {round}/{}: {}",
-            arguments.repetitions, labels[row]
-        );
-        let set = case.target.snapshots().filter(|_| round > 1);
-        if let Some(set) = set {
-            // A fresh snapshot right before the run; the count stays the same.
-            refresh_snapshot(&case.target, &mut sets[set], lamina.as_ref(), &mut timings)?;
-        }
-        let fio = &arguments.common.fio;
-        match &case.target {
-            Target::Lamina { export, .. } => {
-                let lamina = lamina
-                    .as_ref()
-                    .expect("lamina cases exist only when lamina runs");
-                crate::fio::run_step(fio, &lamina.uri(export), &step(case.kind))
-            }
-            Target::Qemu { image, .. } => {
-                let server = serve_qemu_nbd(image, "qcow2", &serve_directory, 1, false)?;
-                if qemu_notes.is_empty() {
-                    qemu_notes.clone_from(&server.notes);
-                }
-                let measurement = crate::fio::run_step(fio, &server.uri, &step(case.kind));
-                server.stop();
-                measurement
-            }
-        }
-    })?;
-    for measured in outcome.measured {
-        cases[measured.row].runs.push(measured.sample);
-    }
-    skipped.extend(outcome.run.skipped);
     if let Some(lamina) = lamina {
         // After the measured writes every snapshot differs from its neighbours, which is
         // what the per-snapshot space accounting of `list` has to compare.
