@@ -27,7 +27,6 @@ const TO_BE_CONVERTED: &[&str] = &[
     "src/pool/io/write.rs",
     "src/pool/open/flash_restore.rs",
     "src/pool/open/mod.rs",
-    "src/pool/repair/evacuation.rs",
     "src/pool/status.rs",
     "src/pool/tiering/flush.rs",
 ];

@@ -44,6 +44,7 @@ pub use open::flash_restore::{FlashRestore, RestoredFlash};
 /// The evacuation's module at its path before the pool was grouped into
 /// folders: the control crate names `pool::evacuation::RebuildBlocked`.
 pub use repair::evacuation;
+use repair::evacuation::{Evacuation, EvacuationGoal, EvacuationNeed, RebuildBlocked};
 use repair::rebuild::progress::RebuildStatus;
 use repair::rebuild::{Rebuild, RebuildStart};
 use repair::scrub::Scrub;
@@ -145,6 +146,41 @@ impl Pool {
     /// do when none is pending.
     pub async fn rebuild(&self) -> Result<RebuildStatus, EngineError> {
         Rebuild::new(self).run().await
+    }
+
+    // ----- evacuation -----
+
+    /// What restoring redundancy by moving data would take now; nothing
+    /// while the devices in use are too few to lay segments out without the
+    /// lost one.
+    pub fn evacuation_need(&self) -> EvacuationNeed {
+        Evacuation::new(self).need()
+    }
+
+    /// What moving the segments `goal` names would take now.
+    pub fn evacuation_need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
+        Evacuation::new(self).need_for(goal)
+    }
+
+    /// Why no rebuild restores the pool's redundancy, when segments in use
+    /// have less than the pool was made with and none runs, is pending or
+    /// will start by itself; `None` otherwise (nothing is degraded, or a
+    /// rebuild runs or starts at the next check).
+    pub fn rebuild_blocked(&self) -> Option<RebuildBlocked> {
+        Evacuation::new(self).blocked()
+    }
+
+    /// Moves the data of every degraded segment into segments laid out over
+    /// the devices in use. Refused while a rebuild runs.
+    pub async fn evacuate(&self) -> Result<RebuildStatus, EngineError> {
+        Evacuation::new(self).run(EvacuationGoal::Redundancy).await
+    }
+
+    /// Moves the data of every segment not laid out over the devices in
+    /// use (after a device was added) into segments opened now, at the
+    /// array's new width. Refused while a rebuild or rebalance runs.
+    pub async fn rebalance(&self) -> Result<RebuildStatus, EngineError> {
+        Evacuation::new(self).run(EvacuationGoal::Width).await
     }
 
     // ----- volumes -----

@@ -23,7 +23,15 @@
 //! segment not laid out over the devices in use now (narrower than the
 //! array has become), so that existing data spreads over the new device and
 //! each moved segment's space comes back at the new width.
+//!
+//! An evacuation is an [`Evacuation`], built with the pool it moves: the
+//! core whose segments it reads and lays out, the checkpointer that writes
+//! the checkpoints freeing what it emptied, and the front it asks for the
+//! flush, the cleaner's move of a victim and whether a replacement is
+//! pending. The front's `evacuate`, `rebalance`, `evacuation_need` and
+//! `rebuild_blocked` delegate to it.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::BLOCK_SIZE_BYTES;
@@ -31,7 +39,8 @@ use crate::error::{EngineError, IoError};
 
 use crate::log::geometry::Tier;
 use crate::pool::budget::BackgroundWork;
-use crate::pool::core::Pool;
+use crate::pool::checkpoint::Checkpointer;
+use crate::pool::core::{Inner, Pool};
 use crate::pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
 use crate::pool::space::segment_shapes::SegmentLayout;
 use crate::pool::space::{SegmentState, SpaceAllocator};
@@ -157,42 +166,62 @@ fn mebibytes(bytes: u64) -> String {
     format!("{value:.1} MiB")
 }
 
-impl Pool {
+/// An evacuation (or a rebalance) of the pool, built with the pool it
+/// moves: the core whose segments it reads and lays out again, the
+/// checkpointer that frees what it emptied, and the front it asks for the
+/// flush, the cleaner's move of each victim and the rebuild's state.
+pub(in crate::pool) struct Evacuation<'a> {
+    pool: &'a Pool,
+    core: &'a Arc<Inner>,
+    checkpointer: Checkpointer,
+}
+
+impl<'a> Evacuation<'a> {
+    pub(in crate::pool) fn new(pool: &'a Pool) -> Self {
+        Self {
+            pool,
+            core: &pool.inner,
+            checkpointer: Checkpointer::new(&pool.inner),
+        }
+    }
+
     /// What restoring redundancy by moving data would take now; nothing
     /// while the devices in use are too few to lay segments out without the
     /// lost one.
-    pub fn evacuation_need(&self) -> EvacuationNeed {
-        self.evacuation_need_for(EvacuationGoal::Redundancy)
+    pub(in crate::pool) fn need(&self) -> EvacuationNeed {
+        self.need_for(EvacuationGoal::Redundancy)
     }
 
     /// Why no rebuild restores the pool's redundancy, when segments in use
     /// have less than the pool was made with and none runs, is pending or
     /// will start by itself; `None` otherwise (nothing is degraded, or a
     /// rebuild runs or starts at the next check).
-    pub fn rebuild_blocked(&self) -> Option<RebuildBlocked> {
-        if self.rebuild_status().state == RebuildState::Rebuilding || self.rebuild_pending() {
+    pub(in crate::pool) fn blocked(&self) -> Option<RebuildBlocked> {
+        if self.pool.rebuild_status().state == RebuildState::Rebuilding
+            || self.pool.rebuild_pending()
+        {
             return None;
         }
-        if !self.inner.shapes.new_segments_redundant() {
+        if !self.core.shapes.new_segments_redundant() {
             let degraded_segment_count = self.degraded_segments_in_use();
             return (degraded_segment_count > 0).then_some(RebuildBlocked::TooFewDevices {
                 degraded_segment_count,
             });
         }
-        let need = self.evacuation_need();
+        let need = self.need();
         if need.is_empty() {
             return None;
         }
         if need.live_bytes > need.free_bytes {
             return Some(RebuildBlocked::NoRoom(need));
         }
-        (!self.inner.limits.rebuild_automatic).then_some(RebuildBlocked::AutomaticOff(need))
+        (!self.core.limits.rebuild_automatic).then_some(RebuildBlocked::AutomaticOff(need))
     }
 
     /// Segments not free with a column on a device out of use.
     fn degraded_segments_in_use(&self) -> usize {
-        let shapes = &self.inner.shapes;
-        let state = self.inner.lock();
+        let shapes = &self.core.shapes;
+        let state = self.core.lock();
         (0..state.space().segments().len())
             .filter(|index| {
                 let index = u32::try_from(*index).expect("segment indexes fit in u32");
@@ -203,12 +232,12 @@ impl Pool {
     }
 
     /// What moving the segments `goal` names would take now.
-    pub fn evacuation_need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
-        let shapes = &self.inner.shapes;
+    pub(in crate::pool) fn need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
+        let shapes = &self.core.shapes;
         if !shapes.new_segments_redundant() {
             return EvacuationNeed::default();
         }
-        let state = self.inner.lock();
+        let state = self.core.lock();
         let mut need = EvacuationNeed::default();
         for (index, segment) in state.space().segments().iter().enumerate() {
             let index = u32::try_from(index).expect("segment indexes fit in u32");
@@ -264,26 +293,18 @@ impl Pool {
         capacity_bytes.saturating_sub(reserve_bytes + live_elsewhere_bytes)
     }
 
-    /// Moves the data of every degraded segment into segments laid out over
-    /// the devices in use. Refused while a rebuild runs.
-    pub async fn evacuate(&self) -> Result<RebuildStatus, EngineError> {
-        self.evacuate_for(EvacuationGoal::Redundancy).await
-    }
-
-    /// Moves the data of every segment not laid out over the devices in
-    /// use (after a device was added) into segments opened now, at the
-    /// array's new width. Refused while a rebuild or rebalance runs.
-    pub async fn rebalance(&self) -> Result<RebuildStatus, EngineError> {
-        self.evacuate_for(EvacuationGoal::Width).await
-    }
-
-    async fn evacuate_for(&self, goal: EvacuationGoal) -> Result<RebuildStatus, EngineError> {
-        if !self.inner.rebuild.start(goal.kind()) {
+    /// Moves the data of every segment `goal` names into segments laid out
+    /// over the devices in use now. Refused while a rebuild runs.
+    pub(in crate::pool) async fn run(
+        &self,
+        goal: EvacuationGoal,
+    ) -> Result<RebuildStatus, EngineError> {
+        if !self.core.rebuild.start(goal.kind()) {
             return Err(EngineError::Io(IoError::RebuildRunning));
         }
-        tracing::warn!(?goal, need = ?self.evacuation_need_for(goal), "moving data to segments laid out over the devices in use");
+        tracing::warn!(?goal, need = ?self.need_for(goal), "moving data to segments laid out over the devices in use");
         let result = self.evacuate_all(goal).await;
-        self.inner.rebuild.end(result)
+        self.core.rebuild.end(result)
     }
 
     async fn evacuate_all(&self, goal: EvacuationGoal) -> Result<(), EngineError> {
@@ -291,17 +312,17 @@ impl Pool {
         while passes_without_progress < EVACUATION_PASSES_WITHOUT_PROGRESS_MAX {
             // The metadata first: it is small, and every flush writes it.
             // Again at every pass, for a device lost during the last one.
-            self.inner
+            self.core
                 .device
                 .restore_metadata_redundancy()
                 .await
                 .map_err(EngineError::Device)?;
             self.lay_out_free_segments().await?;
             let sealed = self
-                .inner
+                .core
                 .lock()
                 .close_heads_where(|layout| goal.moves(layout));
-            self.spawn_writes(sealed);
+            self.core.spawn_writes(sealed);
             // What is left to move, on top of what moved, counted once the
             // heads that `goal` moves are closed: until then clients write
             // into them (for as long as the free segments take to lay out),
@@ -313,8 +334,8 @@ impl Pool {
                 // Checkpoint bodies in such segments move with the next two
                 // checkpoints; then none is left.
                 if self.checkpoint_bodies_to_move(goal) {
-                    self.checkpoint_base().await?;
-                    self.checkpoint_base().await?;
+                    self.checkpointer.checkpoint_base().await?;
+                    self.checkpointer.checkpoint_base().await?;
                     continue;
                 }
                 return Ok(());
@@ -325,9 +346,9 @@ impl Pool {
                 return Ok(());
             };
             // Emptied victims become free through the flush and checkpoints.
-            self.flush_all().await?;
-            self.checkpoint().await?;
-            self.checkpoint().await?;
+            self.pool.flush_all().await?;
+            self.checkpointer.checkpoint().await?;
+            self.checkpointer.checkpoint().await?;
             if moved.emptied_count == 0 {
                 passes_without_progress += 1;
             } else {
@@ -340,7 +361,7 @@ impl Pool {
                 .await;
             }
         }
-        let left = self.evacuation_need_for(goal);
+        let left = self.need_for(goal);
         if left.degraded_segment_count == 0 {
             return Ok(());
         }
@@ -354,9 +375,9 @@ impl Pool {
     /// the segments `goal` moves now. Sealed segments only lose live data
     /// (nothing writes them), so the pass's moves stay within it.
     fn count_total_left(&self, goal: EvacuationGoal) {
-        let need = self.evacuation_need_for(goal);
-        let done = self.inner.rebuild.bytes_done.load(Ordering::Relaxed);
-        self.inner
+        let need = self.need_for(goal);
+        let done = self.core.rebuild.bytes_done.load(Ordering::Relaxed);
+        self.core
             .rebuild
             .bytes_total
             .store(done + need.live_bytes, Ordering::Relaxed);
@@ -396,7 +417,7 @@ impl Pool {
         // As many as need it now: a segment that still does after its
         // batch (a device lost meanwhile) waits for the next call.
         let mut left = self
-            .evacuation_need_for(EvacuationGoal::Redundancy)
+            .need_for(EvacuationGoal::Redundancy)
             .free_segments_to_lay_out;
         while left > 0 {
             if self.evacuation_must_stop()? {
@@ -407,9 +428,9 @@ impl Pool {
                 return Ok(());
             }
             left = left.saturating_sub(batch.len());
-            let opened = self.inner.shapes.open_many(&batch).await;
+            let opened = self.core.shapes.open_many(&batch).await;
             {
-                let mut state = self.inner.lock();
+                let mut state = self.core.lock();
                 for segment_index in &batch {
                     state.space_mut().return_free_segment(*segment_index);
                 }
@@ -423,8 +444,8 @@ impl Pool {
     /// free lists: at most [`FREE_SEGMENTS_LAID_OUT_PER_BATCH_MAX`], and at
     /// most half of the free segments of their tier (at least one).
     fn take_free_segments_to_lay_out(&self) -> Vec<u32> {
-        let shapes = &self.inner.shapes;
-        let mut state = self.inner.lock();
+        let shapes = &self.core.shapes;
+        let mut state = self.core.lock();
         let space = state.space_mut();
         let geometry = shapes.geometry();
         let half_of_free = |tier: Tier, space: &SpaceAllocator| {
@@ -463,8 +484,8 @@ impl Pool {
     /// Sealed segments `goal` moves, fewest live blocks first (each frees
     /// the most space for its cost, so that the move needs the least room).
     fn victims(&self, goal: EvacuationGoal) -> Vec<u32> {
-        let shapes = &self.inner.shapes;
-        let state = self.inner.lock();
+        let shapes = &self.core.shapes;
+        let state = self.core.lock();
         let mut victims: Vec<(u32, u32)> = state
             .space()
             .segments()
@@ -482,8 +503,8 @@ impl Pool {
     }
 
     fn checkpoint_bodies_to_move(&self, goal: EvacuationGoal) -> bool {
-        let shapes = &self.inner.shapes;
-        let state = self.inner.lock();
+        let shapes = &self.core.shapes;
+        let state = self.core.lock();
         state
             .space()
             .segments()
@@ -499,23 +520,23 @@ impl Pool {
     /// Whether the evacuation must stop: the pool closes, or a replacement
     /// was begun (its rebuild restores the lost member instead).
     fn evacuation_must_stop(&self) -> Result<bool, EngineError> {
-        if self.background_stopped() {
+        if self.core.supervisor.is_stopping() {
             return Err(EngineError::Io(IoError::RebuildInterrupted));
         }
-        Ok(self.rebuild_pending())
+        Ok(self.pool.rebuild_pending())
     }
 
     /// Moves one segment's live blocks, paced by the budget; counts them
     /// done once the segment is empty.
     async fn evacuate_segment(&self, victim: u32) -> Result<SegmentMove, EngineError> {
         let live_bytes =
-            u64::from(self.inner.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
-        self.inner
+            u64::from(self.core.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
+        self.core
             .budget
             .acquire(BackgroundWork::Rebuild, live_bytes.max(BLOCK_SIZE_BYTES))
             .await;
-        let _guard = self.inner.cleaner_lock.lock().await;
-        let moved = match self.clean_degraded_victim(victim).await {
+        let _guard = self.core.cleaner_lock.lock().await;
+        let moved = match self.pool.clean_degraded_victim(victim).await {
             Ok(true) => SegmentMove::Emptied,
             Ok(false) => SegmentMove::Partly,
             // The cleaner's reserve is used up: the flush and checkpoints
@@ -524,7 +545,7 @@ impl Pool {
             Err(error) => return Err(error),
         };
         if moved == SegmentMove::Emptied {
-            self.inner
+            self.core
                 .rebuild
                 .bytes_done
                 .fetch_add(live_bytes, Ordering::Relaxed);
