@@ -123,8 +123,7 @@ impl Checkpointer {
         state.check_failed()?;
         let sealed = state.seal_open_batch();
         self.core.spawn_writes(sealed);
-        let sealed_bytes = state.counters().sealed_bytes();
-        let checkpoint_sequence = state.checkpoint_schedule_mut().take_sequence(sealed_bytes);
+        let checkpoint_sequence = state.take_checkpoint_sequence();
         let slot_index = state
             .space()
             .durable_checkpoints()

@@ -282,6 +282,36 @@ impl State {
         freed.len()
     }
 
+    /// A flush of the flash tier (of the whole device in a one-tier pool)
+    /// made every batch through `covered` durable there: advances the
+    /// log's durable points, counts the flush at `sealed_bytes` of log and
+    /// frees the dead segments whose deaths it made durable (decision 0006).
+    pub fn flash_flush_completed(&mut self, covered: u64, sealed_bytes: u64) {
+        if self.geometry.has_capacity_tier() {
+            self.writer.flash_flushed(covered);
+        } else {
+            self.writer.durable_through_advanced(covered);
+        }
+        self.counters.flushed(sealed_bytes);
+        self.free_reusable_dead_segments();
+    }
+
+    /// A flush of the capacity tier on `device` made every batch through
+    /// `covered` durable there: the tier takes writes again, and the dead
+    /// segments whose deaths it made durable are freed (decision 0006).
+    pub fn capacity_flush_succeeded(&mut self, device: &str, covered: u64) {
+        self.capacity_writes.flush_succeeded(device);
+        self.writer.capacity_flushed(covered);
+        self.free_reusable_dead_segments();
+    }
+
+    /// The next checkpoint's sequence, taken at the log's sealed bytes now
+    /// (the schedule counts the log written since).
+    pub fn take_checkpoint_sequence(&mut self) -> u64 {
+        let sealed_bytes = self.counters.sealed_bytes();
+        self.checkpoint_schedule.take_sequence(sealed_bytes)
+    }
+
     /// Records a durable checkpoint and frees what it makes reclaimable.
     pub fn checkpoint_became_durable(&mut self, checkpoint: DurableCheckpoint) {
         let freed = self

@@ -93,10 +93,7 @@ impl Inner {
         let device = self.device.name();
         match result {
             Ok(()) => {
-                state.capacity_writes_mut().flush_succeeded(device);
-                state.writer_mut().capacity_flushed(covered);
-                // Deaths just made durable free their segments (decision 0006).
-                state.free_reusable_dead_segments();
+                state.capacity_flush_succeeded(device, covered);
                 Ok(())
             }
             Err(error) => {
@@ -168,14 +165,7 @@ impl Inner {
         }
         let claims = {
             let mut state = self.lock();
-            if self.geometry.has_capacity_tier() {
-                state.writer_mut().flash_flushed(covered);
-            } else {
-                state.writer_mut().durable_through_advanced(covered);
-            }
-            state.counters_mut().flushed(sealed_bytes);
-            // Deaths just made durable free their segments (decision 0006).
-            state.free_reusable_dead_segments();
+            state.flash_flush_completed(covered, sealed_bytes);
             marker_claims(state.writer())
         };
         self.write_flush_marker(marker_covered, claims).await;
