@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, DeviceError};
 
-use super::space::{CheckpointBody, DurableCheckpoint, SegmentState};
+use super::space::{DurableCheckpoint, SegmentState};
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::checkpoint::{HeadImage, Slot, SlotLink};
@@ -199,21 +199,11 @@ impl Checkpointer {
         state
             .counters_mut()
             .checkpoint_written(body_bytes + BLOCK_SIZE_BYTES);
-        state.checkpoint_became_durable(DurableCheckpoint {
-            slot_index: target.slot_index,
-            checkpoint_sequence: target.checkpoint_sequence,
-            covered_batch_sequence: target.covered_batch_sequence,
-            next_segment_sequence: target.next_segment_sequence,
-            body_segments,
-            earlier_links: checkpoint
-                .earlier_links
-                .iter()
-                .map(|link| CheckpointBody {
-                    checkpoint_sequence: link.checkpoint_sequence,
-                    body_segments: link.body_segments.clone(),
-                })
-                .collect(),
-        });
+        state.checkpoint_became_durable(DurableCheckpoint::of_slot(
+            target.slot_index,
+            &slot,
+            target.next_segment_sequence,
+        ));
         tracing::debug!(
             checkpoint_sequence = target.checkpoint_sequence,
             covered = target.covered_batch_sequence,

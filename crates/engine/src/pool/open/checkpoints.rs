@@ -16,8 +16,8 @@ use crate::log::checkpoint::{AnyBody, Body, Slot, SlotLink};
 use crate::log::geometry::{CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry};
 use crate::pool::core::counters::WriteCounters;
 use crate::pool::core::state::State;
+use crate::pool::space::DurableCheckpoint;
 use crate::pool::space::segment_shapes::{BodyPiece, SegmentShapes};
-use crate::pool::space::{CheckpointBody, DurableCheckpoint};
 use crate::volume::VolumeTable;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
@@ -72,36 +72,13 @@ impl KeptCheckpoints {
         let older = self
             .older
             .iter()
-            .map(|older| durable_checkpoint(older.slot_index, &older.slot, older_floor));
-        let newest = durable_checkpoint(
+            .map(|older| DurableCheckpoint::of_slot(older.slot_index, &older.slot, older_floor));
+        let newest = DurableCheckpoint::of_slot(
             self.newest.slot_index,
             &self.newest.slot,
             self.newest.body.next_segment_sequence,
         );
         older.chain(std::iter::once(newest)).collect()
-    }
-}
-
-/// A slot's checkpoint as the space allocator holds it: its body and its chain's.
-pub(super) fn durable_checkpoint(
-    slot_index: usize,
-    slot: &Slot,
-    next_segment_sequence: u64,
-) -> DurableCheckpoint {
-    DurableCheckpoint {
-        slot_index,
-        checkpoint_sequence: slot.checkpoint_sequence,
-        covered_batch_sequence: slot.covered_batch_sequence,
-        next_segment_sequence,
-        body_segments: slot.body_segments.clone(),
-        earlier_links: slot
-            .earlier_links
-            .iter()
-            .map(|link| CheckpointBody {
-                checkpoint_sequence: link.checkpoint_sequence,
-                body_segments: link.body_segments.clone(),
-            })
-            .collect(),
     }
 }
 

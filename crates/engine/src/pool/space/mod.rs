@@ -16,6 +16,7 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::BLOCK_SIZE_BYTES;
 use crate::convert::{segment_index, to_usize};
 use crate::log::batch::BATCH_OVERHEAD_BLOCKS;
+use crate::log::checkpoint::Slot;
 use crate::log::geometry::{Geometry, Tier};
 
 use crate::pool::io::stream::OPEN_BATCH_COUNT;
@@ -136,6 +137,27 @@ pub struct CheckpointBody {
 }
 
 impl DurableCheckpoint {
+    /// The checkpoint a slot records, as the space allocator holds it: its
+    /// body and its chain's. One conversion for the checkpoint just written
+    /// and for those found at open.
+    pub fn of_slot(slot_index: usize, slot: &Slot, next_segment_sequence: u64) -> Self {
+        DurableCheckpoint {
+            slot_index,
+            checkpoint_sequence: slot.checkpoint_sequence,
+            covered_batch_sequence: slot.covered_batch_sequence,
+            next_segment_sequence,
+            body_segments: slot.body_segments.clone(),
+            earlier_links: slot
+                .earlier_links
+                .iter()
+                .map(|link| CheckpointBody {
+                    checkpoint_sequence: link.checkpoint_sequence,
+                    body_segments: link.body_segments.clone(),
+                })
+                .collect(),
+        }
+    }
+
     /// Whether recovery from this checkpoint reads the body of checkpoint
     /// `checkpoint_sequence` (its own or an earlier link's).
     fn needs_body_of(&self, checkpoint_sequence: u64) -> bool {
