@@ -226,6 +226,36 @@ pub fn run_step_with(
     Ok(Measurement::from_report(&report, step.iodepth)?)
 }
 
+/// Block size of a sequential pass, so that a disk streams.
+pub const SEQUENTIAL_PASS_BLOCK_BYTES: u64 = 1 << 20;
+
+/// One sequential pass (`pattern`: a sequential read or write) over the first
+/// `bytes` of `uri`, `iodepth` deep, with `extra_arguments`: a fill or a warm-up
+/// read, not a measured step (no time limit, no ramp).
+pub fn sequential_pass(
+    fio_program: &str,
+    uri: &str,
+    pattern: Pattern,
+    bytes: u64,
+    iodepth: u32,
+    extra_arguments: &[&str],
+) -> anyhow::Result<Measurement> {
+    let mut arguments = vec![
+        "--name=pass".to_owned(),
+        format!("--rw={}", pattern.fio_rw()),
+        format!("--bs={SEQUENTIAL_PASS_BLOCK_BYTES}"),
+        format!("--iodepth={iodepth}"),
+        format!("--size={bytes}"),
+    ];
+    arguments.extend(
+        extra_arguments
+            .iter()
+            .map(|argument| (*argument).to_owned()),
+    );
+    let report = run(fio_program, uri, &arguments)?;
+    Ok(Measurement::from_report(&report, iodepth)?)
+}
+
 /// Runs fio with its nbd engine against the export at `uri` with `arguments`
 /// (the jobs: `--name=...` and their options) and parses its JSON report.
 pub fn run(fio_program: &str, uri: &str, arguments: &[String]) -> anyhow::Result<FioReport> {

@@ -1,12 +1,13 @@
 //! The `lamina` command line run against one data directory: how the scenarios
 //! create pools and volumes, take snapshots, fail devices and read the admin API's
 //! JSON documents ([`lamina_api`]), and the NBD URI of an export the daemon serves
-//! from that directory.
+//! from that directory; a pool served by its own daemon with that command line.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::process::run_helper;
+use crate::servers::{RunningServer, serve_lamina_data};
 
 /// `lamina ARGUMENTS` printed something that is not the JSON document expected
 /// (not JSON, or a field missing or renamed: the error names it).
@@ -66,6 +67,30 @@ impl LaminaCli {
     /// The NBD URI of `export` on the daemon serving this data directory.
     pub fn uri(&self, export: &str) -> String {
         export_uri(&self.data, export)
+    }
+}
+
+/// A lamina pool served by its own daemon, and the command line that administers it.
+#[derive(Debug)]
+pub struct ServedPool {
+    pub cli: LaminaCli,
+    pub server: RunningServer,
+}
+
+impl ServedPool {
+    /// Serves the pool in `data` with `extra_config` (see [`serve_lamina_data`]:
+    /// `directory` holds `data` and is removed on stop) once `export` answers.
+    pub fn serve(
+        program: &Path,
+        directory: &Path,
+        data: &Path,
+        extra_config: &str,
+        export: &str,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            cli: LaminaCli::new(program, data),
+            server: serve_lamina_data(program, directory, data, extra_config, export)?,
+        })
     }
 }
 

@@ -28,6 +28,7 @@ pub mod fs;
 pub mod harness;
 pub mod in_process;
 pub mod lamina_cli;
+pub mod latency_log;
 pub mod nbd_client;
 pub mod open_loop;
 pub mod plot;

@@ -173,6 +173,13 @@ impl ManagedChild {
         })
     }
 
+    /// Sends SIGINT, as Ctrl-C would (fio then writes its logs and its report), and
+    /// waits for the child to exit.
+    pub fn interrupt(self) -> Result<std::process::Output, ProcessError> {
+        send_signal(self.id(), libc::SIGINT);
+        self.wait()
+    }
+
     /// Sends SIGTERM, waits up to [`STOP_GRACE_MS`], then SIGKILLs; always reaps.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;

@@ -26,12 +26,12 @@ use serde::Serialize;
 use crate::convert::saturating_u64;
 use crate::fio::{self, Measurement, Pattern, StepSpec};
 use crate::harness::arguments::{CommonArgs, Draw, work_directory_in};
-use crate::harness::statistics::{median, percentile_of_sorted};
-use crate::lamina_cli::LaminaCli;
+use crate::harness::statistics::median;
+use crate::harness::table::{Table, optional};
+use crate::lamina_cli::{LaminaCli, ServedPool};
+use crate::latency_log::{LatencyLog, percentile_us, sliding_windows};
 use crate::process::{ManagedChild, check_interrupted, run_helper};
 use crate::runner::{OnFailure, Order, RoundPlan, each_round};
-use crate::servers::{RunningServer, serve_lamina_data};
-use crate::tiers::{parse_latency_log, sliding_windows};
 use lamina_api::size::parse_size;
 use lamina_api::{
     CleanerState, DeviceStatus, PoolStatus, RebuildKind, RebuildState, RebuildStatus,
@@ -47,8 +47,7 @@ const BLOCK_SIZE_BYTES: u64 = 4096;
 const READ_PERCENT: u8 = 70;
 /// Volume sizes are rounded down to a multiple of this, in bytes.
 const VOLUME_ALIGNMENT_BYTES: u64 = 1 << 20;
-/// Block size and depth of the sequential fill.
-const FILL_BLOCK_SIZE_BYTES: u64 = 1 << 20;
+/// Depth of the sequential fill.
 const FILL_IODEPTH: u32 = 4;
 /// Seconds of the peak measurement not counted (the pool warms up).
 const PEAK_RAMP_SECONDS: u64 = 2;
@@ -128,57 +127,14 @@ impl Kind {
 /// Arguments of `lamina bench rebuild`.
 #[derive(Debug, Clone, Args)]
 pub struct RebuildArgs {
-    /// Size of each of the six device files (e.g. 512M, 2G).
-    #[arg(long, value_parser = parse_size, default_value = "512M")]
-    pub device_size: u64,
-    /// Segment size of the pool.
-    #[arg(long, value_parser = parse_size, default_value = "1M")]
-    pub segment_size: u64,
-    /// The rebuild measured: onto a replacement device, or onto the survivors'
-    /// free space (distributed spare).
-    #[arg(long, value_enum, default_value_t = Kind::Replacement)]
-    pub kind: Kind,
-    /// The devices' model (`pool create --flash-model`), e.g. hdd-7200; none: the files as they are.
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Share of the usable space the volume fills, under load.
-    #[arg(long, default_value_t = 0.5)]
-    pub fill: f64,
+    #[command(flatten)]
+    pub settings: Settings,
     /// The daemon's `background_impact`, one loaded run each (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Impact::Medium])]
     pub impact: Vec<Impact>,
-    /// The daemon's `client_latency_target_us`, overriding the impact's (the
-    /// client p99 above which background work backs off).
-    #[arg(long)]
-    pub client_latency_target_us: Option<u64>,
-    /// More `[limits]` lines for the daemon, as `key = value` in TOML
-    /// (repeatable), e.g. `--limit 'cleaner_headroom_segment_count = 16'`.
-    #[arg(long)]
-    pub limit: Vec<String>,
-    /// In-flight requests of the load.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    pub iodepth: u32,
-    /// Share of the healthy peak offered during the loaded run.
-    #[arg(long, default_value_t = 0.5)]
-    pub load_share: f64,
     /// Seconds of the closed-loop peak measurement.
     #[arg(long, default_value_t = 10)]
     pub peak_seconds: u64,
-    /// Seconds of load before `device fail`.
-    #[arg(long, default_value_t = 20)]
-    pub healthy_seconds: u64,
-    /// Before the peak and the load, random writes over the volume until the
-    /// cleaner runs, for at most this long (0: none). Without it the healthy
-    /// phase measures a fresh pool that has not needed cleaning yet, while a
-    /// long rebuild runs with the cleaner working.
-    #[arg(long, default_value_t = 600)]
-    pub precondition_seconds_max: u64,
-    /// Seconds between `device fail` and the rebuild's start.
-    #[arg(long, default_value_t = 10)]
-    pub degraded_seconds: u64,
-    /// Seconds of load after the rebuild ends.
-    #[arg(long, default_value_t = 20)]
-    pub after_seconds: u64,
     /// No client load: rebuild durations at these fills instead (comma-separated),
     /// under the first --impact (whose ceiling bounds the rebuild's rate).
     #[arg(long, value_delimiter = ',')]
@@ -214,8 +170,6 @@ pub enum RebuildBenchError {
     },
     #[error("the pool failed during the run: {reason}")]
     PoolFailed { reason: String },
-    #[error("fio's latency log of the loaded run is empty")]
-    EmptyLatencyLog,
 }
 
 /// One second of the loaded run.
@@ -364,24 +318,58 @@ pub struct Bandwidth {
     pub bytes_per_second: f64,
 }
 
-/// The settings every run shared.
-#[derive(Debug, Clone, Serialize)]
+/// The settings every run shared: the options that say what is measured, as the
+/// report records them (its field names are the JSON document's).
+#[derive(Debug, Clone, Serialize, Args)]
 pub struct Settings {
+    /// The rebuild measured: onto a replacement device, or onto the survivors'
+    /// free space (distributed spare).
+    #[arg(long, value_enum, default_value_t = Kind::Replacement)]
     pub kind: Kind,
+    #[arg(skip = DEVICE_COUNT)]
     pub device_count: usize,
+    /// Size of each of the six device files (e.g. 512M, 2G).
+    #[arg(long = "device-size", value_name = "DEVICE_SIZE", value_parser = parse_size, default_value = "512M")]
     pub device_size_bytes: u64,
+    /// Segment size of the pool.
+    #[arg(long = "segment-size", value_name = "SEGMENT_SIZE", value_parser = parse_size, default_value = "1M")]
     pub segment_size_bytes: u64,
+    /// The devices' model (`pool create --flash-model`), e.g. hdd-7200; none: the files as they are.
+    #[arg(long)]
     pub model: Option<String>,
+    /// Share of the usable space the volume fills, under load.
+    #[arg(long, default_value_t = 0.5)]
     pub fill: f64,
+    /// In-flight requests of the load.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub iodepth: u32,
+    /// Share of the healthy peak offered during the loaded run.
+    #[arg(long, default_value_t = 0.5)]
     pub load_share: f64,
+    #[arg(skip = READ_PERCENT)]
     pub read_percent: u8,
+    /// Seconds of load before `device fail`.
+    #[arg(long, default_value_t = 20)]
     pub healthy_seconds: u64,
+    /// Before the peak and the load, random writes over the volume until the
+    /// cleaner runs, for at most this long (0: none). Without it the healthy
+    /// phase measures a fresh pool that has not needed cleaning yet, while a
+    /// long rebuild runs with the cleaner working.
+    #[arg(long, default_value_t = 600)]
     pub precondition_seconds_max: u64,
-    /// The `--limit` lines given to the daemon.
+    /// More `[limits]` lines for the daemon, as `key = value` in TOML
+    /// (repeatable), e.g. `--limit 'cleaner_headroom_segment_count = 16'`.
+    #[arg(long = "limit", value_name = "LIMIT")]
     pub limits: Vec<String>,
+    /// Seconds between `device fail` and the rebuild's start.
+    #[arg(long, default_value_t = 10)]
     pub degraded_seconds: u64,
+    /// Seconds of load after the rebuild ends.
+    #[arg(long, default_value_t = 20)]
     pub after_seconds: u64,
+    /// The daemon's `client_latency_target_us`, overriding the impact's (the
+    /// client p99 above which background work backs off).
+    #[arg(long)]
     pub client_latency_target_us: Option<u64>,
 }
 
@@ -413,9 +401,12 @@ impl RebuildArgs {
             .iter()
             .flatten()
             .map(|fill| ("idle-fills", *fill));
-        for (name, value) in [("fill", self.fill), ("load-share", self.load_share)]
-            .into_iter()
-            .chain(fills)
+        for (name, value) in [
+            ("fill", self.settings.fill),
+            ("load-share", self.settings.load_share),
+        ]
+        .into_iter()
+        .chain(fills)
         {
             if !(value > 0.0 && value < 1.0) {
                 return Err(RebuildBenchError::FractionOutOfRange { name, value });
@@ -435,8 +426,7 @@ pub fn volume_size_bytes(fill: f64, status: &PoolStatus) -> u64 {
 
 /// A pool on six device files, served, its volume filled.
 struct FilledPool {
-    server: RunningServer,
-    data: PathBuf,
+    served: ServedPool,
     directory: PathBuf,
     volume_bytes: u64,
 }
@@ -449,9 +439,13 @@ impl FilledPool {
             .to_string()
     }
 
-    fn status(&self, program: &Path) -> anyhow::Result<PoolStatus> {
-        let status: PoolStatus =
-            LaminaCli::new(program, &self.data).json(&["pool", "status", "--json"])?;
+    /// Runs `lamina ARGUMENTS` on the pool.
+    fn lamina(&self, arguments: &[&str]) -> anyhow::Result<()> {
+        self.served.cli.run(arguments).map(drop)
+    }
+
+    fn status(&self) -> anyhow::Result<PoolStatus> {
+        let status: PoolStatus = self.served.cli.json(&["pool", "status", "--json"])?;
         if let Some(reason) = &status.failed {
             return Err(RebuildBenchError::PoolFailed {
                 reason: reason.clone(),
@@ -515,8 +509,23 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    fn lamina(&self, data: &Path, arguments: &[&str]) -> anyhow::Result<()> {
-        LaminaCli::new(&self.program, data).run(arguments).map(drop)
+    /// The daemon's configuration under `impact`. No memory cache: client reads reach
+    /// the devices, as the rebuild's do. No automatic rebuild onto the devices left
+    /// after `device fail`: the bench starts the rebuild it measures (either kind)
+    /// itself, after --degraded-seconds, so both kinds have the same degraded phase.
+    fn daemon_config(&self, impact: Impact) -> String {
+        let mut config = format!(
+            "[limits]\nmemory_cache_bytes = 0\nrebuild_automatic = false\nbackground_impact = \"{}\"\n",
+            impact.name()
+        );
+        if let Some(target) = self.arguments.settings.client_latency_target_us {
+            config.push_str(&format!("client_latency_target_us = {target}\n"));
+        }
+        for limit in &self.arguments.settings.limits {
+            config.push_str(limit);
+            config.push('\n');
+        }
+        config
     }
 
     /// Creates the pool in `directory`, serves it and fills `fill` of it.
@@ -535,12 +544,12 @@ impl Bench<'_> {
                 format!(
                     "{}:{}",
                     directory.join(format!("d{index}.img")).display(),
-                    arguments.device_size
+                    arguments.settings.device_size_bytes
                 )
             })
             .collect::<Vec<_>>()
             .join(",");
-        let segment = arguments.segment_size.to_string();
+        let segment = arguments.settings.segment_size_bytes.to_string();
         let mut create = vec![
             "pool",
             "create",
@@ -552,31 +561,15 @@ impl Bench<'_> {
             &segment,
             "--json",
         ];
-        if let Some(model) = &arguments.model {
+        if let Some(model) = &arguments.settings.model {
             create.extend(["--flash-model", model.as_str()]);
         }
-        let created: PoolStatus = LaminaCli::new(&self.program, &data).json(&create)?;
+        let cli = LaminaCli::new(&self.program, &data);
+        let created: PoolStatus = cli.json(&create)?;
         let volume_bytes = volume_size_bytes(fill, &created);
-        self.lamina(
-            &data,
-            &["volume", "create", VOLUME_NAME, &volume_bytes.to_string()],
-        )?;
-        // No memory cache: client reads reach the devices, as the rebuild's do.
-        // No automatic rebuild onto the devices left after `device fail`: the
-        // bench starts the rebuild it measures (either kind) itself, after
-        // --degraded-seconds, so both kinds have the same degraded phase.
-        let mut config = format!(
-            "[limits]\nmemory_cache_bytes = 0\nrebuild_automatic = false\nbackground_impact = \"{}\"\n",
-            impact.name()
-        );
-        if let Some(target) = arguments.client_latency_target_us {
-            config.push_str(&format!("client_latency_target_us = {target}\n"));
-        }
-        for limit in &arguments.limit {
-            config.push_str(limit);
-            config.push('\n');
-        }
-        let server = serve_lamina_data(
+        cli.run(&["volume", "create", VOLUME_NAME, &volume_bytes.to_string()])?;
+        let config = self.daemon_config(impact);
+        let served = ServedPool::serve(
             &self.program,
             &server_directory,
             &data,
@@ -587,21 +580,12 @@ impl Bench<'_> {
             "filling {} MiB ({fill} of the usable space)",
             volume_bytes >> 20
         );
-        fio::run(
-            &arguments.common.fio,
-            &server.uri,
-            &[
-                "--name=fill".to_owned(),
-                "--rw=write".to_owned(),
-                format!("--bs={FILL_BLOCK_SIZE_BYTES}"),
-                format!("--size={volume_bytes}"),
-                format!("--iodepth={FILL_IODEPTH}"),
-                "--end_fsync=1".to_owned(),
-            ],
-        )?;
+        let pattern = Pattern::SequentialWrite;
+        let (fio, fsync) = (&arguments.common.fio, &["--end_fsync=1"]);
+        let uri = &served.server.uri;
+        fio::sequential_pass(fio, uri, pattern, volume_bytes, FILL_IODEPTH, fsync)?;
         Ok(FilledPool {
-            server,
-            data,
+            served,
             directory: directory.to_owned(),
             volume_bytes,
         })
@@ -613,7 +597,7 @@ impl Bench<'_> {
                 read_percent: READ_PERCENT,
             },
             block_size_bytes: BLOCK_SIZE_BYTES,
-            iodepth: self.arguments.iodepth,
+            iodepth: self.arguments.settings.iodepth,
             jobs: 1,
             target_iops,
             runtime_seconds,
@@ -625,17 +609,17 @@ impl Bench<'_> {
     /// Starts the rebuild of the failed device: `device replace` onto a new
     /// file, or `device rebuild` onto the survivors (both return at once).
     fn start_rebuild(&self, pool: &FilledPool) -> anyhow::Result<()> {
-        match self.arguments.kind {
+        match self.arguments.settings.kind {
             Kind::Replacement => {
                 let old = pool.device(FAILED_DEVICE_INDEX);
                 let new = format!(
                     "{}:{}",
                     pool.directory.join("new.img").display(),
-                    self.arguments.device_size
+                    self.arguments.settings.device_size_bytes
                 );
-                self.lamina(&pool.data, &["device", "replace", &old, &new])
+                pool.lamina(&["device", "replace", &old, &new])
             }
-            Kind::DistributedSpare => self.lamina(&pool.data, &["device", "rebuild"]),
+            Kind::DistributedSpare => pool.lamina(&["device", "rebuild"]),
         }
     }
 
@@ -650,10 +634,10 @@ impl Bench<'_> {
     ) -> anyhow::Result<PoolStatus> {
         loop {
             check_interrupted()?;
-            let status = pool.status(&self.program)?;
+            let status = pool.status()?;
             samples.push(sample(&status, start));
             if rebuild_over(&status) {
-                check_kind(&status.rebuild, self.arguments.kind)?;
+                check_kind(&status.rebuild, self.arguments.settings.kind)?;
                 return Ok(status);
             }
             if start.elapsed() > Duration::from_secs(REBUILD_WAIT_SECONDS_MAX) {
@@ -718,7 +702,6 @@ fn rebuild_figures(before: &PoolStatus, after: &PoolStatus) -> RebuildFigures {
 
 /// Sleeps until `seconds` after `start`, reading `pool status` every interval.
 fn poll_until(
-    bench: &Bench,
     pool: &FilledPool,
     start: Instant,
     seconds: f64,
@@ -726,7 +709,7 @@ fn poll_until(
 ) -> anyhow::Result<()> {
     while start.elapsed().as_secs_f64() < seconds {
         check_interrupted()?;
-        samples.push(sample(&pool.status(&bench.program)?, start));
+        samples.push(sample(&pool.status()?, start));
         let left = seconds - start.elapsed().as_secs_f64();
         std::thread::sleep(
             Duration::from_millis(STATUS_INTERVAL_MS).min(Duration::from_secs_f64(left.max(0.0))),
@@ -745,7 +728,6 @@ fn phase(name: &'static str, samples: &[(u64, u64)], from: f64, to: f64) -> Phas
         .map(|(_, ns)| *ns)
         .collect();
     latencies.sort_unstable();
-    let microseconds = |ns: Option<u64>| ns.map(|ns| ns as f64 / 1_000.0);
     Phase {
         name,
         from_seconds: from,
@@ -756,8 +738,8 @@ fn phase(name: &'static str, samples: &[(u64, u64)], from: f64, to: f64) -> Phas
         } else {
             f64::NAN
         },
-        p50_us: microseconds(percentile_of_sorted(&latencies, 50.0)),
-        p99_us: microseconds(percentile_of_sorted(&latencies, 99.0)),
+        p50_us: percentile_us(&latencies, 50.0),
+        p99_us: percentile_us(&latencies, 99.0),
     }
 }
 
@@ -806,19 +788,6 @@ fn lowest_iops(seconds: &[Second], events: &Events) -> Option<f64> {
     (inside.len() >= 2).then(|| inside.iter().copied().fold(f64::INFINITY, f64::min))
 }
 
-/// Starts the open-loop load with a per-I/O latency log under `log_prefix`.
-fn start_load(
-    bench: &Bench,
-    uri: &str,
-    step: &StepSpec,
-    log_prefix: &Path,
-) -> anyhow::Result<ManagedChild> {
-    let mut arguments = step.fio_arguments();
-    arguments.push(format!("--write_lat_log={}", log_prefix.display()));
-    arguments.push("--log_avg_msec=0".to_owned());
-    fio::spawn(&bench.arguments.common.fio, uri, &arguments)
-}
-
 /// Stops fio as Ctrl-C would (it then writes its logs) and waits for it.
 fn finish_load(mut load: ManagedChild) -> anyhow::Result<()> {
     if let Some(status) = load.try_wait()? {
@@ -828,12 +797,7 @@ fn finish_load(mut load: ManagedChild) -> anyhow::Result<()> {
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
-    let pid = libc::pid_t::try_from(load.id())?;
-    // SAFETY: kill(2) on our own child's PID, which is not yet reaped.
-    unsafe {
-        libc::kill(pid, libc::SIGINT);
-    }
-    let output = load.wait()?;
+    let output = load.interrupt()?;
     // fio exits non-zero when stopped by a signal; what matters is its log
     // (checked by the caller) and that it did not stop by itself earlier.
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -861,26 +825,22 @@ fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::R
     let arguments = bench.arguments;
     let mut status = Vec::new();
     poll_until(
-        bench,
         pool,
         start,
-        arguments.healthy_seconds as f64,
+        arguments.settings.healthy_seconds as f64,
         &mut status,
     )?;
     let fail_seconds = start.elapsed().as_secs_f64();
-    bench.lamina(
-        &pool.data,
-        &["device", "fail", &pool.device(FAILED_DEVICE_INDEX)],
-    )?;
+    pool.lamina(&["device", "fail", &pool.device(FAILED_DEVICE_INDEX)])?;
     eprintln!("device failed at {fail_seconds:.1} s");
-    let until = fail_seconds + arguments.degraded_seconds as f64;
-    poll_until(bench, pool, start, until, &mut status)?;
-    let before = pool.status(&bench.program)?;
+    let until = fail_seconds + arguments.settings.degraded_seconds as f64;
+    poll_until(pool, start, until, &mut status)?;
+    let before = pool.status()?;
     let rebuild_start_seconds = start.elapsed().as_secs_f64();
     bench.start_rebuild(pool)?;
     eprintln!(
         "{} at {rebuild_start_seconds:.1} s",
-        arguments.kind.start_label()
+        arguments.settings.kind.start_label()
     );
     let interval = Duration::from_millis(REBUILD_STATUS_INTERVAL_MS);
     let after = bench.wait_for_rebuild(pool, start, interval, &mut status)?;
@@ -889,8 +849,8 @@ fn drive_timeline(bench: &Bench, pool: &FilledPool, start: Instant) -> anyhow::R
         Some(error) => eprintln!("rebuild failed at {rebuild_end_seconds:.1} s: {error}"),
         None => eprintln!("rebuild over at {rebuild_end_seconds:.1} s"),
     }
-    let until = rebuild_end_seconds + arguments.after_seconds as f64;
-    poll_until(bench, pool, start, until, &mut status)?;
+    let until = rebuild_end_seconds + arguments.settings.after_seconds as f64;
+    poll_until(pool, start, until, &mut status)?;
     Ok(Timeline {
         events: Events {
             fail_seconds,
@@ -912,7 +872,7 @@ fn cleaner_running(state: CleanerState) -> bool {
 /// Random writes over the volume, closed loop, until the cleaner runs or
 /// `precondition_seconds_max` passes; none when that is 0.
 fn precondition(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Option<Preconditioning>> {
-    let seconds_max = bench.arguments.precondition_seconds_max;
+    let seconds_max = bench.arguments.settings.precondition_seconds_max;
     if seconds_max == 0 {
         return Ok(None);
     }
@@ -923,11 +883,11 @@ fn precondition(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Option<Preco
     };
     let writes = fio::spawn(
         &bench.arguments.common.fio,
-        &pool.server.uri,
+        &pool.served.server.uri,
         &step.fio_arguments(),
     )?;
     let start = Instant::now();
-    let watched = watch_cleaner(bench, pool, start, seconds_max);
+    let watched = watch_cleaner(pool, start, seconds_max);
     let finished = finish_load(writes);
     let last = watched?;
     finished?;
@@ -949,14 +909,13 @@ fn precondition(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Option<Preco
 /// Reads `pool status` each second until the cleaner runs or `seconds_max`
 /// passes; the last reading.
 fn watch_cleaner(
-    bench: &Bench,
     pool: &FilledPool,
     start: Instant,
     seconds_max: u64,
 ) -> anyhow::Result<PoolStatus> {
     loop {
         check_interrupted()?;
-        let status = pool.status(&bench.program)?;
+        let status = pool.status()?;
         if cleaner_running(status.cleaner_state) || start.elapsed().as_secs() >= seconds_max {
             return Ok(status);
         }
@@ -969,7 +928,7 @@ fn healthy_peak(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Measurement>
     let step = bench.step(pool.volume_bytes, None, bench.arguments.peak_seconds);
     fio::run_step_with(
         &bench.arguments.common.fio,
-        &pool.server.uri,
+        &pool.served.server.uri,
         &StepSpec {
             ramp_seconds: PEAK_RAMP_SECONDS,
             ..step
@@ -980,35 +939,37 @@ fn healthy_peak(bench: &Bench, pool: &FilledPool) -> anyhow::Result<Measurement>
 
 fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<LoadRun> {
     let arguments = bench.arguments;
-    let pool = bench.filled_pool(directory, arguments.fill, impact)?;
+    let pool = bench.filled_pool(directory, arguments.settings.fill, impact)?;
     let preconditioning = precondition(bench, &pool)?;
     let peak = healthy_peak(bench, &pool)?;
-    let target_iops = saturating_u64((peak.total_iops * arguments.load_share).round()).max(1);
+    let target_iops =
+        saturating_u64((peak.total_iops * arguments.settings.load_share).round()).max(1);
     eprintln!(
         "impact {}: healthy peak {:.0} IOPS (p99 {:.0} µs); load at {target_iops} IOPS",
         impact.name(),
         peak.total_iops,
         peak.p99_us
     );
-    let log_prefix = directory.join("load");
     let step = bench.step(
         pool.volume_bytes,
         Some(target_iops),
         LOAD_RUNTIME_SECONDS_MAX,
     );
-    let load = start_load(bench, &pool.server.uri, &step, &log_prefix)?;
+    let log = LatencyLog::new(&directory.join("load"), step.jobs);
+    let arguments_with_log = [step.fio_arguments(), log.fio_arguments()].concat();
+    let load = fio::spawn(
+        &arguments.common.fio,
+        &pool.served.server.uri,
+        &arguments_with_log,
+    )?;
     let timeline = drive_timeline(bench, &pool, Instant::now());
     // fio is stopped (and its log written) whether or not the timeline ran through.
     let finished = finish_load(load);
     let timeline = timeline?;
     finished?;
     let volume_bytes = pool.volume_bytes;
-    pool.server.stop();
-    let text = std::fs::read_to_string(format!("{}_lat.1.log", log_prefix.display()))?;
-    let samples = parse_latency_log(&text);
-    if samples.is_empty() {
-        return Err(RebuildBenchError::EmptyLatencyLog.into());
-    }
+    pool.served.server.stop();
+    let samples = log.read()?;
     let phases = phases(&samples, &timeline.events);
     let p99_ratio = match (phases[0].p99_us, phases[2].p99_us) {
         (Some(healthy), Some(rebuilding)) if healthy > 0.0 => Some(rebuilding / healthy),
@@ -1025,7 +986,7 @@ fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<L
     let rebuild_iops_share =
         lowest_iops(&seconds, &timeline.events).unwrap_or(phases[2].iops) / target_iops as f64;
     Ok(LoadRun {
-        kind: arguments.kind,
+        kind: arguments.settings.kind,
         impact,
         volume_bytes,
         preconditioning,
@@ -1045,11 +1006,8 @@ fn load_run(bench: &Bench, directory: &Path, impact: Impact) -> anyhow::Result<L
 
 fn idle_run(bench: &Bench, directory: &Path, fill: f64, impact: Impact) -> anyhow::Result<IdleRun> {
     let pool = bench.filled_pool(directory, fill, impact)?;
-    bench.lamina(
-        &pool.data,
-        &["device", "fail", &pool.device(FAILED_DEVICE_INDEX)],
-    )?;
-    let before = pool.status(&bench.program)?;
+    pool.lamina(&["device", "fail", &pool.device(FAILED_DEVICE_INDEX)])?;
+    let before = pool.status()?;
     let start = Instant::now();
     bench.start_rebuild(&pool)?;
     let mut samples = Vec::new();
@@ -1067,7 +1025,7 @@ fn idle_run(bench: &Bench, directory: &Path, fill: f64, impact: Impact) -> anyho
         rebuild.survivors_bytes_read_per_second / f64::from(1 << 20),
     );
     let volume_bytes = pool.volume_bytes;
-    pool.server.stop();
+    pool.served.server.stop();
     Ok(IdleRun {
         fill,
         impact,
@@ -1156,23 +1114,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
     let bench = Bench { arguments, program };
     let mut report = RebuildReport {
         fio_version,
-        settings: Settings {
-            kind: arguments.kind,
-            device_count: DEVICE_COUNT,
-            device_size_bytes: arguments.device_size,
-            segment_size_bytes: arguments.segment_size,
-            model: arguments.model.clone(),
-            fill: arguments.fill,
-            iodepth: arguments.iodepth,
-            load_share: arguments.load_share,
-            read_percent: READ_PERCENT,
-            healthy_seconds: arguments.healthy_seconds,
-            precondition_seconds_max: arguments.precondition_seconds_max,
-            limits: arguments.limit.clone(),
-            degraded_seconds: arguments.degraded_seconds,
-            after_seconds: arguments.after_seconds,
-            client_latency_target_us: arguments.client_latency_target_us,
-        },
+        settings: arguments.settings.clone(),
         load: vec![],
         idle: vec![],
         bandwidth: None,
@@ -1182,7 +1124,7 @@ pub fn measure(arguments: &RebuildArgs) -> anyhow::Result<RebuildReport> {
         // The first impact given (medium by default): its ceiling bounds an idle rebuild.
         let impact = arguments.impact.first().copied().unwrap_or(Impact::Medium);
         report.idle = idle_fills(&bench, fills, impact)?;
-        if arguments.model.is_none() {
+        if arguments.settings.model.is_none() {
             let directory = arguments.work_directory()?;
             report.bandwidth = Some(measure_bandwidth(&bench, directory.path())?);
         }
@@ -1246,10 +1188,6 @@ fn mebibytes(bytes: f64) -> String {
     format!("{:.0}", bytes / f64::from(1 << 20))
 }
 
-fn optional(value: Option<f64>, decimals: usize) -> String {
-    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.decimals$}"))
-}
-
 impl RebuildReport {
     /// The human-readable tables (markdown).
     pub fn table(&self) -> String {
@@ -1276,92 +1214,101 @@ impl RebuildReport {
     }
 
     fn load_table(&self) -> String {
-        let mut failures = String::new();
+        let settings = &self.settings;
         let mut out = format!(
-            "70/30 random 4 KiB at QD{}, {} of the healthy peak, volume {} of the usable space{}\n\n\
-             | impact | peak IOPS | load IOPS | healthy p99 µs | degraded p99 µs | rebuilding p99 µs | after p99 µs | ratio | goal ≤ {P99_GOAL_FACTOR} | lowest 1 s IOPS in rebuild ÷ offered | used MiB | rebuilt MiB | seconds | MiB/s |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-            self.settings.iodepth,
-            self.settings.load_share,
-            self.settings.fill,
-            self.settings
+            "70/30 random 4 KiB at QD{}, {} of the healthy peak, volume {} of the usable space{}",
+            settings.iodepth,
+            settings.load_share,
+            settings.fill,
+            settings
                 .client_latency_target_us
                 .map_or(String::new(), |target| format!(
                     ", client_latency_target_us {target}"
                 )),
         );
-        if !self.settings.limits.is_empty() {
-            out.insert_str(
-                out.find('\n').unwrap_or(out.len()),
-                &format!(", limits: {}", self.settings.limits.join("; ")),
-            );
+        if !settings.limits.is_empty() {
+            out.push_str(&format!(", limits: {}", settings.limits.join("; ")));
         }
+        let p99 = |phase: usize| move |run: &LoadRun| optional(run.phases[phase].p99_us, 0);
+        let table = Table::new()
+            .column("impact", |run: &LoadRun| run.impact.name().to_owned())
+            .column("peak IOPS", |run| format!("{:.0}", run.peak.total_iops))
+            .column("load IOPS", |run| run.target_iops.to_string())
+            .column("healthy p99 µs", p99(0))
+            .column("degraded p99 µs", p99(1))
+            .column("rebuilding p99 µs", p99(2))
+            .column("after p99 µs", p99(3))
+            .column("ratio", |run| optional(run.p99_ratio, 2))
+            .column(format!("goal ≤ {P99_GOAL_FACTOR}"), |run| {
+                goal_label(run).to_owned()
+            })
+            .column("lowest 1 s IOPS in rebuild ÷ offered", |run| {
+                format!("{:.2}", run.rebuild_iops_share)
+            })
+            .column("used MiB", |run| {
+                mebibytes(run.rebuild.pool_used_bytes as f64)
+            })
+            .column("rebuilt MiB", |run| {
+                mebibytes(run.rebuild.bytes_total as f64)
+            })
+            .column("seconds", |run| format!("{:.1}", run.rebuild.seconds))
+            .column("MiB/s", |run| mebibytes(run.rebuild.bytes_per_second));
+        out.push_str("\n\n");
+        out.push_str(&table.markdown(&self.load));
+        out.push('\n');
         for run in &self.load {
             if let Some(error) = &run.rebuild_error {
-                failures.push_str(&format!(
+                out.push_str(&format!(
                     "impact {}: the rebuild failed after {:.1} s: {error}\n",
                     run.impact.name(),
                     run.rebuild.seconds
                 ));
             }
-            let p99 = |index: usize| optional(run.phases[index].p99_us, 0);
-            out.push_str(&format!(
-                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {} |\n",
-                run.impact.name(),
-                run.peak.total_iops,
-                run.target_iops,
-                p99(0),
-                p99(1),
-                p99(2),
-                p99(3),
-                optional(run.p99_ratio, 2),
-                goal_label(run),
-                run.rebuild_iops_share,
-                mebibytes(run.rebuild.pool_used_bytes as f64),
-                mebibytes(run.rebuild.bytes_total as f64),
-                run.rebuild.seconds,
-                mebibytes(run.rebuild.bytes_per_second),
-            ));
         }
-        out.push('\n');
-        out.push_str(&failures);
         out
     }
 
     fn idle_table(&self) -> String {
         let mut out = format!(
-            "no client load, background_impact {}, medians of {} run(s) per fill\n\n\
-             | fill | volume MiB | used MiB | rebuilt MiB | seconds, median (range) | MiB/s | survivors read MiB/s | survivors written MiB/s | share of survivors' bandwidth (read) |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+            "no client load, background_impact {}, medians of {} run(s) per fill\n\n",
             self.idle
                 .first()
                 .and_then(|fill| fill.runs.first())
                 .map_or("-", |run| run.impact.name()),
             self.idle.first().map_or(0, |fill| fill.runs.len())
         );
-        for fill in &self.idle {
-            let first = fill.runs.first();
-            let share = self.bandwidth.as_ref().map(|bandwidth| {
-                fill.median_survivors_bytes_read_per_second / bandwidth.bytes_per_second
+        let first = |figure: fn(&IdleRun) -> u64| {
+            move |fill: &IdleFill| {
+                fill.runs
+                    .first()
+                    .map_or("-".to_owned(), |run| mebibytes(figure(run) as f64))
+            }
+        };
+        let bandwidth = self
+            .bandwidth
+            .as_ref()
+            .map(|bandwidth| bandwidth.bytes_per_second);
+        let table = Table::new()
+            .column("fill", |fill: &IdleFill| fill.fill.to_string())
+            .column("volume MiB", first(|run| run.volume_bytes))
+            .column("used MiB", first(|run| run.rebuild.pool_used_bytes))
+            .column("rebuilt MiB", first(|run| run.rebuild.bytes_total))
+            .column("seconds, median (range)", |fill| {
+                format!("{:.2} {}", fill.median_seconds, range_seconds(&fill.runs))
+            })
+            .column("MiB/s", |fill| mebibytes(fill.median_bytes_per_second))
+            .column("survivors read MiB/s", |fill| {
+                mebibytes(fill.median_survivors_bytes_read_per_second)
+            })
+            .column("survivors written MiB/s", |fill| {
+                mebibytes(fill.median_survivors_bytes_written_per_second)
+            })
+            .column("share of survivors' bandwidth (read)", move |fill| {
+                let share =
+                    bandwidth.map(|bytes| fill.median_survivors_bytes_read_per_second / bytes);
+                optional(share, 2)
             });
-            out.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} {} | {} | {} | {} | {} |\n",
-                fill.fill,
-                first.map_or("-".to_owned(), |run| mebibytes(run.volume_bytes as f64)),
-                first.map_or("-".to_owned(), |run| {
-                    mebibytes(run.rebuild.pool_used_bytes as f64)
-                }),
-                first.map_or("-".to_owned(), |run| mebibytes(
-                    run.rebuild.bytes_total as f64
-                )),
-                fill.median_seconds,
-                range_seconds(&fill.runs),
-                mebibytes(fill.median_bytes_per_second),
-                mebibytes(fill.median_survivors_bytes_read_per_second),
-                mebibytes(fill.median_survivors_bytes_written_per_second),
-                optional(share, 2),
-            ));
-        }
+        out.push_str(&table.markdown(&self.idle));
         if let Some(bandwidth) = &self.bandwidth {
             out.push_str(&format!(
                 "\nsurvivors' aggregate sequential read bandwidth: {} MiB/s ({})\n",
@@ -1440,7 +1387,7 @@ mod tests {
         let cli = Cli::try_parse_from(["rebuild", "--idle-fills", "0.25,0.5,0.9"]).unwrap();
         assert!(cli.arguments.check().is_ok());
         assert_eq!(cli.arguments.impact, vec![Impact::Medium]);
-        assert_eq!(cli.arguments.kind, Kind::Replacement);
+        assert_eq!(cli.arguments.settings.kind, Kind::Replacement);
         let cli = Cli::try_parse_from(["rebuild", "--idle-fills", "0.25,1.5"]).unwrap();
         assert!(matches!(
             cli.arguments.check(),
@@ -1563,7 +1510,7 @@ mod tests {
             arguments: RebuildArgs,
         }
         let cli = Cli::try_parse_from(["rebuild", "--kind", "distributed-spare"]).unwrap();
-        assert_eq!(cli.arguments.kind, Kind::DistributedSpare);
+        assert_eq!(cli.arguments.settings.kind, Kind::DistributedSpare);
         assert!(Cli::try_parse_from(["rebuild", "--kind", "spare"]).is_err());
         let spare = RebuildStatus {
             state: RebuildState::Finished,

@@ -367,24 +367,8 @@ fn format_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::tests::sample_point;
-    use crate::workload::{Mix, headline};
-
-    fn settings() -> Settings {
-        Settings {
-            runtime_seconds: 2,
-            ramp_seconds: 0,
-            region_bytes: 64 << 20,
-            iodepth: 32,
-            jobs: 1,
-            max_jobs: 4,
-            mix: Mix::Oltp,
-            rate_jobs: 4,
-            rate_iodepth: 64,
-            rate_targets: None,
-            slo_us: 1000.0,
-        }
-    }
+    use crate::workload::headline;
+    use crate::workload::tests::{sample_point, settings};
 
     fn result(server: &str, iops: f64, p99_us: f64) -> ServerResult {
         ServerResult {

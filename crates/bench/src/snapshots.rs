@@ -53,15 +53,28 @@ const BASELINE_SAMPLES: usize = 10;
 /// Arguments of `lamina bench snapshots`.
 #[derive(Debug, Clone, Args)]
 pub struct SnapshotsArgs {
+    #[command(flatten)]
+    pub settings: SnapshotsSettings,
+    /// Servers to measure: `lamina`, `qemu-nbd` or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [SnapshotServer::Lamina, SnapshotServer::QemuNbd])]
+    pub servers: Vec<SnapshotServer>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// The settings of a run: the options that say what is measured, as the report
+/// records them (its field names are the JSON document's).
+#[derive(Debug, Clone, PartialEq, Serialize, Args)]
+pub struct SnapshotsSettings {
     /// Size of every volume and image (fully written with random data first).
-    #[arg(long, value_parser = parse_size, default_value = "1G")]
-    pub size: u64,
+    #[arg(long = "size", value_name = "SIZE", value_parser = parse_size, default_value = "1G")]
+    pub size_bytes: u64,
     /// Seconds measured per fio run.
-    #[arg(long, default_value_t = 10)]
-    pub runtime: u64,
+    #[arg(long = "runtime", value_name = "RUNTIME", default_value_t = 10)]
+    pub runtime_seconds: u64,
     /// Seconds run before measuring, per fio run.
-    #[arg(long, default_value_t = 1)]
-    pub ramp: u64,
+    #[arg(long = "ramp", value_name = "RAMP", default_value_t = 1)]
+    pub ramp_seconds: u64,
     /// Queue depth of the measured runs (one job, one connection).
     #[arg(long, default_value_t = 32)]
     pub iodepth: u32,
@@ -76,20 +89,15 @@ pub struct SnapshotsArgs {
     pub chain_depth: u32,
     /// Bytes written (4 KiB random writes) to each clone of the chain before it is
     /// snapshotted and cloned again.
-    #[arg(long, value_parser = parse_size, default_value = "1M")]
-    pub clone_write_size: u64,
+    #[arg(long = "clone-write-size", value_name = "CLONE_WRITE_SIZE", value_parser = parse_size, default_value = "1M")]
+    pub clone_write_bytes: u64,
     /// Size of lamina's pool file (sparse; the volumes, their snapshots and the log's
     /// free space for the cleaner must fit).
-    #[arg(long, value_parser = parse_size, default_value = "32G")]
-    pub pool_size: u64,
+    #[arg(long = "pool-size", value_name = "POOL_SIZE", value_parser = parse_size, default_value = "32G")]
+    pub pool_size_bytes: u64,
     /// lamina's memory block cache (`[limits] memory_cache_bytes`); default: lamina's default.
-    #[arg(long, value_parser = parse_size)]
-    pub memory_cache: Option<u64>,
-    /// Servers to measure: `lamina`, `qemu-nbd` or both.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [SnapshotServer::Lamina, SnapshotServer::QemuNbd])]
-    pub servers: Vec<SnapshotServer>,
-    #[command(flatten)]
-    pub common: CommonArgs,
+    #[arg(long = "memory-cache", value_name = "MEMORY_CACHE", value_parser = parse_size)]
+    pub memory_cache_bytes: Option<u64>,
 }
 
 /// The servers `lamina bench snapshots` knows.
@@ -195,21 +203,6 @@ pub struct Comparison {
     /// The smallest ratio that meets the goal.
     pub goal_min: Option<f64>,
     pub met: Option<bool>,
-}
-
-/// The settings of a run, as recorded in the report.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SnapshotsSettings {
-    pub size_bytes: u64,
-    pub runtime_seconds: u64,
-    pub ramp_seconds: u64,
-    pub iodepth: u32,
-    pub repetitions: u32,
-    pub snapshots: u32,
-    pub chain_depth: u32,
-    pub clone_write_bytes: u64,
-    pub pool_size_bytes: u64,
-    pub memory_cache_bytes: Option<u64>,
 }
 
 /// Everything `lamina bench snapshots` measured.
@@ -389,33 +382,16 @@ struct Lamina {
 }
 
 impl Lamina {
-    fn command(&self, arguments: &[&str]) -> Command {
-        self.cli.command(arguments)
-    }
-
-    fn uri(&self, export: &str) -> String {
-        self.cli.uri(export)
-    }
-
-    fn create_volume(&self, name: &str, size_bytes: u64) -> anyhow::Result<()> {
-        run_helper(self.command(&["volume", "create", name, "--size", &size_bytes.to_string()]))?;
-        Ok(())
-    }
-
-    fn create_snapshot(&self, volume: &str, snapshot: &str) -> anyhow::Result<f64> {
-        timed(self.command(&["snapshot", "create", &format!("{volume}@{snapshot}")]))
-    }
-
-    fn delete_snapshot(&self, volume: &str, snapshot: &str) -> anyhow::Result<f64> {
-        timed(self.command(&["snapshot", "delete", &format!("{volume}@{snapshot}")]))
+    /// Times `lamina ARGUMENTS` (process start included).
+    fn timed(&self, arguments: &[&str]) -> anyhow::Result<f64> {
+        timed(self.cli.command(arguments))
     }
 
     /// Times `lamina snapshot list VOLUME --json` and checks that it lists `expected`.
     fn list_snapshots(&self, volume: &str, expected: u32) -> anyhow::Result<f64> {
         let started = Instant::now();
-        let output = run_helper(self.command(&["snapshot", "list", volume, "--json"]))?;
+        let listed: Vec<SnapshotInfo> = self.cli.json(&["snapshot", "list", volume, "--json"])?;
         let milliseconds = started.elapsed().as_secs_f64() * 1_000.0;
-        let listed: Vec<SnapshotInfo> = serde_json::from_slice(&output.stdout)?;
         let count = listed.len();
         if count != expected as usize {
             anyhow::bail!(
@@ -425,9 +401,48 @@ impl Lamina {
         Ok(milliseconds)
     }
 
-    fn clone_snapshot(&self, volume: &str, snapshot: &str, clone: &str) -> anyhow::Result<f64> {
-        timed(self.command(&["clone", &format!("{volume}@{snapshot}"), clone]))
+    /// Times `lamina snapshot list` of every snapshotted volume once more (after the
+    /// measured writes every snapshot differs from its neighbours, which is what the
+    /// per-snapshot space accounting of `list` has to compare) and stops the daemon;
+    /// the pool's state at the end, as a note.
+    fn finish(self, cases: &[Case], timings: &mut Timings) -> anyhow::Result<String> {
+        for case in cases {
+            if let (CaseKind::Write { snapshots }, Target::Lamina { export, .. }) =
+                (case.kind, &case.target)
+                && snapshots > 0
+            {
+                let milliseconds = self.list_snapshots(export, snapshots)?;
+                let operation =
+                    format!("lamina snapshot list ({snapshots} snapshots, after the writes)");
+                timings.record(LAMINA, &operation, milliseconds);
+            }
+        }
+        let status: PoolStatus = self.cli.json(&["pool", "status", "--json"])?;
+        self.server.stop();
+        Ok(format!(
+            "lamina pool at the end: used {:.1}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
+            status.used_percent,
+            status
+                .write_amplification
+                .map_or("-".to_owned(), |value| format!("{value:.2}")),
+            status.cleaner_relocated_blocks,
+            status.device_bytes_written >> 30,
+        ))
     }
+}
+
+/// Whether qemu-nbd and qemu-img are installed; when not, qemu-nbd is skipped.
+fn qemu_installed(skipped: &mut Vec<Skipped>) -> bool {
+    let missing = ["qemu-nbd", "qemu-img"]
+        .into_iter()
+        .find(|program| find_program(program).is_none());
+    if let Some(program) = missing {
+        skipped.push(Skipped {
+            server: QEMU.into(),
+            reason: format!("`{program}` is not installed"),
+        });
+    }
+    missing.is_none()
 }
 
 /// The snapshots of one volume (or qcow2 image), oldest first, and the next name.
@@ -484,9 +499,11 @@ fn refresh_snapshot(
     match target {
         Target::Lamina { export, .. } => {
             let lamina = lamina.expect("lamina cases exist only when lamina runs");
-            let milliseconds = lamina.delete_snapshot(export, &oldest)?;
+            let milliseconds =
+                lamina.timed(&["snapshot", "delete", &format!("{export}@{oldest}")])?;
             timings.record(LAMINA, "lamina snapshot delete", milliseconds);
-            let milliseconds = lamina.create_snapshot(export, &name)?;
+            let milliseconds =
+                lamina.timed(&["snapshot", "create", &format!("{export}@{name}")])?;
             let operation = "lamina snapshot create (volume written since its last snapshot)";
             timings.record(LAMINA, operation, milliseconds);
         }
@@ -546,11 +563,11 @@ impl Timings {
     }
 }
 
+/// `--clone-write-size` of 4 KiB random writes over the volume, seeded with `seed`.
 fn fio_random_writes(
     fio: &str,
     uri: &str,
-    region_bytes: u64,
-    bytes: u64,
+    settings: &SnapshotsSettings,
     seed: u32,
 ) -> anyhow::Result<()> {
     let arguments = [
@@ -558,8 +575,8 @@ fn fio_random_writes(
         "--rw=randwrite".to_owned(),
         "--bs=4096".to_owned(),
         format!("--iodepth={CLONE_WRITE_IODEPTH}"),
-        format!("--size={region_bytes}"),
-        format!("--io_size={bytes}"),
+        format!("--size={}", settings.size_bytes),
+        format!("--io_size={}", settings.clone_write_bytes),
         // The same seed on both servers: the chains differ in the same blocks.
         format!("--randseed={seed}"),
     ];
@@ -583,6 +600,23 @@ fn qemu_version() -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Starts lamina's daemon on a fresh embedded pool of `--pool-size`.
+fn start_lamina(arguments: &SnapshotsArgs, program: &Path, work: &Path) -> anyhow::Result<Lamina> {
+    let mut extra_config = format!(
+        "[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {}\n",
+        arguments.settings.pool_size_bytes, arguments.settings.size_bytes
+    );
+    if let Some(bytes) = arguments.settings.memory_cache_bytes {
+        extra_config.push_str(&format!("[limits]\nmemory_cache_bytes = {bytes}\n"));
+    }
+    eprintln!("starting lamina");
+    let server = start_lamina_daemon(program, &work.join("lamina"), &extra_config)?;
+    Ok(Lamina {
+        cli: LaminaCli::new(program, &work.join("lamina").join("data")),
+        server,
+    })
+}
+
 /// Starts lamina, writes its volumes, takes the snapshots and builds the clone chain;
 /// adds lamina's cases to `plan`. One daemon serves everything; its `default` volume
 /// is the 0-snapshot volume.
@@ -593,120 +627,87 @@ fn prepare_lamina(
     data_file: &Path,
     plan: &mut Plan,
 ) -> anyhow::Result<Lamina> {
-    let size = arguments.size;
-    let many = arguments.snapshots;
-    let depth = arguments.chain_depth;
-    let mut extra_config = format!(
-        "[pool]\nembedded_size_bytes = {}\ndefault_volume_bytes = {size}\n",
-        arguments.pool_size
-    );
-    if let Some(bytes) = arguments.memory_cache {
-        extra_config.push_str(&format!("[limits]\nmemory_cache_bytes = {bytes}\n"));
-    }
-    eprintln!("starting lamina");
-    let server = start_lamina_daemon(program, &work.join("lamina"), &extra_config)?;
-    let lamina = Lamina {
-        cli: LaminaCli::new(program, &work.join("lamina").join("data")),
-        server,
-    };
+    let lamina = start_lamina(arguments, program, work)?;
     plan.notes.push(format!(
         "lamina: one daemon, pool on a {} GiB sparse file{}, data written over NBD with nbdcopy",
-        arguments.pool_size >> 30,
-        arguments.memory_cache.map_or(
+        arguments.settings.pool_size_bytes >> 30,
+        arguments.settings.memory_cache_bytes.map_or(
             ", default limits (memory cache on)".to_owned(),
             |bytes| format!(", memory cache {} MiB", bytes >> 20)
         )
     ));
-    let write_volumes = [(0, "default"), (1, "snap1"), (many, "snapmany")];
-    for (_, volume) in &write_volumes[1..] {
-        lamina.create_volume(volume, size)?;
+    let size = arguments.settings.size_bytes.to_string();
+    for volume in ["snap1", "snapmany", "origin"] {
+        lamina
+            .cli
+            .run(&["volume", "create", volume, "--size", &size])?;
     }
-    lamina.create_volume("origin", size)?;
     for volume in ["default", "snap1", "snapmany", "origin"] {
         check_interrupted()?;
         eprintln!("lamina: writing {volume}");
-        prefill_over_nbd(&lamina.uri(volume), data_file)?;
+        prefill_over_nbd(&lamina.cli.uri(volume), data_file)?;
     }
     for _ in 0..BASELINE_SAMPLES {
-        let milliseconds = timed(lamina.command(&["volume", "list"]))?;
-        plan.timings.record(
-            LAMINA,
-            "lamina volume list (admin round trip)",
-            milliseconds,
-        );
+        let milliseconds = lamina.timed(&["volume", "list"])?;
+        let operation = "lamina volume list (admin round trip)";
+        plan.timings.record(LAMINA, operation, milliseconds);
     }
-    for (count, volume) in write_volumes {
-        let set_index = (count > 0).then(|| {
-            plan.sets.push(SnapshotSet::default());
-            plan.sets.len() - 1
-        });
-        if let Some(index) = set_index {
-            eprintln!("lamina: {count} snapshots of {volume}");
-            for _ in 0..count {
-                check_interrupted()?;
-                let name = plan.sets[index].next_name();
-                let milliseconds = lamina.create_snapshot(volume, &name)?;
-                plan.timings
-                    .record(LAMINA, "lamina snapshot create", milliseconds);
-                plan.sets[index].names.push_back(name);
-            }
+    for (count, volume) in [
+        (0, "default"),
+        (1, "snap1"),
+        (arguments.settings.snapshots, "snapmany"),
+    ] {
+        let operation = "lamina snapshot create";
+        let set = plan.snapshot_set(LAMINA, count, operation, |name| {
+            lamina.timed(&["snapshot", "create", &format!("{volume}@{name}")])
+        })?;
+        if count > 0 {
             let milliseconds = lamina.list_snapshots(volume, count)?;
-            plan.timings.record(
-                LAMINA,
-                &format!("lamina snapshot list ({count} snapshots, all sharing every block)"),
-                milliseconds,
-            );
+            let operation =
+                format!("lamina snapshot list ({count} snapshots, all sharing every block)");
+            plan.timings.record(LAMINA, &operation, milliseconds);
         }
-        plan.cases.push(Case {
-            server: LAMINA,
-            kind: CaseKind::Write { snapshots: count },
-            target: Target::Lamina {
-                export: volume.to_owned(),
-                snapshots: set_index,
-            },
-            runs: Vec::new(),
-        });
+        let export = volume.to_owned();
+        let target = Target::Lamina {
+            export,
+            snapshots: set,
+        };
+        plan.add(LAMINA, CaseKind::Write { snapshots: count }, target);
     }
+    let depth = arguments.settings.chain_depth;
+    let previous = lamina_chain(&lamina, arguments, plan)?;
+    let target = |export: String| Target::Lamina {
+        export,
+        snapshots: None,
+    };
+    plan.add_reads(LAMINA, target("origin".to_owned()), target(previous), depth);
+    Ok(lamina)
+}
+
+/// The chain of `--chain-depth` clones of clones of `origin`, each written to a
+/// little; the last clone's name.
+fn lamina_chain(
+    lamina: &Lamina,
+    arguments: &SnapshotsArgs,
+    plan: &mut Plan,
+) -> anyhow::Result<String> {
+    let depth = arguments.settings.chain_depth;
     eprintln!("lamina: chain of {depth} clones");
     let mut previous = "origin".to_owned();
     for level in 1..=depth {
         check_interrupted()?;
-        let snapshot = format!("chain{level}");
-        let milliseconds = lamina.create_snapshot(&previous, &snapshot)?;
+        let snapshot = format!("{previous}@chain{level}");
+        let milliseconds = lamina.timed(&["snapshot", "create", &snapshot])?;
         plan.timings
             .record(LAMINA, "lamina snapshot create", milliseconds);
         let clone = format!("clone{level}");
-        let milliseconds = lamina.clone_snapshot(&previous, &snapshot, &clone)?;
+        let milliseconds = lamina.timed(&["clone", &snapshot, &clone])?;
         plan.timings.record(LAMINA, "lamina clone", milliseconds);
-        fio_random_writes(
-            &arguments.common.fio,
-            &lamina.uri(&clone),
-            size,
-            arguments.clone_write_size,
-            level,
-        )?;
+        let uri = lamina.cli.uri(&clone);
+        fio_random_writes(&arguments.common.fio, &uri, &arguments.settings, level)?;
         previous = clone;
     }
-    plan.cases.push(Case {
-        server: LAMINA,
-        kind: CaseKind::ReadOrigin,
-        target: Target::Lamina {
-            export: "origin".to_owned(),
-            snapshots: None,
-        },
-        runs: Vec::new(),
-    });
-    plan.cases.push(Case {
-        server: LAMINA,
-        kind: CaseKind::ReadClone { depth },
-        target: Target::Lamina {
-            export: previous,
-            snapshots: None,
-        },
-        runs: Vec::new(),
-    });
-
-    Ok(lamina)
+    Ok(previous)
 }
 
 /// Converts the data to qcow2 images, takes the internal snapshots and builds the
@@ -719,9 +720,6 @@ fn prepare_qemu(
     data_file: &Path,
     plan: &mut Plan,
 ) -> anyhow::Result<()> {
-    let size = arguments.size;
-    let many = arguments.snapshots;
-    let depth = arguments.chain_depth;
     std::fs::create_dir_all(images)?;
     let convert = |name: &str| -> anyhow::Result<PathBuf> {
         let image = images.join(name);
@@ -735,36 +733,22 @@ fn prepare_qemu(
         Ok(image)
     };
     let mut write_images = Vec::new();
-    for count in [0, 1, many] {
+    for count in [0, 1, arguments.settings.snapshots] {
         write_images.push((count, convert(&format!("snapshots{count}.qcow2"))?));
     }
     let base = convert("base.qcow2")?;
     for (count, image) in write_images {
-        let set_index = (count > 0).then(|| {
-            plan.sets.push(SnapshotSet::default());
-            plan.sets.len() - 1
-        });
-        if let Some(index) = set_index {
-            eprintln!("qemu: {count} internal snapshots of {}", image.display());
-            for _ in 0..count {
-                check_interrupted()?;
-                let name = plan.sets[index].next_name();
-                let milliseconds = timed(qemu_img(&["snapshot", "-c", &name], &image))?;
-                plan.timings
-                    .record(QEMU, "qemu-img snapshot -c (offline)", milliseconds);
-                plan.sets[index].names.push_back(name);
-            }
-        }
-        plan.cases.push(Case {
-            server: QEMU,
-            kind: CaseKind::Write { snapshots: count },
-            target: Target::Qemu {
-                image,
-                snapshots: set_index,
-            },
-            runs: Vec::new(),
-        });
+        let operation = "qemu-img snapshot -c (offline)";
+        let set = plan.snapshot_set(QEMU, count, operation, |name| {
+            timed(qemu_img(&["snapshot", "-c", name], &image))
+        })?;
+        let target = Target::Qemu {
+            image,
+            snapshots: set,
+        };
+        plan.add(QEMU, CaseKind::Write { snapshots: count }, target);
     }
+    let depth = arguments.settings.chain_depth;
     eprintln!("qemu: backing chain of {depth} overlays");
     let mut previous = base.clone();
     for level in 1..=depth {
@@ -782,32 +766,18 @@ fn prepare_qemu(
         let written = fio_random_writes(
             &arguments.common.fio,
             &server.uri,
-            size,
-            arguments.clone_write_size,
+            &arguments.settings,
             level,
         );
         server.stop();
         written?;
         previous = overlay;
     }
-    plan.cases.push(Case {
-        server: QEMU,
-        kind: CaseKind::ReadOrigin,
-        target: Target::Qemu {
-            image: base,
-            snapshots: None,
-        },
-        runs: Vec::new(),
-    });
-    plan.cases.push(Case {
-        server: QEMU,
-        kind: CaseKind::ReadClone { depth },
-        target: Target::Qemu {
-            image: previous,
-            snapshots: None,
-        },
-        runs: Vec::new(),
-    });
+    let target = |image: PathBuf| Target::Qemu {
+        image,
+        snapshots: None,
+    };
+    plan.add_reads(QEMU, target(base), target(previous), depth);
     Ok(())
 }
 
@@ -819,6 +789,48 @@ struct Plan {
     sets: Vec<SnapshotSet>,
     cases: Vec<Case>,
     notes: Vec<String>,
+}
+
+impl Plan {
+    /// Takes `count` snapshots with `take` (each timed as `operation`) as a new set;
+    /// its index, none for no snapshots.
+    fn snapshot_set(
+        &mut self,
+        server: &str,
+        count: u32,
+        operation: &str,
+        mut take: impl FnMut(&str) -> anyhow::Result<f64>,
+    ) -> anyhow::Result<Option<usize>> {
+        if count == 0 {
+            return Ok(None);
+        }
+        eprintln!("{server}: {count} snapshots");
+        let mut set = SnapshotSet::default();
+        for _ in 0..count {
+            check_interrupted()?;
+            let name = set.next_name();
+            let milliseconds = take(&name)?;
+            self.timings.record(server, operation, milliseconds);
+            set.names.push_back(name);
+        }
+        self.sets.push(set);
+        Ok(Some(self.sets.len() - 1))
+    }
+
+    fn add(&mut self, server: &'static str, kind: CaseKind, target: Target) {
+        self.cases.push(Case {
+            server,
+            kind,
+            target,
+            runs: Vec::new(),
+        });
+    }
+
+    /// The read cases: the chain's origin and its last clone, at `depth`.
+    fn add_reads(&mut self, server: &'static str, origin: Target, clone: Target, depth: u32) {
+        self.add(server, CaseKind::ReadOrigin, origin);
+        self.add(server, CaseKind::ReadClone { depth }, clone);
+    }
 }
 
 /// Runs every case `--repetitions` times, rounds alternating in order, each after
@@ -840,15 +852,15 @@ fn run_cases(
     let step = |kind: CaseKind| StepSpec {
         pattern: kind.pattern(),
         block_size_bytes: 4096,
-        iodepth: arguments.iodepth,
+        iodepth: arguments.settings.iodepth,
         jobs: 1,
         target_iops: None,
-        runtime_seconds: arguments.runtime,
-        ramp_seconds: arguments.ramp,
-        region_bytes: arguments.size,
+        runtime_seconds: arguments.settings.runtime_seconds,
+        ramp_seconds: arguments.settings.ramp_seconds,
+        region_bytes: arguments.settings.size_bytes,
     };
     let rounds = RoundPlan {
-        rounds: arguments.repetitions,
+        rounds: arguments.settings.repetitions,
         order: Order::Alternating,
         on_failure: OnFailure::Skip,
     };
@@ -857,7 +869,7 @@ fn run_cases(
         let case = &cases[row];
         eprintln!(
             "repetition {round}/{}: {}",
-            arguments.repetitions, labels[row]
+            arguments.settings.repetitions, labels[row]
         );
         if let Some(set) = case.target.snapshots().filter(|_| round > 1) {
             // A fresh snapshot right before the run; the count stays the same.
@@ -867,7 +879,7 @@ fn run_cases(
         match &case.target {
             Target::Lamina { export, .. } => {
                 let lamina = lamina.expect("lamina cases exist only when lamina runs");
-                crate::fio::run_step(fio, &lamina.uri(export), &step(case.kind))
+                crate::fio::run_step(fio, &lamina.cli.uri(export), &step(case.kind))
             }
             Target::Qemu { image, .. } => {
                 let server = serve_qemu_nbd(image, "qcow2", serve_directory, 1, false)?;
@@ -891,57 +903,37 @@ fn run_cases(
 pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     crate::process::install_interrupt_handler();
     crate::process::become_subreaper();
-    assert!(arguments.repetitions > 0, "at least one repetition");
     assert!(
-        arguments.snapshots > 1,
+        arguments.settings.repetitions > 0,
+        "at least one repetition"
+    );
+    assert!(
+        arguments.settings.snapshots > 1,
         "the many-snapshot case needs more than one"
     );
     assert!(
-        arguments.chain_depth > 0,
+        arguments.settings.chain_depth > 0,
         "the chain needs at least one clone"
     );
     let fio_version = crate::fio::version(&arguments.common.fio)?;
     let load_average_start = load_average();
-    let size = arguments.size;
+    let size = arguments.settings.size_bytes;
     let program = arguments.common.lamina_program();
     let with_lamina = arguments.servers.contains(&SnapshotServer::Lamina);
     if with_lamina && !program.is_file() {
         anyhow::bail!("lamina binary {} not found", program.display());
     }
     let mut skipped = Vec::new();
-    let with_qemu = if !arguments.servers.contains(&SnapshotServer::QemuNbd) {
-        false
-    } else if let Some(program) = ["qemu-nbd", "qemu-img"]
-        .into_iter()
-        .find(|program| find_program(program).is_none())
-    {
-        skipped.push(Skipped {
-            server: QEMU.into(),
-            reason: format!("`{program}` is not installed"),
-        });
-        false
-    } else {
-        true
-    };
+    let with_qemu =
+        arguments.servers.contains(&SnapshotServer::QemuNbd) && qemu_installed(&mut skipped);
     let work = arguments.common.work_directory()?;
     let data_file = work.path().join("data.raw");
     eprintln!("preparing {} MiB of random data", size >> 20);
     crate::servers::write_random_data(&data_file, size)?;
     let mut plan = Plan::default();
-    let many = arguments.snapshots;
-    let depth = arguments.chain_depth;
-
-    let lamina = if with_lamina {
-        Some(prepare_lamina(
-            arguments,
-            &program,
-            work.path(),
-            &data_file,
-            &mut plan,
-        )?)
-    } else {
-        None
-    };
+    let lamina = with_lamina
+        .then(|| prepare_lamina(arguments, &program, work.path(), &data_file, &mut plan))
+        .transpose()?;
     let images = work.path().join("images");
     let serve_directory = work.path().join("qemu-serve");
     let qemu_version = if with_qemu { qemu_version() } else { None };
@@ -962,30 +954,7 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         ..
     } = plan;
     if let Some(lamina) = lamina {
-        // After the measured writes every snapshot differs from its neighbours, which is
-        // what the per-snapshot space accounting of `list` has to compare.
-        for case in &cases {
-            if let (CaseKind::Write { snapshots }, Target::Lamina { export, .. }) =
-                (case.kind, &case.target)
-                && snapshots > 0
-            {
-                let milliseconds = lamina.list_snapshots(export, snapshots)?;
-                timings.record(
-                    LAMINA,
-                    &format!("lamina snapshot list ({snapshots} snapshots, after the writes)"),
-                    milliseconds,
-                );
-            }
-        }
-        let status: PoolStatus = lamina.cli.json(&["pool", "status", "--json"])?;
-        notes.push(format!(
-            "lamina pool at the end: used {:.1}%, write amplification {}, cleaner relocated {} blocks, device {} GiB written",
-            status.used_percent,
-            status.write_amplification.map_or("-".to_owned(), |value| format!("{value:.2}")),
-            status.cleaner_relocated_blocks,
-            status.device_bytes_written >> 30,
-        ));
-        lamina.server.stop();
+        notes.push(lamina.finish(&cases, &mut timings)?);
     }
     if with_qemu {
         notes.push(format!(
@@ -1000,20 +969,13 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
             CaseResult::new(case.server, case.kind, target, case.runs)
         })
         .collect();
-    let comparisons = comparisons(&cases, many, depth);
+    let comparisons = comparisons(
+        &cases,
+        arguments.settings.snapshots,
+        arguments.settings.chain_depth,
+    );
     Ok(SnapshotsReport {
-        settings: SnapshotsSettings {
-            size_bytes: size,
-            runtime_seconds: arguments.runtime,
-            ramp_seconds: arguments.ramp,
-            iodepth: arguments.iodepth,
-            repetitions: arguments.repetitions,
-            snapshots: many,
-            chain_depth: depth,
-            clone_write_bytes: arguments.clone_write_size,
-            pool_size_bytes: arguments.pool_size,
-            memory_cache_bytes: arguments.memory_cache,
-        },
+        settings: arguments.settings.clone(),
         fio_version,
         qemu_version,
         cases,

@@ -20,22 +20,24 @@
 //! 1 s windows comes (and stays) within 2 × the p99 of the same load on the same
 //! volume of the all-flash pool measured in the same run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
 
 use crate::convert::saturating_u64;
-use crate::fio::{Measurement, Pattern, StepSpec};
+use crate::fio::{Measurement, Pattern, StepSpec, sequential_pass};
 use crate::harness::arguments::{CommonArgs, Draw};
-use crate::harness::statistics::{median_if_any, percentile_of_sorted};
+use crate::harness::statistics::median_if_any;
 use crate::harness::table::Table;
-use crate::lamina_cli::LaminaCli;
+use crate::lamina_cli::{LaminaCli, ServedPool};
+pub use crate::latency_log::Window;
+use crate::latency_log::{LatencyLog, percentile_us, sliding_windows};
 use crate::process::check_interrupted;
 use crate::report::{RunNotes, format_number, ratio};
 use crate::runner::{RoundPlan, each_round};
-use crate::servers::{RunningServer, prefill_over_nbd, serve_lamina_data, write_random_data};
+use crate::servers::{prefill_over_nbd, write_random_data};
 use crate::workload::{Headline, Mix, Point, RateSweepControl, headline};
 use lamina_api::size::parse_size;
 use lamina_api::{PoolStatus, VolumeTierCounters, VolumeTierStats};
@@ -75,7 +77,6 @@ const SATURATION_ACHIEVED_SHARE: f64 = 0.95;
 const SATURATION_POISSON_DEVIATIONS: f64 = 3.0;
 
 /// The warm-up's sequential passes: large reads, so that the disk streams.
-const WARMUP_PASS_BLOCK_BYTES: u64 = 1 << 20;
 const WARMUP_PASS_IODEPTH: u32 = 4;
 /// The warm-up's random probe (closed loop) after each pass.
 const WARMUP_PROBE_IODEPTH: u32 = 16;
@@ -177,38 +178,57 @@ impl Priority {
 /// Arguments of `lamina bench tiers`.
 #[derive(Debug, Clone, Args)]
 pub struct TiersArgs {
+    #[command(flatten)]
+    pub settings: TiersSettings,
+    /// Offered loads in IOPS, comma-separated (default: 20, 40, 80 … 40,960).
+    #[arg(long, value_delimiter = ',')]
+    pub rate_targets: Option<Vec<u64>>,
+    /// The reaction volume's size, all of it the working set.
+    #[arg(long, value_parser = parse_size, default_value = "16M")]
+    pub reaction_working_set: u64,
+    /// Skip the reaction measurement.
+    #[arg(long)]
+    pub no_reaction: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// The settings a run used (after `--quick`), as recorded in the report: the
+/// options that say what is measured, under the JSON document's field names.
+#[derive(Debug, Clone, PartialEq, Serialize, Args)]
+pub struct TiersSettings {
     /// Pools to measure, in order (all-flash is the reference of every ratio).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = TierConfig::all())]
     pub configs: Vec<TierConfig>,
     /// Flash of the two-tier pool (the file's size, metadata included).
-    #[arg(long, value_parser = parse_size, default_value = "256M")]
-    pub flash_size: u64,
+    #[arg(long = "flash-size", value_name = "FLASH_SIZE", value_parser = parse_size, default_value = "256M")]
+    pub flash_size_bytes: u64,
     /// The working set smaller than flash (read from offset 0 of the volume).
-    #[arg(long, value_parser = parse_size, default_value = "64M")]
-    pub small_working_set: u64,
+    #[arg(long = "small-working-set", value_name = "SMALL_WORKING_SET", value_parser = parse_size, default_value = "64M")]
+    pub small_working_set_bytes: u64,
     /// The working set larger than flash.
-    #[arg(long, value_parser = parse_size, default_value = "512M")]
-    pub large_working_set: u64,
+    #[arg(long = "large-working-set", value_name = "LARGE_WORKING_SET", value_parser = parse_size, default_value = "512M")]
+    pub large_working_set_bytes: u64,
     /// The measured volume, fully written with random data (larger than flash, so
     /// that the two-tier pool must demote).
-    #[arg(long, value_parser = parse_size, default_value = "768M")]
-    pub volume_size: u64,
+    #[arg(long = "volume-size", value_name = "VOLUME_SIZE", value_parser = parse_size, default_value = "768M")]
+    pub volume_size_bytes: u64,
     /// The all-flash file, the two-tier pool's capacity file and the modelled disk.
-    #[arg(long, value_parser = parse_size, default_value = "2G")]
-    pub device_size: u64,
+    #[arg(long = "device-size", value_name = "DEVICE_SIZE", value_parser = parse_size, default_value = "2G")]
+    pub device_size_bytes: u64,
     /// Segment size of every pool (default: lamina's).
-    #[arg(long, value_parser = parse_size)]
-    pub segment_size: Option<u64>,
+    #[arg(long = "segment-size", value_name = "SEGMENT_SIZE", value_parser = parse_size)]
+    pub segment_size_bytes: Option<u64>,
     /// lamina's memory block cache (`[limits] memory_cache_bytes`); 0 so that reads
     /// reach the tiers measured.
-    #[arg(long, value_parser = parse_size, default_value = "0")]
-    pub memory_cache: u64,
+    #[arg(long = "memory-cache", value_name = "MEMORY_CACHE", value_parser = parse_size, default_value = "0")]
+    pub memory_cache_bytes: u64,
     /// The 4 KiB mix of the curves and the reaction.
     #[arg(long, value_enum, default_value_t = Mix::Randread4k)]
     pub mix: Mix,
-    /// Offered loads in IOPS, comma-separated (default: 20, 40, 80 … 40,960).
-    #[arg(long, value_delimiter = ',')]
-    pub rate_targets: Option<Vec<u64>>,
+    /// `--rate-targets`, else the default ladder (`--quick`: its own).
+    #[arg(skip)]
+    pub rate_targets: Vec<u64>,
     /// Poisson streams (fio jobs, one NBD connection each).
     #[arg(long, default_value_t = 4)]
     pub rate_jobs: u32,
@@ -216,29 +236,32 @@ pub struct TiersArgs {
     #[arg(long, default_value_t = 64)]
     pub rate_iodepth: u32,
     /// Seconds measured per step.
-    #[arg(long, default_value_t = 10)]
-    pub runtime: u64,
+    #[arg(long = "runtime", value_name = "RUNTIME", default_value_t = 10)]
+    pub runtime_seconds: u64,
     /// Seconds run before measuring, per step.
-    #[arg(long, default_value_t = 1)]
-    pub ramp: u64,
+    #[arg(long = "ramp", value_name = "RAMP", default_value_t = 1)]
+    pub ramp_seconds: u64,
     /// The p99 objective of the headline figure, in microseconds.
     #[arg(long, default_value_t = 1000.0)]
     pub slo_us: f64,
     /// Cache priority of both volumes in the two-tier pool.
     #[arg(long, value_enum, default_value_t = Priority::Normal)]
     pub priority: Priority,
-    /// The reaction volume's size, all of it the working set.
-    #[arg(long, value_parser = parse_size, default_value = "16M")]
-    pub reaction_working_set: u64,
+    #[arg(skip = DISK_MODEL.to_owned())]
+    pub disk_model: String,
+    /// `--reaction-working-set`; None when the reaction is skipped.
+    #[arg(skip)]
+    pub reaction_working_set_bytes: Option<u64>,
     /// Offered load of the reaction, in IOPS.
-    #[arg(long, default_value_t = 500)]
-    pub reaction_rate: u64,
+    #[arg(
+        long = "reaction-rate",
+        value_name = "REACTION_RATE",
+        default_value_t = 500
+    )]
+    pub reaction_rate_iops: u64,
     /// Length of the reaction run, in seconds.
     #[arg(long, default_value_t = 60)]
     pub reaction_seconds: u64,
-    /// Skip the reaction measurement.
-    #[arg(long)]
-    pub no_reaction: bool,
     /// Longest warm-up of the two-tier pool per working set, in seconds.
     #[arg(long, default_value_t = 180)]
     pub warmup_max_seconds: u64,
@@ -248,72 +271,21 @@ pub struct TiersArgs {
     /// Tiny sizes and 1-second steps: checks that everything works, measures nothing.
     #[arg(long)]
     pub quick: bool,
-    #[command(flatten)]
-    pub common: CommonArgs,
-}
-
-/// The settings a run used (after `--quick`), as recorded in the report.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TiersSettings {
-    pub configs: Vec<TierConfig>,
-    pub flash_size_bytes: u64,
-    pub small_working_set_bytes: u64,
-    pub large_working_set_bytes: u64,
-    pub volume_size_bytes: u64,
-    pub device_size_bytes: u64,
-    pub segment_size_bytes: Option<u64>,
-    pub memory_cache_bytes: u64,
-    pub mix: Mix,
-    pub rate_targets: Vec<u64>,
-    pub rate_jobs: u32,
-    pub rate_iodepth: u32,
-    pub runtime_seconds: u64,
-    pub ramp_seconds: u64,
-    pub slo_us: f64,
-    pub priority: Priority,
-    pub disk_model: String,
-    /// None when the reaction is skipped.
-    pub reaction_working_set_bytes: Option<u64>,
-    pub reaction_rate_iops: u64,
-    pub reaction_seconds: u64,
-    pub warmup_max_seconds: u64,
-    pub warmup_probe_seconds: u64,
-    pub quick: bool,
 }
 
 impl TiersSettings {
     /// The settings of `arguments`, with `--quick`'s sizes and times.
     pub fn from_arguments(arguments: &TiersArgs) -> Self {
         let mut settings = Self {
-            configs: arguments.configs.clone(),
-            flash_size_bytes: arguments.flash_size,
-            small_working_set_bytes: arguments.small_working_set,
-            large_working_set_bytes: arguments.large_working_set,
-            volume_size_bytes: arguments.volume_size,
-            device_size_bytes: arguments.device_size,
-            segment_size_bytes: arguments.segment_size,
-            memory_cache_bytes: arguments.memory_cache,
-            mix: arguments.mix,
             rate_targets: arguments
                 .rate_targets
                 .clone()
                 .unwrap_or_else(|| DEFAULT_RATE_TARGETS.to_vec()),
-            rate_jobs: arguments.rate_jobs,
-            rate_iodepth: arguments.rate_iodepth,
-            runtime_seconds: arguments.runtime,
-            ramp_seconds: arguments.ramp,
-            slo_us: arguments.slo_us,
-            priority: arguments.priority,
-            disk_model: DISK_MODEL.to_owned(),
             reaction_working_set_bytes: (!arguments.no_reaction)
                 .then_some(arguments.reaction_working_set),
-            reaction_rate_iops: arguments.reaction_rate,
-            reaction_seconds: arguments.reaction_seconds,
-            warmup_max_seconds: arguments.warmup_max_seconds,
-            warmup_probe_seconds: arguments.warmup_probe_seconds,
-            quick: arguments.quick,
+            ..arguments.settings.clone()
         };
-        if arguments.quick {
+        if settings.quick {
             // 4 MiB of the flash file are metadata: 8 MiB hold data.
             settings.flash_size_bytes = 12 << 20;
             settings.small_working_set_bytes = 2 << 20;
@@ -402,45 +374,29 @@ impl TiersSettings {
 
 /// Where a volume's block reads were served from, and what moved, over a span of
 /// time (deltas of `lamina volume stats`; counted in two-tier pools only).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ReadSources {
-    pub memory_read_blocks: u64,
-    pub flash_read_blocks: u64,
-    pub capacity_read_blocks: u64,
-    pub promoted_blocks: u64,
-    pub demoted_blocks: u64,
+pub type ReadSources = VolumeTierCounters;
+
+/// The deltas and shares of [`ReadSources`].
+pub trait ReadShares {
+    /// The counts since `earlier`.
+    fn since(self, earlier: Self) -> Self;
+    /// Share of block reads served by the capacity tier; None when nothing was counted.
+    fn capacity_share(&self) -> Option<f64>;
 }
 
-impl ReadSources {
-    fn from_counters(counters: &VolumeTierCounters) -> Self {
-        Self {
-            memory_read_blocks: counters.memory_read_blocks,
-            flash_read_blocks: counters.flash_read_blocks,
-            capacity_read_blocks: counters.capacity_read_blocks,
-            promoted_blocks: counters.promoted_blocks,
-            demoted_blocks: counters.demoted_blocks,
-        }
-    }
-
-    /// The counts since `earlier`.
-    pub fn since(self, earlier: ReadSources) -> ReadSources {
+impl ReadShares for ReadSources {
+    fn since(self, earlier: ReadSources) -> ReadSources {
+        let delta = |later: u64, earlier: u64| later.saturating_sub(earlier);
         ReadSources {
-            memory_read_blocks: self
-                .memory_read_blocks
-                .saturating_sub(earlier.memory_read_blocks),
-            flash_read_blocks: self
-                .flash_read_blocks
-                .saturating_sub(earlier.flash_read_blocks),
-            capacity_read_blocks: self
-                .capacity_read_blocks
-                .saturating_sub(earlier.capacity_read_blocks),
-            promoted_blocks: self.promoted_blocks.saturating_sub(earlier.promoted_blocks),
-            demoted_blocks: self.demoted_blocks.saturating_sub(earlier.demoted_blocks),
+            memory_read_blocks: delta(self.memory_read_blocks, earlier.memory_read_blocks),
+            flash_read_blocks: delta(self.flash_read_blocks, earlier.flash_read_blocks),
+            capacity_read_blocks: delta(self.capacity_read_blocks, earlier.capacity_read_blocks),
+            promoted_blocks: delta(self.promoted_blocks, earlier.promoted_blocks),
+            demoted_blocks: delta(self.demoted_blocks, earlier.demoted_blocks),
         }
     }
 
-    /// Share of block reads served by the capacity tier; None when nothing was counted.
-    pub fn capacity_share(&self) -> Option<f64> {
+    fn capacity_share(&self) -> Option<f64> {
         let total = self.memory_read_blocks + self.flash_read_blocks + self.capacity_read_blocks;
         (total > 0).then(|| self.capacity_read_blocks as f64 / total as f64)
     }
@@ -459,7 +415,7 @@ impl Placement {
         Self {
             flash_bytes: stats.flash_bytes,
             capacity_bytes: stats.capacity_bytes,
-            reads: ReadSources::from_counters(&stats.counters),
+            reads: stats.counters,
         }
     }
 }
@@ -507,6 +463,31 @@ pub struct Curve {
 }
 
 impl Curve {
+    /// A curve of `points`, with its headline and its highest unsaturated IOPS.
+    fn new(
+        config: TierConfig,
+        working_set: WorkingSet,
+        working_set_bytes: u64,
+        warmup: Option<Warmup>,
+        points: Vec<TierPoint>,
+        slo_us: f64,
+    ) -> Self {
+        let plain: Vec<Point> = points.iter().map(|point| point.point.clone()).collect();
+        Self {
+            config,
+            working_set,
+            working_set_bytes,
+            warmup,
+            headline: headline(&plain, slo_us),
+            peak_unsaturated_iops: plain
+                .iter()
+                .filter(|point| !point.saturated)
+                .map(|point| point.measurement.total_iops)
+                .reduce(f64::max),
+            points,
+        }
+    }
+
     fn point_at(&self, target_iops: u64) -> Option<&TierPoint> {
         self.points
             .iter()
@@ -526,16 +507,6 @@ pub struct TierComparison {
     pub median_p99_ratio: Option<f64>,
     /// Highest unsaturated IOPS of this pool / of all-flash.
     pub peak_iops_ratio: Option<f64>,
-}
-
-/// A sliding window of the reaction run.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Window {
-    /// End of the window, seconds from the start of the run (completion times).
-    pub end_seconds: f64,
-    pub completed_ios: usize,
-    /// None for a window in which nothing completed.
-    pub p99_us: Option<f64>,
 }
 
 /// The reaction of the two-tier pool to a demoted volume's working set.
@@ -588,40 +559,6 @@ pub fn is_saturated(target_iops: u64, runtime_seconds: u64, measurement: &Measur
     let threshold = (SATURATION_ACHIEVED_SHARE * offered)
         .min(offered - SATURATION_POISSON_DEVIATIONS * offered.sqrt());
     completed < threshold || measurement.full_queue_percent > SATURATION_FULL_QUEUE_PERCENT
-}
-
-/// Sliding windows of `window_ms`, every `stride_ms`, over (completion ms, latency
-/// ns) samples: each holds the samples in [end − window, end); the first window
-/// ends at `window_ms`, the last is the first to end after the last sample.
-pub fn sliding_windows(samples: &[(u64, u64)], window_ms: u64, stride_ms: u64) -> Vec<Window> {
-    assert!(
-        window_ms > 0 && stride_ms > 0,
-        "windows need a length and a stride"
-    );
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    let Some(last) = sorted.last().map(|(time, _)| *time) else {
-        return Vec::new();
-    };
-    let mut windows = Vec::new();
-    let mut end = window_ms;
-    loop {
-        let start = end - window_ms;
-        let first = sorted.partition_point(|(time, _)| *time < start);
-        let past = sorted.partition_point(|(time, _)| *time < end);
-        let mut latencies: Vec<u64> = sorted[first..past].iter().map(|(_, ns)| *ns).collect();
-        latencies.sort_unstable();
-        windows.push(Window {
-            end_seconds: end as f64 / 1_000.0,
-            completed_ios: latencies.len(),
-            p99_us: percentile_of_sorted(&latencies, 99.0).map(|ns| ns as f64 / 1_000.0),
-        });
-        if end > last {
-            break;
-        }
-        end += stride_ms;
-    }
-    windows
 }
 
 /// (first window within `bound_us`, first window from which all are within).
@@ -807,6 +744,62 @@ fn comparison_table<'a>() -> Table<'a, TierComparison> {
         })
 }
 
+impl Reaction {
+    /// The reaction's lines of the table: the run, the bound, when it settled, what
+    /// moved, the p99 at whole seconds.
+    fn lines(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "\nreaction: {} volume ({} on flash, {} on capacity before), read at {}/s for {} s, priority {}\n",
+            mebibytes(self.working_set_bytes),
+            mebibytes(self.before.flash_bytes),
+            mebibytes(self.before.capacity_bytes),
+            format_number(self.rate_iops as f64),
+            self.seconds,
+            self.priority.name(),
+        ));
+        out.push_str(&format!(
+            "  all-flash p99 {} us ({} s run); bound {} x = {} us\n",
+            format_number(self.reference_p99_us),
+            self.reference_seconds,
+            REACTION_BOUND_FACTOR,
+            format_number(self.bound_p99_us),
+        ));
+        out.push_str(&format!(
+            "  first 1 s window within the bound ends at {}; every window within from {}; goal <= {} s: {}\n",
+            optional(self.first_within_seconds, |value| format!("{value:.1} s")),
+            optional(self.settled_seconds, |value| format!("{value:.1} s")),
+            self.goal_seconds,
+            if self.goal_met { "met" } else { "NOT met" },
+        ));
+        let reads = self.after.reads.since(self.before.reads);
+        out.push_str(&format!(
+            "  during the run: {} blocks promoted, {} demoted, {} of reads from capacity; after it {} on flash\n",
+            format_count(reads.promoted_blocks),
+            format_count(reads.demoted_blocks),
+            optional(reads.capacity_share(), |share| format!("{:.1}%", share * 100.0)),
+            mebibytes(self.after.flash_bytes),
+        ));
+        let mut timeline = Vec::new();
+        for window in self
+            .windows
+            .iter()
+            .filter(|window| saturating_u64((window.end_seconds * 10.0).round()).is_multiple_of(10))
+        {
+            timeline.push(format!(
+                "{:.0}s:{}",
+                window.end_seconds,
+                optional(window.p99_us, |p99| format_number(p99 / 1_000.0) + "ms")
+            ));
+        }
+        out.push_str(&format!(
+            "  p99 per 1 s window (at whole seconds): {}\n",
+            timeline.join(" ")
+        ));
+        out
+    }
+}
+
 impl TiersReport {
     /// The human-readable tables.
     pub fn table(&self) -> String {
@@ -840,51 +833,7 @@ impl TiersReport {
         out.push('\n');
         out.push_str(&comparison_table().render(&self.comparisons));
         if let Some(reaction) = &self.reaction {
-            out.push_str(&format!(
-                "\nreaction: {} volume ({} on flash, {} on capacity before), read at {}/s for {} s, priority {}\n",
-                mebibytes(reaction.working_set_bytes),
-                mebibytes(reaction.before.flash_bytes),
-                mebibytes(reaction.before.capacity_bytes),
-                format_number(reaction.rate_iops as f64),
-                reaction.seconds,
-                reaction.priority.name(),
-            ));
-            out.push_str(&format!(
-                "  all-flash p99 {} us ({} s run); bound {} x = {} us\n",
-                format_number(reaction.reference_p99_us),
-                reaction.reference_seconds,
-                REACTION_BOUND_FACTOR,
-                format_number(reaction.bound_p99_us),
-            ));
-            out.push_str(&format!(
-                "  first 1 s window within the bound ends at {}; every window within from {}; goal <= {} s: {}\n",
-                optional(reaction.first_within_seconds, |value| format!("{value:.1} s")),
-                optional(reaction.settled_seconds, |value| format!("{value:.1} s")),
-                reaction.goal_seconds,
-                if reaction.goal_met { "met" } else { "NOT met" },
-            ));
-            let reads = reaction.after.reads.since(reaction.before.reads);
-            out.push_str(&format!(
-                "  during the run: {} blocks promoted, {} demoted, {} of reads from capacity; after it {} on flash\n",
-                format_count(reads.promoted_blocks),
-                format_count(reads.demoted_blocks),
-                optional(reads.capacity_share(), |share| format!("{:.1}%", share * 100.0)),
-                mebibytes(reaction.after.flash_bytes),
-            ));
-            let mut timeline = Vec::new();
-            for window in reaction.windows.iter().filter(|window| {
-                saturating_u64((window.end_seconds * 10.0).round()).is_multiple_of(10)
-            }) {
-                timeline.push(format!(
-                    "{:.0}s:{}",
-                    window.end_seconds,
-                    optional(window.p99_us, |p99| format_number(p99 / 1_000.0) + "ms")
-                ));
-            }
-            out.push_str(&format!(
-                "  p99 per 1 s window (at whole seconds): {}\n",
-                timeline.join(" ")
-            ));
+            out.push_str(&reaction.lines());
         }
         if let Some(reason) = &self.reaction_missing {
             out.push_str(&format!("\nreaction not measured: {reason}\n"));
@@ -894,30 +843,10 @@ impl TiersReport {
     }
 }
 
-/// A lamina pool on files in a private directory, served by its own daemon.
-struct LaminaPool {
-    cli: LaminaCli,
-    server: Option<RunningServer>,
-}
-
-impl LaminaPool {
-    fn placement(&self, volume: &str) -> anyhow::Result<Placement> {
-        Ok(Placement::from_stats(
-            &self.cli.json(&["volume", "stats", volume, "--json"])?,
-        ))
-    }
-
-    fn stop(&mut self) {
-        if let Some(server) = self.server.take() {
-            server.stop();
-        }
-    }
-}
-
-impl Drop for LaminaPool {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// Where `volume` lives in `pool` and where its reads came from (`lamina volume stats`).
+fn placement(pool: &ServedPool, volume: &str) -> anyhow::Result<Placement> {
+    let stats: VolumeTierStats = pool.cli.json(&["volume", "stats", volume, "--json"])?;
+    Ok(Placement::from_stats(&stats))
 }
 
 /// Creates `config`'s pool under `directory`, its volumes, starts the daemon and
@@ -929,13 +858,10 @@ fn prepare_pool(
     directory: &Path,
     bench_data: &Path,
     reaction_data: Option<&Path>,
-) -> anyhow::Result<LaminaPool> {
+) -> anyhow::Result<ServedPool> {
     std::fs::create_dir_all(directory)?;
     let data = directory.join("data");
-    let mut pool = LaminaPool {
-        cli: LaminaCli::new(program, &data),
-        server: None,
-    };
+    let cli = LaminaCli::new(program, &data);
     let file = |name: &str, size: u64| format!("{}:{size}", directory.join(name).display());
     let mut create: Vec<String> = vec!["pool".into(), "create".into(), "--flash".into()];
     match config {
@@ -957,7 +883,7 @@ fn prepare_pool(
         create.extend(["--segment-size".into(), segment.to_string()]);
     }
     let create: Vec<&str> = create.iter().map(String::as_str).collect();
-    pool.cli.run(&create)?;
+    cli.run(&create)?;
     let mut volumes = Vec::new();
     if let (Some(bytes), Some(file)) = (settings.reaction_working_set_bytes, reaction_data)
         && config != TierConfig::Disk
@@ -971,19 +897,13 @@ fn prepare_pool(
         if config == TierConfig::FlashDisk {
             arguments.extend(["--priority", settings.priority.name(), "--pin", "auto"]);
         }
-        pool.cli.run(&arguments)?;
+        cli.run(&arguments)?;
     }
     let extra_config = format!(
         "[limits]\nmemory_cache_bytes = {}\n",
         settings.memory_cache_bytes
     );
-    pool.server = Some(serve_lamina_data(
-        program,
-        directory,
-        &data,
-        &extra_config,
-        BENCH_VOLUME,
-    )?);
+    let pool = ServedPool::serve(program, directory, &data, &extra_config, BENCH_VOLUME)?;
     for (name, bytes, file) in &volumes {
         check_interrupted()?;
         eprintln!("{}: writing {} to {name}", config.name(), mebibytes(*bytes));
@@ -992,83 +912,41 @@ fn prepare_pool(
     Ok(pool)
 }
 
-/// Runs fio once with explicit arguments and summarises its JSON output.
-fn run_fio(
-    fio: &str,
-    uri: &str,
-    arguments: &[String],
-    iodepth: u32,
-) -> anyhow::Result<Measurement> {
-    let report = crate::fio::run(fio, uri, arguments)?;
-    Ok(Measurement::from_report(&report, iodepth)?)
-}
-
 /// Brings a two-tier pool's working set onto flash: rounds of one sequential pass
 /// over it (large reads stream from the disk; from the second read on the ghost
 /// queue admits each block) and a short random probe, until the probe reads (almost)
 /// nothing from capacity, stops improving, or time runs out.
 fn warm_up(
     settings: &TiersSettings,
-    pool: &LaminaPool,
+    pool: &ServedPool,
     fio: &str,
     working_set_bytes: u64,
     label: &str,
 ) -> anyhow::Result<Warmup> {
     let started = Instant::now();
-    let uri = pool.cli.uri(BENCH_VOLUME);
     let deadline = Duration::from_secs(settings.warmup_max_seconds);
-    let mut rounds = Vec::new();
-    let mut previous_share: Option<f64> = None;
+    let mut rounds: Vec<WarmupRound> = Vec::new();
     let mut round = 0;
     let outcome = loop {
         check_interrupted()?;
         round += 1;
-        let before = pool.placement(BENCH_VOLUME)?;
-        let pass_started = Instant::now();
-        run_fio(
-            fio,
-            &uri,
-            &[
-                "--name=warmup-pass".to_owned(),
-                "--rw=read".to_owned(),
-                format!("--bs={WARMUP_PASS_BLOCK_BYTES}"),
-                format!("--iodepth={WARMUP_PASS_IODEPTH}"),
-                format!("--size={working_set_bytes}"),
-            ],
-            WARMUP_PASS_IODEPTH,
-        )?;
-        let pass_seconds = pass_started.elapsed().as_secs_f64();
-        let middle = pool.placement(BENCH_VOLUME)?;
-        let probe = StepSpec {
-            pattern: Pattern::RandomRead,
-            block_size_bytes: 4096,
-            iodepth: WARMUP_PROBE_IODEPTH,
-            jobs: 1,
-            target_iops: None,
-            runtime_seconds: settings.warmup_probe_seconds.max(1),
-            ramp_seconds: 0,
-            region_bytes: working_set_bytes,
-        };
-        let measurement = crate::fio::run_step(fio, &uri, &probe)?;
-        let after = pool.placement(BENCH_VOLUME)?;
-        let moved = after.reads.since(before.reads);
-        let share = after.reads.since(middle.reads).capacity_share();
+        let measured = warm_up_round(settings, pool, fio, working_set_bytes, round)?;
         eprintln!(
-            "{label}: warm-up round {round}: pass {pass_seconds:.1} s, {} promoted, {} demoted, probe {} IOPS, {} from capacity",
-            moved.promoted_blocks,
-            moved.demoted_blocks,
-            format_number(measurement.total_iops),
-            optional(share, |share| format!("{:.1}%", share * 100.0)),
+            "{label}: warm-up round {round}: pass {:.1} s, {} promoted, {} demoted, probe {} IOPS, {} from capacity",
+            measured.pass_seconds,
+            measured.promoted_blocks,
+            measured.demoted_blocks,
+            format_number(measured.probe_iops),
+            optional(measured.probe_capacity_share, |share| format!(
+                "{:.1}%",
+                share * 100.0
+            )),
         );
-        rounds.push(WarmupRound {
-            round,
-            pass_seconds,
-            promoted_blocks: moved.promoted_blocks,
-            demoted_blocks: moved.demoted_blocks,
-            probe_iops: measurement.total_iops,
-            probe_capacity_share: share,
-        });
-        let share = share.unwrap_or(1.0);
+        let previous_share = rounds
+            .last()
+            .map(|previous| previous.probe_capacity_share.unwrap_or(1.0));
+        let share = measured.probe_capacity_share.unwrap_or(1.0);
+        rounds.push(measured);
         if round >= WARMUP_ROUNDS_MIN {
             if share <= WARMUP_TARGET_CAPACITY_SHARE {
                 break "working set on flash".to_owned();
@@ -1082,7 +960,6 @@ fn warm_up(
         if started.elapsed() >= deadline {
             break format!("time limit, {:.1}% from capacity", share * 100.0);
         }
-        previous_share = Some(share);
     };
     Ok(Warmup {
         seconds: started.elapsed().as_secs_f64(),
@@ -1091,10 +968,56 @@ fn warm_up(
     })
 }
 
+/// One warm-up round: a sequential pass over the working set, then a random probe,
+/// with what moved and where the probe's reads came from.
+fn warm_up_round(
+    settings: &TiersSettings,
+    pool: &ServedPool,
+    fio: &str,
+    working_set_bytes: u64,
+    round: u32,
+) -> anyhow::Result<WarmupRound> {
+    let uri = pool.cli.uri(BENCH_VOLUME);
+    let before = placement(pool, BENCH_VOLUME)?;
+    let pass_started = Instant::now();
+    let pattern = Pattern::SequentialRead;
+    sequential_pass(
+        fio,
+        &uri,
+        pattern,
+        working_set_bytes,
+        WARMUP_PASS_IODEPTH,
+        &[],
+    )?;
+    let pass_seconds = pass_started.elapsed().as_secs_f64();
+    let middle = placement(pool, BENCH_VOLUME)?;
+    let probe = StepSpec {
+        pattern: Pattern::RandomRead,
+        block_size_bytes: 4096,
+        iodepth: WARMUP_PROBE_IODEPTH,
+        jobs: 1,
+        target_iops: None,
+        runtime_seconds: settings.warmup_probe_seconds.max(1),
+        ramp_seconds: 0,
+        region_bytes: working_set_bytes,
+    };
+    let measurement = crate::fio::run_step(fio, &uri, &probe)?;
+    let after = placement(pool, BENCH_VOLUME)?;
+    let moved = after.reads.since(before.reads);
+    Ok(WarmupRound {
+        round,
+        pass_seconds,
+        promoted_blocks: moved.promoted_blocks,
+        demoted_blocks: moved.demoted_blocks,
+        probe_iops: measurement.total_iops,
+        probe_capacity_share: after.reads.since(middle.reads).capacity_share(),
+    })
+}
+
 /// One latency-versus-load curve on the bench volume's first `working_set` bytes.
 fn measure_curve(
     settings: &TiersSettings,
-    pool: &LaminaPool,
+    pool: &ServedPool,
     fio: &str,
     config: TierConfig,
     working_set: WorkingSet,
@@ -1106,97 +1029,83 @@ fn measure_curve(
     } else {
         None
     };
-    let uri = pool.cli.uri(BENCH_VOLUME);
     let mut control = RateSweepControl::from_targets(settings.rate_targets.clone());
     let mut points = Vec::new();
     while let Some(target) = control.next_target() {
         check_interrupted()?;
-        let step = settings.rate_step(working_set_bytes, target, settings.runtime_seconds);
-        let offered = step.target_iops.expect("a rate step has a target");
         // Only two-tier pools count where reads come from.
         let two_tier = config == TierConfig::FlashDisk;
-        let before = two_tier.then(|| pool.placement(BENCH_VOLUME)).transpose()?;
-        let measurement = crate::fio::run_step(fio, &uri, &step)?;
-        let reads = match before {
-            Some(before) => Some(pool.placement(BENCH_VOLUME)?.reads.since(before.reads)),
-            None => None,
-        };
-        let saturated = is_saturated(offered, settings.runtime_seconds, &measurement);
-        control.record(saturated);
+        let point = rate_point(settings, pool, fio, working_set_bytes, target, two_tier)?;
+        control.record(point.point.saturated);
+        let measurement = &point.point.measurement;
         eprintln!(
-            "{label}: offered {offered}/s: achieved {}/s, p99 {} us{}{}",
+            "{label}: offered {}/s: achieved {}/s, p99 {} us{}{}",
+            point.point.target_iops.unwrap_or(target),
             format_number(measurement.total_iops),
             format_number(measurement.p99_us),
-            reads
-                .and_then(|reads| reads.capacity_share())
-                .map_or(String::new(), |share| format!(
-                    ", {:.1}% from capacity",
-                    share * 100.0
-                )),
-            if saturated { ", saturated" } else { "" }
+            point.reads.and_then(|reads| reads.capacity_share()).map_or(
+                String::new(),
+                |share| format!(", {:.1}% from capacity", share * 100.0)
+            ),
+            if point.point.saturated {
+                ", saturated"
+            } else {
+                ""
+            }
         );
-        points.push(TierPoint {
-            point: Point {
-                label: format!("rate{offered}"),
-                iodepth: step.iodepth,
-                jobs: step.jobs,
-                block_size_bytes: step.block_size_bytes,
-                target_iops: Some(offered),
-                saturated,
-                measurement,
-                server_cpu_us_per_op: None,
-            },
-            reads,
-        });
+        points.push(point);
     }
-    let plain: Vec<Point> = points.iter().map(|point| point.point.clone()).collect();
-    let headline = headline(&plain, settings.slo_us);
-    let peak_unsaturated_iops = plain
-        .iter()
-        .filter(|point| !point.saturated)
-        .map(|point| point.measurement.total_iops)
-        .fold(None, |best: Option<f64>, iops| {
-            Some(best.map_or(iops, |best| best.max(iops)))
-        });
-    Ok(Curve {
+    Ok(Curve::new(
         config,
         working_set,
         working_set_bytes,
         warmup,
         points,
-        headline,
-        peak_unsaturated_iops,
+        settings.slo_us,
+    ))
+}
+
+/// One step of a curve: `target` IOPS offered to the working set, and (in a two-tier
+/// pool) where its reads came from.
+fn rate_point(
+    settings: &TiersSettings,
+    pool: &ServedPool,
+    fio: &str,
+    working_set_bytes: u64,
+    target: u64,
+    two_tier: bool,
+) -> anyhow::Result<TierPoint> {
+    let step = settings.rate_step(working_set_bytes, target, settings.runtime_seconds);
+    let offered = step.target_iops.expect("a rate step has a target");
+    let uri = pool.cli.uri(BENCH_VOLUME);
+    let before = two_tier
+        .then(|| placement(pool, BENCH_VOLUME))
+        .transpose()?;
+    let measurement = crate::fio::run_step(fio, &uri, &step)?;
+    let reads = match before {
+        Some(before) => Some(placement(pool, BENCH_VOLUME)?.reads.since(before.reads)),
+        None => None,
+    };
+    let saturated = is_saturated(offered, settings.runtime_seconds, &measurement);
+    Ok(TierPoint {
+        point: Point {
+            label: format!("rate{offered}"),
+            iodepth: step.iodepth,
+            jobs: step.jobs,
+            block_size_bytes: step.block_size_bytes,
+            target_iops: Some(offered),
+            saturated,
+            measurement,
+            server_cpu_us_per_op: None,
+        },
+        reads,
     })
-}
-
-/// Reads fio's per-I/O latency logs `PREFIX_lat.N.log` as (completion ms, ns).
-fn read_latency_logs(prefix: &Path, jobs: u32) -> anyhow::Result<Vec<(u64, u64)>> {
-    let mut samples = Vec::new();
-    for job in 1..=jobs {
-        let path = PathBuf::from(format!("{}_lat.{job}.log", prefix.display()));
-        let text = std::fs::read_to_string(&path)
-            .map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))?;
-        samples.extend(parse_latency_log(&text));
-    }
-    Ok(samples)
-}
-
-/// Parses one fio latency log ("time ms, latency ns, direction, size, ...").
-pub fn parse_latency_log(text: &str) -> Vec<(u64, u64)> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split(',').map(str::trim);
-            let time = fields.next()?.parse().ok()?;
-            let latency = fields.next()?.parse().ok()?;
-            Some((time, latency))
-        })
-        .collect()
 }
 
 /// Runs the reaction load on the reaction volume with per-I/O latency logs.
 fn reaction_run(
     settings: &TiersSettings,
-    pool: &LaminaPool,
+    pool: &ServedPool,
     fio: &str,
     log_directory: &Path,
     name: &str,
@@ -1209,20 +1118,10 @@ fn reaction_run(
     // Reaction time counts from the first I/O: nothing is thrown away.
     step.ramp_seconds = 0;
     std::fs::create_dir_all(log_directory)?;
-    let prefix = log_directory.join(name);
-    let measurement = crate::fio::run_step_with(
-        fio,
-        &pool.cli.uri(REACTION_VOLUME),
-        &step,
-        &[
-            format!("--write_lat_log={}", prefix.display()),
-            "--log_avg_msec=0".to_owned(),
-        ],
-    )?;
-    let samples = read_latency_logs(&prefix, step.jobs)?;
-    if samples.is_empty() {
-        anyhow::bail!("fio's latency log of the reaction run is empty");
-    }
+    let log = LatencyLog::new(&log_directory.join(name), step.jobs);
+    let uri = pool.cli.uri(REACTION_VOLUME);
+    let measurement = crate::fio::run_step_with(fio, &uri, &step, &log.fio_arguments())?;
+    let samples = log.read()?;
     Ok(LatencyRun {
         measurement,
         samples,
@@ -1231,16 +1130,16 @@ fn reaction_run(
 }
 
 /// Waits until the reaction volume is (almost) all on capacity.
-fn wait_demoted(pool: &LaminaPool, volume_bytes: u64) -> anyhow::Result<(bool, Placement)> {
+fn wait_demoted(pool: &ServedPool, volume_bytes: u64) -> anyhow::Result<(bool, Placement)> {
     let deadline = Instant::now() + Duration::from_millis(DEMOTION_TIMEOUT_MS);
     loop {
         check_interrupted()?;
-        let placement = pool.placement(REACTION_VOLUME)?;
-        if placement.flash_bytes as f64 <= DEMOTED_FLASH_SHARE_MAX * volume_bytes as f64 {
-            return Ok((true, placement));
+        let current = placement(pool, REACTION_VOLUME)?;
+        if current.flash_bytes as f64 <= DEMOTED_FLASH_SHARE_MAX * volume_bytes as f64 {
+            return Ok((true, current));
         }
         if Instant::now() >= deadline {
-            return Ok((false, placement));
+            return Ok((false, current));
         }
         std::thread::sleep(Duration::from_millis(DEMOTION_POLL_INTERVAL_MS));
     }
@@ -1282,7 +1181,7 @@ fn measure_pool(
 ) -> anyhow::Result<PoolOutcome> {
     let directory = work.join(config.name().replace('+', "-"));
     eprintln!("{}: creating the pool", config.name());
-    let mut pool = prepare_pool(
+    let pool = prepare_pool(
         settings,
         config,
         program,
@@ -1306,68 +1205,30 @@ fn measure_pool(
             .push(measure_curve(settings, &pool, fio, config, working_set)?);
     }
     let logs = directory.join("logs");
-    if let Some(bytes) = settings.reaction_working_set_bytes {
-        match config {
-            TierConfig::AllFlash => {
-                let seconds = settings.reaction_seconds.min(REFERENCE_SECONDS_MAX);
-                eprintln!(
-                    "all-flash: reaction reference, {}/s for {seconds} s",
-                    settings.reaction_rate_iops
-                );
-                outcome.reference = Some(reaction_run(
-                    settings,
-                    &pool,
-                    fio,
-                    &logs,
-                    "reference",
-                    seconds,
-                )?);
-            }
-            TierConfig::FlashDisk => {
-                eprintln!("flash+disk: waiting until {REACTION_VOLUME} is demoted");
-                let (demoted, mut before) = wait_demoted(&pool, bytes)?;
-                if !demoted {
-                    // Pinning to capacity makes the next cleaning of its segments
-                    // demote every block; overwriting the bench volume's head
-                    // pushes flash's FIFO through them.
-                    outcome.notes.push(format!(
-                        "{REACTION_VOLUME} still had {} on flash after {} s idle: pinned to capacity and flash cycled",
-                        mebibytes(before.flash_bytes),
-                        DEMOTION_TIMEOUT_MS / 1_000
-                    ));
-                    pool.cli
-                        .run(&["volume", "set", REACTION_VOLUME, "--pin", "capacity"])?;
-                    prefill_over_nbd(&pool.cli.uri(BENCH_VOLUME), bench_data)?;
-                    let (demoted, placement) = wait_demoted(&pool, bytes)?;
-                    pool.cli
-                        .run(&["volume", "set", REACTION_VOLUME, "--pin", "auto"])?;
-                    before = placement;
-                    if !demoted {
-                        outcome.notes.push(format!(
-                            "{REACTION_VOLUME} kept {} on flash: the reaction starts partly warm",
-                            mebibytes(before.flash_bytes)
-                        ));
-                    }
-                }
-                eprintln!(
-                    "flash+disk: reaction, {}/s for {} s ({} on flash)",
-                    settings.reaction_rate_iops,
-                    settings.reaction_seconds,
-                    mebibytes(before.flash_bytes)
-                );
-                let run = reaction_run(
-                    settings,
-                    &pool,
-                    fio,
-                    &logs,
-                    "reaction",
-                    settings.reaction_seconds,
-                )?;
-                let after = pool.placement(REACTION_VOLUME)?;
-                outcome.reaction = Some(ReactionRun { run, before, after });
-            }
-            TierConfig::Disk => {}
+    match (settings.reaction_working_set_bytes, config) {
+        (Some(_), TierConfig::AllFlash) => {
+            let seconds = settings.reaction_seconds.min(REFERENCE_SECONDS_MAX);
+            eprintln!(
+                "all-flash: reaction reference, {}/s for {seconds} s",
+                settings.reaction_rate_iops
+            );
+            let reference = reaction_run(settings, &pool, fio, &logs, "reference", seconds)?;
+            outcome.reference = Some(reference);
         }
+        (Some(bytes), TierConfig::FlashDisk) => {
+            let before = demote_reaction_volume(&pool, bytes, bench_data, &mut outcome.notes)?;
+            eprintln!(
+                "flash+disk: reaction, {}/s for {} s ({} on flash)",
+                settings.reaction_rate_iops,
+                settings.reaction_seconds,
+                mebibytes(before.flash_bytes)
+            );
+            let seconds = settings.reaction_seconds;
+            let run = reaction_run(settings, &pool, fio, &logs, "reaction", seconds)?;
+            let after = placement(&pool, REACTION_VOLUME)?;
+            outcome.reaction = Some(ReactionRun { run, before, after });
+        }
+        _ => {}
     }
     let status: PoolStatus = pool.cli.json(&["pool", "status", "--json"])?;
     outcome.notes.push(format!(
@@ -1380,8 +1241,85 @@ fn measure_pool(
             .write_amplification
             .map_or("-".to_owned(), |value| format!("{value:.2}")),
     ));
-    pool.stop();
+    pool.server.stop();
     Ok(outcome)
+}
+
+/// Waits until the reaction volume is demoted in the two-tier pool, and pushes it
+/// out of flash when idling was not enough; where it is then.
+fn demote_reaction_volume(
+    pool: &ServedPool,
+    bytes: u64,
+    bench_data: &Path,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Placement> {
+    eprintln!("flash+disk: waiting until {REACTION_VOLUME} is demoted");
+    let (demoted, before) = wait_demoted(pool, bytes)?;
+    if demoted {
+        return Ok(before);
+    }
+    // Pinning to capacity makes the next cleaning of its segments demote every
+    // block; overwriting the bench volume's head pushes flash's FIFO through them.
+    notes.push(format!(
+        "{REACTION_VOLUME} still had {} on flash after {} s idle: pinned to capacity and flash cycled",
+        mebibytes(before.flash_bytes),
+        DEMOTION_TIMEOUT_MS / 1_000
+    ));
+    let pin = |to: &str| {
+        pool.cli
+            .run(&["volume", "set", REACTION_VOLUME, "--pin", to])
+    };
+    pin("capacity")?;
+    prefill_over_nbd(&pool.cli.uri(BENCH_VOLUME), bench_data)?;
+    let (demoted, placement) = wait_demoted(pool, bytes)?;
+    pin("auto")?;
+    if !demoted {
+        notes.push(format!(
+            "{REACTION_VOLUME} kept {} on flash: the reaction starts partly warm",
+            mebibytes(placement.flash_bytes)
+        ));
+    }
+    Ok(placement)
+}
+
+/// The reaction from the all-flash reference run and the two-tier run; why it is
+/// missing when one of them is.
+fn reaction(
+    settings: &TiersSettings,
+    reference: Option<LatencyRun>,
+    reaction_run: Option<ReactionRun>,
+) -> Result<Option<Reaction>, String> {
+    let (bytes, reference, ReactionRun { run, before, after }) =
+        match (settings.reaction_working_set_bytes, reference, reaction_run) {
+            (None, _, _) => return Ok(None),
+            (Some(bytes), Some(reference), Some(run)) => (bytes, reference, run),
+            (Some(_), None, _) => return Err("the all-flash reference was not measured".into()),
+            (Some(_), Some(_), None) => return Err("the flash+disk pool was not measured".into()),
+        };
+    let mut latencies: Vec<u64> = reference.samples.iter().map(|(_, ns)| *ns).collect();
+    latencies.sort_unstable();
+    let reference_p99_us = percentile_us(&latencies, 99.0).unwrap_or(f64::NAN);
+    let bound_p99_us = REACTION_BOUND_FACTOR * reference_p99_us;
+    let windows = sliding_windows(&run.samples, REACTION_WINDOW_MS, REACTION_WINDOW_STRIDE_MS);
+    let (first_within_seconds, settled_seconds) = reaction_times(&windows, bound_p99_us);
+    Ok(Some(Reaction {
+        working_set_bytes: bytes,
+        rate_iops: settings.effective_rate(settings.reaction_rate_iops),
+        seconds: settings.reaction_seconds,
+        priority: settings.priority,
+        reference_p99_us,
+        reference_measurement: reference.measurement,
+        reference_seconds: reference.seconds,
+        bound_p99_us,
+        before,
+        after,
+        measurement: run.measurement,
+        windows,
+        first_within_seconds,
+        settled_seconds,
+        goal_seconds: REACTION_GOAL_SECONDS,
+        goal_met: settled_seconds.is_some_and(|seconds| seconds <= REACTION_GOAL_SECONDS),
+    }))
 }
 
 /// Measures every pool and returns the report.
@@ -1436,45 +1374,9 @@ pub fn measure(arguments: &TiersArgs) -> anyhow::Result<TiersReport> {
         reference = outcome.reference.or(reference);
         reaction_run = outcome.reaction.or(reaction_run);
     }
-    let mut reaction_missing = None;
-    let reaction = match (settings.reaction_working_set_bytes, reference, reaction_run) {
-        (None, _, _) => None,
-        (Some(bytes), Some(reference), Some(ReactionRun { run, before, after })) => {
-            let mut latencies: Vec<u64> = reference.samples.iter().map(|(_, ns)| *ns).collect();
-            latencies.sort_unstable();
-            let reference_p99_us =
-                percentile_of_sorted(&latencies, 99.0).map_or(f64::NAN, |ns| ns as f64 / 1_000.0);
-            let bound_p99_us = REACTION_BOUND_FACTOR * reference_p99_us;
-            let windows =
-                sliding_windows(&run.samples, REACTION_WINDOW_MS, REACTION_WINDOW_STRIDE_MS);
-            let (first_within_seconds, settled_seconds) = reaction_times(&windows, bound_p99_us);
-            Some(Reaction {
-                working_set_bytes: bytes,
-                rate_iops: settings.effective_rate(settings.reaction_rate_iops),
-                seconds: settings.reaction_seconds,
-                priority: settings.priority,
-                reference_p99_us,
-                reference_measurement: reference.measurement,
-                reference_seconds: reference.seconds,
-                bound_p99_us,
-                before,
-                after,
-                measurement: run.measurement,
-                windows,
-                first_within_seconds,
-                settled_seconds,
-                goal_seconds: REACTION_GOAL_SECONDS,
-                goal_met: settled_seconds.is_some_and(|seconds| seconds <= REACTION_GOAL_SECONDS),
-            })
-        }
-        (Some(_), reference, _) => {
-            reaction_missing = Some(if reference.is_none() {
-                "the all-flash reference was not measured".to_owned()
-            } else {
-                "the flash+disk pool was not measured".to_owned()
-            });
-            None
-        }
+    let (reaction, reaction_missing) = match reaction(&settings, reference, reaction_run) {
+        Ok(reaction) => (reaction, None),
+        Err(missing) => (None, Some(missing)),
     };
     let comparisons = comparisons(&curves);
     Ok(TiersReport {
@@ -1524,20 +1426,7 @@ pub(crate) mod tests {
     }
 
     fn curve(config: TierConfig, working_set: WorkingSet, points: Vec<TierPoint>) -> Curve {
-        let plain: Vec<Point> = points.iter().map(|point| point.point.clone()).collect();
-        Curve {
-            config,
-            working_set,
-            working_set_bytes: 1 << 20,
-            warmup: None,
-            headline: headline(&plain, 1000.0),
-            peak_unsaturated_iops: plain
-                .iter()
-                .filter(|point| !point.saturated)
-                .map(|point| point.measurement.total_iops)
-                .reduce(f64::max),
-            points,
-        }
+        Curve::new(config, working_set, 1 << 20, None, points, 1000.0)
     }
 
     pub(crate) fn sample_report() -> TiersReport {
@@ -1701,11 +1590,6 @@ pub(crate) mod tests {
 
     #[test]
     fn windows_slide_and_reaction_times_need_every_later_window_within() {
-        assert_eq!(percentile_of_sorted(&[], 99.0), None);
-        assert_eq!(percentile_of_sorted(&[5], 99.0), Some(5));
-        let values: Vec<u64> = (1..=200).collect();
-        assert_eq!(percentile_of_sorted(&values, 99.0), Some(198));
-        assert_eq!(percentile_of_sorted(&values, 50.0), Some(100));
         // Slow for the first second, fast after it, one slow outlier at 3.5 s.
         let mut samples: Vec<(u64, u64)> = (0..1000).map(|ms| (ms, 50_000_000)).collect();
         samples.extend((1000..5000).map(|ms| (ms, 100_000)));
@@ -1733,12 +1617,6 @@ pub(crate) mod tests {
         let (first, settled) = reaction_times(&windows, 1.0);
         assert_eq!((first, settled), (None, None));
         assert!(sliding_windows(&[], 1000, 100).is_empty());
-    }
-
-    #[test]
-    fn latency_logs_parse_fio_lines() {
-        let text = "0, 213075, 0, 4096, 0\n47, 139787, 0, 4096, 0\n\nbad line\n";
-        assert_eq!(parse_latency_log(text), vec![(0, 213_075), (47, 139_787)]);
     }
 
     #[test]

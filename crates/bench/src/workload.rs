@@ -467,7 +467,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn settings() -> Settings {
+    pub(crate) fn settings() -> Settings {
         Settings {
             runtime_seconds: 2,
             ramp_seconds: 0,

@@ -175,8 +175,8 @@ mod tests {
     use super::*;
     use crate::plot::render;
     use crate::report::{ServerResult, compute_figures};
-    use crate::workload::tests::sample_point;
-    use crate::workload::{Mix, Settings, headline};
+    use crate::workload::tests::{sample_point, settings};
+    use crate::workload::{Settings, headline};
 
     fn report(profile: Profile) -> Report {
         let make = |server: &str, scale: f64| {
@@ -204,16 +204,10 @@ mod tests {
             profile,
             settings: Settings {
                 runtime_seconds: 1,
-                ramp_seconds: 0,
                 region_bytes: 1 << 20,
-                iodepth: 32,
-                jobs: 1,
                 max_jobs: 2,
-                mix: Mix::Oltp,
                 rate_jobs: 2,
-                rate_iodepth: 64,
-                rate_targets: None,
-                slo_us: 1000.0,
+                ..settings()
             },
             fio_version: "fio-3.33".into(),
             reference,

@@ -6,7 +6,7 @@
 
 /// One column: its header and how a row shows in it.
 struct Column<'a, Row> {
-    header: &'a str,
+    header: String,
     cell: Box<dyn Fn(&Row) -> String + 'a>,
 }
 
@@ -30,9 +30,9 @@ impl<'a, Row> Table<'a, Row> {
     }
 
     /// Adds a column headed `header` whose cells `cell` writes.
-    pub fn column(mut self, header: &'a str, cell: impl Fn(&Row) -> String + 'a) -> Self {
+    pub fn column(mut self, header: impl Into<String>, cell: impl Fn(&Row) -> String + 'a) -> Self {
         self.columns.push(Column {
-            header,
+            header: header.into(),
             cell: Box::new(cell),
         });
         self
@@ -43,10 +43,34 @@ impl<'a, Row> Table<'a, Row> {
     where
         Row: 'r,
     {
+        align(&self.lines(rows))
+    }
+
+    /// The header, its rule and one line per row, as a markdown table.
+    pub fn markdown<'r>(&self, rows: impl IntoIterator<Item = &'r Row>) -> String
+    where
+        Row: 'r,
+    {
+        let lines = self.lines(rows);
+        let row = |line: &Vec<String>| format!("| {} |\n", line.join(" | "));
+        let mut out = row(&lines[0]);
+        out.push_str(&format!(
+            "|{}|\n",
+            vec!["---"; self.columns.len()].join("|")
+        ));
+        out.extend(lines[1..].iter().map(row));
+        out
+    }
+
+    /// The header's cells, then each row's.
+    fn lines<'r>(&self, rows: impl IntoIterator<Item = &'r Row>) -> Vec<Vec<String>>
+    where
+        Row: 'r,
+    {
         let mut lines = vec![
             self.columns
                 .iter()
-                .map(|column| column.header.to_owned())
+                .map(|column| column.header.clone())
                 .collect(),
         ];
         lines.extend(rows.into_iter().map(|row| {
@@ -55,8 +79,13 @@ impl<'a, Row> Table<'a, Row> {
                 .map(|column| (column.cell)(row))
                 .collect()
         }));
-        align(&lines)
+        lines
     }
+}
+
+/// A figure with `decimals` decimals, or `-` when there is none.
+pub fn optional(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.decimals$}"))
 }
 
 /// Rows of cells as aligned lines: the first column to the left, the others to
@@ -103,5 +132,13 @@ mod tests {
             .column("IOPS", |row| row.1.to_string())
             .render(&rows);
         assert_eq!(text, "server    IOPS\nlamina    1000\nqemu-nbd    20\n");
+        let markdown = Table::new()
+            .column("server", |row: &(&str, u32)| row.0.to_owned())
+            .column("IOPS", |row| row.1.to_string())
+            .markdown(&rows[..1]);
+        assert_eq!(
+            markdown,
+            "| server | IOPS |\n|---|---|\n| lamina | 1000 |\n"
+        );
     }
 }

@@ -18,7 +18,7 @@ pub use start::{Ground, Preparation, Server, SharedPool};
 
 use crate::fio::StepSpec;
 use crate::harness::statistics::{median, median_if_any};
-use crate::harness::table::Table;
+use crate::harness::table::{Table, optional};
 use crate::process::check_interrupted;
 use crate::report::{RunNotes, format_number, load_average, ratio};
 use crate::workload::run_measured_step;
@@ -238,10 +238,6 @@ fn cells(scenario: &Scenario, samples: &[Sample], reference: Option<&str>) -> Ve
         }
     }
     cells
-}
-
-fn optional(value: Option<f64>, decimals: usize) -> String {
-    value.map_or("-".to_owned(), |value| format!("{value:.decimals$}"))
 }
 
 impl ScenarioReport {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use lamina_api::PoolStatus;
 use serde::Serialize;
 
-use crate::fio::FioTarget;
+use crate::fio::{FioTarget, Pattern, sequential_pass};
 use crate::lamina_cli::{LaminaCli, export_uri};
 use crate::servers::{
     EXPORT_NAME, RunningServer, prefill_over_nbd, serve_lamina_data, serve_nbdkit_plugin,
@@ -20,7 +20,6 @@ use crate::servers::{
 const POOL_RANGE_ALIGNMENT_BYTES: u64 = 1 << 20;
 
 /// The warm-up read: large sequential reads at a small depth.
-const WARM_READ_BLOCK_BYTES: u64 = 1 << 20;
 const WARM_READ_IODEPTH: u32 = 8;
 
 /// The connections a read-only qemu-nbd accepts (fio opens one per job).
@@ -251,14 +250,8 @@ impl Ground {
                     Preparation::WarmReadOfData => export_uri(&self.pool()?.data, EXPORT_NAME),
                     _ => server.uri.clone(),
                 };
-                let arguments = [
-                    "--name=warm".to_owned(),
-                    "--rw=read".to_owned(),
-                    format!("--bs={WARM_READ_BLOCK_BYTES}"),
-                    format!("--iodepth={WARM_READ_IODEPTH}"),
-                    format!("--size={}", self.size_bytes),
-                ];
-                crate::fio::run(&self.fio, &uri, &arguments).map(drop)
+                let (pattern, bytes) = (Pattern::SequentialRead, self.size_bytes);
+                sequential_pass(&self.fio, &uri, pattern, bytes, WARM_READ_IODEPTH, &[]).map(drop)
             }
         }
     }
