@@ -5,31 +5,15 @@
 //! that owns its state) started by the supervisor, not more `impl Pool`
 //! blocks reaching into the core from every folder.
 //!
-//! This test fails when a file outside the front holds an `impl Pool` block,
-//! unless the file is one of the exceptions listed here, in one place: the
-//! files whose blocks predate the services and are to be converted. A
-//! converted file must leave the list (the test fails on a listed file that
-//! no longer needs it), so that the list only shrinks.
+//! This test fails when a file outside the front holds an `impl Pool`
+//! block: the work belongs to a service or to the core's own operations
+//! (`impl Inner` in the file of the subsystem), and the front delegates to
+//! it.
 
 use std::path::{Path, PathBuf};
 
 /// The front module: where `impl Pool` blocks belong.
 const FRONT: &str = "src/pool/mod.rs";
-
-/// Files that still hold `impl Pool` blocks, to be converted into services
-/// (or into named operations of the core) and then taken off this list.
-const TO_BE_CONVERTED: &[&str] = &[
-    // The core: `Pool`'s definition, its batch writes and waits; to become
-    // `Core`'s own methods.
-    "src/pool/core/mod.rs",
-    "src/pool/cleaner/mod.rs",
-    "src/pool/io/read.rs",
-    "src/pool/io/write.rs",
-    "src/pool/open/flash_restore.rs",
-    "src/pool/open/mod.rs",
-    "src/pool/status.rs",
-    "src/pool/tiering/flush.rs",
-];
 
 /// Whether `line` opens an `impl Pool` block (not `impl PoolLimits` and
 /// the like).
@@ -76,24 +60,16 @@ fn files_with_impl_pool() -> Vec<String> {
 }
 
 #[test]
-fn impl_pool_blocks_are_in_the_front_or_listed_for_conversion() {
-    let holding = files_with_impl_pool();
-    let outside: Vec<&String> = holding
-        .iter()
-        .filter(|file| file.as_str() != FRONT && !TO_BE_CONVERTED.contains(&file.as_str()))
+fn impl_pool_blocks_are_in_the_front_only() {
+    let outside: Vec<String> = files_with_impl_pool()
+        .into_iter()
+        .filter(|file| file.as_str() != FRONT)
         .collect();
     assert!(
         outside.is_empty(),
         "`impl Pool` outside the front ({FRONT}) in {outside:?}: make the work a \
-         service (a struct that owns its state) and let the front delegate to it"
-    );
-    let converted: Vec<&&str> = TO_BE_CONVERTED
-        .iter()
-        .filter(|file| !holding.iter().any(|held| held == *file))
-        .collect();
-    assert!(
-        converted.is_empty(),
-        "{converted:?} no longer hold `impl Pool`: take them off TO_BE_CONVERTED"
+         service (a struct that owns its state) or an operation of the core, \
+         and let the front delegate to it"
     );
 }
 

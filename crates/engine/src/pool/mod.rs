@@ -24,13 +24,17 @@ pub mod space;
 mod status;
 pub mod tiering;
 
+use std::sync::Arc;
+
+use lamina_device::BlockDevice;
+
 pub use self::core::Pool;
 pub use self::core::integrity::RestorePoint;
 pub use self::core::limits::{
     BackgroundBudgetLimits, BackgroundImpact, LimitsError, PoolLimits, PoolOptions, TestHooks,
 };
 use self::core::state::State;
-use crate::error::{EngineError, IoError, VolumeError};
+use crate::error::{EngineError, VolumeError};
 use crate::log::batch::Record;
 use crate::volume::{
     Origin, PendingSnapshotInfo, PendingVolumeInfo, SnapshotInfo, View, VolumeInfo,
@@ -38,6 +42,7 @@ use crate::volume::{
 };
 use cache_warmup::{CacheContents, CacheWarmup, CacheWarmupStatus};
 use checkpoint::Checkpointer;
+use cleaner::Cleaner;
 pub use io::device_full::DeviceFullStatus;
 pub use io::read::{Extent, ReadExtents};
 pub use open::flash_restore::{FlashRestore, RestoredFlash};
@@ -52,10 +57,86 @@ use repair::scrub::progress::ScrubStatus;
 pub use status::{PoolStatus, TierSpace, VolumeTierStats};
 
 pub use tiering::flush::CLIENT_FLUSH_CAPACITY_WAIT_MS;
-use tiering::flush::marker_claims;
 
 impl Pool {
+    // ----- creating and opening -----
+
+    /// Creates a pool on `device`. Refuses a device whose first MiB holds any
+    /// non-zero byte unless `options.force` is set.
+    pub async fn create(
+        device: Arc<dyn BlockDevice>,
+        options: PoolOptions,
+        limits: PoolLimits,
+    ) -> Result<Pool, EngineError> {
+        open::create(device, options, limits).await
+    }
+
+    /// Opens (recovers) the pool on `device`: checks the superblock, loads
+    /// the newest checkpoint that verifies, replays the log after it, rebuilds
+    /// the segment table, and makes what it replayed durable.
+    pub async fn open(
+        device: Arc<dyn BlockDevice>,
+        limits: PoolLimits,
+    ) -> Result<Pool, EngineError> {
+        open::open(device, limits).await
+    }
+
+    /// Opens a pool whose flash device [`Pool::restore_flash`] has just
+    /// rebuilt: as `open`, except that replay applies only the capacity
+    /// tier's moves of contents the checkpoint holds, so that every volume
+    /// is as of that checkpoint ([`Pool::restored_as_of`]), and after replay
+    /// every entry the maps still place on flash is marked lost (its data
+    /// went with the lost device; the new flash holds none of it), so that
+    /// reading it is an I/O error and it holds no flash space; two
+    /// checkpoints then make the marks durable.
+    pub async fn open_restored(
+        device: Arc<dyn BlockDevice>,
+        limits: PoolLimits,
+    ) -> Result<Pool, EngineError> {
+        open::open_restored(device, limits).await
+    }
+
+    /// Writes onto the flash region of `restore.device` the superblock and
+    /// the checkpoint slots copied on the capacity tier, then flushes; open
+    /// the pool with [`Pool::open_restored`] afterwards ([`Pool::open`] would
+    /// leave the lost blocks mapped to the new flash, holding its space).
+    /// Refuses a flash region of
+    /// another size than the lost one's, a flash device holding data (unless
+    /// forced), a capacity device without a label, and one without a usable
+    /// slot copy (a pool last written by a build older than format version 9).
+    pub async fn restore_flash(restore: FlashRestore<'_>) -> Result<RestoredFlash, EngineError> {
+        open::flash_restore::restore_flash(restore).await
+    }
+
+    /// The size of the flash device the pool on `capacity` (a capacity
+    /// device alone, without the flash before it) was created with: what a
+    /// new flash device must measure to restore it.
+    pub async fn lost_flash_region_bytes(capacity: &dyn BlockDevice) -> Result<u64, EngineError> {
+        open::flash_restore::lost_flash_region_bytes(capacity).await
+    }
+
+    /// The point of its history the pool is as of when [`Pool::open_restored`]
+    /// opened it (decision 0056): the copied checkpoint it was restored
+    /// from; `None` for a pool opened otherwise.
+    pub fn restored_as_of(&self) -> Option<RestorePoint> {
+        self.inner.integrity.restored_as_of()
+    }
+
     // ----- lifetime -----
+
+    /// The handle on a core; `open` starts the background services on it
+    /// (`background::start`).
+    pub(in crate::pool) fn from_inner(inner: Arc<core::Inner>) -> Self {
+        Self { inner }
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.inner.device.name()
+    }
+
+    pub fn limits(&self) -> &PoolLimits {
+        &self.inner.limits
+    }
 
     /// Flushes, writes a final checkpoint (so the next open replays nothing) and
     /// stops background work, waiting for each service to end its step.
@@ -63,12 +144,143 @@ impl Pool {
     /// skipped with a warning: what clients wrote is durable on flash and the
     /// next open replays it (decision 0032).
     pub async fn close(&self) -> Result<(), EngineError> {
-        background::close(self).await
+        background::close(&self.inner).await
     }
 
     /// Stops background work without flushing: what a crash leaves behind, for tests.
     pub fn abandon(&self) {
-        background::abandon(self);
+        background::abandon(&self.inner);
+    }
+
+    // ----- reads and writes -----
+
+    /// Reads `buffer.len()` bytes at byte `offset` of a volume. Unwritten blocks
+    /// read as zeros; every block read from the device is checked against its
+    /// checksum and a mismatch is an error, never data.
+    pub async fn read(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
+        self.read_view(View::Volume(volume_id), offset, buffer)
+            .await
+    }
+
+    /// Reads from a volume or a snapshot (see [`Pool::read`]). Its latency
+    /// goes to the background budget, which yields to slow clients.
+    pub async fn read_view(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), EngineError> {
+        self.read_view_with_extents(view, offset, buffer, &mut ReadExtents::new())
+            .await
+    }
+
+    /// Reads like [`Pool::read_view`] and leaves in `extents` the allocation
+    /// status of the bytes read, from the same walk of the map that planned
+    /// the read: the NBD server sends holes as hole chunks without a second
+    /// walk under the state lock, and the status is the one the data has.
+    pub async fn read_view_with_extents(
+        &self,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+        extents: &mut ReadExtents,
+    ) -> Result<(), EngineError> {
+        self.inner
+            .read_view_with_extents(view, offset, buffer, extents)
+            .await
+    }
+
+    /// Allocation map of a byte range, as runs of allocated and unallocated bytes.
+    pub fn extents(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
+        self.extents_view(View::Volume(volume_id), offset, length)
+    }
+
+    /// Allocation map of a volume or a snapshot (see [`Pool::extents`]).
+    pub fn extents_view(
+        &self,
+        view: View,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<Extent>, EngineError> {
+        self.inner.extents_view(view, offset, length)
+    }
+
+    /// The allocation map of [`Pool::extents_view`], handed to `visit` extent
+    /// by extent: the NBD server asks it on every read, to find holes, and a
+    /// read's few extents are gathered without allocating. `visit` runs after
+    /// the state lock is released, so it may call the pool.
+    pub fn visit_extents_view(
+        &self,
+        view: View,
+        offset: u64,
+        length: u64,
+        visit: impl FnMut(Extent),
+    ) -> Result<(), EngineError> {
+        self.inner.visit_extents_view(view, offset, length, visit)
+    }
+
+    /// Writes `data` at byte `offset`. Partial blocks at either end are merged
+    /// with their current contents under a per-block lock. With `fua`, the write
+    /// (and everything before it) is durable when this returns. Its latency
+    /// goes to the background budget, which yields to slow clients.
+    pub async fn write(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        self.inner.write(volume_id, offset, data, fua).await
+    }
+
+    /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped
+    /// (their space becomes reclaimable) unless `punch_hole` is false, in which
+    /// case zero blocks are written; partial blocks at the edges are zeroed in place.
+    pub async fn write_zeroes(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        punch_hole: bool,
+    ) -> Result<(), EngineError> {
+        self.inner
+            .write_zeroes(volume_id, offset, length, fua, punch_hole)
+            .await
+    }
+
+    /// Discards a range: the same as punching zeros (reads return zeros after).
+    pub async fn trim(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        length: u64,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        self.inner.trim(volume_id, offset, length, fua).await
+    }
+
+    // ----- status -----
+
+    /// What the pool reports (`pool status`, `/metrics`).
+    pub fn status(&self) -> PoolStatus {
+        self.inner.status()
+    }
+
+    /// Where a volume's blocks live and where its reads came from. The tier
+    /// split walks a copy of the volume's map outside the state lock.
+    pub fn volume_tier_stats(&self, name: &str) -> Result<VolumeTierStats, EngineError> {
+        self.inner.volume_tier_stats(name)
     }
 
     // ----- scrub -----
@@ -77,7 +289,7 @@ impl Pool {
     /// scrub is running. Flushes first, so that every live block is on the
     /// device.
     pub async fn scrub(&self) -> Result<ScrubStatus, EngineError> {
-        Scrub::new(self).run().await
+        Scrub::new(&self.inner).run().await
     }
 
     /// Scrub's progress (also in `pool status`).
@@ -97,6 +309,46 @@ impl Pool {
     /// degraded or narrow segments so).
     pub async fn checkpoint_base(&self) -> Result<(), EngineError> {
         Checkpointer::new(&self.inner).checkpoint_base().await
+    }
+
+    // ----- cleaner -----
+
+    /// One cleaning pass over at most `segment_count_max` victims chosen by
+    /// cost-benefit. Returns how many victims were emptied (they become free
+    /// after the next checkpoints).
+    pub async fn clean(&self, segment_count_max: usize) -> Result<usize, EngineError> {
+        Cleaner::new(&self.inner).clean(segment_count_max).await
+    }
+
+    /// Victims cleaned so far and their live blocks, per stream that wrote them.
+    pub fn cleaner_victim_counts(&self) -> cleaner::placement::VictimCounts {
+        Cleaner::new(&self.inner).cleaner_victim_counts()
+    }
+
+    /// The placement hints a checkpoint would keep now (tests).
+    #[doc(hidden)]
+    pub fn placement_image(&self) -> crate::log::checkpoint::PlacementImage {
+        Cleaner::new(&self.inner).placement_image()
+    }
+
+    /// Every segment's state and live count, with the free flash segments
+    /// and the clients' reserve (tests and diagnostics).
+    #[doc(hidden)]
+    pub fn segment_table(&self) -> cleaner::SegmentTable {
+        Cleaner::new(&self.inner).segment_table()
+    }
+
+    /// The device block `logical_block` of `volume_id` is mapped to, if any
+    /// (diagnostics).
+    #[doc(hidden)]
+    pub fn physical_block_of(&self, volume_id: u32, logical_block: u64) -> Option<u64> {
+        Cleaner::new(&self.inner).physical_block_of(volume_id, logical_block)
+    }
+
+    /// The segments the cleaner would take next, best first (tests).
+    #[doc(hidden)]
+    pub fn victim_order(&self, count: usize) -> Vec<u32> {
+        Cleaner::new(&self.inner).victim_order(count)
     }
 
     // ----- memory cache warm-up -----
@@ -125,12 +377,12 @@ impl Pool {
 
     /// Whether a device beneath the pool is being rebuilt.
     pub fn rebuild_pending(&self) -> bool {
-        Rebuild::new(self).pending()
+        Rebuild::new(&self.inner).pending()
     }
 
     /// The rebuild's progress (also in `pool status`).
     pub fn rebuild_status(&self) -> RebuildStatus {
-        Rebuild::new(self).status()
+        Rebuild::new(&self.inner).status()
     }
 
     /// Starts a rebuild in the background if none runs: onto a replacement
@@ -138,14 +390,14 @@ impl Pool {
     /// the data of degraded segments onto the devices left, when they can
     /// hold it (`repair/evacuation.rs`).
     pub fn start_rebuild(&self) -> RebuildStart {
-        Rebuild::new(self).start()
+        Rebuild::new(&self.inner).start()
     }
 
     /// Rebuilds every range the pool keeps onto the replacement, then lets
     /// it take its member's place. Refused while a rebuild runs; nothing to
     /// do when none is pending.
     pub async fn rebuild(&self) -> Result<RebuildStatus, EngineError> {
-        Rebuild::new(self).run().await
+        Rebuild::new(&self.inner).run().await
     }
 
     // ----- evacuation -----
@@ -154,12 +406,12 @@ impl Pool {
     /// while the devices in use are too few to lay segments out without the
     /// lost one.
     pub fn evacuation_need(&self) -> EvacuationNeed {
-        Evacuation::new(self).need()
+        Evacuation::new(&self.inner).need()
     }
 
     /// What moving the segments `goal` names would take now.
     pub fn evacuation_need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
-        Evacuation::new(self).need_for(goal)
+        Evacuation::new(&self.inner).need_for(goal)
     }
 
     /// Why no rebuild restores the pool's redundancy, when segments in use
@@ -167,20 +419,24 @@ impl Pool {
     /// will start by itself; `None` otherwise (nothing is degraded, or a
     /// rebuild runs or starts at the next check).
     pub fn rebuild_blocked(&self) -> Option<RebuildBlocked> {
-        Evacuation::new(self).blocked()
+        Evacuation::new(&self.inner).blocked()
     }
 
     /// Moves the data of every degraded segment into segments laid out over
     /// the devices in use. Refused while a rebuild runs.
     pub async fn evacuate(&self) -> Result<RebuildStatus, EngineError> {
-        Evacuation::new(self).run(EvacuationGoal::Redundancy).await
+        Evacuation::new(&self.inner)
+            .run(EvacuationGoal::Redundancy)
+            .await
     }
 
     /// Moves the data of every segment not laid out over the devices in
     /// use (after a device was added) into segments opened now, at the
     /// array's new width. Refused while a rebuild or rebalance runs.
     pub async fn rebalance(&self) -> Result<RebuildStatus, EngineError> {
-        Evacuation::new(self).run(EvacuationGoal::Width).await
+        Evacuation::new(&self.inner)
+            .run(EvacuationGoal::Width)
+            .await
     }
 
     // ----- volumes -----
@@ -413,37 +669,12 @@ impl Pool {
             .map(|volume| volume.size_bytes)
     }
 
-    /// Appends a control record, applies it, and makes it durable before returning.
-    /// Appends a record without data and applies it; when the pool is full,
-    /// reclaims space and tries again, rebuilding the record so that it is
-    /// checked against the state of that moment.
-    async fn append_record(
-        &self,
-        build: impl Fn(&State) -> Result<Record, EngineError>,
-    ) -> Result<(), EngineError> {
-        loop {
-            let result = {
-                let mut state = self.inner.lock();
-                let record = build(&state)?;
-                state.append_record(record)
-            };
-            match result {
-                Ok(sealed) => {
-                    self.spawn_writes(sealed);
-                    return Ok(());
-                }
-                Err(EngineError::Io(IoError::NoSpace)) if self.reclaim().await? => continue,
-                Err(error) => return Err(error),
-            }
-        }
-    }
-
     /// A control operation: appended like any record, and durable on return.
     async fn control(
         &self,
         build: impl Fn(&State) -> Result<Record, EngineError>,
     ) -> Result<(), EngineError> {
-        self.append_record(build).await?;
+        self.inner.append_record(build).await?;
         self.flush().await
     }
 
@@ -548,24 +779,22 @@ impl Pool {
     /// is flushed too while it takes writes, so that the log claims the
     /// client's batches as flushed (see `flush_through`).
     pub async fn flush(&self) -> Result<(), EngineError> {
-        let target = self.inner.seal_for_flush()?;
-        self.inner.flush_through(target).await
+        self.inner.flush().await
     }
 
-    /// Makes the newest flush marker durable when no flush has covered it
-    /// yet (the background task's part of `flush_marker`).
-    async fn flush_marker_durably(&self) -> Result<(), EngineError> {
-        if !self.inner.flush_marker.needs_durability_flush() {
-            return Ok(());
-        }
-        let _guard = self.inner.flush_lock.lock().await;
-        self.inner.lock().check_failed()?;
-        let marker_covered = self.inner.flush_marker.before_device_flush().await;
-        // The marker lives on flash.
-        self.inner.flush_flash().await?;
-        let claims = marker_claims(self.inner.lock().writer());
-        self.inner.write_flush_marker(marker_covered, claims).await;
-        Ok(())
+    /// Makes every batch sealed so far durable on both tiers: what frees
+    /// dead segments and what a checkpoint covers. In a two-tier pool whose
+    /// capacity tier's writes are suspended this makes flash durable and
+    /// fails with `IoError::CapacityUnavailable` (the pool goes on).
+    pub async fn flush_all(&self) -> Result<(), EngineError> {
+        self.inner.flush_all().await
+    }
+
+    /// Tries the capacity tier's flush now if its writes are suspended;
+    /// once it succeeds, demotion and checkpoints resume. `Ok` when the tier
+    /// takes writes (a one-tier pool has none to suspend).
+    pub async fn resume_capacity_writes(&self) -> Result<(), EngineError> {
+        self.inner.resume_capacity_writes().await
     }
 
     /// Waits until the marker of the last completed flush has been written to

@@ -13,7 +13,7 @@ use super::space::Allocation;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::geometry::{Geometry, Tier};
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
 use crate::pool::core::integrity::IntegrityStatus;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
@@ -318,26 +318,26 @@ fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
     capacity_blocks
 }
 
-impl Pool {
-    pub fn status(&self) -> PoolStatus {
-        let background = self.inner.budget.status();
-        let state = self.inner.lock();
-        let geometry = &self.inner.geometry;
-        let sizes = SegmentBytes::of(geometry, &self.inner.shapes);
+impl Inner {
+    pub(in crate::pool) fn status(&self) -> PoolStatus {
+        let background = self.budget.status();
+        let state = self.lock();
+        let geometry = &self.geometry;
+        let sizes = SegmentBytes::of(geometry, &self.shapes);
         let capacity_bytes = sizes.pool_bytes(geometry);
         let segment_bytes = sizes.mean_bytes(geometry);
         let space = SpaceFigures::of(&state);
         let moves = TierMoves::of(&state);
         let counters = state.counters().lifetime();
-        let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, &self.inner.limits);
+        let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, &self.limits);
         PoolStatus {
-            device: self.inner.device.name().to_string(),
+            device: self.device.name().to_string(),
             capacity_bytes,
             used_bytes: space.used_segment_count * segment_bytes,
             free_bytes: space.fillable_free_segment_count() * segment_bytes,
             reserved_bytes: space.reserved_segment_count * segment_bytes,
             used_percent: space.used_percent,
-            usage_warning_percent: space.usage_warning_percent(&self.inner.limits),
+            usage_warning_percent: space.usage_warning_percent(&self.limits),
             segment_size_bytes: geometry.segment_size_bytes(),
             segment_count: geometry.segment_count,
             free_segment_count: space.free_segment_count,
@@ -351,14 +351,14 @@ impl Pool {
             dead_segment_count: space.dead_segment_count,
             cleaner_state,
             cleaner_pressure,
-            space_waits: self.inner.space_waits.status(),
+            space_waits: self.space_waits.status(),
             durable_batch_sequence: state.writer().durable_through(),
             checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
             failed: state.writer().failed().map(str::to_string),
-            device_full: self.inner.device_full.status(),
-            device_full_retries: self.inner.device_full.retries_total(),
-            memory_cache: self.inner.cache.statistics(),
-            cache_warmup: self.inner.cache_warmup.status(),
+            device_full: self.device_full.status(),
+            device_full_retries: self.device_full.retries_total(),
+            memory_cache: self.cache.statistics(),
+            cache_warmup: self.cache_warmup.status(),
             flash: tier_space(
                 geometry,
                 Tier::Flash,
@@ -377,18 +377,21 @@ impl Pool {
             capacity_writes: geometry
                 .has_capacity_tier()
                 .then(|| state.capacity_writes().status()),
-            integrity: self.inner.integrity.status(set_aside_segment_count(&state)),
-            scrub: self.inner.scrub.status(),
-            rebuild: self.inner.rebuild.status(),
+            integrity: self.integrity.status(set_aside_segment_count(&state)),
+            scrub: self.scrub.status(),
+            rebuild: self.rebuild.status(),
             background,
         }
     }
 
     /// Where a volume's blocks live and where its reads came from. The tier
     /// split walks a copy of the volume's map outside the state lock.
-    pub fn volume_tier_stats(&self, name: &str) -> Result<VolumeTierStats, EngineError> {
+    pub(in crate::pool) fn volume_tier_stats(
+        &self,
+        name: &str,
+    ) -> Result<VolumeTierStats, EngineError> {
         let copied = {
-            let state = self.inner.lock();
+            let state = self.lock();
             let volume_id = state.volumes().id_of(name)?;
             let volume = state.volumes().get(volume_id).expect("id from name");
             CopiedVolume {
@@ -404,7 +407,7 @@ impl Pool {
             map,
             counters,
         } = copied;
-        let capacity_blocks = capacity_block_count(&self.inner.geometry, &map);
+        let capacity_blocks = capacity_block_count(&self.geometry, &map);
         let flash_blocks = map.mapped_count() - capacity_blocks;
         let reads = counters.memory_read_blocks
             + counters.flash_read_blocks

@@ -3,8 +3,11 @@
 //! `checkpoint_interval_bytes` of log has accumulated or
 //! `checkpoint_interval_ms` has passed, warns about used space, looks for a
 //! rebuild to start, and cleans in passes when the paced cleaner is off. It
-//! owns what it keeps between ticks; what it does, it asks of the pool.
+//! owns what it keeps between ticks, holds the pool's core only weakly
+//! between them, and builds on the core the services it calls (the cleaner,
+//! the checkpointer, a rebuild or an evacuation).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,7 +15,10 @@ use tokio::time::Instant;
 use crate::error::{EngineError, IoError};
 use crate::pool::background::periodic::Periodic;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::Pool;
+use crate::pool::cleaner::Cleaner;
+use crate::pool::core::Inner;
+use crate::pool::repair::evacuation::Evacuation;
+use crate::pool::repair::rebuild::Rebuild;
 
 /// The flush-and-checkpoint loop: flushes when unflushed data gets older than
 /// `flush_interval_ms`, checkpoints when `checkpoint_interval_bytes` of log
@@ -54,13 +60,13 @@ impl FlushAndCheckpoint {
     /// [`REBUILD_CHECK_INTERVAL_MS`]; while none can run although the pool
     /// has less redundancy than it was made with, says why, again every
     /// [`REBUILD_BLOCKED_WARNING_INTERVAL_MS`].
-    fn check_rebuild(&mut self, pool: &Pool) {
+    fn check_rebuild(&mut self, core: &Arc<Inner>) {
         if self.last_rebuild_check.elapsed() < Duration::from_millis(REBUILD_CHECK_INTERVAL_MS) {
             return;
         }
         self.last_rebuild_check = Instant::now();
-        pool.start_rebuild();
-        let Some(blocked) = pool.rebuild_blocked() else {
+        Rebuild::new(core).start();
+        let Some(blocked) = Evacuation::new(core).blocked() else {
             self.last_blocked_warning = None;
             return;
         };
@@ -97,42 +103,42 @@ impl Periodic for FlushAndCheckpoint {
 
     /// Each part logs its own error, so that a failed flush does not keep the
     /// checkpoint from being tried.
-    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
-        if pool.inner.device_full.is_full() {
+    async fn step(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
+        if core.device_full.is_full() {
             // Flushing or checkpointing would only wait for space.
             return Ok(());
         }
-        let dirt = dirt(pool);
+        let dirt = dirt(core);
         if dirt.unflushed {
             // Both tiers, so that what was demoted becomes durable and frees
             // its flash segments; flash alone while the capacity tier's
             // writes are suspended (its retries are the demoter's).
-            let flushed = if pool.capacity_writes_suspended() {
-                pool.flush().await
+            let flushed = if core.capacity_writes_suspended() {
+                core.flush().await
             } else {
-                pool.flush_all().await
+                core.flush_all().await
             };
             match flushed {
                 Ok(()) | Err(EngineError::Io(IoError::CapacityUnavailable { .. })) => {}
                 Err(error) => tracing::error!(%error, "background flush failed"),
             }
         }
-        if let Err(error) = pool.flush_marker_durably().await {
+        if let Err(error) = core.flush_marker_durably().await {
             tracing::error!(%error, "background flush of the flush marker failed");
         }
-        let limits = &pool.inner.limits;
+        let limits = &core.limits;
         let due_by_time = (dirt.log_bytes_since_checkpoint > 0
             || dirt.dead_segments_wait_for_checkpoints)
             && self.last_checkpoint.elapsed()
                 >= Duration::from_millis(limits.checkpoint_interval_ms);
-        warn_about_usage(pool, &mut self.warned_percent);
-        self.check_rebuild(pool);
-        if let Err(error) = pool.clean_in_background().await {
+        warn_about_usage(core, &mut self.warned_percent);
+        self.check_rebuild(core);
+        if let Err(error) = Cleaner::new(core).clean_in_background().await {
             tracing::error!(%error, "background cleaning failed");
         }
         if dirt.log_bytes_since_checkpoint >= limits.checkpoint_interval_bytes || due_by_time {
             self.last_checkpoint = Instant::now();
-            match Checkpointer::new(&pool.inner).checkpoint().await {
+            match Checkpointer::new(core).checkpoint().await {
                 Ok(()) | Err(EngineError::Io(IoError::CapacityUnavailable { .. })) => {}
                 Err(error) => tracing::error!(%error, "background checkpoint failed"),
             }
@@ -141,9 +147,9 @@ impl Periodic for FlushAndCheckpoint {
     }
 }
 
-/// What the loop sees of `pool` now.
-fn dirt(pool: &Pool) -> Dirt {
-    let state = pool.inner.lock();
+/// What the loop sees of the pool now.
+fn dirt(core: &Inner) -> Dirt {
+    let state = core.lock();
     // Dead segments written since the older checkpoint become free only
     // through checkpoints (the others through the flush); an idle pool
     // must still take them, or trimmed space never returns.
@@ -160,8 +166,8 @@ fn dirt(pool: &Pool) -> Dirt {
 
 /// Logs a warning when used space crosses a configured threshold upward,
 /// and a note when it falls back below.
-fn warn_about_usage(pool: &Pool, warned_percent: &mut u8) {
-    let status = pool.status();
+fn warn_about_usage(core: &Inner, warned_percent: &mut u8) {
+    let status = core.status();
     let crossed = status.usage_warning_percent;
     if crossed > *warned_percent {
         tracing::warn!(

@@ -15,48 +15,52 @@
 mod flush_and_checkpoint;
 pub(in crate::pool) mod periodic;
 
+use std::sync::Arc;
+
 use flush_and_checkpoint::{FlushAndCheckpoint, warn_rebuild_blocked};
 use periodic::spawn_periodic;
 
 use crate::error::{EngineError, IoError};
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::pacing::Pacer;
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
+use crate::pool::repair::evacuation::Evacuation;
+use crate::pool::repair::rebuild::Rebuild;
 use crate::pool::tiering::demoter::Demoter;
 
 /// Starts the pool's background services, in order: a rebuild cut short
 /// (or one the devices call for), the flush-and-checkpoint loop, the paced
 /// cleaner, the demoter. [`close`] stops them in the reverse order.
-pub(in crate::pool) fn start(pool: &Pool) {
-    let limits = &pool.inner.limits;
+pub(in crate::pool) fn start(core: &Arc<Inner>) {
+    let limits = &core.limits;
     // A rebuild cut short by a crash or a close resumes; if none can,
     // the log says so now, not at the first periodic check.
-    pool.start_rebuild();
-    let blocked = pool.rebuild_blocked();
+    Rebuild::new(core).start();
+    let blocked = Evacuation::new(core).blocked();
     if let Some(blocked) = blocked {
         warn_rebuild_blocked(blocked);
     }
     if !limits.test_hooks.periodic_flush_and_checkpoint_off {
         let task = FlushAndCheckpoint::new(blocked.is_some());
-        spawn_periodic(pool, limits.flush_interval_ms, task);
+        spawn_periodic(core, limits.flush_interval_ms, task);
     }
-    Pacer::start(pool);
-    Demoter::start(pool);
+    Pacer::start(core);
+    Demoter::start(core);
 }
 
 /// Starts a flush in the background when unflushed data exceeds
 /// `dirty_bytes_max` and no flush is running (writers call this).
-pub(in crate::pool) fn flush_when_over_dirty_limit(pool: &Pool) {
+pub(in crate::pool) fn flush_when_over_dirty_limit(core: &Arc<Inner>) {
     let over = {
-        let state = pool.inner.lock();
-        state.counters().unflushed_bytes() > pool.inner.limits.dirty_bytes_max
+        let state = core.lock();
+        state.counters().unflushed_bytes() > core.limits.dirty_bytes_max
     };
     // On a full device a flush cannot finish; writers are held back by
     // the in-flight limit instead, and the next client flush reports it.
-    let over = over && !pool.inner.device_full.is_full();
-    if over && pool.inner.flush_lock.try_lock().is_ok() {
-        let flushing = pool.clone();
-        pool.inner.supervisor.spawn("background flush", async move {
+    let over = over && !core.device_full.is_full();
+    if over && core.flush_lock.try_lock().is_ok() {
+        let flushing = core.clone();
+        core.supervisor.spawn("background flush", async move {
             if let Err(error) = flushing.flush().await {
                 tracing::error!(%error, "background flush failed");
             }
@@ -69,10 +73,10 @@ pub(in crate::pool) fn flush_when_over_dirty_limit(pool: &Pool) {
 /// While the capacity tier's writes are suspended the checkpoint is
 /// skipped with a warning: what clients wrote is durable on flash and the
 /// next open replays it (decision 0032).
-pub(in crate::pool) async fn close(pool: &Pool) -> Result<(), EngineError> {
-    pool.flush().await?;
-    pool.inner.flush_marker.settled().await;
-    match Checkpointer::new(&pool.inner).checkpoint().await {
+pub(in crate::pool) async fn close(core: &Arc<Inner>) -> Result<(), EngineError> {
+    core.flush().await?;
+    core.flush_marker.settled().await;
+    match Checkpointer::new(core).checkpoint().await {
         Ok(()) => {}
         Err(EngineError::Io(IoError::CapacityUnavailable { device, error })) => {
             tracing::warn!(
@@ -84,11 +88,11 @@ pub(in crate::pool) async fn close(pool: &Pool) -> Result<(), EngineError> {
         }
         Err(error) => return Err(error),
     }
-    pool.inner.supervisor.stop().await;
+    core.supervisor.stop().await;
     Ok(())
 }
 
 /// Stops background work without flushing: what a crash leaves behind.
-pub(in crate::pool) fn abandon(pool: &Pool) {
-    pool.inner.supervisor.signal_stop();
+pub(in crate::pool) fn abandon(core: &Inner) {
+    core.supervisor.signal_stop();
 }

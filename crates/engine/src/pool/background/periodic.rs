@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::error::{EngineError, IoError};
-use crate::pool::core::{Inner, Pool};
+use crate::pool::core::Inner;
 
 /// A periodic background task: what it does on each tick, and the state it
 /// keeps between ticks.
@@ -18,23 +18,28 @@ pub(in crate::pool) trait Periodic: Send + 'static {
     /// What the task does, for its error messages ("{NAME} failed").
     const NAME: &'static str;
 
-    /// One tick's work. Errors are logged and the task goes on at the next
+    /// One tick's work on the pool's core (the task builds the services
+    /// it calls on it: the cleaner, the checkpointer). Errors are logged and the task goes on at the next
     /// tick; `EngineError::NoSpace` is not logged (space ran out under the
     /// task too: blocked writers reclaim for themselves).
-    fn step(&mut self, pool: &Pool) -> impl Future<Output = Result<(), EngineError>> + Send;
+    fn step(&mut self, core: &Arc<Inner>) -> impl Future<Output = Result<(), EngineError>> + Send;
 }
 
 /// Runs `task` every `interval_ms` (tokio's clock; a step that takes longer
 /// delays the next tick, ticks are not made up) until the pool is shut down,
 /// dropped or failed. Between ticks the task holds the pool only weakly.
-pub(in crate::pool) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64, mut task: T) {
+pub(in crate::pool) fn spawn_periodic<T: Periodic>(
+    core: &Arc<Inner>,
+    interval_ms: u64,
+    mut task: T,
+) {
     assert!(
         interval_ms > 0,
         "PoolLimits::validate refuses 0 ms intervals"
     );
     let interval = Duration::from_millis(interval_ms);
-    let weak: Weak<Inner> = Arc::downgrade(&pool.inner);
-    let mut stop = pool.inner.supervisor.stop_signal();
+    let weak: Weak<Inner> = Arc::downgrade(core);
+    let mut stop = core.supervisor.stop_signal();
     let run = async move {
         loop {
             // The sleep ends early when the pool stops, so that `close`
@@ -42,12 +47,11 @@ pub(in crate::pool) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64
             if tokio::time::timeout(interval, stop.stopped()).await.is_ok() {
                 return;
             }
-            let Some(inner) = weak.upgrade() else { return };
-            let pool = Pool { inner };
-            if pool.background_stopped() || pool.inner.lock().writer().failed().is_some() {
+            let Some(core) = weak.upgrade() else { return };
+            if core.background_stopped() || core.lock().writer().failed().is_some() {
                 return;
             }
-            match task.step(&pool).await {
+            match task.step(&core).await {
                 // A capacity tier that cannot make its writes durable is
                 // logged when its state changes (`capacity_writes`), not at
                 // every tick that meets it.
@@ -57,5 +61,5 @@ pub(in crate::pool) fn spawn_periodic<T: Periodic>(pool: &Pool, interval_ms: u64
             }
         }
     };
-    pool.inner.supervisor.spawn(T::NAME, run);
+    core.supervisor.spawn(T::NAME, run);
 }

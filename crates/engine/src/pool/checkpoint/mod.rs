@@ -11,9 +11,9 @@
 //! the flush-and-checkpoint loop, the paced cleaner and the demoter build
 //! one on the core at each step that checkpoints (between steps they hold
 //! the pool only weakly, so that their tasks never keep a dropped pool
-//! alive), as do scrub, the cleaner and the front (`Pool::checkpoint`). It
-//! flushes through the core's own operations (`tiering/flush.rs`), not the
-//! front's.
+//! alive), as do scrub, the cleaner, evacuation, opening and the front
+//! (`Pool::checkpoint`). It flushes through the core's own operations
+//! (`tiering/flush.rs`).
 
 pub(super) mod image;
 pub(super) mod increment;
@@ -109,8 +109,7 @@ impl Checkpointer {
         {
             self.core
                 .lock()
-                .writer_mut()
-                .fail(format!("checkpoint failed: {error}"));
+                .fail_writes(format!("checkpoint failed: {error}"));
         }
         result
     }
@@ -163,7 +162,7 @@ impl Checkpointer {
         };
         // In the same hold of the lock as the copy: every later change is
         // the next checkpoint's.
-        state.volumes_mut().checkpoint_taken();
+        state.checkpoint_copied();
         Ok(snapshot)
     }
 
@@ -196,14 +195,9 @@ impl Checkpointer {
         let mut state = self.core.lock();
         // Device bytes, as written: each body piece padded to whole blocks, and the slot.
         let body_bytes = encoded.len().div_ceil(BLOCK_BYTES) as u64 * BLOCK_SIZE_BYTES;
-        state
-            .counters_mut()
-            .checkpoint_written(body_bytes + BLOCK_SIZE_BYTES);
-        state.checkpoint_became_durable(DurableCheckpoint::of_slot(
-            target.slot_index,
-            &slot,
-            target.next_segment_sequence,
-        ));
+        let durable =
+            DurableCheckpoint::of_slot(target.slot_index, &slot, target.next_segment_sequence);
+        state.checkpoint_written(durable, body_bytes + BLOCK_SIZE_BYTES);
         tracing::debug!(
             checkpoint_sequence = target.checkpoint_sequence,
             covered = target.covered_batch_sequence,
@@ -223,7 +217,6 @@ impl Checkpointer {
         let shapes = &self.core.shapes;
         let mut state = self.core.lock();
         let body_segments = state
-            .space_mut()
             .take_checkpoint_body_segments(
                 body_bytes as u64,
                 |segment| shapes.size_bytes(segment),
@@ -291,7 +284,6 @@ impl Checkpointer {
         }
         self.core
             .lock()
-            .space_mut()
             .return_checkpoint_body_segments(body_segments);
         tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
         EngineError::Io(IoError::DeviceFull {
@@ -311,7 +303,6 @@ impl Checkpointer {
         if let Err(error) = self.core.flush_capacity(false).await {
             self.core
                 .lock()
-                .space_mut()
                 .return_checkpoint_body_segments(body_segments);
             tracing::warn!(%error, "checkpoint skipped: its body could not be made durable");
             return Err(error);

@@ -31,16 +31,19 @@
 //! same `clean` and `checkpoint` as a blocked writer's reclaim, and a writer
 //! never waits for it.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use super::super::budget::BackgroundWork;
 use super::super::space::Allocation;
+use super::cleaning::Cleaner;
 use super::victims::{VictimPolicy, pick_victims};
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
 
@@ -186,9 +189,9 @@ impl Periodic for Pacer {
 
     /// Steps until the budget or the need runs out, so that the cleaner keeps
     /// up however fast clients write between looks.
-    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
+    async fn step(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
         for _ in 0..STEPS_PER_LOOK_MAX {
-            if self.pace_once(pool).await? == Step::Idle || pool.background_stopped() {
+            if self.pace_once(core).await? == Step::Idle || core.background_stopped() {
                 break;
             }
         }
@@ -199,50 +202,49 @@ impl Periodic for Pacer {
 impl Pacer {
     /// Starts the paced cleaner unless `cleaner_relocation_blocks_per_client_block_max`
     /// is 0. It stops when the pool is closed, abandoned, dropped or failed.
-    pub(in crate::pool) fn start(pool: &Pool) {
-        let limits = &pool.inner.limits;
+    pub(in crate::pool) fn start(core: &Arc<Inner>) {
+        let limits = &core.limits;
         if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
             return;
         }
-        spawn_periodic(pool, limits.cleaner_interval_ms, Pacer::default());
+        spawn_periodic(core, limits.cleaner_interval_ms, Pacer::default());
     }
 
     /// One look at the pool: update the budget, then at most one step, which
     /// is returned.
-    async fn pace_once(&mut self, pool: &Pool) -> Result<Step, EngineError> {
-        let Some(look) = self.look(pool) else {
+    async fn pace_once(&mut self, core: &Arc<Inner>) -> Result<Step, EngineError> {
+        let Some(look) = self.look(core) else {
             return Ok(Step::Idle);
         };
         match look.step {
             Step::Idle => {}
             Step::Flush => {
-                pool.flush_all().await?;
-                pool.inner.lock().free_reusable_dead_segments();
+                core.flush_all().await?;
+                core.lock().free_reusable_dead_segments();
             }
-            Step::Checkpoint => Checkpointer::new(&pool.inner).checkpoint().await?,
-            Step::Clean => self.clean_paced(pool, &look).await?,
+            Step::Checkpoint => Checkpointer::new(core).checkpoint().await?,
+            Step::Clean => self.clean_paced(core, &look).await?,
         }
         Ok(look.step)
     }
 
     /// Updates the budget and chooses the next step; none once the pool has
     /// failed.
-    fn look(&mut self, pool: &Pool) -> Option<Look> {
-        let mut state = pool.inner.lock();
+    fn look(&mut self, core: &Inner) -> Option<Look> {
+        let mut state = core.lock();
         if state.writer().failed().is_some() {
             return None;
         }
         // Deaths made durable since the last look (by any flush) free their
         // segments now rather than at the next checkpoint.
         state.free_reusable_dead_segments();
-        let limits = &pool.inner.limits;
+        let limits = &core.limits;
         let outlook = Outlook::of(&state, limits);
         let client_blocks = state.client_blocks_written();
         let written = client_blocks - self.client_blocks_seen.unwrap_or(client_blocks);
         self.client_blocks_seen = Some(client_blocks);
         let pressure = outlook.pressure();
-        let budget_max =
-            (BUDGET_SEGMENT_COUNT_MAX * pool.inner.geometry.segment_size_blocks) as f64;
+        let budget_max = (BUDGET_SEGMENT_COUNT_MAX * core.geometry.segment_size_blocks) as f64;
         self.budget_blocks = (self.budget_blocks
             + written as f64 * pressure * limits.cleaner_relocation_blocks_per_client_block_max)
             .min(budget_max);
@@ -276,17 +278,17 @@ impl Pacer {
     /// The victim's live bytes (what it reads and rewrites) are counted;
     /// once the pressure reaches [`CLEANER_UNPACED_PRESSURE_MIN`] they are
     /// also charged to the rate, so that the other kinds yield to it.
-    async fn clean_paced(&mut self, pool: &Pool, look: &Look) -> Result<(), EngineError> {
+    async fn clean_paced(&mut self, core: &Arc<Inner>, look: &Look) -> Result<(), EngineError> {
         let bytes = u64::from(look.victim_live_blocks) * BLOCK_SIZE_BYTES;
-        let budget = &pool.inner.budget;
+        let budget = &core.budget;
         if look.short {
             budget.charge_urgent(BackgroundWork::Cleaner, bytes);
         } else {
             budget.count_unpaced(BackgroundWork::Cleaner, bytes);
         }
-        let before = pool.inner.lock().counters().relocated_blocks();
-        pool.clean(1).await?;
-        let relocated = pool.inner.lock().counters().relocated_blocks() - before;
+        let before = core.lock().counters().relocated_blocks();
+        Cleaner::new(core).clean(1).await?;
+        let relocated = core.lock().counters().relocated_blocks() - before;
         self.budget_blocks = (self.budget_blocks - relocated as f64).max(0.0);
         Ok(())
     }

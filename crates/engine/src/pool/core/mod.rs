@@ -119,6 +119,24 @@ impl Inner {
         self.state.lock().expect("pool state lock poisoned")
     }
 
+    /// Whether the pool was closed or abandoned: background work stops.
+    pub(in crate::pool) fn background_stopped(&self) -> bool {
+        self.supervisor.is_stopping()
+    }
+
+    /// Waits until `condition` holds, re-checking whenever a batch completes.
+    pub(in crate::pool) async fn wait_for(&self, condition: impl Fn(&State) -> bool) {
+        loop {
+            let notified = self.progress.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if condition(&self.lock()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Writes sealed batches to the device in background tasks, so that a client
     /// that goes away mid-request cannot leave a batch unwritten.
     pub(in crate::pool) fn spawn_writes(self: &Arc<Self>, batches: Vec<Arc<InFlightBatch>>) {
@@ -149,52 +167,12 @@ impl Inner {
                     let mut state = inner.lock();
                     if let Err(error) = result {
                         tracing::error!(%error, "batch write failed; the pool refuses further writes");
-                        state.writer_mut().fail(error.to_string());
+                        state.fail_writes(error.to_string());
                     }
-                    state.writer_mut().batch_written(&batch);
+                    state.batch_written(&batch);
                 }
                 inner.progress.notify_waiters();
             });
-        }
-    }
-}
-
-impl Pool {
-    /// The handle on a core; `open` starts the background services on it
-    /// (`background::start`).
-    pub(super) fn from_inner(inner: Arc<Inner>) -> Self {
-        Self { inner }
-    }
-
-    /// Whether the pool was closed or abandoned: background work stops.
-    pub(super) fn background_stopped(&self) -> bool {
-        self.inner.supervisor.is_stopping()
-    }
-
-    pub fn device_name(&self) -> &str {
-        self.inner.device.name()
-    }
-
-    pub fn limits(&self) -> &PoolLimits {
-        &self.inner.limits
-    }
-
-    /// Writes sealed batches to the device in background tasks (the core's
-    /// operation, see [`Inner::spawn_writes`]).
-    pub(super) fn spawn_writes(&self, batches: Vec<Arc<InFlightBatch>>) {
-        self.inner.spawn_writes(batches);
-    }
-
-    /// Waits until `condition` holds, re-checking whenever a batch completes.
-    pub(super) async fn wait_for(&self, condition: impl Fn(&State) -> bool) {
-        loop {
-            let notified = self.inner.progress.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if condition(&self.inner.lock()) {
-                return;
-            }
-            notified.await;
         }
     }
 }
@@ -249,20 +227,9 @@ pub(super) async fn write_retried_while_full(
     }
 }
 
-impl Pool {
-    /// The core's [`Inner::wait_unless_device_full`], for the parts not yet
-    /// converted.
-    pub(super) async fn wait_unless_device_full(
-        &self,
-        condition: impl Fn(&State) -> bool,
-    ) -> Result<(), EngineError> {
-        self.inner.wait_unless_device_full(condition).await
-    }
-}
-
 impl Inner {
     /// Waits until `condition` holds, re-checking whenever a batch completes,
-    /// like `Pool::wait_for`; but while the device is full this waits at
+    /// like `wait_for`; but while the device is full this waits at
     /// most `device_full_wait_ms_max` from the call, then fails with
     /// [`IoError::DeviceFull`] (ENOSPC to NBD clients). For a flush
     /// waiting for its batches and a writer waiting for an in-flight slot; the

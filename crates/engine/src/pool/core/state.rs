@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use crate::error::{EngineError, IoError};
 use crate::log::batch::{Record, block_checksum};
-use crate::log::geometry::Geometry;
+use crate::log::checkpoint::Body;
+use crate::log::geometry::{Geometry, Tier};
 use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::VolumeTable;
@@ -37,7 +38,7 @@ use crate::pool::io::stream::{
 use crate::pool::io::writer::{InFlightBatch, LogWriter, OpenBatch};
 use crate::pool::openings::OpeningsList;
 use crate::pool::space::segment_shapes::SegmentShapes;
-use crate::pool::space::{Allocation, DurableCheckpoint, SpaceAllocator};
+use crate::pool::space::{Allocation, DurableCheckpoint, RecoveredSegments, SpaceAllocator};
 use crate::pool::tiering::capacity_writes::CapacityWrites;
 
 /// The pool's in-memory state.
@@ -101,10 +102,6 @@ impl State {
         }
     }
 
-    pub fn openings_mut(&mut self) -> &mut OpeningsList {
-        &mut self.openings
-    }
-
     /// The segment openings record listing every opening a durable
     /// checkpoint may need, and the highest segment sequence it accounts
     /// for (`openings/mod.rs`).
@@ -138,50 +135,24 @@ impl State {
         &self.volumes
     }
 
-    /// Volume changes that release no block (those that do go through
-    /// [`State::append_record`]).
-    pub fn volumes_mut(&mut self) -> &mut VolumeTable {
-        &mut self.volumes
-    }
-
     pub fn space(&self) -> &SpaceAllocator {
         &self.space
-    }
-
-    pub fn space_mut(&mut self) -> &mut SpaceAllocator {
-        &mut self.space
     }
 
     pub fn writer(&self) -> &LogWriter {
         &self.writer
     }
 
-    pub fn writer_mut(&mut self) -> &mut LogWriter {
-        &mut self.writer
-    }
-
     pub fn placement(&self) -> &Placement {
         &self.placement
-    }
-
-    pub fn placement_mut(&mut self) -> &mut Placement {
-        &mut self.placement
     }
 
     pub fn counters(&self) -> &WriteCounters {
         &self.counters
     }
 
-    pub fn counters_mut(&mut self) -> &mut WriteCounters {
-        &mut self.counters
-    }
-
     pub fn checkpoint_schedule(&self) -> &CheckpointSchedule {
         &self.checkpoint_schedule
-    }
-
-    pub fn checkpoint_schedule_mut(&mut self) -> &mut CheckpointSchedule {
-        &mut self.checkpoint_schedule
     }
 
     pub fn cache(&self) -> &Arc<MemoryCache> {
@@ -190,10 +161,6 @@ impl State {
 
     pub fn heat(&self) -> Option<&Heat> {
         self.heat.as_ref()
-    }
-
-    pub fn heat_mut(&mut self) -> Option<&mut Heat> {
-        self.heat.as_mut()
     }
 
     /// Per-volume tier counters, created on first use.
@@ -233,10 +200,6 @@ impl State {
     /// Whether the capacity tier takes writes (see `capacity_writes`).
     pub fn capacity_writes(&self) -> &CapacityWrites {
         &self.capacity_writes
-    }
-
-    pub fn capacity_writes_mut(&mut self) -> &mut CapacityWrites {
-        &mut self.capacity_writes
     }
 
     /// Whether a demotion appended now would find room on capacity (and the
@@ -319,6 +282,158 @@ impl State {
             .checkpoint_became_durable(checkpoint, self.writer.durable_through());
         self.segments_freed(&freed);
     }
+}
+
+/// The changes the cleaner, the flushes, the checkpointer and evacuation
+/// make, each one named operation (callers outside the core reach the
+/// components only to read them).
+impl State {
+    /// Starts cleaning `victim`, a segment of `tier`: the placement learns
+    /// how many live blocks it had and when, and relocations take segments
+    /// of its tier.
+    pub fn start_cleaning(&mut self, victim: u32, tier: Tier) {
+        let live_blocks = self.space.segment(victim).live_blocks;
+        let now_blocks = self.client_blocks_written();
+        self.placement.start_victim(victim, live_blocks, now_blocks);
+        self.space.set_cleaning_tier(tier);
+    }
+
+    /// The cleaner is done with its victim: relocations take flash
+    /// segments again.
+    pub fn finish_cleaning(&mut self) {
+        self.space.set_cleaning_tier(Tier::Flash);
+    }
+
+    /// Takes a segment whose summaries do not describe every live block out
+    /// of the victims (see `SpaceAllocator::set_aside`).
+    pub fn set_segment_aside(&mut self, segment_index: u32) {
+        self.space.set_aside(segment_index);
+    }
+
+    /// A write the log counted on failed: the pool refuses further writes.
+    pub fn fail_writes(&mut self, reason: String) {
+        self.writer.fail(reason);
+    }
+
+    /// A batch handed to the device was written (or failed, see
+    /// [`State::fail_writes`]): it leaves the in-flight batches.
+    pub fn batch_written(&mut self, batch: &InFlightBatch) {
+        self.writer.batch_written(batch);
+    }
+
+    /// A flush of the capacity tier on `device` failed: its writes are
+    /// suspended (decision 0032).
+    pub fn capacity_flush_failed(&mut self, device: &str, error: &str) {
+        self.capacity_writes.flush_failed(device, error);
+    }
+
+    /// A flush marker of `bytes` was written to the device.
+    pub fn flush_marker_written(&mut self, bytes: u64) {
+        self.counters.marker_written(bytes);
+    }
+
+    /// The maps were copied for a checkpoint: every later change is the
+    /// next checkpoint's.
+    pub fn checkpoint_copied(&mut self) {
+        self.volumes.checkpoint_taken();
+    }
+
+    /// Takes free segments enough for a checkpoint body of `body_bytes`
+    /// (see `SpaceAllocator::take_checkpoint_body_segments`).
+    pub fn take_checkpoint_body_segments(
+        &mut self,
+        body_bytes: u64,
+        size_bytes: impl Fn(u32) -> u64,
+        checkpoint_sequence: u64,
+    ) -> Option<Vec<u32>> {
+        self.space
+            .take_checkpoint_body_segments(body_bytes, size_bytes, checkpoint_sequence)
+    }
+
+    /// Gives back the segments of a body no slot names.
+    pub fn return_checkpoint_body_segments(&mut self, body_segments: &[u32]) {
+        self.space.return_checkpoint_body_segments(body_segments);
+    }
+
+    /// A checkpoint of `device_bytes` (body and slot) became durable:
+    /// counts the bytes, records it and frees what it makes reclaimable.
+    pub fn checkpoint_written(&mut self, checkpoint: DurableCheckpoint, device_bytes: u64) {
+        self.counters.checkpoint_written(device_bytes);
+        self.checkpoint_became_durable(checkpoint);
+    }
+
+    /// Takes a free segment out of the free lists to lay it out again
+    /// (evacuation); whether it was free and needed it.
+    pub fn take_free_segment_to_lay_out(&mut self, segment_index: u32) -> bool {
+        self.space.take_free_segment_to_lay_out(segment_index)
+    }
+
+    /// Gives back a segment taken to be laid out again.
+    pub fn return_free_segment(&mut self, segment_index: u32) {
+        self.space.return_free_segment(segment_index);
+    }
+}
+
+/// Recovery's changes: the state is built from the checkpoint, the
+/// replayed batches and what the scan found, one named step at a time.
+impl State {
+    /// Loads what the checkpoint holds into an empty state: `volumes`, the
+    /// write counters, placement hints and each segment's newest batch.
+    pub fn restore_checkpoint(&mut self, volumes: VolumeTable, body: &Body) {
+        self.volumes = volumes;
+        self.counters = WriteCounters::continuing(body.counters);
+        let segment_count = self.space.segments().len();
+        self.placement.restore(&body.placement, segment_count);
+        self.space
+            .restore_last_batch_sequences(&body.segment_last_batch_sequences);
+    }
+
+    /// Applies a replayed record, its data block at `physical_block`.
+    pub fn replay_record(&mut self, record: &Record, physical_block: Option<u64>) {
+        self.volumes.apply(record, physical_block, &mut |_| {});
+    }
+
+    /// A batch of `segment_index` was replayed: its hints in the
+    /// checkpoint are of an earlier use, and it is the segment's newest.
+    pub fn batch_replayed(&mut self, segment_index: u32, batch_sequence: u64) {
+        let now_blocks = self.client_blocks_written();
+        self.placement.forget_segment(segment_index, now_blocks);
+        self.space.batch_replayed(segment_index, batch_sequence);
+    }
+
+    /// Marks lost the map entries `is_lost` names (a restored flash
+    /// device); returns how many.
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64, bool) -> bool) -> u64 {
+        self.volumes.mark_lost(is_lost)
+    }
+
+    /// The kept checkpoints recovery found durable.
+    pub fn restore_durable_checkpoints(&mut self, checkpoints: Vec<DurableCheckpoint>) {
+        self.space.restore_durable_checkpoints(checkpoints);
+    }
+
+    /// Where the log goes on after replay: the openings its records go on
+    /// listing, the next checkpoint's sequence and the next batch and
+    /// segment sequences.
+    pub fn resume_log(&mut self, resume: LogResume) {
+        self.openings = resume.openings;
+        self.checkpoint_schedule = CheckpointSchedule::starting_at(resume.next_checkpoint_sequence);
+        self.writer
+            .resume(resume.next_batch_sequence, resume.next_segment_sequence);
+    }
+
+    /// Every segment's state from what recovery found.
+    pub fn rebuild_segment_table(&mut self, found: RecoveredSegments) {
+        self.space.rebuild_after_recovery(found);
+    }
+}
+
+/// Where the log goes on after replay ([`State::resume_log`]).
+pub struct LogResume {
+    pub openings: OpeningsList,
+    pub next_checkpoint_sequence: u64,
+    pub next_batch_sequence: u64,
+    pub next_segment_sequence: u64,
 }
 
 /// The append path: records and blocks into open batches.

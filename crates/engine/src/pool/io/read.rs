@@ -12,6 +12,7 @@
 //! meanwhile is a retry, otherwise damage), copy into the buffer, promote.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, DeviceError};
 use smallvec::SmallVec;
@@ -22,7 +23,7 @@ use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
 use crate::log::geometry::Tier;
 use crate::pool::budget::ClientOperation;
-use crate::pool::core::Pool;
+use crate::pool::core::Inner;
 use crate::pool::core::state::{ReadParts, Relocation};
 use crate::pool::space::{Allocation, SpaceAllocator};
 use crate::tier::heat::VolumeTierCounters;
@@ -441,38 +442,13 @@ fn attach_contents(promotions: &mut [Promotion], run: &[DeviceBlock], data: &[u8
     }
 }
 
-impl Pool {
-    /// Reads `buffer.len()` bytes at byte `offset` of a volume. Unwritten blocks
-    /// read as zeros; every block read from the device is checked against its
-    /// checksum and a mismatch is an error, never data.
-    pub async fn read(
-        &self,
-        volume_id: u32,
-        offset: u64,
-        buffer: &mut [u8],
-    ) -> Result<(), EngineError> {
-        self.read_view(View::Volume(volume_id), offset, buffer)
-            .await
-    }
-
-    /// Reads from a volume or a snapshot (see [`Pool::read`]). Its latency
-    /// goes to the background budget, which yields to slow clients.
-    pub async fn read_view(
-        &self,
-        view: View,
-        offset: u64,
-        buffer: &mut [u8],
-    ) -> Result<(), EngineError> {
-        self.read_view_with_extents(view, offset, buffer, &mut ReadExtents::new())
-            .await
-    }
-
-    /// Reads like [`Pool::read_view`] and leaves in `extents` the allocation
+impl Inner {
+    /// Reads like `Pool::read_view` and leaves in `extents` the allocation
     /// status of the bytes read, from the same walk of the map that planned
     /// the read: the NBD server sends holes as hole chunks without a second
     /// walk under the state lock, and the status is the one the data has.
-    pub async fn read_view_with_extents(
-        &self,
+    pub(in crate::pool) async fn read_view_with_extents(
+        self: &Arc<Self>,
         view: View,
         offset: u64,
         buffer: &mut [u8],
@@ -480,16 +456,15 @@ impl Pool {
     ) -> Result<(), EngineError> {
         let started = tokio::time::Instant::now();
         let result = self.read_view_attempts(view, offset, buffer, extents).await;
-        self.inner
-            .budget
+        self.budget
             .record_client_latency(ClientOperation::Read, started.elapsed());
         result
     }
 
-    /// [`Pool::read_view`]'s attempts, untimed: the whole range once, then
+    /// `Pool::read_view`'s attempts, untimed: the whole range once, then
     /// each block that moved under it again on its own.
     pub(in crate::pool) async fn read_view_attempts(
-        &self,
+        self: &Arc<Self>,
         view: View,
         offset: u64,
         buffer: &mut [u8],
@@ -511,7 +486,7 @@ impl Pool {
     /// falls in `logical_block`, which moved under the first attempt, until
     /// it holds still long enough to be read.
     async fn read_moved_block(
-        &self,
+        self: &Arc<Self>,
         view: View,
         offset: u64,
         buffer: &mut [u8],
@@ -541,10 +516,10 @@ impl Pool {
         }))
     }
 
-    /// One attempt of [`Pool::read_view`]: the blocks it could read are in
+    /// One attempt of `Pool::read_view`: the blocks it could read are in
     /// `buffer`, those that moved under it are returned.
     async fn read_view_once(
-        &self,
+        self: &Arc<Self>,
         view: View,
         offset: u64,
         buffer: &mut [u8],
@@ -565,7 +540,7 @@ impl Pool {
                 .read_one_block(view, offset, block, buffer, plan.promotions)
                 .await;
         }
-        let runs = device_runs(&plan.from_device, self.inner.limits.read_run_blocks_max);
+        let runs = device_runs(&plan.from_device, self.limits.read_run_blocks_max);
         // Neighbours of promoted blocks are read in the same go, issued right
         // after the blocks they follow, so that a disk serves them in sequence
         // instead of after every request queued meanwhile.
@@ -593,7 +568,7 @@ impl Pool {
     /// The common cache miss: one block from the device and nothing read
     /// alongside it, so no runs to split and no reads to join.
     async fn read_one_block(
-        &self,
+        self: &Arc<Self>,
         view: View,
         offset: u64,
         block: DeviceBlock,
@@ -602,7 +577,6 @@ impl Pool {
     ) -> Result<MovedBlocks, EngineError> {
         let run = [block];
         let result = self
-            .inner
             .device
             .read(block.physical_block * BLOCK_SIZE_BYTES, BLOCK_BYTES)
             .await;
@@ -619,7 +593,7 @@ impl Pool {
     /// into the request's buffer, gives their contents to the promotions
     /// waiting for them and returns those that moved.
     async fn verify_and_copy(
-        &self,
+        self: &Arc<Self>,
         view: View,
         offset: u64,
         run: &[DeviceBlock],
@@ -633,8 +607,7 @@ impl Pool {
         attach_contents(promotions, run, &data, &moved);
         for (block, contents) in run_contents(run, &data, &moved) {
             // Unless the block died since the read was planned.
-            self.inner
-                .cache
+            self.cache
                 .insert_read(block.physical_block, contents, block.generation);
         }
         Ok(moved)
@@ -649,7 +622,7 @@ impl Pool {
             plan.from_device.is_empty(),
             "a one-tier plan leaves every block to the cache or the device"
         );
-        let cache = &self.inner.cache;
+        let cache = &self.cache;
         plan.from_cache_or_device.retain(|block| {
             let span = BlockSpan::of(offset, buffer.len(), block.logical_block);
             if span.length == BLOCK_BYTES {
@@ -681,14 +654,14 @@ impl Pool {
         extents: &mut ReadExtents,
     ) -> Result<ReadPlan, EngineError> {
         let volume_id = view.volume_id();
-        let mut state = self.inner.lock();
+        let mut state = self.lock();
         let parts = state.read_parts();
         let found = check_range(parts.volumes, view, offset, buffer.len() as u64)?;
         let two_tier = parts.heat.is_some();
         let first_block = offset / BLOCK_SIZE_BYTES;
         let last_block = (offset + buffer.len() as u64 - 1) / BLOCK_SIZE_BYTES;
         let mut planner = ReadPlanner {
-            cache: &self.inner.cache,
+            cache: &self.cache,
             map: found.map,
             policy: parts
                 .volumes
@@ -721,7 +694,7 @@ impl Pool {
         } = planner;
         if let Some(logical_block) = lost_block {
             drop(state);
-            self.inner.integrity.lost_block_read();
+            self.integrity.lost_block_read();
             return Err(EngineError::Io(IoError::BlockLost {
                 volume: self.view_name(view),
                 logical_block,
@@ -737,9 +710,12 @@ impl Pool {
     }
 
     /// Reads runs of blocks from the device, all at once.
-    async fn read_runs(&self, runs: &[&[DeviceBlock]]) -> Vec<Result<AlignedBuffer, DeviceError>> {
+    async fn read_runs(
+        self: &Arc<Self>,
+        runs: &[&[DeviceBlock]],
+    ) -> Vec<Result<AlignedBuffer, DeviceError>> {
         let reads = runs.iter().map(|run| {
-            self.inner.device.read(
+            self.device.read(
                 run[0].physical_block * BLOCK_SIZE_BYTES,
                 run.len() * BLOCK_BYTES,
             )
@@ -753,7 +729,7 @@ impl Pool {
     /// from the device's redundancy when it has any (and the bad copy
     /// rewritten), otherwise an error, counted.
     async fn verify_run(
-        &self,
+        self: &Arc<Self>,
         view: View,
         run: &[DeviceBlock],
         data: &mut [u8],
@@ -787,7 +763,7 @@ impl Pool {
             // Named only now: a read that passes its checksums allocates no name.
             let view_name = self.view_name(view);
             tracing::error!(volume = %view_name, logical_block, physical_block, "checksum mismatch");
-            self.inner.integrity.read_checksum_error();
+            self.integrity.read_checksum_error();
             return Err(EngineError::Io(IoError::ChecksumMismatch {
                 volume: view_name,
                 logical_block,
@@ -802,14 +778,14 @@ impl Pool {
     /// checked against `checksum` (the device rewrites the bad copy), or
     /// `None` when the device has none or cannot.
     pub(in crate::pool) async fn recover_block(
-        &self,
+        self: &Arc<Self>,
         physical_block: u64,
         logical_block: u64,
         checksum: u32,
     ) -> Option<AlignedBuffer> {
         let is_valid = move |contents: &[u8]| block_checksum(contents) == checksum;
         let offset = physical_block * BLOCK_SIZE_BYTES;
-        match self.inner.device.recover_block(offset, &is_valid).await {
+        match self.device.recover_block(offset, &is_valid).await {
             Ok(Some(good)) => {
                 // Checked in pairs: the device checked it, and so do we.
                 assert_eq!(
@@ -822,7 +798,7 @@ impl Pool {
                     logical_block,
                     "block failed its checksum and was repaired from redundancy"
                 );
-                self.inner.integrity.checksum_error_repaired();
+                self.integrity.checksum_error_repaired();
                 Some(good)
             }
             Ok(None) => None,
@@ -836,7 +812,7 @@ impl Pool {
     /// The full name of `view` (`VOL` or `VOL@SNAP`) for errors, or its
     /// identifier if it was deleted meanwhile.
     fn view_name(&self, view: View) -> String {
-        let state = self.inner.lock();
+        let state = self.lock();
         state
             .volumes()
             .view(view)
@@ -846,7 +822,7 @@ impl Pool {
     /// Whether the view's map no longer points `block`'s logical block at its
     /// physical block with its checksum.
     fn moved_since_planned(&self, view: View, block: &DeviceBlock) -> bool {
-        let state = self.inner.lock();
+        let state = self.lock();
         state
             .volumes()
             .view(view)
@@ -860,13 +836,12 @@ impl Pool {
     /// block, one device read each, all at once) and returns those that pass
     /// their checksum, as promotions. A failed read or a mismatch only skips
     /// the block: the client did not ask for it.
-    async fn read_neighbours(&self, neighbours: &[DeviceBlock]) -> Vec<Promotion> {
+    async fn read_neighbours(self: &Arc<Self>, neighbours: &[DeviceBlock]) -> Vec<Promotion> {
         let spans = neighbour_spans(neighbours);
         let reads = spans.iter().map(|span| {
             let first = span[0].physical_block;
             let span_blocks = to_usize(span[span.len() - 1].physical_block - first + 1);
-            self.inner
-                .device
+            self.device
                 .read(first * BLOCK_SIZE_BYTES, span_blocks * BLOCK_BYTES)
         });
         let mut promotions = Vec::new();
@@ -896,11 +871,11 @@ impl Pool {
     /// their checksums), unless flash has no room for them now: promotion
     /// never makes a client wait for space. Each move is a relocation record,
     /// so a crash keeps either the old or the new home, never neither.
-    fn promote(&self, volume_id: u32, promotions: Vec<Promotion>) {
-        let in_flight_limit = self.inner.limits.in_flight_batches_max;
+    fn promote(self: &Arc<Self>, volume_id: u32, promotions: Vec<Promotion>) {
+        let in_flight_limit = self.limits.in_flight_batches_max;
         let mut sealed = Vec::new();
         {
-            let mut state = self.inner.lock();
+            let mut state = self.lock();
             if state.writer().failed().is_some()
                 || state.writer().in_flight_count() >= in_flight_limit
                 || !flash_has_room_for_promotions(state.space())
@@ -933,18 +908,8 @@ impl Pool {
         self.spawn_writes(sealed);
     }
 
-    /// Allocation map of a byte range, as runs of allocated and unallocated bytes.
-    pub fn extents(
-        &self,
-        volume_id: u32,
-        offset: u64,
-        length: u64,
-    ) -> Result<Vec<Extent>, EngineError> {
-        self.extents_view(View::Volume(volume_id), offset, length)
-    }
-
-    /// Allocation map of a volume or a snapshot (see [`Pool::extents`]).
-    pub fn extents_view(
+    /// Allocation map of a volume or a snapshot (see `Pool::extents`).
+    pub(in crate::pool) fn extents_view(
         &self,
         view: View,
         offset: u64,
@@ -954,11 +919,11 @@ impl Pool {
         Ok(self.gather_extents(view, offset, length)?.into_vec())
     }
 
-    /// The allocation map of [`Pool::extents_view`], handed to `visit` extent
+    /// The allocation map of `Pool::extents_view`, handed to `visit` extent
     /// by extent: the NBD server asks it on every read, to find holes, and a
     /// read's few extents are gathered without allocating. `visit` runs after
     /// the state lock is released, so it may call the pool.
-    pub fn visit_extents_view(
+    pub(in crate::pool) fn visit_extents_view(
         &self,
         view: View,
         offset: u64,
@@ -980,7 +945,7 @@ impl Pool {
         length: u64,
     ) -> Result<GatheredExtents, EngineError> {
         let mut extents = GatheredExtents::new();
-        let state = self.inner.lock();
+        let state = self.lock();
         let map = check_range(state.volumes(), view, offset, length)?.map;
         let end = offset + length;
         let mut position = offset;

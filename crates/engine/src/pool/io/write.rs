@@ -14,8 +14,9 @@ use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
 use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record, block_checksum};
 use crate::pool::budget::ClientOperation;
+use crate::pool::cleaner::Cleaner;
 use crate::pool::core::state::State;
-use crate::pool::core::{Pool, RMW_LOCK_COUNT};
+use crate::pool::core::{Inner, RMW_LOCK_COUNT};
 use crate::volume::View;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
@@ -128,13 +129,13 @@ fn rmw_lock_index(volume_id: u32, logical_block: u64) -> usize {
     to_usize(mixed % RMW_LOCK_COUNT as u64)
 }
 
-impl Pool {
+impl Inner {
     /// Writes `data` at byte `offset`. Partial blocks at either end are merged
     /// with their current contents under a per-block lock. With `fua`, the write
     /// (and everything before it) is durable when this returns. Its latency
     /// goes to the background budget, which yields to slow clients.
-    pub async fn write(
-        &self,
+    pub(in crate::pool) async fn write(
+        self: &Arc<Self>,
         volume_id: u32,
         offset: u64,
         data: &[u8],
@@ -142,15 +143,14 @@ impl Pool {
     ) -> Result<(), EngineError> {
         let started = tokio::time::Instant::now();
         let result = self.write_untimed(volume_id, offset, data, fua).await;
-        self.inner
-            .budget
+        self.budget
             .record_client_latency(ClientOperation::Write, started.elapsed());
         result
     }
 
-    /// [`Pool::write`] without the timing.
+    /// `Pool::write` without the timing.
     async fn write_untimed(
-        &self,
+        self: &Arc<Self>,
         volume_id: u32,
         offset: u64,
         data: &[u8],
@@ -170,7 +170,7 @@ impl Pool {
         // blocks cannot even be named).
         let checked = !request.is_whole_blocks() || offset.checked_add(data.len() as u64).is_none();
         if checked {
-            let state = self.inner.lock();
+            let state = self.lock();
             check_write(&state, &request)?;
         }
         let partial_blocks = request.partial_blocks();
@@ -185,7 +185,7 @@ impl Pool {
     /// Takes the read-modify-write locks of `logical_blocks`, in lock order
     /// (so that two writers cannot deadlock), each once.
     async fn lock_blocks(
-        &self,
+        self: &Arc<Self>,
         volume_id: u32,
         logical_blocks: &[u64],
     ) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
@@ -197,14 +197,14 @@ impl Pool {
         lock_indexes.dedup();
         let mut guards = Vec::with_capacity(lock_indexes.len());
         for index in lock_indexes {
-            guards.push(self.inner.rmw_locks[index].lock().await);
+            guards.push(self.rmw_locks[index].lock().await);
         }
         guards
     }
 
     /// Reads each partial block of the write and lays the write's bytes over it.
     async fn merge_partial_blocks(
-        &self,
+        self: &Arc<Self>,
         request: &WriteRequest<'_>,
         partial_blocks: &[u64],
     ) -> Result<Vec<MergedBlock>, EngineError> {
@@ -234,12 +234,12 @@ impl Pool {
     /// batch slot when none is free, and reclaiming space when the pool is
     /// full. `checked`: whether the write's range was checked already.
     async fn append_blocks(
-        &self,
+        self: &Arc<Self>,
         request: &WriteRequest<'_>,
         merged: &[MergedBlock],
         mut checked: bool,
     ) -> Result<(), EngineError> {
-        let in_flight_limit = self.inner.limits.in_flight_batches_max;
+        let in_flight_limit = self.limits.in_flight_batches_max;
         let mut next_block = request.first_block();
         while next_block <= request.last_block() {
             let stop = (next_block + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
@@ -271,7 +271,7 @@ impl Pool {
                     })
                     .await?;
                 }
-                Err(EngineError::Io(IoError::NoSpace)) if self.reclaim().await? => {}
+                Err(EngineError::Io(IoError::NoSpace)) if Cleaner::new(self).reclaim().await? => {}
                 Err(error) => return Err(error),
             }
         }
@@ -296,7 +296,7 @@ impl Pool {
             checksums,
             in_flight_limit,
         } = step;
-        let mut state = self.inner.lock();
+        let mut state = self.lock();
         if !*checked {
             check_write(&state, request)?;
             *checked = true;
@@ -319,8 +319,8 @@ impl Pool {
     /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped
     /// (their space becomes reclaimable) unless `punch_hole` is false, in which
     /// case zero blocks are written; partial blocks at the edges are zeroed in place.
-    pub async fn write_zeroes(
-        &self,
+    pub(in crate::pool) async fn write_zeroes(
+        self: &Arc<Self>,
         volume_id: u32,
         offset: u64,
         length: u64,
@@ -328,7 +328,7 @@ impl Pool {
         punch_hole: bool,
     ) -> Result<(), EngineError> {
         {
-            let state = self.inner.lock();
+            let state = self.lock();
             check_range(state.volumes(), View::Volume(volume_id), offset, length)?;
         }
         if length == 0 {
@@ -357,7 +357,7 @@ impl Pool {
     /// Writes zeros over the bytes of `range` before and after its whole
     /// blocks `whole` (both ranges of bytes).
     async fn zero_edges(
-        &self,
+        self: &Arc<Self>,
         volume_id: u32,
         range: Range<u64>,
         whole: &Range<u64>,
@@ -376,7 +376,7 @@ impl Pool {
 
     /// Writes blocks of zeros over `whole`, a range of bytes on block boundaries.
     async fn write_zero_blocks(
-        &self,
+        self: &Arc<Self>,
         volume_id: u32,
         whole: Range<u64>,
     ) -> Result<(), EngineError> {
@@ -397,8 +397,8 @@ impl Pool {
     }
 
     /// Discards a range: the same as punching zeros (reads return zeros after).
-    pub async fn trim(
-        &self,
+    pub(in crate::pool) async fn trim(
+        self: &Arc<Self>,
         volume_id: u32,
         offset: u64,
         length: u64,
@@ -406,6 +406,30 @@ impl Pool {
     ) -> Result<(), EngineError> {
         self.write_zeroes(volume_id, offset, length, fua, true)
             .await
+    }
+
+    /// Appends a record without data and applies it; when the pool is full,
+    /// reclaims space and tries again, rebuilding the record so that it is
+    /// checked against the state of that moment.
+    pub(in crate::pool) async fn append_record(
+        self: &Arc<Self>,
+        build: impl Fn(&State) -> Result<Record, EngineError>,
+    ) -> Result<(), EngineError> {
+        loop {
+            let result = {
+                let mut state = self.lock();
+                let record = build(&state)?;
+                state.append_record(record)
+            };
+            match result {
+                Ok(sealed) => {
+                    self.spawn_writes(sealed);
+                    return Ok(());
+                }
+                Err(EngineError::Io(IoError::NoSpace)) if Cleaner::new(self).reclaim().await? => {}
+                Err(error) => return Err(error),
+            }
+        }
     }
 }
 

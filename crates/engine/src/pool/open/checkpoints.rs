@@ -14,7 +14,6 @@ use crate::convert::to_usize;
 use crate::error::EngineError;
 use crate::log::checkpoint::{AnyBody, Body, Slot, SlotLink};
 use crate::log::geometry::{CHECKPOINT_SLOT_BLOCKS, CHECKPOINT_SLOT_SIZE_BLOCKS, Geometry};
-use crate::pool::core::counters::WriteCounters;
 use crate::pool::core::state::State;
 use crate::pool::space::DurableCheckpoint;
 use crate::pool::space::segment_shapes::{BodyPiece, SegmentShapes};
@@ -243,16 +242,8 @@ pub(super) async fn usable_older_checkpoint(
 /// Loads what the checkpoint holds into an empty state: volumes, write
 /// counters, placement hints and each segment's newest batch.
 pub(super) fn restore_from_checkpoint(state: &mut State, newest: &mut NewestCheckpoint) {
-    *state.volumes_mut() = std::mem::replace(&mut newest.volumes, VolumeTable::new());
-    let body = &newest.body;
-    *state.counters_mut() = WriteCounters::continuing(body.counters);
-    let segment_count = state.space().segments().len();
-    state
-        .placement_mut()
-        .restore(&body.placement, segment_count);
-    state
-        .space_mut()
-        .restore_last_batch_sequences(&body.segment_last_batch_sequences);
+    let volumes = std::mem::replace(&mut newest.volumes, VolumeTable::new());
+    state.restore_checkpoint(volumes, &newest.body);
 }
 
 pub(super) fn slot_segments_valid(slot: &Slot, geometry: &Geometry) -> bool {

@@ -21,8 +21,7 @@ use crate::log::geometry::{
     SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK,
 };
 use crate::log::superblock::Superblock;
-use crate::pool::core::integrity::RestorePoint;
-use crate::pool::core::{Pool, aligned};
+use crate::pool::core::aligned;
 use crate::pool::open::create::{
     check_device_starts_empty, write_empty_openings_areas, write_superblock_and_copy,
     write_zeroed_flush_markers,
@@ -48,64 +47,59 @@ pub struct FlashRestore<'a> {
     pub force: bool,
 }
 
-impl Pool {
-    /// Writes onto the flash region of `restore.device` the superblock and
-    /// the checkpoint slots copied on the capacity tier, then flushes; open
-    /// the pool with `Pool::open_restored` afterwards (`Pool::open` would
-    /// leave the lost blocks mapped to the new flash, holding its space).
-    /// Refuses a flash region of
-    /// another size than the lost one's, a flash device holding data (unless
-    /// forced), a capacity device without a label, and one without a usable
-    /// slot copy (a pool last written by a build older than format version 9).
-    pub async fn restore_flash(restore: FlashRestore<'_>) -> Result<RestoredFlash, EngineError> {
-        let device = restore.device;
-        let superblock = read_capacity_label(device, restore.flash_region_bytes).await?;
-        if !restore.force {
-            check_device_starts_empty(device, &[0]).await?;
-        }
-        let copies = read_slot_copies(device, restore.flash_region_bytes).await?;
-        if copies.iter().all(Option::is_none) {
-            return Err(EngineError::Open(OpenError::NoCheckpointCopy {
-                device: device.name().to_string(),
-                offset: restore.flash_region_bytes,
-            }));
-        }
-        write_flash_metadata(device, &superblock, &copies).await?;
-        let mut checkpoint_sequences: Vec<u64> = copies
-            .iter()
-            .flatten()
-            .map(|slot| slot.checkpoint_sequence)
-            .collect();
-        checkpoint_sequences.sort_unstable_by(|a, b| b.cmp(a));
-        tracing::warn!(
-            device = device.name(),
-            ?checkpoint_sequences,
-            "flash device restored from the capacity tier: blocks that were on the lost flash only will read as errors"
-        );
-        Ok(RestoredFlash {
-            checkpoint_sequences,
-        })
+/// Writes onto the flash region of `restore.device` the superblock and
+/// the checkpoint slots copied on the capacity tier, then flushes; open
+/// the pool with `Pool::open_restored` afterwards (`Pool::open` would
+/// leave the lost blocks mapped to the new flash, holding its space).
+/// Refuses a flash region of
+/// another size than the lost one's, a flash device holding data (unless
+/// forced), a capacity device without a label, and one without a usable
+/// slot copy (a pool last written by a build older than format version 9).
+pub(in crate::pool) async fn restore_flash(
+    restore: FlashRestore<'_>,
+) -> Result<RestoredFlash, EngineError> {
+    let device = restore.device;
+    let superblock = read_capacity_label(device, restore.flash_region_bytes).await?;
+    if !restore.force {
+        check_device_starts_empty(device, &[0]).await?;
     }
+    let copies = read_slot_copies(device, restore.flash_region_bytes).await?;
+    if copies.iter().all(Option::is_none) {
+        return Err(EngineError::Open(OpenError::NoCheckpointCopy {
+            device: device.name().to_string(),
+            offset: restore.flash_region_bytes,
+        }));
+    }
+    write_flash_metadata(device, &superblock, &copies).await?;
+    let mut checkpoint_sequences: Vec<u64> = copies
+        .iter()
+        .flatten()
+        .map(|slot| slot.checkpoint_sequence)
+        .collect();
+    checkpoint_sequences.sort_unstable_by(|a, b| b.cmp(a));
+    tracing::warn!(
+        device = device.name(),
+        ?checkpoint_sequences,
+        "flash device restored from the capacity tier: blocks that were on the lost flash only will read as errors"
+    );
+    Ok(RestoredFlash {
+        checkpoint_sequences,
+    })
+}
 
-    /// The point of its history the pool is as of when `Pool::open_restored`
-    /// opened it (decision 0056): the copied checkpoint it was restored
-    /// from; `None` for a pool opened otherwise.
-    pub fn restored_as_of(&self) -> Option<RestorePoint> {
-        self.inner.integrity.restored_as_of()
+/// The size of the flash device the pool on `capacity` (a capacity
+/// device alone, without the flash before it) was created with: what a
+/// new flash device must measure to restore it.
+pub(in crate::pool) async fn lost_flash_region_bytes(
+    capacity: &dyn BlockDevice,
+) -> Result<u64, EngineError> {
+    let superblock = label_at(capacity, 0).await?;
+    if !superblock.geometry.has_capacity_tier() {
+        return Err(EngineError::Open(OpenError::NotAPool {
+            device: capacity.name().to_string(),
+        }));
     }
-
-    /// The size of the flash device the pool on `capacity` (a capacity
-    /// device alone, without the flash before it) was created with: what a
-    /// new flash device must measure to restore it.
-    pub async fn lost_flash_region_bytes(capacity: &dyn BlockDevice) -> Result<u64, EngineError> {
-        let superblock = label_at(capacity, 0).await?;
-        if !superblock.geometry.has_capacity_tier() {
-            return Err(EngineError::Open(OpenError::NotAPool {
-                device: capacity.name().to_string(),
-            }));
-        }
-        Ok(superblock.geometry.capacity_start_block * BLOCK_SIZE_BYTES)
-    }
+    Ok(superblock.geometry.capacity_start_block * BLOCK_SIZE_BYTES)
 }
 
 /// The superblock a capacity label at `offset` of `device` holds (or, when

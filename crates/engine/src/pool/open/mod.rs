@@ -28,6 +28,7 @@ use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
 use crate::pool::background;
+use crate::pool::checkpoint::Checkpointer;
 use crate::pool::checkpoint::increment::CheckpointChain;
 use crate::pool::core::integrity::RecoveryFindings;
 use crate::pool::core::limits::{PoolLimits, PoolOptions};
@@ -85,140 +86,134 @@ fn new_inner(
     })
 }
 
-impl Pool {
-    /// Creates a pool on `device`. Refuses a device whose first MiB holds any
-    /// non-zero byte unless `options.force` is set.
-    pub async fn create(
-        device: Arc<dyn BlockDevice>,
-        options: PoolOptions,
-        limits: PoolLimits,
-    ) -> Result<Pool, EngineError> {
-        limits.validate()?;
-        let geometry = geometry_for_device(&*device, &options)?;
-        if geometry.device_size_bytes > POOL_SIZE_BYTES_MAX {
-            return Err(EngineError::Create(CreateError::DeviceTooLarge {
-                device: device.name().to_string(),
-                size_bytes: geometry.device_size_bytes,
-                maximum_bytes: POOL_SIZE_BYTES_MAX,
-            }));
-        }
-        if geometry.has_capacity_tier() {
-            check_tier_sizes(device.name(), &geometry)?;
-        }
-        // The start of each tier's device must be empty (it is where a pool's
-        // superblock or label would be).
-        let device_starts = tier_device_starts(&geometry);
-        if !options.force {
-            check_device_starts_empty(&*device, &device_starts).await?;
-        }
-        let superblock = Superblock {
-            pool_identifier: rand::random(),
-            geometry,
-            created_unix_seconds: crate::clock::now_unix_seconds(),
-        };
-        write_new_pool(&*device, &superblock, &device_starts).await?;
-        let state = State::new(
-            geometry,
-            SegmentShapes::of_device(geometry, device.clone()),
-            &limits,
-        );
-        let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
-        // `write_new_pool` wrote record 1, empty: no segment is open yet.
-        let openings = OpeningsRecorder::new(superblock.pool_identifier, 2, 0);
-        let pool = Pool::from_inner(new_inner(device, limits, state, flush_marker, openings));
-        background::start(&pool);
-        // Both slots hold a checkpoint from the start, so that one can always fall back.
-        pool.checkpoint().await?;
-        pool.checkpoint().await?;
-        tracing::info!(
-            device = pool.device_name(),
-            segments = geometry.segment_count,
-            "pool created"
-        );
-        Ok(pool)
+/// Creates a pool on `device` (`Pool::create`). Refuses a device whose first MiB holds any
+/// non-zero byte unless `options.force` is set.
+pub(in crate::pool) async fn create(
+    device: Arc<dyn BlockDevice>,
+    options: PoolOptions,
+    limits: PoolLimits,
+) -> Result<Pool, EngineError> {
+    limits.validate()?;
+    let geometry = geometry_for_device(&*device, &options)?;
+    if geometry.device_size_bytes > POOL_SIZE_BYTES_MAX {
+        return Err(EngineError::Create(CreateError::DeviceTooLarge {
+            device: device.name().to_string(),
+            size_bytes: geometry.device_size_bytes,
+            maximum_bytes: POOL_SIZE_BYTES_MAX,
+        }));
     }
-
-    /// Opens (recovers) the pool on `device`: checks the superblock, loads
-    /// the newest checkpoint that verifies, replays the log after it, rebuilds
-    /// the segment table, and makes what it replayed durable.
-    pub async fn open(
-        device: Arc<dyn BlockDevice>,
-        limits: PoolLimits,
-    ) -> Result<Pool, EngineError> {
-        Self::open_as(device, limits, OpenMode::Normal).await
+    if geometry.has_capacity_tier() {
+        check_tier_sizes(device.name(), &geometry)?;
     }
-
-    /// Opens a pool whose flash device `Pool::restore_flash` has just
-    /// rebuilt: as `open`, except that replay applies only the capacity
-    /// tier's moves of contents the checkpoint holds, so that every volume
-    /// is as of that checkpoint (`Pool::restored_as_of`), and after replay
-    /// every entry the maps still place on flash is marked lost (its data
-    /// went with the lost device; the new flash holds none of it), so that
-    /// reading it is an I/O error and it holds no flash space; two
-    /// checkpoints then make the marks durable.
-    pub async fn open_restored(
-        device: Arc<dyn BlockDevice>,
-        limits: PoolLimits,
-    ) -> Result<Pool, EngineError> {
-        Self::open_as(device, limits, OpenMode::FlashRestored).await
+    // The start of each tier's device must be empty (it is where a pool's
+    // superblock or label would be).
+    let device_starts = tier_device_starts(&geometry);
+    if !options.force {
+        check_device_starts_empty(&*device, &device_starts).await?;
     }
+    let superblock = Superblock {
+        pool_identifier: rand::random(),
+        geometry,
+        created_unix_seconds: crate::clock::now_unix_seconds(),
+    };
+    write_new_pool(&*device, &superblock, &device_starts).await?;
+    let state = State::new(
+        geometry,
+        SegmentShapes::of_device(geometry, device.clone()),
+        &limits,
+    );
+    let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
+    // `write_new_pool` wrote record 1, empty: no segment is open yet.
+    let openings = OpeningsRecorder::new(superblock.pool_identifier, 2, 0);
+    let core = new_inner(device, limits, state, flush_marker, openings);
+    background::start(&core);
+    // Both slots hold a checkpoint from the start, so that one can always fall back.
+    let checkpointer = Checkpointer::new(&core);
+    checkpointer.checkpoint().await?;
+    checkpointer.checkpoint().await?;
+    tracing::info!(
+        device = core.device.name(),
+        segments = geometry.segment_count,
+        "pool created"
+    );
+    Ok(Pool::from_inner(core))
+}
 
-    async fn open_as(
-        device: Arc<dyn BlockDevice>,
-        limits: PoolLimits,
-        mode: OpenMode,
-    ) -> Result<Pool, EngineError> {
-        limits.validate()?;
-        let name = device.name().to_string();
-        let started = std::time::Instant::now();
-        let recovered = recover(&device, &limits, mode, &name).await?;
-        let checked = &recovered.checked;
-        // Every check passed: the superblock's copies may be written now.
-        checked.repair(&*device, &name).await?;
-        if checked.found.older_format() {
-            // Areas an older version never wrote: allocated now, so that a
-            // record never needs space on a full file system.
-            write_empty_openings_areas(&*device).await?;
-        }
-        // What was replayed may sit in a volatile cache after a process crash:
-        // make it durable before anything new is acknowledged on top of it.
-        device.flush().await?;
+/// Opens (recovers) the pool on `device` (`Pool::open`): checks the superblock, loads
+/// the newest checkpoint that verifies, replays the log after it, rebuilds
+/// the segment table, and makes what it replayed durable.
+pub(in crate::pool) async fn open(
+    device: Arc<dyn BlockDevice>,
+    limits: PoolLimits,
+) -> Result<Pool, EngineError> {
+    open_as(device, limits, OpenMode::Normal).await
+}
 
-        let pool_identifier = checked.superblock.pool_identifier;
-        let flush_marker = FlushMarker::new(pool_identifier, recovered.marker);
-        let openings = OpeningsRecorder::new(
-            pool_identifier,
-            recovered.next_record_sequence,
-            recovered.recorded_through_segment_sequence,
-        );
-        let checkpoints_needed = recovered.checkpoints_needed();
-        let findings = recovered.findings;
-        let pool = Pool::from_inner(new_inner(
-            device,
-            limits,
-            recovered.state,
-            flush_marker,
-            openings,
-        ));
-        background::start(&pool);
-        pool.inner.integrity.recovery_found(&findings);
-        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        recovered.summary.log(&name, &findings, elapsed_ms);
-        if checkpoints_needed {
-            // Two checkpoints, so that both slots cover the replayed batches. The
-            // unflushed tail among them may hold torn blocks that this recovery
-            // dropped; later batches claim everything before them as flushed, so
-            // no future recovery may replay that tail again, even from the older slot.
-            // The same two checkpoints repair a slot found corrupt, and
-            // write an older version's pool in this one (the first is a base).
-            pool.checkpoint().await?;
-            pool.checkpoint().await?;
-        }
-        // The newest record is this run's from now on, listing what the
-        // checkpoints just written (if any) still need.
-        pool.inner.record_now_durably().await?;
-        Ok(pool)
+/// Opens a pool whose flash device `Pool::restore_flash` has just
+/// rebuilt: as `open`, except that replay applies only the capacity
+/// tier's moves of contents the checkpoint holds, so that every volume
+/// is as of that checkpoint (`Pool::restored_as_of`), and after replay
+/// every entry the maps still place on flash is marked lost (its data
+/// went with the lost device; the new flash holds none of it), so that
+/// reading it is an I/O error and it holds no flash space; two
+/// checkpoints then make the marks durable.
+pub(in crate::pool) async fn open_restored(
+    device: Arc<dyn BlockDevice>,
+    limits: PoolLimits,
+) -> Result<Pool, EngineError> {
+    open_as(device, limits, OpenMode::FlashRestored).await
+}
+
+async fn open_as(
+    device: Arc<dyn BlockDevice>,
+    limits: PoolLimits,
+    mode: OpenMode,
+) -> Result<Pool, EngineError> {
+    limits.validate()?;
+    let name = device.name().to_string();
+    let started = std::time::Instant::now();
+    let recovered = recover(&device, &limits, mode, &name).await?;
+    let checked = &recovered.checked;
+    // Every check passed: the superblock's copies may be written now.
+    checked.repair(&*device, &name).await?;
+    if checked.found.older_format() {
+        // Areas an older version never wrote: allocated now, so that a
+        // record never needs space on a full file system.
+        write_empty_openings_areas(&*device).await?;
     }
+    // What was replayed may sit in a volatile cache after a process crash:
+    // make it durable before anything new is acknowledged on top of it.
+    device.flush().await?;
+
+    let pool_identifier = checked.superblock.pool_identifier;
+    let flush_marker = FlushMarker::new(pool_identifier, recovered.marker);
+    let openings = OpeningsRecorder::new(
+        pool_identifier,
+        recovered.next_record_sequence,
+        recovered.recorded_through_segment_sequence,
+    );
+    let checkpoints_needed = recovered.checkpoints_needed();
+    let findings = recovered.findings;
+    let core = new_inner(device, limits, recovered.state, flush_marker, openings);
+    background::start(&core);
+    core.integrity.recovery_found(&findings);
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    recovered.summary.log(&name, &findings, elapsed_ms);
+    if checkpoints_needed {
+        // Two checkpoints, so that both slots cover the replayed batches. The
+        // unflushed tail among them may hold torn blocks that this recovery
+        // dropped; later batches claim everything before them as flushed, so
+        // no future recovery may replay that tail again, even from the older slot.
+        // The same two checkpoints repair a slot found corrupt, and
+        // write an older version's pool in this one (the first is a base).
+        let checkpointer = Checkpointer::new(&core);
+        checkpointer.checkpoint().await?;
+        checkpointer.checkpoint().await?;
+    }
+    // The newest record is this run's from now on, listing what the
+    // checkpoints just written (if any) still need.
+    core.record_now_durably().await?;
+    Ok(Pool::from_inner(core))
 }
 
 /// What recovery made of the device, before anything was written to it.

@@ -279,7 +279,7 @@ pub(super) fn replay_records(
             if skipped {
                 outcome.later_versions_skipped += 1;
             } else {
-                state.volumes_mut().apply(record, None, &mut |_| {});
+                state.replay_record(record, None);
             }
             continue;
         };
@@ -307,9 +307,7 @@ pub(super) fn replay_records(
                 "a flushed block fails its checksum; reads of it will fail"
             );
         }
-        state
-            .volumes_mut()
-            .apply(record, Some(physical_block), &mut |_| {});
+        state.replay_record(record, Some(physical_block));
     }
 }
 
@@ -324,13 +322,7 @@ pub(super) fn batch_replayed(
     let summary = &batch.summary;
     let segment_index = geometry.segment_of(batch.summary_block);
     // Written after the checkpoint: its hints there are of an earlier use.
-    let now_blocks = state.client_blocks_written();
-    state
-        .placement_mut()
-        .forget_segment(segment_index, now_blocks);
-    state
-        .space_mut()
-        .batch_replayed(segment_index, summary.batch_sequence);
+    state.batch_replayed(segment_index, summary.batch_sequence);
     outcome.highest_sequence = outcome.highest_sequence.max(summary.batch_sequence);
     outcome.highest_segment_sequence = outcome
         .highest_segment_sequence

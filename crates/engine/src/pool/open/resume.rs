@@ -12,9 +12,9 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::convert::segment_index;
 use crate::error::{EngineError, OpenError};
 use crate::log::geometry::Tier;
-use crate::pool::core::counters::CheckpointSchedule;
+
 use crate::pool::core::integrity::{RecoveryFindings, RestorePoint};
-use crate::pool::core::state::State;
+use crate::pool::core::state::{LogResume, State};
 use crate::pool::space::{self, RecoveredSegments};
 
 /// Sequence numbers skipped after a recovery, so that new batches and segments
@@ -54,7 +54,7 @@ pub(super) fn mark_restored_losses(
         .filter(|opening| opening.segment_sequence >= body.next_segment_sequence)
         .map(|opening| opening.segment_index)
         .collect();
-    let lost = state.volumes_mut().mark_lost(&|physical_block, changed| {
+    let lost = state.mark_lost(&|physical_block, changed| {
         geometry.tier_of_block(physical_block) == Tier::Flash
             || (!changed && reopened.contains(&geometry.segment_of(physical_block)))
     });
@@ -85,22 +85,20 @@ pub(super) fn continue_after_replay(
     let highest_segment_sequence = replay
         .highest_segment_sequence
         .max(kept.newest.body.next_segment_sequence.saturating_sub(1));
-    state
-        .space_mut()
-        .restore_durable_checkpoints(kept.durable_checkpoints(scope.older_floor()));
-    *state.openings_mut() = scope.openings_to_keep(
+    state.restore_durable_checkpoints(kept.durable_checkpoints(scope.older_floor()));
+    let openings = scope.openings_to_keep(
         &scanned.probed,
         state.space().openings_floor_segment_sequence(),
     );
-    *state.checkpoint_schedule_mut() =
-        CheckpointSchedule::starting_at(kept.next_checkpoint_sequence);
     // The skipped sequences count as sealed and durable, so that the log
     // stays dense from the next checkpoint's point of view. Durable once
     // the device flush after this returns.
-    state.writer_mut().resume(
-        replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
-        highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
-    );
+    state.resume_log(LogResume {
+        openings,
+        next_checkpoint_sequence: kept.next_checkpoint_sequence,
+        next_batch_sequence: replay.highest_sequence + 1 + RECOVERY_BATCH_SEQUENCE_GAP,
+        next_segment_sequence: highest_segment_sequence + 1 + RECOVERY_SEGMENT_SEQUENCE_GAP,
+    });
     state.writer().next_segment_sequence() - 1
 }
 
@@ -136,7 +134,7 @@ pub(super) fn rebuild_segment_table(
             format!("segment {segment} holds both a checkpoint body and mapped data"),
         ));
     }
-    state.space_mut().rebuild_after_recovery(RecoveredSegments {
+    state.rebuild_segment_table(RecoveredSegments {
         live_counts: &live_counts,
         held,
         fallback_covered: kept.fallback_covered(),

@@ -25,11 +25,11 @@
 //! each moved segment's space comes back at the new width.
 //!
 //! An evacuation is an [`Evacuation`], built with the pool it moves: the
-//! core whose segments it reads and lays out, the checkpointer that writes
-//! the checkpoints freeing what it emptied, and the front it asks for the
-//! flush, the cleaner's move of a victim and whether a replacement is
-//! pending. The front's `evacuate`, `rebalance`, `evacuation_need` and
-//! `rebuild_blocked` delegate to it.
+//! core whose segments it reads and lays out (which it also flushes, and
+//! asks whether a replacement is pending), the cleaner that moves each
+//! victim, and the checkpointer that writes the checkpoints freeing what it
+//! emptied. The front's `evacuate`, `rebalance`, `evacuation_need` and
+//! `rebuild_blocked` delegate to it; a rebuild starts one on the core.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -40,7 +40,8 @@ use crate::error::{EngineError, IoError};
 use crate::log::geometry::Tier;
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::{Inner, Pool};
+use crate::pool::cleaner::Cleaner;
+use crate::pool::core::Inner;
 use crate::pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
 use crate::pool::space::segment_shapes::SegmentLayout;
 use crate::pool::space::{SegmentState, SpaceAllocator};
@@ -167,21 +168,21 @@ fn mebibytes(bytes: u64) -> String {
 }
 
 /// An evacuation (or a rebalance) of the pool, built with the pool it
-/// moves: the core whose segments it reads and lays out again, the
-/// checkpointer that frees what it emptied, and the front it asks for the
-/// flush, the cleaner's move of each victim and the rebuild's state.
+/// moves: the core whose segments it reads and lays out again (and flushes,
+/// and whose rebuild progress it shares), the cleaner that moves each
+/// victim and the checkpointer that frees what it emptied.
 pub(in crate::pool) struct Evacuation<'a> {
-    pool: &'a Pool,
     core: &'a Arc<Inner>,
+    cleaner: Cleaner,
     checkpointer: Checkpointer,
 }
 
 impl<'a> Evacuation<'a> {
-    pub(in crate::pool) fn new(pool: &'a Pool) -> Self {
+    pub(in crate::pool) fn new(core: &'a Arc<Inner>) -> Self {
         Self {
-            pool,
-            core: &pool.inner,
-            checkpointer: Checkpointer::new(&pool.inner),
+            core,
+            cleaner: Cleaner::new(core),
+            checkpointer: Checkpointer::new(core),
         }
     }
 
@@ -197,8 +198,8 @@ impl<'a> Evacuation<'a> {
     /// will start by itself; `None` otherwise (nothing is degraded, or a
     /// rebuild runs or starts at the next check).
     pub(in crate::pool) fn blocked(&self) -> Option<RebuildBlocked> {
-        if self.pool.rebuild_status().state == RebuildState::Rebuilding
-            || self.pool.rebuild_pending()
+        if self.core.rebuild.status().state == RebuildState::Rebuilding
+            || self.core.device.rebuild_pending()
         {
             return None;
         }
@@ -346,7 +347,7 @@ impl<'a> Evacuation<'a> {
                 return Ok(());
             };
             // Emptied victims become free through the flush and checkpoints.
-            self.pool.flush_all().await?;
+            self.core.flush_all().await?;
             self.checkpointer.checkpoint().await?;
             self.checkpointer.checkpoint().await?;
             if moved.emptied_count == 0 {
@@ -432,7 +433,7 @@ impl<'a> Evacuation<'a> {
             {
                 let mut state = self.core.lock();
                 for segment_index in &batch {
-                    state.space_mut().return_free_segment(*segment_index);
+                    state.return_free_segment(*segment_index);
                 }
             }
             opened.map_err(EngineError::Device)?;
@@ -446,7 +447,6 @@ impl<'a> Evacuation<'a> {
     fn take_free_segments_to_lay_out(&self) -> Vec<u32> {
         let shapes = &self.core.shapes;
         let mut state = self.core.lock();
-        let space = state.space_mut();
         let geometry = shapes.geometry();
         let half_of_free = |tier: Tier, space: &SpaceAllocator| {
             let free = match tier {
@@ -455,9 +455,10 @@ impl<'a> Evacuation<'a> {
             };
             free.div_ceil(2)
         };
-        let mut flash_left = half_of_free(Tier::Flash, space);
-        let mut capacity_left = half_of_free(Tier::Capacity, space);
-        let candidates: Vec<u32> = space
+        let mut flash_left = half_of_free(Tier::Flash, state.space());
+        let mut capacity_left = half_of_free(Tier::Capacity, state.space());
+        let candidates: Vec<u32> = state
+            .space()
             .free_segments()
             .filter(|index| shapes.needs_layout(*index))
             .collect();
@@ -473,7 +474,7 @@ impl<'a> Evacuation<'a> {
             if *left == 0 {
                 continue;
             }
-            if space.take_free_segment_to_lay_out(segment_index) {
+            if state.take_free_segment_to_lay_out(segment_index) {
                 *left -= 1;
                 batch.push(segment_index);
             }
@@ -523,7 +524,7 @@ impl<'a> Evacuation<'a> {
         if self.core.supervisor.is_stopping() {
             return Err(EngineError::Io(IoError::RebuildInterrupted));
         }
-        Ok(self.pool.rebuild_pending())
+        Ok(self.core.device.rebuild_pending())
     }
 
     /// Moves one segment's live blocks, paced by the budget; counts them
@@ -536,7 +537,7 @@ impl<'a> Evacuation<'a> {
             .acquire(BackgroundWork::Rebuild, live_bytes.max(BLOCK_SIZE_BYTES))
             .await;
         let _guard = self.core.cleaner_lock.lock().await;
-        let moved = match self.pool.clean_degraded_victim(victim).await {
+        let moved = match self.cleaner.clean_degraded_victim(victim).await {
             Ok(true) => SegmentMove::Emptied,
             Ok(false) => SegmentMove::Partly,
             // The cleaner's reserve is used up: the flush and checkpoints

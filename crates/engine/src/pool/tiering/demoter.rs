@@ -11,6 +11,7 @@
 //! the capacity tier's writes are suspended (`capacity_writes`), each look
 //! only retries its flush when due, and demotes nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -19,8 +20,8 @@ use crate::error::EngineError;
 use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::cleaner::next_victims_live_bytes;
-use crate::pool::core::Pool;
+use crate::pool::cleaner::{Cleaner, next_victims_live_bytes};
+use crate::pool::core::Inner;
 use crate::pool::core::limits::TIER_FLASH_FREE_PERCENT_MAX;
 use crate::pool::core::state::State;
 use crate::pool::space::Allocation;
@@ -59,23 +60,21 @@ pub(in crate::pool) struct Demoter {
 impl Periodic for Demoter {
     const NAME: &'static str = "demotion";
 
-    async fn step(&mut self, pool: &Pool) -> Result<(), EngineError> {
-        self.demote_once(pool).await
+    async fn step(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
+        self.demote_once(core).await
     }
 }
 
 impl Demoter {
     /// Starts the demoter in a two-tier pool. It stops when the pool is
     /// closed, abandoned, dropped or failed.
-    pub(in crate::pool) fn start(pool: &Pool) {
-        if !pool.inner.geometry.has_capacity_tier()
-            || pool.inner.limits.tier_flash_free_percent == 0
-        {
+    pub(in crate::pool) fn start(core: &Arc<Inner>) {
+        if !core.geometry.has_capacity_tier() || core.limits.tier_flash_free_percent == 0 {
             return;
         }
         spawn_periodic(
-            pool,
-            pool.inner.limits.tier_demotion_interval_ms,
+            core,
+            core.limits.tier_demotion_interval_ms,
             Demoter {
                 last_checkpoint: None,
             },
@@ -85,31 +84,30 @@ impl Demoter {
     /// Cleans up to `DEMOTION_VICTIMS_PER_LOOK_MAX` flash victims once the
     /// background budget allows their live bytes (asked for holding no
     /// lock). Returns how many were emptied.
-    async fn demote_victims(pool: &Pool) -> Result<usize, EngineError> {
-        let bytes = next_victims_live_bytes(&pool.inner.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
-        pool.inner
-            .budget
-            .acquire(BackgroundWork::Demoter, bytes)
-            .await;
+    async fn demote_victims(core: &Arc<Inner>) -> Result<usize, EngineError> {
+        let bytes = next_victims_live_bytes(&core.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
+        core.budget.acquire(BackgroundWork::Demoter, bytes).await;
         // The pool may have been closed while this waited: a closed pool's
         // device may already belong to the next open.
-        if pool.background_stopped() {
+        if core.background_stopped() {
             return Ok(0);
         }
-        pool.clean(DEMOTION_VICTIMS_PER_LOOK_MAX).await
+        Cleaner::new(core)
+            .clean(DEMOTION_VICTIMS_PER_LOOK_MAX)
+            .await
     }
 
     /// One look: while free flash is under its target, free what flushes
     /// free, clean flash victims (which demotes their cold blocks), and take a
     /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
     /// segments that only a checkpoint frees.
-    async fn demote_once(&mut self, pool: &Pool) -> Result<(), EngineError> {
+    async fn demote_once(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
         // Demotion pauses while the capacity tier cannot make its writes
         // durable, and resumes once a retry finds it back (decision 0032).
-        if !pool.retry_capacity_writes_when_due().await {
+        if !core.retry_capacity_writes_when_due().await {
             return Ok(());
         }
-        let free_percent = pool.inner.limits.tier_flash_free_percent;
+        let free_percent = core.limits.tier_flash_free_percent;
         // Free segments, and dead ones whose death a sealed batch covers.
         let look = |state: &mut State| {
             state.free_reusable_dead_segments();
@@ -119,28 +117,28 @@ impl Demoter {
                 flash_free_target_segment_count(state, free_percent),
             )
         };
-        let (free, dead, target) = look(&mut pool.inner.lock());
+        let (free, dead, target) = look(&mut core.lock());
         if free >= target {
             return Ok(());
         }
-        if free + dead.total() < target && Self::demote_victims(pool).await? > 0 {
+        if free + dead.total() < target && Self::demote_victims(core).await? > 0 {
             // The victims' deaths become durable, which frees those that both
             // checkpoints cover.
-            pool.flush_all().await?;
+            core.flush_all().await?;
         }
-        let (mut free, mut dead, target) = look(&mut pool.inner.lock());
+        let (mut free, mut dead, target) = look(&mut core.lock());
         if free < target && dead.awaiting_flush > 0 {
             // Deaths that are not durable yet need a flush, not a checkpoint.
-            pool.flush_all().await?;
-            (free, dead, _) = look(&mut pool.inner.lock());
+            core.flush_all().await?;
+            (free, dead, _) = look(&mut core.lock());
         }
         let checkpoint_allowed = self
             .last_checkpoint
             .is_none_or(|at| at.elapsed() >= Duration::from_millis(DEMOTER_CHECKPOINT_INTERVAL_MS));
         if free < target && dead.awaiting_checkpoints > 0 && checkpoint_allowed {
-            Checkpointer::new(&pool.inner).checkpoint().await?;
+            Checkpointer::new(core).checkpoint().await?;
             self.last_checkpoint = Some(Instant::now());
-            pool.inner.lock().free_reusable_dead_segments();
+            core.lock().free_reusable_dead_segments();
         }
         Ok(())
     }

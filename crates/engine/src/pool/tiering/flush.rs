@@ -12,8 +12,9 @@
 //!
 //! These are the core's operations (`impl Inner`): sealing the open batch,
 //! the flash flush with its flush marker (what `Pool::flush` does), the
-//! capacity flush, and both, so that the checkpointer, which holds the core
-//! and not the front, flushes through them too.
+//! capacity flush, both (`Pool::flush_all`), and the capacity tier's
+//! retries, so that the services, which hold the core and not the front,
+//! flush through them too; the front's flushes delegate to them.
 //!
 //! A failed capacity flush suspends the capacity tier's writes
 //! (`capacity_writes`) instead of failing the pool; the demoter retries it
@@ -25,7 +26,7 @@ use lamina_device::DeviceError;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::{EngineError, IoError};
-use crate::pool::core::{Inner, Pool};
+use crate::pool::core::Inner;
 use crate::pool::io::flush_marker::MarkerClaims;
 use crate::pool::io::writer::LogWriter;
 
@@ -97,9 +98,7 @@ impl Inner {
                 Ok(())
             }
             Err(error) => {
-                state
-                    .capacity_writes_mut()
-                    .flush_failed(device, &error.to_string());
+                state.capacity_flush_failed(device, &error.to_string());
                 Err(self.capacity_unavailable(error.to_string()))
             }
         }
@@ -160,7 +159,7 @@ impl Inner {
         let marker_covered = self.flush_marker.before_device_flush().await;
         if let Err(error) = self.flush_flash().await {
             let mut state = self.lock();
-            state.writer_mut().fail(error.to_string());
+            state.fail_writes(error.to_string());
             return Err(error.into());
         }
         let claims = {
@@ -183,7 +182,7 @@ impl Inner {
             .flush_marker
             .after_device_flush(&self.device, marker_covered, claims)
             .await;
-        self.lock().counters_mut().marker_written(marker_bytes);
+        self.lock().flush_marker_written(marker_bytes);
     }
 
     /// The error a refused capacity flush reports.
@@ -195,24 +194,47 @@ impl Inner {
     }
 }
 
-impl Pool {
+impl Inner {
+    /// Makes every write acknowledged so far durable on flash (what
+    /// `Pool::flush` does): seals the open batch and flushes through it.
+    pub(in crate::pool) async fn flush(self: &Arc<Self>) -> Result<(), EngineError> {
+        let target = self.seal_for_flush()?;
+        self.flush_through(target).await
+    }
+
     /// Makes every batch sealed so far durable on both tiers: what frees
     /// dead segments and what a checkpoint covers. In a two-tier pool whose
     /// capacity tier's writes are suspended this makes flash durable and
     /// fails with `IoError::CapacityUnavailable` (the pool goes on).
-    pub async fn flush_all(&self) -> Result<(), EngineError> {
-        let target = self.inner.seal_for_flush()?;
-        self.inner.flush_all_through(target).await
+    pub(in crate::pool) async fn flush_all(self: &Arc<Self>) -> Result<(), EngineError> {
+        let target = self.seal_for_flush()?;
+        self.flush_all_through(target).await
+    }
+
+    /// Makes the newest flush marker durable when no flush has covered it
+    /// yet (the flush-and-checkpoint loop's part of `flush_marker`).
+    pub(in crate::pool) async fn flush_marker_durably(&self) -> Result<(), EngineError> {
+        if !self.flush_marker.needs_durability_flush() {
+            return Ok(());
+        }
+        let _guard = self.flush_lock.lock().await;
+        self.lock().check_failed()?;
+        let marker_covered = self.flush_marker.before_device_flush().await;
+        // The marker lives on flash.
+        self.flush_flash().await?;
+        let claims = marker_claims(self.lock().writer());
+        self.write_flush_marker(marker_covered, claims).await;
+        Ok(())
     }
 
     /// Tries the capacity tier's flush now if its writes are suspended;
     /// once it succeeds, demotion and checkpoints resume. `Ok` when the tier
     /// takes writes (a one-tier pool has none to suspend).
-    pub async fn resume_capacity_writes(&self) -> Result<(), EngineError> {
-        if !self.inner.lock().capacity_writes().is_suspended() {
+    pub(in crate::pool) async fn resume_capacity_writes(&self) -> Result<(), EngineError> {
+        if !self.capacity_writes_suspended() {
             return Ok(());
         }
-        self.inner.flush_capacity(true).await
+        self.flush_capacity(true).await
     }
 
     /// The demoter's part: a suspended tier's retry, when due. Returns
@@ -220,17 +242,12 @@ impl Pool {
     /// the demoter (`capacity_writes` logs the changes of state).
     pub(in crate::pool) async fn retry_capacity_writes_when_due(&self) -> bool {
         let due = {
-            let state = self.inner.lock();
+            let state = self.lock();
             if !state.capacity_writes().is_suspended() {
                 return true;
             }
             state.capacity_writes().retry_due()
         };
-        due && self.inner.flush_capacity(true).await.is_ok()
-    }
-
-    /// Whether the capacity tier's writes are suspended.
-    pub(in crate::pool) fn capacity_writes_suspended(&self) -> bool {
-        self.inner.capacity_writes_suspended()
+        due && self.flush_capacity(true).await.is_ok()
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod progress;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use lamina_device::RebuildReport;
@@ -22,10 +23,10 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::geometry::DATA_START_BLOCK;
 
-use super::evacuation::EvacuationNeed;
+use super::evacuation::{Evacuation, EvacuationGoal, EvacuationNeed};
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
-use crate::pool::core::{Inner, Pool};
+use crate::pool::core::Inner;
 use crate::pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
 use crate::pool::space::SegmentState;
 
@@ -53,19 +54,15 @@ struct RebuildRange {
 
 /// A rebuild of the pool's device onto a replacement, built with the pool
 /// it restores: the core whose device, segments and live blocks it reads,
-/// and the front a rebuild started in the background runs on (and asks
-/// what an evacuation would need, when no replacement is pending).
+/// which a rebuild started in the background holds (and on which it builds
+/// an evacuation when no replacement is pending).
 pub(in crate::pool) struct Rebuild<'a> {
-    pool: &'a Pool,
-    core: &'a Inner,
+    core: &'a Arc<Inner>,
 }
 
 impl<'a> Rebuild<'a> {
-    pub(in crate::pool) fn new(pool: &'a Pool) -> Self {
-        Self {
-            pool,
-            core: &pool.inner,
-        }
+    pub(in crate::pool) fn new(core: &'a Arc<Inner>) -> Self {
+        Self { core }
     }
 
     /// Whether a device beneath the pool is being rebuilt.
@@ -91,9 +88,9 @@ impl<'a> Rebuild<'a> {
         // A replacement takes over from a rebuild onto spare space, which
         // stops at its next step (`Pool::rebuild` waits for that).
         if self.pending() {
-            let pool = self.pool.clone();
+            let core = self.core.clone();
             self.core.supervisor.spawn("rebuild", async move {
-                if let Err(error) = pool.rebuild().await {
+                if let Err(error) = Rebuild::new(&core).run().await {
                     tracing::debug!(%error, "rebuild did not run");
                 }
             });
@@ -102,16 +99,16 @@ impl<'a> Rebuild<'a> {
         if !self.core.limits.rebuild_automatic {
             return RebuildStart::Nothing;
         }
-        let need = self.pool.evacuation_need();
+        let need = Evacuation::new(self.core).need();
         if need.is_empty() {
             return RebuildStart::Nothing;
         }
         if need.live_bytes > need.free_bytes {
             return RebuildStart::LacksSpace(need);
         }
-        let pool = self.pool.clone();
+        let core = self.core.clone();
         self.core.supervisor.spawn("evacuation", async move {
-            if let Err(error) = pool.evacuate().await {
+            if let Err(error) = Evacuation::new(&core).run(EvacuationGoal::Redundancy).await {
                 tracing::debug!(%error, "rebuild did not run");
             }
         });
@@ -152,7 +149,7 @@ impl<'a> Rebuild<'a> {
             let mut offset = range.offset;
             let end = range.offset + range.length;
             while offset < end {
-                if self.pool.background_stopped() {
+                if self.core.background_stopped() {
                     return Err(EngineError::Io(crate::error::IoError::RebuildInterrupted));
                 }
                 let length = (end - offset).min(REBUILD_STEP_BYTES_MAX);

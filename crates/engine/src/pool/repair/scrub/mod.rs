@@ -17,6 +17,7 @@
 
 pub mod progress;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use lamina_device::{ScrubBlocks, ScrubReport};
@@ -38,7 +39,7 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::{Inner, Pool};
+use crate::pool::core::Inner;
 use crate::pool::repair::scrub::progress::ScrubStatus;
 
 /// Blocks of one scrub chunk at most: what one grant of the background
@@ -85,19 +86,16 @@ impl ScrubBlocks for LiveBlocks<'_> {
 }
 
 /// One scrub of the pool, built with the pool it checks: the core whose
-/// live blocks and metadata it reads, and the front it asks for a flush
-/// before it starts and for a base checkpoint after it repaired a body.
+/// live blocks and metadata it reads (and flushes before it starts), and
+/// on which it builds a checkpointer for the base checkpoints after it
+/// repaired a body.
 pub(in crate::pool) struct Scrub<'a> {
-    pool: &'a Pool,
-    core: &'a Inner,
+    core: &'a Arc<Inner>,
 }
 
 impl<'a> Scrub<'a> {
-    pub(in crate::pool) fn new(pool: &'a Pool) -> Self {
-        Self {
-            pool,
-            core: &pool.inner,
-        }
+    pub(in crate::pool) fn new(core: &'a Arc<Inner>) -> Self {
+        Self { core }
     }
 
     /// Scrubs the whole pool and returns what it found; refused while a
@@ -113,7 +111,7 @@ impl<'a> Scrub<'a> {
     }
 
     async fn scrub_all(&self) -> Result<(), EngineError> {
-        self.pool.flush().await?;
+        self.core.flush().await?;
         self.scrub_metadata().await;
         let list = LiveList::take(self.core);
         let scrubber = &self.core.scrub;
@@ -331,7 +329,7 @@ impl<'a> Scrub<'a> {
             return;
         }
         for _ in 0..2 {
-            if let Err(error) = Checkpointer::new(&self.pool.inner).checkpoint_base().await {
+            if let Err(error) = Checkpointer::new(self.core).checkpoint_base().await {
                 tracing::warn!(%error, "scrub: the checkpoints after its repairs could not be written; the next ones will be");
                 return;
             }
