@@ -13,7 +13,10 @@ use std::process::Command;
 
 mod common;
 
-use common::{Daemon, Setup, assert_volume_reads, lamina, lamina_error, lamina_ok, run};
+use common::{
+    ArrayMembers, Daemon, Setup, assert_volume_reads, create_array_pool, lamina, lamina_error,
+    lamina_ok, run,
+};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_COUNT: usize = 6;
@@ -28,14 +31,6 @@ const CONFIG: &str = "[server]\ntcp_address = \"\"\n[limits]\nmemory_cache_bytes
 impl Setup {
     fn member(&self, index: usize) -> PathBuf {
         self.root.join(format!("f{index}.img"))
-    }
-
-    /// `f0.img:SIZE,f1.img:SIZE,...` for `count` members.
-    fn members_argument(&self, count: usize, size: &str) -> String {
-        (0..count)
-            .map(|index| format!("{}:{size}", self.member(index).display()))
-            .collect::<Vec<_>>()
-            .join(",")
     }
 }
 
@@ -61,20 +56,11 @@ fn device_states(status: &serde_json::Value) -> Vec<String> {
 fn a_raid6_pool_serves_through_two_lost_devices_and_refuses_three() {
     let setup = Setup::new();
     let data_dir = &setup.data_dir;
-    let members = setup.members_argument(MEMBER_COUNT, MEMBER_SIZE);
-    let created = lamina_ok(
-        data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members,
-            "--redundancy",
-            "raid6",
-            "--segment-size",
-            "1M",
-        ],
+    let members = ArrayMembers::new(
+        (0..MEMBER_COUNT).map(|index| setup.member(index)),
+        MEMBER_SIZE,
     );
+    let created = create_array_pool(data_dir, "raid6", &members, &[]);
     assert_eq!(layout_state(&created), "online");
     assert_eq!(device_states(&created), vec!["online"; MEMBER_COUNT]);
     lamina_ok(data_dir, &["volume", "create", "v", "32M"]);

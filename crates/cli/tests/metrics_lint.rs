@@ -13,7 +13,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{Daemon, Setup, lamina_ok, run};
+use common::{ArrayMembers, Daemon, Setup, create_array_pool, lamina_ok, run};
 
 /// No TCP; no memory cache, so that reads reach the devices.
 const CONFIG: &str = "[server]\ntcp_address = \"\"\nvolume_latency_histograms = true\n[limits]\nmemory_cache_bytes = 0\nflush_interval_ms = 200\n";
@@ -23,23 +23,11 @@ const MEMBER_SIZE: &str = "96M";
 fn metrics_of_a_busy_array_pool_pass_promtool() {
     let setup = Setup::new();
     let data_dir = &setup.data_dir;
-    let members: Vec<String> = ["f0.img", "f\"1\\.img", "f2.img"]
-        .iter()
-        .map(|name| format!("{}:{MEMBER_SIZE}", setup.root.join(name).display()))
-        .collect();
-    lamina_ok(
-        data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members.join(","),
-            "--redundancy",
-            "raid5",
-            "--segment-size",
-            "1M",
-        ],
+    let members = ArrayMembers::new(
+        ["f0.img", "f\"1\\.img", "f2.img"].map(|name| setup.root.join(name)),
+        MEMBER_SIZE,
     );
+    create_array_pool(data_dir, "raid5", &members, &[]);
     lamina_ok(data_dir, &["volume", "create", "v", "16M"]);
     let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
 

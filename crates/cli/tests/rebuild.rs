@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Daemon, Setup, assert_volume_reads, lamina_error, lamina_ok, run, wait_with_timeout};
+use common::{
+    ArrayMembers, Daemon, Setup, assert_volume_reads, create_array_pool, lamina_error, lamina_ok,
+    run, wait_with_timeout,
+};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_COUNT: usize = 6;
@@ -31,6 +34,11 @@ const FIO_TIMEOUT_MS: u64 = 300_000;
 
 fn member(root: &Path, name: &str) -> PathBuf {
     root.join(format!("{name}.img"))
+}
+
+/// `count` member files `{prefix}0.img`, `{prefix}1.img`, … in `root`.
+fn numbered(root: &Path, prefix: &str, count: usize) -> impl Iterator<Item = PathBuf> {
+    (0..count).map(move |index| member(root, &format!("{prefix}{index}")))
 }
 
 fn canonical(path: &Path) -> String {
@@ -93,27 +101,8 @@ fn six_device_pool_with_data(
     create_options: &[&str],
 ) -> (Daemon, Vec<u8>, PathBuf) {
     let (root, data_dir) = (&setup.root, &setup.data_dir);
-    let members = (0..MEMBER_COUNT)
-        .map(|index| {
-            format!(
-                "{}:{MEMBER_SIZE}",
-                member(root, &format!("f{index}")).display()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut create = vec![
-        "pool",
-        "create",
-        "--flash",
-        &members,
-        "--redundancy",
-        "raid6",
-        "--segment-size",
-        "1M",
-    ];
-    create.extend_from_slice(create_options);
-    lamina_ok(data_dir, &create);
+    let members = ArrayMembers::new(numbered(root, "f", MEMBER_COUNT), MEMBER_SIZE);
+    create_array_pool(data_dir, "raid6", &members, create_options);
     lamina_ok(data_dir, &["volume", "create", "v", "48M"]);
     lamina_ok(data_dir, &["volume", "create", "scratch", "16M"]);
     let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
@@ -260,15 +249,7 @@ fn a_capacity_device_is_replaced_offline_and_carries_the_demoted_data() {
     let setup = Setup::new();
     let (root, data_dir) = (&setup.root, &setup.data_dir);
     let devices = |prefix: &str, count: usize, size: &str| {
-        (0..count)
-            .map(|index| {
-                format!(
-                    "{}:{size}",
-                    member(root, &format!("{prefix}{index}")).display()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",")
+        ArrayMembers::new(numbered(root, prefix, count), size).argument()
     };
     lamina_ok(
         data_dir,
@@ -517,12 +498,7 @@ fn a_pool_created_with_empty_slots_widens_and_rebalances_under_load() {
 fn empty_slots_are_refused_where_they_cannot_widen() {
     let setup = Setup::new();
     let (root, data_dir) = (&setup.root, &setup.data_dir);
-    let devices = |count: usize| {
-        (0..count)
-            .map(|index| format!("{}:16M", member(root, &format!("s{index}")).display()))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+    let devices = |count: usize| ArrayMembers::new(numbered(root, "s", count), "16M").argument();
     let error = lamina_error(
         data_dir,
         &[
@@ -571,26 +547,8 @@ const FULL_SHARE_PERCENT: u64 = 85;
 fn a_rebuild_without_room_is_blocked_and_says_why_everywhere() {
     let setup = Setup::new();
     let (root, data_dir) = (&setup.root, &setup.data_dir);
-    let members = (0..MEMBER_COUNT)
-        .map(|index| {
-            format!(
-                "{}:{FULL_MEMBER_SIZE}",
-                member(root, &format!("f{index}")).display()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(",");
-    let create = [
-        "pool",
-        "create",
-        "--flash",
-        &members,
-        "--redundancy",
-        "raid6",
-        "--segment-size",
-        "1M",
-    ];
-    lamina_ok(data_dir, &create);
+    let members = ArrayMembers::new(numbered(root, "f", MEMBER_COUNT), FULL_MEMBER_SIZE);
+    create_array_pool(data_dir, "raid6", &members, &[]);
     let status = lamina_ok(data_dir, &["pool", "status"]);
     let fillable = status["free_bytes"].as_u64().unwrap() + status["used_bytes"].as_u64().unwrap();
     let volume_bytes = (fillable * FULL_SHARE_PERCENT / 100) >> 20 << 20;

@@ -17,7 +17,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{Daemon, Setup, lamina_ok, run};
+use common::{ArrayMembers, Daemon, Setup, create_array_pool, lamina_ok, run};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_SIZE: &str = "48M";
@@ -69,22 +69,11 @@ struct Scenario {
 fn run_scenario(scenario: &Scenario) {
     let setup = Setup::new();
     let data_dir = &setup.data_dir;
-    let members: Vec<String> = (0..scenario.member_count)
-        .map(|index| format!("{}:{MEMBER_SIZE}", member(&setup.root, index).display()))
-        .collect();
-    lamina_ok(
-        data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members.join(","),
-            "--redundancy",
-            scenario.redundancy,
-            "--segment-size",
-            "1M",
-        ],
+    let members = ArrayMembers::new(
+        (0..scenario.member_count).map(|index| member(&setup.root, index)),
+        MEMBER_SIZE,
     );
+    create_array_pool(data_dir, scenario.redundancy, &members, &[]);
     lamina_ok(data_dir, &["volume", "create", "v", "24M"]);
     let daemon = Daemon::start_on_pool(data_dir, CONFIG, "v");
     let mut expected = vec![0_u8; VOLUME_BYTES];

@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Daemon, Setup, assert_volume_reads, lamina_error, lamina_ok, run};
+use common::{
+    ArrayMembers, Daemon, Setup, assert_volume_reads, create_array_pool, lamina_error, lamina_ok,
+    run,
+};
 use rand::{Rng, SeedableRng};
 
 const MEMBER_SIZE: &str = "64M";
@@ -44,23 +47,11 @@ fn canonical(path: &Path) -> String {
 /// A pool of `count` file devices with `redundancy` and a volume `v` full of
 /// random bytes from `seed` (nbdcopy, flushed), served by a daemon.
 fn pool_with_data(setup: &Setup, redundancy: &str, count: usize, seed: u64) -> (Daemon, Vec<u8>) {
-    let members = (0..count)
-        .map(|index| format!("{}:{MEMBER_SIZE}", member(&setup.root, index).display()))
-        .collect::<Vec<_>>()
-        .join(",");
-    lamina_ok(
-        &setup.data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members,
-            "--redundancy",
-            redundancy,
-            "--segment-size",
-            "1M",
-        ],
+    let members = ArrayMembers::new(
+        (0..count).map(|index| member(&setup.root, index)),
+        MEMBER_SIZE,
     );
+    create_array_pool(&setup.data_dir, redundancy, &members, &[]);
     lamina_ok(&setup.data_dir, &["volume", "create", "v", "40M"]);
     let daemon = Daemon::start_on_pool(&setup.data_dir, CONFIG, "v");
     let mut expected = vec![0_u8; VOLUME_BYTES];

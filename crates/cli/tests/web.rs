@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Daemon, Setup, lamina_ok, run};
+use common::{ArrayMembers, Daemon, Setup, lamina_ok, run};
 
 /// How long Chromium may run the page's scripts (virtual time) before it dumps.
 const BROWSER_VIRTUAL_TIME_MS: u64 = 5_000;
@@ -51,23 +51,8 @@ const MEMBER_COUNT: usize = 4;
 
 /// A RAID 5 pool of four files with a 64 MiB volume `default`.
 fn create_array_pool(setup: &Setup) {
-    let members: Vec<String> = (0..MEMBER_COUNT)
-        .map(|index| format!("{}:96M", member(setup, index).display()))
-        .collect();
-    let members = members.join(",");
-    lamina_ok(
-        &setup.data_dir,
-        &[
-            "pool",
-            "create",
-            "--flash",
-            &members,
-            "--redundancy",
-            "raid5",
-            "--segment-size",
-            "1M",
-        ],
-    );
+    let members = ArrayMembers::new((0..MEMBER_COUNT).map(|index| member(setup, index)), "96M");
+    common::create_array_pool(&setup.data_dir, "raid5", &members, &[]);
     lamina_ok(&setup.data_dir, &["volume", "create", "default", "64M"]);
 }
 

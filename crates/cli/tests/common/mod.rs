@@ -2,14 +2,19 @@
 //! temporary data directory with a small embedded pool, waiting until it serves,
 //! its NBD URIs, and stopping it by the PID of the child the test owns (SIGTERM
 //! for a clean stop, SIGKILL for a crash), and its log (printed when a test
-//! fails). Each test binary uses a part of it.
+//! fails); array pools on member files ([`array_pool`]). Each test binary
+//! uses a part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod array_pool;
 pub mod promtool;
+
+#[allow(unused_imports)] // Each test binary uses a part of it.
+pub use array_pool::{ArrayMembers, create_array_pool};
 
 pub const LAMINA: &str = env!("CARGO_BIN_EXE_lamina");
 
