@@ -205,6 +205,18 @@ pub struct Comparison {
     pub met: Option<bool>,
 }
 
+impl SnapshotsSettings {
+    /// Settings that would leave a case without meaning are a programmer's error.
+    fn check(&self) {
+        assert!(self.repetitions > 0, "at least one repetition");
+        assert!(
+            self.snapshots > 1,
+            "the many-snapshot case needs more than one"
+        );
+        assert!(self.chain_depth > 0, "the chain needs at least one clone");
+    }
+}
+
 /// Everything `lamina bench snapshots` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotsReport {
@@ -527,13 +539,15 @@ struct Case {
 }
 
 impl Case {
-    fn target_name(&self) -> String {
-        match &self.target {
+    /// The case's figures, named by its export or image.
+    fn result(self) -> CaseResult {
+        let target = match &self.target {
             Target::Lamina { export, .. } => export.clone(),
             Target::Qemu { image, .. } => image
                 .file_name()
                 .map_or_else(String::new, |name| name.to_string_lossy().into_owned()),
-        }
+        };
+        CaseResult::new(self.server, self.kind, target, self.runs)
     }
 }
 
@@ -903,21 +917,9 @@ fn run_cases(
 pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
     crate::process::install_interrupt_handler();
     crate::process::become_subreaper();
-    assert!(
-        arguments.settings.repetitions > 0,
-        "at least one repetition"
-    );
-    assert!(
-        arguments.settings.snapshots > 1,
-        "the many-snapshot case needs more than one"
-    );
-    assert!(
-        arguments.settings.chain_depth > 0,
-        "the chain needs at least one clone"
-    );
+    arguments.settings.check();
     let fio_version = crate::fio::version(&arguments.common.fio)?;
     let load_average_start = load_average();
-    let size = arguments.settings.size_bytes;
     let program = arguments.common.lamina_program();
     let with_lamina = arguments.servers.contains(&SnapshotServer::Lamina);
     if with_lamina && !program.is_file() {
@@ -928,16 +930,17 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
         arguments.servers.contains(&SnapshotServer::QemuNbd) && qemu_installed(&mut skipped);
     let work = arguments.common.work_directory()?;
     let data_file = work.path().join("data.raw");
+    let size = arguments.settings.size_bytes;
     eprintln!("preparing {} MiB of random data", size >> 20);
     crate::servers::write_random_data(&data_file, size)?;
     let mut plan = Plan::default();
     let lamina = with_lamina
         .then(|| prepare_lamina(arguments, &program, work.path(), &data_file, &mut plan))
         .transpose()?;
-    let images = work.path().join("images");
     let serve_directory = work.path().join("qemu-serve");
-    let qemu_version = if with_qemu { qemu_version() } else { None };
+    let qemu_version = with_qemu.then(qemu_version).flatten();
     if with_qemu {
+        let images = work.path().join("images");
         prepare_qemu(arguments, &images, &serve_directory, &data_file, &mut plan)?;
     }
     let qemu_notes = run_cases(
@@ -962,25 +965,15 @@ pub fn measure(arguments: &SnapshotsArgs) -> anyhow::Result<SnapshotsReport> {
             qemu_notes.join(" ")
         ));
     }
-    let cases: Vec<CaseResult> = cases
-        .into_iter()
-        .map(|case| {
-            let target = case.target_name();
-            CaseResult::new(case.server, case.kind, target, case.runs)
-        })
-        .collect();
-    let comparisons = comparisons(
-        &cases,
-        arguments.settings.snapshots,
-        arguments.settings.chain_depth,
-    );
+    let cases: Vec<CaseResult> = cases.into_iter().map(Case::result).collect();
+    let (snapshots, chain_depth) = (arguments.settings.snapshots, arguments.settings.chain_depth);
     Ok(SnapshotsReport {
+        comparisons: comparisons(&cases, snapshots, chain_depth),
         settings: arguments.settings.clone(),
         fio_version,
         qemu_version,
         cases,
         timings: timings.into_timings(),
-        comparisons,
         run: RunNotes {
             notes,
             skipped,

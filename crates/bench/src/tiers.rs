@@ -1230,8 +1230,15 @@ fn measure_pool(
         }
         _ => {}
     }
+    outcome.notes.push(end_note(config, &pool)?);
+    pool.server.stop();
+    Ok(outcome)
+}
+
+/// The pool's state after its measurements, as a note.
+fn end_note(config: TierConfig, pool: &ServedPool) -> anyhow::Result<String> {
     let status: PoolStatus = pool.cli.json(&["pool", "status", "--json"])?;
-    outcome.notes.push(format!(
+    Ok(format!(
         "{} at the end: used {:.1}%, {} promoted, {} demoted, write amplification {}",
         config.name(),
         status.used_percent,
@@ -1240,9 +1247,7 @@ fn measure_pool(
         status
             .write_amplification
             .map_or("-".to_owned(), |value| format!("{value:.2}")),
-    ));
-    pool.server.stop();
-    Ok(outcome)
+    ))
 }
 
 /// Waits until the reaction volume is demoted in the two-tier pool, and pushes it

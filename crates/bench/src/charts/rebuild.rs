@@ -8,7 +8,7 @@ use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::plot::{Chart, PLOT_WIDTH_PIXELS, draw_legend, legend_line};
+use crate::plot::{Chart, PLOT_WIDTH_PIXELS, draw_legend, draw_line};
 use crate::rebuild::{LoadRun, P99_GOAL_FACTOR, RebuildReport};
 use crate::report::format_number;
 
@@ -59,22 +59,20 @@ fn events(run: &LoadRun) -> [(f64, &'static str, RGBColor); 3] {
     ]
 }
 
-fn draw_markers<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
-    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, Y>>,
+fn draw_markers<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>,
     run: &LoadRun,
     y_low: f64,
     y_high: f64,
 ) -> Result<(), String> {
     for (seconds, label, color) in events(run) {
         let style = color.stroke_width(2);
-        chart
-            .draw_series(LineSeries::new(
-                vec![(seconds, y_low), (seconds, y_high)],
-                style,
-            ))
-            .map_err(|error| error.to_string())?
-            .label(label)
-            .legend(move |(x, y)| legend_line(x, y, style));
+        draw_line(
+            chart,
+            vec![(seconds, y_low), (seconds, y_high)],
+            style,
+            label,
+        )?;
     }
     Ok(())
 }
@@ -121,11 +119,7 @@ fn draw_run<DB: DrawingBackend>(
         .draw()
         .map_err(|error| error.to_string())?;
     let color = BLACK;
-    chart
-        .draw_series(LineSeries::new(iops, color.stroke_width(2)))
-        .map_err(|error| error.to_string())?
-        .label("client IOPS")
-        .legend(move |(x, y)| legend_line(x, y, color.stroke_width(2)));
+    draw_line(&mut chart, iops, color.stroke_width(2), "client IOPS")?;
     draw_markers(&mut chart, run, 0.0, iops_max)?;
     draw_legend(&mut chart, SeriesLabelPosition::LowerLeft)?;
     draw_latency(run, &bottom, time_max)
@@ -145,17 +139,10 @@ fn draw_latency<DB: DrawingBackend>(
         .collect();
     let healthy = run.phases.first().and_then(|phase| phase.p99_us);
     let goal = healthy.map(|healthy| healthy * P99_GOAL_FACTOR);
-    let low = p99
-        .iter()
-        .map(|(_, p99)| *p99)
-        .fold(f64::INFINITY, f64::min);
-    let high = p99
-        .iter()
-        .map(|(_, p99)| *p99)
-        .chain(goal)
-        .fold(1.0, f64::max);
+    let latencies = p99.iter().map(|(_, p99)| *p99);
+    let low = latencies.clone().fold(f64::INFINITY, f64::min);
+    let high = latencies.chain(goal).fold(1.0, f64::max) * 1.4;
     let low = if low.is_finite() { low * 0.7 } else { 1.0 };
-    let high = high * 1.4;
     let title = format!(
         "p99 per second; rebuilding ÷ healthy p99 = {}",
         run.p99_ratio
@@ -176,11 +163,12 @@ fn draw_latency<DB: DrawingBackend>(
         .draw()
         .map_err(|error| error.to_string())?;
     let color = BLACK;
-    chart
-        .draw_series(LineSeries::new(p99, color.stroke_width(2)))
-        .map_err(|error| error.to_string())?
-        .label("client p99 (1 s windows)")
-        .legend(move |(x, y)| legend_line(x, y, color.stroke_width(2)));
+    draw_line(
+        &mut chart,
+        p99,
+        color.stroke_width(2),
+        "client p99 (1 s windows)",
+    )?;
     draw_markers(&mut chart, run, low, high)?;
     for (value, label, style) in [
         (
@@ -195,14 +183,12 @@ fn draw_latency<DB: DrawingBackend>(
         ),
     ] {
         let Some(value) = value else { continue };
-        chart
-            .draw_series(LineSeries::new(
-                vec![(0.0, value), (time_max, value)],
-                style,
-            ))
-            .map_err(|error| error.to_string())?
-            .label(label)
-            .legend(move |(x, y)| legend_line(x, y, style));
+        draw_line(
+            &mut chart,
+            vec![(0.0, value), (time_max, value)],
+            style,
+            label,
+        )?;
     }
     draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     Ok(())

@@ -3,12 +3,14 @@
 //! one curve per pool, and below them the reaction's p99 per sliding window over
 //! time with its bound.
 
+use std::ops::Range;
+
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::plot::{Chart, PLOT_WIDTH_PIXELS, draw_curve, draw_legend, legend_line};
+use crate::plot::{Chart, PLOT_WIDTH_PIXELS, draw_curve, draw_legend, draw_line};
 use crate::report::format_number;
-use crate::tiers::{REACTION_BOUND_FACTOR, TierConfig, TiersReport, WorkingSet};
+use crate::tiers::{REACTION_BOUND_FACTOR, Reaction, TierConfig, TiersReport, WorkingSet};
 
 impl Chart for TiersReport {
     fn is_empty(&self) -> bool {
@@ -73,51 +75,83 @@ fn draw_tiers<DB: DrawingBackend>(
     } else {
         (1.0..10.0, 1.0..10.0)
     };
+    for (panel, working_set) in panels.iter().zip([WorkingSet::Small, WorkingSet::Large]) {
+        let series = |config| series_of(config, working_set);
+        draw_panel(report, panel, working_set, &series, (&x_range, &y_range))?;
+    }
+    draw_reaction(report, &bottom)
+}
+
+/// The curves of one working set, one per pool, on the scale both panels share.
+fn draw_panel<DB: DrawingBackend>(
+    report: &TiersReport,
+    panel: &DrawingArea<DB, Shift>,
+    working_set: WorkingSet,
+    series_of: &dyn Fn(TierConfig) -> Vec<(f64, f64)>,
+    (x_range, y_range): (&Range<f64>, &Range<f64>),
+) -> Result<(), String> {
     let configs = [
         TierConfig::AllFlash,
         TierConfig::FlashDisk,
         TierConfig::Disk,
     ];
-    for (panel, working_set) in panels.iter().zip([WorkingSet::Small, WorkingSet::Large]) {
-        let bytes = match working_set {
-            WorkingSet::Small => report.settings.small_working_set_bytes,
-            WorkingSet::Large => report.settings.large_working_set_bytes,
-        };
-        let title = format!(
-            "working set {} MiB {} flash {} MiB",
-            bytes >> 20,
-            if working_set == WorkingSet::Small {
-                "<"
-            } else {
-                ">"
-            },
-            report.settings.flash_size_bytes >> 20
-        );
-        let mut chart = ChartBuilder::on(panel)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(64)
-            .build_cartesian_2d(x_range.clone().log_scale(), y_range.clone().log_scale())
-            .map_err(|error| error.to_string())?;
-        chart
-            .configure_mesh()
-            .x_desc("achieved IOPS (log)")
-            .y_desc("p99 latency (µs, log)")
-            .x_label_formatter(&|x| format_number(*x))
-            .y_label_formatter(&|y| format_number(*y))
-            .draw()
-            .map_err(|error| error.to_string())?;
-        for (index, config) in configs.iter().enumerate() {
-            let points = series_of(*config, working_set);
-            if points.is_empty() {
-                continue;
-            }
-            let color = Palette99::pick(index).to_rgba();
-            draw_curve(&mut chart, &points, color, config.name(), 3)?;
+    let bytes = match working_set {
+        WorkingSet::Small => report.settings.small_working_set_bytes,
+        WorkingSet::Large => report.settings.large_working_set_bytes,
+    };
+    let title = format!(
+        "working set {} MiB {} flash {} MiB",
+        bytes >> 20,
+        if working_set == WorkingSet::Small {
+            "<"
+        } else {
+            ">"
+        },
+        report.settings.flash_size_bytes >> 20
+    );
+    let mut chart = ChartBuilder::on(panel)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(x_range.clone().log_scale(), y_range.clone().log_scale())
+        .map_err(|error| error.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("achieved IOPS (log)")
+        .y_desc("p99 latency (µs, log)")
+        .x_label_formatter(&|x| format_number(*x))
+        .y_label_formatter(&|y| format_number(*y))
+        .draw()
+        .map_err(|error| error.to_string())?;
+    for (index, config) in configs.iter().enumerate() {
+        let points = series_of(*config);
+        if points.is_empty() {
+            continue;
         }
-        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        let color = Palette99::pick(index).to_rgba();
+        draw_curve(&mut chart, &points, color, config.name(), 3)?;
     }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    Ok(())
+}
+
+fn reaction_title(reaction: &Reaction) -> String {
+    format!(
+        "reaction: demoted {} MiB volume read at {}/s (flash+disk); settled {}",
+        reaction.working_set_bytes >> 20,
+        reaction.rate_iops,
+        reaction
+            .settled_seconds
+            .map_or("never".to_owned(), |seconds| format!("at {seconds:.1} s")),
+    )
+}
+
+/// The reaction's p99 per sliding window over time, with its bound and reference.
+fn draw_reaction<DB: DrawingBackend>(
+    report: &TiersReport,
+    bottom: &DrawingArea<DB, Shift>,
+) -> Result<(), String> {
     let Some(reaction) = &report.reaction else {
         return bottom
             .titled("reaction: not measured", ("sans-serif", 18))
@@ -131,24 +165,13 @@ fn draw_tiers<DB: DrawingBackend>(
         .filter(|(_, p99)| *p99 > 0.0)
         .collect();
     let time_max = windows.iter().map(|(time, _)| *time).fold(1.0, f64::max);
-    let latency_min = windows
-        .iter()
-        .map(|(_, p99)| *p99)
+    let latencies = windows.iter().map(|(_, p99)| *p99);
+    let latency_min = (latencies.clone())
         .fold(reaction.reference_p99_us, f64::min)
         .max(0.1);
-    let latency_max = windows
-        .iter()
-        .map(|(_, p99)| *p99)
-        .fold(reaction.bound_p99_us, f64::max);
-    let title = format!(
-        "reaction: demoted {} MiB volume read at {}/s (flash+disk); settled {}",
-        reaction.working_set_bytes >> 20,
-        reaction.rate_iops,
-        reaction
-            .settled_seconds
-            .map_or("never".to_owned(), |seconds| format!("at {seconds:.1} s")),
-    );
-    let mut chart = ChartBuilder::on(&bottom)
+    let latency_max = latencies.fold(reaction.bound_p99_us, f64::max);
+    let title = reaction_title(reaction);
+    let mut chart = ChartBuilder::on(bottom)
         .caption(title, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
@@ -166,11 +189,12 @@ fn draw_tiers<DB: DrawingBackend>(
         .draw()
         .map_err(|error| error.to_string())?;
     let color = Palette99::pick(1).to_rgba();
-    chart
-        .draw_series(LineSeries::new(windows, color.stroke_width(2)))
-        .map_err(|error| error.to_string())?
-        .label("flash+disk p99, sliding 1 s windows")
-        .legend(move |(x, y)| legend_line(x, y, color.stroke_width(2)));
+    draw_line(
+        &mut chart,
+        windows,
+        color.stroke_width(2),
+        "flash+disk p99, sliding 1 s windows",
+    )?;
     for (value, label, style) in [
         (
             reaction.bound_p99_us,
@@ -183,14 +207,12 @@ fn draw_tiers<DB: DrawingBackend>(
             Palette99::pick(0).to_rgba().stroke_width(1),
         ),
     ] {
-        chart
-            .draw_series(LineSeries::new(
-                vec![(0.0, value), (time_max * 1.02, value)],
-                style,
-            ))
-            .map_err(|error| error.to_string())?
-            .label(label)
-            .legend(move |(x, y)| legend_line(x, y, style));
+        draw_line(
+            &mut chart,
+            vec![(0.0, value), (time_max * 1.02, value)],
+            style,
+            label,
+        )?;
     }
     draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
