@@ -9,6 +9,7 @@
 //! claims the device for this process first (`lock.rs`): a second open, by this
 //! process or another, is refused while the device is open.
 
+mod extents;
 mod preallocation;
 mod ring;
 
@@ -23,7 +24,9 @@ use tokio::sync::Semaphore;
 
 use crate::lock::DeviceLock;
 use crate::{AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceError, DeviceErrorKind};
-use preallocation::Preallocation;
+use extents::ByteRange;
+pub use preallocation::FilePreallocation;
+use preallocation::{ChunkTurn, Preallocation};
 pub use ring::thread_has_device_completions;
 use ring::{Completed, Operation, Ring, RingLimits};
 
@@ -53,6 +56,10 @@ pub struct FileDeviceOptions {
     /// Requests accepted and not yet answered, over both backends; further callers
     /// wait. Defaults to [`FileDeviceOptions::IN_FLIGHT_REQUESTS_MAX_DEFAULT`].
     pub in_flight_requests_max: Option<usize>,
+    /// How a regular file on the io_uring backend is prepared ahead of its
+    /// writes; defaults to [`FilePreallocation::Zeroes`] (see
+    /// `file/preallocation.rs`).
+    pub preallocation: Option<FilePreallocation>,
 }
 
 impl FileDeviceOptions {
@@ -69,8 +76,8 @@ pub struct FileDevice {
     path: PathBuf,
     size_bytes: u64,
     engine: Engine,
-    /// For a regular file on the ring: its blocks allocated ahead of writes.
-    preallocation: Option<Preallocation>,
+    /// For a regular file on the ring: its chunks prepared ahead of writes.
+    preallocation: Option<Arc<Preallocation>>,
     /// The claim on the device, held while it is open. Declared after `engine`
     /// so that it is released only once the kernel holds no request of the ring.
     _lock: DeviceLock,
@@ -147,8 +154,9 @@ impl FileDevice {
         // Block devices have no holes; the positional backend writes through
         // the page cache, which allocates without stalling the caller's ring.
         let is_regular_file = file.metadata().map_err(open_error)?.file_type().is_file();
+        let mode = options.preallocation.unwrap_or_default();
         let preallocation = (is_regular_file && matches!(engine, Engine::Ring(_)))
-            .then(|| Preallocation::new(size_bytes));
+            .then(|| Arc::new(Preallocation::new(&name, Arc::new(file), size_bytes, mode)));
         Ok(Self {
             name,
             path: path.to_path_buf(),
@@ -180,18 +188,30 @@ impl FileDevice {
         self.path.clone()
     }
 
-    /// Allocates the chunks of the file a write is about to touch that no
-    /// write since the open has (see `file/preallocation.rs`).
-    async fn allocate_ahead(&self, ring: &Ring, offset: u64, length: u64) {
+    /// Prepares the chunks of the file a write is about to touch that no
+    /// write since the open has, or waits for the write preparing them (see
+    /// `file/preallocation.rs`).
+    async fn prepare_ahead(&self, offset: u64, length: u64) {
         let Some(preallocation) = &self.preallocation else {
             return;
         };
-        for chunk in preallocation.claim(offset, length) {
-            let operation = Operation::Allocate {
-                length_bytes: chunk.length_bytes,
-            };
-            let result = ring.execute(operation, chunk.offset).await.map(|_| ());
-            preallocation.allocated(&self.name, chunk, result);
+        let write = ByteRange {
+            offset,
+            length_bytes: length,
+        };
+        for chunk in preallocation.chunks(offset, length) {
+            match preallocation.turn(chunk) {
+                ChunkTurn::GoAhead => {}
+                ChunkTurn::Wait => preallocation.wait_ready(chunk).await,
+                ChunkTurn::Prepare(range) => {
+                    // On the blocking pool, not awaited in place: a preparation
+                    // finishes and marks its chunk ready even when this write
+                    // is abandoned, so that no later write waits for ever.
+                    let preparing = preallocation.clone();
+                    let task = tokio::task::spawn_blocking(move || preparing.prepare(range, write));
+                    task.await.expect("a chunk preparation panicked");
+                }
+            }
         }
     }
 
@@ -354,7 +374,7 @@ impl BlockDevice for FileDevice {
         }
         let result = match &self.engine {
             Engine::Ring(ring) => {
-                self.allocate_ahead(ring, offset, length).await;
+                self.prepare_ahead(offset, length).await;
                 ring.execute(Operation::Write { buffer: data }, offset)
                     .await
                     .map(|_| ())

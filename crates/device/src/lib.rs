@@ -18,7 +18,9 @@ pub use buffer::{AlignedBuffer, LARGE_RECYCLED_BUFFER_BYTES_MAX};
 pub use concatenated::ConcatenatedDevice;
 pub use error::{DeviceError, DeviceErrorKind};
 pub use faulty::{FaultyDevice, PowerCutStyle};
-pub use file::{FileDevice, FileDeviceOptions, IoBackend, thread_has_device_completions};
+pub use file::{
+    FileDevice, FileDeviceOptions, FilePreallocation, IoBackend, thread_has_device_completions,
+};
 pub use lock::{CREATED_FILE_MODE, LockHolder, find_flock_holder};
 pub use memory::MemoryDevice;
 pub use rotating::{RotatingDiskDevice, RotatingDiskModel, RotatingDiskStatistics};

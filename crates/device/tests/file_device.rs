@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use lamina_device::{
     AlignedBuffer, BlockDevice, DEVICE_ALIGNMENT_BYTES, DeviceErrorKind, FileDevice,
-    FileDeviceOptions, IoBackend,
+    FileDeviceOptions, FilePreallocation, IoBackend,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -356,6 +356,160 @@ async fn writes_allocate_their_chunk_ahead_and_keep_what_was_written() {
         allocated_hole.iter().all(|byte| *byte == 0),
         "allocated holes read as zeros"
     );
+}
+
+/// The parts of `path` the filesystem reports as unwritten extents
+/// (`filefrag -v`), or `None` where filefrag is not installed.
+fn unwritten_extent_count(path: &Path) -> Option<usize> {
+    let output = std::process::Command::new("filefrag")
+        .arg("-v")
+        .arg(path)
+        .output()
+        .ok()?;
+    output.status.success().then(|| {
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| line.contains("unwritten"))
+            .count()
+    })
+}
+
+fn options_with_preallocation(
+    size_bytes: u64,
+    preallocation: FilePreallocation,
+) -> FileDeviceOptions {
+    FileDeviceOptions {
+        preallocation: Some(preallocation),
+        ..options_with_size(size_bytes)
+    }
+}
+
+/// Zeros written ahead (decision 0062) land only where the file holds no
+/// data: a chunk left half written and allocated by an earlier open (its
+/// rest unwritten extents) is written ahead by the first write after a
+/// reopen, and every byte written before, the new write and the zeros in
+/// between read back; afterwards the file has no unwritten extent left in
+/// the chunks written, so that flushes after overwrites commit no extent
+/// changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeros_written_ahead_keep_what_was_written_before_and_leave_no_unwritten_space() {
+    const MIB: u64 = 1 << 20;
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let mut random = SmallRng::seed_from_u64(11);
+    let mut earlier = AlignedBuffer::zeroed(64 << 10);
+    random.fill_bytes(&mut earlier);
+    let earlier = Arc::new(earlier);
+    let mut later = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+    random.fill_bytes(&mut later);
+    let later = Arc::new(later);
+    {
+        let options = options_with_preallocation(12 * MIB, FilePreallocation::Allocate);
+        let device = FileDevice::open(&path, options).expect("open");
+        if device.backend() != IoBackend::IoUringDirect {
+            eprintln!(
+                "skipped: no io_uring on {}",
+                filesystem_name(directory.path())
+            );
+            return;
+        }
+        device
+            .write(4 * MIB + 8192, earlier.clone())
+            .await
+            .expect("write");
+        device.flush().await.expect("flush");
+    }
+    let Some(before) = unwritten_extent_count(&path) else {
+        eprintln!("skipped: filefrag is not installed");
+        return;
+    };
+    assert!(before > 0, "allocating alone leaves unwritten extents");
+    let device = reopen(&path);
+    device.write(6 * MIB, later.clone()).await.expect("write");
+    device.write(0, later.clone()).await.expect("write");
+    device.flush().await.expect("flush");
+    let read = device
+        .read(4 * MIB + 8192, earlier.len())
+        .await
+        .expect("read");
+    assert!(read[..] == earlier[..], "data written before the zeros");
+    for offset in [0, 6 * MIB] {
+        let read = device.read(offset, later.len()).await.expect("read");
+        assert!(read[..] == later[..], "data at {offset}");
+    }
+    let zeros = device.read(4 * MIB, 8192).await.expect("read");
+    assert!(zeros.iter().all(|byte| *byte == 0), "space before the data");
+    let zeros = device
+        .read(4 * MIB + 8192 + (64 << 10), MIB as usize)
+        .await
+        .expect("read");
+    assert!(zeros.iter().all(|byte| *byte == 0), "space after the data");
+    drop(device);
+    assert_eq!(
+        unwritten_extent_count(&path),
+        Some(0),
+        "both chunks written were written ahead whole; the untouched third is a hole"
+    );
+}
+
+/// Writes racing into chunks that are being written ahead wait for the
+/// zeros, so that no zero lands on their data: many concurrent writes into
+/// fresh chunks, each at its own block, read back exactly, before and after
+/// a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writes_into_chunks_being_written_ahead_all_land() {
+    const MIB: u64 = 1 << 20;
+    const CHUNKS: u64 = 3;
+    let directory = tempfile::tempdir_in("/tmp").expect("temp dir");
+    let path = directory.path().join("device");
+    let size_bytes = CHUNKS * 4 * MIB;
+    let device = Arc::new(FileDevice::open(&path, options_with_size(size_bytes)).expect("open"));
+    let block_count = size_bytes / BLOCK_BYTES;
+    let mut random = SmallRng::seed_from_u64(12);
+    let mut blocks: Vec<u64> = (0..block_count).collect();
+    // Every fourth block, in random order, so that writes into one chunk
+    // arrive from many tasks at once while its zeros are being written.
+    blocks.retain(|block| block % 4 == 1);
+    for index in (1..blocks.len()).rev() {
+        blocks.swap(index, random.random_range(0..=index));
+    }
+    let tasks: Vec<_> = blocks
+        .iter()
+        .map(|block| {
+            let device = device.clone();
+            let block = *block;
+            tokio::spawn(async move {
+                let mut data = AlignedBuffer::zeroed(BLOCK_BYTES as usize);
+                data.fill((block % 251) as u8 + 1);
+                device
+                    .write(block * BLOCK_BYTES, Arc::new(data))
+                    .await
+                    .expect("write");
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("write task");
+    }
+    device.flush().await.expect("flush");
+    let check = |contents: &[u8]| {
+        for (index, block) in contents.chunks(BLOCK_BYTES as usize).enumerate() {
+            let expected = if index % 4 == 1 {
+                (index % 251) as u8 + 1
+            } else {
+                0
+            };
+            assert!(
+                block.iter().all(|byte| *byte == expected),
+                "block {index} holds {}, expected {expected}",
+                block[0]
+            );
+        }
+    };
+    check(&device.read(0, size_bytes as usize).await.expect("read"));
+    drop(device);
+    let device = reopen(&path);
+    check(&device.read(0, size_bytes as usize).await.expect("read"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

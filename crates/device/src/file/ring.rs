@@ -85,18 +85,9 @@ pub(crate) struct RingLimits {
 
 /// One operation on the device, owning the memory the kernel will use.
 pub(crate) enum Operation {
-    Read {
-        buffer: AlignedBuffer,
-    },
-    Write {
-        buffer: Arc<AlignedBuffer>,
-    },
+    Read { buffer: AlignedBuffer },
+    Write { buffer: Arc<AlignedBuffer> },
     Flush,
-    /// Allocates the file's blocks in `offset..offset + length_bytes`
-    /// (`fallocate` keeping the size), leaving any data there as it is.
-    Allocate {
-        length_bytes: u64,
-    },
 }
 
 /// The successful result of an [`Operation`].
@@ -104,7 +95,6 @@ pub(crate) enum Completed {
     Read(AlignedBuffer),
     Write,
     Flush,
-    Allocate,
 }
 
 /// Where a request is.
@@ -137,7 +127,7 @@ impl Slot {
         match &self.operation {
             Operation::Read { buffer } => buffer.len(),
             Operation::Write { buffer } => buffer.len(),
-            Operation::Flush | Operation::Allocate { .. } => 0,
+            Operation::Flush => 0,
         }
     }
 
@@ -166,13 +156,6 @@ impl Slot {
             Operation::Flush => opcode::Fsync::new(types::Fixed(DEVICE_FILE_INDEX))
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            // KEEP_SIZE: a range reaching past the end never grows the file.
-            Operation::Allocate { length_bytes } => {
-                opcode::Fallocate::new(types::Fixed(DEVICE_FILE_INDEX), *length_bytes)
-                    .offset(offset)
-                    .mode(libc::FALLOC_FL_KEEP_SIZE)
-                    .build()
-            }
         };
         entry.user_data(key as u64)
     }
@@ -191,7 +174,6 @@ impl Slot {
             usize::try_from(result).expect("a non-negative i32 fits in a usize");
         match self.operation {
             Operation::Flush => return Some(Ok(Completed::Flush)),
-            Operation::Allocate { .. } => return Some(Ok(Completed::Allocate)),
             Operation::Read { .. } if transferred_bytes == 0 => {
                 return Some(Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
