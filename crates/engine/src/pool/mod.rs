@@ -119,23 +119,23 @@ impl Pool {
     /// opened it (decision 0056): the copied checkpoint it was restored
     /// from; `None` for a pool opened otherwise.
     pub fn restored_as_of(&self) -> Option<RestorePoint> {
-        self.inner.integrity.restored_as_of()
+        self.core.integrity().restored_as_of()
     }
 
     // ----- lifetime -----
 
     /// The handle on a core; `open` starts the background services on it
     /// (`background::start`).
-    pub(in crate::pool) fn from_inner(inner: Arc<core::Inner>) -> Self {
-        Self { inner }
+    pub(in crate::pool) fn from_core(core: Arc<core::Core>) -> Self {
+        Self { core }
     }
 
     pub fn device_name(&self) -> &str {
-        self.inner.device.name()
+        self.core.device().name()
     }
 
     pub fn limits(&self) -> &PoolLimits {
-        &self.inner.limits
+        self.core.limits()
     }
 
     /// Flushes, writes a final checkpoint (so the next open replays nothing) and
@@ -144,12 +144,12 @@ impl Pool {
     /// skipped with a warning: what clients wrote is durable on flash and the
     /// next open replays it (decision 0032).
     pub async fn close(&self) -> Result<(), EngineError> {
-        background::close(&self.inner).await
+        background::close(&self.core).await
     }
 
     /// Stops background work without flushing: what a crash leaves behind, for tests.
     pub fn abandon(&self) {
-        background::abandon(&self.inner);
+        background::abandon(&self.core);
     }
 
     // ----- reads and writes -----
@@ -190,7 +190,7 @@ impl Pool {
         buffer: &mut [u8],
         extents: &mut ReadExtents,
     ) -> Result<(), EngineError> {
-        self.inner
+        self.core
             .read_view_with_extents(view, offset, buffer, extents)
             .await
     }
@@ -212,7 +212,7 @@ impl Pool {
         offset: u64,
         length: u64,
     ) -> Result<Vec<Extent>, EngineError> {
-        self.inner.extents_view(view, offset, length)
+        self.core.extents_view(view, offset, length)
     }
 
     /// The allocation map of [`Pool::extents_view`], handed to `visit` extent
@@ -226,7 +226,7 @@ impl Pool {
         length: u64,
         visit: impl FnMut(Extent),
     ) -> Result<(), EngineError> {
-        self.inner.visit_extents_view(view, offset, length, visit)
+        self.core.visit_extents_view(view, offset, length, visit)
     }
 
     /// Writes `data` at byte `offset`. Partial blocks at either end are merged
@@ -240,7 +240,7 @@ impl Pool {
         data: &[u8],
         fua: bool,
     ) -> Result<(), EngineError> {
-        self.inner.write(volume_id, offset, data, fua).await
+        self.core.write(volume_id, offset, data, fua).await
     }
 
     /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped
@@ -254,7 +254,7 @@ impl Pool {
         fua: bool,
         punch_hole: bool,
     ) -> Result<(), EngineError> {
-        self.inner
+        self.core
             .write_zeroes(volume_id, offset, length, fua, punch_hole)
             .await
     }
@@ -267,20 +267,20 @@ impl Pool {
         length: u64,
         fua: bool,
     ) -> Result<(), EngineError> {
-        self.inner.trim(volume_id, offset, length, fua).await
+        self.core.trim(volume_id, offset, length, fua).await
     }
 
     // ----- status -----
 
     /// What the pool reports (`pool status`, `/metrics`).
     pub fn status(&self) -> PoolStatus {
-        self.inner.status()
+        self.core.status()
     }
 
     /// Where a volume's blocks live and where its reads came from. The tier
     /// split walks a copy of the volume's map outside the state lock.
     pub fn volume_tier_stats(&self, name: &str) -> Result<VolumeTierStats, EngineError> {
-        self.inner.volume_tier_stats(name)
+        self.core.volume_tier_stats(name)
     }
 
     // ----- scrub -----
@@ -289,26 +289,26 @@ impl Pool {
     /// scrub is running. Flushes first, so that every live block is on the
     /// device.
     pub async fn scrub(&self) -> Result<ScrubStatus, EngineError> {
-        Scrub::new(&self.inner).run().await
+        Scrub::new(&self.core).run().await
     }
 
     /// Scrub's progress (also in `pool status`).
     pub fn scrub_status(&self) -> ScrubStatus {
-        self.inner.scrub.status()
+        self.core.scrub().status()
     }
 
     // ----- checkpoints -----
 
     /// Writes a checkpoint now. Safe to call at any time; concurrent calls queue.
     pub async fn checkpoint(&self) -> Result<(), EngineError> {
-        Checkpointer::new(&self.inner).checkpoint().await
+        Checkpointer::new(&self.core).checkpoint().await
     }
 
     /// Writes a base checkpoint now, whatever the chain: two in a row free
     /// every older body (the evacuation moves checkpoint bodies off
     /// degraded or narrow segments so).
     pub async fn checkpoint_base(&self) -> Result<(), EngineError> {
-        Checkpointer::new(&self.inner).checkpoint_base().await
+        Checkpointer::new(&self.core).checkpoint_base().await
     }
 
     // ----- cleaner -----
@@ -317,38 +317,38 @@ impl Pool {
     /// cost-benefit. Returns how many victims were emptied (they become free
     /// after the next checkpoints).
     pub async fn clean(&self, segment_count_max: usize) -> Result<usize, EngineError> {
-        Cleaner::new(&self.inner).clean(segment_count_max).await
+        Cleaner::new(&self.core).clean(segment_count_max).await
     }
 
     /// Victims cleaned so far and their live blocks, per stream that wrote them.
     pub fn cleaner_victim_counts(&self) -> cleaner::placement::VictimCounts {
-        Cleaner::new(&self.inner).cleaner_victim_counts()
+        Cleaner::new(&self.core).cleaner_victim_counts()
     }
 
     /// The placement hints a checkpoint would keep now (tests).
     #[doc(hidden)]
     pub fn placement_image(&self) -> crate::log::checkpoint::PlacementImage {
-        Cleaner::new(&self.inner).placement_image()
+        Cleaner::new(&self.core).placement_image()
     }
 
     /// Every segment's state and live count, with the free flash segments
     /// and the clients' reserve (tests and diagnostics).
     #[doc(hidden)]
     pub fn segment_table(&self) -> cleaner::SegmentTable {
-        Cleaner::new(&self.inner).segment_table()
+        Cleaner::new(&self.core).segment_table()
     }
 
     /// The device block `logical_block` of `volume_id` is mapped to, if any
     /// (diagnostics).
     #[doc(hidden)]
     pub fn physical_block_of(&self, volume_id: u32, logical_block: u64) -> Option<u64> {
-        Cleaner::new(&self.inner).physical_block_of(volume_id, logical_block)
+        Cleaner::new(&self.core).physical_block_of(volume_id, logical_block)
     }
 
     /// The segments the cleaner would take next, best first (tests).
     #[doc(hidden)]
     pub fn victim_order(&self, count: usize) -> Vec<u32> {
-        Cleaner::new(&self.inner).victim_order(count)
+        Cleaner::new(&self.core).victim_order(count)
     }
 
     // ----- memory cache warm-up -----
@@ -357,7 +357,7 @@ impl Pool {
     /// (blocks no map holds any more are left out). Walks copies of the maps
     /// outside the state lock.
     pub fn cache_contents(&self) -> CacheContents {
-        CacheWarmup::contents(&self.inner)
+        CacheWarmup::contents(&self.core)
     }
 
     /// Loads the blocks `contents` lists into the memory cache in the
@@ -365,24 +365,24 @@ impl Pool {
     /// `memory_cache_warm_restart` off, without a memory cache, or when a
     /// warm-up already ran since the pool opened.
     pub fn warm_cache(&self, contents: CacheContents) {
-        CacheWarmup::start(&self.inner, contents);
+        CacheWarmup::start(&self.core, contents);
     }
 
     /// The warm-up's progress.
     pub fn cache_warmup_status(&self) -> CacheWarmupStatus {
-        self.inner.cache_warmup.status()
+        self.core.cache_warmup().status()
     }
 
     // ----- rebuild -----
 
     /// Whether a device beneath the pool is being rebuilt.
     pub fn rebuild_pending(&self) -> bool {
-        Rebuild::new(&self.inner).pending()
+        Rebuild::new(&self.core).pending()
     }
 
     /// The rebuild's progress (also in `pool status`).
     pub fn rebuild_status(&self) -> RebuildStatus {
-        Rebuild::new(&self.inner).status()
+        Rebuild::new(&self.core).status()
     }
 
     /// Starts a rebuild in the background if none runs: onto a replacement
@@ -390,14 +390,14 @@ impl Pool {
     /// the data of degraded segments onto the devices left, when they can
     /// hold it (`repair/evacuation.rs`).
     pub fn start_rebuild(&self) -> RebuildStart {
-        Rebuild::new(&self.inner).start()
+        Rebuild::new(&self.core).start()
     }
 
     /// Rebuilds every range the pool keeps onto the replacement, then lets
     /// it take its member's place. Refused while a rebuild runs; nothing to
     /// do when none is pending.
     pub async fn rebuild(&self) -> Result<RebuildStatus, EngineError> {
-        Rebuild::new(&self.inner).run().await
+        Rebuild::new(&self.core).run().await
     }
 
     // ----- evacuation -----
@@ -406,12 +406,12 @@ impl Pool {
     /// while the devices in use are too few to lay segments out without the
     /// lost one.
     pub fn evacuation_need(&self) -> EvacuationNeed {
-        Evacuation::new(&self.inner).need()
+        Evacuation::new(&self.core).need()
     }
 
     /// What moving the segments `goal` names would take now.
     pub fn evacuation_need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
-        Evacuation::new(&self.inner).need_for(goal)
+        Evacuation::new(&self.core).need_for(goal)
     }
 
     /// Why no rebuild restores the pool's redundancy, when segments in use
@@ -419,13 +419,13 @@ impl Pool {
     /// will start by itself; `None` otherwise (nothing is degraded, or a
     /// rebuild runs or starts at the next check).
     pub fn rebuild_blocked(&self) -> Option<RebuildBlocked> {
-        Evacuation::new(&self.inner).blocked()
+        Evacuation::new(&self.core).blocked()
     }
 
     /// Moves the data of every degraded segment into segments laid out over
     /// the devices in use. Refused while a rebuild runs.
     pub async fn evacuate(&self) -> Result<RebuildStatus, EngineError> {
-        Evacuation::new(&self.inner)
+        Evacuation::new(&self.core)
             .run(EvacuationGoal::Redundancy)
             .await
     }
@@ -434,9 +434,7 @@ impl Pool {
     /// use (after a device was added) into segments opened now, at the
     /// array's new width. Refused while a rebuild or rebalance runs.
     pub async fn rebalance(&self) -> Result<RebuildStatus, EngineError> {
-        Evacuation::new(&self.inner)
-            .run(EvacuationGoal::Width)
-            .await
+        Evacuation::new(&self.core).run(EvacuationGoal::Width).await
     }
 
     // ----- volumes -----
@@ -445,7 +443,7 @@ impl Pool {
     /// it runs after the state lock is released, on copies of the maps.
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
         let pending: Vec<_> = {
-            let state = self.inner.lock();
+            let state = self.core.lock();
             state
                 .volumes()
                 .iter()
@@ -460,7 +458,7 @@ impl Pool {
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, EngineError> {
         let pending = {
-            let state = self.inner.lock();
+            let state = self.core.lock();
             let volume_id = state.volumes().id_of(name)?;
             state
                 .volumes()
@@ -472,12 +470,12 @@ impl Pool {
 
     /// The view (volume or snapshot) a name denotes: `VOL` or `VOL@SNAP`.
     pub fn resolve_view(&self, full_name: &str) -> Result<View, EngineError> {
-        self.inner.lock().volumes().resolve(full_name)
+        self.core.lock().volumes().resolve(full_name)
     }
 
     /// Size of a volume or snapshot (None once deleted).
     pub fn view_size_bytes(&self, view: View) -> Option<u64> {
-        self.inner
+        self.core
             .lock()
             .volumes()
             .view(view)
@@ -489,7 +487,7 @@ impl Pool {
     /// Snapshots of one volume, or of every volume, oldest first per volume.
     pub fn list_snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotInfo>, EngineError> {
         let pending = {
-            let state = self.inner.lock();
+            let state = self.core.lock();
             match volume {
                 Some(name) => state.volumes().snapshot_infos(state.volumes().id_of(name)?),
                 None => state
@@ -507,12 +505,12 @@ impl Pool {
 
     /// `VOL@SNAP` of every snapshot (cheap: no space accounting).
     pub fn snapshot_full_names(&self) -> Vec<String> {
-        self.inner.lock().volumes().snapshot_full_names()
+        self.core.lock().volumes().snapshot_full_names()
     }
 
     fn snapshot_info_of(&self, volume: &str, snapshot: &str) -> Result<SnapshotInfo, EngineError> {
         let pending = {
-            let state = self.inner.lock();
+            let state = self.core.lock();
             let (volume_id, index) = state.volumes().find_snapshot(volume, snapshot)?;
             state
                 .volumes()
@@ -657,12 +655,12 @@ impl Pool {
 
     /// The identifier to pass to reads and writes.
     pub fn volume_id(&self, name: &str) -> Result<u32, EngineError> {
-        self.inner.lock().volumes().id_of(name)
+        self.core.lock().volumes().id_of(name)
     }
 
     /// Size of a volume by identifier (None once deleted).
     pub fn volume_size_bytes(&self, volume_id: u32) -> Option<u64> {
-        self.inner
+        self.core
             .lock()
             .volumes()
             .get(volume_id)
@@ -674,7 +672,7 @@ impl Pool {
         &self,
         build: impl Fn(&State) -> Result<Record, EngineError>,
     ) -> Result<(), EngineError> {
-        self.inner.append_record(build).await?;
+        self.core.append_record(build).await?;
         self.flush().await
     }
 
@@ -779,7 +777,7 @@ impl Pool {
     /// is flushed too while it takes writes, so that the log claims the
     /// client's batches as flushed (see `flush_through`).
     pub async fn flush(&self) -> Result<(), EngineError> {
-        self.inner.flush().await
+        self.core.flush().await
     }
 
     /// Makes every batch sealed so far durable on both tiers: what frees
@@ -787,21 +785,21 @@ impl Pool {
     /// capacity tier's writes are suspended this makes flash durable and
     /// fails with `IoError::CapacityUnavailable` (the pool goes on).
     pub async fn flush_all(&self) -> Result<(), EngineError> {
-        self.inner.flush_all().await
+        self.core.flush_all().await
     }
 
     /// Tries the capacity tier's flush now if its writes are suspended;
     /// once it succeeds, demotion and checkpoints resume. `Ok` when the tier
     /// takes writes (a one-tier pool has none to suspend).
     pub async fn resume_capacity_writes(&self) -> Result<(), EngineError> {
-        self.inner.resume_capacity_writes().await
+        self.core.resume_capacity_writes().await
     }
 
     /// Waits until the marker of the last completed flush has been written to
     /// the device (not necessarily flushed): a process that dies after this
     /// leaves recovery able to tell that flush's batches from a torn tail.
     pub async fn flush_marker_written(&self) {
-        self.inner.flush_marker.settled().await;
+        self.core.flush_marker().settled().await;
     }
 
     /// Changes a volume's tier policy, durably; it applies to the volume's

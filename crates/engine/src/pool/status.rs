@@ -13,7 +13,7 @@ use super::space::Allocation;
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::log::geometry::{Geometry, Tier};
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::core::integrity::IntegrityStatus;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
@@ -318,26 +318,26 @@ fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
     capacity_blocks
 }
 
-impl Inner {
+impl Core {
     pub(in crate::pool) fn status(&self) -> PoolStatus {
-        let background = self.budget.status();
+        let background = self.budget().status();
         let state = self.lock();
-        let geometry = &self.geometry;
-        let sizes = SegmentBytes::of(geometry, &self.shapes);
+        let geometry = &self.geometry();
+        let sizes = SegmentBytes::of(geometry, self.shapes());
         let capacity_bytes = sizes.pool_bytes(geometry);
         let segment_bytes = sizes.mean_bytes(geometry);
         let space = SpaceFigures::of(&state);
         let moves = TierMoves::of(&state);
         let counters = state.counters().lifetime();
-        let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, &self.limits);
+        let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, self.limits());
         PoolStatus {
-            device: self.device.name().to_string(),
+            device: self.device().name().to_string(),
             capacity_bytes,
             used_bytes: space.used_segment_count * segment_bytes,
             free_bytes: space.fillable_free_segment_count() * segment_bytes,
             reserved_bytes: space.reserved_segment_count * segment_bytes,
             used_percent: space.used_percent,
-            usage_warning_percent: space.usage_warning_percent(&self.limits),
+            usage_warning_percent: space.usage_warning_percent(self.limits()),
             segment_size_bytes: geometry.segment_size_bytes(),
             segment_count: geometry.segment_count,
             free_segment_count: space.free_segment_count,
@@ -351,14 +351,14 @@ impl Inner {
             dead_segment_count: space.dead_segment_count,
             cleaner_state,
             cleaner_pressure,
-            space_waits: self.space_waits.status(),
+            space_waits: self.space_waits().status(),
             durable_batch_sequence: state.writer().durable_through(),
             checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
             failed: state.writer().failed().map(str::to_string),
-            device_full: self.device_full.status(),
-            device_full_retries: self.device_full.retries_total(),
-            memory_cache: self.cache.statistics(),
-            cache_warmup: self.cache_warmup.status(),
+            device_full: self.device_full().status(),
+            device_full_retries: self.device_full().retries_total(),
+            memory_cache: self.cache().statistics(),
+            cache_warmup: self.cache_warmup().status(),
             flash: tier_space(
                 geometry,
                 Tier::Flash,
@@ -377,9 +377,9 @@ impl Inner {
             capacity_writes: geometry
                 .has_capacity_tier()
                 .then(|| state.capacity_writes().status()),
-            integrity: self.integrity.status(set_aside_segment_count(&state)),
-            scrub: self.scrub.status(),
-            rebuild: self.rebuild.status(),
+            integrity: self.integrity().status(set_aside_segment_count(&state)),
+            scrub: self.scrub().status(),
+            rebuild: self.rebuild().status(),
             background,
         }
     }
@@ -407,7 +407,7 @@ impl Inner {
             map,
             counters,
         } = copied;
-        let capacity_blocks = capacity_block_count(&self.geometry, &map);
+        let capacity_blocks = capacity_block_count(&self.geometry(), &map);
         let flash_blocks = map.mapped_count() - capacity_blocks;
         let reads = counters.memory_read_blocks
             + counters.flash_read_blocks

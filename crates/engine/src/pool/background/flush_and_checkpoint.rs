@@ -16,7 +16,7 @@ use crate::error::{EngineError, IoError};
 use crate::pool::background::periodic::Periodic;
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::Cleaner;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::repair::evacuation::Evacuation;
 use crate::pool::repair::rebuild::Rebuild;
 
@@ -60,7 +60,7 @@ impl FlushAndCheckpoint {
     /// [`REBUILD_CHECK_INTERVAL_MS`]; while none can run although the pool
     /// has less redundancy than it was made with, says why, again every
     /// [`REBUILD_BLOCKED_WARNING_INTERVAL_MS`].
-    fn check_rebuild(&mut self, core: &Arc<Inner>) {
+    fn check_rebuild(&mut self, core: &Arc<Core>) {
         if self.last_rebuild_check.elapsed() < Duration::from_millis(REBUILD_CHECK_INTERVAL_MS) {
             return;
         }
@@ -103,8 +103,8 @@ impl Periodic for FlushAndCheckpoint {
 
     /// Each part logs its own error, so that a failed flush does not keep the
     /// checkpoint from being tried.
-    async fn step(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
-        if core.device_full.is_full() {
+    async fn step(&mut self, core: &Arc<Core>) -> Result<(), EngineError> {
+        if core.device_full().is_full() {
             // Flushing or checkpointing would only wait for space.
             return Ok(());
         }
@@ -126,7 +126,7 @@ impl Periodic for FlushAndCheckpoint {
         if let Err(error) = core.flush_marker_durably().await {
             tracing::error!(%error, "background flush of the flush marker failed");
         }
-        let limits = &core.limits;
+        let limits = core.limits();
         let due_by_time = (dirt.log_bytes_since_checkpoint > 0
             || dirt.dead_segments_wait_for_checkpoints)
             && self.last_checkpoint.elapsed()
@@ -148,7 +148,7 @@ impl Periodic for FlushAndCheckpoint {
 }
 
 /// What the loop sees of the pool now.
-fn dirt(core: &Inner) -> Dirt {
+fn dirt(core: &Core) -> Dirt {
     let state = core.lock();
     // Dead segments written since the older checkpoint become free only
     // through checkpoints (the others through the flush); an idle pool
@@ -166,7 +166,7 @@ fn dirt(core: &Inner) -> Dirt {
 
 /// Logs a warning when used space crosses a configured threshold upward,
 /// and a note when it falls back below.
-fn warn_about_usage(core: &Inner, warned_percent: &mut u8) {
+fn warn_about_usage(core: &Core, warned_percent: &mut u8) {
     let status = core.status();
     let crossed = status.usage_warning_percent;
     if crossed > *warned_percent {

@@ -23,7 +23,7 @@ use periodic::spawn_periodic;
 use crate::error::{EngineError, IoError};
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::pacing::Pacer;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::repair::evacuation::Evacuation;
 use crate::pool::repair::rebuild::Rebuild;
 use crate::pool::tiering::demoter::Demoter;
@@ -31,8 +31,8 @@ use crate::pool::tiering::demoter::Demoter;
 /// Starts the pool's background services, in order: a rebuild cut short
 /// (or one the devices call for), the flush-and-checkpoint loop, the paced
 /// cleaner, the demoter. [`close`] stops them in the reverse order.
-pub(in crate::pool) fn start(core: &Arc<Inner>) {
-    let limits = &core.limits;
+pub(in crate::pool) fn start(core: &Arc<Core>) {
+    let limits = core.limits();
     // A rebuild cut short by a crash or a close resumes; if none can,
     // the log says so now, not at the first periodic check.
     Rebuild::new(core).start();
@@ -50,17 +50,17 @@ pub(in crate::pool) fn start(core: &Arc<Inner>) {
 
 /// Starts a flush in the background when unflushed data exceeds
 /// `dirty_bytes_max` and no flush is running (writers call this).
-pub(in crate::pool) fn flush_when_over_dirty_limit(core: &Arc<Inner>) {
+pub(in crate::pool) fn flush_when_over_dirty_limit(core: &Arc<Core>) {
     let over = {
         let state = core.lock();
-        state.counters().unflushed_bytes() > core.limits.dirty_bytes_max
+        state.counters().unflushed_bytes() > core.limits().dirty_bytes_max
     };
     // On a full device a flush cannot finish; writers are held back by
     // the in-flight limit instead, and the next client flush reports it.
-    let over = over && !core.device_full.is_full();
-    if over && core.flush_lock.try_lock().is_ok() {
+    let over = over && !core.device_full().is_full();
+    if over && core.flush_lock().try_lock().is_ok() {
         let flushing = core.clone();
-        core.supervisor.spawn("background flush", async move {
+        core.supervisor().spawn("background flush", async move {
             if let Err(error) = flushing.flush().await {
                 tracing::error!(%error, "background flush failed");
             }
@@ -73,9 +73,9 @@ pub(in crate::pool) fn flush_when_over_dirty_limit(core: &Arc<Inner>) {
 /// While the capacity tier's writes are suspended the checkpoint is
 /// skipped with a warning: what clients wrote is durable on flash and the
 /// next open replays it (decision 0032).
-pub(in crate::pool) async fn close(core: &Arc<Inner>) -> Result<(), EngineError> {
+pub(in crate::pool) async fn close(core: &Arc<Core>) -> Result<(), EngineError> {
     core.flush().await?;
-    core.flush_marker.settled().await;
+    core.flush_marker().settled().await;
     match Checkpointer::new(core).checkpoint().await {
         Ok(()) => {}
         Err(EngineError::Io(IoError::CapacityUnavailable { device, error })) => {
@@ -88,11 +88,11 @@ pub(in crate::pool) async fn close(core: &Arc<Inner>) -> Result<(), EngineError>
         }
         Err(error) => return Err(error),
     }
-    core.supervisor.stop().await;
+    core.supervisor().stop().await;
     Ok(())
 }
 
 /// Stops background work without flushing: what a crash leaves behind.
-pub(in crate::pool) fn abandon(core: &Inner) {
-    core.supervisor.signal_stop();
+pub(in crate::pool) fn abandon(core: &Core) {
+    core.supervisor().signal_stop();
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::error::{EngineError, IoError};
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 
 /// A periodic background task: what it does on each tick, and the state it
 /// keeps between ticks.
@@ -22,14 +22,14 @@ pub(in crate::pool) trait Periodic: Send + 'static {
     /// it calls on it: the cleaner, the checkpointer). Errors are logged and the task goes on at the next
     /// tick; `EngineError::NoSpace` is not logged (space ran out under the
     /// task too: blocked writers reclaim for themselves).
-    fn step(&mut self, core: &Arc<Inner>) -> impl Future<Output = Result<(), EngineError>> + Send;
+    fn step(&mut self, core: &Arc<Core>) -> impl Future<Output = Result<(), EngineError>> + Send;
 }
 
 /// Runs `task` every `interval_ms` (tokio's clock; a step that takes longer
 /// delays the next tick, ticks are not made up) until the pool is shut down,
 /// dropped or failed. Between ticks the task holds the pool only weakly.
 pub(in crate::pool) fn spawn_periodic<T: Periodic>(
-    core: &Arc<Inner>,
+    core: &Arc<Core>,
     interval_ms: u64,
     mut task: T,
 ) {
@@ -38,8 +38,8 @@ pub(in crate::pool) fn spawn_periodic<T: Periodic>(
         "PoolLimits::validate refuses 0 ms intervals"
     );
     let interval = Duration::from_millis(interval_ms);
-    let weak: Weak<Inner> = Arc::downgrade(core);
-    let mut stop = core.supervisor.stop_signal();
+    let weak: Weak<Core> = Arc::downgrade(core);
+    let mut stop = core.supervisor().stop_signal();
     let run = async move {
         loop {
             // The sleep ends early when the pool stops, so that `close`
@@ -61,5 +61,5 @@ pub(in crate::pool) fn spawn_periodic<T: Periodic>(
             }
         }
     };
-    core.supervisor.spawn(T::NAME, run);
+    core.supervisor().spawn(T::NAME, run);
 }

@@ -25,7 +25,7 @@ use futures::StreamExt;
 
 use crate::log::batch::block_checksum;
 pub use crate::pool::cache_warmup::progress::{CacheWarmupState, CacheWarmupStatus};
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::volume::View;
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
@@ -182,7 +182,7 @@ struct WarmupBlock {
 /// Every view's map (O(1) copies), taken under the state lock so that the
 /// walks run outside it. Live volumes come first: a block a volume shares
 /// with its snapshots is recorded as the volume's.
-fn view_maps(core: &Inner) -> Vec<(View, BlockMap)> {
+fn view_maps(core: &Core) -> Vec<(View, BlockMap)> {
     let state = core.lock();
     let volumes = state.volumes();
     let mut maps: Vec<(View, BlockMap)> = volumes
@@ -205,15 +205,15 @@ fn view_maps(core: &Inner) -> Vec<(View, BlockMap)> {
 /// pool's core, through which it reads the listed blocks into the cache;
 /// started once per opening under the supervisor.
 pub(in crate::pool) struct CacheWarmup {
-    core: Arc<Inner>,
+    core: Arc<Core>,
 }
 
 impl CacheWarmup {
     /// What the memory cache holds now, by logical identity, hottest first
     /// (blocks no map holds any more are left out). Walks copies of the maps
     /// outside the state lock.
-    pub(in crate::pool) fn contents(core: &Inner) -> CacheContents {
-        let hottest = core.cache.physical_blocks_hottest_first();
+    pub(in crate::pool) fn contents(core: &Core) -> CacheContents {
+        let hottest = core.cache().physical_blocks_hottest_first();
         let maps = view_maps(core);
         let mut rank_of: HashMap<u64, usize> = hottest
             .iter()
@@ -245,19 +245,19 @@ impl CacheWarmup {
     /// background (see the module documentation); returns at once. Does
     /// nothing with `memory_cache_warm_restart` off, without a memory cache,
     /// or when a warm-up already ran since the pool opened.
-    pub(in crate::pool) fn start(core: &Arc<Inner>, contents: CacheContents) {
-        let capacity_blocks = core.cache.statistics().capacity_bytes / BLOCK_SIZE_BYTES;
-        if !core.limits.memory_cache_warm_restart
+    pub(in crate::pool) fn start(core: &Arc<Core>, contents: CacheContents) {
+        let capacity_blocks = core.cache().statistics().capacity_bytes / BLOCK_SIZE_BYTES;
+        if !core.limits().memory_cache_warm_restart
             || capacity_blocks == 0
-            || !core.cache_warmup.start(contents.blocks.len() as u64)
+            || !core.cache_warmup().start(contents.blocks.len() as u64)
         {
             return;
         }
         let warmup = CacheWarmup { core: core.clone() };
-        core.supervisor.spawn("memory cache warm-up", async move {
+        core.supervisor().spawn("memory cache warm-up", async move {
             warmup.run(contents, capacity_blocks).await;
-            warmup.core.cache_warmup.finish();
-            let status = warmup.core.cache_warmup.status();
+            warmup.core.cache_warmup().finish();
+            let status = warmup.core.cache_warmup().status();
             tracing::info!(
                 blocks_loaded = status.blocks_loaded,
                 blocks_skipped = status.blocks_skipped,
@@ -269,7 +269,7 @@ impl CacheWarmup {
 
     async fn run(&self, contents: CacheContents, capacity_blocks: u64) {
         let blocks = self.resolve_cached_blocks(contents, capacity_blocks);
-        let warmer = &self.core.cache_warmup;
+        let warmer = self.core.cache_warmup();
         warmer
             .blocks_to_load
             .store(blocks.len() as u64, Ordering::Relaxed);
@@ -278,14 +278,14 @@ impl CacheWarmup {
             blocks_to_load = blocks.len(),
             "warming the memory cache in the background"
         );
-        let runs = warmup_runs(&blocks, self.core.limits.read_run_blocks_max);
-        let in_flight_max = self.core.limits.memory_cache_warm_reads_in_flight_max;
+        let runs = warmup_runs(&blocks, self.core.limits().read_run_blocks_max);
+        let in_flight_max = self.core.limits().memory_cache_warm_reads_in_flight_max;
         let mut in_flight = futures::stream::FuturesUnordered::new();
         for run in runs {
             if in_flight.len() >= in_flight_max {
                 in_flight.next().await;
             }
-            if self.core.supervisor.is_stopping() {
+            if self.core.supervisor().is_stopping() {
                 return;
             }
             in_flight.push(self.load_run(run));
@@ -326,12 +326,12 @@ impl CacheWarmup {
     /// Reads one run from the device and takes the blocks that pass their
     /// checksum and are still mapped there into the cache.
     async fn load_run(&self, run: &[WarmupBlock]) {
-        let warmer = &self.core.cache_warmup;
+        let warmer = self.core.cache_warmup();
         let first = run[0].physical_block;
         let span_blocks = run[run.len() - 1].physical_block - first + 1;
         let read = self
             .core
-            .device
+            .device()
             .read(
                 first * BLOCK_SIZE_BYTES,
                 usize::try_from(span_blocks).expect("a run fits in memory") * BLOCK_BYTES,
@@ -376,7 +376,7 @@ impl CacheWarmup {
                     && still_mapped
                     && self
                         .core
-                        .cache
+                        .cache()
                         .insert_if_room(block.physical_block, contents)
                 {
                     loaded += 1;

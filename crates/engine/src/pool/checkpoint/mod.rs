@@ -32,7 +32,7 @@ use crate::log::geometry::{
 };
 use crate::pool::checkpoint::image::{CheckpointSnapshot, CheckpointTarget, copy_volumes};
 use crate::pool::checkpoint::increment::{CheckpointChain, EncodedCheckpoint, encode_checkpoint};
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Whether a checkpoint may be an increment on the chain.
@@ -46,11 +46,11 @@ enum CheckpointKind {
 /// log it flushes up to the copy and whose free segments take the body.
 #[derive(Clone)]
 pub(in crate::pool) struct Checkpointer {
-    core: Arc<Inner>,
+    core: Arc<Core>,
 }
 
 impl Checkpointer {
-    pub(in crate::pool) fn new(core: &Arc<Inner>) -> Self {
+    pub(in crate::pool) fn new(core: &Arc<Core>) -> Self {
         Self { core: core.clone() }
     }
 
@@ -67,7 +67,7 @@ impl Checkpointer {
     }
 
     async fn checkpoint_as(&self, kind: CheckpointKind) -> Result<(), EngineError> {
-        let mut chain_guard = self.core.checkpoint_lock.lock().await;
+        let mut chain_guard = self.core.checkpoint_lock().lock().await;
         // The batches it would cover include uploads the capacity tier cannot
         // make durable now (decision 0032): refused at once, the pool goes on.
         if let Some(suspension) = self.core.lock().capacity_writes().status().suspended {
@@ -86,7 +86,7 @@ impl Checkpointer {
             .await?;
         let whatever_their_bytes = self
             .core
-            .limits
+            .limits()
             .test_hooks
             .checkpoint_increments_whatever_their_bytes;
         let encoded = tokio::task::spawn_blocking(move || {
@@ -214,7 +214,7 @@ impl Checkpointer {
         target: CheckpointTarget,
         body_bytes: usize,
     ) -> Result<Vec<u32>, EngineError> {
-        let shapes = &self.core.shapes;
+        let shapes = self.core.shapes();
         let mut state = self.core.lock();
         let body_segments = state
             .take_checkpoint_body_segments(
@@ -253,11 +253,11 @@ impl Checkpointer {
     /// the pool is out of space, its segments are given back and the
     /// checkpoint is skipped with `DeviceFull`.
     async fn write_body(&self, encoded: &[u8], body_segments: &[u32]) -> Result<(), EngineError> {
-        let geometry = self.core.geometry;
-        let device = &self.core.device;
+        let geometry = self.core.geometry();
+        let device = self.core.device();
         let pieces = self
             .core
-            .shapes
+            .shapes()
             .body_pieces(body_segments, encoded.len() as u64)
             .expect("the body's segments were taken to hold it");
         for body_piece in pieces {
@@ -287,7 +287,7 @@ impl Checkpointer {
             .return_checkpoint_body_segments(body_segments);
         tracing::warn!(%error, "checkpoint skipped: the device under the pool is out of space");
         EngineError::Io(IoError::DeviceFull {
-            device: self.core.device.name().to_string(),
+            device: self.core.device().name().to_string(),
             waited_ms: 0,
         })
     }
@@ -297,7 +297,7 @@ impl Checkpointer {
     /// skips the checkpoint with `CapacityUnavailable`; the pool goes on.
     async fn flush_body(&self, body_segments: &[u32]) -> Result<(), EngineError> {
         self.core.flush_flash().await?;
-        if !self.core.geometry.has_capacity_tier() {
+        if !self.core.geometry().has_capacity_tier() {
             return Ok(());
         }
         if let Err(error) = self.core.flush_capacity(false).await {
@@ -322,7 +322,7 @@ impl Checkpointer {
         slot: &Slot,
         body_segments: &[u32],
     ) -> Result<(), EngineError> {
-        let geometry = self.core.geometry;
+        let geometry = self.core.geometry();
         if !geometry.has_capacity_tier() {
             return Ok(());
         }
@@ -340,7 +340,7 @@ impl Checkpointer {
             geometry.capacity_start_block + CAPACITY_SLOT_COPY_BLOCKS[target.slot_index];
         let written = self
             .core
-            .device
+            .device()
             .write(
                 copy_block * BLOCK_SIZE_BYTES,
                 crate::pool::core::aligned(&encoded_slot),
@@ -357,7 +357,7 @@ impl Checkpointer {
         // all still this checkpoint's.
         assert!(
             self.core
-                .shapes
+                .shapes()
                 .body_pieces(&slot.body_segments, slot.body_bytes)
                 .is_some()
         );
@@ -378,7 +378,7 @@ impl Checkpointer {
         debug_assert_eq!(Slot::decode(&encoded_slot).ok().as_ref(), Some(slot));
         let slot_offset = CHECKPOINT_SLOT_BLOCKS[target.slot_index] * BLOCK_SIZE_BYTES;
         self.core
-            .device
+            .device()
             .write(slot_offset, crate::pool::core::aligned(&encoded_slot))
             .await?;
         Ok(())

@@ -19,7 +19,7 @@ use crate::log::chain;
 use crate::log::geometry::Tier;
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::core::state::{Relocation, State};
 use crate::pool::io::stream::Stream;
 use crate::pool::io::writer::InFlightBatch;
@@ -208,11 +208,11 @@ fn relocate_chunk(
 /// found the pool full build one where they clean.
 #[derive(Clone)]
 pub(in crate::pool) struct Cleaner {
-    core: Arc<Inner>,
+    core: Arc<Core>,
 }
 
 impl Cleaner {
-    pub(in crate::pool) fn new(core: &Arc<Inner>) -> Self {
+    pub(in crate::pool) fn new(core: &Arc<Core>) -> Self {
         Self { core: core.clone() }
     }
 
@@ -273,10 +273,10 @@ impl Cleaner {
         segment_count_max: usize,
         policy: VictimPolicy,
     ) -> Result<usize, EngineError> {
-        let _guard = self.core.cleaner_lock.lock().await;
+        let _guard = self.core.cleaner_lock().lock().await;
         // Capacity victims are moved within capacity: not while its writes
         // are suspended (decision 0032).
-        if self.core.geometry.has_capacity_tier() && !self.core.capacity_writes_suspended() {
+        if self.core.geometry().has_capacity_tier() && !self.core.capacity_writes_suspended() {
             self.clean_capacity_if_short().await?;
         }
         let victims = pick_victims(&self.core.lock(), segment_count_max, policy);
@@ -335,7 +335,7 @@ impl Cleaner {
 
     /// Cleans one victim of either tier. Returns whether it is now empty.
     async fn clean_victim(&self, victim: u32) -> Result<bool, EngineError> {
-        let tier = self.core.geometry.tier_of_segment(victim);
+        let tier = self.core.geometry().tier_of_segment(victim);
         self.core.lock().start_cleaning(victim, tier);
         let result = self.clean_segment(victim).await;
         self.core.lock().finish_cleaning();
@@ -349,12 +349,12 @@ impl Cleaner {
     /// (a disk, where a client request between two pieces would cost a seek
     /// each) is read in one request.
     async fn read_victim(&self, segment_index: u32) -> Result<VictimContents, EngineError> {
-        let geometry = self.core.geometry;
-        let limits = &self.core.limits;
+        let geometry = self.core.geometry();
+        let limits = self.core.limits();
         let offset = geometry.segment_first_block(segment_index) * BLOCK_SIZE_BYTES;
         // Only the blocks the segment's layout uses: on an array narrowed
         // after a loss, the rest of its address range holds nothing.
-        let size_blocks = self.core.shapes.shape(segment_index).size_blocks;
+        let size_blocks = self.core.shapes().shape(segment_index).size_blocks;
         let length_bytes = to_usize(u64::from(size_blocks) * BLOCK_SIZE_BYTES);
         let block = BLOCK_BYTES;
         let piece_bytes_max = match geometry.tier_of_segment(segment_index) {
@@ -365,7 +365,7 @@ impl Cleaner {
         };
         // At least one block: `PoolLimits::validate` refuses less.
         let piece_bytes = piece_bytes_max / block * block;
-        let device = &self.core.device;
+        let device = self.core.device();
         let pieces: Vec<AlignedBuffer> =
             futures::stream::iter((0..length_bytes).step_by(piece_bytes).map(|start| {
                 device.read(offset + start as u64, piece_bytes.min(length_bytes - start))
@@ -393,7 +393,7 @@ impl Cleaner {
         let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Arc<InFlightBatch>>();
         let core = self.core.clone();
         let writer = tokio::spawn(async move {
-            let limit = core.limits.cleaner_in_flight_batches_max;
+            let limit = core.limits().cleaner_in_flight_batches_max;
             let mut handed_over: Vec<u64> = Vec::new();
             while let Some(batch) = receiver.recv().await {
                 core.wait_for(|state| {
@@ -455,7 +455,7 @@ impl Cleaner {
     /// Walks the batch chain of a victim read into memory, counting the
     /// summaries that had to be read from their copies.
     async fn walk_victim(&self, segment_index: u32, contents: &VictimContents) -> chain::Chain {
-        let shape = self.core.shapes.shape(segment_index);
+        let shape = self.core.shapes().shape(segment_index);
         let chain = match chain::walk(&mut VictimBlocks(contents), shape, 0, None).await {
             Ok(chain) => chain,
             Err(never) => match never {},
@@ -467,7 +467,7 @@ impl Cleaner {
                 summaries = repaired,
                 "damaged batch summaries in a cleaning victim; read from their copies"
             );
-            self.core.integrity.summaries_repaired(repaired as u64);
+            self.core.integrity().summaries_repaired(repaired as u64);
         }
         chain
     }
@@ -477,9 +477,9 @@ impl Cleaner {
     /// Most may be dead already: relocating one moves it only if a map still
     /// points at it.
     fn list_candidates(&self, segment_index: u32, chain: &chain::Chain) -> Vec<Candidate> {
-        let geometry = self.core.geometry;
+        let geometry = self.core.geometry();
         let first_block = geometry.segment_first_block(segment_index);
-        let segment_size_blocks = self.core.shapes.shape(segment_index).size_blocks;
+        let segment_size_blocks = self.core.shapes().shape(segment_index).size_blocks;
         let destination = match geometry.tier_of_segment(segment_index) {
             Tier::Flash => Stream::Cleaner,
             Tier::Capacity => Stream::Capacity,
@@ -566,7 +566,7 @@ impl Cleaner {
     /// they go in: kept blocks first, then demotions, so that each stream's
     /// batches fill up instead of alternating.
     fn choose_destinations(&self, segment_index: u32, candidates: &mut [Candidate]) {
-        if self.core.geometry.tier_of_segment(segment_index) == Tier::Capacity {
+        if self.core.geometry().tier_of_segment(segment_index) == Tier::Capacity {
             return;
         }
         {
@@ -596,7 +596,7 @@ impl Cleaner {
         contents: &VictimContents,
         candidates: &[Candidate],
     ) -> Result<(), EngineError> {
-        let victim_tier = self.core.geometry.tier_of_segment(segment_index);
+        let victim_tier = self.core.geometry().tier_of_segment(segment_index);
         // Maps that may hold a block, per writing volume: the volume, its
         // snapshots and its clones (computed once per victim).
         let mut families = Families::default();
@@ -607,7 +607,7 @@ impl Cleaner {
         // segment, and more cleaning, decision 0009).
         let (relocated_batches, writer) = self.spawn_relocation_writer();
         for chunk in candidates.chunks(RELOCATION_CHUNK_BLOCKS) {
-            let in_flight_limit = self.core.limits.in_flight_batches_max;
+            let in_flight_limit = self.core.limits().in_flight_batches_max;
             self.core
                 .wait_for(|state| {
                     state.writer().in_flight_count() < in_flight_limit
@@ -692,7 +692,7 @@ impl Cleaner {
         let started = tokio::time::Instant::now();
         let result = self.reclaim_untimed().await;
         let waited = started.elapsed();
-        self.core.space_waits.record(waited);
+        self.core.space_waits().record(waited);
         if waited >= std::time::Duration::from_millis(SPACE_WAIT_LOGGED_MS) {
             let state = self.core.lock();
             tracing::debug!(
@@ -707,7 +707,7 @@ impl Cleaner {
     }
 
     async fn reclaim_untimed(&self) -> Result<bool, EngineError> {
-        let _guard = self.core.reclaim_lock.lock().await;
+        let _guard = self.core.reclaim_lock().lock().await;
         if client_has_room(&self.core.lock()) {
             return Ok(true);
         }
@@ -720,7 +720,7 @@ impl Cleaner {
         // Each round either frees what earlier rounds emptied or empties a
         // victim (which gains at least 3% of a segment), so a pool with little
         // slack may need many rounds; they stop when neither happens.
-        let rounds_max = RECLAIM_ROUNDS_MAX.max(to_usize(self.core.geometry.segment_count));
+        let rounds_max = RECLAIM_ROUNDS_MAX.max(to_usize(self.core.geometry().segment_count));
         let mut progress = ReclaimProgress {
             last_pass_emptied: true,
             fruitless_round: false,
@@ -791,7 +791,7 @@ impl Cleaner {
         // A two-tier pool's flash is kept free by the demoter (`tiering`),
         // with its own target; this watermark (a tenth of flash, at least 16
         // segments) would turn the flash FIFO over far too fast.
-        if self.core.geometry.has_capacity_tier() {
+        if self.core.geometry().has_capacity_tier() {
             return Ok(());
         }
         let below_watermark = |state: &State| {
@@ -810,7 +810,7 @@ impl Cleaner {
             // (decision 0009).
             if self
                 .core
-                .limits
+                .limits()
                 .cleaner_relocation_blocks_per_client_block_max
                 > 0.0
                 || !below_watermark(&state)
@@ -825,7 +825,7 @@ impl Cleaner {
         // wait for the budget; the next tick tries again.
         if !self
             .core
-            .budget
+            .budget()
             .try_acquire(BackgroundWork::Cleaner, pass_bytes)
         {
             return Ok(());

@@ -43,7 +43,7 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::error::EngineError;
 use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
 
@@ -189,7 +189,7 @@ impl Periodic for Pacer {
 
     /// Steps until the budget or the need runs out, so that the cleaner keeps
     /// up however fast clients write between looks.
-    async fn step(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
+    async fn step(&mut self, core: &Arc<Core>) -> Result<(), EngineError> {
         for _ in 0..STEPS_PER_LOOK_MAX {
             if self.pace_once(core).await? == Step::Idle || core.background_stopped() {
                 break;
@@ -202,8 +202,8 @@ impl Periodic for Pacer {
 impl Pacer {
     /// Starts the paced cleaner unless `cleaner_relocation_blocks_per_client_block_max`
     /// is 0. It stops when the pool is closed, abandoned, dropped or failed.
-    pub(in crate::pool) fn start(core: &Arc<Inner>) {
-        let limits = &core.limits;
+    pub(in crate::pool) fn start(core: &Arc<Core>) {
+        let limits = core.limits();
         if limits.cleaner_relocation_blocks_per_client_block_max <= 0.0 {
             return;
         }
@@ -212,7 +212,7 @@ impl Pacer {
 
     /// One look at the pool: update the budget, then at most one step, which
     /// is returned.
-    async fn pace_once(&mut self, core: &Arc<Inner>) -> Result<Step, EngineError> {
+    async fn pace_once(&mut self, core: &Arc<Core>) -> Result<Step, EngineError> {
         let Some(look) = self.look(core) else {
             return Ok(Step::Idle);
         };
@@ -230,7 +230,7 @@ impl Pacer {
 
     /// Updates the budget and chooses the next step; none once the pool has
     /// failed.
-    fn look(&mut self, core: &Inner) -> Option<Look> {
+    fn look(&mut self, core: &Core) -> Option<Look> {
         let mut state = core.lock();
         if state.writer().failed().is_some() {
             return None;
@@ -238,13 +238,13 @@ impl Pacer {
         // Deaths made durable since the last look (by any flush) free their
         // segments now rather than at the next checkpoint.
         state.free_reusable_dead_segments();
-        let limits = &core.limits;
+        let limits = core.limits();
         let outlook = Outlook::of(&state, limits);
         let client_blocks = state.client_blocks_written();
         let written = client_blocks - self.client_blocks_seen.unwrap_or(client_blocks);
         self.client_blocks_seen = Some(client_blocks);
         let pressure = outlook.pressure();
-        let budget_max = (BUDGET_SEGMENT_COUNT_MAX * core.geometry.segment_size_blocks) as f64;
+        let budget_max = (BUDGET_SEGMENT_COUNT_MAX * core.geometry().segment_size_blocks) as f64;
         self.budget_blocks = (self.budget_blocks
             + written as f64 * pressure * limits.cleaner_relocation_blocks_per_client_block_max)
             .min(budget_max);
@@ -278,9 +278,9 @@ impl Pacer {
     /// The victim's live bytes (what it reads and rewrites) are counted;
     /// once the pressure reaches [`CLEANER_UNPACED_PRESSURE_MIN`] they are
     /// also charged to the rate, so that the other kinds yield to it.
-    async fn clean_paced(&mut self, core: &Arc<Inner>, look: &Look) -> Result<(), EngineError> {
+    async fn clean_paced(&mut self, core: &Arc<Core>, look: &Look) -> Result<(), EngineError> {
         let bytes = u64::from(look.victim_live_blocks) * BLOCK_SIZE_BYTES;
-        let budget = &core.budget;
+        let budget = core.budget();
         if look.short {
             budget.charge_urgent(BackgroundWork::Cleaner, bytes);
         } else {

@@ -1,21 +1,30 @@
 //! The pool's shared core: the [`Pool`] handle and what every part of the
-//! engine reaches through it ([`Inner`]: the device, the limits, the state
+//! engine reaches through it ([`Core`]: the device, the limits, the state
 //! mutex, the locks that order background work, the cache, the flush marker,
 //! the integrity counters), and the two waits everything builds on: batch
 //! writes to the device (retried while the device under the pool is full)
-//! and waiting for batch writes to complete.
+//! and waiting for batch writes to complete. `Core`'s fields are private to
+//! this module: the services and the core's operations in other files reach
+//! each part through a method named after it, and the state only through
+//! [`Core::lock`] and `State`'s named operations.
 //!
 //! Lock order (a lock may be taken while holding only locks above it):
-//! 1. `cleaner_lock`, then `reclaim_lock` (async; one cleaning pass, one
-//!    foreground reclaim);
-//! 2. `checkpoint_lock` (async; one checkpoint at a time);
-//! 3. `flush_lock` (async; one device flush at a time), and apart from
-//!    it the segment openings recorder's (async; one record write at a
-//!    time, taken by batch writes holding no other lock);
-//! 4. an `rmw_locks` stripe (async; read-modify-write of one block);
-//! 5. `state` (std mutex): never held across an `.await`, and never while
-//!    taking another lock; the memory cache's shard mutexes and the
-//!    device-full condition's own mutex are leaves taken inside or outside it.
+//! 1. `reclaim_lock()`, then `cleaner_lock()` (async; one foreground
+//!    reclaim, taken by a writer's `Cleaner::reclaim`, which cleans under
+//!    it; one cleaning pass, taken by the `Cleaner` and by evacuation's
+//!    move of a victim);
+//! 2. `checkpoint_lock()` (async; one checkpoint at a time, taken by the
+//!    `Checkpointer`);
+//! 3. `flush_lock()` (async; one device flush at a time, taken by the
+//!    core's flushes in `tiering/flush.rs`), and apart from it the segment
+//!    openings recorder's (async; one record write at a time, taken by
+//!    batch writes holding no other lock);
+//! 4. an `rmw_lock(stripe)` (async; read-modify-write of one block, taken
+//!    by writes, `io/write.rs`);
+//! 5. `state` ([`Core::lock`], std mutex): never held across an `.await`,
+//!    and never while taking another lock; the memory cache's shard mutexes
+//!    and the device-full condition's own mutex are leaves taken inside or
+//!    outside it.
 //!
 //! `state` is the one global lock of the hot paths: a read takes it once to
 //! plan, a write once per batch of blocks appended (the checksums computed
@@ -45,9 +54,11 @@ use crate::convert::milliseconds_saturating;
 use crate::error::{EngineError, IoError};
 use crate::log::geometry::Geometry;
 use crate::pool::cache_warmup::progress::CacheWarmer;
+use crate::pool::checkpoint::increment::CheckpointChain;
 use crate::pool::core::integrity::Integrity;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
+use crate::pool::core::supervisor::Supervisor;
 use crate::pool::io::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use crate::pool::io::flush_marker::FlushMarker;
 use crate::pool::io::space_waits::SpaceWaits;
@@ -62,59 +73,200 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 /// Number of striped locks serialising read-modify-write of partial blocks.
 pub(super) const RMW_LOCK_COUNT: usize = 1024;
 
-pub(crate) struct Inner {
-    pub(super) device: Arc<dyn BlockDevice>,
-    pub(super) geometry: Geometry,
+/// The pool's shared core: what every part of the engine works on. Its
+/// parts are private to `core/`; the subsystems reach them through the
+/// named methods below (the state only through [`Core::lock`]).
+pub(crate) struct Core {
+    device: Arc<dyn BlockDevice>,
+    geometry: Geometry,
     /// Each segment's size and row on the device (narrower on an array
     /// after a loss).
-    pub(super) shapes: SegmentShapes,
-    pub(super) limits: PoolLimits,
-    pub(super) state: Mutex<State>,
+    shapes: SegmentShapes,
+    limits: PoolLimits,
+    state: Mutex<State>,
     /// Woken whenever an in-flight batch completes.
-    pub(super) progress: Notify,
+    progress: Notify,
     /// One device flush at a time, so that concurrent flushes coalesce.
-    pub(super) flush_lock: tokio::sync::Mutex<()>,
+    flush_lock: tokio::sync::Mutex<()>,
     /// One checkpoint at a time; holds the chain the next one may extend.
-    pub(super) checkpoint_lock:
-        tokio::sync::Mutex<crate::pool::checkpoint::increment::CheckpointChain>,
+    checkpoint_lock: tokio::sync::Mutex<CheckpointChain>,
     /// One cleaning pass at a time.
-    pub(super) cleaner_lock: tokio::sync::Mutex<()>,
+    cleaner_lock: tokio::sync::Mutex<()>,
     /// One foreground reclaim at a time; other blocked writers wait for it.
-    pub(super) reclaim_lock: tokio::sync::Mutex<()>,
-    pub(super) rmw_locks: Vec<tokio::sync::Mutex<()>>,
-    pub(super) cache: Arc<MemoryCache>,
+    reclaim_lock: tokio::sync::Mutex<()>,
+    rmw_locks: Vec<tokio::sync::Mutex<()>>,
+    cache: Arc<MemoryCache>,
     /// Whether batch writes are waiting for space under the device.
-    pub(super) device_full: DeviceFull,
+    device_full: DeviceFull,
     /// The background tasks' handles and their stop signal, set when the
     /// pool is closed or abandoned: background work stops.
-    pub(super) supervisor: crate::pool::core::supervisor::Supervisor,
+    supervisor: Supervisor,
     /// Damage found and what was done about it.
-    pub(super) integrity: Integrity,
+    integrity: Integrity,
     /// The durable record of how far completed flushes reached.
-    pub(super) flush_marker: FlushMarker,
+    flush_marker: FlushMarker,
     /// Writes the segment openings record before a new segment's first
     /// batch counts as written.
-    pub(super) openings: OpeningsRecorder,
+    openings: OpeningsRecorder,
     /// Scrub's progress (one scrub at a time).
-    pub(super) scrub: Scrubber,
+    scrub: Scrubber,
     /// The rebuild's progress (one rebuild at a time).
-    pub(super) rebuild: Rebuilder,
+    rebuild: Rebuilder,
     /// The memory cache's warm-up after a restart (one per opening).
-    pub(super) cache_warmup: CacheWarmer,
+    cache_warmup: CacheWarmer,
     /// The rate background work (rebuild, cleaner, demoter, scrub) may
     /// issue, following client latency.
-    pub(super) budget: BackgroundBudget,
+    budget: BackgroundBudget,
     /// Writes that found no free segment and waited for a reclaim.
-    pub(super) space_waits: SpaceWaits,
+    space_waits: SpaceWaits,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.
 #[derive(Clone)]
 pub struct Pool {
-    pub(super) inner: Arc<Inner>,
+    pub(super) core: Arc<Core>,
 }
 
-impl Inner {
+/// What a core is built from: the device, the limits, the recovered (or
+/// new) state and the flush marker and openings recorder that go on from it.
+pub(in crate::pool) struct CoreParts {
+    pub(in crate::pool) device: Arc<dyn BlockDevice>,
+    pub(in crate::pool) limits: PoolLimits,
+    pub(in crate::pool) state: State,
+    pub(in crate::pool) flush_marker: FlushMarker,
+    pub(in crate::pool) openings: OpeningsRecorder,
+}
+
+impl Core {
+    pub(in crate::pool) fn new(parts: CoreParts) -> Arc<Self> {
+        let CoreParts {
+            device,
+            limits,
+            state,
+            flush_marker,
+            openings,
+        } = parts;
+        let budget = BackgroundBudget::new(limits.background_impact, limits.background_budget());
+        Arc::new(Self {
+            cache: state.cache().clone(),
+            shapes: state.shapes().clone(),
+            device,
+            geometry: *state.geometry(),
+            limits,
+            state: Mutex::new(state),
+            progress: Notify::new(),
+            flush_lock: tokio::sync::Mutex::new(()),
+            checkpoint_lock: tokio::sync::Mutex::new(CheckpointChain::default()),
+            cleaner_lock: tokio::sync::Mutex::new(()),
+            reclaim_lock: tokio::sync::Mutex::new(()),
+            rmw_locks: (0..RMW_LOCK_COUNT)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            device_full: DeviceFull::default(),
+            supervisor: Supervisor::default(),
+            integrity: Integrity::default(),
+            scrub: Scrubber::default(),
+            rebuild: Rebuilder::default(),
+            cache_warmup: CacheWarmer::default(),
+            budget,
+            space_waits: SpaceWaits::default(),
+            flush_marker,
+            openings,
+        })
+    }
+}
+
+/// The core's parts, by name, for the subsystems that work on them.
+impl Core {
+    pub(in crate::pool) fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    pub(in crate::pool) fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Each segment's size and row on the device.
+    pub(in crate::pool) fn shapes(&self) -> &SegmentShapes {
+        &self.shapes
+    }
+
+    pub(in crate::pool) fn limits(&self) -> &PoolLimits {
+        &self.limits
+    }
+
+    /// One device flush at a time (lock order 3).
+    pub(in crate::pool) fn flush_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.flush_lock
+    }
+
+    /// One checkpoint at a time, holding the chain the next one may extend
+    /// (lock order 2).
+    pub(in crate::pool) fn checkpoint_lock(&self) -> &tokio::sync::Mutex<CheckpointChain> {
+        &self.checkpoint_lock
+    }
+
+    /// One cleaning pass at a time (lock order 1).
+    pub(in crate::pool) fn cleaner_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.cleaner_lock
+    }
+
+    /// One foreground reclaim at a time (lock order 1, after the cleaner's).
+    pub(in crate::pool) fn reclaim_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.reclaim_lock
+    }
+
+    /// The read-modify-write lock of stripe `index` (lock order 4).
+    pub(in crate::pool) fn rmw_lock(&self, index: usize) -> &tokio::sync::Mutex<()> {
+        &self.rmw_locks[index]
+    }
+
+    pub(in crate::pool) fn cache(&self) -> &Arc<MemoryCache> {
+        &self.cache
+    }
+
+    pub(in crate::pool) fn device_full(&self) -> &DeviceFull {
+        &self.device_full
+    }
+
+    pub(in crate::pool) fn supervisor(&self) -> &Supervisor {
+        &self.supervisor
+    }
+
+    pub(in crate::pool) fn integrity(&self) -> &Integrity {
+        &self.integrity
+    }
+
+    pub(in crate::pool) fn flush_marker(&self) -> &FlushMarker {
+        &self.flush_marker
+    }
+
+    pub(in crate::pool) fn openings(&self) -> &OpeningsRecorder {
+        &self.openings
+    }
+
+    pub(in crate::pool) fn scrub(&self) -> &Scrubber {
+        &self.scrub
+    }
+
+    pub(in crate::pool) fn rebuild(&self) -> &Rebuilder {
+        &self.rebuild
+    }
+
+    pub(in crate::pool) fn cache_warmup(&self) -> &CacheWarmer {
+        &self.cache_warmup
+    }
+
+    pub(in crate::pool) fn budget(&self) -> &BackgroundBudget {
+        &self.budget
+    }
+
+    pub(in crate::pool) fn space_waits(&self) -> &SpaceWaits {
+        &self.space_waits
+    }
+}
+
+impl Core {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("pool state lock poisoned")
     }
@@ -141,37 +293,35 @@ impl Inner {
     /// that goes away mid-request cannot leave a batch unwritten.
     pub(in crate::pool) fn spawn_writes(self: &Arc<Self>, batches: Vec<Arc<InFlightBatch>>) {
         for batch in batches {
-            let inner = self.clone();
+            let core = self.clone();
             tokio::spawn(async move {
                 let result = match batch.opens_segment {
                     // The first batch of a new segment: written once the
                     // segment openings record lists the segment too.
                     Some(segment_sequence) => {
                         let (recorded, written) = tokio::join!(
-                            inner.record_opening(segment_sequence),
-                            write_batch(&inner, &batch)
+                            core.record_opening(segment_sequence),
+                            write_batch(&core, &batch)
                         );
                         recorded.and(written)
                     }
-                    None => write_batch(&inner, &batch).await,
+                    None => write_batch(&core, &batch).await,
                 };
                 if result.is_ok() {
                     // Recently written blocks are the likeliest to be read soon.
                     for (index, block) in batch.buffer.chunks(BLOCK_BYTES).enumerate().skip(1) {
-                        inner
-                            .cache
-                            .insert(batch.summary_block + index as u64, block);
+                        core.cache.insert(batch.summary_block + index as u64, block);
                     }
                 }
                 {
-                    let mut state = inner.lock();
+                    let mut state = core.lock();
                     if let Err(error) = result {
                         tracing::error!(%error, "batch write failed; the pool refuses further writes");
                         state.fail_writes(error.to_string());
                     }
                     state.batch_written(&batch);
                 }
-                inner.progress.notify_waiters();
+                core.progress.notify_waiters();
             });
         }
     }
@@ -181,45 +331,45 @@ impl Inner {
 /// retried (the whole batch: a write at the same place is idempotent, so a
 /// partial one does no harm); any other error, or the pool shutting down, ends
 /// the attempts with that error.
-pub(super) async fn write_batch(inner: &Inner, batch: &InFlightBatch) -> Result<(), DeviceError> {
+pub(super) async fn write_batch(core: &Core, batch: &InFlightBatch) -> Result<(), DeviceError> {
     batch.check_summary();
     let offset = batch.summary_block * BLOCK_SIZE_BYTES;
-    write_retried_while_full(inner, offset, &batch.buffer).await
+    write_retried_while_full(core, offset, &batch.buffer).await
 }
 
 /// Writes `buffer` at `offset`, retried like a batch (see [`write_batch`])
 /// while the device is out of space: the log's own writes, which a batch's
 /// completion waits for (the segment openings record).
 pub(super) async fn write_retried_while_full(
-    inner: &Inner,
+    core: &Core,
     offset: u64,
     buffer: &Arc<AlignedBuffer>,
 ) -> Result<(), DeviceError> {
-    let retry_interval_ms = inner.limits.device_full_retry_interval_ms;
+    let retry_interval_ms = core.limits.device_full_retry_interval_ms;
     let mut delay_ms = DEVICE_FULL_FIRST_RETRY_DELAY_MS.min(retry_interval_ms);
     let mut waiting = false;
     loop {
-        let result = inner.device.write(offset, buffer.clone()).await;
-        let shutting_down = inner.supervisor.is_stopping();
+        let result = core.device.write(offset, buffer.clone()).await;
+        let shutting_down = core.supervisor.is_stopping();
         match result {
             Err(error) if error.is_out_of_space() && !shutting_down => {
                 if !waiting {
                     waiting = true;
-                    inner.device_full.batch_waits(
+                    core.device_full.batch_waits(
                         &error,
                         retry_interval_ms,
-                        inner.limits.device_full_wait_ms_max,
+                        core.limits.device_full_wait_ms_max,
                     );
                     // Flushes waiting for this batch re-check their bound.
-                    inner.progress.notify_waiters();
+                    core.progress.notify_waiters();
                 }
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                inner.device_full.retried();
+                core.device_full.retried();
                 delay_ms = (delay_ms * 2).min(retry_interval_ms);
             }
             result => {
                 if waiting {
-                    inner.device_full.batch_stopped_waiting(result.is_ok());
+                    core.device_full.batch_stopped_waiting(result.is_ok());
                 }
                 return result;
             }
@@ -227,7 +377,7 @@ pub(super) async fn write_retried_while_full(
     }
 }
 
-impl Inner {
+impl Core {
     /// Waits until `condition` holds, re-checking whenever a batch completes,
     /// like `wait_for`; but while the device is full this waits at
     /// most `device_full_wait_ms_max` from the call, then fails with

@@ -23,7 +23,7 @@ use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
 use crate::log::geometry::Tier;
 use crate::pool::budget::ClientOperation;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::core::state::{ReadParts, Relocation};
 use crate::pool::space::{Allocation, SpaceAllocator};
 use crate::tier::heat::VolumeTierCounters;
@@ -442,7 +442,7 @@ fn attach_contents(promotions: &mut [Promotion], run: &[DeviceBlock], data: &[u8
     }
 }
 
-impl Inner {
+impl Core {
     /// Reads like `Pool::read_view` and leaves in `extents` the allocation
     /// status of the bytes read, from the same walk of the map that planned
     /// the read: the NBD server sends holes as hole chunks without a second
@@ -456,7 +456,7 @@ impl Inner {
     ) -> Result<(), EngineError> {
         let started = tokio::time::Instant::now();
         let result = self.read_view_attempts(view, offset, buffer, extents).await;
-        self.budget
+        self.budget()
             .record_client_latency(ClientOperation::Read, started.elapsed());
         result
     }
@@ -540,7 +540,7 @@ impl Inner {
                 .read_one_block(view, offset, block, buffer, plan.promotions)
                 .await;
         }
-        let runs = device_runs(&plan.from_device, self.limits.read_run_blocks_max);
+        let runs = device_runs(&plan.from_device, self.limits().read_run_blocks_max);
         // Neighbours of promoted blocks are read in the same go, issued right
         // after the blocks they follow, so that a disk serves them in sequence
         // instead of after every request queued meanwhile.
@@ -577,7 +577,7 @@ impl Inner {
     ) -> Result<MovedBlocks, EngineError> {
         let run = [block];
         let result = self
-            .device
+            .device()
             .read(block.physical_block * BLOCK_SIZE_BYTES, BLOCK_BYTES)
             .await;
         let moved = self
@@ -607,7 +607,7 @@ impl Inner {
         attach_contents(promotions, run, &data, &moved);
         for (block, contents) in run_contents(run, &data, &moved) {
             // Unless the block died since the read was planned.
-            self.cache
+            self.cache()
                 .insert_read(block.physical_block, contents, block.generation);
         }
         Ok(moved)
@@ -622,7 +622,7 @@ impl Inner {
             plan.from_device.is_empty(),
             "a one-tier plan leaves every block to the cache or the device"
         );
-        let cache = &self.cache;
+        let cache = self.cache();
         plan.from_cache_or_device.retain(|block| {
             let span = BlockSpan::of(offset, buffer.len(), block.logical_block);
             if span.length == BLOCK_BYTES {
@@ -661,7 +661,7 @@ impl Inner {
         let first_block = offset / BLOCK_SIZE_BYTES;
         let last_block = (offset + buffer.len() as u64 - 1) / BLOCK_SIZE_BYTES;
         let mut planner = ReadPlanner {
-            cache: &self.cache,
+            cache: self.cache(),
             map: found.map,
             policy: parts
                 .volumes
@@ -694,7 +694,7 @@ impl Inner {
         } = planner;
         if let Some(logical_block) = lost_block {
             drop(state);
-            self.integrity.lost_block_read();
+            self.integrity().lost_block_read();
             return Err(EngineError::Io(IoError::BlockLost {
                 volume: self.view_name(view),
                 logical_block,
@@ -715,7 +715,7 @@ impl Inner {
         runs: &[&[DeviceBlock]],
     ) -> Vec<Result<AlignedBuffer, DeviceError>> {
         let reads = runs.iter().map(|run| {
-            self.device.read(
+            self.device().read(
                 run[0].physical_block * BLOCK_SIZE_BYTES,
                 run.len() * BLOCK_BYTES,
             )
@@ -763,7 +763,7 @@ impl Inner {
             // Named only now: a read that passes its checksums allocates no name.
             let view_name = self.view_name(view);
             tracing::error!(volume = %view_name, logical_block, physical_block, "checksum mismatch");
-            self.integrity.read_checksum_error();
+            self.integrity().read_checksum_error();
             return Err(EngineError::Io(IoError::ChecksumMismatch {
                 volume: view_name,
                 logical_block,
@@ -785,7 +785,7 @@ impl Inner {
     ) -> Option<AlignedBuffer> {
         let is_valid = move |contents: &[u8]| block_checksum(contents) == checksum;
         let offset = physical_block * BLOCK_SIZE_BYTES;
-        match self.device.recover_block(offset, &is_valid).await {
+        match self.device().recover_block(offset, &is_valid).await {
             Ok(Some(good)) => {
                 // Checked in pairs: the device checked it, and so do we.
                 assert_eq!(
@@ -798,7 +798,7 @@ impl Inner {
                     logical_block,
                     "block failed its checksum and was repaired from redundancy"
                 );
-                self.integrity.checksum_error_repaired();
+                self.integrity().checksum_error_repaired();
                 Some(good)
             }
             Ok(None) => None,
@@ -841,7 +841,7 @@ impl Inner {
         let reads = spans.iter().map(|span| {
             let first = span[0].physical_block;
             let span_blocks = to_usize(span[span.len() - 1].physical_block - first + 1);
-            self.device
+            self.device()
                 .read(first * BLOCK_SIZE_BYTES, span_blocks * BLOCK_BYTES)
         });
         let mut promotions = Vec::new();
@@ -872,7 +872,7 @@ impl Inner {
     /// never makes a client wait for space. Each move is a relocation record,
     /// so a crash keeps either the old or the new home, never neither.
     fn promote(self: &Arc<Self>, volume_id: u32, promotions: Vec<Promotion>) {
-        let in_flight_limit = self.limits.in_flight_batches_max;
+        let in_flight_limit = self.limits().in_flight_batches_max;
         let mut sealed = Vec::new();
         {
             let mut state = self.lock();

@@ -16,7 +16,7 @@ use crate::log::batch::{BATCH_DATA_BLOCKS_MAX, Record, block_checksum};
 use crate::pool::budget::ClientOperation;
 use crate::pool::cleaner::Cleaner;
 use crate::pool::core::state::State;
-use crate::pool::core::{Inner, RMW_LOCK_COUNT};
+use crate::pool::core::{Core, RMW_LOCK_COUNT};
 use crate::volume::View;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
@@ -129,7 +129,7 @@ fn rmw_lock_index(volume_id: u32, logical_block: u64) -> usize {
     to_usize(mixed % RMW_LOCK_COUNT as u64)
 }
 
-impl Inner {
+impl Core {
     /// Writes `data` at byte `offset`. Partial blocks at either end are merged
     /// with their current contents under a per-block lock. With `fua`, the write
     /// (and everything before it) is durable when this returns. Its latency
@@ -143,7 +143,7 @@ impl Inner {
     ) -> Result<(), EngineError> {
         let started = tokio::time::Instant::now();
         let result = self.write_untimed(volume_id, offset, data, fua).await;
-        self.budget
+        self.budget()
             .record_client_latency(ClientOperation::Write, started.elapsed());
         result
     }
@@ -197,7 +197,7 @@ impl Inner {
         lock_indexes.dedup();
         let mut guards = Vec::with_capacity(lock_indexes.len());
         for index in lock_indexes {
-            guards.push(self.rmw_locks[index].lock().await);
+            guards.push(self.rmw_lock(index).lock().await);
         }
         guards
     }
@@ -239,7 +239,7 @@ impl Inner {
         merged: &[MergedBlock],
         mut checked: bool,
     ) -> Result<(), EngineError> {
-        let in_flight_limit = self.limits.in_flight_batches_max;
+        let in_flight_limit = self.limits().in_flight_batches_max;
         let mut next_block = request.first_block();
         while next_block <= request.last_block() {
             let stop = (next_block + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);

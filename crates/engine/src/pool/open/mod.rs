@@ -18,22 +18,19 @@ mod resume;
 mod scan;
 mod superblock;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lamina_device::BlockDevice;
-use tokio::sync::Notify;
 
-use super::budget::BackgroundBudget;
 use crate::error::{CreateError, EngineError, OpenError};
 use crate::log::marker::FlushMarkerRecord;
 use crate::log::superblock::Superblock;
 use crate::pool::background;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::checkpoint::increment::CheckpointChain;
 use crate::pool::core::integrity::RecoveryFindings;
 use crate::pool::core::limits::{PoolLimits, PoolOptions};
 use crate::pool::core::state::State;
-use crate::pool::core::{Inner, Pool, RMW_LOCK_COUNT};
+use crate::pool::core::{Core, CoreParts, Pool};
 use crate::pool::io::flush_marker::FlushMarker;
 use crate::pool::openings::OpeningsRecorder;
 use crate::pool::space::segment_shapes::SegmentShapes;
@@ -49,42 +46,6 @@ use resume::{
 };
 use scan::{ScanScope, read_openings_record, scan_log};
 use superblock::{CheckedDevice, check_device, read_flush_marker};
-
-fn new_inner(
-    device: Arc<dyn BlockDevice>,
-    limits: PoolLimits,
-    state: State,
-    flush_marker: FlushMarker,
-    openings: OpeningsRecorder,
-) -> Arc<Inner> {
-    let budget = BackgroundBudget::new(limits.background_impact, limits.background_budget());
-    Arc::new(Inner {
-        cache: state.cache().clone(),
-        shapes: state.shapes().clone(),
-        device,
-        geometry: *state.geometry(),
-        limits,
-        state: Mutex::new(state),
-        progress: Notify::new(),
-        flush_lock: tokio::sync::Mutex::new(()),
-        checkpoint_lock: tokio::sync::Mutex::new(CheckpointChain::default()),
-        cleaner_lock: tokio::sync::Mutex::new(()),
-        reclaim_lock: tokio::sync::Mutex::new(()),
-        rmw_locks: (0..RMW_LOCK_COUNT)
-            .map(|_| tokio::sync::Mutex::new(()))
-            .collect(),
-        device_full: Default::default(),
-        supervisor: Default::default(),
-        integrity: Default::default(),
-        scrub: Default::default(),
-        rebuild: Default::default(),
-        cache_warmup: Default::default(),
-        budget,
-        space_waits: crate::pool::io::space_waits::SpaceWaits::default(),
-        flush_marker,
-        openings,
-    })
-}
 
 /// Creates a pool on `device` (`Pool::create`). Refuses a device whose first MiB holds any
 /// non-zero byte unless `options.force` is set.
@@ -125,18 +86,24 @@ pub(in crate::pool) async fn create(
     let flush_marker = FlushMarker::new(superblock.pool_identifier, None);
     // `write_new_pool` wrote record 1, empty: no segment is open yet.
     let openings = OpeningsRecorder::new(superblock.pool_identifier, 2, 0);
-    let core = new_inner(device, limits, state, flush_marker, openings);
+    let core = Core::new(CoreParts {
+        device,
+        limits,
+        state,
+        flush_marker,
+        openings,
+    });
     background::start(&core);
     // Both slots hold a checkpoint from the start, so that one can always fall back.
     let checkpointer = Checkpointer::new(&core);
     checkpointer.checkpoint().await?;
     checkpointer.checkpoint().await?;
     tracing::info!(
-        device = core.device.name(),
+        device = core.device().name(),
         segments = geometry.segment_count,
         "pool created"
     );
-    Ok(Pool::from_inner(core))
+    Ok(Pool::from_core(core))
 }
 
 /// Opens (recovers) the pool on `device` (`Pool::open`): checks the superblock, loads
@@ -194,9 +161,15 @@ async fn open_as(
     );
     let checkpoints_needed = recovered.checkpoints_needed();
     let findings = recovered.findings;
-    let core = new_inner(device, limits, recovered.state, flush_marker, openings);
+    let core = Core::new(CoreParts {
+        device,
+        limits,
+        state: recovered.state,
+        flush_marker,
+        openings,
+    });
     background::start(&core);
-    core.integrity.recovery_found(&findings);
+    core.integrity().recovery_found(&findings);
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     recovered.summary.log(&name, &findings, elapsed_ms);
     if checkpoints_needed {
@@ -213,7 +186,7 @@ async fn open_as(
     // The newest record is this run's from now on, listing what the
     // checkpoints just written (if any) still need.
     core.record_now_durably().await?;
-    Ok(Pool::from_inner(core))
+    Ok(Pool::from_core(core))
 }
 
 /// What recovery made of the device, before anything was written to it.

@@ -2,7 +2,7 @@
 //! current: every segment the log writer opens as a head is listed in memory
 //! ([`OpeningsList`], part of the state), and the first batch written into a
 //! newly opened segment completes only once a record listing the segment has
-//! been written (`Inner::record_opening`, in `openings/writes.rs`), so that a flush that makes the batch
+//! been written (`Core::record_opening`, in `openings/writes.rs`), so that a flush that makes the batch
 //! durable makes the record durable too. Recovery then reads only the listed
 //! segments (docs/decisions/0030-recovery-from-the-checkpoint.md).
 //!

@@ -41,7 +41,7 @@ use crate::log::geometry::Tier;
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::Cleaner;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
 use crate::pool::space::segment_shapes::SegmentLayout;
 use crate::pool::space::{SegmentState, SpaceAllocator};
@@ -172,13 +172,13 @@ fn mebibytes(bytes: u64) -> String {
 /// and whose rebuild progress it shares), the cleaner that moves each
 /// victim and the checkpointer that frees what it emptied.
 pub(in crate::pool) struct Evacuation<'a> {
-    core: &'a Arc<Inner>,
+    core: &'a Arc<Core>,
     cleaner: Cleaner,
     checkpointer: Checkpointer,
 }
 
 impl<'a> Evacuation<'a> {
-    pub(in crate::pool) fn new(core: &'a Arc<Inner>) -> Self {
+    pub(in crate::pool) fn new(core: &'a Arc<Core>) -> Self {
         Self {
             core,
             cleaner: Cleaner::new(core),
@@ -198,12 +198,12 @@ impl<'a> Evacuation<'a> {
     /// will start by itself; `None` otherwise (nothing is degraded, or a
     /// rebuild runs or starts at the next check).
     pub(in crate::pool) fn blocked(&self) -> Option<RebuildBlocked> {
-        if self.core.rebuild.status().state == RebuildState::Rebuilding
-            || self.core.device.rebuild_pending()
+        if self.core.rebuild().status().state == RebuildState::Rebuilding
+            || self.core.device().rebuild_pending()
         {
             return None;
         }
-        if !self.core.shapes.new_segments_redundant() {
+        if !self.core.shapes().new_segments_redundant() {
             let degraded_segment_count = self.degraded_segments_in_use();
             return (degraded_segment_count > 0).then_some(RebuildBlocked::TooFewDevices {
                 degraded_segment_count,
@@ -216,12 +216,12 @@ impl<'a> Evacuation<'a> {
         if need.live_bytes > need.free_bytes {
             return Some(RebuildBlocked::NoRoom(need));
         }
-        (!self.core.limits.rebuild_automatic).then_some(RebuildBlocked::AutomaticOff(need))
+        (!self.core.limits().rebuild_automatic).then_some(RebuildBlocked::AutomaticOff(need))
     }
 
     /// Segments not free with a column on a device out of use.
     fn degraded_segments_in_use(&self) -> usize {
-        let shapes = &self.core.shapes;
+        let shapes = self.core.shapes();
         let state = self.core.lock();
         (0..state.space().segments().len())
             .filter(|index| {
@@ -234,7 +234,7 @@ impl<'a> Evacuation<'a> {
 
     /// What moving the segments `goal` names would take now.
     pub(in crate::pool) fn need_for(&self, goal: EvacuationGoal) -> EvacuationNeed {
-        let shapes = &self.core.shapes;
+        let shapes = self.core.shapes();
         if !shapes.new_segments_redundant() {
             return EvacuationNeed::default();
         }
@@ -300,12 +300,12 @@ impl<'a> Evacuation<'a> {
         &self,
         goal: EvacuationGoal,
     ) -> Result<RebuildStatus, EngineError> {
-        if !self.core.rebuild.start(goal.kind()) {
+        if !self.core.rebuild().start(goal.kind()) {
             return Err(EngineError::Io(IoError::RebuildRunning));
         }
         tracing::warn!(?goal, need = ?self.need_for(goal), "moving data to segments laid out over the devices in use");
         let result = self.evacuate_all(goal).await;
-        self.core.rebuild.end(result)
+        self.core.rebuild().end(result)
     }
 
     async fn evacuate_all(&self, goal: EvacuationGoal) -> Result<(), EngineError> {
@@ -314,7 +314,7 @@ impl<'a> Evacuation<'a> {
             // The metadata first: it is small, and every flush writes it.
             // Again at every pass, for a device lost during the last one.
             self.core
-                .device
+                .device()
                 .restore_metadata_redundancy()
                 .await
                 .map_err(EngineError::Device)?;
@@ -377,9 +377,9 @@ impl<'a> Evacuation<'a> {
     /// (nothing writes them), so the pass's moves stay within it.
     fn count_total_left(&self, goal: EvacuationGoal) {
         let need = self.need_for(goal);
-        let done = self.core.rebuild.bytes_done.load(Ordering::Relaxed);
+        let done = self.core.rebuild().bytes_done.load(Ordering::Relaxed);
         self.core
-            .rebuild
+            .rebuild()
             .bytes_total
             .store(done + need.live_bytes, Ordering::Relaxed);
     }
@@ -429,7 +429,7 @@ impl<'a> Evacuation<'a> {
                 return Ok(());
             }
             left = left.saturating_sub(batch.len());
-            let opened = self.core.shapes.open_many(&batch).await;
+            let opened = self.core.shapes().open_many(&batch).await;
             {
                 let mut state = self.core.lock();
                 for segment_index in &batch {
@@ -445,7 +445,7 @@ impl<'a> Evacuation<'a> {
     /// free lists: at most [`FREE_SEGMENTS_LAID_OUT_PER_BATCH_MAX`], and at
     /// most half of the free segments of their tier (at least one).
     fn take_free_segments_to_lay_out(&self) -> Vec<u32> {
-        let shapes = &self.core.shapes;
+        let shapes = self.core.shapes();
         let mut state = self.core.lock();
         let geometry = shapes.geometry();
         let half_of_free = |tier: Tier, space: &SpaceAllocator| {
@@ -485,7 +485,7 @@ impl<'a> Evacuation<'a> {
     /// Sealed segments `goal` moves, fewest live blocks first (each frees
     /// the most space for its cost, so that the move needs the least room).
     fn victims(&self, goal: EvacuationGoal) -> Vec<u32> {
-        let shapes = &self.core.shapes;
+        let shapes = self.core.shapes();
         let state = self.core.lock();
         let mut victims: Vec<(u32, u32)> = state
             .space()
@@ -504,7 +504,7 @@ impl<'a> Evacuation<'a> {
     }
 
     fn checkpoint_bodies_to_move(&self, goal: EvacuationGoal) -> bool {
-        let shapes = &self.core.shapes;
+        let shapes = self.core.shapes();
         let state = self.core.lock();
         state
             .space()
@@ -521,10 +521,10 @@ impl<'a> Evacuation<'a> {
     /// Whether the evacuation must stop: the pool closes, or a replacement
     /// was begun (its rebuild restores the lost member instead).
     fn evacuation_must_stop(&self) -> Result<bool, EngineError> {
-        if self.core.supervisor.is_stopping() {
+        if self.core.supervisor().is_stopping() {
             return Err(EngineError::Io(IoError::RebuildInterrupted));
         }
-        Ok(self.core.device.rebuild_pending())
+        Ok(self.core.device().rebuild_pending())
     }
 
     /// Moves one segment's live blocks, paced by the budget; counts them
@@ -533,10 +533,10 @@ impl<'a> Evacuation<'a> {
         let live_bytes =
             u64::from(self.core.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
         self.core
-            .budget
+            .budget()
             .acquire(BackgroundWork::Rebuild, live_bytes.max(BLOCK_SIZE_BYTES))
             .await;
-        let _guard = self.core.cleaner_lock.lock().await;
+        let _guard = self.core.cleaner_lock().lock().await;
         let moved = match self.cleaner.clean_degraded_victim(victim).await {
             Ok(true) => SegmentMove::Emptied,
             Ok(false) => SegmentMove::Partly,
@@ -547,7 +547,7 @@ impl<'a> Evacuation<'a> {
         };
         if moved == SegmentMove::Emptied {
             self.core
-                .rebuild
+                .rebuild()
                 .bytes_done
                 .fetch_add(live_bytes, Ordering::Relaxed);
         }

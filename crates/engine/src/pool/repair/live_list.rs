@@ -14,7 +14,7 @@
 use crate::log::batch::block_checksum;
 use crate::volume::map::Mapping;
 
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 
 /// See the module documentation.
 pub(in crate::pool) struct LiveList {
@@ -57,7 +57,7 @@ impl LiveList {
 impl LiveList {
     /// Every distinct live block of `core` (physical order), with its
     /// checksum, and the moment the list stands for.
-    pub(in crate::pool) fn take(core: &Inner) -> LiveList {
+    pub(in crate::pool) fn take(core: &Core) -> LiveList {
         let state = core.lock();
         let mut mappings = Vec::new();
         state
@@ -78,7 +78,7 @@ impl LiveList {
     /// list was taken (its segment freed since, or no map holds it now).
     pub(in crate::pool) fn block_passes(
         &self,
-        core: &Inner,
+        core: &Core,
         mapping: &Mapping,
         contents: &[u8],
     ) -> bool {
@@ -87,8 +87,8 @@ impl LiveList {
 
     /// Whether the listed `mapping` died since the list was taken: its
     /// segment was freed since, or no map holds it now.
-    pub(in crate::pool) fn block_died(&self, core: &Inner, mapping: &Mapping) -> bool {
-        let segment_index = core.geometry.segment_of(mapping.physical_block);
+    pub(in crate::pool) fn block_died(&self, core: &Core, mapping: &Mapping) -> bool {
+        let segment_index = core.geometry().segment_of(mapping.physical_block);
         if core
             .lock()
             .space()
@@ -102,7 +102,7 @@ impl LiveList {
 
 /// Whether some map of `core` still holds `mapping`: a walk of every map
 /// under the state lock, so only for a mismatch the segment does not explain.
-fn still_live(core: &Inner, mapping: &Mapping) -> bool {
+fn still_live(core: &Core, mapping: &Mapping) -> bool {
     let state = core.lock();
     let mut live = false;
     state.volumes().for_each_distinct_mapping(&mut |held| {

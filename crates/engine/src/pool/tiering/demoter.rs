@@ -21,7 +21,7 @@ use crate::pool::background::periodic::{Periodic, spawn_periodic};
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::cleaner::{Cleaner, next_victims_live_bytes};
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::core::limits::TIER_FLASH_FREE_PERCENT_MAX;
 use crate::pool::core::state::State;
 use crate::pool::space::Allocation;
@@ -60,7 +60,7 @@ pub(in crate::pool) struct Demoter {
 impl Periodic for Demoter {
     const NAME: &'static str = "demotion";
 
-    async fn step(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
+    async fn step(&mut self, core: &Arc<Core>) -> Result<(), EngineError> {
         self.demote_once(core).await
     }
 }
@@ -68,13 +68,13 @@ impl Periodic for Demoter {
 impl Demoter {
     /// Starts the demoter in a two-tier pool. It stops when the pool is
     /// closed, abandoned, dropped or failed.
-    pub(in crate::pool) fn start(core: &Arc<Inner>) {
-        if !core.geometry.has_capacity_tier() || core.limits.tier_flash_free_percent == 0 {
+    pub(in crate::pool) fn start(core: &Arc<Core>) {
+        if !core.geometry().has_capacity_tier() || core.limits().tier_flash_free_percent == 0 {
             return;
         }
         spawn_periodic(
             core,
-            core.limits.tier_demotion_interval_ms,
+            core.limits().tier_demotion_interval_ms,
             Demoter {
                 last_checkpoint: None,
             },
@@ -84,9 +84,9 @@ impl Demoter {
     /// Cleans up to `DEMOTION_VICTIMS_PER_LOOK_MAX` flash victims once the
     /// background budget allows their live bytes (asked for holding no
     /// lock). Returns how many were emptied.
-    async fn demote_victims(core: &Arc<Inner>) -> Result<usize, EngineError> {
+    async fn demote_victims(core: &Arc<Core>) -> Result<usize, EngineError> {
         let bytes = next_victims_live_bytes(&core.lock(), DEMOTION_VICTIMS_PER_LOOK_MAX);
-        core.budget.acquire(BackgroundWork::Demoter, bytes).await;
+        core.budget().acquire(BackgroundWork::Demoter, bytes).await;
         // The pool may have been closed while this waited: a closed pool's
         // device may already belong to the next open.
         if core.background_stopped() {
@@ -101,13 +101,13 @@ impl Demoter {
     /// free, clean flash victims (which demotes their cold blocks), and take a
     /// checkpoint (at most one per `DEMOTER_CHECKPOINT_INTERVAL_MS`) for dead
     /// segments that only a checkpoint frees.
-    async fn demote_once(&mut self, core: &Arc<Inner>) -> Result<(), EngineError> {
+    async fn demote_once(&mut self, core: &Arc<Core>) -> Result<(), EngineError> {
         // Demotion pauses while the capacity tier cannot make its writes
         // durable, and resumes once a retry finds it back (decision 0032).
         if !core.retry_capacity_writes_when_due().await {
             return Ok(());
         }
-        let free_percent = core.limits.tier_flash_free_percent;
+        let free_percent = core.limits().tier_flash_free_percent;
         // Free segments, and dead ones whose death a sealed batch covers.
         let look = |state: &mut State| {
             state.free_reusable_dead_segments();

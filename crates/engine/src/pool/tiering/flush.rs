@@ -10,7 +10,7 @@
 //! segment whose blocks were demoted is reused only once their capacity
 //! copies are durable.
 //!
-//! These are the core's operations (`impl Inner`): sealing the open batch,
+//! These are the core's operations (`impl Core`): sealing the open batch,
 //! the flash flush with its flush marker (what `Pool::flush` does), the
 //! capacity flush, both (`Pool::flush_all`), and the capacity tier's
 //! retries, so that the services, which hold the core and not the front,
@@ -26,7 +26,7 @@ use lamina_device::DeviceError;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::{EngineError, IoError};
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::io::flush_marker::MarkerClaims;
 use crate::pool::io::writer::LogWriter;
 
@@ -45,23 +45,23 @@ pub(in crate::pool) fn marker_claims(writer: &LogWriter) -> MarkerClaims {
     }
 }
 
-impl Inner {
+impl Core {
     /// Flushes the flash tier (the whole device in a one-tier pool).
     pub(in crate::pool) async fn flush_flash(&self) -> Result<(), DeviceError> {
-        if !self.geometry.has_capacity_tier() {
-            return self.device.flush().await;
+        if !self.geometry().has_capacity_tier() {
+            return self.device().flush().await;
         }
-        let flash_bytes = self.geometry.capacity_start_block * BLOCK_SIZE_BYTES;
-        self.device.flush_range(0, flash_bytes).await
+        let flash_bytes = self.geometry().capacity_start_block * BLOCK_SIZE_BYTES;
+        self.device().flush_range(0, flash_bytes).await
     }
 
     /// Flushes the capacity tier of a two-tier pool.
     async fn flush_capacity_tier(&self) -> Result<(), DeviceError> {
-        let capacity_start_bytes = self.geometry.capacity_start_block * BLOCK_SIZE_BYTES;
-        self.device
+        let capacity_start_bytes = self.geometry().capacity_start_block * BLOCK_SIZE_BYTES;
+        self.device()
             .flush_range(
                 capacity_start_bytes,
-                self.geometry.device_size_bytes - capacity_start_bytes,
+                self.geometry().device_size_bytes - capacity_start_bytes,
             )
             .await
     }
@@ -70,7 +70,8 @@ impl Inner {
     /// `Pool::flush_all`).
     pub(in crate::pool) async fn flush_all_through(&self, target: u64) -> Result<(), EngineError> {
         self.flush_through(target).await?;
-        if !self.geometry.has_capacity_tier() || self.lock().writer().durable_through() >= target {
+        if !self.geometry().has_capacity_tier() || self.lock().writer().durable_through() >= target
+        {
             return Ok(());
         }
         self.flush_capacity(false).await
@@ -91,7 +92,7 @@ impl Inner {
         };
         let result = self.flush_capacity_tier().await;
         let mut state = self.lock();
-        let device = self.device.name();
+        let device = self.device().name();
         match result {
             Ok(()) => {
                 state.capacity_flush_succeeded(device, covered);
@@ -131,7 +132,7 @@ impl Inner {
             state.writer().written_through() >= target || state.writer().failed().is_some()
         })
         .await?;
-        let _guard = self.flush_lock.lock().await;
+        let _guard = self.flush_lock().lock().await;
         let (covered, sealed_bytes) = {
             let state = self.lock();
             state.check_failed()?;
@@ -152,11 +153,11 @@ impl Inner {
         // `CLIENT_FLUSH_CAPACITY_WAIT_MS` is given up (the device's flush is
         // safe to abandon); either way the flush goes on with flash alone,
         // where the client's data is (decision 0032).
-        if self.geometry.has_capacity_tier() && !self.capacity_writes_suspended() {
+        if self.geometry().has_capacity_tier() && !self.capacity_writes_suspended() {
             let wait = std::time::Duration::from_millis(CLIENT_FLUSH_CAPACITY_WAIT_MS);
             let _ = tokio::time::timeout(wait, self.flush_capacity(false)).await;
         }
-        let marker_covered = self.flush_marker.before_device_flush().await;
+        let marker_covered = self.flush_marker().before_device_flush().await;
         if let Err(error) = self.flush_flash().await {
             let mut state = self.lock();
             state.fail_writes(error.to_string());
@@ -179,8 +180,8 @@ impl Inner {
         claims: MarkerClaims,
     ) {
         let marker_bytes = self
-            .flush_marker
-            .after_device_flush(&self.device, marker_covered, claims)
+            .flush_marker()
+            .after_device_flush(self.device(), marker_covered, claims)
             .await;
         self.lock().flush_marker_written(marker_bytes);
     }
@@ -188,13 +189,13 @@ impl Inner {
     /// The error a refused capacity flush reports.
     pub(in crate::pool) fn capacity_unavailable(&self, error: String) -> EngineError {
         EngineError::Io(IoError::CapacityUnavailable {
-            device: self.device.name().to_string(),
+            device: self.device().name().to_string(),
             error,
         })
     }
 }
 
-impl Inner {
+impl Core {
     /// Makes every write acknowledged so far durable on flash (what
     /// `Pool::flush` does): seals the open batch and flushes through it.
     pub(in crate::pool) async fn flush(self: &Arc<Self>) -> Result<(), EngineError> {
@@ -214,12 +215,12 @@ impl Inner {
     /// Makes the newest flush marker durable when no flush has covered it
     /// yet (the flush-and-checkpoint loop's part of `flush_marker`).
     pub(in crate::pool) async fn flush_marker_durably(&self) -> Result<(), EngineError> {
-        if !self.flush_marker.needs_durability_flush() {
+        if !self.flush_marker().needs_durability_flush() {
             return Ok(());
         }
-        let _guard = self.flush_lock.lock().await;
+        let _guard = self.flush_lock().lock().await;
         self.lock().check_failed()?;
-        let marker_covered = self.flush_marker.before_device_flush().await;
+        let marker_covered = self.flush_marker().before_device_flush().await;
         // The marker lives on flash.
         self.flush_flash().await?;
         let claims = marker_claims(self.lock().writer());

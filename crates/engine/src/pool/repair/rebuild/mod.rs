@@ -26,7 +26,7 @@ use crate::log::geometry::DATA_START_BLOCK;
 use super::evacuation::{Evacuation, EvacuationGoal, EvacuationNeed};
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::repair::rebuild::progress::{RebuildKind, RebuildState, RebuildStatus};
 use crate::pool::space::SegmentState;
 
@@ -57,22 +57,22 @@ struct RebuildRange {
 /// which a rebuild started in the background holds (and on which it builds
 /// an evacuation when no replacement is pending).
 pub(in crate::pool) struct Rebuild<'a> {
-    core: &'a Arc<Inner>,
+    core: &'a Arc<Core>,
 }
 
 impl<'a> Rebuild<'a> {
-    pub(in crate::pool) fn new(core: &'a Arc<Inner>) -> Self {
+    pub(in crate::pool) fn new(core: &'a Arc<Core>) -> Self {
         Self { core }
     }
 
     /// Whether a device beneath the pool is being rebuilt.
     pub(in crate::pool) fn pending(&self) -> bool {
-        self.core.device.rebuild_pending()
+        self.core.device().rebuild_pending()
     }
 
     /// The rebuild's progress (also in `pool status`).
     pub(in crate::pool) fn status(&self) -> RebuildStatus {
-        self.core.rebuild.status()
+        self.core.rebuild().status()
     }
 
     /// Starts a rebuild in the background if none runs: onto a replacement
@@ -89,14 +89,14 @@ impl<'a> Rebuild<'a> {
         // stops at its next step (`Pool::rebuild` waits for that).
         if self.pending() {
             let core = self.core.clone();
-            self.core.supervisor.spawn("rebuild", async move {
+            self.core.supervisor().spawn("rebuild", async move {
                 if let Err(error) = Rebuild::new(&core).run().await {
                     tracing::debug!(%error, "rebuild did not run");
                 }
             });
             return RebuildStart::Started;
         }
-        if !self.core.limits.rebuild_automatic {
+        if !self.core.limits().rebuild_automatic {
             return RebuildStart::Nothing;
         }
         let need = Evacuation::new(self.core).need();
@@ -107,7 +107,7 @@ impl<'a> Rebuild<'a> {
             return RebuildStart::LacksSpace(need);
         }
         let core = self.core.clone();
-        self.core.supervisor.spawn("evacuation", async move {
+        self.core.supervisor().spawn("evacuation", async move {
             if let Err(error) = Evacuation::new(&core).run(EvacuationGoal::Redundancy).await {
                 tracing::debug!(%error, "rebuild did not run");
             }
@@ -122,7 +122,7 @@ impl<'a> Rebuild<'a> {
         if !self.pending() {
             return Ok(self.status());
         }
-        while !self.core.rebuild.start(RebuildKind::Replacement) {
+        while !self.core.rebuild().start(RebuildKind::Replacement) {
             if self.status().kind == RebuildKind::Replacement {
                 return Err(EngineError::Io(crate::error::IoError::RebuildRunning));
             }
@@ -135,12 +135,12 @@ impl<'a> Rebuild<'a> {
         }
         tracing::warn!("rebuild started");
         let result = self.rebuild_all().await;
-        self.core.rebuild.end(result)
+        self.core.rebuild().end(result)
     }
 
     async fn rebuild_all(&self) -> Result<(), EngineError> {
         let ranges = self.rebuild_ranges();
-        let rebuilder = &self.core.rebuild;
+        let rebuilder = self.core.rebuild();
         let total: u64 = ranges.iter().map(|range| range.length).sum();
         rebuilder.bytes_total.store(total, Ordering::Relaxed);
         let live = LiveList::take(self.core);
@@ -155,7 +155,7 @@ impl<'a> Rebuild<'a> {
                 let length = (end - offset).min(REBUILD_STEP_BYTES_MAX);
                 let report = self
                     .core
-                    .device
+                    .device()
                     .rebuild_range(offset, length, &is_valid)
                     .await
                     .map_err(EngineError::Device)?;
@@ -169,7 +169,7 @@ impl<'a> Rebuild<'a> {
                 // restarts that came as often never got further (issue 42).
                 if report.blocks_rebuilt > 0 {
                     self.core
-                        .budget
+                        .budget()
                         .acquire(BackgroundWork::Rebuild, length)
                         .await;
                 }
@@ -178,14 +178,14 @@ impl<'a> Rebuild<'a> {
             }
         }
         self.core
-            .device
+            .device()
             .finish_rebuild()
             .await
             .map_err(EngineError::Device)
     }
 
     fn count_rebuilt(&self, length: u64, report: RebuildReport) {
-        let rebuilder = &self.core.rebuild;
+        let rebuilder = self.core.rebuild();
         rebuilder.bytes_done.fetch_add(length, Ordering::Relaxed);
         if report.blocks_rebuilt == 0 {
             rebuilder.bytes_skipped.fetch_add(length, Ordering::Relaxed);
@@ -200,7 +200,7 @@ impl<'a> Rebuild<'a> {
 
     /// Each tier's metadata area and every segment not free, ascending.
     fn rebuild_ranges(&self) -> Vec<RebuildRange> {
-        let geometry = self.core.geometry;
+        let geometry = self.core.geometry();
         let mut ranges = vec![RebuildRange {
             offset: 0,
             length: DATA_START_BLOCK * BLOCK_SIZE_BYTES,

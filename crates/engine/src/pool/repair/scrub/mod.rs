@@ -39,7 +39,7 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 use super::live_list::LiveList;
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
-use crate::pool::core::Inner;
+use crate::pool::core::Core;
 use crate::pool::repair::scrub::progress::ScrubStatus;
 
 /// Blocks of one scrub chunk at most: what one grant of the background
@@ -90,11 +90,11 @@ impl ScrubBlocks for LiveBlocks<'_> {
 /// on which it builds a checkpointer for the base checkpoints after it
 /// repaired a body.
 pub(in crate::pool) struct Scrub<'a> {
-    core: &'a Arc<Inner>,
+    core: &'a Arc<Core>,
 }
 
 impl<'a> Scrub<'a> {
-    pub(in crate::pool) fn new(core: &'a Arc<Inner>) -> Self {
+    pub(in crate::pool) fn new(core: &'a Arc<Core>) -> Self {
         Self { core }
     }
 
@@ -102,19 +102,19 @@ impl<'a> Scrub<'a> {
     /// scrub is running. Flushes first, so that every live block is on the
     /// device.
     pub(in crate::pool) async fn run(&self) -> Result<ScrubStatus, EngineError> {
-        if !self.core.scrub.start() {
+        if !self.core.scrub().start() {
             return Err(EngineError::Io(IoError::ScrubRunning));
         }
         let result = self.scrub_all().await;
-        self.core.scrub.finish();
-        result.map(|()| self.core.scrub.status())
+        self.core.scrub().finish();
+        result.map(|()| self.core.scrub().status())
     }
 
     async fn scrub_all(&self) -> Result<(), EngineError> {
         self.core.flush().await?;
         self.scrub_metadata().await;
         let list = LiveList::take(self.core);
-        let scrubber = &self.core.scrub;
+        let scrubber = self.core.scrub();
         scrubber
             .blocks_total
             .store(list.mappings().len() as u64, Ordering::Relaxed);
@@ -124,7 +124,7 @@ impl<'a> Scrub<'a> {
             // Charged by the live bytes it checks, as reads of them were
             // before parity was checked: the budget paces scrub's progress.
             self.core
-                .budget
+                .budget()
                 .acquire(BackgroundWork::Scrub, live * BLOCK_SIZE_BYTES)
                 .await;
             let report = self.scrub_chunk(chunk, &blocks).await;
@@ -141,7 +141,7 @@ impl<'a> Scrub<'a> {
     async fn scrub_chunk(&self, chunk: ScrubChunk, blocks: &LiveBlocks<'_>) -> ScrubReport {
         let offset = chunk.first_block * BLOCK_SIZE_BYTES;
         let length = (chunk.end_block - chunk.first_block) * BLOCK_SIZE_BYTES;
-        match self.core.device.scrub_range(offset, length, blocks).await {
+        match self.core.device().scrub_range(offset, length, blocks).await {
             Ok(report) => report,
             Err(error) => {
                 tracing::error!(%error, "scrub could not read live blocks");
@@ -161,7 +161,7 @@ impl<'a> Scrub<'a> {
     /// Adds a chunk's findings to scrub's counters; a block reported
     /// unrepairable that died since the list was taken is no damage.
     fn count_scrubbed(&self, list: &LiveList, report: ScrubReport) {
-        let scrubber = &self.core.scrub;
+        let scrubber = self.core.scrub();
         scrubber
             .blocks_repaired
             .fetch_add(report.blocks_repaired, Ordering::Relaxed);
@@ -172,7 +172,7 @@ impl<'a> Scrub<'a> {
             .rows_checked
             .fetch_add(report.rows_checked, Ordering::Relaxed);
         for _ in 0..report.blocks_repaired {
-            self.core.integrity.checksum_error_repaired();
+            self.core.integrity().checksum_error_repaired();
         }
         for path in &report.members_faulted {
             tracing::error!(device = %path, "scrub faulted a device nearly all of whose columns were bad: its data is rebuilt from the other devices instead of repaired block by block; replace it (`lamina device replace`)");
@@ -191,7 +191,7 @@ impl<'a> Scrub<'a> {
                 physical_block = block,
                 "scrub found a block that fails its checksum and cannot be rebuilt"
             );
-            self.core.integrity.read_checksum_error();
+            self.core.integrity().read_checksum_error();
             scrubber.blocks_unrepairable.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -200,7 +200,7 @@ impl<'a> Scrub<'a> {
     /// [`SCRUB_CHUNK_BLOCKS_MAX`] blocks cut at its row boundaries, that
     /// hold a live block.
     fn scrub_chunks(&self, list: &LiveList) -> Vec<ScrubChunk> {
-        let geometry = self.core.geometry;
+        let geometry = self.core.geometry();
         let in_use: Vec<u32> = {
             let state = self.core.lock();
             state
@@ -218,7 +218,7 @@ impl<'a> Scrub<'a> {
             let end = first + geometry.segment_size_blocks;
             let row_blocks = self
                 .core
-                .device
+                .device()
                 .region_shape(
                     first * BLOCK_SIZE_BYTES,
                     end * BLOCK_SIZE_BYTES - first * BLOCK_SIZE_BYTES,
@@ -245,14 +245,19 @@ impl<'a> Scrub<'a> {
     /// Checks every copy of each metadata frame the device keeps in
     /// copies and rewrites the copies that fail from one that passes.
     async fn scrub_metadata(&self) {
-        let scrubber = &self.core.scrub;
+        let scrubber = self.core.scrub();
         for frame in self.metadata_frames() {
             let offset = frame.first_block * BLOCK_SIZE_BYTES;
             let length =
                 usize::try_from(frame.area_blocks).expect("an area fits in memory") * BLOCK_BYTES;
             let magic = frame.magic;
             let check = move |contents: &[u8]| frame::is_whole(magic, contents);
-            match self.core.device.scrub_copies(offset, length, &check).await {
+            match self
+                .core
+                .device()
+                .scrub_copies(offset, length, &check)
+                .await
+            {
                 Ok(report) => {
                     scrubber
                         .parity_repaired
@@ -298,7 +303,7 @@ impl<'a> Scrub<'a> {
                 false,
             )
         }));
-        let geometry = self.core.geometry;
+        let geometry = self.core.geometry();
         if geometry.has_capacity_tier() {
             let start = geometry.capacity_start_block;
             frames.push(frame(start, 1, SUPERBLOCK_MAGIC, true));
@@ -324,7 +329,7 @@ impl<'a> Scrub<'a> {
     /// both kept checkpoints' bodies (which hold no live block a row check
     /// could vouch for) are written anew with fresh parity.
     async fn refresh_checkpoints_after_repairs(&self) {
-        let status = self.core.scrub.status();
+        let status = self.core.scrub().status();
         if status.blocks_repaired == 0 && status.parity_repaired == 0 {
             return;
         }
