@@ -1,9 +1,9 @@
 //! fio as the load generator, and the one place lamina bench runs it: checking
 //! that it is installed with its nbd engine, its version, building the command
 //! line of a measurement step, running it against an NBD URI ([`run`]), and
-//! parsing its JSON output into typed figures; and, for the in-process benchmarks,
-//! fio's own io_uring engine on a local file as the peer they are compared with
-//! ([`run_on_file`]).
+//! parsing its JSON output into typed figures. (fio's io_uring engine on a local
+//! file, the peer of the in-process micro-benchmarks, is in lamina-device's
+//! examples since decision 0060.)
 //!
 //! fio (with `--ioengine=nbd`) is the load generator so that lamina never grades its own
 //! homework with a client it wrote. Latency is fio's `lat_ns` (total latency, from the
@@ -351,10 +351,6 @@ pub struct DirectionStats {
     pub runtime: u64,
     pub total_ios: u64,
     pub lat_ns: LatencyStats,
-    /// Completion latency (submission to completion), which the in-process peers
-    /// report: the engine's own figures start when a request is issued.
-    #[serde(default)]
-    pub clat_ns: Option<LatencyStats>,
 }
 
 /// A latency distribution in nanoseconds.
@@ -456,84 +452,6 @@ impl Measurement {
 
 fn bucket_depth(bucket: &str) -> u32 {
     bucket.trim_start_matches(">=").parse().unwrap_or(0)
-}
-
-/// 4 KiB random reads or random writes: the patterns of the in-process peers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RandomPattern {
-    RandomRead,
-    RandomWrite,
-}
-
-impl RandomPattern {
-    /// fio's `--rw` value, also the label of the figures.
-    pub fn fio_name(self) -> &'static str {
-        match self {
-            RandomPattern::RandomRead => "randread",
-            RandomPattern::RandomWrite => "randwrite",
-        }
-    }
-}
-
-/// What fio measured on a local file: IOPS and completion-latency percentiles.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct FileMeasurement {
-    pub iops: f64,
-    pub p50_us: f64,
-    pub p99_us: f64,
-}
-
-/// One run of fio on a local file: what [`file_arguments`] and [`run_on_file`] take.
-#[derive(Debug, Clone)]
-pub struct FileRun<'a> {
-    pub path: &'a std::path::Path,
-    pub size_bytes: u64,
-    pub pattern: RandomPattern,
-    pub iodepth: usize,
-    pub seconds: u64,
-}
-
-/// fio's arguments for 4 KiB random I/O with io_uring and O_DIRECT on a file.
-pub fn file_arguments(run: &FileRun) -> Vec<String> {
-    vec![
-        "--name=peer".to_owned(),
-        "--ioengine=io_uring".to_owned(),
-        "--direct=1".to_owned(),
-        "--bs=4k".to_owned(),
-        format!("--iodepth={}", run.iodepth),
-        format!("--rw={}", run.pattern.fio_name()),
-        format!("--filename={}", run.path.display()),
-        format!("--size={}", run.size_bytes),
-        format!("--runtime={}", run.seconds),
-        "--time_based".to_owned(),
-        "--randrepeat=0".to_owned(),
-        "--output-format=json".to_owned(),
-    ]
-}
-
-/// Runs fio's io_uring engine on a local file: the peer the in-process benchmarks
-/// report their ratio to.
-pub fn run_on_file(fio_program: &str, run: &FileRun) -> anyhow::Result<FileMeasurement> {
-    let mut command = Command::new(fio_program);
-    command.args(file_arguments(run));
-    let report = run_command(command, &run.path.display().to_string())?;
-    let job = report.job()?;
-    let side = match run.pattern {
-        RandomPattern::RandomRead => &job.read,
-        RandomPattern::RandomWrite => &job.write,
-    };
-    let percentile = |value: f64| {
-        side.clat_ns
-            .as_ref()
-            .and_then(|latency| latency.percentile_us(value))
-            .unwrap_or(f64::NAN)
-    };
-    Ok(FileMeasurement {
-        iops: side.iops,
-        p50_us: percentile(50.0),
-        p99_us: percentile(99.0),
-    })
 }
 
 #[cfg(test)]

@@ -11,12 +11,12 @@
 //! `rebuild` measures client latency through a device failure and its rebuild;
 //! `open-loop` sweeps offered rates with lamina's own NBD load generator, timing each
 //! request from its intended arrival ([`open_loop`]).
-//! The in-process commands ([`in_process`]) drive the engine or the device layer
-//! from this process, without NBD: `engine` (IOPS against fio, recovery time, memory
-//! per block), `cleaner-latency`, `engine-write-amplification`, `device-iops` and
-//! `array-write-cost`. The micro-benchmarks that need none of this harness are
-//! examples of the crates they measure (decision 0060): `flush_latency` and
-//! `snapshot_create` in lamina-engine, `parity` in lamina-layout.
+//! The in-process micro-benchmarks, which drive the engine or the device layer from
+//! their own process without NBD, are examples of the crates they measure (decision
+//! 0060): `flush_latency`, `snapshot_create`, `cleaner_latency`, `array_write_cost`
+//! and `iops_recovery_memory` (formerly `engine`) in lamina-engine, `device_iops` in
+//! lamina-device, `parity` in lamina-layout, `engine_write_amplification` in
+//! lamina-model.
 //! See docs/bench.md for the method and its limits.
 
 pub mod ab;
@@ -26,7 +26,6 @@ pub mod cpu;
 pub mod fio;
 pub mod fs;
 pub mod harness;
-pub mod in_process;
 pub mod lamina_cli;
 pub mod latency_log;
 pub mod nbd_client;
@@ -84,10 +83,6 @@ pub enum BenchCommand {
     Ab(ab::AbArgs),
     /// Cleaner write amplification of 4 KiB random overwrites, through fio over NBD.
     WriteAmplification(write_amplification::WriteAmplificationArgs),
-    /// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
-    Engine(in_process::iops_recovery_memory::EngineArgs),
-    /// The file device alone: 4 KiB random IOPS, optionally against fio.
-    DeviceIops(in_process::device_iops::DeviceIopsArgs),
 }
 
 /// How each fio step runs (shared by `run` and `compare`).
@@ -240,8 +235,6 @@ pub fn run(arguments: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::WriteAmplification(arguments) => {
             write_amplification::run_write_amplification(&arguments)
         }
-        BenchCommand::Engine(arguments) => in_process::iops_recovery_memory::run_engine(&arguments),
-        BenchCommand::DeviceIops(arguments) => in_process::device_iops::run_device_iops(&arguments),
     }
 }
 

@@ -1,7 +1,6 @@
 //! Pools on real files and the fills that put data in a volume before a
 //! measurement, with the runtime they run on: what the engine's benchmark examples
-//! and lamina-bench's in-process benchmarks (which include this file by path, as a
-//! library cannot use an example's module) share.
+//! share.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,6 +1,8 @@
-//! `lamina bench engine`: in-process benchmarks of the storage engine on a real file
-//! (FileDevice: io_uring, O_DIRECT), each figure measured side by side with a peer in
-//! the same invocation, because absolute numbers on a shared machine are noise:
+//! IOPS, recovery and memory (`cargo run --release -p lamina-engine --example
+//! iops_recovery_memory --`, formerly `lamina bench engine`; decision 0060):
+//! in-process benchmarks of the storage engine on a real file (FileDevice: io_uring,
+//! O_DIRECT), each figure measured side by side with a peer in the same invocation,
+//! because absolute numbers on a shared machine are noise:
 //!
 //! (a) 4 KiB random write and random read IOPS at queue depth 32 (32 concurrent tasks
 //!     on one volume) against `fio --ioengine=io_uring --direct=1` on a separate,
@@ -25,7 +27,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::Parser;
 use lamina_api::size::parse_size;
 use lamina_engine::{BLOCK_SIZE_BYTES, Pool, PoolLimits};
 use rand::rngs::SmallRng;
@@ -33,11 +35,16 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::fio::{FileMeasurement, FileRun, RandomPattern, file_arguments, run_on_file};
-use crate::harness::arguments::OutputArgs;
-use crate::harness::statistics::{median, percentile_of_sorted};
-use crate::in_process::common::{
-    FILL_WRITE_BYTES, core_count, create_pool, fill_sequentially, open_file_device, resident_bytes,
+mod support;
+// fio on a file is the device example's peer too; an example cannot use another
+// crate's example modules, so the one file is included by path.
+#[path = "../../device/examples/support/fio_file.rs"]
+mod fio_file;
+
+use fio_file::{FileMeasurement, FileRun, RandomPattern, file_arguments, run_on_file};
+use support::pool_files::FILL_WRITE_BYTES;
+use support::{
+    core_count, create_pool, fill_sequentially, median, open_file_device, percentile_of_sorted,
     runtime, write_blocks,
 };
 
@@ -52,7 +59,7 @@ const RECOVERY_DEVICE_BYTES_MIN: u64 = RECOVERY_FILL_BYTES + RECOVERY_FILL_BYTES
 /// How long an abandoned pool's background tasks get to release the device.
 const RELEASE_WAIT_MS: u64 = 1500;
 
-/// Errors in the arguments of `lamina bench engine`.
+/// Errors in the arguments of the benchmark.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineBenchError {
     #[error("phase b needs --size of at least 4.5 GiB (5G), not {size_bytes} bytes")]
@@ -61,8 +68,8 @@ pub enum EngineBenchError {
     NoPhase { phases: String },
 }
 
-/// Arguments of `lamina bench engine`.
-#[derive(Debug, Clone, Args)]
+/// In process on a file: 4 KiB IOPS against fio, recovery time, memory per block.
+#[derive(Debug, Clone, Parser)]
 pub struct EngineArgs {
     /// The pool file (created and removed); fio's peer file is PATH.fio.
     #[arg(long)]
@@ -82,8 +89,9 @@ pub struct EngineArgs {
     /// The fio program.
     #[arg(long, default_value = "fio")]
     pub fio: String,
-    #[command(flatten)]
-    pub output: OutputArgs,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One engine run and one fio run of phase a.
@@ -141,7 +149,7 @@ pub struct MemoryPhase {
     pub bytes_per_block_whole_fill: f64,
 }
 
-/// What `lamina bench engine` measured.
+/// What the benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineReport {
     pub path: PathBuf,
@@ -257,7 +265,6 @@ async fn phase_iops(arguments: &EngineArgs, fio_path: &Path) -> anyhow::Result<I
         let mut engine_iops = Vec::new();
         let mut fio_iops = Vec::new();
         for repetition in 0..REPETITIONS {
-            crate::process::check_interrupted()?;
             let run = iops_repetition(arguments, fio_path, volume_bytes, pattern).await?;
             eprintln!("{}", iops_run_line(repetition, &run));
             engine_iops.push(run.engine.iops);
@@ -550,8 +557,76 @@ impl MemoryPhase {
     }
 }
 
-/// Runs `lamina bench engine` and prints the table or the JSON.
-pub fn run_engine(arguments: &EngineArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    arguments.output.publish(&report, &report.table(), None)
+/// The resident memory of this process (VmRSS), in bytes.
+fn resident_bytes() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kibibytes = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|field| field.parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("/proc/self/status has no VmRSS line"))?;
+    Ok(kibibytes * 1024)
+}
+
+fn main() -> anyhow::Result<()> {
+    let arguments = EngineArgs::parse();
+    let report = measure(&arguments)?;
+    support::print_report(&report, &report.table(), arguments.json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_phase_reports_bytes_per_block() {
+        // 128 MiB: the checkpoint reserve keeps a segment for every body a
+        // chain of increments can hold at once (decision 0026), which leaves a
+        // 64 MiB pool of 4 MiB segments no room for the 8 MiB written here.
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("engine.img");
+        let path = path.to_str().unwrap();
+        let arguments = EngineArgs::try_parse_from([
+            "iops_recovery_memory",
+            "--path",
+            path,
+            "--size",
+            "128M",
+            "--phases",
+            "c",
+            "--memory-blocks",
+            "2048",
+        ])
+        .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        assert!(
+            table.contains("== (c) memory per mapped block: 2048 blocks"),
+            "{table}"
+        );
+        let document = support::json_with(&report, &["size_bytes", "device_backend", "memory"]);
+        assert!(document["iops"].is_null() && document["recovery"].is_null());
+        assert!(document["memory"]["bytes_per_mapped_block"].is_f64());
+        assert!(
+            !std::path::Path::new(path).exists(),
+            "the pool file is removed"
+        );
+    }
+
+    #[test]
+    fn refuses_recovery_on_a_small_file() {
+        let arguments = EngineArgs::try_parse_from([
+            "iops_recovery_memory",
+            "--path",
+            "/nonexistent/x",
+            "--size",
+            "1G",
+            "--phases",
+            "b",
+        ])
+        .expect("parses");
+        let error = measure(&arguments).unwrap_err();
+        assert!(error.to_string().contains("at least 4.5 GiB"), "{error}");
+    }
 }

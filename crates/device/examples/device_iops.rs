@@ -1,36 +1,39 @@
-//! `lamina bench device-iops`: 4 KiB random read and random write IOPS at queue depth
-//! 32 through a [`FileDevice`] alone (no engine), and, with `--fio`, fio's io_uring
-//! engine on the same file in the same run, so that the result is a ratio rather than
-//! an absolute number. The file is created if missing and then filled once with data,
-//! so that reads hit allocated blocks rather than holes; it is left in place. Each
-//! figure is the median of the repeats; runs of lamina and fio alternate so that
-//! drift hits both.
+//! Device IOPS (`cargo run --release -p lamina-device --example device_iops --`,
+//! formerly `lamina bench device-iops`; decision 0060): 4 KiB random read and random
+//! write IOPS at queue depth 32 through a [`FileDevice`] alone (no engine), and, with
+//! `--with-fio`, fio's io_uring engine on the same file in the same run, so that the
+//! result is a ratio rather than an absolute number. The file is created if missing
+//! and then filled once with data, so that reads hit allocated blocks rather than
+//! holes; it is left in place. Each figure is the median of the repeats; runs of
+//! lamina and fio alternate so that drift hits both.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::Parser;
 use lamina_api::size::parse_size;
-use lamina_device::{AlignedBuffer, BlockDevice, FileDevice};
+use lamina_device::{AlignedBuffer, BlockDevice, FileDevice, FileDeviceOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 
-use crate::fio::{FileRun, RandomPattern, run_on_file};
-use crate::harness::arguments::OutputArgs;
-use crate::harness::statistics::median;
-use crate::in_process::common::{FILL_WRITE_BYTES, open_file_device, runtime};
+mod support;
+
+use support::fio_file::{FileRun, RandomPattern, run_on_file};
+use support::{median, runtime};
 
 /// Requests kept in flight, as fio's `--iodepth`.
 const QUEUE_DEPTH: usize = 32;
 /// Bytes per request, as fio's `--bs`.
-const BLOCK_BYTES: u64 = 4096;
+const BLOCK_BYTES: usize = 4096;
+/// Size of the writes that fill the file.
+const FILL_WRITE_BYTES: usize = 1 << 20;
 /// Fill writes in flight at once.
 const FILL_WRITES_IN_FLIGHT: usize = 8;
 
-/// Arguments of `lamina bench device-iops`.
-#[derive(Debug, Clone, Args)]
+/// The file device alone: 4 KiB random IOPS, optionally against fio.
+#[derive(Debug, Clone, Parser)]
 pub struct DeviceIopsArgs {
     /// The file: created with --size and filled if missing, kept afterwards.
     #[arg(long)]
@@ -53,8 +56,9 @@ pub struct DeviceIopsArgs {
     /// The fio program.
     #[arg(long, default_value = "fio")]
     pub fio: String,
-    #[command(flatten)]
-    pub output: OutputArgs,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The runs and medians of one pattern.
@@ -69,7 +73,7 @@ pub struct PatternResult {
     pub lamina_to_fio: Option<f64>,
 }
 
-/// What `lamina bench device-iops` measured.
+/// What the device IOPS benchmark measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceIopsReport {
     pub path: PathBuf,
@@ -122,7 +126,7 @@ async fn measure_lamina(
     pattern: RandomPattern,
     duration: Duration,
 ) -> anyhow::Result<f64> {
-    let block_count = device.size_bytes() / BLOCK_BYTES;
+    let block_count = device.size_bytes() / BLOCK_BYTES as u64;
     let deadline = Instant::now() + duration;
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
@@ -130,15 +134,15 @@ async fn measure_lamina(
         let device = device.clone();
         workers.spawn(async move {
             let mut random = SmallRng::seed_from_u64(worker as u64 + 1);
-            let mut data = AlignedBuffer::zeroed(lamina_engine::BLOCK_BYTES);
+            let mut data = AlignedBuffer::zeroed(BLOCK_BYTES);
             random.fill_bytes(&mut data);
             let data = Arc::new(data);
             let mut operations: u64 = 0;
             while Instant::now() < deadline {
-                let offset = random.random_range(0..block_count) * BLOCK_BYTES;
+                let offset = random.random_range(0..block_count) * BLOCK_BYTES as u64;
                 match pattern {
                     RandomPattern::RandomRead => {
-                        device.read(offset, lamina_engine::BLOCK_BYTES).await?;
+                        device.read(offset, BLOCK_BYTES).await?;
                     }
                     RandomPattern::RandomWrite => device.write(offset, data.clone()).await?,
                 }
@@ -164,7 +168,6 @@ fn measure_pattern(
     let mut lamina = Vec::new();
     let mut fio = Vec::new();
     for _ in 0..arguments.repeats {
-        crate::process::check_interrupted()?;
         lamina.push(runtime.block_on(measure_lamina(device, pattern, duration))?);
         if arguments.with_fio {
             let run = FileRun {
@@ -193,7 +196,7 @@ fn measure_pattern(
 pub fn measure(arguments: &DeviceIopsArgs) -> anyhow::Result<DeviceIopsReport> {
     let runtime = runtime(arguments.workers)?;
     let existed = arguments.path.exists();
-    let device = open_file_device(&arguments.path, Some(arguments.size))?;
+    let device = open_file_device(&arguments.path, arguments.size)?;
     let fill_seconds = if existed {
         None
     } else {
@@ -251,8 +254,57 @@ impl DeviceIopsReport {
     }
 }
 
-/// Runs `lamina bench device-iops` and prints the table or the JSON.
-pub fn run_device_iops(arguments: &DeviceIopsArgs) -> anyhow::Result<()> {
-    let report = measure(arguments)?;
-    arguments.output.publish(&report, &report.table(), None)
+/// Opens the file as a device, creating it sparse with `create_size_bytes` if it is
+/// missing.
+fn open_file_device(path: &Path, create_size_bytes: u64) -> anyhow::Result<Arc<FileDevice>> {
+    let options = FileDeviceOptions {
+        create_size_bytes: Some(create_size_bytes),
+        ..FileDeviceOptions::default()
+    };
+    let device = FileDevice::open(path, options)
+        .map_err(|error| anyhow::anyhow!("cannot open {}: {error}", path.display()))?;
+    Ok(Arc::new(device))
+}
+
+fn main() -> anyhow::Result<()> {
+    let arguments = DeviceIopsArgs::parse();
+    let report = measure(&arguments)?;
+    support::print_report(&report, &report.table(), arguments.json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_iops_reports_both_patterns() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("device.img");
+        let path = path.to_str().unwrap();
+        let arguments = DeviceIopsArgs::try_parse_from([
+            "device_iops",
+            "--path",
+            path,
+            "--size",
+            "16M",
+            "--seconds",
+            "1",
+            "--repeats",
+            "1",
+        ])
+        .expect("parses");
+        let report = measure(&arguments).expect("measures");
+        let table = report.table();
+        assert!(table.contains("randread  lamina"), "{table}");
+        assert!(table.contains("filled in"), "{table}");
+        let document = serde_json::to_value(&report).unwrap();
+        for field in ["backend", "queue_depth", "patterns"] {
+            assert!(document.get(field).is_some(), "{field} in {document}");
+        }
+        let patterns = document["patterns"].as_array().unwrap();
+        assert_eq!(patterns.len(), 2);
+        assert!(patterns[1]["lamina_iops"].as_f64().unwrap() > 0.0);
+        assert!(patterns[1]["fio_iops"].is_null());
+        assert!(std::path::Path::new(path).exists(), "the file is kept");
+    }
 }
