@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 /// The environment variable that sets the log filter, as for the `lamina` daemon.
 const LOG_ENVIRONMENT_VARIABLE: &str = "LAMINA_LOG";
 
-/// Benchmarks: latency versus load against peer servers, and the engine in process.
+/// Benchmarks: latency versus load against peer servers, side by side.
 #[derive(Debug, Parser)]
 #[command(name = "lamina-bench", version)]
 struct Cli {
