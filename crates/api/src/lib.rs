@@ -59,6 +59,11 @@ pub struct PoolStatus {
     /// zero).
     #[serde(default)]
     pub space_waits: SpaceWaits,
+    /// The flash tier's flushes since the daemon opened the pool, and the
+    /// time spent in each stage in all (absent from daemons that predate
+    /// it: zero).
+    #[serde(default)]
+    pub flush_stages: FlushStages,
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     /// Why the pool refuses writes, after an I/O error.
@@ -449,6 +454,34 @@ pub struct SpaceWaits {
     pub milliseconds: u64,
 }
 
+/// The flash tier's flushes since the pool opened and where their time went,
+/// stage by stage, in the order a flush waits: the batch writes it covers,
+/// another flush (the flush lock), the capacity tier's flush, the previous
+/// flush marker's write, the device flush.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushStages {
+    pub device_flushes: u64,
+    pub covered_flushes: u64,
+    pub batch_writes_microseconds: u64,
+    pub flush_lock_microseconds: u64,
+    pub capacity_flush_microseconds: u64,
+    pub marker_write_microseconds: u64,
+    pub device_flush_microseconds: u64,
+}
+
+impl FlushStages {
+    /// The stages with their names (as `/metrics` labels them) and time.
+    pub fn stages(&self) -> [(&'static str, u64); 5] {
+        [
+            ("batch_writes", self.batch_writes_microseconds),
+            ("flush_lock", self.flush_lock_microseconds),
+            ("capacity_flush", self.capacity_flush_microseconds),
+            ("marker_write", self.marker_write_microseconds),
+            ("device_flush", self.device_flush_microseconds),
+        ]
+    }
+}
+
 /// What `pool status` shows while the device is full.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceFullStatus {
@@ -616,6 +649,10 @@ mod tests {
             "urgent_bytes": 0
         });
         document["space_waits"] = serde_json::json!({"count": 3, "milliseconds": 120});
+        document["flush_stages"] = serde_json::json!({"device_flushes": 5, "covered_flushes": 2,
+            "batch_writes_microseconds": 250, "flush_lock_microseconds": 0,
+            "capacity_flush_microseconds": 0, "marker_write_microseconds": 40,
+            "device_flush_microseconds": 900});
         document["cache_warmup"] = serde_json::json!({"state": "loading", "blocks_listed": 10,
             "blocks_to_load": 8, "blocks_loaded": 5, "blocks_skipped": 1, "elapsed_ms": 300});
         document["rebuild"] = serde_json::json!({"state": "rebuilding", "kind": "replacement", "bytes_total": 100,
@@ -653,11 +690,13 @@ mod tests {
     }
 
     #[test]
-    fn a_status_without_space_waits_reads_them_as_zero() {
+    fn a_status_without_space_waits_or_flush_stages_reads_them_as_zero() {
         let mut document = status_json();
         document.as_object_mut().unwrap().remove("space_waits");
+        document.as_object_mut().unwrap().remove("flush_stages");
         let status: PoolStatus = serde_json::from_value(document).expect("reads");
         assert_eq!(status.space_waits, SpaceWaits::default());
+        assert_eq!(status.flush_stages, FlushStages::default());
     }
 
     #[test]

@@ -63,6 +63,31 @@ fn print_space(status: &PoolStatus) {
         "dead segments        {} (freed by the next checkpoints)",
         status.dead_segment_count
     );
+    print_flush_stages(&status.flush_stages);
+}
+
+/// The flushes since the pool opened and the mean time a device flush
+/// spent in each stage.
+fn print_flush_stages(flushes: &lamina_api::FlushStages) {
+    print!(
+        "flushes              {} device flushes, {} covered by another",
+        flushes.device_flushes, flushes.covered_flushes
+    );
+    if flushes.device_flushes > 0 {
+        let means: Vec<String> = flushes
+            .stages()
+            .iter()
+            .map(|(name, microseconds)| {
+                format!(
+                    "{} {}",
+                    name.replace('_', " "),
+                    microseconds / flushes.device_flushes
+                )
+            })
+            .collect();
+        print!("; mean µs: {}", means.join(", "));
+    }
+    println!();
 }
 
 /// Each tier's space and the moves between them, in a two-tier pool.

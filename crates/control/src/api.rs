@@ -32,6 +32,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         cleaner_state,
         cleaner_pressure,
         space_waits,
+        flush_stages,
         durable_batch_sequence,
         checkpoint_sequence,
         failed,
@@ -72,6 +73,15 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
         space_waits: api::SpaceWaits {
             count: space_waits.count,
             milliseconds: space_waits.milliseconds,
+        },
+        flush_stages: api::FlushStages {
+            device_flushes: flush_stages.device_flushes,
+            covered_flushes: flush_stages.covered_flushes,
+            batch_writes_microseconds: flush_stages.batch_writes_microseconds,
+            flush_lock_microseconds: flush_stages.flush_lock_microseconds,
+            capacity_flush_microseconds: flush_stages.capacity_flush_microseconds,
+            marker_write_microseconds: flush_stages.marker_write_microseconds,
+            device_flush_microseconds: flush_stages.device_flush_microseconds,
         },
         durable_batch_sequence,
         checkpoint_sequence,

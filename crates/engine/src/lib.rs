@@ -28,6 +28,7 @@ pub use pool::cache_warmup::{
     CacheContents, CacheContentsError, CacheWarmupState, CacheWarmupStatus, CachedBlock,
 };
 pub use pool::cleaner::CleanerState;
+pub use pool::io::flush_stages::FlushStagesStatus;
 pub use pool::io::space_waits::SpaceWaitsStatus;
 pub use pool::repair::evacuation::{EvacuationGoal, EvacuationNeed};
 pub use pool::repair::rebuild::RebuildStart;

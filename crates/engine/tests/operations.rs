@@ -857,3 +857,48 @@ async fn a_full_pool_can_delete_a_volume() {
     pool.write(again, 0, &chunk, false).await.unwrap();
     assert!(read_volume(&pool, "keep").await == [9u8; 64 << 10]);
 }
+
+/// A flush with writes to cover issues one device flush, whose time is
+/// counted stage by stage (issue 46); a flush with nothing written since
+/// issues none and is counted as covered; concurrent flushes of the same
+/// writes share one device flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_issues_one_device_flush_and_none_when_nothing_is_dirty() {
+    let (_device, pool) = new_pool(64).await;
+    let volume_id = pool.create_volume("v", 1 << 20).await.unwrap().volume_id;
+    pool.flush().await.unwrap();
+    let before = pool.status().flush_stages;
+    pool.write(volume_id, 0, &[7u8; BLOCK], false)
+        .await
+        .unwrap();
+    pool.flush().await.unwrap();
+    let after_write = pool.status().flush_stages;
+    assert_eq!(after_write.device_flushes, before.device_flushes + 1);
+    assert_eq!(after_write.covered_flushes, before.covered_flushes);
+    pool.flush().await.unwrap();
+    let after_idle = pool.status().flush_stages;
+    assert_eq!(
+        after_idle.device_flushes, after_write.device_flushes,
+        "nothing was written since: no device flush"
+    );
+    assert_eq!(after_idle.covered_flushes, after_write.covered_flushes + 1);
+    pool.write(volume_id, 4096, &[8u8; BLOCK], false)
+        .await
+        .unwrap();
+    let flushes: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.flush().await })
+        })
+        .collect();
+    for flush in flushes {
+        flush.await.unwrap().unwrap();
+    }
+    let after_concurrent = pool.status().flush_stages;
+    let device_flushes = after_concurrent.device_flushes - after_idle.device_flushes;
+    let covered = after_concurrent.covered_flushes - after_idle.covered_flushes;
+    assert!(
+        (1..=2).contains(&device_flushes) && device_flushes + covered == 4,
+        "four concurrent flushes of one write: {device_flushes} device flushes, {covered} covered"
+    );
+}

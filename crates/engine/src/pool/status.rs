@@ -18,6 +18,7 @@ use crate::pool::core::integrity::IntegrityStatus;
 use crate::pool::core::limits::PoolLimits;
 use crate::pool::core::state::State;
 use crate::pool::io::device_full::DeviceFullStatus;
+use crate::pool::io::flush_stages::FlushStagesStatus;
 use crate::pool::io::space_waits::SpaceWaitsStatus;
 use crate::pool::repair::rebuild::progress::RebuildStatus;
 use crate::pool::repair::scrub::progress::ScrubStatus;
@@ -69,6 +70,9 @@ pub struct PoolStatus {
     /// Writes that found no free segment and waited for a reclaim (cleaning
     /// in the write path), and how long, since the pool opened.
     pub space_waits: SpaceWaitsStatus,
+    /// The flash tier's flushes since the pool opened, and where their time
+    /// went, stage by stage.
+    pub flush_stages: FlushStagesStatus,
     pub durable_batch_sequence: u64,
     pub checkpoint_sequence: u64,
     pub failed: Option<String>,
@@ -352,6 +356,7 @@ impl Core {
             cleaner_state,
             cleaner_pressure,
             space_waits: self.space_waits().status(),
+            flush_stages: self.flush_stages().status(),
             durable_batch_sequence: state.writer().durable_through(),
             checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
             failed: state.writer().failed().map(str::to_string),

@@ -61,6 +61,7 @@ use crate::pool::core::state::State;
 use crate::pool::core::supervisor::Supervisor;
 use crate::pool::io::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull};
 use crate::pool::io::flush_marker::FlushMarker;
+use crate::pool::io::flush_stages::FlushStages;
 use crate::pool::io::space_waits::SpaceWaits;
 use crate::pool::io::writer::InFlightBatch;
 use crate::pool::openings::OpeningsRecorder;
@@ -119,6 +120,8 @@ pub(crate) struct Core {
     budget: BackgroundBudget,
     /// Writes that found no free segment and waited for a reclaim.
     space_waits: SpaceWaits,
+    /// Where the flash tier's flushes spend their time.
+    flush_stages: FlushStages,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.
@@ -170,6 +173,7 @@ impl Core {
             cache_warmup: CacheWarmer::default(),
             budget,
             space_waits: SpaceWaits::default(),
+            flush_stages: FlushStages::default(),
             flush_marker,
             openings,
         })
@@ -263,6 +267,10 @@ impl Core {
 
     pub(in crate::pool) fn space_waits(&self) -> &SpaceWaits {
         &self.space_waits
+    }
+
+    pub(in crate::pool) fn flush_stages(&self) -> &FlushStages {
+        &self.flush_stages
     }
 }
 

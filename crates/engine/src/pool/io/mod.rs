@@ -1,11 +1,13 @@
 //! The pool's data path: client reads ([`read`]) and writes ([`write`]), the
 //! log writer that batches them onto the device ([`writer`]) with the streams
 //! and lanes it appends to ([`stream`]), the flush marker written after each
-//! device flush ([`flush_marker`]), and what happens when the device or the
-//! pool runs out of room ([`device_full`], [`space_waits`]).
+//! device flush ([`flush_marker`]), where a flush's time goes
+//! ([`flush_stages`]), and what happens when the device or the pool runs out
+//! of room ([`device_full`], [`space_waits`]).
 
 pub(super) mod device_full;
 pub(super) mod flush_marker;
+pub mod flush_stages;
 pub(super) mod read;
 pub mod space_waits;
 pub mod stream;

@@ -21,6 +21,7 @@
 //! with a doubling delay, and `Pool::resume_capacity_writes` at once.
 
 use std::sync::Arc;
+use tokio::time::Instant;
 
 use lamina_device::DeviceError;
 
@@ -28,6 +29,7 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::error::{EngineError, IoError};
 use crate::pool::core::Core;
 use crate::pool::io::flush_marker::MarkerClaims;
+use crate::pool::io::flush_stages::FlushStage;
 use crate::pool::io::writer::LogWriter;
 
 /// How long a client's flush waits for the capacity tier's flush before it
@@ -126,17 +128,28 @@ impl Core {
     /// pool, every batch up to `target`); see `tier_flush` for capacity.
     pub(in crate::pool) async fn flush_through(&self, target: u64) -> Result<(), EngineError> {
         if self.lock().writer().flash_durable_through() >= target {
+            self.flush_stages().covered();
             return Ok(());
         }
+        let stages = self.flush_stages();
+        let mut stage_started = Instant::now();
+        let mut stage_ended = |stage| {
+            let now = Instant::now();
+            stages.spent(stage, now - stage_started);
+            stage_started = now;
+        };
         self.wait_unless_device_full(|state| {
             state.writer().written_through() >= target || state.writer().failed().is_some()
         })
         .await?;
+        stage_ended(FlushStage::BatchWrites);
         let _guard = self.flush_lock().lock().await;
+        stage_ended(FlushStage::FlushLock);
         let (covered, sealed_bytes) = {
             let state = self.lock();
             state.check_failed()?;
             if state.writer().flash_durable_through() >= target {
+                stages.covered();
                 return Ok(());
             }
             (
@@ -157,8 +170,13 @@ impl Core {
             let wait = std::time::Duration::from_millis(CLIENT_FLUSH_CAPACITY_WAIT_MS);
             let _ = tokio::time::timeout(wait, self.flush_capacity(false)).await;
         }
+        stage_ended(FlushStage::CapacityFlush);
         let marker_covered = self.flush_marker().before_device_flush().await;
-        if let Err(error) = self.flush_flash().await {
+        stage_ended(FlushStage::MarkerWrite);
+        let flushed = self.flush_flash().await;
+        stage_ended(FlushStage::DeviceFlush);
+        stages.device_flushed();
+        if let Err(error) = flushed {
             let mut state = self.lock();
             state.fail_writes(error.to_string());
             return Err(error.into());
