@@ -467,6 +467,10 @@ pub struct FlushStages {
     pub capacity_flush_microseconds: u64,
     pub marker_write_microseconds: u64,
     pub device_flush_microseconds: u64,
+    /// Open batches sealed and written right after a write, for a writer
+    /// that flushes after each (absent from daemons that predate it: zero).
+    #[serde(default)]
+    pub batches_sealed_at_write: u64,
 }
 
 impl FlushStages {
@@ -652,7 +656,7 @@ mod tests {
         document["flush_stages"] = serde_json::json!({"device_flushes": 5, "covered_flushes": 2,
             "batch_writes_microseconds": 250, "flush_lock_microseconds": 0,
             "capacity_flush_microseconds": 0, "marker_write_microseconds": 40,
-            "device_flush_microseconds": 900});
+            "device_flush_microseconds": 900, "batches_sealed_at_write": 4});
         document["cache_warmup"] = serde_json::json!({"state": "loading", "blocks_listed": 10,
             "blocks_to_load": 8, "blocks_loaded": 5, "blocks_skipped": 1, "elapsed_ms": 300});
         document["rebuild"] = serde_json::json!({"state": "rebuilding", "kind": "replacement", "bytes_total": 100,

@@ -87,6 +87,12 @@ fn print_flush_stages(flushes: &lamina_api::FlushStages) {
             .collect();
         print!("; mean µs: {}", means.join(", "));
     }
+    if flushes.batches_sealed_at_write > 0 {
+        print!(
+            "; {} batches written at their write",
+            flushes.batches_sealed_at_write
+        );
+    }
     println!();
 }
 

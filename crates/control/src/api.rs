@@ -82,6 +82,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             capacity_flush_microseconds: flush_stages.capacity_flush_microseconds,
             marker_write_microseconds: flush_stages.marker_write_microseconds,
             device_flush_microseconds: flush_stages.device_flush_microseconds,
+            batches_sealed_at_write: flush_stages.batches_sealed_at_write,
         },
         durable_batch_sequence,
         checkpoint_sequence,

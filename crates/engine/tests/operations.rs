@@ -902,3 +902,48 @@ async fn a_flush_issues_one_device_flush_and_none_when_nothing_is_dirty() {
         "four concurrent flushes of one write: {device_flushes} device flushes, {covered} covered"
     );
 }
+
+/// A writer that flushes after every write gets its writes sealed and
+/// written as they are appended (write-behind), so that its flush does not
+/// start the batch write; a writer that then streams without flushing gets
+/// at most two such batches, and its later writes fill batches as before.
+/// What was written reads back after a crash that follows the flushes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_a_synchronous_writer_are_written_behind_and_streams_are_not() {
+    let (device, pool) = new_pool(64).await;
+    let volume_id = pool.create_volume("v", 1 << 20).await.unwrap().volume_id;
+    for index in 0..16u64 {
+        let block = [index as u8 + 1; BLOCK];
+        pool.write(volume_id, index * BLOCK as u64, &block, false)
+            .await
+            .unwrap();
+        pool.flush().await.unwrap();
+    }
+    let sealed = pool.status().flush_stages.batches_sealed_at_write;
+    assert!(
+        sealed >= 4,
+        "after eight synchronous flushes each write is sealed at once: {sealed}"
+    );
+    for index in 16..80u64 {
+        let block = [index as u8 + 1; BLOCK];
+        pool.write(volume_id, index * BLOCK as u64, &block, false)
+            .await
+            .unwrap();
+    }
+    let streaming = pool.status().flush_stages.batches_sealed_at_write - sealed;
+    assert!(
+        streaming <= 2,
+        "a streaming writer's batches fill: {streaming} sealed at write"
+    );
+    pool.flush().await.unwrap();
+    let pool = reopen(&device, pool, false).await;
+    let contents = read_volume(&pool, "v").await;
+    for index in 0..80usize {
+        assert!(
+            contents[index * BLOCK..(index + 1) * BLOCK]
+                .iter()
+                .all(|byte| *byte == index as u8 + 1),
+            "block {index}"
+        );
+    }
+}

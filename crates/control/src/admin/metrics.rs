@@ -124,6 +124,12 @@ fn flush_stage_metrics(flushes: &lamina_engine::FlushStagesStatus, exposition: &
             "Flushes whose batches another flush made durable.",
         )
         .sample(&[], flushes.covered_flushes);
+    exposition
+        .counter(
+            "lamina_batches_sealed_at_write_total",
+            "Open batches sealed and written right after a write, for writers that flush after each write.",
+        )
+        .sample(&[], flushes.batches_sealed_at_write);
     let stages = [
         ("batch_writes", flushes.batch_writes_microseconds),
         ("flush_lock", flushes.flush_lock_microseconds),

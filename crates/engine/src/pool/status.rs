@@ -356,7 +356,10 @@ impl Core {
             cleaner_state,
             cleaner_pressure,
             space_waits: self.space_waits().status(),
-            flush_stages: self.flush_stages().status(),
+            flush_stages: FlushStagesStatus {
+                batches_sealed_at_write: self.write_behind().sealed_at_write(),
+                ..self.flush_stages().status()
+            },
             durable_batch_sequence: state.writer().durable_through(),
             checkpoint_sequence: state.checkpoint_schedule().next_sequence() - 1,
             failed: state.writer().failed().map(str::to_string),

@@ -63,6 +63,7 @@ use crate::pool::io::device_full::{DEVICE_FULL_FIRST_RETRY_DELAY_MS, DeviceFull}
 use crate::pool::io::flush_marker::FlushMarker;
 use crate::pool::io::flush_stages::FlushStages;
 use crate::pool::io::space_waits::SpaceWaits;
+use crate::pool::io::write_behind::WriteBehind;
 use crate::pool::io::writer::InFlightBatch;
 use crate::pool::openings::OpeningsRecorder;
 use crate::pool::repair::rebuild::progress::Rebuilder;
@@ -122,6 +123,9 @@ pub(crate) struct Core {
     space_waits: SpaceWaits,
     /// Where the flash tier's flushes spend their time.
     flush_stages: FlushStages,
+    /// Whether writes are sealed at once for a writer that flushes after
+    /// each of them.
+    write_behind: WriteBehind,
 }
 
 /// A pool on one device. Cheap to clone; all clones share one engine.
@@ -174,6 +178,7 @@ impl Core {
             budget,
             space_waits: SpaceWaits::default(),
             flush_stages: FlushStages::default(),
+            write_behind: WriteBehind::default(),
             flush_marker,
             openings,
         })
@@ -271,6 +276,10 @@ impl Core {
 
     pub(in crate::pool) fn flush_stages(&self) -> &FlushStages {
         &self.flush_stages
+    }
+
+    pub(in crate::pool) fn write_behind(&self) -> &WriteBehind {
+        &self.write_behind
     }
 }
 

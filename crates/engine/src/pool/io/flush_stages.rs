@@ -54,6 +54,10 @@ pub struct FlushStagesStatus {
     pub marker_write_microseconds: u64,
     /// The device flush.
     pub device_flush_microseconds: u64,
+    /// Open batches sealed and written right after a write, because
+    /// flushes follow every write (`write_behind`): the batch writes such
+    /// a flush no longer waits for from the start.
+    pub batches_sealed_at_write: u64,
 }
 
 impl FlushStages {
@@ -84,6 +88,7 @@ impl FlushStages {
             capacity_flush_microseconds: microseconds(FlushStage::CapacityFlush),
             marker_write_microseconds: microseconds(FlushStage::MarkerWrite),
             device_flush_microseconds: microseconds(FlushStage::DeviceFlush),
+            batches_sealed_at_write: 0,
         }
     }
 }

@@ -2,7 +2,8 @@
 //! log writer that batches them onto the device ([`writer`]) with the streams
 //! and lanes it appends to ([`stream`]), the flush marker written after each
 //! device flush ([`flush_marker`]), where a flush's time goes
-//! ([`flush_stages`]), and what happens when the device or the pool runs out
+//! ([`flush_stages`]), the write-behind of synchronous writers
+//! ([`write_behind`]), and what happens when the device or the pool runs out
 //! of room ([`device_full`], [`space_waits`]).
 
 pub(super) mod device_full;
@@ -12,4 +13,5 @@ pub(super) mod read;
 pub mod space_waits;
 pub mod stream;
 pub(super) mod write;
+pub(super) mod write_behind;
 pub(super) mod writer;

@@ -178,6 +178,9 @@ impl Core {
         let merged = self.merge_partial_blocks(&request, &partial_blocks).await?;
         self.append_blocks(&request, &merged, checked).await?;
         drop(guards);
+        if !fua && self.write_behind().write_appended() {
+            self.seal_at_write();
+        }
         crate::pool::background::flush_when_over_dirty_limit(self);
         if fua { self.flush().await } else { Ok(()) }
     }

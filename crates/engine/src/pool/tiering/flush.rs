@@ -112,6 +112,22 @@ impl Core {
         self.lock().capacity_writes().is_suspended()
     }
 
+    /// Seals the open batch right after a write and starts its device
+    /// write, for a writer whose flush follows each write (see
+    /// `io/write_behind.rs`); a failed pool is left to the flush to report.
+    pub(in crate::pool) fn seal_at_write(self: &Arc<Self>) {
+        let mut state = self.lock();
+        if state.check_failed().is_err() {
+            return;
+        }
+        let sealed = state.seal_open_batch();
+        drop(state);
+        if !sealed.is_empty() {
+            self.write_behind().sealed();
+        }
+        self.spawn_writes(sealed);
+    }
+
     /// Seals the open batch and starts its writes: the sequence a flush
     /// must make durable for every write acknowledged so far.
     pub(in crate::pool) fn seal_for_flush(self: &Arc<Self>) -> Result<u64, EngineError> {
@@ -217,6 +233,7 @@ impl Core {
     /// Makes every write acknowledged so far durable on flash (what
     /// `Pool::flush` does): seals the open batch and flushes through it.
     pub(in crate::pool) async fn flush(self: &Arc<Self>) -> Result<(), EngineError> {
+        self.write_behind().flushed();
         let target = self.seal_for_flush()?;
         self.flush_through(target).await
     }
