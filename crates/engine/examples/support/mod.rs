@@ -1,9 +1,10 @@
 //! What the engine's in-process benchmark examples share (they were `lamina bench`
-//! subcommands until decision 0060): their tokio runtime, pools on real files
-//! (FileDevice: io_uring, O_DIRECT) and the fills that put data in a volume before a
-//! measurement ([`pool_files`]), the cleaner options ([`cleaner`]), a counting device
-//! ([`counting_device`]), the median and percentile of their samples, and how a
-//! report is printed.
+//! subcommands until decision 0060): pools on real files (FileDevice: io_uring,
+//! O_DIRECT) and the fills that put data in a volume before a measurement
+//! ([`pool_files`]), the cleaner options ([`cleaner`]), a counting device
+//! ([`counting_device`]), and the percentiles of their samples; their tokio
+//! runtime, the median and how a report is printed are the device examples'
+//! (`measurement.rs`, included by path).
 
 #![allow(dead_code)] // Each example uses part of it.
 
@@ -12,19 +13,13 @@ pub mod counting_device;
 pub mod pool_files;
 
 #[allow(unused_imports)] // Each example uses part of it.
-pub use pool_files::{
-    core_count, create_pool, fill_sequentially, open_file_device, runtime, write_blocks,
-};
+pub use pool_files::{core_count, create_pool, fill_sequentially, open_file_device, write_blocks};
 
-/// Prints a report: one JSON document with `json`, else its table.
-pub fn print_report(report: &impl serde::Serialize, table: &str, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    } else {
-        print!("{table}");
-    }
-    Ok(())
-}
+#[path = "../../../device/examples/support/measurement.rs"]
+mod measurement;
+
+#[allow(unused_imports)] // Each example uses part of it.
+pub use measurement::{median, print_report, runtime};
 
 /// `values` with two decimals, space-separated, for the tables.
 pub fn format_list(values: &[f64]) -> String {
@@ -33,21 +28,6 @@ pub fn format_list(values: &[f64]) -> String {
         .map(|value| format!("{value:.2}"))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The median (mean of the middle two for an even count); NaN when empty.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted.sort_by(f64::total_cmp);
-    let middle = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[middle]
-    } else {
-        f64::midpoint(sorted[middle - 1], sorted[middle])
-    }
 }
 
 /// The upper median of counts: the middle value, or the higher of the middle two.

@@ -1,6 +1,5 @@
 //! Pools on real files and the fills that put data in a volume before a
-//! measurement, with the runtime they run on: what the engine's benchmark examples
-//! share.
+//! measurement: what the engine's benchmark examples share.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,22 +20,6 @@ pub const FILL_WRITERS: usize = 32;
 /// Bytes at the start of each block that change from one write to the next, so
 /// that no two writes carry the same data.
 const VARYING_PREFIX_BYTES: usize = 64;
-
-/// A tokio runtime: on this thread when `worker_threads` is 0, else with that many
-/// workers.
-pub fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
-    let runtime = if worker_threads == 0 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(worker_threads)
-            .enable_all()
-            .build()?
-    };
-    Ok(runtime)
-}
 
 /// The cores of this machine: the workers of the multi-threaded benchmarks.
 pub fn core_count() -> usize {
