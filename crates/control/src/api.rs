@@ -74,16 +74,7 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             count: space_waits.count,
             milliseconds: space_waits.milliseconds,
         },
-        flush_stages: api::FlushStages {
-            device_flushes: flush_stages.device_flushes,
-            covered_flushes: flush_stages.covered_flushes,
-            batch_writes_microseconds: flush_stages.batch_writes_microseconds,
-            flush_lock_microseconds: flush_stages.flush_lock_microseconds,
-            capacity_flush_microseconds: flush_stages.capacity_flush_microseconds,
-            marker_write_microseconds: flush_stages.marker_write_microseconds,
-            device_flush_microseconds: flush_stages.device_flush_microseconds,
-            batches_sealed_at_write: flush_stages.batches_sealed_at_write,
-        },
+        flush_stages: flush_stages_of(flush_stages),
         durable_batch_sequence,
         checkpoint_sequence,
         failed,
@@ -149,6 +140,21 @@ fn capacity_writes_of(status: engine::CapacityWritesStatus) -> api::CapacityWrit
 }
 
 /// `pool status`'s cache warm-up section.
+/// The flash tier's flushes and their stages, as the API and `/metrics`
+/// show them.
+pub fn flush_stages_of(status: engine::FlushStagesStatus) -> api::FlushStages {
+    api::FlushStages {
+        device_flushes: status.device_flushes,
+        covered_flushes: status.covered_flushes,
+        batch_writes_microseconds: status.batch_writes_microseconds,
+        flush_lock_microseconds: status.flush_lock_microseconds,
+        capacity_flush_microseconds: status.capacity_flush_microseconds,
+        marker_write_microseconds: status.marker_write_microseconds,
+        device_flush_microseconds: status.device_flush_microseconds,
+        batches_sealed_at_write: status.batches_sealed_at_write,
+    }
+}
+
 fn cache_warmup_of(status: engine::CacheWarmupStatus) -> api::CacheWarmupStatus {
     api::CacheWarmupStatus {
         state: match status.state {

@@ -105,13 +105,16 @@ fn pool_space_metrics(status: &lamina_engine::PoolStatus, exposition: &mut Expos
             &[],
             status.space_waits.milliseconds as f64 / MILLISECONDS_PER_SECOND,
         );
-    flush_stage_metrics(&status.flush_stages, exposition);
+    flush_stage_metrics(
+        &crate::api::flush_stages_of(status.flush_stages),
+        exposition,
+    );
 }
 
 /// The flash tier's flushes and the time they spent in each stage
 /// (issue 46): a stage's seconds over the device flushes is its mean share
 /// of a flush's latency.
-fn flush_stage_metrics(flushes: &lamina_engine::FlushStagesStatus, exposition: &mut Exposition) {
+fn flush_stage_metrics(flushes: &lamina_api::FlushStages, exposition: &mut Exposition) {
     exposition
         .counter(
             "lamina_device_flushes_total",
@@ -130,18 +133,11 @@ fn flush_stage_metrics(flushes: &lamina_engine::FlushStagesStatus, exposition: &
             "Open batches sealed and written right after a write, for writers that flush after each write.",
         )
         .sample(&[], flushes.batches_sealed_at_write);
-    let stages = [
-        ("batch_writes", flushes.batch_writes_microseconds),
-        ("flush_lock", flushes.flush_lock_microseconds),
-        ("capacity_flush", flushes.capacity_flush_microseconds),
-        ("marker_write", flushes.marker_write_microseconds),
-        ("device_flush", flushes.device_flush_microseconds),
-    ];
     let mut family = exposition.counter(
         "lamina_flush_stage_seconds_total",
         "Time flushes spent in each stage, in the order a flush waits: the batch writes it covers, another flush, the capacity tier's flush, the previous flush marker's write, the device flush.",
     );
-    for (stage, microseconds) in stages {
+    for (stage, microseconds) in flushes.stages() {
         family.sample(
             &[label("stage", stage)],
             microseconds as f64 / MICROSECONDS_PER_SECOND,

@@ -26,6 +26,9 @@ pub(in crate::pool) enum FlushStage {
 
 const STAGE_COUNT: usize = 5;
 
+// One time counter per stage.
+const _: () = assert!(FlushStage::DeviceFlush as usize + 1 == STAGE_COUNT);
+
 /// See the module documentation.
 #[derive(Default)]
 pub(in crate::pool) struct FlushStages {
