@@ -32,8 +32,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
@@ -56,15 +56,27 @@ const _: () = assert!((ZERO_WRITE_BYTES_MAX as u64).is_multiple_of(crate::DEVICE
 
 /// How a regular file on the io_uring backend is prepared ahead of writes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
 pub enum FilePreallocation {
     /// Nothing ahead: writes into holes allocate as they go.
-    Off,
+    Off = 0,
     /// `fallocate` each chunk on its first write (space allocated, unwritten).
-    Allocate,
+    Allocate = 1,
     /// Allocate each chunk and write zeros over its unwritten parts on its
     /// first write, so that later writes and flushes are overwrites.
     #[default]
-    Zeroes,
+    Zeroes = 2,
+}
+
+impl FilePreallocation {
+    fn from_index(index: u8) -> Self {
+        match index {
+            0 => Self::Off,
+            1 => Self::Allocate,
+            2 => Self::Zeroes,
+            _ => unreachable!("a preallocation mode is stored by its index"),
+        }
+    }
 }
 
 /// One word of chunk bits per [`CHUNKS_PER_WORD`] chunks.
@@ -108,15 +120,15 @@ pub(crate) struct Preallocation {
     /// The device's file, for the preparations' system calls.
     file: Arc<File>,
     size_bytes: u64,
-    mode: Mutex<FilePreallocation>,
+    /// A [`FilePreallocation`] as its index: lowered for good when the
+    /// filesystem refuses what it needs.
+    mode: AtomicU8,
     /// Set once some write claimed the chunk's preparation.
     claimed: ChunkMap,
     /// Set once the chunk's preparation finished (or failed): writes go ahead.
     ready: ChunkMap,
     /// Woken whenever a chunk becomes ready.
     became_ready: Notify,
-    /// Set when the filesystem refused to allocate ahead.
-    off: AtomicBool,
 }
 
 /// A chunk a write must prepare before it goes ahead.
@@ -149,21 +161,27 @@ impl Preallocation {
             device_name: device_name.to_string(),
             file,
             size_bytes,
-            mode: Mutex::new(mode),
+            mode: AtomicU8::new(mode as u8),
             claimed: ChunkMap::new(chunk_count),
             ready: ChunkMap::new(chunk_count),
             became_ready: Notify::new(),
-            off: AtomicBool::new(mode == FilePreallocation::Off),
         }
     }
 
     pub(crate) fn mode(&self) -> FilePreallocation {
-        *self.mode.lock().expect("preallocation mode lock poisoned")
+        FilePreallocation::from_index(self.mode.load(Ordering::Relaxed))
+    }
+
+    /// Lowers the mode from `from` to `to`; whether this call did.
+    fn lower_mode(&self, from: FilePreallocation, to: FilePreallocation) -> bool {
+        self.mode
+            .compare_exchange(from as u8, to as u8, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// The chunks `offset..offset + length_bytes` touches (none when off).
     pub(crate) fn chunks(&self, offset: u64, length_bytes: u64) -> std::ops::Range<u64> {
-        if self.off.load(Ordering::Relaxed) || length_bytes == 0 {
+        if length_bytes == 0 || self.mode() == FilePreallocation::Off {
             return 0..0;
         }
         offset / PREALLOCATION_CHUNK_BYTES
@@ -234,7 +252,9 @@ impl Preallocation {
         };
         let device = self.device_name.as_str();
         if is_unsupported(&error) {
-            if !self.off.swap(true, Ordering::Relaxed) {
+            let lowered = self.lower_mode(FilePreallocation::Zeroes, FilePreallocation::Off)
+                || self.lower_mode(FilePreallocation::Allocate, FilePreallocation::Off);
+            if lowered {
                 tracing::info!(device, %error, "the filesystem cannot allocate ahead; writes into holes may be slower");
             }
             return false;
@@ -258,9 +278,7 @@ impl Preallocation {
         };
         let device = self.device_name.as_str();
         if is_unsupported(&error) {
-            let mut mode = self.mode.lock().expect("preallocation mode lock poisoned");
-            if *mode == FilePreallocation::Zeroes {
-                *mode = FilePreallocation::Allocate;
+            if self.lower_mode(FilePreallocation::Zeroes, FilePreallocation::Allocate) {
                 tracing::info!(device, %error, "the filesystem cannot map its extents; chunks are allocated ahead but not written ahead, so flushes may commit extent changes");
             }
             return;
