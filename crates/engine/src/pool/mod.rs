@@ -795,8 +795,9 @@ impl Pool {
         self.core.resume_capacity_writes().await
     }
 
-    /// Waits until the marker of the last completed flush has been written to
-    /// the device (not necessarily flushed): a process that dies after this
+    /// Waits until the claim of the last completed flush is on the device
+    /// (not necessarily flushed): its marker written, or a later batch whose
+    /// summary carries it (decision 0069). A process that dies after this
     /// leaves recovery able to tell that flush's batches from a torn tail.
     pub async fn flush_marker_written(&self) {
         self.core.flush_marker().settled().await;

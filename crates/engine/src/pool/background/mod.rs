@@ -76,6 +76,7 @@ pub(in crate::pool) fn flush_when_over_dirty_limit(core: &Arc<Core>) {
 pub(in crate::pool) async fn close(core: &Arc<Core>) -> Result<(), EngineError> {
     core.flush().await?;
     core.flush_marker().settled().await;
+    core.count_flush_marker_bytes();
     match Checkpointer::new(core).checkpoint().await {
         Ok(()) => {}
         Err(EngineError::Io(IoError::CapacityUnavailable { device, error })) => {

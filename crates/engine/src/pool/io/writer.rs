@@ -240,6 +240,14 @@ pub struct LogWriter {
     capacity_unflushed: BTreeSet<u64>,
     /// Why the pool refuses writes, once a batch write failed.
     failed: Option<String>,
+    /// The `flushed_through_sequence` each sealed batch's summary says, kept
+    /// until every batch through it has been written.
+    unwritten_claims: BTreeMap<u64, u64>,
+    /// The highest flush claim in a summary that is on the device along with
+    /// every batch sealed before it (decision 0069): what the log itself
+    /// vouches for, so that a flush marker saying no more need not be
+    /// written.
+    claims_written: u64,
 }
 
 impl LogWriter {
@@ -257,6 +265,8 @@ impl LogWriter {
             flash_durable_through: 0,
             capacity_unflushed: BTreeSet::new(),
             failed: None,
+            unwritten_claims: BTreeMap::new(),
+            claims_written: 0,
         }
     }
 
@@ -528,6 +538,7 @@ impl LogWriter {
         if batch.stream == Stream::Capacity {
             self.capacity_unflushed.insert(sequence);
         }
+        self.unwritten_claims.insert(sequence, self.durable_through);
         self.sealed_through = sequence;
         Some(SealedBatch {
             in_flight,
@@ -543,6 +554,23 @@ impl LogWriter {
         let removed = self.in_flight.remove(&batch.summary_block);
         assert!(removed.is_some(), "batch {} was in flight", batch.sequence);
         assert!(self.in_flight_sequences.remove(&batch.sequence));
+        let still_unwritten = self
+            .unwritten_claims
+            .split_off(&(self.written_through() + 1));
+        let written = std::mem::replace(&mut self.unwritten_claims, still_unwritten);
+        // After a failed write the log's tail is not what was sealed: its
+        // claims no longer count (the flush marker is written instead).
+        if self.failed.is_none()
+            && let Some(claim) = written.values().max()
+        {
+            self.claims_written = self.claims_written.max(*claim);
+        }
+    }
+
+    /// The highest flush claim the log has on the device, with every batch
+    /// sealed before the batch that makes it (see `claims_written`).
+    pub fn claims_written(&self) -> u64 {
+        self.claims_written
     }
 
     /// Whether batch `sequence` is sealed and not yet written.
@@ -633,6 +661,39 @@ mod tests {
             .take_open_batch(lane_of(Stream::Client))
             .expect("the batch just opened");
         writer.seal(batch).expect("a batch with records seals")
+    }
+
+    /// The log vouches for a flush (decision 0069) only once the summary
+    /// claiming it is written along with every batch sealed before it, and
+    /// never from batches written after a failed write.
+    #[test]
+    fn a_flush_claim_counts_once_written_with_every_batch_before_it() {
+        let geometry = Geometry::for_device(64 << 20, DEFAULT_SEGMENT_SIZE_BYTES).unwrap();
+        let mut writer = LogWriter::new(SegmentShapes::uniform(geometry));
+        let first = sealed_batch(&mut writer, 0..2, 1);
+        writer.batch_written(&first.in_flight);
+        writer.flash_flushed(first.in_flight.sequence);
+        assert_eq!(writer.claims_written(), 0, "the first batch claims nothing");
+        // Two batches sealed after the flush: both claim it.
+        let second = sealed_batch(&mut writer, 2..4, 2);
+        let third = sealed_batch(&mut writer, 4..6, 3);
+        writer.batch_written(&third.in_flight);
+        assert_eq!(
+            writer.claims_written(),
+            0,
+            "a claim behind an unwritten batch is not on the device in order"
+        );
+        writer.batch_written(&second.in_flight);
+        assert_eq!(writer.claims_written(), first.in_flight.sequence);
+        writer.flash_flushed(third.in_flight.sequence);
+        let fourth = sealed_batch(&mut writer, 6..8, 4);
+        writer.fail("injected".to_string());
+        writer.batch_written(&fourth.in_flight);
+        assert_eq!(
+            writer.claims_written(),
+            first.in_flight.sequence,
+            "a failed write's claim does not count"
+        );
     }
 
     /// A batch's buffer is recycled uncleared (decision 0045): a batch that

@@ -218,18 +218,26 @@ impl Core {
         Ok(())
     }
 
-    /// After a device flush: starts the flush marker's write (see
-    /// `flush_marker`) and counts its bytes.
+    /// After a device flush: starts the flush marker's wait and write (see
+    /// `flush_marker`) and counts the bytes of markers written so far.
     pub(in crate::pool) async fn write_flush_marker(
         &self,
         marker_covered: MarkerClaims,
         claims: MarkerClaims,
     ) {
-        let marker_bytes = self
-            .flush_marker()
+        self.flush_marker()
             .after_device_flush(self.device(), marker_covered, claims)
             .await;
-        self.lock().flush_marker_written(marker_bytes);
+        self.count_flush_marker_bytes();
+    }
+
+    /// Adds the bytes of flush markers written since the last count to the
+    /// pool's write counters.
+    pub(in crate::pool) fn count_flush_marker_bytes(&self) {
+        let marker_bytes = self.flush_marker().take_bytes_written();
+        if marker_bytes > 0 {
+            self.lock().flush_marker_written(marker_bytes);
+        }
     }
 
     /// The error a refused capacity flush reports.
