@@ -11,6 +11,7 @@ mod logging;
 mod pool_commands;
 mod pool_group;
 mod pool_status_text;
+mod reduction_commands;
 mod serve_command;
 mod snapshot_commands;
 mod volume_commands;
@@ -57,6 +58,9 @@ enum Command {
     Top(volume_stats_commands::TopArgs),
     /// Size a pool from a workload trace.
     Plan(lamina_plan::PlanArgs),
+    /// Data reduction: the compression ratio lamina would reach on an image.
+    #[command(subcommand)]
+    Reduction(reduction_commands::ReductionCommand),
     /// Benchmarks: latency versus load against peer servers, and the engine in process.
     Bench(bench_shim::BenchArgs),
     /// Print the shell completion script: `source <(lamina completions bash)`.
@@ -138,7 +142,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Clone(arguments) => snapshot_commands::clone(arguments).await,
         Command::Device(command) => device_commands::run(command).await,
         Command::Top(arguments) => volume_stats_commands::top(arguments).await,
-        Command::Plan(_) | Command::Bench(_) | Command::Completions(_) | Command::Man(_) => {
+        Command::Plan(_)
+        | Command::Reduction(_)
+        | Command::Bench(_)
+        | Command::Completions(_)
+        | Command::Man(_) => {
             unreachable!("handled before the runtime starts")
         }
     }
@@ -156,6 +164,7 @@ fn main() -> std::process::ExitCode {
     logging::init(default_level);
     let result = match cli.command {
         Command::Plan(arguments) => lamina_plan::run(arguments),
+        Command::Reduction(command) => reduction_commands::run(command),
         Command::Bench(arguments) => bench_shim::run(arguments),
         Command::Completions(arguments) => {
             completions::print_completions(&arguments, Cli::command())
