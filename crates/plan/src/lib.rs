@@ -15,6 +15,7 @@ pub mod error;
 pub mod flash;
 pub mod parse;
 pub mod plot;
+pub mod reduction;
 pub mod report;
 pub mod trace;
 
@@ -26,6 +27,7 @@ pub use error::PlanError;
 pub use flash::{FlashOptions, FlashSizing};
 pub use parse::addresses::AddressTrace;
 pub use parse::{ParseOptions, parse_file};
+pub use reduction::{CapacitySizing, REDUCTION_RATIO_MAX, ReductionRatio};
 pub use report::{PlanReport, render_json, render_text};
 pub use trace::{Sample, Trace, TraceFormat};
 
@@ -41,6 +43,10 @@ pub struct PlanSettings {
     pub spare_drives: u64,
     /// Working drives in a proposal to check, if any.
     pub proposal_drives: Option<u64>,
+    /// The compression ratio measured on the data (`lamina reduction estimate`).
+    pub reduction: Option<ReductionRatio>,
+    /// The data the pool must hold, as hosts write it.
+    pub capacity_bytes: Option<f64>,
 }
 
 impl PlanSettings {
@@ -53,6 +59,8 @@ impl PlanSettings {
             drive,
             spare_drives: 1,
             proposal_drives: None,
+            reduction: None,
+            capacity_bytes: None,
         }
     }
 }
@@ -123,6 +131,7 @@ pub fn plan(
             proposal.proposed_working_drives, proposal.needed_working_drives
         ));
     }
+    let capacity = capacity_sizing(settings, flash.flash_bytes);
     PlanReport {
         trace: report::TraceSummary::of(
             trace_name,
@@ -139,8 +148,25 @@ pub fn plan(
         sizing,
         flash,
         proposal,
+        capacity,
         warnings,
     }
+}
+
+/// Capacity after reduction, when a ratio or a capacity was given (a
+/// capacity alone is shown at ratio 1).
+fn capacity_sizing(settings: &PlanSettings, flash_bytes: f64) -> Option<CapacitySizing> {
+    if settings.reduction.is_none() && settings.capacity_bytes.is_none() {
+        return None;
+    }
+    let ratio = settings
+        .reduction
+        .unwrap_or_else(|| ReductionRatio::new(1.0).expect("1 is a valid ratio"));
+    Some(reduction::size_capacity(
+        ratio,
+        settings.capacity_bytes,
+        flash_bytes,
+    ))
 }
 
 /// Command-line arguments of `lamina plan`.
@@ -213,6 +239,13 @@ pub struct PlanArgs {
     /// Only these devices (iostat names, perfmon instances), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// Compression ratio of the data, as `lamina reduction estimate` measured it:
+    /// capacity and flash are divided by it.
+    #[arg(long, value_name = "RATIO")]
+    pub reduction: Option<f64>,
+    /// Data the pool must hold, as hosts write it, in GiB.
+    #[arg(long)]
+    pub capacity_gib: Option<f64>,
 }
 
 impl PlanArgs {
@@ -285,9 +318,26 @@ impl PlanArgs {
         if let Some(seconds) = self.interval_seconds {
             check("--interval-seconds", positive(seconds), "must be positive")?;
         }
+        if let Some(gib) = self.capacity_gib {
+            check(
+                "--capacity-gib",
+                gib.is_finite() && gib >= 0.0,
+                "must not be negative",
+            )?;
+        }
+        let reduction = self
+            .reduction
+            .map(ReductionRatio::new)
+            .transpose()
+            .map_err(|error| PlanError::Option {
+                option: "--reduction",
+                reason: error.to_string(),
+            })?;
         let mut settings = PlanSettings::new(self.redundancy, self.drive.clone());
         settings.spare_drives = self.spares;
         settings.proposal_drives = self.proposal_drives;
+        settings.reduction = reduction;
+        settings.capacity_bytes = self.capacity_gib.map(|gib| gib * GIB);
         settings.analysis = AnalysisOptions {
             steady_percentile: self.steady_percentile,
             busy_window_seconds: self.busy_window_minutes * 60.0,

@@ -9,6 +9,7 @@ use crate::analysis::{Analysis, AnalysisOptions};
 use crate::backend::{BackendSizing, DriveModel, ProposalCheck, Redundancy};
 use crate::convert::saturating_u64;
 use crate::flash::{FlashOptions, FlashSizing, WorkingSet};
+use crate::reduction::CapacitySizing;
 use crate::trace::{Trace, TraceFormat};
 
 /// What the trace was and what the parsers skipped.
@@ -58,6 +59,8 @@ pub struct PlanReport {
     pub sizing: BackendSizing,
     pub flash: FlashSizing,
     pub proposal: Option<ProposalCheck>,
+    /// Capacity after data reduction, when `--reduction` or `--capacity-gib` was given.
+    pub capacity: Option<CapacitySizing>,
     /// Every warning from parsing, analysis and sizing, in that order.
     pub warnings: Vec<String>,
 }
@@ -197,6 +200,15 @@ fn sections(report: &PlanReport) -> Vec<Section<'_>> {
         ),
         Section::new("Flash in front", |text| write_flash(text, report)),
     ];
+    if let Some(capacity) = &report.capacity {
+        sections.push(Section::new(
+            format!(
+                "Capacity after data reduction ({:.2} : 1)",
+                capacity.reduction_ratio
+            ),
+            move |text| write_capacity(text, capacity),
+        ));
+    }
     if let Some(proposal) = &report.proposal {
         sections.push(Section::new(
             format!(
@@ -547,6 +559,27 @@ fn write_flash(text: &mut ReportText, report: &PlanReport) {
             point.working_drives,
         );
     }
+}
+
+fn write_capacity(text: &mut ReportText, capacity: &CapacitySizing) {
+    if let (Some(logical), Some(physical)) = (capacity.logical_bytes, capacity.physical_bytes) {
+        text.line(format_args!(
+            "  data to hold: {} as written -> {} stored (/ {:.2})",
+            bytes(logical),
+            bytes(physical),
+            capacity.reduction_ratio
+        ));
+    } else {
+        text.line("  data to hold: not given (--capacity-gib)");
+    }
+    text.line(format_args!(
+        "  flash for the working set: {} as written -> {} stored compressed",
+        bytes(capacity.flash_logical_bytes),
+        bytes(capacity.flash_physical_bytes)
+    ));
+    text.line(
+        "  the ratio is an input: measure it on the real data with `lamina reduction estimate`",
+    );
 }
 
 fn flash_table_row(

@@ -793,3 +793,68 @@ fn mutated_traces_never_crash_the_parsers_or_the_planner() {
     // Most mutations leave a usable trace; the planner ran on them.
     assert!(parsed_count > MUTATIONS_PER_INPUT, "{parsed_count}");
 }
+
+#[test]
+fn reduction_ratio_divides_capacity_and_flash_and_is_checked() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        plan: lamina_plan::PlanArgs,
+    }
+    let arguments = |extra: &[&str]| {
+        let mut all = vec![
+            "plan",
+            "--trace",
+            "t.csv",
+            "--redundancy",
+            "raid6",
+            "--drive",
+            "ssd",
+        ];
+        all.extend_from_slice(extra);
+        Command::try_parse_from(all).unwrap().plan
+    };
+    let settings = arguments(&["--reduction", "2.5", "--capacity-gib", "100"])
+        .settings()
+        .unwrap();
+    let trace = parse_file(
+        &data("synthetic-idle-spike-busy.csv"),
+        None,
+        &ParseOptions::default(),
+    )
+    .unwrap();
+    let report = plan("x", &trace, None, &settings);
+    let capacity = report.capacity.as_ref().expect("a capacity section");
+    assert!(close(capacity.physical_bytes.unwrap(), 40.0 * GIB, 1.0));
+    assert!(close(
+        capacity.flash_physical_bytes,
+        report.flash.flash_bytes / 2.5,
+        1.0
+    ));
+    let text = render_text(&report);
+    assert!(
+        text.contains("Capacity after data reduction (2.50 : 1)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("100.0 GiB as written -> 40.0 GiB stored"),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&render_json(&report)).unwrap();
+    assert_eq!(json["capacity"]["reduction_ratio"], 2.5);
+
+    let without = plan("x", &trace, None, &arguments(&[]).settings().unwrap());
+    assert!(without.capacity.is_none());
+    assert!(!render_text(&without).contains("data reduction"));
+
+    for bad in ["0", "-2", "21", "NaN"] {
+        let option = format!("--reduction={bad}");
+        let error = arguments(&[&option]).settings().unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("--reduction") && message.contains("at most 20"),
+            "{bad}: {message}"
+        );
+    }
+}
