@@ -19,6 +19,18 @@
 //! generations on, so a read that raced with its block's death inserts
 //! nothing, and a dead block's stale copy never takes a slot.
 //!
+//! Blocks just written enter the cache too (decision 0067): recently written
+//! data is the likeliest to be read soon, and the warm-restart record then
+//! holds it. They enter as a read miss does (unreferenced: a block not read
+//! within one lap of the hand leaves), but written blocks not read since may
+//! take at most [`WRITTEN_UNREAD_PERCENT_MAX`] of a shard's slots by
+//! displacing blocks that were read: past that share a written block takes
+//! the slot of an older written-and-unread one, found by a second hand. So a
+//! sequential fill of any length, with no reads meanwhile, evicts at most that
+//! share of the blocks clients had read; a written block read once is an
+//! ordinary cached block from then on. Room that nothing holds is taken
+//! without limit: a cache that is not full has nothing to protect.
+//!
 //! For a warm restart (`pool::cache_warmup`) the cache lists what it holds,
 //! hottest first, and takes blocks loaded in the background only into room it
 //! has: a warm-up never evicts what clients brought in since the start.
@@ -44,6 +56,14 @@ const SHARD_BLOCKS_MIN: usize = 1024;
 
 /// The block number of a slot that holds nothing.
 const EMPTY_SLOT: u64 = u64::MAX;
+
+/// The share of a shard's slots, in per cent, that blocks written and not
+/// read since may take by displacing blocks clients read: what a sequential
+/// fill can flush of a hot read set at most (decision 0067, measured with
+/// `cargo run --release -p lamina-engine --example memory_cache_writes`).
+pub const WRITTEN_UNREAD_PERCENT_MAX: u64 = 50;
+
+const _: () = assert!(WRITTEN_UNREAD_PERCENT_MAX <= 100);
 
 /// A shard's block contents: one anonymous mapping of its whole capacity,
 /// slot `i` at `i * 4096`. The kernel gives it memory only as slots are
@@ -86,8 +106,18 @@ struct Shard {
     /// CLOCK's reference bits, one per slot, kept apart from `blocks` so that
     /// a hit writes to a small array that stays in the processor's caches.
     referenced: Vec<bool>,
+    /// Whether each slot's block was written and has not been read since it
+    /// entered the cache (see the module documentation).
+    written_unread: Vec<bool>,
+    /// Slots whose `written_unread` is set.
+    written_unread_count: usize,
+    /// The most slots written-and-unread blocks may take by evicting others.
+    written_unread_blocks_max: usize,
     data: BlockArena,
     hand: usize,
+    /// The second hand: where the search for the written-and-unread block to
+    /// replace resumes, so that they are replaced in about the order they came.
+    written_hand: usize,
     /// Slots emptied by invalidation.
     free_slots: Vec<usize>,
     capacity_blocks: usize,
@@ -108,6 +138,7 @@ pub struct CacheGeneration(u64);
 /// See the module documentation.
 pub struct MemoryCache {
     capacity_blocks: usize,
+    written_unread_percent_max: u64,
     shards: Vec<LockedShard>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -123,13 +154,19 @@ pub struct CacheStatistics {
 }
 
 impl Shard {
-    fn new(capacity_blocks: usize) -> Self {
+    fn new(capacity_blocks: usize, written_unread_percent_max: u64) -> Self {
+        let written_unread_blocks_max =
+            to_usize(capacity_blocks as u64 * written_unread_percent_max / 100);
         Self {
             index_of: CacheIndex::new(capacity_blocks),
             blocks: Vec::new(),
             referenced: Vec::new(),
+            written_unread: Vec::new(),
+            written_unread_count: 0,
+            written_unread_blocks_max,
             data: BlockArena::new(capacity_blocks),
             hand: 0,
+            written_hand: 0,
             free_slots: Vec::new(),
             capacity_blocks,
         }
@@ -141,25 +178,61 @@ impl Shard {
             || self.blocks.len() < self.capacity_blocks
     }
 
-    /// The slot `physical_block` goes to: its own, a free one, a new one, or
-    /// the CLOCK's victim.
-    fn slot_for(&mut self, physical_block: u64) -> usize {
+    /// A slot that holds nothing: a free one or a new one.
+    fn empty_slot(&mut self) -> Option<usize> {
+        if let Some(index) = self.free_slots.pop() {
+            return Some(index);
+        }
+        if self.blocks.len() < self.capacity_blocks {
+            self.blocks.push(EMPTY_SLOT);
+            self.referenced.push(false);
+            self.written_unread.push(false);
+            return Some(self.blocks.len() - 1);
+        }
+        None
+    }
+
+    /// The slot a block read from the device goes to: its own, an empty one,
+    /// or the CLOCK's victim.
+    fn slot_for_read(&mut self, physical_block: u64) -> usize {
         if let Some(index) = self.index_of.get(physical_block) {
             return index;
         }
-        let index = if let Some(index) = self.free_slots.pop() {
-            index
-        } else if self.blocks.len() < self.capacity_blocks {
-            self.blocks.push(EMPTY_SLOT);
-            self.referenced.push(false);
-            self.blocks.len() - 1
-        } else {
-            self.victim()
-        };
+        match self.empty_slot() {
+            Some(index) => index,
+            None => self.victim(),
+        }
+    }
+
+    /// The slot a block just written goes to: its own, an empty one, the
+    /// CLOCK's victim while written-and-unread blocks are under their share,
+    /// else the oldest written-and-unread block's; `None` when that share is
+    /// nothing and the shard is full.
+    fn slot_for_written(&mut self, physical_block: u64) -> Option<usize> {
+        if let Some(index) = self.index_of.get(physical_block) {
+            return Some(index);
+        }
+        if let Some(index) = self.empty_slot() {
+            return Some(index);
+        }
+        if self.written_unread_count < self.written_unread_blocks_max {
+            return Some(self.victim());
+        }
+        (self.written_unread_count > 0).then(|| self.written_victim())
+    }
+
+    /// Records that `index` holds `physical_block` now, unreferenced.
+    fn occupy(&mut self, index: usize, physical_block: u64, written: bool) {
+        if self.written_unread[index] {
+            self.written_unread_count -= 1;
+        }
         self.blocks[index] = physical_block;
         self.referenced[index] = false;
+        self.written_unread[index] = written;
+        if written {
+            self.written_unread_count += 1;
+        }
         self.index_of.insert(physical_block, index);
-        index
     }
 
     /// Advances the hand to the first unreferenced slot (clearing the bits it
@@ -178,14 +251,74 @@ impl Shard {
         }
     }
 
-    fn insert(&mut self, physical_block: u64, contents: &[u8]) {
-        let index = self.slot_for(physical_block);
+    /// Advances the second hand to the next written-and-unread slot and
+    /// forgets its block. At least one slot is written and unread.
+    fn written_victim(&mut self) -> usize {
+        assert!(self.written_unread_count > 0, "a written block to replace");
+        loop {
+            let hand = self.written_hand;
+            self.written_hand = (hand + 1) % self.blocks.len();
+            if self.written_unread[hand] {
+                let evicted = self.blocks[hand];
+                self.index_of.remove(evicted);
+                return hand;
+            }
+        }
+    }
+
+    /// Marks a slot read: referenced, and no longer written-and-unread.
+    fn mark_read(&mut self, index: usize) {
+        self.referenced[index] = true;
+        if self.written_unread[index] {
+            self.written_unread[index] = false;
+            self.written_unread_count -= 1;
+        }
+    }
+
+    fn insert_read(&mut self, physical_block: u64, contents: &[u8]) {
+        let index = self.slot_for_read(physical_block);
+        self.occupy(index, physical_block, false);
         self.data.block_mut(index).copy_from_slice(contents);
+    }
+
+    fn insert_written(&mut self, physical_block: u64, contents: &[u8]) {
+        if let Some(index) = self.slot_for_written(physical_block) {
+            self.occupy(index, physical_block, true);
+            self.data.block_mut(index).copy_from_slice(contents);
+        }
+    }
+
+    /// Forgets `physical_block` if cached; its slot goes on the free list,
+    /// reused before anything is evicted.
+    fn forget(&mut self, physical_block: u64) {
+        if let Some(index) = self.index_of.remove(physical_block) {
+            if self.written_unread[index] {
+                self.written_unread[index] = false;
+                self.written_unread_count -= 1;
+            }
+            self.blocks[index] = EMPTY_SLOT;
+            self.referenced[index] = false;
+            self.free_slots.push(index);
+        }
     }
 }
 
 impl MemoryCache {
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_written_unread_percent_max(capacity_bytes, WRITTEN_UNREAD_PERCENT_MAX)
+    }
+
+    /// A cache whose written-and-unread blocks may take
+    /// `written_unread_percent_max` of it by evicting others (the default is
+    /// [`WRITTEN_UNREAD_PERCENT_MAX`]; other shares are for measuring).
+    pub fn with_written_unread_percent_max(
+        capacity_bytes: u64,
+        written_unread_percent_max: u64,
+    ) -> Self {
+        assert!(
+            written_unread_percent_max <= 100,
+            "a share of the cache: {written_unread_percent_max}%"
+        );
         let capacity_blocks = usize::try_from(capacity_bytes / BLOCK_SIZE_BYTES)
             .expect("the cache's size fits in memory");
         let shard_count = (capacity_blocks / SHARD_BLOCKS_MIN).clamp(1, SHARD_COUNT_MAX);
@@ -200,12 +333,14 @@ impl MemoryCache {
                 shard: Mutex::new(Shard::new(
                     capacity_blocks / shard_count
                         + usize::from(shard < capacity_blocks % shard_count),
+                    written_unread_percent_max,
                 )),
                 generation: AtomicU64::new(0),
             })
             .collect();
         Self {
             capacity_blocks,
+            written_unread_percent_max,
             shards,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -230,7 +365,7 @@ impl MemoryCache {
             let mut shard = Self::lock(self.shard_of(physical_block));
             match shard.index_of.get(physical_block) {
                 Some(index) => {
-                    shard.referenced[index] = true;
+                    shard.mark_read(index);
                     destination.copy_from_slice(shard.data.block(index));
                     true
                 }
@@ -242,13 +377,21 @@ impl MemoryCache {
         found
     }
 
-    /// Caches a block's contents (replacing any copy).
+    /// Caches a block just written (replacing any copy), within the share
+    /// written-and-unread blocks may take (see the module documentation): it
+    /// may not be cached at all.
     pub fn insert(&self, physical_block: u64, contents: &[u8]) {
         assert_eq!(contents.len(), BLOCK);
         if self.capacity_blocks == 0 {
             return;
         }
-        Self::lock(self.shard_of(physical_block)).insert(physical_block, contents);
+        Self::lock(self.shard_of(physical_block)).insert_written(physical_block, contents);
+    }
+
+    /// The share of the cache written-and-unread blocks may take by evicting
+    /// others, in per cent.
+    pub fn written_unread_percent_max(&self) -> u64 {
+        self.written_unread_percent_max
     }
 
     /// The generation of `physical_block`'s shard, taken when a device read
@@ -280,7 +423,7 @@ impl MemoryCache {
         if locked.generation.load(Ordering::Acquire) != generation.0 {
             return false;
         }
-        shard.insert(physical_block, contents);
+        shard.insert_read(physical_block, contents);
         true
     }
 
@@ -296,7 +439,7 @@ impl MemoryCache {
         if !shard.has_room_for(physical_block) {
             return false;
         }
-        shard.insert(physical_block, contents);
+        shard.insert_read(physical_block, contents);
         true
     }
 
@@ -341,13 +484,7 @@ impl MemoryCache {
             let mut shard = Self::lock(locked);
             locked.generation.fetch_add(1, Ordering::AcqRel);
             for physical_block in (first_of_shard..end).step_by(self.shards.len()) {
-                if let Some(index) = shard.index_of.remove(physical_block) {
-                    // The slot goes on the free list, reused before anything
-                    // is evicted.
-                    shard.blocks[index] = EMPTY_SLOT;
-                    shard.referenced[index] = false;
-                    shard.free_slots.push(index);
-                }
+                shard.forget(physical_block);
             }
         }
     }
@@ -473,5 +610,61 @@ mod tests {
             cache.statistics().cached_bytes,
             capacity_blocks as u64 * BLOCK_SIZE_BYTES
         );
+    }
+
+    #[test]
+    fn written_blocks_displace_at_most_their_share_of_the_blocks_read() {
+        let capacity_blocks = SHARD_BLOCKS_MIN as u64;
+        let cache = MemoryCache::new(capacity_blocks * BLOCK_SIZE_BYTES);
+        let share_blocks = capacity_blocks * WRITTEN_UNREAD_PERCENT_MAX / 100;
+        let mut out = block(0);
+        // Every slot read (referenced), then a fill four times the cache.
+        for physical_block in 0..capacity_blocks {
+            assert!(cache.insert_read(physical_block, &block(1), CacheGeneration::default()));
+            assert!(cache.get(physical_block, &mut out));
+        }
+        let fill_first = 1 << 20;
+        for physical_block in fill_first..fill_first + 4 * capacity_blocks {
+            cache.insert(physical_block, &block(2));
+        }
+        let read_left = (0..capacity_blocks)
+            .filter(|physical_block| cache.get(*physical_block, &mut out))
+            .count() as u64;
+        assert_eq!(read_left, capacity_blocks - share_blocks);
+        // The newest writes are cached, in about the order they came.
+        let newest = fill_first + 4 * capacity_blocks - 1;
+        assert!(cache.get(newest, &mut out) && out == block(2));
+        // A written block read once counts as read from then on: a second
+        // fill leaves the blocks read, that one included, the same share.
+        let fill_second = 2 << 20;
+        for physical_block in fill_second..fill_second + 4 * capacity_blocks {
+            cache.insert(physical_block, &block(3));
+        }
+        let read_still = (0..capacity_blocks)
+            .chain([newest])
+            .filter(|physical_block| cache.get(*physical_block, &mut out))
+            .count() as u64;
+        assert_eq!(read_still, capacity_blocks - share_blocks);
+    }
+
+    #[test]
+    fn without_a_share_written_blocks_take_only_room() {
+        let cache = MemoryCache::with_written_unread_percent_max(2 * BLOCK_SIZE_BYTES, 0);
+        let mut out = block(0);
+        for physical_block in [1, 2] {
+            assert!(cache.insert_read(physical_block, &block(1), cache.generation(physical_block)));
+        }
+        // Full of blocks read: a written block is not cached.
+        cache.insert(3, &block(3));
+        assert!(!cache.get(3, &mut out));
+        assert!(cache.get(1, &mut out) && cache.get(2, &mut out));
+        // It takes room, and then only the slots of other written blocks.
+        cache.invalidate_range(1, 1);
+        cache.insert(3, &block(3));
+        cache.insert(4, &block(4));
+        assert!(cache.get(4, &mut out) && out == block(4));
+        assert!(!cache.get(3, &mut out));
+        assert!(cache.get(2, &mut out) && out == block(1));
+        assert_eq!(cache.written_unread_percent_max(), 0);
     }
 }
