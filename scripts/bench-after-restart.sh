@@ -19,7 +19,8 @@
 # the fio run ÷ operations), and for lamina the warm-up's log line. Only the
 # processes it started are stopped, by PID. A server `lamina-no-warmup` is
 # lamina with `memory_cache_warm_restart = false`, to see what the warm-up
-# brings and costs.
+# brings and costs; a server `lamina-before` is lamina run from the binary
+# LAMINA_BEFORE_BINARY names (another build, side by side in the same run).
 set -euo pipefail
 # The system Python has libnbd's bindings (nbdsh); another python3 on PATH may not.
 export PATH="/usr/bin:/bin:$PATH"
@@ -57,7 +58,9 @@ start() {
   rm -f "$directory/nbd.sock"
   case $name in
     lamina*)
-      LAMINA_LOG=info "$binary" serve --data "$directory/data" --config "$directory/lamina.toml" \
+      local program=$binary
+      if [ "$name" = lamina-before ]; then program=$LAMINA_BEFORE_BINARY; fi
+      LAMINA_LOG=info "$program" serve --data "$directory/data" --config "$directory/lamina.toml" \
         >>"$directory/out" 2>>"$directory/log" &
       ;;
     nbdkit)
@@ -135,7 +138,7 @@ for round in $(seq 1 "$rounds"); do
       cpu_us=$(python3 -c "print(round(($after - $before) * 1e6 / $ticks_per_second / max($operations, 1), 1))")
       echo "round $round server $name workload $workload iops $iops cpu_us_per_op $cpu_us"
       stop
-      if [ "$name" = lamina ]; then
+      if [ "$name" = lamina ] || [ "$name" = lamina-before ]; then
         grep -h "warm-up finished" "$work/$name/log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g; s/^/#   /' || true
       fi
     done
