@@ -243,6 +243,16 @@ impl Export for VolumeExport {
         })
     }
 
+    fn write_without_waiting(&self, offset: u64, data: &[u8]) -> Option<Result<(), ExportError>> {
+        let volume_id = match self.writable_volume() {
+            Ok(volume_id) => volume_id,
+            Err(error) => return Some(Err(error)),
+        };
+        self.pool
+            .write_without_waiting(volume_id, offset, data)
+            .map(|result| result.map_err(to_export_error))
+    }
+
     async fn flush(&self) -> Result<(), ExportError> {
         self.pool.flush().await.map_err(to_export_error)?;
         // A flush confirms this client's earlier writes; if the volume (or

@@ -162,6 +162,67 @@ async fn random_unaligned_io_matches_a_byte_model_and_survives_reopen() {
     assert!(read_volume(&pool, "model").await == model);
 }
 
+/// The write path's at-once form (`write_without_waiting`, what the NBD server
+/// runs for every write without FUA) against a byte model, in a pool small
+/// enough that the cleaner must reclaim: it takes whole-block writes unless it
+/// would wait (no batch slot free, the pool full: the waiting write then runs),
+/// leaves other shapes to the waiting write, and what it took is what a crash
+/// after a flush reads back.
+#[tokio::test]
+async fn writes_without_waiting_match_a_model_and_survive_a_crash() {
+    const VOLUME_BLOCKS: u64 = 96;
+    let mut rng = SmallRng::seed_from_u64(46);
+    let (device, mut pool) = new_pool(64).await;
+    let size_bytes = VOLUME_BLOCKS * BLOCK_SIZE_BYTES;
+    let volume_id = pool
+        .create_volume("model", size_bytes)
+        .await
+        .unwrap()
+        .volume_id;
+    let mut model = vec![0u8; size_bytes as usize];
+    let (mut at_once, mut waited) = (0u32, 0u32);
+    for step in 0..3000 {
+        let blocks = if rng.random_bool(0.8) {
+            1
+        } else {
+            rng.random_range(2..=40u64)
+        };
+        let offset = rng.random_range(0..=VOLUME_BLOCKS - blocks) * BLOCK_SIZE_BYTES;
+        let mut data = vec![0u8; (blocks * BLOCK_SIZE_BYTES) as usize];
+        rng.fill(&mut data[..]);
+        match pool.write_without_waiting(volume_id, offset, &data) {
+            Some(result) => {
+                result.unwrap();
+                at_once += 1;
+            }
+            None => {
+                pool.write(volume_id, offset, &data, false).await.unwrap();
+                waited += 1;
+            }
+        }
+        model[offset as usize..][..data.len()].copy_from_slice(&data);
+        if step % 500 == 499 {
+            pool = reopen(&device, pool, false).await;
+            assert!(read_volume(&pool, "model").await == model, "step {step}");
+        }
+    }
+    assert!(
+        at_once > 0 && waited > 0,
+        "{at_once} at once, {waited} waited"
+    );
+    for (offset, length) in [(100, BLOCK), (0, 0), (0, 512)] {
+        let data = vec![1u8; length];
+        assert!(
+            pool.write_without_waiting(volume_id, offset, &data)
+                .is_none()
+        );
+    }
+    let outside = pool.write_without_waiting(volume_id, size_bytes, &[1u8; BLOCK]);
+    assert!(matches!(outside, Some(Err(_))), "outside the volume");
+    let pool = reopen(&device, pool, false).await;
+    assert!(read_volume(&pool, "model").await == model);
+}
+
 /// Many tasks each write their own 512-byte sector of the same 4 KiB blocks at
 /// once: every write is a read-modify-write of a shared block, and none may be lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

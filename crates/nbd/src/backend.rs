@@ -109,6 +109,16 @@ pub trait Export: Send + Sync + 'static {
     /// Writes `data` at `offset`; with `fua` the write is durable when this returns.
     fn write<'a>(&'a self, offset: u64, data: &'a [u8], fua: bool) -> ExportFuture<'a>;
 
+    /// Writes `data` at `offset` (without FUA) at once when the export can
+    /// without waiting, as [`Export::write`] would; `None` (the default)
+    /// when it cannot, having written nothing the caller relies on, and the
+    /// caller then runs [`Export::write`]. An export whose common write
+    /// needs no waiting answers it here, which spares the server a request
+    /// future per write (and the moves of its [`ExportFuture`]).
+    fn write_without_waiting(&self, _offset: u64, _data: &[u8]) -> Option<Result<(), ExportError>> {
+        None
+    }
+
     /// Makes every write completed before this call, on any connection, durable.
     async fn flush(&self) -> Result<(), ExportError>;
 

@@ -75,9 +75,48 @@ where
         requests_max: config.in_flight_requests_max,
         bytes_max: config.in_flight_bytes_max,
     };
-    Connection::new(stream, settings, shutdown, serve)
+    Connection::new(stream, settings, shutdown, serve, answer_at_once)
         .run()
         .await
+}
+
+/// Answers a request at once when it needs no waiting: a write without FUA
+/// that the export takes in place ([`Export::write_without_waiting`], the
+/// common write). Anything else, and a write the export cannot take at
+/// once, goes back to the caller to be [`serve`]d. A panicking export is
+/// answered with EIO, as in `serve`.
+fn answer_at_once(services: &Services, job: Job) -> Result<Outgoing, Job> {
+    let Command::Write {
+        offset, fua: false, ..
+    } = job.command
+    else {
+        return Err(job);
+    };
+    if job.payload.is_empty() {
+        return Err(job);
+    }
+    let export = services.export.as_ref();
+    let written = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        export.write_without_waiting(offset, &job.payload)
+    }));
+    let mut outgoing = match written {
+        Ok(None) => return Err(job),
+        Ok(Some(Ok(()))) => success_reply(&job.header),
+        Ok(Some(Err(error))) => backend_error(&services.context, &job.header, &error),
+        Err(_) => {
+            tracing::error!(command = job.header.command, "request handler panicked");
+            Outgoing::bytes(error_reply(
+                &services.context,
+                &job.header,
+                wire::EIO,
+                "internal error",
+            ))
+        }
+    };
+    services.buffers.give_back(job.payload);
+    outgoing.budget_bytes = job.budget_bytes;
+    outgoing.counted = job.counted;
+    Ok(outgoing)
 }
 
 /// Runs one request and builds its reply. A panicking handler is answered

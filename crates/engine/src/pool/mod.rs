@@ -243,6 +243,19 @@ impl Pool {
         self.core.write(volume_id, offset, data, fua).await
     }
 
+    /// A write without FUA appended at once when it can be without waiting
+    /// (whole blocks, a batch slot free, room in the pool): `None` when it
+    /// cannot, and the caller then runs [`Pool::write`]. It spares a caller
+    /// that serves many writes a future per write.
+    pub fn write_without_waiting(
+        &self,
+        volume_id: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<(), EngineError>> {
+        self.core.write_without_waiting(volume_id, offset, data)
+    }
+
     /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped
     /// (their space becomes reclaimable) unless `punch_hole` is false, in which
     /// case zero blocks are written; partial blocks at the edges are zeroed in place.

@@ -134,6 +134,8 @@ pub(super) struct Connection<S, F> {
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     services: Arc<Services>,
     start: fn(Arc<Services>, Job) -> F,
+    /// Answers a request at once when it needs no waiting, else hands it back.
+    answer_at_once: fn(&Services, Job) -> Result<Outgoing, Job>,
     in_flight: InFlight<F>,
     /// Replies of completed requests, oldest first, not on the socket yet.
     replies: Replies,
@@ -156,6 +158,7 @@ where
         settings: Settings,
         shutdown: CancellationToken,
         start: fn(Arc<Services>, Job) -> F,
+        answer_at_once: fn(&Services, Job) -> Result<Outgoing, Job>,
     ) -> Self {
         Connection {
             stream: BufReader::with_capacity(READ_BUFFER_BYTES, Box::pin(stream)),
@@ -163,6 +166,7 @@ where
             shutdown: Box::pin(shutdown.cancelled_owned()),
             services: settings.services,
             start,
+            answer_at_once,
             in_flight: InFlight::new(),
             replies: Replies::default(),
             budgets: Budgets {
@@ -433,7 +437,8 @@ where
         Poll::Ready(Ok(()))
     }
 
-    /// Adds an admitted request to those in flight; it is polled this round.
+    /// Answers an admitted request at once when it needs no waiting (its
+    /// reply is queued), else adds it to those in flight, polled this round.
     fn start(&mut self, pending: Pending, payload: Vec<u8>) {
         let job = Job {
             header: pending.header,
@@ -442,8 +447,12 @@ where
             counted: pending.counted,
             budget_bytes: pending.budget_bytes,
         };
-        self.in_flight
-            .push((self.start)(Arc::clone(&self.services), job));
+        match (self.answer_at_once)(&self.services, job) {
+            Ok(outgoing) => self.replies.push(outgoing),
+            Err(job) => self
+                .in_flight
+                .push((self.start)(Arc::clone(&self.services), job)),
+        }
     }
 
     /// Polls the woken requests; true when any completed.

@@ -178,11 +178,74 @@ impl Core {
         let merged = self.merge_partial_blocks(&request, &partial_blocks).await?;
         self.append_blocks(&request, &merged, checked).await?;
         drop(guards);
+        self.after_append(fua);
+        if fua { self.flush().await } else { Ok(()) }
+    }
+
+    /// What follows a write's append: write-behind's sealing and the dirty
+    /// limit's background flush.
+    fn after_append(self: &Arc<Self>, fua: bool) {
         if !fua && self.write_behind().write_appended() {
             self.seal_at_write();
         }
         crate::pool::background::flush_when_over_dirty_limit(self);
-        if fua { self.flush().await } else { Ok(()) }
+    }
+
+    /// A write without FUA of whole blocks, at most one lock hold's worth,
+    /// appended at once when it can be without waiting: `None` when it
+    /// would have to wait (no in-flight batch slot free, the pool full, or a
+    /// write of another shape), and the caller then runs [`Core::write`].
+    /// This is the common case of a client's write, and answering it here
+    /// spares the caller a future (and its moves) per write. `None` from a
+    /// full pool may leave some of the write's blocks appended: the write is
+    /// not acknowledged yet, and the waiting write appends them again.
+    pub(in crate::pool) fn write_without_waiting(
+        self: &Arc<Self>,
+        volume_id: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<(), EngineError>> {
+        let request = WriteRequest {
+            volume_id,
+            offset,
+            data,
+        };
+        let fits = !data.is_empty()
+            && request.is_whole_blocks()
+            && offset.checked_add(data.len() as u64).is_some()
+            && request.last_block() - request.first_block() < APPEND_PER_LOCK_HOLD_BLOCKS_MAX;
+        if !fits {
+            return None;
+        }
+        let started = tokio::time::Instant::now();
+        let mut checksums = [0u32; BATCH_DATA_BLOCKS_MAX];
+        for (checksum, logical_block) in checksums
+            .iter_mut()
+            .zip(request.first_block()..=request.last_block())
+        {
+            *checksum = block_checksum(request.contents_of(logical_block, &[]));
+        }
+        let (mut checked, mut next_block, mut sealed) = (false, request.first_block(), Vec::new());
+        let step = AppendStep {
+            request: &request,
+            merged: &[],
+            checksums: &checksums,
+            in_flight_limit: self.limits().in_flight_batches_max,
+        };
+        let appended = self.append_under_lock(step, &mut checked, &mut next_block, &mut sealed);
+        self.spawn_writes(sealed);
+        let result = match appended {
+            Ok(Appended::Blocks) => {
+                assert!(next_block > request.last_block(), "one hold appends it all");
+                self.after_append(false);
+                Ok(())
+            }
+            Ok(Appended::NoInFlightSlot) | Err(EngineError::Io(IoError::NoSpace)) => return None,
+            Err(error) => Err(error),
+        };
+        self.budget()
+            .record_client_latency(ClientOperation::Write, started.elapsed());
+        Some(result)
     }
 
     /// Takes the read-modify-write locks of `logical_blocks`, in lock order
