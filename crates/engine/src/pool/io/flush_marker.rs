@@ -147,7 +147,17 @@ impl FlushMarker {
     /// that the device flush the caller is about to issue covers it. Returns
     /// what that flush will make durable. Call under the pool's flush lock.
     pub async fn before_device_flush(&self) -> MarkerClaims {
-        self.settled().await;
+        if self.shared.carried_by_log() {
+            // What the flush must cover is already in the log: the waiting
+            // marker, hurried, finds so and ends on its own (or, if it was
+            // already being written, adds a redundant marker), and the flush
+            // does not wait for that task to be scheduled.
+            if let Some(pending) = self.pending.lock().await.take() {
+                pending.hurry.notify_one();
+            }
+        } else {
+            self.settled().await;
+        }
         self.shared.progress().written
     }
 
@@ -173,10 +183,15 @@ impl FlushMarker {
             }
             progress.written = progress.written.max(claims);
         }
+        if self.shared.carried_by_log() {
+            return;
+        }
+        let claims = self.shared.progress().written;
         let hurry = Arc::new(Notify::new());
         let task = tokio::spawn(write_unless_carried(
             self.shared.clone(),
             device.clone(),
+            claims,
             hurry.clone(),
         ));
         *self.pending.lock().await = Some(PendingMarker { hurry, task });
@@ -212,19 +227,25 @@ impl Shared {
         self.progress.lock().expect("flush marker lock poisoned")
     }
 
-    /// The marker record to write now for what was claimed, or `None` when
-    /// the log's summaries already vouch for it.
-    fn record_unless_carried(&self) -> Option<FlushMarkerRecord> {
+    /// Whether the log's summaries already vouch for everything claimed.
+    fn carried_by_log(&self) -> bool {
         let log_claim = self.log_claim.load(Ordering::Acquire);
-        let mut progress = self.progress();
-        if progress.written.carried_by(log_claim) {
+        self.progress().written.carried_by(log_claim)
+    }
+
+    /// The marker record to write now for `claims`, or `None` when the log's
+    /// summaries already vouch for them.
+    fn record_unless_carried(&self, claims: MarkerClaims) -> Option<FlushMarkerRecord> {
+        let log_claim = self.log_claim.load(Ordering::Acquire);
+        if claims.carried_by(log_claim) {
             return None;
         }
+        let mut progress = self.progress();
         let record = FlushMarkerRecord {
             pool_identifier: self.pool_identifier,
             marker_sequence: progress.next_marker_sequence,
-            flushed_through_sequence: progress.written.flushed_through,
-            flash_flushed_through_sequence: progress.written.flash_flushed_through,
+            flushed_through_sequence: claims.flushed_through,
+            flash_flushed_through_sequence: claims.flash_flushed_through,
         };
         progress.next_marker_sequence += 1;
         Some(record)
@@ -232,15 +253,17 @@ impl Shared {
 }
 
 /// A waiting marker's task: waits [`FLUSH_MARKER_DELAY_US`] or until
-/// hurried, then writes the marker unless the log carries its claims.
+/// hurried, then writes a marker saying `claims` (what was claimed when its
+/// flush completed) unless the log carries them.
 async fn write_unless_carried(
     shared: Arc<Shared>,
     device: Arc<dyn BlockDevice>,
+    claims: MarkerClaims,
     hurry: Arc<Notify>,
 ) {
     let delay = Duration::from_micros(FLUSH_MARKER_DELAY_US);
     let _ = tokio::time::timeout(delay, hurry.notified()).await;
-    let Some(record) = shared.record_unless_carried() else {
+    let Some(record) = shared.record_unless_carried(claims) else {
         return;
     };
     let slot = FLUSH_MARKER_BLOCKS[(record.marker_sequence % 2) as usize];
