@@ -163,7 +163,7 @@ fn check_figures(estimate: &serde_json::Value) {
         for group in groups {
             let packed = number(group, "packed_bytes");
             assert!(packed >= number(group, "compressed_bytes"));
-            assert_eq!(packed % 512.0, 0.0, "packed at 512 B: {group}");
+            assert_eq!(packed % 16.0, 0.0, "packed at 16 B: {group}");
             assert_eq!(number(group, "data_bytes"), number(estimate, "data_bytes"));
         }
         // Grouping never loses much: the same bytes in fewer, larger pieces.
