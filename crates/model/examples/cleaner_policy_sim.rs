@@ -10,7 +10,9 @@
 //!         [--segment-blocks 255] [--live 0.85] [--workload zipf|uniform] \
 //!         [--zipf 0.99] [--client-classes 3] [--relocation-classes 4] \
 //!         [--factor 8] [--headroom 4] [--passes 2] [--shared-streams off|on] \
-//!         [--victim cost-benefit|greedy|declining-cost] [--age-exponent 0.5]
+//!         [--victim cost-benefit|greedy|declining-cost] [--age-exponent 0.5] \
+//!         [--victim-age last-written|data-written] [--victims-at-once 1] \
+//!         [--relocation-by victim-age|block-estimate]
 //!
 //! Policies:
 //! - `before`: decision 0008. Client writes split in two by the age of the
@@ -38,6 +40,13 @@
 //! being the sum of its live blocks' write probabilities as the policy knows
 //! them (true ones for `oracle`, else interval estimates or ages).
 //!
+//! `--victim-age data-written` weighs the age of a segment's data instead of
+//! the time since its last block was appended; `--victims-at-once N` ranks
+//! once and cleans the best N in turn (the engine's reclaim takes up to 16);
+//! `--relocation-by block-estimate` (`engine`) sends a relocated block to the
+//! class of the longer of its victim's data age and its own interval
+//! estimate (docs/decisions/0065-cleaner-victims-and-placement-measured.md).
+//!
 //! Class `i` takes intervals under ℓ · factorⁱ (the engine's
 //! `interval_class`), ℓ being the mean lifespan of the latest 16 victims of
 //! the first client stream. Time is client blocks written, as in the engine. Zipf ranks map to blocks
@@ -45,7 +54,7 @@
 //! passes and the victims per stream.
 
 use lamina_model::cleaner::{
-    CleanerModelSettings, PlacementPolicy, VictimRule, Workload, simulate_cleaner,
+    CleanerModelSettings, PlacementPolicy, VictimAge, VictimRule, Workload, simulate_cleaner,
 };
 
 #[path = "common/mod.rs"]
@@ -95,6 +104,17 @@ fn settings_from_arguments() -> CleanerModelSettings {
         relocation_class_count: number("--relocation-classes", "4"),
         class_bound_factor: number("--factor", &defaults.class_bound_factor.to_string()),
         headroom_segment_count: number("--headroom", "4"),
+        victim_age: match argument("--victim-age", "last-written").as_str() {
+            "last-written" => VictimAge::LastWritten,
+            "data-written" => VictimAge::DataWritten,
+            other => panic!("--victim-age {other}: expected last-written or data-written"),
+        },
+        victims_at_once: number("--victims-at-once", "1"),
+        relocation_by_block_estimate: match argument("--relocation-by", "victim-age").as_str() {
+            "victim-age" => false,
+            "block-estimate" => true,
+            other => panic!("--relocation-by {other}: expected victim-age or block-estimate"),
+        },
         measured_pass_count: number("--passes", "2"),
     }
 }

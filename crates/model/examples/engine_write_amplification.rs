@@ -92,8 +92,8 @@ pub struct EngineWriteAmplificationArgs {
     #[arg(long, value_enum, default_value_t = Switch::Off)]
     pub restart_before_measuring: Switch,
     /// Also report checkpoints, blocks overwritten, mean free and dead segments and
-    /// the cleaner's victims per stream (the looks take the pool's lock inside the
-    /// measured window).
+    /// the cleaner's victims per stream in the measured window (the looks take the
+    /// pool's lock inside it).
     #[arg(long)]
     pub verbose: bool,
     /// Print one JSON document instead of the table.
@@ -285,6 +285,7 @@ async fn measure_cell(
         pool = Pool::open(device.clone(), limits).await?;
     }
     let before = pool.status();
+    let victims_before = pool.cleaner_victim_counts();
     let mut samples = SegmentSamples::default();
     for (index, block) in draws
         .draw(volume_blocks * arguments.passes)
@@ -301,9 +302,15 @@ async fn measure_cell(
     let client = (after.client_bytes_written - before.client_bytes_written) as f64;
     let device_bytes = (after.device_bytes_written - before.device_bytes_written) as f64;
     let relocated = (after.cleaner_relocated_blocks - before.cleaner_relocated_blocks) as f64;
-    let details = arguments
-        .verbose
-        .then(|| details(&pool, &volume, &samples, before.checkpoint_sequence));
+    let details = arguments.verbose.then(|| {
+        details(
+            &pool,
+            &volume,
+            &samples,
+            before.checkpoint_sequence,
+            &victims_before,
+        )
+    });
     Ok(Cell {
         live_fraction: live,
         workload,
@@ -337,6 +344,7 @@ fn details(
     volume: &Volume,
     samples: &SegmentSamples,
     checkpoint_before: u64,
+    victims_before: &lamina_engine::pool::cleaner::placement::VictimCounts,
 ) -> CellDetails {
     let status = pool.status();
     let overwritten = volume
@@ -344,7 +352,12 @@ fn details(
         .iter()
         .filter(|generation| **generation > 0)
         .count();
-    let counts = pool.cleaner_victim_counts();
+    // The measured window's victims only, not the fill's and warm-up's.
+    let mut counts = pool.cleaner_victim_counts();
+    for stream in 0..counts.victims.len() {
+        counts.victims[stream] -= victims_before.victims[stream];
+        counts.live_blocks[stream] -= victims_before.live_blocks[stream];
+    }
     let victims = (0..counts.victims.len())
         .filter(|stream| counts.victims[*stream] > 0)
         .map(|stream| StreamVictims {
