@@ -321,7 +321,7 @@ async fn scrub(pool: &Pool, wait: bool) -> Result<lamina_api::ScrubStatus, Opera
         return Err(EngineError::Io(IoError::ScrubRunning).into());
     }
     let background = pool.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         match background.scrub().await {
             Ok(found) => tracing::info!(
                 scrubbed = found.blocks_scrubbed,
@@ -333,7 +333,18 @@ async fn scrub(pool: &Pool, wait: bool) -> Result<lamina_api::ScrubStatus, Opera
             Err(error) => tracing::error!(%error, "scrub failed"),
         }
     });
-    // Let the scrub start, so that the answer shows it running.
-    tokio::task::yield_now().await;
+    // The answer, and the polling of `pool scrub --wait` after it, must see
+    // this scrub: wait until it runs or has ended. A single yield raced under
+    // load, and the answer showed the previous scrub's state (none, or the
+    // last one finished), so `--wait` returned at once.
+    while pool.scrub_status().state != lamina_engine::ScrubState::Scrubbing && !task.is_finished() {
+        tokio::time::sleep(std::time::Duration::from_millis(
+            SCRUB_START_POLL_INTERVAL_MS,
+        ))
+        .await;
+    }
     Ok(api::scrub_status(pool.scrub_status()))
 }
+
+/// How often a background scrub's start is checked before the answer.
+const SCRUB_START_POLL_INTERVAL_MS: u64 = 1;
