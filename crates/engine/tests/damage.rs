@@ -298,16 +298,7 @@ async fn rot_after_the_last_flush(limits: PoolLimits, cut: Option<PowerCutStyle>
             Arc::new(FaultyDevice::new(memory.clone(), 8))
         }
     };
-    let located: HashMap<u64, u64> = batches_holding(&memory, 2)
-        .iter()
-        .flat_map(|batch| {
-            batch
-                .logical_blocks
-                .iter()
-                .enumerate()
-                .map(|(index, logical)| (*logical, batch.summary_block + 1 + index as u64))
-        })
-        .collect();
+    let located = located_blocks(&memory, 2);
     assert_eq!(located.len() as u64, VOLUME_BLOCKS);
     let mut rotted: Vec<u64> = (0..VOLUME_BLOCKS).collect();
     rotted.shuffle(&mut rng);

@@ -101,19 +101,21 @@ async fn wait_for_warmup(pool: &Pool) {
     }
 }
 
+/// A new pool on `memory` with this file's segments and limits.
+async fn created_pool(memory: &Arc<MemoryDevice>) -> Pool {
+    let options = PoolOptions {
+        segment_size_bytes: SEGMENT_BYTES,
+        ..PoolOptions::default()
+    };
+    Pool::create(memory.clone(), options, limits())
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn written_blocks_are_reloaded_after_a_clean_restart_and_read_without_the_device() {
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-    let pool = Pool::create(
-        memory.clone(),
-        PoolOptions {
-            segment_size_bytes: SEGMENT_BYTES,
-            ..PoolOptions::default()
-        },
-        limits(),
-    )
-    .await
-    .unwrap();
+    let pool = created_pool(&memory).await;
     let volume_id = write_volume(&pool, "written", WRITTEN_BLOCKS).await;
     // Never read: the record lists every written block all the same.
     let contents = pool.cache_contents();
@@ -158,16 +160,7 @@ async fn written_blocks_are_reloaded_after_a_clean_restart_and_read_without_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequential_fill_larger_than_the_cache_leaves_the_hot_read_set_cached() {
     let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-    let pool = Pool::create(
-        memory.clone(),
-        PoolOptions {
-            segment_size_bytes: SEGMENT_BYTES,
-            ..PoolOptions::default()
-        },
-        limits(),
-    )
-    .await
-    .unwrap();
+    let pool = created_pool(&memory).await;
     let hot_id = write_volume(&pool, "hot", HOT_BLOCKS).await;
     pool.close().await.unwrap();
     // Reopened without a warm-up: the hot set enters the cache by reads.

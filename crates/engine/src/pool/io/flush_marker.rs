@@ -175,18 +175,18 @@ impl FlushMarker {
             claims.flash_flushed_through >= claims.flushed_through,
             "flash is durable at least as far as both tiers: {claims:?}"
         );
-        {
+        let claims = {
             let mut progress = self.shared.progress();
             progress.durable = progress.durable.max(covering);
             if progress.written.covers(&claims) {
                 return;
             }
             progress.written = progress.written.max(claims);
-        }
-        if self.shared.carried_by_log() {
+            progress.written
+        };
+        if claims.carried_by(self.shared.log_claim.load(Ordering::Acquire)) {
             return;
         }
-        let claims = self.shared.progress().written;
         let hurry = Arc::new(Notify::new());
         let task = tokio::spawn(write_unless_carried(
             self.shared.clone(),
