@@ -8,6 +8,7 @@ pub mod chain;
 pub mod checkpoint;
 pub mod frame;
 pub mod geometry;
+pub mod location;
 pub mod marker;
 pub mod openings;
 pub mod superblock;
