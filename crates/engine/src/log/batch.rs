@@ -82,7 +82,8 @@ pub enum Record {
         created_unix_seconds: u64,
     },
     /// The cleaner moved a block: the next data block of the batch is the new home
-    /// of whatever mapped `logical_block` to `from_physical_block` in `volume_id`
+    /// of whatever mapped `logical_block` to `from_physical_block` (a location,
+    /// `log::location`; summaries with an invalid one are refused) in `volume_id`
     /// (the volume that wrote it), its snapshots and its clones.
     Relocate {
         volume_id: u32,
@@ -216,6 +217,16 @@ impl Summary {
     pub fn decode_versioned(bytes: &[u8]) -> Result<(u32, Self), FrameError> {
         let (version, summary): (u32, Summary) =
             frame::decode(BATCH_MAGIC, super::FORMAT_VERSION, bytes)?;
+        let invalid_source = summary.records.iter().find_map(|record| match record {
+            Record::Relocate {
+                from_physical_block,
+                ..
+            } => super::location::Location::from_raw(*from_physical_block).err(),
+            _ => None,
+        });
+        if let Some(error) = invalid_source {
+            return Err(FrameError::Decode(error.to_string()));
+        }
         if summary.data_block_count() > BATCH_DATA_BLOCKS_MAX {
             return Err(FrameError::Decode(format!(
                 "{} data records, at most {BATCH_DATA_BLOCKS_MAX}",

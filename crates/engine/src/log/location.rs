@@ -98,6 +98,17 @@ impl Location {
         u32::from(u8::try_from((self.0 >> UNIT_COUNT_SHIFT) & 0xff).expect("masked to 8 bits"))
     }
 
+    /// The block of a location that code reading whole blocks handles:
+    /// a fragment reaching such code is a programmer error (decision 0070:
+    /// nothing writes fragments before every reader understands them).
+    pub fn whole_block_number(self) -> u64 {
+        assert!(
+            !self.is_fragment(),
+            "{self} reached code that handles whole blocks only"
+        );
+        self.block()
+    }
+
     pub fn is_fragment(self) -> bool {
         self.unit_count() != 0
     }

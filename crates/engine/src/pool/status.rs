@@ -314,8 +314,8 @@ fn flash_live_bytes(state: &State) -> u64 {
 /// Blocks of `map` that live on capacity.
 fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
     let mut capacity_blocks = 0u64;
-    map.for_each_physical(&mut |physical_block| {
-        if geometry.tier_of_block(physical_block) == Tier::Capacity {
+    map.for_each_location(&mut |location| {
+        if geometry.tier_of_block(location.block()) == Tier::Capacity {
             capacity_blocks += 1;
         }
     });

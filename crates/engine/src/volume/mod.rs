@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::{EngineError, VolumeError};
+use crate::log::location::Location;
 use map::BlockMap;
 pub use policy::{CachePriority, Pin, TierPolicy};
 
@@ -426,10 +427,10 @@ impl VolumeTable {
         assert!(previous.is_none(), "duplicate volume identifier");
     }
 
-    /// Calls `visit` with every mapped physical block of every map, skipping
-    /// chunks already visited through another map (a block held by two
+    /// Calls `visit` with every mapped location of every map, skipping
+    /// chunks already visited through another map (a location held by two
     /// different chunks is still visited twice).
-    pub fn for_each_distinct_physical(&self, visit: &mut dyn FnMut(u64)) {
+    pub fn for_each_distinct_location(&self, visit: &mut dyn FnMut(Location)) {
         let mut seen: std::collections::HashSet<*const map::Chunk> = Default::default();
         for volume in self.volumes.values() {
             for map in volume.maps() {
@@ -438,7 +439,7 @@ impl VolumeTable {
                         // Lost entries occupy no block.
                         let occupied = chunk.mappings().filter(|(_, mapping)| !mapping.is_lost());
                         for (_, mapping) in occupied {
-                            visit(mapping.physical_block);
+                            visit(mapping.location);
                         }
                     }
                 }
@@ -446,11 +447,11 @@ impl VolumeTable {
         }
     }
 
-    /// Marks lost every entry of every map for which `is_lost(physical
-    /// block, changed since the checkpoint)` holds (a restore without the
-    /// flash device); returns how many entries, counting a block once per
-    /// map that holds it.
-    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64, bool) -> bool) -> u64 {
+    /// Marks lost every entry of every map for which `is_lost(location,
+    /// changed since the checkpoint)` holds (a restore without the flash
+    /// device); returns how many entries, counting a location once per map
+    /// that holds it.
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(Location, bool) -> bool) -> u64 {
         self.volumes
             .values_mut()
             .flat_map(Volume::maps_mut)
@@ -599,25 +600,25 @@ impl VolumeTable {
             .collect()
     }
 
-    /// The checksum of `physical_block` if any map of `family` (see
+    /// The checksum of `location` if any map of `family` (see
     /// [`Self::family`]) holds it at `logical_block`: whether the cleaner must
     /// move it.
     pub fn holder_checksum(
         &self,
         family: &[u32],
         logical_block: u64,
-        physical_block: u64,
+        location: Location,
     ) -> Option<u32> {
         family
             .iter()
             .filter_map(|volume_id| self.volumes.get(volume_id))
             .flat_map(Volume::maps)
             .filter_map(|map| map.get(logical_block))
-            .find(|mapping| mapping.physical_block == physical_block)
+            .find(|mapping| mapping.location == location)
             .map(|mapping| mapping.checksum)
     }
 
-    /// Whether `physical_block` is held only by the live map of `volume_id`,
+    /// Whether `location` is held only by the live map of `volume_id`,
     /// at `logical_block`: `family` is the volume alone (no clones) and it has
     /// no snapshots. Moving such a block needs no conditional relocation
     /// record: a plain `Data` record for the volume says the same.
@@ -626,7 +627,7 @@ impl VolumeTable {
         family: &[u32],
         volume_id: u32,
         logical_block: u64,
-        physical_block: u64,
+        location: Location,
     ) -> bool {
         family == [volume_id]
             && self.volumes.get(&volume_id).is_some_and(|volume| {
@@ -634,7 +635,7 @@ impl VolumeTable {
                     && volume
                         .map
                         .get(logical_block)
-                        .is_some_and(|mapping| mapping.physical_block == physical_block)
+                        .is_some_and(|mapping| mapping.location == location)
             })
     }
 

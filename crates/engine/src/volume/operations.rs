@@ -12,6 +12,7 @@ use super::map::{BlockMap, Mapping, relocate_in};
 use super::{Origin, Snapshot, TierPolicy, Volume, VolumeTable};
 use crate::BLOCK_SIZE_BYTES;
 use crate::log::batch::Record;
+use crate::log::location::Location;
 
 impl VolumeTable {
     /// Applies one record. A record carrying data needs the physical block its
@@ -20,10 +21,10 @@ impl VolumeTable {
     pub fn apply(
         &mut self,
         record: &Record,
-        physical_block: Option<u64>,
-        displaced: &mut dyn FnMut(u64),
+        location: Option<Location>,
+        displaced: &mut dyn FnMut(Location),
     ) {
-        self.apply_with_level(record, physical_block, None, displaced);
+        self.apply_with_level(record, location, None, displaced);
     }
 
     /// [`Self::apply`] for a record just appended: a client write's data
@@ -32,9 +33,9 @@ impl VolumeTable {
     pub fn apply_with_level(
         &mut self,
         record: &Record,
-        physical_block: Option<u64>,
+        location: Option<Location>,
         interval_level: Option<u8>,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         assert!(
             interval_level.is_none() || matches!(record, Record::Data { .. }),
@@ -46,9 +47,9 @@ impl VolumeTable {
                 logical_block,
                 checksum,
             } => {
-                let physical_block = physical_block.expect("data record applied without its block");
+                let location = location.expect("data record applied without its block");
                 let mapping = Mapping {
-                    physical_block,
+                    location,
                     checksum: *checksum,
                 };
                 self.map_written_block(
@@ -65,13 +66,13 @@ impl VolumeTable {
                 from_physical_block,
                 checksum,
             } => {
-                let physical_block =
-                    physical_block.expect("relocation record applied without its block");
+                let location = location.expect("relocation record applied without its block");
                 let to = Mapping {
-                    physical_block,
+                    location,
                     checksum: *checksum,
                 };
-                let from = *from_physical_block;
+                let from = Location::from_raw(*from_physical_block)
+                    .expect("summaries are decoded with valid locations");
                 self.relocate_block(*volume_id, *logical_block, from, to, displaced);
             }
             Record::Unmap {
@@ -101,7 +102,7 @@ impl VolumeTable {
                 .volumes
                 .get(volume_id)
                 .and_then(|volume| volume.map.get(*logical_block))
-                .is_some_and(|held| held.physical_block != 0 && held.checksum == *checksum),
+                .is_some_and(|held| held.checksum == *checksum),
             Record::Relocate {
                 volume_id,
                 logical_block,
@@ -114,7 +115,7 @@ impl VolumeTable {
                     .filter_map(|member| self.volumes.get(&member))
                     .flat_map(Volume::maps)
                     .filter_map(|map| map.get(*logical_block))
-                    .filter(|held| held.physical_block == *from_physical_block)
+                    .filter(|held| held.location.raw() == *from_physical_block)
                     .peekable();
                 holders.peek().is_some() && holders.all(|held| held.checksum == *checksum)
             }
@@ -123,7 +124,7 @@ impl VolumeTable {
     }
 
     /// Applies a record that changes volumes or snapshots rather than blocks.
-    fn apply_catalog_record(&mut self, record: &Record, displaced: &mut dyn FnMut(u64)) {
+    fn apply_catalog_record(&mut self, record: &Record, displaced: &mut dyn FnMut(Location)) {
         match record {
             Record::VolumeCreate {
                 volume_id,
@@ -181,14 +182,14 @@ impl VolumeTable {
         logical_block: u64,
         mapping: Mapping,
         interval_level: Option<u8>,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         let Some(volume) = self
             .volumes
             .get_mut(&volume_id)
             .filter(|volume| logical_block < volume.block_count())
         else {
-            displaced(mapping.physical_block);
+            displaced(mapping.location);
             return;
         };
         // One walk sets the entry and reports what it held (none for an
@@ -210,15 +211,15 @@ impl VolumeTable {
     }
 
     /// The cleaner moved a block: every map of the volume's family holding
-    /// `from_physical_block` at `logical_block` now holds `to`. If none held it
+    /// `from` at `logical_block` now holds `to`. If none held it
     /// any more, the copy itself is garbage.
     pub fn relocate_block(
         &mut self,
         volume_id: u32,
         logical_block: u64,
-        from_physical_block: u64,
+        from: Location,
         to: Mapping,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         // Take the family's volumes out for the move: cost proportional to
         // the family, not to every volume of the pool.
@@ -228,14 +229,14 @@ impl VolumeTable {
             .filter_map(|member| self.volumes.remove(&member))
             .collect();
         let maps = members.iter_mut().flat_map(Volume::maps_mut);
-        let held = relocate_in(maps, logical_block, from_physical_block, to);
+        let held = relocate_in(maps, logical_block, from, to);
         for member in members {
             self.volumes.insert(member.volume_id, member);
         }
         if held > 0 {
-            displaced(from_physical_block);
+            displaced(from);
         } else {
-            displaced(to.physical_block);
+            displaced(to.location);
         }
     }
 
@@ -246,7 +247,7 @@ impl VolumeTable {
         volume_id: u32,
         logical_block: u64,
         block_count: u64,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         let Some(volume) = self.volumes.get_mut(&volume_id) else {
             return;
@@ -296,7 +297,7 @@ impl VolumeTable {
         &mut self,
         volume_id: u32,
         size_bytes: u64,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         let Some(volume) = self.volumes.get(&volume_id) else {
             return;
@@ -328,7 +329,7 @@ impl VolumeTable {
     /// Deletes a volume and its snapshots, newest map first, so that each map
     /// removed is at the end of its chain and only its parent can share its
     /// blocks. Refused while any of its snapshots has clones.
-    pub fn delete_volume(&mut self, volume_id: u32, displaced: &mut dyn FnMut(u64)) {
+    pub fn delete_volume(&mut self, volume_id: u32, displaced: &mut dyn FnMut(Location)) {
         let Some(volume) = self.volumes.get(&volume_id) else {
             return;
         };
@@ -414,7 +415,7 @@ impl VolumeTable {
         &mut self,
         volume_id: u32,
         snapshot_id: u32,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         let Some(volume) = self.volumes.get(&volume_id) else {
             return;
@@ -456,7 +457,7 @@ impl VolumeTable {
         &mut self,
         volume_id: u32,
         snapshot_id: u32,
-        displaced: &mut dyn FnMut(u64),
+        displaced: &mut dyn FnMut(Location),
     ) {
         let Some(volume) = self.volumes.get(&volume_id) else {
             return;
@@ -520,7 +521,7 @@ impl VolumeTable {
 /// whether it still holds the block.
 struct Mapped {
     logical: u64,
-    physical: u64,
+    physical: Location,
 }
 
 #[cfg(test)]
@@ -546,9 +547,9 @@ mod tests {
         let mut displaced = Vec::new();
         table.apply_with_level(
             &data(logical_block),
-            Some(physical_block),
+            Some(Location::whole_block(physical_block)),
             level,
-            &mut |block| displaced.push(block),
+            &mut |location| displaced.push(location.whole_block_number()),
         );
         displaced
     }
@@ -594,7 +595,7 @@ mod tests {
         assert_eq!(level_of(&table, 3), 6);
         let snapshot = &table.get(1).unwrap().snapshots[0].map;
         assert!(
-            snapshot.holds(3, 102),
+            snapshot.holds(3, Location::whole_block(102)),
             "the snapshot's copy of the chunk is its own"
         );
         assert_eq!(write(&mut table, 3, 104, None), vec![103]);

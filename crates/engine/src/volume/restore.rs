@@ -15,6 +15,7 @@ use super::{
 use crate::BLOCK_SIZE_BYTES;
 use crate::log::checkpoint::{Body, ChunkImage, MapImage, SnapshotImage, VolumeImage};
 use crate::log::geometry::Geometry;
+use crate::log::location::Location;
 
 /// What makes a checksummed checkpoint body unusable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -217,12 +218,22 @@ fn restore_chunk(
         .iter()
         .zip(&image.physical_blocks)
         .zip(&image.checksums);
-    for ((entry, physical), checksum) in entries {
-        let occupies_device = *physical != 0 && *physical != LOST_PHYSICAL_BLOCK;
-        if occupies_device && !geometry.is_data_block(*physical) {
-            return Err(RestoreError::ChunkOutsideSegments { index });
-        }
-        chunk.set_entry(usize::from(*entry), *physical, *checksum);
+    for ((entry, raw), checksum) in entries {
+        let location = if *raw == 0 {
+            None
+        } else {
+            let location =
+                Location::from_raw(*raw).map_err(|_| RestoreError::MalformedChunk { index })?;
+            let last_block = location.block() + u64::from(location.block_count()) - 1;
+            let occupies_device = location.block() != LOST_PHYSICAL_BLOCK || location.is_fragment();
+            if occupies_device
+                && !(geometry.is_data_block(location.block()) && geometry.is_data_block(last_block))
+            {
+                return Err(RestoreError::ChunkOutsideSegments { index });
+            }
+            Some(location)
+        };
+        chunk.set_entry(usize::from(*entry), location, *checksum);
     }
     Ok(chunk)
 }
@@ -348,11 +359,11 @@ mod tests {
         let table = VolumeTable::from_checkpoint(&body(), &geometry()).unwrap();
         let base = table.get(1).unwrap();
         assert_eq!(
-            base.map.get(3).unwrap().physical_block,
+            base.map.get(3).unwrap().physical_block(),
             DATA_START_BLOCK + 1
         );
         assert_eq!(
-            base.snapshots[0].map.get(3).unwrap().physical_block,
+            base.snapshots[0].map.get(3).unwrap().physical_block(),
             DATA_START_BLOCK
         );
         let copy = table.get(2).unwrap();
@@ -385,6 +396,18 @@ mod tests {
         // format version 9, and is accepted).
         assert_eq!(
             refused(&|body| body.chunks[1].physical_blocks[0] = 2),
+            RestoreError::ChunkOutsideSegments { index: 1 }
+        );
+        // A location with its reserved top byte set (format version 10), and
+        // a fragment in block 1 (which, as a fragment, is not the lost block).
+        assert_eq!(
+            refused(&|body| body.chunks[1].physical_blocks[0] = 1 << 56 | DATA_START_BLOCK),
+            RestoreError::MalformedChunk { index: 1 }
+        );
+        assert_eq!(
+            refused(&|body| {
+                body.chunks[1].physical_blocks[0] = Location::fragment(1, 0, 4).raw();
+            }),
             RestoreError::ChunkOutsideSegments { index: 1 }
         );
         assert_eq!(

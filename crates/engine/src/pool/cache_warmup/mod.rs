@@ -224,7 +224,7 @@ impl CacheWarmup {
         for (view, map) in &maps {
             for (chunk_index, chunk) in map.chunks() {
                 for (entry, mapping) in chunk.mappings() {
-                    if let Some(rank) = rank_of.remove(&mapping.physical_block) {
+                    if let Some(rank) = rank_of.remove(&mapping.physical_block()) {
                         found[rank] = Some(CachedBlock {
                             view: *view,
                             logical_block: chunk_index * CHUNK_ENTRY_COUNT as u64 + entry as u64,
@@ -313,7 +313,7 @@ impl CacheWarmup {
                 Some(WarmupBlock {
                     view: listed.view,
                     logical_block: listed.logical_block,
-                    physical_block: mapping.physical_block,
+                    physical_block: mapping.physical_block(),
                     checksum: mapping.checksum,
                 })
             })
@@ -370,7 +370,8 @@ impl CacheWarmup {
                     .view(block.view)
                     .and_then(|found| found.map.get(block.logical_block))
                     .is_some_and(|now| {
-                        now.physical_block == block.physical_block && now.checksum == block.checksum
+                        now.physical_block() == block.physical_block
+                            && now.checksum == block.checksum
                     });
                 if passes
                     && still_mapped

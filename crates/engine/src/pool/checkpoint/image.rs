@@ -90,9 +90,9 @@ impl ChunkTable {
         };
         for entry in 0..CHUNK_ENTRY_COUNT {
             let (base_physical, base_checksum) = base_chunk.map_or((0, 0), |(_, base)| {
-                (base.physical_block(entry), base.checksum(entry))
+                (base.raw_location(entry), base.checksum(entry))
             });
-            let physical = chunk.physical_block(entry);
+            let physical = chunk.raw_location(entry);
             // An unmapped entry's checksum means nothing: compared as zero.
             let checksum = if physical == 0 {
                 0

@@ -151,7 +151,7 @@ fn map_delta(map: &BlockMap) -> MapDelta {
             };
             for entry in changed.entries() {
                 let (physical_block, checksum) = chunk.map_or((0, 0), |chunk| {
-                    (chunk.physical_block(entry), chunk.checksum(entry))
+                    (chunk.raw_location(entry), chunk.checksum(entry))
                 });
                 patch.entries.push(
                     u16::try_from(entry).expect("entry indexes are below CHUNK_ENTRY_COUNT (512)"),

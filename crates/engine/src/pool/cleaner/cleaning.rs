@@ -17,6 +17,7 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::block_checksum;
 use crate::log::chain;
 use crate::log::geometry::Tier;
+use crate::log::location::Location;
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::Core;
@@ -260,7 +261,7 @@ impl Cleaner {
     ) -> Option<u64> {
         let state = self.core.lock();
         let mapping = state.volumes().get(volume_id)?.map.get(logical_block)?;
-        Some(mapping.physical_block)
+        Some(mapping.physical_block())
     }
 
     /// The segments the cleaner would take next, best first (tests).
@@ -539,7 +540,7 @@ impl Cleaner {
                     state.volumes().holder_checksum(
                         &family,
                         candidate.logical_block,
-                        candidate.physical_block,
+                        Location::whole_block(candidate.physical_block),
                     ) == Some(candidate.checksum)
                 })
                 .collect()

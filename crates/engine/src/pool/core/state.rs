@@ -23,6 +23,7 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::{Record, block_checksum};
 use crate::log::checkpoint::Body;
 use crate::log::geometry::{Geometry, Tier};
+use crate::log::location::Location;
 use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::VolumeTable;
@@ -211,8 +212,9 @@ impl State {
                 || self.space.capacity_segment_available_for_demotion())
     }
 
-    /// Accounts for a physical block that no map references any more.
-    pub fn release_block(&mut self, physical_block: u64) {
+    /// Accounts for a location that no map references any more.
+    pub fn release_block(&mut self, location: Location) {
+        let physical_block = location.whole_block_number();
         // A dead block's cached copy can never be read again: free its slot for
         // live data (otherwise overwrites fill the cache with garbage).
         self.cache.invalidate_range(physical_block, 1);
@@ -388,9 +390,9 @@ impl State {
             .restore_last_batch_sequences(&body.segment_last_batch_sequences);
     }
 
-    /// Applies a replayed record, its data block at `physical_block`.
-    pub fn replay_record(&mut self, record: &Record, physical_block: Option<u64>) {
-        self.volumes.apply(record, physical_block, &mut |_| {});
+    /// Applies a replayed record, its data at `location`.
+    pub fn replay_record(&mut self, record: &Record, location: Option<Location>) {
+        self.volumes.apply(record, location, &mut |_| {});
     }
 
     /// A batch of `segment_index` was replayed: its hints in the
@@ -403,7 +405,7 @@ impl State {
 
     /// Marks lost the map entries `is_lost` names (a restored flash
     /// device); returns how many.
-    pub fn mark_lost(&mut self, is_lost: &dyn Fn(u64, bool) -> bool) -> u64 {
+    pub fn mark_lost(&mut self, is_lost: &dyn Fn(Location, bool) -> bool) -> u64 {
         self.volumes.mark_lost(is_lost)
     }
 
@@ -603,7 +605,7 @@ impl State {
         let mut displaced = None;
         self.volumes.apply_with_level(
             &record,
-            Some(physical_block),
+            Some(Location::whole_block(physical_block)),
             interval_level,
             &mut |block| displaced = Some(block),
         );
@@ -656,7 +658,7 @@ impl State {
         let replaced_counter = self.heat.as_ref().and_then(|heat| {
             let index = self
                 .geometry
-                .flash_data_index(replaced?.mapping.physical_block)?;
+                .flash_data_index(replaced?.mapping.physical_block())?;
             Some(heat.counter(index))
         });
         let destination = self.client_destination(replaced);
@@ -688,7 +690,7 @@ impl State {
         let now = self.client_blocks_written();
         let placement = self.placement.client_placement(
             replaced.map(|entry| ReplacedBlock {
-                segment_index: self.geometry.segment_of(entry.mapping.physical_block),
+                segment_index: self.geometry.segment_of(entry.mapping.physical_block()),
                 interval_level: entry.interval_level,
             }),
             now,
@@ -833,10 +835,11 @@ impl State {
             data,
             stream,
         } = relocation;
-        let Some(checksum) =
-            self.volumes
-                .holder_checksum(family, logical_block, from_physical_block)
-        else {
+        let Some(checksum) = self.volumes.holder_checksum(
+            family,
+            logical_block,
+            Location::whole_block(from_physical_block),
+        ) else {
             return Ok(false);
         };
         // A block only the writing volume's live map holds moves by a plain
@@ -847,9 +850,12 @@ impl State {
         // would have displaced the block, and this move would not be made).
         // Otherwise the conditional `Relocate` moves it in every map that
         // holds it, which replay can only do after the old home's batches.
-        let sole_holder =
-            self.volumes
-                .sole_holder(family, volume_id, logical_block, from_physical_block);
+        let sole_holder = self.volumes.sole_holder(
+            family,
+            volume_id,
+            logical_block,
+            Location::whole_block(from_physical_block),
+        );
         let record = if sole_holder {
             Record::Data {
                 volume_id,

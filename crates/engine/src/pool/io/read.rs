@@ -243,13 +243,13 @@ impl<'a> ReadPlanner<'a> {
             self.lost_block.get_or_insert(logical_block);
             return;
         }
-        let tier = self.parts.geometry.tier_of_block(mapping.physical_block);
-        let promote = self.heat_accessed(mapping.physical_block, tier);
+        let tier = self.parts.geometry.tier_of_block(mapping.physical_block());
+        let promote = self.heat_accessed(mapping.physical_block(), tier);
         let device_block = DeviceBlock {
             logical_block,
-            physical_block: mapping.physical_block,
+            physical_block: mapping.physical_block(),
             checksum: mapping.checksum,
-            generation: self.cache.generation(mapping.physical_block),
+            generation: self.cache.generation(mapping.physical_block()),
         };
         if self.parts.heat.is_none() {
             // One tier: no promotion and no tier counters wait for the cache's
@@ -264,11 +264,11 @@ impl<'a> ReadPlanner<'a> {
         if promote {
             self.plan.promotions.push(Promotion {
                 logical_block,
-                physical_block: mapping.physical_block,
+                physical_block: mapping.physical_block(),
                 contents: in_memory.then(|| Box::from(&scratch[..])),
             });
             if tier == Tier::Capacity && self.promotion_room {
-                self.plan_neighbours(logical_block, mapping.physical_block);
+                self.plan_neighbours(logical_block, mapping.physical_block());
             }
         }
         if in_memory {
@@ -290,10 +290,10 @@ impl<'a> ReadPlanner<'a> {
         let writer = self.parts.writer;
         if span.length == BLOCK_BYTES {
             return writer
-                .copy_unwritten_block(mapping.physical_block, &mut buffer[span.request_range()]);
+                .copy_unwritten_block(mapping.physical_block(), &mut buffer[span.request_range()]);
         }
         let mut scratch = [0u8; BLOCK_BYTES];
-        let copied = writer.copy_unwritten_block(mapping.physical_block, &mut scratch);
+        let copied = writer.copy_unwritten_block(mapping.physical_block(), &mut scratch);
         if copied {
             buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
         }
@@ -325,8 +325,8 @@ impl<'a> ReadPlanner<'a> {
     fn copy_from_memory(&self, mapping: Mapping, scratch: &mut [u8]) -> bool {
         self.parts
             .writer
-            .copy_unwritten_block(mapping.physical_block, scratch)
-            || (self.cache.get(mapping.physical_block, scratch)
+            .copy_unwritten_block(mapping.physical_block(), scratch)
+            || (self.cache.get(mapping.physical_block(), scratch)
                 && block_checksum(scratch) == mapping.checksum)
     }
 
@@ -346,18 +346,18 @@ impl<'a> ReadPlanner<'a> {
             let Some(next) = self.map.get(neighbour) else {
                 break;
             };
-            let follows = (previous + 1..=previous + 2).contains(&next.physical_block)
-                && self.parts.geometry.tier_of_block(next.physical_block) == Tier::Capacity;
+            let follows = (previous + 1..=previous + 2).contains(&next.physical_block())
+                && self.parts.geometry.tier_of_block(next.physical_block()) == Tier::Capacity;
             if !follows {
                 break;
             }
             self.plan.neighbours.push(DeviceBlock {
                 logical_block: neighbour,
-                physical_block: next.physical_block,
+                physical_block: next.physical_block(),
                 checksum: next.checksum,
-                generation: self.cache.generation(next.physical_block),
+                generation: self.cache.generation(next.physical_block()),
             });
-            previous = next.physical_block;
+            previous = next.physical_block();
         }
     }
 }
@@ -828,7 +828,7 @@ impl Core {
             .view(view)
             .and_then(|found| found.map.get(block.logical_block))
             .is_none_or(|now| {
-                now.physical_block != block.physical_block || now.checksum != block.checksum
+                now.physical_block() != block.physical_block || now.checksum != block.checksum
             })
     }
 

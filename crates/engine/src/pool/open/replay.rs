@@ -13,6 +13,7 @@ use crate::convert::to_usize;
 use crate::error::EngineError;
 use crate::log::batch::block_checksum;
 use crate::log::geometry::{Geometry, Tier};
+use crate::log::location::Location;
 use crate::log::marker::FlushMarkerRecord;
 use crate::pool::core::integrity::RecoveryFindings;
 use crate::pool::core::state::State;
@@ -307,7 +308,7 @@ pub(super) fn replay_records(
                 "a flushed block fails its checksum; reads of it will fail"
             );
         }
-        state.replay_record(record, Some(physical_block));
+        state.replay_record(record, Some(Location::whole_block(physical_block)));
     }
 }
 

@@ -54,9 +54,10 @@ pub(super) fn mark_restored_losses(
         .filter(|opening| opening.segment_sequence >= body.next_segment_sequence)
         .map(|opening| opening.segment_index)
         .collect();
-    let lost = state.mark_lost(&|physical_block, changed| {
-        geometry.tier_of_block(physical_block) == Tier::Flash
-            || (!changed && reopened.contains(&geometry.segment_of(physical_block)))
+    let lost = state.mark_lost(&|location, changed| {
+        // A fragment lies in one segment: its first block decides.
+        geometry.tier_of_block(location.block()) == Tier::Flash
+            || (!changed && reopened.contains(&geometry.segment_of(location.block())))
     });
     tracing::warn!(
         device = name,
@@ -115,7 +116,8 @@ pub(super) fn rebuild_segment_table(
     let mut live_counts = vec![0u32; state.space().segments().len()];
     let block_count = geometry.device_size_bytes / BLOCK_SIZE_BYTES;
     let mut counted = vec![0u64; usize::try_from(block_count.div_ceil(64)).expect("fits memory")];
-    state.volumes().for_each_distinct_physical(&mut |block| {
+    state.volumes().for_each_distinct_location(&mut |location| {
+        let block = location.whole_block_number();
         let word = usize::try_from(block / 64).expect("a device block");
         let bit = block % 64;
         if counted[word] & (1 << bit) == 0 {

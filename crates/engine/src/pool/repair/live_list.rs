@@ -33,10 +33,10 @@ impl LiveList {
     pub(in crate::pool) fn mappings_in(&self, first_block: u64, end_block: u64) -> &[Mapping] {
         let start = self
             .mappings
-            .partition_point(|mapping| mapping.physical_block < first_block);
+            .partition_point(|mapping| mapping.physical_block() < first_block);
         let end = self
             .mappings
-            .partition_point(|mapping| mapping.physical_block < end_block);
+            .partition_point(|mapping| mapping.physical_block() < end_block);
         &self.mappings[start..end.max(start)]
     }
 
@@ -48,7 +48,7 @@ impl LiveList {
     /// The listed block at `physical_block`, if any.
     pub(in crate::pool) fn find(&self, physical_block: u64) -> Option<&Mapping> {
         self.mappings
-            .binary_search_by_key(&physical_block, |mapping| mapping.physical_block)
+            .binary_search_by_key(&physical_block, |mapping| mapping.physical_block())
             .ok()
             .map(|position| &self.mappings[position])
     }
@@ -65,8 +65,8 @@ impl LiveList {
             .for_each_distinct_mapping(&mut |mapping| mappings.push(mapping));
         let free_events = state.space().free_events();
         drop(state);
-        mappings.sort_unstable_by_key(|mapping| mapping.physical_block);
-        mappings.dedup_by_key(|mapping| mapping.physical_block);
+        mappings.sort_unstable_by_key(|mapping| mapping.physical_block());
+        mappings.dedup_by_key(|mapping| mapping.physical_block());
         LiveList {
             mappings,
             free_events,
@@ -88,7 +88,7 @@ impl LiveList {
     /// Whether the listed `mapping` died since the list was taken: its
     /// segment was freed since, or no map holds it now.
     pub(in crate::pool) fn block_died(&self, core: &Core, mapping: &Mapping) -> bool {
-        let segment_index = core.geometry().segment_of(mapping.physical_block);
+        let segment_index = core.geometry().segment_of(mapping.physical_block());
         if core
             .lock()
             .space()

@@ -150,7 +150,7 @@ impl<'a> Scrub<'a> {
                     rows_unrepairable: live.len() as u64,
                     unrepairable_blocks: live
                         .iter()
-                        .map(|mapping| mapping.physical_block)
+                        .map(|mapping| mapping.physical_block())
                         .collect(),
                     ..ScrubReport::default()
                 }
