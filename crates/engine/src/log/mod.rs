@@ -6,6 +6,7 @@
 pub mod batch;
 pub mod chain;
 pub mod checkpoint;
+pub mod fragment;
 pub mod frame;
 pub mod geometry;
 pub mod location;
