@@ -6,7 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::data_layout::{DataLayout, FRAGMENT_UNIT_COUNT_MAX};
 use super::frame::{self, FRAME_HEADER_BYTES, FrameError};
+use super::location::Location;
 use crate::BLOCK_BYTES;
 
 /// "LAMINALG" in ASCII, read as a little-endian u64.
@@ -96,6 +98,44 @@ pub enum Record {
         volume_id: u32,
         policy: PolicyRecord,
     },
+    /// The next fragment of the batch's packed area holds `logical_block`
+    /// (format version 10, decision 0070); `checksum` is the crc32c of the
+    /// fragment's `unit_count` units.
+    Packed {
+        volume_id: u32,
+        logical_block: u64,
+        unit_count: u8,
+        checksum: u32,
+    },
+    /// As [`Record::Relocate`], but the new home is the next fragment of the
+    /// packed area (a fragment moved as is, or a whole block compressed as
+    /// it moves); `from` is a location.
+    RelocatePacked {
+        volume_id: u32,
+        logical_block: u64,
+        from: u64,
+        unit_count: u8,
+        checksum: u32,
+    },
+    /// The codec for the volume's writes from here on (format version 10).
+    VolumeCompression {
+        volume_id: u32,
+        codec: CodecRecord,
+    },
+}
+
+/// A codec as the log and checkpoints encode it (variant index, then a
+/// zstd level as a varint). The domain's `lamina_reduction::Codec`
+/// converts to and from it, so that the format owns its bytes; variants
+/// are encoded by position and their order must never change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CodecRecord {
+    #[default]
+    Off,
+    Lz4,
+    Zstd {
+        level: u8,
+    },
 }
 
 /// A volume's tier policy as the log and checkpoints encode it: the domain's
@@ -144,12 +184,31 @@ impl Record {
             Record::VolumeClone { name, .. } => 1 + 5 + 5 + name.len() + 5 + 5 + 10,
             Record::Relocate { .. } => 1 + 5 + 10 + 10 + 5,
             Record::VolumePolicy { .. } => 1 + 5 + 1 + 1,
+            Record::Packed { .. } => 1 + 5 + 10 + 2 + 5,
+            Record::RelocatePacked { .. } => 1 + 5 + 10 + 10 + 2 + 5,
+            Record::VolumeCompression { .. } => 1 + 5 + 1 + 2,
         }
     }
 
-    /// Whether the record describes the batch's next data block.
+    /// Whether the record describes the batch's next data block (a whole
+    /// block; a fragment of the packed area is [`Self::carries_fragment`]).
     pub fn carries_data(&self) -> bool {
         matches!(self, Record::Data { .. } | Record::Relocate { .. })
+    }
+
+    /// The units of the packed area's next fragment, for records that describe one.
+    pub fn fragment_unit_count(&self) -> Option<u8> {
+        match self {
+            Record::Packed { unit_count, .. } | Record::RelocatePacked { unit_count, .. } => {
+                Some(*unit_count)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the record describes the packed area's next fragment.
+    pub fn carries_fragment(&self) -> bool {
+        self.fragment_unit_count().is_some()
     }
 
     /// The data block's checksum, for records that carry one.
@@ -195,11 +254,18 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Blocks of the batch's data region (whole blocks and the blocks its
+    /// fragments take, `log::data_layout`).
     pub fn data_block_count(&self) -> usize {
-        self.records
-            .iter()
-            .filter(|record| record.carries_data())
-            .count()
+        if !self.records.iter().any(Record::carries_fragment) {
+            return self
+                .records
+                .iter()
+                .filter(|record| record.carries_data())
+                .count();
+        }
+        let (_, block_count) = DataLayout::of_records(&self.records);
+        block_count as usize
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -217,15 +283,8 @@ impl Summary {
     pub fn decode_versioned(bytes: &[u8]) -> Result<(u32, Self), FrameError> {
         let (version, summary): (u32, Summary) =
             frame::decode(BATCH_MAGIC, super::FORMAT_VERSION, bytes)?;
-        let invalid_source = summary.records.iter().find_map(|record| match record {
-            Record::Relocate {
-                from_physical_block,
-                ..
-            } => super::location::Location::from_raw(*from_physical_block).err(),
-            _ => None,
-        });
-        if let Some(error) = invalid_source {
-            return Err(FrameError::Decode(error.to_string()));
+        if let Some(reason) = summary.records.iter().find_map(invalid_record) {
+            return Err(FrameError::Decode(reason));
         }
         if summary.data_block_count() > BATCH_DATA_BLOCKS_MAX {
             return Err(FrameError::Decode(format!(
@@ -235,6 +294,25 @@ impl Summary {
         }
         Ok((version, summary))
     }
+}
+
+/// Why a decoded record is one no writer makes, if it is: a source that is
+/// not a location, a fragment of no units or more than a fragment can take.
+fn invalid_record(record: &Record) -> Option<String> {
+    let source = match record {
+        Record::Relocate {
+            from_physical_block,
+            ..
+        } => Some(*from_physical_block),
+        Record::RelocatePacked { from, .. } => Some(*from),
+        _ => None,
+    };
+    if let Some(error) = source.and_then(|raw| Location::from_raw(raw).err()) {
+        return Some(error.to_string());
+    }
+    let unit_count = u32::from(record.fragment_unit_count()?);
+    (!(1..=FRAGMENT_UNIT_COUNT_MAX).contains(&unit_count))
+        .then(|| format!("a fragment of {unit_count} units"))
 }
 
 /// The checksum recorded for a data block.

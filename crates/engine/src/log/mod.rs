@@ -6,6 +6,7 @@
 pub mod batch;
 pub mod chain;
 pub mod checkpoint;
+pub mod data_layout;
 pub mod fragment;
 pub mod frame;
 pub mod geometry;
