@@ -118,6 +118,16 @@ impl serde::Serialize for Codec {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Codec {
+    /// A codec's name, parsed as [`Codec::from_str`] does (a config file's
+    /// `compression = "zstd:3"`, an admin request's field), with the parser's
+    /// message when it is refused.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Codec, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +175,20 @@ mod tests {
         );
         let message = "zstd:42".parse::<Codec>().unwrap_err().to_string();
         assert!(message.contains("1 to 19"), "{message}");
+    }
+
+    #[test]
+    fn a_codec_deserializes_from_its_name_and_a_bad_name_gives_the_parser_message() {
+        #[derive(serde::Deserialize)]
+        struct Holder {
+            codec: Codec,
+        }
+        let holder: Holder = serde_json::from_str(r#"{"codec": "zstd:7"}"#).unwrap();
+        assert_eq!(holder.codec, Codec::zstd(7).unwrap());
+        let error = serde_json::from_str::<Holder>(r#"{"codec": "lz4:2"}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("codec lz4 takes no level"), "{error}");
     }
 }

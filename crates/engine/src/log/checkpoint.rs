@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::batch::PolicyRecord;
+use super::batch::{CodecRecord, PolicyRecord};
 use super::frame::{self, FrameError};
 use crate::BLOCK_BYTES;
 
@@ -27,6 +27,12 @@ pub const INCREMENT_MAGIC: u64 = u64::from_le_bytes(*b"LAMINACI");
 
 /// The first format version with incremental checkpoints.
 pub const INCREMENTS_VERSION: u32 = 7;
+
+/// The first format version whose bodies and increments end with the
+/// volumes' codecs (`volume_compressions`, decision 0070).
+pub const COMPRESSIONS_VERSION: u32 = 10;
+const _: () = assert!(INCREMENTS_VERSION < COMPRESSIONS_VERSION);
+const _: () = assert!(COMPRESSIONS_VERSION <= super::FORMAT_VERSION);
 
 /// A chain holds at most this many increments after its base; the next
 /// checkpoint is a new base.
@@ -193,6 +199,9 @@ pub struct Body {
     /// The cleaner's placement hints (format version 4; empty in bodies of
     /// earlier versions).
     pub placement: PlacementImage,
+    /// Codecs of the volumes whose codec is not `Off` (format version 10;
+    /// empty in bodies of earlier versions).
+    pub volume_compressions: Vec<VolumeCompressionImage>,
 }
 
 /// What the cleaner knows of each segment's data, so that placement after a
@@ -230,6 +239,22 @@ pub struct VolumePolicyImage {
     pub policy: PolicyRecord,
 }
 
+/// A volume's codec (format version 10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeCompressionImage {
+    pub volume_id: u32,
+    pub codec: CodecRecord,
+}
+
+/// The body as format versions 4 to 9 wrote it: version 3's fields, then
+/// the counters and the placement hints.
+#[derive(Deserialize)]
+struct BodyVersion9 {
+    version_3: BodyVersion3,
+    counters: CountersImage,
+    placement: PlacementImage,
+}
+
 /// The body as format version 3 wrote it: version 2's fields, then the
 /// policy table (postcard writes a nested struct's fields in place, so the
 /// nesting is the same bytes).
@@ -263,20 +288,45 @@ impl Body {
         if version == 2 {
             let (_, old): (u32, BodyVersion2) =
                 frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
-            return Ok(Self::from_older(old, Vec::new()));
+            return Ok(Self::from_older(BodyVersion9 {
+                version_3: BodyVersion3 {
+                    version_2: old,
+                    volume_policies: Vec::new(),
+                },
+                counters: CountersImage::default(),
+                placement: PlacementImage::default(),
+            }));
         }
         if version == 3 {
             let (_, old): (u32, BodyVersion3) =
                 frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
-            return Ok(Self::from_older(old.version_2, old.volume_policies));
+            return Ok(Self::from_older(BodyVersion9 {
+                version_3: old,
+                counters: CountersImage::default(),
+                placement: PlacementImage::default(),
+            }));
+        }
+        if version < COMPRESSIONS_VERSION {
+            let (_, old): (u32, BodyVersion9) =
+                frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes)?;
+            return Ok(Self::from_older(old));
         }
         frame::decode(BODY_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
     }
 
-    /// A body of an older version: its fields, the policy table (empty
-    /// before version 3), and zero counters and no placement hints (both
-    /// came with version 4).
-    fn from_older(old: BodyVersion2, volume_policies: Vec<VolumePolicyImage>) -> Self {
+    /// A body of an older version: its fields, with zero counters and no
+    /// placement hints before version 4 (the caller's), and no codecs (they
+    /// came with version 10).
+    fn from_older(older: BodyVersion9) -> Self {
+        let BodyVersion9 {
+            version_3:
+                BodyVersion3 {
+                    version_2: old,
+                    volume_policies,
+                },
+            counters,
+            placement,
+        } = older;
         Self {
             checkpoint_sequence: old.checkpoint_sequence,
             covered_batch_sequence: old.covered_batch_sequence,
@@ -288,8 +338,9 @@ impl Body {
             volumes: old.volumes,
             segment_last_batch_sequences: old.segment_last_batch_sequences,
             volume_policies,
-            counters: CountersImage::default(),
-            placement: PlacementImage::default(),
+            counters,
+            placement,
+            volume_compressions: Vec::new(),
         }
     }
 }
@@ -362,6 +413,27 @@ pub struct Increment {
     pub volume_policies: Vec<VolumePolicyImage>,
     pub counters: CountersImage,
     pub placement: PlacementImage,
+    /// As a base's (format version 10; empty in increments of earlier
+    /// versions).
+    pub volume_compressions: Vec<VolumeCompressionImage>,
+}
+
+/// The increment as format versions 7 to 9 wrote it: every field but the
+/// codecs.
+#[derive(Deserialize)]
+struct IncrementVersion9 {
+    checkpoint_sequence: u64,
+    covered_batch_sequence: u64,
+    previous_checkpoint_sequence: u64,
+    next_segment_sequence: u64,
+    next_volume_id: u32,
+    next_snapshot_id: u32,
+    heads: Vec<HeadImage>,
+    volumes: Vec<VolumeDelta>,
+    segment_last_batch_sequences: Vec<u64>,
+    volume_policies: Vec<VolumePolicyImage>,
+    counters: CountersImage,
+    placement: PlacementImage,
 }
 
 impl Increment {
@@ -370,7 +442,32 @@ impl Increment {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        let (version, _) = frame::peek_header(INCREMENT_MAGIC, bytes)?;
+        if version < COMPRESSIONS_VERSION {
+            let (_, old): (u32, IncrementVersion9) =
+                frame::decode(INCREMENT_MAGIC, super::FORMAT_VERSION, bytes)?;
+            return Ok(Self::from_version_9(old));
+        }
         frame::decode(INCREMENT_MAGIC, super::FORMAT_VERSION, bytes).map(|(_, body)| body)
+    }
+
+    /// An increment of versions 7 to 9: its fields, and no codecs.
+    fn from_version_9(old: IncrementVersion9) -> Self {
+        Self {
+            checkpoint_sequence: old.checkpoint_sequence,
+            covered_batch_sequence: old.covered_batch_sequence,
+            previous_checkpoint_sequence: old.previous_checkpoint_sequence,
+            next_segment_sequence: old.next_segment_sequence,
+            next_volume_id: old.next_volume_id,
+            next_snapshot_id: old.next_snapshot_id,
+            heads: old.heads,
+            volumes: old.volumes,
+            segment_last_batch_sequences: old.segment_last_batch_sequences,
+            volume_policies: old.volume_policies,
+            counters: old.counters,
+            placement: old.placement,
+            volume_compressions: Vec::new(),
+        }
     }
 }
 
@@ -461,6 +558,7 @@ impl Body {
         self.volume_policies = increment.volume_policies;
         self.counters = increment.counters;
         self.placement = increment.placement;
+        self.volume_compressions = increment.volume_compressions;
         Ok(())
     }
 }
@@ -595,6 +693,7 @@ mod tests {
             volume_policies: Vec::new(),
             counters: CountersImage::default(),
             placement: PlacementImage::default(),
+            volume_compressions: Vec::new(),
         }
     }
 
@@ -648,6 +747,7 @@ mod tests {
             volume_policies: Vec::new(),
             counters: CountersImage::default(),
             placement: PlacementImage::default(),
+            volume_compressions: Vec::new(),
         };
         let encoded = increment.encode();
         assert_eq!(
@@ -774,5 +874,82 @@ mod tests {
             ..body
         };
         assert_eq!(Body::decode(&body.encode()).unwrap(), body);
+    }
+
+    /// Payload bytes written as they are (postcard writes a tuple's `u8`s
+    /// one byte each, with no length).
+    struct RawPayload(Vec<u8>);
+
+    impl Serialize for RawPayload {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeTuple;
+            let mut tuple = serializer.serialize_tuple(self.0.len())?;
+            for byte in &self.0 {
+                tuple.serialize_element(byte)?;
+            }
+            tuple.end()
+        }
+    }
+
+    /// A value's encoding as version 9 wrote it: the same fields without the
+    /// codecs table, the empty table's length byte being the last.
+    fn framed_as_version_9<T: Serialize>(magic: u64, value: &T) -> Vec<u8> {
+        let mut payload = postcard::to_allocvec(value).unwrap();
+        assert_eq!(payload.pop(), Some(0), "an empty last table");
+        frame::encode(magic, 9, &RawPayload(payload), BLOCK_BYTES)
+    }
+
+    #[test]
+    fn version_9_bodies_and_increments_decode_without_codecs_and_version_10_keeps_them() {
+        let compressions = vec![
+            VolumeCompressionImage {
+                volume_id: 1,
+                codec: CodecRecord::Lz4,
+            },
+            VolumeCompressionImage {
+                volume_id: 4,
+                codec: CodecRecord::Zstd { level: 19 },
+            },
+        ];
+        let base = empty_base(5);
+        let old = framed_as_version_9(BODY_MAGIC, &base);
+        assert_eq!(Body::decode(&old).unwrap(), base);
+        let with_codecs = Body {
+            volume_compressions: compressions.clone(),
+            ..empty_base(5)
+        };
+        assert_eq!(Body::decode(&with_codecs.encode()).unwrap(), with_codecs);
+
+        let increment = Increment {
+            checkpoint_sequence: 6,
+            covered_batch_sequence: 12,
+            previous_checkpoint_sequence: 5,
+            next_segment_sequence: 2,
+            next_volume_id: 2,
+            next_snapshot_id: 1,
+            heads: Vec::new(),
+            volumes: Vec::new(),
+            segment_last_batch_sequences: vec![0, 12],
+            volume_policies: Vec::new(),
+            counters: CountersImage::default(),
+            placement: PlacementImage::default(),
+            volume_compressions: Vec::new(),
+        };
+        let old = framed_as_version_9(INCREMENT_MAGIC, &increment);
+        assert_eq!(Increment::decode(&old).unwrap(), increment);
+        let increment = Increment {
+            volume_compressions: compressions.clone(),
+            ..increment
+        };
+        assert_eq!(Increment::decode(&increment.encode()).unwrap(), increment);
+        // An increment's table replaces its base's.
+        let mut image = with_codecs;
+        image
+            .apply(Increment {
+                volume_compressions: compressions[1..].to_vec(),
+                ..increment
+            })
+            .unwrap();
+        assert_eq!(image.volume_compressions, compressions[1..]);
     }
 }

@@ -15,7 +15,10 @@ pub mod marker;
 pub mod openings;
 pub mod superblock;
 
-/// The on-disk format version this build writes. Version 9 copies every
+/// The on-disk format version this build writes. Version 10 adds packed
+/// extents (decision 0070): 64-bit locations, fragments in a batch's packed
+/// area, records 12 to 14 (a volume's codec among them) and the checkpoints'
+/// codec table; older bodies read with every volume's codec `Off`. Version 9 copies every
 /// checkpoint slot onto the capacity device of a two-tier pool, so that a
 /// lost flash device can be restored from the capacity tier alone. Version 8 adds the segment
 /// openings record (`openings`), so that recovery reads only the segments
@@ -30,7 +33,7 @@ pub mod superblock;
 /// version 2 pools are read as they are (one tier, default policies) and
 /// written as version 3 from then on. Version 2 added snapshots and clones;
 /// version 1 pools came from development builds and must be recreated.
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_READ_MIN: u32 = 2;

@@ -689,6 +689,25 @@ impl Pool {
         self.flush().await
     }
 
+    /// A volume whose new writes are stored with `codec`: created, then its
+    /// codec set (two records, each durable before the next; the first
+    /// alone when `codec` is `Off`). A crash between them leaves the volume
+    /// storing blocks as they are: the codec decides only the form of new
+    /// writes, never what they read back, and the caller, whose call
+    /// failed, sets it with [`Self::set_volume_compression`].
+    pub async fn create_volume_with_compression(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        codec: lamina_reduction::Codec,
+    ) -> Result<VolumeInfo, EngineError> {
+        let created = self.create_volume(name, size_bytes).await?;
+        if codec == lamina_reduction::Codec::Off {
+            return Ok(created);
+        }
+        self.set_volume_compression(name, codec).await
+    }
+
     pub async fn create_volume(
         &self,
         name: &str,
@@ -827,6 +846,25 @@ impl Pool {
             Ok(Record::VolumePolicy {
                 volume_id: state.volumes().id_of(name)?,
                 policy: policy.into(),
+            })
+        })
+        .await?;
+        self.volume_info(name)
+    }
+
+    /// Changes the codec of a volume's new writes, durably; what was
+    /// written before keeps its form until the cleaner or the demoter
+    /// moves it. Its snapshots are unaffected; a clone made later starts
+    /// with this codec.
+    pub async fn set_volume_compression(
+        &self,
+        name: &str,
+        codec: lamina_reduction::Codec,
+    ) -> Result<VolumeInfo, EngineError> {
+        self.control(|state| {
+            Ok(Record::VolumeCompression {
+                volume_id: state.volumes().id_of(name)?,
+                codec: codec.into(),
             })
         })
         .await?;

@@ -128,6 +128,8 @@ pub struct TierSpace {
 pub struct VolumeTierStats {
     pub volume: String,
     pub policy: TierPolicy,
+    /// The codec of its new writes.
+    pub compression: lamina_reduction::Codec,
     /// Bytes of the volume's live contents on each tier.
     pub flash_bytes: u64,
     pub capacity_bytes: u64,
@@ -295,6 +297,7 @@ fn ratio(part: u64, reads: u64) -> f64 {
 struct CopiedVolume {
     name: String,
     policy: TierPolicy,
+    compression: lamina_reduction::Codec,
     /// Shares its chunks with the volume's map: cheap to copy.
     map: BlockMap,
     counters: VolumeTierCounters,
@@ -405,6 +408,7 @@ impl Core {
             CopiedVolume {
                 name: volume.name.clone(),
                 policy: volume.policy,
+                compression: volume.compression,
                 map: volume.map.clone(),
                 counters: state.tier_counters(volume_id),
             }
@@ -412,6 +416,7 @@ impl Core {
         let CopiedVolume {
             name: volume,
             policy,
+            compression,
             map,
             counters,
         } = copied;
@@ -423,6 +428,7 @@ impl Core {
         Ok(VolumeTierStats {
             volume,
             policy,
+            compression,
             flash_bytes: flash_blocks * BLOCK_SIZE_BYTES,
             capacity_bytes: capacity_blocks * BLOCK_SIZE_BYTES,
             memory_hit_ratio: ratio(counters.memory_read_blocks, reads),

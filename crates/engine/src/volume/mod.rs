@@ -14,6 +14,7 @@
 //! overwrite, no reference counts, nothing to do at snapshot time
 //! (see docs/decisions/0005-snapshots.md).
 
+mod compression;
 pub mod map;
 mod operations;
 mod policy;
@@ -21,6 +22,7 @@ pub mod restore;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use lamina_reduction::Codec;
 use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
@@ -139,6 +141,8 @@ pub struct VolumeInfo {
     pub origin: Option<String>,
     pub created_unix_seconds: u64,
     pub policy: TierPolicy,
+    /// The codec its new writes are stored with (`off`, `lz4`, `zstd:N`).
+    pub compression: Codec,
 }
 
 /// What `snapshot list` shows about a snapshot.
@@ -232,6 +236,9 @@ pub struct Volume {
     pub snapshots: Vec<Snapshot>,
     /// Where its blocks should live in a two-tier pool (its snapshots follow it).
     pub policy: TierPolicy,
+    /// The codec its new writes are stored with; what was written before
+    /// keeps its form until the cleaner or the demoter moves it.
+    pub compression: Codec,
 }
 
 impl Volume {
@@ -299,6 +306,15 @@ impl VolumeTable {
 
     pub fn get(&self, volume_id: u32) -> Option<&Volume> {
         self.volumes.get(&volume_id)
+    }
+
+    /// The codec new writes to `volume_id` are stored with: the write path
+    /// asks under the state lock. A volume deleted meanwhile stores nothing,
+    /// so its answer does not matter: `Off`.
+    pub fn compression(&self, volume_id: u32) -> Codec {
+        self.volumes
+            .get(&volume_id)
+            .map_or(Codec::Off, |volume| volume.compression)
     }
 
     pub fn id_of(&self, name: &str) -> Result<u32, EngineError> {
@@ -654,6 +670,7 @@ impl VolumeTable {
                 origin: self.origin_full_name(volume.origin),
                 created_unix_seconds: volume.created_unix_seconds,
                 policy: volume.policy,
+                compression: volume.compression,
             },
             origin: self.origin_map(volume.origin).cloned(),
             snapshots: volume

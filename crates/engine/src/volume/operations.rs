@@ -8,6 +8,8 @@
 //! successors) by doing nothing, and reports through `displaced` each physical
 //! block that no map references any more, for segment space accounting.
 
+use lamina_reduction::Codec;
+
 use super::map::{BlockMap, Mapping, relocate_in};
 use super::{Origin, Snapshot, TierPolicy, Volume, VolumeTable};
 use crate::BLOCK_SIZE_BYTES;
@@ -141,6 +143,14 @@ impl VolumeTable {
             Record::VolumePolicy { volume_id, policy } => {
                 self.set_policy(*volume_id, TierPolicy::from(*policy))
             }
+            Record::VolumeCompression { volume_id, codec } => match Codec::try_from(*codec) {
+                Ok(codec) => self.set_compression(*volume_id, codec),
+                // No build writes one: the volume keeps its codec, which
+                // changes only the form of its new writes.
+                Err(error) => {
+                    tracing::error!(volume_id, %error, "compression record with an invalid codec; ignored")
+                }
+            },
             Record::SnapshotCreate {
                 volume_id,
                 snapshot_id,
@@ -168,7 +178,11 @@ impl VolumeTable {
                 };
                 self.clone_snapshot(*volume_id, name, origin, *created_unix_seconds)
             }
-            Record::Data { .. } | Record::Relocate { .. } | Record::Unmap { .. } => {
+            Record::Data { .. }
+            | Record::Relocate { .. }
+            | Record::Unmap { .. }
+            | Record::Packed { .. }
+            | Record::RelocatePacked { .. } => {
                 unreachable!("block records are applied by VolumeTable::apply")
             }
         }
@@ -267,8 +281,9 @@ impl VolumeTable {
         }
     }
 
-    /// A new, empty volume with the default tier policy. An identifier or
-    /// name already taken leaves the table as it is.
+    /// A new, empty volume with the default tier policy, storing blocks as
+    /// they are (a `VolumeCompression` record sets its codec). An identifier
+    /// or name already taken leaves the table as it is.
     pub fn create_volume(
         &mut self,
         volume_id: u32,
@@ -288,6 +303,7 @@ impl VolumeTable {
             origin: None,
             snapshots: Vec::new(),
             policy: TierPolicy::default(),
+            compression: Codec::Off,
         });
     }
 
@@ -374,6 +390,14 @@ impl VolumeTable {
         }
     }
 
+    /// Changes the codec of a volume's new writes (its snapshots hold only
+    /// what was written, and follow no setting).
+    pub fn set_compression(&mut self, volume_id: u32, codec: Codec) {
+        if let Some(volume) = self.volumes.get_mut(&volume_id) {
+            volume.compression = codec;
+        }
+    }
+
     /// A read-only snapshot of a volume's current contents: a copy of its map,
     /// O(1) per chunk. Refused unless newer than the volume's newest snapshot
     /// and named differently from all of them.
@@ -452,7 +476,8 @@ impl VolumeTable {
     }
 
     /// The volume's contents and size become those of its newest snapshot;
-    /// refused for any other snapshot.
+    /// refused for any other snapshot. Its tier policy and codec stay as
+    /// they are now (settings, not contents).
     pub fn rollback_to_snapshot(
         &mut self,
         volume_id: u32,
@@ -484,9 +509,10 @@ impl VolumeTable {
         volume.size_bytes = size_bytes;
     }
 
-    /// A new writable volume whose contents, size and tier policy start as
-    /// those of a snapshot (and its volume). An identifier or name already
-    /// taken, or an origin that does not exist, leaves the table as it is.
+    /// A new writable volume whose contents, size, tier policy and codec
+    /// start as those of a snapshot (and its volume: the policy and codec it
+    /// has at clone time). An identifier or name already taken, or an origin
+    /// that does not exist, leaves the table as it is.
     pub fn clone_snapshot(
         &mut self,
         volume_id: u32,
@@ -512,6 +538,7 @@ impl VolumeTable {
             origin: Some(origin),
             snapshots: Vec::new(),
             policy: origin_volume.policy,
+            compression: origin_volume.compression,
         };
         self.insert(volume);
     }

@@ -8,6 +8,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use lamina_reduction::Codec;
+
 use super::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk, LOST_PHYSICAL_BLOCK};
 use super::{
     Origin, Snapshot, TierPolicy, VOLUME_SIZE_BYTES_MAX, Volume, VolumeTable, validate_volume_name,
@@ -42,6 +44,10 @@ pub enum RestoreError {
     InvalidSnapshot { owner: String },
     #[error("a tier policy names volume {volume_id}, which does not exist")]
     StrayPolicy { volume_id: u32 },
+    #[error("a codec names volume {volume_id}, which does not exist")]
+    StrayCompression { volume_id: u32 },
+    #[error("the codec of volume {volume_id} is not valid: {reason}")]
+    InvalidCompression { volume_id: u32, reason: String },
 }
 
 impl VolumeTable {
@@ -63,6 +69,7 @@ impl VolumeTable {
             table.insert(volume);
         }
         table.restore_policies(body)?;
+        table.restore_compressions(body)?;
         table.next_volume_id = table.next_volume_id.max(body.next_volume_id);
         table.next_snapshot_id = table.next_snapshot_id.max(body.next_snapshot_id);
         Ok(table)
@@ -97,8 +104,9 @@ impl VolumeTable {
             map: restore_map(&image.map, chunks, &owner)?,
             origin,
             snapshots,
-            // Set from the body's policy table afterwards.
+            // Set from the body's policy and codec tables afterwards.
             policy: TierPolicy::default(),
+            compression: Codec::Off,
         })
     }
 
@@ -120,6 +128,25 @@ impl VolumeTable {
                 .get_mut(&policy.volume_id)
                 .expect("checked above");
             volume.policy = TierPolicy::from(policy.policy);
+        }
+        Ok(())
+    }
+
+    /// Sets the codecs of the body's codec table, whose every entry must
+    /// name a volume and a valid codec; the first entry for a volume wins.
+    fn restore_compressions(&mut self, body: &Body) -> Result<(), RestoreError> {
+        for image in body.volume_compressions.iter().rev() {
+            let volume_id = image.volume_id;
+            let codec =
+                Codec::try_from(image.codec).map_err(|error| RestoreError::InvalidCompression {
+                    volume_id,
+                    reason: error.to_string(),
+                })?;
+            let volume = self
+                .volumes
+                .get_mut(&volume_id)
+                .ok_or(RestoreError::StrayCompression { volume_id })?;
+            volume.compression = codec;
         }
         Ok(())
     }
@@ -286,8 +313,10 @@ fn restore_map(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::batch::{CachePriorityRecord, PinRecord, PolicyRecord};
-    use crate::log::checkpoint::{CountersImage, PlacementImage, VolumePolicyImage};
+    use crate::log::batch::{CachePriorityRecord, CodecRecord, PinRecord, PolicyRecord};
+    use crate::log::checkpoint::{
+        CountersImage, PlacementImage, VolumeCompressionImage, VolumePolicyImage,
+    };
     use crate::log::geometry::DATA_START_BLOCK;
 
     fn geometry() -> Geometry {
@@ -351,11 +380,15 @@ mod tests {
             }],
             counters: CountersImage::default(),
             placement: PlacementImage::default(),
+            volume_compressions: vec![VolumeCompressionImage {
+                volume_id: 2,
+                codec: CodecRecord::Zstd { level: 5 },
+            }],
         }
     }
 
     #[test]
-    fn a_body_restores_its_volumes_snapshots_clones_and_policies() {
+    fn a_body_restores_its_volumes_snapshots_clones_policies_and_codecs() {
         let table = VolumeTable::from_checkpoint(&body(), &geometry()).unwrap();
         let base = table.get(1).unwrap();
         assert_eq!(
@@ -376,6 +409,9 @@ mod tests {
         );
         assert_eq!(copy.policy.pin, super::super::Pin::Capacity);
         assert_eq!(base.policy, TierPolicy::default());
+        assert_eq!(copy.compression, Codec::zstd(5).unwrap());
+        assert_eq!(base.compression, Codec::Off);
+        assert_eq!(table.compression(2), Codec::zstd(5).unwrap());
         assert_eq!((table.next_volume_id, table.next_snapshot_id), (3, 6));
     }
 
@@ -432,6 +468,14 @@ mod tests {
             refused(&|body| body.volume_policies[0].volume_id = 8),
             RestoreError::StrayPolicy { volume_id: 8 }
         );
+        assert_eq!(
+            refused(&|body| body.volume_compressions[0].volume_id = 8),
+            RestoreError::StrayCompression { volume_id: 8 }
+        );
+        assert!(matches!(
+            refused(&|body| body.volume_compressions[0].codec = CodecRecord::Zstd { level: 0 }),
+            RestoreError::InvalidCompression { volume_id: 2, .. }
+        ));
         assert_eq!(
             refused(&|body| body.volumes[0].snapshots[0].name = ".s".to_string()),
             RestoreError::InvalidSnapshot {

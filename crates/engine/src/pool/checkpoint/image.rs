@@ -5,9 +5,11 @@
 
 use std::sync::Arc;
 
+use lamina_reduction::Codec;
+
 use crate::log::checkpoint::{
     Body, ChunkImage, CountersImage, HeadImage, MapImage, PlacementImage, SnapshotImage,
-    VolumeImage, VolumePolicyImage,
+    VolumeCompressionImage, VolumeImage, VolumePolicyImage,
 };
 use crate::volume::map::{BlockMap, CHUNK_ENTRY_COUNT, Chunk};
 use crate::volume::{TierPolicy, VolumeTable};
@@ -22,6 +24,7 @@ pub(in crate::pool) struct VolumeCopy {
     pub(in crate::pool) origin: Option<(u32, u32)>,
     pub(in crate::pool) map: BlockMap,
     pub(in crate::pool) policy: TierPolicy,
+    pub(in crate::pool) compression: Codec,
     pub(in crate::pool) snapshots: Vec<SnapshotCopy>,
 }
 
@@ -160,6 +163,7 @@ pub(in crate::pool) fn copy_volumes(volumes: &VolumeTable) -> Vec<VolumeCopy> {
                 .map(|origin| (origin.volume_id, origin.snapshot_id)),
             map: volume.map.clone(),
             policy: volume.policy,
+            compression: volume.compression,
             snapshots: volume
                 .snapshots
                 .iter()
@@ -222,6 +226,18 @@ pub(in crate::pool) fn volume_policies(volumes: &[VolumeCopy]) -> Vec<VolumePoli
         .collect()
 }
 
+/// The codecs of the volumes whose codec is not `Off`.
+pub(in crate::pool) fn volume_compressions(volumes: &[VolumeCopy]) -> Vec<VolumeCompressionImage> {
+    volumes
+        .iter()
+        .filter(|volume| volume.compression != Codec::Off)
+        .map(|volume| VolumeCompressionImage {
+            volume_id: volume.volume_id,
+            codec: volume.compression.into(),
+        })
+        .collect()
+}
+
 /// The map `volume`'s chain starts from: the snapshot it was cloned from.
 fn origin_map<'a>(volumes: &'a [VolumeCopy], volume: &VolumeCopy) -> Option<&'a BlockMap> {
     let (origin_volume, origin_snapshot) = volume.origin?;
@@ -239,6 +255,7 @@ fn origin_map<'a>(volumes: &'a [VolumeCopy], volume: &VolumeCopy) -> Option<&'a 
 pub(in crate::pool) fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
     let (volumes, chunks) = volume_images(&snapshot.volumes);
     let volume_policies = volume_policies(&snapshot.volumes);
+    let volume_compressions = volume_compressions(&snapshot.volumes);
     let body = Body {
         checkpoint_sequence: snapshot.target.checkpoint_sequence,
         covered_batch_sequence: snapshot.target.covered_batch_sequence,
@@ -252,6 +269,7 @@ pub(in crate::pool) fn encode_body(snapshot: CheckpointSnapshot) -> Vec<u8> {
         volume_policies,
         counters: snapshot.counters,
         placement: snapshot.placement,
+        volume_compressions,
     };
     let encoded = body.encode();
     // Decoding costs about what encoding did: debug builds only.

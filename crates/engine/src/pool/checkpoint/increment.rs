@@ -10,7 +10,7 @@ use crate::log::checkpoint::{
     MapDelta, MapSource, SlotLink, SnapshotDelta, VolumeDelta,
 };
 use crate::pool::checkpoint::image::{
-    CheckpointSnapshot, VolumeCopy, encode_body, volume_policies,
+    CheckpointSnapshot, VolumeCopy, encode_body, volume_compressions, volume_policies,
 };
 use crate::volume::map::BlockMap;
 
@@ -99,6 +99,7 @@ fn increment_of(snapshot: &CheckpointSnapshot, previous_sequence: u64) -> Increm
         volume_policies: volume_policies(&snapshot.volumes),
         counters: snapshot.counters,
         placement: snapshot.placement.clone(),
+        volume_compressions: volume_compressions(&snapshot.volumes),
     }
 }
 
