@@ -14,9 +14,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use lamina_engine::BLOCK_BYTES;
-use lamina_engine::log::fragment::{
-    EncodedBlock, FragmentDecoder, FragmentEncoder, PackedArea, fragment_locations,
-};
+use lamina_engine::log::data_layout::{DataLayout, Placement};
+use lamina_engine::log::fragment::{EncodedBlock, FragmentDecoder, FragmentEncoder};
 use lamina_engine::log::location::Location;
 use lamina_reduction::Codec;
 
@@ -27,8 +26,8 @@ const FILE_BYTES_MAX: usize = 4 << 20;
 const ROUND_COUNT: usize = 3;
 const DATA_DIRECTORY: &str = "/usr/lib";
 const CODEC_NAMES: [&str; 3] = ["lz4", "zstd:1", "zstd:3"];
-/// Where the packed area starts on the pretend device.
-const AREA_FIRST_BLOCK: u64 = 0;
+/// Where the data region starts on the pretend device.
+const REGION_FIRST_BLOCK: u64 = 0;
 
 /// Files under `directory`, depth first in name order, until `limit_bytes`.
 fn gather_files(directory: &Path, data: &mut Vec<u8>, limit_bytes: usize) {
@@ -68,35 +67,60 @@ fn real_blocks() -> Vec<[u8; BLOCK_BYTES]> {
         .collect()
 }
 
-/// One codec's fragments, packed in one area as a batch would (without the
-/// batch's block limit, which does not change the per-fragment work).
+/// One codec's fragments, end to end in one data region as
+/// `log::data_layout` places them (without the batch's block limit, which
+/// does not change the work per fragment).
 struct Packed {
-    area: PackedArea,
+    region: Vec<u8>,
     locations: Vec<Location>,
     checksums: Vec<u32>,
 }
 
-/// Encodes every block; the time per block, and what was packed.
+impl Packed {
+    /// The bytes of the blocks `location` touches.
+    fn touched(&self, location: Location) -> &[u8] {
+        let first =
+            usize::try_from(location.block() - REGION_FIRST_BLOCK).expect("small") * BLOCK_BYTES;
+        &self.region[first..first + location.block_count() as usize * BLOCK_BYTES]
+    }
+}
+
+/// Encodes every block and lays the fragments out; the time per block.
 fn encode_round(codec: Codec, blocks: &[[u8; BLOCK_BYTES]]) -> (f64, Packed) {
     let mut encoder = FragmentEncoder::new(codec).expect("a codec context");
-    let mut area = PackedArea::new();
-    let mut unit_counts = Vec::new();
-    let mut checksums = Vec::new();
+    let mut layout = DataLayout::new();
+    let mut packed = Packed {
+        region: Vec::new(),
+        locations: Vec::new(),
+        checksums: Vec::new(),
+    };
     let started = Instant::now();
     for block in blocks {
-        if let EncodedBlock::Fragment(fragment) = encoder.encode(block).expect("encode") {
-            area.add(fragment.bytes());
-            unit_counts.push(fragment.unit_count());
-            checksums.push(fragment.checksum());
-        }
+        let EncodedBlock::Fragment(fragment) = encoder.encode(block).expect("encode") else {
+            continue;
+        };
+        let Placement::Fragment {
+            data_index,
+            unit_offset,
+            unit_count,
+        } = layout.place_fragment(fragment.unit_count())
+        else {
+            unreachable!("a fragment is placed as one");
+        };
+        let location = Location::fragment(
+            REGION_FIRST_BLOCK + u64::from(data_index),
+            unit_offset,
+            unit_count,
+        );
+        packed
+            .region
+            .resize(layout.block_count() as usize * BLOCK_BYTES, 0);
+        let start = data_index as usize * BLOCK_BYTES + location.byte_range().start;
+        packed.region[start..start + fragment.bytes().len()].copy_from_slice(fragment.bytes());
+        packed.locations.push(location);
+        packed.checksums.push(fragment.checksum());
     }
     let nanoseconds = started.elapsed().as_nanos() as f64 / blocks.len() as f64;
-    let locations = fragment_locations(AREA_FIRST_BLOCK, unit_counts).expect("locations");
-    let packed = Packed {
-        area,
-        locations,
-        checksums,
-    };
     (nanoseconds, packed)
 }
 
@@ -106,12 +130,8 @@ fn decode_round(packed: &Packed) -> f64 {
     let mut output = [0; BLOCK_BYTES];
     let started = Instant::now();
     for (&location, &checksum) in packed.locations.iter().zip(&packed.checksums) {
-        let first =
-            usize::try_from(location.block() - AREA_FIRST_BLOCK).expect("small") * BLOCK_BYTES;
-        let touched =
-            &packed.area.blocks()[first..first + location.block_count() as usize * BLOCK_BYTES];
         decoder
-            .decode(location, touched, checksum, &mut output)
+            .decode(location, packed.touched(location), checksum, &mut output)
             .expect("decode");
         std::hint::black_box(&output);
     }
@@ -123,10 +143,7 @@ fn decode_round(packed: &Packed) -> f64 {
 fn checksum_round(packed: &Packed, blocks: &[[u8; BLOCK_BYTES]]) -> f64 {
     let started = Instant::now();
     for (location, block) in packed.locations.iter().zip(blocks) {
-        let first =
-            usize::try_from(location.block() - AREA_FIRST_BLOCK).expect("small") * BLOCK_BYTES;
-        let range = location.byte_range();
-        let fragment = &packed.area.blocks()[first + range.start..first + range.end];
+        let fragment = &packed.touched(*location)[location.byte_range()];
         std::hint::black_box(crc32c::crc32c(fragment) ^ crc32c::crc32c(block));
     }
     started.elapsed().as_nanos() as f64 / packed.locations.len() as f64
@@ -179,7 +196,12 @@ fn main() {
         println!(
             "{name:7} {:7.1}  {:14.1}  {:15.0}  {:18.0}  {:18.0}  {:16.0}",
             100.0 * fragment_count as f64 / blocks.len() as f64,
-            f64::from(packed.area.unit_count()) / fragment_count as f64,
+            packed
+                .locations
+                .iter()
+                .map(|location| f64::from(location.unit_count()))
+                .sum::<f64>()
+                / fragment_count as f64,
             median(encode_times),
             decode,
             median(checksum_times),

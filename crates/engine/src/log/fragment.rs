@@ -1,10 +1,9 @@
 //! Packed fragments (format version 10, `docs/format.md`, "Packed extents";
 //! decision 0070): turning a 4 KiB block into a compressed fragment of whole
-//! 16-byte units (or saying it is better stored as is), reading a fragment
-//! back from the blocks its location touches with both of its checksums
-//! checked, and the packed area a batch lays its fragments in end to end
-//! (forwards while a batch is open; backwards, from the records' unit counts,
-//! for walks and the cleaner). Everything read from a device is checked and
+//! 16-byte units (or saying it is better stored as is), and reading a
+//! fragment back from the blocks its location touches with both of its
+//! checksums checked. Where a fragment goes in its batch is
+//! `log::data_layout`'s rule. Everything read from a device is checked and
 //! refused with a typed error: decoding must never panic on any input (the
 //! `engine_fragment` fuzz target feeds it arbitrary bytes).
 
@@ -59,11 +58,11 @@ pub const fn units_for_stored_bytes(stored_bytes: usize) -> u32 {
 pub enum EncodedBlock<'a> {
     /// Store the block whole (a `Data` record): the codec is off, or it saved less than 1/8.
     AsIs,
-    /// Store this fragment in the batch's packed area (a `Packed` record).
+    /// Store this fragment in the batch's data region (a `Packed` record).
     Fragment(EncodedFragment<'a>),
 }
 
-/// A fragment ready for the packed area, with what its record carries.
+/// A fragment ready for its batch's data region, with what its record carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EncodedFragment<'a> {
     bytes: &'a [u8],
@@ -341,160 +340,12 @@ fn check_header(
     Ok(codec)
 }
 
-/// The location of a fragment `unit_offset` units into a packed area that
-/// starts at device block `area_first_block`.
-pub fn location_in_area(area_first_block: u64, unit_offset: u32, unit_count: u32) -> Location {
-    Location::fragment(
-        area_first_block + u64::from(unit_offset / UNITS_PER_BLOCK),
-        unit_offset % UNITS_PER_BLOCK,
-        unit_count,
-    )
-}
-
-/// A batch's packed area while the batch is open: fragments laid end to end
-/// from unit 0, in record order, kept as the whole blocks to write (the last
-/// block's tail zero). Reusable: [`PackedArea::clear`] keeps the buffer.
-#[derive(Debug, Default)]
-pub struct PackedArea {
-    blocks: Vec<u8>,
-    unit_count: u32,
-}
-
-impl PackedArea {
-    pub fn new() -> PackedArea {
-        PackedArea::default()
-    }
-
-    /// Adds a fragment's bytes (a freshly encoded one, or one the cleaner
-    /// moves as is) after the last; its unit offset within the area.
-    pub fn add(&mut self, fragment: &[u8]) -> u32 {
-        assert!(
-            fragment.len().is_multiple_of(UNIT_BYTES),
-            "a fragment of {} bytes is not whole units",
-            fragment.len()
-        );
-        let fragment_units = u32::try_from(fragment.len() / UNIT_BYTES).expect("checked below");
-        assert!(
-            (1..=FRAGMENT_UNITS_MAX).contains(&fragment_units),
-            "a fragment of {fragment_units} units"
-        );
-        let unit_offset = self.unit_count;
-        let start = unit_offset as usize * UNIT_BYTES;
-        self.unit_count += fragment_units;
-        // Blocks added here are zero, so the last block's tail stays zero.
-        self.blocks
-            .resize(self.block_count() as usize * BLOCK_BYTES, 0);
-        self.blocks[start..start + fragment.len()].copy_from_slice(fragment);
-        assert_eq!(
-            self.blocks.len(),
-            self.unit_count.div_ceil(UNITS_PER_BLOCK) as usize * BLOCK_BYTES,
-            "the area's blocks follow its units"
-        );
-        unit_offset
-    }
-
-    /// Units laid so far: the offset the next fragment gets.
-    pub fn unit_count(&self) -> u32 {
-        self.unit_count
-    }
-
-    /// The area's length in blocks, `ceil(units / 256)`.
-    pub fn block_count(&self) -> u32 {
-        self.unit_count.div_ceil(UNITS_PER_BLOCK)
-    }
-
-    /// The area's length in blocks once a fragment of `fragment_units` more
-    /// is added: what a batch checks against its data block limit.
-    pub fn block_count_with(&self, fragment_units: u32) -> u32 {
-        (self.unit_count + fragment_units).div_ceil(UNITS_PER_BLOCK)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.unit_count == 0
-    }
-
-    /// The blocks to write, `block_count() × 4096` bytes.
-    pub fn blocks(&self) -> &[u8] {
-        &self.blocks
-    }
-
-    /// Empties the area for the next batch, keeping its buffer.
-    pub fn clear(&mut self) {
-        self.blocks.clear();
-        self.unit_count = 0;
-    }
-}
-
-/// A packed record's unit count that no writer makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "packed record {record_index} of the area at block {area_first_block}: {unit_count} units, expected 1..={FRAGMENT_UNITS_MAX}"
-)]
-pub struct PackedAreaError {
-    pub area_first_block: u64,
-    pub record_index: usize,
-    pub unit_count: u32,
-}
-
-/// Finds a packed area's fragments from its records, for walks and the
-/// cleaner: fed the unit counts of the batch's packed records in order, it
-/// gives each fragment's location and, at the end, the area's length.
-#[derive(Debug, Clone)]
-pub struct PackedAreaWalk {
-    area_first_block: u64,
-    record_count: usize,
-    unit_count: u32,
-}
-
-impl PackedAreaWalk {
-    pub fn new(area_first_block: u64) -> PackedAreaWalk {
-        PackedAreaWalk {
-            area_first_block,
-            record_count: 0,
-            unit_count: 0,
-        }
-    }
-
-    /// The location of the next fragment, `unit_count` units long (from its
-    /// record, so checked: records are device data).
-    pub fn next_location(&mut self, unit_count: u32) -> Result<Location, PackedAreaError> {
-        if !(1..=FRAGMENT_UNITS_MAX).contains(&unit_count) {
-            return Err(PackedAreaError {
-                area_first_block: self.area_first_block,
-                record_index: self.record_count,
-                unit_count,
-            });
-        }
-        let location = location_in_area(self.area_first_block, self.unit_count, unit_count);
-        self.record_count += 1;
-        self.unit_count += unit_count;
-        Ok(location)
-    }
-
-    /// The area's length in blocks for the fragments located so far.
-    pub fn block_count(&self) -> u32 {
-        self.unit_count.div_ceil(UNITS_PER_BLOCK)
-    }
-}
-
-/// Every fragment's location in a packed area starting at `area_first_block`,
-/// from the unit counts of the batch's packed records in order.
-pub fn fragment_locations(
-    area_first_block: u64,
-    unit_counts: impl IntoIterator<Item = u32>,
-) -> Result<Vec<Location>, PackedAreaError> {
-    let mut walk = PackedAreaWalk::new(area_first_block);
-    unit_counts
-        .into_iter()
-        .map(|unit_count| walk.next_location(unit_count))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::data_layout::{DataLayout, Placement};
 
-    /// Where the tests place their packed areas.
+    /// Where the tests place their data regions.
     const AREA_FIRST_BLOCK: u64 = 1000;
 
     fn codecs() -> [Codec; 3] {
@@ -559,53 +410,82 @@ mod tests {
         Ok(output)
     }
 
-    /// Every block of `data` through the encoder, a packed area and the
-    /// decoder; how many were stored as fragments.
-    fn round_trip_through_an_area(codec: Codec, data: &[u8]) -> usize {
+    /// Every block of `data` through the encoder, into a batch's data region
+    /// as `log::data_layout` places whole blocks and fragments, and back
+    /// through the decoder; how many were stored as fragments.
+    fn round_trip_through_a_data_region(codec: Codec, data: &[u8]) -> usize {
         let blocks = blocks_of(data);
         let mut encoder = FragmentEncoder::new(codec).expect("context");
-        let mut decoder = FragmentDecoder::new().expect("context");
-        let mut area = PackedArea::new();
-        let mut packed = Vec::new();
-        for (index, block) in blocks.iter().enumerate() {
-            let EncodedBlock::Fragment(fragment) = encoder.encode(block).expect("encode") else {
-                continue;
+        let mut layout = DataLayout::new();
+        let mut region = Vec::new();
+        let mut stored = Vec::new();
+        for block in &blocks {
+            let (placement, bytes, checksum) = match encoder.encode(block).expect("encode") {
+                EncodedBlock::AsIs => (layout.place_whole_block(), &block[..], None),
+                EncodedBlock::Fragment(fragment) => {
+                    let stored_bytes =
+                        usize::from(header_field(fragment.bytes()) & STORED_BYTES_MASK);
+                    assert_eq!(fragment.unit_count(), units_for_stored_bytes(stored_bytes));
+                    assert!(fragment.unit_count() <= FRAGMENT_UNITS_MAX);
+                    assert_eq!(fragment.checksum(), crc32c::crc32c(fragment.bytes()));
+                    let placement = layout.place_fragment(fragment.unit_count());
+                    (placement, fragment.bytes(), Some(fragment.checksum()))
+                }
             };
-            let unit_count = fragment.unit_count();
-            let stored_bytes =
-                usize::from(u16::from_le_bytes([fragment.bytes()[0], fragment.bytes()[1]]) & 0xfff);
-            assert_eq!(unit_count, units_for_stored_bytes(stored_bytes));
-            assert!(unit_count <= FRAGMENT_UNITS_MAX);
-            assert_eq!(fragment.checksum(), crc32c::crc32c(fragment.bytes()));
-            let unit_offset = area.add(fragment.bytes());
-            packed.push((index, unit_offset, unit_count, fragment.checksum()));
+            let location = match placement {
+                Placement::WholeBlock { data_index } => {
+                    Location::whole_block(AREA_FIRST_BLOCK + u64::from(data_index))
+                }
+                Placement::Fragment {
+                    data_index,
+                    unit_offset,
+                    unit_count,
+                } => Location::fragment(
+                    AREA_FIRST_BLOCK + u64::from(data_index),
+                    unit_offset,
+                    unit_count,
+                ),
+            };
+            region.resize(layout.block_count() as usize * BLOCK_BYTES, 0);
+            let start = region_offset(location);
+            region[start..start + bytes.len()].copy_from_slice(bytes);
+            stored.push((location, checksum));
         }
-        let unit_counts = packed.iter().map(|&(_, _, unit_count, _)| unit_count);
-        let locations = fragment_locations(AREA_FIRST_BLOCK, unit_counts).expect("locations");
+        let mut decoder = FragmentDecoder::new().expect("context");
         let mut output = [0; BLOCK_BYTES];
-        for (&(index, unit_offset, unit_count, checksum), &location) in
-            packed.iter().zip(&locations)
-        {
-            assert_eq!(
-                location,
-                location_in_area(AREA_FIRST_BLOCK, unit_offset, unit_count)
-            );
-            let first = usize::try_from(location.block() - AREA_FIRST_BLOCK).unwrap() * BLOCK_BYTES;
-            let touched =
-                &area.blocks()[first..first + location.block_count() as usize * BLOCK_BYTES];
-            decoder
-                .decode(location, touched, checksum, &mut output)
-                .expect("decode");
-            assert_eq!(output, blocks[index], "{codec}: block {index}");
+        for (index, &(location, checksum)) in stored.iter().enumerate() {
+            let first = region_offset(location) - location.byte_range().start;
+            let touched = &region[first..first + location.block_count() as usize * BLOCK_BYTES];
+            match checksum {
+                None => assert_eq!(touched, blocks[index], "{codec}: whole block {index}"),
+                Some(checksum) => {
+                    decoder
+                        .decode(location, touched, checksum, &mut output)
+                        .expect("decode");
+                    assert_eq!(
+                        output, blocks[index],
+                        "{codec}: block {index} at {location}"
+                    );
+                }
+            }
         }
-        packed.len()
+        stored
+            .iter()
+            .filter(|(_, checksum)| checksum.is_some())
+            .count()
+    }
+
+    /// Where a location's data starts in a region that begins at `AREA_FIRST_BLOCK`.
+    fn region_offset(location: Location) -> usize {
+        usize::try_from(location.block() - AREA_FIRST_BLOCK).unwrap() * BLOCK_BYTES
+            + location.byte_range().start
     }
 
     #[test]
-    fn real_text_and_binary_round_trip_through_a_packed_area() {
+    fn real_text_and_binary_round_trip_through_a_data_region() {
         for codec in codecs() {
             for (name, data) in [("text", text()), ("binary", binary())] {
-                let packed_count = round_trip_through_an_area(codec, &data);
+                let packed_count = round_trip_through_a_data_region(codec, &data);
                 assert!(packed_count > 0, "{codec}: no {name} block compressed");
             }
         }
@@ -660,8 +540,7 @@ mod tests {
                 block,
                 "{codec}"
             );
-            // The same fragment at the end of the area's first block, and
-            // straddling the area's packing from PackedArea.
+            // The same fragment ending at its block's end touches one block.
             let (location, blocks) = placed(&fragment, UNITS_PER_BLOCK - unit_count);
             assert_eq!(location.block_count(), 1);
             assert_eq!(*decode(location, &blocks, checksum).expect("decode"), block);
@@ -854,100 +733,5 @@ mod tests {
             matches!(error, FragmentError::Undecodable { .. }),
             "{error}"
         );
-    }
-
-    #[test]
-    fn a_packed_area_lays_fragments_end_to_end() {
-        let mut area = PackedArea::new();
-        assert!(area.is_empty());
-        assert_eq!(area.block_count(), 0);
-        let sizes_units = [225_u32, 31, 1, 225, 100, 2];
-        let mut expected_offset = 0;
-        for (index, &units) in sizes_units.iter().enumerate() {
-            let fill = u8::try_from(index + 1).unwrap();
-            let fragment = vec![fill; units as usize * UNIT_BYTES];
-            assert_eq!(
-                area.block_count_with(units),
-                (expected_offset + units).div_ceil(256)
-            );
-            assert_eq!(area.add(&fragment), expected_offset);
-            expected_offset += units;
-            assert_eq!(area.unit_count(), expected_offset);
-        }
-        assert_eq!(area.block_count(), 3);
-        assert_eq!(area.blocks().len(), 3 * BLOCK_BYTES);
-        let used = expected_offset as usize * UNIT_BYTES;
-        assert!(
-            area.blocks()[used..].iter().all(|&byte| byte == 0),
-            "the tail is zero"
-        );
-        let locations = fragment_locations(AREA_FIRST_BLOCK, sizes_units).expect("locations");
-        let offsets: Vec<(u64, u32, u32)> = locations
-            .iter()
-            .map(|location| {
-                (
-                    location.block(),
-                    location.unit_offset(),
-                    location.unit_count(),
-                )
-            })
-            .collect();
-        let first = AREA_FIRST_BLOCK;
-        assert_eq!(
-            offsets,
-            [
-                (first, 0, 225),
-                (first, 225, 31),
-                (first + 1, 0, 1),
-                (first + 1, 1, 225),
-                (first + 1, 226, 100),
-                (first + 2, 70, 2)
-            ]
-        );
-        for (index, location) in locations.iter().enumerate() {
-            let start = usize::try_from(location.block() - first).unwrap() * BLOCK_BYTES
-                + location.byte_range().start;
-            let fill = u8::try_from(index + 1).unwrap();
-            assert!(
-                area.blocks()[start..start + location.units() as usize * UNIT_BYTES]
-                    .iter()
-                    .all(|&byte| byte == fill)
-            );
-        }
-        area.clear();
-        assert!(area.is_empty() && area.blocks().is_empty());
-        assert_eq!(area.add(&[9; UNIT_BYTES]), 0);
-        assert!(
-            area.blocks()[UNIT_BYTES..].iter().all(|&byte| byte == 0),
-            "a reused buffer's tail is zero"
-        );
-    }
-
-    #[test]
-    fn a_walk_refuses_unit_counts_no_writer_makes() {
-        let mut walk = PackedAreaWalk::new(AREA_FIRST_BLOCK);
-        assert_eq!(
-            walk.next_location(10),
-            Ok(Location::fragment(AREA_FIRST_BLOCK, 0, 10))
-        );
-        for unit_count in [0, FRAGMENT_UNITS_MAX + 1, 255, u32::MAX] {
-            let error = walk.next_location(unit_count).unwrap_err();
-            assert_eq!(error.record_index, 1);
-            assert_eq!(error.unit_count, unit_count);
-        }
-        assert_eq!(walk.block_count(), 1);
-        assert!(fragment_locations(AREA_FIRST_BLOCK, [5, 0]).is_err());
-    }
-
-    #[test]
-    #[should_panic(expected = "a fragment of 226 units")]
-    fn a_fragment_longer_than_225_units_is_a_programmer_error() {
-        PackedArea::new().add(&[0; 226 * UNIT_BYTES]);
-    }
-
-    #[test]
-    #[should_panic(expected = "not whole units")]
-    fn a_fragment_of_partial_units_is_a_programmer_error() {
-        PackedArea::new().add(&[0; 17]);
     }
 }
