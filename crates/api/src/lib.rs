@@ -544,6 +544,15 @@ pub struct VolumeInfo {
     pub origin: Option<String>,
     pub created_unix_seconds: u64,
     pub policy: TierPolicy,
+    /// The codec of its new writes: `off`, `lz4` or `zstd:LEVEL` (`off`
+    /// from daemons before issue 44).
+    #[serde(default = "compression_off")]
+    pub compression: String,
+}
+
+/// The codec of volumes in answers of daemons from before issue 44.
+fn compression_off() -> String {
+    "off".to_string()
 }
 
 /// A volume's tier policy.
@@ -594,6 +603,9 @@ pub struct SnapshotInfo {
 pub struct VolumeTierStats {
     pub volume: String,
     pub policy: TierPolicy,
+    /// As [`VolumeInfo::compression`].
+    #[serde(default = "compression_off")]
+    pub compression: String,
     pub flash_bytes: u64,
     pub capacity_bytes: u64,
     pub counters: VolumeTierCounters,

@@ -92,6 +92,7 @@ fn print_volume_stats(stats: &VolumeTierStats) {
         json_name(&stats.policy.priority),
         json_name(&stats.policy.pin)
     );
+    println!("compression          {}", stats.compression);
     println!("on flash             {}", format_size(stats.flash_bytes));
     println!("on capacity          {}", format_size(stats.capacity_bytes));
     println!(

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use lamina_api::{Deleted, VolumeInfo};
 use lamina_control::admin::Operation;
 use lamina_control::size::{format_size, parse_size};
-use lamina_engine::{CachePriority, Pin};
+use lamina_engine::{CachePriority, Codec, Pin};
 
 use crate::{DataArgs, admin, json_name, volume_stats_commands};
 
@@ -14,7 +14,7 @@ use crate::{DataArgs, admin, json_name, volume_stats_commands};
 pub enum VolumeCommand {
     /// Create a thin volume: `lamina volume create NAME SIZE` (or `--size SIZE`).
     Create(CreateArgs),
-    /// Change a volume's tier policy, live.
+    /// Change a volume's tier policy or codec, live.
     Set {
         name: String,
         #[command(flatten)]
@@ -84,6 +84,10 @@ pub struct CreateArgs {
     size: Option<u64>,
     #[command(flatten)]
     policy: PolicyArgs,
+    /// The codec of its writes: off, lz4, zstd (level 3) or zstd:LEVEL
+    /// (1 to 19); default: the daemon config's [pool] compression.
+    #[arg(long, value_name = "CODEC", value_parser = parse_codec)]
+    compression: Option<Codec>,
     #[command(flatten)]
     data: DataArgs,
     #[arg(long)]
@@ -101,7 +105,7 @@ struct PolicyArgs {
     pin: Option<Pin>,
 }
 
-/// A volume's tier policy on `volume set` (at least one).
+/// A volume's tier policy and codec on `volume set` (at least one).
 #[derive(Args)]
 #[group(required = true, multiple = true)]
 pub struct RequiredPolicyArgs {
@@ -111,6 +115,10 @@ pub struct RequiredPolicyArgs {
     /// Where the volume's blocks stay regardless of heat: auto, flash or capacity.
     #[arg(long, value_parser = parse_pin)]
     pin: Option<Pin>,
+    /// The codec of its new writes: off, lz4, zstd (level 3) or zstd:LEVEL
+    /// (1 to 19); what was written before keeps its form until it is moved.
+    #[arg(long, value_name = "CODEC", value_parser = parse_codec)]
+    compression: Option<Codec>,
 }
 
 fn parse_priority(argument: &str) -> Result<CachePriority, String> {
@@ -119,6 +127,12 @@ fn parse_priority(argument: &str) -> Result<CachePriority, String> {
 
 fn parse_pin(argument: &str) -> Result<Pin, String> {
     argument.parse()
+}
+
+fn parse_codec(argument: &str) -> Result<Codec, String> {
+    argument
+        .parse()
+        .map_err(|error: lamina_engine::CodecParseError| error.to_string())
 }
 
 pub async fn run(command: VolumeCommand) -> anyhow::Result<()> {
@@ -134,6 +148,7 @@ pub async fn run(command: VolumeCommand) -> anyhow::Result<()> {
                 name,
                 priority: policy.priority,
                 pin: policy.pin,
+                compression: policy.compression,
             };
             admin(data, operation, json, print_volume).await
         }
@@ -186,18 +201,27 @@ async fn create(arguments: CreateArgs) -> anyhow::Result<()> {
         size_bytes,
         priority: arguments.policy.priority,
         pin: arguments.policy.pin,
+        compression: arguments.compression,
     };
     admin(arguments.data, operation, arguments.json, print_volume).await
 }
 
 fn print_volumes(volumes: &[VolumeInfo]) {
     println!(
-        "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8}  ORIGIN",
-        "NAME", "SIZE", "ALLOCATED", "UNIQUE", "USED", "SNAPSHOTS", "PRIORITY", "PIN"
+        "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8} {:<11}  ORIGIN",
+        "NAME",
+        "SIZE",
+        "ALLOCATED",
+        "UNIQUE",
+        "USED",
+        "SNAPSHOTS",
+        "PRIORITY",
+        "PIN",
+        "COMPRESSION"
     );
     for volume in volumes {
         println!(
-            "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8}  {}",
+            "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8} {:<11}  {}",
             volume.name,
             format_size(volume.size_bytes),
             format_size(volume.allocated_bytes),
@@ -206,6 +230,7 @@ fn print_volumes(volumes: &[VolumeInfo]) {
             volume.snapshot_count,
             json_name(&volume.policy.priority),
             json_name(&volume.policy.pin),
+            volume.compression,
             volume.origin.as_deref().unwrap_or("-"),
         );
     }

@@ -319,6 +319,7 @@ pub fn volume_info(info: engine::VolumeInfo) -> api::VolumeInfo {
         origin,
         created_unix_seconds,
         policy,
+        compression,
     } = info;
     api::VolumeInfo {
         volume_id,
@@ -331,6 +332,7 @@ pub fn volume_info(info: engine::VolumeInfo) -> api::VolumeInfo {
         origin,
         created_unix_seconds,
         policy: tier_policy_of(policy),
+        compression: compression.to_string(),
     }
 }
 
@@ -382,6 +384,7 @@ pub fn volume_tier_stats(stats: engine::VolumeTierStats) -> api::VolumeTierStats
     let engine::VolumeTierStats {
         volume,
         policy,
+        compression,
         flash_bytes,
         capacity_bytes,
         counters,
@@ -399,6 +402,7 @@ pub fn volume_tier_stats(stats: engine::VolumeTierStats) -> api::VolumeTierStats
     api::VolumeTierStats {
         volume,
         policy: tier_policy_of(policy),
+        compression: compression.to_string(),
         flash_bytes,
         capacity_bytes,
         counters: api::VolumeTierCounters {

@@ -49,6 +49,7 @@ pub async fn run_operation(data_dir: &Path, operation: Operation) -> anyhow::Res
             models: Default::default(),
         },
         volume_statistics: None,
+        default_compression: lamina_engine::Codec::Off,
     };
     let result = execute(&context, operation).await;
     pool.pool.close().await.context("closing the pool")?;

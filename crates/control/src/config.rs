@@ -176,6 +176,11 @@ pub struct PoolSection {
     /// The capacity device's latency model, replacing the one `pool.toml`
     /// records (ignored, with a warning, for a pool without a capacity tier).
     pub capacity_model: Option<String>,
+    /// The codec of volumes created without `--compression` (the `default`
+    /// volume included): `off` (the default), `lz4`, `zstd` or `zstd:LEVEL`
+    /// (1 to 19). Each volume keeps the codec it was created with until
+    /// `volume set --compression` changes it.
+    pub compression: lamina_engine::Codec,
 }
 
 impl Default for Config {
@@ -228,6 +233,7 @@ impl Default for PoolSection {
             default_volume_bytes: DEFAULT_VOLUME_BYTES,
             flash_model: None,
             capacity_model: None,
+            compression: lamina_engine::Codec::Off,
         }
     }
 }
@@ -381,6 +387,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("scrub_bytes_per_second_max"), "{error}");
+    }
+
+    #[test]
+    fn the_pool_compression_defaults_to_off_and_a_bad_codec_fails_loading() {
+        let config: Config = toml::from_str("").unwrap();
+        assert_eq!(config.pool.compression, lamina_engine::Codec::Off);
+        let config: Config = toml::from_str("[pool]\ncompression = \"zstd:5\"\n").unwrap();
+        assert_eq!(config.pool.compression.to_string(), "zstd:5");
+        let path = std::env::temp_dir().join(format!(
+            "lamina-config-test-{}-bad-codec.toml",
+            std::process::id()
+        ));
+        for (codec, message) in [
+            ("gzip", "unknown codec \"gzip\""),
+            ("zstd:20", "zstd level \"20\" is out of range"),
+            ("lz4:1", "codec lz4 takes no level"),
+        ] {
+            std::fs::write(&path, format!("[pool]\ncompression = \"{codec}\"\n")).unwrap();
+            let error = Config::load(&path).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!("invalid config {}: line 2", path.display()))
+                    && error.contains(message),
+                "{error}"
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -50,7 +50,8 @@ async fn open_or_create(config: &Config) -> anyhow::Result<crate::arrays::Opened
     )
     .await?;
     if config.pool.default_volume_bytes > 0 {
-        pool.create_volume(DEFAULT_EXPORT_NAME, config.pool.default_volume_bytes)
+        let (size_bytes, codec) = (config.pool.default_volume_bytes, config.pool.compression);
+        pool.create_volume_with_compression(DEFAULT_EXPORT_NAME, size_bytes, codec)
             .await?;
     }
     Ok(crate::arrays::OpenedPool {
@@ -468,6 +469,7 @@ pub async fn run_service(config: Config, reload: ReloadSource) -> anyhow::Result
         open_exports,
         nbd_server: Some(server.clone()),
         volume_statistics: Some(volume_statistics.clone()),
+        default_compression: config.pool.compression,
         devices: crate::devices::DeviceContext {
             data_dir: config.data_dir.clone(),
             models: config.device_models(),

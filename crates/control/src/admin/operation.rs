@@ -5,7 +5,7 @@
 //! [`OperationError`] of a refused one (an HTTP status, a message and a kind
 //! clients act on).
 
-use lamina_engine::{CachePriority, EngineError, IoError, Pin, VolumeError};
+use lamina_engine::{CachePriority, Codec, EngineError, IoError, Pin, VolumeError};
 use serde::{Deserialize, Serialize};
 
 use super::answer::AnswerKind;
@@ -16,7 +16,9 @@ use super::answer::AnswerKind;
 pub enum Operation {
     VolumeList,
     /// A thin volume; a priority or pin given here is set right after it is
-    /// created (the rest of the policy is the default).
+    /// created (the rest of the policy is the default). Its codec
+    /// (`"off"`, `"lz4"`, `"zstd:N"`) is `compression`, or the pool default
+    /// of the daemon's config when absent.
     VolumeCreate {
         name: String,
         size_bytes: u64,
@@ -24,14 +26,19 @@ pub enum Operation {
         priority: Option<CachePriority>,
         #[serde(default)]
         pin: Option<Pin>,
+        #[serde(default)]
+        compression: Option<Codec>,
     },
-    /// Changes a volume's tier policy, live and durably; what is absent stays.
+    /// Changes a volume's tier policy and its codec, live and durably; what
+    /// is absent stays.
     VolumeSetPolicy {
         name: String,
         #[serde(default)]
         priority: Option<CachePriority>,
         #[serde(default)]
         pin: Option<Pin>,
+        #[serde(default)]
+        compression: Option<Codec>,
     },
     /// Where a volume's blocks live and where its reads were served from.
     VolumeStats {
@@ -207,6 +214,7 @@ impl From<EngineError> for OperationError {
                 | VolumeError::NotNewestSnapshot { .. } => 409,
                 VolumeError::InvalidName { .. }
                 | VolumeError::InvalidSize { .. }
+                | VolumeError::CompressionUnsupported { .. }
                 | VolumeError::ShrinkNeedsForce { .. } => 400,
                 VolumeError::ReadOnly(_) => 500,
             },
@@ -243,5 +251,37 @@ mod tests {
                 .expect("an answer without a kind reads");
         assert_eq!((old.status, old.kind.as_str()), (404, ""));
         assert_eq!(old.to_string(), "no such volume: db");
+    }
+
+    #[test]
+    fn a_codec_is_read_by_its_name_and_a_bad_one_refused_with_the_parser_message() {
+        let operation: Operation = serde_json::from_str(
+            r#"{"operation": "volume_create", "name": "db", "size_bytes": 4096, "compression": "zstd:9"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            operation,
+            Operation::VolumeCreate { compression: Some(codec), .. } if codec.to_string() == "zstd:9"
+        ));
+        let without: Operation = serde_json::from_str(
+            r#"{"operation": "volume_set_policy", "name": "db", "pin": "flash"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            without,
+            Operation::VolumeSetPolicy {
+                compression: None,
+                ..
+            }
+        ));
+        let error = serde_json::from_str::<Operation>(
+            r#"{"operation": "volume_set_policy", "name": "db", "compression": "zstd:0"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("zstd level \"0\" is out of range"),
+            "{error}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use lamina_engine::{CachePriority, EngineError, IoError, Pin, Pool, TierPolicy};
+use lamina_engine::{CachePriority, Codec, EngineError, IoError, Pin, Pool, TierPolicy};
 use lamina_nbd::NbdServer;
 
 use super::answer::Answer;
@@ -26,6 +26,10 @@ pub struct AdminContext {
     pub devices: crate::devices::DeviceContext,
     /// Each volume's NBD statistics (in the daemon).
     pub volume_statistics: Option<Arc<crate::volume_statistics::VolumeStatistics>>,
+    /// The codec of volumes created without one: the config's `[pool]
+    /// compression` in the daemon, `Off` when the CLI opens the pool itself
+    /// (it reads no config).
+    pub default_compression: Codec,
 }
 
 /// Runs `operation`; its answer is the document its kind names.
@@ -91,8 +95,12 @@ async fn volume_operation(
             size_bytes,
             priority,
             pin,
+            compression,
         } => {
-            let created = pool.create_volume(&name, size_bytes).await?;
+            let codec = compression.unwrap_or(context.default_compression);
+            let created = pool
+                .create_volume_with_compression(&name, size_bytes, codec)
+                .await?;
             if priority.is_none() && pin.is_none() {
                 created
             } else {
@@ -103,7 +111,17 @@ async fn volume_operation(
             name,
             priority,
             pin,
-        } => set_policy(pool, &name, priority, pin).await?,
+            compression,
+        } => match compression {
+            Some(codec) if priority.is_none() && pin.is_none() => {
+                pool.set_volume_compression(&name, codec).await?
+            }
+            Some(codec) => {
+                set_policy(pool, &name, priority, pin).await?;
+                pool.set_volume_compression(&name, codec).await?
+            }
+            None => set_policy(pool, &name, priority, pin).await?,
+        },
         Operation::VolumeResize {
             name,
             size_bytes,
