@@ -103,6 +103,10 @@ impl BlockDevice for ConcatenatedDevice {
         &self.name
     }
 
+    fn has_redundancy(&self) -> bool {
+        self.first.has_redundancy() || self.second.has_redundancy()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.first_region_bytes + self.second.size_bytes()
     }

@@ -226,6 +226,10 @@ impl<D: BlockDevice> BlockDevice for FaultyDevice<D> {
         &self.name
     }
 
+    fn has_redundancy(&self) -> bool {
+        self.inner.has_redundancy()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }

@@ -244,6 +244,13 @@ pub trait BlockDevice: Send + Sync + 'static {
         None
     }
 
+    /// Whether the device keeps redundancy from which a damaged block can be
+    /// rebuilt (an array's parity or mirrors). False by default; a device
+    /// that wraps another says what the wrapped one says.
+    fn has_redundancy(&self) -> bool {
+        false
+    }
+
     /// Whether a region opened now would have the device's full redundancy:
     /// false while members are lost and too few remain to lay a region out
     /// without them. Moving data out of degraded regions restores redundancy

@@ -171,6 +171,12 @@ pub enum VolumeError {
     InvalidName { name: String, reason: String },
     #[error("invalid size {size_bytes}: {reason}")]
     InvalidSize { size_bytes: u64, reason: String },
+    #[error("volume {volume}: compression ({codec}) is not supported on this pool yet: {reason}")]
+    CompressionUnsupported {
+        volume: String,
+        codec: String,
+        reason: String,
+    },
     #[error(
         "shrinking volume {volume} from {from_bytes} to {to_bytes} bytes discards its tail; the resize must be forced"
     )]
@@ -192,6 +198,15 @@ pub enum IoError {
         volume: String,
         logical_block: u64,
         physical_block: u64,
+    },
+    #[error(
+        "volume {volume} block {logical_block}: its compressed fragment is damaged and no redundancy could repair it: {source}"
+    )]
+    FragmentDamaged {
+        volume: String,
+        logical_block: u64,
+        #[source]
+        source: crate::log::fragment::FragmentError,
     },
     #[error(
         "volume {volume} block {logical_block} is lost: its only copy was on the flash device the pool was restored without (write it again to use it)"
@@ -312,6 +327,7 @@ impl VolumeError {
             Self::VolumeExists(_) => "volume_exists",
             Self::InvalidName { .. } => "invalid_name",
             Self::InvalidSize { .. } => "invalid_size",
+            Self::CompressionUnsupported { .. } => "compression_unsupported",
             Self::ShrinkNeedsForce { .. } => "shrink_needs_force",
         }
     }
@@ -321,6 +337,7 @@ impl IoError {
     fn kind(&self) -> &'static str {
         match self {
             Self::ChecksumMismatch { .. } => "checksum_mismatch",
+            Self::FragmentDamaged { .. } => "fragment_damaged",
             Self::BlockLost { .. } => "block_lost",
             Self::KeptMoving { .. } => "kept_moving",
             Self::OutOfRange { .. } => "out_of_range",

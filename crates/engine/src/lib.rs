@@ -25,6 +25,7 @@ pub use error::{CreateError, EngineError, IoError, OpenError, VolumeError};
 /// A volume's codec (`VolumeInfo::compression`, `Pool::set_volume_compression`).
 pub use lamina_reduction::{Codec, CodecParseError};
 pub use log::geometry::Tier;
+pub use log::location::Location;
 pub use pool::budget::{BackgroundBudgetStatus, BackgroundWork, ClientOperation, GrantedBytes};
 pub use pool::cache_warmup::{
     CacheContents, CacheContentsError, CacheWarmupState, CacheWarmupStatus, CachedBlock,

@@ -63,6 +63,9 @@ struct CutTally {
     /// corrupted records (recovery then scans every segment).
     cuts_after_new_segments: u64,
     corrupted_openings_records: u64,
+    /// Blocks stored as fragments (compressing volumes, decision 0070) that
+    /// recovery brought back, summed over the cuts.
+    fragments_recovered: u64,
     /// Two-tier runs: cuts after which the flash device was also lost and
     /// the pool restored from the capacity device alone.
     flash_restores: u64,
@@ -167,6 +170,7 @@ async fn crash_run(seed: u64, two_tiers: bool, tally: &mut CutTally) -> (u64, u6
             .await
             .unwrap_or_else(|error| panic!("seed {seed}: recovery failed: {error}"));
         check_recovered(&pool, &mut shadows, interrupted, seed).await;
+        tally.fragments_recovered += fragment_count(&pool);
     }
     let status = pool.status();
     pool.close().await.expect("close");
@@ -174,6 +178,21 @@ async fn crash_run(seed: u64, two_tiers: bool, tally: &mut CutTally) -> (u64, u6
         moved.0 + status.promoted_blocks,
         moved.1 + status.demoted_blocks,
     )
+}
+
+/// Blocks of the pool's live volumes stored as fragments.
+fn fragment_count(pool: &Pool) -> u64 {
+    let mut count = 0;
+    for volume in pool.list_volumes() {
+        let blocks = volume.size_bytes / 4096;
+        count += (0..blocks)
+            .filter(|block| {
+                pool.location_of(volume.volume_id, *block)
+                    .is_some_and(|location| location.is_fragment())
+            })
+            .count() as u64;
+    }
+    count
 }
 
 /// The flash device lost at the cut as well: a copy of the device with its
@@ -280,7 +299,8 @@ async fn seeded_power_cuts_never_lose_flushed_data() {
                 && tally.during_compaction > 0
                 && tally.corrupted_increments > 0
                 && tally.cuts_after_new_segments > 0
-                && tally.corrupted_openings_records > 0),
+                && tally.corrupted_openings_records > 0
+                && tally.fragments_recovered > 0),
         "{tally:?}"
     );
 }

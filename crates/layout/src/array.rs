@@ -549,6 +549,10 @@ impl BlockDevice for RedundantArray {
         self.narrowing_restores_redundancy()
     }
 
+    fn has_redundancy(&self) -> bool {
+        true
+    }
+
     fn new_region_usable_bytes(&self, offset: u64, length: u64) -> Option<u64> {
         if !self.geometry.is_zoned() {
             return None;

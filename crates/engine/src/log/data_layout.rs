@@ -20,7 +20,9 @@ const _: () = assert!(FRAGMENT_UNIT_COUNT_MAX < UNITS_PER_BLOCK);
 /// Where one record's data went: data index 0 is the block after the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
-    WholeBlock { data_index: u32 },
+    WholeBlock {
+        data_index: u32,
+    },
     Fragment {
         data_index: u32,
         unit_offset: u32,
@@ -208,7 +210,7 @@ mod tests {
     #[test]
     fn the_oldest_hole_is_dropped_past_the_limit() {
         let mut layout = DataLayout::new();
-        for index in 0..=HOLE_COUNT_MAX as u32 {
+        for index in 0..=u32::try_from(HOLE_COUNT_MAX).unwrap() {
             assert_eq!(layout.place_fragment(200), fragment(2 * index, 0, 200));
             layout.place_whole_block();
         }

@@ -358,6 +358,21 @@ impl Pool {
         Cleaner::new(&self.core).physical_block_of(volume_id, logical_block)
     }
 
+    /// Where `logical_block` of `volume_id` is stored, if mapped: a whole
+    /// block or a fragment (diagnostics and tests).
+    #[doc(hidden)]
+    pub fn location_of(&self, volume_id: u32, logical_block: u64) -> Option<crate::Location> {
+        let state = self.core.lock();
+        Some(
+            state
+                .volumes()
+                .get(volume_id)?
+                .map
+                .get(logical_block)?
+                .location,
+        )
+    }
+
     /// The segments the cleaner would take next, best first (tests).
     #[doc(hidden)]
     pub fn victim_order(&self, count: usize) -> Vec<u32> {
@@ -701,6 +716,8 @@ impl Pool {
         size_bytes: u64,
         codec: lamina_reduction::Codec,
     ) -> Result<VolumeInfo, EngineError> {
+        // A codec this pool refuses creates nothing.
+        self.check_compression_supported(name, codec)?;
         let created = self.create_volume(name, size_bytes).await?;
         if codec == lamina_reduction::Codec::Off {
             return Ok(created);
@@ -861,6 +878,7 @@ impl Pool {
         name: &str,
         codec: lamina_reduction::Codec,
     ) -> Result<VolumeInfo, EngineError> {
+        self.check_compression_supported(name, codec)?;
         self.control(|state| {
             Ok(Record::VolumeCompression {
                 volume_id: state.volumes().id_of(name)?,
@@ -869,5 +887,36 @@ impl Pool {
         })
         .await?;
         self.volume_info(name)
+    }
+
+    /// Compression writes fragments (decision 0070), which this build's
+    /// scrub, rebuild, parity repair at replay and tiering do not handle
+    /// yet: it is refused on arrays and two-tier pools, where they run, and
+    /// on a single device it is allowed. `Off` is always allowed.
+    fn check_compression_supported(
+        &self,
+        name: &str,
+        codec: lamina_reduction::Codec,
+    ) -> Result<(), EngineError> {
+        if codec == lamina_reduction::Codec::Off {
+            return Ok(());
+        }
+        let reason = if self.core.geometry().has_capacity_tier() {
+            Some("the pool has a capacity tier")
+        } else if self.core.device().has_redundancy() {
+            Some("the pool is on an array")
+        } else {
+            None
+        };
+        match reason {
+            None => Ok(()),
+            Some(reason) => Err(EngineError::Volume(VolumeError::CompressionUnsupported {
+                volume: name.to_string(),
+                codec: codec.to_string(),
+                reason: format!(
+                    "{reason}, whose scrub, rebuild and tiering do not handle compressed blocks yet (decision 0070)"
+                ),
+            })),
+        }
     }
 }

@@ -309,7 +309,7 @@ fn flash_live_bytes(state: &State) -> u64 {
     state
         .space()
         .segments_of(Tier::Flash)
-        .map(|(_, segment)| u64::from(segment.live_blocks))
+        .map(|(_, segment)| u64::from(segment.live_blocks()))
         .sum::<u64>()
         * BLOCK_SIZE_BYTES
 }

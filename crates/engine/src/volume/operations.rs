@@ -40,7 +40,8 @@ impl VolumeTable {
         displaced: &mut dyn FnMut(Location),
     ) {
         assert!(
-            interval_level.is_none() || matches!(record, Record::Data { .. }),
+            interval_level.is_none()
+                || matches!(record, Record::Data { .. } | Record::Packed { .. }),
             "only a client write's data record carries an interval level"
         );
         match record {
@@ -48,6 +49,12 @@ impl VolumeTable {
                 volume_id,
                 logical_block,
                 checksum,
+            }
+            | Record::Packed {
+                volume_id,
+                logical_block,
+                checksum,
+                ..
             } => {
                 let location = location.expect("data record applied without its block");
                 let mapping = Mapping {
@@ -65,16 +72,23 @@ impl VolumeTable {
             Record::Relocate {
                 volume_id,
                 logical_block,
-                from_physical_block,
+                from_physical_block: from,
                 checksum,
+            }
+            | Record::RelocatePacked {
+                volume_id,
+                logical_block,
+                from,
+                checksum,
+                ..
             } => {
                 let location = location.expect("relocation record applied without its block");
                 let to = Mapping {
                     location,
                     checksum: *checksum,
                 };
-                let from = Location::from_raw(*from_physical_block)
-                    .expect("summaries are decoded with valid locations");
+                let from =
+                    Location::from_raw(*from).expect("summaries are decoded with valid locations");
                 self.relocate_block(*volume_id, *logical_block, from, to, displaced);
             }
             Record::Unmap {
@@ -100,6 +114,12 @@ impl VolumeTable {
                 volume_id,
                 logical_block,
                 checksum,
+            }
+            | Record::Packed {
+                volume_id,
+                logical_block,
+                checksum,
+                ..
             } => self
                 .volumes
                 .get(volume_id)
@@ -108,8 +128,15 @@ impl VolumeTable {
             Record::Relocate {
                 volume_id,
                 logical_block,
-                from_physical_block,
+                from_physical_block: from,
                 checksum,
+            }
+            | Record::RelocatePacked {
+                volume_id,
+                logical_block,
+                from,
+                checksum,
+                ..
             } => {
                 let mut holders = self
                     .family(*volume_id)
@@ -117,7 +144,7 @@ impl VolumeTable {
                     .filter_map(|member| self.volumes.get(&member))
                     .flat_map(Volume::maps)
                     .filter_map(|map| map.get(*logical_block))
-                    .filter(|held| held.location.raw() == *from_physical_block)
+                    .filter(|held| held.location.raw() == *from)
                     .peekable();
                 holders.peek().is_some() && holders.all(|held| held.checksum == *checksum)
             }

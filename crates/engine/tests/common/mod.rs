@@ -145,6 +145,10 @@ impl lamina_device::BlockDevice for InstrumentedDevice {
         self.inner.name()
     }
 
+    fn has_redundancy(&self) -> bool {
+        self.inner.has_redundancy()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }

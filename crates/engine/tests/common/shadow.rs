@@ -77,6 +77,46 @@ fn zero_block() -> Arc<Vec<u8>> {
     Arc::new(vec![0u8; BLOCK])
 }
 
+/// Words the compressible writes are made of: a compressing volume then
+/// stores fragments of many sizes (a few units to most of a block), which
+/// straddle blocks and fill the holes whole blocks leave (decision 0070).
+const WORDS: [&[u8]; 8] = [
+    b"lamina ",
+    b"segment ",
+    b"fragment ",
+    b"checkpoint ",
+    b"replay ",
+    b"cleaner ",
+    b"parity ",
+    b"flush ",
+];
+
+/// A write's bytes: runs of 512 equal bytes (compress to a few units),
+/// words in a random order (compress to a fraction of a block), or random
+/// bytes (do not compress: stored whole). Never all zeros.
+fn write_data(rng: &mut SmallRng, length: usize) -> Vec<u8> {
+    match rng.random_range(0..3) {
+        0 => {
+            let fill: u8 = rng.random();
+            (0..length)
+                .map(|index| fill.wrapping_add((index / 512) as u8) | 1)
+                .collect()
+        }
+        1 => {
+            let mut data = Vec::with_capacity(length + 16);
+            while data.len() < length {
+                data.extend_from_slice(WORDS[rng.random_range(0..WORDS.len())]);
+                if rng.random_bool(0.2) {
+                    data.push(rng.random::<u8>() | 1);
+                }
+            }
+            data.truncate(length);
+            data
+        }
+        _ => (0..length).map(|_| rng.random::<u8>() | 1).collect(),
+    }
+}
+
 /// Limits for run `seed`. Every other pair of seeds splits relocations by
 /// the age of their data, which the test pools are too small for by default
 /// (docs/decisions/0010), so that both placements meet power cuts.
@@ -214,10 +254,14 @@ pub async fn run_operations(
                 } else {
                     rng.random_range(1..=length_max)
                 };
-                let fill: u8 = rng.random();
-                let data: Vec<u8> = (0..length)
-                    .map(|index| fill.wrapping_add((index / 512) as u8) | 1)
-                    .collect();
+                if rng.random_bool(0.03) {
+                    // Changes of codec while writing (issue 44).
+                    let codec = ["off", "lz4", "zstd:1"][rng.random_range(0..3)];
+                    let _refused_on_arrays_and_two_tiers = pool
+                        .set_volume_compression(&shadow.name, codec.parse().unwrap())
+                        .await;
+                }
+                let data = write_data(rng, length);
                 let fua = rng.random_bool(0.1);
                 pool.write(volume_id, offset as u64, &data, fua)
                     .await
@@ -551,6 +595,19 @@ pub async fn create_volumes(pool: &Pool, rng: &mut SmallRng) -> Vec<ShadowVolume
         pool.create_volume(name, (blocks * BLOCK) as u64)
             .await
             .expect("create volume");
+        // A codec per volume where the pool takes one (one device, one
+        // tier: decision 0070); arrays and two-tier pools refuse it.
+        let codec = ["off", "lz4", "zstd:1", "zstd:3"][rng.random_range(0..4)];
+        match pool
+            .set_volume_compression(name, codec.parse().unwrap())
+            .await
+        {
+            Ok(_) => {}
+            Err(error) => assert!(
+                error.to_string().contains("not supported on this pool yet"),
+                "setting {codec} on {name}: {error}"
+            ),
+        }
         shadows.push(ShadowVolume {
             name: name.to_string(),
             blocks: vec![vec![zero_block()]; blocks],

@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use futures::StreamExt;
 
 use crate::log::batch::block_checksum;
+use crate::log::location::Location;
 pub use crate::pool::cache_warmup::progress::{CacheWarmupState, CacheWarmupStatus};
 use crate::pool::core::Core;
 use crate::volume::View;
@@ -223,7 +224,11 @@ impl CacheWarmup {
         let mut found: Vec<Option<CachedBlock>> = vec![None; hottest.len()];
         for (view, map) in &maps {
             for (chunk_index, chunk) in map.chunks() {
-                for (entry, mapping) in chunk.mappings() {
+                // Fragments are not cached (decision 0070).
+                let whole_blocks = chunk
+                    .mappings()
+                    .filter(|(_, mapping)| !mapping.location.is_fragment());
+                for (entry, mapping) in whole_blocks {
                     if let Some(rank) = rank_of.remove(&mapping.physical_block()) {
                         found[rank] = Some(CachedBlock {
                             view: *view,
@@ -309,7 +314,10 @@ impl CacheWarmup {
             .blocks
             .iter()
             .filter_map(|listed| {
-                let mapping = maps.get(&listed.view)?.get(listed.logical_block)?;
+                let mapping = maps
+                    .get(&listed.view)?
+                    .get(listed.logical_block)
+                    .filter(|mapping| !mapping.location.is_fragment())?;
                 Some(WarmupBlock {
                     view: listed.view,
                     logical_block: listed.logical_block,
@@ -370,7 +378,7 @@ impl CacheWarmup {
                     .view(block.view)
                     .and_then(|found| found.map.get(block.logical_block))
                     .is_some_and(|now| {
-                        now.physical_block() == block.physical_block
+                        now.location == Location::whole_block(block.physical_block)
                             && now.checksum == block.checksum
                     });
                 if passes

@@ -12,12 +12,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::victims::{VictimPolicy, pick_victims, pick_victims_in};
-use crate::convert::{block_in_segment, to_usize};
+use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
+use crate::log::batch::Record;
 use crate::log::batch::block_checksum;
 use crate::log::chain;
+use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::Tier;
-use crate::log::location::Location;
+use crate::log::location::{Location, UNIT_BYTES};
 use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::Core;
@@ -55,7 +57,7 @@ const RELOCATION_CHUNK_BLOCKS: usize = 64;
 pub(crate) fn next_victims_live_bytes(state: &State, segment_count_max: usize) -> u64 {
     pick_victims(state, segment_count_max, VictimPolicy::CostBenefit)
         .iter()
-        .map(|victim| u64::from(state.space().segment(*victim).live_blocks))
+        .map(|victim| u64::from(state.space().segment(*victim).live_blocks()))
         .sum::<u64>()
         * BLOCK_SIZE_BYTES
 }
@@ -95,6 +97,25 @@ impl VictimContents {
         );
         let within = offset % self.piece_bytes;
         &self.pieces[offset / self.piece_bytes][within..within + block]
+    }
+
+    /// A candidate's data: its whole block, or its fragment's units (which
+    /// may continue into the next block, in the next piece).
+    fn data_of(&self, candidate: &Candidate) -> std::borrow::Cow<'_, [u8]> {
+        if !candidate.location.is_fragment() {
+            return std::borrow::Cow::Borrowed(self.block_at(candidate.data_offset_bytes));
+        }
+        let length = candidate.location.units() as usize * UNIT_BYTES;
+        let start = candidate.data_offset_bytes;
+        let within = start % self.piece_bytes;
+        let piece = &self.pieces[start / self.piece_bytes];
+        if within + length <= piece.len() {
+            return std::borrow::Cow::Borrowed(&piece[within..within + length]);
+        }
+        let mut bytes = piece[within..].to_vec();
+        let rest = length - bytes.len();
+        bytes.extend_from_slice(&self.pieces[start / self.piece_bytes + 1][..rest]);
+        std::borrow::Cow::Owned(bytes)
     }
 
     fn block_at_mut(&mut self, offset: usize) -> &mut [u8] {
@@ -141,8 +162,8 @@ enum ReclaimStep {
 struct Candidate {
     volume_id: u32,
     logical_block: u64,
-    /// Where the block is now, in the victim.
-    physical_block: u64,
+    /// Where the block or fragment is now, in the victim.
+    location: Location,
     /// Where its data starts in the victim's [`VictimContents`].
     data_offset_bytes: usize,
     /// The checksum its batch's summary gives it.
@@ -150,6 +171,70 @@ struct Candidate {
     /// The stream it goes to (a demotion to `Stream::Capacity` falls back to
     /// the cleaner's flash stream while capacity has no room).
     destination: Stream,
+}
+
+/// Where a record's data lies in a victim: its location, where it starts
+/// in the victim's contents, and the last block it touches.
+struct PlacedData {
+    location: Location,
+    data_offset_bytes: usize,
+    last_block_in_segment: u32,
+}
+
+impl PlacedData {
+    fn in_victim(first_block: u64, batch: &chain::ChainBatch, placement: Placement) -> PlacedData {
+        let (data_index, unit_offset, unit_count) = match placement {
+            Placement::WholeBlock { data_index } => (data_index, 0, 0),
+            Placement::Fragment {
+                data_index,
+                unit_offset,
+                unit_count,
+            } => (data_index, unit_offset, unit_count),
+        };
+        let block_in_segment = batch.data_block_in_segment(data_index);
+        let block = first_block + u64::from(block_in_segment);
+        let location = if unit_count == 0 {
+            Location::whole_block(block)
+        } else {
+            Location::fragment(block, unit_offset, unit_count)
+        };
+        PlacedData {
+            location,
+            data_offset_bytes: block_in_segment as usize * BLOCK_BYTES
+                + unit_offset as usize * UNIT_BYTES,
+            last_block_in_segment: block_in_segment + location.block_count() - 1,
+        }
+    }
+}
+
+/// The volume, logical block and checksum of a record that carries data.
+fn data_of_record(record: &Record) -> (u32, u64, u32) {
+    match record {
+        Record::Data {
+            volume_id,
+            logical_block,
+            checksum,
+        }
+        | Record::Relocate {
+            volume_id,
+            logical_block,
+            checksum,
+            ..
+        }
+        | Record::Packed {
+            volume_id,
+            logical_block,
+            checksum,
+            ..
+        }
+        | Record::RelocatePacked {
+            volume_id,
+            logical_block,
+            checksum,
+            ..
+        } => (*volume_id, *logical_block, *checksum),
+        _ => unreachable!("only records that carry data are placed"),
+    }
 }
 
 /// Maps that may hold a block, per writing volume: the volume, its snapshots
@@ -188,8 +273,8 @@ fn relocate_chunk(
             family,
             volume_id: candidate.volume_id,
             logical_block: candidate.logical_block,
-            from_physical_block: candidate.physical_block,
-            data: chunk.contents.block_at(candidate.data_offset_bytes),
+            from: candidate.location,
+            data: &chunk.contents.data_of(candidate),
             stream,
         };
         let moved = state.append_relocation(relocation, sealed)?;
@@ -261,7 +346,7 @@ impl Cleaner {
     ) -> Option<u64> {
         let state = self.core.lock();
         let mapping = state.volumes().get(volume_id)?.map.get(logical_block)?;
-        Some(mapping.physical_block())
+        Some(mapping.location.block())
     }
 
     /// The segments the cleaner would take next, best first (tests).
@@ -487,22 +572,26 @@ impl Cleaner {
         };
         let mut candidates = Vec::new();
         for batch in &chain.batches {
-            let targets = batch
-                .summary
-                .records
-                .iter()
-                .filter_map(|record| Some((record.data_target()?, record.data_checksum()?)));
-            for (data_index, ((volume_id, logical_block), checksum)) in targets.enumerate() {
-                let block_in_segment = batch.data_block_in_segment(block_in_segment(data_index));
+            let records = &batch.summary.records;
+            let (placements, _) = DataLayout::of_records(records);
+            for (record_index, placement) in placements {
+                let (volume_id, logical_block, checksum) = data_of_record(&records[record_index]);
+                let placed = PlacedData::in_victim(first_block, batch, placement);
                 assert!(
-                    block_in_segment < segment_size_blocks,
-                    "segment {segment_index}: data block {block_in_segment} beyond the segment"
+                    placed.last_block_in_segment < segment_size_blocks,
+                    "segment {segment_index}: data block {} beyond the segment",
+                    placed.last_block_in_segment
                 );
+                let PlacedData {
+                    location,
+                    data_offset_bytes,
+                    ..
+                } = placed;
                 candidates.push(Candidate {
                     volume_id,
                     logical_block,
-                    physical_block: first_block + u64::from(block_in_segment),
-                    data_offset_bytes: block_in_segment as usize * BLOCK_BYTES,
+                    location,
+                    data_offset_bytes,
                     checksum,
                     destination,
                 });
@@ -521,10 +610,14 @@ impl Cleaner {
         contents: &mut VictimContents,
         candidates: &[Candidate],
     ) {
+        // Whole blocks only: fragments are not written to devices with
+        // redundancy yet (decision 0070), so none could be rebuilt.
         let damaged: Vec<&Candidate> = candidates
             .iter()
             .filter(|candidate| {
-                block_checksum(contents.block_at(candidate.data_offset_bytes)) != candidate.checksum
+                !candidate.location.is_fragment()
+                    && block_checksum(contents.block_at(candidate.data_offset_bytes))
+                        != candidate.checksum
             })
             .collect();
         if damaged.is_empty() {
@@ -540,7 +633,7 @@ impl Cleaner {
                     state.volumes().holder_checksum(
                         &family,
                         candidate.logical_block,
-                        Location::whole_block(candidate.physical_block),
+                        candidate.location,
                     ) == Some(candidate.checksum)
                 })
                 .collect()
@@ -549,7 +642,7 @@ impl Cleaner {
             if let Some(good) = self
                 .core
                 .recover_block(
-                    candidate.physical_block,
+                    candidate.location.whole_block_number(),
                     candidate.logical_block,
                     candidate.checksum,
                 )
@@ -579,7 +672,7 @@ impl Cleaner {
             for candidate in candidates.iter_mut() {
                 candidate.destination = state.flash_victim_destination(
                     candidate.volume_id,
-                    candidate.physical_block,
+                    candidate.location.block(),
                     flash_critical,
                 );
             }
@@ -648,7 +741,7 @@ impl Cleaner {
     /// empty.
     fn finish_victim(&self, segment_index: u32, damaged: &[chain::DamagedRange]) -> bool {
         let segment = *self.core.lock().space().segment(segment_index);
-        if segment.live_blocks > 0 {
+        if segment.live_blocks() > 0 {
             self.set_aside(segment_index, damaged);
             return false;
         }
@@ -673,7 +766,7 @@ impl Cleaner {
                 return;
             }
             state.set_segment_aside(segment_index);
-            segment.live_blocks
+            segment.live_blocks()
         };
         tracing::error!(
             segment_index,

@@ -252,7 +252,7 @@ impl Pacer {
         let next_victim_live_blocks = || {
             let live_blocks = pick_victims(&state, 1, VictimPolicy::CostBenefit)
                 .first()
-                .map(|victim| state.space().segment(*victim).live_blocks);
+                .map(|victim| state.space().segment(*victim).live_blocks());
             victim_live_blocks = live_blocks.unwrap_or(0);
             live_blocks.map(f64::from)
         };

@@ -64,7 +64,7 @@ pub fn pick_victims_in(state: &State, tier: Tier, count: usize, policy: VictimPo
             // Of the blocks the segment's layout holds (fewer on an array
             // narrowed after a loss).
             let segment_blocks = f64::from(state.shapes().shape(index).size_blocks);
-            let utilization = f64::from(segment.live_blocks) / segment_blocks;
+            let utilization = f64::from(segment.live_blocks()) / segment_blocks;
             if fifo {
                 // Oldest first: batch sequences keep the order across restarts.
                 let age = now.saturating_sub(segment.last_batch_sequence) as f64 + 1.0;

@@ -23,7 +23,7 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::{Record, block_checksum};
 use crate::log::checkpoint::Body;
 use crate::log::geometry::{Geometry, Tier};
-use crate::log::location::Location;
+use crate::log::location::{Location, UNIT_BYTES, UNITS_PER_BLOCK};
 use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::VolumeTable;
@@ -214,12 +214,14 @@ impl State {
 
     /// Accounts for a location that no map references any more.
     pub fn release_block(&mut self, location: Location) {
-        let physical_block = location.whole_block_number();
         // A dead block's cached copy can never be read again: free its slot for
         // live data (otherwise overwrites fill the cache with garbage).
-        self.cache.invalidate_range(physical_block, 1);
-        self.space
-            .release_block(physical_block, self.writer.progress());
+        // Fragments are not cached (decision 0070: the compressed cache is a
+        // later slice).
+        if !location.is_fragment() {
+            self.cache.invalidate_range(location.block(), 1);
+        }
+        self.space.release(location, self.writer.progress());
     }
 
     /// Forgets cached blocks of segments just freed: they will be rewritten.
@@ -294,7 +296,7 @@ impl State {
     /// how many live blocks it had and when, and relocations take segments
     /// of its tier.
     pub fn start_cleaning(&mut self, victim: u32, tier: Tier) {
-        let live_blocks = self.space.segment(victim).live_blocks;
+        let live_blocks = self.space.segment(victim).live_blocks();
         let now_blocks = self.client_blocks_written();
         self.placement.start_victim(victim, live_blocks, now_blocks);
         self.space.set_cleaning_tier(tier);
@@ -458,7 +460,7 @@ impl State {
         };
         let lane = lane_of(stream);
         assert!(
-            lane == 0 || record.carries_data(),
+            lane == 0 || record.carries_data() || record.carries_fragment(),
             "records without data go to the main batch"
         );
         for other in (0..OPEN_BATCH_COUNT).filter(|other| *other != lane) {
@@ -476,7 +478,7 @@ impl State {
             }
             sealed.extend(self.seal_lane(lane));
         }
-        self.open_batch(stream, record.carries_data())?;
+        self.open_batch(stream, record.carries_data() || record.carries_fragment())?;
         Ok(lane)
     }
 
@@ -601,7 +603,7 @@ impl State {
         let batch = self.writer.open_batch_mut(lane).expect("room made");
         let physical_block = batch.append_block(record.clone(), data);
         self.space
-            .block_appended(self.geometry.segment_of(physical_block));
+            .units_appended(self.geometry.segment_of(physical_block), UNITS_PER_BLOCK);
         let mut displaced = None;
         self.volumes.apply_with_level(
             &record,
@@ -658,7 +660,7 @@ impl State {
         let replaced_counter = self.heat.as_ref().and_then(|heat| {
             let index = self
                 .geometry
-                .flash_data_index(replaced?.mapping.physical_block())?;
+                .flash_data_index(replaced?.mapping.location.block())?;
             Some(heat.counter(index))
         });
         let destination = self.client_destination(replaced);
@@ -679,6 +681,78 @@ impl State {
         Ok(())
     }
 
+    /// Appends one compressed block for `logical_block` of `volume_id` as a
+    /// fragment (`log::fragment`, encoded before the lock was taken) of
+    /// `unit_count` units whose crc32c is `checksum`. The placement is a
+    /// whole block's (the block it replaces steers it); fragments carry no
+    /// heat: compression is for one-tier pools for now (decision 0070).
+    pub fn append_packed(
+        &mut self,
+        volume_id: u32,
+        logical_block: u64,
+        fragment: &[u8],
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        self.check_failed()?;
+        debug_assert_eq!(
+            checksum,
+            crc32c::crc32c(fragment),
+            "the fragment's own checksum"
+        );
+        let unit_count = fragment.len() / UNIT_BYTES;
+        let record = Record::Packed {
+            volume_id,
+            logical_block,
+            unit_count: u8::try_from(unit_count).expect("a fragment is at most 225 units"),
+            checksum,
+        };
+        let replaced = if self.separate_client_writes {
+            self.volumes
+                .get(volume_id)
+                .and_then(|volume| volume.map.entry(logical_block))
+                .filter(|entry| !entry.mapping.is_lost())
+        } else {
+            None
+        };
+        let destination = self.client_destination(replaced);
+        self.append_fragment_record(
+            destination.stream,
+            record,
+            destination.interval_level,
+            fragment,
+            sealed,
+        )?;
+        self.counters.client_block_written();
+        Ok(())
+    }
+
+    /// Appends a record with its fragment (a `Packed` or `RelocatePacked`
+    /// record); returns the fragment's location.
+    fn append_fragment_record(
+        &mut self,
+        stream: Stream,
+        record: Record,
+        interval_level: Option<u8>,
+        fragment: &[u8],
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<Location, EngineError> {
+        let lane = self.make_room(stream, &record, sealed)?;
+        let batch = self.writer.open_batch_mut(lane).expect("room made");
+        let location = batch.append_fragment(record.clone(), fragment);
+        self.space
+            .units_appended(self.geometry.segment_of(location.block()), location.units());
+        let mut displaced = None;
+        self.volumes
+            .apply_with_level(&record, Some(location), interval_level, &mut |old| {
+                displaced = Some(old)
+            });
+        if let Some(old) = displaced {
+            self.release_block(old);
+        }
+        Ok(location)
+    }
+
     /// The stream a client write that replaces `replaced` goes to.
     fn client_destination(&self, replaced: Option<MapEntry>) -> ClientDestination {
         if !self.separate_client_writes {
@@ -690,7 +764,7 @@ impl State {
         let now = self.client_blocks_written();
         let placement = self.placement.client_placement(
             replaced.map(|entry| ReplacedBlock {
-                segment_index: self.geometry.segment_of(entry.mapping.physical_block()),
+                segment_index: self.geometry.segment_of(entry.mapping.location.block()),
                 interval_level: entry.interval_level,
             }),
             now,
@@ -809,7 +883,9 @@ pub struct Relocation<'a> {
     pub family: &'a [u32],
     pub volume_id: u32,
     pub logical_block: u64,
-    pub from_physical_block: u64,
+    /// Where the data is now: a whole block (`data` is its 4 KiB) or a
+    /// fragment (`data` is its units, moved as they are).
+    pub from: Location,
     pub data: &'a [u8],
     /// `Stream::Cleaner` is the cleaner's stream for its current victim,
     /// `Stream::Capacity` a demotion (or a move within capacity) and
@@ -831,15 +907,11 @@ impl State {
             family,
             volume_id,
             logical_block,
-            from_physical_block,
+            from,
             data,
             stream,
         } = relocation;
-        let Some(checksum) = self.volumes.holder_checksum(
-            family,
-            logical_block,
-            Location::whole_block(from_physical_block),
-        ) else {
+        let Some(checksum) = self.volumes.holder_checksum(family, logical_block, from) else {
             return Ok(false);
         };
         // A block only the writing volume's live map holds moves by a plain
@@ -850,12 +922,33 @@ impl State {
         // would have displaced the block, and this move would not be made).
         // Otherwise the conditional `Relocate` moves it in every map that
         // holds it, which replay can only do after the old home's batches.
-        let sole_holder = self.volumes.sole_holder(
-            family,
-            volume_id,
-            logical_block,
-            Location::whole_block(from_physical_block),
-        );
+        let sole_holder = self
+            .volumes
+            .sole_holder(family, volume_id, logical_block, from);
+        if from.is_fragment() {
+            let unit_count =
+                u8::try_from(from.unit_count()).expect("a fragment's units fit a byte");
+            let record = if sole_holder {
+                Record::Packed {
+                    volume_id,
+                    logical_block,
+                    unit_count,
+                    checksum,
+                }
+            } else {
+                Record::RelocatePacked {
+                    volume_id,
+                    logical_block,
+                    from: from.raw(),
+                    unit_count,
+                    checksum,
+                }
+            };
+            let to = self.append_fragment_record(stream, record, None, data, sealed)?;
+            self.moved(from.block(), to.block(), stream, sole_holder);
+            return Ok(true);
+        }
+        let from_physical_block = from.whole_block_number();
         let record = if sole_holder {
             Record::Data {
                 volume_id,

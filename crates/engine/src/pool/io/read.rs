@@ -17,11 +17,13 @@ use std::sync::Arc;
 use lamina_device::{AlignedBuffer, DeviceError};
 use smallvec::SmallVec;
 
+use super::fragment_read::{self, FragmentRead};
 use super::stream::Stream;
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
 use crate::log::geometry::Tier;
+use crate::log::location::Location;
 use crate::pool::budget::ClientOperation;
 use crate::pool::core::Core;
 use crate::pool::core::state::{ReadParts, Relocation};
@@ -202,6 +204,8 @@ struct ReadPlan {
     /// Capacity blocks after a promoted one, beyond the request, to promote
     /// with it.
     neighbours: Vec<DeviceBlock>,
+    /// Compressed blocks to read from the device (`fragment_read`).
+    fragments: Vec<FragmentRead>,
 }
 
 /// The walk of a view's map that plans one read attempt, under the state lock.
@@ -243,6 +247,10 @@ impl<'a> ReadPlanner<'a> {
             self.lost_block.get_or_insert(logical_block);
             return;
         }
+        if mapping.location.is_fragment() {
+            self.plan_fragment(logical_block, mapping, span, buffer);
+            return;
+        }
         let tier = self.parts.geometry.tier_of_block(mapping.physical_block());
         let promote = self.heat_accessed(mapping.physical_block(), tier);
         let device_block = DeviceBlock {
@@ -281,6 +289,40 @@ impl<'a> ReadPlanner<'a> {
             Tier::Capacity => self.counters.capacity_read_blocks += 1,
         }
         self.plan.from_device.push(device_block);
+    }
+
+    /// Plans a compressed block: decoded now if its batch has not reached
+    /// the device yet, else read from the device once the lock is released.
+    /// Fragments are one-tier only (decision 0070): no heat, no promotion.
+    fn plan_fragment(
+        &mut self,
+        logical_block: u64,
+        mapping: Mapping,
+        span: BlockSpan,
+        buffer: &mut [u8],
+    ) {
+        let location = mapping.location;
+        assert!(self.parts.heat.is_none(), "{location} in a two-tier pool");
+        let mut blocks = [0u8; 2 * BLOCK_BYTES];
+        let touched = &mut blocks[..location.block_count() as usize * BLOCK_BYTES];
+        let writer = self.parts.writer;
+        let unwritten = touched
+            .chunks_exact_mut(BLOCK_BYTES)
+            .zip(location.block()..)
+            .all(|(block, physical_block)| writer.copy_unwritten_block(physical_block, block));
+        let mut decoded = [0u8; BLOCK_BYTES];
+        // An unwritten batch is in memory as it was appended: it decodes.
+        if unwritten
+            && fragment_read::decode(location, touched, mapping.checksum, &mut decoded).is_ok()
+        {
+            buffer[span.request_range()].copy_from_slice(&decoded[span.block_range()]);
+            return;
+        }
+        self.plan.fragments.push(FragmentRead {
+            logical_block,
+            location,
+            checksum: mapping.checksum,
+        });
     }
 
     /// Copies the part `span` of the block `mapping` points to into `buffer`
@@ -343,7 +385,11 @@ impl<'a> ReadPlanner<'a> {
             if neighbour <= self.last_block || neighbour >= self.view_block_count {
                 break;
             }
-            let Some(next) = self.map.get(neighbour) else {
+            let Some(next) = self
+                .map
+                .get(neighbour)
+                .filter(|next| !next.location.is_fragment())
+            else {
                 break;
             };
             let follows = (previous + 1..=previous + 2).contains(&next.physical_block())
@@ -530,10 +576,18 @@ impl Core {
             return Ok(MovedBlocks::new());
         }
         let mut plan = self.plan_read(view, offset, buffer, extents)?;
+        let mut fragments_moved = Vec::new();
+        if !plan.fragments.is_empty() {
+            let fragments = std::mem::take(&mut plan.fragments);
+            fragments_moved = self
+                .read_fragments(view, offset, &fragments, buffer)
+                .await?;
+        }
         if !plan.from_cache_or_device.is_empty() {
             self.take_from_cache(&mut plan, offset, buffer);
         }
         if plan.neighbours.is_empty()
+            && fragments_moved.is_empty()
             && let [block] = plan.from_device[..]
         {
             return self
@@ -551,7 +605,7 @@ impl Core {
             self.read_neighbours(&plan.neighbours)
         );
         plan.promotions.extend(neighbour_promotions);
-        let mut moved = MovedBlocks::new();
+        let mut moved: MovedBlocks = fragments_moved.into_iter().collect();
         for (run, result) in runs.iter().zip(results) {
             let run_moved = self
                 .verify_and_copy(view, offset, run, result, buffer, &mut plan.promotions)
@@ -678,6 +732,7 @@ impl Core {
                 from_cache_or_device: PlannedBlocks::new(),
                 promotions: Vec::new(),
                 neighbours: Vec::new(),
+                fragments: Vec::new(),
             },
             parts,
             lost_block: None,
@@ -811,7 +866,7 @@ impl Core {
 
     /// The full name of `view` (`VOL` or `VOL@SNAP`) for errors, or its
     /// identifier if it was deleted meanwhile.
-    fn view_name(&self, view: View) -> String {
+    pub(in crate::pool) fn view_name(&self, view: View) -> String {
         let state = self.lock();
         state
             .volumes()
@@ -828,7 +883,8 @@ impl Core {
             .view(view)
             .and_then(|found| found.map.get(block.logical_block))
             .is_none_or(|now| {
-                now.physical_block() != block.physical_block || now.checksum != block.checksum
+                now.location != Location::whole_block(block.physical_block)
+                    || now.checksum != block.checksum
             })
     }
 
@@ -894,7 +950,7 @@ impl Core {
                     family: &family,
                     volume_id: root,
                     logical_block: promotion.logical_block,
-                    from_physical_block: promotion.physical_block,
+                    from: Location::whole_block(promotion.physical_block),
                     data: &contents,
                     stream: Stream::Client,
                 };

@@ -8,6 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::compressed_write::{self, ClientBlock};
 use super::read::{BlockSpan, ReadExtents, check_range};
 use super::writer::InFlightBatch;
 use crate::convert::to_usize;
@@ -373,10 +374,15 @@ impl Core {
         }
         let first = *next_block;
         let stop = (first + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
+        let codec = state.volumes().compression(request.volume_id);
         while *next_block < stop {
-            let contents = request.contents_of(*next_block, merged);
-            let checksum = checksums[to_usize(*next_block - first)];
-            state.append_data(request.volume_id, *next_block, contents, checksum, sealed)?;
+            let block = ClientBlock {
+                volume_id: request.volume_id,
+                logical_block: *next_block,
+                contents: request.contents_of(*next_block, merged),
+                checksum: checksums[to_usize(*next_block - first)],
+            };
+            compressed_write::append_block(&mut state, codec, block, sealed)?;
             *next_block += 1;
         }
         Ok(Appended::Blocks)

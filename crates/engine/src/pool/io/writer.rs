@@ -17,7 +17,9 @@ use crate::log::batch::{
     BATCH_DATA_BLOCKS_MAX, BATCH_OVERHEAD_BLOCKS, Record, SUMMARY_RECORD_BYTES_MAX, Summary,
 };
 use crate::log::chain::{BATCH_TAIL_BLOCKS_MAX, SegmentShape};
+use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::{DEFAULT_SEGMENT_SIZE_BYTES, SEGMENT_SIZE_BLOCKS_MIN};
+use crate::log::location::{Location, UNIT_BYTES};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 use super::stream::{OPEN_BATCH_COUNT, RELOCATION_STREAMS, STREAM_COUNT, Stream, lane_of};
@@ -74,10 +76,11 @@ pub struct OpenBatch {
     summary_block: u64,
     records: Vec<Record>,
     record_bytes: usize,
-    /// Block 0 is reserved for the summary, then the data blocks, then room
+    /// Block 0 is reserved for the summary, then the data region, then room
     /// for the summary's copy.
     buffer: AlignedBuffer,
-    data_count: usize,
+    /// Where the data region's whole blocks and fragments go (decision 0070).
+    layout: DataLayout,
     data_capacity: usize,
     /// The (volume, logical block) pairs its `Data` records write.
     data_blocks: HashSet<(u32, u64)>,
@@ -111,19 +114,24 @@ impl OpenBatch {
                 volume_id,
                 logical_block,
                 ..
+            }
+            | Record::Packed {
+                volume_id,
+                logical_block,
+                ..
             } => {
                 self.has_records_without_data
                     || self.data_blocks.contains(&(*volume_id, *logical_block))
             }
-            Record::Relocate { .. } => false,
+            Record::Relocate { .. } | Record::RelocatePacked { .. } => false,
             _ => true,
         }
     }
 
-    /// Whether `record` (and its data block, if it carries one) fits.
+    /// Whether `record` (and its data block or fragment, if it carries one) fits.
     pub fn has_room_for(&self, record: &Record) -> bool {
         self.record_bytes + record.encoded_bytes_max() <= SUMMARY_RECORD_BYTES_MAX
-            && (!record.carries_data() || self.data_count < self.data_capacity)
+            && self.layout.block_count_after(record) as usize <= self.data_capacity
     }
 
     /// Adds a record without data, or with its data block through
@@ -135,10 +143,15 @@ impl OpenBatch {
                 volume_id,
                 logical_block,
                 ..
+            }
+            | Record::Packed {
+                volume_id,
+                logical_block,
+                ..
             } => {
                 self.data_blocks.insert((*volume_id, *logical_block));
             }
-            Record::Relocate { .. } => {}
+            Record::Relocate { .. } | Record::RelocatePacked { .. } => {}
             _ => self.has_records_without_data = true,
         }
         self.records.push(record);
@@ -191,13 +204,46 @@ impl OpenBatch {
     pub fn append_block(&mut self, record: Record, data: &[u8]) -> u64 {
         assert_eq!(data.len(), BLOCK_BYTES);
         assert!(record.carries_data() && self.has_room_for(&record));
+        let Placement::WholeBlock { data_index } = self.layout.place_whole_block() else {
+            unreachable!("a whole block is placed as one");
+        };
         let block = BLOCK_BYTES;
-        let start = (1 + self.data_count) * block;
+        let start = (1 + data_index as usize) * block;
         self.buffer[start..start + block].copy_from_slice(data);
-        let physical_block = self.summary_block + 1 + self.data_count as u64;
-        self.data_count += 1;
         self.push(record);
-        physical_block
+        self.summary_block + 1 + u64::from(data_index)
+    }
+
+    /// Appends `record` (a `Packed` or `RelocatePacked` record) with its
+    /// fragment (whole units, zero-padded, as `log::fragment` encodes it);
+    /// returns the fragment's location.
+    pub fn append_fragment(&mut self, record: Record, fragment: &[u8]) -> Location {
+        let unit_count = u32::from(record.fragment_unit_count().expect("a fragment's record"));
+        assert_eq!(fragment.len(), unit_count as usize * UNIT_BYTES);
+        assert!(self.has_room_for(&record));
+        let blocks_before = self.layout.block_count();
+        let Placement::Fragment {
+            data_index,
+            unit_offset,
+            ..
+        } = self.layout.place_fragment(unit_count)
+        else {
+            unreachable!("a fragment is placed as one");
+        };
+        // Blocks the region just took start as zeros: unused units are zero
+        // (the format), and a recycled buffer holds an earlier batch's bytes.
+        let block = BLOCK_BYTES;
+        let new_blocks =
+            (1 + blocks_before as usize) * block..(1 + self.layout.block_count() as usize) * block;
+        self.buffer[new_blocks].fill(0);
+        let start = (1 + data_index as usize) * block + unit_offset as usize * UNIT_BYTES;
+        self.buffer[start..start + fragment.len()].copy_from_slice(fragment);
+        self.push(record);
+        Location::fragment(
+            self.summary_block + 1 + u64::from(data_index),
+            unit_offset,
+            unit_count,
+        )
     }
 }
 
@@ -412,7 +458,7 @@ impl LogWriter {
         if let Some(batch) = &self.open_batches[lane_of(stream)]
             && batch.stream == stream
         {
-            return batch.data_count < batch.data_capacity;
+            return (batch.layout.block_count() as usize) < batch.data_capacity;
         }
         self.head_has_room(stream)
     }
@@ -481,7 +527,7 @@ impl LogWriter {
             buffer: AlignedBuffer::for_overwrite(
                 (BATCH_OVERHEAD_BLOCKS as usize + data_capacity) * BLOCK_BYTES,
             ),
-            data_count: 0,
+            layout: DataLayout::new(),
             data_capacity,
             data_blocks: HashSet::new(),
             has_records_without_data: false,
@@ -508,7 +554,7 @@ impl LogWriter {
         // one damaged sector never loses the batch's records (`log::chain`).
         let encoded = summary.encode();
         let block = BLOCK_BYTES;
-        let block_count = BATCH_OVERHEAD_BLOCKS as usize + batch.data_count;
+        let block_count = BATCH_OVERHEAD_BLOCKS as usize + batch.layout.block_count() as usize;
         batch.buffer[..block].copy_from_slice(&encoded);
         batch.buffer[(block_count - 1) * block..block_count * block].copy_from_slice(&encoded);
         batch.buffer.truncate(block_count * block);
@@ -589,7 +635,7 @@ impl LogWriter {
         let block = BLOCK_BYTES;
         for batch in self.open_batches.iter().flatten() {
             if physical_block > batch.summary_block
-                && physical_block <= batch.summary_block + batch.data_count as u64
+                && physical_block <= batch.summary_block + u64::from(batch.layout.block_count())
             {
                 let start = to_usize(physical_block - batch.summary_block) * block;
                 destination.copy_from_slice(&batch.buffer[start..start + block]);

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use lamina_device::{AlignedBuffer, BlockDevice};
 
 use super::scan::{ScannedBatch, ScannedDamage, ScannedLog};
-use crate::convert::to_usize;
 use crate::error::EngineError;
-use crate::log::batch::block_checksum;
+use crate::log::batch::{Record, block_checksum};
+use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::{Geometry, Tier};
-use crate::log::location::Location;
+use crate::log::location::{Location, UNIT_BYTES};
 use crate::log::marker::FlushMarkerRecord;
 use crate::pool::core::integrity::RecoveryFindings;
 use crate::pool::core::state::State;
@@ -231,12 +231,17 @@ pub(super) async fn rebuild_failing_blocks(
     batch: &ScannedBatch,
     data: &mut AlignedBuffer,
 ) {
-    let checksums = batch
-        .summary
-        .records
-        .iter()
-        .filter_map(crate::log::batch::Record::data_checksum);
-    for (index, checksum) in checksums.enumerate() {
+    // Whole blocks only: fragments are not written to devices with
+    // redundancy yet (decision 0070).
+    let (placements, _) = DataLayout::of_records(&batch.summary.records);
+    let whole_blocks = placements.iter().filter_map(|(record_index, placement)| {
+        let Placement::WholeBlock { data_index } = placement else {
+            return None;
+        };
+        let checksum = batch.summary.records[*record_index].data_checksum()?;
+        Some((*data_index as usize, checksum))
+    });
+    for (index, checksum) in whole_blocks {
         let block = &mut data[index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES];
         if block_checksum(block) == checksum {
             continue;
@@ -273,10 +278,10 @@ pub(super) fn replay_records(
     outcome: &mut ReplayOutcome,
 ) {
     let summary_block = replayed.batch.summary_block;
-    let mut data_index = 0u64;
+    let mut layout = DataLayout::new();
     for record in &replayed.batch.summary.records {
         let skipped = replayed.only_held_contents && !state.volumes().moves_held_contents(record);
-        let Some(checksum) = record.data_checksum() else {
+        let Some(placement) = layout.place(record) else {
             if skipped {
                 outcome.later_versions_skipped += 1;
             } else {
@@ -284,12 +289,12 @@ pub(super) fn replay_records(
             }
             continue;
         };
-        let physical_block = summary_block + 1 + data_index;
-        let intact = replayed.checked_data.as_ref().is_none_or(|data| {
-            let start = to_usize(data_index * BLOCK_SIZE_BYTES);
-            block_checksum(&data[start..start + BLOCK_BYTES]) == checksum
-        });
-        data_index += 1;
+        let location = placed_location(summary_block, placement);
+        let checksum = record_checksum(record);
+        let intact = replayed
+            .checked_data
+            .as_ref()
+            .is_none_or(|data| stored_checksum(data, placement) == checksum);
         if skipped {
             outcome.later_versions_skipped += 1;
             continue;
@@ -303,12 +308,61 @@ pub(super) fn replay_records(
             // read reports the damage rather than the older version.
             outcome.damaged_flushed_blocks += 1;
             tracing::warn!(
-                physical_block,
-                target = ?record.data_target(),
+                %location,
+                ?record,
                 "a flushed block fails its checksum; reads of it will fail"
             );
         }
-        state.replay_record(record, Some(Location::whole_block(physical_block)));
+        state.replay_record(record, Some(location));
+    }
+}
+
+/// The location of a record's data placed at `placement` in the batch whose
+/// summary is at `summary_block`.
+fn placed_location(summary_block: u64, placement: Placement) -> Location {
+    match placement {
+        Placement::WholeBlock { data_index } => {
+            Location::whole_block(summary_block + 1 + u64::from(data_index))
+        }
+        Placement::Fragment {
+            data_index,
+            unit_offset,
+            unit_count,
+        } => Location::fragment(
+            summary_block + 1 + u64::from(data_index),
+            unit_offset,
+            unit_count,
+        ),
+    }
+}
+
+/// The checksum a data-carrying record gives its block or fragment.
+fn record_checksum(record: &Record) -> u32 {
+    match record {
+        Record::Data { checksum, .. }
+        | Record::Relocate { checksum, .. }
+        | Record::Packed { checksum, .. }
+        | Record::RelocatePacked { checksum, .. } => *checksum,
+        _ => unreachable!("only records that carry data are placed"),
+    }
+}
+
+/// The checksum of what `data` (a batch's data region as read back) holds
+/// at `placement`: a whole block's, or a fragment's units'.
+fn stored_checksum(data: &[u8], placement: Placement) -> u32 {
+    match placement {
+        Placement::WholeBlock { data_index } => {
+            let start = data_index as usize * BLOCK_BYTES;
+            block_checksum(&data[start..start + BLOCK_BYTES])
+        }
+        Placement::Fragment {
+            data_index,
+            unit_offset,
+            unit_count,
+        } => {
+            let start = data_index as usize * BLOCK_BYTES + unit_offset as usize * UNIT_BYTES;
+            crc32c::crc32c(&data[start..start + unit_count as usize * UNIT_BYTES])
+        }
     }
 }
 

@@ -113,21 +113,30 @@ pub(super) fn rebuild_segment_table(
     name: &str,
 ) -> Result<(), EngineError> {
     let geometry = *state.geometry();
-    let mut live_counts = vec![0u32; state.space().segments().len()];
+    let mut live_units = vec![0u32; state.space().segments().len()];
     let block_count = geometry.device_size_bytes / BLOCK_SIZE_BYTES;
+    // Each location is counted once however many maps hold it: whole blocks
+    // in a bitmap, fragments (several to a block) in a set.
     let mut counted = vec![0u64; usize::try_from(block_count.div_ceil(64)).expect("fits memory")];
+    let mut counted_fragments = HashSet::new();
     state.volumes().for_each_distinct_location(&mut |location| {
-        let block = location.whole_block_number();
-        let word = usize::try_from(block / 64).expect("a device block");
-        let bit = block % 64;
-        if counted[word] & (1 << bit) == 0 {
+        let block = location.block();
+        let first_time = if location.is_fragment() {
+            counted_fragments.insert(location)
+        } else {
+            let word = usize::try_from(block / 64).expect("a device block");
+            let bit = block % 64;
+            let first_time = counted[word] & (1 << bit) == 0;
             counted[word] |= 1 << bit;
-            live_counts[geometry.segment_of(block) as usize] += 1;
+            first_time
+        };
+        if first_time {
+            live_units[geometry.segment_of(block) as usize] += location.units();
         }
     });
     if let Some(segment) = held
         .iter()
-        .find(|segment| live_counts[**segment as usize] > 0)
+        .find(|segment| live_units[**segment as usize] > 0)
     {
         return Err(EngineError::corrupt(
             name,
@@ -137,7 +146,7 @@ pub(super) fn rebuild_segment_table(
         ));
     }
     state.rebuild_segment_table(RecoveredSegments {
-        live_counts: &live_counts,
+        live_units: &live_units,
         held,
         fallback_covered: kept.fallback_covered(),
         highest_sequence,
@@ -153,11 +162,11 @@ pub(super) fn refuse_lost_segments(state: &State, name: &str) -> Result<(), Engi
     let mut lost = (0_usize, 0_u64);
     for (index, segment) in state.space().segments().iter().enumerate() {
         let index = segment_index(index as u64);
-        let holds_data = segment.live_blocks > 0
+        let holds_data = segment.live_blocks() > 0
             || matches!(segment.state, space::SegmentState::Checkpoint { .. });
         if holds_data && !state.shapes().layout(index).readable {
             lost.0 += 1;
-            lost.1 += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+            lost.1 += u64::from(segment.live_blocks()) * BLOCK_SIZE_BYTES;
         }
     }
     if lost.0 == 0 {

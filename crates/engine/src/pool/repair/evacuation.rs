@@ -253,7 +253,7 @@ impl<'a> Evacuation<'a> {
             if moves {
                 need.degraded_segment_count += 1;
                 if !matches!(segment.state, SegmentState::Checkpoint { .. }) {
-                    need.live_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+                    need.live_bytes += u64::from(segment.live_blocks()) * BLOCK_SIZE_BYTES;
                 }
             }
         }
@@ -287,7 +287,7 @@ impl<'a> Evacuation<'a> {
             let index = u32::try_from(index).expect("segment indexes fit in u32");
             capacity_bytes += shapes.new_size_bytes(index);
             if !goal.moves(&shapes.layout(index)) {
-                live_elsewhere_bytes += u64::from(segment.live_blocks) * BLOCK_SIZE_BYTES;
+                live_elsewhere_bytes += u64::from(segment.live_blocks()) * BLOCK_SIZE_BYTES;
             }
         }
         let reserve_bytes = reserve_segment_count as u64 * shapes.geometry().segment_size_bytes();
@@ -495,7 +495,7 @@ impl<'a> Evacuation<'a> {
             .filter(|(_, segment)| segment.state == SegmentState::Sealed)
             .map(|(index, segment)| {
                 let index = u32::try_from(index).expect("segment indexes fit in u32");
-                (index, segment.live_blocks)
+                (index, segment.live_blocks())
             })
             .filter(|(index, _)| goal.moves(&shapes.layout(*index)))
             .collect();
@@ -531,7 +531,7 @@ impl<'a> Evacuation<'a> {
     /// done once the segment is empty.
     async fn evacuate_segment(&self, victim: u32) -> Result<SegmentMove, EngineError> {
         let live_bytes =
-            u64::from(self.core.lock().space().segment(victim).live_blocks) * BLOCK_SIZE_BYTES;
+            u64::from(self.core.lock().space().segment(victim).live_blocks()) * BLOCK_SIZE_BYTES;
         self.core
             .budget()
             .acquire(BackgroundWork::Rebuild, live_bytes.max(BLOCK_SIZE_BYTES))

@@ -18,8 +18,10 @@ use crate::pool::core::Core;
 
 /// See the module documentation.
 pub(in crate::pool) struct LiveList {
-    /// Every distinct live block, in physical order.
+    /// Every distinct live whole block, in physical order.
     mappings: Vec<Mapping>,
+    /// Every distinct live fragment, in location order (decision 0070).
+    fragments: Vec<Mapping>,
     /// The allocator's `free_events` when the list was taken.
     free_events: u64,
 }
@@ -27,6 +29,11 @@ pub(in crate::pool) struct LiveList {
 impl LiveList {
     pub(in crate::pool) fn mappings(&self) -> &[Mapping] {
         &self.mappings
+    }
+
+    /// The live fragments, which scrub checks on its own.
+    pub(in crate::pool) fn fragments(&self) -> &[Mapping] {
+        &self.fragments
     }
 
     /// The listed blocks in `first_block..end_block`.
@@ -59,16 +66,25 @@ impl LiveList {
     /// checksum, and the moment the list stands for.
     pub(in crate::pool) fn take(core: &Core) -> LiveList {
         let state = core.lock();
-        let mut mappings = Vec::new();
-        state
-            .volumes()
-            .for_each_distinct_mapping(&mut |mapping| mappings.push(mapping));
+        let (mut mappings, mut fragments) = (Vec::new(), Vec::new());
+        // Fragments are checked by scrub's own pass (`Scrub::scrub_fragments`):
+        // the device checks whole blocks against one checksum each.
+        state.volumes().for_each_distinct_mapping(&mut |mapping| {
+            if mapping.location.is_fragment() {
+                fragments.push(mapping);
+            } else {
+                mappings.push(mapping);
+            }
+        });
         let free_events = state.space().free_events();
         drop(state);
         mappings.sort_unstable_by_key(|mapping| mapping.physical_block());
         mappings.dedup_by_key(|mapping| mapping.physical_block());
+        fragments.sort_unstable_by_key(|mapping| mapping.location);
+        fragments.dedup_by_key(|mapping| mapping.location);
         LiveList {
             mappings,
+            fragments,
             free_events,
         }
     }
@@ -88,7 +104,7 @@ impl LiveList {
     /// Whether the listed `mapping` died since the list was taken: its
     /// segment was freed since, or no map holds it now.
     pub(in crate::pool) fn block_died(&self, core: &Core, mapping: &Mapping) -> bool {
-        let segment_index = core.geometry().segment_of(mapping.physical_block());
+        let segment_index = core.geometry().segment_of(mapping.location.block());
         if core
             .lock()
             .space()

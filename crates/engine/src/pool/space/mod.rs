@@ -18,6 +18,7 @@ use crate::convert::{segment_index, to_usize};
 use crate::log::batch::BATCH_OVERHEAD_BLOCKS;
 use crate::log::checkpoint::Slot;
 use crate::log::geometry::{Geometry, Tier};
+use crate::log::location::{Location, UNITS_PER_BLOCK};
 
 use crate::pool::io::stream::OPEN_BATCH_COUNT;
 
@@ -45,7 +46,9 @@ pub enum SegmentState {
 #[derive(Clone, Copy, Debug)]
 pub struct SegmentInfo {
     pub state: SegmentState,
-    pub live_blocks: u32,
+    /// Live data in 16-byte units (a whole block is 256, a fragment its
+    /// unit count; format version 10, decision 0070).
+    pub live_units: u32,
     /// The newest batch written into this segment (0 if none).
     pub last_batch_sequence: u64,
     /// Whether replay from a checkpoint that does not cover this incarnation
@@ -60,6 +63,13 @@ pub struct SegmentInfo {
     /// block (both copies of one are damaged), so it cannot be cleaned; its
     /// live blocks are still served, and it is freed if they all die.
     pub set_aside: bool,
+}
+
+impl SegmentInfo {
+    /// Live data in whole blocks, rounded up.
+    pub fn live_blocks(&self) -> u32 {
+        self.live_units.div_ceil(UNITS_PER_BLOCK)
+    }
 }
 
 /// Dead segments by what frees them ([`SpaceAllocator::sealed_dead_flash_segment_counts`]).
@@ -309,8 +319,8 @@ fn pop_free_keeping_settled(
 
 /// What recovery found, from which the segment table is rebuilt.
 pub struct RecoveredSegments<'a> {
-    /// Live blocks per segment, from the recovered maps.
-    pub live_counts: &'a [u32],
+    /// Live units per segment, from the recovered maps (see [`SegmentInfo::live_units`]).
+    pub live_units: &'a [u32],
     /// Segments holding a kept checkpoint's body.
     pub held: &'a std::collections::HashSet<u32>,
     /// The batch both kept checkpoints cover: an empty segment written no
@@ -332,7 +342,7 @@ impl SpaceAllocator {
             segments: vec![
                 SegmentInfo {
                     state: SegmentState::Free,
-                    live_blocks: 0,
+                    live_units: 0,
                     last_batch_sequence: 0,
                     needed_by_replay: true,
                     set_aside: false,
@@ -486,31 +496,32 @@ impl SpaceAllocator {
         self.dead_segments.insert(segment_index);
     }
 
-    /// Accounts for a physical block that no map references any more.
-    pub fn release_block(&mut self, physical_block: u64, progress: LogProgress) {
-        let segment_index = self.geometry.segment_of(physical_block);
+    /// Accounts for a location that no map references any more.
+    pub fn release(&mut self, location: Location, progress: LogProgress) {
+        let segment_index = self.geometry.segment_of(location.block());
         let segment = &mut self.segments[segment_index as usize];
         assert!(
-            segment.live_blocks > 0,
-            "segment live count underflow at block {physical_block}"
+            segment.live_units >= location.units(),
+            "segment live count underflow at {location}"
         );
-        segment.live_blocks -= 1;
-        if segment.live_blocks == 0 && segment.state == SegmentState::Sealed {
+        segment.live_units -= location.units();
+        if segment.live_units == 0 && segment.state == SegmentState::Sealed {
             self.mark_dead(segment_index, progress);
         }
     }
 
-    /// Accounts for a block appended to `segment_index`.
-    pub fn block_appended(&mut self, segment_index: u32) {
+    /// Accounts for a whole block (256 units) or a fragment appended to
+    /// `segment_index`.
+    pub fn units_appended(&mut self, segment_index: u32, units: u32) {
         let segment = &mut self.segments[segment_index as usize];
         assert_eq!(
             segment.state,
             SegmentState::Open,
             "append to segment {segment_index}"
         );
-        segment.live_blocks += 1;
+        segment.live_units += units;
         assert!(
-            u64::from(segment.live_blocks) < self.geometry.segment_size_blocks,
+            u64::from(segment.live_blocks()) < self.geometry.segment_size_blocks,
             "segment {segment_index} holds more live blocks than it has room for"
         );
     }
@@ -682,7 +693,7 @@ impl SpaceAllocator {
             self.segments[segment_index as usize].state,
             SegmentState::Free
         );
-        assert_eq!(self.segments[segment_index as usize].live_blocks, 0);
+        assert_eq!(self.segments[segment_index as usize].live_units, 0);
         assert_eq!(self.geometry.tier_of_segment(segment_index), tier);
     }
 
@@ -770,11 +781,11 @@ impl SpaceAllocator {
         assert_eq!(segment.state, SegmentState::Open);
         // Every batch takes its summary and its copy besides its data.
         assert!(
-            segment.live_blocks + BATCH_OVERHEAD_BLOCKS <= blocks_used.max(BATCH_OVERHEAD_BLOCKS),
+            segment.live_blocks() + BATCH_OVERHEAD_BLOCKS <= blocks_used.max(BATCH_OVERHEAD_BLOCKS),
             "segment {segment_index}: {} live blocks in {blocks_used} written",
-            segment.live_blocks
+            segment.live_blocks()
         );
-        if segment.live_blocks == 0 {
+        if segment.live_units == 0 {
             self.mark_dead(segment_index, progress);
         } else {
             segment.state = SegmentState::Sealed;
@@ -960,7 +971,7 @@ impl SpaceAllocator {
     pub fn free_segment(&mut self, segment_index: u32) {
         let segment = &mut self.segments[segment_index as usize];
         assert_eq!(
-            segment.live_blocks, 0,
+            segment.live_units, 0,
             "freeing segment {segment_index} with live blocks"
         );
         assert_ne!(
@@ -1059,18 +1070,18 @@ impl SpaceAllocator {
     /// blocks sealed, empty ones free if both kept checkpoints cover them and
     /// dead otherwise.
     pub fn rebuild_after_recovery(&mut self, found: RecoveredSegments) {
-        assert_eq!(found.live_counts.len(), self.segments.len());
+        assert_eq!(found.live_units.len(), self.segments.len());
         self.free_flash.clear();
         self.free_capacity.clear();
         self.dead_segments.clear();
         for (index, segment) in self.segments.iter_mut().enumerate() {
             let index = segment_index(index as u64);
-            segment.live_blocks = found.live_counts[index as usize];
+            segment.live_units = found.live_units[index as usize];
             segment.state = if found.held.contains(&index) {
                 SegmentState::Checkpoint {
                     checkpoint_sequence: 0,
                 }
-            } else if segment.live_blocks > 0 {
+            } else if segment.live_units > 0 {
                 SegmentState::Sealed
             } else if segment.last_batch_sequence <= found.fallback_covered {
                 SegmentState::Free
