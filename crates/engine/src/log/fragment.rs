@@ -492,6 +492,19 @@ mod tests {
     }
 
     #[test]
+    fn the_limits_follow_the_codecs_early_abort() {
+        assert_eq!(
+            STORED_BYTES_MAX,
+            lamina_reduction::largest_kept_length(BLOCK_BYTES)
+        );
+        assert_eq!(units_for_stored_bytes(1), 1);
+        assert_eq!(units_for_stored_bytes(10), 1);
+        assert_eq!(units_for_stored_bytes(11), 2);
+        assert_eq!(units_for_stored_bytes(STORED_BYTES_MAX), 225);
+        assert_eq!(FRAGMENT_BYTES_MAX, 3600);
+    }
+
+    #[test]
     fn incompressible_data_and_codec_off_are_stored_as_is() {
         let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut noise = [0; BLOCK_BYTES];
