@@ -1008,3 +1008,60 @@ async fn writes_of_a_synchronous_writer_are_written_behind_and_streams_are_not()
         );
     }
 }
+
+/// A write that leaves unflushed data over `dirty_bytes_max` starts a flush
+/// in the background (the write's append reads the limit in its own hold of
+/// the state lock), both on the path that answers a write at once and on
+/// the waiting one (a partial block), with no client flush and no periodic
+/// one; what was written reads back after a crash that follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_over_the_dirty_limit_start_a_flush_in_the_background() {
+    for partial in [false, true] {
+        let device = Arc::new(MemoryDevice::new((4 << 20) + 64 * SEGMENT_BYTES));
+        let limits = PoolLimits {
+            dirty_bytes_max: 16 * BLOCK as u64,
+            ..quiet_limits()
+        };
+        let options = PoolOptions {
+            segment_size_bytes: SEGMENT_BYTES,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::create(device.clone(), options, limits.clone())
+            .await
+            .unwrap();
+        let volume_id = pool.create_volume("v", 1 << 20).await.unwrap().volume_id;
+        let before = pool.status().durable_batch_sequence;
+        for index in 0..64u64 {
+            let block = [index as u8 + 1; BLOCK];
+            let length = if partial { BLOCK - 1 } else { BLOCK };
+            pool.write(volume_id, index * BLOCK as u64, &block[..length], false)
+                .await
+                .unwrap();
+        }
+        let mut durable = pool.status().durable_batch_sequence;
+        for _ in 0..500 {
+            if durable > before {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            durable = pool.status().durable_batch_sequence;
+        }
+        assert!(
+            durable > before,
+            "64 blocks over a 16-block dirty limit, partial {partial}: nothing made durable"
+        );
+        pool.flush().await.unwrap();
+        pool.abandon();
+        drop(pool);
+        let pool = Pool::open(device.clone(), limits).await.unwrap();
+        let contents = read_volume(&pool, "v").await;
+        for index in 0..64usize {
+            let expected = if partial { BLOCK - 1 } else { BLOCK };
+            let block = &contents[index * BLOCK..(index + 1) * BLOCK];
+            assert!(
+                block[..expected].iter().all(|byte| *byte == index as u8 + 1),
+                "block {index}"
+            );
+        }
+    }
+}

@@ -48,17 +48,13 @@ pub(in crate::pool) fn start(core: &Arc<Core>) {
     Demoter::start(core);
 }
 
-/// Starts a flush in the background when unflushed data exceeds
-/// `dirty_bytes_max` and no flush is running (writers call this).
-pub(in crate::pool) fn flush_when_over_dirty_limit(core: &Arc<Core>) {
-    let over = {
-        let state = core.lock();
-        state.counters().unflushed_bytes() > core.limits().dirty_bytes_max
-    };
+/// Starts a flush in the background when no flush is running; writers
+/// call this when their append found unflushed data over `dirty_bytes_max`
+/// (in the append's own hold of the state lock).
+pub(in crate::pool) fn flush_over_dirty_limit(core: &Arc<Core>) {
     // On a full device a flush cannot finish; writers are held back by
     // the in-flight limit instead, and the next client flush reports it.
-    let over = over && !core.device_full().is_full();
-    if over && core.flush_lock().try_lock().is_ok() {
+    if !core.device_full().is_full() && core.flush_lock().try_lock().is_ok() {
         let flushing = core.clone();
         core.supervisor().spawn("background flush", async move {
             if let Err(error) = flushing.flush().await {

@@ -103,12 +103,16 @@ struct AppendStep<'request, 'data> {
     merged: &'request [MergedBlock],
     checksums: &'request [u32],
     in_flight_limit: usize,
+    /// Whether the write has FUA (its own flush follows, so write-behind
+    /// does not seal it).
+    fua: bool,
 }
 
 /// What one hold of the state lock did.
 enum Appended {
-    /// Blocks were appended.
-    Blocks,
+    /// Blocks were appended; whether unflushed data is now over
+    /// `dirty_bytes_max`.
+    Blocks { over_dirty_limit: bool },
     /// Every in-flight batch slot was taken: nothing was appended.
     NoInFlightSlot,
 }
@@ -177,19 +181,18 @@ impl Core {
         let partial_blocks = request.partial_blocks();
         let guards = self.lock_blocks(volume_id, &partial_blocks).await;
         let merged = self.merge_partial_blocks(&request, &partial_blocks).await?;
-        self.append_blocks(&request, &merged, checked).await?;
+        let over_dirty_limit = self.append_blocks(&request, &merged, checked, fua).await?;
         drop(guards);
-        self.after_append(fua);
+        self.after_append(over_dirty_limit);
         if fua { self.flush().await } else { Ok(()) }
     }
 
-    /// What follows a write's append: write-behind's sealing and the dirty
-    /// limit's background flush.
-    fn after_append(self: &Arc<Self>, fua: bool) {
-        if !fua && self.write_behind().write_appended() {
-            self.seal_at_write();
+    /// What follows a write's append: the dirty limit's background flush
+    /// (`over_dirty_limit`: what the append's last lock hold found).
+    fn after_append(self: &Arc<Self>, over_dirty_limit: bool) {
+        if over_dirty_limit {
+            crate::pool::background::flush_over_dirty_limit(self);
         }
-        crate::pool::background::flush_when_over_dirty_limit(self);
     }
 
     /// A write without FUA of whole blocks, at most one lock hold's worth,
@@ -232,13 +235,14 @@ impl Core {
             merged: &[],
             checksums: &checksums,
             in_flight_limit: self.limits().in_flight_batches_max,
+            fua: false,
         };
         let appended = self.append_under_lock(step, &mut checked, &mut next_block, &mut sealed);
         self.spawn_writes(sealed);
         let result = match appended {
-            Ok(Appended::Blocks) => {
+            Ok(Appended::Blocks { over_dirty_limit }) => {
                 assert!(next_block > request.last_block(), "one hold appends it all");
-                self.after_append(false);
+                self.after_append(over_dirty_limit);
                 Ok(())
             }
             Ok(Appended::NoInFlightSlot) | Err(EngineError::Io(IoError::NoSpace)) => return None,
@@ -300,14 +304,18 @@ impl Core {
     /// [`APPEND_PER_LOCK_HOLD_BLOCKS_MAX`] blocks, waiting for an in-flight
     /// batch slot when none is free, and reclaiming space when the pool is
     /// full. `checked`: whether the write's range was checked already.
+    /// Returns whether unflushed data was over the dirty limit at the last
+    /// append.
     async fn append_blocks(
         self: &Arc<Self>,
         request: &WriteRequest<'_>,
         merged: &[MergedBlock],
         mut checked: bool,
-    ) -> Result<(), EngineError> {
+        fua: bool,
+    ) -> Result<bool, EngineError> {
         let in_flight_limit = self.limits().in_flight_batches_max;
         let mut next_block = request.first_block();
+        let mut over_dirty_limit = false;
         while next_block <= request.last_block() {
             let stop = (next_block + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
             // Checksummed before the lock is taken: the lock's hold is the
@@ -323,6 +331,7 @@ impl Core {
                     merged,
                     checksums: &checksums,
                     in_flight_limit,
+                    fua,
                 },
                 &mut checked,
                 &mut next_block,
@@ -330,7 +339,9 @@ impl Core {
             );
             self.spawn_writes(sealed);
             match appended {
-                Ok(Appended::Blocks) => {}
+                Ok(Appended::Blocks {
+                    over_dirty_limit: over,
+                }) => over_dirty_limit = over,
                 Ok(Appended::NoInFlightSlot) => {
                     self.wait_unless_device_full(|state| {
                         state.writer().in_flight_count() < in_flight_limit
@@ -342,14 +353,17 @@ impl Core {
                 Err(error) => return Err(error),
             }
         }
-        Ok(())
+        Ok(over_dirty_limit)
     }
 
     /// Appends blocks of the write from `*next_block` on under one hold of
     /// the state lock, at most [`APPEND_PER_LOCK_HOLD_BLOCKS_MAX`] (the
     /// checksums of `step` are theirs, in order); `*next_block` moves past
     /// each block appended. Checks the write first unless `*checked`, and
-    /// appends nothing while every in-flight batch slot is taken.
+    /// appends nothing while every in-flight batch slot is taken. The hold
+    /// that appends the write's last block also seals the open batch for
+    /// write-behind (`io/write_behind.rs`) and reads the dirty limit, so
+    /// that a write takes the lock once.
     fn append_under_lock(
         &self,
         step: AppendStep<'_, '_>,
@@ -362,6 +376,7 @@ impl Core {
             merged,
             checksums,
             in_flight_limit,
+            fua,
         } = step;
         let mut state = self.lock();
         if !*checked {
@@ -385,7 +400,15 @@ impl Core {
             compressed_write::append_block(&mut state, codec, block, sealed)?;
             *next_block += 1;
         }
-        Ok(Appended::Blocks)
+        if *next_block > request.last_block() && !fua && self.write_behind().write_appended() {
+            let before = sealed.len();
+            sealed.extend(state.seal_open_batch());
+            if sealed.len() > before {
+                self.write_behind().sealed();
+            }
+        }
+        let over_dirty_limit = state.counters().unflushed_bytes() > self.limits().dirty_bytes_max;
+        Ok(Appended::Blocks { over_dirty_limit })
     }
 
     /// Makes `length` bytes at `offset` read as zeros. Whole blocks are unmapped

@@ -39,14 +39,6 @@ use crate::pool::io::writer::LogWriter;
 /// tier's writes are suspended.
 pub const CLIENT_FLUSH_CAPACITY_WAIT_MS: u64 = 2_000;
 
-/// What sealing the open batches did.
-struct Sealed {
-    /// Every batch through this sequence is sealed.
-    through: u64,
-    /// Batches sealed now.
-    batch_count: usize,
-}
-
 /// What a flush marker written now says (see `flush_marker`).
 pub(in crate::pool) fn marker_claims(writer: &LogWriter) -> MarkerClaims {
     MarkerClaims {
@@ -120,36 +112,18 @@ impl Core {
         self.lock().capacity_writes().is_suspended()
     }
 
-    /// Seals the open batch right after a write and starts its device
-    /// write, for a writer whose flush follows each write (see
-    /// `io/write_behind.rs`); a failed pool is left to the flush to report.
-    pub(in crate::pool) fn seal_at_write(self: &Arc<Self>) {
-        if let Ok(sealed) = self.seal_and_write()
-            && sealed.batch_count > 0
-        {
-            self.write_behind().sealed();
-        }
-    }
-
-    /// Seals the open batch and starts its writes: the sequence a flush
-    /// must make durable for every write acknowledged so far.
+    /// Seals the open batches and starts their writes: the sequence a
+    /// flush must make durable for every write acknowledged so far; refused
+    /// once the pool has failed. (Write-behind seals in the write's own
+    /// hold of the state lock: `io/write.rs`.)
     pub(in crate::pool) fn seal_for_flush(self: &Arc<Self>) -> Result<u64, EngineError> {
-        Ok(self.seal_and_write()?.through)
-    }
-
-    /// Seals the open batches and starts their writes (what a flush and a
-    /// write-behind both do); refused once the pool has failed.
-    fn seal_and_write(self: &Arc<Self>) -> Result<Sealed, EngineError> {
         let mut state = self.lock();
         state.check_failed()?;
         let batches = state.seal_open_batch();
-        let sealed = Sealed {
-            through: state.writer().sealed_through(),
-            batch_count: batches.len(),
-        };
+        let through = state.writer().sealed_through();
         drop(state);
         self.spawn_writes(batches);
-        Ok(sealed)
+        Ok(through)
     }
 
     /// Makes every batch up to `target` on flash durable (in a one-tier
