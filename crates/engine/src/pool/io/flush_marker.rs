@@ -11,17 +11,24 @@
 //! after the flush, written with every batch before it, whose summary's
 //! `flushed_through_sequence` says as much (`LogWriter::claims_written`).
 //! A writer that flushes after every write thus writes no marker between
-//! flushes. The next device flush hurries a waiting marker and awaits it
-//! first, so that it covers it; when no other flush follows, the pool's
-//! background task does the same within `flush_interval_ms`
+//! flushes. The next device flush writes a waiting marker that the log does
+//! not carry first, so that it covers it; when no other flush follows, the
+//! pool's background task does the same within `flush_interval_ms`
 //! (`needs_durability_flush`). A crash inside that window (after a flush
 //! completed, before its claim was durable) is the one case where recovery
 //! cannot tell rot from a torn write in the last flush's batches;
 //! docs/format.md, "Flush markers", bounds it.
 //!
-//! Lock order: the pool's `flush_lock`, then this component's `pending`
-//! (only ever taken under `flush_lock` or at close), then its `progress`
-//! (never held across an await).
+//! The wait is one watcher task with one timer, which each flush that
+//! leaves a marker waiting moves on (decision 0071): a task, a timer and a
+//! hurry per flush cost a database's commits about 1.4 wake-ups of a
+//! thread per flush (BENCHMARKS.md, "Server CPU per commit"). A flush whose
+//! claims the log carries drops the waiting marker without waking the
+//! watcher, which ends at its deadline.
+//!
+//! Lock order: the pool's `flush_lock`, then this component's `write_lock`
+//! (held across a marker's write, by the watcher or by `settled`), then its
+//! `progress` (never held across an await).
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -29,8 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lamina_device::BlockDevice;
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::log::geometry::FLUSH_MARKER_BLOCKS;
@@ -77,7 +83,7 @@ impl MarkerClaims {
 }
 
 /// How far the markers have got.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Default)]
 struct Progress {
     /// The sequence the next marker written gets (its slot is this modulo 2).
     next_marker_sequence: u64,
@@ -86,9 +92,23 @@ struct Progress {
     written: MarkerClaims,
     /// The claims of the newest marker a device flush covered.
     durable: MarkerClaims,
+    /// A marker waiting for its delay or for the log, if any.
+    waiting: Option<Waiting>,
+    /// Whether the watcher task runs (it ends once nothing waits).
+    watching: bool,
 }
 
-/// The state a waiting marker's task shares with the component.
+/// A marker a device flush left to be written unless the log carries it.
+#[derive(Clone)]
+struct Waiting {
+    claims: MarkerClaims,
+    /// When the delay ends: the newest flush's completion plus
+    /// [`FLUSH_MARKER_DELAY_US`].
+    deadline: Instant,
+    device: Arc<dyn BlockDevice>,
+}
+
+/// The state the watcher task shares with the component.
 struct Shared {
     pool_identifier: u128,
     progress: Mutex<Progress>,
@@ -96,19 +116,13 @@ struct Shared {
     log_claim: AtomicU64,
     /// Bytes of markers written, until the pool's counters take them.
     bytes_written: AtomicU64,
-}
-
-/// A marker waiting for its delay or for the log, and its write.
-struct PendingMarker {
-    /// Ends the wait at once: a device flush or closing needs the marker.
-    hurry: Arc<Notify>,
-    task: JoinHandle<()>,
+    /// Held across a marker's numbering and device write, so that whoever
+    /// must have the marker written waits for one being written.
+    write_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 pub struct FlushMarker {
     shared: Arc<Shared>,
-    /// The newest marker's task, awaited before the next device flush.
-    pending: tokio::sync::Mutex<Option<PendingMarker>>,
 }
 
 impl FlushMarker {
@@ -124,6 +138,7 @@ impl FlushMarker {
                 next_marker_sequence: marker.marker_sequence + 1,
                 written: claims,
                 durable: claims,
+                ..Progress::default()
             }
         });
         Self {
@@ -132,8 +147,8 @@ impl FlushMarker {
                 progress: Mutex::new(progress),
                 log_claim: AtomicU64::new(0),
                 bytes_written: AtomicU64::new(0),
+                write_lock: Arc::new(tokio::sync::Mutex::new(())),
             }),
-            pending: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -143,19 +158,11 @@ impl FlushMarker {
         self.shared.log_claim.fetch_max(claim, Ordering::AcqRel);
     }
 
-    /// Waits for the newest marker's write (hurried: its delay ends now), so
+    /// Makes sure the newest marker is written or carried by the log, so
     /// that the device flush the caller is about to issue covers it. Returns
     /// what that flush will make durable. Call under the pool's flush lock.
     pub async fn before_device_flush(&self) -> MarkerClaims {
-        if self.shared.carried_by_log() {
-            // What the flush must cover is already in the log: the waiting
-            // marker, hurried, finds so and ends on its own (or, if it was
-            // already being written, adds a redundant marker), and the flush
-            // does not wait for that task to be scheduled.
-            if let Some(pending) = self.pending.lock().await.take() {
-                pending.hurry.notify_one();
-            }
-        } else {
+        if !self.shared.forget_carried() {
             self.settled().await;
         }
         self.shared.progress().written
@@ -164,8 +171,12 @@ impl FlushMarker {
     /// After a device flush that covered the marker up to `covering` and made
     /// durable what `claims` says: a marker saying so waits for the log to
     /// carry the claim, then is written if it did not, unless what was
-    /// written already says as much. Call under the pool's flush lock.
-    pub async fn after_device_flush(
+    /// written already says as much. The watcher task waits for it, started
+    /// here unless it runs: while flushes come closer together than the
+    /// delay, one task and one timer serve them all (each flush moves the
+    /// deadline on), not a task, a timer and a wake-up per flush.
+    /// Call under the pool's flush lock.
+    pub fn after_device_flush(
         &self,
         device: &Arc<dyn BlockDevice>,
         covering: MarkerClaims,
@@ -175,26 +186,27 @@ impl FlushMarker {
             claims.flash_flushed_through >= claims.flushed_through,
             "flash is durable at least as far as both tiers: {claims:?}"
         );
-        let claims = {
+        let deadline = Instant::now() + Duration::from_micros(FLUSH_MARKER_DELAY_US);
+        let start_watcher = {
             let mut progress = self.shared.progress();
             progress.durable = progress.durable.max(covering);
             if progress.written.covers(&claims) {
                 return;
             }
             progress.written = progress.written.max(claims);
-            progress.written
+            if claims.carried_by(self.shared.log_claim.load(Ordering::Acquire)) {
+                return;
+            }
+            progress.waiting = Some(Waiting {
+                claims: progress.written,
+                deadline,
+                device: device.clone(),
+            });
+            !std::mem::replace(&mut progress.watching, true)
         };
-        if claims.carried_by(self.shared.log_claim.load(Ordering::Acquire)) {
-            return;
+        if start_watcher {
+            tokio::spawn(watch(self.shared.clone(), deadline));
         }
-        let hurry = Arc::new(Notify::new());
-        let task = tokio::spawn(write_unless_carried(
-            self.shared.clone(),
-            device.clone(),
-            claims,
-            hurry.clone(),
-        ));
-        *self.pending.lock().await = Some(PendingMarker { hurry, task });
     }
 
     /// Whether claims were written that no device flush has covered yet: the
@@ -211,14 +223,26 @@ impl FlushMarker {
         self.shared.bytes_written.swap(0, Ordering::AcqRel)
     }
 
-    /// Ends a waiting marker's delay and waits until it has been written (not
-    /// flushed) or found carried by the log: for closing the pool, before a
-    /// device flush, and for tests that cut power right after a flush.
+    /// Writes the waiting marker now, its delay cut short, unless the log
+    /// carries it, after any marker being written, so that it is written
+    /// (not flushed) when this returns: for closing the pool, before a
+    /// device flush, and for tests that cut power right after a flush. The
+    /// write runs in a task of its own, so that it completes even if the
+    /// caller is abandoned.
     pub async fn settled(&self) {
-        if let Some(pending) = self.pending.lock().await.take() {
-            pending.hurry.notify_one();
-            pending.task.await.expect("flush marker write task");
-        }
+        let guard = self.shared.write_lock.clone().lock_owned().await;
+        let Some(waiting) = self.shared.take_waiting() else {
+            return;
+        };
+        // The watcher, at its deadline, finds nothing waiting and ends (it
+        // is not woken now: that could wake another thread).
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            write_unless_carried(&shared, &waiting).await;
+            drop(guard);
+        })
+        .await
+        .expect("flush marker write task");
     }
 }
 
@@ -227,10 +251,24 @@ impl Shared {
         self.progress.lock().expect("flush marker lock poisoned")
     }
 
-    /// Whether the log's summaries already vouch for everything claimed.
-    fn carried_by_log(&self) -> bool {
-        let log_claim = self.log_claim.load(Ordering::Acquire);
-        self.progress().written.carried_by(log_claim)
+    /// The waiting marker, taken: the caller writes it unless carried.
+    fn take_waiting(&self) -> Option<Waiting> {
+        self.progress().waiting.take()
+    }
+
+    /// Whether the log's summaries vouch for everything claimed; if so a
+    /// waiting marker is dropped, and the watcher ends at its deadline
+    /// without being woken now (waking it could wake another thread).
+    fn forget_carried(&self) -> bool {
+        let mut progress = self.progress();
+        if !progress
+            .written
+            .carried_by(self.log_claim.load(Ordering::Acquire))
+        {
+            return false;
+        }
+        progress.waiting = None;
+        true
     }
 
     /// The marker record to write now for `claims`, or `None` when the log's
@@ -252,18 +290,36 @@ impl Shared {
     }
 }
 
-/// A waiting marker's task: waits [`FLUSH_MARKER_DELAY_US`] or until
-/// hurried, then writes a marker saying `claims` (what was claimed when its
+/// The watcher: waits until the waiting marker's deadline (moved on by
+/// each flush that finds a marker waiting), then writes it unless the log
+/// carries it; ends once nothing waits.
+async fn watch(shared: Arc<Shared>, mut deadline: Instant) {
+    loop {
+        tokio::time::sleep_until(deadline).await;
+        let guard = shared.write_lock.lock().await;
+        let waiting = {
+            let mut progress = shared.progress();
+            match &progress.waiting {
+                None => {
+                    progress.watching = false;
+                    return;
+                }
+                Some(waiting) if Instant::now() < waiting.deadline => {
+                    deadline = waiting.deadline;
+                    continue;
+                }
+                Some(_) => progress.waiting.take().expect("matched above"),
+            }
+        };
+        write_unless_carried(&shared, &waiting).await;
+        drop(guard);
+    }
+}
+
+/// Writes a marker saying `waiting.claims` (what was claimed when its
 /// flush completed) unless the log carries them.
-async fn write_unless_carried(
-    shared: Arc<Shared>,
-    device: Arc<dyn BlockDevice>,
-    claims: MarkerClaims,
-    hurry: Arc<Notify>,
-) {
-    let delay = Duration::from_micros(FLUSH_MARKER_DELAY_US);
-    let _ = tokio::time::timeout(delay, hurry.notified()).await;
-    let Some(record) = shared.record_unless_carried(claims) else {
+async fn write_unless_carried(shared: &Shared, waiting: &Waiting) {
+    let Some(record) = shared.record_unless_carried(waiting.claims) else {
         return;
     };
     let slot = FLUSH_MARKER_BLOCKS[(record.marker_sequence % 2) as usize];
@@ -275,7 +331,7 @@ async fn write_unless_carried(
         "a flush marker does not round-trip"
     );
     let buffer = Arc::new(lamina_device::AlignedBuffer::from_slice_padded(&encoded));
-    match device.write(slot * BLOCK_SIZE_BYTES, buffer).await {
+    match waiting.device.write(slot * BLOCK_SIZE_BYTES, buffer).await {
         Ok(()) => {
             shared
                 .bytes_written
@@ -284,5 +340,106 @@ async fn write_unless_carried(
         // The marker only narrows what recovery must treat as possibly
         // torn; without it recovery falls back to what the log says.
         Err(error) => tracing::error!(%error, "flush marker write failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lamina_device::MemoryDevice;
+
+    use super::*;
+
+    const DELAY: Duration = Duration::from_micros(FLUSH_MARKER_DELAY_US);
+
+    fn claims(sequence: u64) -> MarkerClaims {
+        MarkerClaims {
+            flushed_through: sequence,
+            flash_flushed_through: sequence,
+        }
+    }
+
+    /// The markers on the device, by marker sequence.
+    async fn markers_on(device: &Arc<dyn BlockDevice>) -> Vec<FlushMarkerRecord> {
+        let mut markers = Vec::new();
+        for block in FLUSH_MARKER_BLOCKS {
+            let bytes = device
+                .read(block * BLOCK_SIZE_BYTES, BLOCK_SIZE_BYTES as usize)
+                .await
+                .unwrap();
+            markers.extend(FlushMarkerRecord::decode(&bytes).ok());
+        }
+        markers.sort_by_key(|marker| marker.marker_sequence);
+        markers
+    }
+
+    fn newest_claim(markers: &[FlushMarkerRecord]) -> Option<u64> {
+        markers.last().map(|marker| marker.flushed_through_sequence)
+    }
+
+    fn memory_device() -> Arc<dyn BlockDevice> {
+        Arc::new(MemoryDevice::new(1 << 20))
+    }
+
+    /// Lets the watcher run at the time the clock shows.
+    async fn advance(by: Duration) {
+        tokio::time::advance(by).await;
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_marker_the_log_does_not_carry_is_written_once_the_delay_after_the_last_flush_ends() {
+        let device = memory_device();
+        let marker = FlushMarker::new(7, None);
+        marker.after_device_flush(&device, claims(0), claims(1));
+        advance(DELAY * 6 / 10).await;
+        assert!(markers_on(&device).await.is_empty(), "still waiting");
+        // The next flush writes the waiting marker before its device flush,
+        // then leaves its own waiting, whose delay runs from now: the
+        // watcher wakes at the first deadline and waits on.
+        assert_eq!(marker.before_device_flush().await, claims(1));
+        assert_eq!(newest_claim(&markers_on(&device).await), Some(1));
+        marker.after_device_flush(&device, claims(1), claims(2));
+        advance(DELAY * 6 / 10).await;
+        assert_eq!(
+            newest_claim(&markers_on(&device).await),
+            Some(1),
+            "the second flush's marker waits a whole delay from that flush"
+        );
+        // Tokio's timers tick in milliseconds: a deadline is rounded up.
+        advance(DELAY * 2).await;
+        assert_eq!(newest_claim(&markers_on(&device).await), Some(2));
+        assert_eq!(marker.take_bytes_written(), 2 * BLOCK_SIZE_BYTES);
+        assert!(
+            !marker.shared.progress().watching,
+            "nothing waits: the watcher ended"
+        );
+        assert!(marker.needs_durability_flush());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_marker_the_log_carries_is_not_written_and_the_watcher_ends() {
+        let device = memory_device();
+        let marker = FlushMarker::new(7, None);
+        for sequence in 1..=50 {
+            marker.after_device_flush(&device, claims(sequence - 1), claims(sequence));
+            advance(DELAY / 4).await;
+            // A batch sealed after the flush was written.
+            marker.claimed_by_log(sequence);
+            assert_eq!(marker.before_device_flush().await, claims(sequence));
+        }
+        marker.after_device_flush(&device, claims(50), claims(51));
+        marker.claimed_by_log(51);
+        advance(DELAY * 2).await;
+        assert!(markers_on(&device).await.is_empty());
+        assert!(!marker.shared.progress().watching);
+        // A flush the log does not carry, settled at once (closing).
+        marker.after_device_flush(&device, claims(51), claims(52));
+        marker.settled().await;
+        assert_eq!(newest_claim(&markers_on(&device).await), Some(52));
+        advance(DELAY * 2).await;
+        assert_eq!(markers_on(&device).await.len(), 1, "written once");
+        assert!(!marker.shared.progress().watching);
     }
 }

@@ -188,20 +188,19 @@ impl Core {
             state.flash_flush_completed(covered, sealed_bytes);
             marker_claims(state.writer())
         };
-        self.write_flush_marker(marker_covered, claims).await;
+        self.write_flush_marker(marker_covered, claims);
         Ok(())
     }
 
     /// After a device flush: starts the flush marker's wait and write (see
     /// `flush_marker`) and counts the bytes of markers written so far.
-    pub(in crate::pool) async fn write_flush_marker(
+    pub(in crate::pool) fn write_flush_marker(
         &self,
         marker_covered: MarkerClaims,
         claims: MarkerClaims,
     ) {
         self.flush_marker()
-            .after_device_flush(self.device(), marker_covered, claims)
-            .await;
+            .after_device_flush(self.device(), marker_covered, claims);
         self.count_flush_marker_bytes();
     }
 
@@ -253,7 +252,7 @@ impl Core {
         // The marker lives on flash.
         self.flush_flash().await?;
         let claims = marker_claims(self.lock().writer());
-        self.write_flush_marker(marker_covered, claims).await;
+        self.write_flush_marker(marker_covered, claims);
         Ok(())
     }
 
