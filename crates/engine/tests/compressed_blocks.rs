@@ -297,3 +297,44 @@ async fn compression_is_refused_where_fragments_are_not_handled_yet() {
         .unwrap();
     pool.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_memory_cache_serves_fragments_from_the_packed_blocks_it_holds() {
+    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let cached = PoolLimits {
+        memory_cache_bytes: 8 << 20,
+        ..limits()
+    };
+    let pool = Pool::create(memory.clone(), options(SEGMENT_BYTES, None), cached.clone())
+        .await
+        .unwrap();
+    let volume_id = compressing_volume(&pool, "zstd:1").await;
+    let blocks = real_blocks(64, 5);
+    write_all(&pool, volume_id, &blocks).await;
+    pool.flush().await.unwrap();
+    // Written batches entered the cache: with the device's copy of block
+    // 0's fragment damaged, the cached packed block still serves it.
+    let location = pool.location_of(volume_id, 0).expect("block 0 is mapped");
+    assert!(location.is_fragment(), "block 0 of a text file compresses");
+    let byte = location.block() * BLOCK as u64 + location.byte_range().start as u64 + 8;
+    let mut flipped = [0u8; 1];
+    memory.read_sync(byte, &mut flipped);
+    flipped[0] ^= 0x01;
+    memory.write_sync(byte, &flipped);
+    check_all(&pool, volume_id, &blocks, "from the cache").await;
+    // Reopened, the cache is empty: the device's damage shows, for that
+    // block only; the blocks read from the device are cached and read again.
+    pool.close().await.unwrap();
+    let pool = Pool::open(memory.clone(), cached).await.unwrap();
+    let mut buffer = vec![0u8; BLOCK];
+    assert!(pool.read(volume_id, 0, &mut buffer).await.is_err());
+    for _ in 0..2 {
+        for (index, block) in blocks.iter().enumerate().skip(1) {
+            pool.read(volume_id, (index * BLOCK) as u64, &mut buffer)
+                .await
+                .unwrap();
+            assert!(buffer == *block, "block {index} differs");
+        }
+    }
+    pool.close().await.unwrap();
+}

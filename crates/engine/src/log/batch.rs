@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::data_layout::{DataLayout, FRAGMENT_UNIT_COUNT_MAX};
+use super::data_layout::{DataKind, DataLayout, FRAGMENT_UNIT_COUNT_MAX, Placement};
 use super::frame::{self, FRAME_HEADER_BYTES, FrameError};
 use super::location::Location;
 use crate::BLOCK_BYTES;
@@ -190,6 +190,15 @@ impl Record {
         }
     }
 
+    /// What the record carries into the batch's data region, if anything.
+    pub fn data_kind(&self) -> Option<DataKind> {
+        if self.carries_data() {
+            return Some(DataKind::WholeBlock);
+        }
+        let unit_count = u32::from(self.fragment_unit_count()?);
+        Some(DataKind::Fragment { unit_count })
+    }
+
     /// Whether the record describes the batch's next data block (a whole
     /// block; a fragment of the packed area is [`Self::carries_fragment`]).
     pub fn carries_data(&self) -> bool {
@@ -264,8 +273,14 @@ impl Summary {
                 .filter(|record| record.carries_data())
                 .count();
         }
-        let (_, block_count) = DataLayout::of_records(&self.records);
+        let (_, block_count) = self.placements();
         block_count as usize
+    }
+
+    /// Where each record that carries data placed it in the data region
+    /// (`log::data_layout`), by record index, and the region's blocks.
+    pub fn placements(&self) -> (Vec<(usize, Placement)>, u32) {
+        DataLayout::of_kinds(self.records.iter().map(Record::data_kind))
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -5,7 +5,6 @@
 //! so the rule must live in exactly one place: here. A batch with only whole
 //! blocks is laid out as in version 9: whole block `k` at data index `k`.
 
-use super::batch::Record;
 use super::location::UNITS_PER_BLOCK;
 
 /// Holes kept at most (see [`DataLayout`]); making one more drops the oldest.
@@ -16,6 +15,13 @@ pub const HOLE_COUNT_MAX: usize = 4;
 pub const FRAGMENT_UNIT_COUNT_MAX: u32 = super::fragment::FRAGMENT_UNITS_MAX;
 
 const _: () = assert!(FRAGMENT_UNIT_COUNT_MAX < UNITS_PER_BLOCK);
+
+/// What a record carries into the data region (`Record::data_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataKind {
+    WholeBlock,
+    Fragment { unit_count: u32 },
+}
 
 /// Where one record's data went: data index 0 is the block after the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,35 +125,35 @@ impl DataLayout {
         }
     }
 
-    /// Places `record`'s data, if it carries any.
-    pub fn place(&mut self, record: &Record) -> Option<Placement> {
-        if record.carries_data() {
-            Some(self.place_whole_block())
-        } else {
-            let unit_count = record.fragment_unit_count()?;
-            Some(self.place_fragment(u32::from(unit_count)))
+    /// Places a record's data, if it carries any (`kind`).
+    pub fn place(&mut self, kind: Option<DataKind>) -> Option<Placement> {
+        match kind? {
+            DataKind::WholeBlock => Some(self.place_whole_block()),
+            DataKind::Fragment { unit_count } => Some(self.place_fragment(unit_count)),
         }
     }
 
-    /// The blocks the region would span after placing `record`.
-    pub fn block_count_after(&self, record: &Record) -> u32 {
-        if !record.carries_data() && !record.carries_fragment() {
+    /// The blocks the region would span after placing data of `kind`.
+    pub fn block_count_after(&self, kind: Option<DataKind>) -> u32 {
+        if kind.is_none() {
             return self.block_count;
         }
         let mut trial = self.clone();
-        trial.place(record);
+        trial.place(kind);
         trial.block_count
     }
 
-    /// The placement of every record of a summary that carries data, in
-    /// record order, and the region's size in blocks. Records must have been
-    /// checked (fragment unit counts in range; `Summary::decode` does).
-    pub fn of_records(records: &[Record]) -> (Vec<(usize, Placement)>, u32) {
+    /// The placement of every record that carries data, given what each
+    /// record carries in record order (`Summary::placements`): record index
+    /// and placement, and the region's size in blocks. Fragment unit counts
+    /// must have been checked (`Summary::decode` does).
+    pub fn of_kinds(
+        kinds: impl Iterator<Item = Option<DataKind>>,
+    ) -> (Vec<(usize, Placement)>, u32) {
         let mut layout = DataLayout::new();
-        let placements = records
-            .iter()
+        let placements = kinds
             .enumerate()
-            .filter_map(|(index, record)| Some((index, layout.place(record)?)))
+            .filter_map(|(index, kind)| Some((index, layout.place(kind)?)))
             .collect();
         (placements, layout.block_count)
     }
@@ -220,33 +226,14 @@ mod tests {
     }
 
     #[test]
-    fn a_walk_of_the_records_places_what_the_writer_placed() {
-        let records = vec![
-            Record::Packed {
-                volume_id: 1,
-                logical_block: 0,
-                unit_count: 150,
-                checksum: 0,
-            },
-            Record::Unmap {
-                volume_id: 1,
-                logical_block: 9,
-                block_count: 1,
-            },
-            Record::Data {
-                volume_id: 1,
-                logical_block: 1,
-                checksum: 0,
-            },
-            Record::RelocatePacked {
-                volume_id: 1,
-                logical_block: 2,
-                from: 77,
-                unit_count: 100,
-                checksum: 0,
-            },
+    fn a_walk_of_the_kinds_places_what_the_writer_placed() {
+        let kinds = [
+            Some(DataKind::Fragment { unit_count: 150 }),
+            None,
+            Some(DataKind::WholeBlock),
+            Some(DataKind::Fragment { unit_count: 100 }),
         ];
-        let (placements, block_count) = DataLayout::of_records(&records);
+        let (placements, block_count) = DataLayout::of_kinds(kinds.into_iter());
         assert_eq!(
             placements,
             vec![
@@ -257,7 +244,7 @@ mod tests {
         );
         assert_eq!(block_count, 2);
         let layout = DataLayout::new();
-        assert_eq!(layout.block_count_after(&records[0]), 1);
-        assert_eq!(layout.block_count_after(&records[1]), 0);
+        assert_eq!(layout.block_count_after(kinds[0]), 1);
+        assert_eq!(layout.block_count_after(kinds[1]), 0);
     }
 }

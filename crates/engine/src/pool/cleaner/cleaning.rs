@@ -17,7 +17,7 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::Record;
 use crate::log::batch::block_checksum;
 use crate::log::chain;
-use crate::log::data_layout::{DataLayout, Placement};
+use crate::log::data_layout::Placement;
 use crate::log::geometry::Tier;
 use crate::log::location::{Location, UNIT_BYTES};
 use crate::pool::budget::BackgroundWork;
@@ -573,7 +573,7 @@ impl Cleaner {
         let mut candidates = Vec::new();
         for batch in &chain.batches {
             let records = &batch.summary.records;
-            let (placements, _) = DataLayout::of_records(records);
+            let (placements, _) = batch.summary.placements();
             for (record_index, placement) in placements {
                 let (volume_id, logical_block, checksum) = data_of_record(&records[record_index]);
                 let placed = PlacedData::in_victim(first_block, batch, placement);

@@ -4,20 +4,25 @@
 //! checksum is a move (the map points elsewhere now: read again) or damage:
 //! each block it touches is rebuilt from the device's redundancy in turn,
 //! keeping a candidate that makes the fragment match, and otherwise the read
-//! of that logical block fails. Fragments are not kept in the memory cache
-//! (the compressed cache is a later slice).
+//! of that logical block fails.
+//!
+//! The memory cache holds the device blocks fragments are packed in, as
+//! they are (batches enter it when written, blocks read for a fragment
+//! after the read): a 4 KiB slot holds every fragment packed in that block,
+//! so the cache holds compressed data and a hit costs a decode. A packed
+//! block never changes while its segment lives, and the cache forgets a
+//! segment's blocks when the segment is freed.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::error::{EngineError, IoError};
 use crate::log::fragment::{FragmentDecoder, FragmentError, fragment_units};
-use crate::log::location::Location;
+use crate::log::location::{FRAGMENT_BLOCKS_MAX, Location};
 use crate::pool::core::Core;
+use crate::tier::memory_cache::CacheGeneration;
 use crate::volume::View;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
-
-use super::read::BlockSpan;
 
 thread_local! {
     /// This thread's decoder, made at its first fragment.
@@ -41,12 +46,16 @@ pub(in crate::pool) fn decode(
     })
 }
 
-/// A fragment a read plans to fetch from the device.
+/// A fragment a read plans to fetch from the memory cache or the device.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::pool) struct FragmentRead {
     pub logical_block: u64,
     pub location: Location,
     pub checksum: u32,
+    /// The cache generations of the blocks it touches when the read was
+    /// planned (a block read afterwards is cached only if its shard saw no
+    /// invalidation since).
+    pub generations: [CacheGeneration; FRAGMENT_BLOCKS_MAX as usize],
 }
 
 /// How a fragment's read ended.
@@ -56,15 +65,14 @@ enum FragmentOutcome {
 }
 
 impl Core {
-    /// Reads `fragments` (all at once), copying each decoded block's part of
-    /// the request into `buffer` (the request starts at byte `offset`);
-    /// returns the logical blocks that moved under the read.
+    /// Reads `fragments` (all at once), giving each decoded block to
+    /// `decoded` with its logical block; returns the logical blocks that
+    /// moved under the read.
     pub(in crate::pool) async fn read_fragments(
         self: &Arc<Self>,
         view: View,
-        offset: u64,
         fragments: &[FragmentRead],
-        buffer: &mut [u8],
+        decoded: &mut (dyn FnMut(u64, &[u8; BLOCK_BYTES]) + Send),
     ) -> Result<Vec<u64>, EngineError> {
         let reads = fragments
             .iter()
@@ -74,10 +82,7 @@ impl Core {
         for (fragment, outcome) in fragments.iter().zip(outcomes) {
             match outcome? {
                 FragmentOutcome::Moved => moved.push(fragment.logical_block),
-                FragmentOutcome::Decoded(block) => {
-                    let span = BlockSpan::of(offset, buffer.len(), fragment.logical_block);
-                    buffer[span.request_range()].copy_from_slice(&block[span.block_range()]);
-                }
+                FragmentOutcome::Decoded(block) => decoded(fragment.logical_block, &block),
             }
         }
         Ok(moved)
@@ -89,6 +94,10 @@ impl Core {
         fragment: FragmentRead,
     ) -> Result<FragmentOutcome, EngineError> {
         let location = fragment.location;
+        let mut output = Box::new([0u8; BLOCK_BYTES]);
+        if self.decode_from_cache(fragment, &mut output) {
+            return Ok(FragmentOutcome::Decoded(output));
+        }
         let mut blocks = self
             .device()
             .read(
@@ -96,9 +105,14 @@ impl Core {
                 location.block_count() as usize * BLOCK_BYTES,
             )
             .await?;
-        let mut output = Box::new([0u8; BLOCK_BYTES]);
         let error = match decode(location, &blocks, fragment.checksum, &mut output) {
-            Ok(()) => return Ok(FragmentOutcome::Decoded(output)),
+            Ok(()) => {
+                let cached_blocks = blocks.chunks_exact(BLOCK_BYTES).zip(location.block()..);
+                for ((contents, block), generation) in cached_blocks.zip(fragment.generations) {
+                    self.cache().insert_read(block, contents, generation);
+                }
+                return Ok(FragmentOutcome::Decoded(output));
+            }
             Err(error) => error,
         };
         if self.fragment_moved(view, fragment) {
@@ -118,6 +132,21 @@ impl Core {
             logical_block: fragment.logical_block,
             source: error,
         }))
+    }
+
+    /// Decodes `fragment` from the memory cache if every block it touches
+    /// is there and the fragment checks out (a stale or damaged copy is a
+    /// miss: the device is read).
+    fn decode_from_cache(&self, fragment: FragmentRead, output: &mut [u8; BLOCK_BYTES]) -> bool {
+        let location = fragment.location;
+        let mut blocks = [0u8; FRAGMENT_BLOCKS_MAX as usize * BLOCK_BYTES];
+        let touched = &mut blocks[..location.block_count() as usize * BLOCK_BYTES];
+        let cache = self.cache();
+        touched
+            .chunks_exact_mut(BLOCK_BYTES)
+            .zip(location.block()..)
+            .all(|(contents, block)| cache.get(block, contents))
+            && decode(location, touched, fragment.checksum, output).is_ok()
     }
 
     /// Whether the view's map no longer holds `fragment` at its logical block.

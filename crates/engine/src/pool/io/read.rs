@@ -318,10 +318,15 @@ impl<'a> ReadPlanner<'a> {
             buffer[span.request_range()].copy_from_slice(&decoded[span.block_range()]);
             return;
         }
+        let block = location.block();
         self.plan.fragments.push(FragmentRead {
             logical_block,
             location,
             checksum: mapping.checksum,
+            generations: [
+                self.cache.generation(block),
+                self.cache.generation(block + 1),
+            ],
         });
     }
 
@@ -579,9 +584,12 @@ impl Core {
         let mut fragments_moved = Vec::new();
         if !plan.fragments.is_empty() {
             let fragments = std::mem::take(&mut plan.fragments);
-            fragments_moved = self
-                .read_fragments(view, offset, &fragments, buffer)
-                .await?;
+            let request_length = buffer.len();
+            let mut copy = |logical_block: u64, block: &[u8; BLOCK_BYTES]| {
+                let span = BlockSpan::of(offset, request_length, logical_block);
+                buffer[span.request_range()].copy_from_slice(&block[span.block_range()]);
+            };
+            fragments_moved = self.read_fragments(view, &fragments, &mut copy).await?;
         }
         if !plan.from_cache_or_device.is_empty() {
             self.take_from_cache(&mut plan, offset, buffer);

@@ -131,7 +131,7 @@ impl OpenBatch {
     /// Whether `record` (and its data block or fragment, if it carries one) fits.
     pub fn has_room_for(&self, record: &Record) -> bool {
         self.record_bytes + record.encoded_bytes_max() <= SUMMARY_RECORD_BYTES_MAX
-            && self.layout.block_count_after(record) as usize <= self.data_capacity
+            && self.layout.block_count_after(record.data_kind()) as usize <= self.data_capacity
     }
 
     /// Adds a record without data, or with its data block through

@@ -233,7 +233,7 @@ pub(super) async fn rebuild_failing_blocks(
 ) {
     // Whole blocks only: fragments are not written to devices with
     // redundancy yet (decision 0070).
-    let (placements, _) = DataLayout::of_records(&batch.summary.records);
+    let (placements, _) = batch.summary.placements();
     let whole_blocks = placements.iter().filter_map(|(record_index, placement)| {
         let Placement::WholeBlock { data_index } = placement else {
             return None;
@@ -281,7 +281,7 @@ pub(super) fn replay_records(
     let mut layout = DataLayout::new();
     for record in &replayed.batch.summary.records {
         let skipped = replayed.only_held_contents && !state.volumes().moves_held_contents(record);
-        let Some(placement) = layout.place(record) else {
+        let Some(placement) = layout.place(record.data_kind()) else {
             if skipped {
                 outcome.later_versions_skipped += 1;
             } else {
