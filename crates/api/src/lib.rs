@@ -33,6 +33,16 @@ pub struct PoolStatus {
     pub used_bytes: u64,
     pub free_bytes: u64,
     pub reserved_bytes: u64,
+    /// Bytes clients would read back from the live data (each block once
+    /// however many snapshots and clones share it), the device bytes it
+    /// takes after compression, and their ratio as ZFS's `compressratio`
+    /// (absent from daemons before issue 44: 0, 0 and 1.0).
+    #[serde(default)]
+    pub logical_bytes: u64,
+    #[serde(default)]
+    pub stored_bytes: u64,
+    #[serde(default = "ratio_one")]
+    pub compress_ratio: f64,
     /// Used share of the space clients can fill, in percent: 100 when writes
     /// fail with ENOSPC.
     pub used_percent: f64,
@@ -530,13 +540,24 @@ pub struct IntegrityStatus {
 }
 
 /// What `volume list` shows about a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VolumeInfo {
     pub volume_id: u32,
     pub name: String,
     pub size_bytes: u64,
+    /// Logical bytes of its live contents (mapped blocks × 4096).
     pub allocated_bytes: u64,
+    /// Device bytes its live contents take after compression, and
+    /// `allocated_bytes / stored_bytes` (absent from daemons before issue
+    /// 44: 0 and 1.0).
+    #[serde(default)]
+    pub stored_bytes: u64,
+    #[serde(default = "ratio_one")]
+    pub compress_ratio: f64,
     pub unique_bytes: u64,
+    /// Device bytes of the blocks only the live contents reference.
+    #[serde(default)]
+    pub unique_stored_bytes: u64,
     pub used_bytes: u64,
     pub snapshot_count: usize,
     /// `VOL@SNAP` this volume was cloned from.
@@ -548,6 +569,11 @@ pub struct VolumeInfo {
     /// from daemons before issue 44).
     #[serde(default = "compression_off")]
     pub compression: String,
+}
+
+/// The compression ratio in answers of daemons from before issue 44.
+fn ratio_one() -> f64 {
+    1.0
 }
 
 /// The codec of volumes in answers of daemons from before issue 44.
@@ -608,6 +634,14 @@ pub struct VolumeTierStats {
     pub compression: String,
     pub flash_bytes: u64,
     pub capacity_bytes: u64,
+    /// As [`VolumeInfo::allocated_bytes`], `stored_bytes` and
+    /// `compress_ratio` (absent from daemons before issue 44: 0, 0, 1.0).
+    #[serde(default)]
+    pub logical_bytes: u64,
+    #[serde(default)]
+    pub stored_bytes: u64,
+    #[serde(default = "ratio_one")]
+    pub compress_ratio: f64,
     pub counters: VolumeTierCounters,
     pub memory_hit_ratio: f64,
     pub flash_hit_ratio: f64,
@@ -655,6 +689,13 @@ mod tests {
                 "blocks_repaired": 0, "blocks_unrepairable": 0, "parity_repaired": 0,
                 "rows_checked": 0, "devices_faulted": 0, "elapsed_ms": 0}
         });
+        for (field, value) in [
+            ("logical_bytes", serde_json::json!(9)),
+            ("stored_bytes", serde_json::json!(6)),
+            ("compress_ratio", serde_json::json!(1.5)),
+        ] {
+            document[field] = value;
+        }
         // Apart: one literal this deep passes the json! macro's recursion limit.
         document["background"] = serde_json::json!({
             "impact": "medium", "bytes_per_second": 16777216,
@@ -703,6 +744,37 @@ mod tests {
         assert_eq!(status.integrity.blocks_marked_lost, 0);
         assert_eq!(status.integrity.lost_block_reads, 0);
         assert_eq!(status.flash_only_bytes, None);
+    }
+
+    #[test]
+    fn answers_without_compression_figures_read_as_uncompressed() {
+        let mut document = status_json();
+        for field in ["logical_bytes", "stored_bytes", "compress_ratio"] {
+            document.as_object_mut().unwrap().remove(field);
+        }
+        let status: PoolStatus = serde_json::from_value(document).expect("reads");
+        assert_eq!(
+            (
+                status.logical_bytes,
+                status.stored_bytes,
+                status.compress_ratio
+            ),
+            (0, 0, 1.0)
+        );
+        let volume: VolumeInfo = serde_json::from_value(serde_json::json!({
+            "volume_id": 1, "name": "v", "size_bytes": 8192, "allocated_bytes": 4096,
+            "unique_bytes": 4096, "used_bytes": 4096, "snapshot_count": 0, "origin": null,
+            "created_unix_seconds": 0, "policy": {"priority": "normal", "pin": "auto"}
+        }))
+        .expect("reads");
+        assert_eq!(
+            (
+                volume.stored_bytes,
+                volume.unique_stored_bytes,
+                volume.compress_ratio
+            ),
+            (0, 0, 1.0)
+        );
     }
 
     #[test]

@@ -24,8 +24,8 @@ use crate::pool::repair::rebuild::progress::RebuildStatus;
 use crate::pool::repair::scrub::progress::ScrubStatus;
 use crate::tier::heat::VolumeTierCounters;
 use crate::tier::memory_cache::CacheStatistics;
-use crate::volume::TierPolicy;
 use crate::volume::map::BlockMap;
+use crate::volume::{TierPolicy, UNIT_SIZE_BYTES, compress_ratio, stored_bytes_of};
 
 /// What `pool status` shows.
 #[derive(Clone, Debug, Serialize)]
@@ -38,6 +38,16 @@ pub struct PoolStatus {
     pub used_bytes: u64,
     pub free_bytes: u64,
     pub reserved_bytes: u64,
+    /// Bytes clients would read back from the live data: 4096 for every
+    /// distinct location (whole block or compressed fragment) a map holds,
+    /// once however many snapshots and clones share it.
+    pub logical_bytes: u64,
+    /// Bytes of the devices those locations take (16-byte units, each
+    /// location once): what compression left of `logical_bytes`.
+    pub stored_bytes: u64,
+    /// `logical_bytes / stored_bytes`, as ZFS's `compressratio` (1.0 when
+    /// nothing is stored).
+    pub compress_ratio: f64,
     /// Used share of the space clients can fill (used plus free, which
     /// leaves out the reserves), in percent: 100 when writes fail with ENOSPC.
     pub used_percent: f64,
@@ -133,6 +143,12 @@ pub struct VolumeTierStats {
     /// Bytes of the volume's live contents on each tier.
     pub flash_bytes: u64,
     pub capacity_bytes: u64,
+    /// Bytes of the volume's live contents (mapped blocks × 4096) and of
+    /// the devices they take (a fragment its units × 16), shared or not.
+    pub logical_bytes: u64,
+    pub stored_bytes: u64,
+    /// `logical_bytes / stored_bytes` (1.0 when nothing is stored).
+    pub compress_ratio: f64,
     pub counters: VolumeTierCounters,
     /// Shares of block reads served from memory, flash and capacity (0 when
     /// nothing was read; unwritten blocks are not counted).
@@ -284,6 +300,23 @@ fn set_aside_segment_count(state: &State) -> u64 {
         .count() as u64
 }
 
+/// The pool's live data before and after compression, from the space
+/// allocator's running counts (no map walk).
+struct StoredFigures {
+    logical_bytes: u64,
+    stored_bytes: u64,
+}
+
+impl StoredFigures {
+    fn of(state: &State) -> Self {
+        let space = state.space();
+        Self {
+            logical_bytes: space.live_location_count() * BLOCK_SIZE_BYTES,
+            stored_bytes: space.live_unit_count() * UNIT_SIZE_BYTES,
+        }
+    }
+}
+
 /// The share `part` is of `reads` (0 when nothing was read).
 fn ratio(part: u64, reads: u64) -> f64 {
     if reads == 0 {
@@ -314,15 +347,27 @@ fn flash_live_bytes(state: &State) -> u64 {
         * BLOCK_SIZE_BYTES
 }
 
-/// Blocks of `map` that live on capacity.
-fn capacity_block_count(geometry: &Geometry, map: &BlockMap) -> u64 {
-    let mut capacity_blocks = 0u64;
-    map.for_each_location(&mut |location| {
-        if geometry.tier_of_block(location.block()) == Tier::Capacity {
-            capacity_blocks += 1;
-        }
-    });
-    capacity_blocks
+/// What one walk of a volume's map finds: blocks on capacity and the
+/// device bytes of every mapped location.
+struct MapPlacement {
+    capacity_blocks: u64,
+    stored_bytes: u64,
+}
+
+impl MapPlacement {
+    fn of(geometry: &Geometry, map: &BlockMap) -> Self {
+        let mut placement = Self {
+            capacity_blocks: 0,
+            stored_bytes: 0,
+        };
+        map.for_each_location(&mut |location| {
+            if geometry.tier_of_block(location.block()) == Tier::Capacity {
+                placement.capacity_blocks += 1;
+            }
+            placement.stored_bytes += stored_bytes_of(location);
+        });
+        placement
+    }
 }
 
 impl Core {
@@ -334,6 +379,7 @@ impl Core {
         let capacity_bytes = sizes.pool_bytes(geometry);
         let segment_bytes = sizes.mean_bytes(geometry);
         let space = SpaceFigures::of(&state);
+        let stored = StoredFigures::of(&state);
         let moves = TierMoves::of(&state);
         let counters = state.counters().lifetime();
         let (cleaner_state, cleaner_pressure) = cleaner::cleaner_state(&state, self.limits());
@@ -343,6 +389,9 @@ impl Core {
             used_bytes: space.used_segment_count * segment_bytes,
             free_bytes: space.fillable_free_segment_count() * segment_bytes,
             reserved_bytes: space.reserved_segment_count * segment_bytes,
+            logical_bytes: stored.logical_bytes,
+            stored_bytes: stored.stored_bytes,
+            compress_ratio: compress_ratio(stored.logical_bytes, stored.stored_bytes),
             used_percent: space.used_percent,
             usage_warning_percent: space.usage_warning_percent(self.limits()),
             segment_size_bytes: geometry.segment_size_bytes(),
@@ -420,8 +469,12 @@ impl Core {
             map,
             counters,
         } = copied;
-        let capacity_blocks = capacity_block_count(&self.geometry(), &map);
+        let MapPlacement {
+            capacity_blocks,
+            stored_bytes,
+        } = MapPlacement::of(&self.geometry(), &map);
         let flash_blocks = map.mapped_count() - capacity_blocks;
+        let logical_bytes = map.mapped_count() * BLOCK_SIZE_BYTES;
         let reads = counters.memory_read_blocks
             + counters.flash_read_blocks
             + counters.capacity_read_blocks;
@@ -431,6 +484,9 @@ impl Core {
             compression,
             flash_bytes: flash_blocks * BLOCK_SIZE_BYTES,
             capacity_bytes: capacity_blocks * BLOCK_SIZE_BYTES,
+            logical_bytes,
+            stored_bytes,
+            compress_ratio: compress_ratio(logical_bytes, stored_bytes),
             memory_hit_ratio: ratio(counters.memory_read_blocks, reads),
             flash_hit_ratio: ratio(counters.flash_read_blocks, reads),
             capacity_read_ratio: ratio(counters.capacity_read_blocks, reads),

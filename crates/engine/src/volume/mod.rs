@@ -27,12 +27,32 @@ use serde::Serialize;
 
 use crate::BLOCK_SIZE_BYTES;
 use crate::error::{EngineError, VolumeError};
-use crate::log::location::Location;
+use crate::log::location::{Location, UNIT_BYTES};
 use map::BlockMap;
 pub use policy::{CachePriority, Pin, TierPolicy};
 
 /// Longest volume name, in bytes.
 pub const VOLUME_NAME_LENGTH_MAX: usize = 64;
+
+/// Bytes of one 16-byte unit, the grain fragments are stored in (a whole
+/// block is 256 units).
+pub const UNIT_SIZE_BYTES: u64 = UNIT_BYTES as u64;
+
+/// Bytes of the devices `location` takes: 4096 for a whole block, its units
+/// for a fragment.
+pub fn stored_bytes_of(location: Location) -> u64 {
+    u64::from(location.units()) * UNIT_SIZE_BYTES
+}
+
+/// `logical_bytes / stored_bytes` as ZFS's `compressratio`: 1.0 when
+/// nothing is stored.
+pub fn compress_ratio(logical_bytes: u64, stored_bytes: u64) -> f64 {
+    if stored_bytes == 0 {
+        1.0
+    } else {
+        logical_bytes as f64 / stored_bytes as f64
+    }
+}
 
 /// Largest volume size: 2^50 bytes (1 PiB), far beyond any device, small enough
 /// that block arithmetic never overflows.
@@ -125,15 +145,24 @@ pub fn split_snapshot_name(full_name: &str) -> (&str, Option<&str>) {
 }
 
 /// What `volume list` shows about a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct VolumeInfo {
     pub volume_id: u32,
     pub name: String,
     pub size_bytes: u64,
-    /// Bytes of device space its live contents reference (shared or not).
+    /// Logical bytes of its live contents (mapped blocks × 4096, shared or
+    /// not): what clients read back.
     pub allocated_bytes: u64,
-    /// Bytes only the live contents reference: what a rollback would free.
+    /// Device bytes its live contents reference (shared or not): 4096 per
+    /// whole block, a fragment's units × 16; lost entries count nothing.
+    pub stored_bytes: u64,
+    /// `allocated_bytes / stored_bytes` (1.0 when nothing is stored).
+    pub compress_ratio: f64,
+    /// Logical bytes only the live contents reference: what a rollback
+    /// would free.
     pub unique_bytes: u64,
+    /// Device bytes of those blocks.
+    pub unique_stored_bytes: u64,
     /// Bytes deleting the volume together with its snapshots would free.
     pub used_bytes: u64,
     pub snapshot_count: usize,
@@ -177,7 +206,18 @@ pub struct PendingVolumeInfo {
 impl PendingVolumeInfo {
     pub fn compute(mut self) -> VolumeInfo {
         let parent = self.snapshots.last().or(self.origin.as_ref());
-        let unique_blocks = self.live.count_not_in(parent.as_slice());
+        let unique = MapBytes::not_in(&self.live, parent.as_slice());
+        // Without a parent every block is unique: the walk above saw the
+        // whole map. With one, it skipped the chunks shared with the parent,
+        // so the stored bytes take a walk of their own.
+        self.info.stored_bytes = match parent {
+            None => unique.stored_bytes,
+            Some(_) => MapBytes::not_in(&self.live, &[]).stored_bytes,
+        };
+        self.info.compress_ratio =
+            compress_ratio(self.info.allocated_bytes, self.info.stored_bytes);
+        self.info.unique_stored_bytes = unique.stored_bytes;
+        let unique_blocks = unique.block_count;
         // Each block of the chain is counted once, at the first map holding it:
         // the maps holding a block are contiguous along the chain.
         let mut used_blocks = unique_blocks;
@@ -189,6 +229,27 @@ impl PendingVolumeInfo {
         self.info.unique_bytes = unique_blocks * BLOCK_SIZE_BYTES;
         self.info.used_bytes = used_blocks * BLOCK_SIZE_BYTES;
         self.info
+    }
+}
+
+/// Mappings of a map that none of some others hold, counted and weighed.
+struct MapBytes {
+    block_count: u64,
+    stored_bytes: u64,
+}
+
+impl MapBytes {
+    /// See [`BlockMap::for_each_not_in`] (`others` empty: every mapping).
+    fn not_in(map: &BlockMap, others: &[&BlockMap]) -> Self {
+        let mut bytes = Self {
+            block_count: 0,
+            stored_bytes: 0,
+        };
+        map.for_each_not_in(others, &mut |_, location| {
+            bytes.block_count += 1;
+            bytes.stored_bytes += stored_bytes_of(location);
+        });
+        bytes
     }
 }
 
@@ -664,7 +725,10 @@ impl VolumeTable {
                 name: volume.name.clone(),
                 size_bytes: volume.size_bytes,
                 allocated_bytes: volume.map.mapped_count() * BLOCK_SIZE_BYTES,
+                stored_bytes: 0,
+                compress_ratio: 1.0,
                 unique_bytes: 0,
+                unique_stored_bytes: 0,
                 used_bytes: 0,
                 snapshot_count: volume.snapshots.len(),
                 origin: self.origin_full_name(volume.origin),

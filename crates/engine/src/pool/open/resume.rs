@@ -119,6 +119,7 @@ pub(super) fn rebuild_segment_table(
     // in a bitmap, fragments (several to a block) in a set.
     let mut counted = vec![0u64; usize::try_from(block_count.div_ceil(64)).expect("fits memory")];
     let mut counted_fragments = HashSet::new();
+    let mut live_location_count = 0u64;
     state.volumes().for_each_distinct_location(&mut |location| {
         let block = location.block();
         let first_time = if location.is_fragment() {
@@ -132,6 +133,7 @@ pub(super) fn rebuild_segment_table(
         };
         if first_time {
             live_units[geometry.segment_of(block) as usize] += location.units();
+            live_location_count += 1;
         }
     });
     if let Some(segment) = held
@@ -147,6 +149,7 @@ pub(super) fn rebuild_segment_table(
     }
     state.rebuild_segment_table(RecoveredSegments {
         live_units: &live_units,
+        live_location_count,
         held,
         fallback_covered: kept.fallback_covered(),
         highest_sequence,

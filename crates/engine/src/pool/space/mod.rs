@@ -230,6 +230,10 @@ pub struct SpaceAllocator {
     /// open). A list of live blocks taken at `free_events` = F is still
     /// right about a block's contents while its segment's entry is ≤ F.
     freed_at: Vec<u64>,
+    /// Locations (whole blocks and fragments) whose units are counted live:
+    /// each block clients would read back, once however many maps share it.
+    /// `pool status` reports it as the pool's logical bytes.
+    live_location_count: u64,
 }
 
 /// Flash segments the cleaner keeps for relocating a victim's live blocks
@@ -321,6 +325,9 @@ fn pop_free_keeping_settled(
 pub struct RecoveredSegments<'a> {
     /// Live units per segment, from the recovered maps (see [`SegmentInfo::live_units`]).
     pub live_units: &'a [u32],
+    /// Distinct locations the recovered maps hold (see
+    /// [`SpaceAllocator::live_location_count`]).
+    pub live_location_count: u64,
     /// Segments holding a kept checkpoint's body.
     pub held: &'a std::collections::HashSet<u32>,
     /// The batch both kept checkpoints cover: an empty segment written no
@@ -363,7 +370,22 @@ impl SpaceAllocator {
             reuse_freed_segments_first,
             free_events: 0,
             freed_at: vec![0; segment_count as usize],
+            live_location_count: 0,
         }
+    }
+
+    /// Locations whose units are counted live (see `live_location_count`).
+    pub fn live_location_count(&self) -> u64 {
+        self.live_location_count
+    }
+
+    /// Units counted live over every segment: the pool's stored data, each
+    /// location once.
+    pub fn live_unit_count(&self) -> u64 {
+        self.segments
+            .iter()
+            .map(|segment| u64::from(segment.live_units))
+            .sum()
     }
 
     /// Counts `segment_index` freed now (see `freed_at`).
@@ -505,6 +527,11 @@ impl SpaceAllocator {
             "segment live count underflow at {location}"
         );
         segment.live_units -= location.units();
+        assert!(
+            self.live_location_count > 0,
+            "live location count underflow at {location}"
+        );
+        self.live_location_count -= 1;
         if segment.live_units == 0 && segment.state == SegmentState::Sealed {
             self.mark_dead(segment_index, progress);
         }
@@ -520,6 +547,7 @@ impl SpaceAllocator {
             "append to segment {segment_index}"
         );
         segment.live_units += units;
+        self.live_location_count += 1;
         assert!(
             u64::from(segment.live_blocks()) < self.geometry.segment_size_blocks,
             "segment {segment_index} holds more live blocks than it has room for"
@@ -1074,6 +1102,7 @@ impl SpaceAllocator {
         self.free_flash.clear();
         self.free_capacity.clear();
         self.dead_segments.clear();
+        self.live_location_count = found.live_location_count;
         for (index, segment) in self.segments.iter_mut().enumerate() {
             let index = segment_index(index as u64);
             segment.live_units = found.live_units[index as usize];
