@@ -96,6 +96,12 @@ fn print_volume_stats(stats: &VolumeTierStats) {
     println!("on flash             {}", format_size(stats.flash_bytes));
     println!("on capacity          {}", format_size(stats.capacity_bytes));
     println!(
+        "compression ratio    {} (logical {}, stored {})",
+        volume_commands::format_ratio(stats.compress_ratio),
+        format_size(stats.logical_bytes),
+        format_size(stats.stored_bytes)
+    );
+    println!(
         "reads from memory    {} blocks ({:.1}%)",
         counters.memory_read_blocks,
         100.0 * stats.memory_hit_ratio

@@ -39,6 +39,12 @@ fn print_space(status: &PoolStatus) {
     );
     println!("volumes              {}", status.volume_count);
     println!(
+        "compression          {} (logical {}, stored {})",
+        crate::volume_commands::format_ratio(status.compress_ratio),
+        format_size(status.logical_bytes),
+        format_size(status.stored_bytes)
+    );
+    println!(
         "write amplification  {}",
         status
             .write_amplification

@@ -208,10 +208,12 @@ async fn create(arguments: CreateArgs) -> anyhow::Result<()> {
 
 fn print_volumes(volumes: &[VolumeInfo]) {
     println!(
-        "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8} {:<11}  ORIGIN",
+        "{:<32} {:>10} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}  {:<8} {:<8} {:<11}  ORIGIN",
         "NAME",
         "SIZE",
         "ALLOCATED",
+        "STORED",
+        "RATIO",
         "UNIQUE",
         "USED",
         "SNAPSHOTS",
@@ -221,10 +223,12 @@ fn print_volumes(volumes: &[VolumeInfo]) {
     );
     for volume in volumes {
         println!(
-            "{:<32} {:>10} {:>12} {:>12} {:>12} {:>9}  {:<8} {:<8} {:<11}  {}",
+            "{:<32} {:>10} {:>12} {:>12} {:>6} {:>12} {:>12} {:>9}  {:<8} {:<8} {:<11}  {}",
             volume.name,
             format_size(volume.size_bytes),
             format_size(volume.allocated_bytes),
+            format_size(volume.stored_bytes),
+            format_ratio(volume.compress_ratio),
             format_size(volume.unique_bytes),
             format_size(volume.used_bytes),
             volume.snapshot_count,
@@ -234,6 +238,11 @@ fn print_volumes(volumes: &[VolumeInfo]) {
             volume.origin.as_deref().unwrap_or("-"),
         );
     }
+}
+
+/// A compression ratio as ZFS shows one: `1.81x`.
+pub fn format_ratio(ratio: f64) -> String {
+    format!("{ratio:.2}x")
 }
 
 pub fn print_volume(volume: &VolumeInfo) {

@@ -75,9 +75,25 @@ fn pool_space_metrics(status: &lamina_engine::PoolStatus, exposition: &mut Expos
             "Bytes kept for the cleaner and checkpoints.",
             status.reserved_bytes,
         ),
+        (
+            "lamina_pool_logical_bytes",
+            "Bytes clients would read back from the live data, each block once however many snapshots and clones share it.",
+            status.logical_bytes,
+        ),
+        (
+            "lamina_pool_stored_bytes",
+            "Device bytes the live data takes after compression.",
+            status.stored_bytes,
+        ),
     ] {
         exposition.gauge(name, help).sample(&[], value);
     }
+    exposition
+        .gauge(
+            "lamina_pool_compress_ratio",
+            "Logical over stored bytes of the live data (1 when nothing is stored).",
+        )
+        .sample(&[], status.compress_ratio);
     exposition
         .gauge(
             "lamina_pool_used_percent",
@@ -249,11 +265,21 @@ fn integrity_metrics(status: &lamina_engine::PoolStatus, exposition: &mut Exposi
 /// Each volume's space and snapshots.
 fn volume_metrics(volumes: &[lamina_engine::VolumeInfo], exposition: &mut Exposition) {
     type Field = fn(&lamina_engine::VolumeInfo) -> SampleValue;
-    let series: [(&str, &str, Field); 3] = [
+    let series: [(&str, &str, Field); 5] = [
         (
             "lamina_volume_allocated_bytes",
-            "Device space used by a volume's mapped blocks.",
+            "Logical bytes of a volume's mapped blocks (4096 each).",
             |volume| volume.allocated_bytes.into(),
+        ),
+        (
+            "lamina_volume_stored_bytes",
+            "Device bytes a volume's mapped blocks take after compression (shared or not).",
+            |volume| volume.stored_bytes.into(),
+        ),
+        (
+            "lamina_volume_compress_ratio",
+            "Logical over stored bytes of a volume's mapped blocks (1 when nothing is stored).",
+            |volume| volume.compress_ratio.into(),
         ),
         (
             "lamina_volume_used_bytes",

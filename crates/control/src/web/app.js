@@ -78,6 +78,10 @@ function renderPool(pool) {
   setBytes("pool-used", pool.used_bytes);
   setBytes("pool-free", pool.free_bytes);
   document.getElementById("pool-used-percent").textContent = pool.used_percent.toFixed(1) + " %";
+  // Older daemons send no compression figures: a ratio of 1.
+  const poolRatio = document.getElementById("pool-compress-ratio");
+  poolRatio.textContent = `${(pool.compress_ratio ?? 1).toFixed(2)}x (logical ${bytes(pool.logical_bytes ?? 0)}, stored ${bytes(pool.stored_bytes ?? 0)})`;
+  poolRatio.dataset.ratio = pool.compress_ratio ?? 1;
   const tiers = document.querySelector("#tiers tbody");
   tiers.replaceChildren();
   const tierList = [["flash", pool.flash]].concat(pool.capacity ? [["capacity", pool.capacity]] : []);
@@ -159,6 +163,8 @@ function renderVolumes(volumes, snapshots) {
     row.append(element("td", volume.name),
       element("td", bytes(volume.size_bytes), { "data-bytes": volume.size_bytes, class: "number" }),
       element("td", bytes(volume.allocated_bytes), { "data-bytes": volume.allocated_bytes, class: "number" }),
+      element("td", bytes(volume.stored_bytes ?? 0), { "data-bytes": volume.stored_bytes ?? 0, class: "number" }),
+      element("td", `${(volume.compress_ratio ?? 1).toFixed(2)}x`, { "data-ratio": volume.compress_ratio ?? 1, class: "number", title: volume.compression || "off" }),
       element("td", volume.snapshot_count, { class: "number" }),
       element("td", volume.origin || ""),
       element("td", iops, { class: "number" }),
@@ -178,7 +184,7 @@ function renderVolumes(volumes, snapshots) {
     body.append(row);
     for (const snapshot of snapshots.filter((snapshot) => snapshot.volume === volume.name)) {
       const snapshotRow = element("tr", null, { class: "snapshot", "data-snapshot": `${snapshot.volume}@${snapshot.name}` });
-      snapshotRow.append(element("td", `@${snapshot.name}`), element("td"), element("td"), element("td"), element("td"), element("td"), element("td"));
+      snapshotRow.append(element("td", `@${snapshot.name}`), element("td"), element("td"), element("td"), element("td"), element("td"), element("td"), element("td"), element("td"));
       const cell = element("td");
       cell.append(actionButton("Clone", () => {
         const name = prompt(`Name of the clone of ${snapshot.volume}@${snapshot.name}`);
