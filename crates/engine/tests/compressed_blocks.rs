@@ -20,6 +20,8 @@ const BLOCK: usize = 4096;
 const SEGMENT_BYTES: u64 = 256 << 10;
 const DEVICE_BYTES: u64 = (4 << 20) + 128 * SEGMENT_BYTES;
 const VOLUME_BLOCKS: usize = 1024;
+/// Blocks skipped at most before a test's blocks start, by seed.
+const SKIPPED_BLOCKS_MAX: usize = 64;
 /// Units of 16 bytes in a block.
 const UNITS_PER_BLOCK: u64 = 256;
 
@@ -47,19 +49,19 @@ fn real_blocks(count: usize, seed: u64) -> Vec<Vec<u8>> {
             if let Ok(contents) = std::fs::read(&path) {
                 bytes.extend_from_slice(&contents);
             }
-            if bytes.len() >= count * BLOCK {
+            if bytes.len() >= (count + SKIPPED_BLOCKS_MAX) * BLOCK {
                 break;
             }
         }
     }
     assert!(
-        bytes.len() >= count * BLOCK,
+        bytes.len() >= (count + SKIPPED_BLOCKS_MAX) * BLOCK,
         "not enough files on this machine"
     );
     let mut rng = SmallRng::seed_from_u64(seed);
-    bytes
+    let blocks: Vec<Vec<u8>> = bytes
         .chunks_exact(BLOCK)
-        .skip(rng.random_range(0..64))
+        .skip(rng.random_range(0..SKIPPED_BLOCKS_MAX))
         .take(count)
         .enumerate()
         .map(|(index, block)| {
@@ -71,7 +73,9 @@ fn real_blocks(count: usize, seed: u64) -> Vec<Vec<u8>> {
                 block.to_vec()
             }
         })
-        .collect()
+        .collect();
+    assert_eq!(blocks.len(), count);
+    blocks
 }
 
 fn walk(directory: &std::path::Path) -> Vec<std::path::PathBuf> {
