@@ -235,6 +235,15 @@ fn the_page_shows_the_pool_in_a_browser_and_acts_with_token_and_confirmation() {
         row_cell_bytes(&dom, "data-volume=\"default\"", 2),
         default["allocated_bytes"].as_u64().unwrap()
     );
+    assert_eq!(
+        row_cell_bytes(&dom, "data-volume=\"default\"", 3),
+        default["stored_bytes"].as_u64().unwrap()
+    );
+    // An uncompressed pool: the ratio 1.00x, with its logical and stored bytes.
+    assert!(
+        dom.contains("id=\"pool-compress-ratio\" data-ratio=\"1\">1.00x (logical "),
+        "{dom}"
+    );
 
     // The screenshot has the page on it, not a blank canvas.
     let screenshot = setup.root.join("page.png");
