@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use lamina_device::MemoryDevice;
+use lamina_device::{BlockDevice, ConcatenatedDevice, MemoryDevice};
 use lamina_engine::{Codec, Pool, PoolLimits, TestHooks, VolumeInfo};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -133,7 +133,7 @@ impl Model {
 
 /// The pool, its model and the device under it.
 struct Harness {
-    memory: Arc<MemoryDevice>,
+    device: Arc<dyn BlockDevice>,
     pool: Pool,
     model: Model,
 }
@@ -224,19 +224,19 @@ impl Harness {
     async fn crash(&mut self) {
         self.pool.flush().await.unwrap();
         self.pool.abandon();
-        self.pool = Pool::open(self.memory.clone(), limits()).await.unwrap();
+        self.pool = Pool::open(self.device.clone(), limits()).await.unwrap();
     }
 
     async fn restart(&mut self) {
         self.pool.checkpoint().await.unwrap();
         self.pool.close().await.unwrap();
-        self.pool = Pool::open(self.memory.clone(), limits()).await.unwrap();
+        self.pool = Pool::open(self.device.clone(), limits()).await.unwrap();
     }
 }
 
 async fn new_harness() -> Harness {
-    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-    let pool = Pool::create(memory.clone(), options(SEGMENT_BYTES, None), limits())
+    let device: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let pool = Pool::create(device.clone(), options(SEGMENT_BYTES, None), limits())
         .await
         .unwrap();
     let size_bytes = (VOLUME_BLOCKS * BLOCK) as u64;
@@ -249,7 +249,7 @@ async fn new_harness() -> Harness {
         model.create(name);
     }
     Harness {
-        memory,
+        device,
         pool,
         model,
     }
@@ -371,5 +371,54 @@ async fn logical_and_stored_bytes_stay_exact_through_every_operation() {
     );
     harness.crash().await;
     harness.check("empty, after replay");
+    harness.pool.close().await.unwrap();
+}
+
+/// 4 MiB of metadata, then 48 segments (12 MiB) of flash, and 48 MiB of
+/// capacity behind it: a two-tier pool (which stores every block whole).
+const FLASH_BYTES: u64 = (4 << 20) + 48 * SEGMENT_BYTES;
+const CAPACITY_BYTES: u64 = (1 << 20) + 192 * SEGMENT_BYTES;
+
+#[tokio::test]
+async fn the_pool_count_stays_exact_when_blocks_move_between_tiers() {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let device: Arc<dyn BlockDevice> = Arc::new(ConcatenatedDevice::new(flash, capacity));
+    let pool = Pool::create(
+        device.clone(),
+        options(SEGMENT_BYTES, Some(FLASH_BYTES)),
+        limits(),
+    )
+    .await
+    .unwrap();
+    pool.create_volume("data", (VOLUME_BLOCKS * BLOCK) as u64)
+        .await
+        .unwrap();
+    let mut harness = Harness {
+        device,
+        pool,
+        model: Model::default(),
+    };
+    harness.model.create("data");
+    // Twice the flash tier in all: the cleaner demotes to make room.
+    for round in 0..5 {
+        harness
+            .write("data", 0, &random_blocks(VOLUME_BLOCKS, 10 + round))
+            .await;
+        if round == 1 {
+            harness.pool.create_snapshot("data", "s1").await.unwrap();
+            harness.model.copy("data", "data@s1");
+        }
+        harness.pool.flush().await.unwrap();
+        harness.pool.clean(48).await.unwrap();
+        harness.check("while demoting");
+    }
+    let status = harness.pool.status();
+    assert!(status.demoted_blocks > 0, "{status:?}");
+    assert_eq!(status.logical_bytes, status.stored_bytes);
+    harness.crash().await;
+    harness.check("two tiers, after replay");
+    harness.restart().await;
+    harness.check("two tiers, after a restart");
     harness.pool.close().await.unwrap();
 }
