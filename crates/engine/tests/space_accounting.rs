@@ -349,6 +349,16 @@ async fn logical_and_stored_bytes_stay_exact_through_every_operation() {
     harness.restart().await;
     harness.check("after a clean restart");
 
+    // A rollback drops what the volume wrote since the snapshot, then
+    // new writes diverge again.
+    let rolled_back = harness.pool.rollback_snapshot("data", "s1").await.unwrap();
+    harness.model.copy("data@s1", "data");
+    assert_eq!(rolled_back.stored_bytes, at_snapshot);
+    assert_eq!(rolled_back.unique_stored_bytes, 0);
+    harness.check("after a rollback");
+    harness.write("data", 300, &text[..16]).await;
+    harness.check("after writes since the rollback");
+
     // Deleting the clone and the snapshot, then trimming everything.
     harness.pool.delete_volume("copy").await.unwrap();
     harness.model.remove("copy");
