@@ -21,10 +21,11 @@
 //!
 //! The wait is one watcher task with one timer, which each flush that
 //! leaves a marker waiting moves on (decision 0071): a task, a timer and a
-//! hurry per flush cost a database's commits about 1.4 wake-ups of a
-//! thread per flush (BENCHMARKS.md, "Server CPU per commit"). A flush whose
-//! claims the log carries drops the waiting marker without waking the
-//! watcher, which ends at its deadline.
+//! hurry per flush cost a database's commits 1.4 eventfd writes and 1.8
+//! `epoll_wait`s per flush (BENCHMARKS.md, "Server CPU per commit"). A
+//! flush whose claims the log carries drops the waiting marker, and wakes
+//! the watcher to end only if it runs on the flush's own thread; one on
+//! another thread ends at its deadline or serves the next flush's marker.
 //!
 //! Lock order: the pool's `flush_lock`, then this component's `write_lock`
 //! (held across a marker's write, by the watcher or by `settled`), then its
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lamina_device::BlockDevice;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::BLOCK_SIZE_BYTES;
@@ -94,8 +96,9 @@ struct Progress {
     durable: MarkerClaims,
     /// A marker waiting for its delay or for the log, if any.
     waiting: Option<Waiting>,
-    /// Whether the watcher task runs (it ends once nothing waits).
-    watching: bool,
+    /// The thread the watcher task runs on, while it runs (it ends once
+    /// nothing waits).
+    watcher_thread: Option<std::thread::ThreadId>,
 }
 
 /// A marker a device flush left to be written unless the log carries it.
@@ -116,6 +119,8 @@ struct Shared {
     log_claim: AtomicU64,
     /// Bytes of markers written, until the pool's counters take them.
     bytes_written: AtomicU64,
+    /// Wakes the watcher to look again (see `forget_carried`).
+    look_again: Notify,
     /// Held across a marker's numbering and device write, so that whoever
     /// must have the marker written waits for one being written.
     write_lock: Arc<tokio::sync::Mutex<()>>,
@@ -147,6 +152,7 @@ impl FlushMarker {
                 progress: Mutex::new(progress),
                 log_claim: AtomicU64::new(0),
                 bytes_written: AtomicU64::new(0),
+                look_again: Notify::new(),
                 write_lock: Arc::new(tokio::sync::Mutex::new(())),
             }),
         }
@@ -202,7 +208,13 @@ impl FlushMarker {
                 deadline,
                 device: device.clone(),
             });
-            !std::mem::replace(&mut progress.watching, true)
+            let start_watcher = progress.watcher_thread.is_none();
+            if start_watcher {
+                // Connection threads run a runtime each: the task spawned
+                // here runs on this thread.
+                progress.watcher_thread = Some(std::thread::current().id());
+            }
+            start_watcher
         };
         if start_watcher {
             tokio::spawn(watch(self.shared.clone(), deadline));
@@ -257,17 +269,25 @@ impl Shared {
     }
 
     /// Whether the log's summaries vouch for everything claimed; if so a
-    /// waiting marker is dropped, and the watcher ends at its deadline
-    /// without being woken now (waking it could wake another thread).
+    /// waiting marker is dropped. A watcher on this thread is woken to end
+    /// now (a wake-up within the thread, and its timer never fires); one on
+    /// another thread is left to end at its deadline or to serve the next
+    /// flush's marker (waking it would wake that thread).
     fn forget_carried(&self) -> bool {
-        let mut progress = self.progress();
-        if !progress
-            .written
-            .carried_by(self.log_claim.load(Ordering::Acquire))
-        {
-            return false;
+        let watcher_here = {
+            let mut progress = self.progress();
+            if !progress
+                .written
+                .carried_by(self.log_claim.load(Ordering::Acquire))
+            {
+                return false;
+            }
+            progress.waiting = None;
+            progress.watcher_thread == Some(std::thread::current().id())
+        };
+        if watcher_here {
+            self.look_again.notify_one();
         }
-        progress.waiting = None;
         true
     }
 
@@ -291,17 +311,20 @@ impl Shared {
 }
 
 /// The watcher: waits until the waiting marker's deadline (moved on by
-/// each flush that finds a marker waiting), then writes it unless the log
-/// carries it; ends once nothing waits.
+/// each flush that finds a marker waiting) or until told to look again,
+/// then writes it unless the log carries it; ends once nothing waits.
 async fn watch(shared: Arc<Shared>, mut deadline: Instant) {
     loop {
-        tokio::time::sleep_until(deadline).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {}
+            () = shared.look_again.notified() => {}
+        }
         let guard = shared.write_lock.lock().await;
         let waiting = {
             let mut progress = shared.progress();
             match &progress.waiting {
                 None => {
-                    progress.watching = false;
+                    progress.watcher_thread = None;
                     return;
                 }
                 Some(waiting) if Instant::now() < waiting.deadline => {
@@ -412,7 +435,7 @@ mod tests {
         assert_eq!(newest_claim(&markers_on(&device).await), Some(2));
         assert_eq!(marker.take_bytes_written(), 2 * BLOCK_SIZE_BYTES);
         assert!(
-            !marker.shared.progress().watching,
+            marker.shared.progress().watcher_thread.is_none(),
             "nothing waits: the watcher ended"
         );
         assert!(marker.needs_durability_flush());
@@ -433,13 +456,13 @@ mod tests {
         marker.claimed_by_log(51);
         advance(DELAY * 2).await;
         assert!(markers_on(&device).await.is_empty());
-        assert!(!marker.shared.progress().watching);
+        assert!(marker.shared.progress().watcher_thread.is_none());
         // A flush the log does not carry, settled at once (closing).
         marker.after_device_flush(&device, claims(51), claims(52));
         marker.settled().await;
         assert_eq!(newest_claim(&markers_on(&device).await), Some(52));
         advance(DELAY * 2).await;
         assert_eq!(markers_on(&device).await.len(), 1, "written once");
-        assert!(!marker.shared.progress().watching);
+        assert!(marker.shared.progress().watcher_thread.is_none());
     }
 }
