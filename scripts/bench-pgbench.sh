@@ -9,7 +9,8 @@
 # mount) and postgresql, libnbd-bin (nbdfuse), fuse3: a script because
 # lamina-bench does not set up filesystems or databases.
 #
-# Usage: sudo scripts/bench-pgbench.sh ROUNDS SECONDS LABEL=LAMINA_BINARY...
+# Usage: sudo scripts/bench-pgbench.sh ROUNDS SECONDS LABEL=LAMINA_BINARY[@CODEC]...
+# (the default volume created with CODEC, issue 44; PEERS=0 skips the peers)
 set -u
 ROUNDS=${1:?rounds}; RUN_SECONDS=${2:?seconds}; shift 2
 PG_BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
@@ -48,10 +49,10 @@ database_on() { # label uri
   python3 -c "print(f'$1'.ljust(24), 'tps', '$tps', 'server cpu s', round(($after - $before) / $(getconf CLK_TCK), 2))"
   teardown
 }
-lamina_database() { # label binary
+lamina_database() { # label binary [codec]
   local data="$WORK/lamina"
   rm -rf "$data"; mkdir -p "$data"
-  printf 'data_dir = "%s"\n[server]\ntcp_address = ""\n[pool]\nembedded_size_bytes = 6442450944\ndefault_volume_bytes = 2147483648\n' "$data" > "$WORK/lamina.toml"
+  printf 'data_dir = "%s"\n[server]\ntcp_address = ""\n[pool]\nembedded_size_bytes = 6442450944\ndefault_volume_bytes = 2147483648\ncompression = "%s"\n' "$data" "${3:-off}" > "$WORK/lamina.toml"
   "$2" serve --config "$WORK/lamina.toml" > "$WORK/lamina.log" 2>&1 & SERVER_PID=$!
   for _ in $(seq 1 200); do nbdinfo --size "nbd+unix:///default?socket=$data/nbd.sock" >/dev/null 2>&1 && break; sleep 0.05; done
   database_on "$1" "nbd+unix:///default?socket=$data/nbd.sock"
@@ -68,7 +69,12 @@ peer_database() { # label command...
 }
 for round in $(seq 1 "$ROUNDS"); do
   echo "# round $round $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)"
-  for build in "$@"; do lamina_database "${build%%=*}" "${build#*=}"; done
+  for build in "$@"; do
+    spec=${build#*=}; codec=off
+    [[ $spec == *@* ]] && codec=${spec##*@}
+    lamina_database "${build%%=*}" "${spec%@*}" "$codec"
+  done
+  [ "${PEERS:-1}" = 0 ] && continue
   peer_database "qemu-nbd written" qemu-nbd -t --cache=none --aio=io_uring -f raw -k "$WORK/peer.sock" "$WORK/peer.img"
   peer_database "nbdkit file written" nbdkit -f -U "$WORK/peer.sock" file "$WORK/peer.img"
 done
