@@ -1059,7 +1059,9 @@ async fn writes_over_the_dirty_limit_start_a_flush_in_the_background() {
             let expected = if partial { BLOCK - 1 } else { BLOCK };
             let block = &contents[index * BLOCK..(index + 1) * BLOCK];
             assert!(
-                block[..expected].iter().all(|byte| *byte == index as u8 + 1),
+                block[..expected]
+                    .iter()
+                    .all(|byte| *byte == index as u8 + 1),
                 "block {index}"
             );
         }

@@ -386,7 +386,7 @@ mod tests {
         let mut markers = Vec::new();
         for block in FLUSH_MARKER_BLOCKS {
             let bytes = device
-                .read(block * BLOCK_SIZE_BYTES, BLOCK_SIZE_BYTES as usize)
+                .read(block * BLOCK_SIZE_BYTES, crate::BLOCK_BYTES)
                 .await
                 .unwrap();
             markers.extend(FlushMarkerRecord::decode(&bytes).ok());
