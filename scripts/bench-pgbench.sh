@@ -52,7 +52,9 @@ database_on() { # label uri
 lamina_database() { # label binary [codec]
   local data="$WORK/lamina"
   rm -rf "$data"; mkdir -p "$data"
-  printf 'data_dir = "%s"\n[server]\ntcp_address = ""\n[pool]\nembedded_size_bytes = 6442450944\ndefault_volume_bytes = 2147483648\ncompression = "%s"\n' "$data" "${3:-off}" > "$WORK/lamina.toml"
+  printf 'data_dir = "%s"\n[server]\ntcp_address = ""\n[pool]\nembedded_size_bytes = 6442450944\ndefault_volume_bytes = 2147483648\n' "$data" > "$WORK/lamina.toml"
+  # Only when a codec is asked for: builds before issue 44 refuse the key.
+  [ -n "${3:-}" ] && printf 'compression = "%s"\n' "$3" >> "$WORK/lamina.toml"
   "$2" serve --config "$WORK/lamina.toml" > "$WORK/lamina.log" 2>&1 & SERVER_PID=$!
   for _ in $(seq 1 200); do nbdinfo --size "nbd+unix:///default?socket=$data/nbd.sock" >/dev/null 2>&1 && break; sleep 0.05; done
   database_on "$1" "nbd+unix:///default?socket=$data/nbd.sock"
@@ -70,7 +72,7 @@ peer_database() { # label command...
 for round in $(seq 1 "$ROUNDS"); do
   echo "# round $round $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)"
   for build in "$@"; do
-    spec=${build#*=}; codec=off
+    spec=${build#*=}; codec=
     [[ $spec == *@* ]] && codec=${spec##*@}
     lamina_database "${build%%=*}" "${spec%@*}" "$codec"
   done

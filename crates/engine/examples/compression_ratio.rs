@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lamina_device::MemoryDevice;
-use lamina_engine::{BLOCK_SIZE_BYTES, Codec, Pool, PoolLimits, PoolOptions};
+use lamina_engine::{BLOCK_BYTES, BLOCK_SIZE_BYTES, Codec, Pool, PoolLimits, PoolOptions};
 use lamina_reduction::{BlockCompressor, StoredForm};
 
 /// Bytes written per call.
@@ -37,15 +37,23 @@ struct Outcome {
 
 fn main() {
     let mut arguments = std::env::args().skip(1);
-    let image = arguments.next().expect("usage: compression_ratio IMAGE [CODEC...]");
-    let mut codecs: Vec<Codec> = arguments.map(|name| name.parse().expect("a codec")).collect();
+    let image = arguments
+        .next()
+        .expect("usage: compression_ratio IMAGE [CODEC...]");
+    let mut codecs: Vec<Codec> = arguments
+        .map(|name| name.parse().expect("a codec"))
+        .collect();
     if codecs.is_empty() {
-        codecs = ["off", "lz4", "zstd:1", "zstd:3"].map(|name| name.parse().unwrap()).to_vec();
+        codecs = ["off", "lz4", "zstd:1", "zstd:3"]
+            .map(|name| name.parse().unwrap())
+            .to_vec();
     }
     let bytes = std::fs::read(&image).expect("the image reads");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     println!("image {image}: {} MiB", bytes.len() >> 20);
-    println!("| codec | non-zero blocks | blocks holding data, MiB | stored MiB | alone MiB | holding ÷ alone | stored ÷ alone | ratio (logical ÷ holding) | ratio alone | µs per block written |");
+    println!(
+        "| codec | non-zero blocks | blocks holding data, MiB | stored MiB | alone MiB | holding ÷ alone | stored ÷ alone | ratio (logical ÷ holding) | ratio alone | µs per block written |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for codec in codecs {
         let outcome = runtime.block_on(measure(&bytes, codec));
@@ -124,12 +132,12 @@ async fn measure(bytes: &[u8], codec: Codec) -> Outcome {
 fn compressed_alone(bytes: &[u8], codec: Codec) -> (u64, u64) {
     let mut compressor = BlockCompressor::new(codec).expect("a compressor");
     let (mut blocks, mut stored) = (0u64, 0u64);
-    for block in bytes.chunks(BLOCK_SIZE_BYTES as usize) {
+    for block in bytes.chunks(BLOCK_BYTES) {
         if block.iter().all(|byte| *byte == 0) {
             continue;
         }
         blocks += 1;
-        let mut padded = [0u8; BLOCK_SIZE_BYTES as usize];
+        let mut padded = [0u8; BLOCK_BYTES];
         padded[..block.len()].copy_from_slice(block);
         stored += match compressor.compress(&padded).expect("compression") {
             StoredForm::Compressed(output) => output.len() as u64,
