@@ -5,6 +5,23 @@
 
 mod common;
 
+use lamina_engine::{PoolLimits, TestHooks};
+
+/// A test that decides every flush and checkpoint itself, with freed
+/// segments reused first and no memory cache (reads reach the device).
+fn limits() -> PoolLimits {
+    PoolLimits {
+        memory_cache_bytes: 0,
+        test_hooks: TestHooks {
+            reuse_freed_segments_first: true,
+            periodic_flush_and_checkpoint_off: true,
+            checkpoint_increments_whatever_their_bytes: false,
+        },
+        dirty_bytes_max: u64::MAX / 2,
+        ..PoolLimits::default()
+    }
+}
+
 mod blocks {
     //! Compressed blocks end to end in the engine (issue 44, decision 0070):
     //! a volume that compresses stores what compresses as fragments packed in
@@ -17,9 +34,10 @@ mod blocks {
     use std::sync::Arc;
 
     use lamina_device::MemoryDevice;
-    use lamina_engine::{Codec, Pool, PoolLimits, TestHooks};
+    use lamina_engine::{Codec, Pool, PoolLimits};
     use rand::{Rng, SeedableRng, rngs::SmallRng};
 
+    use crate::common::machine_files::bytes_of_files;
     use crate::common::pools::options;
 
     const BLOCK: usize = 4096;
@@ -31,35 +49,15 @@ mod blocks {
     /// Units of 16 bytes in a block.
     const UNITS_PER_BLOCK: u64 = 256;
 
-    fn limits() -> PoolLimits {
-        PoolLimits {
-            memory_cache_bytes: 0,
-            test_hooks: TestHooks {
-                reuse_freed_segments_first: true,
-                periodic_flush_and_checkpoint_off: true,
-                checkpoint_increments_whatever_their_bytes: false,
-            },
-            dirty_bytes_max: u64::MAX / 2,
-            ..PoolLimits::default()
-        }
-    }
+    use super::limits;
 
     /// `count` blocks of this machine's files (Perl modules and
     /// executables, in directory order), every fifth block random instead.
     fn real_blocks(count: usize, seed: u64) -> Vec<Vec<u8>> {
-        let mut bytes = Vec::new();
-        for directory in ["/usr/share/perl5", "/usr/share/perl", "/usr/bin"] {
-            let mut entries: Vec<_> = walk(std::path::Path::new(directory));
-            entries.sort();
-            for path in entries {
-                if let Ok(contents) = std::fs::read(&path) {
-                    bytes.extend_from_slice(&contents);
-                }
-                if bytes.len() >= (count + SKIPPED_BLOCKS_MAX) * BLOCK {
-                    break;
-                }
-            }
-        }
+        let bytes = bytes_of_files(
+            &["/usr/share/perl5", "/usr/share/perl", "/usr/bin"],
+            (count + SKIPPED_BLOCKS_MAX) * BLOCK,
+        );
         assert!(
             bytes.len() >= (count + SKIPPED_BLOCKS_MAX) * BLOCK,
             "not enough files on this machine"
@@ -82,22 +80,6 @@ mod blocks {
             .collect();
         assert_eq!(blocks.len(), count);
         blocks
-    }
-
-    fn walk(directory: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let mut found = Vec::new();
-        let Ok(entries) = std::fs::read_dir(directory) else {
-            return found;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            match entry.file_type() {
-                Ok(kind) if kind.is_dir() => found.extend(walk(&path)),
-                Ok(kind) if kind.is_file() => found.push(path),
-                _ => {}
-            }
-        }
-        found
     }
 
     async fn write_all(pool: &Pool, volume_id: u32, blocks: &[Vec<u8>]) {
@@ -604,9 +586,10 @@ mod accounting {
     use std::sync::Arc;
 
     use lamina_device::{BlockDevice, ConcatenatedDevice, MemoryDevice};
-    use lamina_engine::{Codec, Pool, PoolLimits, TestHooks, VolumeInfo};
+    use lamina_engine::{Codec, Pool, VolumeInfo};
     use rand::{Rng, SeedableRng, rngs::SmallRng};
 
+    use crate::common::machine_files::bytes_of_files;
     use crate::common::pools::options;
 
     const BLOCK: usize = 4096;
@@ -616,34 +599,15 @@ mod accounting {
     /// Bytes of one unit the segment table counts in.
     const UNIT_BYTES: u64 = 16;
 
-    fn limits() -> PoolLimits {
-        PoolLimits {
-            memory_cache_bytes: 0,
-            test_hooks: TestHooks {
-                reuse_freed_segments_first: true,
-                periodic_flush_and_checkpoint_off: true,
-                checkpoint_increments_whatever_their_bytes: false,
-            },
-            dirty_bytes_max: u64::MAX / 2,
-            ..PoolLimits::default()
-        }
-    }
+    use super::limits;
 
     /// The bytes of this machine's Perl modules, in directory order, from
     /// block `skip_blocks` on: text that compresses.
     fn real_blocks(count: usize, skip_blocks: usize) -> Vec<Vec<u8>> {
-        let mut paths = walk(std::path::Path::new("/usr/share/perl5"));
-        paths.extend(walk(std::path::Path::new("/usr/share/perl")));
-        paths.sort();
-        let mut bytes = Vec::new();
-        for path in paths {
-            if bytes.len() >= (skip_blocks + count) * BLOCK {
-                break;
-            }
-            if let Ok(contents) = std::fs::read(&path) {
-                bytes.extend_from_slice(&contents);
-            }
-        }
+        let bytes = bytes_of_files(
+            &["/usr/share/perl5", "/usr/share/perl"],
+            (skip_blocks + count) * BLOCK,
+        );
         let blocks: Vec<Vec<u8>> = bytes
             .chunks_exact(BLOCK)
             .skip(skip_blocks)
@@ -663,22 +627,6 @@ mod accounting {
                 block
             })
             .collect()
-    }
-
-    fn walk(directory: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let mut found = Vec::new();
-        let Ok(entries) = std::fs::read_dir(directory) else {
-            return found;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            match entry.file_type() {
-                Ok(kind) if kind.is_dir() => found.extend(walk(&path)),
-                Ok(kind) if kind.is_file() => found.push(path),
-                _ => {}
-            }
-        }
-        found
     }
 
     /// Which write each map holds at each block: a write is one location, so

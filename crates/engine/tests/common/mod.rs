@@ -2,11 +2,13 @@
 //! checkpoint slot on a memory device, and corrupting it so that recovery must
 //! fall back to the older checkpoint; the crash tests' shadow model lives in
 //! `shadow.rs`, block contents and writes in `blocks.rs`, pool options and
-//! limits in `pools.rs`, reads held at a gate in `read_gate.rs`.
+//! limits in `pools.rs`, reads held at a gate in `read_gate.rs`, this
+//! machine's files as data in `machine_files.rs`.
 
 #![allow(dead_code)]
 
 pub mod blocks;
+pub mod machine_files;
 pub mod pools;
 pub mod read_gate;
 pub mod shadow;
