@@ -220,15 +220,20 @@ impl Record {
         self.fragment_unit_count().is_some()
     }
 
-    /// The data block's checksum, for records that carry one.
+    /// The checksum of the data a record carries (a whole block's, or a
+    /// fragment's units'), for records that carry data.
     pub fn data_checksum(&self) -> Option<u32> {
         match self {
-            Record::Data { checksum, .. } | Record::Relocate { checksum, .. } => Some(*checksum),
+            Record::Data { checksum, .. }
+            | Record::Relocate { checksum, .. }
+            | Record::Packed { checksum, .. }
+            | Record::RelocatePacked { checksum, .. } => Some(*checksum),
             _ => None,
         }
     }
 
-    /// The volume and logical block of a record that carries data.
+    /// The volume and logical block of a record that carries data (a whole
+    /// block or a fragment).
     pub fn data_target(&self) -> Option<(u32, u64)> {
         match self {
             Record::Data {
@@ -237,6 +242,16 @@ impl Record {
                 ..
             }
             | Record::Relocate {
+                volume_id,
+                logical_block,
+                ..
+            }
+            | Record::Packed {
+                volume_id,
+                logical_block,
+                ..
+            }
+            | Record::RelocatePacked {
                 volume_id,
                 logical_block,
                 ..

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use super::victims::{VictimPolicy, pick_victims, pick_victims_in};
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError};
-use crate::log::batch::Record;
 use crate::log::batch::block_checksum;
 use crate::log::chain;
 use crate::log::data_layout::Placement;
@@ -204,36 +203,6 @@ impl PlacedData {
                 + unit_offset as usize * UNIT_BYTES,
             last_block_in_segment: block_in_segment + location.block_count() - 1,
         }
-    }
-}
-
-/// The volume, logical block and checksum of a record that carries data.
-fn data_of_record(record: &Record) -> (u32, u64, u32) {
-    match record {
-        Record::Data {
-            volume_id,
-            logical_block,
-            checksum,
-        }
-        | Record::Relocate {
-            volume_id,
-            logical_block,
-            checksum,
-            ..
-        }
-        | Record::Packed {
-            volume_id,
-            logical_block,
-            checksum,
-            ..
-        }
-        | Record::RelocatePacked {
-            volume_id,
-            logical_block,
-            checksum,
-            ..
-        } => (*volume_id, *logical_block, *checksum),
-        _ => unreachable!("only records that carry data are placed"),
     }
 }
 
@@ -575,7 +544,9 @@ impl Cleaner {
             let records = &batch.summary.records;
             let (placements, _) = batch.summary.placements();
             for (record_index, placement) in placements {
-                let (volume_id, logical_block, checksum) = data_of_record(&records[record_index]);
+                let record = &records[record_index];
+                let (volume_id, logical_block) = record.data_target().expect("a placed record");
+                let checksum = record.data_checksum().expect("a placed record");
                 let placed = PlacedData::in_victim(first_block, batch, placement);
                 assert!(
                     placed.last_block_in_segment < segment_size_blocks,

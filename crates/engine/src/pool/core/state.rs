@@ -23,7 +23,7 @@ use crate::error::{EngineError, IoError};
 use crate::log::batch::{Record, block_checksum};
 use crate::log::checkpoint::Body;
 use crate::log::geometry::{Geometry, Tier};
-use crate::log::location::{Location, UNIT_BYTES, UNITS_PER_BLOCK};
+use crate::log::location::{Location, UNIT_BYTES};
 use crate::tier::heat::{Heat, VolumeTierCounters};
 use crate::tier::memory_cache::MemoryCache;
 use crate::volume::VolumeTable;
@@ -590,31 +590,35 @@ impl State {
         Ok(sealed)
     }
 
-    /// Appends a record with its data block; returns the block's address.
-    fn append_block(
+    /// Appends a record with the data it carries (a `Data` or `Relocate`
+    /// record's 4 KiB block, a `Packed` or `RelocatePacked` record's
+    /// fragment); returns where the data went.
+    fn append_with_data(
         &mut self,
         stream: Stream,
         record: Record,
         interval_level: Option<u8>,
         data: &[u8],
         sealed: &mut Vec<Arc<InFlightBatch>>,
-    ) -> Result<u64, EngineError> {
+    ) -> Result<Location, EngineError> {
         let lane = self.make_room(stream, &record, sealed)?;
         let batch = self.writer.open_batch_mut(lane).expect("room made");
-        let physical_block = batch.append_block(record.clone(), data);
+        let location = if record.carries_fragment() {
+            batch.append_fragment(record.clone(), data)
+        } else {
+            Location::whole_block(batch.append_block(record.clone(), data))
+        };
         self.space
-            .units_appended(self.geometry.segment_of(physical_block), UNITS_PER_BLOCK);
+            .units_appended(self.geometry.segment_of(location.block()), location.units());
         let mut displaced = None;
-        self.volumes.apply_with_level(
-            &record,
-            Some(Location::whole_block(physical_block)),
-            interval_level,
-            &mut |block| displaced = Some(block),
-        );
-        if let Some(block) = displaced {
-            self.release_block(block);
+        self.volumes
+            .apply_with_level(&record, Some(location), interval_level, &mut |old| {
+                displaced = Some(old)
+            });
+        if let Some(old) = displaced {
+            self.release_block(old);
         }
-        Ok(physical_block)
+        Ok(location)
     }
 }
 
@@ -665,13 +669,15 @@ impl State {
         });
         let destination = self.client_destination(replaced);
         // The level belongs to the map entry, which the append sets.
-        let physical_block = self.append_block(
-            destination.stream,
-            record,
-            destination.interval_level,
-            data,
-            sealed,
-        )?;
+        let physical_block = self
+            .append_with_data(
+                destination.stream,
+                record,
+                destination.interval_level,
+                data,
+                sealed,
+            )?
+            .whole_block_number();
         self.counters.client_block_written();
         self.set_heat(
             volume_id,
@@ -716,7 +722,7 @@ impl State {
             None
         };
         let destination = self.client_destination(replaced);
-        self.append_fragment_record(
+        self.append_with_data(
             destination.stream,
             record,
             destination.interval_level,
@@ -725,32 +731,6 @@ impl State {
         )?;
         self.counters.client_block_written();
         Ok(())
-    }
-
-    /// Appends a record with its fragment (a `Packed` or `RelocatePacked`
-    /// record); returns the fragment's location.
-    fn append_fragment_record(
-        &mut self,
-        stream: Stream,
-        record: Record,
-        interval_level: Option<u8>,
-        fragment: &[u8],
-        sealed: &mut Vec<Arc<InFlightBatch>>,
-    ) -> Result<Location, EngineError> {
-        let lane = self.make_room(stream, &record, sealed)?;
-        let batch = self.writer.open_batch_mut(lane).expect("room made");
-        let location = batch.append_fragment(record.clone(), fragment);
-        self.space
-            .units_appended(self.geometry.segment_of(location.block()), location.units());
-        let mut displaced = None;
-        self.volumes
-            .apply_with_level(&record, Some(location), interval_level, &mut |old| {
-                displaced = Some(old)
-            });
-        if let Some(old) = displaced {
-            self.release_block(old);
-        }
-        Ok(location)
     }
 
     /// The stream a client write that replaces `replaced` goes to.
@@ -944,7 +924,7 @@ impl State {
                     checksum,
                 }
             };
-            let to = self.append_fragment_record(stream, record, None, data, sealed)?;
+            let to = self.append_with_data(stream, record, None, data, sealed)?;
             self.moved(from.block(), to.block(), stream, sole_holder);
             return Ok(true);
         }
@@ -971,7 +951,9 @@ impl State {
             Some(index) => self.heat.as_ref().map_or(0, |heat| heat.counter(index)),
             None => 0,
         };
-        let physical_block = self.append_block(stream, record, None, data, sealed)?;
+        let physical_block = self
+            .append_with_data(stream, record, None, data, sealed)?
+            .whole_block_number();
         self.moved(from_physical_block, physical_block, stream, sole_holder);
         self.set_heat(volume_id, physical_block, counter);
         Ok(true)

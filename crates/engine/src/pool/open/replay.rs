@@ -10,7 +10,7 @@ use lamina_device::{AlignedBuffer, BlockDevice};
 
 use super::scan::{ScannedBatch, ScannedDamage, ScannedLog};
 use crate::error::EngineError;
-use crate::log::batch::{Record, block_checksum};
+use crate::log::batch::block_checksum;
 use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::{Geometry, Tier};
 use crate::log::location::{Location, UNIT_BYTES};
@@ -290,7 +290,9 @@ pub(super) fn replay_records(
             continue;
         };
         let location = placed_location(summary_block, placement);
-        let checksum = record_checksum(record);
+        let checksum = record
+            .data_checksum()
+            .expect("only records that carry data are placed");
         let intact = replayed
             .checked_data
             .as_ref()
@@ -333,17 +335,6 @@ fn placed_location(summary_block: u64, placement: Placement) -> Location {
             unit_offset,
             unit_count,
         ),
-    }
-}
-
-/// The checksum a data-carrying record gives its block or fragment.
-fn record_checksum(record: &Record) -> u32 {
-    match record {
-        Record::Data { checksum, .. }
-        | Record::Relocate { checksum, .. }
-        | Record::Packed { checksum, .. }
-        | Record::RelocatePacked { checksum, .. } => *checksum,
-        _ => unreachable!("only records that carry data are placed"),
     }
 }
 
