@@ -11,6 +11,7 @@ use lamina_device::{AlignedBuffer, BlockDevice};
 use super::scan::{ScannedBatch, ScannedDamage, ScannedLog};
 use crate::error::EngineError;
 use crate::log::batch::block_checksum;
+use crate::log::chain::SegmentShape;
 use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::{Geometry, Tier};
 use crate::log::location::{Location, UNIT_BYTES};
@@ -145,12 +146,12 @@ pub(super) async fn replay_batches(
         replay_records(state, &replayed, &mut outcome);
         batch_replayed(geometry, state, batch, &mut outcome);
         if sequence > bounds.log_flushed_through {
-            let row_blocks = state
-                .shapes()
-                .shape(geometry.segment_of(batch.summary_block))
-                .row_blocks;
-            rewrite_unflushed_rows(device, row_blocks, batch, replayed.checked_data.as_ref())
-                .await?;
+            let segment_index = geometry.segment_of(batch.summary_block);
+            let at = BatchInSegment {
+                shape: state.shapes().shape(segment_index),
+                first_block: batch.summary_block - geometry.segment_first_block(segment_index),
+            };
+            rewrite_unflushed_rows(device, at, batch, replayed.checked_data.as_ref()).await?;
         }
     }
     Ok(outcome)
@@ -166,17 +167,39 @@ pub(super) async fn replay_batches(
 /// `checked_data`, as replay checked and rebuilt it, not a second read: with
 /// a member lost, that would rebuild its blocks from the torn parity. On a
 /// single device (rows of one block) there is no parity to mend.
+///
+/// A batch that does not fill whole rows of its segment's shape *now* was
+/// written before the segment was laid out again (a rebalance or an
+/// evacuation lays a freed segment out at the array's new width). A segment
+/// is laid out again only once it is free, which a dead segment becomes once
+/// the records replacing all of its blocks are durable (decision 0006): replay
+/// finds them after this batch, so its rows hold nothing to mend, and writing
+/// them in the new rows would overwrite neighbours (seed 1814 of
+/// `rebuild_crashes`). It is left as it is.
 pub(super) async fn rewrite_unflushed_rows(
     device: &dyn BlockDevice,
-    row_blocks: u32,
+    at: BatchInSegment,
     batch: &ScannedBatch,
     checked_data: Option<&AlignedBuffer>,
 ) -> Result<(), EngineError> {
+    let row_blocks = u64::from(at.shape.row_blocks);
     if row_blocks <= 1 {
         return Ok(());
     }
     // The summary, the data blocks and the summary's copy (format version 5 on).
     let block_count = batch.summary.data_block_count() + 2;
+    let end_block = at.first_block + block_count as u64;
+    let in_whole_rows = at.first_block.is_multiple_of(row_blocks)
+        && end_block.next_multiple_of(row_blocks) <= u64::from(at.shape.size_blocks);
+    if !in_whole_rows {
+        tracing::debug!(
+            summary_block = batch.summary_block,
+            batch_sequence = batch.summary.batch_sequence,
+            row_blocks,
+            "an unflushed batch in a segment laid out again since: its rows are not rewritten"
+        );
+        return Ok(());
+    }
     let offset = batch.summary_block * BLOCK_SIZE_BYTES;
     let mut contents = device.read(offset, block_count * BLOCK_BYTES).await?;
     if let Some(data) = checked_data {
@@ -184,6 +207,14 @@ pub(super) async fn rewrite_unflushed_rows(
     }
     device.write(offset, Arc::new(contents)).await?;
     Ok(())
+}
+
+/// Where a batch lies in its segment as the segment is laid out now.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BatchInSegment {
+    pub(super) shape: SegmentShape,
+    /// The batch's summary block, counted from the segment's first block.
+    pub(super) first_block: u64,
 }
 
 /// A batch being replayed.
