@@ -628,3 +628,88 @@ fn a_pool_on_a_modelled_disk_alone() {
     assert!(!text.contains("tier=\"capacity\"} "), "{text}");
     assert!(daemon.terminate().success());
 }
+
+/// `bytes` of this machine's files (Perl modules, then executables), one
+/// after the other, in `path`: data that compresses as real data does.
+fn machine_files(path: &Path, bytes: u64) {
+    fn add(directory: &Path, contents: &mut Vec<u8>, bytes: usize) {
+        let Ok(entries) = std::fs::read_dir(directory) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        for entry in entries {
+            if contents.len() >= bytes {
+                return;
+            }
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => add(&entry.path(), contents, bytes),
+                Ok(kind) if kind.is_file() => {
+                    if let Ok(file) = std::fs::read(entry.path()) {
+                        contents.extend_from_slice(&file);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let bytes = bytes as usize;
+    let mut contents = Vec::with_capacity(bytes);
+    for directory in ["/usr/share/perl5", "/usr/share/perl", "/usr/bin"] {
+        add(Path::new(directory), &mut contents, bytes);
+    }
+    assert!(contents.len() >= bytes, "not enough files on this machine");
+    contents.truncate(bytes);
+    std::fs::write(path, contents).unwrap();
+}
+
+/// A codec set live on a volume of a two-tier pool through the daemon
+/// (issue 44, decision 0074): this machine's files written through NBD are
+/// stored compressed, demoted to capacity as fragments, and read back bit
+/// for bit by `qemu-img compare` and `nbdcopy`, also after the daemon is
+/// killed and restarted (replay of the demotions).
+#[test]
+fn a_compressing_volume_on_two_tiers_is_demoted_and_reads_back() {
+    let setup = Setup::new();
+    setup.create_two_tier_pool(&[]);
+    let volume_bytes = 160 * MIB;
+    lamina_ok(
+        &setup.data_dir,
+        &["volume", "create", "files", &volume_bytes.to_string()],
+    );
+    let daemon = Daemon::start_on_pool(&setup.data_dir, CONFIG, "files");
+    let set = lamina_ok(
+        &daemon.data_dir,
+        &["volume", "set", "files", "--compression", "zstd:1"],
+    );
+    assert_eq!(set["compression"], "zstd:1", "{set}");
+    let file = setup.root.join("files.data");
+    machine_files(&file, volume_bytes);
+    write_file(&daemon, "files", &file);
+    wait_until("compressed data is demoted to capacity", || {
+        let stats = lamina_ok(&daemon.data_dir, &["volume", "stats", "files"]);
+        stats["capacity_bytes"].as_u64().unwrap() > 0
+    });
+    let stats = lamina_ok(&daemon.data_dir, &["volume", "stats", "files"]);
+    let stored_bytes = stats["stored_bytes"].as_u64().unwrap();
+    assert!(stored_bytes < volume_bytes * 4 / 5, "{stats}");
+    assert_same(&daemon, "files", &file);
+    let copy = setup.root.join("files.copy");
+    run(Command::new("nbdcopy").arg(daemon.uri("files")).arg(&copy));
+    assert!(std::fs::read(&copy).unwrap() == std::fs::read(&file).unwrap());
+    std::fs::remove_file(&copy).unwrap();
+    let text = daemon.metrics();
+    assert!(
+        metric(
+            &text,
+            "lamina_volume_read_blocks_total{volume=\"files\",tier=\"capacity\"}"
+        ) > 0.0,
+        "{text}"
+    );
+    // A process crash: replay brings back the demotions since the last
+    // checkpoint, fragments and all.
+    daemon.kill_hard();
+    let daemon = Daemon::start_on_pool(&setup.data_dir, CONFIG, "files");
+    assert_same(&daemon, "files", &file);
+    assert!(daemon.terminate().success());
+}

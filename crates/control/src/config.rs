@@ -35,6 +35,27 @@ pub struct Config {
     pub log: LogSection,
     /// A capacity tier on object storage: credentials, overrides, limits.
     pub object_store: crate::object_tier::ObjectStoreSection,
+    /// Two-tier pools (`[tiering]`).
+    pub tiering: TieringSection,
+}
+
+/// How a two-tier pool treats the data its cleaner moves to the capacity tier.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TieringSection {
+    /// The codec the cleaner encodes blocks with again as it moves them to
+    /// the capacity tier (cold data compressed harder, decision 0074): `off`
+    /// (the default: they move as they are), `lz4`, `zstd` or `zstd:LEVEL`
+    /// (1 to 19). A pool with one tier has nothing to move there.
+    pub cold_compression: lamina_engine::Codec,
+}
+
+impl Default for TieringSection {
+    fn default() -> Self {
+        Self {
+            cold_compression: lamina_engine::Codec::Off,
+        }
+    }
 }
 
 /// Where the management web page listens besides the admin socket.
@@ -195,6 +216,7 @@ impl Default for Config {
             web: WebSection::default(),
             log: LogSection::default(),
             object_store: Default::default(),
+            tiering: TieringSection::default(),
         }
     }
 }
@@ -239,6 +261,15 @@ impl Default for PoolSection {
 }
 
 impl Config {
+    /// The limits the pool runs under: `[limits]`, with the settings other
+    /// sections give the engine (`[tiering] cold_compression`).
+    pub fn pool_limits(&self) -> PoolLimits {
+        PoolLimits {
+            cold_compression: self.tiering.cold_compression,
+            ..self.limits.clone()
+        }
+    }
+
     /// Reads, parses and checks the file at `path`; every failure is one line
     /// naming the file (and, for a parse error, the line and column).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
@@ -412,6 +443,40 @@ mod tests {
                 "{error}"
             );
         }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn cold_compression_defaults_to_off_reaches_the_limits_and_a_bad_codec_fails_loading() {
+        let config: Config = toml::from_str("").unwrap();
+        assert_eq!(
+            config.pool_limits().cold_compression,
+            lamina_engine::Codec::Off
+        );
+        let config: Config = toml::from_str("[tiering]\ncold_compression = \"zstd:9\"\n").unwrap();
+        assert_eq!(config.pool_limits().cold_compression.to_string(), "zstd:9");
+        let path = std::env::temp_dir().join(format!(
+            "lamina-config-test-{}-bad-cold-codec.toml",
+            std::process::id()
+        ));
+        for (codec, message) in [
+            ("gzip", "unknown codec \"gzip\""),
+            ("zstd:22", "zstd level \"22\" is out of range"),
+        ] {
+            std::fs::write(
+                &path,
+                format!("[tiering]\ncold_compression = \"{codec}\"\n"),
+            )
+            .unwrap();
+            let error = Config::load(&path).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!("invalid config {}: line 2", path.display()))
+                    && error.contains(message),
+                "{error}"
+            );
+        }
+        // The engine's limits never take it from `[limits]`.
+        assert!(toml::from_str::<Config>("[limits]\ncold_compression = \"lz4\"\n").is_err());
         std::fs::remove_file(&path).unwrap();
     }
 

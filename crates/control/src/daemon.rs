@@ -30,7 +30,7 @@ async fn open_or_create(config: &Config) -> anyhow::Result<crate::arrays::Opened
     if store::read_description(data_dir)?.is_some() {
         return crate::arrays::open_pool_with_models(
             data_dir,
-            config.limits.clone(),
+            config.pool_limits(),
             &config.device_models(),
         )
         .await;
@@ -45,7 +45,7 @@ async fn open_or_create(config: &Config) -> anyhow::Result<crate::arrays::Opened
         data_dir,
         &flash,
         config.pool.embedded_size_bytes,
-        config.limits.clone(),
+        config.pool_limits(),
         &config.device_models(),
     )
     .await?;

@@ -265,7 +265,9 @@ mod blocks {
     }
 
     #[tokio::test]
-    async fn compression_is_refused_where_fragments_are_not_handled_yet() {
+    async fn a_two_tier_pool_takes_a_codec() {
+        // Tiering moves fragments as they are (decision 0074; the tiering
+        // tests cover demotion, promotion and restores).
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
         let flash_bytes = (4 << 20) + 32 * SEGMENT_BYTES;
         let pool = Pool::create(
@@ -276,17 +278,15 @@ mod blocks {
         .await
         .unwrap();
         pool.create_volume("data", 1 << 20).await.unwrap();
-        let error = pool
+        let set = pool
             .set_volume_compression("data", "lz4".parse().unwrap())
             .await
-            .unwrap_err();
-        assert!(
-            error.to_string().contains("capacity tier"),
-            "unexpected error: {error}"
-        );
-        pool.set_volume_compression("data", Codec::Off)
-            .await
             .unwrap();
+        assert_eq!(set.compression, Codec::Lz4);
+        let blocks = real_blocks(64, 4);
+        write_all(&pool, set.volume_id, &blocks).await;
+        pool.flush().await.unwrap();
+        check_all(&pool, set.volume_id, &blocks, "on a two-tier pool").await;
         pool.close().await.unwrap();
     }
 
@@ -337,8 +337,7 @@ mod setting {
     //! it survives a clean restart, a crash (replay of its record), a base
     //! checkpoint and an increment, for a plain volume and a clone; a clone
     //! starts with its origin volume's codec at clone time, a rollback keeps
-    //! the volume's current one; a pool that refuses codecs (two tiers) creates
-    //! no volume for a refused one. These tests prove the setting, not the
+    //! the volume's current one. These tests prove the setting, not the
     //! compression of writes (the write path's tests do).
     use std::sync::Arc;
 
@@ -534,40 +533,6 @@ mod setting {
         pool.delete_volume("logs").await.unwrap();
         let logs = pool.create_volume("logs", VOLUME_BYTES).await.unwrap();
         assert_eq!(logs.compression, Codec::Off);
-        pool.close().await.unwrap();
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_pool_that_refuses_codecs_creates_no_volume_and_keeps_the_codec_off() {
-        const FLASH_BYTES: u64 = (4 << 20) + 64 * SEGMENT_BYTES;
-        let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
-        let capacity = Arc::new(MemoryDevice::new((1 << 20) + 128 * SEGMENT_BYTES));
-        let device = Arc::new(lamina_device::ConcatenatedDevice::new(flash, capacity));
-        let pool = Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits())
-            .await
-            .unwrap();
-        let refused = pool
-            .create_volume_with_compression("db", VOLUME_BYTES, Codec::Lz4)
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(EngineError::Volume(
-                    VolumeError::CompressionUnsupported { .. }
-                ))
-            ),
-            "{refused:?}"
-        );
-        assert!(
-            pool.list_volumes().is_empty(),
-            "a refused codec creates nothing"
-        );
-        pool.create_volume_with_compression("db", VOLUME_BYTES, Codec::Off)
-            .await
-            .unwrap();
-        let refused = pool.set_volume_compression("db", codec("zstd:3")).await;
-        assert!(refused.is_err(), "{refused:?}");
-        assert_eq!(codecs(&pool), expected(&[("db", "off")]));
         pool.close().await.unwrap();
     }
 }

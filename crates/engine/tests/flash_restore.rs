@@ -391,3 +391,100 @@ fn superblock_version(memory: &MemoryDevice) -> u32 {
         .unwrap()
         .0
 }
+
+/// A compressing volume (issue 44, decision 0074): its fragments demoted to
+/// capacity read back exactly after the restore, those that were on flash
+/// only read as lost, and the restored pool takes compressed writes again.
+#[tokio::test]
+async fn fragments_on_the_capacity_tier_are_restored() {
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity.clone()));
+    let pool = Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits())
+        .await
+        .unwrap();
+    let volume = pool
+        .create_volume_with_compression(
+            "data",
+            VOLUME_BLOCKS * BLOCK_SIZE_BYTES,
+            "zstd:1".parse().unwrap(),
+        )
+        .await
+        .unwrap()
+        .volume_id;
+    let bytes = common::machine_files::bytes_of_files(
+        &["/usr/share/perl5", "/usr/share/perl", "/usr/bin"],
+        VOLUME_BLOCKS as usize * BLOCK,
+    );
+    assert!(
+        bytes.len() >= VOLUME_BLOCKS as usize * BLOCK,
+        "not enough files"
+    );
+    let blocks: Vec<&[u8]> = bytes
+        .chunks_exact(BLOCK)
+        .take(VOLUME_BLOCKS as usize)
+        .collect();
+    for (index, block) in blocks.iter().enumerate() {
+        pool.write(volume, (index * BLOCK) as u64, block, false)
+            .await
+            .unwrap();
+    }
+    pool.flush().await.unwrap();
+    wait_for_free_flash(&pool, 7 * SEGMENT_BYTES).await;
+    pool.checkpoint().await.unwrap();
+    pool.close().await.unwrap();
+    let capacity_first_block = FLASH_BYTES / BLOCK_SIZE_BYTES;
+    let on_capacity = (0..VOLUME_BLOCKS)
+        .filter(|block| {
+            pool.location_of(volume, *block).is_some_and(|location| {
+                location.is_fragment() && location.block() >= capacity_first_block
+            })
+        })
+        .count() as u64;
+    assert!(
+        on_capacity > VOLUME_BLOCKS / 4,
+        "{on_capacity} fragments demoted"
+    );
+
+    let (pool, device) = restored(capacity).await.unwrap();
+    let mut contents = vec![0u8; BLOCK];
+    let mut lost = 0;
+    for (index, block) in blocks.iter().enumerate() {
+        match pool
+            .read(volume, (index * BLOCK) as u64, &mut contents)
+            .await
+        {
+            Ok(()) => assert!(
+                contents == *block,
+                "block {index} differs after the restore"
+            ),
+            Err(EngineError::Io(lamina_engine::IoError::BlockLost { .. })) => lost += 1,
+            Err(error) => panic!("block {index}: {error}"),
+        }
+    }
+    assert!(lost > 0, "some fragments were on flash only");
+    assert!(
+        lost <= VOLUME_BLOCKS - on_capacity,
+        "{lost} lost, {on_capacity} on capacity"
+    );
+    assert_eq!(pool.status().integrity.blocks_marked_lost, lost);
+    assert_eq!(pool.status().integrity.read_checksum_errors, 0);
+    // Clients rewrite everything, compressed, and it stays through a reopen.
+    for (index, block) in blocks.iter().enumerate().rev() {
+        pool.write(volume, (index * BLOCK) as u64, block, false)
+            .await
+            .unwrap();
+    }
+    pool.close().await.unwrap();
+    let pool = Pool::open(device, limits()).await.unwrap();
+    for (index, block) in blocks.iter().enumerate() {
+        pool.read(volume, (index * BLOCK) as u64, &mut contents)
+            .await
+            .unwrap();
+        assert!(
+            contents == *block,
+            "block {index} differs after the rewrite"
+        );
+    }
+    pool.close().await.unwrap();
+}

@@ -415,7 +415,14 @@ fn tier_location(rng: &mut SmallRng) -> TierLocation {
 /// of seeds, so that reads reach the tier instead of blocks cached when
 /// they were written.
 fn tier_limits(seed: u64) -> PoolLimits {
-    let shared = limits(seed);
+    // A third of the seeds compress cold data harder as the cleaner moves
+    // it into the tier (decision 0074): its new forms are replayed too.
+    let shared = PoolLimits {
+        cold_compression: ["off", "off", "zstd:3"][(seed % 3) as usize]
+            .parse()
+            .unwrap(),
+        ..limits(seed)
+    };
     if (seed / 4).is_multiple_of(2) {
         shared
     } else {
@@ -553,6 +560,37 @@ struct CrashTally {
     cuts_during_checkpoint: u64,
     /// Part objects in the stores at the runs' ends.
     objects_left: usize,
+    /// Blocks found stored as fragments on the tier after the cuts
+    /// (compressing volumes, decision 0074).
+    tier_fragments_recovered: u64,
+}
+
+/// Creates the volume "alpha" of `blocks` blocks with a random codec: a
+/// two-tier pool takes one, and the tier then holds fragments (issue 44,
+/// decision 0074).
+async fn create_alpha(pool: &Pool, blocks: usize, rng: &mut SmallRng) -> u32 {
+    let codec = ["off", "lz4", "zstd:1"][rng.random_range(0..3)];
+    pool.create_volume_with_compression("alpha", (blocks * BLOCK) as u64, codec.parse().unwrap())
+        .await
+        .expect("create volume")
+        .volume_id
+}
+
+/// Blocks of the pool's volumes stored as fragments on the object tier.
+fn tier_fragment_count(pool: &Pool) -> u64 {
+    let first_tier_block = FLASH_BYTES / BLOCK_SIZE_BYTES;
+    let mut count = 0;
+    for volume in pool.list_volumes() {
+        count += (0..volume.size_bytes / BLOCK_SIZE_BYTES)
+            .filter(|block| {
+                pool.location_of(volume.volume_id, *block)
+                    .is_some_and(|location| {
+                        location.is_fragment() && location.block() >= first_tier_block
+                    })
+            })
+            .count() as u64;
+    }
+    count
 }
 
 async fn crash_run(seed: u64, tally: &mut CrashTally) {
@@ -598,6 +636,7 @@ async fn crash_run(seed: u64, tally: &mut CrashTally) {
         }
         (pool, incarnation) = media.open_pool(seed + 1000 * (cycle + 1)).await;
         check_recovered(&pool, &mut shadows, interrupted, seed).await;
+        tally.tier_fragments_recovered += tier_fragment_count(&pool);
         // The dead instance's late requests land now, while this one runs:
         // the next cut's recovery must not see them.
         media.late.land_all().await;
@@ -630,6 +669,7 @@ async fn power_cuts_over_an_object_tier_never_lose_flushed_data() {
     // flight, or they prove nothing about it.
     assert!(tally.demoted_blocks > 0, "{tally:?}");
     assert!(tally.objects_left > runs as usize, "{tally:?}");
+    assert!(runs < 20 || tally.tier_fragments_recovered > 0, "{tally:?}");
     assert!(
         runs < 200
             || (tally.requests_refused > 0
@@ -796,10 +836,7 @@ async fn outage_run(seed: u64, tally: &mut OutageTally) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let media = Media::new(&mut rng);
     let (pool, incarnation) = media.create_pool(seed).await;
-    pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
-        .await
-        .expect("create volume");
-    let volume_id = pool.volume_id("alpha").unwrap();
+    let volume_id = create_alpha(&pool, OUTAGE_VOLUME_BLOCKS, &mut rng).await;
     let mut shadow = OutageShadow::new();
     // Before the outage everything succeeds.
     for _ in 0..rng.random_range(50..400) {
@@ -1019,10 +1056,7 @@ async fn store_down_run(seed: u64, tally: &mut StoreDownTally) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let media = Media::new(&mut rng);
     let (pool, incarnation) = media.create_pool(seed).await;
-    pool.create_volume("alpha", (OUTAGE_VOLUME_BLOCKS * BLOCK) as u64)
-        .await
-        .expect("create volume");
-    let volume_id = pool.volume_id("alpha").unwrap();
+    let volume_id = create_alpha(&pool, OUTAGE_VOLUME_BLOCKS, &mut rng).await;
     let mut shadow = OutageShadow::new();
     let mut outage = OutageTally::default();
     for _ in 0..rng.random_range(100..400) {
@@ -1382,10 +1416,7 @@ async fn restore_run(seed: u64, tally: &mut RestoreTally) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let media = Media::new(&mut rng);
     let (pool, incarnation) = media.create_pool(seed).await;
-    pool.create_volume("alpha", (RESTORE_VOLUME_BLOCKS * BLOCK) as u64)
-        .await
-        .expect("create volume");
-    let volume_id = pool.volume_id("alpha").unwrap();
+    let volume_id = create_alpha(&pool, RESTORE_VOLUME_BLOCKS, &mut rng).await;
     let mut history = WriteHistory::new();
     for _ in 0..rng.random_range(200..800) {
         restore_run_operation(&pool, volume_id, &mut history, &mut rng, seed).await;

@@ -248,6 +248,20 @@ pub fn fragment_units(location: Location, blocks: &[u8]) -> Result<&[u8], Fragme
     Ok(&blocks[location.byte_range()])
 }
 
+/// Whether the fragment `units` (its header first) was written with
+/// `codec`'s family: lz4, or zstd at any level (the level is not stored).
+pub fn written_with(units: &[u8], codec: Codec) -> bool {
+    let Some(header) = units.first_chunk::<FRAGMENT_HEADER_BYTES>() else {
+        return false;
+    };
+    let codec_id = FragmentHeader::read(header).codec_id;
+    match codec {
+        Codec::Off => false,
+        Codec::Lz4 => codec_id == CODEC_LZ4_ID,
+        Codec::Zstd { .. } => codec_id == CODEC_ZSTD_ID,
+    }
+}
+
 /// Reads fragments back, reusing the codec's decompression context (one per reader).
 pub struct FragmentDecoder {
     decompressor: BlockDecompressor,

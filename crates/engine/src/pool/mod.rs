@@ -890,9 +890,10 @@ impl Pool {
     }
 
     /// Compression writes fragments (decision 0070), which this build's
-    /// scrub, rebuild, parity repair at replay and tiering do not handle
-    /// yet: it is refused on arrays and two-tier pools, where they run, and
-    /// on a single device it is allowed. `Off` is always allowed.
+    /// scrub, rebuild and parity repair at replay do not handle yet: it is
+    /// refused on arrays, where they run, and allowed on a single device and
+    /// on two-tier pools, whose tiering moves fragments as they are
+    /// (decision 0074). `Off` is always allowed.
     fn check_compression_supported(
         &self,
         name: &str,
@@ -901,9 +902,7 @@ impl Pool {
         if codec == lamina_reduction::Codec::Off {
             return Ok(());
         }
-        let reason = if self.core.geometry().has_capacity_tier() {
-            Some("the pool has a capacity tier")
-        } else if self.core.device().has_redundancy() {
+        let reason = if self.core.device().has_redundancy() {
             Some("the pool is on an array")
         } else {
             None
@@ -914,7 +913,7 @@ impl Pool {
                 volume: name.to_string(),
                 codec: codec.to_string(),
                 reason: format!(
-                    "{reason}, whose scrub, rebuild and tiering do not handle compressed blocks yet (decision 0070)"
+                    "{reason}, whose scrub and rebuild do not handle compressed blocks yet (decision 0070)"
                 ),
             })),
         }

@@ -26,6 +26,7 @@ use crate::pool::core::state::{Relocation, State};
 use crate::pool::io::stream::Stream;
 use crate::pool::io::writer::InFlightBatch;
 use crate::pool::space::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState};
+use crate::pool::tiering::cold_compression::{Recompressed, recompress};
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 /// Free and dead capacity segments beyond the demotions' reserve under which
@@ -215,6 +216,36 @@ struct RelocationChunk<'a> {
     candidates: &'a [Candidate],
     contents: &'a VictimContents,
     victim_tier: Tier,
+    /// Per candidate, its new form when it goes to the capacity tier
+    /// encoded again (`tiering::cold_compression`); empty when the pool
+    /// sets no cold codec.
+    recompressed: &'a [Option<Recompressed>],
+}
+
+/// The new forms of a chunk's candidates bound for the capacity tier, in
+/// the pool's cold codec (none when it is off), encoded before the state
+/// lock is taken.
+fn recompress_chunk(
+    codec: lamina_reduction::Codec,
+    candidates: &[Candidate],
+    contents: &VictimContents,
+) -> Vec<Option<Recompressed>> {
+    if codec == lamina_reduction::Codec::Off {
+        return Vec::new();
+    }
+    candidates
+        .iter()
+        .map(|candidate| {
+            (candidate.destination == Stream::Capacity).then(|| {
+                recompress(
+                    codec,
+                    candidate.location,
+                    &contents.data_of(candidate),
+                    candidate.checksum,
+                )
+            })?
+        })
+        .collect()
 }
 
 /// Relocates one chunk of candidates, collecting the batches it seals in
@@ -225,7 +256,7 @@ fn relocate_chunk(
     families: &mut Families,
     sealed: &mut Vec<Arc<InFlightBatch>>,
 ) -> Result<(), EngineError> {
-    for candidate in chunk.candidates {
+    for (index, candidate) in chunk.candidates.iter().enumerate() {
         let family = families
             .entry(candidate.volume_id)
             .or_insert_with(|| state.volumes().family(candidate.volume_id));
@@ -238,15 +269,26 @@ fn relocate_chunk(
         } else {
             candidate.destination
         };
+        let data = chunk.contents.data_of(candidate);
+        let recompressed = chunk
+            .recompressed
+            .get(index)
+            .and_then(Option::as_ref)
+            .filter(|_| stream == Stream::Capacity);
         let relocation = Relocation {
             family,
             volume_id: candidate.volume_id,
             logical_block: candidate.logical_block,
             from: candidate.location,
-            data: &chunk.contents.data_of(candidate),
+            data: recompressed.map_or(&*data, |recompressed| recompressed.units.as_slice()),
             stream,
         };
-        let moved = state.append_relocation(relocation, sealed)?;
+        let moved = match recompressed {
+            Some(recompressed) => {
+                state.append_recompressed_relocation(relocation, recompressed.checksum, sealed)?
+            }
+            None => state.append_relocation(relocation, sealed)?,
+        };
         if moved && demotion && stream == Stream::Capacity {
             state.tier_counters_of(candidate.volume_id).demoted_blocks += 1;
         }
@@ -640,12 +682,24 @@ impl Cleaner {
             // full, pinned blocks leave too rather than fail the writes.
             let flash_critical = state.space().free_flash_segment_count()
                 <= state.space().reserve_for(Allocation::Client);
+            // The fragments packed in a block share its heat (decision
+            // 0074): the block is asked once per volume (whose policy
+            // counts), and its fragments go where it says, rather than each
+            // taking a step off its counter.
+            let mut asked: Option<(u64, u32, Stream)> = None;
             for candidate in candidates.iter_mut() {
-                candidate.destination = state.flash_victim_destination(
-                    candidate.volume_id,
-                    candidate.location.block(),
-                    flash_critical,
-                );
+                let block = candidate.location.block();
+                candidate.destination = match asked {
+                    Some((asked_block, asked_volume_id, destination))
+                        if candidate.location.is_fragment()
+                            && asked_block == block
+                            && asked_volume_id == candidate.volume_id =>
+                    {
+                        destination
+                    }
+                    _ => state.flash_victim_destination(candidate.volume_id, block, flash_critical),
+                };
+                asked = Some((block, candidate.volume_id, candidate.destination));
             }
         }
         // Stable: blocks keep their log order within each stream.
@@ -679,6 +733,8 @@ impl Cleaner {
                         || state.writer().failed().is_some()
                 })
                 .await;
+            let recompressed =
+                recompress_chunk(self.core.limits().cold_compression, chunk, contents);
             let mut sealed = Vec::new();
             let result = relocate_chunk(
                 &mut self.core.lock(),
@@ -686,6 +742,7 @@ impl Cleaner {
                     candidates: chunk,
                     contents,
                     victim_tier,
+                    recompressed: &recompressed,
                 },
                 &mut families,
                 &mut sealed,

@@ -155,6 +155,11 @@ pub struct PoolLimits {
     /// The window over which client latency is measured; the background rate
     /// is adjusted once per window.
     pub client_latency_window_ms: u64,
+    /// The codec the cleaner encodes blocks with again as it moves them to
+    /// the capacity tier of a two-tier pool (`off`: they move as they are;
+    /// decision 0074). Set from the daemon's `[tiering] cold_compression`.
+    #[serde(skip)]
+    pub cold_compression: lamina_reduction::Codec,
     /// Hooks for tests, never read from a configuration file.
     #[serde(skip)]
     pub test_hooks: TestHooks,
@@ -464,6 +469,7 @@ impl Default for PoolLimits {
             client_latency_target_ratio: None,
             client_latency_target_us: None,
             client_latency_window_ms: CLIENT_LATENCY_WINDOW_MS_DEFAULT,
+            cold_compression: lamina_reduction::Codec::Off,
             test_hooks: TestHooks::default(),
         }
     }

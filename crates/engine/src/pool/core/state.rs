@@ -689,9 +689,10 @@ impl State {
 
     /// Appends one compressed block for `logical_block` of `volume_id` as a
     /// fragment (`log::fragment`, encoded before the lock was taken) of
-    /// `unit_count` units whose crc32c is `checksum`. The placement is a
-    /// whole block's (the block it replaces steers it); fragments carry no
-    /// heat: compression is for one-tier pools for now (decision 0070).
+    /// `unit_count` units whose crc32c is `checksum`. The placement and the
+    /// heat are a whole block's (the block it replaces steers both); in a
+    /// two-tier pool the fragments packed in a flash block share its heat
+    /// (decision 0074).
     pub fn append_packed(
         &mut self,
         volume_id: u32,
@@ -713,7 +714,7 @@ impl State {
             unit_count: u8::try_from(unit_count).expect("a fragment is at most 225 units"),
             checksum,
         };
-        let replaced = if self.separate_client_writes {
+        let replaced = if self.separate_client_writes || self.heat.is_some() {
             self.volumes
                 .get(volume_id)
                 .and_then(|volume| volume.map.entry(logical_block))
@@ -721,8 +722,14 @@ impl State {
         } else {
             None
         };
+        let replaced_counter = self.heat.as_ref().and_then(|heat| {
+            let index = self
+                .geometry
+                .flash_data_index(replaced?.mapping.location.block())?;
+            Some(heat.counter(index))
+        });
         let destination = self.client_destination(replaced);
-        self.append_with_data(
+        let location = self.append_with_data(
             destination.stream,
             record,
             destination.interval_level,
@@ -730,6 +737,7 @@ impl State {
             sealed,
         )?;
         self.counters.client_block_written();
+        self.set_fragment_heat(volume_id, location, Heat::after_rewrite(replaced_counter));
         Ok(())
     }
 
@@ -819,6 +827,36 @@ impl State {
             .unwrap_or_default();
         heat.flash_written(index, counter, policy);
     }
+
+    /// Sets the heat of the flash blocks a fragment just appended at
+    /// `location` touches (nothing on capacity or in a one-tier pool). The
+    /// fragments packed in a block share its counter: the first content of a
+    /// block sets it, and each fragment packed after it raises it to its own
+    /// if higher, so that a block is as hot as its hottest fragment.
+    fn set_fragment_heat(&mut self, volume_id: u32, location: Location, counter: u8) {
+        if self.heat.is_none() {
+            return;
+        }
+        let policy = self
+            .volumes
+            .get(volume_id)
+            .map(|volume| volume.policy)
+            .unwrap_or_default();
+        let heat = self.heat.as_mut().expect("checked above");
+        let blocks = location.block()..location.block() + u64::from(location.block_count());
+        for (position, block) in blocks.enumerate() {
+            let Some(index) = self.geometry.flash_data_index(block) else {
+                return;
+            };
+            let starts_block = position > 0 || location.unit_offset() == 0;
+            let counter = if starts_block {
+                counter
+            } else {
+                counter.max(heat.counter(index))
+            };
+            heat.flash_written(index, counter, policy);
+        }
+    }
 }
 
 /// Tiering decisions.
@@ -873,6 +911,21 @@ pub struct Relocation<'a> {
     pub stream: Stream,
 }
 
+/// A block [`State::append_relocation`] moves, once the family was found
+/// to hold it.
+struct PlacedMove<'a> {
+    volume_id: u32,
+    logical_block: u64,
+    from: Location,
+    /// Its 4 KiB, or a fragment's units.
+    data: &'a [u8],
+    stream: Stream,
+    /// Whether only the writing volume's live map holds it.
+    sole_holder: bool,
+    /// The heat it takes on flash.
+    counter: u8,
+}
+
 impl State {
     /// Moves a block read from `from_physical_block` to the head of its
     /// stream, if some map of the family still holds it. Every map holding it
@@ -880,6 +933,31 @@ impl State {
     pub fn append_relocation(
         &mut self,
         relocation: Relocation,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<bool, EngineError> {
+        self.append_relocation_as(relocation, None, sealed)
+    }
+
+    /// Moves a block as [`State::append_relocation`] does, in a new form:
+    /// `relocation.data` is a fragment's units, the block encoded again
+    /// (`tiering::cold_compression`) from contents that matched the map's
+    /// checksum, and `checksum` their crc32c, which the maps then carry.
+    pub fn append_recompressed_relocation(
+        &mut self,
+        relocation: Relocation,
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<bool, EngineError> {
+        debug_assert_eq!(checksum, crc32c::crc32c(relocation.data));
+        self.append_relocation_as(relocation, Some(checksum), sealed)
+    }
+
+    /// A relocation as it is (`recompressed` none) or as a new fragment
+    /// whose units' crc32c is `recompressed`.
+    fn append_relocation_as(
+        &mut self,
+        relocation: Relocation,
+        recompressed: Option<u32>,
         sealed: &mut Vec<Arc<InFlightBatch>>,
     ) -> Result<bool, EngineError> {
         self.check_failed()?;
@@ -891,7 +969,7 @@ impl State {
             data,
             stream,
         } = relocation;
-        let Some(checksum) = self.volumes.holder_checksum(family, logical_block, from) else {
+        let Some(held_checksum) = self.volumes.holder_checksum(family, logical_block, from) else {
             return Ok(false);
         };
         // A block only the writing volume's live map holds moves by a plain
@@ -905,31 +983,47 @@ impl State {
         let sole_holder = self
             .volumes
             .sole_holder(family, volume_id, logical_block, from);
-        if from.is_fragment() {
-            let unit_count =
-                u8::try_from(from.unit_count()).expect("a fragment's units fit a byte");
-            let record = if sole_holder {
-                Record::Packed {
-                    volume_id,
-                    logical_block,
-                    unit_count,
-                    checksum,
-                }
-            } else {
-                Record::RelocatePacked {
-                    volume_id,
-                    logical_block,
-                    from: from.raw(),
-                    unit_count,
-                    checksum,
-                }
-            };
-            let to = self.append_with_data(stream, record, None, data, sealed)?;
-            self.moved(from.block(), to.block(), stream, sole_holder);
-            return Ok(true);
+        // Within flash a block keeps its heat (the cleaner has already
+        // decremented it); a promoted or demoted one starts cold, as
+        // S3-FIFO's ghost hits enter its main queue (measured +0.5 to +0.7
+        // points of hit ratio over starting at 1, with fewer relocations:
+        // docs/decisions/0004).
+        let counter = match self.geometry.flash_data_index(from.block()) {
+            Some(index) => self.heat.as_ref().map_or(0, |heat| heat.counter(index)),
+            None => 0,
+        };
+        let placed = PlacedMove {
+            volume_id,
+            logical_block,
+            from,
+            data,
+            stream,
+            sole_holder,
+            counter,
+        };
+        match recompressed.or(from.is_fragment().then_some(held_checksum)) {
+            Some(checksum) => self.append_packed_move(placed, checksum, sealed)?,
+            None => self.append_whole_move(placed, held_checksum, sealed)?,
         }
+        Ok(true)
+    }
+
+    /// Appends a whole block's move: a `Data` record for a sole holder, a
+    /// `Relocate` otherwise.
+    fn append_whole_move(
+        &mut self,
+        placed: PlacedMove,
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        let PlacedMove {
+            volume_id,
+            logical_block,
+            from,
+            ..
+        } = placed;
         let from_physical_block = from.whole_block_number();
-        let record = if sole_holder {
+        let record = if placed.sole_holder {
             Record::Data {
                 volume_id,
                 logical_block,
@@ -943,20 +1037,56 @@ impl State {
                 checksum,
             }
         };
-        // Within flash the block keeps its heat (the cleaner has already
-        // decremented it); a promoted block starts cold, as S3-FIFO's ghost
-        // hits enter its main queue (measured +0.5 to +0.7 points of hit ratio
-        // over starting at 1, with fewer relocations: docs/decisions/0004).
-        let counter = match self.geometry.flash_data_index(from_physical_block) {
-            Some(index) => self.heat.as_ref().map_or(0, |heat| heat.counter(index)),
-            None => 0,
-        };
         let physical_block = self
-            .append_with_data(stream, record, None, data, sealed)?
+            .append_with_data(placed.stream, record, None, placed.data, sealed)?
             .whole_block_number();
-        self.moved(from_physical_block, physical_block, stream, sole_holder);
-        self.set_heat(volume_id, physical_block, counter);
-        Ok(true)
+        self.moved(
+            from_physical_block,
+            physical_block,
+            placed.stream,
+            placed.sole_holder,
+        );
+        self.set_heat(volume_id, physical_block, placed.counter);
+        Ok(())
+    }
+
+    /// Appends a fragment's move (its units as they are, or a whole block or
+    /// fragment encoded again): a `Packed` record for a sole holder, a
+    /// `RelocatePacked` otherwise, carrying `checksum`, the units' crc32c.
+    fn append_packed_move(
+        &mut self,
+        placed: PlacedMove,
+        checksum: u32,
+        sealed: &mut Vec<Arc<InFlightBatch>>,
+    ) -> Result<(), EngineError> {
+        let PlacedMove {
+            volume_id,
+            logical_block,
+            from,
+            ..
+        } = placed;
+        let unit_count =
+            u8::try_from(placed.data.len() / UNIT_BYTES).expect("a fragment's units fit a byte");
+        let record = if placed.sole_holder {
+            Record::Packed {
+                volume_id,
+                logical_block,
+                unit_count,
+                checksum,
+            }
+        } else {
+            Record::RelocatePacked {
+                volume_id,
+                logical_block,
+                from: from.raw(),
+                unit_count,
+                checksum,
+            }
+        };
+        let to = self.append_with_data(placed.stream, record, None, placed.data, sealed)?;
+        self.moved(from.block(), to.block(), placed.stream, placed.sole_holder);
+        self.set_fragment_heat(volume_id, to, placed.counter);
+        Ok(())
     }
 
     /// Tells the placement, the segment table and the counters of a block moved.

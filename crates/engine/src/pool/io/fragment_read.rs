@@ -12,6 +12,10 @@
 //! so the cache holds compressed data and a hit costs a decode. A packed
 //! block never changes while its segment lives, and the cache forgets a
 //! segment's blocks when the segment is freed.
+//!
+//! In a two-tier pool a fragment heat says to promote comes back with its
+//! units as they are (decision 0074): the read path moves them to flash as
+//! a fragment, without decoding or encoding again.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -56,36 +60,80 @@ pub(in crate::pool) struct FragmentRead {
     /// planned (a block read afterwards is cached only if its shard saw no
     /// invalidation since).
     pub generations: [CacheGeneration; FRAGMENT_BLOCKS_MAX as usize],
+    /// Whether heat says to move it to flash (a capacity fragment read
+    /// recently before): its units are then handed back to be promoted.
+    pub promote: bool,
+}
+
+/// A fragment read from capacity that heat says to move to flash: its
+/// units as they are, checked against the map's checksum.
+pub(in crate::pool) struct PromotedFragment {
+    pub logical_block: u64,
+    pub location: Location,
+    pub units: Box<[u8]>,
+}
+
+/// What reading a request's fragments found besides the decoded blocks.
+#[derive(Default)]
+pub(in crate::pool) struct FragmentsRead {
+    /// The logical blocks that moved under the read (read them again).
+    pub moved: Vec<u64>,
+    /// The fragments to promote.
+    pub promoted: Vec<PromotedFragment>,
 }
 
 /// How a fragment's read ended.
 enum FragmentOutcome {
-    Decoded(Box<[u8; BLOCK_BYTES]>),
+    Decoded {
+        block: Box<[u8; BLOCK_BYTES]>,
+        /// The fragment's units, when it is to be promoted.
+        units: Option<Box<[u8]>>,
+    },
     Moved,
+}
+
+/// The units of `fragment` within `blocks` (the blocks it touches, checked
+/// already), kept when it is to be promoted.
+fn units_to_promote(fragment: FragmentRead, blocks: &[u8]) -> Option<Box<[u8]>> {
+    if !fragment.promote {
+        return None;
+    }
+    fragment_units(fragment.location, blocks)
+        .ok()
+        .map(Box::from)
 }
 
 impl Core {
     /// Reads `fragments` (all at once), giving each decoded block to
     /// `decoded` with its logical block; returns the logical blocks that
-    /// moved under the read.
+    /// moved under the read and the fragments to promote.
     pub(in crate::pool) async fn read_fragments(
         self: &Arc<Self>,
         view: View,
         fragments: &[FragmentRead],
         decoded: &mut (dyn FnMut(u64, &[u8; BLOCK_BYTES]) + Send),
-    ) -> Result<Vec<u64>, EngineError> {
+    ) -> Result<FragmentsRead, EngineError> {
         let reads = fragments
             .iter()
             .map(|fragment| self.read_fragment(view, *fragment));
         let outcomes = futures::future::join_all(reads).await;
-        let mut moved = Vec::new();
+        let mut read = FragmentsRead::default();
         for (fragment, outcome) in fragments.iter().zip(outcomes) {
             match outcome? {
-                FragmentOutcome::Moved => moved.push(fragment.logical_block),
-                FragmentOutcome::Decoded(block) => decoded(fragment.logical_block, &block),
+                FragmentOutcome::Moved => read.moved.push(fragment.logical_block),
+                FragmentOutcome::Decoded { block, units } => {
+                    decoded(fragment.logical_block, &block);
+                    if let Some(units) = units {
+                        read.promoted.push(PromotedFragment {
+                            logical_block: fragment.logical_block,
+                            location: fragment.location,
+                            units,
+                        });
+                    }
+                }
             }
         }
-        Ok(moved)
+        Ok(read)
     }
 
     async fn read_fragment(
@@ -95,8 +143,11 @@ impl Core {
     ) -> Result<FragmentOutcome, EngineError> {
         let location = fragment.location;
         let mut output = Box::new([0u8; BLOCK_BYTES]);
-        if self.decode_from_cache(fragment, &mut output) {
-            return Ok(FragmentOutcome::Decoded(output));
+        if let Some(units) = self.decode_from_cache(fragment, &mut output) {
+            return Ok(FragmentOutcome::Decoded {
+                block: output,
+                units,
+            });
         }
         let mut blocks = self
             .device()
@@ -111,7 +162,10 @@ impl Core {
                 for ((contents, block), generation) in cached_blocks.zip(fragment.generations) {
                     self.cache().insert_read(block, contents, generation);
                 }
-                return Ok(FragmentOutcome::Decoded(output));
+                return Ok(FragmentOutcome::Decoded {
+                    block: output,
+                    units: units_to_promote(fragment, &blocks),
+                });
             }
             Err(error) => error,
         };
@@ -122,7 +176,11 @@ impl Core {
             && self.recover_fragment(fragment, &mut blocks).await
             && decode(location, &blocks, fragment.checksum, &mut output).is_ok()
         {
-            return Ok(FragmentOutcome::Decoded(output));
+            // Repaired: promoting the repaired units is left to a later read.
+            return Ok(FragmentOutcome::Decoded {
+                block: output,
+                units: None,
+            });
         }
         let volume = self.view_name(view);
         tracing::error!(%volume, logical_block = fragment.logical_block, %error, "fragment damaged");
@@ -136,17 +194,23 @@ impl Core {
 
     /// Decodes `fragment` from the memory cache if every block it touches
     /// is there and the fragment checks out (a stale or damaged copy is a
-    /// miss: the device is read).
-    fn decode_from_cache(&self, fragment: FragmentRead, output: &mut [u8; BLOCK_BYTES]) -> bool {
+    /// miss: the device is read); then `Some`, with its units when it is to
+    /// be promoted.
+    fn decode_from_cache(
+        &self,
+        fragment: FragmentRead,
+        output: &mut [u8; BLOCK_BYTES],
+    ) -> Option<Option<Box<[u8]>>> {
         let location = fragment.location;
         let mut blocks = [0u8; FRAGMENT_BLOCKS_MAX as usize * BLOCK_BYTES];
         let touched = &mut blocks[..location.block_count() as usize * BLOCK_BYTES];
         let cache = self.cache();
-        touched
+        let hit = touched
             .chunks_exact_mut(BLOCK_BYTES)
             .zip(location.block()..)
             .all(|(contents, block)| cache.get(block, contents))
-            && decode(location, touched, fragment.checksum, output).is_ok()
+            && decode(location, touched, fragment.checksum, output).is_ok();
+        hit.then(|| units_to_promote(fragment, touched))
     }
 
     /// Whether the view's map no longer holds `fragment` at its logical block.

@@ -22,8 +22,9 @@ use super::stream::Stream;
 use crate::convert::to_usize;
 use crate::error::{EngineError, IoError, VolumeError};
 use crate::log::batch::block_checksum;
+use crate::log::fragment::fragment_units;
 use crate::log::geometry::Tier;
-use crate::log::location::Location;
+use crate::log::location::{FRAGMENT_BLOCKS_MAX, Location};
 use crate::pool::budget::ClientOperation;
 use crate::pool::core::Core;
 use crate::pool::core::state::{ReadParts, Relocation};
@@ -89,12 +90,14 @@ struct DeviceBlock {
     generation: CacheGeneration,
 }
 
-/// A capacity block a read moves to flash.
+/// A capacity block a read moves to flash: a whole block, or a fragment
+/// moved as it is (decision 0074).
 struct Promotion {
     logical_block: u64,
-    physical_block: u64,
-    /// Its contents, once read and checked; a block without them (its read
-    /// did not happen) is not promoted.
+    from: Location,
+    /// Its contents (a whole block's 4 KiB, a fragment's units), once read
+    /// and checked; a block without them (its read did not happen) is not
+    /// promoted.
     contents: Option<Box<[u8]>>,
 }
 
@@ -272,7 +275,7 @@ impl<'a> ReadPlanner<'a> {
         if promote {
             self.plan.promotions.push(Promotion {
                 logical_block,
-                physical_block: mapping.physical_block(),
+                from: mapping.location,
                 contents: in_memory.then(|| Box::from(&scratch[..])),
             });
             if tier == Tier::Capacity && self.promotion_room {
@@ -291,9 +294,12 @@ impl<'a> ReadPlanner<'a> {
         self.plan.from_device.push(device_block);
     }
 
-    /// Plans a compressed block: decoded now if its batch has not reached
-    /// the device yet, else read from the device once the lock is released.
-    /// Fragments are one-tier only (decision 0070): no heat, no promotion.
+    /// Plans a compressed block: decoded now if it is in memory (its batch
+    /// has not reached the device yet, or, in a two-tier pool, the memory
+    /// cache holds the blocks it touches), else read from the device once
+    /// the lock is released. In a two-tier pool heat learns of the access
+    /// as for a whole block, and a capacity fragment it says to promote
+    /// moves to flash as it is (decision 0074).
     fn plan_fragment(
         &mut self,
         logical_block: u64,
@@ -302,21 +308,32 @@ impl<'a> ReadPlanner<'a> {
         buffer: &mut [u8],
     ) {
         let location = mapping.location;
-        assert!(self.parts.heat.is_none(), "{location} in a two-tier pool");
-        let mut blocks = [0u8; 2 * BLOCK_BYTES];
+        let tier = self.parts.geometry.tier_of_block(location.block());
+        let promote = self.fragment_accessed(location, tier);
+        let mut blocks = [0u8; FRAGMENT_BLOCKS_MAX as usize * BLOCK_BYTES];
         let touched = &mut blocks[..location.block_count() as usize * BLOCK_BYTES];
-        let writer = self.parts.writer;
-        let unwritten = touched
-            .chunks_exact_mut(BLOCK_BYTES)
-            .zip(location.block()..)
-            .all(|(block, physical_block)| writer.copy_unwritten_block(physical_block, block));
         let mut decoded = [0u8; BLOCK_BYTES];
-        // An unwritten batch is in memory as it was appended: it decodes.
-        if unwritten
+        if self.fragment_in_memory(location, touched)
             && fragment_read::decode(location, touched, mapping.checksum, &mut decoded).is_ok()
         {
             buffer[span.request_range()].copy_from_slice(&decoded[span.block_range()]);
+            if self.parts.heat.is_some() {
+                self.counters.memory_read_blocks += 1;
+            }
+            if promote {
+                self.plan.promotions.push(Promotion {
+                    logical_block,
+                    from: location,
+                    contents: fragment_units(location, touched).ok().map(Box::from),
+                });
+            }
             return;
+        }
+        if self.parts.heat.is_some() {
+            match tier {
+                Tier::Flash => self.counters.flash_read_blocks += 1,
+                Tier::Capacity => self.counters.capacity_read_blocks += 1,
+            }
         }
         let block = location.block();
         self.plan.fragments.push(FragmentRead {
@@ -327,7 +344,45 @@ impl<'a> ReadPlanner<'a> {
                 self.cache.generation(block),
                 self.cache.generation(block + 1),
             ],
+            promote,
         });
+    }
+
+    /// Copies the blocks a fragment at `location` touches into `touched` if
+    /// they are all in memory: not written yet, or (two-tier pools, which
+    /// count memory hits under the lock) in the memory cache. A one-tier
+    /// pool asks its cache after the lock is released (`fragment_read`).
+    fn fragment_in_memory(&self, location: Location, touched: &mut [u8]) -> bool {
+        let writer = self.parts.writer;
+        let unwritten = touched
+            .chunks_exact_mut(BLOCK_BYTES)
+            .zip(location.block()..)
+            .all(|(block, physical_block)| writer.copy_unwritten_block(physical_block, block));
+        unwritten
+            || (self.parts.heat.is_some()
+                && touched
+                    .chunks_exact_mut(BLOCK_BYTES)
+                    .zip(location.block()..)
+                    .all(|(block, physical_block)| self.cache.get(physical_block, block)))
+    }
+
+    /// Tells the heat (two-tier pools) of an access to the fragment at
+    /// `location` on `tier`; returns whether heat says to promote it. On
+    /// flash the fragments packed in a block share its counter; on capacity
+    /// the ghost remembers the fragment itself, so that reading one
+    /// fragment of a block does not promote its neighbours on their first
+    /// read.
+    fn fragment_accessed(&mut self, location: Location, tier: Tier) -> bool {
+        match tier {
+            Tier::Flash => self.heat_accessed(location.block(), tier),
+            Tier::Capacity => {
+                let policy = self.policy;
+                self.parts
+                    .heat
+                    .as_deref_mut()
+                    .is_some_and(|heat| heat.admit_from_capacity(location.raw(), policy))
+            }
+        }
     }
 
     /// Copies the part `span` of the block `mapping` points to into `buffer`
@@ -486,7 +541,8 @@ fn copy_run(offset: u64, run: &[DeviceBlock], data: &[u8], buffer: &mut [u8], mo
 fn attach_contents(promotions: &mut [Promotion], run: &[DeviceBlock], data: &[u8], moved: &[u64]) {
     for (block, contents) in run_contents(run, data, moved) {
         if let Some(promotion) = promotions.iter_mut().find(|promotion| {
-            promotion.physical_block == block.physical_block && promotion.contents.is_none()
+            promotion.from == Location::whole_block(block.physical_block)
+                && promotion.contents.is_none()
         }) {
             promotion.contents = Some(Box::from(contents));
         }
@@ -589,7 +645,14 @@ impl Core {
                 let span = BlockSpan::of(offset, request_length, logical_block);
                 buffer[span.request_range()].copy_from_slice(&block[span.block_range()]);
             };
-            fragments_moved = self.read_fragments(view, &fragments, &mut copy).await?;
+            let read = self.read_fragments(view, &fragments, &mut copy).await?;
+            fragments_moved = read.moved;
+            plan.promotions
+                .extend(read.promoted.into_iter().map(|promoted| Promotion {
+                    logical_block: promoted.logical_block,
+                    from: promoted.location,
+                    contents: Some(promoted.units),
+                }));
         }
         if !plan.from_cache_or_device.is_empty() {
             self.take_from_cache(&mut plan, offset, buffer);
@@ -922,7 +985,7 @@ impl Core {
                 if block_checksum(contents) == block.checksum {
                     promotions.push(Promotion {
                         logical_block: block.logical_block,
-                        physical_block: block.physical_block,
+                        from: Location::whole_block(block.physical_block),
                         contents: Some(Box::from(contents)),
                     });
                 }
@@ -958,7 +1021,7 @@ impl Core {
                     family: &family,
                     volume_id: root,
                     logical_block: promotion.logical_block,
-                    from: Location::whole_block(promotion.physical_block),
+                    from: promotion.from,
                     data: &contents,
                     stream: Stream::Client,
                 };
