@@ -191,7 +191,7 @@ fn print_estimate(source: &str, estimate: &Estimate) {
     );
     println!();
     println!(
-        "{:<9} {:>10} {:>7} {:>9} {:>8} {:>8} {:>12} {:>12}",
+        "{:<9} {:>10} {:>7} {:>9} {:>8} {:>8} {:>12} {:>12} {:>10}",
         "codec",
         "physical",
         "ratio",
@@ -199,12 +199,13 @@ fn print_estimate(source: &str, estimate: &Estimate) {
         "8K group",
         "32K group",
         "compress",
-        "decompress"
+        "decompress",
+        "+dedup"
     );
     for codec in &estimate.codecs {
         let alone = codec.blocks_alone();
         println!(
-            "{:<9} {:>10} {:>7.3} {:>9.3} {:>8.3} {:>9.3} {:>7.0} MiB/s {:>6.0} MiB/s",
+            "{:<9} {:>10} {:>7.3} {:>9.3} {:>8.3} {:>9.3} {:>7.0} MiB/s {:>6.0} MiB/s {:>10.3}",
             codec.codec.to_string(),
             format_size(alone.packed_bytes),
             alone.ratio,
@@ -213,6 +214,7 @@ fn print_estimate(source: &str, estimate: &Estimate) {
             codec.groups[2].ratio,
             alone.compress_mib_per_second,
             codec.decompress_mib_per_second,
+            codec.with_dedup.ratio,
         );
     }
     println!();
@@ -223,6 +225,7 @@ fn print_estimate(source: &str, estimate: &Estimate) {
         GROUP_SIZES_BYTES[1] / BLOCK_SIZE_BYTES,
         GROUP_SIZES_BYTES[2] / BLOCK_SIZE_BYTES
     );
+    print_dedup(estimate);
     for codec in &estimate.codecs {
         let alone = codec.blocks_alone();
         let units: Vec<String> = alone
@@ -238,4 +241,44 @@ fn print_estimate(source: &str, estimate: &Estimate) {
             units.join(", ")
         );
     }
+}
+
+/// The dedup figures: distinct blocks, and the index decision 0073 would need.
+fn print_dedup(estimate: &Estimate) {
+    let dedup = &estimate.dedup;
+    let index = &dedup.index;
+    println!("+dedup: data / physical with each distinct block stored, and compressed, once.");
+    println!();
+    println!(
+        "dedup ratio          {:.3} ({} non-zero blocks, {} distinct, {} duplicates; {} at {:.0} MiB/s)",
+        dedup.ratio,
+        dedup.data_block_count,
+        dedup.distinct_block_count,
+        dedup.duplicate_block_count,
+        dedup.fingerprint,
+        dedup.fingerprint_mib_per_second
+    );
+    println!(
+        "index memory         {} ({:.2} B per distinct block; {} at 100 TiB of distinct data)",
+        format_size(index.memory_bytes),
+        index.memory_bytes_per_distinct_block,
+        format_size(rounded_bytes(index.memory_bytes_at_100_tib)),
+    );
+    println!(
+        "index on flash       {} ({:.1} B per distinct block, {:.2} % of its data; {} pages)",
+        format_size(index.flash_bytes),
+        index.flash_bytes_per_distinct_block,
+        100.0 * index.flash_bytes_per_distinct_block / 4096.0,
+        index.page_count
+    );
+    println!();
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a non-negative size to print, far below 2^64"
+)]
+fn rounded_bytes(bytes: f64) -> u64 {
+    bytes.round() as u64
 }

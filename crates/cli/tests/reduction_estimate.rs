@@ -4,8 +4,11 @@
 //! file and as an NBD export served by nbdkit. The figures must hang
 //! together (text compresses, zstd beats lz4, the image's empty space is
 //! counted as zero blocks, the export gives the same figures as the file)
-//! and a wrong codec must be a clear error. Skips, saying why, where
-//! mkfs.ext4 or nbdkit is missing, as the filesystem tests do.
+//! and a wrong codec must be a clear error. The dedup figures come from two
+//! ext4 images of overlapping trees of this machine's files (the same text,
+//! then each its own tree of other files, at different offsets): their
+//! concatenation dedupes well above either image alone. Skips, saying why,
+//! where mkfs.ext4 or nbdkit is missing, as the filesystem tests do.
 
 mod common;
 
@@ -23,6 +26,10 @@ const NBDKIT_READY_TIMEOUT_MS: u64 = 10_000;
 const POLL_INTERVAL_MS: u64 = 20;
 /// Where the text comes from: plain licences, then any regular files.
 const TEXT_DIRECTORIES: [&str; 2] = ["/usr/share/common-licenses", "/usr/share/doc"];
+/// Each dedup image's own files, after the shared text: one tree each.
+const OWN_DIRECTORIES: [&str; 2] = ["/usr/share/perl5", "/usr/lib/python3"];
+/// How much of its own tree goes into each dedup image.
+const OWN_TREE_SIZE_LIMIT_BYTES: u64 = 3 << 20;
 
 fn missing_program() -> Option<&'static str> {
     ["mkfs.ext4", "nbdkit"].into_iter().find(|program| {
@@ -35,8 +42,9 @@ fn missing_program() -> Option<&'static str> {
 }
 
 /// Copies files whose names do not end in `.gz` (already compressed) into
-/// `tree` until `TREE_SIZE_LIMIT_BYTES`.
-fn copy_text(source: &Path, tree: &Path, copied_bytes: &mut u64) {
+/// `tree` until `limit_bytes`, in name order, each named by the bytes
+/// copied before it (the same sources give the same names).
+fn copy_text(source: &Path, tree: &Path, copied_bytes: &mut u64, limit_bytes: u64) {
     let Ok(entries) = std::fs::read_dir(source) else {
         return;
     };
@@ -45,14 +53,14 @@ fn copy_text(source: &Path, tree: &Path, copied_bytes: &mut u64) {
         .collect();
     paths.sort();
     for path in paths {
-        if *copied_bytes >= TREE_SIZE_LIMIT_BYTES {
+        if *copied_bytes >= limit_bytes {
             return;
         }
         let Ok(metadata) = std::fs::symlink_metadata(&path) else {
             continue;
         };
         if metadata.is_dir() {
-            copy_text(&path, tree, copied_bytes);
+            copy_text(&path, tree, copied_bytes, limit_bytes);
         } else if metadata.is_file() && path.extension().is_none_or(|extension| extension != "gz") {
             let name = format!(
                 "{copied_bytes}-{}",
@@ -71,7 +79,12 @@ fn build_image(directory: &Path) -> PathBuf {
     std::fs::create_dir(&tree).expect("tree directory");
     let mut copied_bytes = 0;
     for source in TEXT_DIRECTORIES {
-        copy_text(Path::new(source), &tree, &mut copied_bytes);
+        copy_text(
+            Path::new(source),
+            &tree,
+            &mut copied_bytes,
+            TREE_SIZE_LIMIT_BYTES,
+        );
     }
     assert!(
         copied_bytes > 1 << 20,
@@ -267,4 +280,135 @@ fn unknown_codecs_and_levels_are_clear_errors() {
         .expect("lamina runs");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open /nonexistent/image"));
+}
+
+/// An ext4 image of 4 KiB blocks (as real volumes have) holding its own
+/// files from `own_directory` first, then the text every such image shares.
+fn build_dedup_image(directory: &Path, name: &str, own_directory: &str) -> PathBuf {
+    let tree = directory.join(format!("{name}-tree"));
+    let own = tree.join("a-own");
+    let shared = tree.join("b-shared");
+    std::fs::create_dir_all(&own).expect("own directory");
+    std::fs::create_dir_all(&shared).expect("shared directory");
+    let mut own_bytes = 0;
+    copy_text(
+        Path::new(own_directory),
+        &own,
+        &mut own_bytes,
+        OWN_TREE_SIZE_LIMIT_BYTES,
+    );
+    let mut shared_bytes = 0;
+    for source in TEXT_DIRECTORIES {
+        copy_text(
+            Path::new(source),
+            &shared,
+            &mut shared_bytes,
+            TREE_SIZE_LIMIT_BYTES,
+        );
+    }
+    assert!(
+        own_bytes > 1 << 20 && shared_bytes > 1 << 20,
+        "too few files found: {own_bytes} bytes in {own_directory}, {shared_bytes} of text"
+    );
+    let image = directory.join(format!("{name}.ext4"));
+    let status = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096", "-d"])
+        .arg(&tree)
+        .arg(&image)
+        .arg(format!("{IMAGE_SIZE_MIB}M"))
+        .status()
+        .expect("mkfs.ext4 runs");
+    assert!(status.success(), "mkfs.ext4 failed: {status}");
+    std::fs::remove_dir_all(&tree).expect("tree removed");
+    image
+}
+
+fn path_text(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+#[test]
+fn two_images_of_overlapping_trees_dedupe_together_and_not_alone() {
+    if let Some(program) = missing_program() {
+        eprintln!("skipped: {program} is not installed");
+        return;
+    }
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let first = build_dedup_image(directory.path(), "first", OWN_DIRECTORIES[0]);
+    let second = build_dedup_image(directory.path(), "second", OWN_DIRECTORIES[1]);
+    let both = directory.path().join("both.img");
+    let mut bytes = std::fs::read(&first).expect("first image");
+    bytes.extend(std::fs::read(&second).expect("second image"));
+    std::fs::write(&both, bytes).expect("the concatenation");
+
+    let alone = [
+        estimate_json(path_text(&first)),
+        estimate_json(path_text(&second)),
+    ];
+    let together = estimate_json(path_text(&both));
+    let distinct =
+        |estimate: &serde_json::Value| number(&estimate["dedup"], "distinct_block_count");
+    let dedup_ratio = |estimate: &serde_json::Value| number(&estimate["dedup"], "ratio");
+    eprintln!(
+        "dedup ratio alone {:.3} and {:.3}, together {:.3}",
+        dedup_ratio(&alone[0]),
+        dedup_ratio(&alone[1]),
+        dedup_ratio(&together)
+    );
+    for (estimate, image) in alone.iter().zip([&first, &second]) {
+        // An image alone: a few repeated blocks (identical files, metadata).
+        assert!(
+            (1.0..1.3).contains(&dedup_ratio(estimate)),
+            "{image:?} alone: {}",
+            estimate["dedup"]
+        );
+    }
+    // Together the shared text is stored once: distinct blocks are at most
+    // the sum of each image's, at least the larger, and well below the sum.
+    let sum = distinct(&alone[0]) + distinct(&alone[1]);
+    assert!(distinct(&together) <= sum);
+    assert!(distinct(&together) >= distinct(&alone[0]).max(distinct(&alone[1])));
+    assert!(distinct(&together) < 0.8 * sum, "{}", together["dedup"]);
+    assert!(
+        dedup_ratio(&together) > 1.25 * dedup_ratio(&alone[0]).max(dedup_ratio(&alone[1])),
+        "together {} alone {} and {}",
+        together["dedup"],
+        alone[0]["dedup"],
+        alone[1]["dedup"]
+    );
+    assert_eq!(
+        number(&together["dedup"], "data_block_count"),
+        number(&together, "data_bytes") / 4096.0
+    );
+    for codec in together["codecs"].as_array().expect("codecs") {
+        // Each distinct block compressed once: above compression alone.
+        let combined = number(&codec["with_dedup"], "ratio");
+        let compression = number(&codec["groups"][0], "ratio");
+        assert!(combined > 1.2 * compression, "{codec}");
+    }
+    // The design's index (decision 0073) within its bound of 4 bytes.
+    let index = &together["dedup"]["index"];
+    assert_eq!(
+        number(index, "record_count"),
+        distinct(&together),
+        "{index}"
+    );
+    assert!(
+        number(index, "memory_bytes_per_distinct_block") < 4.0,
+        "{index}"
+    );
+
+    let text = Command::new(LAMINA)
+        .args(["reduction", "estimate", "--codec", "lz4"])
+        .arg(&both)
+        .output()
+        .expect("lamina runs");
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).expect("UTF-8");
+    for expected in ["dedup ratio", "index memory", "+dedup"] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
 }

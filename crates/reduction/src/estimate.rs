@@ -6,12 +6,17 @@
 //! log. The same data is also compressed in groups of consecutive blocks
 //! (8 KiB and 32 KiB, as ONTAP's compression groups) to show what grouping
 //! would gain, and every 4 KiB block is read back and compared, which times
-//! decompression and proves the round trip on real data.
+//! decompression and proves the round trip on real data. Every non-zero block
+//! is also fingerprinted (`dedup`): the distinct blocks give the dedup ratio,
+//! and each codec's packed bytes counted over distinct blocks only (each
+//! stored once, compressed once) give the combined dedup and compression
+//! ratio, since a pool fingerprints a block before compressing it.
 
 use std::time::{Duration, Instant};
 
 use crate::block::{BlockCompressor, BlockDecompressor, CodecError, StoredForm};
 use crate::codec::Codec;
+use crate::dedup::{DedupCounter, DedupEstimate};
 
 /// The engine's block: the unit compressed alone.
 pub const BLOCK_SIZE_BYTES: usize = 4096;
@@ -46,10 +51,13 @@ pub struct Estimator {
     decompressor: BlockDecompressor,
     block_count: u64,
     zero_block_count: u64,
+    dedup: DedupCounter,
     /// A chunk of less than `CHUNK_ALIGNMENT_BYTES` multiples was fed: it was the last.
     fed_last_chunk: bool,
     /// Whether each block of the current chunk is all zeros.
     zero_flags: Vec<bool>,
+    /// Whether each block of the current chunk is the first with its content.
+    first_flags: Vec<bool>,
     group: Vec<u8>,
     readback: Vec<u8>,
 }
@@ -59,6 +67,8 @@ struct CodecTally {
     groups: Vec<GroupTally>,
     decompress_time: Duration,
     decompressed_bytes: u64,
+    /// Blocks alone, packed, counting each distinct content once.
+    distinct_packed_bytes: u64,
 }
 
 #[derive(Default)]
@@ -88,6 +98,7 @@ impl Estimator {
                         .collect(),
                     decompress_time: Duration::ZERO,
                     decompressed_bytes: 0,
+                    distinct_packed_bytes: 0,
                 })
             })
             .collect::<Result<Vec<_>, EstimateError>>()?;
@@ -96,8 +107,10 @@ impl Estimator {
             decompressor: BlockDecompressor::new()?,
             block_count: 0,
             zero_block_count: 0,
+            dedup: DedupCounter::new(),
             fed_last_chunk: false,
             zero_flags: Vec::new(),
+            first_flags: Vec::new(),
             group: Vec::with_capacity(CHUNK_ALIGNMENT_BYTES),
             readback: vec![0; BLOCK_SIZE_BYTES],
         })
@@ -126,6 +139,10 @@ impl Estimator {
         );
         self.block_count += u64_of(self.zero_flags.len());
         self.zero_block_count += u64_of(self.zero_flags.iter().filter(|&&zero| zero).count());
+        self.first_flags.clear();
+        for (block, &zero) in chunk.chunks_exact(BLOCK_SIZE_BYTES).zip(&self.zero_flags) {
+            self.first_flags.push(!zero && self.dedup.add(block));
+        }
         for tally_index in 0..self.codecs.len() {
             for group_index in 0..GROUP_SIZES_BYTES.len() {
                 self.compress_groups(tally_index, group_index, chunk, first_block_index)?;
@@ -162,6 +179,10 @@ impl Estimator {
             let stored = tally.compressor.compress(&self.group)?;
             tally.groups[group_index].compress_time += started.elapsed();
             tally.groups[group_index].add(self.group.len(), &stored);
+            if blocks_per_group == 1 && self.first_flags[group_number] {
+                tally.distinct_packed_bytes +=
+                    u64_of(stored.bytes().len().next_multiple_of(PACKING_UNIT_BYTES));
+            }
             let StoredForm::Compressed(stored) = stored else {
                 continue;
             };
@@ -185,6 +206,7 @@ impl Estimator {
     /// The figures for everything fed so far.
     pub fn finish(&self) -> Estimate {
         let block_size = u64_of(BLOCK_SIZE_BYTES);
+        let dedup = self.dedup.finish();
         Estimate {
             block_size_bytes: BLOCK_SIZE_BYTES,
             packing_unit_bytes: PACKING_UNIT_BYTES,
@@ -192,7 +214,12 @@ impl Estimator {
             block_count: self.block_count,
             zero_block_count: self.zero_block_count,
             data_bytes: (self.block_count - self.zero_block_count) * block_size,
-            codecs: self.codecs.iter().map(CodecTally::estimate).collect(),
+            codecs: self
+                .codecs
+                .iter()
+                .map(|tally| tally.estimate(&dedup))
+                .collect(),
+            dedup,
         }
     }
 }
@@ -242,9 +269,14 @@ impl GroupTally {
 }
 
 impl CodecTally {
-    fn estimate(&self) -> CodecEstimate {
+    fn estimate(&self, dedup: &DedupEstimate) -> CodecEstimate {
+        let data_bytes = dedup.data_block_count * u64_of(BLOCK_SIZE_BYTES);
         CodecEstimate {
             codec: self.compressor.codec(),
+            with_dedup: DedupCodecEstimate {
+                packed_bytes: self.distinct_packed_bytes,
+                ratio: ratio(data_bytes, self.distinct_packed_bytes),
+            },
             groups: self.groups.iter().map(GroupTally::estimate).collect(),
             decompress_mib_per_second: mib_per_second(
                 self.decompressed_bytes,
@@ -265,6 +297,8 @@ pub struct Estimate {
     /// The non-zero blocks' bytes: what a volume would store without compression.
     pub data_bytes: u64,
     pub codecs: Vec<CodecEstimate>,
+    /// Distinct blocks and the fingerprint index they would need.
+    pub dedup: DedupEstimate,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -274,6 +308,17 @@ pub struct CodecEstimate {
     pub groups: Vec<GroupEstimate>,
     /// Blocks compressed alone, read back (those stored as is take no time).
     pub decompress_mib_per_second: f64,
+    /// Blocks compressed alone, each distinct content stored once.
+    pub with_dedup: DedupCodecEstimate,
+}
+
+/// Dedup and compression together: what a pool with both would store.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DedupCodecEstimate {
+    /// The distinct blocks' stored forms, each rounded up to the packing unit.
+    pub packed_bytes: u64,
+    /// `data_bytes / packed_bytes`: the combined ratio.
+    pub ratio: f64,
 }
 
 impl CodecEstimate {
@@ -361,6 +406,17 @@ mod tests {
         let off = estimate.codecs[0].blocks_alone();
         assert_eq!(off.packed_bytes, 4 * 4096);
         assert_eq!(off.stored_as_is_count, 4);
+        // The last chunk's block repeats the first: three distinct contents.
+        assert_eq!(estimate.dedup.data_block_count, 4);
+        assert_eq!(estimate.dedup.distinct_block_count, 3);
+        assert_eq!(estimate.codecs[0].with_dedup.packed_bytes, 3 * 4096);
+        assert!((estimate.codecs[0].with_dedup.ratio - 4.0 / 3.0).abs() < 1e-12);
+        for codec in &estimate.codecs[1..] {
+            let alone = codec.blocks_alone();
+            // Each distinct block compressed once: three quarters of the four.
+            assert!(codec.with_dedup.packed_bytes < alone.packed_bytes);
+            assert!(codec.with_dedup.ratio > alone.ratio);
+        }
         for codec in &estimate.codecs[1..] {
             for group in &codec.groups {
                 assert!(group.ratio > 4.0, "{}: {group:?}", codec.codec);
