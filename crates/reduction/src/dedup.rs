@@ -7,7 +7,10 @@
 //! image's own fingerprints (page by page, code by code), not from a formula,
 //! so they show what the design costs on real data.
 //!
-//! Zero blocks never reach this module: lamina stores them as holes.
+//! Zero blocks never reach this module: lamina stores them as holes. The
+//! count keeps 16 bytes per distinct block in a hash set, 17–39 bytes with
+//! the set's control bytes and growth: about 1 GiB per 30 million distinct
+//! blocks (110 GiB of distinct data).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -287,6 +290,27 @@ mod tests {
         assert!(index.flash_bytes_per_distinct_block < 70.0);
         let blocks_at_100_tib = (100u64 << 40) / 4096;
         assert!(index.memory_bytes_at_100_tib < 4.0 * as_f64(blocks_at_100_tib));
+    }
+
+    proptest::proptest! {
+        /// Any sequence of blocks drawn from a few contents: the count of
+        /// distinct blocks is the count of distinct byte strings, and `add`
+        /// says "new" exactly at each content's first appearance.
+        #[test]
+        fn distinct_counts_match_the_blocks_themselves(
+            choices in proptest::collection::vec(0u64..12, 0..64)
+        ) {
+            let mut counter = DedupCounter::new();
+            let mut seen = HashSet::new();
+            for &choice in &choices {
+                let block = distinct_block(choice);
+                proptest::prop_assert_eq!(counter.add(&block), seen.insert(block));
+            }
+            let estimate = counter.finish();
+            proptest::prop_assert_eq!(estimate.data_block_count, u64_of(choices.len()));
+            proptest::prop_assert_eq!(estimate.distinct_block_count, u64_of(seen.len()));
+            proptest::prop_assert_eq!(estimate.index.record_count, u64_of(seen.len()));
+        }
     }
 
     #[test]
