@@ -264,3 +264,108 @@ async fn a_stale_record_after_a_crash_never_serves_old_data() {
     }
     pool.close().await.unwrap();
 }
+
+/// A compressing volume (issue 44, decisions 0070 and 0074): the cache holds
+/// the device blocks its fragments are packed in; the record names each by a
+/// fragment that starts in it, and the warm-up loads the blocks that fragment
+/// touches, so that after a clean restart the listed blocks are hits again
+/// and read back as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_warms_the_blocks_compressed_fragments_are_packed_in() {
+    let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+    let pool = create_pool(&memory, CACHE_BLOCKS).await;
+    let volume_id = pool
+        .create_volume_with_compression(
+            "packed",
+            WRITTEN_BLOCKS * BLOCK_SIZE_BYTES,
+            "lz4".parse().unwrap(),
+        )
+        .await
+        .unwrap()
+        .volume_id;
+    let bytes = common::machine_files::bytes_of_files(
+        &["/usr/share/perl5", "/usr/share/perl"],
+        WRITTEN_BLOCKS as usize * BLOCK,
+    );
+    assert!(
+        bytes.len() >= WRITTEN_BLOCKS as usize * BLOCK,
+        "not enough files"
+    );
+    let blocks: Vec<&[u8]> = bytes.chunks_exact(BLOCK).collect();
+    for logical_block in 0..WRITTEN_BLOCKS {
+        pool.write(
+            volume_id,
+            logical_block * BLOCK_SIZE_BYTES,
+            blocks[logical_block as usize],
+            false,
+        )
+        .await
+        .unwrap();
+    }
+    pool.flush().await.unwrap();
+    let contents = pool.cache_contents();
+    let listed: Vec<u64> = contents
+        .blocks
+        .iter()
+        .filter(|block| block.view == View::Volume(volume_id))
+        .map(|block| block.logical_block)
+        .collect();
+    let fragments = listed
+        .iter()
+        .filter(|block| {
+            pool.location_of(volume_id, **block)
+                .is_some_and(|location| location.is_fragment())
+        })
+        .count();
+    assert!(
+        fragments > 16,
+        "{fragments} of {} listed are fragments",
+        listed.len()
+    );
+    pool.close().await.unwrap();
+
+    let read_listed = |pool: Pool| {
+        let listed = listed.clone();
+        let blocks = &blocks;
+        async move {
+            let hits_before = pool.status().memory_cache.hits;
+            let mut buffer = vec![0u8; BLOCK];
+            for &logical_block in &listed {
+                pool.read(volume_id, logical_block * BLOCK_SIZE_BYTES, &mut buffer)
+                    .await
+                    .unwrap();
+                assert!(
+                    buffer[..] == *blocks[logical_block as usize],
+                    "block {logical_block} differs"
+                );
+            }
+            let hits = pool.status().memory_cache.hits - hits_before;
+            (pool, hits)
+        }
+    };
+    let cold = Pool::open(memory.clone(), limits(CACHE_BLOCKS))
+        .await
+        .unwrap();
+    let (cold, cold_hits) = read_listed(cold).await;
+    cold.close().await.unwrap();
+
+    let pool = Pool::open(memory.clone(), limits(CACHE_BLOCKS))
+        .await
+        .unwrap();
+    pool.warm_cache(contents.clone());
+    wait_for_warmup(&pool).await;
+    let status = pool.cache_warmup_status();
+    assert!(
+        status.blocks_loaded + 4 >= contents.blocks.len() as u64,
+        "{status:?}"
+    );
+    let (pool, warm_hits) = read_listed(pool).await;
+    // Every listed block is found in memory (a fragment that straddles
+    // looks up two blocks).
+    assert!(
+        warm_hits >= listed.len() as u64 && warm_hits > cold_hits,
+        "{warm_hits} hits warm, {cold_hits} cold, {} listed",
+        listed.len()
+    );
+    pool.close().await.unwrap();
+}

@@ -14,6 +14,12 @@
 //! has room without evicting anything. A stale or torn record therefore
 //! costs reads, never wrong data: what enters the cache is what the map says
 //! the block holds now, and every later hit is checked against the map again.
+//!
+//! The cache holds the device blocks compressed fragments are packed in, as
+//! they are (decision 0070): such a block is recorded as the logical block
+//! of a fragment that starts in it, and warmed by loading the one or two
+//! blocks that fragment touches, checked against the fragment's checksum
+//! (decision 0074).
 
 pub(super) mod progress;
 
@@ -24,6 +30,7 @@ use std::sync::atomic::Ordering;
 use futures::StreamExt;
 
 use crate::log::batch::block_checksum;
+use crate::log::fragment::fragment_units;
 use crate::log::location::Location;
 pub use crate::pool::cache_warmup::progress::{CacheWarmupState, CacheWarmupStatus};
 use crate::pool::core::Core;
@@ -171,13 +178,37 @@ impl CacheContents {
     }
 }
 
-/// A listed block resolved through its view's map at warm-up time.
+/// A listed block resolved through its view's map at warm-up time: a whole
+/// block, or a fragment and the blocks it touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct WarmupBlock {
     view: View,
     logical_block: u64,
-    physical_block: u64,
+    location: Location,
     checksum: u32,
+}
+
+impl WarmupBlock {
+    /// The first device block it touches.
+    fn first_block(&self) -> u64 {
+        self.location.block()
+    }
+
+    /// The last device block it touches.
+    fn last_block(&self) -> u64 {
+        self.location.block() + u64::from(self.location.block_count()) - 1
+    }
+
+    /// Whether `touched` (the blocks it touches, read from the device) holds
+    /// what the map expects.
+    fn passes(&self, touched: &[u8]) -> bool {
+        if self.location.is_fragment() {
+            fragment_units(self.location, touched)
+                .is_ok_and(|units| crc32c::crc32c(units) == self.checksum)
+        } else {
+            block_checksum(touched) == self.checksum
+        }
+    }
 }
 
 /// Every view's map (O(1) copies), taken under the state lock so that the
@@ -224,12 +255,10 @@ impl CacheWarmup {
         let mut found: Vec<Option<CachedBlock>> = vec![None; hottest.len()];
         for (view, map) in &maps {
             for (chunk_index, chunk) in map.chunks() {
-                // Fragments are not cached (decision 0070).
-                let whole_blocks = chunk
-                    .mappings()
-                    .filter(|(_, mapping)| !mapping.location.is_fragment());
-                for (entry, mapping) in whole_blocks {
-                    if let Some(rank) = rank_of.remove(&mapping.physical_block()) {
+                // A block packed with fragments is found through the first
+                // fragment seen that starts in it.
+                for (entry, mapping) in chunk.mappings() {
+                    if let Some(rank) = rank_of.remove(&mapping.location.block()) {
                         found[rank] = Some(CachedBlock {
                             view: *view,
                             logical_block: chunk_index * CHUNK_ENTRY_COUNT as u64 + entry as u64,
@@ -317,17 +346,17 @@ impl CacheWarmup {
                 let mapping = maps
                     .get(&listed.view)?
                     .get(listed.logical_block)
-                    .filter(|mapping| !mapping.location.is_fragment())?;
+                    .filter(|mapping| !mapping.is_lost())?;
                 Some(WarmupBlock {
                     view: listed.view,
                     logical_block: listed.logical_block,
-                    physical_block: mapping.physical_block(),
+                    location: mapping.location,
                     checksum: mapping.checksum,
                 })
             })
             .collect();
-        blocks.sort_unstable_by_key(|block| block.physical_block);
-        blocks.dedup_by_key(|block| block.physical_block);
+        blocks.sort_unstable_by_key(|block| (block.first_block(), block.location.unit_offset()));
+        blocks.dedup_by_key(|block| block.location);
         blocks
     }
 
@@ -335,8 +364,13 @@ impl CacheWarmup {
     /// checksum and are still mapped there into the cache.
     async fn load_run(&self, run: &[WarmupBlock]) {
         let warmer = self.core.cache_warmup();
-        let first = run[0].physical_block;
-        let span_blocks = run[run.len() - 1].physical_block - first + 1;
+        let first = run[0].first_block();
+        let last = run
+            .iter()
+            .map(WarmupBlock::last_block)
+            .max()
+            .expect("a run is not empty");
+        let span_blocks = last - first + 1;
         let read = self
             .core
             .device()
@@ -355,47 +389,56 @@ impl CacheWarmup {
                 return;
             }
         };
+        let touched = |block: &WarmupBlock| {
+            let start = usize::try_from(block.first_block() - first).expect("in the run");
+            let end = usize::try_from(block.last_block() - first).expect("in the run") + 1;
+            &data[start * BLOCK_BYTES..end * BLOCK_BYTES]
+        };
         // Checked before the lock is taken, so that clients wait for less.
-        let passes: Vec<bool> = run
+        let checked: Vec<(&WarmupBlock, &[u8])> = run
             .iter()
-            .map(|block| {
-                let position = usize::try_from(block.physical_block - first).expect("in the run");
-                let contents = &data[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES];
-                block_checksum(contents) == block.checksum
-            })
+            .map(|block| (block, touched(block)))
+            .filter(|(block, contents)| block.passes(contents))
             .collect();
-        let mut loaded = 0;
-        {
-            // Under the state lock: a segment is invalidated in the cache
-            // under it before it is reused, so a block still mapped here now
-            // cannot be replaced behind the insert.
-            let state = self.core.lock();
-            for (block, passes) in run.iter().zip(passes) {
-                let position = usize::try_from(block.physical_block - first).expect("in the run");
-                let contents = &data[position * BLOCK_BYTES..(position + 1) * BLOCK_BYTES];
-                let still_mapped = state
-                    .volumes()
-                    .view(block.view)
-                    .and_then(|found| found.map.get(block.logical_block))
-                    .is_some_and(|now| {
-                        now.location == Location::whole_block(block.physical_block)
-                            && now.checksum == block.checksum
-                    });
-                if passes
-                    && still_mapped
-                    && self
-                        .core
-                        .cache()
-                        .insert_if_room(block.physical_block, contents)
-                {
-                    loaded += 1;
-                }
-            }
-        }
+        let loaded = self.insert_still_mapped(&checked);
         warmer.blocks_loaded.fetch_add(loaded, Ordering::Relaxed);
         warmer
             .blocks_skipped
             .fetch_add(run.len() as u64 - loaded, Ordering::Relaxed);
+    }
+
+    /// Takes into the cache the `checked` blocks (each with the device
+    /// blocks it touches, which passed their checksum) that their view's
+    /// map still holds there; returns how many.
+    fn insert_still_mapped(&self, checked: &[(&WarmupBlock, &[u8])]) -> u64 {
+        // Under the state lock: a segment is invalidated in the cache under
+        // it before it is reused, so a block still mapped here now cannot be
+        // replaced behind the insert.
+        let state = self.core.lock();
+        let mut loaded = 0;
+        for (block, touched) in checked {
+            let still_mapped = state
+                .volumes()
+                .view(block.view)
+                .and_then(|found| found.map.get(block.logical_block))
+                .is_some_and(|now| {
+                    now.location == block.location && now.checksum == block.checksum
+                });
+            if !still_mapped {
+                continue;
+            }
+            // A fragment's blocks (the second one may be cached already,
+            // through another fragment): it counts once it starts there.
+            let mut inserted = false;
+            for (contents, physical_block) in
+                touched.chunks_exact(BLOCK_BYTES).zip(block.first_block()..)
+            {
+                let now = self.core.cache().insert_if_room(physical_block, contents);
+                inserted |= now && physical_block == block.first_block();
+            }
+            loaded += u64::from(inserted);
+        }
+        loaded
     }
 }
 
@@ -407,9 +450,11 @@ fn warmup_runs(blocks: &[WarmupBlock], run_blocks_max: u64) -> Vec<&[WarmupBlock
     let mut start = 0;
     for index in 1..=blocks.len() {
         let breaks = index == blocks.len()
-            || blocks[index].physical_block - blocks[index - 1].physical_block
+            || blocks[index]
+                .first_block()
+                .saturating_sub(blocks[index - 1].last_block())
                 > WARMUP_GAP_BLOCKS_MAX + 1
-            || blocks[index].physical_block - blocks[start].physical_block >= run_blocks_max;
+            || blocks[index].last_block() - blocks[start].first_block() >= run_blocks_max;
         if breaks {
             runs.push(&blocks[start..index]);
             start = index;
@@ -431,7 +476,7 @@ mod tests {
         WarmupBlock {
             view: View::Volume(1),
             logical_block: physical_block,
-            physical_block,
+            location: Location::whole_block(physical_block),
             checksum: 0,
         }
     }
