@@ -214,6 +214,26 @@ impl BlockDevice for ConcatenatedDevice {
         }
     }
 
+    async fn reconstruct_range(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: crate::BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        let split = self.split(offset, length);
+        match (split.first.length, split.second.length) {
+            (_, 0) => self.first.reconstruct_range(offset, length, is_valid).await,
+            (0, _) => {
+                let second = &split.second;
+                self.second
+                    .reconstruct_range(second.offset, second.length, is_valid)
+                    .await
+            }
+            // A fragment never straddles the tiers: segments do not.
+            _ => Ok(None),
+        }
+    }
+
     fn rebuild_pending(&self) -> bool {
         self.first.rebuild_pending() || self.second.rebuild_pending()
     }

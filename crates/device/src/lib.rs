@@ -121,6 +121,23 @@ pub trait BlockDevice: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The first rebuild of `offset..offset + length` (a block or two) from
+    /// the device's redundancy that passes `is_valid`, **rewriting nothing**:
+    /// for a caller that can judge only part of the range (a compressed
+    /// fragment in a block shared with others, decision 0070), which serves
+    /// what it checked and leaves the repair to a check of the whole (scrub).
+    /// `Ok(None)` when the device has no redundancy (the default) or no
+    /// rebuild passes.
+    async fn reconstruct_range(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        let _ = (offset, length, is_valid);
+        Ok(None)
+    }
+
     /// Whether a replacement device beneath this one is being rebuilt (an
     /// array member being replaced): the layer above then calls
     /// [`BlockDevice::rebuild_range`] over everything it keeps and
@@ -313,6 +330,14 @@ pub trait ScrubBlocks: Send + Sync {
     /// true for a held block it cannot check (metadata without a checksum
     /// of its own) and for a block it does not hold.
     fn is_valid(&self, block_index: u64, contents: &[u8]) -> bool;
+    /// Whether two rebuilds of held block `block_index` that both pass
+    /// [`ScrubBlocks::is_valid`] are the same to the layer above: by default
+    /// byte for byte; a block of compressed fragments only where live
+    /// fragments lie (the rest is never read).
+    fn same_for_holder(&self, block_index: u64, first: &[u8], second: &[u8]) -> bool {
+        let _ = block_index;
+        first == second
+    }
 }
 
 /// [`ScrubBlocks`] seen through a shift of block indexes: the blocks of a
@@ -331,6 +356,11 @@ impl ScrubBlocks for ShiftedScrubBlocks<'_> {
     fn is_valid(&self, block_index: u64, contents: &[u8]) -> bool {
         self.blocks
             .is_valid(block_index + self.shift_blocks, contents)
+    }
+
+    fn same_for_holder(&self, block_index: u64, first: &[u8], second: &[u8]) -> bool {
+        self.blocks
+            .same_for_holder(block_index + self.shift_blocks, first, second)
     }
 }
 

@@ -171,12 +171,6 @@ pub enum VolumeError {
     InvalidName { name: String, reason: String },
     #[error("invalid size {size_bytes}: {reason}")]
     InvalidSize { size_bytes: u64, reason: String },
-    #[error("volume {volume}: compression ({codec}) is not supported on this pool yet: {reason}")]
-    CompressionUnsupported {
-        volume: String,
-        codec: String,
-        reason: String,
-    },
     #[error(
         "shrinking volume {volume} from {from_bytes} to {to_bytes} bytes discards its tail; the resize must be forced"
     )]
@@ -327,7 +321,6 @@ impl VolumeError {
             Self::VolumeExists(_) => "volume_exists",
             Self::InvalidName { .. } => "invalid_name",
             Self::InvalidSize { .. } => "invalid_size",
-            Self::CompressionUnsupported { .. } => "compression_unsupported",
             Self::ShrinkNeedsForce { .. } => "shrink_needs_force",
         }
     }

@@ -477,7 +477,31 @@ impl BlockDevice for RedundantArray {
         if length as u64 == BLOCK_SIZE_BYTES {
             return self.recover(first_block, is_valid).await;
         }
+        if first_block >= self.geometry.prefix_blocks
+            && (length as u64).is_multiple_of(BLOCK_SIZE_BYTES)
+        {
+            return self
+                .recover_striped_range(first_block, end_block - first_block, is_valid)
+                .await;
+        }
         Ok(None)
+    }
+
+    async fn reconstruct_range(
+        &self,
+        offset: u64,
+        length: usize,
+        is_valid: BlockCheck<'_>,
+    ) -> Result<Option<AlignedBuffer>, DeviceError> {
+        lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
+        let first_block = offset / BLOCK_SIZE_BYTES;
+        if first_block < self.geometry.prefix_blocks
+            || !(length as u64).is_multiple_of(BLOCK_SIZE_BYTES)
+        {
+            return Ok(None);
+        }
+        self.reconstruct_striped_range(first_block, length as u64 / BLOCK_SIZE_BYTES, is_valid)
+            .await
     }
 
     async fn scrub_range(

@@ -485,12 +485,14 @@ fn disagree_on_held(
     second: &[Vec<u8>],
     blocks: &dyn ScrubBlocks,
 ) -> bool {
-    (0..zone.stripe.data_columns())
-        .any(|column| blocks.is_held(zone.block_of(row, column)) && first[column] != second[column])
+    (0..zone.stripe.data_columns()).any(|column| {
+        let block = zone.block_of(row, column);
+        blocks.is_held(block) && !blocks.same_for_holder(block, &first[column], &second[column])
+    })
 }
 
 /// Every set of `size` members of `zone`'s set that contains `lost`.
-fn erasure_sets(zone: &ZoneView, lost: &[usize], size: usize) -> Vec<Vec<usize>> {
+pub(crate) fn erasure_sets(zone: &ZoneView, lost: &[usize], size: usize) -> Vec<Vec<usize>> {
     let others: Vec<usize> = zone
         .stripe
         .members()

@@ -1,6 +1,8 @@
 //! The array against memory and fault-injecting members: whole-row writes,
 //! reads healthy and degraded, members lost at runtime, silent corruption
-//! repaired through `recover_block`, and assembling from labelled devices.
+//! repaired through `recover_block` (and, for a range only its whole can
+//! judge, `recover_range` and `reconstruct_range`), and assembling from
+//! labelled devices.
 
 #![allow(clippy::cast_possible_truncation)]
 
@@ -245,6 +247,69 @@ async fn two_silently_bad_columns_are_found_with_double_parity() {
         );
     }
     assert_eq!(read(&array, PREFIX_BLOCKS, 4).await, data);
+}
+
+/// A range of two blocks judged only as a whole (a compressed fragment
+/// continuing from one block into the next, decision 0072) with both
+/// blocks silently bad: one block at a time never passes (each rebuild is
+/// judged with the other block as read), the range rebuilt together does,
+/// `reconstruct_range` serves it without writing, and `recover_range`
+/// rewrites both copies.
+#[tokio::test]
+async fn two_bad_blocks_judged_together_are_rebuilt_together() {
+    let members = Members::new(6);
+    let array = members.raid6().await;
+    let data = random_blocks(4, 9);
+    write(&array, PREFIX_BLOCKS, &data).await;
+    let member_offset = (lamina_layout::LABEL_AREA_BLOCKS + PREFIX_BLOCKS) * 4096;
+    let range = 1..3_usize;
+    let good = data[range.start * BLOCK..range.end * BLOCK].to_vec();
+    for column in range.clone() {
+        let holder = members.holding(member_offset, &data[column * BLOCK..(column + 1) * BLOCK]);
+        members.faulty[holder]
+            .flip_bit(member_offset + 900, 5)
+            .await
+            .unwrap();
+    }
+    let offset = (PREFIX_BLOCKS + range.start as u64) * 4096;
+    let as_read = read(&array, PREFIX_BLOCKS + range.start as u64, 2).await;
+    assert_ne!(as_read, good, "the flips are visible");
+    let second_as_read = as_read[BLOCK..].to_vec();
+    let expected = good.clone();
+    let judged_with_the_second_as_read =
+        move |contents: &[u8]| [contents, second_as_read.as_slice()].concat() == expected;
+    assert!(
+        array
+            .recover_block(offset, &judged_with_the_second_as_read)
+            .await
+            .unwrap()
+            .is_none(),
+        "one block at a time never passes"
+    );
+    let expected = good.clone();
+    let whole = move |contents: &[u8]| contents == expected.as_slice();
+    let served = array
+        .reconstruct_range(offset, 2 * BLOCK, &whole)
+        .await
+        .unwrap()
+        .expect("rebuilt together");
+    assert_eq!(served.to_vec(), good);
+    assert_eq!(
+        read(&array, PREFIX_BLOCKS + range.start as u64, 2).await,
+        as_read,
+        "reconstruct_range writes nothing"
+    );
+    let repaired = array
+        .recover_range(offset, 2 * BLOCK, &whole)
+        .await
+        .unwrap()
+        .expect("rebuilt together");
+    assert_eq!(repaired.to_vec(), good);
+    assert_eq!(
+        read(&array, PREFIX_BLOCKS, 4).await,
+        data,
+        "both copies rewritten"
+    );
 }
 
 #[tokio::test]

@@ -214,7 +214,6 @@ impl From<EngineError> for OperationError {
                 | VolumeError::NotNewestSnapshot { .. } => 409,
                 VolumeError::InvalidName { .. }
                 | VolumeError::InvalidSize { .. }
-                | VolumeError::CompressionUnsupported { .. }
                 | VolumeError::ShrinkNeedsForce { .. } => 400,
                 VolumeError::ReadOnly(_) => 500,
             },

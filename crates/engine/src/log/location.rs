@@ -138,6 +138,20 @@ impl Location {
         let start = self.unit_offset() as usize * UNIT_BYTES;
         start..start + self.units() as usize * UNIT_BYTES
     }
+
+    /// The bytes of block `physical_block` this location's data covers,
+    /// counted from that block's start; `None` when it does not touch it.
+    pub fn part_in_block(self, physical_block: u64) -> Option<std::ops::Range<usize>> {
+        let first = self.block();
+        if physical_block < first || physical_block >= first + u64::from(self.block_count()) {
+            return None;
+        }
+        let block_start = crate::convert::to_usize(physical_block - first) * BLOCK_BYTES;
+        let range = self.byte_range();
+        let start = range.start.max(block_start) - block_start;
+        let end = range.end.min(block_start + BLOCK_BYTES) - block_start;
+        Some(start..end)
+    }
 }
 
 impl std::fmt::Display for Location {

@@ -716,8 +716,6 @@ impl Pool {
         size_bytes: u64,
         codec: lamina_reduction::Codec,
     ) -> Result<VolumeInfo, EngineError> {
-        // A codec this pool refuses creates nothing.
-        self.check_compression_supported(name, codec)?;
         let created = self.create_volume(name, size_bytes).await?;
         if codec == lamina_reduction::Codec::Off {
             return Ok(created);
@@ -878,7 +876,6 @@ impl Pool {
         name: &str,
         codec: lamina_reduction::Codec,
     ) -> Result<VolumeInfo, EngineError> {
-        self.check_compression_supported(name, codec)?;
         self.control(|state| {
             Ok(Record::VolumeCompression {
                 volume_id: state.volumes().id_of(name)?,
@@ -887,35 +884,5 @@ impl Pool {
         })
         .await?;
         self.volume_info(name)
-    }
-
-    /// Compression writes fragments (decision 0070), which this build's
-    /// scrub, rebuild and parity repair at replay do not handle yet: it is
-    /// refused on arrays, where they run, and allowed on a single device and
-    /// on two-tier pools, whose tiering moves fragments as they are
-    /// (decision 0074). `Off` is always allowed.
-    fn check_compression_supported(
-        &self,
-        name: &str,
-        codec: lamina_reduction::Codec,
-    ) -> Result<(), EngineError> {
-        if codec == lamina_reduction::Codec::Off {
-            return Ok(());
-        }
-        let reason = if self.core.device().has_redundancy() {
-            Some("the pool is on an array")
-        } else {
-            None
-        };
-        match reason {
-            None => Ok(()),
-            Some(reason) => Err(EngineError::Volume(VolumeError::CompressionUnsupported {
-                volume: name.to_string(),
-                codec: codec.to_string(),
-                reason: format!(
-                    "{reason}, whose scrub and rebuild do not handle compressed blocks yet (decision 0070)"
-                ),
-            })),
-        }
     }
 }

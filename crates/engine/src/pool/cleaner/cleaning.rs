@@ -23,6 +23,7 @@ use crate::pool::budget::BackgroundWork;
 use crate::pool::checkpoint::Checkpointer;
 use crate::pool::core::Core;
 use crate::pool::core::state::{Relocation, State};
+use crate::pool::io::fragment_read;
 use crate::pool::io::stream::Stream;
 use crate::pool::io::writer::InFlightBatch;
 use crate::pool::space::{Allocation, CAPACITY_RESERVE_SEGMENT_COUNT, SegmentState};
@@ -613,25 +614,19 @@ impl Cleaner {
         candidates
     }
 
-    /// Rebuilds, from the device's redundancy, the live blocks of the victim
-    /// that fail their checksum (silent damage), before they move: a block
-    /// copied as it is would carry the damage to its new home, under fresh
-    /// parity that could no longer repair it. One that cannot be rebuilt
-    /// moves as it is (reading it stays an error, as it was).
+    /// Rebuilds, from the device's redundancy, the live blocks and fragments
+    /// of the victim that fail their checksum (silent damage), before they
+    /// move: data copied as it is would carry the damage to its new home,
+    /// under fresh parity that could no longer repair it. One that cannot be
+    /// rebuilt moves as it is (reading it stays an error, as it was).
     async fn repair_damaged_candidates(
         &self,
         contents: &mut VictimContents,
         candidates: &[Candidate],
     ) {
-        // Whole blocks only: fragments are not written to devices with
-        // redundancy yet (decision 0070), so none could be rebuilt.
         let damaged: Vec<&Candidate> = candidates
             .iter()
-            .filter(|candidate| {
-                !candidate.location.is_fragment()
-                    && block_checksum(contents.block_at(candidate.data_offset_bytes))
-                        != candidate.checksum
-            })
+            .filter(|candidate| crc32c_of_data(contents, candidate) != candidate.checksum)
             .collect();
         if damaged.is_empty() {
             return;
@@ -652,6 +647,10 @@ impl Cleaner {
                 .collect()
         };
         for candidate in live {
+            if candidate.location.is_fragment() {
+                self.repair_damaged_fragment(contents, candidate).await;
+                continue;
+            }
             if let Some(good) = self
                 .core
                 .recover_block(
@@ -665,6 +664,42 @@ impl Cleaner {
                     .block_at_mut(candidate.data_offset_bytes)
                     .copy_from_slice(&good);
             }
+        }
+    }
+
+    /// Rebuilds a live fragment of the victim that fails its checksum
+    /// (`fragment_read::recover_fragment_blocks`) and puts its units, and
+    /// only them, back in the victim's contents: the rest of the rebuilt
+    /// blocks is vouched for by no check of this fragment's.
+    async fn repair_damaged_fragment(&self, contents: &mut VictimContents, candidate: &Candidate) {
+        let location = candidate.location;
+        let units = location.byte_range();
+        let first_block_offset = candidate.data_offset_bytes - units.start;
+        let mut blocks = Vec::with_capacity(location.block_count() as usize * BLOCK_BYTES);
+        for index in 0..location.block_count() as usize {
+            blocks.extend_from_slice(contents.block_at(first_block_offset + index * BLOCK_BYTES));
+        }
+        let device = &**self.core.device();
+        let recovery = fragment_read::recover_fragment_blocks(
+            device,
+            location,
+            candidate.checksum,
+            &mut blocks,
+        )
+        .await;
+        if recovery == fragment_read::FragmentRecovery::Failed {
+            return;
+        }
+        for (index, block) in (location.block()..)
+            .take(location.block_count() as usize)
+            .enumerate()
+        {
+            let part = location
+                .part_in_block(block)
+                .expect("a fragment touches each of its blocks");
+            let rebuilt = &blocks[index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES];
+            contents.block_at_mut(first_block_offset + index * BLOCK_BYTES)[part.clone()]
+                .copy_from_slice(&rebuilt[part]);
         }
     }
 
@@ -1022,4 +1057,14 @@ fn reclaim_round(state: &mut State, progress: &ReclaimProgress) -> Option<Reclai
         dead_sealed: dead.total(),
         step,
     })
+}
+
+/// The crc32c of what the victim holds where `candidate`'s data lies: its
+/// whole block or its fragment's units.
+fn crc32c_of_data(contents: &VictimContents, candidate: &Candidate) -> u32 {
+    if candidate.location.is_fragment() {
+        crc32c::crc32c(&contents.data_of(candidate))
+    } else {
+        block_checksum(contents.block_at(candidate.data_offset_bytes))
+    }
 }

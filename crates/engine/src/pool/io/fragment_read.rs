@@ -20,6 +20,8 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use lamina_device::{AlignedBuffer, BlockDevice, DeviceError};
+
 use crate::error::{EngineError, IoError};
 use crate::log::fragment::{FragmentDecoder, FragmentError, fragment_units};
 use crate::log::location::{FRAGMENT_BLOCKS_MAX, Location};
@@ -225,36 +227,102 @@ impl Core {
             })
     }
 
-    /// Rebuilds each block the fragment touches from the device's
-    /// redundancy in turn (the device rewrites the bad copy), keeping the
-    /// first candidate that makes the fragment's units match its checksum;
-    /// `blocks` then holds it. False when the device has no redundancy or no
-    /// candidate matches.
+    /// Rebuilds the damaged fragment's blocks from the device's redundancy
+    /// ([`recover_fragment_blocks`]) and counts a repair; false when
+    /// nothing passes.
     async fn recover_fragment(self: &Arc<Self>, fragment: FragmentRead, blocks: &mut [u8]) -> bool {
         let location = fragment.location;
-        for index in 0..location.block_count() as usize {
-            let block_range = index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES;
-            let others = blocks.to_vec();
-            let is_valid = move |candidate: &[u8]| {
-                let mut trial = others.clone();
-                trial[block_range.clone()].copy_from_slice(candidate);
-                fragment_units(location, &trial)
-                    .is_ok_and(|units| crc32c::crc32c(units) == fragment.checksum)
-            };
-            let offset = (location.block() + index as u64) * BLOCK_SIZE_BYTES;
-            match self.device().recover_block(offset, &is_valid).await {
-                Ok(Some(good)) => {
-                    blocks[index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES].copy_from_slice(&good);
-                    tracing::warn!(%location, "fragment failed its checksum and was repaired from redundancy");
-                    self.integrity().checksum_error_repaired();
-                    return true;
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::error!(%error, %location, "rebuilding a damaged fragment's block failed");
-                }
+        match recover_fragment_blocks(&**self.device(), location, fragment.checksum, blocks).await {
+            FragmentRecovery::Repaired => {
+                tracing::warn!(%location, "fragment failed its checksum and was repaired from redundancy");
+                self.integrity().checksum_error_repaired();
+                true
             }
+            FragmentRecovery::Reconstructed => {
+                tracing::warn!(%location, "fragment failed its checksum and was rebuilt from redundancy; its block is left for scrub to repair");
+                true
+            }
+            FragmentRecovery::Failed => false,
         }
-        false
     }
+}
+
+/// How rebuilding a damaged fragment from redundancy ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::pool) enum FragmentRecovery {
+    /// Rebuilt, and the bad copy rewritten: the rebuild differed from what
+    /// was read only inside the fragment, which its checksum vouches for.
+    Repaired,
+    /// Rebuilt for this read, the copy left as it is: the rebuild also
+    /// changed bytes outside the fragment (other fragments of the block,
+    /// which this check cannot vouch for), so writing it could damage them.
+    /// Scrub, which checks whole rows, repairs it.
+    Reconstructed,
+    Failed,
+}
+
+/// Rebuilds the one or two blocks the fragment at `location` touches from
+/// `device`'s redundancy, judged by the fragment's checksum; `blocks` (as
+/// read) then holds the rebuild. A block a fragment shares with others
+/// makes a rebuild that passes right only inside the fragment (another
+/// column may be bad where the fragment is not), so the bad copy is
+/// rewritten only when the rebuild differs from what was read nowhere else
+/// ([`FragmentRecovery::Repaired`]); otherwise the rebuild is served and
+/// nothing written ([`FragmentRecovery::Reconstructed`]). An array tries
+/// the rows' rebuilds together (`BlockDevice::recover_range`), so that two
+/// bad columns under one fragment, which raid6 covers, pass too. Shared by
+/// reads and scrub's fragment pass.
+pub(in crate::pool) async fn recover_fragment_blocks(
+    device: &dyn BlockDevice,
+    location: Location,
+    checksum: u32,
+    blocks: &mut [u8],
+) -> FragmentRecovery {
+    assert_eq!(
+        blocks.len(),
+        location.block_count() as usize * BLOCK_BYTES,
+        "the blocks a fragment touches"
+    );
+    let offset = location.block() * BLOCK_SIZE_BYTES;
+    let units = location.byte_range();
+    let passes = move |candidate: &[u8]| crc32c::crc32c(&candidate[units.clone()]) == checksum;
+    let as_read = blocks.to_vec();
+    let units = location.byte_range();
+    let changes_only_the_fragment = move |candidate: &[u8]| {
+        passes(candidate)
+            && candidate[..units.start] == as_read[..units.start]
+            && candidate[units.end..] == as_read[units.end..]
+    };
+    let repaired = device
+        .recover_range(offset, blocks.len(), &changes_only_the_fragment)
+        .await;
+    if let Some(good) = recovered(repaired, location) {
+        blocks.copy_from_slice(&good[..blocks.len()]);
+        return FragmentRecovery::Repaired;
+    }
+    let units = location.byte_range();
+    let passes = move |candidate: &[u8]| crc32c::crc32c(&candidate[units.clone()]) == checksum;
+    let rebuilt = device
+        .reconstruct_range(offset, blocks.len(), &passes)
+        .await;
+    match recovered(rebuilt, location) {
+        Some(good) => {
+            blocks.copy_from_slice(&good[..blocks.len()]);
+            FragmentRecovery::Reconstructed
+        }
+        None => FragmentRecovery::Failed,
+    }
+}
+
+/// The rebuild a recovery returned, its error logged.
+fn recovered(
+    result: Result<Option<AlignedBuffer>, DeviceError>,
+    location: Location,
+) -> Option<AlignedBuffer> {
+    result
+        .inspect_err(|error| {
+            tracing::error!(%error, %location, "rebuilding a damaged fragment's blocks failed");
+        })
+        .ok()
+        .flatten()
 }

@@ -14,7 +14,7 @@ use crate::log::batch::block_checksum;
 use crate::log::chain::SegmentShape;
 use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::{Geometry, Tier};
-use crate::log::location::{Location, UNIT_BYTES};
+use crate::log::location::{Location, UNIT_BYTES, UNITS_PER_BLOCK};
 use crate::log::marker::FlushMarkerRecord;
 use crate::pool::core::integrity::RecoveryFindings;
 use crate::pool::core::state::State;
@@ -256,39 +256,149 @@ pub(super) async fn read_unflushed_data(
 /// by the crash, or damaged after a flush the log does not record (one that
 /// completed just before the crash): a device with redundancy rebuilds it
 /// when it can (and repairs its copy), so that only a block it cannot
-/// rebuild is dropped as torn. On a single device nothing changes.
+/// rebuild is dropped as torn. A rebuild is judged by every record of the
+/// batch whose data touches the blocks rebuilt: a block of fragments passes
+/// only when all its fragments (and those continuing into or from it) match
+/// (decision 0070), so that the rewrite (here and in
+/// [`rewrite_unflushed_rows`]) never changes a byte a record vouches for.
+/// On a single device nothing changes.
 pub(super) async fn rebuild_failing_blocks(
     device: &dyn BlockDevice,
     batch: &ScannedBatch,
     data: &mut AlignedBuffer,
 ) {
-    // Whole blocks only: fragments are not written to devices with
-    // redundancy yet (decision 0070).
     let (placements, _) = batch.summary.placements();
-    let whole_blocks = placements.iter().filter_map(|(record_index, placement)| {
-        let Placement::WholeBlock { data_index } = placement else {
-            return None;
-        };
-        let checksum = batch.summary.records[*record_index].data_checksum()?;
-        Some((*data_index as usize, checksum))
-    });
-    for (index, checksum) in whole_blocks {
-        let block = &mut data[index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES];
-        if block_checksum(block) == checksum {
+    let checked: Vec<(Placement, u32)> = placements
+        .iter()
+        .filter_map(|(record_index, placement)| {
+            let checksum = batch.summary.records[*record_index].data_checksum()?;
+            Some((*placement, checksum))
+        })
+        .collect();
+    for (placement, checksum) in &checked {
+        if stored_checksum(data, *placement) == *checksum {
             continue;
         }
-        let is_valid = move |contents: &[u8]| block_checksum(contents) == checksum;
-        let physical_block = batch.summary_block + 1 + index as u64;
-        match device
-            .recover_block(physical_block * BLOCK_SIZE_BYTES, &is_valid)
-            .await
-        {
-            Ok(Some(good)) => block.copy_from_slice(&good),
+        let location = placed_location(batch.summary_block, *placement);
+        let blocks = DataBlocks {
+            first: data_index_of(*placement),
+            count: location.block_count(),
+        };
+        let judge = BatchJudge::new(data, blocks, &checked);
+        let offset = (batch.summary_block + 1 + u64::from(blocks.first)) * BLOCK_SIZE_BYTES;
+        let length = blocks.count as usize * BLOCK_BYTES;
+        let is_valid = move |candidate: &[u8]| judge.passes(candidate);
+        match device.recover_range(offset, length, &is_valid).await {
+            Ok(Some(good)) => {
+                let start = blocks.first as usize * BLOCK_BYTES;
+                data[start..start + length].copy_from_slice(&good[..length]);
+            }
             Ok(None) => {}
             Err(error) => {
-                tracing::warn!(%error, physical_block, "rebuilding a block of the log's tail failed");
+                tracing::warn!(%error, %location, "rebuilding a block of the log's tail failed");
             }
         }
+    }
+}
+
+/// Consecutive data blocks of a batch, counted from the block after the
+/// summary.
+#[derive(Clone, Copy, Debug)]
+struct DataBlocks {
+    first: u32,
+    count: u32,
+}
+
+/// Judges a rebuild of some of a batch's data blocks by every record whose
+/// data touches them, with the blocks around them as read: a fragment spans
+/// two blocks at most, so one block on each side is all it needs.
+struct BatchJudge {
+    /// The data blocks from one before the rebuilt ones to one after, as read.
+    window: Vec<u8>,
+    /// The rebuilt blocks, counted from the window's first block.
+    rebuilt: DataBlocks,
+    /// The placements (counted from the window's first block) and checksums
+    /// of the records whose data touches the rebuilt blocks.
+    checks: Vec<(Placement, u32)>,
+}
+
+impl BatchJudge {
+    fn new(data: &[u8], blocks: DataBlocks, checked: &[(Placement, u32)]) -> Self {
+        let data_count = u32::try_from(data.len() / BLOCK_BYTES).expect("a batch's data blocks");
+        let window_first = blocks.first.saturating_sub(1);
+        let window_end = (blocks.first + blocks.count + 1).min(data_count);
+        let rebuilt_end = blocks.first + blocks.count;
+        let checks = checked
+            .iter()
+            .filter(|(placement, _)| {
+                let touched = data_blocks_of(*placement);
+                touched.first < rebuilt_end && touched.first + touched.count > blocks.first
+            })
+            .map(|(placement, checksum)| (shifted(*placement, window_first), *checksum))
+            .collect();
+        BatchJudge {
+            window: data[window_first as usize * BLOCK_BYTES..window_end as usize * BLOCK_BYTES]
+                .to_vec(),
+            rebuilt: DataBlocks {
+                first: blocks.first - window_first,
+                count: blocks.count,
+            },
+            checks,
+        }
+    }
+
+    fn passes(&self, candidate: &[u8]) -> bool {
+        let mut trial = self.window.clone();
+        let start = self.rebuilt.first as usize * BLOCK_BYTES;
+        let length = self.rebuilt.count as usize * BLOCK_BYTES;
+        trial[start..start + length].copy_from_slice(&candidate[..length]);
+        self.checks
+            .iter()
+            .all(|(placement, checksum)| stored_checksum(&trial, *placement) == *checksum)
+    }
+}
+
+/// The data blocks a placement's data touches.
+fn data_blocks_of(placement: Placement) -> DataBlocks {
+    match placement {
+        Placement::WholeBlock { data_index } => DataBlocks {
+            first: data_index,
+            count: 1,
+        },
+        Placement::Fragment {
+            data_index,
+            unit_offset,
+            unit_count,
+        } => DataBlocks {
+            first: data_index,
+            count: (unit_offset + unit_count).div_ceil(UNITS_PER_BLOCK),
+        },
+    }
+}
+
+/// `placement` counted from data block `first` instead of 0.
+fn shifted(placement: Placement, first: u32) -> Placement {
+    match placement {
+        Placement::WholeBlock { data_index } => Placement::WholeBlock {
+            data_index: data_index - first,
+        },
+        Placement::Fragment {
+            data_index,
+            unit_offset,
+            unit_count,
+        } => Placement::Fragment {
+            data_index: data_index - first,
+            unit_offset,
+            unit_count,
+        },
+    }
+}
+
+/// The data block a placement starts in, counted from the block after the
+/// summary.
+fn data_index_of(placement: Placement) -> u32 {
+    match placement {
+        Placement::WholeBlock { data_index } | Placement::Fragment { data_index, .. } => data_index,
     }
 }
 

@@ -12,6 +12,7 @@
 //! cleaning steady state".)
 
 use crate::log::batch::block_checksum;
+use crate::log::fragment::fragment_units;
 use crate::volume::map::Mapping;
 
 use crate::pool::core::Core;
@@ -20,8 +21,11 @@ use crate::pool::core::Core;
 pub(in crate::pool) struct LiveList {
     /// Every distinct live whole block, in physical order.
     mappings: Vec<Mapping>,
-    /// Every distinct live fragment, in location order (decision 0070).
+    /// Every distinct live fragment, by block and unit offset (decision 0070).
     fragments: Vec<Mapping>,
+    /// Every block a live fragment touches, ascending: held by the pool
+    /// though no whole block lives there.
+    packed_blocks: Vec<u64>,
     /// The allocator's `free_events` when the list was taken.
     free_events: u64,
 }
@@ -47,9 +51,120 @@ impl LiveList {
         &self.mappings[start..end.max(start)]
     }
 
-    /// How many listed blocks lie in `first_block..end_block`.
+    /// How many listed blocks lie in `first_block..end_block`: whole blocks
+    /// and blocks fragments are packed in.
     pub(in crate::pool) fn count_in(&self, first_block: u64, end_block: u64) -> u64 {
-        self.mappings_in(first_block, end_block).len() as u64
+        let packed_start = self
+            .packed_blocks
+            .partition_point(|block| *block < first_block);
+        let packed_end = self
+            .packed_blocks
+            .partition_point(|block| *block < end_block);
+        (self.mappings_in(first_block, end_block).len() + packed_end.saturating_sub(packed_start))
+            as u64
+    }
+
+    /// The live fragments touching a block of `first_block..end_block`.
+    pub(in crate::pool) fn fragments_touching(
+        &self,
+        first_block: u64,
+        end_block: u64,
+    ) -> &[Mapping] {
+        let start = self
+            .fragments
+            .partition_point(|mapping| mapping.location.block() + 1 < first_block);
+        let end = self
+            .fragments
+            .partition_point(|mapping| mapping.location.block() < end_block);
+        let start = start
+            + self.fragments[start..end.max(start)]
+                .iter()
+                .take_while(|mapping| {
+                    mapping.location.block() + u64::from(mapping.location.block_count())
+                        <= first_block
+                })
+                .count();
+        &self.fragments[start..end.max(start)]
+    }
+
+    /// Whether the segment holding `physical_block` was freed since the
+    /// list was taken (what it held then died).
+    pub(in crate::pool) fn segment_freed_since(&self, core: &Core, physical_block: u64) -> bool {
+        let segment_index = core.geometry().segment_of(physical_block);
+        core.lock()
+            .space()
+            .freed_since(segment_index, self.free_events)
+    }
+
+    /// Whether a live fragment touches `physical_block`.
+    pub(in crate::pool) fn is_packed(&self, physical_block: u64) -> bool {
+        self.packed_blocks.binary_search(&physical_block).is_ok()
+    }
+
+    /// Whether `contents`, read or rebuilt at packed block `physical_block`,
+    /// holds every live fragment that lies wholly in it as written: the
+    /// check a block of fragments allows by itself (a fragment continuing
+    /// into the next block needs both, and is checked by scrub's fragment
+    /// pass). A block holding no such fragment passes.
+    pub(in crate::pool) fn packed_block_passes(
+        &self,
+        physical_block: u64,
+        contents: &[u8],
+    ) -> bool {
+        let start = self
+            .fragments
+            .partition_point(|mapping| mapping.location.block() < physical_block);
+        self.fragments[start..]
+            .iter()
+            .take_while(|mapping| mapping.location.block() == physical_block)
+            .filter(|mapping| mapping.location.block_count() == 1)
+            .all(|mapping| {
+                fragment_units(mapping.location, contents)
+                    .is_ok_and(|units| crc32c::crc32c(units) == mapping.checksum)
+            })
+    }
+
+    /// Whether two rebuilds of packed block `physical_block` hold the same
+    /// bytes wherever a live fragment lies (the part in this block of one
+    /// continuing from the block before or into the next one too); the rest
+    /// of the block is never read.
+    pub(in crate::pool) fn same_live_fragments(
+        &self,
+        physical_block: u64,
+        first: &[u8],
+        second: &[u8],
+    ) -> bool {
+        let start = self
+            .fragments
+            .partition_point(|mapping| mapping.location.block() + 1 < physical_block);
+        self.fragments[start..]
+            .iter()
+            .take_while(|mapping| mapping.location.block() <= physical_block)
+            .filter_map(|mapping| mapping.location.part_in_block(physical_block))
+            .all(|range| first[range.clone()] == second[range])
+    }
+
+    /// Whether `contents` read or rebuilt at `physical_block` is no damage
+    /// for a long pass (rebuild): a listed whole block matches its checksum
+    /// or died since, a packed block holds its fragments
+    /// ([`LiveList::packed_block_passes`]) or one that fails died since, and
+    /// any other block is not the pool's.
+    pub(in crate::pool) fn contents_pass(
+        &self,
+        core: &Core,
+        physical_block: u64,
+        contents: &[u8],
+    ) -> bool {
+        if let Some(mapping) = self.find(physical_block) {
+            return self.block_passes(core, mapping, contents);
+        }
+        if !self.is_packed(physical_block) || self.packed_block_passes(physical_block, contents) {
+            return true;
+        }
+        let segment_index = core.geometry().segment_of(physical_block);
+        core.lock()
+            .space()
+            .freed_since(segment_index, self.free_events)
     }
 
     /// The listed block at `physical_block`, if any.
@@ -80,11 +195,22 @@ impl LiveList {
         drop(state);
         mappings.sort_unstable_by_key(|mapping| mapping.physical_block());
         mappings.dedup_by_key(|mapping| mapping.physical_block());
-        fragments.sort_unstable_by_key(|mapping| mapping.location);
+        let order = |mapping: &Mapping| (mapping.location.block(), mapping.location.unit_offset());
+        fragments.sort_unstable_by_key(order);
         fragments.dedup_by_key(|mapping| mapping.location);
+        let mut packed_blocks: Vec<u64> = fragments
+            .iter()
+            .flat_map(|mapping| {
+                let first = mapping.location.block();
+                first..first + u64::from(mapping.location.block_count())
+            })
+            .collect();
+        packed_blocks.sort_unstable();
+        packed_blocks.dedup();
         LiveList {
             mappings,
             fragments,
+            packed_blocks,
             free_events,
         }
     }

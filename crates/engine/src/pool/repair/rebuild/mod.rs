@@ -231,11 +231,11 @@ impl<'a> Rebuild<'a> {
         ranges
     }
 
-    /// The rebuild's check: a live block must match its checksum, unless
+    /// The rebuild's check: a live block must match its checksum and a
+    /// block of fragments hold the fragments that lie wholly in it, unless
     /// it is no longer live (moved away and its place reused since the list
     /// was made); anything else passes.
     fn block_passes(&self, live: &LiveList, block: u64, contents: &[u8]) -> bool {
-        live.find(block)
-            .is_none_or(|mapping| live.block_passes(self.core, mapping, contents))
+        live.contents_pass(self.core, block, contents)
     }
 }

@@ -15,7 +15,10 @@
 //! anything, two base checkpoints are written, so that the bodies a reopen
 //! reads are fresh rows with fresh parity.
 
+mod fragments;
 pub mod progress;
+
+use fragments::{ChunkFragments, FragmentCheck};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,12 +32,10 @@ use crate::log::geometry::{
     CHECKPOINT_SLOT_SIZE_BLOCKS, FLUSH_MARKER_BLOCKS, SEGMENT_OPENINGS_AREA_BLOCKS,
     SEGMENT_OPENINGS_AREA_SIZE_BLOCKS, SUPERBLOCK_BLOCK, SUPERBLOCK_COPY_BLOCK,
 };
-use crate::log::location::UNIT_BYTES;
 use crate::log::{
     checkpoint::SLOT_MAGIC, marker::MARKER_MAGIC, openings::OPENINGS_MAGIC,
     superblock::SUPERBLOCK_MAGIC,
 };
-use crate::pool::io::fragment_read;
 use crate::pool::space::SegmentState;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
@@ -69,21 +70,32 @@ struct ScrubChunk {
     live_blocks: u64,
 }
 
-/// The live list as the device's scrub sees it: a listed block is held and
-/// must match its checksum.
+/// The live list as the device's scrub sees it, for one chunk: a listed
+/// block is held and must match its checksum; a block fragments are packed
+/// in is held too, so that its rows are checked and mended like any other,
+/// and must hold what its live fragments hold (`fragments.rs`).
 struct LiveBlocks<'a> {
     list: &'a LiveList,
+    fragments: &'a ChunkFragments,
 }
 
 impl ScrubBlocks for LiveBlocks<'_> {
     fn is_held(&self, block_index: u64) -> bool {
-        self.list.find(block_index).is_some()
+        self.list.find(block_index).is_some() || self.list.is_packed(block_index)
     }
 
     fn is_valid(&self, block_index: u64, contents: &[u8]) -> bool {
-        self.list
-            .find(block_index)
-            .is_none_or(|mapping| crate::log::batch::block_checksum(contents) == mapping.checksum)
+        match self.list.find(block_index) {
+            Some(mapping) => crate::log::batch::block_checksum(contents) == mapping.checksum,
+            None => self.fragments.block_passes(block_index, contents),
+        }
+    }
+
+    fn same_for_holder(&self, block_index: u64, first: &[u8], second: &[u8]) -> bool {
+        if self.list.find(block_index).is_some() {
+            return first == second;
+        }
+        self.list.same_live_fragments(block_index, first, second)
     }
 }
 
@@ -121,63 +133,32 @@ impl<'a> Scrub<'a> {
             (list.mappings().len() + list.fragments().len()) as u64,
             Ordering::Relaxed,
         );
-        let blocks = LiveBlocks { list: &list };
         for chunk in self.scrub_chunks(&list) {
-            let live = chunk.live_blocks;
             // Charged by the live bytes it checks, as reads of them were
             // before parity was checked: the budget paces scrub's progress.
             self.core
                 .budget()
-                .acquire(BackgroundWork::Scrub, live * BLOCK_SIZE_BYTES)
+                .acquire(BackgroundWork::Scrub, chunk.live_blocks * BLOCK_SIZE_BYTES)
                 .await;
+            let fragments = FragmentCheck::new(self.core, &list)
+                .establish(chunk.first_block, chunk.end_block)
+                .await;
+            let blocks = LiveBlocks {
+                list: &list,
+                fragments: &fragments,
+            };
             let report = self.scrub_chunk(chunk, &blocks).await;
             self.count_scrubbed(&list, report);
-            scrubber.blocks_scrubbed.fetch_add(live, Ordering::Relaxed);
+            let whole_blocks = list.mappings_in(chunk.first_block, chunk.end_block).len();
+            scrubber
+                .blocks_scrubbed
+                .fetch_add(whole_blocks as u64, Ordering::Relaxed);
             // A budget with credit and a device that answers at once would
             // not let other tasks run between chunks otherwise.
             tokio::task::yield_now().await;
         }
-        self.scrub_fragments(&list).await;
         self.refresh_checkpoints_after_repairs().await;
         Ok(())
-    }
-
-    /// Checks every live fragment: its blocks read, its checksum and its
-    /// decoding (decision 0070). Compression runs on single devices only
-    /// for now, so there is nothing to repair from: a fragment that fails
-    /// and is still live is counted unrepairable, as a whole block would be.
-    async fn scrub_fragments(&self, list: &LiveList) {
-        let scrubber = self.core.scrub();
-        for mapping in list.fragments() {
-            let location = mapping.location;
-            self.core
-                .budget()
-                .acquire(
-                    BackgroundWork::Scrub,
-                    u64::from(location.units()) * UNIT_BYTES as u64,
-                )
-                .await;
-            let read = self
-                .core
-                .device()
-                .read(
-                    location.block() * BLOCK_SIZE_BYTES,
-                    location.block_count() as usize * BLOCK_BYTES,
-                )
-                .await;
-            let mut decoded = [0u8; BLOCK_BYTES];
-            let passes = read.is_ok_and(|blocks| {
-                fragment_read::decode(location, &blocks, mapping.checksum, &mut decoded).is_ok()
-            });
-            scrubber.blocks_scrubbed.fetch_add(1, Ordering::Relaxed);
-            if passes || list.block_died(self.core, mapping) {
-                continue;
-            }
-            tracing::error!(%location, "scrub found a fragment that fails its checks and cannot be rebuilt");
-            self.core.integrity().read_checksum_error();
-            scrubber.blocks_unrepairable.fetch_add(1, Ordering::Relaxed);
-            tokio::task::yield_now().await;
-        }
     }
 
     async fn scrub_chunk(&self, chunk: ScrubChunk, blocks: &LiveBlocks<'_>) -> ScrubReport {
@@ -201,7 +182,8 @@ impl<'a> Scrub<'a> {
     }
 
     /// Adds a chunk's findings to scrub's counters; a block reported
-    /// unrepairable that died since the list was taken is no damage.
+    /// unrepairable that died since the list was taken (a block of
+    /// fragments: whose segment was freed since) is no damage.
     fn count_scrubbed(&self, list: &LiveList, report: ScrubReport) {
         let scrubber = self.core.scrub();
         scrubber
@@ -223,10 +205,12 @@ impl<'a> Scrub<'a> {
             .devices_faulted
             .fetch_add(report.members_faulted.len() as u64, Ordering::Relaxed);
         for block in report.unrepairable_blocks {
-            let Some(mapping) = list.find(block) else {
-                continue;
+            let died = match list.find(block) {
+                Some(mapping) => list.block_died(self.core, mapping),
+                None if list.is_packed(block) => list.segment_freed_since(self.core, block),
+                None => true,
             };
-            if list.block_died(self.core, mapping) {
+            if died {
                 continue;
             }
             tracing::error!(
@@ -236,6 +220,20 @@ impl<'a> Scrub<'a> {
             self.core.integrity().read_checksum_error();
             scrubber.blocks_unrepairable.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Blocks in a row of segment `segment_index` as the device lays it
+    /// out (1 on a device without rows).
+    fn row_blocks(&self, segment_index: u32) -> u64 {
+        let geometry = self.core.geometry();
+        let first = geometry.segment_first_block(segment_index);
+        self.core
+            .device()
+            .region_shape(
+                first * BLOCK_SIZE_BYTES,
+                geometry.segment_size_blocks * BLOCK_SIZE_BYTES,
+            )
+            .map_or(1, |shape| (shape.row_bytes / BLOCK_SIZE_BYTES).max(1))
     }
 
     /// Every segment in use, in chunks of at most
@@ -258,14 +256,7 @@ impl<'a> Scrub<'a> {
         for index in in_use {
             let first = geometry.segment_first_block(index);
             let end = first + geometry.segment_size_blocks;
-            let row_blocks = self
-                .core
-                .device()
-                .region_shape(
-                    first * BLOCK_SIZE_BYTES,
-                    end * BLOCK_SIZE_BYTES - first * BLOCK_SIZE_BYTES,
-                )
-                .map_or(1, |shape| (shape.row_bytes / BLOCK_SIZE_BYTES).max(1));
+            let row_blocks = self.row_blocks(index);
             let step = (SCRUB_CHUNK_BLOCKS_MAX / row_blocks).max(1) * row_blocks;
             let mut chunk_first = first;
             while chunk_first < end {
