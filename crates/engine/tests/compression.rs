@@ -264,6 +264,63 @@ mod blocks {
         pool.close().await.unwrap();
     }
 
+    /// The codec id in the header of the fragment at `location` as stored
+    /// (docs/format.md, "Packed extents": the header's top 4 bits).
+    fn stored_codec_id(
+        memory: &MemoryDevice,
+        location: lamina_engine::log::location::Location,
+    ) -> u16 {
+        let mut header = [0u8; 2];
+        let offset = location.block() * BLOCK as u64 + location.byte_range().start as u64;
+        memory.read_sync(offset, &mut header);
+        u16::from_le_bytes(header) >> 12
+    }
+
+    /// Blocks are encoded before the state lock with the codec this thread
+    /// last saw the volume use (`compressed_write`); a change of codec takes
+    /// effect at the next write all the same: blocks encoded with the old
+    /// codec are encoded again under the lock. One thread (the test's
+    /// runtime), so the hint is this test's.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_change_of_codec_takes_effect_at_the_next_write() {
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let pool = new_pool(&memory).await;
+        let volume_id = compressing_volume(&pool, "lz4").await;
+        let blocks = real_blocks(48, 5);
+        let compressible = |index: usize| index % 5 != 4;
+        // Each codec for 16 blocks, written one at a time: the first write
+        // of each is encoded under the lock, the others before it.
+        for (round, codec) in ["lz4", "off", "zstd:1"].into_iter().enumerate() {
+            pool.set_volume_compression("data", codec.parse().unwrap())
+                .await
+                .unwrap();
+            let range = round * 16..(round + 1) * 16;
+            for index in range.clone() {
+                pool.write(volume_id, (index * BLOCK) as u64, &blocks[index], false)
+                    .await
+                    .unwrap();
+            }
+            pool.flush().await.unwrap();
+            for index in range.filter(|index| compressible(*index)) {
+                let location = pool.location_of(volume_id, index as u64).unwrap();
+                match codec {
+                    "off" => assert!(!location.is_fragment(), "{codec}: block {index}"),
+                    _ => {
+                        assert!(location.is_fragment(), "{codec}: block {index}");
+                        let expected = if codec == "lz4" { 1 } else { 2 };
+                        assert_eq!(
+                            stored_codec_id(&memory, location),
+                            expected,
+                            "{codec}: block {index}"
+                        );
+                    }
+                }
+            }
+        }
+        check_all(&pool, volume_id, &blocks, "after three codecs").await;
+        pool.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_two_tier_pool_takes_a_codec() {
         // Tiering moves fragments as they are (decision 0074; the tiering

@@ -3,11 +3,15 @@
 //! whole when the codec saves less than 1/8. One encoder per thread and
 //! codec, so that encoding reuses the codec's context and buffer.
 //!
-//! The block is encoded under the state lock, where the volume's codec is
-//! read: simple and correct, at the cost of the codec's CPU inside the
-//! lock's hold for compressing volumes (measured in BENCHMARKS.md,
-//! "Compression in the write path"); volumes that do not compress pay
-//! nothing.
+//! The block is encoded **before** the state lock is taken, with the codec
+//! this thread last saw the volume use ([`prepare`]: a hint kept per
+//! thread, [`remember_codec`]), so that the codec's CPU stays out of the
+//! lock's hold and two writers encode at once. Under the lock the volume's
+//! codec is read as before; a block prepared with another codec (the codec
+//! changed since, or the thread has not seen the volume yet) is encoded
+//! there, as it always was. A block's codec is a preference for new writes,
+//! and either codec stores the block exactly, so a write that races a
+//! change of codec may take either.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -23,6 +27,100 @@ use crate::pool::io::writer::InFlightBatch;
 thread_local! {
     /// The encoders this thread made, one per codec it met.
     static ENCODERS: RefCell<Vec<FragmentEncoder>> = const { RefCell::new(Vec::new()) };
+    /// The codec of the volumes this thread wrote last, newest last.
+    static CODEC_HINTS: RefCell<Vec<CodecHint>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Volumes whose codec a thread remembers at most: a hint missing costs
+/// only the encoding under the lock.
+pub(in crate::pool) const CODEC_HINTS_PER_THREAD_MAX: usize = 64;
+
+/// The codec a thread saw a volume use.
+#[derive(Clone, Copy, Debug)]
+struct CodecHint {
+    volume_id: u32,
+    codec: Codec,
+}
+
+/// A client block encoded before the lock, with the codec it was encoded
+/// with.
+pub(in crate::pool) struct PreparedBlock {
+    codec: Codec,
+    form: PreparedForm,
+}
+
+enum PreparedForm {
+    /// The fragment's bytes (whole units) and their crc32c.
+    Fragment { bytes: Vec<u8>, checksum: u32 },
+    /// The codec saves too little (or failed): stored whole.
+    Whole,
+}
+
+/// Remembers, for this thread, that `volume_id` compresses with `codec`
+/// (read under the lock by the write that calls this).
+pub(in crate::pool) fn remember_codec(volume_id: u32, codec: Codec) {
+    CODEC_HINTS.with_borrow_mut(|hints| {
+        if let Some(position) = hints.iter().position(|hint| hint.volume_id == volume_id) {
+            hints.remove(position);
+        } else if hints.len() == CODEC_HINTS_PER_THREAD_MAX {
+            hints.remove(0);
+        }
+        hints.push(CodecHint { volume_id, codec });
+    });
+}
+
+/// The codec this thread last saw `volume_id` use, if it compresses: the
+/// codec to [`prepare`] its blocks with before the lock.
+pub(in crate::pool) fn hinted_codec(volume_id: u32) -> Option<Codec> {
+    CODEC_HINTS
+        .with_borrow(|hints| {
+            hints
+                .iter()
+                .rev()
+                .find(|hint| hint.volume_id == volume_id)
+                .map(|hint| hint.codec)
+        })
+        .filter(|codec| *codec != Codec::Off)
+}
+
+/// `contents` encoded with `codec`, before the lock.
+pub(in crate::pool) fn prepare(codec: Codec, contents: &[u8]) -> PreparedBlock {
+    let contents: &[u8; BLOCK_BYTES] = contents.try_into().expect("a client block is 4 KiB");
+    let form = with_encoder(codec, |encoder| {
+        match encoder.map(|encoder| encoder.encode(contents)) {
+            Some(Ok(EncodedBlock::Fragment(fragment))) => PreparedForm::Fragment {
+                bytes: fragment.bytes().to_vec(),
+                checksum: fragment.checksum(),
+            },
+            Some(Ok(EncodedBlock::AsIs)) | None => PreparedForm::Whole,
+            Some(Err(error)) => {
+                tracing::warn!(%codec, %error, "compression failed: the block is stored whole");
+                PreparedForm::Whole
+            }
+        }
+    });
+    PreparedBlock { codec, form }
+}
+
+/// Runs `work` with this thread's encoder for `codec` (`None` when the
+/// codec's library could not make one).
+fn with_encoder<T>(codec: Codec, work: impl FnOnce(Option<&mut FragmentEncoder>) -> T) -> T {
+    ENCODERS.with_borrow_mut(|encoders| {
+        let index = match encoders.iter().position(|encoder| encoder.codec() == codec) {
+            Some(index) => Some(index),
+            None => match FragmentEncoder::new(codec) {
+                Ok(encoder) => {
+                    encoders.push(encoder);
+                    Some(encoders.len() - 1)
+                }
+                Err(error) => {
+                    tracing::warn!(%codec, %error, "no encoder: the block is stored whole");
+                    None
+                }
+            },
+        };
+        work(index.map(|index| &mut encoders[index]))
+    })
 }
 
 /// One client block to append.
@@ -34,48 +132,54 @@ pub(in crate::pool) struct ClientBlock<'a> {
     pub checksum: u32,
 }
 
-/// Appends `block` to `state` with `codec`: a fragment if it compresses,
-/// whole otherwise (and whole if the codec's library fails, which loses
-/// nothing but the saving).
+/// Appends `block` to `state` with `codec` (the volume's, read under the
+/// lock): a fragment if it compresses, whole otherwise (and whole if the
+/// codec's library fails, which loses nothing but the saving). A block
+/// `prepared` with that codec is appended as prepared; otherwise it is
+/// encoded here.
 pub(in crate::pool) fn append_block(
     state: &mut State,
     codec: Codec,
     block: ClientBlock<'_>,
+    prepared: Option<PreparedBlock>,
     sealed: &mut Vec<Arc<InFlightBatch>>,
 ) -> Result<(), EngineError> {
     if codec == Codec::Off {
         return append_whole(state, block, sealed);
     }
-    let contents: &[u8; BLOCK_BYTES] = block.contents.try_into().expect("a client block is 4 KiB");
-    ENCODERS.with_borrow_mut(|encoders| {
-        let index = match encoders.iter().position(|encoder| encoder.codec() == codec) {
-            Some(index) => index,
-            None => match FragmentEncoder::new(codec) {
-                Ok(encoder) => {
-                    encoders.push(encoder);
-                    encoders.len() - 1
+    let prepared = match prepared {
+        Some(prepared) if prepared.codec == codec => prepared,
+        _ => {
+            let contents: &[u8; BLOCK_BYTES] =
+                block.contents.try_into().expect("a client block is 4 KiB");
+            return with_encoder(codec, |encoder| {
+                match encoder.map(|encoder| encoder.encode(contents)) {
+                    Some(Ok(EncodedBlock::Fragment(fragment))) => state.append_packed(
+                        block.volume_id,
+                        block.logical_block,
+                        fragment.bytes(),
+                        fragment.checksum(),
+                        sealed,
+                    ),
+                    Some(Ok(EncodedBlock::AsIs)) | None => append_whole(state, block, sealed),
+                    Some(Err(error)) => {
+                        tracing::warn!(%codec, %error, "compression failed: the block is stored whole");
+                        append_whole(state, block, sealed)
+                    }
                 }
-                Err(error) => {
-                    tracing::warn!(%codec, %error, "no encoder: the block is stored whole");
-                    return append_whole(state, block, sealed);
-                }
-            },
-        };
-        match encoders[index].encode(contents) {
-            Ok(EncodedBlock::Fragment(fragment)) => state.append_packed(
-                block.volume_id,
-                block.logical_block,
-                fragment.bytes(),
-                fragment.checksum(),
-                sealed,
-            ),
-            Ok(EncodedBlock::AsIs) => append_whole(state, block, sealed),
-            Err(error) => {
-                tracing::warn!(%codec, %error, "compression failed: the block is stored whole");
-                append_whole(state, block, sealed)
-            }
+            });
         }
-    })
+    };
+    match prepared.form {
+        PreparedForm::Fragment { bytes, checksum } => state.append_packed(
+            block.volume_id,
+            block.logical_block,
+            &bytes,
+            checksum,
+            sealed,
+        ),
+        PreparedForm::Whole => append_whole(state, block, sealed),
+    }
 }
 
 fn append_whole(

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::compressed_write::{self, ClientBlock};
+use super::compressed_write::{self, ClientBlock, PreparedBlock};
 use super::read::{BlockSpan, ReadExtents, check_range};
 use super::writer::InFlightBatch;
 use crate::convert::to_usize;
@@ -95,13 +95,36 @@ impl WriteRequest<'_> {
     }
 }
 
+/// The checksums (into `checksums`, from index 0) and, for a volume this
+/// thread saw compress, the blocks encoded before the lock
+/// (`compressed_write::prepare`; empty otherwise, which allocates nothing)
+/// of `logical_blocks` of a write: the work of an append that needs no lock.
+fn prepare_blocks(
+    request: &WriteRequest<'_>,
+    merged: &[MergedBlock],
+    logical_blocks: std::ops::Range<u64>,
+    checksums: &mut [u32; BATCH_DATA_BLOCKS_MAX],
+) -> Vec<Option<PreparedBlock>> {
+    let codec = compressed_write::hinted_codec(request.volume_id);
+    let mut prepared = Vec::new();
+    for (checksum, logical_block) in checksums.iter_mut().zip(logical_blocks) {
+        let contents = request.contents_of(logical_block, merged);
+        *checksum = block_checksum(contents);
+        if let Some(codec) = codec {
+            prepared.push(Some(compressed_write::prepare(codec, contents)));
+        }
+    }
+    prepared
+}
+
 /// What one hold of the state lock appends: the write, its merged blocks,
 /// the checksums of the blocks from the next one on, and the in-flight limit.
-#[derive(Clone, Copy)]
 struct AppendStep<'request, 'data> {
     request: &'request WriteRequest<'data>,
     merged: &'request [MergedBlock],
     checksums: &'request [u32],
+    /// The blocks encoded before the lock, in order (`compressed_write`).
+    prepared: &'request mut [Option<PreparedBlock>],
     in_flight_limit: usize,
     /// Whether the write has FUA (its own flush follows, so write-behind
     /// does not seal it).
@@ -223,17 +246,14 @@ impl Core {
         }
         let started = tokio::time::Instant::now();
         let mut checksums = [0u32; BATCH_DATA_BLOCKS_MAX];
-        for (checksum, logical_block) in checksums
-            .iter_mut()
-            .zip(request.first_block()..=request.last_block())
-        {
-            *checksum = block_checksum(request.contents_of(logical_block, &[]));
-        }
+        let blocks = request.first_block()..request.last_block() + 1;
+        let mut prepared = prepare_blocks(&request, &[], blocks, &mut checksums);
         let (mut checked, mut next_block, mut sealed) = (false, request.first_block(), Vec::new());
         let step = AppendStep {
             request: &request,
             merged: &[],
             checksums: &checksums,
+            prepared: &mut prepared,
             in_flight_limit: self.limits().in_flight_batches_max,
             fua: false,
         };
@@ -321,15 +341,14 @@ impl Core {
             // Checksummed before the lock is taken: the lock's hold is the
             // bookkeeping and one copy per block.
             let mut checksums = [0u32; BATCH_DATA_BLOCKS_MAX];
-            for (checksum, logical_block) in checksums.iter_mut().zip(next_block..stop) {
-                *checksum = block_checksum(request.contents_of(logical_block, merged));
-            }
+            let mut prepared = prepare_blocks(request, merged, next_block..stop, &mut checksums);
             let mut sealed = Vec::new();
             let appended = self.append_under_lock(
                 AppendStep {
                     request,
                     merged,
                     checksums: &checksums,
+                    prepared: &mut prepared,
                     in_flight_limit,
                     fua,
                 },
@@ -375,6 +394,7 @@ impl Core {
             request,
             merged,
             checksums,
+            prepared,
             in_flight_limit,
             fua,
         } = step;
@@ -390,14 +410,17 @@ impl Core {
         let first = *next_block;
         let stop = (first + APPEND_PER_LOCK_HOLD_BLOCKS_MAX).min(request.last_block() + 1);
         let codec = state.volumes().compression(request.volume_id);
+        compressed_write::remember_codec(request.volume_id, codec);
         while *next_block < stop {
+            let index = to_usize(*next_block - first);
             let block = ClientBlock {
                 volume_id: request.volume_id,
                 logical_block: *next_block,
                 contents: request.contents_of(*next_block, merged),
-                checksum: checksums[to_usize(*next_block - first)],
+                checksum: checksums[index],
             };
-            compressed_write::append_block(&mut state, codec, block, sealed)?;
+            let prepared_block = prepared.get_mut(index).and_then(Option::take);
+            compressed_write::append_block(&mut state, codec, block, prepared_block, sealed)?;
             *next_block += 1;
         }
         if *next_block > request.last_block() && !fua && self.write_behind().write_appended() {
