@@ -2,8 +2,12 @@
 //! back. Early abort: a compressed form that does not save at least
 //! `1 / MINIMUM_SAVING_FRACTION_DENOMINATOR` of the input is dropped and the
 //! input is stored as it is, so data that does not compress costs one failed
-//! attempt and no decompression on reads. Decompression checks the length it
-//! produced against the length the caller recorded at write time.
+//! attempt and no decompression on reads. Before that attempt, a sample of
+//! the input's bytes is counted ([`looks_incompressible`]): bytes as evenly
+//! spread as random ones (compressed media, encrypted data, archives) are
+//! stored as they are without running the codec, which costs a fraction of
+//! a failed attempt. Decompression checks the length it produced against
+//! the length the caller recorded at write time.
 
 use crate::codec::Codec;
 
@@ -14,6 +18,36 @@ pub const MINIMUM_SAVING_FRACTION_DENOMINATOR: usize = 8;
 /// The largest compressed form kept for an input of `input_length` bytes.
 pub fn largest_kept_length(input_length: usize) -> usize {
     input_length - input_length / MINIMUM_SAVING_FRACTION_DENOMINATOR
+}
+
+/// Every how many bytes the incompressibility check samples one: 512
+/// samples of a 4 KiB block.
+pub const INCOMPRESSIBLE_SAMPLE_STRIDE_BYTES: usize = 8;
+/// The check calls an input incompressible when its samples collide (the
+/// sum of the squares of each byte value's count) at most this percentage
+/// of what uniformly random bytes give on average. Measured on this
+/// machine's files (decision 0070, "Built"): random 4 KiB blocks reach
+/// 91–111 % of the average (2,000 blocks), and at 117 % 48 of 17,225 blocks
+/// of /usr that compress by 1/8 (0.28 %) are stored whole instead.
+pub const INCOMPRESSIBLE_COLLISION_PERCENT_MAX: u64 = 117;
+
+/// Whether `input`'s sampled bytes are spread as evenly as random bytes'
+/// (see [`INCOMPRESSIBLE_COLLISION_PERCENT_MAX`]): no codec saves 1/8 of
+/// such data, so none is run.
+pub fn looks_incompressible(input: &[u8]) -> bool {
+    let mut counts = [0u32; 256];
+    let mut sample_count = 0u64;
+    for byte in input.iter().step_by(INCOMPRESSIBLE_SAMPLE_STRIDE_BYTES) {
+        counts[usize::from(*byte)] += 1;
+        sample_count += 1;
+    }
+    if sample_count < 256 {
+        return false;
+    }
+    let collisions: u64 = counts.iter().map(|count| u64::from(*count).pow(2)).sum();
+    // What uniformly random bytes give on average: n + n(n - 1) / 256.
+    let random_average = sample_count + sample_count * (sample_count - 1) / 256;
+    collisions * 100 <= random_average * INCOMPRESSIBLE_COLLISION_PERCENT_MAX
 }
 
 /// What a compression attempt produced.
@@ -100,6 +134,9 @@ impl BlockCompressor {
 
     /// Compresses `input`, keeping the compressed form only if it saves enough.
     pub fn compress<'a>(&'a mut self, input: &'a [u8]) -> Result<StoredForm<'a>, CodecError> {
+        if self.codec != Codec::Off && looks_incompressible(input) {
+            return Ok(StoredForm::AsIs(input));
+        }
         let compressed_length = match self.codec {
             Codec::Off => return Ok(StoredForm::AsIs(input)),
             Codec::Lz4 => {
@@ -202,6 +239,28 @@ impl BlockDecompressor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_bytes_look_incompressible_and_text_and_zeros_do_not() {
+        use rand::{RngCore, SeedableRng};
+
+        let mut random = vec![0u8; 4096];
+        let mut generator = rand::rngs::SmallRng::seed_from_u64(7);
+        for _ in 0..100 {
+            generator.fill_bytes(&mut random);
+            assert!(super::looks_incompressible(&random));
+        }
+        let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog; "
+            .iter()
+            .copied()
+            .cycle()
+            .take(4096)
+            .collect();
+        assert!(!super::looks_incompressible(&text));
+        assert!(!super::looks_incompressible(&[0u8; 4096]));
+        // Too few samples to judge: the codec decides.
+        assert!(!super::looks_incompressible(&random[..1024]));
+    }
 
     const BLOCK_SIZE_BYTES: usize = 4096;
 
