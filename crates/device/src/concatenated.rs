@@ -63,6 +63,18 @@ impl ConcatenatedDevice {
     }
 
     /// The part of `offset..offset + length` on each device.
+    /// The part that holds all of `offset..offset + length`, and the
+    /// range's offset in it; `None` for a range across both (metadata and
+    /// fragments never straddle them: segments do not).
+    fn part_holding(&self, offset: u64, length: usize) -> Option<(&dyn BlockDevice, u64)> {
+        let split = self.split(offset, length);
+        match (split.first.length, split.second.length) {
+            (_, 0) => Some((&*self.first, offset)),
+            (0, _) => Some((&*self.second, split.second.offset)),
+            _ => None,
+        }
+    }
+
     fn split(&self, offset: u64, length: usize) -> Split {
         let boundary = self.first_region_bytes;
         // Whatever lies before the boundary, at most the whole request.
@@ -200,17 +212,9 @@ impl BlockDevice for ConcatenatedDevice {
         length: usize,
         is_valid: crate::BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let split = self.split(offset, length);
-        match (split.first.length, split.second.length) {
-            (_, 0) => self.first.recover_range(offset, length, is_valid).await,
-            (0, _) => {
-                let second = &split.second;
-                self.second
-                    .recover_range(second.offset, second.length, is_valid)
-                    .await
-            }
-            // Metadata never straddles the two devices.
-            _ => Ok(None),
+        match self.part_holding(offset, length) {
+            Some((part, offset)) => part.recover_range(offset, length, is_valid).await,
+            None => Ok(None),
         }
     }
 
@@ -220,17 +224,9 @@ impl BlockDevice for ConcatenatedDevice {
         length: usize,
         is_valid: crate::BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let split = self.split(offset, length);
-        match (split.first.length, split.second.length) {
-            (_, 0) => self.first.reconstruct_range(offset, length, is_valid).await,
-            (0, _) => {
-                let second = &split.second;
-                self.second
-                    .reconstruct_range(second.offset, second.length, is_valid)
-                    .await
-            }
-            // A fragment never straddles the tiers: segments do not.
-            _ => Ok(None),
+        match self.part_holding(offset, length) {
+            Some((part, offset)) => part.reconstruct_range(offset, length, is_valid).await,
+            None => Ok(None),
         }
     }
 

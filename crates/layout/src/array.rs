@@ -100,6 +100,16 @@ pub struct RedundantArray {
 }
 
 impl RedundantArray {
+    /// The blocks of `offset..offset + length` when it is whole blocks of
+    /// the striped region (past the mirrored prefix).
+    fn striped_blocks(&self, offset: u64, length: usize) -> Option<std::ops::Range<u64>> {
+        let first_block = offset / BLOCK_SIZE_BYTES;
+        let whole_blocks = offset.is_multiple_of(BLOCK_SIZE_BYTES)
+            && (length as u64).is_multiple_of(BLOCK_SIZE_BYTES);
+        (whole_blocks && first_block >= self.geometry.prefix_blocks)
+            .then(|| first_block..first_block + length as u64 / BLOCK_SIZE_BYTES)
+    }
+
     pub(crate) fn new(geometry: ArrayGeometry, members: Vec<Member>, label: MemberLabel) -> Self {
         assert_eq!(members.len(), geometry.member_count);
         let name = format!(
@@ -477,14 +487,13 @@ impl BlockDevice for RedundantArray {
         if length as u64 == BLOCK_SIZE_BYTES {
             return self.recover(first_block, is_valid).await;
         }
-        if first_block >= self.geometry.prefix_blocks
-            && (length as u64).is_multiple_of(BLOCK_SIZE_BYTES)
-        {
-            return self
-                .recover_striped_range(first_block, end_block - first_block, is_valid)
-                .await;
+        match self.striped_blocks(offset, length) {
+            Some(blocks) => {
+                self.recover_striped_range(blocks.start, blocks.end - blocks.start, is_valid)
+                    .await
+            }
+            None => Ok(None),
         }
-        Ok(None)
     }
 
     async fn reconstruct_range(
@@ -494,14 +503,13 @@ impl BlockDevice for RedundantArray {
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
         lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
-        let first_block = offset / BLOCK_SIZE_BYTES;
-        if first_block < self.geometry.prefix_blocks
-            || !(length as u64).is_multiple_of(BLOCK_SIZE_BYTES)
-        {
-            return Ok(None);
+        match self.striped_blocks(offset, length) {
+            Some(blocks) => {
+                self.reconstruct_striped_range(blocks.start, blocks.end - blocks.start, is_valid)
+                    .await
+            }
+            None => Ok(None),
         }
-        self.reconstruct_striped_range(first_block, length as u64 / BLOCK_SIZE_BYTES, is_valid)
-            .await
     }
 
     async fn scrub_range(
