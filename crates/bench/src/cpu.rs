@@ -151,10 +151,16 @@ mod tests {
         child.stop();
         assert!(usage.cores > 0.2, "the spinning grandchild is counted");
         assert!(own as f64 / ticks_per_second() < 0.1, "the shell idles");
-        assert_eq!(
-            usage.microseconds_per_operation(1e6),
-            Some(usage.cores),
-            "one operation per microsecond costs `cores` microseconds"
+        // `cores * 1e6 / 1e6` may differ from `cores` in the last bit: equal
+        // to within rounding, not bit for bit.
+        let per_operation = usage
+            .microseconds_per_operation(1e6)
+            .expect("a positive rate");
+        assert!(
+            (per_operation - usage.cores).abs() <= usage.cores * 1e-12,
+            "one operation per microsecond costs `cores` microseconds: {per_operation} against {}",
+            usage.cores
         );
+        assert_eq!(usage.microseconds_per_operation(0.0), None);
     }
 }
