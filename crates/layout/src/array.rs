@@ -488,10 +488,7 @@ impl BlockDevice for RedundantArray {
             return self.recover(first_block, is_valid).await;
         }
         match self.striped_blocks(offset, length) {
-            Some(blocks) => {
-                self.recover_striped_range(blocks.start, blocks.end - blocks.start, is_valid)
-                    .await
-            }
+            Some(blocks) => self.recover_striped_range(blocks, is_valid).await,
             None => Ok(None),
         }
     }
@@ -504,10 +501,7 @@ impl BlockDevice for RedundantArray {
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
         lamina_device::check_request(&self.name, self.size_bytes(), offset, length as u64)?;
         match self.striped_blocks(offset, length) {
-            Some(blocks) => {
-                self.reconstruct_striped_range(blocks.start, blocks.end - blocks.start, is_valid)
-                    .await
-            }
+            Some(blocks) => self.reconstruct_striped_range(blocks, is_valid).await,
             None => Ok(None),
         }
     }

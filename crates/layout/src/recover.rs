@@ -177,7 +177,7 @@ pub(crate) fn erasures_from(zone: &ZoneView, base: Vec<usize>) -> Vec<Vec<usize>
 impl RedundantArray {
     /// Rewrites member `offset` of each of `members` with `good`, counting a
     /// repair against each.
-    async fn rewrite(
+    pub(crate) async fn rewrite(
         &self,
         members: &[usize],
         offset: u64,

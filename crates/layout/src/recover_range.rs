@@ -12,7 +12,7 @@
 //! independent codewords, so a fragment across a row boundary is judged on
 //! the product of both rows' candidates.
 
-use std::sync::Arc;
+use std::ops::Range;
 
 use lamina_device::{AlignedBuffer, BlockCheck, DeviceError};
 
@@ -25,13 +25,6 @@ use crate::stripe::ZoneView;
 
 /// Blocks of one range judged as a whole at most: a fragment touches two.
 pub const RECOVER_RANGE_BLOCKS_MAX: u64 = 2;
-
-/// A few consecutive blocks of the striped region.
-#[derive(Clone, Copy, Debug)]
-struct StripedRange {
-    first_block: u64,
-    block_count: u64,
-}
 
 /// What a recovery writes back once a rebuild passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,20 +45,15 @@ struct RowPart {
 type Candidate = Vec<Vec<u8>>;
 
 impl RedundantArray {
-    /// `BlockDevice::recover_range` over `block_count` blocks of the striped
-    /// region from `first_block`: the blocks that differ from what their
-    /// members returned are rewritten.
+    /// `BlockDevice::recover_range` over `blocks` of the striped region:
+    /// the blocks that differ from what their members returned are
+    /// rewritten.
     pub(crate) async fn recover_striped_range(
         &self,
-        first_block: u64,
-        block_count: u64,
+        blocks: Range<u64>,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let range = StripedRange {
-            first_block,
-            block_count,
-        };
-        self.rebuild_striped_range(range, is_valid, Rewrite::Differing)
+        self.rebuild_striped_range(blocks, is_valid, Rewrite::Differing)
             .await
     }
 
@@ -73,15 +61,10 @@ impl RedundantArray {
     /// rewritten.
     pub(crate) async fn reconstruct_striped_range(
         &self,
-        first_block: u64,
-        block_count: u64,
+        blocks: Range<u64>,
         is_valid: BlockCheck<'_>,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let range = StripedRange {
-            first_block,
-            block_count,
-        };
-        self.rebuild_striped_range(range, is_valid, Rewrite::Nothing)
+        self.rebuild_striped_range(blocks, is_valid, Rewrite::Nothing)
             .await
     }
 
@@ -90,18 +73,17 @@ impl RedundantArray {
     /// no combination passes.
     async fn rebuild_striped_range(
         &self,
-        range: StripedRange,
+        blocks: Range<u64>,
         is_valid: BlockCheck<'_>,
         rewrite: Rewrite,
     ) -> Result<Option<AlignedBuffer>, DeviceError> {
-        let StripedRange {
-            first_block,
-            block_count,
-        } = range;
-        if block_count == 0 || block_count > RECOVER_RANGE_BLOCKS_MAX {
+        let Range {
+            start: first_block,
+            end: end_block,
+        } = blocks;
+        if first_block == end_block || end_block - first_block > RECOVER_RANGE_BLOCKS_MAX {
             return Ok(None);
         }
-        let end_block = first_block + block_count;
         let zone = self.zone_of_block(first_block);
         if end_block > zone.usable_end() {
             return Ok(None);
@@ -170,7 +152,8 @@ impl RedundantArray {
     }
 
     /// Rewrites each block of `part` whose chosen contents differ from what
-    /// its member returned (a member that returned nothing is lost: left).
+    /// its member returned (a member that returned nothing is lost: left),
+    /// as a single block's recovery does.
     async fn rewrite_differing(
         &self,
         zone: &ZoneView,
@@ -184,20 +167,10 @@ impl RedundantArray {
             let Some(read) = &rows[member] else {
                 continue;
             };
-            if read[..BLOCK_BYTES] == good[..] {
-                continue;
+            if read[..BLOCK_BYTES] != good[..] {
+                let good = AlignedBuffer::from_slice_padded(good);
+                self.rewrite(&[member], offset, &good).await?;
             }
-            let good = Arc::new(AlignedBuffer::from_slice_padded(good));
-            self.write_members([(member, offset, good)].into_iter())
-                .await?;
-            tracing::warn!(
-                array = %self.name,
-                member,
-                path = %self.members[member].path(),
-                offset,
-                "block of a range failed its check and was repaired from redundancy"
-            );
-            self.members[member].repaired();
         }
         Ok(())
     }

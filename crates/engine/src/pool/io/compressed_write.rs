@@ -147,28 +147,11 @@ pub(in crate::pool) fn append_block(
     if codec == Codec::Off {
         return append_whole(state, block, sealed);
     }
+    // Prepared with another codec, or not at all: encoded here, under the
+    // lock (the thread's first write to the volume, or a change of codec).
     let prepared = match prepared {
         Some(prepared) if prepared.codec == codec => prepared,
-        _ => {
-            let contents: &[u8; BLOCK_BYTES] =
-                block.contents.try_into().expect("a client block is 4 KiB");
-            return with_encoder(codec, |encoder| {
-                match encoder.map(|encoder| encoder.encode(contents)) {
-                    Some(Ok(EncodedBlock::Fragment(fragment))) => state.append_packed(
-                        block.volume_id,
-                        block.logical_block,
-                        fragment.bytes(),
-                        fragment.checksum(),
-                        sealed,
-                    ),
-                    Some(Ok(EncodedBlock::AsIs)) | None => append_whole(state, block, sealed),
-                    Some(Err(error)) => {
-                        tracing::warn!(%codec, %error, "compression failed: the block is stored whole");
-                        append_whole(state, block, sealed)
-                    }
-                }
-            });
-        }
+        _ => prepare(codec, block.contents),
     };
     match prepared.form {
         PreparedForm::Fragment { bytes, checksum } => state.append_packed(

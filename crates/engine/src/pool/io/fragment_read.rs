@@ -271,7 +271,7 @@ pub(in crate::pool) enum FragmentRecovery {
 /// nothing written ([`FragmentRecovery::Reconstructed`]). An array tries
 /// the rows' rebuilds together (`BlockDevice::recover_range`), so that two
 /// bad columns under one fragment, which raid6 covers, pass too. Shared by
-/// reads and scrub's fragment pass.
+/// reads, scrub's check of fragments and the cleaner.
 pub(in crate::pool) async fn recover_fragment_blocks(
     device: &dyn BlockDevice,
     location: Location,
@@ -285,10 +285,9 @@ pub(in crate::pool) async fn recover_fragment_blocks(
     );
     let offset = location.block() * BLOCK_SIZE_BYTES;
     let units = location.byte_range();
-    let passes = move |candidate: &[u8]| crc32c::crc32c(&candidate[units.clone()]) == checksum;
+    let passes = |candidate: &[u8]| crc32c::crc32c(&candidate[units.clone()]) == checksum;
     let as_read = blocks.to_vec();
-    let units = location.byte_range();
-    let changes_only_the_fragment = move |candidate: &[u8]| {
+    let changes_only_the_fragment = |candidate: &[u8]| {
         passes(candidate)
             && candidate[..units.start] == as_read[..units.start]
             && candidate[units.end..] == as_read[units.end..]
@@ -300,8 +299,6 @@ pub(in crate::pool) async fn recover_fragment_blocks(
         blocks.copy_from_slice(&good[..blocks.len()]);
         return FragmentRecovery::Repaired;
     }
-    let units = location.byte_range();
-    let passes = move |candidate: &[u8]| crc32c::crc32c(&candidate[units.clone()]) == checksum;
     let rebuilt = device
         .reconstruct_range(offset, blocks.len(), &passes)
         .await;

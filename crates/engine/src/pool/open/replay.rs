@@ -280,10 +280,7 @@ pub(super) async fn rebuild_failing_blocks(
             continue;
         }
         let location = placed_location(batch.summary_block, *placement);
-        let blocks = DataBlocks {
-            first: data_index_of(*placement),
-            count: location.block_count(),
-        };
+        let blocks = data_blocks_of(*placement);
         let judge = BatchJudge::new(data, blocks, &checked);
         let offset = (batch.summary_block + 1 + u64::from(blocks.first)) * BLOCK_SIZE_BYTES;
         let length = blocks.count as usize * BLOCK_BYTES;
@@ -391,14 +388,6 @@ fn shifted(placement: Placement, first: u32) -> Placement {
             unit_offset,
             unit_count,
         },
-    }
-}
-
-/// The data block a placement starts in, counted from the block after the
-/// summary.
-fn data_index_of(placement: Placement) -> u32 {
-    match placement {
-        Placement::WholeBlock { data_index } | Placement::Fragment { data_index, .. } => data_index,
     }
 }
 

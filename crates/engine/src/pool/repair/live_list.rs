@@ -13,6 +13,7 @@
 
 use crate::log::batch::block_checksum;
 use crate::log::fragment::fragment_units;
+use crate::log::location::Location;
 use crate::volume::map::Mapping;
 
 use crate::pool::core::Core;
@@ -70,21 +71,11 @@ impl LiveList {
         first_block: u64,
         end_block: u64,
     ) -> &[Mapping] {
-        let start = self
-            .fragments
-            .partition_point(|mapping| mapping.location.block() + 1 < first_block);
-        let end = self
-            .fragments
-            .partition_point(|mapping| mapping.location.block() < end_block);
-        let start = start
-            + self.fragments[start..end.max(start)]
-                .iter()
-                .take_while(|mapping| {
-                    mapping.location.block() + u64::from(mapping.location.block_count())
-                        <= first_block
-                })
-                .count();
-        &self.fragments[start..end.max(start)]
+        touching(
+            &self.fragments,
+            |mapping| mapping.location,
+            first_block..end_block,
+        )
     }
 
     /// Whether the segment holding `physical_block` was freed since the
@@ -104,20 +95,18 @@ impl LiveList {
     /// Whether `contents`, read or rebuilt at packed block `physical_block`,
     /// holds every live fragment that lies wholly in it as written: the
     /// check a block of fragments allows by itself (a fragment continuing
-    /// into the next block needs both, and is checked by scrub's fragment
-    /// pass). A block holding no such fragment passes.
+    /// into the next block needs both, and is caught by its checksum at the
+    /// next read or scrub). A block holding no such fragment passes.
     pub(in crate::pool) fn packed_block_passes(
         &self,
         physical_block: u64,
         contents: &[u8],
     ) -> bool {
-        let start = self
-            .fragments
-            .partition_point(|mapping| mapping.location.block() < physical_block);
-        self.fragments[start..]
+        self.fragments_touching(physical_block, physical_block + 1)
             .iter()
-            .take_while(|mapping| mapping.location.block() == physical_block)
-            .filter(|mapping| mapping.location.block_count() == 1)
+            .filter(|mapping| {
+                mapping.location.block() == physical_block && mapping.location.block_count() == 1
+            })
             .all(|mapping| {
                 fragment_units(mapping.location, contents)
                     .is_ok_and(|units| crc32c::crc32c(units) == mapping.checksum)
@@ -134,12 +123,8 @@ impl LiveList {
         first: &[u8],
         second: &[u8],
     ) -> bool {
-        let start = self
-            .fragments
-            .partition_point(|mapping| mapping.location.block() + 1 < physical_block);
-        self.fragments[start..]
+        self.fragments_touching(physical_block, physical_block + 1)
             .iter()
-            .take_while(|mapping| mapping.location.block() <= physical_block)
             .filter_map(|mapping| mapping.location.part_in_block(physical_block))
             .all(|range| first[range.clone()] == second[range])
     }
@@ -158,13 +143,9 @@ impl LiveList {
         if let Some(mapping) = self.find(physical_block) {
             return self.block_passes(core, mapping, contents);
         }
-        if !self.is_packed(physical_block) || self.packed_block_passes(physical_block, contents) {
-            return true;
-        }
-        let segment_index = core.geometry().segment_of(physical_block);
-        core.lock()
-            .space()
-            .freed_since(segment_index, self.free_events)
+        !self.is_packed(physical_block)
+            || self.packed_block_passes(physical_block, contents)
+            || self.segment_freed_since(core, physical_block)
     }
 
     /// The listed block at `physical_block`, if any.
@@ -182,8 +163,8 @@ impl LiveList {
     pub(in crate::pool) fn take(core: &Core) -> LiveList {
         let state = core.lock();
         let (mut mappings, mut fragments) = (Vec::new(), Vec::new());
-        // Fragments are checked by scrub's own pass (`Scrub::scrub_fragments`):
-        // the device checks whole blocks against one checksum each.
+        // Fragments are listed apart: a block of them has no checksum of its
+        // own (scrub judges it by its fragments' bytes, `scrub/fragments.rs`).
         state.volumes().for_each_distinct_mapping(&mut |mapping| {
             if mapping.location.is_fragment() {
                 fragments.push(mapping);
@@ -240,6 +221,29 @@ impl LiveList {
         }
         !still_live(core, mapping)
     }
+}
+
+/// The items of `sorted` (in the order of their locations' block, then unit
+/// offset) whose location, given by `location_of`, touches a block of
+/// `blocks`: a fragment continues into one block at most, so those from the
+/// block before `blocks` that do not reach it are skipped.
+pub(in crate::pool) fn touching<T>(
+    sorted: &[T],
+    location_of: impl Fn(&T) -> Location,
+    blocks: std::ops::Range<u64>,
+) -> &[T] {
+    let start = sorted.partition_point(|item| location_of(item).block() + 1 < blocks.start);
+    let end = sorted
+        .partition_point(|item| location_of(item).block() < blocks.end)
+        .max(start);
+    let skipped = sorted[start..end]
+        .iter()
+        .take_while(|item| {
+            let location = location_of(item);
+            location.block() + u64::from(location.block_count()) <= blocks.start
+        })
+        .count();
+    &sorted[start + skipped..end]
 }
 
 /// Whether some map of `core` still holds `mapping`: a walk of every map

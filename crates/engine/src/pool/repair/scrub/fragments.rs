@@ -21,7 +21,7 @@ use crate::BLOCK_SIZE_BYTES;
 use crate::log::location::Location;
 use crate::pool::core::Core;
 use crate::pool::io::fragment_read::{self, FragmentRecovery};
-use crate::pool::repair::live_list::LiveList;
+use crate::pool::repair::live_list::{self, LiveList};
 use crate::volume::map::Mapping;
 
 /// A live fragment touching a chunk and what it holds: its units as the
@@ -43,7 +43,7 @@ impl ChunkFragments {
     /// each live fragment lies, the bytes the fragment's checksum vouches
     /// for. A fragment whose bytes are unknown checks nothing.
     pub(super) fn block_passes(&self, physical_block: u64, contents: &[u8]) -> bool {
-        self.touching(physical_block).all(|fragment| {
+        self.touching(physical_block).iter().all(|fragment| {
             let (Some(units), Some(part)) = (
                 &fragment.units,
                 fragment.location.part_in_block(physical_block),
@@ -61,17 +61,12 @@ impl ChunkFragments {
         })
     }
 
-    fn touching(&self, physical_block: u64) -> impl Iterator<Item = &KnownFragment> {
-        let start = self
-            .fragments
-            .partition_point(|fragment| fragment.location.block() + 1 < physical_block);
-        self.fragments[start..]
-            .iter()
-            .take_while(move |fragment| fragment.location.block() <= physical_block)
-            .filter(move |fragment| {
-                let first = fragment.location.block();
-                physical_block < first + u64::from(fragment.location.block_count())
-            })
+    fn touching(&self, physical_block: u64) -> &[KnownFragment] {
+        live_list::touching(
+            &self.fragments,
+            |fragment| fragment.location,
+            physical_block..physical_block + 1,
+        )
     }
 }
 
