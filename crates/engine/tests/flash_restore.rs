@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, BlockDevice, ConcatenatedDevice, MemoryDevice};
 use lamina_engine::{
-    BLOCK_SIZE_BYTES, CreateError, EngineError, FlashRestore, OpenError, Pool, PoolLimits,
+    BLOCK_SIZE_BYTES, CachePriority, CreateError, EngineError, FlashRestore, OpenError, Pin, Pool,
+    PoolLimits, TestHooks, TierPolicy,
 };
 
 const SEGMENT_BYTES: u64 = 256 << 10;
@@ -486,5 +487,161 @@ async fn fragments_on_the_capacity_tier_are_restored() {
             "block {index} differs after the rewrite"
         );
     }
+    pool.close().await.unwrap();
+}
+
+/// Blocks of text (this machine's files) from `from_block` on: zstd
+/// compresses them better than lz4, so cold compression encodes them again.
+fn text_blocks(files: &[u8], from_block: usize, count: usize) -> Vec<Vec<u8>> {
+    files[from_block * BLOCK..]
+        .chunks_exact(BLOCK)
+        .take(count)
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Cold data compressed harder (decision 0074): blocks the cleaner demoted
+/// in a new form after the newest checkpoint (zstd:9 units under a new
+/// checksum, in a `Packed` or `RelocatePacked` record, the only record of
+/// that form) are restored when their contents are the checkpoint's: an lz4
+/// volume without snapshots (`Packed` moves of lz4 fragments) and a volume
+/// that does not compress, with a snapshot (`RelocatePacked` moves of whole
+/// blocks). Versions written after the checkpoint, demoted in a new form
+/// too, never come back: the lz4 volume's read as lost (their checkpoint
+/// version was on flash), the other volume's as the checkpoint's version,
+/// which its snapshot kept and the demoter moved.
+#[tokio::test]
+async fn blocks_demoted_in_a_new_form_after_the_checkpoint_are_restored() {
+    const BLOCKS: usize = 512;
+    const REWRITTEN: std::ops::Range<usize> = 64..128;
+    let limits = PoolLimits {
+        cold_compression: "zstd:9".parse().unwrap(),
+        test_hooks: TestHooks::without_periodic_flush_and_checkpoint(),
+        dirty_bytes_max: u64::MAX / 2,
+        ..limits()
+    };
+    let flash = Arc::new(MemoryDevice::new(FLASH_BYTES));
+    let capacity = Arc::new(MemoryDevice::new(CAPACITY_BYTES));
+    let device = Arc::new(ConcatenatedDevice::new(flash, capacity.clone()));
+    let pool = Pool::create(device, options(SEGMENT_BYTES, Some(FLASH_BYTES)), limits)
+        .await
+        .unwrap();
+    let files = common::machine_files::bytes_of_files(
+        &["/usr/share/perl5", "/usr/share/perl"],
+        4 * BLOCKS * BLOCK,
+    );
+    assert!(files.len() >= 4 * BLOCKS * BLOCK, "not enough files");
+    let names = ["packed", "whole"];
+    let checkpointed = [
+        text_blocks(&files, 0, BLOCKS),
+        text_blocks(&files, BLOCKS, BLOCKS),
+    ];
+    let later = [
+        text_blocks(&files, 2 * BLOCKS, BLOCKS),
+        text_blocks(&files, 3 * BLOCKS, BLOCKS),
+    ];
+    let mut volumes = [0; 2];
+    for (slot, (name, codec)) in volumes.iter_mut().zip(names.iter().zip(["lz4", "off"])) {
+        let size = BLOCKS as u64 * BLOCK_SIZE_BYTES;
+        *slot = pool
+            .create_volume_with_compression(name, size, codec.parse().unwrap())
+            .await
+            .unwrap()
+            .volume_id;
+    }
+    for (volume, blocks) in volumes.iter().zip(&checkpointed) {
+        for (index, block) in blocks.iter().enumerate() {
+            pool.write(*volume, (index * BLOCK) as u64, block, false)
+                .await
+                .unwrap();
+        }
+    }
+    pool.create_snapshot("whole", "kept").await.unwrap();
+    pool.flush().await.unwrap();
+    pool.checkpoint().await.unwrap();
+    let capacity_first_block = FLASH_BYTES / BLOCK_SIZE_BYTES;
+    assert!(
+        volumes
+            .iter()
+            .all(|volume| (0..BLOCKS as u64).all(|block| pool
+                .location_of(*volume, block)
+                .is_some_and(|location| location.block() < capacity_first_block))),
+        "the checkpoint maps every block on flash"
+    );
+
+    // After the checkpoint, on flash only: later versions of some blocks,
+    // then everything pinned to capacity and demoted in zstd:9.
+    for (volume, blocks) in volumes.iter().zip(&later) {
+        for index in REWRITTEN {
+            pool.write(*volume, (index * BLOCK) as u64, &blocks[index], false)
+                .await
+                .unwrap();
+        }
+    }
+    for name in names {
+        let policy = TierPolicy {
+            priority: CachePriority::Normal,
+            pin: Pin::Capacity,
+        };
+        pool.set_volume_policy(name, policy).await.unwrap();
+    }
+    pool.flush().await.unwrap();
+    // Every checkpointed version the live maps still hold (the later ones
+    // in the open head may stay on flash).
+    let demoted = |volume: u32, block: u64| {
+        REWRITTEN.contains(&(block as usize))
+            || pool.location_of(volume, block).is_some_and(|location| {
+                location.is_fragment() && location.block() >= capacity_first_block
+            })
+    };
+    let all_demoted = || {
+        volumes
+            .iter()
+            .all(|volume| (0..BLOCKS as u64).all(|block| demoted(*volume, block)))
+    };
+    for _ in 0..16 {
+        pool.clean(48).await.unwrap();
+        pool.flush().await.unwrap();
+        if all_demoted() {
+            break;
+        }
+    }
+    assert!(all_demoted(), "not every block was demoted in a new form");
+    pool.abandon();
+    drop(pool);
+
+    let (pool, _device) = restored(capacity).await.unwrap();
+    pool.clone_snapshot("whole", "kept", "kept-clone")
+        .await
+        .unwrap();
+    let clone = pool.volume_id("kept-clone").unwrap();
+    let mut contents = vec![0u8; BLOCK];
+    let mut lost = 0;
+    for (volume, (blocks, rewritten_lost)) in [volumes[0], volumes[1], clone].into_iter().zip(
+        [&checkpointed[0], &checkpointed[1], &checkpointed[1]]
+            .into_iter()
+            .zip([true, false, false]),
+    ) {
+        for (index, block) in blocks.iter().enumerate() {
+            let read = pool
+                .read(volume, (index * BLOCK) as u64, &mut contents)
+                .await;
+            match read {
+                Ok(()) => assert!(
+                    contents == *block,
+                    "volume {volume} block {index}: not its checkpointed contents"
+                ),
+                Err(EngineError::Io(lamina_engine::IoError::BlockLost { .. }))
+                    if rewritten_lost && REWRITTEN.contains(&index) =>
+                {
+                    lost += 1;
+                }
+                Err(error) => panic!("volume {volume} block {index}: {error}"),
+            }
+        }
+    }
+    assert_eq!(lost, REWRITTEN.len() as u64, "the rewritten lz4 blocks");
+    assert_eq!(pool.status().integrity.blocks_marked_lost, lost);
+    assert_eq!(pool.status().integrity.read_checksum_errors, 0);
     pool.close().await.unwrap();
 }

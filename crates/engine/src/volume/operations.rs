@@ -101,54 +101,64 @@ impl VolumeTable {
     }
 
     /// Whether `record`, a block the cleaner or the demoter moved (a `Data`
-    /// or `Relocate` record), moves contents the maps hold now: a `Data`
-    /// record whose checksum the volume's live map holds at its block, or a
-    /// `Relocate` record whose source some map of the volume's family holds
-    /// at its block, every such map with the record's checksum. Anything
-    /// else moved a version the maps do not hold: a restore without the
-    /// flash device, whose maps are as of the copied checkpoint, must not
-    /// apply it (`pool::open`, decision 0056).
+    /// or `Relocate` record, or their packed forms), moves contents the maps
+    /// hold now: some map holds the block it replaces (see
+    /// [`Self::moved_mappings`]), every such map with the record's checksum.
+    /// Anything else moved a version the maps do not hold, or the held one
+    /// in a new form (decision 0074): a restore without the flash device,
+    /// whose maps are as of the copied checkpoint, must not apply it on
+    /// this evidence (`pool::open`, decisions 0056 and 0074).
     pub fn moves_held_contents(&self, record: &Record) -> bool {
+        let Some(checksum) = record.data_checksum() else {
+            return false;
+        };
+        let held = self.moved_mappings(record);
+        !held.is_empty() && held.iter().all(|held| held.checksum == checksum)
+    }
+
+    /// The mappings a move of a block (`record`) replaces where the maps
+    /// hold them now: for a `Data` or `Packed` record (a block only the live
+    /// map held) the volume's live entry at its block; for a `Relocate` or
+    /// `RelocatePacked` record the entry at its block of every map of the
+    /// volume's family that holds its source. Empty for any other record,
+    /// or when no map holds what it moved.
+    pub fn moved_mappings(&self, record: &Record) -> Vec<Mapping> {
         match record {
             Record::Data {
                 volume_id,
                 logical_block,
-                checksum,
+                ..
             }
             | Record::Packed {
                 volume_id,
                 logical_block,
-                checksum,
                 ..
             } => self
                 .volumes
                 .get(volume_id)
                 .and_then(|volume| volume.map.get(*logical_block))
-                .is_some_and(|held| held.checksum == *checksum),
+                .into_iter()
+                .collect(),
             Record::Relocate {
                 volume_id,
                 logical_block,
                 from_physical_block: from,
-                checksum,
+                ..
             }
             | Record::RelocatePacked {
                 volume_id,
                 logical_block,
                 from,
-                checksum,
                 ..
-            } => {
-                let mut holders = self
-                    .family(*volume_id)
-                    .into_iter()
-                    .filter_map(|member| self.volumes.get(&member))
-                    .flat_map(Volume::maps)
-                    .filter_map(|map| map.get(*logical_block))
-                    .filter(|held| held.location.raw() == *from)
-                    .peekable();
-                holders.peek().is_some() && holders.all(|held| held.checksum == *checksum)
-            }
-            _ => false,
+            } => self
+                .family(*volume_id)
+                .into_iter()
+                .filter_map(|member| self.volumes.get(&member))
+                .flat_map(Volume::maps)
+                .filter_map(|map| map.get(*logical_block))
+                .filter(|held| held.location.raw() == *from)
+                .collect(),
+            _ => Vec::new(),
         }
     }
 

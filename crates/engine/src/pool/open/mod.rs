@@ -13,6 +13,7 @@
 mod checkpoints;
 pub(super) mod create;
 pub(super) mod flash_restore;
+mod new_forms;
 mod replay;
 mod resume;
 mod scan;

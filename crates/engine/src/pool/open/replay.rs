@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use lamina_device::{AlignedBuffer, BlockDevice};
 
+use super::new_forms::NewFormJudge;
 use super::scan::{ScannedBatch, ScannedDamage, ScannedLog};
 use crate::error::EngineError;
-use crate::log::batch::block_checksum;
+use crate::log::batch::{Record, block_checksum};
 use crate::log::chain::SegmentShape;
 use crate::log::data_layout::{DataLayout, Placement};
 use crate::log::geometry::{Geometry, Tier};
@@ -25,8 +26,8 @@ use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 pub(super) enum OpenMode {
     Normal,
     /// The flash device is new (`Pool::restore_flash`): replay applies only
-    /// moves of contents the checkpoint holds, and what the maps place on
-    /// flash is lost.
+    /// moves of contents the checkpoint holds (as they were, or in a new
+    /// form, `new_forms`), and what the maps place on flash is lost.
     FlashRestored,
 }
 
@@ -99,6 +100,9 @@ pub(super) struct ReplayOutcome {
     /// Records a restore without the flash device did not apply: they
     /// changed, or moved, a version written after the checkpoint.
     pub(super) later_versions_skipped: u64,
+    /// Moves a restore without the flash device applied because their new
+    /// form (cold compression) decodes to what the maps held (`new_forms`).
+    pub(super) new_forms_kept: u64,
 }
 
 /// Replays the scanned batches newer than the checkpoint, in sequence order.
@@ -120,7 +124,9 @@ pub(super) async fn replay_batches(
         torn_blocks_dropped: 0,
         damaged_flushed_blocks: 0,
         later_versions_skipped: 0,
+        new_forms_kept: 0,
     };
+    let mut judge = NewFormJudge::default();
     let mut previous_sequence: Option<u64> = None;
     for batch in &scanned.batches {
         let sequence = batch.summary.batch_sequence;
@@ -137,13 +143,21 @@ pub(super) async fn replay_batches(
         // Flushed batches may be missing: a dead segment whose records
         // were all replaced by later durable ones is rewritten without
         // waiting for checkpoints to cover it (`State::dead_segment_reusable`).
+        let only_held_contents = matches!(mode, OpenMode::FlashRestored);
+        let checked_data = read_unflushed_data(device, batch, bounds).await?;
+        let restored_data = if only_held_contents && checked_data.is_none() {
+            read_fragment_data(device, batch).await?
+        } else {
+            None
+        };
         let replayed = BatchToReplay {
             batch,
-            checked_data: read_unflushed_data(device, batch, bounds).await?,
+            checked_data,
             flushed: bounds.flushed(geometry, batch),
-            only_held_contents: matches!(mode, OpenMode::FlashRestored),
+            only_held_contents,
+            restored_data,
         };
-        replay_records(state, &replayed, &mut outcome);
+        replay_records(state, &replayed, &mut judge, &mut outcome);
         batch_replayed(geometry, state, batch, &mut outcome);
         if sequence > bounds.log_flushed_through {
             let segment_index = geometry.segment_of(batch.summary_block);
@@ -229,6 +243,25 @@ pub(super) struct BatchToReplay<'a> {
     /// Apply only records that move contents the maps hold (a restore
     /// without the flash device, see [`replay_records`]).
     only_held_contents: bool,
+    /// For such a restore, the data blocks of a batch holding fragments
+    /// when `checked_data` does not hold them: what a move in a new form is
+    /// judged by (`new_forms`).
+    restored_data: Option<AlignedBuffer>,
+}
+
+/// The data blocks of a batch that holds fragments, as read (checked by
+/// whoever uses them); `None` for a batch without fragments.
+async fn read_fragment_data(
+    device: &dyn BlockDevice,
+    batch: &ScannedBatch,
+) -> Result<Option<AlignedBuffer>, EngineError> {
+    let summary = &batch.summary;
+    if !summary.records.iter().any(Record::carries_fragment) {
+        return Ok(None);
+    }
+    let offset = (batch.summary_block + 1) * BLOCK_SIZE_BYTES;
+    let length = summary.data_block_count() * BLOCK_BYTES;
+    Ok(Some(device.read(offset, length).await?))
 }
 
 /// The data blocks of a batch beyond what the log vouches for, which may be
@@ -400,17 +433,22 @@ fn shifted(placement: Placement, first: u32) -> Placement {
 /// hold (a demotion or capacity cleaning of a version the checkpoint has):
 /// one that moves a version written after the checkpoint would make that
 /// block newer than blocks whose later writes were on flash only, and the
-/// volume a mix of two points in time (decision 0056). Skipped, the block
-/// keeps the checkpoint's version, or is lost when that was on flash.
+/// volume a mix of two points in time (decision 0056). A move whose
+/// checksum is not the maps' may still carry their contents in a new form
+/// (cold compression): `judge` decides from its data (`new_forms`,
+/// decision 0074). Skipped, the block keeps the checkpoint's version, or is
+/// lost when that was on flash.
 pub(super) fn replay_records(
     state: &mut State,
     replayed: &BatchToReplay,
+    judge: &mut NewFormJudge,
     outcome: &mut ReplayOutcome,
 ) {
     let summary_block = replayed.batch.summary_block;
     let mut layout = DataLayout::new();
     for record in &replayed.batch.summary.records {
-        let skipped = replayed.only_held_contents && !state.volumes().moves_held_contents(record);
+        let mut skipped =
+            replayed.only_held_contents && !state.volumes().moves_held_contents(record);
         let Some(placement) = layout.place(record.data_kind()) else {
             if skipped {
                 outcome.later_versions_skipped += 1;
@@ -420,6 +458,10 @@ pub(super) fn replay_records(
             continue;
         };
         let location = placed_location(summary_block, placement);
+        if skipped && moved_in_new_form(state, replayed, judge, record, placement) {
+            outcome.new_forms_kept += 1;
+            skipped = false;
+        }
         let checksum = record
             .data_checksum()
             .expect("only records that carry data are placed");
@@ -446,6 +488,37 @@ pub(super) fn replay_records(
             );
         }
         state.replay_record(record, Some(location));
+    }
+}
+
+/// After a restore without the flash device, whether `record`, a move the
+/// checksum rule skipped, placed at `placement` in its batch, moved the
+/// contents the maps hold in a new form (`new_forms`), judged by the
+/// batch's data as read.
+fn moved_in_new_form(
+    state: &State,
+    replayed: &BatchToReplay,
+    judge: &mut NewFormJudge,
+    record: &Record,
+    placement: Placement,
+) -> bool {
+    let data = replayed
+        .checked_data
+        .as_ref()
+        .or(replayed.restored_data.as_ref());
+    let (Placement::Fragment { .. }, Some(data)) = (placement, data) else {
+        return false;
+    };
+    let blocks = data_blocks_of(placement);
+    let start = blocks.first as usize * BLOCK_BYTES;
+    let touched = &data[start..start + blocks.count as usize * BLOCK_BYTES];
+    let location = placed_location(replayed.batch.summary_block, placement);
+    match judge.check(state.volumes(), record, location, touched) {
+        Ok(()) => true,
+        Err(reason) => {
+            tracing::debug!(%location, ?record, %reason, "a move after the restored checkpoint is skipped");
+            false
+        }
     }
 }
 

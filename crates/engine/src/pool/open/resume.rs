@@ -65,6 +65,7 @@ pub(super) fn mark_restored_losses(
         covered_batch_sequence = point.covered_batch_sequence,
         lost_block_entries = lost,
         later_versions_skipped = replay.later_versions_skipped,
+        moves_in_new_form_kept = replay.new_forms_kept,
         "flash device restored: every volume is as of the checkpoint (nothing written after it is restored); map entries whose data was on the lost flash only are marked lost and read as errors"
     );
     findings.restored_as_of = Some(point);
