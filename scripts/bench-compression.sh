@@ -8,14 +8,18 @@
 # (incompressible), random writes of fio's compressible buffers
 # (buffer_compress_percentage=50: synthetic, as its generator makes them).
 # Prints per round, codec and workload: MiB/s or IOPS and the server's CPU
-# µs per operation (utime + stime ÷ operations; nbdcopy: per 4 KiB block).
+# µs per operation (utime + stime ÷ operations, to 0.1 µs from clock ticks;
+# nbdcopy: per 4 KiB block).
 #
 #   scripts/bench-compression.sh BINARY IMAGE [ROUNDS] [SECONDS] [CODECS]
 #
 # With CACHE_BYTES set, the memory cache has that size and only random
 # reads run, twice (the first warms the cache), the second reporting the
 # cache's hits ÷ lookups over it (issue 44, goal 4; a fragment's read looks
-# up the one or two blocks it is packed in).
+# up the one or two blocks it is packed in) and the share of reads served from
+# decoded copies without a lookup of packed blocks (decision 0075). IODEPTH
+# sets fio's queue depth (default 32), READ_DISTRIBUTION fio's
+# random_distribution (default random: uniform; e.g. zipf:1.1 for a hot set).
 #
 # Defaults: 3 rounds, 10 s per fio run, codecs "off lz4 zstd:1". Codecs
 # alternate within each round. Only the processes it starts are stopped, by
@@ -58,13 +62,14 @@ uri() { echo "nbd+unix:///default?socket=$WORK/data/nbd.sock"; }
 run_fio() {
   local before after output iops operations
   before=$(cpu_of "$PID")
-  fio --name=run --ioengine=nbd --uri="$(uri)" --bs=4k --iodepth=32 \
+  fio --name=run --ioengine=nbd --uri="$(uri)" --bs=4k --iodepth="${IODEPTH:-32}" \
+    --random_distribution="${READ_DISTRIBUTION:-random}" \
     --size="$VOLUME_BYTES" --time_based --runtime="$RUN_SECONDS" \
     --output-format=json --output="$WORK/fio.json" "$@" >"$WORK/fio.log" 2>&1
   after=$(cpu_of "$PID")
   iops=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(round(j["read"]["iops"]+j["write"]["iops"]))' "$WORK/fio.json")
   operations=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(j["read"]["total_ios"]+j["write"]["total_ios"])' "$WORK/fio.json")
-  echo "$iops $(( (after - before) * 10000 / operations ))"
+  echo "$iops $(python3 -c "print(round(($after - $before) * 10000 / $operations, 1))")"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -80,12 +85,13 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round codec $codec stored-bytes $stored"
     if [ -n "${CACHE_BYTES:-}" ]; then
       run_fio --rw=randread >/dev/null
-      hits() { "$BIN" pool status --data "$WORK/data" --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["memory_cache"]; print(c["hits"], c["misses"])'; }
-      read -r hits_before misses_before <<<"$(hits)"
+      hits() { "$BIN" pool status --data "$WORK/data" --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["memory_cache"]; print(c["hits"], c["misses"], c.get("decoded_hits", 0))'; }
+      read -r hits_before misses_before decoded_before <<<"$(hits)"
       measured=$(run_fio --rw=randread)
-      read -r hits_after misses_after <<<"$(hits)"
+      read -r hits_after misses_after decoded_after <<<"$(hits)"
       ratio=$(python3 -c "h=$hits_after-$hits_before; m=$misses_after-$misses_before; print(round(h/max(1,h+m),3))")
-      echo "round $round codec $codec cached-randread $measured hit-ratio $ratio"
+      decoded=$(python3 -c "d=$decoded_after-$decoded_before; h=$hits_after-$hits_before; m=$misses_after-$misses_before; print(round(d/max(1,d+h+m),3))")
+      echo "round $round codec $codec cached-randread $measured hit-ratio $ratio decoded-share $decoded"
       stop
       continue
     fi

@@ -508,9 +508,18 @@ pub struct DeviceFullStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheStatistics {
     pub capacity_bytes: u64,
+    /// Slots in use, decoded copies of compressed blocks included.
     pub cached_bytes: u64,
+    /// Lookups of device blocks that found them, and that did not.
     pub hits: u64,
     pub misses: u64,
+    /// Slots holding compressed blocks decoded (decision 0075); absent
+    /// from older daemons.
+    #[serde(default)]
+    pub decoded_bytes: u64,
+    /// Reads of compressed blocks served decoded, without a decode.
+    #[serde(default)]
+    pub decoded_hits: u64,
 }
 
 /// One tier's space.
@@ -678,7 +687,7 @@ mod tests {
             "dead_segment_count": 0, "cleaner_state": "idle", "cleaner_pressure": 0.0,
             "durable_batch_sequence": 3, "checkpoint_sequence": 1, "failed": null,
             "device_full": null, "device_full_retries": 0,
-            "memory_cache": {"capacity_bytes": 0, "cached_bytes": 0, "hits": 0, "misses": 0},
+            "memory_cache": {"capacity_bytes": 0, "cached_bytes": 0, "hits": 0, "misses": 0, "decoded_bytes": 0, "decoded_hits": 0},
             "flash": {"size_bytes": 100, "used_bytes": 10, "free_bytes": 90},
             "capacity": null, "promoted_blocks": 0, "demoted_blocks": 0,
             "integrity": {"read_checksum_errors": 0, "checksum_errors_repaired": 0,

@@ -93,6 +93,8 @@ pub fn pool_status(status: engine::PoolStatus) -> api::PoolStatus {
             cached_bytes: memory_cache.cached_bytes,
             hits: memory_cache.hits,
             misses: memory_cache.misses,
+            decoded_bytes: memory_cache.decoded_bytes,
+            decoded_hits: memory_cache.decoded_hits,
         },
         cache_warmup: cache_warmup_of(cache_warmup),
         flash: tier_space_of(flash),

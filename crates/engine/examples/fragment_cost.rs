@@ -6,6 +6,10 @@
 //! blocks. Beside them, in the same run, the work an uncompressed cache hit
 //! does with the block (a 4 KiB copy), so that the difference is what issue
 //! 44's goal 3 bounds (a compressed hit may cost at most 1 µs more CPU).
+//! Then cache hits through the real `MemoryCache`, in a shuffled order: an
+//! uncompressed hit (the block copied out and its checksum checked, as the
+//! read path does), a hit on packed blocks (copied out and decoded, as before
+//! decision 0075) and a hit on a decoded copy (decision 0075).
 //! Medians of `ROUND_COUNT` rounds, one thread, in the thread's CPU time
 //! (Linux's `/proc/thread-self/schedstat`).
 //!
@@ -17,7 +21,10 @@ use lamina_engine::BLOCK_BYTES;
 use lamina_engine::log::data_layout::{DataLayout, Placement};
 use lamina_engine::log::fragment::{EncodedBlock, FragmentDecoder, FragmentEncoder};
 use lamina_engine::log::location::Location;
+use lamina_engine::tier::memory_cache::MemoryCache;
 use lamina_reduction::Codec;
+use rand::seq::SliceRandom;
+use rand::{SeedableRng, rngs::SmallRng};
 
 /// How much of /usr/lib the run reads.
 const DATA_BYTES: usize = 64 << 20;
@@ -28,6 +35,10 @@ const DATA_DIRECTORY: &str = "/usr/lib";
 const CODEC_NAMES: [&str; 3] = ["lz4", "zstd:1", "zstd:3"];
 /// Where the data region starts on the pretend device.
 const REGION_FIRST_BLOCK: u64 = 0;
+/// Where the uncompressed copies of the blocks start on the pretend device.
+const WHOLE_FIRST_BLOCK: u64 = 1 << 30;
+/// The memory cache of the hit rounds: every block whole, packed and decoded.
+const CACHE_BYTES: u64 = 4 * DATA_BYTES as u64;
 
 /// Files under `directory`, depth first in name order, until `limit_bytes`.
 fn gather_files(directory: &Path, data: &mut Vec<u8>, limit_bytes: usize) {
@@ -169,6 +180,98 @@ fn thread_cpu_nanoseconds() -> u64 {
     first.parse().expect("nanoseconds on a core")
 }
 
+/// The order the hit rounds visit blocks or fragments in.
+fn shuffled(count: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..count).collect();
+    order.shuffle(&mut SmallRng::seed_from_u64(44));
+    order
+}
+
+/// CPU time per hit of `hit` over `order`.
+fn hit_round(order: &[usize], mut hit: impl FnMut(usize)) -> f64 {
+    let started = thread_cpu_nanoseconds();
+    for &index in order {
+        hit(index);
+    }
+    (thread_cpu_nanoseconds() - started) as f64 / order.len() as f64
+}
+
+/// What a hit costs per block: uncompressed, packed (decoded on each hit)
+/// and decoded (decision 0075), medians in ns.
+struct HitCosts {
+    uncompressed: f64,
+    packed: f64,
+    decoded: f64,
+}
+
+fn hit_costs(packed: &Packed, blocks: &[[u8; BLOCK_BYTES]]) -> HitCosts {
+    let cache = MemoryCache::new(CACHE_BYTES);
+    let checksums: Vec<u32> = blocks.iter().map(|block| crc32c::crc32c(block)).collect();
+    for (block, number) in blocks.iter().zip(WHOLE_FIRST_BLOCK..) {
+        cache.insert(number, block);
+    }
+    for (contents, number) in packed
+        .region
+        .chunks_exact(BLOCK_BYTES)
+        .zip(REGION_FIRST_BLOCK..)
+    {
+        cache.insert(number, contents);
+    }
+    let mut decoder = FragmentDecoder::new().expect("a codec context");
+    let mut output = [0; BLOCK_BYTES];
+    for (&location, &checksum) in packed.locations.iter().zip(&packed.checksums) {
+        decoder
+            .decode(location, packed.touched(location), checksum, &mut output)
+            .expect("decode");
+        for _ in 0..2 {
+            let generation = cache.generation(location.block());
+            cache.offer_decoded(location, checksum, &output, generation);
+        }
+    }
+    let whole_order = shuffled(blocks.len());
+    let fragment_order = shuffled(packed.locations.len());
+    let mut touched = [0u8; 2 * BLOCK_BYTES];
+    let mut uncompressed = Vec::new();
+    let mut packed_hits = Vec::new();
+    let mut decoded = Vec::new();
+    for _ in 0..ROUND_COUNT {
+        uncompressed.push(hit_round(&whole_order, |index| {
+            let hit = cache.get(WHOLE_FIRST_BLOCK + index as u64, &mut output)
+                && crc32c::crc32c(&output) == checksums[index];
+            assert!(hit, "block {index} is cached");
+        }));
+        packed_hits.push(hit_round(&fragment_order, |index| {
+            let location = packed.locations[index];
+            let touched = &mut touched[..location.block_count() as usize * BLOCK_BYTES];
+            for (contents, number) in touched
+                .chunks_exact_mut(BLOCK_BYTES)
+                .zip(location.block()..)
+            {
+                assert!(
+                    cache.get(number, contents),
+                    "packed block {number} is cached"
+                );
+            }
+            decoder
+                .decode(location, touched, packed.checksums[index], &mut output)
+                .expect("decode");
+        }));
+        decoded.push(hit_round(&fragment_order, |index| {
+            let hit = cache.get_decoded(
+                packed.locations[index],
+                packed.checksums[index],
+                &mut output,
+            );
+            assert!(hit, "fragment {index} is cached decoded");
+        }));
+    }
+    HitCosts {
+        uncompressed: median(uncompressed),
+        packed: median(packed_hits),
+        decoded: median(decoded),
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -186,6 +289,7 @@ fn main() {
         "codec   packed%  units/fragment  encode ns/block  decode ns/fragment  of which crc32c ns  decode - copy ns"
     );
     let copy = median((0..ROUND_COUNT).map(|_| copy_round(&blocks)).collect());
+    let mut hits = Vec::new();
     for name in CODEC_NAMES {
         let codec: Codec = name.parse().expect("a codec name");
         let mut encode_times = Vec::new();
@@ -202,6 +306,7 @@ fn main() {
         let packed = last.expect("a round");
         let fragment_count = packed.locations.len();
         let decode = median(decode_times);
+        hits.push((name, hit_costs(&packed, &blocks)));
         println!(
             "{name:7} {:7.1}  {:14.1}  {:15.0}  {:18.0}  {:18.0}  {:16.0}",
             100.0 * fragment_count as f64 / blocks.len() as f64,
@@ -218,4 +323,16 @@ fn main() {
         );
     }
     println!("4 KiB copy (an uncompressed hit's data work): {copy:.0} ns/block");
+    println!(
+        "cache hits, ns: codec  uncompressed  packed (decode per hit)  decoded (0075)  decoded - uncompressed"
+    );
+    for (name, costs) in hits {
+        println!(
+            "                {name:7} {:12.0}  {:23.0}  {:14.0}  {:21.0}",
+            costs.uncompressed,
+            costs.packed,
+            costs.decoded,
+            costs.decoded - costs.uncompressed
+        );
+    }
 }

@@ -347,6 +347,77 @@ mod blocks {
         pool.close().await.unwrap();
     }
 
+    /// Reads every block three times over and returns how many reads the
+    /// memory cache served decoded meanwhile (a fragment decoded from the
+    /// cache twice is kept decoded for the third).
+    async fn decoded_hits_reading_thrice(
+        pool: &Pool,
+        volume_id: u32,
+        blocks: &[Vec<u8>],
+        when: &str,
+    ) -> u64 {
+        let before = pool.status().memory_cache.decoded_hits;
+        for _ in 0..3 {
+            check_all(pool, volume_id, blocks, when).await;
+        }
+        pool.status().memory_cache.decoded_hits - before
+    }
+
+    #[tokio::test]
+    async fn hot_fragments_are_served_decoded_through_overwrites_cleaning_and_reuse() {
+        // Decision 0075: a fragment read again from the cache is kept
+        // decoded. Every read must still return the newest data while
+        // fragments die, move and their segments are reused.
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let cached = PoolLimits {
+            memory_cache_bytes: 8 << 20,
+            ..limits()
+        };
+        let pool = Pool::create(memory.clone(), options(SEGMENT_BYTES, None), cached.clone())
+            .await
+            .unwrap();
+        let volume_id = compressing_volume(&pool, "lz4").await;
+        let mut expected = real_blocks(VOLUME_BLOCKS / 2, 6);
+        write_all(&pool, volume_id, &expected).await;
+        pool.flush().await.unwrap();
+        let hits = decoded_hits_reading_thrice(&pool, volume_id, &expected, "written").await;
+        assert!(hits > 0, "no read was served decoded");
+        assert!(pool.status().memory_cache.decoded_bytes > 0);
+        // Overwrites: the dead fragments' decoded copies are forgotten.
+        let second = real_blocks(VOLUME_BLOCKS / 2, 7);
+        for index in (0..expected.len()).step_by(2) {
+            expected[index] = second[index].clone();
+            pool.write(volume_id, (index * BLOCK) as u64, &second[index], false)
+                .await
+                .unwrap();
+        }
+        pool.flush().await.unwrap();
+        let hits = decoded_hits_reading_thrice(&pool, volume_id, &expected, "overwritten").await;
+        assert!(hits > 0, "no overwritten read was served decoded");
+        // The cleaner moves the survivors and frees segments that new data
+        // then takes (freed segments are reused first in this test).
+        assert!(
+            pool.clean(64).await.unwrap() > 0,
+            "the cleaner took no victim"
+        );
+        pool.flush().await.unwrap();
+        check_all(&pool, volume_id, &expected, "cleaned").await;
+        let third = real_blocks(VOLUME_BLOCKS / 2, 8);
+        for index in (1..expected.len()).step_by(2) {
+            expected[index] = third[index].clone();
+            pool.write(volume_id, (index * BLOCK) as u64, &third[index], false)
+                .await
+                .unwrap();
+        }
+        pool.flush().await.unwrap();
+        let hits = decoded_hits_reading_thrice(&pool, volume_id, &expected, "reused").await;
+        assert!(hits > 0, "no read was served decoded after reuse");
+        pool.close().await.unwrap();
+        let pool = Pool::open(memory.clone(), cached).await.unwrap();
+        check_all(&pool, volume_id, &expected, "reopened").await;
+        pool.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn the_memory_cache_serves_fragments_from_the_packed_blocks_it_holds() {
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));

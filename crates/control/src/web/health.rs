@@ -217,7 +217,7 @@ mod tests {
             "dead_segment_count": 0, "cleaner_state": "idle", "cleaner_pressure": 0.0,
             "durable_batch_sequence": 0, "checkpoint_sequence": 0, "failed": null,
             "device_full": null, "device_full_retries": 0,
-            "memory_cache": {"capacity_bytes": 0, "cached_bytes": 0, "hits": 0, "misses": 0},
+            "memory_cache": {"capacity_bytes": 0, "cached_bytes": 0, "hits": 0, "misses": 0, "decoded_bytes": 0, "decoded_hits": 0},
             "flash": {"size_bytes": 100, "used_bytes": 10, "free_bytes": 90},
             "capacity": null, "promoted_blocks": 0, "demoted_blocks": 0,
             "integrity": {"read_checksum_errors": 0, "checksum_errors_repaired": 0,

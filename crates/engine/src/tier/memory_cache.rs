@@ -31,6 +31,11 @@
 //! ordinary cached block from then on. Room that nothing holds is taken
 //! without limit: a cache that is not full has nothing to protect.
 //!
+//! Compressed blocks are cached as the device blocks their fragments are
+//! packed in; a fragment read again from the cache is also kept decoded, in
+//! a slot under a key of its own, within a share of the shard
+//! (`decoded_entries`, decision 0075).
+//!
 //! For a warm restart (`pool::cache_warmup`) the cache lists what it holds,
 //! hottest first, and takes blocks loaded in the background only into room it
 //! has: a warm-up never evicts what clients brought in since the start.
@@ -41,7 +46,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::MmapMut;
 
 use super::cache_index::CacheIndex;
+use super::decoded_entries::{DecodedChecksums, DecodedEntries, decoded_key, is_decoded_key};
 use crate::convert::to_usize;
+use crate::log::location::Location;
 use crate::{BLOCK_BYTES, BLOCK_SIZE_BYTES};
 
 const BLOCK: usize = BLOCK_BYTES;
@@ -121,6 +128,8 @@ struct Shard {
     /// Slots emptied by invalidation.
     free_slots: Vec<usize>,
     capacity_blocks: usize,
+    /// Which slots hold compressed blocks decoded (decision 0075).
+    decoded: DecodedEntries,
 }
 
 /// A shard behind its lock, with its invalidation count.
@@ -142,15 +151,22 @@ pub struct MemoryCache {
     shards: Vec<LockedShard>,
     hits: AtomicU64,
     misses: AtomicU64,
+    decoded_hits: AtomicU64,
 }
 
 /// Hit and miss counts, for statistics.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct CacheStatistics {
     pub capacity_bytes: u64,
+    /// Bytes of the slots in use, decoded copies of compressed blocks included.
     pub cached_bytes: u64,
+    /// Lookups of device blocks that found them, and that did not.
     pub hits: u64,
     pub misses: u64,
+    /// Bytes of the slots holding compressed blocks decoded.
+    pub decoded_bytes: u64,
+    /// Reads of a compressed block served decoded, without a decode.
+    pub decoded_hits: u64,
 }
 
 impl Shard {
@@ -169,6 +185,7 @@ impl Shard {
             written_hand: 0,
             free_slots: Vec::new(),
             capacity_blocks,
+            decoded: DecodedEntries::new(capacity_blocks),
         }
     }
 
@@ -187,6 +204,7 @@ impl Shard {
             self.blocks.push(EMPTY_SLOT);
             self.referenced.push(false);
             self.written_unread.push(false);
+            self.decoded.push_slot();
             return Some(self.blocks.len() - 1);
         }
         None
@@ -226,6 +244,7 @@ impl Shard {
         if self.written_unread[index] {
             self.written_unread_count -= 1;
         }
+        self.decoded.vacate(index, self.blocks[index]);
         self.blocks[index] = physical_block;
         self.referenced[index] = false;
         self.written_unread[index] = written;
@@ -288,6 +307,64 @@ impl Shard {
         }
     }
 
+    /// The slot a decoded block goes to: its own, an empty one, the CLOCK's
+    /// victim while decoded blocks are under their share, else the oldest
+    /// decoded block's; `None` when that share is nothing and the shard is
+    /// full.
+    fn slot_for_decoded(&mut self, key: u64) -> Option<usize> {
+        if let Some(index) = self.index_of.get(key) {
+            return Some(index);
+        }
+        if let Some(index) = self.empty_slot() {
+            return Some(index);
+        }
+        if self.decoded.has_share_left() {
+            return Some(self.victim());
+        }
+        (self.decoded.count() > 0).then(|| {
+            let index = self.decoded.next_victim();
+            self.index_of.remove(self.blocks[index]);
+            index
+        })
+    }
+
+    /// Caches `key`'s decoded block, referenced: it enters on its second read.
+    fn insert_decoded(&mut self, key: u64, contents: &[u8], checksums: DecodedChecksums) {
+        if let Some(index) = self.slot_for_decoded(key) {
+            self.occupy(index, key, false);
+            self.decoded.occupy(index, key, checksums);
+            self.referenced[index] = true;
+            self.data.block_mut(index).copy_from_slice(contents);
+        }
+    }
+
+    /// Copies `key`'s decoded block into `destination` if cached for the
+    /// fragment whose checksum is `fragment_checksum`; returns the block's
+    /// checksum to check the copy against.
+    fn get_decoded(
+        &mut self,
+        key: u64,
+        fragment_checksum: u32,
+        destination: &mut [u8],
+    ) -> Option<u32> {
+        let index = self.index_of.get(key)?;
+        let checksums = self.decoded.checksums(index);
+        if checksums.fragment != fragment_checksum {
+            return None;
+        }
+        self.mark_read(index);
+        destination.copy_from_slice(self.data.block(index));
+        Some(checksums.block)
+    }
+
+    /// Forgets the decoded blocks of fragments starting in
+    /// `first_block..end_block`.
+    fn forget_decoded_in(&mut self, first_block: u64, end_block: u64) {
+        for key in self.decoded.keys_in(first_block, end_block) {
+            self.forget(key);
+        }
+    }
+
     /// Forgets `physical_block` if cached; its slot goes on the free list,
     /// reused before anything is evicted.
     fn forget(&mut self, physical_block: u64) {
@@ -296,6 +373,7 @@ impl Shard {
                 self.written_unread[index] = false;
                 self.written_unread_count -= 1;
             }
+            self.decoded.vacate(index, physical_block);
             self.blocks[index] = EMPTY_SLOT;
             self.referenced[index] = false;
             self.free_slots.push(index);
@@ -344,6 +422,7 @@ impl MemoryCache {
             shards,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            decoded_hits: AtomicU64::new(0),
         }
     }
 
@@ -375,6 +454,71 @@ impl MemoryCache {
         let counter = if found { &self.hits } else { &self.misses };
         counter.fetch_add(1, Ordering::Relaxed);
         found
+    }
+
+    /// Copies `location`'s decoded block into `destination` if it is cached
+    /// for the fragment whose checksum (the map's) is `fragment_checksum`
+    /// and the copy passes the block's own checksum (decision 0075).
+    pub fn get_decoded(
+        &self,
+        location: Location,
+        fragment_checksum: u32,
+        destination: &mut [u8; BLOCK],
+    ) -> bool {
+        if self.capacity_blocks == 0 {
+            return false;
+        }
+        let key = decoded_key(location);
+        let locked = self.shard_of(key);
+        let Some(block_checksum) =
+            Self::lock(locked).get_decoded(key, fragment_checksum, destination)
+        else {
+            return false;
+        };
+        if crc32c::crc32c(destination) != block_checksum {
+            tracing::error!(%location, "a decoded block in the memory cache failed its checksum; it is dropped and the fragment read again");
+            Self::lock(locked).forget(key);
+            return false;
+        }
+        self.decoded_hits.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Offers `location`'s block, just decoded from packed blocks this
+    /// cache held: it is kept decoded if it was decoded from the cache
+    /// lately too, unless its shard saw an invalidation since `generation`
+    /// was taken; within the share decoded blocks may take.
+    pub fn offer_decoded(
+        &self,
+        location: Location,
+        fragment_checksum: u32,
+        contents: &[u8; BLOCK],
+        generation: CacheGeneration,
+    ) {
+        if self.capacity_blocks == 0 {
+            return;
+        }
+        let key = decoded_key(location);
+        let locked = self.shard_of(key);
+        let mut shard = Self::lock(locked);
+        if locked.generation.load(Ordering::Acquire) == generation.0
+            && shard.decoded.decoded_again(key)
+        {
+            let checksums = DecodedChecksums {
+                fragment: fragment_checksum,
+                block: crc32c::crc32c(contents),
+            };
+            shard.insert_decoded(key, contents, checksums);
+        }
+    }
+
+    /// Forgets `location`'s decoded block (its fragment died).
+    pub fn forget_decoded(&self, location: Location) {
+        if self.capacity_blocks == 0 {
+            return;
+        }
+        let key = decoded_key(location);
+        Self::lock(self.shard_of(key)).forget(key);
     }
 
     /// Caches a block just written (replacing any copy), within the share
@@ -457,7 +601,7 @@ impl MemoryCache {
             for step in 1..=slot_count {
                 let index = (shard.hand + slot_count - step) % slot_count;
                 let physical_block = shard.blocks[index];
-                if physical_block == EMPTY_SLOT {
+                if physical_block == EMPTY_SLOT || is_decoded_key(physical_block) {
                     continue;
                 }
                 if shard.referenced[index] {
@@ -486,26 +630,32 @@ impl MemoryCache {
             for physical_block in (first_of_shard..end).step_by(self.shards.len()) {
                 shard.forget(physical_block);
             }
+            shard.forget_decoded_in(first_block, end);
         }
     }
 
     pub fn statistics(&self) -> CacheStatistics {
-        let cached_blocks: usize = self
-            .shards
-            .iter()
-            .map(|locked| Self::lock(locked).index_of.len())
-            .sum();
+        let mut cached_blocks = 0;
+        let mut decoded_blocks = 0;
+        for locked in &self.shards {
+            let shard = Self::lock(locked);
+            cached_blocks += shard.index_of.len();
+            decoded_blocks += shard.decoded.count();
+        }
         CacheStatistics {
             capacity_bytes: self.capacity_blocks as u64 * BLOCK_SIZE_BYTES,
             cached_bytes: cached_blocks as u64 * BLOCK_SIZE_BYTES,
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            decoded_bytes: decoded_blocks as u64 * BLOCK_SIZE_BYTES,
+            decoded_hits: self.decoded_hits.load(Ordering::Relaxed),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::decoded_entries::DECODED_PERCENT_MAX;
     use super::*;
 
     fn block(value: u8) -> Vec<u8> {
@@ -537,6 +687,71 @@ mod tests {
         disabled.insert(1, &block(1));
         assert!(!disabled.get(1, &mut out));
         assert!(!disabled.insert_if_room(1, &block(1)));
+    }
+
+    fn decoded(value: u8) -> [u8; BLOCK] {
+        [value; BLOCK]
+    }
+
+    #[test]
+    fn decoded_blocks_are_served_for_their_fragment_only_and_within_their_share() {
+        // One shard of 1,024 slots: decoded blocks may take 102 of them.
+        let cache = MemoryCache::new(SHARD_BLOCKS_MIN as u64 * BLOCK_SIZE_BYTES);
+        let share = SHARD_BLOCKS_MIN * to_usize(DECODED_PERCENT_MAX) / 100;
+        let mut out = decoded(0);
+        for physical_block in 0..SHARD_BLOCKS_MIN as u64 {
+            cache.insert(physical_block, &block(1));
+        }
+        let fragment = |block: u64| Location::fragment(block, 10, 100);
+        for block in 0..2 * share as u64 {
+            let generation = cache.generation(block);
+            cache.offer_decoded(fragment(block), 7, &decoded(2), generation);
+            cache.offer_decoded(fragment(block), 7, &decoded(2), generation);
+        }
+        let statistics = cache.statistics();
+        assert_eq!(statistics.decoded_bytes, share as u64 * BLOCK_SIZE_BYTES);
+        assert_eq!(
+            statistics.cached_bytes,
+            SHARD_BLOCKS_MIN as u64 * BLOCK_SIZE_BYTES
+        );
+        // The newest replaced the oldest decoded blocks, not the packed ones.
+        assert!(!cache.get_decoded(fragment(0), 7, &mut out));
+        let newest = fragment(2 * share as u64 - 1);
+        assert!(cache.get_decoded(newest, 7, &mut out) && out == decoded(2));
+        assert!(
+            !cache.get_decoded(newest, 8, &mut out),
+            "another fragment's checksum"
+        );
+        assert_eq!(cache.statistics().decoded_hits, 1);
+        let packed_left = (0..SHARD_BLOCKS_MIN as u64)
+            .filter(|&physical_block| cache.get(physical_block, &mut block(0)))
+            .count();
+        assert_eq!(packed_left, SHARD_BLOCKS_MIN - share);
+        // A segment's invalidation forgets its decoded blocks; a dead
+        // fragment's own is forgotten alone.
+        let last = 2 * share as u64 - 1;
+        cache.invalidate_range(last, 1);
+        assert!(!cache.get_decoded(fragment(last), 7, &mut out));
+        cache.forget_decoded(fragment(last - 1));
+        assert!(!cache.get_decoded(fragment(last - 1), 7, &mut out));
+        assert!(cache.get_decoded(fragment(last - 2), 7, &mut out));
+        assert_eq!(
+            cache.statistics().decoded_bytes,
+            (share as u64 - 2) * BLOCK_SIZE_BYTES
+        );
+        // A decode planned before an invalidation is not kept.
+        let planned = cache.generation(5000);
+        cache.invalidate_range(5000, 1);
+        cache.offer_decoded(fragment(5000), 7, &decoded(3), planned);
+        cache.offer_decoded(fragment(5000), 7, &decoded(3), planned);
+        assert!(!cache.get_decoded(fragment(5000), 7, &mut out));
+        // Decoded blocks are not device blocks to warm after a restart.
+        assert!(
+            cache
+                .physical_blocks_hottest_first()
+                .iter()
+                .all(|&physical_block| physical_block < SHARD_BLOCKS_MIN as u64)
+        );
     }
 
     #[test]

@@ -5,5 +5,6 @@
 //! `lamina-model` crate (`lamina_model::cache`).
 
 mod cache_index;
+mod decoded_entries;
 pub mod heat;
 pub mod memory_cache;

@@ -215,10 +215,12 @@ impl State {
     /// Accounts for a location that no map references any more.
     pub fn release_block(&mut self, location: Location) {
         // A dead block's cached copy can never be read again: free its slot for
-        // live data (otherwise overwrites fill the cache with garbage).
-        // Fragments are not cached (decision 0070: the compressed cache is a
-        // later slice).
-        if !location.is_fragment() {
+        // live data (otherwise overwrites fill the cache with garbage). A
+        // fragment's packed block may hold live fragments too; its decoded
+        // copy (decision 0075) is its alone.
+        if location.is_fragment() {
+            self.cache.forget_decoded(location);
+        } else {
             self.cache.invalidate_range(location.block(), 1);
         }
         self.space.release(location, self.writer.progress());

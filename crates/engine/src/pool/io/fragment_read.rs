@@ -11,7 +11,10 @@
 //! after the read): a 4 KiB slot holds every fragment packed in that block,
 //! so the cache holds compressed data and a hit costs a decode. A packed
 //! block never changes while its segment lives, and the cache forgets a
-//! segment's blocks when the segment is freed.
+//! segment's blocks when the segment is freed. A fragment decoded from a
+//! cache hit is also kept decoded, within a share of the cache, so that
+//! its next hits cost no decode (decision 0075): the read path
+//! (`read.rs`) takes those before it comes here.
 //!
 //! In a two-tier pool a fragment heat says to promote comes back with its
 //! units as they are (decision 0074): the read path moves them to flash as
@@ -146,6 +149,13 @@ impl Core {
         let location = fragment.location;
         let mut output = Box::new([0u8; BLOCK_BYTES]);
         if let Some(units) = self.decode_from_cache(fragment, &mut output) {
+            // Read again from the cache: perhaps kept decoded for the next reads.
+            self.cache().offer_decoded(
+                location,
+                fragment.checksum,
+                &output,
+                fragment.generations[0],
+            );
             return Ok(FragmentOutcome::Decoded {
                 block: output,
                 units,

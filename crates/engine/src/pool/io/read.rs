@@ -639,6 +639,9 @@ impl Core {
         let mut plan = self.plan_read(view, offset, buffer, extents)?;
         let mut fragments_moved = Vec::new();
         if !plan.fragments.is_empty() {
+            self.take_decoded_from_cache(&mut plan, offset, buffer);
+        }
+        if !plan.fragments.is_empty() {
             let fragments = std::mem::take(&mut plan.fragments);
             let request_length = buffer.len();
             let mut copy = |logical_block: u64, block: &[u8; BLOCK_BYTES]| {
@@ -766,6 +769,31 @@ impl Core {
             !hit
         });
         plan.from_device = std::mem::take(&mut plan.from_cache_or_device);
+    }
+
+    /// Copies the compressed blocks of `plan.fragments` the memory cache
+    /// holds decoded (decision 0075) into `buffer`, outside the state lock,
+    /// and leaves the others to `fragment_read`. A fragment to promote needs
+    /// its units, which a decoded copy lacks: it is left too.
+    fn take_decoded_from_cache(&self, plan: &mut ReadPlan, offset: u64, buffer: &mut [u8]) {
+        let cache = self.cache();
+        let request_length = buffer.len();
+        plan.fragments.retain(|fragment| {
+            if fragment.promote {
+                return true;
+            }
+            let span = BlockSpan::of(offset, request_length, fragment.logical_block);
+            let destination = &mut buffer[span.request_range()];
+            if let Ok(whole) = <&mut [u8; BLOCK_BYTES]>::try_from(destination) {
+                return !cache.get_decoded(fragment.location, fragment.checksum, whole);
+            }
+            let mut scratch = [0u8; BLOCK_BYTES];
+            let hit = cache.get_decoded(fragment.location, fragment.checksum, &mut scratch);
+            if hit {
+                buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
+            }
+            !hit
+        });
     }
 
     /// Plans a read under the state lock (see [`ReadPlanner`]): blocks in
