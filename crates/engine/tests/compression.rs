@@ -347,6 +347,14 @@ mod blocks {
         pool.close().await.unwrap();
     }
 
+    /// The tests' limits with an 8 MiB memory cache.
+    fn cached_limits() -> PoolLimits {
+        PoolLimits {
+            memory_cache_bytes: 8 << 20,
+            ..limits()
+        }
+    }
+
     /// Reads every block three times over and returns how many reads the
     /// memory cache served decoded meanwhile (a fragment decoded from the
     /// cache twice is kept decoded for the third).
@@ -369,13 +377,13 @@ mod blocks {
         // decoded. Every read must still return the newest data while
         // fragments die, move and their segments are reused.
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-        let cached = PoolLimits {
-            memory_cache_bytes: 8 << 20,
-            ..limits()
-        };
-        let pool = Pool::create(memory.clone(), options(SEGMENT_BYTES, None), cached.clone())
-            .await
-            .unwrap();
+        let pool = Pool::create(
+            memory.clone(),
+            options(SEGMENT_BYTES, None),
+            cached_limits(),
+        )
+        .await
+        .unwrap();
         let volume_id = compressing_volume(&pool, "lz4").await;
         let mut expected = real_blocks(VOLUME_BLOCKS / 2, 6);
         write_all(&pool, volume_id, &expected).await;
@@ -413,7 +421,7 @@ mod blocks {
         let hits = decoded_hits_reading_thrice(&pool, volume_id, &expected, "reused").await;
         assert!(hits > 0, "no read was served decoded after reuse");
         pool.close().await.unwrap();
-        let pool = Pool::open(memory.clone(), cached).await.unwrap();
+        let pool = Pool::open(memory.clone(), cached_limits()).await.unwrap();
         check_all(&pool, volume_id, &expected, "reopened").await;
         pool.close().await.unwrap();
     }
@@ -421,13 +429,13 @@ mod blocks {
     #[tokio::test]
     async fn the_memory_cache_serves_fragments_from_the_packed_blocks_it_holds() {
         let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-        let cached = PoolLimits {
-            memory_cache_bytes: 8 << 20,
-            ..limits()
-        };
-        let pool = Pool::create(memory.clone(), options(SEGMENT_BYTES, None), cached.clone())
-            .await
-            .unwrap();
+        let pool = Pool::create(
+            memory.clone(),
+            options(SEGMENT_BYTES, None),
+            cached_limits(),
+        )
+        .await
+        .unwrap();
         let volume_id = compressing_volume(&pool, "zstd:1").await;
         let blocks = real_blocks(64, 5);
         write_all(&pool, volume_id, &blocks).await;
@@ -445,7 +453,7 @@ mod blocks {
         // Reopened, the cache is empty: the device's damage shows, for that
         // block only; the blocks read from the device are cached and read again.
         pool.close().await.unwrap();
-        let pool = Pool::open(memory.clone(), cached).await.unwrap();
+        let pool = Pool::open(memory.clone(), cached_limits()).await.unwrap();
         let mut buffer = vec![0u8; BLOCK];
         assert!(pool.read(volume_id, 0, &mut buffer).await.is_err());
         for _ in 0..2 {
