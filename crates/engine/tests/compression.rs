@@ -345,6 +345,13 @@ mod blocks {
         pool.flush().await.unwrap();
         check_all(&pool, set.volume_id, &blocks, "on a two-tier pool").await;
         pool.close().await.unwrap();
+        // With a memory cache, read from the device, then kept decoded
+        // (decision 0075; a two-tier pool decodes its hits while planning).
+        let pool = Pool::open(memory.clone(), cached_limits()).await.unwrap();
+        check_all(&pool, set.volume_id, &blocks, "from the device").await;
+        let hits = decoded_hits_reading_thrice(&pool, set.volume_id, &blocks, "cached").await;
+        assert!(hits > 0, "no read was served decoded on a two-tier pool");
+        pool.close().await.unwrap();
     }
 
     /// The tests' limits with an 8 MiB memory cache.

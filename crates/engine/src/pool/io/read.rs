@@ -90,6 +90,18 @@ struct DeviceBlock {
     generation: CacheGeneration,
 }
 
+/// Where planning found a compressed block in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FragmentInMemory {
+    Nowhere,
+    /// In the open or an in-flight batch.
+    Unwritten,
+    /// Its packed blocks in the memory cache.
+    Packed,
+    /// Its decoded copy in the memory cache (decision 0075).
+    Decoded,
+}
+
 /// A capacity block a read moves to flash: a whole block, or a fragment
 /// moved as it is (decision 0074).
 struct Promotion {
@@ -313,9 +325,21 @@ impl<'a> ReadPlanner<'a> {
         let mut blocks = [0u8; FRAGMENT_BLOCKS_MAX as usize * BLOCK_BYTES];
         let touched = &mut blocks[..location.block_count() as usize * BLOCK_BYTES];
         let mut decoded = [0u8; BLOCK_BYTES];
-        if self.fragment_in_memory(location, touched)
-            && fragment_read::decode(location, touched, mapping.checksum, &mut decoded).is_ok()
-        {
+        let found =
+            self.fragment_in_memory(location, mapping.checksum, promote, touched, &mut decoded);
+        let served = match found {
+            FragmentInMemory::Nowhere => false,
+            FragmentInMemory::Decoded => true,
+            FragmentInMemory::Unwritten | FragmentInMemory::Packed => {
+                fragment_read::decode(location, touched, mapping.checksum, &mut decoded).is_ok()
+            }
+        };
+        if served {
+            if found == FragmentInMemory::Packed {
+                let generation = self.cache.generation(location.block());
+                self.cache
+                    .offer_decoded(location, mapping.checksum, &decoded, generation);
+            }
             buffer[span.request_range()].copy_from_slice(&decoded[span.block_range()]);
             if self.parts.heat.is_some() {
                 self.counters.memory_read_blocks += 1;
@@ -348,22 +372,44 @@ impl<'a> ReadPlanner<'a> {
         });
     }
 
-    /// Copies the blocks a fragment at `location` touches into `touched` if
-    /// they are all in memory: not written yet, or (two-tier pools, which
-    /// count memory hits under the lock) in the memory cache. A one-tier
-    /// pool asks its cache after the lock is released (`fragment_read`).
-    fn fragment_in_memory(&self, location: Location, touched: &mut [u8]) -> bool {
+    /// Finds a fragment at `location` in memory: the blocks it touches,
+    /// copied into `touched`, if they are not written yet; in two-tier pools
+    /// (which count memory hits under the lock) its decoded copy, copied
+    /// into `decoded` (not for a fragment to promote, which needs its
+    /// units), or its packed blocks in the memory cache. A one-tier pool
+    /// asks its cache after the lock is released (`read.rs`
+    /// `take_decoded_from_cache`, `fragment_read`).
+    fn fragment_in_memory(
+        &self,
+        location: Location,
+        checksum: u32,
+        promote: bool,
+        touched: &mut [u8],
+        decoded: &mut [u8; BLOCK_BYTES],
+    ) -> FragmentInMemory {
         let writer = self.parts.writer;
         let unwritten = touched
             .chunks_exact_mut(BLOCK_BYTES)
             .zip(location.block()..)
             .all(|(block, physical_block)| writer.copy_unwritten_block(physical_block, block));
-        unwritten
-            || (self.parts.heat.is_some()
-                && touched
-                    .chunks_exact_mut(BLOCK_BYTES)
-                    .zip(location.block()..)
-                    .all(|(block, physical_block)| self.cache.get(physical_block, block)))
+        if unwritten {
+            return FragmentInMemory::Unwritten;
+        }
+        if self.parts.heat.is_none() {
+            return FragmentInMemory::Nowhere;
+        }
+        if !promote && self.cache.get_decoded(location, checksum, decoded) {
+            return FragmentInMemory::Decoded;
+        }
+        let packed = touched
+            .chunks_exact_mut(BLOCK_BYTES)
+            .zip(location.block()..)
+            .all(|(block, physical_block)| self.cache.get(physical_block, block));
+        if packed {
+            FragmentInMemory::Packed
+        } else {
+            FragmentInMemory::Nowhere
+        }
     }
 
     /// Tells the heat (two-tier pools) of an access to the fragment at
