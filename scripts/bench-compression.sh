@@ -20,6 +20,8 @@
 # decoded copies without a lookup of packed blocks (decision 0075). IODEPTH
 # sets fio's queue depth (default 32), READ_DISTRIBUTION fio's
 # random_distribution (default random: uniform; e.g. zipf:1.1 for a hot set).
+# COPY_IMAGE=0 leaves the volume empty (IMAGE only sizes it): writes then
+# meet no data the codec compressed before, and reads find none.
 #
 # Defaults: 3 rounds, 10 s per fio run, codecs "off lz4 zstd:1". Codecs
 # alternate within each round. Only the processes it starts are stopped, by
@@ -76,7 +78,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for codec in $CODECS; do
     start "$codec"
     before=$(cpu_of "$PID"); started=$(date +%s.%N)
-    nbdcopy --flush "$IMAGE" "$(uri)"
+    [ "${COPY_IMAGE:-1}" = 0 ] || nbdcopy --flush "$IMAGE" "$(uri)"
     ended=$(date +%s.%N); after=$(cpu_of "$PID")
     blocks=$(( IMAGE_BYTES / 4096 ))
     mibs=$(python3 -c "print(round($IMAGE_BYTES / 1048576 / ($ended - $started), 1))")
