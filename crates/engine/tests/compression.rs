@@ -362,6 +362,26 @@ mod blocks {
         }
     }
 
+    /// A new pool with an 8 MiB memory cache, whose volume compressing with
+    /// `codec` holds `blocks`, flushed.
+    async fn cached_pool_holding(
+        codec: &str,
+        blocks: &[Vec<u8>],
+    ) -> (Arc<MemoryDevice>, Pool, u32) {
+        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
+        let pool = Pool::create(
+            memory.clone(),
+            options(SEGMENT_BYTES, None),
+            cached_limits(),
+        )
+        .await
+        .unwrap();
+        let volume_id = compressing_volume(&pool, codec).await;
+        write_all(&pool, volume_id, blocks).await;
+        pool.flush().await.unwrap();
+        (memory, pool, volume_id)
+    }
+
     /// Reads every block three times over and returns how many reads the
     /// memory cache served decoded meanwhile (a fragment decoded from the
     /// cache twice is kept decoded for the third).
@@ -383,18 +403,8 @@ mod blocks {
         // Decision 0075: a fragment read again from the cache is kept
         // decoded. Every read must still return the newest data while
         // fragments die, move and their segments are reused.
-        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-        let pool = Pool::create(
-            memory.clone(),
-            options(SEGMENT_BYTES, None),
-            cached_limits(),
-        )
-        .await
-        .unwrap();
-        let volume_id = compressing_volume(&pool, "lz4").await;
         let mut expected = real_blocks(VOLUME_BLOCKS / 2, 6);
-        write_all(&pool, volume_id, &expected).await;
-        pool.flush().await.unwrap();
+        let (memory, pool, volume_id) = cached_pool_holding("lz4", &expected).await;
         let hits = decoded_hits_reading_thrice(&pool, volume_id, &expected, "written").await;
         assert!(hits > 0, "no read was served decoded");
         assert!(pool.status().memory_cache.decoded_bytes > 0);
@@ -435,18 +445,8 @@ mod blocks {
 
     #[tokio::test]
     async fn the_memory_cache_serves_fragments_from_the_packed_blocks_it_holds() {
-        let memory = Arc::new(MemoryDevice::new(DEVICE_BYTES));
-        let pool = Pool::create(
-            memory.clone(),
-            options(SEGMENT_BYTES, None),
-            cached_limits(),
-        )
-        .await
-        .unwrap();
-        let volume_id = compressing_volume(&pool, "zstd:1").await;
         let blocks = real_blocks(64, 5);
-        write_all(&pool, volume_id, &blocks).await;
-        pool.flush().await.unwrap();
+        let (memory, pool, volume_id) = cached_pool_holding("zstd:1", &blocks).await;
         // Written batches entered the cache: with the device's copy of block
         // 0's fragment damaged, the cached packed block still serves it.
         let location = pool.location_of(volume_id, 0).expect("block 0 is mapped");

@@ -42,6 +42,11 @@ const _: () = assert!(DECODED_PERCENT_MAX <= 100);
 /// (`Location`) and locations below 2^56, so no device block's key has it.
 const DECODED_KEY_TAG: u64 = 1 << 63;
 
+/// The bits of a decoded key that hold its location (`Location` leaves
+/// bits 56..64 zero); the rest is the tag alone, which tells a decoded key
+/// from the cache's empty-slot marker (every bit set).
+const LOCATION_MASK: u64 = (1 << 56) - 1;
+
 /// The cache key of `location`'s decoded block. Its low bits are the
 /// fragment's first device block, so it lives in that block's shard.
 pub fn decoded_key(location: Location) -> u64 {
@@ -49,9 +54,10 @@ pub fn decoded_key(location: Location) -> u64 {
     DECODED_KEY_TAG | location.raw()
 }
 
-/// Whether a cache key is a decoded block's rather than a device block's.
+/// Whether a cache key is a decoded block's rather than a device block's
+/// (or the mark of an empty slot).
 pub fn is_decoded_key(key: u64) -> bool {
-    key & DECODED_KEY_TAG != 0
+    key & !LOCATION_MASK == DECODED_KEY_TAG
 }
 
 /// What a decoded slot must match to be served.
@@ -63,10 +69,9 @@ pub struct DecodedChecksums {
     pub block: u32,
 }
 
-/// The decoded slots of one shard (see the module documentation).
+/// The decoded slots of one shard (see the module documentation). Which
+/// slots hold decoded blocks is told by their keys ([`is_decoded_key`]).
 pub struct DecodedEntries {
-    /// Whether each slot holds a decoded block.
-    decoded: Vec<bool>,
     /// Each decoded slot's checksums (default for other slots).
     checksums: Vec<DecodedChecksums>,
     /// Decoded keys by first device block, for range invalidation.
@@ -88,7 +93,6 @@ impl DecodedEntries {
             usize::try_from(capacity_blocks as u64 * DECODED_PERCENT_MAX / 100)
                 .expect("a share of a shard's slots fits in usize");
         Self {
-            decoded: Vec::new(),
             checksums: Vec::new(),
             by_block: BTreeSet::new(),
             decoded_blocks_max,
@@ -113,7 +117,6 @@ impl DecodedEntries {
 
     /// A new slot was added to the shard.
     pub fn push_slot(&mut self) {
-        self.decoded.push(false);
         self.checksums.push(DecodedChecksums::default());
     }
 
@@ -126,26 +129,28 @@ impl DecodedEntries {
         self.count() < self.decoded_blocks_max
     }
 
-    pub fn checksums(&self, index: usize) -> DecodedChecksums {
-        assert!(self.decoded[index], "slot {index} holds no decoded block");
+    /// The checksums of slot `index`, which holds the decoded block of `key`.
+    pub fn checksums(&self, index: usize, key: u64) -> DecodedChecksums {
+        assert!(is_decoded_key(key), "slot {index} holds no decoded block");
         self.checksums[index]
     }
 
     /// Records that slot `index` holds the decoded block of `key` now.
     pub fn occupy(&mut self, index: usize, key: u64, checksums: DecodedChecksums) {
-        assert!(is_decoded_key(key) && !self.decoded[index]);
-        self.decoded[index] = true;
+        assert!(is_decoded_key(key));
         self.checksums[index] = checksums;
-        assert!(self.by_block.insert((first_block_of(key), key)));
+        assert!(
+            self.by_block.insert((first_block_of(key), key)),
+            "a decoded key takes one slot"
+        );
     }
 
     /// Slot `index`, which held `key`, holds it no more (evicted, replaced
     /// or forgotten); nothing to do for a slot that held no decoded block.
     pub fn vacate(&mut self, index: usize, key: u64) {
-        if !self.decoded[index] {
+        if !is_decoded_key(key) {
             return;
         }
-        self.decoded[index] = false;
         self.checksums[index] = DecodedChecksums::default();
         assert!(
             self.by_block.remove(&(first_block_of(key), key)),
@@ -153,14 +158,15 @@ impl DecodedEntries {
         );
     }
 
-    /// The next decoded slot from the hand on: the oldest decoded block, in
-    /// about the order they came. At least one slot is decoded.
-    pub fn next_victim(&mut self) -> usize {
+    /// The next decoded slot from the hand on, given every slot's key: the
+    /// oldest decoded block, in about the order they came. At least one slot
+    /// is decoded.
+    pub fn next_victim(&mut self, keys: &[u64]) -> usize {
         assert!(self.count() > 0, "a decoded block to replace");
         loop {
             let hand = self.hand;
-            self.hand = (hand + 1) % self.decoded.len();
-            if self.decoded[hand] {
+            self.hand = (hand + 1) % keys.len();
+            if is_decoded_key(keys[hand]) {
                 return hand;
             }
         }
@@ -191,7 +197,7 @@ mod tests {
     fn keys_are_apart_from_blocks_and_found_by_their_first_block() {
         let location = Location::fragment(77, 200, 100);
         let key = decoded_key(location);
-        assert!(is_decoded_key(key) && !is_decoded_key(77));
+        assert!(is_decoded_key(key) && !is_decoded_key(77) && !is_decoded_key(u64::MAX));
         assert_eq!(key % 16, 77 % 16, "the first block's shard");
         let mut entries = DecodedEntries::new(100);
         entries.push_slot();
@@ -205,8 +211,8 @@ mod tests {
         entries.occupy(1, key, checksums);
         assert_eq!(entries.keys_in(77, 78), vec![key]);
         assert!(entries.keys_in(78, 200).is_empty() && entries.keys_in(0, 77).is_empty());
-        assert_eq!(entries.checksums(1), checksums);
-        assert_eq!(entries.next_victim(), 1);
+        assert_eq!(entries.checksums(1, key), checksums);
+        assert_eq!(entries.next_victim(&[5, key]), 1);
         entries.vacate(1, key);
         entries.vacate(0, 5);
         assert_eq!(entries.count(), 0);

@@ -322,7 +322,7 @@ impl Shard {
             return Some(self.victim());
         }
         (self.decoded.count() > 0).then(|| {
-            let index = self.decoded.next_victim();
+            let index = self.decoded.next_victim(&self.blocks);
             self.index_of.remove(self.blocks[index]);
             index
         })
@@ -348,7 +348,7 @@ impl Shard {
         destination: &mut [u8],
     ) -> Option<u32> {
         let index = self.index_of.get(key)?;
-        let checksums = self.decoded.checksums(index);
+        let checksums = self.decoded.checksums(index, key);
         if checksums.fragment != fragment_checksum {
             return None;
         }

@@ -90,6 +90,26 @@ struct DeviceBlock {
     generation: CacheGeneration,
 }
 
+/// Fills `span` of `buffer` with the block `fetch` gives: straight into
+/// the buffer when the span is the whole block, else through a scratch
+/// block of which the span's part is copied; whether `fetch` gave it (when
+/// not, the span may hold anything and is to be read elsewhere).
+fn serve_span(
+    buffer: &mut [u8],
+    span: BlockSpan,
+    fetch: impl FnOnce(&mut [u8; BLOCK_BYTES]) -> bool,
+) -> bool {
+    if let Ok(whole) = <&mut [u8; BLOCK_BYTES]>::try_from(&mut buffer[span.request_range()]) {
+        return fetch(whole);
+    }
+    let mut scratch = [0u8; BLOCK_BYTES];
+    let served = fetch(&mut scratch);
+    if served {
+        buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
+    }
+    served
+}
+
 /// Where planning found a compressed block in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FragmentInMemory {
@@ -799,20 +819,11 @@ impl Core {
         let cache = self.cache();
         plan.from_cache_or_device.retain(|block| {
             let span = BlockSpan::of(offset, buffer.len(), block.logical_block);
-            if span.length == BLOCK_BYTES {
-                let destination = &mut buffer[span.request_range()];
-                // A failed check leaves bytes the device read overwrites.
-                let hit = cache.get(block.physical_block, destination)
-                    && block_checksum(destination) == block.checksum;
-                return !hit;
-            }
-            let mut scratch = [0u8; BLOCK_BYTES];
-            let hit = cache.get(block.physical_block, &mut scratch)
-                && block_checksum(&scratch) == block.checksum;
-            if hit {
-                buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
-            }
-            !hit
+            // A failed check leaves bytes the device read overwrites.
+            !serve_span(buffer, span, |contents| {
+                cache.get(block.physical_block, contents)
+                    && block_checksum(contents) == block.checksum
+            })
         });
         plan.from_device = std::mem::take(&mut plan.from_cache_or_device);
     }
@@ -823,22 +834,14 @@ impl Core {
     /// its units, which a decoded copy lacks: it is left too.
     fn take_decoded_from_cache(&self, plan: &mut ReadPlan, offset: u64, buffer: &mut [u8]) {
         let cache = self.cache();
-        let request_length = buffer.len();
         plan.fragments.retain(|fragment| {
             if fragment.promote {
                 return true;
             }
-            let span = BlockSpan::of(offset, request_length, fragment.logical_block);
-            let destination = &mut buffer[span.request_range()];
-            if let Ok(whole) = <&mut [u8; BLOCK_BYTES]>::try_from(destination) {
-                return !cache.get_decoded(fragment.location, fragment.checksum, whole);
-            }
-            let mut scratch = [0u8; BLOCK_BYTES];
-            let hit = cache.get_decoded(fragment.location, fragment.checksum, &mut scratch);
-            if hit {
-                buffer[span.request_range()].copy_from_slice(&scratch[span.block_range()]);
-            }
-            !hit
+            let span = BlockSpan::of(offset, buffer.len(), fragment.logical_block);
+            !serve_span(buffer, span, |contents| {
+                cache.get_decoded(fragment.location, fragment.checksum, contents)
+            })
         });
     }
 
